@@ -1,0 +1,1 @@
+//! Forward-pass implementations of [`crate::engine::Backend`].

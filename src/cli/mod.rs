@@ -1,0 +1,51 @@
+//! The `inferno` command line: `serve`, `generate`, `bench`, `audit` and `attest`.
+
+mod attest;
+mod audit;
+mod bench;
+mod generate;
+mod serve;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Confidential-computing LLM inference appliance.
+#[derive(Debug, Parser)]
+#[command(name = "inferno", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the OpenAI API over TLS.
+    Serve(serve::ServeArgs),
+    /// Generate a completion locally, without a server.
+    Generate(generate::GenerateArgs),
+    /// Benchmark the engine or a running server.
+    Bench(bench::BenchArgs),
+    /// Verify, inspect and witness audit logs.
+    Audit(audit::AuditArgs),
+    /// Verify attestation evidence and build collateral bundles.
+    Attest(attest::AttestArgs),
+}
+
+/// Parses the command line, runs the subcommand and maps its outcome to an exit status.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => serve::run(args),
+        Command::Generate(args) => generate::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Audit(args) => audit::run(args),
+        Command::Attest(args) => attest::run(args),
+    }
+}
+
+/// Prints a one-line error cause (with its chain) and returns exit status 1.
+pub(crate) fn fail(err: &anyhow::Error) -> ExitCode {
+    eprintln!("error: {err:#}");
+    ExitCode::FAILURE
+}

@@ -1,0 +1,1 @@
+//! The operator's TOML configuration file. Every option has a default.

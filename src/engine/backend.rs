@@ -1,0 +1,101 @@
+//! The contract between the engine and a forward-pass implementation.
+//!
+//! A backend runs one forward step over a batch of sequences. Each row names the new tokens whose
+//! keys and values it must compute and write into the paged KV cache, their positions, and the
+//! block table that maps the row's logical KV blocks to physical ones. Rows that need a next
+//! token carry a [`SampleSpec`]; the backend returns either their raw logits (the engine then
+//! samples on the CPU) or tokens it sampled itself with the same semantics
+//! (`crate::engine::sampling` is the reference).
+
+use super::request::{SamplingParams, TokenLogprob};
+
+/// Geometry of the paged KV cache that a backend allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvCacheShape {
+    /// Number of physical blocks.
+    pub num_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+}
+
+impl KvCacheShape {
+    /// Capacity in tokens.
+    pub fn capacity_tokens(&self) -> usize {
+        self.num_blocks * self.block_size
+    }
+}
+
+/// Everything a backend needs to draw the next token of a row exactly as the engine would.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleSpec<'a> {
+    /// Temperature, filters and penalties.
+    pub params: &'a SamplingParams,
+    /// Seed of the request's generator.
+    pub seed: u64,
+    /// Position of the generator: how many tokens the request has drawn so far. The draw for this
+    /// step is a pure function of `(seed, draw_index)`, so batch composition never changes it.
+    pub draw_index: u64,
+    /// The prompt tokens (for the repetition penalty).
+    pub prompt: &'a [u32],
+    /// The tokens generated so far (for all penalties).
+    pub output: &'a [u32],
+    /// `Some(k)`: also return the chosen token's logprob and the top `k` alternatives.
+    pub logprobs: Option<u32>,
+}
+
+/// One sequence's share of a forward step.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchRow<'a> {
+    /// Stable identifier of the sequence for its whole life (backends may key state on it).
+    pub seq_id: u64,
+    /// Tokens processed in this step: a prefill chunk, or the single last token when decoding.
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]` in the sequence.
+    pub start_pos: usize,
+    /// Physical KV blocks covering positions `0..start_pos + tokens.len()`, in order.
+    pub block_table: &'a [u32],
+    /// Present when the row needs the next token after its last token.
+    pub sample: Option<SampleSpec<'a>>,
+}
+
+/// A generated token as a backend or the engine's sampler produced it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampledToken {
+    /// The token id.
+    pub token: u32,
+    /// Present when the row asked for logprobs.
+    pub logprob: Option<TokenLogprob>,
+}
+
+/// The result of a step, one entry per row that carried a [`SampleSpec`], in row order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepOutput {
+    /// Raw logits over the vocabulary; the engine samples.
+    Logits(Vec<Vec<f32>>),
+    /// Tokens the backend sampled itself.
+    Sampled(Vec<SampledToken>),
+}
+
+/// A forward step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The device reported an error.
+    #[error("device error: {0}")]
+    Device(String),
+    /// The batch violated the backend's limits or the cache geometry.
+    #[error("invalid batch: {0}")]
+    InvalidBatch(String),
+}
+
+/// A forward-pass implementation.
+pub trait Backend: Send {
+    /// Short name for logs and the startup banner (`cpu`, `cuda`).
+    fn name(&self) -> &str;
+
+    /// The paged KV cache the backend allocated.
+    fn kv_cache(&self) -> KvCacheShape;
+
+    /// Runs one forward step. Keys and values of every row's tokens are written into the cache
+    /// before attention reads them.
+    fn step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError>;
+}

@@ -1,0 +1,19 @@
+//! The continuous-batching engine shared by every backend.
+//!
+//! The engine owns all per-request state (prompt, generated tokens, sampling parameters, random
+//! generator position, stop conditions, KV block table) and drives a [`Backend`] one step at a
+//! time. A step mixes chunked prefills and decodes under a token budget; see `docs/engine.md`.
+
+pub mod backend;
+pub mod config;
+pub mod handle;
+pub mod request;
+
+pub use backend::{
+    Backend, BackendError, BatchRow, KvCacheShape, SampleSpec, SampledToken, StepOutput,
+};
+pub use config::{BLOCK_SIZE, EngineConfig};
+pub use handle::{EngineStats, SubmitError};
+pub use request::{
+    FinishReason, GenerationEvent, GenerationRequest, SamplingParams, StopParams, TokenLogprob,
+};

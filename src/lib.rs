@@ -1,0 +1,20 @@
+//! Inferno: a confidential-computing LLM inference appliance.
+//!
+//! The crate is organised by responsibility; `docs/architecture.md` explains how a request flows
+//! through the parts:
+//! - [`model`]: Hugging Face model directories (config, safetensors weights, tokenizer, chat
+//!   template, model digest);
+//! - [`engine`]: the continuous-batching engine shared by every backend (paged KV cache,
+//!   scheduler, prefix cache, sampling, stopping, detokenization);
+//! - [`backend`]: forward-pass implementations (the CPU reference and the CUDA backend);
+//! - [`server`]: the OpenAI-compatible HTTPS API;
+//! - [`audit`]: the append-only, tamper-evident audit log;
+//! - [`cli`]: the `inferno` command line.
+
+pub mod audit;
+pub mod backend;
+pub mod cli;
+pub mod config;
+pub mod engine;
+pub mod model;
+pub mod server;

@@ -1,0 +1,1 @@
+//! The OpenAI-compatible API served over TLS.
