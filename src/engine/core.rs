@@ -121,6 +121,7 @@ impl Worker {
                 break;
             }
             self.drop_abandoned();
+            self.publish_stats();
             let plan = self.scheduler.schedule();
             if !plan.is_empty() {
                 self.step(&plan);
