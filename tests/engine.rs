@@ -16,8 +16,8 @@ fn model() -> Model {
     Model::load(&committed_fixture("inferno-tiny")).expect("fixture loads")
 }
 
-fn prompts(model: &Model) -> Vec<Vec<u32>> {
-    let _ = model;
+/// The golden prompts of the fixture: two short chats, an 826-token chat and three raw texts.
+fn prompts() -> Vec<Vec<u32>> {
     golden(&committed_fixture("inferno-tiny"))
         .into_iter()
         .map(|c| c.input_ids)
