@@ -368,3 +368,186 @@ impl ModelConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<ModelConfig, ModelError> {
+        ModelConfig::from_json(Path::new("m/config.json"), json.as_bytes())
+    }
+
+    /// A minimal config of `arch` with `extra` fields appended.
+    fn config(arch: &str, extra: &str) -> String {
+        format!(
+            r#"{{"architectures": ["{arch}"], "hidden_size": 64, "intermediate_size": 160,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
+                "max_position_embeddings": 512{extra}}}"#
+        )
+    }
+
+    #[test]
+    fn reads_transformers5_rope_parameters() {
+        let c = parse(&config(
+            "LlamaForCausalLM",
+            r#", "num_key_value_heads": 2, "head_dim": 16, "tie_word_embeddings": true,
+               "eos_token_id": [1, 2, 3], "bos_token_id": 0, "rms_norm_eps": 1e-5,
+               "rope_parameters": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                 "original_max_position_embeddings": 32, "rope_theta": 500000.0, "rope_type": "llama3"}"#,
+        ))
+        .unwrap();
+        assert_eq!(c.architecture, Architecture::Llama);
+        assert_eq!(c.rope.theta, 500000.0);
+        assert_eq!(
+            c.rope.scaling,
+            RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 32
+            }
+        );
+        assert_eq!((c.num_key_value_heads, c.head_dim), (2, 16));
+        assert_eq!(c.eos_token_ids, vec![1, 2, 3]);
+        assert_eq!(c.bos_token_id, Some(0));
+        assert_eq!(c.rms_norm_eps, 1e-5);
+        assert!(c.tie_word_embeddings && !c.qkv_bias && !c.qk_norm);
+    }
+
+    #[test]
+    fn reads_legacy_rope_fields() {
+        let c = parse(&config(
+            "LlamaForCausalLM",
+            r#", "rope_theta": 250000.0, "rope_scaling": {"type": "linear", "factor": 2.0}, "eos_token_id": 5"#,
+        ))
+        .unwrap();
+        assert_eq!(c.rope.theta, 250000.0);
+        assert_eq!(c.rope.scaling, RopeScaling::Linear { factor: 2.0 });
+        assert_eq!(c.eos_token_ids, vec![5]);
+        assert_eq!(c.head_dim, 16);
+        assert_eq!(c.num_key_value_heads, 4);
+
+        let c = parse(&config("MistralForCausalLM", r#", "rope_scaling": null"#)).unwrap();
+        assert_eq!(
+            c.rope,
+            RopeConfig {
+                theta: 10_000.0,
+                scaling: RopeScaling::None
+            }
+        );
+    }
+
+    #[test]
+    fn architecture_specific_fields() {
+        let qwen2 = parse(&config(
+            "Qwen2ForCausalLM",
+            r#", "sliding_window": 4096, "use_sliding_window": false"#,
+        ))
+        .unwrap();
+        assert!(qwen2.qkv_bias && !qwen2.qk_norm);
+        assert_eq!(qwen2.sliding_window, None);
+
+        let qwen3 = parse(&config(
+            "Qwen3ForCausalLM",
+            r#", "head_dim": 32, "attention_bias": false"#,
+        ))
+        .unwrap();
+        assert!(qwen3.qk_norm && !qwen3.qkv_bias);
+        assert_eq!(qwen3.head_dim, 32);
+
+        let mistral = parse(&config("MistralForCausalLM", r#", "sliding_window": 4096"#)).unwrap();
+        assert_eq!(mistral.sliding_window, Some(4096));
+    }
+
+    #[test]
+    fn unknown_architecture_is_one_line_naming_file_and_class() {
+        let err = parse(&config("GPT2LMHeadModel", ""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("m/config.json") && err.contains("GPT2LMHeadModel"),
+            "{err}"
+        );
+        assert!(!err.contains('\n'));
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let err = parse(r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("intermediate_size") || err.contains("num_attention_heads"),
+            "{err}"
+        );
+        let err = parse(&config(
+            "LlamaForCausalLM",
+            r#", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}"#,
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("rope_scaling.rope_type") && err.contains("yarn"),
+            "{err}"
+        );
+        let err = parse(&config("LlamaForCausalLM", r#", "num_key_value_heads": 3"#))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("num_key_value_heads"), "{err}");
+        let err = parse("[1]").unwrap_err().to_string();
+        assert!(err.contains("config.json"), "{err}");
+        let err = parse("{not json").unwrap_err().to_string();
+        assert!(
+            err.contains("config.json") && err.contains("invalid JSON"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn default_and_linear_inv_freqs() {
+        let rope = RopeConfig {
+            theta: 10_000.0,
+            scaling: RopeScaling::None,
+        };
+        assert_eq!(rope.inv_freqs(8), vec![1.0, 0.1, 0.01, 0.001]);
+        let linear = RopeConfig {
+            theta: 10_000.0,
+            scaling: RopeScaling::Linear { factor: 4.0 },
+        };
+        assert_eq!(linear.inv_freqs(4), vec![0.25, 0.0025]);
+    }
+
+    #[test]
+    fn llama3_inv_freqs_keep_high_scale_low_and_smooth_the_band() {
+        let rope = RopeConfig {
+            theta: 10_000.0,
+            scaling: RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 2048,
+            },
+        };
+        // Wavelengths 2π/f: 6.3 and 62.8 (< 512: kept), 628 (in 512..2048: smoothed),
+        // 6283 (> 2048: divided by 8).
+        let f = rope.inv_freqs(8);
+        assert_eq!(f[0], 1.0);
+        assert_eq!(f[1], 0.1);
+        let smooth = (2048.0 / (2.0 * std::f64::consts::PI / 0.01) - 1.0) / 3.0;
+        assert_eq!(f[2], ((1.0 - smooth) * 0.01 / 8.0 + smooth * 0.01) as f32);
+        assert!(f[2] > 0.01 / 8.0 && f[2] < 0.01);
+        assert_eq!(f[3], (0.001f64 / 8.0) as f32);
+
+        let wide = RopeConfig {
+            theta: 10_000.0,
+            scaling: RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192,
+            },
+        };
+        // Precomputed with Python floats: the smoothed value for wavelength 6283.
+        assert!((wide.inv_freqs(8)[3] - 0.000_213_607_54).abs() < 1e-10);
+    }
+}
