@@ -1,5 +1,6 @@
 //! Loading Hugging Face model directories: configuration, weights, tokenizer, chat template,
 //! generation defaults and the model digest. `docs/model-loading.md` describes the formats.
+#![warn(missing_docs)]
 
 pub mod chat_template;
 pub mod config;
@@ -179,5 +180,19 @@ impl Model {
         let mut seen = std::collections::HashSet::new();
         ids.retain(|id| seen.insert(*id));
         ids
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The engine moves the model's parts across threads.
+    #[test]
+    fn model_parts_are_thread_safe() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Model>();
+        assert_send_sync::<ModelWeights>();
+        assert_send_sync::<ChatTemplate>();
     }
 }
