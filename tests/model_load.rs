@@ -431,3 +431,28 @@ fn embedded_models_load_from_memory_with_the_same_digest() {
         "{err}"
     );
 }
+
+#[test]
+fn token_ids_must_fit_the_vocabulary() {
+    // The tokenizer knows ids 0..=4, so a vocabulary of 4 cannot embed all of them.
+    let small = config("LlamaForCausalLM", json!({"vocab_size": 4}));
+    let (_root, dir) = write_dir("m", &small, &tensors_for(&small));
+    let err = load_err(&dir);
+    assert!(
+        err.contains("tokenizer.json") && err.contains("token id 4"),
+        "{err}"
+    );
+
+    let good = config("LlamaForCausalLM", json!({}));
+    let (_root, dir) = write_dir("m", &good, &tensors_for(&good));
+    std::fs::write(
+        dir.join("generation_config.json"),
+        r#"{"eos_token_id": [1, 9]}"#,
+    )
+    .unwrap();
+    let err = load_err(&dir);
+    assert!(
+        err.contains("generation_config.json") && err.contains("eos_token_id"),
+        "{err}"
+    );
+}

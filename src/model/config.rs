@@ -321,6 +321,22 @@ impl ModelConfig {
             }
         };
 
+        let vocab_size = config.positive("vocab_size")?;
+        let eos_token_ids = config.token_ids("eos_token_id")?;
+        if let Some(id) = eos_token_ids.iter().find(|id| **id as usize >= vocab_size) {
+            return Err(config.invalid(
+                "eos_token_id",
+                format!("{id} is outside the vocabulary (vocab_size {vocab_size})"),
+            ));
+        }
+        let bos_token_id = config.opt_token_id("bos_token_id")?;
+        if let Some(id) = bos_token_id.filter(|id| *id as usize >= vocab_size) {
+            return Err(config.invalid(
+                "bos_token_id",
+                format!("{id} is outside the vocabulary (vocab_size {vocab_size})"),
+            ));
+        }
+
         Ok(Self {
             architecture,
             hidden_size,
@@ -329,7 +345,7 @@ impl ModelConfig {
             num_attention_heads,
             num_key_value_heads,
             head_dim,
-            vocab_size: config.positive("vocab_size")?,
+            vocab_size,
             max_position_embeddings: config.positive("max_position_embeddings")?,
             rms_norm_eps: rms_norm_eps as f32,
             rope: RopeConfig::from_config(&config)?,
@@ -337,8 +353,8 @@ impl ModelConfig {
             qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
             qk_norm: architecture == Architecture::Qwen3,
             sliding_window,
-            bos_token_id: config.opt_token_id("bos_token_id")?,
-            eos_token_ids: config.token_ids("eos_token_id")?,
+            bos_token_id,
+            eos_token_ids,
         })
     }
 
@@ -494,6 +510,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("num_key_value_heads"), "{err}");
+        let err = parse(&config("LlamaForCausalLM", r#", "eos_token_id": [1, 100]"#))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("eos_token_id") && err.contains("100"), "{err}");
         let err = parse("[1]").unwrap_err().to_string();
         assert!(err.contains("config.json"), "{err}");
         let err = parse("{not json").unwrap_err().to_string();

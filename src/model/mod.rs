@@ -75,9 +75,14 @@ impl Model {
     /// after the directory.
     pub fn load(dir: &Path) -> Result<Self, ModelError> {
         let name = dir
-            .canonicalize()
-            .ok()
-            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .or_else(|| {
+                let absolute = dir.canonicalize().ok()?;
+                absolute
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+            })
             .unwrap_or_else(|| dir.display().to_string());
         let model = Self::load_from(ModelSource::Dir(dir), name)?;
         tracing::info!(
@@ -111,6 +116,19 @@ impl Model {
                 }
             })?;
 
+        if let Some(max_id) = tokenizer.get_vocab(true).into_values().max()
+            && max_id as usize >= config.vocab_size
+        {
+            return Err(ModelError::InvalidField {
+                path: source.path(TOKENIZER_FILE),
+                field: "model.vocab".into(),
+                reason: format!(
+                    "token id {max_id} is outside the model's vocabulary (vocab_size {})",
+                    config.vocab_size
+                ),
+            });
+        }
+
         let tokenizer_config_path = source.path(TOKENIZER_CONFIG_FILE);
         let tokenizer_config = match source.read_optional(TOKENIZER_CONFIG_FILE)? {
             Some(bytes) => TokenizerConfig::from_json(&tokenizer_config_path, &bytes)?,
@@ -124,6 +142,20 @@ impl Model {
             }
             None => GenerationDefaults::default(),
         };
+        if let Some(id) = generation
+            .eos_token_ids
+            .iter()
+            .find(|id| **id as usize >= config.vocab_size)
+        {
+            return Err(ModelError::InvalidField {
+                path: source.path(GENERATION_CONFIG_FILE),
+                field: "eos_token_id".into(),
+                reason: format!(
+                    "{id} is outside the vocabulary (vocab_size {})",
+                    config.vocab_size
+                ),
+            });
+        }
         let digest = ModelDigest::of_source(&source)?;
         Ok(Self {
             config,
