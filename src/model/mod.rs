@@ -107,55 +107,13 @@ impl Model {
         let weights = ModelWeights::open(&source)?;
         layout(&config).validate(&weights)?;
 
-        let tokenizer_path = source.path(TOKENIZER_FILE);
-        let tokenizer =
-            tokenizers::Tokenizer::from_bytes(source.read(TOKENIZER_FILE)?).map_err(|e| {
-                ModelError::Tokenizer {
-                    path: tokenizer_path,
-                    reason: e.to_string(),
-                }
-            })?;
-
-        if let Some(max_id) = tokenizer.get_vocab(true).into_values().max()
-            && max_id as usize >= config.vocab_size
-        {
-            return Err(ModelError::InvalidField {
-                path: source.path(TOKENIZER_FILE),
-                field: "model.vocab".into(),
-                reason: format!(
-                    "token id {max_id} is outside the model's vocabulary (vocab_size {})",
-                    config.vocab_size
-                ),
-            });
-        }
-
-        let tokenizer_config_path = source.path(TOKENIZER_CONFIG_FILE);
+        let tokenizer = load_tokenizer(&source, config.vocab_size)?;
         let tokenizer_config = match source.read_optional(TOKENIZER_CONFIG_FILE)? {
-            Some(bytes) => TokenizerConfig::from_json(&tokenizer_config_path, &bytes)?,
+            Some(bytes) => TokenizerConfig::from_json(&source.path(TOKENIZER_CONFIG_FILE), &bytes)?,
             None => TokenizerConfig::default(),
         };
         let chat_template = Self::chat_template(&source, &tokenizer_config)?;
-
-        let generation = match source.read_optional(GENERATION_CONFIG_FILE)? {
-            Some(bytes) => {
-                GenerationDefaults::from_json(&source.path(GENERATION_CONFIG_FILE), &bytes)?
-            }
-            None => GenerationDefaults::default(),
-        };
-        if let Some(id) = generation
-            .eos_token_ids
-            .iter()
-            .find(|id| **id as usize >= config.vocab_size)
-        {
-            return Err(ModelError::InvalidField {
-                path: source.path(GENERATION_CONFIG_FILE),
-                field: "eos_token_id".into(),
-                reason: format!(
-                    "{id} is outside the vocabulary (vocab_size {})",
-                    config.vocab_size
-                ),
-            });
-        }
+        let generation = load_generation(&source, config.vocab_size)?;
         let digest = ModelDigest::of_source(&source)?;
         Ok(Self {
             config,
@@ -213,6 +171,57 @@ impl Model {
         ids.retain(|id| seen.insert(*id));
         ids
     }
+}
+
+/// Loads `tokenizer.json` and checks that every token id fits the model's vocabulary.
+fn load_tokenizer(
+    source: &ModelSource<'_>,
+    vocab_size: usize,
+) -> Result<tokenizers::Tokenizer, ModelError> {
+    let path = source.path(TOKENIZER_FILE);
+    let tokenizer =
+        tokenizers::Tokenizer::from_bytes(source.read(TOKENIZER_FILE)?).map_err(|e| {
+            ModelError::Tokenizer {
+                path: path.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+    if let Some(max_id) = tokenizer.get_vocab(true).into_values().max()
+        && max_id as usize >= vocab_size
+    {
+        return Err(ModelError::InvalidField {
+            path,
+            field: "model.vocab".into(),
+            reason: format!(
+                "token id {max_id} is outside the model's vocabulary (vocab_size {vocab_size})"
+            ),
+        });
+    }
+    Ok(tokenizer)
+}
+
+/// Reads `generation_config.json` (all defaults when absent) and checks its EOS ids.
+fn load_generation(
+    source: &ModelSource<'_>,
+    vocab_size: usize,
+) -> Result<GenerationDefaults, ModelError> {
+    let path = source.path(GENERATION_CONFIG_FILE);
+    let generation = match source.read_optional(GENERATION_CONFIG_FILE)? {
+        Some(bytes) => GenerationDefaults::from_json(&path, &bytes)?,
+        None => return Ok(GenerationDefaults::default()),
+    };
+    if let Some(id) = generation
+        .eos_token_ids
+        .iter()
+        .find(|id| **id as usize >= vocab_size)
+    {
+        return Err(ModelError::InvalidField {
+            path,
+            field: "eos_token_id".into(),
+            reason: format!("{id} is outside the vocabulary (vocab_size {vocab_size})"),
+        });
+    }
+    Ok(generation)
 }
 
 #[cfg(test)]
