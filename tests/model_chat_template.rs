@@ -125,3 +125,30 @@ fn template_exceptions_carry_their_message() {
         other => panic!("expected a raised exception, got {other}"),
     }
 }
+
+/// Constructs that published templates (Llama 3.x, Qwen2.5/3, Mistral) rely on.
+#[test]
+fn constructs_used_by_published_templates() {
+    let source = concat!(
+        "{%- set ns = namespace(last_user=-1) %}",
+        "{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}",
+        "{{- ns.last_user }}|{{ messages[::-1] | map(attribute='role') | join(',') }}",
+        "|{{ ['a', 'code_interpreter', 'b'] | reject('equalto', 'code_interpreter') | join(', ') }}",
+        "|{{ messages[0].content is string }}|{{ 'reasoning_content' in messages[1] }}",
+        "|{{ messages[1].content.split('</think>')[-1].lstrip('\\n') }}",
+        "|{{ (messages[0].role == 'user') != (0 % 2 == 0) }}",
+        "|{{ messages[0].content | trim }}",
+        "{%- for x in [1, 2, 3] %}{%- if x == 2 %}{%- continue %}{%- endif %}|{{ x }}{%- endfor %}",
+    );
+    let t = ChatTemplate::new(
+        &[("default".into(), source.into())],
+        SpecialTokens::default(),
+    )
+    .unwrap();
+    let messages = [
+        json!({"role": "user", "content": "  hi  "}),
+        json!({"role": "assistant", "content": "<think>x</think>\n\nanswer", "reasoning_content": "x"}),
+    ];
+    let out = t.render(&messages, None, false, &Map::new()).unwrap();
+    assert_eq!(out, "0|assistant,user|a, b|True|True|answer|False|hi|1|3");
+}
