@@ -5,6 +5,7 @@
 pub mod chat_template;
 pub mod config;
 pub mod digest;
+mod embedded;
 pub mod error;
 pub mod generation;
 mod json;
@@ -19,6 +20,7 @@ use std::sync::Arc;
 pub use chat_template::{ChatTemplate, TemplateError};
 pub use config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
 pub use digest::{FileDigest, ModelDigest};
+pub use embedded::EMBEDDED_MODEL_NAME;
 pub use error::ModelError;
 pub use generation::GenerationDefaults;
 pub use tensors::{LayerTensors, TensorLayout, TensorSpec, layout};

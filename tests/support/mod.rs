@@ -71,20 +71,7 @@ pub fn golden(dir: &Path) -> Vec<GoldenCase> {
 /// Starts an engine on the CPU backend.
 pub fn engine(model: &Model, config: EngineConfig) -> EngineHandle {
     let backend = CpuBackend::new(model, config.kv_cache_bytes).expect("CPU backend builds");
-    let info = ModelInfo {
-        tokenizer: model.tokenizer.clone(),
-        eos_token_ids: model.eos_token_ids(),
-        max_context: model.config.max_position_embeddings,
-        digest: digest_bytes(model),
-    };
-    Engine::spawn(Box::new(backend), info, config).expect("engine starts")
-}
-
-/// The model digest as 32 bytes.
-pub fn digest_bytes(model: &Model) -> [u8; 32] {
-    let mut out = [0u8; 32];
-    hex::decode_to_slice(&model.digest.hex, &mut out).expect("digest is hex");
-    out
+    Engine::spawn(Box::new(backend), ModelInfo::of(model), config).expect("engine starts")
 }
 
 /// A greedy request for `max_tokens` tokens that ignores EOS.
