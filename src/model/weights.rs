@@ -125,13 +125,14 @@ impl Bytes {
     }
 }
 
-/// One weights file and where its data section starts.
+/// One weights file.
 struct Shard {
     path: PathBuf,
     bytes: Bytes,
 }
 
-/// Where a tensor lives.
+/// Where a tensor lives. `range` is in bounds of its shard's bytes: `read_metadata` checked that
+/// the data offsets tile the data section exactly and that the file ends where they end.
 struct Entry {
     shard: usize,
     dtype: Dtype,
