@@ -238,7 +238,7 @@ impl Worker {
                 Progress::Gone => finished.push((scheduled.index, None)),
             }
         }
-        finished.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         for (index, reason) in finished {
             let seq = self.scheduler.remove_running(index);
             if let Some(reason) = reason {
@@ -252,7 +252,7 @@ impl Worker {
         tracing::error!(error = %err, "forward step failed");
         let reason = FinishReason::Error(err.to_string());
         let mut indices: Vec<usize> = plan.iter().map(|s| s.index).collect();
-        indices.sort_unstable_by(|a, b| b.cmp(a));
+        indices.sort_unstable_by_key(|&i| std::cmp::Reverse(i));
         for index in indices {
             let seq = self.scheduler.remove_running(index);
             finish(seq, reason.clone(), &self.model.tokenizer);
