@@ -174,8 +174,11 @@ mod tests {
             ..args
         };
         assert_eq!(sampling(&model, &args).temperature, 0.7);
-        let _ = tokenize(&model, &args)
-            .context("chat prompt tokenizes")
-            .expect("tokenizes");
+        let ids = tokenize(&model, &args).expect("the chat prompt tokenizes");
+        assert_eq!(
+            ids.first(),
+            model.config.bos_token_id.as_ref(),
+            "the template adds BOS once"
+        );
     }
 }
