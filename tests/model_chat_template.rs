@@ -152,3 +152,70 @@ fn constructs_used_by_published_templates() {
     let out = t.render(&messages, None, false, &Map::new()).unwrap();
     assert_eq!(out, "0|assistant,user|a, b|True|True|answer|False|hi|1|3");
 }
+
+mod tojson_roundtrip {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Arbitrary JSON documents with awkward strings (quotes, controls, non-ASCII, astral).
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            (-1e12f64..1e12).prop_map(Value::from),
+            "[a-z\"\\\\\n\t\u{1}é中🚀 ]{0,8}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::btree_map("[a-zé\"]{0,4}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Equality of JSON documents, allowing floats one ulp apart: serde_json's default parser
+    /// (without `float_roundtrip`) may land one ulp off the shortest decimal `tojson` printed.
+    fn same_json(a: &Value, b: &Value) -> bool {
+        match (a, b) {
+            (Value::Number(x), Value::Number(y)) if x.is_f64() || y.is_f64() => {
+                match (x.as_f64(), y.as_f64()) {
+                    (Some(x), Some(y)) => x.to_bits().abs_diff(y.to_bits()) <= 1,
+                    _ => false,
+                }
+            }
+            (Value::Array(x), Value::Array(y)) => {
+                x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_json(x, y))
+            }
+            (Value::Object(x), Value::Object(y)) => {
+                x.len() == y.len()
+                    && x.iter()
+                        .all(|(k, v)| y.get(k).is_some_and(|w| same_json(v, w)))
+            }
+            _ => a == b,
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn tojson_output_parses_back_to_the_input(
+            value in json_value(),
+            options in prop_oneof![
+                Just(""),
+                Just("(indent=2)"),
+                Just("(ensure_ascii=true)"),
+                Just("(indent=0, ensure_ascii=true)"),
+            ],
+        ) {
+            let source = format!("{{{{ messages[0].v | tojson{options} }}}}");
+            let t = ChatTemplate::new(&[("default".into(), source)], SpecialTokens::default()).unwrap();
+            let out = t.render(&[json!({"v": value.clone()})], None, false, &Map::new()).unwrap();
+            let parsed: Value = serde_json::from_str(&out).unwrap();
+            prop_assert!(same_json(&parsed, &value), "{} vs {}", parsed, value);
+            if options.contains("ensure_ascii") {
+                prop_assert!(out.is_ascii());
+            }
+        }
+    }
+}

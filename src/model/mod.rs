@@ -86,15 +86,7 @@ impl Model {
                     .map(|n| n.to_string_lossy().into_owned())
             })
             .unwrap_or_else(|| dir.display().to_string());
-        let model = Self::load_from(ModelSource::Dir(dir), name)?;
-        tracing::info!(
-            model = %model.name,
-            digest = %model.digest,
-            architecture = model.config.architecture.hf_name(),
-            layers = model.config.num_hidden_layers,
-            "model loaded"
-        );
-        Ok(model)
+        Self::load_from(ModelSource::Dir(dir), name)
     }
 
     /// Loads a model whose files are compiled into the binary (e.g. with `include_bytes!`),
@@ -117,6 +109,14 @@ impl Model {
         let chat_template = Self::chat_template(&source, &tokenizer_config)?;
         let generation = load_generation(&source, config.vocab_size)?;
         let digest = ModelDigest::of_source(&source)?;
+        tracing::info!(
+            model = %name,
+            source = %source.path("").display(),
+            digest = %digest,
+            architecture = config.architecture.hf_name(),
+            layers = config.num_hidden_layers,
+            "model loaded"
+        );
         Ok(Self {
             config,
             weights,

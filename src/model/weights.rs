@@ -172,9 +172,9 @@ impl ModelWeights {
         };
         for (file, expected) in files {
             let path = source.path(&file);
-            let bytes = match source {
-                ModelSource::Dir(dir) => Bytes::Mapped(map_file(&dir.join(&file))?),
-                ModelSource::Memory(_) => Bytes::Static(source.static_bytes(&file)?),
+            let bytes = match source.embedded(&file) {
+                Some(bytes) => Bytes::Static(bytes?),
+                None => Bytes::Mapped(map_file(&path)?),
             };
             weights.add_shard(path, bytes, &expected)?;
         }
