@@ -1,57 +1,47 @@
-//! Forward-pass implementations of [`crate::engine::Backend`], and choosing one for a device.
-
-use std::str::FromStr;
+//! Forward-pass implementations of [`crate::engine::Backend`], and the choice between them.
 
 pub mod cpu;
 
 use crate::engine::{Backend, EngineConfig};
 use crate::model::Model;
 
-/// Where the forward pass runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where the model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Device {
-    /// The CPU reference backend.
+    /// The f32 CPU reference backend.
     Cpu,
-    /// An NVIDIA GPU.
+    /// The CUDA backend; fails when no NVIDIA driver and GPU are present.
     Cuda,
-    /// CUDA when available, else the CPU.
+    /// CUDA when a driver and GPU are present, otherwise the CPU.
+    #[default]
     Auto,
-}
-
-impl FromStr for Device {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "cpu" => Ok(Self::Cpu),
-            "cuda" => Ok(Self::Cuda),
-            "auto" => Ok(Self::Auto),
-            other => Err(format!("unknown device {other:?}: use cpu, cuda or auto")),
-        }
-    }
 }
 
 /// No backend could be built for the requested device.
 #[derive(Debug, thiserror::Error)]
-pub enum SelectError {
-    /// This build has no CUDA backend.
-    #[error("CUDA backend not available")]
-    CudaUnavailable,
-    /// The CPU backend could not be built.
-    #[error("cannot start the CPU backend: {0}")]
-    Cpu(String),
+pub enum BackendInitError {
+    /// The CPU backend failed to build.
+    #[error(transparent)]
+    Cpu(#[from] cpu::CpuBackendError),
+    /// CUDA was requested but cannot be used here.
+    #[error("CUDA backend unavailable: {0}")]
+    CudaUnavailable(String),
 }
 
-/// Builds the backend for `device`. `auto` picks the CPU until the CUDA backend exists.
+/// Builds the backend for `device`.
 pub fn select(
     device: Device,
     model: &Model,
     config: &EngineConfig,
-) -> Result<Box<dyn Backend>, SelectError> {
+) -> Result<Box<dyn Backend>, BackendInitError> {
     match device {
-        Device::Cuda => Err(SelectError::CudaUnavailable),
-        Device::Cpu | Device::Auto => cpu::CpuBackend::new(model, config.kv_cache_bytes)
-            .map(|backend| Box::new(backend) as Box<dyn Backend>)
-            .map_err(|err| SelectError::Cpu(err.to_string())),
+        Device::Cpu | Device::Auto => Ok(Box::new(cpu::CpuBackend::new(
+            model,
+            config.kv_cache_bytes,
+        )?)),
+        Device::Cuda => Err(BackendInitError::CudaUnavailable(
+            "this build has no CUDA backend".into(),
+        )),
     }
 }

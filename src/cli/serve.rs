@@ -4,14 +4,12 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
+use anyhow::Context;
 
-use anyhow::{Context, bail};
-
+use super::setup;
 use crate::backend::{self, Device};
 use crate::config::Config;
-use crate::engine::Engine;
-use crate::model::Model;
+use crate::engine::{Engine, EngineConfig, ModelInfo};
 use crate::server::{ModelService, Server};
 
 /// Arguments of `inferno serve`.
@@ -27,7 +25,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
     /// Where the forward pass runs: cpu, cuda or auto.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t = Device::Auto)]
     device: Device,
 }
 
@@ -58,17 +56,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(listen) = args.listen {
         config.server.listen = listen;
     }
-    let Some(model_dir) = args.model.clone() else {
-        bail!("--model DIR is required: this build has no embedded default model yet");
-    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(serve_async(config, model_dir, args.device))
+    runtime.block_on(serve_async(config, args.model, args.device))
 }
 
-async fn serve_async(config: Config, model_dir: PathBuf, device: Device) -> anyhow::Result<()> {
+async fn serve_async(config: Config, model_dir: Option<PathBuf>, device: Device) -> anyhow::Result<()> {
     let engine_config = config.engine.clone();
     let served_name = config.server.served_model_name.clone();
     let server = Server::start(config).await?;
@@ -77,7 +72,7 @@ async fn serve_async(config: Config, model_dir: PathBuf, device: Device) -> anyh
         "listening; /health answers 503 until the model is loaded"
     );
     let load = tokio::task::spawn_blocking(move || {
-        load_model(&model_dir, device, engine_config, served_name)
+        load_model(model_dir.as_deref(), device, engine_config, served_name)
     });
     let loaded = tokio::select! {
         loaded = load => loaded.context("model loading panicked")?,
@@ -104,23 +99,18 @@ async fn serve_async(config: Config, model_dir: PathBuf, device: Device) -> anyh
     Ok(())
 }
 
-/// Loads the model, builds the backend for `device` and starts the engine.
+/// Loads the model (the embedded default without `dir`), builds the backend for `device` and
+/// starts the engine.
 fn load_model(
-    dir: &Path,
+    dir: Option<&Path>,
     device: Device,
-    engine_config: crate::engine::EngineConfig,
+    engine_config: EngineConfig,
     served_name: Option<String>,
 ) -> anyhow::Result<(ModelService, String, usize)> {
-    let model = Model::load(dir)?;
+    let model = setup::load_model(dir)?;
     let backend = backend::select(device, &model, &engine_config)?;
     let backend_name = backend.name().to_owned();
-    let engine = Engine::spawn(
-        backend,
-        Arc::clone(&model.tokenizer),
-        model.generation.eos_token_ids.clone(),
-        model.config.max_position_embeddings,
-        engine_config,
-    )?;
+    let engine = Engine::spawn(backend, ModelInfo::of(&model), engine_config)?;
     let kv_tokens = engine.kv_cache().capacity_tokens();
     Ok((
         ModelService::new(model, engine, served_name),

@@ -41,7 +41,7 @@ impl ModelService {
             ..SamplingParams::default()
         };
         Self {
-            max_context: model.config.max_position_embeddings,
+            max_context: engine.max_context(),
             name: served_name.unwrap_or_else(|| model.name.clone()),
             digest: model.digest.to_string(),
             tokenizer: model.tokenizer,
@@ -163,6 +163,7 @@ fn submit_error(err: SubmitError, retry_after: u64) -> ApiError {
             api.code = Some("context_length_exceeded");
             api
         }
+        SubmitError::EmptyPrompt => ApiError::invalid_param("prompt", err.to_string()),
         SubmitError::Stopped => ApiError::unavailable("the engine has stopped"),
     }
 }
