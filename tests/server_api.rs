@@ -1,0 +1,717 @@
+//! End-to-end tests of the OpenAI API: the real server, in-process on 127.0.0.1:0, with the real
+//! model and engine on the CPU backend, driven over TLS (HTTP/2 and HTTP/1.1) by reqwest trusting
+//! the server's generated certificate.
+//!
+//! The model is `../shared/fixtures/tiny-llama3`; without it every test prints
+//! `SKIPPED: ...` and passes.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use inferno::backend::{self, Device};
+use inferno::config::{ApiKeyEntry, Config};
+use inferno::engine::{Engine, ModelInfo};
+use inferno::model::Model;
+use inferno::server::{App, ModelService, Server};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+const ALICE: &str = "alice-test-key";
+const BOB: &str = "bob-test-key";
+const MODEL: &str = "tiny-llama3";
+
+fn fixture() -> Option<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny-llama3");
+    if dir.join("config.json").is_file() {
+        Some(dir)
+    } else {
+        eprintln!("SKIPPED: {} is absent", dir.display());
+        None
+    }
+}
+
+fn golden() -> Value {
+    let path = fixture().map(|dir| dir.join("golden.json"));
+    let text = std::fs::read_to_string(path.expect("fixture checked by the caller"))
+        .expect("golden.json is readable");
+    serde_json::from_str(&text).expect("golden.json is JSON")
+}
+
+fn key_entry(name: &str, key: &str) -> ApiKeyEntry {
+    let hash = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
+    ApiKeyEntry {
+        name: name.to_owned(),
+        sha256: hex::encode(hash.as_ref()),
+    }
+}
+
+/// The runtime the servers live on, independent of each test's runtime.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("server runtime")
+    })
+}
+
+/// A started server and what a client needs to reach it.
+struct Harness {
+    addr: SocketAddr,
+    cert_pem: String,
+    app: Arc<App>,
+    _server: Server,
+}
+
+impl Harness {
+    /// Starts a server on the shared runtime, from a plain thread so that async tests may call
+    /// it.
+    fn start(config: Config, load_model: bool) -> Harness {
+        std::thread::spawn(move || Self::start_blocking(config, load_model))
+            .join()
+            .expect("server start-up thread")
+    }
+
+    fn start_blocking(config: Config, load_model: bool) -> Harness {
+        let engine_config = config.engine.clone();
+        let server = runtime()
+            .block_on(Server::start(config))
+            .expect("server starts");
+        if load_model {
+            let dir = fixture().expect("fixture checked by the caller");
+            let model = Model::load(&dir).expect("fixture model loads");
+            let backend =
+                backend::select(Device::Cpu, &model, &engine_config).expect("CPU backend");
+            let engine = Engine::spawn(backend, ModelInfo::of(&model), engine_config)
+                .expect("engine starts");
+            server.set_model(ModelService::new(model, engine, Some(MODEL.to_owned())));
+        }
+        Harness {
+            addr: server.local_addr(),
+            cert_pem: server.identity().cert_pem.clone(),
+            app: Arc::clone(server.app()),
+            _server: server,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("https://localhost:{}{path}", self.addr.port())
+    }
+
+    fn client_builder(&self) -> reqwest::ClientBuilder {
+        let cert = reqwest::Certificate::from_pem(self.cert_pem.as_bytes()).expect("cert PEM");
+        reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(cert)
+            .resolve("localhost", self.addr)
+            .timeout(Duration::from_secs(120))
+    }
+
+    fn client(&self) -> reqwest::Client {
+        self.client_builder().build().expect("client")
+    }
+
+    fn post(&self, path: &str, key: &str, body: &Value) -> reqwest::RequestBuilder {
+        self.client()
+            .post(self.url(path))
+            .bearer_auth(key)
+            .json(body)
+    }
+}
+
+fn base_config() -> Config {
+    let mut config = Config::default();
+    config.server.listen = "127.0.0.1:0".parse().expect("address");
+    config.auth.keys = vec![key_entry("alice", ALICE), key_entry("bob", BOB)];
+    config.limits.max_body_bytes = 256 << 10;
+    config.engine.kv_cache_bytes = 64 << 20;
+    config
+}
+
+/// The shared server most tests use.
+fn main_server() -> Option<&'static Harness> {
+    fixture()?;
+    static SERVER: OnceLock<Harness> = OnceLock::new();
+    Some(SERVER.get_or_init(|| Harness::start(base_config(), true)))
+}
+
+async fn json_of(response: reqwest::Response) -> Value {
+    let text = response.text().await.expect("body");
+    serde_json::from_str(&text).unwrap_or_else(|err| panic!("not JSON ({err}): {text}"))
+}
+
+/// Asserts an OpenAI error body with `status`, returning the error object.
+async fn expect_error(response: reqwest::Response, status: StatusCode) -> Value {
+    assert_eq!(response.status(), status);
+    let body = json_of(response).await;
+    let error = body["error"].clone();
+    assert!(error["message"].is_string(), "{body}");
+    assert!(error["type"].is_string(), "{body}");
+    assert!(
+        error.get("param").is_some() && error.get("code").is_some(),
+        "{body}"
+    );
+    error
+}
+
+/// Reads a server-sent-event stream to its end; returns the JSON events and whether
+/// `data: [DONE]` closed it.
+async fn read_sse(mut response: reqwest::Response) -> (Vec<Value>, bool) {
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()["content-type"],
+        "text/event-stream",
+        "content type"
+    );
+    let mut raw = Vec::new();
+    while let Some(chunk) = response.chunk().await.expect("stream chunk") {
+        raw.extend_from_slice(&chunk);
+    }
+    let text = String::from_utf8(raw).expect("UTF-8 stream");
+    let mut events = Vec::new();
+    let mut done = false;
+    for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
+        let data = block.strip_prefix("data: ").expect("data line");
+        assert!(!done, "event after [DONE]: {data}");
+        if data == "[DONE]" {
+            done = true;
+        } else {
+            events.push(serde_json::from_str(data).expect("event JSON"));
+        }
+    }
+    (events, done)
+}
+
+fn chat_case(index: usize) -> (Value, String, usize) {
+    let case = &golden()["cases"][index];
+    assert_eq!(case["kind"], "chat");
+    (
+        case["input"].clone(),
+        case["greedy_text"].as_str().expect("text").to_owned(),
+        case["input_ids"].as_array().expect("ids").len(),
+    )
+}
+
+#[tokio::test]
+async fn chat_greedy_matches_transformers() {
+    let Some(server) = main_server() else { return };
+    let (messages, expected, prompt_len) = chat_case(0);
+    let response = server
+        .post(
+            "/v1/chat/completions",
+            ALICE,
+            &json!({"model": MODEL, "messages": messages, "temperature": 0, "max_tokens": 24,
+                    "ignore_eos": true}),
+        )
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.version(), reqwest::Version::HTTP_2);
+    let body = json_of(response).await;
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["model"], MODEL);
+    assert!(body["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    let choice = &body["choices"][0];
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert_eq!(choice["message"]["content"], expected.as_str());
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(body["usage"]["prompt_tokens"], prompt_len);
+    assert_eq!(body["usage"]["completion_tokens"], 24);
+    assert_eq!(body["usage"]["total_tokens"], prompt_len + 24);
+}
+
+#[tokio::test]
+async fn chat_stream_matches_whole_response_and_ends_with_done() {
+    let Some(server) = main_server() else { return };
+    let (messages, expected, prompt_len) = chat_case(1);
+    let response = server
+        .post(
+            "/v1/chat/completions",
+            BOB,
+            &json!({"model": MODEL, "messages": messages, "temperature": 0, "max_tokens": 24,
+                    "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}}),
+        )
+        .send()
+        .await
+        .expect("request");
+    let (events, done) = read_sse(response).await;
+    assert!(done, "stream must end with data: [DONE]");
+    assert_eq!(events[0]["object"], "chat.completion.chunk");
+    assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
+    let id = events[0]["id"].clone();
+    let mut text = String::new();
+    let mut finish = None;
+    for event in &events {
+        assert_eq!(event["id"], id);
+        if let Some(choice) = event["choices"].get(0) {
+            if let Some(content) = choice["delta"]["content"].as_str() {
+                text.push_str(content);
+            }
+            if let Some(reason) = choice["finish_reason"].as_str() {
+                finish = Some(reason.to_owned());
+            }
+        }
+    }
+    assert_eq!(text, expected);
+    assert_eq!(finish.as_deref(), Some("length"));
+    let usage = &events.last().expect("usage chunk")["usage"];
+    assert_eq!(usage["prompt_tokens"], prompt_len);
+    assert_eq!(usage["completion_tokens"], 24);
+    assert_eq!(events.last().unwrap()["choices"], json!([]));
+}
+
+#[tokio::test]
+async fn completion_greedy_matches_transformers_over_http1() {
+    let Some(server) = main_server() else { return };
+    let case = &golden()["cases"][3];
+    assert_eq!(case["kind"], "raw");
+    let client = server
+        .client_builder()
+        .http1_only()
+        .build()
+        .expect("client");
+    let response = client
+        .post(server.url("/v1/completions"))
+        .bearer_auth(ALICE)
+        .json(
+            &json!({"model": MODEL, "prompt": case["input"], "temperature": 0,
+                      "max_tokens": 24, "ignore_eos": true, "logprobs": 2}),
+        )
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.version(), reqwest::Version::HTTP_11);
+    let body = json_of(response).await;
+    assert_eq!(body["object"], "text_completion");
+    let choice = &body["choices"][0];
+    assert_eq!(choice["text"], case["greedy_text"]);
+    assert_eq!(
+        body["usage"]["prompt_tokens"],
+        case["input_ids"].as_array().unwrap().len()
+    );
+    let logprobs = &choice["logprobs"];
+    assert_eq!(logprobs["tokens"].as_array().unwrap().len(), 24);
+    assert_eq!(logprobs["top_logprobs"][0].as_object().unwrap().len(), 2);
+    let first = logprobs["token_logprobs"][0].as_f64().unwrap();
+    assert!(first <= 0.0, "a log-probability: {first}");
+}
+
+#[tokio::test]
+async fn completion_stream_with_token_prompt() {
+    let Some(server) = main_server() else { return };
+    let case = &golden()["cases"][4];
+    let response = server
+        .post(
+            "/v1/completions",
+            ALICE,
+            &json!({"model": MODEL, "prompt": case["input_ids"], "temperature": 0,
+                    "max_tokens": 24, "ignore_eos": true, "stream": true}),
+        )
+        .send()
+        .await
+        .expect("request");
+    let (events, done) = read_sse(response).await;
+    assert!(done);
+    let text: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(text, case["greedy_text"].as_str().unwrap());
+    assert!(events.iter().all(|e| e.get("usage").is_none()));
+}
+
+#[tokio::test]
+async fn n_choices_with_seed_are_reproducible() {
+    let Some(server) = main_server() else { return };
+    let request = json!({"model": MODEL, "prompt": "Once upon a time", "n": 2, "seed": 11,
+                         "temperature": 1.0, "max_tokens": 8, "ignore_eos": true});
+    let first = json_of(
+        server
+            .post("/v1/completions", ALICE, &request)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let second = json_of(
+        server
+            .post("/v1/completions", BOB, &request)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let choices = first["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 2);
+    let indices: Vec<_> = choices
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(indices, vec![0, 1]);
+    assert_eq!(first["usage"]["completion_tokens"], 16);
+    assert_eq!(
+        first["choices"], second["choices"],
+        "same seed, same choices"
+    );
+}
+
+#[tokio::test]
+async fn stop_string_ends_generation_and_is_not_emitted() {
+    let Some(server) = main_server() else { return };
+    let case = &golden()["cases"][3];
+    let full = case["greedy_text"].as_str().unwrap();
+    let stop = "ilerinin";
+    let expected = &full[..full.find(stop).unwrap()];
+    let body = json_of(
+        server
+            .post(
+                "/v1/completions",
+                ALICE,
+                &json!({"model": MODEL, "prompt": case["input"], "temperature": 0,
+                        "max_tokens": 24, "stop": [stop, "never-seen"]}),
+            )
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(body["choices"][0]["text"], expected);
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+}
+
+#[tokio::test]
+async fn models_lists_the_model_with_its_digest() {
+    let Some(server) = main_server() else { return };
+    let response = server
+        .client()
+        .get(server.url("/v1/models"))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = json_of(response).await;
+    assert_eq!(body["object"], "list");
+    assert_eq!(body["data"][0]["id"], MODEL);
+    let digest = body["data"][0]["digest"].as_str().unwrap();
+    assert_eq!(digest.len(), 64);
+    assert!(digest.bytes().all(|b| b.is_ascii_hexdigit()));
+    assert_eq!(body["data"][0]["max_model_len"], 4096);
+}
+
+#[tokio::test]
+async fn health_metrics_and_request_ids() {
+    let Some(server) = main_server() else { return };
+    let client = server.client();
+    let health = client.get(server.url("/health")).send().await.unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    let generated = health.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(generated.len(), 36, "a generated UUID: {generated}");
+
+    let echoed = client
+        .get(server.url("/health"))
+        .header("x-request-id", "trace-42")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(echoed.headers()["x-request-id"], "trace-42");
+
+    // One request so the counters have something to show.
+    let ok = server
+        .post(
+            "/v1/completions",
+            BOB,
+            &json!({"model": MODEL, "prompt": "metrics", "max_tokens": 2, "temperature": 0}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+
+    let anonymous = client.get(server.url("/metrics")).send().await.unwrap();
+    expect_error(anonymous, StatusCode::UNAUTHORIZED).await;
+    let metrics = client
+        .get(server.url("/metrics"))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(metrics.status(), StatusCode::OK);
+    let text = metrics.text().await.unwrap();
+    for name in [
+        "vllm:num_requests_running{model_name=\"tiny-llama3\"}",
+        "vllm:num_requests_waiting{model_name=\"tiny-llama3\"}",
+        "vllm:kv_cache_usage_perc{model_name=\"tiny-llama3\"}",
+        "vllm:prefix_cache_queries_total{model_name=\"tiny-llama3\"}",
+        "vllm:prefix_cache_hits_total{model_name=\"tiny-llama3\"}",
+        "vllm:prompt_tokens_total{model_name=\"tiny-llama3\"}",
+        "vllm:generation_tokens_total{model_name=\"tiny-llama3\"}",
+        "vllm:time_to_first_token_seconds_bucket{",
+        "vllm:inter_token_latency_seconds_bucket{",
+        "vllm:e2e_request_latency_seconds_bucket{",
+        "principal=\"bob\"",
+    ] {
+        assert!(text.contains(name), "missing {name} in\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn auth_is_required_and_checked() {
+    let Some(server) = main_server() else { return };
+    let body = json!({"model": MODEL, "prompt": "x", "max_tokens": 1});
+    let missing = server
+        .client()
+        .post(server.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.headers()["www-authenticate"], "Bearer");
+    let error = expect_error(missing, StatusCode::UNAUTHORIZED).await;
+    assert_eq!(error["code"], "invalid_api_key");
+    let wrong = server
+        .post("/v1/completions", "not-a-key", &body)
+        .send()
+        .await
+        .unwrap();
+    expect_error(wrong, StatusCode::UNAUTHORIZED).await;
+    let models = server
+        .client()
+        .get(server.url("/v1/models"))
+        .send()
+        .await
+        .unwrap();
+    expect_error(models, StatusCode::UNAUTHORIZED).await;
+}
+
+#[tokio::test]
+async fn bad_requests_get_openai_errors() {
+    let Some(server) = main_server() else { return };
+    let client = server.client();
+    let raw = |body: &'static str| {
+        client
+            .post(server.url("/v1/chat/completions"))
+            .bearer_auth(ALICE)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    expect_error(raw("{\"model\":").await.unwrap(), StatusCode::BAD_REQUEST).await;
+    let error = expect_error(
+        raw(r#"{"model":"tiny-llama3","messages":[{"role":"user","content":"x"}],"temperature":"hot"}"#)
+            .await
+            .unwrap(),
+        StatusCode::BAD_REQUEST,
+    )
+    .await;
+    assert_eq!(error["param"], "temperature");
+    let error = expect_error(
+        raw(r#"{"model":"tiny-llama3","messages":[]}"#)
+            .await
+            .unwrap(),
+        StatusCode::BAD_REQUEST,
+    )
+    .await;
+    assert_eq!(error["param"], "messages");
+    let error = expect_error(
+        raw(r#"{"model":"gpt-9","messages":[{"role":"user","content":"x"}]}"#)
+            .await
+            .unwrap(),
+        StatusCode::NOT_FOUND,
+    )
+    .await;
+    assert_eq!(error["code"], "model_not_found");
+
+    let over_limit = server
+        .post(
+            "/v1/completions",
+            ALICE,
+            &json!({"model": MODEL, "prompt": "x", "max_tokens": 1_000_000}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let error = expect_error(over_limit, StatusCode::BAD_REQUEST).await;
+    assert_eq!(error["param"], "max_tokens");
+
+    let over_context = server
+        .post(
+            "/v1/completions",
+            ALICE,
+            &json!({"model": MODEL, "prompt": "x", "max_tokens": 4095}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let error = expect_error(over_context, StatusCode::BAD_REQUEST).await;
+    assert_eq!(error["code"], "context_length_exceeded");
+
+    let long_prompt = "hello ".repeat(5000);
+    let too_long = server
+        .post(
+            "/v1/chat/completions",
+            ALICE,
+            &json!({"model": MODEL, "messages": [{"role": "user", "content": long_prompt}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let error = expect_error(too_long, StatusCode::BAD_REQUEST).await;
+    assert_eq!(error["code"], "context_length_exceeded");
+
+    let huge = "x".repeat(300 << 10);
+    let too_big = server
+        .post(
+            "/v1/completions",
+            ALICE,
+            &json!({"model": MODEL, "prompt": huge}),
+        )
+        .send()
+        .await
+        .unwrap();
+    expect_error(too_big, StatusCode::PAYLOAD_TOO_LARGE).await;
+
+    let unknown = client
+        .get(server.url("/v1/nothing-here"))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
+    expect_error(unknown, StatusCode::NOT_FOUND).await;
+    let wrong_method = client
+        .get(server.url("/v1/chat/completions"))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong_method.headers()["allow"], "POST");
+    expect_error(wrong_method, StatusCode::METHOD_NOT_ALLOWED).await;
+}
+
+#[tokio::test]
+async fn health_is_503_until_the_model_is_loaded() {
+    if fixture().is_none() {
+        return;
+    }
+    let server = Harness::start(base_config(), false);
+    let client = server.client();
+    let health = client.get(server.url("/health")).send().await.unwrap();
+    assert_eq!(health.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let chat = server
+        .post(
+            "/v1/chat/completions",
+            ALICE,
+            &json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    expect_error(chat, StatusCode::SERVICE_UNAVAILABLE).await;
+}
+
+#[test]
+fn no_keys_refuses_a_public_listen_address() {
+    let mut config = Config::default();
+    config.server.listen = "0.0.0.0:0".parse().unwrap();
+    let err = runtime()
+        .block_on(Server::start(config))
+        .err()
+        .expect("must refuse");
+    assert!(matches!(
+        err,
+        inferno::server::ServerError::NoKeysOffLoopback(_)
+    ));
+    assert!(err.to_string().contains("without API keys"), "{err}");
+}
+
+/// Waits until the engine holds no sequences and no KV blocks.
+async fn wait_until_idle(harness: &Harness) -> inferno::engine::EngineStats {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats = harness.app.service().expect("loaded").engine().stats();
+        if stats.running == 0 && stats.waiting == 0 && stats.kv_blocks_used == 0 {
+            return stats;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "engine still busy after disconnects: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn queue_full_gives_429_and_disconnects_free_kv_blocks() {
+    if fixture().is_none() {
+        return;
+    }
+    let mut config = base_config();
+    config.engine.max_num_seqs = 1;
+    config.engine.max_waiting = 1;
+    config.limits.retry_after_secs = 3;
+    let server = Harness::start(config, true);
+    let long = json!({"model": MODEL, "prompt": "Tell me a long story", "max_tokens": 3000,
+                      "ignore_eos": true, "stream": true, "temperature": 0});
+
+    // A stream that has produced a token holds KV blocks; dropping it must free them, and
+    // generation must stop well before its 3000 tokens (one decode step per token).
+    let steps_before = server.app.service().unwrap().engine().stats().steps;
+    let mut first = server
+        .post("/v1/completions", ALICE, &long)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let chunk = first.chunk().await.unwrap().expect("a first event");
+    assert!(chunk.starts_with(b"data: "));
+    let busy = server.app.service().unwrap().engine().stats();
+    assert!(
+        busy.kv_blocks_used > 0,
+        "a running request holds blocks: {busy:?}"
+    );
+    drop(first);
+    let idle = wait_until_idle(&server).await;
+    assert!(
+        idle.steps - steps_before < 1000,
+        "generation was not cancelled: {} steps",
+        idle.steps - steps_before
+    );
+
+    // Fill the running slot and the queue, then expect a 429 with Retry-After.
+    let mut held = Vec::new();
+    let mut refused = None;
+    for _ in 0..6 {
+        let response = server
+            .post("/v1/completions", BOB, &long)
+            .send()
+            .await
+            .unwrap();
+        if response.status() == StatusCode::TOO_MANY_REQUESTS {
+            refused = Some(response);
+            break;
+        }
+        assert_eq!(response.status(), StatusCode::OK);
+        held.push(response);
+    }
+    let refused = refused.expect("a request beyond the queue is refused");
+    assert_eq!(refused.headers()["retry-after"], "3");
+    let error = expect_error(refused, StatusCode::TOO_MANY_REQUESTS).await;
+    assert_eq!(error["type"], "rate_limit_error");
+    assert!(
+        held.len() <= 3,
+        "at most running + waiting held: {}",
+        held.len()
+    );
+    drop(held);
+    wait_until_idle(&server).await;
+}
