@@ -3,21 +3,18 @@
 //! trusting the server's generated certificate. Expected texts come from the transformers
 //! reference outputs committed with the model (`tests/fixtures/inferno-tiny/golden.json`).
 
-use std::net::SocketAddr;
+mod server_support;
+
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use inferno::backend::{self, Device};
-use inferno::config::{ApiKeyEntry, Config};
-use inferno::engine::{Engine, ModelInfo};
-use inferno::model::{EMBEDDED_MODEL_NAME as MODEL, Model};
-use inferno::server::{App, ModelService, Server};
+use inferno::config::Config;
+use inferno::model::EMBEDDED_MODEL_NAME as MODEL;
+use inferno::server::Server;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-
-const ALICE: &str = "alice-test-key";
-const BOB: &str = "bob-test-key";
+use server_support::{ALICE, BOB, Harness, base_config, expect_error, json_of, runtime};
 /// The end-of-turn token as the reference decoded it; generation stops there.
 const EOT: &str = "<|eot_id|>";
 
@@ -45,126 +42,11 @@ fn case(index: usize, kind: &str) -> (Value, String, usize) {
     )
 }
 
-fn key_entry(name: &str, key: &str) -> ApiKeyEntry {
-    let hash = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
-    ApiKeyEntry {
-        name: name.to_owned(),
-        sha256: hex::encode(hash.as_ref()),
-    }
-}
-
-/// The runtime the servers live on, independent of each test's runtime.
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("server runtime")
-    })
-}
-
-/// A started server and what a client needs to reach it.
-struct Harness {
-    addr: SocketAddr,
-    cert_pem: String,
-    app: Arc<App>,
-    _server: Server,
-}
-
-impl Harness {
-    /// Starts a server on the shared runtime, from a plain thread so that async tests may call
-    /// it.
-    fn start(config: Config, load_model: bool) -> Harness {
-        std::thread::spawn(move || Self::start_blocking(config, load_model))
-            .join()
-            .expect("server start-up thread")
-    }
-
-    fn start_blocking(config: Config, load_model: bool) -> Harness {
-        let engine_config = config.engine.clone();
-        let server = runtime()
-            .block_on(Server::start(config))
-            .expect("server starts");
-        if load_model {
-            let model = Model::embedded().expect("embedded model loads");
-            let backend =
-                backend::select(Device::Cpu, &model, &engine_config).expect("CPU backend");
-            let engine = Engine::spawn(backend, ModelInfo::of(&model), engine_config)
-                .expect("engine starts");
-            server.set_model(ModelService::new(model, engine, None));
-        }
-        Harness {
-            addr: server.local_addr(),
-            cert_pem: server.identity().cert_pem.clone(),
-            app: Arc::clone(server.app()),
-            _server: server,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("https://localhost:{}{path}", self.addr.port())
-    }
-
-    fn client_builder(&self) -> reqwest::ClientBuilder {
-        let cert = reqwest::Certificate::from_pem(self.cert_pem.as_bytes()).expect("cert PEM");
-        reqwest::Client::builder()
-            .use_rustls_tls()
-            .tls_built_in_root_certs(false)
-            .add_root_certificate(cert)
-            .resolve("localhost", self.addr)
-            .timeout(Duration::from_secs(120))
-    }
-
-    fn client(&self) -> reqwest::Client {
-        self.client_builder().build().expect("client")
-    }
-
-    fn post(&self, path: &str, key: &str, body: &Value) -> reqwest::RequestBuilder {
-        self.client()
-            .post(self.url(path))
-            .bearer_auth(key)
-            .json(body)
-    }
-}
-
-fn base_config() -> Config {
-    let mut config = Config::default();
-    config.server.listen = "127.0.0.1:0".parse().expect("address");
-    config.auth.keys = vec![key_entry("alice", ALICE), key_entry("bob", BOB)];
-    config.limits.max_body_bytes = 256 << 10;
-    config.engine.kv_cache_bytes = 64 << 20;
-    config
-}
-
-/// The shared server most tests use.
 fn main_server() -> &'static Harness {
     static SERVER: OnceLock<Harness> = OnceLock::new();
     SERVER.get_or_init(|| Harness::start(base_config(), true))
 }
 
-async fn json_of(response: reqwest::Response) -> Value {
-    let text = response.text().await.expect("body");
-    serde_json::from_str(&text).unwrap_or_else(|err| panic!("not JSON ({err}): {text}"))
-}
-
-/// Asserts an OpenAI error body with `status`, returning the error object.
-async fn expect_error(response: reqwest::Response, status: StatusCode) -> Value {
-    assert_eq!(response.status(), status);
-    let body = json_of(response).await;
-    let error = body["error"].clone();
-    assert!(error["message"].is_string(), "{body}");
-    assert!(error["type"].is_string(), "{body}");
-    assert!(
-        error.get("param").is_some() && error.get("code").is_some(),
-        "{body}"
-    );
-    error
-}
-
-/// Reads a server-sent-event stream to its end; returns the JSON events and whether
-/// `data: [DONE]` closed it.
 async fn read_sse(mut response: reqwest::Response) -> (Vec<Value>, bool) {
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(
