@@ -216,3 +216,28 @@ async fn shutdown_cuts_off_requests_after_the_grace_period() {
     assert!(started.elapsed() >= Duration::from_millis(900));
     drop(stalled);
 }
+
+#[tokio::test]
+async fn public_metrics_need_no_key() {
+    let mut config = base_config();
+    config.metrics.public = true;
+    let server = Harness::start(config, false);
+    let response = server
+        .client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), reqwest::StatusCode::OK);
+    let models = server
+        .client()
+        .get(server.url("/v1/models"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        models.status(),
+        reqwest::StatusCode::UNAUTHORIZED,
+        "only /metrics is public"
+    );
+}

@@ -254,6 +254,18 @@ mod tests {
     }
 
     #[test]
+    fn prefix_cache_salt_is_per_principal_unless_shared() {
+        let alice = Principal("alice".to_owned());
+        let bob = Principal("bob".to_owned());
+        let private = App::new(Config::default(), Authenticator::new(&[]).unwrap());
+        assert_ne!(private.cache_salt(&alice), private.cache_salt(&bob));
+        let mut config = Config::default();
+        config.engine.share_prefix_cache = true;
+        let shared = App::new(config, Authenticator::new(&[]).unwrap());
+        assert_eq!(shared.cache_salt(&alice), shared.cache_salt(&bob));
+    }
+
+    #[test]
     fn routes_know_their_methods() {
         assert_eq!(
             Route::from_path("/v1/completions"),
