@@ -1,10 +1,10 @@
 //! `inferno serve`: load the model, start the engine and serve the OpenAI API over TLS until
 //! SIGTERM or SIGINT.
 
+use anyhow::Context;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use anyhow::Context;
 
 use super::setup;
 use crate::backend::{self, Device};
@@ -63,7 +63,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     runtime.block_on(serve_async(config, args.model, args.device))
 }
 
-async fn serve_async(config: Config, model_dir: Option<PathBuf>, device: Device) -> anyhow::Result<()> {
+async fn serve_async(
+    config: Config,
+    model_dir: Option<PathBuf>,
+    device: Device,
+) -> anyhow::Result<()> {
     let engine_config = config.engine.clone();
     let served_name = config.server.served_model_name.clone();
     let server = Server::start(config).await?;
