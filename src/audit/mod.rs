@@ -14,10 +14,14 @@ pub mod fileops;
 pub mod frame;
 pub mod merkle;
 pub mod note;
+pub mod proof_file;
+pub mod prune;
 pub mod record;
 pub mod recovery;
 pub mod scan;
 pub mod segment;
+pub mod verify;
+pub mod witness;
 pub mod writer;
 
 pub use config::AuditConfig;

@@ -205,6 +205,9 @@ pub fn scan_segments(
     }
     let segments = list_segments(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut expected_segment = anchor.as_ref().map_or(0, |a| a.first_segment);
+    // Segments below the anchor are leftovers of an interrupted prune.
+    let first_kept = anchor.as_ref().map_or(0, |a| a.first_segment);
+    let segments: Vec<_> = segments.into_iter().filter(|(n, _)| *n >= first_kept).collect();
     let count = segments.len();
     for (pos, (number, path)) in segments.into_iter().enumerate() {
         let is_last = pos + 1 == count;
