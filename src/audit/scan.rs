@@ -7,7 +7,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use serde::{Deserialize, Serialize};
 
-use super::frame::{FRAME_HEADER_LEN, FrameFault, decode_frame, read_u32};
+use super::frame::{FrameFault, decode_frame};
 use super::merkle::{Frontier, Hash, leaf_hash};
 use super::segment::{HeaderFault, SegmentHeader, list_segments};
 
@@ -160,14 +160,13 @@ impl ScannedLog {
     }
 }
 
-/// Whether bytes `rest` starting with a bad frame look like a torn final write.
+/// Whether bytes `rest` (from a bad frame to the end of the file) look like a torn final
+/// write: a frame cut short, or one whose bytes end in the zero fill a crash leaves where data
+/// was allocated but never written. Stored payloads never end in a zero byte.
 fn looks_torn(rest: &[u8], fault: FrameFault) -> bool {
     match fault {
         FrameFault::Short => true,
-        FrameFault::BadLength | FrameFault::BadCrc => {
-            let declared = read_u32(rest, 0).map_or(usize::MAX, |l| FRAME_HEADER_LEN + l as usize);
-            declared >= rest.len() || rest.iter().all(|b| *b == 0)
-        }
+        FrameFault::BadLength | FrameFault::BadCrc => rest.last() == Some(&0),
     }
 }
 
