@@ -1,8 +1,8 @@
 //! The audit log writer, recovery, fault injection, corruption detection and the witness.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use inferno::audit::content::SealedContent;
 use inferno::audit::fileops::{AppendFile, FileOps, StdFileOps};
@@ -12,8 +12,8 @@ use inferno::audit::proof_file::ConsistencyProof;
 use inferno::audit::verify::{VerifyOptions, load_tree, verify};
 use inferno::audit::witness::{WitnessError, add_checkpoint};
 use inferno::audit::{
-    AuditConfig, AuditError, AuditLog, CompletionRecord, RecordBody, RequestRecord,
-    SecurityEvent, StartInfo,
+    AuditConfig, AuditError, AuditLog, CompletionRecord, RecordBody, RequestRecord, SecurityEvent,
+    StartInfo,
 };
 
 fn config(dir: &Path) -> AuditConfig {
@@ -103,16 +103,25 @@ fn appends_are_durable_and_the_log_verifies_across_restarts() {
     assert!(report.incomplete.is_empty());
     let segments = std::fs::read_dir(tmp.path())
         .expect("dir")
-        .filter(|e| e.as_ref().is_ok_and(|e| e.path().extension().is_some_and(|x| x == "seg")))
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "seg"))
+        })
         .count();
-    assert!(segments > 1, "rotation by size produced {segments} segment(s)");
+    assert!(
+        segments > 1,
+        "rotation by size produced {segments} segment(s)"
+    );
 
     // A restart uses a new key and records the change.
     write_log(&cfg, 2);
     let report = verify(tmp.path(), &VerifyOptions::default());
     assert!(report.intact(), "{}", report.verdict());
     assert_eq!(report.starts.len(), 2);
-    assert_ne!(report.starts[0].checkpoint_key, report.starts[1].checkpoint_key);
+    assert_ne!(
+        report.starts[0].checkpoint_key,
+        report.starts[1].checkpoint_key
+    );
     let (prefix, leaves) = load_tree(tmp.path()).expect("tree");
     assert_eq!(TreeView::new(&prefix, &leaves).size(), report.size);
 }
@@ -145,7 +154,10 @@ fn last_segment(dir: &Path) -> PathBuf {
 
 fn append_bytes(path: &Path, bytes: &[u8]) {
     use std::io::Write as _;
-    let mut f = std::fs::OpenOptions::new().append(true).open(path).expect("open");
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .expect("open");
     f.write_all(bytes).expect("write");
 }
 
@@ -217,11 +229,19 @@ fn corrupting_any_byte_is_detected_and_located() {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
     files.sort();
-    assert_eq!(files.len(), 2, "one segment and the checkpoints file: {files:?}");
+    assert_eq!(
+        files.len(),
+        2,
+        "one segment and the checkpoints file: {files:?}"
+    );
     let mut checked = 0;
     for file in &files {
         let original = std::fs::read(file).expect("read");
-        let name = file.file_name().and_then(|n| n.to_str()).expect("name").to_owned();
+        let name = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("name")
+            .to_owned();
         for pos in 0..original.len() {
             let mut damaged = original.clone();
             damaged[pos] ^= 0xFF;
@@ -230,9 +250,18 @@ fn corrupting_any_byte_is_detected_and_located() {
             let v = report
                 .violation
                 .unwrap_or_else(|| panic!("flipping byte {pos} of {name} went undetected"));
-            let loc = v.location.unwrap_or_else(|| panic!("no location for byte {pos} of {name}"));
-            assert_eq!(loc.file.file_name().and_then(|n| n.to_str()), Some(name.as_str()));
-            assert!(loc.offset <= pos as u64, "byte {pos} of {name} reported at {}", loc.offset);
+            let loc = v
+                .location
+                .unwrap_or_else(|| panic!("no location for byte {pos} of {name}"));
+            assert_eq!(
+                loc.file.file_name().and_then(|n| n.to_str()),
+                Some(name.as_str())
+            );
+            assert!(
+                loc.offset <= pos as u64,
+                "byte {pos} of {name} reported at {}",
+                loc.offset
+            );
             checked += 1;
         }
         std::fs::write(file, &original).expect("restore");
@@ -331,7 +360,10 @@ fn fault_run(budget: u64, fail_sync_after_open: bool) {
     // Every later append fails too (fail closed), even once the disk has room again.
     budget_handle.store(u64::MAX, Ordering::SeqCst);
     sync_handle.store(false, Ordering::SeqCst);
-    assert!(matches!(rt.block_on(log.append(request("late"))), Err(AuditError::Failed(_))));
+    assert!(matches!(
+        rt.block_on(log.append(request("late"))),
+        Err(AuditError::Failed(_))
+    ));
     drop(log);
     // After a restart on a healthy disk, the log recovers and every acknowledged record is there.
     let log = open(&cfg);
@@ -339,7 +371,10 @@ fn fault_run(budget: u64, fail_sync_after_open: bool) {
     let report = verify(tmp.path(), &VerifyOptions::default());
     assert!(report.intact(), "{}", report.verdict());
     for id in &acknowledged {
-        assert!(report.incomplete.contains(id), "acknowledged request {id} lost");
+        assert!(
+            report.incomplete.contains(id),
+            "acknowledged request {id} lost"
+        );
     }
 }
 
@@ -361,7 +396,8 @@ fn witness_signer() -> NoteSigner {
 
 fn latest(dir: &Path) -> (SignedNote, VerifierKey) {
     let report = verify(dir, &VerifyOptions::default());
-    let key = VerifierKey::parse(&report.starts.last().expect("start").checkpoint_key).expect("key");
+    let key =
+        VerifierKey::parse(&report.starts.last().expect("start").checkpoint_key).expect("key");
     let text = inferno::audit::scan::read_checkpoints(dir)
         .expect("checkpoints")
         .checkpoints
@@ -374,7 +410,9 @@ fn latest(dir: &Path) -> (SignedNote, VerifierKey) {
 
 fn proof(dir: &Path, old: u64, new: u64) -> ConsistencyProof {
     let (prefix, leaves) = load_tree(dir).expect("tree");
-    let hashes = TreeView::new(&prefix, &leaves).consistency_proof(old, new).expect("proof");
+    let hashes = TreeView::new(&prefix, &leaves)
+        .consistency_proof(old, new)
+        .expect("proof");
     ConsistencyProof { old, new, hashes }
 }
 
@@ -389,7 +427,10 @@ fn witness_cosigns_extensions_and_refuses_rollback_and_fork() {
     let (first, key1) = latest(&log_dir);
     let size1 = first.checkpoint().expect("cp").size;
     // No state: refused unless first use is explicitly trusted.
-    assert!(matches!(add_checkpoint(&state, &w, &first, &key1, None, false, 1), Err(WitnessError::NoState)));
+    assert!(matches!(
+        add_checkpoint(&state, &w, &first, &key1, None, false, 1),
+        Err(WitnessError::NoState)
+    ));
     let cosigned = add_checkpoint(&state, &w, &first, &key1, None, true, 1).expect("init");
     assert_eq!(w.verifier().verify(&cosigned).expect("cosig"), Some(1));
 
@@ -428,7 +469,11 @@ fn witness_cosigns_extensions_and_refuses_rollback_and_fork() {
     // The appliance refuses to open the rolled-back, forked log against the cosigned checkpoint.
     let witnessed = tmp.path().join("witnessed.checkpoint");
     let cosigned2 = std::fs::read_to_string(&state).expect("state");
-    std::fs::write(&witnessed, cosigned2.trim_start_matches("inferno-witness-state/v1\n")).expect("write");
+    std::fs::write(
+        &witnessed,
+        cosigned2.trim_start_matches("inferno-witness-state/v1\n"),
+    )
+    .expect("write");
     let strict = |dir: &Path| AuditConfig {
         witness_checkpoint: Some(witnessed.clone()),
         witness_keys: vec![w.verifier().render()],

@@ -1,8 +1,7 @@
 //! Property tests of the RFC 9162 Merkle proofs.
 
 use inferno::audit::merkle::{
-    Hash, consistency_proof, inclusion_proof, leaf_hash, root, verify_consistency,
-    verify_inclusion,
+    Hash, consistency_proof, inclusion_proof, leaf_hash, root, verify_consistency, verify_inclusion,
 };
 use proptest::prelude::*;
 

@@ -185,7 +185,9 @@ impl ContentPolicy {
             }
             Sealer::Encrypt(key) => {
                 let mut nonce = [0u8; NONCE_LEN];
-                self.rng.fill(&mut nonce).map_err(|_| ContentError::Crypto)?;
+                self.rng
+                    .fill(&mut nonce)
+                    .map_err(|_| ContentError::Crypto)?;
                 let mut buf = text.as_bytes().to_vec();
                 key.seal_in_place_append_tag(
                     Nonce::assume_unique_for_key(nonce),
@@ -253,7 +255,10 @@ mod tests {
             panic!("expected ciphertext");
         };
         assert!(!ciphertext.contains("secret"));
-        let plain = p.open("prompt", "r1", &sealed).expect("opens").expect("some");
+        let plain = p
+            .open("prompt", "r1", &sealed)
+            .expect("opens")
+            .expect("some");
         assert_eq!(plain.as_str(), "secret prompt");
         assert!(p.open("prompt", "r2", &sealed).is_err());
         assert!(p.open("completion", "r1", &sealed).is_err());

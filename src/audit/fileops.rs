@@ -45,7 +45,10 @@ impl AppendFile for StdAppendFile {
 
 impl FileOps for StdFileOps {
     fn create_new(&self, path: &Path) -> std::io::Result<Box<dyn AppendFile>> {
-        let f = OpenOptions::new().append(true).create_new(true).open(path)?;
+        let f = OpenOptions::new()
+            .append(true)
+            .create_new(true)
+            .open(path)?;
         Ok(Box::new(StdAppendFile(f)))
     }
 

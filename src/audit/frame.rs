@@ -9,7 +9,9 @@ pub const MAX_PAYLOAD_LEN: u32 = 16 << 20;
 
 /// The chained CRC of a frame whose payload is `payload`, following a frame whose CRC was `prev`.
 pub fn chained_crc(prev: u32, payload: &[u8]) -> u32 {
-    let len = u32::try_from(payload.len()).unwrap_or(u32::MAX).to_le_bytes();
+    let len = u32::try_from(payload.len())
+        .unwrap_or(u32::MAX)
+        .to_le_bytes();
     crc32c::crc32c_append(crc32c::crc32c_append(prev, &len), payload)
 }
 

@@ -291,7 +291,11 @@ impl<'a> TreeView<'a> {
             return self.leaves.get(a..b).map(root);
         }
         let mut start = 0u64;
-        for (bit, h) in (0..64u32).rev().filter(|b| k >> b & 1 == 1).zip(self.prefix.subtrees()) {
+        for (bit, h) in (0..64u32)
+            .rev()
+            .filter(|b| k >> b & 1 == 1)
+            .zip(self.prefix.subtrees())
+        {
             let end = start + (1u64 << bit);
             if (lo, hi) == (start, end) {
                 return Some(*h);
@@ -311,12 +315,17 @@ impl<'a> TreeView<'a> {
     /// The root of the tree of the first `size` leaves.
     pub fn root_at(&self, size: u64) -> Result<Hash, ViewError> {
         if size > self.size() {
-            return Err(ProofError::IndexOutOfRange { index: size, size: self.size() }.into());
+            return Err(ProofError::IndexOutOfRange {
+                index: size,
+                size: self.size(),
+            }
+            .into());
         }
         if size == 0 {
             return Ok(empty_root());
         }
-        self.range_root(0, size).ok_or(ViewError::Pruned(self.prefix.size()))
+        self.range_root(0, size)
+            .ok_or(ViewError::Pruned(self.prefix.size()))
     }
 
     /// The inclusion proof of leaf `index` in the tree of the first `size` leaves.
@@ -352,7 +361,11 @@ impl<'a> TreeView<'a> {
             return Err(ProofError::SizesOutOfOrder { old, new }.into());
         }
         if new > self.size() {
-            return Err(ProofError::IndexOutOfRange { index: new, size: self.size() }.into());
+            return Err(ProofError::IndexOutOfRange {
+                index: new,
+                size: self.size(),
+            }
+            .into());
         }
         let mut out = Vec::new();
         if old == 0 || old == new {
@@ -363,7 +376,14 @@ impl<'a> TreeView<'a> {
         Ok(out)
     }
 
-    fn subproof(&self, m: u64, lo: u64, hi: u64, complete: bool, out: &mut Vec<Hash>) -> Option<()> {
+    fn subproof(
+        &self,
+        m: u64,
+        lo: u64,
+        hi: u64,
+        complete: bool,
+        out: &mut Vec<Hash>,
+    ) -> Option<()> {
         let n = hi - lo;
         if m == n {
             if !complete {
@@ -388,7 +408,9 @@ mod tests {
     use super::*;
 
     fn leaves(n: usize) -> Vec<Hash> {
-        (0..n).map(|i| leaf_hash(&(i as u64).to_le_bytes())).collect()
+        (0..n)
+            .map(|i| leaf_hash(&(i as u64).to_le_bytes()))
+            .collect()
     }
 
     #[test]
@@ -426,7 +448,9 @@ mod tests {
                     assert_eq!(p, inclusion_proof(i as u64, &l[..size]).expect("full"));
                 }
                 for old in cut.max(1)..=size {
-                    let p = view.consistency_proof(old as u64, size as u64).expect("proof");
+                    let p = view
+                        .consistency_proof(old as u64, size as u64)
+                        .expect("proof");
                     assert_eq!(p, consistency_proof(old as u64, &l[..size]).expect("full"));
                 }
             }

@@ -53,7 +53,12 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// The checkpoint text: `origin\nsize\nbase64(root)\n`.
     pub fn body(&self) -> String {
-        format!("{}\n{}\n{}\n", self.origin, self.size, B64.encode(self.root))
+        format!(
+            "{}\n{}\n{}\n",
+            self.origin,
+            self.size,
+            B64.encode(self.root)
+        )
     }
 
     /// Parses a checkpoint text (extension lines after the root are accepted and ignored).
@@ -68,7 +73,9 @@ impl Checkpoint {
         let size: u64 = size
             .parse()
             .map_err(|_| NoteError::Checkpoint("size is not a decimal integer"))?;
-        let root = lines.next().ok_or(NoteError::Checkpoint("missing root hash"))?;
+        let root = lines
+            .next()
+            .ok_or(NoteError::Checkpoint("missing root hash"))?;
         let root: Hash = B64
             .decode(root)
             .ok()
@@ -119,13 +126,15 @@ impl SignedNote {
         let text = &note[..=split];
         let sigs = &note[split + 2..];
         if !sigs.ends_with('\n') {
-            return Err(NoteError::Malformed("signature block must end with a newline"));
+            return Err(NoteError::Malformed(
+                "signature block must end with a newline",
+            ));
         }
         let mut signatures = Vec::new();
         for line in sigs[..sigs.len() - 1].split('\n') {
-            let rest = line
-                .strip_prefix(SIG_PREFIX)
-                .ok_or(NoteError::Malformed("signature line must start with an em dash"))?;
+            let rest = line.strip_prefix(SIG_PREFIX).ok_or(NoteError::Malformed(
+                "signature line must start with an em dash",
+            ))?;
             let (name, b64) = rest
                 .split_once(' ')
                 .ok_or(NoteError::Malformed("signature line lacks a key name"))?;
@@ -247,13 +256,21 @@ impl VerifierKey {
         let bad = || NoteError::BadSignature(self.name.clone());
         let public = UnparsedPublicKey::new(&ED25519, &self.public);
         if self.alg == ALG_COSIGNATURE_V1 {
-            let ts: [u8; 8] = sig.bytes.get(..8).and_then(|t| t.try_into().ok()).ok_or_else(bad)?;
+            let ts: [u8; 8] = sig
+                .bytes
+                .get(..8)
+                .and_then(|t| t.try_into().ok())
+                .ok_or_else(bad)?;
             let ts = u64::from_be_bytes(ts);
             let msg = cosignature_message(ts, &note.text);
-            public.verify(msg.as_bytes(), &sig.bytes[8..]).map_err(|_| bad())?;
+            public
+                .verify(msg.as_bytes(), &sig.bytes[8..])
+                .map_err(|_| bad())?;
             Ok(Some(ts))
         } else {
-            public.verify(note.text.as_bytes(), &sig.bytes).map_err(|_| bad())?;
+            public
+                .verify(note.text.as_bytes(), &sig.bytes)
+                .map_err(|_| bad())?;
             Ok(None)
         }
     }
@@ -294,7 +311,9 @@ impl NoteSigner {
     /// `cosignature/v1` cosignatures.
     pub fn from_pkcs8(name: &str, alg: u8, pkcs8: &[u8]) -> Result<Self, NoteError> {
         if name.is_empty() || name.contains('+') || name.contains(char::is_whitespace) {
-            return Err(NoteError::Signer("key name must be non-empty without '+' or spaces"));
+            return Err(NoteError::Signer(
+                "key name must be non-empty without '+' or spaces",
+            ));
         }
         let pair = Ed25519KeyPair::from_pkcs8_maybe_unchecked(pkcs8)
             .map_err(|_| NoteError::Signer("not an Ed25519 PKCS#8 key"))?;
@@ -368,7 +387,10 @@ mod tests {
         assert_eq!(vkey.verify(&parsed), Ok(None));
         let tampered = text.replace("\n42\n", "\n43\n");
         let tampered = SignedNote::parse(&tampered).expect("parses");
-        assert!(matches!(vkey.verify(&tampered), Err(NoteError::BadSignature(_))));
+        assert!(matches!(
+            vkey.verify(&tampered),
+            Err(NoteError::BadSignature(_))
+        ));
     }
 
     #[test]

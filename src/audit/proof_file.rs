@@ -71,7 +71,9 @@ fn hashes(lines: std::str::Lines<'_>) -> Result<Vec<Hash>, ProofFileError> {
 fn magic(lines: &mut std::str::Lines<'_>, want: &str) -> Result<(), ProofFileError> {
     match lines.next() {
         Some(l) if l == want => Ok(()),
-        other => Err(ProofFileError(format!("expected {want:?}, found {other:?}"))),
+        other => Err(ProofFileError(format!(
+            "expected {want:?}, found {other:?}"
+        ))),
     }
 }
 

@@ -92,7 +92,10 @@ pub fn prune(dir: &Path, keep_segments: usize, export: &Path) -> Result<PruneOut
         frontier.push(*hash);
     }
     out.sync_all().map_err(io(export))?;
-    let anchor_key = log.anchor.as_ref().and_then(|a| a.checkpoint_key.as_deref());
+    let anchor_key = log
+        .anchor
+        .as_ref()
+        .and_then(|a| a.checkpoint_key.as_deref());
     let anchor = PruneAnchor {
         version: ANCHOR_VERSION,
         origin: log.origin.clone().unwrap_or_default(),
@@ -109,7 +112,11 @@ pub fn prune(dir: &Path, keep_segments: usize, export: &Path) -> Result<PruneOut
     f.write_all(&json).map_err(io(&tmp))?;
     f.sync_all().map_err(io(&tmp))?;
     std::fs::rename(&tmp, &anchor_path).map_err(io(&anchor_path))?;
-    let sync_dir = || std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir));
+    let sync_dir = || {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(dir))
+    };
     sync_dir()?;
     for s in &segments[..remove] {
         std::fs::remove_file(&s.path).map_err(io(&s.path))?;

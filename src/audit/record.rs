@@ -229,7 +229,10 @@ mod tests {
         };
         let bytes = r.encode().expect("encodes");
         let text = String::from_utf8(bytes.clone()).expect("utf8");
-        assert!(text.contains(r#""type":"event","event":"gpu_ready""#), "{text}");
+        assert!(
+            text.contains(r#""type":"event","event":"gpu_ready""#),
+            "{text}"
+        );
         assert_eq!(Record::decode(&bytes).expect("decodes"), r);
     }
 }

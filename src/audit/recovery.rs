@@ -8,9 +8,7 @@ use super::fileops::FileOps;
 use super::merkle::{Frontier, Hash, TreeView};
 use super::note::{SignedNote, VerifierKey};
 use super::record::{Record, RecordBody, SecurityEvent};
-use super::scan::{
-    CHECKPOINTS_FILE, FaultKind, ScanFault, read_checkpoints, scan_segments,
-};
+use super::scan::{CHECKPOINTS_FILE, FaultKind, ScanFault, read_checkpoints, scan_segments};
 
 /// The state of a log after recovery, from which the writer continues.
 #[derive(Debug)]
@@ -59,10 +57,17 @@ pub fn key_for_size(history: &KeyHistory, anchor_key: Option<&str>, size: u64) -
 }
 
 /// Collects the checkpoint keys of start events (the scan callback of recovery and verify).
-pub fn track_record(history: &mut KeyHistory, index: u64, payload: &[u8]) -> Result<Record, String> {
+pub fn track_record(
+    history: &mut KeyHistory,
+    index: u64,
+    payload: &[u8],
+) -> Result<Record, String> {
     let record = Record::decode(payload).map_err(|e| format!("not a valid record: {e}"))?;
     if record.index != index {
-        return Err(format!("record says index {}, stored at {index}", record.index));
+        return Err(format!(
+            "record says index {}, stored at {index}",
+            record.index
+        ));
     }
     if let RecordBody::Event(SecurityEvent::Started { checkpoint_key, .. }) = &record.body {
         history.push((index, checkpoint_key.clone()));
@@ -82,7 +87,10 @@ pub fn check_against_log(
     let note = SignedNote::parse(note_text).map_err(|e| e.to_string())?;
     let cp = note.checkpoint().map_err(|e| e.to_string())?;
     if origin.is_some_and(|o| o != cp.origin) {
-        return Err(format!("checkpoint origin {:?} is not this log's", cp.origin));
+        return Err(format!(
+            "checkpoint origin {:?} is not this log's",
+            cp.origin
+        ));
     }
     if cp.size > view.size() {
         return Err(format!(
@@ -140,7 +148,10 @@ pub fn recover(dir: &Path, ops: &dyn FileOps) -> Result<Recovered, AuditError> {
             .and_then(|n| n.checkpoint())
             .map(|c| c.size)
             .map_err(|e| AuditError::Corrupt {
-                location: ckpts.checkpoints.last().map_or(String::new(), |c| c.location.to_string()),
+                location: ckpts
+                    .checkpoints
+                    .last()
+                    .map_or(String::new(), |c| c.location.to_string()),
                 reason: e.to_string(),
             })?,
         None => 0,
@@ -187,7 +198,10 @@ pub fn recover(dir: &Path, ops: &dyn FileOps) -> Result<Recovered, AuditError> {
         });
     }
     let view = TreeView::new(&log.prefix, &log.leaves);
-    let anchor_key = log.anchor.as_ref().and_then(|a| a.checkpoint_key.as_deref());
+    let anchor_key = log
+        .anchor
+        .as_ref()
+        .and_then(|a| a.checkpoint_key.as_deref());
     if let (Some(text), Some(stored)) = (&last_checkpoint, ckpts.checkpoints.last()) {
         check_against_log(text, log.origin.as_deref(), &view, &history, anchor_key).map_err(
             |reason| AuditError::Corrupt {
@@ -210,12 +224,16 @@ pub fn recover(dir: &Path, ops: &dyn FileOps) -> Result<Recovered, AuditError> {
         origin: log.origin.clone(),
         frontier,
         chain: log.chain,
-        last_segment: last_segment.map(|(n, p, ok)| (n.unwrap_or_else(|| segment_number(&p)), p, ok)),
+        last_segment: last_segment
+            .map(|(n, p, ok)| (n.unwrap_or_else(|| segment_number(&p)), p, ok)),
         last_segment_len,
         checkpoints_chain: ckpts.chain,
         checkpoints_exist,
         last_checkpoint,
-        previous_key: history.last().map(|(_, k)| k.clone()).or(anchor_key.map(str::to_owned)),
+        previous_key: history
+            .last()
+            .map(|(_, k)| k.clone())
+            .or(anchor_key.map(str::to_owned)),
         events,
     })
 }
@@ -230,7 +248,10 @@ pub fn check_witness(
     witness_keys: &[String],
 ) -> Result<(), AuditError> {
     let text = std::fs::read_to_string(checkpoint_file).map_err(|e| {
-        AuditError::Witness(format!("cannot read witness checkpoint {}: {e}", checkpoint_file.display()))
+        AuditError::Witness(format!(
+            "cannot read witness checkpoint {}: {e}",
+            checkpoint_file.display()
+        ))
     })?;
     let note = SignedNote::parse(&text)
         .map_err(|e| AuditError::Witness(format!("{}: {e}", checkpoint_file.display())))?;
@@ -254,16 +275,27 @@ pub fn check_witness(
         return Err(corrupt(f));
     }
     let view = TreeView::new(&log.prefix, &log.leaves);
-    let anchor_key = log.anchor.as_ref().and_then(|a| a.checkpoint_key.as_deref());
+    let anchor_key = log
+        .anchor
+        .as_ref()
+        .and_then(|a| a.checkpoint_key.as_deref());
     let size = check_against_log(&text, log.origin.as_deref(), &view, &history, anchor_key)
-        .map_err(|e| AuditError::Witness(format!("not consistent with the witnessed checkpoint: {e}")))?;
+        .map_err(|e| {
+            AuditError::Witness(format!("not consistent with the witnessed checkpoint: {e}"))
+        })?;
     let cp = note.checkpoint()?;
     let proof = view
         .consistency_proof(size, view.size())
         .map_err(|e| AuditError::Witness(e.to_string()))?;
-    let new_root = view.root_at(view.size()).map_err(|e| AuditError::Witness(e.to_string()))?;
+    let new_root = view
+        .root_at(view.size())
+        .map_err(|e| AuditError::Witness(e.to_string()))?;
     super::merkle::verify_consistency(size, view.size(), &cp.root, &new_root, &proof)
         .map_err(|e| AuditError::Witness(format!("consistency proof failed: {e}")))?;
-    tracing::info!(witnessed_size = size, log_size = view.size(), "audit log consistent with witness checkpoint");
+    tracing::info!(
+        witnessed_size = size,
+        log_size = view.size(),
+        "audit log consistent with witness checkpoint"
+    );
     Ok(())
 }

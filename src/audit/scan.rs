@@ -175,10 +175,14 @@ pub fn read_anchor(dir: &Path) -> Result<Option<PruneAnchor>, String> {
     let path = dir.join(ANCHOR_FILE);
     match std::fs::read(&path) {
         Ok(bytes) => {
-            let a: PruneAnchor = serde_json::from_slice(&bytes)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let a: PruneAnchor =
+                serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
             if a.version != ANCHOR_VERSION {
-                return Err(format!("{}: unsupported version {}", path.display(), a.version));
+                return Err(format!(
+                    "{}: unsupported version {}",
+                    path.display(),
+                    a.version
+                ));
             }
             Ok(Some(a))
         }
@@ -203,10 +207,14 @@ pub fn scan_segments(
         log.origin = Some(a.origin.clone());
     }
     let segments = list_segments(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut expected_segment = anchor.as_ref().map_or(0, |a| a.first_segment);
     // Segments below the anchor are leftovers of an interrupted prune.
     let first_kept = anchor.as_ref().map_or(0, |a| a.first_segment);
-    let segments: Vec<_> = segments.into_iter().filter(|(n, _)| *n >= first_kept).collect();
+    let mut expected_segment = first_kept;
+    log.anchor = anchor;
+    let segments: Vec<_> = segments
+        .into_iter()
+        .filter(|(n, _)| *n >= first_kept)
+        .collect();
     let count = segments.len();
     for (pos, (number, path)) in segments.into_iter().enumerate() {
         let is_last = pos + 1 == count;
@@ -260,7 +268,10 @@ pub fn scan_segments(
         } else if header.prev_crc != log.chain {
             Some("header CRC chain value does not continue the previous segment".to_owned())
         } else if log.origin.as_ref().is_some_and(|o| o != &header.origin) {
-            Some(format!("header origin {:?} differs from the log's", header.origin))
+            Some(format!(
+                "header origin {:?} differs from the log's",
+                header.origin
+            ))
         } else {
             None
         };

@@ -162,7 +162,12 @@ pub fn verify(dir: &Path, options: &VerifyOptions) -> Report {
         report.violation = Some(Violation {
             location: Some(f.location.clone()),
             index: None,
-            reason: format!("checkpoint {}: {}{}", f.index, f.kind, torn_note(f.torn_tail)),
+            reason: format!(
+                "checkpoint {}: {}{}",
+                f.index,
+                f.kind,
+                torn_note(f.torn_tail)
+            ),
         });
         return report;
     }
@@ -199,7 +204,10 @@ pub fn verify(dir: &Path, options: &VerifyOptions) -> Report {
             }
         };
         if log.origin.as_ref().is_some_and(|o| o != &cp.origin) {
-            report.violation = Some(fail(format!("checkpoint origin {:?} is not the log's", cp.origin)));
+            report.violation = Some(fail(format!(
+                "checkpoint origin {:?} is not the log's",
+                cp.origin
+            )));
             return report;
         }
         if let Some((_, prev)) = notes.last() {
@@ -217,7 +225,12 @@ pub fn verify(dir: &Path, options: &VerifyOptions) -> Report {
             continue;
         }
         let key = key_for_size(&history, anchor_key.as_deref(), cp.size)
-            .ok_or_else(|| fail(format!("no start event announces a signing key before record {}", cp.size)))
+            .ok_or_else(|| {
+                fail(format!(
+                    "no start event announces a signing key before record {}",
+                    cp.size
+                ))
+            })
             .and_then(|k| VerifierKey::parse(&k).map_err(|e| fail(e.to_string())))
             .and_then(|k| k.verify(&note).map(drop).map_err(|e| fail(e.to_string())));
         if let Err(v) = key {
@@ -254,7 +267,10 @@ pub fn verify(dir: &Path, options: &VerifyOptions) -> Report {
             report.violation = Some(Violation {
                 location: Some(location.clone()),
                 index: None,
-                reason: format!("root hash at size {} does not match the signed checkpoint", cp.size),
+                reason: format!(
+                    "root hash at size {} does not match the signed checkpoint",
+                    cp.size
+                ),
             });
             return report;
         }

@@ -89,8 +89,13 @@ pub fn store_state(path: &Path, note: &SignedNote) -> Result<(), WitnessError> {
     f.write_all(note.render().as_bytes()).map_err(io)?;
     f.sync_all().map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)?;
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io)?;
     Ok(())
 }
 
@@ -106,7 +111,11 @@ pub fn check_add(
     log_key.verify(note)?;
     let cp = note.checkpoint()?;
     let Some(state) = state else {
-        return if init { Ok(cp) } else { Err(WitnessError::NoState) };
+        return if init {
+            Ok(cp)
+        } else {
+            Err(WitnessError::NoState)
+        };
     };
     let have = &state.checkpoint;
     if cp.origin != have.origin {
@@ -143,8 +152,9 @@ pub fn check_add(
             proof.new, cp.size
         )));
     }
-    verify_consistency(have.size, cp.size, &have.root, &cp.root, &proof.hashes)
-        .map_err(|e| WitnessError::Fork(format!("consistency proof from size {}: {e}", have.size)))?;
+    verify_consistency(have.size, cp.size, &have.root, &cp.root, &proof.hashes).map_err(|e| {
+        WitnessError::Fork(format!("consistency proof from size {}: {e}", have.size))
+    })?;
     Ok(cp)
 }
 
@@ -165,7 +175,9 @@ pub fn add_checkpoint(
     cosigned
         .signatures
         .retain(|s| !(s.name == mine.name && s.key_hash == mine.key_hash()));
-    cosigned.signatures.push(witness.cosign(&note.text, now_unix));
+    cosigned
+        .signatures
+        .push(witness.cosign(&note.text, now_unix));
     store_state(state_path, &cosigned)?;
     Ok(cosigned)
 }

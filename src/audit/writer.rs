@@ -98,10 +98,15 @@ impl Writer {
             origin: self.origin.clone(),
         }
         .encode();
-        let mut file = self.ops.create_new(&path).map_err(io_err("creating", &path))?;
+        let mut file = self
+            .ops
+            .create_new(&path)
+            .map_err(io_err("creating", &path))?;
         file.write_all(&header).map_err(io_err("writing", &path))?;
         file.sync().map_err(io_err("syncing", &path))?;
-        self.ops.sync_dir(&self.dir).map_err(io_err("syncing", &self.dir))?;
+        self.ops
+            .sync_dir(&self.dir)
+            .map_err(io_err("syncing", &self.dir))?;
         self.segment = number;
         self.segment_file = file;
         self.segment_len = header.len() as u64;
@@ -147,7 +152,9 @@ impl Writer {
             return Ok(());
         }
         let path = segment_path(&self.dir, self.segment);
-        self.segment_file.write_all(buf).map_err(io_err("writing", &path))?;
+        self.segment_file
+            .write_all(buf)
+            .map_err(io_err("writing", &path))?;
         self.segment_file.sync().map_err(io_err("syncing", &path))?;
         self.segment_len += buf.len() as u64;
         buf.clear();
@@ -175,7 +182,9 @@ impl Writer {
         let mut buf = Vec::new();
         let chain = encode_frame(self.checkpoints_chain, note.as_bytes(), &mut buf);
         let path = self.dir.join(CHECKPOINTS_FILE);
-        self.checkpoints.write_all(&buf).map_err(io_err("writing", &path))?;
+        self.checkpoints
+            .write_all(&buf)
+            .map_err(io_err("writing", &path))?;
         self.checkpoints.sync().map_err(io_err("syncing", &path))?;
         self.checkpoints_chain = chain;
         self.checkpointed_size = Some(size);
@@ -190,7 +199,9 @@ impl Writer {
         let pending = self.frontier.size() - self.checkpointed_size.unwrap_or(0);
         pending > 0
             && ((self.every_records > 0 && pending >= self.every_records)
-                || self.every.is_some_and(|t| self.last_checkpoint_at.elapsed() >= t))
+                || self
+                    .every
+                    .is_some_and(|t| self.last_checkpoint_at.elapsed() >= t))
     }
 
     fn time_to_checkpoint(&self) -> Duration {
@@ -202,7 +213,10 @@ impl Writer {
     }
 
     /// Runs one step that may fail; a failure puts the log in the failed state for good.
-    fn guarded<T>(&mut self, step: impl FnOnce(&mut Self) -> Result<T, AuditError>) -> Result<T, AuditError> {
+    fn guarded<T>(
+        &mut self,
+        step: impl FnOnce(&mut Self) -> Result<T, AuditError>,
+    ) -> Result<T, AuditError> {
         if let Some(why) = self.shared.failure() {
             return Err(AuditError::Failed(why));
         }
@@ -266,7 +280,10 @@ impl Writer {
                     Command::Shutdown(reason, reply) => {
                         let result = self.guarded(|w| {
                             let stop = SecurityEvent::Stopped { reason };
-                            w.write_records(vec![(RecordBody::Event(stop), OffsetDateTime::now_utc())])?;
+                            w.write_records(vec![(
+                                RecordBody::Event(stop),
+                                OffsetDateTime::now_utc(),
+                            )])?;
                             w.checkpoint()
                         });
                         let _ = reply.send(result);
@@ -345,10 +362,14 @@ impl AuditLog {
         }
         let ck_path = dir.join(CHECKPOINTS_FILE);
         let checkpoints = if rec.checkpoints_exist {
-            ops.open_append(&ck_path).map_err(io_err("opening", &ck_path))?
+            ops.open_append(&ck_path)
+                .map_err(io_err("opening", &ck_path))?
         } else {
-            let mut f = ops.create_new(&ck_path).map_err(io_err("creating", &ck_path))?;
-            f.write_all(&checkpoints_header()).map_err(io_err("writing", &ck_path))?;
+            let mut f = ops
+                .create_new(&ck_path)
+                .map_err(io_err("creating", &ck_path))?;
+            f.write_all(&checkpoints_header())
+                .map_err(io_err("writing", &ck_path))?;
             f.sync().map_err(io_err("syncing", &ck_path))?;
             f
         };
@@ -485,7 +506,11 @@ impl AuditLog {
 
     /// The latest durable signed checkpoint.
     pub fn latest_checkpoint(&self) -> Option<String> {
-        self.shared.latest_checkpoint.read().ok().and_then(|c| c.clone())
+        self.shared
+            .latest_checkpoint
+            .read()
+            .ok()
+            .and_then(|c| c.clone())
     }
 
     /// The number of durable records.

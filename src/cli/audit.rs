@@ -221,7 +221,10 @@ fn run_other(command: AuditCommand) -> anyhow::Result<()> {
         AuditCommand::Checkpoint(a) => {
             require_dir(&a.dir)?;
             let ckpts = read_checkpoints(&a.dir).map_err(anyhow::Error::msg)?;
-            let last = ckpts.checkpoints.last().context("the log has no checkpoint")?;
+            let last = ckpts
+                .checkpoints
+                .last()
+                .context("the log has no checkpoint")?;
             print!("{}", last.note);
             Ok(())
         }
@@ -274,14 +277,13 @@ fn run_verify(a: &VerifyArgs) -> ExitCode {
     }
     let report = verify(&a.dir, &options);
     println!("{}", report.verdict());
+    if !report.intact() {
+        return ExitCode::FAILURE;
+    }
     for id in &report.incomplete {
         println!("incomplete: request {id} has no completion record");
     }
-    if report.intact() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    ExitCode::SUCCESS
 }
 
 /// Reads every intact record of a log.
@@ -295,14 +297,21 @@ fn read_records(dir: &Path) -> anyhow::Result<Vec<(Record, Vec<u8>)>> {
     })
     .map_err(anyhow::Error::msg)?;
     if let Some(f) = log.fault.filter(|f| !f.torn_tail) {
-        bail!("log is damaged at {}: {} (run `inferno audit verify`)", f.location, f.kind);
+        bail!(
+            "log is damaged at {}: {} (run `inferno audit verify`)",
+            f.location,
+            f.kind
+        );
     }
     Ok(out)
 }
 
 fn parse_time(s: &Option<String>, flag: &str) -> anyhow::Result<Option<OffsetDateTime>> {
     s.as_deref()
-        .map(|t| OffsetDateTime::parse(t, &Rfc3339).with_context(|| format!("{flag} {t:?} is not RFC 3339")))
+        .map(|t| {
+            OffsetDateTime::parse(t, &Rfc3339)
+                .with_context(|| format!("{flag} {t:?} is not RFC 3339"))
+        })
         .transpose()
 }
 
@@ -333,14 +342,23 @@ fn show(a: &ShowArgs) -> anyhow::Result<()> {
             continue;
         }
         if a.principal.is_some()
-            && !record.body.request_id().is_some_and(|id| principal_requests.contains(id))
+            && !record
+                .body
+                .request_id()
+                .is_some_and(|id| principal_requests.contains(id))
         {
             continue;
         }
-        if a.request_id.as_deref().is_some_and(|id| record.body.request_id() != Some(id)) {
+        if a.request_id
+            .as_deref()
+            .is_some_and(|id| record.body.request_id() != Some(id))
+        {
             continue;
         }
-        if a.event_type.as_deref().is_some_and(|t| record.body.kind() != t) {
+        if a.event_type
+            .as_deref()
+            .is_some_and(|t| record.body.kind() != t)
+        {
             continue;
         }
         let mut value = serde_json::to_value(&record)?;
@@ -468,7 +486,10 @@ fn export(a: &ExportArgs) -> anyhow::Result<()> {
 
 fn latest_checkpoint(dir: &Path) -> anyhow::Result<(SignedNote, crate::audit::note::Checkpoint)> {
     let ckpts = read_checkpoints(dir).map_err(anyhow::Error::msg)?;
-    let last = ckpts.checkpoints.last().context("the log has no checkpoint")?;
+    let last = ckpts
+        .checkpoints
+        .last()
+        .context("the log has no checkpoint")?;
     let note = SignedNote::parse(&last.note)?;
     let cp = note.checkpoint()?;
     Ok((note, cp))
@@ -480,7 +501,11 @@ fn prove(a: &ProveArgs) -> anyhow::Result<()> {
     let (prefix, leaves) = load_tree(&a.dir).map_err(anyhow::Error::msg)?;
     let view = TreeView::new(&prefix, &leaves);
     if a.index >= cp.size {
-        bail!("record {} is not covered by the latest checkpoint (size {})", a.index, cp.size);
+        bail!(
+            "record {} is not covered by the latest checkpoint (size {})",
+            a.index,
+            cp.size
+        );
     }
     let hashes = view.inclusion_proof(a.index, cp.size)?;
     let offset = a
@@ -541,8 +566,17 @@ fn cosign(c: &CosignArgs) -> anyhow::Result<()> {
         None => None,
     };
     let now = u64::try_from(OffsetDateTime::now_utc().unix_timestamp())?;
-    let cosigned = witness::add_checkpoint(&c.state, &signer, &note, &log_key, proof.as_ref(), c.init, now)?;
-    std::fs::write(&c.out, cosigned.render()).with_context(|| format!("writing {}", c.out.display()))?;
+    let cosigned = witness::add_checkpoint(
+        &c.state,
+        &signer,
+        &note,
+        &log_key,
+        proof.as_ref(),
+        c.init,
+        now,
+    )?;
+    std::fs::write(&c.out, cosigned.render())
+        .with_context(|| format!("writing {}", c.out.display()))?;
     let cp = cosigned.checkpoint()?;
     println!("cosigned {} at size {}", cp.origin, cp.size);
     Ok(())
