@@ -106,8 +106,8 @@ pub fn read_key_file(path: &Path) -> Result<Zeroizing<[u8; 32]>, ContentError> {
 
 enum Sealer {
     None,
-    Hmac(hmac::Key),
-    Encrypt(LessSafeKey),
+    Hmac(Box<hmac::Key>),
+    Encrypt(Box<LessSafeKey>),
 }
 
 /// Seals prompt and completion text as the configured policy says.
@@ -146,10 +146,12 @@ impl ContentPolicy {
     pub fn new(mode: ContentMode, key: Option<&[u8; 32]>) -> Result<Self, ContentError> {
         let sealer = match (mode, key) {
             (ContentMode::None, _) => Sealer::None,
-            (ContentMode::Hmac, Some(k)) => Sealer::Hmac(hmac::Key::new(hmac::HMAC_SHA256, k)),
-            (ContentMode::Encrypted, Some(k)) => Sealer::Encrypt(LessSafeKey::new(
+            (ContentMode::Hmac, Some(k)) => {
+                Sealer::Hmac(Box::new(hmac::Key::new(hmac::HMAC_SHA256, k)))
+            }
+            (ContentMode::Encrypted, Some(k)) => Sealer::Encrypt(Box::new(LessSafeKey::new(
                 UnboundKey::new(&AES_256_GCM, k).map_err(|_| ContentError::Crypto)?,
-            )),
+            ))),
             (m, None) => return Err(ContentError::MissingKey(m.as_str())),
         };
         Ok(Self {

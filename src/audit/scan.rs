@@ -209,14 +209,15 @@ pub fn scan_segments(
     let segments = list_segments(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     // Segments below the anchor are leftovers of an interrupted prune.
     let first_kept = anchor.as_ref().map_or(0, |a| a.first_segment);
-    let mut expected_segment = first_kept;
     log.anchor = anchor;
     let segments: Vec<_> = segments
         .into_iter()
         .filter(|(n, _)| *n >= first_kept)
         .collect();
     let count = segments.len();
-    for (pos, (number, path)) in segments.into_iter().enumerate() {
+    for (expected_segment, (pos, (number, path))) in
+        (first_kept..).zip(segments.into_iter().enumerate())
+    {
         let is_last = pos + 1 == count;
         let fault_at = |log: &ScannedLog, offset: u64, kind: FaultKind, torn: bool| ScanFault {
             location: Location {
@@ -246,7 +247,6 @@ pub fn scan_segments(
             log.segments.push(info);
             return Ok(log);
         }
-        expected_segment += 1;
         let (header, mut at) = match SegmentHeader::decode(&bytes) {
             Ok(h) => h,
             Err(e) => {

@@ -277,14 +277,14 @@ pub fn verify(dir: &Path, options: &VerifyOptions) -> Report {
         report.checkpoints_checked += 1;
         report.checkpointed_size = cp.size;
     }
-    if let Some(text) = &options.trusted_checkpoint {
-        if let Err(reason) = check_trusted(text, &log, &history, anchor_key.as_deref(), options) {
-            report.violation = Some(Violation {
-                location: None,
-                index: None,
-                reason: format!("trusted checkpoint: {reason}"),
-            });
-        }
+    if let Some(text) = &options.trusted_checkpoint
+        && let Err(reason) = check_trusted(text, &log, &history, anchor_key.as_deref(), options)
+    {
+        report.violation = Some(Violation {
+            location: None,
+            index: None,
+            reason: format!("trusted checkpoint: {reason}"),
+        });
     }
     report
 }
@@ -318,10 +318,10 @@ fn check_trusted(
 /// The leaf hashes of an intact log with its pruned prefix, for proofs.
 pub fn load_tree(dir: &Path) -> Result<(Frontier, Vec<Hash>), String> {
     let log = scan_segments(dir, |_, _, _| Ok(()))?;
-    if let Some(f) = &log.fault {
-        if !f.torn_tail {
-            return Err(format!("{}: {}", f.location, f.kind));
-        }
+    if let Some(f) = &log.fault
+        && !f.torn_tail
+    {
+        return Err(format!("{}: {}", f.location, f.kind));
     }
     Ok((log.prefix, log.leaves))
 }

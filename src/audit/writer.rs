@@ -83,6 +83,21 @@ struct Writer {
     shared: Arc<Shared>,
 }
 
+/// Creates segment file `header.segment` with its header, durably; returns it and its length.
+fn new_segment(
+    ops: &dyn FileOps,
+    dir: &Path,
+    header: &SegmentHeader,
+) -> Result<(Box<dyn AppendFile>, u64), AuditError> {
+    let path = segment_path(dir, header.segment);
+    let bytes = header.encode();
+    let mut file = ops.create_new(&path).map_err(io_err("creating", &path))?;
+    file.write_all(&bytes).map_err(io_err("writing", &path))?;
+    file.sync().map_err(io_err("syncing", &path))?;
+    ops.sync_dir(dir).map_err(io_err("syncing", dir))?;
+    Ok((file, bytes.len() as u64))
+}
+
 fn io_err(what: &str, path: &Path) -> impl FnOnce(std::io::Error) -> AuditError {
     let context = format!("{what} {}", path.display());
     move |e| AuditError::io(context, e)
@@ -90,27 +105,20 @@ fn io_err(what: &str, path: &Path) -> impl FnOnce(std::io::Error) -> AuditError 
 
 impl Writer {
     fn create_segment(&mut self, number: u64) -> Result<(), AuditError> {
-        let path = segment_path(&self.dir, number);
-        let header = SegmentHeader {
-            segment: number,
-            first_index: self.frontier.size(),
-            prev_crc: self.chain,
-            origin: self.origin.clone(),
-        }
-        .encode();
-        let mut file = self
-            .ops
-            .create_new(&path)
-            .map_err(io_err("creating", &path))?;
-        file.write_all(&header).map_err(io_err("writing", &path))?;
-        file.sync().map_err(io_err("syncing", &path))?;
-        self.ops
-            .sync_dir(&self.dir)
-            .map_err(io_err("syncing", &self.dir))?;
+        let (file, len) = new_segment(
+            self.ops.as_ref(),
+            &self.dir,
+            &SegmentHeader {
+                segment: number,
+                first_index: self.frontier.size(),
+                prev_crc: self.chain,
+                origin: self.origin.clone(),
+            },
+        )?;
         self.segment = number;
         self.segment_file = file;
-        self.segment_len = header.len() as u64;
-        self.segment_header_len = header.len() as u64;
+        self.segment_len = len;
+        self.segment_header_len = len;
         Ok(())
     }
 
@@ -164,12 +172,11 @@ impl Writer {
     /// Signs and durably stores a checkpoint of the current tree (if it grew since the last).
     fn checkpoint(&mut self) -> Result<String, AuditError> {
         let size = self.frontier.size();
-        if self.checkpointed_size == Some(size) {
-            if let Ok(latest) = self.shared.latest_checkpoint.read() {
-                if let Some(text) = latest.as_ref() {
-                    return Ok(text.clone());
-                }
-            }
+        if self.checkpointed_size == Some(size)
+            && let Ok(latest) = self.shared.latest_checkpoint.read()
+            && let Some(text) = latest.as_ref()
+        {
+            return Ok(text.clone());
         }
         let note = self
             .signer
@@ -377,13 +384,24 @@ impl AuditLog {
         if let Ok(mut latest) = shared.latest_checkpoint.write() {
             latest.clone_from(&rec.last_checkpoint);
         }
-        let (segment, segment_file, segment_len, needs_segment) = match &rec.last_segment {
+        // `segment_header_len` only prevents rotating out a segment that holds no frame; a
+        // reopened segment is treated as holding frames.
+        let (segment, segment_file, segment_len, segment_header_len) = match &rec.last_segment {
             Some((n, path, true)) => {
                 let f = ops.open_append(path).map_err(io_err("opening", path))?;
-                (*n, f, rec.last_segment_len, false)
+                (*n, f, rec.last_segment_len, 0)
             }
-            Some((n, _, false)) => (*n, placeholder(), 0, true),
-            None => (0, placeholder(), 0, true),
+            other => {
+                let number = other.as_ref().map_or(0, |(n, _, _)| *n);
+                let header = SegmentHeader {
+                    segment: number,
+                    first_index: rec.frontier.size(),
+                    prev_crc: rec.chain,
+                    origin: origin.clone(),
+                };
+                let (f, len) = new_segment(ops.as_ref(), &dir, &header)?;
+                (number, f, len, len)
+            }
         };
         let mut writer = Writer {
             dir: dir.clone(),
@@ -393,7 +411,7 @@ impl AuditLog {
             segment,
             segment_file,
             segment_len,
-            segment_header_len: 0,
+            segment_header_len,
             segment_max: config.segment_max_bytes.max(1024),
             chain: rec.chain,
             frontier: rec.frontier.clone(),
@@ -406,9 +424,6 @@ impl AuditLog {
                 .then(|| Duration::from_secs(config.checkpoint_every_seconds)),
             shared: Arc::clone(&shared),
         };
-        if needs_segment {
-            writer.create_segment(segment)?;
-        }
         let now = OffsetDateTime::now_utc();
         let mut startup: Vec<(RecordBody, OffsetDateTime)> = rec
             .events
@@ -492,10 +507,10 @@ impl AuditLog {
 
     fn join(&self) {
         let handle = self.thread.lock().ok().and_then(|mut t| t.take());
-        if let Some(h) = handle {
-            if h.join().is_err() {
-                tracing::error!("audit writer thread panicked");
-            }
+        if let Some(h) = handle
+            && h.join().is_err()
+        {
+            tracing::error!("audit writer thread panicked");
         }
     }
 
@@ -545,22 +560,6 @@ fn existing_origin(dir: &Path) -> Result<Option<String>, AuditError> {
         }
     }
     Ok(None)
-}
-
-struct NoFile;
-
-impl AppendFile for NoFile {
-    fn write_all(&mut self, _: &[u8]) -> std::io::Result<()> {
-        Err(std::io::Error::other("no segment is open"))
-    }
-
-    fn sync(&mut self) -> std::io::Result<()> {
-        Err(std::io::Error::other("no segment is open"))
-    }
-}
-
-fn placeholder() -> Box<dyn AppendFile> {
-    Box::new(NoFile)
 }
 
 impl Drop for AuditLog {
