@@ -511,3 +511,20 @@ fn events_round_trip_through_the_log() {
     });
     assert!(verify(tmp.path(), &VerifyOptions::default()).intact());
 }
+
+#[test]
+fn torn_checkpoint_write_is_trimmed_at_open() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cfg = config(tmp.path());
+    write_log(&cfg, 2);
+    let ck = tmp.path().join("checkpoints.log");
+    append_bytes(&ck, &[200, 0, 0, 0, 1, 2, 3]);
+    let verdict = verify(tmp.path(), &VerifyOptions::default()).verdict();
+    assert!(verdict.contains("checkpoints.log offset"), "{verdict}");
+    let log = open(&cfg);
+    runtime().block_on(async { log.shutdown("test").await.expect("shutdown") });
+    let report = verify(tmp.path(), &VerifyOptions::default());
+    assert!(report.intact(), "{}", report.verdict());
+    let seg = std::fs::read(last_segment(tmp.path())).expect("read");
+    assert!(String::from_utf8_lossy(&seg).contains("torn checkpoint write"));
+}

@@ -378,6 +378,7 @@ impl AuditLog {
             f.write_all(&checkpoints_header())
                 .map_err(io_err("writing", &ck_path))?;
             f.sync().map_err(io_err("syncing", &ck_path))?;
+            ops.sync_dir(&dir).map_err(io_err("syncing", &dir))?;
             f
         };
         let shared = Arc::new(Shared::default());
