@@ -530,3 +530,31 @@ fn all_segments_text(dir: &Path) -> String {
         .map(|e| String::from_utf8_lossy(&std::fs::read(e.path()).expect("read")).into_owned())
         .collect()
 }
+
+#[test]
+fn removing_files_is_detected() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let pristine = tmp.path().join("pristine");
+    write_log(&config(&pristine), 20);
+    let cases: [(&str, &str); 3] = [
+        ("checkpoints.log", "no signed checkpoint"),
+        ("0000000000000000.seg", "expected segment 0"),
+        ("0000000000000001.seg", "expected segment 1"),
+    ];
+    for (file, expected) in cases {
+        let dir = tmp.path().join(format!("case-{file}"));
+        copy_dir(&pristine, &dir);
+        std::fs::remove_file(dir.join(file)).expect("remove");
+        let verdict = verify(&dir, &VerifyOptions::default()).verdict();
+        assert!(
+            verdict.starts_with("VIOLATION") && verdict.contains(expected),
+            "{file}: {verdict}"
+        );
+    }
+    // Removing the newest segment leaves checkpoints that cover missing records.
+    let dir = tmp.path().join("case-last");
+    copy_dir(&pristine, &dir);
+    std::fs::remove_file(last_segment(&dir)).expect("remove");
+    let verdict = verify(&dir, &VerifyOptions::default()).verdict();
+    assert!(verdict.contains("truncated"), "{verdict}");
+}

@@ -82,6 +82,12 @@ impl Report {
                     "INTACT: {} records, {} checkpoints verified, signed up to size {}",
                     self.size, self.checkpoints_checked, self.checkpointed_size
                 );
+                let unsigned = self.size - self.checkpointed_size;
+                if unsigned > 0 {
+                    s.push_str(&format!(
+                        ", {unsigned} records after the last checkpoint not yet signed"
+                    ));
+                }
                 if self.first_index > 0 {
                     s.push_str(&format!(", pruned before record {}", self.first_index));
                 }
@@ -276,6 +282,18 @@ pub fn verify(dir: &Path, options: &VerifyOptions) -> Report {
         }
         report.checkpoints_checked += 1;
         report.checkpointed_size = cp.size;
+    }
+    if report.checkpoints_checked == 0 && log.size() > log.prefix.size() {
+        report.violation = Some(Violation {
+            location: Some(Location {
+                file: dir.join(super::scan::CHECKPOINTS_FILE),
+                offset: 0,
+            }),
+            index: None,
+            reason: "no signed checkpoint covers the log (the writer signs one at every start)"
+                .into(),
+        });
+        return report;
     }
     if let Some(text) = &options.trusted_checkpoint
         && let Err(reason) = check_trusted(text, &log, &history, anchor_key.as_deref(), options)
