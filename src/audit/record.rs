@@ -151,10 +151,10 @@ pub enum SecurityEvent {
     },
     /// The digests of the active policy and configuration.
     PolicyConfig {
-        /// Hex SHA-256 of the policy document.
-        policy_digest: String,
-        /// Hex SHA-256 of the configuration file.
-        config_digest: String,
+        /// Hex SHA-256 of the attestation policy document, if one is in force.
+        policy_digest: Option<String>,
+        /// Hex SHA-256 of the configuration file, if one was given.
+        config_digest: Option<String>,
         /// The content policy in force (`none`, `hmac`, `encrypted`).
         content_mode: String,
     },

@@ -144,6 +144,11 @@ impl AuditSink {
         self.log.append(RecordBody::Event(event)).await
     }
 
+    /// The content policy in force.
+    pub fn content_mode(&self) -> super::content::ContentMode {
+        self.content.mode()
+    }
+
     /// Why the log failed, if it did: the server must then answer 503.
     pub fn failure(&self) -> Option<String> {
         self.log.failure()
