@@ -591,3 +591,59 @@ async fn queue_full_gives_429_and_disconnects_free_kv_blocks() {
     drop(held);
     wait_until_idle(&server).await;
 }
+
+#[tokio::test]
+async fn chat_logprobs_and_streamed_choices() {
+    let server = main_server();
+    let (messages, expected, _) = case(0, "chat");
+    let body = json_of(
+        server
+            .post(
+                "/v1/chat/completions",
+                ALICE,
+                &json!({"model": MODEL, "messages": messages, "temperature": 0,
+                        "max_completion_tokens": 24, "logprobs": true, "top_logprobs": 3}),
+            )
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let content = body["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .expect("logprobs.content");
+    assert!(content.len() >= 16);
+    let tokens: String = content
+        .iter()
+        .map(|t| t["token"].as_str().unwrap())
+        .collect();
+    assert!(tokens.starts_with(&expected), "{tokens:?}");
+    for token in content {
+        assert!(token["logprob"].as_f64().unwrap() <= 0.0);
+        let top = token["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        // Greedy decoding picks the most likely token.
+        assert_eq!(top[0]["token"], token["token"]);
+    }
+
+    let response = server
+        .post(
+            "/v1/chat/completions",
+            BOB,
+            &json!({"model": MODEL, "messages": messages, "temperature": 0, "n": 2,
+                    "max_tokens": 24, "stream": true}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let (events, done) = read_sse(response).await;
+    assert!(done);
+    for index in 0..2 {
+        let text: String = events
+            .iter()
+            .filter(|e| e["choices"][0]["index"] == index)
+            .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(text, expected, "choice {index}");
+    }
+}
