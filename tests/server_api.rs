@@ -286,6 +286,25 @@ async fn models_lists_the_model_with_its_digest() {
     assert_eq!(digest.len(), 64);
     assert!(digest.bytes().all(|b| b.is_ascii_hexdigit()));
     assert_eq!(body["data"][0]["max_model_len"], 2048);
+
+    let one = server
+        .client()
+        .get(server.url(&format!("/v1/models/{MODEL}")))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(one.status(), StatusCode::OK);
+    assert_eq!(json_of(one).await, body["data"][0]);
+    let other = server
+        .client()
+        .get(server.url("/v1/models/gpt-9"))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
+    let error = expect_error(other, StatusCode::NOT_FOUND).await;
+    assert_eq!(error["code"], "model_not_found");
 }
 
 #[tokio::test]

@@ -47,6 +47,7 @@ enum Route {
     Health,
     Metrics,
     Models,
+    Model,
     Chat,
     Completions,
     AuditCheckpoint,
@@ -61,13 +62,16 @@ impl Route {
             "/v1/chat/completions" => Some(Self::Chat),
             "/v1/completions" => Some(Self::Completions),
             "/v1/audit/checkpoint" => Some(Self::AuditCheckpoint),
+            _ if model_id(path).is_some() => Some(Self::Model),
             _ => None,
         }
     }
 
     fn method(self) -> Method {
         match self {
-            Self::Health | Self::Metrics | Self::Models | Self::AuditCheckpoint => Method::GET,
+            Self::Health | Self::Metrics | Self::Models | Self::Model | Self::AuditCheckpoint => {
+                Method::GET
+            }
             Self::Chat | Self::Completions => Method::POST,
         }
     }
@@ -214,6 +218,9 @@ impl App {
         let result = match route {
             Route::Metrics => Ok(handlers::metrics(self)),
             Route::Models => handlers::models(self),
+            Route::Model => {
+                handlers::model(self, model_id(request.uri().path()).unwrap_or_default())
+            }
             Route::Chat => handlers::generate(self, ApiKind::Chat, &principal, ctx, request).await,
             Route::Completions => {
                 handlers::generate(self, ApiKind::Completion, &principal, ctx, request).await
@@ -243,9 +250,15 @@ fn request_id<B>(request: &Request<B>) -> String {
 /// clients cannot create unbounded label values).
 fn path_label(path: &str) -> String {
     match Route::from_path(path) {
+        Some(Route::Model) => "/v1/models/{id}".to_owned(),
         Some(_) => path.to_owned(),
         None => "other".to_owned(),
     }
+}
+
+/// The model id of a `/v1/models/{id}` path.
+fn model_id(path: &str) -> Option<&str> {
+    path.strip_prefix("/v1/models/").filter(|id| !id.is_empty())
 }
 
 #[cfg(test)]
@@ -295,5 +308,9 @@ mod tests {
         assert_eq!(Route::Models.allow(), "GET");
         assert_eq!(Route::from_path("/v1/nope"), None);
         assert_eq!(path_label("/v1/nope"), "other");
+        assert_eq!(Route::from_path("/v1/models/m"), Some(Route::Model));
+        assert_eq!(path_label("/v1/models/anything"), "/v1/models/{id}");
+        assert_eq!(model_id("/v1/models/org/name"), Some("org/name"));
+        assert_eq!(Route::from_path("/v1/models/"), None);
     }
 }

@@ -58,22 +58,35 @@ pub fn metrics(app: &App) -> Response<Body> {
     response
 }
 
+fn model_card(service: &ModelService) -> ModelCard {
+    ModelCard {
+        id: service.name().to_owned(),
+        object: "model",
+        created: service.created(),
+        owned_by: "inferno",
+        max_model_len: service.max_context(),
+        digest: service.digest().to_owned(),
+    }
+}
+
 /// `GET /v1/models`.
 pub fn models(app: &App) -> Result<Response<Body>, ApiError> {
     let service = app.ready_service()?;
     let list = ModelList {
         object: "list",
-        data: vec![ModelCard {
-            id: service.name().to_owned(),
-            object: "model",
-            created: service.created(),
-            owned_by: "inferno",
-            max_model_len: service.max_context(),
-            digest: service.digest().to_owned(),
-        }],
+        data: vec![model_card(&service)],
     };
     let json = serde_json::to_string(&list)
         .map_err(|err| ApiError::internal(format!("failed to encode the model list: {err}")))?;
+    Ok(json_response(StatusCode::OK, json))
+}
+
+/// `GET /v1/models/{id}`: the served model, or 404 for any other id.
+pub fn model(app: &App, id: &str) -> Result<Response<Body>, ApiError> {
+    let service = app.ready_service()?;
+    service.check_model(id)?;
+    let json = serde_json::to_string(&model_card(&service))
+        .map_err(|err| ApiError::internal(format!("failed to encode the model: {err}")))?;
     Ok(json_response(StatusCode::OK, json))
 }
 

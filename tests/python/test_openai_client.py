@@ -117,6 +117,10 @@ def test_models_lists_the_served_model(server, model_id):
     assert listed.owned_by == "inferno"
     digest = listed.model_extra["digest"]
     assert re.fullmatch(r"[0-9a-f]{64}", digest)
+    retrieved = server.client().models.retrieve(model_id)
+    assert retrieved.id == model_id
+    with pytest.raises(openai.NotFoundError):
+        server.client().models.retrieve("no-such-model")
 
 
 def test_chat_completion(server, model_id):
