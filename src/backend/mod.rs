@@ -1,1 +1,3 @@
 //! Forward-pass implementations of [`crate::engine::Backend`].
+
+pub mod cuda;
