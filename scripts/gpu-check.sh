@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Checks and benchmarks of the CUDA backend on the GPU machine, in as few device calls as possible.
+#
+# Run from the repository root with the prepared folder .gpu/ (see docs/cuda-backend.md):
+#   .gpu/inferno           release binary          .gpu/cuda_backend   integration-test binary
+#   .gpu/unit_tests        library test binary     .gpu/*.py, .gpu/gpu-check.sh
+# Usage: bash .gpu/gpu-check.sh [STAGES]   (default: "env unit correctness sanitizer bench peers")
+# Everything lands in $OUT (the device tool's output folder) and a summary is printed last.
+# Only reads the GPU's state; never changes a GPU setting.
+set -uo pipefail
+G=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-/tmp/gpu-check-out}
+mkdir -p "$OUT"
+STAGES=${1:-"env unit correctness sanitizer bench peers"}
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+
+# CUDA 13 libraries: the toolkit's, else the pip wheels'.
+LIBS=$(find /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/lib /usr/lib \
+  \( -name 'libnvrtc.so.13*' -o -name 'libcublasLt.so.13*' \) 2>/dev/null | xargs -r -n1 dirname | sort -u | tr '\n' ':')
+export LD_LIBRARY_PATH="${LIBS}${LD_LIBRARY_PATH:-}"
+export INFERNO_KERNEL_CACHE=/tmp/inferno-kernels
+export INFERNO_FIXTURES=$PWD/tests/fixtures
+export RUST_LOG=${RUST_LOG:-info}
+PATH=/usr/local/cuda/bin:$PATH
+note "commit: $(git rev-parse --short HEAD 2>/dev/null || echo '?') (lead checkout) + .gpu binaries built from $(cat "$G/BUILD_COMMIT" 2>/dev/null || echo '?')"
+
+if has env; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm,power.limit --format=csv >"$OUT/env.txt" 2>&1
+  nvidia-smi -q 2>/dev/null | grep -i -A3 -E "confidential|conf comp" >>"$OUT/env.txt"
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$OUT/env.txt"
+  note "device: $(head -2 "$OUT/env.txt" | tail -1)"
+fi
+
+if has unit; then
+  "$G/unit_tests" backend::cuda --test-threads=4 >"$OUT/unit.log" 2>&1
+  note "unit tests (backend::cuda): rc=$? $(grep -E '^test result' "$OUT/unit.log")"
+fi
+
+if has correctness; then
+  "$G/cuda_backend" --test-threads=1 --nocapture >"$OUT/correctness.log" 2>&1
+  rc=$?
+  note "correctness (tests/cuda_backend.rs): rc=$rc $(grep -E '^test result' "$OUT/correctness.log")"
+  grep -E '^RESULT|panicked|FAILED|SKIPPED' "$OUT/correctness.log" | head -40 | tee -a "$SUMMARY"
+fi
+
+if has sanitizer; then
+  timeout 300 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
+    "$G/cuda_backend" --test-threads=1 device_sampling >"$OUT/sanitizer.log" 2>&1
+  note "compute-sanitizer memcheck (device_sampling test): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+fi
+
+M8=/tmp/llama8b
+if has bench || has peers || has serve; then
+  PYTHONUNBUFFERED=1 python3 "$G/make_llama8b.py" $M8 tests/fixtures/inferno-tiny >"$OUT/make8b.log" 2>&1
+  note "8B-shaped weights: $(tail -1 "$OUT/make8b.log")"
+fi
+
+if has bench; then
+  for spec in "1 128 128" "16 128 128" "64 128 128" "64 1024 128"; do
+    set -- $spec
+    "$G/inferno" bench offline --model $M8 --device cuda --batch-size "$1" --input-len "$2" --output-len "$3" \
+      --ignore-eos --json "$OUT/bench-b$1-i$2.json" >>"$OUT/bench.log" 2>&1
+    note "inferno offline batch=$1 in=$2 out=$3: rc=$? $(grep -E '^output throughput' "$OUT/bench.log" | tail -1)"
+  done
+  grep -E 'CUDA backend ready|KV cache allocated|kernels ready' "$OUT/bench.log" | head -4 >>"$SUMMARY"
+fi
+
+if has peers; then
+  PYTHONUNBUFFERED=1 timeout 420 python3 "$G/peers.py" $M8 "$OUT/peers.json" --batches 1,16 >"$OUT/peers.log" 2>&1
+  note "peers: rc=$?"
+  grep -E '^\{|^eager|^static' "$OUT/peers.log" | tee -a "$SUMMARY"
+fi
+
+echo "===== summary"
+cat "$SUMMARY"
