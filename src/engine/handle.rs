@@ -1,7 +1,11 @@
 //! The thread-safe handle through which callers submit requests to the engine thread.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::backend::KvCacheShape;
 use super::request::{GenerationEvent, GenerationRequest};
 
 /// Why the engine refused a request at submission.
@@ -10,6 +14,9 @@ pub enum SubmitError {
     /// The waiting queue is full; retry later (HTTP 429).
     #[error("the request queue is full")]
     QueueFull,
+    /// The prompt is empty.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
     /// Prompt plus `max_tokens` cannot fit the context or the whole KV cache.
     #[error(
         "the prompt has {prompt} tokens and max_tokens is {max_tokens}, over the limit of {limit} tokens"
@@ -32,7 +39,7 @@ pub enum SubmitError {
 pub struct EngineStats {
     /// Sequences scheduled in the running set.
     pub running: usize,
-    /// Sequences waiting for admission (including preempted ones).
+    /// Sequences waiting for admission (including preempted ones and those not yet seen).
     pub waiting: usize,
     /// Physical KV blocks in total.
     pub kv_blocks_total: usize,
@@ -44,4 +51,139 @@ pub struct EngineStats {
     pub prefix_cache_hits: u64,
     /// Sequences preempted (and later recomputed), since start.
     pub preemptions: u64,
+    /// Forward steps run, since start.
+    pub steps: u64,
+}
+
+/// Messages from handles to the engine thread.
+#[derive(Debug)]
+pub(super) enum Command {
+    Submit(Box<super::sequence::Sequence>),
+    Cancel(u64),
+    Shutdown,
+}
+
+/// State shared between the engine thread and its handles.
+#[derive(Debug)]
+pub(super) struct Shared {
+    pub stats: Mutex<EngineStats>,
+    /// Requests submitted but not yet admitted or dropped.
+    pub queued: AtomicUsize,
+    pub next_id: AtomicU64,
+    pub kv_cache: KvCacheShape,
+    pub max_context: usize,
+    pub max_waiting: usize,
+}
+
+/// A cloneable handle to a running engine.
+#[derive(Debug, Clone)]
+pub struct EngineHandle {
+    pub(super) commands: mpsc::Sender<Command>,
+    pub(super) shared: Arc<Shared>,
+}
+
+impl EngineHandle {
+    /// Queues a request. Its events stream back on the returned stream; dropping the stream
+    /// cancels the request and frees its KV blocks.
+    pub fn submit(&self, request: GenerationRequest) -> Result<GenerationStream, SubmitError> {
+        let shared = &self.shared;
+        if request.prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        let total = request.prompt.len() + request.stop.max_tokens;
+        let too_long = |limit| SubmitError::TooLong {
+            prompt: request.prompt.len(),
+            max_tokens: request.stop.max_tokens,
+            limit,
+        };
+        if total > shared.max_context {
+            return Err(too_long(shared.max_context));
+        }
+        if total > shared.kv_cache.capacity_tokens() {
+            return Err(too_long(shared.kv_cache.capacity_tokens()));
+        }
+        if shared.queued.fetch_add(1, Ordering::SeqCst) >= shared.max_waiting {
+            shared.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::QueueFull);
+        }
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
+        let seq = super::sequence::Sequence::new(id, request, events);
+        if self.commands.send(Command::Submit(Box::new(seq))).is_err() {
+            shared.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::Stopped);
+        }
+        Ok(GenerationStream {
+            id,
+            receiver,
+            commands: self.commands.clone(),
+            finished: false,
+        })
+    }
+
+    /// The latest statistics.
+    pub fn stats(&self) -> EngineStats {
+        let mut stats = self
+            .shared
+            .stats
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        stats.waiting += self.shared.queued.load(Ordering::SeqCst);
+        stats
+    }
+
+    /// The KV cache geometry.
+    pub fn kv_cache(&self) -> KvCacheShape {
+        self.shared.kv_cache
+    }
+
+    /// The longest sequence (prompt plus completion) the engine accepts.
+    pub fn max_context(&self) -> usize {
+        self.shared.max_context
+    }
+
+    /// Asks the engine thread to cancel everything and stop.
+    pub fn shutdown(&self) {
+        let _ = self.commands.send(Command::Shutdown);
+    }
+}
+
+/// The events of one request. Dropping it before `Finished` cancels the request.
+#[derive(Debug)]
+pub struct GenerationStream {
+    id: u64,
+    receiver: UnboundedReceiver<GenerationEvent>,
+    commands: mpsc::Sender<Command>,
+    finished: bool,
+}
+
+impl GenerationStream {
+    /// The next event; `None` after the `Finished` event (or if the engine stopped).
+    pub async fn next(&mut self) -> Option<GenerationEvent> {
+        let event = self.receiver.recv().await;
+        self.observe(event)
+    }
+
+    /// The next event, blocking the calling thread (not for use inside an async runtime).
+    pub fn blocking_next(&mut self) -> Option<GenerationEvent> {
+        let event = self.receiver.blocking_recv();
+        self.observe(event)
+    }
+
+    fn observe(&mut self, event: Option<GenerationEvent>) -> Option<GenerationEvent> {
+        match &event {
+            Some(GenerationEvent::Finished { .. }) | None => self.finished = true,
+            Some(GenerationEvent::Token { .. }) => {}
+        }
+        event
+    }
+}
+
+impl Drop for GenerationStream {
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = self.commands.send(Command::Cancel(self.id));
+        }
+    }
 }

@@ -5,15 +5,23 @@
 //! time. A step mixes chunked prefills and decodes under a token budget; see `docs/engine.md`.
 
 pub mod backend;
+mod block_manager;
 pub mod config;
+mod core;
+mod detokenize;
 pub mod handle;
 pub mod request;
+pub mod sampling;
+mod scheduler;
+mod sequence;
+mod stop;
 
 pub use backend::{
     Backend, BackendError, BatchRow, KvCacheShape, SampleSpec, SampledToken, StepOutput,
 };
 pub use config::{BLOCK_SIZE, EngineConfig};
-pub use handle::{EngineStats, SubmitError};
+pub use core::{Engine, EngineError, ModelInfo};
+pub use handle::{EngineHandle, EngineStats, GenerationStream, SubmitError};
 pub use request::{
     FinishReason, GenerationEvent, GenerationRequest, SamplingParams, StopParams, TokenLogprob,
 };

@@ -1,6 +1,183 @@
 //! Loading Hugging Face model directories: configuration, weights, tokenizer, chat template,
-//! generation defaults and the model digest.
+//! generation defaults and the model digest. `docs/model-loading.md` describes the formats.
 
+pub mod chat_template;
 pub mod config;
+pub mod digest;
+pub mod error;
+pub mod generation;
+mod json;
+mod source;
+pub mod tensors;
+pub mod tokenizer_config;
+pub mod weights;
 
+use std::path::Path;
+use std::sync::Arc;
+
+pub use chat_template::{ChatTemplate, TemplateError};
 pub use config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
+pub use digest::{FileDigest, ModelDigest};
+pub use error::ModelError;
+pub use generation::GenerationDefaults;
+pub use tensors::{LayerTensors, TensorLayout, TensorSpec, layout};
+pub use tokenizer_config::SpecialTokens;
+pub use weights::{DType, ModelWeights, TensorView};
+
+use source::ModelSource;
+use tokenizer_config::{DEFAULT_TEMPLATE, TokenizerConfig};
+
+/// `config.json`.
+pub const CONFIG_FILE: &str = "config.json";
+/// `tokenizer.json`.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+/// `tokenizer_config.json` (optional).
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+/// `generation_config.json` (optional).
+pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+/// A stand-alone chat template, which takes precedence over `tokenizer_config.json`'s.
+pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
+
+/// A loaded model: everything needed to tokenize, template and run it.
+pub struct Model {
+    /// The architecture and shapes.
+    pub config: ModelConfig,
+    /// The weights, validated against the architecture's tensor layout.
+    pub weights: ModelWeights,
+    /// The tokenizer.
+    pub tokenizer: Arc<tokenizers::Tokenizer>,
+    /// The chat template, when the model has one.
+    pub chat_template: Option<ChatTemplate>,
+    /// Defaults from `generation_config.json` (empty when the file is absent).
+    pub generation: GenerationDefaults,
+    /// Special-token strings from `tokenizer_config.json`.
+    pub special: SpecialTokens,
+    /// The digest of the model's files.
+    pub digest: ModelDigest,
+    /// The served model id (the directory name by default).
+    pub name: String,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("name", &self.name)
+            .field("config", &self.config)
+            .field("weights", &self.weights)
+            .field("digest", &self.digest.hex)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Model {
+    /// Loads the Hugging Face model directory `dir`, validating every file, and names the model
+    /// after the directory.
+    pub fn load(dir: &Path) -> Result<Self, ModelError> {
+        let name = dir
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| dir.display().to_string());
+        let model = Self::load_from(ModelSource::Dir(dir), name)?;
+        tracing::info!(
+            model = %model.name,
+            digest = %model.digest,
+            architecture = model.config.architecture.hf_name(),
+            layers = model.config.num_hidden_layers,
+            "model loaded"
+        );
+        Ok(model)
+    }
+
+    /// Loads a model whose files are compiled into the binary (e.g. with `include_bytes!`),
+    /// given as `(file name, contents)` pairs named as in a model directory.
+    pub fn from_memory(name: &str, files: &[(&str, &'static [u8])]) -> Result<Self, ModelError> {
+        Self::load_from(ModelSource::Memory(files), name.to_owned())
+    }
+
+    /// Loads every part of the model from `source`.
+    fn load_from(source: ModelSource<'_>, name: String) -> Result<Self, ModelError> {
+        let config = ModelConfig::from_json(&source.path(CONFIG_FILE), &source.read(CONFIG_FILE)?)?;
+        let weights = ModelWeights::open(&source)?;
+        layout(&config).validate(&weights)?;
+
+        let tokenizer_path = source.path(TOKENIZER_FILE);
+        let tokenizer =
+            tokenizers::Tokenizer::from_bytes(source.read(TOKENIZER_FILE)?).map_err(|e| {
+                ModelError::Tokenizer {
+                    path: tokenizer_path,
+                    reason: e.to_string(),
+                }
+            })?;
+
+        let tokenizer_config_path = source.path(TOKENIZER_CONFIG_FILE);
+        let tokenizer_config = match source.read_optional(TOKENIZER_CONFIG_FILE)? {
+            Some(bytes) => TokenizerConfig::from_json(&tokenizer_config_path, &bytes)?,
+            None => TokenizerConfig::default(),
+        };
+        let chat_template = Self::chat_template(&source, &tokenizer_config)?;
+
+        let generation = match source.read_optional(GENERATION_CONFIG_FILE)? {
+            Some(bytes) => {
+                GenerationDefaults::from_json(&source.path(GENERATION_CONFIG_FILE), &bytes)?
+            }
+            None => GenerationDefaults::default(),
+        };
+        let digest = ModelDigest::of_source(&source)?;
+        Ok(Self {
+            config,
+            weights,
+            tokenizer: Arc::new(tokenizer),
+            chat_template,
+            generation,
+            special: tokenizer_config.special,
+            digest,
+            name,
+        })
+    }
+
+    /// Compiles the chat template: `chat_template.jinja` when present, otherwise the one(s) in
+    /// `tokenizer_config.json`.
+    fn chat_template(
+        source: &ModelSource<'_>,
+        config: &TokenizerConfig,
+    ) -> Result<Option<ChatTemplate>, ModelError> {
+        let (path, templates) = match source.read_optional(CHAT_TEMPLATE_FILE)? {
+            Some(bytes) => {
+                let path = source.path(CHAT_TEMPLATE_FILE);
+                let text = String::from_utf8(bytes).map_err(|_| ModelError::InvalidField {
+                    path: path.clone(),
+                    field: "(contents)".into(),
+                    reason: "not UTF-8".into(),
+                })?;
+                (path, vec![(DEFAULT_TEMPLATE.to_owned(), text)])
+            }
+            None if config.templates.is_empty() => return Ok(None),
+            None => (source.path(TOKENIZER_CONFIG_FILE), config.templates.clone()),
+        };
+        ChatTemplate::new(&templates, config.special.clone())
+            .map(Some)
+            .map_err(|source| ModelError::ChatTemplate { path, source })
+    }
+
+    /// The tokens that end generation: those of `generation_config.json` (or, without any,
+    /// `config.json`), plus the tokenizer's EOS token, without duplicates.
+    pub fn eos_token_ids(&self) -> Vec<u32> {
+        let mut ids = if self.generation.eos_token_ids.is_empty() {
+            self.config.eos_token_ids.clone()
+        } else {
+            self.generation.eos_token_ids.clone()
+        };
+        if let Some(id) = self
+            .special
+            .eos_token
+            .as_deref()
+            .and_then(|t| self.tokenizer.token_to_id(t))
+        {
+            ids.push(id);
+        }
+        let mut seen = std::collections::HashSet::new();
+        ids.retain(|id| seen.insert(*id));
+        ids
+    }
+}

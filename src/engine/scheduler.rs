@@ -1,0 +1,244 @@
+//! Continuous-batching scheduler: which sequences run in the next step, and how many tokens each.
+//!
+//! Each step has a token budget. Running sequences come first, in admission order: a decode takes
+//! one token, an unfinished prefill takes the next chunk that fits. Waiting sequences are then
+//! admitted first-come first-served while the budget, the sequence limit and free KV blocks allow,
+//! with their prompt's cached prefix taken from the prefix cache. When a running sequence needs a
+//! block and none is free, the most recently admitted sequence is preempted: its blocks are freed
+//! and it goes back to the front of the queue, to be recomputed later. Nothing is dropped for lack
+//! of memory: a request that fits the whole cache on its own always runs eventually.
+
+use std::collections::VecDeque;
+
+use ring::digest::{Context, SHA256};
+
+use super::block_manager::{BlockHash, BlockManager};
+use super::config::{BLOCK_SIZE, EngineConfig};
+use super::sequence::Sequence;
+
+/// One sequence's share of the next step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scheduled {
+    /// Index into [`Scheduler::running`].
+    pub index: usize,
+    /// Tokens to compute, starting at the sequence's `num_computed`.
+    pub num_tokens: usize,
+}
+
+/// Counters the scheduler keeps since start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SchedulerCounters {
+    /// Prompt tokens looked up in the prefix cache.
+    pub prefix_queries: u64,
+    /// Tokens found there.
+    pub prefix_hits: u64,
+    /// Preemptions.
+    pub preemptions: u64,
+}
+
+/// Queues, KV blocks and the prefix cache.
+#[derive(Debug)]
+pub struct Scheduler {
+    config: EngineConfig,
+    /// The physical KV blocks.
+    pub blocks: BlockManager,
+    /// Sequences waiting for admission, in order.
+    pub waiting: VecDeque<Sequence>,
+    /// Admitted sequences, in admission order.
+    pub running: Vec<Sequence>,
+    /// Identity of the model in the prefix hash chain.
+    model_key: [u8; 32],
+    /// Counters since start.
+    pub counters: SchedulerCounters,
+}
+
+impl Scheduler {
+    /// A scheduler over `num_blocks` KV blocks for the model identified by `model_key`.
+    pub fn new(config: EngineConfig, num_blocks: usize, model_key: [u8; 32]) -> Self {
+        Self {
+            config,
+            blocks: BlockManager::new(num_blocks),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            model_key,
+            counters: SchedulerCounters::default(),
+        }
+    }
+
+    /// Whether there is nothing to run.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    /// Plans the next step.
+    pub fn schedule(&mut self) -> Vec<Scheduled> {
+        let mut budget = self.config.max_batched_tokens;
+        let mut plan = Vec::new();
+        let mut preempted = false;
+        let mut index = 0;
+        while index < self.running.len() && budget > 0 {
+            let seq = &self.running[index];
+            let num_tokens = seq.pending().min(budget);
+            let needed = Sequence::blocks_for(seq.num_computed + num_tokens)
+                .saturating_sub(seq.blocks.len());
+            while self.blocks.num_available() < needed && self.running.len() - 1 > index {
+                self.preempt_last();
+                preempted = true;
+            }
+            if self.blocks.num_available() < needed {
+                // Only this sequence is left to give up its blocks.
+                self.preempt_last();
+                preempted = true;
+                break;
+            }
+            self.grow(index, needed);
+            plan.push(Scheduled { index, num_tokens });
+            budget -= num_tokens;
+            index += 1;
+        }
+        if !preempted {
+            self.admit(&mut plan, budget);
+        }
+        plan
+    }
+
+    /// Admits waiting sequences while budget, sequence limit and blocks allow.
+    fn admit(&mut self, plan: &mut Vec<Scheduled>, mut budget: usize) {
+        while budget > 0 && self.running.len() < self.config.max_num_seqs {
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
+            if seq.blocks.is_empty() && self.config.prefix_caching {
+                self.take_cached_prefix(&mut seq);
+            }
+            let num_tokens = seq.pending().min(budget);
+            let needed = Sequence::blocks_for(seq.num_computed + num_tokens)
+                .saturating_sub(seq.blocks.len());
+            if self.blocks.num_available() < needed {
+                self.free_blocks(&mut seq);
+                self.waiting.push_front(seq);
+                break;
+            }
+            seq.admitted_before = true;
+            self.running.push(seq);
+            let index = self.running.len() - 1;
+            self.grow(index, needed);
+            plan.push(Scheduled { index, num_tokens });
+            budget -= num_tokens;
+        }
+    }
+
+    /// Reuses cached full blocks of the sequence's prefix. At least one token is always left to
+    /// compute, so the step produces logits.
+    fn take_cached_prefix(&mut self, seq: &mut Sequence) {
+        let reusable = (seq.tokens.len() - 1) / BLOCK_SIZE;
+        extend_hashes(
+            &self.model_key,
+            self.config.share_prefix_cache,
+            seq,
+            reusable,
+        );
+        let mut hits = 0;
+        while hits < reusable {
+            match self.blocks.lookup(&seq.block_hashes[hits]) {
+                Some(block) => seq.blocks.push(block),
+                None => break,
+            }
+            hits += 1;
+        }
+        seq.num_computed = hits * BLOCK_SIZE;
+        seq.registered_blocks = hits;
+        self.counters.prefix_queries += seq.tokens.len() as u64;
+        self.counters.prefix_hits += (hits * BLOCK_SIZE) as u64;
+        if !seq.admitted_before {
+            seq.cached_tokens = hits * BLOCK_SIZE;
+        }
+    }
+
+    /// Records that the planned tokens were computed, and offers newly full blocks to the prefix
+    /// cache.
+    pub fn complete(&mut self, scheduled: Scheduled) {
+        let seq = &mut self.running[scheduled.index];
+        seq.num_computed += scheduled.num_tokens;
+        if !self.config.prefix_caching {
+            return;
+        }
+        let full = seq.num_computed / BLOCK_SIZE;
+        extend_hashes(&self.model_key, self.config.share_prefix_cache, seq, full);
+        while seq.registered_blocks < full {
+            let b = seq.registered_blocks;
+            self.blocks.register(seq.blocks[b], seq.block_hashes[b]);
+            seq.registered_blocks += 1;
+        }
+    }
+
+    /// Removes a running sequence and releases its blocks.
+    pub fn remove_running(&mut self, index: usize) -> Sequence {
+        let mut seq = self.running.remove(index);
+        self.free_blocks(&mut seq);
+        seq
+    }
+
+    /// Removes a sequence by id from wherever it is, releasing its blocks.
+    pub fn remove(&mut self, id: u64) -> Option<Sequence> {
+        if let Some(index) = self.running.iter().position(|s| s.id == id) {
+            return Some(self.remove_running(index));
+        }
+        let index = self.waiting.iter().position(|s| s.id == id)?;
+        let mut seq = self.waiting.remove(index)?;
+        self.free_blocks(&mut seq);
+        Some(seq)
+    }
+
+    fn grow(&mut self, index: usize, needed: usize) {
+        for _ in 0..needed {
+            let block = self
+                .blocks
+                .allocate()
+                .expect("availability checked by the caller");
+            self.running[index].blocks.push(block);
+        }
+    }
+
+    fn preempt_last(&mut self) {
+        if let Some(mut seq) = self.running.pop() {
+            self.free_blocks(&mut seq);
+            self.counters.preemptions += 1;
+            tracing::debug!(request = %seq.request.id, "preempted: KV cache full");
+            self.waiting.push_front(seq);
+        }
+    }
+
+    fn free_blocks(&mut self, seq: &mut Sequence) {
+        for block in seq.blocks.drain(..) {
+            self.blocks.release(block);
+        }
+        seq.num_computed = 0;
+        seq.registered_blocks = 0;
+    }
+}
+
+/// Makes the hash chain of `seq` cover its first `count` blocks. The chain starts from the model's
+/// key and the request's cache salt (unless the cache is shared), so different principals never
+/// share a cached block.
+fn extend_hashes(model_key: &[u8; 32], shared: bool, seq: &mut Sequence, count: usize) {
+    while seq.block_hashes.len() < count {
+        let b = seq.block_hashes.len();
+        let mut ctx = Context::new(&SHA256);
+        match b.checked_sub(1) {
+            Some(prev) => ctx.update(&seq.block_hashes[prev]),
+            None => {
+                let salt = if shared { 0 } else { seq.request.cache_salt };
+                ctx.update(b"inferno-prefix-v1");
+                ctx.update(model_key);
+                ctx.update(&salt.to_le_bytes());
+            }
+        }
+        for token in &seq.tokens[b * BLOCK_SIZE..(b + 1) * BLOCK_SIZE] {
+            ctx.update(&token.to_le_bytes());
+        }
+        let mut hash: BlockHash = [0; 32];
+        hash.copy_from_slice(ctx.finish().as_ref());
+        seq.block_hashes.push(hash);
+    }
+}

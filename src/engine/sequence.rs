@@ -1,0 +1,85 @@
+//! The engine's per-request state.
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::block_manager::BlockHash;
+use super::config::BLOCK_SIZE;
+use super::detokenize::IncrementalDecoder;
+use super::request::{GenerationEvent, GenerationRequest};
+use super::stop::StopMatcher;
+
+/// One generation in flight: its tokens, KV blocks, generator position and output channel.
+#[derive(Debug)]
+pub struct Sequence {
+    /// Engine-wide identifier.
+    pub id: u64,
+    /// The request as submitted.
+    pub request: GenerationRequest,
+    /// Seed of the request's generator (the request's, or drawn at submission).
+    pub seed: u64,
+    /// Prompt followed by the generated tokens.
+    pub tokens: Vec<u32>,
+    /// Tokens whose keys and values are in the cache.
+    pub num_computed: usize,
+    /// Physical blocks holding positions `0..blocks.len() * BLOCK_SIZE`.
+    pub blocks: Vec<u32>,
+    /// Hash chain of the full blocks computed so far (`block_hashes[i]` covers block `i`).
+    pub block_hashes: Vec<BlockHash>,
+    /// Blocks already registered in the prefix cache.
+    pub registered_blocks: usize,
+    /// Prompt tokens served from the prefix cache at first admission.
+    pub cached_tokens: usize,
+    /// Turns generated tokens into text.
+    pub decoder: IncrementalDecoder,
+    /// Holds back text that may begin a stop string.
+    pub stop: StopMatcher,
+    /// Where events go; a closed channel means the caller went away.
+    pub events: UnboundedSender<GenerationEvent>,
+    /// Whether the sequence has been admitted at least once (prefix-cache statistics count once).
+    pub admitted_before: bool,
+}
+
+impl Sequence {
+    /// The generated tokens.
+    pub fn output(&self) -> &[u32] {
+        &self.tokens[self.request.prompt.len()..]
+    }
+
+    /// Tokens still to be computed before the next token can be sampled.
+    pub fn pending(&self) -> usize {
+        self.tokens.len() - self.num_computed
+    }
+
+    /// Blocks needed to hold `positions` tokens.
+    pub fn blocks_for(positions: usize) -> usize {
+        positions.div_ceil(BLOCK_SIZE)
+    }
+}
+
+impl Sequence {
+    /// A new sequence for `request`, whose events go to `events`. Without a seed in the request,
+    /// one is drawn from the operating system's generator.
+    pub fn new(
+        id: u64,
+        request: GenerationRequest,
+        events: UnboundedSender<GenerationEvent>,
+    ) -> Self {
+        let seed = request.sampling.seed.unwrap_or_else(rand::random);
+        let stop = StopMatcher::new(&request.stop.stop_strings);
+        Self {
+            id,
+            seed,
+            tokens: request.prompt.clone(),
+            num_computed: 0,
+            blocks: Vec::new(),
+            block_hashes: Vec::new(),
+            registered_blocks: 0,
+            cached_tokens: 0,
+            decoder: IncrementalDecoder::new(),
+            stop,
+            events,
+            admitted_before: false,
+            request,
+        }
+    }
+}

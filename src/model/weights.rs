@@ -1,0 +1,363 @@
+//! Safetensors weights: one `model.safetensors` or shards listed in
+//! `model.safetensors.index.json`, memory-mapped (or borrowed from memory for an embedded model),
+//! with their headers validated at load and tensors converted to f32 on demand.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+
+use super::error::ModelError;
+use super::source::ModelSource;
+
+/// The single-file weights name.
+pub const SINGLE_FILE: &str = "model.safetensors";
+/// The index of sharded weights.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// The element types the engine accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DType {
+    /// bfloat16.
+    BF16,
+    /// IEEE half precision.
+    F16,
+    /// IEEE single precision.
+    F32,
+}
+
+impl DType {
+    /// Size of one element in bytes.
+    pub fn size(self) -> usize {
+        match self {
+            Self::BF16 | Self::F16 => 2,
+            Self::F32 => 4,
+        }
+    }
+
+    /// The accepted counterpart of a safetensors dtype.
+    fn from_safetensors(dtype: Dtype) -> Option<Self> {
+        match dtype {
+            Dtype::BF16 => Some(Self::BF16),
+            Dtype::F16 => Some(Self::F16),
+            Dtype::F32 => Some(Self::F32),
+            _ => None,
+        }
+    }
+}
+
+/// A borrowed view of one tensor's little-endian, row-major bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorView<'a> {
+    /// Element type.
+    pub dtype: DType,
+    /// Dimensions, outermost first.
+    pub shape: Vec<usize>,
+    /// The raw bytes (`shape.product() * dtype.size()` of them).
+    pub data: &'a [u8],
+}
+
+impl TensorView<'_> {
+    /// The elements converted to f32 (exact for every accepted dtype).
+    pub fn to_f32(&self) -> Vec<f32> {
+        match self.dtype {
+            DType::F32 => self
+                .data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            DType::BF16 => self
+                .data
+                .chunks_exact(2)
+                .map(|b| bf16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+                .collect(),
+            DType::F16 => self
+                .data
+                .chunks_exact(2)
+                .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+                .collect(),
+        }
+    }
+}
+
+/// bfloat16 is the upper half of an f32.
+fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits(u32::from(bits) << 16)
+}
+
+/// Widens an IEEE binary16 value (every binary16 value is exactly representable in f32).
+fn f16_to_f32(bits: u16) -> f32 {
+    let sign = u32::from(bits & 0x8000) << 16;
+    let exponent = u32::from((bits >> 10) & 0x1f);
+    let mantissa = u32::from(bits & 0x03ff);
+    let magnitude = match (exponent, mantissa) {
+        (0, 0) => 0,
+        (0, m) => {
+            // Subnormal: value = m * 2^-24, renormalised for f32.
+            let shift = m.leading_zeros() - 21;
+            let m = (m << shift) & 0x03ff;
+            ((127 - 15 + 1 - shift) << 23) | (m << 13)
+        }
+        (0x1f, m) => (0xff << 23) | (m << 13),
+        (e, m) => ((e + 127 - 15) << 23) | (m << 13),
+    };
+    f32::from_bits(sign | magnitude)
+}
+
+/// The bytes of one weights file.
+enum Bytes {
+    /// A memory-mapped file.
+    Mapped(Mmap),
+    /// Bytes compiled into the binary.
+    Static(&'static [u8]),
+}
+
+impl Bytes {
+    /// The whole file.
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Self::Mapped(map) => map,
+            Self::Static(bytes) => bytes,
+        }
+    }
+}
+
+/// One weights file and where its data section starts.
+struct Shard {
+    path: PathBuf,
+    bytes: Bytes,
+}
+
+/// Where a tensor lives.
+struct Entry {
+    shard: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    range: Range<usize>,
+}
+
+/// All tensors of a model, indexed by name.
+pub struct ModelWeights {
+    shards: Vec<Shard>,
+    tensors: HashMap<String, Entry>,
+}
+
+impl std::fmt::Debug for ModelWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelWeights")
+            .field(
+                "files",
+                &self.shards.iter().map(|s| &s.path).collect::<Vec<_>>(),
+            )
+            .field("tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
+impl ModelWeights {
+    /// Opens the weights of `source`: `model.safetensors`, or the shards that
+    /// `model.safetensors.index.json` lists.
+    pub(crate) fn open(source: &ModelSource<'_>) -> Result<Self, ModelError> {
+        let files = match source.read_optional(INDEX_FILE)? {
+            Some(index) => shard_files(&source.path(INDEX_FILE), &index)?,
+            None => vec![(SINGLE_FILE.to_owned(), Vec::new())],
+        };
+        let mut weights = Self {
+            shards: Vec::with_capacity(files.len()),
+            tensors: HashMap::new(),
+        };
+        for (file, expected) in files {
+            let path = source.path(&file);
+            let bytes = match source {
+                ModelSource::Dir(dir) => Bytes::Mapped(map_file(&dir.join(&file))?),
+                ModelSource::Memory(_) => Bytes::Static(source.static_bytes(&file)?),
+            };
+            weights.add_shard(path, bytes, &expected)?;
+        }
+        Ok(weights)
+    }
+
+    /// Parses one file's header, registers its tensors and checks that it holds every tensor the
+    /// index assigned to it.
+    fn add_shard(
+        &mut self,
+        path: PathBuf,
+        bytes: Bytes,
+        expected: &[String],
+    ) -> Result<(), ModelError> {
+        let corrupt = |reason: String| ModelError::CorruptSafetensors {
+            path: path.clone(),
+            reason,
+        };
+        let (header_len, metadata) =
+            SafeTensors::read_metadata(bytes.as_slice()).map_err(|e| corrupt(e.to_string()))?;
+        let data_start = header_len
+            .checked_add(8)
+            .ok_or_else(|| corrupt("header length overflows".into()))?;
+        let shard = self.shards.len();
+        for (name, info) in metadata.tensors() {
+            let (start, end) = info.data_offsets;
+            let entry = Entry {
+                shard,
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+                range: data_start + start..data_start + end,
+            };
+            if let Some(previous) = self.tensors.insert(name.clone(), entry) {
+                return Err(ModelError::DuplicateTensor {
+                    name,
+                    first: self.shards[previous.shard].path.clone(),
+                    second: path,
+                });
+            }
+        }
+        let in_this_file = |name: &String| self.tensors.get(name).is_some_and(|e| e.shard == shard);
+        if let Some(missing) = expected.iter().find(|name| !in_this_file(name)) {
+            return Err(ModelError::TensorNotInShard {
+                name: missing.clone(),
+                path,
+            });
+        }
+        self.shards.push(Shard { path, bytes });
+        Ok(())
+    }
+
+    /// Names of all tensors in the weights files.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    /// The tensor called `name`.
+    pub fn tensor(&self, name: &str) -> Result<TensorView<'_>, ModelError> {
+        let entry = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_owned(),
+            })?;
+        let shard = &self.shards[entry.shard];
+        let dtype =
+            DType::from_safetensors(entry.dtype).ok_or_else(|| ModelError::TensorDtype {
+                name: name.to_owned(),
+                path: shard.path.clone(),
+                dtype: format!("{:?}", entry.dtype),
+            })?;
+        Ok(TensorView {
+            dtype,
+            shape: entry.shape.clone(),
+            data: &shard.bytes.as_slice()[entry.range.clone()],
+        })
+    }
+
+    /// Checks that `name` exists with `expected_shape`.
+    pub fn check(
+        &self,
+        name: &str,
+        expected_shape: &[usize],
+    ) -> Result<TensorView<'_>, ModelError> {
+        let view = self.tensor(name)?;
+        if view.shape != expected_shape {
+            return Err(ModelError::TensorShape {
+                name: name.to_owned(),
+                path: self.file_of(name),
+                expected: expected_shape.to_vec(),
+                actual: view.shape,
+            });
+        }
+        Ok(view)
+    }
+
+    /// The tensor `name`, checked against `expected_shape` and converted to f32.
+    pub fn to_f32(&self, name: &str, expected_shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+        Ok(self.check(name, expected_shape)?.to_f32())
+    }
+
+    /// The file holding `name` (for error messages).
+    fn file_of(&self, name: &str) -> PathBuf {
+        self.tensors
+            .get(name)
+            .map(|e| self.shards[e.shard].path.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// Memory-maps a weights file read-only.
+fn map_file(path: &Path) -> Result<Mmap, ModelError> {
+    let file = File::open(path).map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => ModelError::MissingFile {
+            path: path.to_path_buf(),
+        },
+        _ => ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        },
+    })?;
+    // SAFETY: the map is read-only and lives as long as `ModelWeights`. Memory safety requires
+    // that no process truncates or rewrites the file while it is mapped; model directories are
+    // read-only inputs of the appliance (docs/model-loading.md states this requirement).
+    unsafe { Mmap::map(&file) }.map_err(|source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The shard files named by an index, each with the tensors assigned to it, in name order.
+fn shard_files(path: &Path, bytes: &[u8]) -> Result<Vec<(String, Vec<String>)>, ModelError> {
+    let map = super::json::parse_object(path, bytes)?;
+    let index = super::json::JsonObject::new(path, &map);
+    let Some(serde_json::Value::Object(weight_map)) = index.get("weight_map") else {
+        return Err(index.invalid("weight_map", "missing or not an object"));
+    };
+    let mut files: HashMap<&str, Vec<String>> = HashMap::new();
+    for (tensor, file) in weight_map {
+        let file = file
+            .as_str()
+            .filter(|f| is_plain_file_name(f))
+            .ok_or_else(|| {
+                index.invalid(
+                    &format!("weight_map.{tensor}"),
+                    "expected a file name in the model directory",
+                )
+            })?;
+        files.entry(file).or_default().push(tensor.clone());
+    }
+    if files.is_empty() {
+        return Err(index.invalid("weight_map", "lists no tensors"));
+    }
+    let mut files: Vec<(String, Vec<String>)> =
+        files.into_iter().map(|(f, t)| (f.to_owned(), t)).collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Whether `name` names a file directly inside the model directory.
+fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\'])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_conversion_covers_every_class() {
+        assert_eq!(f16_to_f32(0x3c00), 1.0);
+        assert_eq!(f16_to_f32(0xc000), -2.0);
+        assert_eq!(f16_to_f32(0x7bff), 65504.0);
+        assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
+        assert_eq!(f16_to_f32(0x03ff), 1023.0 * 2f32.powi(-24));
+        assert_eq!(f16_to_f32(0x0400), 2f32.powi(-14));
+        assert_eq!(f16_to_f32(0x8000).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(f16_to_f32(0x7c00), f32::INFINITY);
+        assert!(f16_to_f32(0x7e00).is_nan());
+    }
+
+    #[test]
+    fn bf16_conversion_is_exact() {
+        assert_eq!(bf16_to_f32(0x3f80), 1.0);
+        assert_eq!(bf16_to_f32(0xc0a0), -5.0);
+    }
+}
