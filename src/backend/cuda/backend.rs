@@ -336,9 +336,7 @@ impl CudaBackend {
         x: u64,
         w: u64,
         out: u64,
-        m: usize,
-        n: usize,
-        k: usize,
+        (m, n, k): (usize, usize, usize),
         out_type: OutType,
     ) -> Result<(), BackendError> {
         let stream = self.stream.cu_stream() as cudarc::cublaslt::sys::cudaStream_t;
@@ -387,7 +385,7 @@ impl CudaBackend {
                 ],
             )?;
             let (normed, qkv) = (self.act.normed.ptr(), self.act.qkv.ptr());
-            self.matmul(normed, qkv_w, qkv, t, qkv_n, p.hidden, OutType::Bf16)?;
+            self.matmul(normed, qkv_w, qkv, (t, qkv_n, p.hidden), OutType::Bf16)?;
             let w: &LayerWeights = &self.weights.layers[layer];
             self.launch(
                 &self.kernels.qkv_rope,
@@ -441,7 +439,7 @@ impl CudaBackend {
                 ],
             )?;
             let (attn, delta) = (self.act.attn.ptr(), self.act.delta.ptr());
-            self.matmul(attn, o_w, delta, t, p.hidden, q_width, OutType::Bf16)?;
+            self.matmul(attn, o_w, delta, (t, p.hidden, q_width), OutType::Bf16)?;
             let w: &LayerWeights = &self.weights.layers[layer];
             self.launch(
                 &self.kernels.add_rmsnorm,
@@ -460,9 +458,7 @@ impl CudaBackend {
                 normed,
                 gate_up_w,
                 gate_up,
-                t,
-                2 * p.intermediate,
-                p.hidden,
+                (t, 2 * p.intermediate, p.hidden),
                 OutType::Bf16,
             )?;
             self.launch(
@@ -480,9 +476,7 @@ impl CudaBackend {
                 mlp,
                 down_w,
                 delta,
-                t,
-                p.hidden,
-                p.intermediate,
+                (t, p.hidden, p.intermediate),
                 OutType::Bf16,
             )?;
         }
@@ -508,9 +502,7 @@ impl CudaBackend {
                 normed,
                 head,
                 logits,
-                layout.num_samples,
-                p.vocab,
-                p.hidden,
+                (layout.num_samples, p.vocab, p.hidden),
                 OutType::F32,
             )?;
         }

@@ -140,13 +140,13 @@ impl KernelParams {
 
     /// Shapes the kernels cannot serve, as a message naming the limit.
     pub fn unsupported(&self) -> Option<String> {
-        if self.num_kv_heads == 0 || self.num_q_heads % self.num_kv_heads != 0 {
+        if self.num_kv_heads == 0 || !self.num_q_heads.is_multiple_of(self.num_kv_heads) {
             return Some(format!(
                 "{} query heads are not a multiple of {} KV heads",
                 self.num_q_heads, self.num_kv_heads
             ));
         }
-        if self.head_dim % 2 != 0 || self.head_dim > 256 {
+        if !self.head_dim.is_multiple_of(2) || self.head_dim > 256 {
             return Some(format!(
                 "head_dim {} must be even and at most 256",
                 self.head_dim
