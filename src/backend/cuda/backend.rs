@@ -125,17 +125,20 @@ enum Arg {
 }
 
 /// The CUDA backend.
+///
+/// Fields drop in declaration order: device buffers and the cuBLASLt handle first, then the
+/// kernels, the stream and last the context they all live in.
 pub struct CudaBackend {
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
-    kernels: Kernels,
-    params: KernelParams,
     weights: ModelWeightsOnDevice,
     k_cache: Vec<DeviceBuffer>,
     v_cache: Vec<DeviceBuffer>,
-    kv_shape: KvCacheShape,
     act: Activations,
     gemm: Gemm,
+    kernels: Kernels,
+    stream: Arc<CudaStream>,
+    ctx: Arc<CudaContext>,
+    params: KernelParams,
+    kv_shape: KvCacheShape,
     limits: StepLimits,
     split_budget: usize,
     host_inputs: Vec<i32>,
