@@ -5,6 +5,7 @@ mod audit;
 mod bench;
 mod generate;
 mod serve;
+mod setup;
 
 use std::process::ExitCode;
 

@@ -30,6 +30,21 @@ pub struct ModelInfo {
     pub digest: [u8; 32],
 }
 
+impl ModelInfo {
+    /// The engine's view of a loaded model.
+    pub fn of(model: &crate::model::Model) -> Self {
+        let mut digest = [0u8; 32];
+        // The digest is produced by the model loader as 64 hex digits.
+        let _ = hex::decode_to_slice(&model.digest.hex, &mut digest);
+        Self {
+            tokenizer: model.tokenizer.clone(),
+            eos_token_ids: model.eos_token_ids(),
+            max_context: model.config.max_position_embeddings,
+            digest,
+        }
+    }
+}
+
 /// The engine could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -121,6 +136,7 @@ impl Worker {
                 break;
             }
             self.drop_abandoned();
+            self.publish_stats();
             let plan = self.scheduler.schedule();
             if !plan.is_empty() {
                 self.step(&plan);
@@ -222,7 +238,7 @@ impl Worker {
                 Progress::Gone => finished.push((scheduled.index, None)),
             }
         }
-        finished.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         for (index, reason) in finished {
             let seq = self.scheduler.remove_running(index);
             if let Some(reason) = reason {
@@ -236,7 +252,7 @@ impl Worker {
         tracing::error!(error = %err, "forward step failed");
         let reason = FinishReason::Error(err.to_string());
         let mut indices: Vec<usize> = plan.iter().map(|s| s.index).collect();
-        indices.sort_unstable_by(|a, b| b.cmp(a));
+        indices.sort_unstable_by_key(|&i| std::cmp::Reverse(i));
         for index in indices {
             let seq = self.scheduler.remove_running(index);
             finish(seq, reason.clone(), &self.model.tokenizer);

@@ -60,3 +60,65 @@ impl IncrementalDecoder {
         Ok(delta)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn tokenizer() -> Tokenizer {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/inferno-tiny/tokenizer.json");
+        Tokenizer::from_file(path).expect("fixture tokenizer loads")
+    }
+
+    #[test]
+    fn multibyte_characters_split_across_tokens_are_never_torn() {
+        let tokenizer = tokenizer();
+        let text = "Ünïcödé ✓ 中文 🚀 and 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 bytes";
+        let ids = tokenizer
+            .encode(text, false)
+            .expect("encodes")
+            .get_ids()
+            .to_vec();
+        assert!(
+            ids.len() > text.chars().count() / 2,
+            "byte-level pieces: {}",
+            ids.len()
+        );
+        let mut decoder = IncrementalDecoder::new();
+        let mut out = String::new();
+        for id in ids {
+            let delta = decoder.push(&tokenizer, id).expect("decodes");
+            assert!(
+                !delta.contains('\u{FFFD}'),
+                "a torn character was released: {delta:?}"
+            );
+            out.push_str(&delta);
+        }
+        out.push_str(&decoder.finish(&tokenizer).expect("decodes"));
+        assert_eq!(out, text);
+    }
+
+    #[test]
+    fn invalid_utf8_from_the_model_does_not_stall_the_stream() {
+        let tokenizer = tokenizer();
+        // A token that is a lone continuation byte never completes a character.
+        let lone_byte = (0..tokenizer.get_vocab_size(true) as u32)
+            .find(|&id| {
+                tokenizer
+                    .decode(&[id], false)
+                    .is_ok_and(|t| t == "\u{FFFD}")
+            })
+            .expect("the byte-level vocabulary has lone continuation bytes");
+        let mut decoder = IncrementalDecoder::new();
+        let released: String = (0..=MAX_PENDING_TOKENS)
+            .map(|_| decoder.push(&tokenizer, lone_byte).expect("decodes"))
+            .collect();
+        assert!(
+            !released.is_empty(),
+            "held bytes are released after {MAX_PENDING_TOKENS} tokens"
+        );
+    }
+}

@@ -67,7 +67,7 @@ pub(super) enum Command {
 #[derive(Debug)]
 pub(super) struct Shared {
     pub stats: Mutex<EngineStats>,
-    /// Requests submitted but not yet admitted or dropped.
+    /// Requests submitted whose command the engine thread has not taken yet.
     pub queued: AtomicUsize,
     pub next_id: AtomicU64,
     pub kv_cache: KvCacheShape,
@@ -102,7 +102,8 @@ impl EngineHandle {
         if total > shared.kv_cache.capacity_tokens() {
             return Err(too_long(shared.kv_cache.capacity_tokens()));
         }
-        if shared.queued.fetch_add(1, Ordering::SeqCst) >= shared.max_waiting {
+        let waiting = shared.stats.lock().map(|s| s.waiting).unwrap_or(0);
+        if waiting + shared.queued.fetch_add(1, Ordering::SeqCst) >= shared.max_waiting {
             shared.queued.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::QueueFull);
         }

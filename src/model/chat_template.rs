@@ -275,6 +275,10 @@ impl PyJsonWriter {
                 self.out.push('}');
             }
             serde_json::Value::String(s) => self.string(s),
+            serde_json::Value::Number(n) => match (n.is_f64(), n.as_f64()) {
+                (true, Some(f)) => self.out.push_str(&python_float_repr(f)),
+                _ => self.out.push_str(&n.to_string()),
+            },
             other => self.out.push_str(&other.to_string()),
         }
     }
@@ -315,6 +319,26 @@ impl PyJsonWriter {
                 }
             }
         }
+    }
+}
+
+/// Python's `repr(float)`: the shortest round-trip digits, positional for exponents in
+/// `-4..16` (always with a fractional part), scientific otherwise with a signed, two-digit
+/// exponent (`1e-05`, `1.5e+20`).
+fn python_float_repr(f: f64) -> String {
+    let scientific = format!("{f:e}");
+    let (mantissa, exponent) = scientific.split_once('e').unwrap_or((&scientific, "0"));
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    if (-4..16).contains(&exponent) {
+        let positional = f.to_string();
+        if positional.contains('.') {
+            positional
+        } else {
+            positional + ".0"
+        }
+    } else {
+        let sign = if exponent < 0 { '-' } else { '+' };
+        format!("{mantissa}e{sign}{:02}", exponent.unsigned_abs())
     }
 }
 
@@ -367,6 +391,28 @@ mod tests {
     }
 
     #[test]
+    fn floats_print_like_python_repr() {
+        let cases = [
+            (0.5, "0.5"),
+            (3.0, "3.0"),
+            (-2.0, "-2.0"),
+            (1e-5, "1e-05"),
+            (0.0001, "0.0001"),
+            (1e16, "1e+16"),
+            (123456789012345.6, "123456789012345.6"),
+            (1.5e300, "1.5e+300"),
+            (-2.5e-7, "-2.5e-07"),
+        ];
+        for (value, expected) in cases {
+            assert_eq!(python_float_repr(value), expected, "{value}");
+        }
+        assert_eq!(
+            render("{{ messages[0] | tojson }}", json!({"x": [1, 1.0, 1e-5]})).unwrap(),
+            r#"{"x": [1, 1.0, 1e-05]}"#
+        );
+    }
+
+    #[test]
     fn raise_exception_surfaces_the_message() {
         let err = render("{{ raise_exception('roles must alternate') }}", json!({})).unwrap_err();
         assert!(
@@ -382,7 +428,9 @@ mod tests {
             json!({"content": " abc "}),
         )
         .unwrap();
-        assert_eq!(out, "ABC|true\n");
+        // As in Jinja2: `lstrip_blocks` strips only before block tags, and booleans print
+        // Python-style.
+        assert_eq!(out, "  ABC|True\n");
     }
 
     #[test]
@@ -402,7 +450,7 @@ mod tests {
         extra.insert("enable_thinking".into(), json!(false));
         assert_eq!(
             t.render(&[], None, true, &extra).unwrap(),
-            "<s>falsetruetrue</s>"
+            "<s>FalseTrueTrue</s>"
         );
         extra.insert("messages".into(), json!([]));
         assert!(matches!(

@@ -170,13 +170,16 @@ impl RopeConfig {
     }
 
     /// The inverse frequencies `1 / theta^(2i / head_dim)` for `i` in `0..head_dim / 2`, rescaled
-    /// as configured, exactly as transformers computes them (in f64, rounded to f32 at the end).
+    /// as configured. The arithmetic follows transformers' f32 tensor code step by step (Python
+    /// scalars rounded to f32 where torch rounds them), with the power computed in f64 and
+    /// rounded once, so results equal transformers' bit for bit except where torch's own `pow`
+    /// is not correctly rounded (then they differ by one ulp).
     pub fn inv_freqs(&self, head_dim: usize) -> Vec<f32> {
         (0..head_dim / 2)
             .map(|i| {
-                let exponent = (2 * i) as f64 / head_dim as f64;
-                let base = 1.0 / self.theta.powf(exponent);
-                self.scaling.rescale(base) as f32
+                let exponent = (2 * i) as f32 / head_dim as f32;
+                let base = 1.0 / self.theta.powf(f64::from(exponent)) as f32;
+                self.scaling.rescale(base)
             })
             .collect()
     }
@@ -226,11 +229,13 @@ impl RopeScaling {
         }
     }
 
-    /// Applies the scheme to one unscaled inverse frequency.
-    fn rescale(&self, inv_freq: f64) -> f64 {
+    /// Applies the scheme to one unscaled inverse frequency, in transformers' f32 order of
+    /// operations (quantities transformers derives from Python floats are formed in f64 and
+    /// rounded to f32).
+    fn rescale(&self, inv_freq: f32) -> f32 {
         match *self {
             Self::None => inv_freq,
-            Self::Linear { factor } => inv_freq / factor,
+            Self::Linear { factor } => inv_freq / factor as f32,
             Self::Llama3 {
                 factor,
                 low_freq_factor,
@@ -238,16 +243,17 @@ impl RopeScaling {
                 original_max_position_embeddings,
             } => {
                 let original = original_max_position_embeddings as f64;
-                let low_freq_wavelen = original / low_freq_factor;
-                let high_freq_wavelen = original / high_freq_factor;
-                let wavelen = 2.0 * std::f64::consts::PI / inv_freq;
+                let low_freq_wavelen = (original / low_freq_factor) as f32;
+                let high_freq_wavelen = (original / high_freq_factor) as f32;
+                let wavelen = (2.0 * std::f64::consts::PI) as f32 / inv_freq;
+                let factor = factor as f32;
                 if wavelen < high_freq_wavelen {
                     inv_freq
                 } else if wavelen > low_freq_wavelen {
                     inv_freq / factor
                 } else {
-                    let smooth = (original / wavelen - low_freq_factor)
-                        / (high_freq_factor - low_freq_factor);
+                    let smooth = (original as f32 / wavelen - low_freq_factor as f32)
+                        / (high_freq_factor - low_freq_factor) as f32;
                     (1.0 - smooth) * inv_freq / factor + smooth * inv_freq
                 }
             }
@@ -321,6 +327,22 @@ impl ModelConfig {
             }
         };
 
+        let vocab_size = config.positive("vocab_size")?;
+        let eos_token_ids = config.token_ids("eos_token_id")?;
+        if let Some(id) = eos_token_ids.iter().find(|id| **id as usize >= vocab_size) {
+            return Err(config.invalid(
+                "eos_token_id",
+                format!("{id} is outside the vocabulary (vocab_size {vocab_size})"),
+            ));
+        }
+        let bos_token_id = config.opt_token_id("bos_token_id")?;
+        if let Some(id) = bos_token_id.filter(|id| *id as usize >= vocab_size) {
+            return Err(config.invalid(
+                "bos_token_id",
+                format!("{id} is outside the vocabulary (vocab_size {vocab_size})"),
+            ));
+        }
+
         Ok(Self {
             architecture,
             hidden_size,
@@ -329,7 +351,7 @@ impl ModelConfig {
             num_attention_heads,
             num_key_value_heads,
             head_dim,
-            vocab_size: config.positive("vocab_size")?,
+            vocab_size,
             max_position_embeddings: config.positive("max_position_embeddings")?,
             rms_norm_eps: rms_norm_eps as f32,
             rope: RopeConfig::from_config(&config)?,
@@ -337,8 +359,8 @@ impl ModelConfig {
             qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
             qk_norm: architecture == Architecture::Qwen3,
             sliding_window,
-            bos_token_id: config.opt_token_id("bos_token_id")?,
-            eos_token_ids: config.token_ids("eos_token_id")?,
+            bos_token_id,
+            eos_token_ids,
         })
     }
 
@@ -365,6 +387,413 @@ impl ModelConfig {
                 }
                 None => Err(config.invalid("architectures", "missing (and no model_type)")),
             },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<ModelConfig, ModelError> {
+        ModelConfig::from_json(Path::new("m/config.json"), json.as_bytes())
+    }
+
+    /// A minimal config of `arch` with `extra` fields appended.
+    fn config(arch: &str, extra: &str) -> String {
+        format!(
+            r#"{{"architectures": ["{arch}"], "hidden_size": 64, "intermediate_size": 160,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
+                "max_position_embeddings": 512{extra}}}"#
+        )
+    }
+
+    #[test]
+    fn reads_transformers5_rope_parameters() {
+        let c = parse(&config(
+            "LlamaForCausalLM",
+            r#", "num_key_value_heads": 2, "head_dim": 16, "tie_word_embeddings": true,
+               "eos_token_id": [1, 2, 3], "bos_token_id": 0, "rms_norm_eps": 1e-5,
+               "rope_parameters": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                 "original_max_position_embeddings": 32, "rope_theta": 500000.0, "rope_type": "llama3"}"#,
+        ))
+        .unwrap();
+        assert_eq!(c.architecture, Architecture::Llama);
+        assert_eq!(c.rope.theta, 500000.0);
+        assert_eq!(
+            c.rope.scaling,
+            RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 32
+            }
+        );
+        assert_eq!((c.num_key_value_heads, c.head_dim), (2, 16));
+        assert_eq!(c.eos_token_ids, vec![1, 2, 3]);
+        assert_eq!(c.bos_token_id, Some(0));
+        assert_eq!(c.rms_norm_eps, 1e-5);
+        assert!(c.tie_word_embeddings && !c.qkv_bias && !c.qk_norm);
+    }
+
+    #[test]
+    fn reads_legacy_rope_fields() {
+        let c = parse(&config(
+            "LlamaForCausalLM",
+            r#", "rope_theta": 250000.0, "rope_scaling": {"type": "linear", "factor": 2.0}, "eos_token_id": 5"#,
+        ))
+        .unwrap();
+        assert_eq!(c.rope.theta, 250000.0);
+        assert_eq!(c.rope.scaling, RopeScaling::Linear { factor: 2.0 });
+        assert_eq!(c.eos_token_ids, vec![5]);
+        assert_eq!(c.head_dim, 16);
+        assert_eq!(c.num_key_value_heads, 4);
+
+        let c = parse(&config("MistralForCausalLM", r#", "rope_scaling": null"#)).unwrap();
+        assert_eq!(
+            c.rope,
+            RopeConfig {
+                theta: 10_000.0,
+                scaling: RopeScaling::None
+            }
+        );
+    }
+
+    #[test]
+    fn architecture_specific_fields() {
+        let qwen2 = parse(&config(
+            "Qwen2ForCausalLM",
+            r#", "sliding_window": 4096, "use_sliding_window": false"#,
+        ))
+        .unwrap();
+        assert!(qwen2.qkv_bias && !qwen2.qk_norm);
+        assert_eq!(qwen2.sliding_window, None);
+
+        let qwen3 = parse(&config(
+            "Qwen3ForCausalLM",
+            r#", "head_dim": 32, "attention_bias": false"#,
+        ))
+        .unwrap();
+        assert!(qwen3.qk_norm && !qwen3.qkv_bias);
+        assert_eq!(qwen3.head_dim, 32);
+
+        let mistral = parse(&config("MistralForCausalLM", r#", "sliding_window": 4096"#)).unwrap();
+        assert_eq!(mistral.sliding_window, Some(4096));
+    }
+
+    #[test]
+    fn unknown_architecture_is_one_line_naming_file_and_class() {
+        let err = parse(&config("GPT2LMHeadModel", ""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("m/config.json") && err.contains("GPT2LMHeadModel"),
+            "{err}"
+        );
+        assert!(!err.contains('\n'));
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let err = parse(r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("intermediate_size") || err.contains("num_attention_heads"),
+            "{err}"
+        );
+        let err = parse(&config(
+            "LlamaForCausalLM",
+            r#", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}"#,
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("rope_scaling.rope_type") && err.contains("yarn"),
+            "{err}"
+        );
+        let err = parse(&config("LlamaForCausalLM", r#", "num_key_value_heads": 3"#))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("num_key_value_heads"), "{err}");
+        let err = parse(&config("LlamaForCausalLM", r#", "eos_token_id": [1, 100]"#))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("eos_token_id") && err.contains("100"), "{err}");
+        let err = parse("[1]").unwrap_err().to_string();
+        assert!(err.contains("config.json"), "{err}");
+        let err = parse("{not json").unwrap_err().to_string();
+        assert!(
+            err.contains("config.json") && err.contains("invalid JSON"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn default_and_linear_inv_freqs() {
+        let rope = RopeConfig {
+            theta: 10_000.0,
+            scaling: RopeScaling::None,
+        };
+        assert_eq!(rope.inv_freqs(8), vec![1.0, 0.1, 0.01, 0.001]);
+        let linear = RopeConfig {
+            theta: 10_000.0,
+            scaling: RopeScaling::Linear { factor: 4.0 },
+        };
+        assert_eq!(linear.inv_freqs(4), vec![0.25, 0.0025]);
+    }
+
+    #[test]
+    fn llama3_inv_freqs_keep_high_scale_low_and_smooth_the_band() {
+        let rope = RopeConfig {
+            theta: 10_000.0,
+            scaling: RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 2048,
+            },
+        };
+        // Wavelengths 2π/f: 6.3 and 62.8 (< 512: kept), 628 (in 512..2048: smoothed),
+        // 6283 (> 2048: divided by 8).
+        let f = rope.inv_freqs(8);
+        assert_eq!(f[0], 1.0);
+        assert_eq!(f[1], 0.1);
+        let smooth = (2048.0 / (2.0 * std::f64::consts::PI / 0.01) - 1.0) / 3.0;
+        let blended = (1.0 - smooth) * 0.01 / 8.0 + smooth * 0.01;
+        assert!((f64::from(f[2]) - blended).abs() < 1e-9, "{}", f[2]);
+        assert!(f[2] > 0.01 / 8.0 && f[2] < 0.01);
+        assert_eq!(f[3], 0.001 / 8.0);
+
+        let wide = RopeConfig {
+            theta: 10_000.0,
+            scaling: RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192,
+            },
+        };
+        // Precomputed with Python floats: the smoothed value for wavelength 6283.
+        assert!((wide.inv_freqs(8)[3] - 0.000_213_607_54).abs() < 1e-10);
+    }
+
+    /// `inv_freq` as transformers 5.17 computes it (`ROPE_INIT_FUNCTIONS` /
+    /// `compute_default_rope_parameters` on CPU, printed as f32).
+    #[test]
+    fn inv_freqs_match_transformers() {
+        let llama3 = |original| RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: original,
+        };
+        // The tiny-llama3 fixture's settings.
+        let tiny = RopeConfig {
+            theta: 500_000.0,
+            scaling: llama3(32),
+        };
+        let expected: [f32; 8] = [
+            1.0,
+            0.024240345,
+            0.004700754,
+            0.00091158313,
+            0.00017677668,
+            3.4281024e-05,
+            6.6478697e-06,
+            1.2891732e-06,
+        ];
+        assert_eq!(tiny.inv_freqs(16), expected);
+
+        // Llama 3.1's settings, whose band 2048..8192 is smoothed.
+        let llama31 = RopeConfig {
+            theta: 500_000.0,
+            scaling: llama3(8192),
+        };
+        let expected: [f32; 64] = [
+            1.0,
+            0.8146172,
+            0.6636013,
+            0.540581,
+            0.44036663,
+            0.35873023,
+            0.29222783,
+            0.23805381,
+            0.19392276,
+            0.15797281,
+            0.12868738,
+            0.10483095,
+            0.0853971,
+            0.06956595,
+            0.05666962,
+            0.04616405,
+            0.03760603,
+            0.03063452,
+            0.024955409,
+            0.020329105,
+            0.01656044,
+            0.01349042,
+            0.010989529,
+            0.008952259,
+            0.007292665,
+            0.0059407307,
+            0.0048394212,
+            0.003942276,
+            0.003211446,
+            0.0021665706,
+            0.0013718937,
+            0.00085675146,
+            0.000524846,
+            0.00031269365,
+            0.00017850779,
+            9.556212e-05,
+            7.7846555e-05,
+            6.3415144e-05,
+            5.165907e-05,
+            4.2082367e-05,
+            3.4281024e-05,
+            2.792591e-05,
+            2.2748929e-05,
+            1.853167e-05,
+            1.5096218e-05,
+            1.2297639e-05,
+            1.0017869e-05,
+            8.160728e-06,
+            6.6478697e-06,
+            5.4154693e-06,
+            4.4115345e-06,
+            3.5937119e-06,
+            2.9274997e-06,
+            2.3847917e-06,
+            1.9426925e-06,
+            1.5825508e-06,
+            1.2891732e-06,
+            1.0501826e-06,
+            8.554969e-07,
+            6.9690253e-07,
+            5.677088e-07,
+            4.6246538e-07,
+            3.7673226e-07,
+            3.068926e-07,
+        ];
+        assert_eq!(llama31.inv_freqs(128), expected);
+
+        let linear = RopeConfig {
+            theta: 10_000.0,
+            scaling: RopeScaling::Linear { factor: 4.0 },
+        };
+        let expected: [f32; 32] = [
+            0.25,
+            0.18747355,
+            0.14058533,
+            0.10542413,
+            0.07905694,
+            0.05928434,
+            0.044456985,
+            0.033338036,
+            0.025,
+            0.018747354,
+            0.014058532,
+            0.010542412,
+            0.007905695,
+            0.005928434,
+            0.0044456986,
+            0.0033338037,
+            0.0025,
+            0.0018747356,
+            0.0014058533,
+            0.0010542412,
+            0.00079056947,
+            0.00059284345,
+            0.00044456986,
+            0.00033338036,
+            0.00025,
+            0.00018747355,
+            0.00014058533,
+            0.00010542412,
+            7.905695e-05,
+            5.9284346e-05,
+            4.4456985e-05,
+            3.3338038e-05,
+        ];
+        assert_eq!(linear.inv_freqs(64), expected);
+
+        // torch's f32 `pow` is not correctly rounded everywhere: one ulp apart at most.
+        let plain = RopeConfig {
+            theta: 1_000_000.0,
+            scaling: RopeScaling::None,
+        };
+        let expected: [f32; 64] = [
+            1.0,
+            0.8058422,
+            0.64938164,
+            0.52329916,
+            0.4216965,
+            0.33982083,
+            0.27384198,
+            0.2206734,
+            0.17782794,
+            0.14330126,
+            0.1154782,
+            0.0930572,
+            0.074989416,
+            0.060429644,
+            0.048696753,
+            0.0392419,
+            0.03162278,
+            0.025482967,
+            0.020535251,
+            0.016548172,
+            0.013335215,
+            0.010746079,
+            0.008659643,
+            0.006978306,
+            0.0056234132,
+            0.0045315837,
+            0.0036517414,
+            0.0029427272,
+            0.0023713738,
+            0.0019109529,
+            0.0015399265,
+            0.0012409379,
+            0.001,
+            0.0008058422,
+            0.00064938166,
+            0.0005232991,
+            0.0004216965,
+            0.00033982084,
+            0.00027384196,
+            0.00022067342,
+            0.00017782794,
+            0.00014330127,
+            0.00011547819,
+            9.3057206e-05,
+            7.4989424e-05,
+            6.0429637e-05,
+            4.8696755e-05,
+            3.92419e-05,
+            3.1622774e-05,
+            2.5482967e-05,
+            2.053525e-05,
+            1.654817e-05,
+            1.3335214e-05,
+            1.0746078e-05,
+            8.659644e-06,
+            6.9783064e-06,
+            5.6234135e-06,
+            4.5315837e-06,
+            3.6517413e-06,
+            2.9427272e-06,
+            2.3713737e-06,
+            1.910953e-06,
+            1.5399265e-06,
+            1.2409378e-06,
+        ];
+        for (ours, theirs) in plain.inv_freqs(128).iter().zip(expected) {
+            assert!(
+                ours.to_bits().abs_diff(theirs.to_bits()) <= 1,
+                "{ours} vs {theirs}"
+            );
         }
     }
 }

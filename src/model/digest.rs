@@ -27,7 +27,9 @@ pub struct FileDigest {
 /// The model digest and the per-file hashes it covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelDigest {
-    /// Lowercase hex SHA-256 over the sorted `name\tsha256\n` lines.
+    /// SHA-256 over the sorted `name\tsha256\n` lines.
+    pub bytes: [u8; 32],
+    /// The same digest as lowercase hex.
     pub hex: String,
     /// The files covered, sorted by name.
     pub files: Vec<FileDigest>,
@@ -50,8 +52,11 @@ impl ModelDigest {
             ctx.update(file.sha256.as_bytes());
             ctx.update(b"\n");
         }
+        let mut bytes = [0u8; 32];
+        bytes.copy_from_slice(ctx.finish().as_ref());
         Self {
-            hex: hex::encode(ctx.finish()),
+            bytes,
+            hex: hex::encode(bytes),
             files,
         }
     }
@@ -151,6 +156,7 @@ mod tests {
             sha256_hex(b"{}")
         );
         assert_eq!(digest.hex, sha256_hex(lines.as_bytes()));
+        assert_eq!(hex::encode(digest.bytes), digest.hex);
         assert_eq!(digest.files.len(), 2);
         assert_eq!(digest.files[0].name, "a.bin");
         assert_eq!(

@@ -1,9 +1,11 @@
 //! Loading Hugging Face model directories: configuration, weights, tokenizer, chat template,
 //! generation defaults and the model digest. `docs/model-loading.md` describes the formats.
+#![warn(missing_docs)]
 
 pub mod chat_template;
 pub mod config;
 pub mod digest;
+mod embedded;
 pub mod error;
 pub mod generation;
 mod json;
@@ -18,6 +20,7 @@ use std::sync::Arc;
 pub use chat_template::{ChatTemplate, TemplateError};
 pub use config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
 pub use digest::{FileDigest, ModelDigest};
+pub use embedded::EMBEDDED_MODEL_NAME;
 pub use error::ModelError;
 pub use generation::GenerationDefaults;
 pub use tensors::{LayerTensors, TensorLayout, TensorSpec, layout};
@@ -74,19 +77,16 @@ impl Model {
     /// after the directory.
     pub fn load(dir: &Path) -> Result<Self, ModelError> {
         let name = dir
-            .canonicalize()
-            .ok()
-            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .or_else(|| {
+                let absolute = dir.canonicalize().ok()?;
+                absolute
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+            })
             .unwrap_or_else(|| dir.display().to_string());
-        let model = Self::load_from(ModelSource::Dir(dir), name)?;
-        tracing::info!(
-            model = %model.name,
-            digest = %model.digest,
-            architecture = model.config.architecture.hf_name(),
-            layers = model.config.num_hidden_layers,
-            "model loaded"
-        );
-        Ok(model)
+        Self::load_from(ModelSource::Dir(dir), name)
     }
 
     /// Loads a model whose files are compiled into the binary (e.g. with `include_bytes!`),
@@ -101,29 +101,22 @@ impl Model {
         let weights = ModelWeights::open(&source)?;
         layout(&config).validate(&weights)?;
 
-        let tokenizer_path = source.path(TOKENIZER_FILE);
-        let tokenizer =
-            tokenizers::Tokenizer::from_bytes(source.read(TOKENIZER_FILE)?).map_err(|e| {
-                ModelError::Tokenizer {
-                    path: tokenizer_path,
-                    reason: e.to_string(),
-                }
-            })?;
-
-        let tokenizer_config_path = source.path(TOKENIZER_CONFIG_FILE);
+        let tokenizer = load_tokenizer(&source, config.vocab_size)?;
         let tokenizer_config = match source.read_optional(TOKENIZER_CONFIG_FILE)? {
-            Some(bytes) => TokenizerConfig::from_json(&tokenizer_config_path, &bytes)?,
+            Some(bytes) => TokenizerConfig::from_json(&source.path(TOKENIZER_CONFIG_FILE), &bytes)?,
             None => TokenizerConfig::default(),
         };
         let chat_template = Self::chat_template(&source, &tokenizer_config)?;
-
-        let generation = match source.read_optional(GENERATION_CONFIG_FILE)? {
-            Some(bytes) => {
-                GenerationDefaults::from_json(&source.path(GENERATION_CONFIG_FILE), &bytes)?
-            }
-            None => GenerationDefaults::default(),
-        };
+        let generation = load_generation(&source, config.vocab_size)?;
         let digest = ModelDigest::of_source(&source)?;
+        tracing::info!(
+            model = %name,
+            source = %source.path("").display(),
+            digest = %digest,
+            architecture = config.architecture.hf_name(),
+            layers = config.num_hidden_layers,
+            "model loaded"
+        );
         Ok(Self {
             config,
             weights,
@@ -179,5 +172,70 @@ impl Model {
         let mut seen = std::collections::HashSet::new();
         ids.retain(|id| seen.insert(*id));
         ids
+    }
+}
+
+/// Loads `tokenizer.json` and checks that every token id fits the model's vocabulary.
+fn load_tokenizer(
+    source: &ModelSource<'_>,
+    vocab_size: usize,
+) -> Result<tokenizers::Tokenizer, ModelError> {
+    let path = source.path(TOKENIZER_FILE);
+    let tokenizer =
+        tokenizers::Tokenizer::from_bytes(source.read(TOKENIZER_FILE)?).map_err(|e| {
+            ModelError::Tokenizer {
+                path: path.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+    if let Some(max_id) = tokenizer.get_vocab(true).into_values().max()
+        && max_id as usize >= vocab_size
+    {
+        return Err(ModelError::InvalidField {
+            path,
+            field: "model.vocab".into(),
+            reason: format!(
+                "token id {max_id} is outside the model's vocabulary (vocab_size {vocab_size})"
+            ),
+        });
+    }
+    Ok(tokenizer)
+}
+
+/// Reads `generation_config.json` (all defaults when absent) and checks its EOS ids.
+fn load_generation(
+    source: &ModelSource<'_>,
+    vocab_size: usize,
+) -> Result<GenerationDefaults, ModelError> {
+    let path = source.path(GENERATION_CONFIG_FILE);
+    let generation = match source.read_optional(GENERATION_CONFIG_FILE)? {
+        Some(bytes) => GenerationDefaults::from_json(&path, &bytes)?,
+        None => return Ok(GenerationDefaults::default()),
+    };
+    if let Some(id) = generation
+        .eos_token_ids
+        .iter()
+        .find(|id| **id as usize >= vocab_size)
+    {
+        return Err(ModelError::InvalidField {
+            path,
+            field: "eos_token_id".into(),
+            reason: format!("{id} is outside the vocabulary (vocab_size {vocab_size})"),
+        });
+    }
+    Ok(generation)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The engine moves the model's parts across threads.
+    #[test]
+    fn model_parts_are_thread_safe() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Model>();
+        assert_send_sync::<ModelWeights>();
+        assert_send_sync::<ChatTemplate>();
     }
 }

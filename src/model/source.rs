@@ -45,14 +45,14 @@ impl ModelSource<'_> {
             })
     }
 
-    /// The bytes of an embedded file (only for [`ModelSource::Memory`]).
-    pub(crate) fn static_bytes(&self, file: &str) -> Result<&'static [u8], ModelError> {
-        let missing = || ModelError::MissingFile {
-            path: self.path(file),
-        };
+    /// For an embedded model, the bytes of `file` (an error when absent); for a directory,
+    /// `None`: the caller opens `self.path(file)` itself (e.g. to memory-map it).
+    pub(crate) fn embedded(&self, file: &str) -> Option<Result<&'static [u8], ModelError>> {
         match self {
-            Self::Dir(_) => Err(missing()),
-            Self::Memory(files) => find(files, file).ok_or_else(missing),
+            Self::Dir(_) => None,
+            Self::Memory(files) => Some(find(files, file).ok_or_else(|| ModelError::MissingFile {
+                path: self.path(file),
+            })),
         }
     }
 }

@@ -165,3 +165,77 @@ pub fn layout(config: &ModelConfig) -> TensorLayout {
         lm_head,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn config(arch: &str, extra: &str) -> ModelConfig {
+        let json = format!(
+            r#"{{"architectures": ["{arch}"], "hidden_size": 32, "intermediate_size": 48,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "vocab_size": 11, "max_position_embeddings": 64{extra}}}"#
+        );
+        ModelConfig::from_json(Path::new("config.json"), json.as_bytes()).unwrap()
+    }
+
+    fn names(layout: &TensorLayout) -> Vec<&str> {
+        layout.all().into_iter().map(|s| s.name.as_str()).collect()
+    }
+
+    #[test]
+    fn llama_layout_names_and_shapes() {
+        let l = layout(&config("LlamaForCausalLM", ""));
+        assert_eq!(l.all().len(), 1 + 2 * 9 + 1 + 1);
+        assert_eq!(l.embed_tokens.shape, vec![11, 32]);
+        assert_eq!(l.lm_head.name, "lm_head.weight");
+        let layer = &l.layers[1];
+        assert_eq!(layer.q_proj.name, "model.layers.1.self_attn.q_proj.weight");
+        assert_eq!(layer.q_proj.shape, vec![32, 32]);
+        assert_eq!(layer.k_proj.shape, vec![16, 32]);
+        assert_eq!(layer.v_proj.shape, vec![16, 32]);
+        assert_eq!(layer.o_proj.shape, vec![32, 32]);
+        assert_eq!(layer.gate_proj.shape, vec![48, 32]);
+        assert_eq!(layer.down_proj.name, "model.layers.1.mlp.down_proj.weight");
+        assert_eq!(layer.down_proj.shape, vec![32, 48]);
+        assert_eq!(
+            layer.post_attention_norm.name,
+            "model.layers.1.post_attention_layernorm.weight"
+        );
+        assert!(layer.qkv_bias.is_none() && layer.qk_norm.is_none());
+    }
+
+    #[test]
+    fn tied_embeddings_share_the_matrix() {
+        let l = layout(&config(
+            "MistralForCausalLM",
+            r#", "tie_word_embeddings": true"#,
+        ));
+        assert_eq!(l.lm_head, l.embed_tokens);
+        assert!(!names(&l).contains(&"lm_head.weight"));
+        assert_eq!(l.all().len(), 1 + 2 * 9 + 1);
+    }
+
+    #[test]
+    fn qwen_variants_add_biases_and_norms() {
+        let qwen2 = layout(&config("Qwen2ForCausalLM", ""));
+        let biases = qwen2.layers[0].qkv_bias.as_ref().unwrap();
+        assert_eq!(biases[0].name, "model.layers.0.self_attn.q_proj.bias");
+        assert_eq!(
+            (biases[0].shape.clone(), biases[2].shape.clone()),
+            (vec![32], vec![16])
+        );
+
+        // Qwen3 with an explicit head_dim that differs from hidden / heads.
+        let qwen3 = layout(&config("Qwen3ForCausalLM", r#", "head_dim": 16"#));
+        let layer = &qwen3.layers[0];
+        let norms = layer.qk_norm.as_ref().unwrap();
+        assert_eq!(norms[1].name, "model.layers.0.self_attn.k_norm.weight");
+        assert_eq!(norms[1].shape, vec![16]);
+        assert_eq!(layer.q_proj.shape, vec![64, 32]);
+        assert_eq!(layer.o_proj.shape, vec![32, 64]);
+        assert!(layer.qkv_bias.is_none());
+    }
+}

@@ -125,13 +125,14 @@ impl Bytes {
     }
 }
 
-/// One weights file and where its data section starts.
+/// One weights file.
 struct Shard {
     path: PathBuf,
     bytes: Bytes,
 }
 
-/// Where a tensor lives.
+/// Where a tensor lives. `range` is in bounds of its shard's bytes: `read_metadata` checked that
+/// the data offsets tile the data section exactly and that the file ends where they end.
 struct Entry {
     shard: usize,
     dtype: Dtype,
@@ -171,9 +172,9 @@ impl ModelWeights {
         };
         for (file, expected) in files {
             let path = source.path(&file);
-            let bytes = match source {
-                ModelSource::Dir(dir) => Bytes::Mapped(map_file(&dir.join(&file))?),
-                ModelSource::Memory(_) => Bytes::Static(source.static_bytes(&file)?),
+            let bytes = match source.embedded(&file) {
+                Some(bytes) => Bytes::Static(bytes?),
+                None => Bytes::Mapped(map_file(&path)?),
             };
             weights.add_shard(path, bytes, &expected)?;
         }

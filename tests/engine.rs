@@ -1,0 +1,332 @@
+//! The engine end to end on the CPU backend: batching, chunked prefill, preemption, prefix
+//! caching, seeded sampling, stopping, cancellation and admission limits.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use inferno::engine::{
+    EngineConfig, EngineHandle, FinishReason, GenerationEvent, GenerationRequest, SamplingParams,
+    SubmitError,
+};
+use inferno::model::Model;
+use support::{collect, committed_fixture, engine, golden, greedy, run};
+
+fn model() -> Model {
+    Model::load(&committed_fixture("inferno-tiny")).expect("fixture loads")
+}
+
+/// The golden prompts of the fixture: two short chats, an 826-token chat and three raw texts.
+fn prompts() -> Vec<Vec<u32>> {
+    golden(&committed_fixture("inferno-tiny"))
+        .into_iter()
+        .map(|c| c.input_ids)
+        .collect()
+}
+
+/// Runs every request concurrently and returns the outcomes in order.
+fn run_all(engine: &EngineHandle, requests: Vec<GenerationRequest>) -> Vec<support::Outcome> {
+    let streams: Vec<_> = requests
+        .into_iter()
+        .map(|r| engine.submit(r).expect("accepted"))
+        .collect();
+    let handles: Vec<_> = streams
+        .into_iter()
+        .map(|s| std::thread::spawn(move || collect(s)))
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("collector thread"))
+        .collect()
+}
+
+fn wait_until(
+    engine: &EngineHandle,
+    what: &str,
+    cond: impl Fn(&inferno::engine::EngineStats) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond(&engine.stats()) {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {:?}",
+            engine.stats()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn mixed_batches_and_chunked_prefill_give_the_solo_results() {
+    let model = model();
+    let prompts = prompts();
+    let solo_engine = engine(&model, EngineConfig::default());
+    let solo: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| run(&solo_engine, greedy(p, 16)).tokens)
+        .collect();
+    solo_engine.shutdown();
+
+    let config = EngineConfig {
+        max_batched_tokens: 40,
+        ..Default::default()
+    };
+    let batched_engine = engine(&model, config);
+    let batched = run_all(
+        &batched_engine,
+        prompts.iter().map(|p| greedy(p, 16)).collect(),
+    );
+    for (i, (b, s)) in batched.iter().zip(&solo).enumerate() {
+        assert_eq!(&b.tokens, s, "prompt {i} in a mixed batch");
+    }
+    assert!(
+        batched_engine.stats().steps > 826 / 40,
+        "the long prompt was prefilled in chunks"
+    );
+}
+
+#[test]
+fn preemption_recomputes_and_loses_nothing() {
+    let model = model();
+    let prompt: Vec<u32> = prompts()[1].clone(); // 48 tokens
+    // 2 KiB of KV per token: 12 blocks hold 192 tokens, while four requests need 4 × 88.
+    let block_bytes = 4 * 2 * 64 * 4 * 16;
+    let config = EngineConfig {
+        kv_cache_bytes: 12 * block_bytes,
+        ..Default::default()
+    };
+    let engine = engine(&model, config);
+    let solo = run(&engine, greedy(&prompt, 40)).tokens;
+    let outcomes = run_all(&engine, (0..4).map(|_| greedy(&prompt, 40)).collect());
+    for outcome in &outcomes {
+        assert_eq!(outcome.tokens, solo);
+        assert_eq!(outcome.reason, FinishReason::Length);
+    }
+    assert!(engine.stats().preemptions > 0, "{:?}", engine.stats());
+}
+
+#[test]
+fn a_request_larger_than_the_cache_is_refused_and_others_wait() {
+    let model = model();
+    let block_bytes = 4 * 2 * 64 * 4 * 16;
+    let engine = engine(
+        &model,
+        EngineConfig {
+            kv_cache_bytes: 4 * block_bytes,
+            ..Default::default()
+        },
+    );
+    let err = engine
+        .submit(greedy(&[1; 60], 10))
+        .expect_err("70 tokens exceed 64 slots");
+    assert_eq!(
+        err,
+        SubmitError::TooLong {
+            prompt: 60,
+            max_tokens: 10,
+            limit: 64
+        }
+    );
+    let err = engine
+        .submit(greedy(&[1; 10], 5000))
+        .expect_err("over the context");
+    assert!(
+        matches!(err, SubmitError::TooLong { limit: 2048, .. }),
+        "{err:?}"
+    );
+    assert_eq!(
+        engine.submit(greedy(&[], 5)).expect_err("empty"),
+        SubmitError::EmptyPrompt
+    );
+    // Three requests of 48 tokens each fit only one at a time: they queue and all complete.
+    let outcomes = run_all(&engine, (0..3).map(|_| greedy(&[5; 40], 8)).collect());
+    assert!(outcomes.iter().all(|o| o.tokens.len() == 8));
+}
+
+#[test]
+fn prefix_cache_is_shared_within_a_principal_only() {
+    let model = model();
+    let long = prompts()[2].clone();
+    let engine = engine(&model, EngineConfig::default());
+    let with_salt = |salt| GenerationRequest {
+        cache_salt: salt,
+        ..greedy(&long, 4)
+    };
+    let first = run(&engine, with_salt(1));
+    let again = run(&engine, with_salt(1));
+    let other = run(&engine, with_salt(2));
+    assert_eq!(first.cached_tokens, 0);
+    assert_eq!(again.cached_tokens, (long.len() - 1) / 16 * 16);
+    assert_eq!(
+        other.cached_tokens, 0,
+        "another principal never hits the first one's prefix"
+    );
+    assert_eq!(first.tokens, again.tokens);
+    assert_eq!(first.tokens, other.tokens);
+    let stats = engine.stats();
+    assert_eq!(stats.prefix_cache_hits, again.cached_tokens as u64);
+    assert_eq!(stats.prefix_cache_queries, 3 * long.len() as u64);
+
+    let shared = engine_with_shared_cache(&model);
+    run(&shared, with_salt(1));
+    assert!(
+        run(&shared, with_salt(2)).cached_tokens > 0,
+        "a shared cache crosses principals"
+    );
+}
+
+fn engine_with_shared_cache(model: &Model) -> EngineHandle {
+    engine(
+        model,
+        EngineConfig {
+            share_prefix_cache: true,
+            ..Default::default()
+        },
+    )
+}
+
+#[test]
+fn a_seed_gives_the_same_draws_whatever_the_batch_holds() {
+    let model = model();
+    let prompt = prompts()[0].clone();
+    let engine = engine(&model, EngineConfig::default());
+    let sampled = |seed| GenerationRequest {
+        sampling: SamplingParams {
+            temperature: 1.2,
+            top_p: 0.95,
+            seed: Some(seed),
+            ..Default::default()
+        },
+        ..greedy(&prompt, 24)
+    };
+    let alone = run(&engine, sampled(7)).tokens;
+    assert_eq!(run(&engine, sampled(7)).tokens, alone);
+    let mut batch: Vec<GenerationRequest> = (0..3).map(|i| greedy(&prompts()[i % 2], 20)).collect();
+    batch.insert(1, sampled(7));
+    let outcomes = run_all(&engine, batch);
+    assert_eq!(
+        outcomes[1].tokens, alone,
+        "batch composition changed the draws"
+    );
+    let others: Vec<Vec<u32>> = (8..12).map(|s| run(&engine, sampled(s)).tokens).collect();
+    assert!(
+        others.iter().any(|t| *t != alone),
+        "different seeds should differ"
+    );
+}
+
+#[test]
+fn eos_stop_strings_and_max_tokens_end_generation() {
+    let model = model();
+    let prompt = prompts()[0].clone(); // "What is confidential computing?"
+    let engine = engine(&model, EngineConfig::default());
+    let natural = run(
+        &engine,
+        GenerationRequest {
+            stop: Default::default(),
+            ..greedy(&prompt, 100)
+        },
+    );
+    let mut natural_request = greedy(&prompt, 100);
+    natural_request.stop.ignore_eos = false;
+    let natural_eos = run(&engine, natural_request);
+    assert_eq!(natural.reason, FinishReason::Length);
+    assert_eq!(natural_eos.reason, FinishReason::Stop);
+    assert!(
+        natural_eos
+            .text
+            .starts_with("Confidential computing protects data"),
+        "{}",
+        natural_eos.text
+    );
+    assert!(
+        !natural_eos.text.contains("<|"),
+        "special tokens are not emitted"
+    );
+    assert_eq!(
+        natural_eos.completion_tokens,
+        natural_eos.tokens.len() + 1,
+        "EOS counts but is not emitted"
+    );
+
+    let mut stopped = greedy(&prompt, 100);
+    stopped.stop.stop_strings = vec![" data in".into()];
+    let out = run(&engine, stopped);
+    assert_eq!(out.reason, FinishReason::Stop);
+    assert_eq!(out.text, "Confidential computing protects");
+
+    let limited = run(&engine, greedy(&prompt, 3));
+    assert_eq!(
+        (limited.reason, limited.completion_tokens),
+        (FinishReason::Length, 3)
+    );
+}
+
+#[test]
+fn logprobs_come_with_each_token() {
+    let model = model();
+    let engine = engine(&model, EngineConfig::default());
+    let mut request = greedy(&prompts()[0], 5);
+    request.logprobs = Some(3);
+    let mut stream = engine.submit(request).expect("accepted");
+    let mut seen = 0;
+    while let Some(event) = stream.blocking_next() {
+        if let GenerationEvent::Token { token, logprob, .. } = event {
+            let lp = logprob.expect("logprobs requested");
+            assert_eq!(lp.top.len(), 3);
+            assert_eq!(lp.top[0].0, token, "greedy picks the most likely token");
+            assert!(lp.logprob <= 0.0 && lp.top.windows(2).all(|w| w[0].1 >= w[1].1));
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 5);
+}
+
+#[test]
+fn dropping_a_stream_cancels_and_frees_its_blocks() {
+    let model = model();
+    let engine = engine(
+        &model,
+        EngineConfig {
+            prefix_caching: false,
+            ..Default::default()
+        },
+    );
+    let mut stream = engine
+        .submit(greedy(&prompts()[2], 1000))
+        .expect("accepted");
+    for _ in 0..2 {
+        stream.blocking_next().expect("an event");
+    }
+    assert!(engine.stats().kv_blocks_used > 0);
+    drop(stream);
+    wait_until(&engine, "blocks to be freed", |s| {
+        s.kv_blocks_used == 0 && s.running == 0
+    });
+}
+
+#[test]
+fn a_full_queue_refuses_with_queue_full() {
+    let model = model();
+    let config = EngineConfig {
+        max_num_seqs: 1,
+        max_waiting: 1,
+        ..Default::default()
+    };
+    let engine = engine(&model, config);
+    let prompt = prompts()[2].clone();
+    let running = engine
+        .submit(greedy(&prompt, 500))
+        .expect("first is accepted");
+    wait_until(&engine, "the first request to run", |s| s.running == 1);
+    let waiting = engine.submit(greedy(&prompt, 10)).expect("second waits");
+    assert_eq!(
+        engine
+            .submit(greedy(&prompt, 10))
+            .expect_err("third is refused"),
+        SubmitError::QueueFull
+    );
+    drop(running);
+    let finished = collect(waiting);
+    assert_eq!(finished.tokens.len(), 10);
+}

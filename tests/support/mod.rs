@@ -1,0 +1,138 @@
+//! Helpers shared by the integration tests: fixture locations, golden files and a small driver
+//! that runs requests through a real engine on the CPU backend.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use inferno::backend::cpu::CpuBackend;
+use inferno::engine::{
+    Engine, EngineConfig, EngineHandle, FinishReason, GenerationEvent, GenerationRequest,
+    ModelInfo, SamplingParams, StopParams,
+};
+use inferno::model::Model;
+use serde::Deserialize;
+
+/// The committed fixtures (always present).
+pub fn committed_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// A fixture from `../shared/fixtures`, or `None` (after saying so loudly) when absent.
+pub fn shared_fixture(name: &str) -> Option<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/fixtures")
+        .join(name);
+    if dir.is_dir() {
+        Some(dir)
+    } else {
+        eprintln!(
+            "SKIPPED: {} is absent; the shared-fixture checks did not run",
+            dir.display()
+        );
+        None
+    }
+}
+
+/// One case of a `golden.json`.
+#[derive(Debug, Deserialize)]
+pub struct GoldenCase {
+    pub kind: String,
+    pub input: serde_json::Value,
+    pub input_ids: Vec<u32>,
+    pub per_position_argmax: Vec<u32>,
+    pub last_logits_top20: TopLogits,
+    pub greedy_24: Vec<u32>,
+    pub greedy_margins: Vec<f32>,
+    pub greedy_text: String,
+}
+
+/// Top logits at the last position.
+#[derive(Debug, Deserialize)]
+pub struct TopLogits {
+    pub ids: Vec<u32>,
+    pub values: Vec<f32>,
+}
+
+/// Reads `dir/golden.json`.
+pub fn golden(dir: &Path) -> Vec<GoldenCase> {
+    #[derive(Deserialize)]
+    struct Golden {
+        cases: Vec<GoldenCase>,
+    }
+    let text = std::fs::read_to_string(dir.join("golden.json")).expect("golden.json is readable");
+    serde_json::from_str::<Golden>(&text)
+        .expect("golden.json parses")
+        .cases
+}
+
+/// Starts an engine on the CPU backend.
+pub fn engine(model: &Model, config: EngineConfig) -> EngineHandle {
+    let backend = CpuBackend::new(model, config.kv_cache_bytes).expect("CPU backend builds");
+    Engine::spawn(Box::new(backend), ModelInfo::of(model), config).expect("engine starts")
+}
+
+/// A greedy request for `max_tokens` tokens that ignores EOS.
+pub fn greedy(prompt: &[u32], max_tokens: usize) -> GenerationRequest {
+    GenerationRequest {
+        id: "test".into(),
+        prompt: prompt.to_vec(),
+        sampling: SamplingParams::default(),
+        stop: StopParams {
+            max_tokens,
+            ignore_eos: true,
+            ..Default::default()
+        },
+        logprobs: None,
+        cache_salt: 0,
+    }
+}
+
+/// What a finished request produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub reason: FinishReason,
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// Collects a stream to its end.
+pub fn collect(mut stream: inferno::engine::GenerationStream) -> Outcome {
+    let mut outcome = Outcome {
+        tokens: vec![],
+        text: String::new(),
+        reason: FinishReason::Cancelled,
+        cached_tokens: 0,
+        completion_tokens: 0,
+    };
+    while let Some(event) = stream.blocking_next() {
+        match event {
+            GenerationEvent::Token { token, text, .. } => {
+                outcome.tokens.push(token);
+                outcome.text.push_str(&text);
+            }
+            GenerationEvent::Finished {
+                reason,
+                text,
+                cached_tokens,
+                completion_tokens,
+                ..
+            } => {
+                outcome.text.push_str(&text);
+                outcome.reason = reason;
+                outcome.cached_tokens = cached_tokens;
+                outcome.completion_tokens = completion_tokens;
+            }
+        }
+    }
+    outcome
+}
+
+/// Submits and waits.
+pub fn run(engine: &EngineHandle, request: GenerationRequest) -> Outcome {
+    collect(engine.submit(request).expect("request accepted"))
+}
