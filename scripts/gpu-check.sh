@@ -53,15 +53,18 @@ if has sanitizer; then
 fi
 
 M8=/tmp/llama8b
-if has bench || has peers || has serve; then
-  PYTHONUNBUFFERED=1 python3 "$G/make_llama8b.py" $M8 tests/fixtures/inferno-tiny >"$OUT/make8b.log" 2>&1
+if has bench || has quickbench || has peers || has serve; then
+  PYTHONUNBUFFERED=1 python3 "$G/make_llama8b.py" $M8 >"$OUT/make8b.log" 2>&1
   note "8B-shaped weights: $(tail -1 "$OUT/make8b.log")"
 fi
 
-if has bench; then
-  for spec in "1 128 128" "16 128 128" "64 128 128" "64 1024 128"; do
+SPECS="1 128 128;16 128 128;64 128 128;64 1024 128"
+has quickbench && SPECS="16 128 128"
+if has bench || has quickbench; then
+  IFS=';' read -ra SPEC_LIST <<<"$SPECS"
+  for spec in "${SPEC_LIST[@]}"; do
     set -- $spec
-    "$G/inferno" bench offline --model $M8 --device cuda --batch-size "$1" --input-len "$2" --output-len "$3" \
+    timeout 240 "$G/inferno" bench offline --model $M8 --device cuda --batch-size "$1" --input-len "$2" --output-len "$3" \
       --ignore-eos --json "$OUT/bench-b$1-i$2.json" >>"$OUT/bench.log" 2>&1
     note "inferno offline batch=$1 in=$2 out=$3: rc=$? $(grep -E '^output throughput' "$OUT/bench.log" | tail -1)"
   done

@@ -2,12 +2,12 @@
 """Writes a Llama-3.1-8B-shaped model directory with random bf16 weights, for benchmarks.
 
 The config and tensor names are Llama-3.1-8B's; the values are random (normal, std 0.02; norm
-weights 1), generated on the GPU with a fixed seed. The tokenizer files are copied from a Llama 3
-fixture (same 128256-token vocabulary). Usage: make_llama8b.py OUT_DIR TOKENIZER_DIR
+weights 1), generated on the GPU with a fixed seed. The tokenizer is synthetic: a word-level vocabulary
+of 128000 words ("hello" is one of them) plus Llama 3's special tokens at their ids, so every id the
+random model emits decodes to text. Usage: make_llama8b.py OUT_DIR
 """
 import json
 import os
-import shutil
 import sys
 import time
 
@@ -67,8 +67,25 @@ def shapes(c):
     yield "lm_head.weight", (v, h)
 
 
+def write_tokenizer(out):
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(128000)}
+    del vocab["w1000"]
+    vocab["hello"] = 1000
+    special = {128000: "<|begin_of_text|>", 128001: "<|end_of_text|>", 128008: "<|eom_id|>", 128009: "<|eot_id|>"}
+    for i in range(128000, 128256):
+        vocab[special.get(i, f"<|reserved_special_token_{i - 128000}|>")] = i
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens([AddedToken(t, special=True) for t in special.values()])
+    tok.save(os.path.join(out, "tokenizer.json"))
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}, f)
+
+
 def main():
-    out, tok = sys.argv[1], sys.argv[2]
+    out = sys.argv[1]
     if os.path.exists(os.path.join(out, "model.safetensors.index.json")):
         print(f"{out} exists; reusing it")
         return
@@ -113,10 +130,7 @@ def main():
         json.dump(CONFIG, f, indent=2)
     with open(os.path.join(out, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "do_sample": False}, f)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        src = os.path.join(tok, name)
-        if os.path.exists(src):
-            shutil.copy(src, os.path.join(out, name))
+    write_tokenizer(out)
     print(f"wrote {out} in {time.time() - started:.1f}s")
 
 

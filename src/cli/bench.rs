@@ -80,7 +80,7 @@ struct OfflineArgs {
     #[arg(long)]
     model: PathBuf,
     /// cpu, cuda or auto.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t = Device::Auto)]
     device: Device,
     /// Fraction of free GPU memory for the KV cache.
     #[arg(long)]
@@ -288,8 +288,15 @@ fn random_prompts(load: &LoadArgs, vocab: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// Runs `inferno bench`.
+/// Runs `inferno bench`. Logs (the backend's start-up timeline among them) go to stderr,
+/// filtered by `RUST_LOG` (default `info`).
 pub fn run(args: BenchArgs) -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
     let result = match args.mode {
         Mode::Offline(a) => offline(*a),
         Mode::Serve(a) => serve(*a),
