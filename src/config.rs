@@ -1,1 +1,381 @@
 //! The operator's TOML configuration file. Every option has a default.
+//!
+//! `docs/configuration.md` documents each table and `inferno.example.toml` shows every option with
+//! its default value. Unknown keys are rejected so that a misspelt option fails loudly instead of
+//! silently falling back to its default.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::engine::EngineConfig;
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Scheduling and KV-cache settings of the engine.
+    pub engine: EngineConfig,
+    /// Listening address and request handling.
+    pub server: ServerConfig,
+    /// The server's TLS certificate.
+    pub tls: TlsConfig,
+    /// API keys.
+    pub auth: AuthConfig,
+    /// Limits that protect the server from oversized or slow clients.
+    pub limits: LimitsConfig,
+    /// The Prometheus endpoint.
+    pub metrics: MetricsConfig,
+}
+
+/// The `[server]` table.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address and port to listen on (`--listen` overrides it).
+    pub listen: SocketAddr,
+    /// The model id served in `/v1/models` and expected in requests; the model's own name when
+    /// absent.
+    pub served_model_name: Option<String>,
+    /// Seconds that in-flight requests get to finish after SIGTERM or SIGINT.
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8443)),
+            served_model_name: None,
+            shutdown_grace_secs: 30,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The shutdown grace period.
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(self.shutdown_grace_secs)
+    }
+}
+
+/// The `[tls]` table. Without `cert` and `key`, a self-signed pair is generated at start.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM file holding the certificate chain, leaf first.
+    pub cert: Option<PathBuf>,
+    /// PEM file holding the private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: Option<PathBuf>,
+}
+
+/// The `[auth]` table.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Accepted API keys. With none, the server only listens on loopback.
+    pub keys: Vec<ApiKeyEntry>,
+}
+
+/// One accepted API key, stored as the SHA-256 of the key so the file holds no secret.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyEntry {
+    /// The principal this key authenticates (metrics, logs, audit log, prefix-cache salt).
+    pub name: String,
+    /// Lowercase or uppercase hex SHA-256 of the key (`printf %s "$KEY" | sha256sum`).
+    pub sha256: String,
+}
+
+/// The `[limits]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Largest accepted request body in bytes (HTTP 413 beyond).
+    pub max_body_bytes: usize,
+    /// Seconds a client has to complete the TLS handshake and send a request's headers.
+    pub header_read_timeout_secs: u64,
+    /// Seconds a client has to send a request's body once its headers arrived.
+    pub body_read_timeout_secs: u64,
+    /// Connections served at once; further ones wait in the listen backlog.
+    pub max_connections: usize,
+    /// The most tokens one choice may generate (`max_tokens` above it is refused).
+    pub max_completion_tokens: usize,
+    /// The most choices (`n`) per request.
+    pub max_n: usize,
+    /// Seconds sent in `Retry-After` when the queue is full.
+    pub retry_after_secs: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 4 << 20,
+            header_read_timeout_secs: 10,
+            body_read_timeout_secs: 30,
+            max_connections: 512,
+            max_completion_tokens: 8192,
+            max_n: 16,
+            retry_after_secs: 1,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// The handshake and header timeout.
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_secs(self.header_read_timeout_secs)
+    }
+
+    /// The body timeout.
+    pub fn body_read_timeout(&self) -> Duration {
+        Duration::from_secs(self.body_read_timeout_secs)
+    }
+}
+
+/// The `[metrics]` table.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Serve `/metrics` without an API key.
+    pub public: bool,
+}
+
+/// The configuration file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema.
+    #[error("invalid config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, naming the key.
+        message: String,
+    },
+    /// A value is out of range or inconsistent with another.
+    #[error("invalid config: {field}: {message}")]
+    Invalid {
+        /// The dotted key, e.g. `auth.keys[1].sha256`.
+        field: String,
+        /// What is wrong with it.
+        message: String,
+    },
+}
+
+impl Config {
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let config = Self::parse(&text).map_err(|err| match err {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            },
+            other => other,
+        })?;
+        Ok(config)
+    }
+
+    /// Parses and validates configuration text.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|err| ConfigError::Parse {
+            path: PathBuf::from("<inline>"),
+            message: err.message().to_owned() + &span_suffix(text, err.span()),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks ranges and cross-field consistency.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field: &str, message: &str| ConfigError::Invalid {
+            field: field.to_owned(),
+            message: message.to_owned(),
+        };
+        if self.tls.cert.is_some() != self.tls.key.is_some() {
+            return Err(invalid(
+                "tls",
+                "set both `cert` and `key`, or neither for a self-signed certificate",
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, key) in self.auth.keys.iter().enumerate() {
+            if key.name.trim().is_empty() {
+                return Err(invalid(
+                    &format!("auth.keys[{i}].name"),
+                    "must not be empty",
+                ));
+            }
+            if !names.insert(key.name.as_str()) {
+                return Err(invalid(
+                    &format!("auth.keys[{i}].name"),
+                    &format!("duplicate key name {:?}", key.name),
+                ));
+            }
+            if key.sha256.len() != 64 || !key.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(invalid(
+                    &format!("auth.keys[{i}].sha256"),
+                    "must be 64 hex digits (the SHA-256 of the key)",
+                ));
+            }
+        }
+        let limits = &self.limits;
+        for (field, value) in [
+            ("limits.max_body_bytes", limits.max_body_bytes),
+            ("limits.max_connections", limits.max_connections),
+            ("limits.max_completion_tokens", limits.max_completion_tokens),
+            ("limits.max_n", limits.max_n),
+        ] {
+            if value == 0 {
+                return Err(invalid(field, "must be at least 1"));
+            }
+        }
+        for (field, value) in [
+            (
+                "limits.header_read_timeout_secs",
+                limits.header_read_timeout_secs,
+            ),
+            (
+                "limits.body_read_timeout_secs",
+                limits.body_read_timeout_secs,
+            ),
+        ] {
+            if value == 0 {
+                return Err(invalid(field, "must be at least 1 second"));
+            }
+        }
+        if let Some(name) = &self.server.served_model_name
+            && name.trim().is_empty()
+        {
+            return Err(invalid("server.served_model_name", "must not be empty"));
+        }
+        Ok(())
+    }
+}
+
+/// ` (line L)` for a parser error span, or nothing.
+fn span_suffix(text: &str, span: Option<std::ops::Range<usize>>) -> String {
+    match span {
+        Some(span) => {
+            let line = text
+                .get(..span.start)
+                .map_or(0, |prefix| prefix.matches('\n').count())
+                + 1;
+            format!(" (line {line})")
+        }
+        None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HASH: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let config = Config::parse("").unwrap();
+        assert_eq!(config, Config::default());
+        assert!(config.server.listen.ip().is_loopback());
+        assert!(!config.metrics.public);
+        assert!(!config.engine.share_prefix_cache);
+    }
+
+    #[test]
+    fn example_file_parses_and_states_the_defaults() {
+        let text = include_str!("../inferno.example.toml");
+        assert_eq!(Config::parse(text).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn tables_are_read() {
+        let text = format!(
+            r#"
+            [server]
+            listen = "0.0.0.0:9000"
+            served_model_name = "m"
+            [engine]
+            max_waiting = 3
+            [limits]
+            max_body_bytes = 10
+            [metrics]
+            public = true
+            [[auth.keys]]
+            name = "alice"
+            sha256 = "{HASH}"
+            "#
+        );
+        let config = Config::parse(&text).unwrap();
+        assert_eq!(config.server.listen.port(), 9000);
+        assert_eq!(config.server.served_model_name.as_deref(), Some("m"));
+        assert_eq!(config.engine.max_waiting, 3);
+        assert_eq!(config.limits.max_body_bytes, 10);
+        assert!(config.metrics.public);
+        assert_eq!(config.auth.keys[0].name, "alice");
+    }
+
+    #[test]
+    fn unknown_key_is_rejected_with_its_name_and_line() {
+        let err = Config::parse("[limits]\nmax_body = 3\n").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("max_body"), "{msg}");
+        assert!(msg.contains("line 2"), "{msg}");
+    }
+
+    #[test]
+    fn wrong_type_is_rejected() {
+        let err = Config::parse("[limits]\nmax_n = \"four\"\n").unwrap_err();
+        assert!(matches!(err, ConfigError::Parse { .. }), "{err}");
+    }
+
+    #[test]
+    fn bad_key_hash_names_the_field() {
+        let err = Config::parse("[[auth.keys]]\nname = \"a\"\nsha256 = \"abc\"\n").unwrap_err();
+        assert!(err.to_string().contains("auth.keys[0].sha256"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_key_names_are_rejected() {
+        let text = format!(
+            "[[auth.keys]]\nname = \"a\"\nsha256 = \"{HASH}\"\n[[auth.keys]]\nname = \"a\"\nsha256 = \"{HASH}\"\n"
+        );
+        let err = Config::parse(&text).unwrap_err();
+        assert!(err.to_string().contains("auth.keys[1].name"), "{err}");
+    }
+
+    #[test]
+    fn cert_without_key_is_rejected() {
+        let err = Config::parse("[tls]\ncert = \"c.pem\"\n").unwrap_err();
+        assert!(err.to_string().contains("tls"), "{err}");
+    }
+
+    #[test]
+    fn zero_limits_are_rejected() {
+        let err = Config::parse("[limits]\nmax_connections = 0\n").unwrap_err();
+        assert!(err.to_string().contains("limits.max_connections"), "{err}");
+    }
+
+    #[test]
+    fn load_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, "nonsense = 1\n").unwrap();
+        let err = Config::load(&path).unwrap_err();
+        assert!(err.to_string().contains("bad.toml"), "{err}");
+        let missing = Config::load(&dir.path().join("absent.toml")).unwrap_err();
+        assert!(missing.to_string().contains("absent.toml"), "{missing}");
+    }
+}

@@ -1,14 +1,150 @@
-//! `inferno serve`.
+//! `inferno serve`: load the model, start the engine and serve the OpenAI API over TLS until
+//! SIGTERM or SIGINT.
 
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use anyhow::Context;
+
+use super::setup;
+use crate::backend::{self, Device};
+use crate::config::Config;
+use crate::engine::{Engine, EngineConfig, ModelInfo};
+use crate::server::{ModelService, Server};
 
 /// Arguments of `inferno serve`.
 #[derive(Debug, clap::Args)]
-pub struct ServeArgs {}
+pub struct ServeArgs {
+    /// Hugging Face model directory; without it the embedded default model is served.
+    #[arg(long, value_name = "DIR")]
+    model: Option<PathBuf>,
+    /// TOML configuration file (see inferno.example.toml); every option has a default.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Address to listen on, overriding `server.listen`.
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Where the forward pass runs: cpu, cuda or auto.
+    #[arg(long, value_enum, default_value_t = Device::Auto)]
+    device: Device,
+}
 
 /// Runs `inferno serve`.
-pub fn run(_args: ServeArgs) -> ExitCode {
-    super::fail(&anyhow::anyhow!(
-        "`inferno serve` is not available in this build yet"
+pub fn run(args: ServeArgs) -> ExitCode {
+    init_tracing();
+    match serve(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => super::fail(&err),
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // A second initialisation (tests in one process) keeps the first subscriber.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    if let Some(listen) = args.listen {
+        config.server.listen = listen;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(serve_async(config, args.model, args.device))
+}
+
+async fn serve_async(config: Config, model_dir: Option<PathBuf>, device: Device) -> anyhow::Result<()> {
+    let engine_config = config.engine.clone();
+    let served_name = config.server.served_model_name.clone();
+    let server = Server::start(config).await?;
+    tracing::info!(
+        listen = %server.local_addr(),
+        "listening; /health answers 503 until the model is loaded"
+    );
+    let load = tokio::task::spawn_blocking(move || {
+        load_model(model_dir.as_deref(), device, engine_config, served_name)
+    });
+    let loaded = tokio::select! {
+        loaded = load => loaded.context("model loading panicked")?,
+        signal = shutdown_signal() => {
+            signal?;
+            tracing::info!("signal received while loading; exiting");
+            server.shutdown().await;
+            return Ok(());
+        }
+    };
+    let (service, backend_name, kv_tokens) = match loaded {
+        Ok(loaded) => loaded,
+        Err(err) => {
+            server.shutdown().await;
+            return Err(err);
+        }
+    };
+    print_banner(&server, &service, &backend_name, kv_tokens);
+    server.set_model(service);
+    shutdown_signal().await?;
+    tracing::info!("shutdown signal received; finishing in-flight requests");
+    server.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Loads the model (the embedded default without `dir`), builds the backend for `device` and
+/// starts the engine.
+fn load_model(
+    dir: Option<&Path>,
+    device: Device,
+    engine_config: EngineConfig,
+    served_name: Option<String>,
+) -> anyhow::Result<(ModelService, String, usize)> {
+    let model = setup::load_model(dir)?;
+    let backend = backend::select(device, &model, &engine_config)?;
+    let backend_name = backend.name().to_owned();
+    let engine = Engine::spawn(backend, ModelInfo::of(&model), engine_config)?;
+    let kv_tokens = engine.kv_cache().capacity_tokens();
+    Ok((
+        ModelService::new(model, engine, served_name),
+        backend_name,
+        kv_tokens,
     ))
+}
+
+fn print_banner(server: &Server, service: &ModelService, backend: &str, kv_tokens: usize) {
+    let identity = server.identity();
+    let cert_kind = if identity.self_signed {
+        "self-signed"
+    } else {
+        "from config"
+    };
+    eprintln!(
+        "inferno {version} ready\n  model:       {name}\n  digest:      {digest}\n  backend:     {backend}\n  kv cache:    {kv_tokens} tokens\n  context:     {context} tokens\n  listening:   https://{addr}\n  certificate: {cert_kind}, SHA-256 {fingerprint}",
+        version = env!("CARGO_PKG_VERSION"),
+        name = service.name(),
+        digest = service.digest(),
+        context = service.max_context(),
+        addr = server.local_addr(),
+        fingerprint = identity.fingerprint,
+    );
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+    Ok(())
 }

@@ -33,14 +33,11 @@ pub struct ModelInfo {
 impl ModelInfo {
     /// The engine's view of a loaded model.
     pub fn of(model: &crate::model::Model) -> Self {
-        let mut digest = [0u8; 32];
-        // The digest is produced by the model loader as 64 hex digits.
-        let _ = hex::decode_to_slice(&model.digest.hex, &mut digest);
         Self {
             tokenizer: model.tokenizer.clone(),
             eos_token_ids: model.eos_token_ids(),
             max_context: model.config.max_position_embeddings,
-            digest,
+            digest: model.digest.bytes,
         }
     }
 }

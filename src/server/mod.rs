@@ -1,1 +1,153 @@
 //! The OpenAI-compatible API served over TLS.
+//!
+//! [`Server::start`] binds the listener and starts accepting at once; `/health` answers 503
+//! until [`Server::set_model`] hands over the loaded model and its engine. See `docs/server.md`.
+
+pub mod app;
+pub mod auth;
+pub mod body;
+pub mod error;
+mod generation;
+mod handlers;
+mod listener;
+pub mod metrics;
+pub mod openai;
+pub mod service;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+
+pub use app::App;
+pub use error::ApiError;
+pub use service::ModelService;
+pub use tls::ServerIdentity;
+
+use crate::config::Config;
+
+/// The server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// Serving beyond loopback without API keys would expose the model to anyone.
+    #[error(
+        "refusing to listen on {0} without API keys: add [[auth.keys]] to the config or listen on a loopback address"
+    )]
+    NoKeysOffLoopback(SocketAddr),
+    /// A configured key hash is malformed.
+    #[error(transparent)]
+    BadKey(#[from] auth::BadKeyHash),
+    /// The certificate or key could not be loaded.
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// A running server.
+pub struct Server {
+    app: Arc<App>,
+    local_addr: SocketAddr,
+    identity: ServerIdentity,
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl Server {
+    /// Binds `config.server.listen`, loads or generates the certificate and starts accepting.
+    /// Must be called inside a Tokio runtime.
+    pub async fn start(config: Config) -> Result<Self, ServerError> {
+        let listen = config.server.listen;
+        let auth = auth::Authenticator::new(&config.auth.keys)?;
+        if !auth.has_keys() {
+            if !listen.ip().is_loopback() {
+                return Err(ServerError::NoKeysOffLoopback(listen));
+            }
+            tracing::warn!(
+                %listen,
+                "no API keys configured: serving loopback only, without authentication"
+            );
+        }
+        let identity = ServerIdentity::from_config(&config.tls, listen.ip())?;
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|source| ServerError::Bind {
+                addr: listen,
+                source,
+            })?;
+        let local_addr = listener.local_addr().map_err(|source| ServerError::Bind {
+            addr: listen,
+            source,
+        })?;
+        let grace = config.server.shutdown_grace();
+        let app = Arc::new(App::new(config, auth));
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let acceptor = TlsAcceptor::from(Arc::clone(&identity.config));
+        let task = tokio::spawn(listener::run(
+            listener,
+            acceptor,
+            Arc::clone(&app),
+            shutdown_rx,
+            grace,
+        ));
+        Ok(Self {
+            app,
+            local_addr,
+            identity,
+            shutdown,
+            task,
+        })
+    }
+
+    /// The bound address (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The certificate the server presents.
+    pub fn identity(&self) -> &ServerIdentity {
+        &self.identity
+    }
+
+    /// Shared state (metrics, the loaded model).
+    pub fn app(&self) -> &Arc<App> {
+        &self.app
+    }
+
+    /// Hands over the loaded model; the server becomes ready.
+    pub fn set_model(&self, service: ModelService) {
+        self.app.set_service(Arc::new(service));
+    }
+
+    /// Stops accepting, lets in-flight requests finish within the configured grace period,
+    /// then stops the engine.
+    pub async fn shutdown(self) {
+        // The accept loop holds the receiver until it exits, so this cannot fail before then.
+        let _ = self.shutdown.send(true);
+        if let Err(err) = self.task.await {
+            tracing::error!(error = %err, "the accept loop panicked");
+        }
+        if let Some(service) = self.app.service() {
+            service.engine().shutdown();
+        }
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_secs()
+}

@@ -1,0 +1,267 @@
+//! Shared server state and request routing.
+
+use std::convert::Infallible;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use http::{HeaderValue, Method, Request, Response, header};
+use hyper::body::Incoming;
+
+use super::auth::{Authenticator, Principal};
+use super::body::Body;
+use super::error::ApiError;
+use super::generation::ApiKind;
+use super::handlers;
+use super::metrics::Metrics;
+use super::service::ModelService;
+use crate::config::Config;
+
+/// The request-id header, echoed on every response.
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// Longest client-supplied request id that is echoed; longer ones are replaced.
+const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// Per-request facts the handlers share.
+#[derive(Debug, Clone)]
+pub struct RequestContext {
+    /// The client's `X-Request-Id`, or a generated one.
+    pub request_id: String,
+    /// When the request arrived.
+    pub arrived: Instant,
+}
+
+/// State shared by every connection.
+pub struct App {
+    config: Config,
+    auth: Authenticator,
+    metrics: Arc<Metrics>,
+    service: OnceLock<Arc<ModelService>>,
+}
+
+/// The routes, for 404 versus 405.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Health,
+    Metrics,
+    Models,
+    Chat,
+    Completions,
+}
+
+impl Route {
+    fn from_path(path: &str) -> Option<Self> {
+        match path {
+            "/health" => Some(Self::Health),
+            "/metrics" => Some(Self::Metrics),
+            "/v1/models" => Some(Self::Models),
+            "/v1/chat/completions" => Some(Self::Chat),
+            "/v1/completions" => Some(Self::Completions),
+            _ => None,
+        }
+    }
+
+    fn method(self) -> Method {
+        match self {
+            Self::Health | Self::Metrics | Self::Models => Method::GET,
+            Self::Chat | Self::Completions => Method::POST,
+        }
+    }
+
+    fn allow(self) -> &'static str {
+        match self.method() {
+            Method::GET => "GET",
+            _ => "POST",
+        }
+    }
+}
+
+impl App {
+    /// State for a server whose model is not loaded yet.
+    pub fn new(config: Config, auth: Authenticator) -> Self {
+        Self {
+            config,
+            auth,
+            metrics: Arc::new(Metrics::new()),
+            service: OnceLock::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// A shared handle to the metrics.
+    pub fn metrics_handle(&self) -> Arc<Metrics> {
+        Arc::clone(&self.metrics)
+    }
+
+    /// Marks the model as loaded; `/health` turns 200. A second call is ignored.
+    pub fn set_service(&self, service: Arc<ModelService>) {
+        if self.service.set(service).is_err() {
+            tracing::warn!("the model service was already set");
+        }
+    }
+
+    /// The loaded model, if any.
+    pub fn service(&self) -> Option<&Arc<ModelService>> {
+        self.service.get()
+    }
+
+    /// The loaded model, or HTTP 503 while it loads.
+    pub fn ready_service(&self) -> Result<Arc<ModelService>, ApiError> {
+        self.service
+            .get()
+            .cloned()
+            .ok_or_else(|| ApiError::unavailable("the model is still loading"))
+    }
+
+    /// The prefix-cache salt for `principal` (0 for everyone when the cache is shared).
+    pub fn cache_salt(&self, principal: &Principal) -> u64 {
+        if self.config.engine.share_prefix_cache {
+            0
+        } else {
+            principal.cache_salt()
+        }
+    }
+
+    /// Serves one request. Never fails: errors become OpenAI-style error responses.
+    pub async fn handle(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+    ) -> Result<Response<Body>, Infallible> {
+        let ctx = RequestContext {
+            request_id: request_id(&request),
+            arrived: Instant::now(),
+        };
+        let method = request.method().clone();
+        let path = request.uri().path().to_owned();
+        let (principal, result) = self.route(request, &ctx).await;
+        let mut response = result.unwrap_or_else(ApiError::into_response);
+        if let Ok(value) = HeaderValue::from_str(&ctx.request_id) {
+            response.headers_mut().insert(REQUEST_ID, value);
+        }
+        let status = response.status().as_u16();
+        let principal_name = principal.as_ref().map_or("-", Principal::name);
+        if path.starts_with("/v1/") {
+            let model = self.service().map_or("", |service| service.name());
+            self.metrics
+                .record_request(model, principal_name, &path_label(&path), status);
+        }
+        tracing::info!(
+            request_id = %ctx.request_id,
+            principal = principal_name,
+            %method,
+            path = %path_label(&path),
+            status,
+            elapsed_ms = ctx.arrived.elapsed().as_millis() as u64,
+            "request"
+        );
+        Ok(response)
+    }
+
+    async fn route(
+        self: &Arc<Self>,
+        request: Request<Incoming>,
+        ctx: &RequestContext,
+    ) -> (Option<Principal>, Result<Response<Body>, ApiError>) {
+        let path = request.uri().path();
+        let Some(route) = Route::from_path(path) else {
+            return (None, Err(ApiError::route_not_found(path)));
+        };
+        if request.method() != route.method() {
+            let mut response = ApiError::method_not_allowed(route.allow()).into_response();
+            response
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static(route.allow()));
+            return (None, Ok(response));
+        }
+        if route == Route::Health {
+            return (None, Ok(handlers::health(self)));
+        }
+        if route == Route::Metrics && self.config.metrics.public {
+            return (None, Ok(handlers::metrics(self)));
+        }
+        let principal = match self.auth.authenticate(request.headers()) {
+            Ok(principal) => principal,
+            Err(err) => return (None, Err(err)),
+        };
+        let result = match route {
+            Route::Metrics => Ok(handlers::metrics(self)),
+            Route::Models => handlers::models(self),
+            Route::Chat => handlers::generate(self, ApiKind::Chat, &principal, ctx, request).await,
+            Route::Completions => {
+                handlers::generate(self, ApiKind::Completion, &principal, ctx, request).await
+            }
+            Route::Health => Ok(handlers::health(self)),
+        };
+        (Some(principal), result)
+    }
+}
+
+/// The client's request id if it is short printable ASCII, else a fresh UUID.
+fn request_id<B>(request: &Request<B>) -> String {
+    request
+        .headers()
+        .get(REQUEST_ID)
+        .and_then(|value| value.to_str().ok())
+        .filter(|id| {
+            !id.is_empty()
+                && id.len() <= MAX_REQUEST_ID_LEN
+                && id.bytes().all(|b| b.is_ascii_graphic())
+        })
+        .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned)
+}
+
+/// The path as a metrics label: known routes as themselves, anything else as `other` (so
+/// clients cannot create unbounded label values).
+fn path_label(path: &str) -> String {
+    match Route::from_path(path) {
+        Some(_) => path.to_owned(),
+        None => "other".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_id_is_echoed_when_sane_and_generated_otherwise() {
+        let with = Request::builder()
+            .header(REQUEST_ID, "abc-123")
+            .body(())
+            .unwrap();
+        assert_eq!(request_id(&with), "abc-123");
+        let bad = Request::builder()
+            .header(REQUEST_ID, "a b")
+            .body(())
+            .unwrap();
+        assert_ne!(request_id(&bad), "a b");
+        let long = Request::builder()
+            .header(REQUEST_ID, "x".repeat(200))
+            .body(())
+            .unwrap();
+        assert_eq!(request_id(&long).len(), 36);
+        let none = Request::builder().body(()).unwrap();
+        assert_eq!(request_id(&none).len(), 36);
+    }
+
+    #[test]
+    fn routes_know_their_methods() {
+        assert_eq!(
+            Route::from_path("/v1/completions"),
+            Some(Route::Completions)
+        );
+        assert_eq!(Route::Chat.method(), Method::POST);
+        assert_eq!(Route::Models.allow(), "GET");
+        assert_eq!(Route::from_path("/v1/nope"), None);
+        assert_eq!(path_label("/v1/nope"), "other");
+    }
+}

@@ -1,0 +1,524 @@
+//! Running a validated request through the engine: submitting one engine request per choice,
+//! then either collecting every choice (a whole response) or forwarding events as server-sent
+//! events. Dropping a [`GenerationStream`] cancels its request, so a client that goes away
+//! frees its KV blocks as soon as its response body is dropped.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use futures_util::stream::{self, BoxStream};
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use tokio::sync::mpsc;
+
+use super::body::Body;
+use super::error::ApiError;
+use super::metrics::{GenerationTiming, Metrics};
+use super::openai::request::GenerationOptions;
+use super::openai::response::{
+    AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatLogprobs,
+    ChatTokenLogprob, Completion, CompletionChoice, CompletionLogprobs, Delta, TopLogprob, Usage,
+};
+use super::service::ModelService;
+use crate::engine::{
+    FinishReason, GenerationEvent, GenerationRequest, GenerationStream, StopParams, TokenLogprob,
+};
+
+/// Which API shape the response takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiKind {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`.
+    Completion,
+}
+
+/// A request ready for the engine: tokenized prompts with their stop parameters.
+pub struct Job {
+    /// The response id (`chatcmpl-…` or `cmpl-…`).
+    pub id: String,
+    /// The API request id, prefix of the engine request ids.
+    pub request_id: String,
+    /// Response shape.
+    pub kind: ApiKind,
+    /// Validated options.
+    pub options: GenerationOptions,
+    /// Tokenized prompts, each with its stop parameters.
+    pub prompts: Vec<(Vec<u32>, StopParams)>,
+    /// Prefix-cache salt of the principal.
+    pub cache_salt: u64,
+    /// Arrival time, for latency metrics.
+    pub arrived: Instant,
+}
+
+impl Job {
+    /// One engine request per choice: choice `p * n + i` is choice `i` of prompt `p`.
+    fn engine_requests(&self) -> Vec<GenerationRequest> {
+        let n = self.options.n;
+        self.prompts
+            .iter()
+            .enumerate()
+            .flat_map(|(p, (prompt, stop))| {
+                (0..n).map(move |i| {
+                    let index = p * n + i;
+                    GenerationRequest {
+                        id: format!("{}-{index}", self.request_id),
+                        prompt: prompt.clone(),
+                        sampling: self.options.sampling_for(index),
+                        stop: stop.clone(),
+                        logprobs: self.options.logprobs,
+                        cache_salt: self.cache_salt,
+                    }
+                })
+            })
+            .collect()
+    }
+}
+
+/// Per-choice bookkeeping while events arrive.
+#[derive(Default)]
+struct ChoiceState {
+    text: String,
+    tokens: Vec<(u32, TokenLogprob)>,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    timing: GenerationTiming,
+}
+
+impl ChoiceState {
+    fn on_token(&mut self, token: u32, text: &str, logprob: Option<TokenLogprob>) {
+        let now = Instant::now();
+        if let Some(last) = self.last_token {
+            self.timing.inter_token.push(now - last);
+        } else {
+            self.first_token = Some(now);
+        }
+        self.last_token = Some(now);
+        self.text.push_str(text);
+        if let Some(logprob) = logprob {
+            self.tokens.push((token, logprob));
+        }
+    }
+
+    fn on_finish(
+        &mut self,
+        arrived: Instant,
+        reason: &FinishReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    ) {
+        self.timing.prompt_tokens = prompt_tokens;
+        self.timing.completion_tokens = completion_tokens;
+        self.timing.time_to_first_token = self.first_token.map(|t| t - arrived);
+        self.timing.end_to_end = arrived.elapsed();
+        self.timing.finish_reason = reason.as_openai_str();
+    }
+}
+
+/// The result of one choice.
+struct ChoiceResult {
+    index: usize,
+    state: ChoiceState,
+    reason: FinishReason,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    cached_tokens: usize,
+}
+
+fn chat_logprobs(service: &ModelService, tokens: &[(u32, TokenLogprob)]) -> ChatLogprobs {
+    ChatLogprobs {
+        content: tokens
+            .iter()
+            .map(|(token, logprob)| {
+                let text = service.token_text(*token);
+                ChatTokenLogprob {
+                    bytes: text.as_bytes().to_vec(),
+                    token: text,
+                    logprob: logprob.logprob,
+                    top_logprobs: logprob
+                        .top
+                        .iter()
+                        .map(|(id, lp)| {
+                            let text = service.token_text(*id);
+                            TopLogprob {
+                                bytes: text.as_bytes().to_vec(),
+                                token: text,
+                                logprob: *lp,
+                            }
+                        })
+                        .collect(),
+                }
+            })
+            .collect(),
+    }
+}
+
+fn completion_logprobs(
+    service: &ModelService,
+    tokens: &[(u32, TokenLogprob)],
+    start_offset: usize,
+) -> CompletionLogprobs {
+    let mut out = CompletionLogprobs::default();
+    let mut offset = start_offset;
+    for (token, logprob) in tokens {
+        let text = service.token_text(*token);
+        out.text_offset.push(offset);
+        offset += text.len();
+        out.tokens.push(text);
+        out.token_logprobs.push(logprob.logprob);
+        out.top_logprobs.push(
+            logprob
+                .top
+                .iter()
+                .map(|(id, lp)| (service.token_text(*id), serde_json::Value::from(*lp)))
+                .collect(),
+        );
+    }
+    out
+}
+
+/// Reads one choice's events to the end.
+async fn collect_choice(
+    index: usize,
+    mut stream: GenerationStream,
+    arrived: Instant,
+) -> ChoiceResult {
+    let mut state = ChoiceState::default();
+    while let Some(event) = stream.next().await {
+        match event {
+            GenerationEvent::Token {
+                token,
+                text,
+                logprob,
+            } => state.on_token(token, &text, logprob),
+            GenerationEvent::Finished {
+                reason,
+                text,
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            } => {
+                state.text.push_str(&text);
+                state.on_finish(arrived, &reason, prompt_tokens, completion_tokens);
+                return ChoiceResult {
+                    index,
+                    state,
+                    reason,
+                    prompt_tokens,
+                    completion_tokens,
+                    cached_tokens,
+                };
+            }
+        }
+    }
+    ChoiceResult {
+        index,
+        state,
+        reason: FinishReason::Error("the engine stopped before the request finished".into()),
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        cached_tokens: 0,
+    }
+}
+
+/// Runs a job to completion and returns the whole response as JSON.
+pub async fn complete(
+    service: &ModelService,
+    metrics: &Metrics,
+    job: Job,
+    retry_after: u64,
+) -> Result<(String, Usage), ApiError> {
+    let streams = service.submit(job.engine_requests(), retry_after)?;
+    let arrived = job.arrived;
+    let results = futures_util::future::join_all(
+        streams
+            .into_iter()
+            .enumerate()
+            .map(|(index, stream)| collect_choice(index, stream, arrived)),
+    )
+    .await;
+    let n = job.options.n;
+    let mut usage = Usage::default();
+    for result in &results {
+        if let FinishReason::Error(message) = &result.reason {
+            return Err(ApiError::internal(message.clone()));
+        }
+        metrics.record_generation(service.name(), &result.state.timing);
+        usage.add(
+            result.prompt_tokens,
+            result.completion_tokens,
+            result.cached_tokens,
+            result.index % n == 0,
+        );
+    }
+    let created = super::unix_now();
+    let want_logprobs = job.options.logprobs.is_some();
+    let json = match job.kind {
+        ApiKind::Chat => serde_json::to_string(&ChatCompletion {
+            id: job.id,
+            object: "chat.completion",
+            created,
+            model: service.name().to_owned(),
+            choices: results
+                .into_iter()
+                .map(|result| ChatChoice {
+                    index: result.index,
+                    logprobs: want_logprobs.then(|| chat_logprobs(service, &result.state.tokens)),
+                    finish_reason: result.reason.as_openai_str(),
+                    message: AssistantMessage {
+                        role: "assistant",
+                        content: result.state.text,
+                    },
+                })
+                .collect(),
+            usage,
+        }),
+        ApiKind::Completion => serde_json::to_string(&Completion {
+            id: job.id,
+            object: "text_completion",
+            created,
+            model: service.name().to_owned(),
+            choices: results
+                .into_iter()
+                .map(|result| CompletionChoice {
+                    index: result.index,
+                    logprobs: want_logprobs
+                        .then(|| completion_logprobs(service, &result.state.tokens, 0)),
+                    finish_reason: Some(result.reason.as_openai_str()),
+                    text: result.state.text,
+                })
+                .collect(),
+            usage: Some(usage),
+        }),
+    };
+    json.map_err(|err| ApiError::internal(format!("failed to encode the response: {err}")))
+        .map(|json| (json, usage))
+}
+
+/// Builds the SSE chunks of one job.
+struct ChunkWriter {
+    service: Arc<ModelService>,
+    id: String,
+    kind: ApiKind,
+    created: u64,
+    logprobs: bool,
+}
+
+impl ChunkWriter {
+    fn event<T: serde::Serialize>(value: &T) -> Bytes {
+        match serde_json::to_string(value) {
+            Ok(json) => Bytes::from(format!("data: {json}\n\n")),
+            Err(err) => error_event(&ApiError::internal(format!("encoding failed: {err}"))),
+        }
+    }
+
+    fn chat_chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> Bytes {
+        Self::event(&ChatChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.service.name().to_owned(),
+            choices,
+            usage,
+        })
+    }
+
+    fn completion_chunk(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> Bytes {
+        Self::event(&Completion {
+            id: self.id.clone(),
+            object: "text_completion",
+            created: self.created,
+            model: self.service.name().to_owned(),
+            choices,
+            usage,
+        })
+    }
+
+    /// The opening chunk of a chat choice (announces the role).
+    fn role(&self, index: usize) -> Option<Bytes> {
+        (self.kind == ApiKind::Chat).then(|| {
+            self.chat_chunk(
+                vec![ChatChunkChoice {
+                    index,
+                    delta: Delta {
+                        role: Some("assistant"),
+                        content: Some(String::new()),
+                    },
+                    logprobs: None,
+                    finish_reason: None,
+                }],
+                None,
+            )
+        })
+    }
+
+    /// A chunk carrying new text (and its tokens' logprobs), or the choice's last chunk.
+    fn content(
+        &self,
+        index: usize,
+        text: String,
+        tokens: &[(u32, TokenLogprob)],
+        text_offset: usize,
+        finish: Option<&'static str>,
+    ) -> Option<Bytes> {
+        if text.is_empty() && tokens.is_empty() && finish.is_none() {
+            return None;
+        }
+        Some(match self.kind {
+            ApiKind::Chat => self.chat_chunk(
+                vec![ChatChunkChoice {
+                    index,
+                    delta: Delta {
+                        role: None,
+                        content: (!text.is_empty()).then_some(text),
+                    },
+                    logprobs: (self.logprobs && !tokens.is_empty())
+                        .then(|| chat_logprobs(&self.service, tokens)),
+                    finish_reason: finish,
+                }],
+                None,
+            ),
+            ApiKind::Completion => self.completion_chunk(
+                vec![CompletionChoice {
+                    index,
+                    logprobs: (self.logprobs && !tokens.is_empty())
+                        .then(|| completion_logprobs(&self.service, tokens, text_offset)),
+                    text,
+                    finish_reason: finish,
+                }],
+                None,
+            ),
+        })
+    }
+
+    fn usage(&self, usage: Usage) -> Bytes {
+        match self.kind {
+            ApiKind::Chat => self.chat_chunk(Vec::new(), Some(usage)),
+            ApiKind::Completion => self.completion_chunk(Vec::new(), Some(usage)),
+        }
+    }
+}
+
+fn error_event(err: &ApiError) -> Bytes {
+    Bytes::from(format!("data: {}\n\n", err.to_json()))
+}
+
+/// Submits a job and returns a streaming body of server-sent events ending with
+/// `data: [DONE]`. A forwarding task owns the engine streams; when the client goes away the
+/// body is dropped, the task sees its channel close and drops the streams, which cancels them.
+pub fn stream(
+    service: Arc<ModelService>,
+    metrics: Arc<Metrics>,
+    job: Job,
+    retry_after: u64,
+) -> Result<Body, ApiError> {
+    let streams = service.submit(job.engine_requests(), retry_after)?;
+    let (tx, rx) = mpsc::channel::<Bytes>(32);
+    let writer = ChunkWriter {
+        service: Arc::clone(&service),
+        id: job.id.clone(),
+        kind: job.kind,
+        created: super::unix_now(),
+        logprobs: job.options.logprobs.is_some(),
+    };
+    tokio::spawn(forward(writer, metrics, job, streams, tx));
+    let body = StreamBody::new(stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|chunk| (Ok::<_, std::convert::Infallible>(Frame::data(chunk)), rx))
+    }));
+    Ok(body.boxed_unsync())
+}
+
+type EventStream = BoxStream<'static, (usize, GenerationEvent)>;
+
+fn merge(streams: Vec<GenerationStream>) -> EventStream {
+    stream::select_all(streams.into_iter().enumerate().map(|(index, events)| {
+        stream::unfold(events, move |mut events| async move {
+            events.next().await.map(|event| ((index, event), events))
+        })
+        .boxed()
+    }))
+    .boxed()
+}
+
+async fn forward(
+    writer: ChunkWriter,
+    metrics: Arc<Metrics>,
+    job: Job,
+    streams: Vec<GenerationStream>,
+    tx: mpsc::Sender<Bytes>,
+) {
+    let choices = streams.len();
+    let n = job.options.n;
+    let mut states: Vec<ChoiceState> = (0..choices).map(|_| ChoiceState::default()).collect();
+    let mut usage = Usage::default();
+    let mut events = merge(streams);
+    for index in 0..choices {
+        if let Some(chunk) = writer.role(index)
+            && tx.send(chunk).await.is_err()
+        {
+            return;
+        }
+    }
+    loop {
+        let next = tokio::select! {
+            () = tx.closed() => return,
+            next = events.next() => next,
+        };
+        let Some((index, event)) = next else { break };
+        let Some(state) = states.get_mut(index) else {
+            continue;
+        };
+        let chunk = match event {
+            GenerationEvent::Token {
+                token,
+                text,
+                logprob,
+            } => {
+                let offset = state.text.len();
+                let tokens: Vec<(u32, TokenLogprob)> = logprob
+                    .clone()
+                    .map(|lp| vec![(token, lp)])
+                    .unwrap_or_default();
+                state.on_token(token, &text, logprob);
+                writer.content(index, text, &tokens, offset, None)
+            }
+            GenerationEvent::Finished {
+                reason,
+                text,
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            } => {
+                state.text.push_str(&text);
+                state.on_finish(job.arrived, &reason, prompt_tokens, completion_tokens);
+                metrics.record_generation(writer.service.name(), &state.timing);
+                usage.add(
+                    prompt_tokens,
+                    completion_tokens,
+                    cached_tokens,
+                    index % n == 0,
+                );
+                match &reason {
+                    FinishReason::Error(message) => {
+                        Some(error_event(&ApiError::internal(message.clone())))
+                    }
+                    reason => writer.content(index, text, &[], 0, Some(reason.as_openai_str())),
+                }
+            }
+        };
+        if let Some(chunk) = chunk
+            && tx.send(chunk).await.is_err()
+        {
+            return;
+        }
+    }
+    if job.options.include_usage && tx.send(writer.usage(usage)).await.is_err() {
+        return;
+    }
+    // The receiver may be gone by now; nothing is left to cancel either way.
+    let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+}

@@ -1,0 +1,209 @@
+//! The endpoint handlers. Each returns a response or an [`ApiError`]; the router adds the
+//! request id and records the outcome.
+
+use std::sync::Arc;
+
+use http::{HeaderValue, Response, StatusCode, header};
+use hyper::body::Incoming;
+
+use super::app::{App, RequestContext};
+use super::auth::Principal;
+use super::body::{Body, full, read_limited};
+use super::error::ApiError;
+use super::generation::{self, ApiKind, Job};
+use super::openai::request::{Prompt, parse_chat, parse_completion};
+use super::openai::response::{ModelCard, ModelList};
+use super::service::ModelService;
+
+fn json_response(status: StatusCode, json: String) -> Response<Body> {
+    let mut response = Response::new(full(json));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// `GET /health`: 200 once the model is loaded, 503 before.
+pub fn health(app: &App) -> Response<Body> {
+    match app.service() {
+        Some(_) => json_response(StatusCode::OK, r#"{"status":"ok"}"#.to_owned()),
+        None => {
+            let mut response = json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                r#"{"status":"loading"}"#.to_owned(),
+            );
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
+            response
+        }
+    }
+}
+
+/// `GET /metrics`: Prometheus text exposition.
+pub fn metrics(app: &App) -> Response<Body> {
+    let service = app.service();
+    let stats = service.map(|service| (service.name().to_owned(), service.engine().stats()));
+    let text = app
+        .metrics()
+        .render(stats.as_ref().map(|(name, stats)| (name.as_str(), stats)));
+    let mut response = Response::new(full(text));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}
+
+/// `GET /v1/models`.
+pub fn models(app: &App) -> Result<Response<Body>, ApiError> {
+    let service = app.ready_service()?;
+    let list = ModelList {
+        object: "list",
+        data: vec![ModelCard {
+            id: service.name().to_owned(),
+            object: "model",
+            created: service.created(),
+            owned_by: "inferno",
+            max_model_len: service.max_context(),
+            digest: service.digest().to_owned(),
+        }],
+    };
+    let json = serde_json::to_string(&list)
+        .map_err(|err| ApiError::internal(format!("failed to encode the model list: {err}")))?;
+    Ok(json_response(StatusCode::OK, json))
+}
+
+/// Renders, tokenizes and length-checks a chat request off the async threads.
+async fn chat_job(
+    app: &App,
+    service: &Arc<ModelService>,
+    principal: &Principal,
+    ctx: &RequestContext,
+    body: bytes::Bytes,
+) -> Result<Job, ApiError> {
+    let limits = app.config().limits.clone();
+    let service_for_job = Arc::clone(service);
+    let (options, prompt) = tokio::task::spawn_blocking(move || {
+        let request = parse_chat(&body, service_for_job.defaults(), &limits)?;
+        service_for_job.check_model(&request.options.model)?;
+        let prompt = service_for_job.chat_prompt(
+            &request.messages,
+            request.tools.as_ref(),
+            request.add_generation_prompt,
+            &request.template_kwargs,
+        )?;
+        Ok::<_, ApiError>((request.options, prompt))
+    })
+    .await
+    .map_err(|err| ApiError::internal(format!("request preparation failed: {err}")))??;
+    let stop = options.stop_for(prompt.len(), service.max_context(), &app.config().limits)?;
+    Ok(Job {
+        id: format!("chatcmpl-{}", uuid::Uuid::new_v4().simple()),
+        request_id: ctx.request_id.clone(),
+        kind: ApiKind::Chat,
+        options,
+        prompts: vec![(prompt, stop)],
+        cache_salt: app.cache_salt(principal),
+        arrived: ctx.arrived,
+    })
+}
+
+/// Tokenizes and length-checks a completion request off the async threads.
+async fn completion_job(
+    app: &App,
+    service: &Arc<ModelService>,
+    principal: &Principal,
+    ctx: &RequestContext,
+    body: bytes::Bytes,
+) -> Result<Job, ApiError> {
+    let limits = app.config().limits.clone();
+    let service_for_job = Arc::clone(service);
+    let (options, prompts) = tokio::task::spawn_blocking(move || {
+        let request = parse_completion(&body, service_for_job.defaults(), &limits)?;
+        service_for_job.check_model(&request.options.model)?;
+        let prompts = request
+            .prompts
+            .into_iter()
+            .map(|prompt| match prompt {
+                Prompt::Text(text) => service_for_job.encode(&text, true),
+                Prompt::Tokens(tokens) => {
+                    service_for_job.check_tokens(&tokens)?;
+                    Ok(tokens)
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok::<_, ApiError>((request.options, prompts))
+    })
+    .await
+    .map_err(|err| ApiError::internal(format!("request preparation failed: {err}")))??;
+    let prompts = prompts
+        .into_iter()
+        .map(|prompt| {
+            let stop = options
+                .stop_for(prompt.len(), service.max_context(), &app.config().limits)
+                .map_err(|err| match err.param.as_deref() {
+                    Some("messages") => err.with_param("prompt"),
+                    _ => err,
+                })?;
+            Ok((prompt, stop))
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    Ok(Job {
+        id: format!("cmpl-{}", uuid::Uuid::new_v4().simple()),
+        request_id: ctx.request_id.clone(),
+        kind: ApiKind::Completion,
+        options,
+        prompts,
+        cache_salt: app.cache_salt(principal),
+        arrived: ctx.arrived,
+    })
+}
+
+/// `POST /v1/chat/completions` and `POST /v1/completions`.
+pub async fn generate(
+    app: &Arc<App>,
+    kind: ApiKind,
+    principal: &Principal,
+    ctx: &RequestContext,
+    request: http::Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let service = app.ready_service()?;
+    let limits = &app.config().limits;
+    let (parts, body) = request.into_parts();
+    let body = read_limited(
+        &parts.headers,
+        body,
+        limits.max_body_bytes,
+        limits.body_read_timeout(),
+    )
+    .await?;
+    let job = match kind {
+        ApiKind::Chat => chat_job(app, &service, principal, ctx, body).await?,
+        ApiKind::Completion => completion_job(app, &service, principal, ctx, body).await?,
+    };
+    let retry_after = limits.retry_after_secs;
+    if job.options.stream {
+        let body =
+            generation::stream(Arc::clone(&service), app.metrics_handle(), job, retry_after)?;
+        let mut response = Response::new(body);
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        Ok(response)
+    } else {
+        let (json, usage) = generation::complete(&service, app.metrics(), job, retry_after).await?;
+        tracing::debug!(
+            request_id = %ctx.request_id,
+            prompt_tokens = usage.prompt_tokens,
+            completion_tokens = usage.completion_tokens,
+            "generation finished"
+        );
+        Ok(json_response(StatusCode::OK, json))
+    }
+}

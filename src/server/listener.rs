@@ -1,0 +1,121 @@
+//! The TLS accept loop: a connection limit, handshake and header timeouts, HTTP/1.1 or HTTP/2
+//! by ALPN, and graceful draining on shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+
+use super::app::App;
+
+/// How often an idle HTTP/2 connection is pinged, and how long the ping may go unanswered.
+const H2_KEEPALIVE: Duration = Duration::from_secs(20);
+
+/// Accepts connections until `shutdown` turns true, then lets open connections finish within
+/// `grace` and aborts the rest.
+pub async fn run(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    app: Arc<App>,
+    mut shutdown: watch::Receiver<bool>,
+    grace: Duration,
+) {
+    let limits = app.config().limits.clone();
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let graceful = GracefulShutdown::new();
+    let mut connections = JoinSet::new();
+    let handshake_timeout = limits.header_read_timeout();
+    loop {
+        while connections.try_join_next().is_some() {}
+        let permit = tokio::select! {
+            permit = Arc::clone(&permits).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+            () = stopped(&mut shutdown) => break,
+        };
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    // Typically EMFILE: back off instead of spinning.
+                    tracing::warn!(error = %err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = stopped(&mut shutdown) => break,
+        };
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %err, "set_nodelay failed");
+        }
+        let acceptor = acceptor.clone();
+        let app = Arc::clone(&app);
+        let watcher = graceful.watcher();
+        let header_timeout = limits.header_read_timeout();
+        connections.spawn(async move {
+            let _permit = permit;
+            let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(err)) => {
+                    tracing::debug!(%peer, error = %err, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .keep_alive(true);
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .keep_alive_interval(H2_KEEPALIVE)
+                .keep_alive_timeout(H2_KEEPALIVE)
+                .max_concurrent_streams(256);
+            let builder = if h2 {
+                builder.http2_only()
+            } else {
+                builder.http1_only()
+            };
+            let service = service_fn(move |request| Arc::clone(&app).handle(request));
+            let connection = builder.serve_connection(TokioIo::new(tls), service);
+            if let Err(err) = watcher.watch(connection.into_owned()).await {
+                tracing::debug!(%peer, error = %err, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    let open = graceful.count();
+    tracing::info!(open_connections = open, "stopped accepting; draining");
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            grace_secs = grace.as_secs(),
+            "in-flight requests did not finish in time; closing their connections"
+        );
+        connections.abort_all();
+    }
+    while connections.join_next().await.is_some() {}
+}
+
+/// Resolves once the shutdown flag is set (or its sender is gone).
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    // An error means the sender was dropped, which also means stop.
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}

@@ -1,0 +1,4 @@
+//! The OpenAI wire format: request parsing and validation, and response bodies.
+
+pub mod request;
+pub mod response;

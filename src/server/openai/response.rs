@@ -1,0 +1,258 @@
+//! Response bodies of the OpenAI API, for whole responses and streamed chunks.
+
+use serde::Serialize;
+
+/// Token counts of a response.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    /// Prompt tokens (counted once per prompt, not per choice).
+    pub prompt_tokens: usize,
+    /// Tokens generated across all choices.
+    pub completion_tokens: usize,
+    /// The sum of both.
+    pub total_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// The cached share of the prompt.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+impl Usage {
+    /// Adds one choice's counts; `first_of_prompt` counts its prompt once.
+    pub fn add(&mut self, prompt: usize, completion: usize, cached: usize, first_of_prompt: bool) {
+        if first_of_prompt {
+            self.prompt_tokens += prompt;
+            self.prompt_tokens_details.cached_tokens += cached;
+        }
+        self.completion_tokens += completion;
+        self.total_tokens = self.prompt_tokens + self.completion_tokens;
+    }
+}
+
+/// One alternative token with its log-probability.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TopLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The UTF-8 bytes of the token's text.
+    pub bytes: Vec<u8>,
+}
+
+/// A generated token's log-probability in the chat format.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatTokenLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The UTF-8 bytes of the token's text.
+    pub bytes: Vec<u8>,
+    /// The most likely alternatives at this position.
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// `logprobs` of a chat choice.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ChatLogprobs {
+    /// One entry per generated token.
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+/// `logprobs` of a completion choice (the legacy format).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CompletionLogprobs {
+    /// Token texts.
+    pub tokens: Vec<String>,
+    /// Their log-probabilities.
+    pub token_logprobs: Vec<f32>,
+    /// Per position, the alternatives by text.
+    pub top_logprobs: Vec<serde_json::Map<String, serde_json::Value>>,
+    /// Character offset of each token in the completion.
+    pub text_offset: Vec<usize>,
+}
+
+/// The assistant's message.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AssistantMessage {
+    /// Always `assistant`.
+    pub role: &'static str,
+    /// The generated text.
+    pub content: String,
+}
+
+/// One choice of a chat completion.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatChoice {
+    /// Choice index.
+    pub index: usize,
+    /// The generated message.
+    pub message: AssistantMessage,
+    /// Log-probabilities, when requested.
+    pub logprobs: Option<ChatLogprobs>,
+    /// Why generation ended.
+    pub finish_reason: &'static str,
+}
+
+/// A whole chat completion.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatCompletion {
+    /// `chatcmpl-...`.
+    pub id: String,
+    /// Always `chat.completion`.
+    pub object: &'static str,
+    /// Unix time of creation.
+    pub created: u64,
+    /// The served model id.
+    pub model: String,
+    /// The choices.
+    pub choices: Vec<ChatChoice>,
+    /// Token counts.
+    pub usage: Usage,
+}
+
+/// The incremental message of a chat chunk.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Delta {
+    /// `assistant` on a choice's first chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    /// New text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// One choice of a chat chunk.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatChunkChoice {
+    /// Choice index.
+    pub index: usize,
+    /// New content.
+    pub delta: Delta,
+    /// Log-probabilities of the tokens in this chunk.
+    pub logprobs: Option<ChatLogprobs>,
+    /// Set on the choice's last chunk.
+    pub finish_reason: Option<&'static str>,
+}
+
+/// A streamed chat chunk.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatChunk {
+    /// Same id on every chunk of a response.
+    pub id: String,
+    /// Always `chat.completion.chunk`.
+    pub object: &'static str,
+    /// Unix time of creation.
+    pub created: u64,
+    /// The served model id.
+    pub model: String,
+    /// Zero or one choice.
+    pub choices: Vec<ChatChunkChoice>,
+    /// Only on the final usage chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// One choice of a completion, whole or streamed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CompletionChoice {
+    /// Choice index.
+    pub index: usize,
+    /// The generated (or, in a chunk, new) text.
+    pub text: String,
+    /// Log-probabilities, when requested.
+    pub logprobs: Option<CompletionLogprobs>,
+    /// Why generation ended (`null` until the last chunk).
+    pub finish_reason: Option<&'static str>,
+}
+
+/// A whole completion or a streamed completion chunk.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Completion {
+    /// `cmpl-...`.
+    pub id: String,
+    /// Always `text_completion`.
+    pub object: &'static str,
+    /// Unix time of creation.
+    pub created: u64,
+    /// The served model id.
+    pub model: String,
+    /// The choices.
+    pub choices: Vec<CompletionChoice>,
+    /// Token counts (absent on chunks but the final usage chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// One entry of `/v1/models`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelCard {
+    /// The served model id.
+    pub id: String,
+    /// Always `model`.
+    pub object: &'static str,
+    /// Unix time the server loaded the model.
+    pub created: u64,
+    /// Always `inferno`.
+    pub owned_by: &'static str,
+    /// Context length in tokens.
+    pub max_model_len: usize,
+    /// SHA-256 model digest (identifies the exact weights).
+    pub digest: String,
+}
+
+/// The `/v1/models` body.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelList {
+    /// Always `list`.
+    pub object: &'static str,
+    /// The served models.
+    pub data: Vec<ModelCard>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_counts_each_prompt_once() {
+        let mut usage = Usage::default();
+        usage.add(10, 3, 4, true);
+        usage.add(10, 5, 4, false);
+        assert_eq!(usage.prompt_tokens, 10);
+        assert_eq!(usage.completion_tokens, 8);
+        assert_eq!(usage.total_tokens, 18);
+        assert_eq!(usage.prompt_tokens_details.cached_tokens, 4);
+    }
+
+    #[test]
+    fn chunk_omits_absent_fields() {
+        let chunk = ChatChunk {
+            id: "c".into(),
+            object: "chat.completion.chunk",
+            created: 1,
+            model: "m".into(),
+            choices: vec![ChatChunkChoice {
+                index: 0,
+                delta: Delta {
+                    role: None,
+                    content: Some("hi".into()),
+                },
+                logprobs: None,
+                finish_reason: None,
+            }],
+            usage: None,
+        };
+        let value = serde_json::to_value(&chunk).unwrap();
+        assert!(value.get("usage").is_none());
+        assert!(value["choices"][0]["delta"].get("role").is_none());
+        assert_eq!(value["choices"][0]["delta"]["content"], "hi");
+        assert!(value["choices"][0]["finish_reason"].is_null());
+    }
+}

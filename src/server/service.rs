@@ -1,0 +1,169 @@
+//! The loaded model as the API sees it: its engine, tokenizer, chat template and identity.
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use super::error::ApiError;
+use crate::engine::{
+    EngineHandle, GenerationRequest, GenerationStream, SamplingParams, SubmitError,
+};
+use crate::model::{ChatTemplate, Model};
+
+/// Everything the handlers need from the model once it is loaded.
+pub struct ModelService {
+    engine: EngineHandle,
+    tokenizer: Arc<tokenizers::Tokenizer>,
+    chat_template: Option<ChatTemplate>,
+    name: String,
+    digest: String,
+    max_context: usize,
+    defaults: SamplingParams,
+    created: u64,
+}
+
+impl ModelService {
+    /// Takes what the API needs from `model` (the weights are dropped: the backend holds its own
+    /// copy) and the engine that serves it. `served_name` overrides the model's name.
+    pub fn new(model: Model, engine: EngineHandle, served_name: Option<String>) -> Self {
+        let generation = &model.generation;
+        let greedy = generation.do_sample == Some(false);
+        let defaults = SamplingParams {
+            temperature: if greedy {
+                0.0
+            } else {
+                generation.temperature.unwrap_or(1.0)
+            },
+            top_k: generation.top_k.unwrap_or(0),
+            top_p: generation.top_p.unwrap_or(1.0),
+            min_p: generation.min_p.unwrap_or(0.0),
+            repetition_penalty: generation.repetition_penalty.unwrap_or(1.0),
+            ..SamplingParams::default()
+        };
+        Self {
+            max_context: engine.max_context(),
+            name: served_name.unwrap_or_else(|| model.name.clone()),
+            digest: model.digest.to_string(),
+            tokenizer: model.tokenizer,
+            chat_template: model.chat_template,
+            defaults,
+            engine,
+            created: super::unix_now(),
+        }
+    }
+
+    /// The served model id.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The model digest (hex SHA-256).
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// Context length in tokens.
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    /// Unix time the model was loaded.
+    pub fn created(&self) -> u64 {
+        self.created
+    }
+
+    /// Sampling defaults from `generation_config.json`.
+    pub fn defaults(&self) -> &SamplingParams {
+        &self.defaults
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &EngineHandle {
+        &self.engine
+    }
+
+    /// Refuses a request for another model (HTTP 404).
+    pub fn check_model(&self, requested: &str) -> Result<(), ApiError> {
+        if requested == self.name {
+            Ok(())
+        } else {
+            Err(ApiError::model_not_found(requested))
+        }
+    }
+
+    /// Renders a conversation with the chat template and tokenizes it (the template supplies the
+    /// special tokens).
+    pub fn chat_prompt(
+        &self,
+        messages: &[Value],
+        tools: Option<&Value>,
+        add_generation_prompt: bool,
+        extra: &Map<String, Value>,
+    ) -> Result<Vec<u32>, ApiError> {
+        let template = self.chat_template.as_ref().ok_or_else(|| {
+            ApiError::invalid_request(
+                "this model has no chat template; use /v1/completions instead",
+            )
+        })?;
+        let text = template
+            .render(messages, tools, add_generation_prompt, extra)
+            .map_err(|err| ApiError::invalid_param("messages", err.to_string()))?;
+        self.encode(&text, false)
+    }
+
+    /// Tokenizes text; `add_special_tokens` adds the tokenizer's BOS (plain completions).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ApiError> {
+        self.tokenizer
+            .encode(text, add_special_tokens)
+            .map(|encoding| encoding.get_ids().to_vec())
+            .map_err(|err| ApiError::internal(format!("tokenization failed: {err}")))
+    }
+
+    /// Checks that token ids given by the client exist in the vocabulary.
+    pub fn check_tokens(&self, tokens: &[u32]) -> Result<(), ApiError> {
+        let vocab = self.tokenizer.get_vocab_size(true);
+        match tokens.iter().find(|&&id| id as usize >= vocab) {
+            Some(id) => Err(ApiError::invalid_param(
+                "prompt",
+                format!("token id {id} is outside the vocabulary of {vocab} tokens"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The text of one token, as shown in logprobs.
+    pub fn token_text(&self, token: u32) -> String {
+        self.tokenizer.decode(&[token], false).unwrap_or_default()
+    }
+
+    /// Submits requests to the engine; if any is refused, the ones already queued are cancelled
+    /// (their streams are dropped) and the refusal is mapped to an HTTP error.
+    pub fn submit(
+        &self,
+        requests: Vec<GenerationRequest>,
+        retry_after: u64,
+    ) -> Result<Vec<GenerationStream>, ApiError> {
+        requests
+            .into_iter()
+            .map(|request| {
+                self.engine
+                    .submit(request)
+                    .map_err(|err| submit_error(err, retry_after))
+            })
+            .collect()
+    }
+}
+
+/// Maps an engine refusal to its HTTP error.
+fn submit_error(err: SubmitError, retry_after: u64) -> ApiError {
+    match err {
+        SubmitError::QueueFull => ApiError::queue_full(retry_after),
+        SubmitError::TooLong { .. } => {
+            let mut api = ApiError::invalid_param("max_tokens", err.to_string());
+            api.code = Some("context_length_exceeded");
+            api
+        }
+        SubmitError::EmptyPrompt => ApiError::invalid_param("prompt", err.to_string()),
+        SubmitError::Stopped => ApiError::unavailable("the engine has stopped"),
+    }
+}
