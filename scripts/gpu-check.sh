@@ -5,12 +5,15 @@
 #   .gpu/inferno           release binary          .gpu/cuda_backend   integration-test binary
 #   .gpu/unit_tests        library test binary     .gpu/*.py, .gpu/gpu-check.sh
 # Usage: bash .gpu/gpu-check.sh [STAGES]   (default: "env unit correctness sanitizer bench peers")
-# Everything lands in $OUT (the device tool's output folder) and a summary is printed last.
+# Logs and JSON are written to a work folder and packed into $OUT/results.tgz (the device tool
+# returns at most 8 files); $OUT/summary.txt is also printed last.
 # Only reads the GPU's state; never changes a GPU setting.
 set -uo pipefail
 G=$(cd "$(dirname "$0")" && pwd)
-OUT=${OUT:-/tmp/gpu-check-out}
-mkdir -p "$OUT"
+FINAL=${OUT:-/tmp/gpu-check-out}
+OUT=/tmp/gpu-check-work
+rm -rf "$OUT"
+mkdir -p "$OUT" "$FINAL"
 STAGES=${1:-"env unit correctness sanitizer bench peers"}
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
@@ -34,7 +37,7 @@ if has env; then
   note "device: $(head -2 "$OUT/env.txt" | tail -1)"
 fi
 
-if has unit; then
+if has unit && [ -x "$G/unit_tests" ]; then
   "$G/unit_tests" backend::cuda --test-threads=4 >"$OUT/unit.log" 2>&1
   note "unit tests (backend::cuda): rc=$? $(grep -E '^test result' "$OUT/unit.log")"
 fi
@@ -71,11 +74,31 @@ if has bench || has quickbench; then
   grep -E 'CUDA backend ready|KV cache allocated|kernels ready' "$OUT/bench.log" | head -4 >>"$SUMMARY"
 fi
 
+if has serve; then
+  RUST_LOG=warn "$G/inferno" serve --model $M8 --device cuda --listen 127.0.0.1:8443 >"$OUT/serve.log" 2>&1 &
+  SERVER=$!
+  for _ in $(seq 1 120); do
+    curl -ksf https://127.0.0.1:8443/health >/dev/null 2>&1 && break
+    sleep 1
+  done
+  for args in "--concurrency 16 --num-prompts 64" "--rate 8 --num-prompts 64"; do
+    name=$(echo "$args" | awk '{print $1 $2}' | tr -d '-')
+    timeout 180 "$G/inferno" bench serve --url https://127.0.0.1:8443 --model llama8b --insecure \
+      $args --input-len 128 --output-len 128 --ignore-eos --server-pid $SERVER \
+      --json "$OUT/serve-$name.json" >>"$OUT/serve-bench.log" 2>&1
+    note "inferno serve ($args): rc=$? $(grep -E '^output throughput' "$OUT/serve-bench.log" | tail -1)"
+  done
+  kill -TERM $SERVER 2>/dev/null
+  wait $SERVER 2>/dev/null
+fi
+
 if has peers; then
   PYTHONUNBUFFERED=1 timeout 420 python3 "$G/peers.py" $M8 "$OUT/peers.json" --batches 1,16 >"$OUT/peers.log" 2>&1
   note "peers: rc=$?"
   grep -E '^\{|^eager|^static' "$OUT/peers.log" | tee -a "$SUMMARY"
 fi
 
+tar czf "$FINAL/results.tgz" -C "$OUT" .
+cp "$SUMMARY" "$FINAL/summary.txt"
 echo "===== summary"
 cat "$SUMMARY"

@@ -479,8 +479,9 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     }
     let client = builder.build()?;
     let url = format!("{}/v1/completions", args.url.trim_end_matches('/'));
-    // A word that tokenizes to one token in common BPE vocabularies approximates input_len.
-    let prompt = " hello".repeat(load.input_len);
+    // A word that tokenizes to one token in common BPE vocabularies approximates input_len; each
+    // prompt starts with its request number so prompts share no cached prefix.
+    let prompt = " hello".repeat(load.input_len.saturating_sub(1));
     let n = load.num_prompts();
     let cpu_before = cpu_seconds(args.server_pid);
     let started = Instant::now();
@@ -495,10 +496,10 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     match args.rate {
         Some(rate) if rate > 0.0 => {
             let mut rng = rand::rngs::StdRng::seed_from_u64(load.seed);
-            for _ in 0..n {
+            for i in 0..n {
                 let shared = shared.clone();
                 let (out, ignore_eos) = (load.output_len, load.ignore_eos);
-                tasks.spawn(async move { stream_one(&shared, out, ignore_eos).await });
+                tasks.spawn(async move { stream_one(&shared, i, out, ignore_eos).await });
                 // Exponential inter-arrival times give a Poisson process.
                 let gap = -(1.0 - rng.random::<f64>()).ln() / rate;
                 tokio::time::sleep(Duration::from_secs_f64(gap)).await;
@@ -511,8 +512,12 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
                 let (out, ignore_eos) = (load.output_len, load.ignore_eos);
                 tasks.spawn(async move {
                     let mut mine = Vec::new();
-                    while next.fetch_add(1, Ordering::Relaxed) < n {
-                        mine.extend(stream_one(&shared, out, ignore_eos).await);
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= n {
+                            break;
+                        }
+                        mine.extend(stream_one(&shared, i, out, ignore_eos).await);
                     }
                     mine
                 });
@@ -543,8 +548,13 @@ type Shared = (reqwest::Client, String, String, String, Option<String>);
 
 /// One streaming completion; returns a list so closed-loop workers and open-loop arrivals share
 /// a result type.
-async fn stream_one(shared: &Shared, output_len: usize, ignore_eos: bool) -> Vec<RequestTiming> {
-    let timing = match stream_request(shared, output_len, ignore_eos).await {
+async fn stream_one(
+    shared: &Shared,
+    index: usize,
+    output_len: usize,
+    ignore_eos: bool,
+) -> Vec<RequestTiming> {
+    let timing = match stream_request(shared, index, output_len, ignore_eos).await {
         Ok(t) => t,
         Err(e) => RequestTiming {
             failed: Some(format!("{e:#}")),
@@ -556,13 +566,14 @@ async fn stream_one(shared: &Shared, output_len: usize, ignore_eos: bool) -> Vec
 
 async fn stream_request(
     shared: &Shared,
+    index: usize,
     output_len: usize,
     ignore_eos: bool,
 ) -> anyhow::Result<RequestTiming> {
     let (client, url, prompt, model, key) = shared;
     let mut body = serde_json::json!({
         "model": model,
-        "prompt": prompt,
+        "prompt": format!("{index}{prompt}"),
         "max_tokens": output_len,
         "temperature": 0.0,
         "stream": true,
