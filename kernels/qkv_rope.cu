@@ -1,6 +1,6 @@
 // QKV post-processing, fused with the write into the paged KV cache.
 //
-// Input: the fused QKV GEMM output, [T, (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM] bf16, with
+// Input: the fused QKV GEMM output, [T, (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM] fp32, with
 // all query heads first, then key heads, then value heads. Per head, in order:
 //   1. add the projection bias (QKV_BIAS, Qwen2);
 //   2. per-head RMSNorm of q and k (QK_NORM, Qwen3);
@@ -15,7 +15,7 @@
 #define QKV_PAIRS (HEAD_DIM / 2)
 #define QKV_PER_LANE ((QKV_PAIRS + 31) / 32)
 
-extern "C" __global__ void qkv_rope_write(const bf16* __restrict__ qkv,
+extern "C" __global__ void qkv_rope_write(const float* __restrict__ qkv,
                                           const bf16* __restrict__ bias,
                                           const bf16* __restrict__ q_norm,
                                           const bf16* __restrict__ k_norm,
@@ -31,13 +31,13 @@ extern "C" __global__ void qkv_rope_write(const bf16* __restrict__ qkv,
     const int warps = blockDim.x >> 5;
     const int slot = slots[t];
     const float pos = (float)positions[t];
-    const bf16* row = qkv + (size_t)t * QKV_HEADS * HEAD_DIM;
+    const float* row = qkv + (size_t)t * QKV_HEADS * HEAD_DIM;
 
     for (int h = warp; h < QKV_HEADS; h += warps) {
         const bool is_q = h < NUM_Q_HEADS;
         const bool is_v = h >= NUM_Q_HEADS + NUM_KV_HEADS;
         if (!is_q && slot < 0) continue;
-        const bf16* x = row + h * HEAD_DIM;
+        const float* x = row + h * HEAD_DIM;
         float a[QKV_PER_LANE];
         float b[QKV_PER_LANE];
         float sumsq = 0.0f;
@@ -47,11 +47,11 @@ extern "C" __global__ void qkv_rope_write(const bf16* __restrict__ qkv,
             a[k] = 0.0f;
             b[k] = 0.0f;
             if (i < QKV_PAIRS) {
-                a[k] = bf16_to_f32(x[i]);
-                b[k] = bf16_to_f32(x[i + QKV_PAIRS]);
+                a[k] = x[i];
+                b[k] = x[i + QKV_PAIRS];
 #if QKV_BIAS
-                a[k] = bf16_to_f32(f32_to_bf16(a[k] + bf16_to_f32(bias[h * HEAD_DIM + i])));
-                b[k] = bf16_to_f32(f32_to_bf16(b[k] + bf16_to_f32(bias[h * HEAD_DIM + i + QKV_PAIRS])));
+                a[k] += bf16_to_f32(bias[h * HEAD_DIM + i]);
+                b[k] += bf16_to_f32(bias[h * HEAD_DIM + i + QKV_PAIRS]);
 #endif
                 sumsq += a[k] * a[k] + b[k] * b[k];
             }
@@ -64,8 +64,8 @@ extern "C" __global__ void qkv_rope_write(const bf16* __restrict__ qkv,
             for (int k = 0; k < QKV_PER_LANE; ++k) {
                 const int i = lane + 32 * k;
                 if (i < QKV_PAIRS) {
-                    a[k] = bf16_to_f32(f32_to_bf16(a[k] * inv)) * bf16_to_f32(w[i]);
-                    b[k] = bf16_to_f32(f32_to_bf16(b[k] * inv)) * bf16_to_f32(w[i + QKV_PAIRS]);
+                    a[k] = a[k] * inv * bf16_to_f32(w[i]);
+                    b[k] = b[k] * inv * bf16_to_f32(w[i + QKV_PAIRS]);
                 }
             }
         }

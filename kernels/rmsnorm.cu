@@ -1,6 +1,6 @@
 // Fused residual add + RMSNorm.
 //
-// residual[r] += delta[r] (when delta is not null), then out[o] = bf16(residual[r] * rsqrt(mean(
+// residual[r] += delta[r] (fp32, when delta is not null), then out[o] = bf16(residual[r] * rsqrt(mean(
 // residual[r]^2) + RMS_EPS) * weight). The residual stream stays fp32 across layers; the normed
 // activations feed the next GEMM in bf16.
 //
@@ -9,7 +9,7 @@
 // Grid: one block per output row. Block: 256 threads (any multiple of 32 up to 1024).
 
 extern "C" __global__ void add_rmsnorm(float* __restrict__ residual,
-                                       const bf16* __restrict__ delta,
+                                       const float* __restrict__ delta,
                                        const bf16* __restrict__ weight,
                                        const int* __restrict__ rows,
                                        bf16* __restrict__ out) {
@@ -21,7 +21,7 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ residual,
     for (int i = threadIdx.x; i < HIDDEN; i += blockDim.x) {
         float v = x[i];
         if (delta) {
-            v += bf16_to_f32(delta[(size_t)r * HIDDEN + i]);
+            v += delta[(size_t)r * HIDDEN + i];
             x[i] = v;
         }
         sumsq += v * v;

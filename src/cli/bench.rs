@@ -13,8 +13,9 @@ use serde::Serialize;
 
 use crate::backend::{self, Device};
 use crate::engine::{
-    Engine, EngineConfig, EngineHandle, GenerationEvent, GenerationRequest, ModelInfo,
-    SamplingParams, StopParams,
+    BLOCK_SIZE, Backend, BackendError, BatchRow, Engine, EngineConfig, EngineHandle,
+    GenerationEvent, GenerationRequest, KvCacheShape, ModelInfo, SamplingParams, StepOutput,
+    StopParams,
 };
 use crate::model::Model;
 
@@ -341,7 +342,11 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
         prefix_caching: false,
         ..defaults
     };
-    let backend = backend::select(args.device, &model, &config)?;
+    let (dropped_tx, dropped) = std::sync::mpsc::channel();
+    let backend = SignalOnDrop {
+        inner: Some(backend::select(args.device, &model, &config)?),
+        dropped: dropped_tx,
+    };
     let target = format!("{} on {}", model.name, backend.name());
     let kv = backend.kv_cache();
     let digest: [u8; 32] = hex::decode(&model.digest.hex)
@@ -357,7 +362,7 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
             .min(kv.capacity_tokens()),
         digest,
     };
-    let engine = Engine::spawn(backend, info, config)?;
+    let engine = Engine::spawn(Box::new(backend), info, config)?;
     let prompts = random_prompts(load, model.config.vocab_size);
 
     // Warm-up: one short request, so start-up work stays out of the figures.
@@ -399,8 +404,56 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
     let duration = started.elapsed().as_secs_f64();
     let cpu = cpu_before.zip(cpu_seconds(None)).map(|(a, b)| b - a);
     engine.shutdown();
+    // Leaving while the engine thread still frees device memory races the driver's exit handlers.
+    if dropped.recv_timeout(Duration::from_secs(60)).is_err() {
+        tracing::warn!("the engine did not release its backend within 60 s");
+    }
     let report = Report::new("offline", target, load, None, &timings, duration, cpu);
     finish(&report, load.json.as_ref())
+}
+
+/// A backend that reports when the engine thread has dropped it.
+struct SignalOnDrop {
+    inner: Option<Box<dyn Backend>>,
+    dropped: std::sync::mpsc::Sender<()>,
+}
+
+impl SignalOnDrop {
+    fn inner(&self) -> Result<&dyn Backend, BackendError> {
+        self.inner
+            .as_deref()
+            .ok_or_else(|| BackendError::Device("backend already released".into()))
+    }
+}
+
+impl Backend for SignalOnDrop {
+    fn name(&self) -> &str {
+        self.inner().map_or("released", |b| b.name())
+    }
+
+    fn kv_cache(&self) -> KvCacheShape {
+        self.inner().map_or(
+            KvCacheShape {
+                num_blocks: 0,
+                block_size: BLOCK_SIZE,
+            },
+            |b| b.kv_cache(),
+        )
+    }
+
+    fn step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {
+        match self.inner.as_deref_mut() {
+            Some(b) => b.step(rows),
+            None => Err(BackendError::Device("backend already released".into())),
+        }
+    }
+}
+
+impl Drop for SignalOnDrop {
+    fn drop(&mut self) {
+        drop(self.inner.take());
+        let _ = self.dropped.send(());
+    }
 }
 
 fn run_one(

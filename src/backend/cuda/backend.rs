@@ -16,7 +16,7 @@ use crate::model::{Model, ModelConfig};
 
 use super::cc;
 use super::compile::{self, KernelError};
-use super::gemm::{Gemm, OutType};
+use super::gemm::Gemm;
 use super::inputs::{CopyStats, StepLayout, StepLimits, pack_step};
 use super::kernels::{self, KernelParams, SAMPLE_STRIDE};
 use super::memory::DeviceBuffer;
@@ -339,11 +339,10 @@ impl CudaBackend {
         x: u64,
         w: u64,
         out: u64,
-        (m, n, k): (usize, usize, usize),
-        out_type: OutType,
+        dims: (usize, usize, usize),
     ) -> Result<(), BackendError> {
         let stream = self.stream.cu_stream() as cudarc::cublaslt::sys::cudaStream_t;
-        self.gemm.matmul(stream, x, w, out, m, n, k, out_type)
+        self.gemm.matmul(stream, (x, w, out), dims)
     }
 
     /// Runs the layers over the packed step and leaves the final hidden states of the sampled
@@ -388,7 +387,7 @@ impl CudaBackend {
                 ],
             )?;
             let (normed, qkv) = (self.act.normed.ptr(), self.act.qkv.ptr());
-            self.matmul(normed, qkv_w, qkv, (t, qkv_n, p.hidden), OutType::Bf16)?;
+            self.matmul(normed, qkv_w, qkv, (t, qkv_n, p.hidden))?;
             let w: &LayerWeights = &self.weights.layers[layer];
             self.launch(
                 &self.kernels.qkv_rope,
@@ -442,7 +441,7 @@ impl CudaBackend {
                 ],
             )?;
             let (attn, delta) = (self.act.attn.ptr(), self.act.delta.ptr());
-            self.matmul(attn, o_w, delta, (t, p.hidden, q_width), OutType::Bf16)?;
+            self.matmul(attn, o_w, delta, (t, p.hidden, q_width))?;
             let w: &LayerWeights = &self.weights.layers[layer];
             self.launch(
                 &self.kernels.add_rmsnorm,
@@ -462,7 +461,6 @@ impl CudaBackend {
                 gate_up_w,
                 gate_up,
                 (t, 2 * p.intermediate, p.hidden),
-                OutType::Bf16,
             )?;
             self.launch(
                 &self.kernels.swiglu,
@@ -475,13 +473,7 @@ impl CudaBackend {
                 &[Arg::Ptr(gate_up), Arg::Ptr(self.act.mlp.ptr())],
             )?;
             let mlp = self.act.mlp.ptr();
-            self.matmul(
-                mlp,
-                down_w,
-                delta,
-                (t, p.hidden, p.intermediate),
-                OutType::Bf16,
-            )?;
+            self.matmul(mlp, down_w, delta, (t, p.hidden, p.intermediate))?;
         }
         if layout.num_samples > 0 {
             self.launch(
@@ -506,7 +498,6 @@ impl CudaBackend {
                 head,
                 logits,
                 (layout.num_samples, p.vocab, p.hidden),
-                OutType::F32,
             )?;
         }
         Ok(())
@@ -643,11 +634,11 @@ impl Activations {
             inputs: DeviceBuffer::new(max_words * 4)?,
             residual: DeviceBuffer::new(max_tokens * h * 4)?,
             normed: DeviceBuffer::new(max_tokens * h * 2)?,
-            qkv: DeviceBuffer::new(max_tokens * qkv_width * 2)?,
+            qkv: DeviceBuffer::new(max_tokens * qkv_width * 4)?,
             q: DeviceBuffer::new(max_tokens * q_width * 2)?,
             attn: DeviceBuffer::new(max_tokens * q_width * 2)?,
-            delta: DeviceBuffer::new(max_tokens * h * 2)?,
-            gate_up: DeviceBuffer::new(max_tokens * 2 * cfg.intermediate_size * 2)?,
+            delta: DeviceBuffer::new(max_tokens * h * 4)?,
+            gate_up: DeviceBuffer::new(max_tokens * 2 * cfg.intermediate_size * 4)?,
             mlp: DeviceBuffer::new(max_tokens * cfg.intermediate_size * 2)?,
             part_acc: DeviceBuffer::new(partials * d * 4)?,
             part_ml: DeviceBuffer::new(partials * 2 * 4)?,

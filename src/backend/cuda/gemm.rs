@@ -1,4 +1,6 @@
-//! Matrix products through cuBLASLt: bf16 inputs, fp32 accumulation, bf16 or fp32 output.
+//! Matrix products through cuBLASLt: bf16 inputs, fp32 accumulation, fp32 output (the kernels
+//! that consume a product read fp32, so activations are rounded to bf16 only where a GEMM needs
+//! bf16 inputs).
 //!
 //! Every product here is `out[m, n] = x[m, k] · w[n, k]ᵀ` with row-major activations `x` and
 //! row-major weights `w` (the safetensors layout). In cuBLASLt's column-major terms that is
@@ -18,21 +20,11 @@ use super::memory::DeviceBuffer;
 /// Workspace cuBLASLt may use per product.
 const WORKSPACE_BYTES: usize = 32 << 20;
 
-/// The output type of a product.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum OutType {
-    /// bf16 (hidden activations).
-    Bf16,
-    /// fp32 (logits).
-    F32,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Shape {
     m: usize,
     n: usize,
     k: usize,
-    out: OutType,
 }
 
 struct Plan {
@@ -86,10 +78,7 @@ impl Gemm {
 
     fn make_plan(&self, s: Shape) -> Result<Plan, BackendError> {
         let bf16 = sys::cudaDataType::CUDA_R_16BF;
-        let out_type = match s.out {
-            OutType::Bf16 => bf16,
-            OutType::F32 => sys::cudaDataType::CUDA_R_32F,
-        };
+        let out_type = sys::cudaDataType::CUDA_R_32F;
         let desc = lt::create_matmul_desc(
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             sys::cudaDataType::CUDA_R_32F,
@@ -134,7 +123,7 @@ impl Gemm {
                 s.m, s.n, s.k
             ))
         })?;
-        tracing::debug!(m = s.m, n = s.n, k = s.k, out = ?s.out, "planned cuBLASLt product");
+        tracing::debug!(m = s.m, n = s.n, k = s.k, "planned cuBLASLt product");
         Ok(Plan {
             desc,
             a,
@@ -144,31 +133,20 @@ impl Gemm {
         })
     }
 
-    /// `out[m, n] = x[m, k] · w[n, k]ᵀ` on `stream`. Pointers are device addresses of buffers
-    /// of at least those sizes (the caller's contract).
-    #[allow(clippy::too_many_arguments)]
+    /// `out[m, n] = x[m, k] · w[n, k]ᵀ` on `stream`, with `x` and `w` bf16 and `out` fp32.
+    /// Pointers are device addresses of buffers of at least those sizes (the caller's contract).
     pub fn matmul(
         &mut self,
         stream: sys::cudaStream_t,
-        x: u64,
-        w: u64,
-        out: u64,
-        m: usize,
-        n: usize,
-        k: usize,
-        out_type: OutType,
+        (x, w, out): (u64, u64, u64),
+        (m, n, k): (usize, usize, usize),
     ) -> Result<(), BackendError> {
         if m == 0 {
             return Ok(());
         }
         let workspace = self.workspace.ptr();
         let handle = self.handle;
-        let plan = self.plan(Shape {
-            m,
-            n,
-            k,
-            out: out_type,
-        })?;
+        let plan = self.plan(Shape { m, n, k })?;
         let alpha: f32 = 1.0;
         let beta: f32 = 0.0;
         // SAFETY: the plan's descriptors are live and match these buffers' shapes and types; the
