@@ -93,7 +93,7 @@ if has serve; then
 fi
 
 if has peers; then
-  PYTHONUNBUFFERED=1 timeout 420 python3 "$G/peers.py" $M8 "$OUT/peers.json" --batches 1,16 >"$OUT/peers.log" 2>&1
+  PYTHONUNBUFFERED=1 timeout 330 python3 "$G/peers.py" $M8 "$OUT/peers.json" --batches 1,16 >"$OUT/peers.log" 2>&1
   note "peers: rc=$?"
   grep -E '^\{|^eager|^static' "$OUT/peers.log" | tee -a "$SUMMARY"
 fi

@@ -79,8 +79,13 @@ def main():
     ap.add_argument("--output-len", type=int, default=128)
     args = ap.parse_args()
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+
     result["ceilings"] = ceilings()
     print(json.dumps(result["ceilings"]), flush=True)
+    save()
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -95,6 +100,7 @@ def main():
             r = generate_rate(model, b, args.input_len, args.output_len, vocab)
             print("eager", json.dumps(r), flush=True)
             result["eager"].append(r)
+            save()
         if not args.skip_compile:
             model.generation_config.cache_implementation = "static"
             model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
@@ -103,8 +109,7 @@ def main():
                 r = generate_rate(model, b, args.input_len, args.output_len, vocab)
                 print("static+compile", json.dumps(r), flush=True)
                 result["static_compile"].append(r)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
+                save()
 
 
 if __name__ == "__main__":
