@@ -189,6 +189,7 @@ fn the_server_audits_every_request_and_the_cli_verifies_it() {
     assert_eq!(completions.len(), 2);
     for c in &completions {
         assert_eq!(c["status"], 200);
+        assert!(c["finish_reason"].is_string(), "{c}");
         assert!(c["prompt_tokens"].as_u64().unwrap_or(0) > 0, "{c}");
     }
     assert!(completions[0]["completion_tokens"].as_u64().unwrap_or(0) > 0);
