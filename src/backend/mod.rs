@@ -1,6 +1,7 @@
 //! Forward-pass implementations of [`crate::engine::Backend`], and the choice between them.
 
 pub mod cpu;
+pub mod cuda;
 
 use crate::engine::{Backend, EngineConfig};
 use crate::model::Model;
@@ -24,24 +25,66 @@ pub enum BackendInitError {
     /// The CPU backend failed to build.
     #[error(transparent)]
     Cpu(#[from] cpu::CpuBackendError),
-    /// CUDA was requested but cannot be used here.
-    #[error("CUDA backend unavailable: {0}")]
-    CudaUnavailable(String),
+    /// The CUDA backend failed, or no driver or GPU is present for `--device cuda`.
+    #[error("CUDA backend: {0}")]
+    Cuda(#[from] cuda::CudaInitError),
 }
 
-/// Builds the backend for `device`.
+/// Builds the backend for `device`. `auto` picks CUDA when the driver loads and reports a GPU,
+/// and the CPU otherwise (logging why).
 pub fn select(
     device: Device,
     model: &Model,
     config: &EngineConfig,
 ) -> Result<Box<dyn Backend>, BackendInitError> {
-    match device {
-        Device::Cpu | Device::Auto => Ok(Box::new(cpu::CpuBackend::new(
-            model,
-            config.kv_cache_bytes,
-        )?)),
-        Device::Cuda => Err(BackendInitError::CudaUnavailable(
-            "this build has no CUDA backend".into(),
-        )),
+    let use_cuda = match device {
+        Device::Cpu => false,
+        Device::Cuda => true,
+        Device::Auto => match cuda::probe() {
+            Ok(count) => {
+                tracing::info!(gpus = count, "device auto: using CUDA");
+                true
+            }
+            Err(why) => {
+                tracing::info!(reason = %why, "device auto: no usable GPU, using the CPU");
+                false
+            }
+        },
+    };
+    if use_cuda {
+        let backend = cuda::CudaBackend::new(model, config, cuda::CudaOptions::default())?;
+        Ok(Box::new(backend))
+    } else {
+        Ok(Box::new(cpu::CpuBackend::new(model, config.kv_cache_bytes)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without a GPU (CI), `--device cuda` fails with a one-line cause and never panics, and
+    /// `auto` falls back to the CPU.
+    #[test]
+    fn without_a_gpu_cuda_fails_in_one_line_and_auto_picks_the_cpu() {
+        if cuda::probe().is_ok() {
+            eprintln!("SKIPPED: a GPU is present");
+            return;
+        }
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-qwen3");
+        if !dir.exists() {
+            eprintln!("SKIPPED: {} is absent", dir.display());
+            return;
+        }
+        let model = Model::load(&dir).expect("fixture loads");
+        let config = EngineConfig::default();
+        let err = match select(Device::Cuda, &model, &config) {
+            Ok(_) => panic!("CUDA backend started without a GPU"),
+            Err(e) => e.to_string(),
+        };
+        assert!(!err.contains('\n'), "{err}");
+        assert!(err.starts_with("CUDA backend: "), "{err}");
+        let auto = select(Device::Auto, &model, &config).expect("auto falls back to the CPU");
+        assert_eq!(auto.name(), "cpu");
     }
 }

@@ -1,14 +1,734 @@
-//! `inferno bench`.
+//! `inferno bench`: throughput and latency of the engine alone (`offline`) or of a running
+//! server over HTTPS (`serve`). Prints a table and optionally writes the figures as JSON.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::backend::{self, Device};
+use crate::engine::{
+    BLOCK_SIZE, Backend, BackendError, BatchRow, Engine, EngineConfig, EngineHandle,
+    GenerationEvent, GenerationRequest, KvCacheShape, ModelInfo, SamplingParams, StepOutput,
+    StopParams,
+};
+use crate::model::Model;
 
 /// Arguments of `inferno bench`.
 #[derive(Debug, clap::Args)]
-pub struct BenchArgs {}
+pub struct BenchArgs {
+    #[command(subcommand)]
+    mode: Mode,
+}
 
-/// Runs `inferno bench`.
-pub fn run(_args: BenchArgs) -> ExitCode {
-    super::fail(&anyhow::anyhow!(
-        "`inferno bench` is not available in this build yet"
-    ))
+#[derive(Debug, clap::Subcommand)]
+enum Mode {
+    /// Drive the engine in-process: no HTTP, no TLS.
+    Offline(Box<OfflineArgs>),
+    /// Drive a running `inferno serve` over HTTPS (OpenAI streaming completions).
+    Serve(Box<ServeArgs>),
+}
+
+/// The request mix shared by both modes.
+#[derive(Debug, Clone, clap::Args)]
+struct LoadArgs {
+    /// Prompt length in tokens.
+    #[arg(long, default_value_t = 128)]
+    input_len: usize,
+    /// Tokens to generate per request.
+    #[arg(long, default_value_t = 128)]
+    output_len: usize,
+    /// Requests in flight at once (closed loop).
+    #[arg(long, conflicts_with = "batch_size")]
+    concurrency: Option<usize>,
+    /// Submit this many requests at once and wait for all (a batch of the same size).
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// Total requests (default: the batch size, or 4 x the concurrency).
+    #[arg(long)]
+    num_prompts: Option<usize>,
+    /// Keep generating past EOS so every request produces exactly `output_len` tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Seed of the random prompts.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write the figures to this JSON file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+impl LoadArgs {
+    fn concurrency(&self) -> usize {
+        self.batch_size.or(self.concurrency).unwrap_or(1).max(1)
+    }
+    fn num_prompts(&self) -> usize {
+        self.num_prompts.unwrap_or(match self.batch_size {
+            Some(b) => b,
+            None => 4 * self.concurrency(),
+        })
+    }
+}
+
+#[derive(Debug, clap::Args)]
+struct OfflineArgs {
+    /// The model directory.
+    #[arg(long)]
+    model: PathBuf,
+    /// cpu, cuda or auto.
+    #[arg(long, value_enum, default_value_t = Device::Auto)]
+    device: Device,
+    /// Fraction of free GPU memory for the KV cache.
+    #[arg(long)]
+    gpu_memory_fraction: Option<f64>,
+    /// Most tokens per engine step.
+    #[arg(long)]
+    max_batched_tokens: Option<usize>,
+    #[command(flatten)]
+    load: LoadArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// Base URL of the server, e.g. https://127.0.0.1:8443.
+    #[arg(long)]
+    url: String,
+    /// The served model id.
+    #[arg(long)]
+    model: String,
+    /// API key (Bearer token).
+    #[arg(long, env = "INFERNO_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// PEM file with the CA (or self-signed certificate) that the server's TLS chain ends in.
+    #[arg(long)]
+    ca_cert: Option<PathBuf>,
+    /// Skip verification of the server certificate (local benchmarks only).
+    #[arg(long)]
+    insecure: bool,
+    /// Open-loop Poisson arrivals at this many requests per second instead of a closed loop.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// The server's process id, to report its CPU time per output token.
+    #[arg(long)]
+    server_pid: Option<u32>,
+    #[command(flatten)]
+    load: LoadArgs,
+}
+
+/// Timings of one request.
+#[derive(Debug, Clone, Default)]
+struct RequestTiming {
+    ttft: f64,
+    itl: Vec<f64>,
+    e2e: f64,
+    output_tokens: usize,
+    prompt_tokens: usize,
+    failed: Option<String>,
+}
+
+/// p50/p90/p99 and mean of a sample, in milliseconds.
+#[derive(Debug, Clone, Serialize, Default)]
+struct Percentiles {
+    mean: f64,
+    p50: f64,
+    p90: f64,
+    p99: f64,
+}
+
+impl Percentiles {
+    fn of(seconds: &[f64]) -> Self {
+        if seconds.is_empty() {
+            return Self::default();
+        }
+        let mut v: Vec<f64> = seconds.iter().map(|s| s * 1e3).collect();
+        v.sort_by(f64::total_cmp);
+        let at = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize];
+        Self {
+            mean: v.iter().sum::<f64>() / v.len() as f64,
+            p50: at(0.5),
+            p90: at(0.9),
+            p99: at(0.99),
+        }
+    }
+}
+
+/// The figures of one run.
+#[derive(Debug, Serialize)]
+struct Report {
+    mode: &'static str,
+    target: String,
+    input_len: usize,
+    output_len: usize,
+    concurrency: usize,
+    rate: Option<f64>,
+    requests: usize,
+    failed: usize,
+    duration_s: f64,
+    request_throughput: f64,
+    output_token_throughput: f64,
+    total_output_tokens: usize,
+    ttft_ms: Percentiles,
+    tpot_ms: Percentiles,
+    itl_ms: Percentiles,
+    e2e_ms: Percentiles,
+    cpu_ms_per_output_token: Option<f64>,
+}
+
+impl Report {
+    fn new(
+        mode: &'static str,
+        target: String,
+        load: &LoadArgs,
+        rate: Option<f64>,
+        timings: &[RequestTiming],
+        duration: f64,
+        cpu_s: Option<f64>,
+    ) -> Self {
+        let ok: Vec<&RequestTiming> = timings.iter().filter(|t| t.failed.is_none()).collect();
+        let total: usize = ok.iter().map(|t| t.output_tokens).sum();
+        let tpot: Vec<f64> = ok
+            .iter()
+            .filter(|t| t.output_tokens > 1)
+            .map(|t| (t.e2e - t.ttft) / (t.output_tokens - 1) as f64)
+            .collect();
+        let itl: Vec<f64> = ok.iter().flat_map(|t| t.itl.iter().copied()).collect();
+        Self {
+            mode,
+            target,
+            input_len: load.input_len,
+            output_len: load.output_len,
+            concurrency: load.concurrency(),
+            rate,
+            requests: ok.len(),
+            failed: timings.len() - ok.len(),
+            duration_s: duration,
+            request_throughput: ok.len() as f64 / duration,
+            output_token_throughput: total as f64 / duration,
+            total_output_tokens: total,
+            ttft_ms: Percentiles::of(&ok.iter().map(|t| t.ttft).collect::<Vec<_>>()),
+            tpot_ms: Percentiles::of(&tpot),
+            itl_ms: Percentiles::of(&itl),
+            e2e_ms: Percentiles::of(&ok.iter().map(|t| t.e2e).collect::<Vec<_>>()),
+            cpu_ms_per_output_token: cpu_s.filter(|_| total > 0).map(|s| s * 1e3 / total as f64),
+        }
+    }
+
+    fn print(&self) {
+        println!("mode                      {} ({})", self.mode, self.target);
+        println!(
+            "input/output tokens       {} / {}",
+            self.input_len, self.output_len
+        );
+        match self.rate {
+            Some(r) => println!("arrivals                  Poisson, {r} req/s"),
+            None => println!("concurrency               {}", self.concurrency),
+        }
+        println!(
+            "requests (failed)         {} ({})",
+            self.requests, self.failed
+        );
+        println!("duration                  {:.2} s", self.duration_s);
+        println!(
+            "request throughput        {:.3} req/s",
+            self.request_throughput
+        );
+        println!(
+            "output throughput         {:.1} tok/s",
+            self.output_token_throughput
+        );
+        println!(
+            "{:<25} {:>10} {:>10} {:>10} {:>10}",
+            "latency (ms)", "mean", "p50", "p90", "p99"
+        );
+        for (name, p) in [
+            ("TTFT", &self.ttft_ms),
+            ("TPOT", &self.tpot_ms),
+            ("ITL", &self.itl_ms),
+            ("E2E", &self.e2e_ms),
+        ] {
+            println!(
+                "{name:<25} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
+                p.mean, p.p50, p.p90, p.p99
+            );
+        }
+        if let Some(cpu) = self.cpu_ms_per_output_token {
+            println!("CPU time per output token {cpu:.3} ms");
+        }
+    }
+}
+
+/// CPU time (user + system) of a process in seconds, from /proc (Linux clock ticks of 1/100 s).
+fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
+    let path = pid.map_or_else(
+        || "/proc/self/stat".to_string(),
+        |p| format!("/proc/{p}/stat"),
+    );
+    let stat = std::fs::read_to_string(path).ok()?;
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
+}
+
+fn random_prompts(load: &LoadArgs, vocab: usize) -> Vec<Vec<u32>> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(load.seed);
+    let hi = vocab.saturating_sub(1000).max(2000) as u32;
+    (0..load.num_prompts())
+        .map(|_| {
+            (0..load.input_len)
+                .map(|_| rng.random_range(1000..hi))
+                .collect()
+        })
+        .collect()
+}
+
+/// Runs `inferno bench`. Logs (the backend's start-up timeline among them) go to stderr,
+/// filtered by `RUST_LOG` (default `info`).
+pub fn run(args: BenchArgs) -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let result = match args.mode {
+        Mode::Offline(a) => offline(*a),
+        Mode::Serve(a) => serve(*a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => super::fail(&e),
+    }
+}
+
+fn finish(report: &Report, json: Option<&PathBuf>) -> anyhow::Result<()> {
+    report.print();
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_vec_pretty(report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if report.failed > 0 {
+        bail!(
+            "{} of {} requests failed",
+            report.failed,
+            report.failed + report.requests
+        );
+    }
+    Ok(())
+}
+
+fn offline(args: OfflineArgs) -> anyhow::Result<()> {
+    let load = &args.load;
+    let model =
+        Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let concurrency = load.concurrency();
+    let defaults = EngineConfig::default();
+    let config = EngineConfig {
+        max_num_seqs: concurrency.max(defaults.max_num_seqs),
+        max_batched_tokens: args
+            .max_batched_tokens
+            .unwrap_or(defaults.max_batched_tokens),
+        gpu_memory_fraction: args
+            .gpu_memory_fraction
+            .unwrap_or(defaults.gpu_memory_fraction),
+        max_waiting: load.num_prompts().max(defaults.max_waiting),
+        prefix_caching: false,
+        ..defaults
+    };
+    let (dropped_tx, dropped) = std::sync::mpsc::channel();
+    let backend = SignalOnDrop {
+        inner: Some(backend::select(args.device, &model, &config)?),
+        dropped: dropped_tx,
+    };
+    let target = format!("{} on {}", model.name, backend.name());
+    let kv = backend.kv_cache();
+    let digest: [u8; 32] = hex::decode(&model.digest.hex)
+        .ok()
+        .and_then(|b| b.try_into().ok())
+        .context("the model digest is not 32 bytes of hex")?;
+    let info = ModelInfo {
+        tokenizer: model.tokenizer.clone(),
+        eos_token_ids: model.eos_token_ids(),
+        max_context: model
+            .config
+            .max_position_embeddings
+            .min(kv.capacity_tokens()),
+        digest,
+    };
+    let engine = Engine::spawn(Box::new(backend), info, config)?;
+    let prompts = random_prompts(load, model.config.vocab_size);
+
+    // Warm-up: one short request, so start-up work stays out of the figures.
+    let warm = LoadArgs {
+        output_len: 4,
+        ..load.clone()
+    };
+    run_one(&engine, "warmup".into(), prompts[0].clone(), &warm)?;
+
+    let cpu_before = cpu_seconds(None);
+    let started = Instant::now();
+    let next = AtomicUsize::new(0);
+    let prompts = Arc::new(prompts);
+    let timings: Vec<RequestTiming> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..concurrency)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(prompt) = prompts.get(i) else { break };
+                        mine.push(
+                            run_one(&engine, format!("bench-{i}"), prompt.clone(), load)
+                                .unwrap_or_else(|e| RequestTiming {
+                                    failed: Some(e.to_string()),
+                                    ..Default::default()
+                                }),
+                        );
+                    }
+                    mine
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_default())
+            .collect()
+    });
+    let duration = started.elapsed().as_secs_f64();
+    let cpu = cpu_before.zip(cpu_seconds(None)).map(|(a, b)| b - a);
+    engine.shutdown();
+    // Leaving while the engine thread still frees device memory races the driver's exit handlers.
+    if dropped.recv_timeout(Duration::from_secs(60)).is_err() {
+        tracing::warn!("the engine did not release its backend within 60 s");
+    }
+    let report = Report::new("offline", target, load, None, &timings, duration, cpu);
+    finish(&report, load.json.as_ref())
+}
+
+/// A backend that reports when the engine thread has dropped it.
+struct SignalOnDrop {
+    inner: Option<Box<dyn Backend>>,
+    dropped: std::sync::mpsc::Sender<()>,
+}
+
+impl SignalOnDrop {
+    fn inner(&self) -> Result<&dyn Backend, BackendError> {
+        self.inner
+            .as_deref()
+            .ok_or_else(|| BackendError::Device("backend already released".into()))
+    }
+}
+
+impl Backend for SignalOnDrop {
+    fn name(&self) -> &str {
+        self.inner().map_or("released", |b| b.name())
+    }
+
+    fn kv_cache(&self) -> KvCacheShape {
+        self.inner().map_or(
+            KvCacheShape {
+                num_blocks: 0,
+                block_size: BLOCK_SIZE,
+            },
+            |b| b.kv_cache(),
+        )
+    }
+
+    fn step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {
+        match self.inner.as_deref_mut() {
+            Some(b) => b.step(rows),
+            None => Err(BackendError::Device("backend already released".into())),
+        }
+    }
+}
+
+impl Drop for SignalOnDrop {
+    fn drop(&mut self) {
+        drop(self.inner.take());
+        let _ = self.dropped.send(());
+    }
+}
+
+fn run_one(
+    engine: &EngineHandle,
+    id: String,
+    prompt: Vec<u32>,
+    load: &LoadArgs,
+) -> anyhow::Result<RequestTiming> {
+    let prompt_tokens = prompt.len();
+    let request = GenerationRequest {
+        id,
+        prompt,
+        sampling: SamplingParams {
+            seed: Some(0),
+            ..SamplingParams::default()
+        },
+        stop: StopParams {
+            max_tokens: load.output_len,
+            ignore_eos: load.ignore_eos,
+            ..StopParams::default()
+        },
+        logprobs: None,
+        cache_salt: 0,
+    };
+    let started = Instant::now();
+    let mut stream = engine
+        .submit(request)
+        .map_err(|e| anyhow::anyhow!("submit: {e}"))?;
+    let mut timing = RequestTiming {
+        prompt_tokens,
+        ..Default::default()
+    };
+    let mut last = None::<Instant>;
+    while let Some(event) = stream.blocking_next() {
+        match event {
+            GenerationEvent::Token { .. } => {
+                let now = Instant::now();
+                match last {
+                    None => timing.ttft = (now - started).as_secs_f64(),
+                    Some(prev) => timing.itl.push((now - prev).as_secs_f64()),
+                }
+                last = Some(now);
+                timing.output_tokens += 1;
+            }
+            GenerationEvent::Finished { reason, .. } => {
+                if let crate::engine::FinishReason::Error(e) = reason {
+                    bail!("request failed: {e}");
+                }
+                break;
+            }
+        }
+    }
+    timing.e2e = started.elapsed().as_secs_f64();
+    Ok(timing)
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(serve_async(args))
+}
+
+async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
+    let load = &args.load;
+    let mut builder = reqwest::Client::builder().use_rustls_tls();
+    if let Some(path) = &args.ca_cert {
+        let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        builder = builder.add_root_certificate(
+            reqwest::Certificate::from_pem(&pem)
+                .with_context(|| format!("parsing {}", path.display()))?,
+        );
+    }
+    if args.insecure {
+        builder = builder.danger_accept_invalid_certs(true);
+    }
+    let client = builder.build()?;
+    let url = format!("{}/v1/completions", args.url.trim_end_matches('/'));
+    // A word that tokenizes to one token in common BPE vocabularies approximates input_len; each
+    // prompt starts with its request number so prompts share no cached prefix.
+    let prompt = " hello".repeat(load.input_len.saturating_sub(1));
+    let n = load.num_prompts();
+    let cpu_before = cpu_seconds(args.server_pid);
+    let started = Instant::now();
+    let shared = Arc::new((
+        client,
+        url,
+        prompt,
+        args.model.clone(),
+        args.api_key.clone(),
+    ));
+    let mut tasks = tokio::task::JoinSet::new();
+    match args.rate {
+        Some(rate) if rate > 0.0 => {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(load.seed);
+            for i in 0..n {
+                let shared = shared.clone();
+                let (out, ignore_eos) = (load.output_len, load.ignore_eos);
+                tasks.spawn(async move { stream_one(&shared, i, out, ignore_eos).await });
+                // Exponential inter-arrival times give a Poisson process.
+                let gap = -(1.0 - rng.random::<f64>()).ln() / rate;
+                tokio::time::sleep(Duration::from_secs_f64(gap)).await;
+            }
+        }
+        _ => {
+            let next = Arc::new(AtomicUsize::new(0));
+            for _ in 0..load.concurrency() {
+                let (shared, next) = (shared.clone(), next.clone());
+                let (out, ignore_eos) = (load.output_len, load.ignore_eos);
+                tasks.spawn(async move {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= n {
+                            break;
+                        }
+                        mine.extend(stream_one(&shared, i, out, ignore_eos).await);
+                    }
+                    mine
+                });
+            }
+        }
+    }
+    let mut timings = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        timings.extend(done?);
+    }
+    let duration = started.elapsed().as_secs_f64();
+    let cpu = cpu_before
+        .zip(cpu_seconds(args.server_pid))
+        .map(|(a, b)| b - a);
+    let report = Report::new(
+        "serve",
+        args.url.clone(),
+        load,
+        args.rate,
+        &timings,
+        duration,
+        cpu,
+    );
+    finish(&report, load.json.as_ref())
+}
+
+type Shared = (reqwest::Client, String, String, String, Option<String>);
+
+/// One streaming completion; returns a list so closed-loop workers and open-loop arrivals share
+/// a result type.
+async fn stream_one(
+    shared: &Shared,
+    index: usize,
+    output_len: usize,
+    ignore_eos: bool,
+) -> Vec<RequestTiming> {
+    let timing = match stream_request(shared, index, output_len, ignore_eos).await {
+        Ok(t) => t,
+        Err(e) => RequestTiming {
+            failed: Some(format!("{e:#}")),
+            ..Default::default()
+        },
+    };
+    vec![timing]
+}
+
+async fn stream_request(
+    shared: &Shared,
+    index: usize,
+    output_len: usize,
+    ignore_eos: bool,
+) -> anyhow::Result<RequestTiming> {
+    let (client, url, prompt, model, key) = shared;
+    let mut body = serde_json::json!({
+        "model": model,
+        "prompt": format!("{index}{prompt}"),
+        "max_tokens": output_len,
+        "temperature": 0.0,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    if ignore_eos {
+        body["ignore_eos"] = serde_json::Value::Bool(true);
+    }
+    let mut request = client.post(url.as_str()).json(&body);
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    let started = Instant::now();
+    let mut response = request.send().await?;
+    if !response.status().is_success() {
+        let status = response.status();
+        bail!(
+            "HTTP {status}: {}",
+            response.text().await.unwrap_or_default()
+        );
+    }
+    let mut timing = RequestTiming::default();
+    let mut buffer = String::new();
+    let mut last = None::<Instant>;
+    let mut usage_tokens = None;
+    while let Some(chunk) = response.chunk().await? {
+        let now = Instant::now();
+        buffer.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buffer.find("\n\n") {
+            let event: String = buffer.drain(..end + 2).collect();
+            for line in event.lines() {
+                let Some(data) = line.strip_prefix("data: ") else {
+                    continue;
+                };
+                if data == "[DONE]" {
+                    continue;
+                }
+                let value: serde_json::Value =
+                    serde_json::from_str(data).context("a stream event is not JSON")?;
+                if let Some(usage) = value.get("usage").filter(|u| !u.is_null()) {
+                    usage_tokens = usage["completion_tokens"].as_u64().map(|v| v as usize);
+                    timing.prompt_tokens = usage["prompt_tokens"].as_u64().unwrap_or(0) as usize;
+                }
+                let has_text = value["choices"]
+                    .get(0)
+                    .and_then(|c| c["text"].as_str())
+                    .is_some_and(|t| !t.is_empty());
+                if has_text {
+                    match last {
+                        None => timing.ttft = (now - started).as_secs_f64(),
+                        Some(prev) => timing.itl.push((now - prev).as_secs_f64()),
+                    }
+                    last = Some(now);
+                    timing.output_tokens += 1;
+                }
+            }
+        }
+    }
+    timing.e2e = started.elapsed().as_secs_f64();
+    if let Some(n) = usage_tokens {
+        timing.output_tokens = n;
+    }
+    Ok(timing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_pick_ranked_values() {
+        let p = Percentiles::of(&(1..=100).map(|i| i as f64 / 1e3).collect::<Vec<_>>());
+        assert!(
+            (p.p50 - 51.0).abs() < 1e-9 || (p.p50 - 50.0).abs() < 1e-9,
+            "{p:?}"
+        );
+        assert!((p.p99 - 99.0).abs() < 1.01, "{p:?}");
+        assert!((p.mean - 50.5).abs() < 1e-9);
+        assert_eq!(Percentiles::of(&[]).p90, 0.0);
+    }
+
+    #[test]
+    fn own_cpu_time_is_readable() {
+        let cpu = cpu_seconds(None).expect("/proc/self/stat");
+        assert!(cpu >= 0.0);
+    }
+
+    #[test]
+    fn batch_size_sets_concurrency_and_count() {
+        let load = LoadArgs {
+            input_len: 8,
+            output_len: 8,
+            concurrency: None,
+            batch_size: Some(16),
+            num_prompts: None,
+            ignore_eos: true,
+            seed: 0,
+            json: None,
+        };
+        assert_eq!((load.concurrency(), load.num_prompts()), (16, 16));
+        let prompts = random_prompts(&load, 128_256);
+        assert_eq!(prompts.len(), 16);
+        assert!(prompts.iter().all(|p| p.len() == 8));
+    }
 }

@@ -1,0 +1,98 @@
+// QKV post-processing, fused with the write into the paged KV cache.
+//
+// Input: the fused QKV GEMM output, [T, (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM] fp32, with
+// all query heads first, then key heads, then value heads. Per head, in order:
+//   1. add the projection bias (QKV_BIAS, Qwen2);
+//   2. per-head RMSNorm of q and k (QK_NORM, Qwen3);
+//   3. rotary embedding of q and k in the "rotate half" layout, angle = position * inv_freq[i]
+//      (inv_freq comes from the host with any llama3/linear scaling already applied);
+//   4. q goes to q_out [T, NUM_Q_HEADS, HEAD_DIM]; k and v go to cache slot slots[t] of their KV
+//      head. slots[t] < 0 marks a padding token: nothing is written.
+// Cache layout per layer: [num_blocks * KV_BLOCK slots][NUM_KV_HEADS][HEAD_DIM] bf16.
+// Grid: one block per token. Block: QKV_WARPS warps; warp w handles heads w, w + QKV_WARPS, ...
+
+#define QKV_HEADS (NUM_Q_HEADS + 2 * NUM_KV_HEADS)
+#define QKV_PAIRS (HEAD_DIM / 2)
+#define QKV_PER_LANE ((QKV_PAIRS + 31) / 32)
+
+extern "C" __global__ void qkv_rope_write(const float* __restrict__ qkv,
+                                          const bf16* __restrict__ bias,
+                                          const bf16* __restrict__ q_norm,
+                                          const bf16* __restrict__ k_norm,
+                                          const float* __restrict__ inv_freq,
+                                          const int* __restrict__ positions,
+                                          const int* __restrict__ slots,
+                                          bf16* __restrict__ q_out,
+                                          bf16* __restrict__ k_cache,
+                                          bf16* __restrict__ v_cache) {
+    const int t = blockIdx.x;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int warps = blockDim.x >> 5;
+    const int slot = slots[t];
+    const float pos = (float)positions[t];
+    const float* row = qkv + (size_t)t * QKV_HEADS * HEAD_DIM;
+
+    for (int h = warp; h < QKV_HEADS; h += warps) {
+        const bool is_q = h < NUM_Q_HEADS;
+        const bool is_v = h >= NUM_Q_HEADS + NUM_KV_HEADS;
+        if (!is_q && slot < 0) continue;
+        const float* x = row + h * HEAD_DIM;
+        float a[QKV_PER_LANE];
+        float b[QKV_PER_LANE];
+        float sumsq = 0.0f;
+#pragma unroll
+        for (int k = 0; k < QKV_PER_LANE; ++k) {
+            const int i = lane + 32 * k;
+            a[k] = 0.0f;
+            b[k] = 0.0f;
+            if (i < QKV_PAIRS) {
+                a[k] = x[i];
+                b[k] = x[i + QKV_PAIRS];
+#if QKV_BIAS
+                a[k] += bf16_to_f32(bias[h * HEAD_DIM + i]);
+                b[k] += bf16_to_f32(bias[h * HEAD_DIM + i + QKV_PAIRS]);
+#endif
+                sumsq += a[k] * a[k] + b[k] * b[k];
+            }
+        }
+#if QK_NORM
+        if (!is_v) {
+            const bf16* w = is_q ? q_norm : k_norm;
+            const float inv = rsqrtf(warp_sum(sumsq) / (float)HEAD_DIM + RMS_EPS);
+#pragma unroll
+            for (int k = 0; k < QKV_PER_LANE; ++k) {
+                const int i = lane + 32 * k;
+                if (i < QKV_PAIRS) {
+                    a[k] = a[k] * inv * bf16_to_f32(w[i]);
+                    b[k] = b[k] * inv * bf16_to_f32(w[i + QKV_PAIRS]);
+                }
+            }
+        }
+#endif
+        bf16* dst;
+        if (is_q) {
+            dst = q_out + ((size_t)t * NUM_Q_HEADS + h) * HEAD_DIM;
+        } else if (!is_v) {
+            dst = k_cache + ((size_t)slot * NUM_KV_HEADS + (h - NUM_Q_HEADS)) * HEAD_DIM;
+        } else {
+            dst = v_cache + ((size_t)slot * NUM_KV_HEADS + (h - NUM_Q_HEADS - NUM_KV_HEADS)) * HEAD_DIM;
+        }
+#pragma unroll
+        for (int k = 0; k < QKV_PER_LANE; ++k) {
+            const int i = lane + 32 * k;
+            if (i < QKV_PAIRS) {
+                float lo = a[k];
+                float hi = b[k];
+                if (!is_v) {
+                    float s, c;
+                    sincosf(pos * inv_freq[i], &s, &c);
+                    lo = a[k] * c - b[k] * s;
+                    hi = b[k] * c + a[k] * s;
+                }
+                dst[i] = f32_to_bf16(lo);
+                dst[i + QKV_PAIRS] = f32_to_bf16(hi);
+            }
+        }
+    }
+}

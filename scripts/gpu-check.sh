@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Checks and benchmarks of the CUDA backend on the GPU machine, in as few device calls as possible.
+#
+# Run from the repository root with the prepared folder .gpu/ (see docs/cuda-backend.md):
+#   .gpu/inferno           release binary          .gpu/cuda_backend   integration-test binary
+#   .gpu/unit_tests        library test binary     .gpu/*.py, .gpu/gpu-check.sh
+# Usage: bash .gpu/gpu-check.sh [STAGES]   (default: "env unit correctness sanitizer bench peers")
+# Logs and JSON are written to a work folder and packed into $OUT/results.tgz (the device tool
+# returns at most 8 files); $OUT/summary.txt is also printed last.
+# Only reads the GPU's state; never changes a GPU setting.
+set -uo pipefail
+G=$(cd "$(dirname "$0")" && pwd)
+FINAL=${OUT:-/tmp/gpu-check-out}
+OUT=/tmp/gpu-check-work
+rm -rf "$OUT"
+mkdir -p "$OUT" "$FINAL"
+STAGES=${1:-"env unit correctness sanitizer bench peers"}
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+
+# CUDA 13 libraries: the toolkit's, else the pip wheels'.
+LIBS=$(find /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/lib /usr/lib \
+  \( -name 'libnvrtc.so.13*' -o -name 'libcublasLt.so.13*' \) 2>/dev/null | xargs -r -n1 dirname | sort -u | tr '\n' ':')
+export LD_LIBRARY_PATH="${LIBS}${LD_LIBRARY_PATH:-}"
+export INFERNO_KERNEL_CACHE=/tmp/inferno-kernels
+export INFERNO_FIXTURES=$PWD/tests/fixtures
+export RUST_LOG=${RUST_LOG:-info}
+PATH=/usr/local/cuda/bin:$PATH
+note "commit: $(git rev-parse --short HEAD 2>/dev/null || echo '?') (lead checkout) + .gpu binaries built from $(cat "$G/BUILD_COMMIT" 2>/dev/null || echo '?')"
+
+if has env; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm,power.limit --format=csv >"$OUT/env.txt" 2>&1
+  nvidia-smi -q 2>/dev/null | grep -i -A3 -E "confidential|conf comp" >>"$OUT/env.txt"
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$OUT/env.txt"
+  note "device: $(head -2 "$OUT/env.txt" | tail -1)"
+fi
+
+if has unit && [ -x "$G/unit_tests" ]; then
+  "$G/unit_tests" backend::cuda --test-threads=4 >"$OUT/unit.log" 2>&1
+  note "unit tests (backend::cuda): rc=$? $(grep -E '^test result' "$OUT/unit.log")"
+fi
+
+if has correctness; then
+  "$G/cuda_backend" --test-threads=1 --nocapture >"$OUT/correctness.log" 2>&1
+  rc=$?
+  note "correctness (tests/cuda_backend.rs): rc=$rc $(grep -E '^test result' "$OUT/correctness.log")"
+  grep -E '^RESULT|panicked|FAILED|SKIPPED' "$OUT/correctness.log" | head -40 | tee -a "$SUMMARY"
+fi
+
+if has sanitizer; then
+  timeout 300 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
+    "$G/cuda_backend" --test-threads=1 device_sampling >"$OUT/sanitizer.log" 2>&1
+  note "compute-sanitizer memcheck (device_sampling test): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+fi
+
+M8=/tmp/llama8b
+if has bench || has quickbench || has peers || has serve; then
+  PYTHONUNBUFFERED=1 python3 "$G/make_llama8b.py" $M8 >"$OUT/make8b.log" 2>&1
+  note "8B-shaped weights: $(tail -1 "$OUT/make8b.log")"
+fi
+
+SPECS="1 128 128;16 128 128;64 128 128;64 1024 128"
+has quickbench && SPECS="16 128 128"
+if has bench || has quickbench; then
+  IFS=';' read -ra SPEC_LIST <<<"$SPECS"
+  for spec in "${SPEC_LIST[@]}"; do
+    set -- $spec
+    timeout 240 "$G/inferno" bench offline --model $M8 --device cuda --batch-size "$1" --input-len "$2" --output-len "$3" \
+      --ignore-eos --json "$OUT/bench-b$1-i$2.json" >>"$OUT/bench.log" 2>&1
+    note "inferno offline batch=$1 in=$2 out=$3: rc=$? $(grep -E '^output throughput' "$OUT/bench.log" | tail -1)"
+  done
+  grep -E 'CUDA backend ready|KV cache allocated|kernels ready' "$OUT/bench.log" | head -4 >>"$SUMMARY"
+fi
+
+if has serve; then
+  RUST_LOG=warn "$G/inferno" serve --model $M8 --device cuda --listen 127.0.0.1:8443 >"$OUT/serve.log" 2>&1 &
+  SERVER=$!
+  for _ in $(seq 1 120); do
+    curl -ksf https://127.0.0.1:8443/health >/dev/null 2>&1 && break
+    sleep 1
+  done
+  for args in "--concurrency 16 --num-prompts 64" "--rate 8 --num-prompts 64"; do
+    name=$(echo "$args" | awk '{print $1 $2}' | tr -d '-')
+    timeout 180 "$G/inferno" bench serve --url https://127.0.0.1:8443 --model llama8b --insecure \
+      $args --input-len 128 --output-len 128 --ignore-eos --server-pid $SERVER \
+      --json "$OUT/serve-$name.json" >>"$OUT/serve-bench.log" 2>&1
+    note "inferno serve ($args): rc=$? $(grep -E '^output throughput' "$OUT/serve-bench.log" | tail -1)"
+  done
+  kill -TERM $SERVER 2>/dev/null
+  wait $SERVER 2>/dev/null
+fi
+
+if has peers; then
+  PYTHONUNBUFFERED=1 timeout 330 python3 "$G/peers.py" $M8 "$OUT/peers.json" --batches 1,16 >"$OUT/peers.log" 2>&1
+  note "peers: rc=$?"
+  grep -E '^\{|^eager|^static' "$OUT/peers.log" | tee -a "$SUMMARY"
+fi
+
+tar czf "$FINAL/results.tgz" -C "$OUT" .
+cp "$SUMMARY" "$FINAL/summary.txt"
+echo "===== summary"
+cat "$SUMMARY"

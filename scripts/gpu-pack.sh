@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds the release binary and the CUDA test binaries here, and copies them with the GPU scripts
+# into DEST/.gpu (default: /work/main/.gpu, a git-ignored folder that the device tool carries).
+# Usage: scripts/gpu-pack.sh [DEST_REPO]
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+DEST=${1:-/work/main}/.gpu
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target}
+cd "$ROOT"
+cargo build --release --bin inferno
+test_bins() {
+  cargo test --release --no-run --message-format=json "$@" 2>/dev/null |
+    python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] in (["lib"], ["test"]):
+        print(m["target"]["kind"][0], m["executable"])'
+}
+bins=$(test_bins --test cuda_backend)
+# The library's unit tests are optional here (another area's test may not build mid-merge).
+bins+=$'\n'$(test_bins --lib || true)
+mkdir -p "$DEST"
+cp "$CARGO_TARGET_DIR/release/inferno" "$DEST/inferno"
+rm -f "$DEST/unit_tests" "$DEST/cuda_backend"
+while read -r kind path; do
+  case $kind in
+    lib) cp "$path" "$DEST/unit_tests" ;;
+    test) cp "$path" "$DEST/cuda_backend" ;;
+    *) ;;
+  esac
+done <<<"$bins"
+cp scripts/gpu-check.sh scripts/make_llama8b.py scripts/peers.py "$DEST/"
+git rev-parse --short HEAD >"$DEST/BUILD_COMMIT"
+git diff --quiet HEAD -- src kernels tests Cargo.toml || echo "+uncommitted" >>"$DEST/BUILD_COMMIT"
+strip "$DEST"/inferno "$DEST"/cuda_backend 2>/dev/null || true
+[ -f "$DEST/unit_tests" ] && strip "$DEST/unit_tests"
+[ -f "$DEST/cuda_backend" ] || { echo "cuda_backend test binary missing" >&2; exit 1; }
+du -sh "$DEST"

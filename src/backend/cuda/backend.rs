@@ -1,0 +1,649 @@
+//! The CUDA implementation of [`Backend`]: weights, KV cache and activations on the GPU, one
+//! eager forward pass per step, greedy sampling and logprobs on the device.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::result as drv;
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+
+use crate::engine::{
+    Backend, BackendError, BatchRow, EngineConfig, KvCacheShape, SampledToken, StepOutput,
+    TokenLogprob,
+};
+use crate::model::{Model, ModelConfig};
+
+use super::cc;
+use super::compile::{self, KernelError};
+use super::gemm::Gemm;
+use super::inputs::{CopyStats, StepLayout, StepLimits, pack_step};
+use super::kernels::{self, KernelParams, SAMPLE_STRIDE};
+use super::memory::DeviceBuffer;
+use super::plan;
+use super::probe::{self, CudaUnavailable};
+use super::weights::{LayerWeights, ModelWeightsOnDevice};
+
+/// Why the CUDA backend could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaInitError {
+    /// No usable driver or GPU.
+    #[error(transparent)]
+    Unavailable(#[from] CudaUnavailable),
+    /// The model's shapes are outside what the kernels serve.
+    #[error("the CUDA backend cannot serve this model: {0}")]
+    Unsupported(String),
+    /// A kernel failed to compile or load.
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    /// A weight is missing or malformed.
+    #[error("weights: {0}")]
+    Weights(String),
+    /// The device failed.
+    #[error("CUDA device: {0}")]
+    Device(String),
+}
+
+impl From<BackendError> for CudaInitError {
+    fn from(e: BackendError) -> Self {
+        CudaInitError::Device(e.to_string())
+    }
+}
+
+/// Options of the CUDA backend beyond the engine configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaOptions {
+    /// The GPU to use.
+    pub device: usize,
+    /// Sample greedy rows on the GPU and return only ids and logprobs. When false (tests that
+    /// compare logits), every step returns raw logits.
+    pub sample_on_device: bool,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        Self {
+            device: 0,
+            sample_on_device: true,
+        }
+    }
+}
+
+/// The entry points the forward pass launches.
+struct Kernels {
+    embedding: CudaFunction,
+    add_rmsnorm: CudaFunction,
+    qkv_rope: CudaFunction,
+    attention: CudaFunction,
+    attention_reduce: CudaFunction,
+    swiglu: CudaFunction,
+    sample: CudaFunction,
+}
+
+impl Kernels {
+    fn take(mut map: HashMap<&'static str, CudaFunction>) -> Result<Self, KernelError> {
+        let mut get = |name: &'static str| {
+            map.remove(name).ok_or_else(|| KernelError::Load {
+                kernel: name.to_string(),
+                message: "entry point missing".into(),
+            })
+        };
+        Ok(Self {
+            embedding: get("embedding_gather")?,
+            add_rmsnorm: get("add_rmsnorm")?,
+            qkv_rope: get("qkv_rope_write")?,
+            attention: get("paged_attention")?,
+            attention_reduce: get("attention_reduce")?,
+            swiglu: get("swiglu")?,
+            sample: get("sample_greedy")?,
+        })
+    }
+}
+
+/// Scratch buffers of one step, sized for the step limits.
+struct Activations {
+    inputs: DeviceBuffer,
+    residual: DeviceBuffer,
+    normed: DeviceBuffer,
+    qkv: DeviceBuffer,
+    q: DeviceBuffer,
+    attn: DeviceBuffer,
+    delta: DeviceBuffer,
+    gate_up: DeviceBuffer,
+    mlp: DeviceBuffer,
+    part_acc: DeviceBuffer,
+    part_ml: DeviceBuffer,
+    logits: DeviceBuffer,
+    sampled: DeviceBuffer,
+}
+
+/// A kernel argument: a device pointer, an int or a float.
+enum Arg {
+    Ptr(u64),
+    Int(i32),
+    Float(f32),
+}
+
+/// The CUDA backend.
+///
+/// Fields drop in declaration order: device buffers and the cuBLASLt handle first, then the
+/// kernels, the stream and last the context they all live in.
+pub struct CudaBackend {
+    weights: ModelWeightsOnDevice,
+    k_cache: Vec<DeviceBuffer>,
+    v_cache: Vec<DeviceBuffer>,
+    act: Activations,
+    gemm: Gemm,
+    kernels: Kernels,
+    stream: Arc<CudaStream>,
+    ctx: Arc<CudaContext>,
+    params: KernelParams,
+    kv_shape: KvCacheShape,
+    limits: StepLimits,
+    split_budget: usize,
+    host_inputs: Vec<i32>,
+    options: CudaOptions,
+    copies: CopyStats,
+}
+
+fn dev<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> BackendError {
+    move |e| BackendError::Device(format!("{what}: {e}"))
+}
+
+fn to_u32(value: usize, what: &str) -> Result<u32, BackendError> {
+    u32::try_from(value).map_err(|_| {
+        BackendError::InvalidBatch(format!("{what} {value} overflows a launch dimension"))
+    })
+}
+
+impl CudaBackend {
+    /// Uploads the model, compiles the kernels (in parallel with the upload), sizes the KV cache
+    /// from the free memory and logs the startup timeline.
+    pub fn new(
+        model: &Model,
+        config: &EngineConfig,
+        options: CudaOptions,
+    ) -> Result<Self, CudaInitError> {
+        let started = Instant::now();
+        probe::probe()?;
+        let cfg = &model.config;
+        let params = KernelParams::from_config(cfg);
+        if let Some(why) = params.unsupported() {
+            return Err(CudaInitError::Unsupported(why));
+        }
+        let ctx =
+            CudaContext::new(options.device).map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let arch = kernels::arch_for(major, minor);
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        match cc::read_cc_state() {
+            Some(state) => tracing::info!(
+                environment = state.environment,
+                cc_enabled = state.feature_enabled,
+                devtools = state.devtools,
+                "confidential-computing state (read only)"
+            ),
+            None => {
+                tracing::info!("confidential-computing state unavailable (NVML missing or too old)")
+            }
+        }
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let t_context = started.elapsed();
+
+        // Compile on other threads while this one uploads the weights.
+        let upload_started = Instant::now();
+        let (compiled, weights) = std::thread::scope(|scope| {
+            let compiler = scope.spawn(|| {
+                let t = Instant::now();
+                compile::compile_all(&params, &arch).map(|c| (c, t.elapsed()))
+            });
+            let weights = ModelWeightsOnDevice::upload(&ctx, model);
+            let compiled = compiler.join().unwrap_or_else(|_| {
+                Err(KernelError::Nvrtc {
+                    kernel: "(all)",
+                    message: "compiler thread panicked".into(),
+                })
+            });
+            (compiled, weights)
+        });
+        let weights = weights?;
+        let t_upload = upload_started.elapsed();
+        let (compiled, t_compile) = compiled?;
+        ctx.bind_to_thread()
+            .map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let kernels = Kernels::take(compile::load_all(&ctx, compiled)?)?;
+
+        let max_tokens = config.max_batched_tokens.max(config.max_num_seqs).max(1);
+        let max_rows = config.max_num_seqs.max(1);
+        let split_budget = plan::split_budget(max_tokens);
+        let gemm = Gemm::new()?;
+        let max_context_model = cfg.max_position_embeddings.max(1);
+        let max_blocks_per_seq = max_context_model.div_ceil(crate::engine::BLOCK_SIZE);
+        let max_words = 4 * max_tokens + max_rows * max_blocks_per_seq + 2 * max_rows;
+        let act = Activations::new(cfg, max_tokens, max_rows, split_budget, max_words)?;
+
+        let (free, total) = ctx
+            .mem_get_info()
+            .map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let block_bytes =
+            plan::kv_block_bytes(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim);
+        let num_blocks = plan::kv_blocks(free, config.gpu_memory_fraction, block_bytes);
+        if num_blocks == 0 {
+            return Err(CudaInitError::Device(format!(
+                "no room for the KV cache: {free} bytes free, gpu_memory_fraction {}",
+                config.gpu_memory_fraction
+            )));
+        }
+        let layer_bytes =
+            num_blocks * crate::engine::BLOCK_SIZE * cfg.num_key_value_heads * cfg.head_dim * 2;
+        let mut k_cache = Vec::with_capacity(cfg.num_hidden_layers);
+        let mut v_cache = Vec::with_capacity(cfg.num_hidden_layers);
+        for _ in 0..cfg.num_hidden_layers {
+            k_cache.push(DeviceBuffer::new(layer_bytes)?);
+            v_cache.push(DeviceBuffer::new(layer_bytes)?);
+        }
+        let kv_shape = KvCacheShape {
+            num_blocks,
+            block_size: crate::engine::BLOCK_SIZE,
+        };
+        tracing::info!(
+            gpu = %name,
+            arch = %arch,
+            blocks = num_blocks,
+            capacity_tokens = kv_shape.capacity_tokens(),
+            kv_bytes = num_blocks * block_bytes,
+            free_bytes = free,
+            total_bytes = total,
+            "KV cache allocated"
+        );
+        let limits = StepLimits {
+            max_tokens,
+            max_rows,
+            num_blocks,
+            vocab: cfg.vocab_size,
+            max_words,
+        };
+        let backend = Self {
+            ctx,
+            stream,
+            kernels,
+            params,
+            weights,
+            k_cache,
+            v_cache,
+            kv_shape,
+            act,
+            gemm,
+            limits,
+            split_budget,
+            host_inputs: Vec::with_capacity(max_words),
+            options,
+            copies: CopyStats::default(),
+        };
+        tracing::info!(
+            context_ms = t_context.as_millis() as u64,
+            upload_ms = t_upload.as_millis() as u64,
+            compile_ms = t_compile.as_millis() as u64,
+            ready_ms = started.elapsed().as_millis() as u64,
+            weight_bytes = backend.weights.bytes(),
+            "CUDA backend ready (compile overlapped the upload)"
+        );
+        Ok(backend)
+    }
+
+    /// Copies made by steps so far.
+    pub fn copy_stats(&self) -> CopyStats {
+        self.copies
+    }
+
+    /// Distinct GEMM shapes planned so far (each with its cached algorithm).
+    pub fn planned_gemm_shapes(&self) -> usize {
+        self.gemm.planned_shapes()
+    }
+
+    fn launch(
+        &self,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> Result<(), BackendError> {
+        let mut builder = self.stream.launch_builder(f);
+        for arg in args {
+            match arg {
+                Arg::Ptr(p) => builder.arg(p),
+                Arg::Int(i) => builder.arg(i),
+                Arg::Float(x) => builder.arg(x),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: every kernel's parameter list matches `args` in order and type (pointers are
+        // 64-bit device addresses, ints are i32, floats f32); every pointer addresses a buffer
+        // sized for the step limits that `pack_step` enforced, and every index a kernel follows
+        // was validated by `pack_step`.
+        unsafe { builder.launch(cfg) }
+            .map(|_| ())
+            .map_err(dev("kernel launch"))
+    }
+
+    fn matmul(
+        &mut self,
+        x: u64,
+        w: u64,
+        out: u64,
+        dims: (usize, usize, usize),
+    ) -> Result<(), BackendError> {
+        let stream = self.stream.cu_stream() as cudarc::cublaslt::sys::cudaStream_t;
+        self.gemm.matmul(stream, (x, w, out), dims)
+    }
+
+    /// Runs the layers over the packed step and leaves the final hidden states of the sampled
+    /// rows in `act.normed`.
+    fn forward(&mut self, layout: &StepLayout) -> Result<(), BackendError> {
+        let p = self.params.clone();
+        let t = layout.num_tokens;
+        let t32 = to_u32(t, "tokens")?;
+        let inputs_base = self.act.inputs.ptr();
+        let input = |offset: usize| Arg::Ptr(inputs_base + (offset * 4) as u64);
+        let qkv_n = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim;
+        let q_width = p.num_q_heads * p.head_dim;
+        let split = plan::split_plan(t, layout.max_context, self.split_budget);
+        let scale = 1.0 / (p.head_dim as f32).sqrt();
+        let qkv_warps = (p.num_q_heads + 2 * p.num_kv_heads).min(32) as u32;
+
+        self.launch(
+            &self.kernels.embedding,
+            (t32, 1, 1),
+            256,
+            &[
+                Arg::Ptr(self.weights.embed.ptr()),
+                input(layout.tokens()),
+                Arg::Ptr(self.act.residual.ptr()),
+            ],
+        )?;
+        for layer in 0..self.weights.layers.len() {
+            let w: &LayerWeights = &self.weights.layers[layer];
+            let (qkv_w, o_w, gate_up_w, down_w) =
+                (w.qkv.ptr(), w.o_proj.ptr(), w.gate_up.ptr(), w.down.ptr());
+            let delta = if layer == 0 { 0 } else { self.act.delta.ptr() };
+            self.launch(
+                &self.kernels.add_rmsnorm,
+                (t32, 1, 1),
+                256,
+                &[
+                    Arg::Ptr(self.act.residual.ptr()),
+                    Arg::Ptr(delta),
+                    Arg::Ptr(w.input_norm.ptr()),
+                    Arg::Ptr(0),
+                    Arg::Ptr(self.act.normed.ptr()),
+                ],
+            )?;
+            let (normed, qkv) = (self.act.normed.ptr(), self.act.qkv.ptr());
+            self.matmul(normed, qkv_w, qkv, (t, qkv_n, p.hidden))?;
+            let w: &LayerWeights = &self.weights.layers[layer];
+            self.launch(
+                &self.kernels.qkv_rope,
+                (t32, 1, 1),
+                32 * qkv_warps,
+                &[
+                    Arg::Ptr(qkv),
+                    Arg::Ptr(w.qkv_bias.as_ref().map_or(0, DeviceBuffer::ptr)),
+                    Arg::Ptr(w.q_norm.as_ref().map_or(0, DeviceBuffer::ptr)),
+                    Arg::Ptr(w.k_norm.as_ref().map_or(0, DeviceBuffer::ptr)),
+                    Arg::Ptr(self.weights.inv_freq.ptr()),
+                    input(layout.positions()),
+                    input(layout.slots()),
+                    Arg::Ptr(self.act.q.ptr()),
+                    Arg::Ptr(self.k_cache[layer].ptr()),
+                    Arg::Ptr(self.v_cache[layer].ptr()),
+                ],
+            )?;
+            self.launch(
+                &self.kernels.attention,
+                (
+                    t32,
+                    to_u32(p.num_kv_heads, "kv heads")?,
+                    to_u32(split.splits, "splits")?,
+                ),
+                128,
+                &[
+                    Arg::Ptr(self.act.q.ptr()),
+                    Arg::Ptr(self.k_cache[layer].ptr()),
+                    Arg::Ptr(self.v_cache[layer].ptr()),
+                    input(layout.block_tables()),
+                    Arg::Int(layout.max_blocks as i32),
+                    input(layout.token_rows()),
+                    input(layout.positions()),
+                    Arg::Ptr(self.act.part_acc.ptr()),
+                    Arg::Ptr(self.act.part_ml.ptr()),
+                    Arg::Int(split.splits as i32),
+                    Arg::Int(split.partition as i32),
+                    Arg::Float(scale),
+                ],
+            )?;
+            self.launch(
+                &self.kernels.attention_reduce,
+                (t32, to_u32(p.num_q_heads, "q heads")?, 1),
+                p.head_dim.min(128) as u32,
+                &[
+                    Arg::Ptr(self.act.part_acc.ptr()),
+                    Arg::Ptr(self.act.part_ml.ptr()),
+                    Arg::Int(split.splits as i32),
+                    Arg::Ptr(self.act.attn.ptr()),
+                ],
+            )?;
+            let (attn, delta) = (self.act.attn.ptr(), self.act.delta.ptr());
+            self.matmul(attn, o_w, delta, (t, p.hidden, q_width))?;
+            let w: &LayerWeights = &self.weights.layers[layer];
+            self.launch(
+                &self.kernels.add_rmsnorm,
+                (t32, 1, 1),
+                256,
+                &[
+                    Arg::Ptr(self.act.residual.ptr()),
+                    Arg::Ptr(delta),
+                    Arg::Ptr(w.post_norm.ptr()),
+                    Arg::Ptr(0),
+                    Arg::Ptr(normed),
+                ],
+            )?;
+            let gate_up = self.act.gate_up.ptr();
+            self.matmul(
+                normed,
+                gate_up_w,
+                gate_up,
+                (t, 2 * p.intermediate, p.hidden),
+            )?;
+            self.launch(
+                &self.kernels.swiglu,
+                (
+                    to_u32(p.intermediate.div_ceil(256), "intermediate")?,
+                    t32,
+                    1,
+                ),
+                256,
+                &[Arg::Ptr(gate_up), Arg::Ptr(self.act.mlp.ptr())],
+            )?;
+            let mlp = self.act.mlp.ptr();
+            self.matmul(mlp, down_w, delta, (t, p.hidden, p.intermediate))?;
+        }
+        if layout.num_samples > 0 {
+            self.launch(
+                &self.kernels.add_rmsnorm,
+                (to_u32(layout.num_samples, "samples")?, 1, 1),
+                256,
+                &[
+                    Arg::Ptr(self.act.residual.ptr()),
+                    Arg::Ptr(self.act.delta.ptr()),
+                    Arg::Ptr(self.weights.final_norm.ptr()),
+                    input(layout.sample_tokens()),
+                    Arg::Ptr(self.act.normed.ptr()),
+                ],
+            )?;
+            let (normed, logits, head) = (
+                self.act.normed.ptr(),
+                self.act.logits.ptr(),
+                self.weights.lm_head_ptr(),
+            );
+            self.matmul(
+                normed,
+                head,
+                logits,
+                (layout.num_samples, p.vocab, p.hidden),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn upload_inputs(&mut self) -> Result<(), BackendError> {
+        let bytes = self.host_inputs.len() * 4;
+        // SAFETY: the device buffer holds `max_words` words and `pack_step` refused any step
+        // longer than that; the host vector stays alive and unmodified until the stream is
+        // synchronised at the end of the step.
+        unsafe {
+            drv::memcpy_htod_async(
+                self.act.inputs.ptr(),
+                &self.host_inputs[..],
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(dev("copying step inputs"))?;
+        self.copies.record_h2d(bytes);
+        Ok(())
+    }
+
+    fn download<T: Copy + Default>(
+        &mut self,
+        src: u64,
+        len: usize,
+    ) -> Result<Vec<T>, BackendError> {
+        let mut out = vec![T::default(); len];
+        // SAFETY: `src` addresses a device buffer of at least `len` elements of T (logits or the
+        // sampling output, sized for max_rows rows); the host vector outlives the copy because
+        // the stream is synchronised before returning.
+        unsafe { drv::memcpy_dtoh_async(&mut out[..], src, self.stream.cu_stream()) }
+            .map_err(dev("copying results"))?;
+        self.copies.record_d2h(len * std::mem::size_of::<T>());
+        self.stream.synchronize().map_err(dev("step"))?;
+        Ok(out)
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &str {
+        "cuda"
+    }
+
+    fn kv_cache(&self) -> KvCacheShape {
+        self.kv_shape
+    }
+
+    fn step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(dev("binding the context"))?;
+        let mut host = std::mem::take(&mut self.host_inputs);
+        let layout = pack_step(rows, &self.limits, &mut host);
+        self.host_inputs = host;
+        let layout = layout?;
+        let device_sampling = self.options.sample_on_device
+            && rows
+                .iter()
+                .filter_map(|r| r.sample.as_ref())
+                .all(|s| s.params.is_greedy() && !s.params.has_penalties());
+        self.copies.steps += 1;
+        if layout.is_empty() {
+            return Ok(StepOutput::Logits(Vec::new()));
+        }
+        self.upload_inputs()?;
+        self.forward(&layout)?;
+        let s = layout.num_samples;
+        if s == 0 {
+            self.stream.synchronize().map_err(dev("step"))?;
+            return Ok(if device_sampling {
+                StepOutput::Sampled(Vec::new())
+            } else {
+                StepOutput::Logits(Vec::new())
+            });
+        }
+        let vocab = self.params.vocab;
+        if !device_sampling {
+            let flat: Vec<f32> = self.download(self.act.logits.ptr(), s * vocab)?;
+            return Ok(StepOutput::Logits(
+                flat.chunks_exact(vocab).map(<[f32]>::to_vec).collect(),
+            ));
+        }
+        self.launch(
+            &self.kernels.sample,
+            (to_u32(s, "samples")?, 1, 1),
+            1024,
+            &[
+                Arg::Ptr(self.act.logits.ptr()),
+                Arg::Ptr(self.act.inputs.at(layout.top_n() * 4)),
+                Arg::Ptr(self.act.sampled.ptr()),
+            ],
+        )?;
+        let words: Vec<i32> = self.download(self.act.sampled.ptr(), s * SAMPLE_STRIDE)?;
+        let specs = rows.iter().filter_map(|r| r.sample.as_ref());
+        let tokens = words
+            .chunks_exact(SAMPLE_STRIDE)
+            .zip(specs)
+            .map(|(w, spec)| SampledToken {
+                token: w[0] as u32,
+                logprob: spec.logprobs.map(|k| TokenLogprob {
+                    logprob: f32::from_bits(w[1] as u32),
+                    top: (0..(k as usize).min(kernels::MAX_TOP_LOGPROBS))
+                        .map(|i| (w[2 + 2 * i] as u32, f32::from_bits(w[3 + 2 * i] as u32)))
+                        .collect(),
+                }),
+            })
+            .collect();
+        Ok(StepOutput::Sampled(tokens))
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // Buffers are freed by their own Drop; they need this context current on this thread.
+        let _ = self.ctx.bind_to_thread();
+        let _ = self.stream.synchronize();
+    }
+}
+
+impl Activations {
+    fn new(
+        cfg: &ModelConfig,
+        max_tokens: usize,
+        max_rows: usize,
+        split_budget: usize,
+        max_words: usize,
+    ) -> Result<Self, BackendError> {
+        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+        let q_width = cfg.num_attention_heads * d;
+        let qkv_width = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d;
+        let partials = split_budget.max(max_tokens) * cfg.num_attention_heads;
+        Ok(Self {
+            inputs: DeviceBuffer::new(max_words * 4)?,
+            residual: DeviceBuffer::new(max_tokens * h * 4)?,
+            normed: DeviceBuffer::new(max_tokens * h * 2)?,
+            qkv: DeviceBuffer::new(max_tokens * qkv_width * 4)?,
+            q: DeviceBuffer::new(max_tokens * q_width * 2)?,
+            attn: DeviceBuffer::new(max_tokens * q_width * 2)?,
+            delta: DeviceBuffer::new(max_tokens * h * 4)?,
+            gate_up: DeviceBuffer::new(max_tokens * 2 * cfg.intermediate_size * 4)?,
+            mlp: DeviceBuffer::new(max_tokens * cfg.intermediate_size * 2)?,
+            part_acc: DeviceBuffer::new(partials * d * 4)?,
+            part_ml: DeviceBuffer::new(partials * 2 * 4)?,
+            logits: DeviceBuffer::new(max_rows * cfg.vocab_size * 4)?,
+            sampled: DeviceBuffer::new(max_rows * SAMPLE_STRIDE * 4)?,
+        })
+    }
+}

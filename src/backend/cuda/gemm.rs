@@ -1,0 +1,194 @@
+//! Matrix products through cuBLASLt: bf16 inputs, fp32 accumulation, fp32 output (the kernels
+//! that consume a product read fp32, so activations are rounded to bf16 only where a GEMM needs
+//! bf16 inputs).
+//!
+//! Every product here is `out[m, n] = x[m, k] · w[n, k]ᵀ` with row-major activations `x` and
+//! row-major weights `w` (the safetensors layout). In cuBLASLt's column-major terms that is
+//! `outᵀ (n × m) = op(W) · X` with `W` transposed, so no weight is ever re-laid out. The algorithm
+//! for each shape comes from cuBLASLt's heuristic once and is cached with its descriptors.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+use cudarc::cublaslt::result as lt;
+use cudarc::cublaslt::sys;
+
+use crate::engine::BackendError;
+
+use super::memory::DeviceBuffer;
+
+/// Workspace cuBLASLt may use per product.
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Shape {
+    m: usize,
+    n: usize,
+    k: usize,
+}
+
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    d: sys::cublasLtMatrixLayout_t,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+/// A cuBLASLt handle, its workspace and the cached plans.
+pub struct Gemm {
+    handle: sys::cublasLtHandle_t,
+    workspace: DeviceBuffer,
+    plans: HashMap<Shape, Plan>,
+}
+
+// SAFETY: the handle and descriptors are plain cuBLASLt objects with no thread affinity; the
+// backend that owns this value uses them from one thread at a time.
+unsafe impl Send for Gemm {}
+
+fn lt_err(what: &str) -> impl Fn(lt::CublasError) -> BackendError + '_ {
+    move |e| BackendError::Device(format!("cuBLASLt {what}: {e:?}"))
+}
+
+impl Gemm {
+    /// Creates the handle and its workspace.
+    pub fn new() -> Result<Self, BackendError> {
+        let handle = lt::create_handle().map_err(lt_err("create"))?;
+        Ok(Self {
+            handle,
+            workspace: DeviceBuffer::new(WORKSPACE_BYTES)?,
+            plans: HashMap::new(),
+        })
+    }
+
+    /// Number of shapes planned so far.
+    pub fn planned_shapes(&self) -> usize {
+        self.plans.len()
+    }
+
+    fn plan(&mut self, shape: Shape) -> Result<&Plan, BackendError> {
+        if !self.plans.contains_key(&shape) {
+            let plan = self.make_plan(shape)?;
+            self.plans.insert(shape, plan);
+        }
+        self.plans
+            .get(&shape)
+            .ok_or_else(|| BackendError::Device("cuBLASLt plan vanished".into()))
+    }
+
+    fn make_plan(&self, s: Shape) -> Result<Plan, BackendError> {
+        let bf16 = sys::cudaDataType::CUDA_R_16BF;
+        let out_type = sys::cudaDataType::CUDA_R_32F;
+        let desc = lt::create_matmul_desc(
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cudaDataType::CUDA_R_32F,
+        )
+        .map_err(lt_err("matmul desc"))?;
+        let transpose: i32 = 1;
+        // SAFETY: `desc` is live; the attribute value is an i32 as cuBLASLt documents for TRANSA.
+        unsafe {
+            lt::set_matmul_desc_attribute(
+                desc,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                (&transpose) as *const i32 as *const c_void,
+                std::mem::size_of::<i32>(),
+            )
+        }
+        .map_err(lt_err("transpose"))?;
+        let a = lt::create_matrix_layout(bf16, s.k as u64, s.n as u64, s.k as i64)
+            .map_err(lt_err("layout A"))?;
+        let b = lt::create_matrix_layout(bf16, s.k as u64, s.m as u64, s.k as i64)
+            .map_err(lt_err("layout B"))?;
+        let d = lt::create_matrix_layout(out_type, s.n as u64, s.m as u64, s.n as i64)
+            .map_err(lt_err("layout D"))?;
+        let pref = lt::create_matmul_pref().map_err(lt_err("preference"))?;
+        let ws = WORKSPACE_BYTES as u64;
+        // SAFETY: `pref` is live; the workspace limit is a u64 as documented. The layouts and
+        // descriptor passed to the heuristic were created above and are live.
+        let heuristic = unsafe {
+            lt::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&ws) as *const u64 as *const c_void,
+                std::mem::size_of::<u64>(),
+            )
+            .map_err(lt_err("workspace preference"))?;
+            let result = lt::get_matmul_algo_heuristic(self.handle, desc, a, b, d, d, pref);
+            let _ = lt::destroy_matmul_pref(pref);
+            result
+        }
+        .map_err(|e| {
+            BackendError::Device(format!(
+                "cuBLASLt has no algorithm for m={} n={} k={}: {e:?}",
+                s.m, s.n, s.k
+            ))
+        })?;
+        tracing::debug!(m = s.m, n = s.n, k = s.k, "planned cuBLASLt product");
+        Ok(Plan {
+            desc,
+            a,
+            b,
+            d,
+            algo: heuristic.algo,
+        })
+    }
+
+    /// `out[m, n] = x[m, k] · w[n, k]ᵀ` on `stream`, with `x` and `w` bf16 and `out` fp32.
+    /// Pointers are device addresses of buffers of at least those sizes (the caller's contract).
+    pub fn matmul(
+        &mut self,
+        stream: sys::cudaStream_t,
+        (x, w, out): (u64, u64, u64),
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<(), BackendError> {
+        if m == 0 {
+            return Ok(());
+        }
+        let workspace = self.workspace.ptr();
+        let handle = self.handle;
+        let plan = self.plan(Shape { m, n, k })?;
+        let alpha: f32 = 1.0;
+        let beta: f32 = 0.0;
+        // SAFETY: the plan's descriptors are live and match these buffers' shapes and types; the
+        // device pointers address allocations of at least the sizes the shapes imply (the
+        // backend sizes them from the same model config); alpha and beta are fp32 as the scale
+        // type requires; the workspace is WORKSPACE_BYTES long.
+        unsafe {
+            lt::matmul(
+                handle,
+                plan.desc,
+                (&alpha) as *const f32 as *const c_void,
+                (&beta) as *const f32 as *const c_void,
+                w as *const c_void,
+                plan.a,
+                x as *const c_void,
+                plan.b,
+                out as *const c_void,
+                plan.d,
+                out as *mut c_void,
+                plan.d,
+                &plan.algo,
+                workspace as *mut c_void,
+                WORKSPACE_BYTES,
+                stream,
+            )
+        }
+        .map_err(|e| BackendError::Device(format!("cuBLASLt matmul m={m} n={n} k={k}: {e:?}")))
+    }
+}
+
+impl Drop for Gemm {
+    fn drop(&mut self) {
+        for plan in self.plans.values() {
+            // SAFETY: each object was created by this value and is destroyed once.
+            unsafe {
+                let _ = lt::destroy_matrix_layout(plan.a);
+                let _ = lt::destroy_matrix_layout(plan.b);
+                let _ = lt::destroy_matrix_layout(plan.d);
+                let _ = lt::destroy_matmul_desc(plan.desc);
+            }
+        }
+        // SAFETY: the handle was created by this value and is destroyed once.
+        let _ = unsafe { lt::destroy_handle(self.handle) };
+    }
+}

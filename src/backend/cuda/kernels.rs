@@ -1,0 +1,316 @@
+//! Kernel sources, their model-specific compile-time parameters, and the on-disk module cache.
+//!
+//! Every kernel family lives in one file under `kernels/` and is embedded in the binary. Before
+//! NVRTC compiles a family, the host prepends a block of `#define`s with the model's shapes and
+//! the shared prelude, so loop bounds and register arrays are compile-time constants. Compiled
+//! modules (cubins for the exact GPU architecture) are cached on disk under a key that covers the
+//! family's source, the parameters, the architecture and the NVRTC version.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use ring::digest;
+
+use crate::model::ModelConfig;
+
+/// The prelude prepended to every family (bf16 helpers, warp and block reductions).
+const PRELUDE: &str = include_str!("../../../kernels/prelude.cuh");
+
+/// The most alternatives a row may ask for with `logprobs` (the OpenAI API caps `top_logprobs`
+/// at 20).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// Words per sampled row in the sampling kernel's output (see `kernels/sampling.cu`).
+pub const SAMPLE_STRIDE: usize = 2 + 2 * MAX_TOP_LOGPROBS;
+
+/// One kernel family: a source file and the entry points it defines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelFamily {
+    /// File name under `kernels/`.
+    pub name: &'static str,
+    /// The CUDA C++ source.
+    pub source: &'static str,
+    /// The `extern "C"` kernels the family defines.
+    pub entry_points: &'static [&'static str],
+}
+
+/// Every family the backend compiles when a model loads.
+pub const FAMILIES: [KernelFamily; 6] = [
+    KernelFamily {
+        name: "embedding.cu",
+        source: include_str!("../../../kernels/embedding.cu"),
+        entry_points: &["embedding_gather"],
+    },
+    KernelFamily {
+        name: "rmsnorm.cu",
+        source: include_str!("../../../kernels/rmsnorm.cu"),
+        entry_points: &["add_rmsnorm"],
+    },
+    KernelFamily {
+        name: "qkv_rope.cu",
+        source: include_str!("../../../kernels/qkv_rope.cu"),
+        entry_points: &["qkv_rope_write"],
+    },
+    KernelFamily {
+        name: "attention.cu",
+        source: include_str!("../../../kernels/attention.cu"),
+        entry_points: &["paged_attention", "attention_reduce"],
+    },
+    KernelFamily {
+        name: "swiglu.cu",
+        source: include_str!("../../../kernels/swiglu.cu"),
+        entry_points: &["swiglu"],
+    },
+    KernelFamily {
+        name: "sampling.cu",
+        source: include_str!("../../../kernels/sampling.cu"),
+        entry_points: &["sample_greedy"],
+    },
+];
+
+/// The model shapes every kernel is specialised on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelParams {
+    /// Width of the residual stream.
+    pub hidden: usize,
+    /// Width of one attention head.
+    pub head_dim: usize,
+    /// Query heads.
+    pub num_q_heads: usize,
+    /// Key/value heads.
+    pub num_kv_heads: usize,
+    /// Vocabulary rows of the LM head.
+    pub vocab: usize,
+    /// Width of the MLP's gate and up projections.
+    pub intermediate: usize,
+    /// Tokens per KV block.
+    pub kv_block: usize,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// Whether q, k and v carry a bias.
+    pub qkv_bias: bool,
+    /// Whether q and k get a per-head RMSNorm.
+    pub qk_norm: bool,
+    /// Sliding-window span (0: none).
+    pub sliding_window: usize,
+}
+
+impl KernelParams {
+    /// The parameters of a model.
+    pub fn from_config(config: &ModelConfig) -> Self {
+        Self {
+            hidden: config.hidden_size,
+            head_dim: config.head_dim,
+            num_q_heads: config.num_attention_heads,
+            num_kv_heads: config.num_key_value_heads,
+            vocab: config.vocab_size,
+            intermediate: config.intermediate_size,
+            kv_block: crate::engine::BLOCK_SIZE,
+            rms_eps: config.rms_norm_eps,
+            qkv_bias: config.qkv_bias,
+            qk_norm: config.qk_norm,
+            sliding_window: config.sliding_window.unwrap_or(0),
+        }
+    }
+
+    /// The `#define` block prepended to every family. Floats are written with `{:e}` so they
+    /// round-trip exactly.
+    pub fn defines(&self) -> String {
+        let mut out = String::new();
+        let ints = [
+            ("HIDDEN", self.hidden),
+            ("HEAD_DIM", self.head_dim),
+            ("NUM_Q_HEADS", self.num_q_heads),
+            ("NUM_KV_HEADS", self.num_kv_heads),
+            ("VOCAB", self.vocab),
+            ("INTERMEDIATE", self.intermediate),
+            ("KV_BLOCK", self.kv_block),
+            ("QKV_BIAS", usize::from(self.qkv_bias)),
+            ("QK_NORM", usize::from(self.qk_norm)),
+            ("SLIDING_WINDOW", self.sliding_window),
+            ("MAX_TOP_LOGPROBS", MAX_TOP_LOGPROBS),
+        ];
+        for (name, value) in ints {
+            // Writing to a String cannot fail.
+            let _ = writeln!(out, "#define {name} {value}");
+        }
+        let _ = writeln!(out, "#define RMS_EPS {:e}f", self.rms_eps);
+        out
+    }
+
+    /// Shapes the kernels cannot serve, as a message naming the limit.
+    pub fn unsupported(&self) -> Option<String> {
+        if self.num_kv_heads == 0 || !self.num_q_heads.is_multiple_of(self.num_kv_heads) {
+            return Some(format!(
+                "{} query heads are not a multiple of {} KV heads",
+                self.num_q_heads, self.num_kv_heads
+            ));
+        }
+        if !self.head_dim.is_multiple_of(2) || self.head_dim > 256 {
+            return Some(format!(
+                "head_dim {} must be even and at most 256",
+                self.head_dim
+            ));
+        }
+        // attention.cu keeps 4 warps x group x head_dim fp32 partials in shared memory.
+        let group = self.num_q_heads / self.num_kv_heads;
+        let shared = (4 * group * self.head_dim + group * self.head_dim + 8 * group) * 4;
+        if shared > 48 * 1024 {
+            return Some(format!(
+                "attention group {group} x head_dim {} needs {shared} bytes of shared memory",
+                self.head_dim
+            ));
+        }
+        None
+    }
+}
+
+/// The full source NVRTC compiles for a family.
+pub fn full_source(family: &KernelFamily, params: &KernelParams) -> String {
+    format!("{}{}{}", params.defines(), PRELUDE, family.source)
+}
+
+/// The cache key of a compiled family: SHA-256 over the full source (which embeds the
+/// parameters), the architecture and the NVRTC version, in hex.
+pub fn cache_key(
+    family: &KernelFamily,
+    params: &KernelParams,
+    arch: &str,
+    nvrtc: (i32, i32),
+) -> String {
+    let mut hasher = digest::Context::new(&digest::SHA256);
+    hasher.update(family.name.as_bytes());
+    hasher.update(&[0]);
+    hasher.update(full_source(family, params).as_bytes());
+    hasher.update(&[0]);
+    hasher.update(arch.as_bytes());
+    hasher.update(&[0]);
+    hasher.update(format!("nvrtc {}.{}", nvrtc.0, nvrtc.1).as_bytes());
+    hex::encode(hasher.finish())
+}
+
+/// The NVRTC architecture name for a compute capability: Hopper gets `sm_90a`, so the kernels
+/// may use its architecture-specific instructions.
+pub fn arch_for(major: i32, minor: i32) -> String {
+    if (major, minor) == (9, 0) {
+        "sm_90a".to_string()
+    } else {
+        format!("sm_{major}{minor}")
+    }
+}
+
+/// The directory of the on-disk module cache: `$INFERNO_KERNEL_CACHE`, else
+/// `$XDG_CACHE_HOME/inferno/kernels`, else `$HOME/.cache/inferno/kernels`.
+pub fn cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("INFERNO_KERNEL_CACHE") {
+        return Some(PathBuf::from(dir));
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(Path::new(&dir).join("inferno/kernels"));
+    }
+    std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache/inferno/kernels"))
+}
+
+/// Reads a cached module, if present.
+pub fn read_cached(dir: &Path, key: &str) -> Option<Vec<u8>> {
+    std::fs::read(dir.join(format!("{key}.cubin"))).ok()
+}
+
+/// Stores a module in the cache atomically (write to a temporary file, then rename), so a
+/// concurrent reader never sees a partial file.
+pub fn write_cached(dir: &Path, key: &str, cubin: &[u8]) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!("{key}.cubin.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, cubin)?;
+    std::fs::rename(&tmp, dir.join(format!("{key}.cubin")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> KernelParams {
+        KernelParams {
+            hidden: 4096,
+            head_dim: 128,
+            num_q_heads: 32,
+            num_kv_heads: 8,
+            vocab: 128_256,
+            intermediate: 14_336,
+            kv_block: 16,
+            rms_eps: 1e-5,
+            qkv_bias: false,
+            qk_norm: false,
+            sliding_window: 0,
+        }
+    }
+
+    #[test]
+    fn cache_key_changes_with_every_input() {
+        let family = &FAMILIES[3];
+        let base = cache_key(family, &params(), "sm_90a", (13, 0));
+        assert_eq!(base, cache_key(family, &params(), "sm_90a", (13, 0)));
+        assert_ne!(base, cache_key(family, &params(), "sm_90", (13, 0)));
+        assert_ne!(base, cache_key(family, &params(), "sm_90a", (13, 1)));
+        assert_ne!(base, cache_key(&FAMILIES[2], &params(), "sm_90a", (13, 0)));
+        let mut other = params();
+        other.head_dim = 64;
+        assert_ne!(base, cache_key(family, &other, "sm_90a", (13, 0)));
+        let mut other = params();
+        other.rms_eps = 1e-6;
+        assert_ne!(base, cache_key(family, &other, "sm_90a", (13, 0)));
+    }
+
+    #[test]
+    fn defines_carry_every_shape() {
+        let text = params().defines();
+        for needle in [
+            "#define HIDDEN 4096\n",
+            "#define HEAD_DIM 128\n",
+            "#define NUM_KV_HEADS 8\n",
+            "#define VOCAB 128256\n",
+            "#define RMS_EPS 1e-5f\n",
+            "#define QK_NORM 0\n",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in {text}");
+        }
+    }
+
+    #[test]
+    fn every_entry_point_is_defined_in_its_source() {
+        for family in FAMILIES {
+            for entry in family.entry_points {
+                assert!(
+                    family.source.contains(&format!("{entry}(")),
+                    "{} lacks {entry}",
+                    family.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn hopper_gets_the_arch_specific_target() {
+        assert_eq!(arch_for(9, 0), "sm_90a");
+        assert_eq!(arch_for(8, 9), "sm_89");
+    }
+
+    #[test]
+    fn shapes_beyond_the_kernels_are_refused() {
+        assert!(params().unsupported().is_none());
+        let mut odd = params();
+        odd.num_kv_heads = 5;
+        assert!(odd.unsupported().is_some());
+        let mut wide = params();
+        wide.head_dim = 512;
+        assert!(wide.unsupported().is_some());
+    }
+
+    #[test]
+    fn cache_round_trips_atomically() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        assert!(read_cached(dir.path(), "k").is_none());
+        write_cached(dir.path(), "k", b"cubin").expect("write");
+        assert_eq!(read_cached(dir.path(), "k").as_deref(), Some(&b"cubin"[..]));
+    }
+}

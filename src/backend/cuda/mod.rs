@@ -1,0 +1,22 @@
+//! The CUDA backend: bf16 weights on one NVIDIA GPU, cuBLASLt matrix products and kernels
+//! compiled at load time by NVRTC for the model's exact shapes and the GPU's architecture.
+//!
+//! `docs/cuda-backend.md` describes the design: the kernel families, the packed one-copy-each-
+//! way step, the KV-cache sizing and what confidential-computing mode changes.
+
+mod backend;
+mod cc;
+mod compile;
+mod gemm;
+mod inputs;
+mod kernels;
+mod memory;
+mod plan;
+mod probe;
+mod weights;
+
+pub use backend::{CudaBackend, CudaInitError, CudaOptions};
+pub use cc::{CcState, read_cc_state};
+pub use compile::KernelError;
+pub use inputs::CopyStats;
+pub use probe::{CudaUnavailable, probe};

@@ -1,0 +1,251 @@
+//! Uploading a model's weights to the GPU in bf16, with the q/k/v and gate/up projections fused
+//! into one matrix each (so a layer runs four GEMMs).
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use cudarc::driver::CudaContext;
+
+use crate::model::{DType, Model};
+
+use super::backend::CudaInitError;
+use super::memory::DeviceBuffer;
+
+/// One transformer block's weights on the device.
+pub struct LayerWeights {
+    /// RMSNorm before attention, `[hidden]`.
+    pub input_norm: DeviceBuffer,
+    /// q, k and v projections stacked, `[(q_heads + 2 kv_heads) * head_dim, hidden]`.
+    pub qkv: DeviceBuffer,
+    /// Their biases stacked (Qwen2).
+    pub qkv_bias: Option<DeviceBuffer>,
+    /// Per-head RMSNorm weights of q (Qwen3), `[head_dim]`.
+    pub q_norm: Option<DeviceBuffer>,
+    /// Per-head RMSNorm weights of k (Qwen3), `[head_dim]`.
+    pub k_norm: Option<DeviceBuffer>,
+    /// Output projection, `[hidden, q_heads * head_dim]`.
+    pub o_proj: DeviceBuffer,
+    /// RMSNorm before the MLP, `[hidden]`.
+    pub post_norm: DeviceBuffer,
+    /// Gate and up projections stacked, `[2 * intermediate, hidden]`.
+    pub gate_up: DeviceBuffer,
+    /// Down projection, `[hidden, intermediate]`.
+    pub down: DeviceBuffer,
+}
+
+/// Every weight of a model on the device.
+pub struct ModelWeightsOnDevice {
+    /// Token embeddings, `[vocab, hidden]`.
+    pub embed: DeviceBuffer,
+    /// The blocks.
+    pub layers: Vec<LayerWeights>,
+    /// The final RMSNorm, `[hidden]`.
+    pub final_norm: DeviceBuffer,
+    /// The LM head, absent when tied to the embeddings.
+    pub lm_head: Option<DeviceBuffer>,
+    /// Rotary inverse frequencies (scaling applied), `[head_dim / 2]` fp32.
+    pub inv_freq: DeviceBuffer,
+    bytes: usize,
+}
+
+/// Converts a tensor's bytes to bf16, borrowing when it already is.
+fn to_bf16<'a>(dtype: DType, data: &'a [u8]) -> Cow<'a, [u8]> {
+    match dtype {
+        DType::BF16 => Cow::Borrowed(data),
+        DType::F16 => Cow::Owned(
+            data.chunks_exact(2)
+                .flat_map(|c| {
+                    f32_to_bf16(f16_to_f32(u16::from_le_bytes([c[0], c[1]]))).to_le_bytes()
+                })
+                .collect(),
+        ),
+        DType::F32 => Cow::Owned(
+            data.chunks_exact(4)
+                .flat_map(|c| {
+                    f32_to_bf16(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes()
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// Rounds to bf16, nearest even (the kernels' rounding).
+pub fn f32_to_bf16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return ((bits >> 16) | 0x40) as u16;
+    }
+    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1));
+    (rounded >> 16) as u16
+}
+
+/// Widens an IEEE half to f32.
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h >> 15) << 31;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let frac = u32::from(h & 0x3ff);
+    let bits = match (exp, frac) {
+        (0, 0) => sign,
+        (0, _) => {
+            // Subnormal: value = frac * 2^-24.
+            let value = frac as f32 * f32::from_bits(0x3380_0000);
+            return if sign != 0 { -value } else { value };
+        }
+        (0x1f, 0) => sign | 0x7f80_0000,
+        (0x1f, _) => sign | 0x7fc0_0000,
+        _ => sign | ((exp + 112) << 23) | (frac << 13),
+    };
+    f32::from_bits(bits)
+}
+
+struct Uploader<'m> {
+    model: &'m Model,
+    bytes: usize,
+}
+
+impl Uploader<'_> {
+    /// Uploads the named tensors, checked against their expected shapes, one after another
+    /// into one buffer.
+    fn stacked(&mut self, parts: &[(String, Vec<usize>)]) -> Result<DeviceBuffer, CudaInitError> {
+        let total: usize = parts
+            .iter()
+            .map(|(_, shape)| shape.iter().product::<usize>() * 2)
+            .sum();
+        let buffer = DeviceBuffer::new(total)?;
+        let mut offset = 0;
+        for (name, shape) in parts {
+            let view = self
+                .model
+                .weights
+                .tensor(name)
+                .map_err(|e| CudaInitError::Weights(e.to_string()))?;
+            if view.shape != *shape {
+                return Err(CudaInitError::Weights(format!(
+                    "tensor {name} has shape {:?}, expected {shape:?}",
+                    view.shape
+                )));
+            }
+            let data = to_bf16(view.dtype, view.data);
+            buffer.write_at(offset, &data)?;
+            offset += data.len();
+        }
+        self.bytes += total;
+        Ok(buffer)
+    }
+
+    fn one(&mut self, name: String, shape: Vec<usize>) -> Result<DeviceBuffer, CudaInitError> {
+        self.stacked(&[(name, shape)])
+    }
+}
+
+impl ModelWeightsOnDevice {
+    /// Uploads every weight the architecture needs.
+    pub fn upload(ctx: &Arc<CudaContext>, model: &Model) -> Result<Self, CudaInitError> {
+        ctx.bind_to_thread()
+            .map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let c = &model.config;
+        let (h, d, hq, hkv, inter, v) = (
+            c.hidden_size,
+            c.head_dim,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.intermediate_size,
+            c.vocab_size,
+        );
+        let mut up = Uploader { model, bytes: 0 };
+        let embed = up.one("model.embed_tokens.weight".into(), vec![v, h])?;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for i in 0..c.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let qkv = up.stacked(&[
+                (format!("{p}.self_attn.q_proj.weight"), vec![hq * d, h]),
+                (format!("{p}.self_attn.k_proj.weight"), vec![hkv * d, h]),
+                (format!("{p}.self_attn.v_proj.weight"), vec![hkv * d, h]),
+            ])?;
+            let qkv_bias = if c.qkv_bias {
+                Some(up.stacked(&[
+                    (format!("{p}.self_attn.q_proj.bias"), vec![hq * d]),
+                    (format!("{p}.self_attn.k_proj.bias"), vec![hkv * d]),
+                    (format!("{p}.self_attn.v_proj.bias"), vec![hkv * d]),
+                ])?)
+            } else {
+                None
+            };
+            let (q_norm, k_norm) = if c.qk_norm {
+                (
+                    Some(up.one(format!("{p}.self_attn.q_norm.weight"), vec![d])?),
+                    Some(up.one(format!("{p}.self_attn.k_norm.weight"), vec![d])?),
+                )
+            } else {
+                (None, None)
+            };
+            layers.push(LayerWeights {
+                input_norm: up.one(format!("{p}.input_layernorm.weight"), vec![h])?,
+                qkv,
+                qkv_bias,
+                q_norm,
+                k_norm,
+                o_proj: up.one(format!("{p}.self_attn.o_proj.weight"), vec![h, hq * d])?,
+                post_norm: up.one(format!("{p}.post_attention_layernorm.weight"), vec![h])?,
+                gate_up: up.stacked(&[
+                    (format!("{p}.mlp.gate_proj.weight"), vec![inter, h]),
+                    (format!("{p}.mlp.up_proj.weight"), vec![inter, h]),
+                ])?,
+                down: up.one(format!("{p}.mlp.down_proj.weight"), vec![h, inter])?,
+            });
+        }
+        let final_norm = up.one("model.norm.weight".into(), vec![h])?;
+        let lm_head = if c.tie_word_embeddings {
+            None
+        } else {
+            Some(up.one("lm_head.weight".into(), vec![v, h])?)
+        };
+        let inv: Vec<u8> = c
+            .rope
+            .inv_freqs(d)
+            .iter()
+            .flat_map(|f| f.to_le_bytes())
+            .collect();
+        let inv_freq = DeviceBuffer::from_bytes(&inv)?;
+        Ok(Self {
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+            inv_freq,
+            bytes: up.bytes,
+        })
+    }
+
+    /// The LM head's address (the embeddings when tied).
+    pub fn lm_head_ptr(&self) -> u64 {
+        self.lm_head.as_ref().unwrap_or(&self.embed).ptr()
+    }
+
+    /// Bytes uploaded.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_rounding_is_nearest_even() {
+        assert_eq!(f32_to_bf16(1.0), 0x3f80);
+        // 1 + 2^-8 lies halfway between two bf16 values: ties go to the even mantissa.
+        assert_eq!(f32_to_bf16(f32::from_bits(0x3f80_8000)), 0x3f80);
+        assert_eq!(f32_to_bf16(f32::from_bits(0x3f81_8000)), 0x3f82);
+        assert!(f32::from_bits(u32::from(f32_to_bf16(f32::NAN)) << 16).is_nan());
+    }
+
+    #[test]
+    fn half_widens_exactly() {
+        assert_eq!(f16_to_f32(0x3c00), 1.0);
+        assert_eq!(f16_to_f32(0xc000), -2.0);
+        assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
+        assert!(f16_to_f32(0x7c00).is_infinite());
+    }
+}

@@ -1,0 +1,623 @@
+//! The CUDA backend against the CPU backend and transformers (the fixtures' `golden.json`), on
+//! the GPU machine. Every test skips loudly where no NVIDIA driver or GPU is present (CI).
+//!
+//! Run there with `--test-threads=1` (each test takes a slice of GPU memory for its KV cache).
+//! `INFERNO_FIXTURES` points at the fixture directory (default: `tests/fixtures`).
+
+use std::path::PathBuf;
+
+use inferno::backend::cpu::CpuBackend;
+use inferno::backend::cuda::{CudaBackend, CudaOptions, probe};
+use inferno::engine::{Backend, BatchRow, EngineConfig, SampleSpec, SamplingParams, StepOutput};
+use inferno::model::Model;
+
+/// Logits tolerance against the CPU backend and the fixtures' reference (both compute in fp32 over
+/// the bf16 weights): this backend rounds activations to bf16 between GEMMs (relative error
+/// ~4e-3 each), so logits of magnitude ~3 may differ by a few 1e-2.
+const TOL_CPU: f32 = 0.1;
+/// Logits tolerance against the transformers reference in `golden.json`.
+const TOL_REF: f32 = 0.1;
+/// Reference margins below this are near-ties whose argmax may legitimately differ.
+const MARGIN: f32 = 0.05;
+
+fn fixtures() -> PathBuf {
+    std::env::var_os("INFERNO_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
+}
+
+fn gpu_or_skip() -> bool {
+    match probe() {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("SKIPPED: no CUDA device: {e}");
+            false
+        }
+    }
+}
+
+fn load(name: &str) -> Option<Model> {
+    let dir = fixtures().join(name);
+    if !dir.join("config.json").exists() {
+        eprintln!("SKIPPED: fixture {} is absent", dir.display());
+        return None;
+    }
+    Some(Model::load(&dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display())))
+}
+
+fn engine_config() -> EngineConfig {
+    EngineConfig {
+        gpu_memory_fraction: 0.02,
+        max_batched_tokens: 2048,
+        max_num_seqs: 16,
+        ..EngineConfig::default()
+    }
+}
+
+fn cuda(model: &Model, sample_on_device: bool) -> CudaBackend {
+    CudaBackend::new(
+        model,
+        &engine_config(),
+        CudaOptions {
+            device: 0,
+            sample_on_device,
+        },
+    )
+    .unwrap_or_else(|e| panic!("CUDA backend: {e}"))
+}
+
+/// Hands out physical KV blocks in order.
+struct Blocks {
+    next: u32,
+}
+
+impl Blocks {
+    fn take(&mut self, n: usize) -> Vec<u32> {
+        let out = (self.next..self.next + n as u32).collect();
+        self.next += n as u32;
+        out
+    }
+}
+
+/// A sequence being stepped by hand.
+struct Seq {
+    tokens: Vec<u32>,
+    table: Vec<u32>,
+}
+
+impl Seq {
+    fn new(tokens: Vec<u32>, blocks: &mut Blocks, capacity: usize) -> Self {
+        Self {
+            tokens,
+            table: blocks.take(capacity.div_ceil(16)),
+        }
+    }
+}
+
+static GREEDY: SamplingParams = SamplingParams {
+    temperature: 0.0,
+    top_k: 0,
+    top_p: 1.0,
+    min_p: 0.0,
+    presence_penalty: 0.0,
+    frequency_penalty: 0.0,
+    repetition_penalty: 1.0,
+    seed: None,
+};
+
+fn spec(logprobs: Option<u32>) -> SampleSpec<'static> {
+    SampleSpec {
+        params: &GREEDY,
+        seed: 0,
+        draw_index: 0,
+        prompt: &[],
+        output: &[],
+        logprobs,
+    }
+}
+
+fn logits(out: StepOutput) -> Vec<Vec<f32>> {
+    match out {
+        StepOutput::Logits(l) => l,
+        StepOutput::Sampled(_) => panic!("expected logits"),
+    }
+}
+
+/// Runs `seq.tokens[start..end]` as one row that asks for the next token; returns its logits.
+fn run_chunk(backend: &mut dyn Backend, seq: &Seq, start: usize, end: usize) -> Vec<f32> {
+    let row = BatchRow {
+        seq_id: 1,
+        tokens: &seq.tokens[start..end],
+        start_pos: start,
+        block_table: &seq.table,
+        sample: Some(spec(None)),
+    };
+    logits(backend.step(&[row]).expect("step")).remove(0)
+}
+
+fn argmax(v: &[f32]) -> (usize, f32) {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    let second = v
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != best)
+        .map(|(_, &x)| x)
+        .fold(f32::NEG_INFINITY, f32::max);
+    (best, v[best] - second)
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn ids(value: &serde_json::Value) -> Vec<u32> {
+    value
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_u64())
+                .map(|v| v as u32)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn floats(value: &serde_json::Value) -> Vec<f32> {
+    value
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_f64())
+                .map(|v| v as f32)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Logits at every position of `tokens`, feeding one token per step (teacher forcing).
+fn per_position(backend: &mut dyn Backend, seq: &Seq) -> Vec<Vec<f32>> {
+    (0..seq.tokens.len())
+        .map(|pos| run_chunk(backend, seq, pos, pos + 1))
+        .collect()
+}
+
+/// Free-running greedy generation with sampling on the device.
+fn greedy(
+    backend: &mut dyn Backend,
+    prompt: &[u32],
+    steps: usize,
+    blocks: &mut Blocks,
+) -> Vec<u32> {
+    let mut seq = Seq::new(prompt.to_vec(), blocks, prompt.len() + steps);
+    let mut start = 0;
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        let end = seq.tokens.len();
+        let row = BatchRow {
+            seq_id: 7,
+            tokens: &seq.tokens[start..end],
+            start_pos: start,
+            block_table: &seq.table,
+            sample: Some(spec(None)),
+        };
+        let StepOutput::Sampled(tokens) = backend.step(&[row]).expect("step") else {
+            panic!("expected sampled tokens")
+        };
+        start = end;
+        seq.tokens.push(tokens[0].token);
+        out.push(tokens[0].token);
+    }
+    out
+}
+
+#[test]
+fn teacher_forced_logits_match_the_references_and_the_cpu_backend() {
+    if !gpu_or_skip() {
+        return;
+    }
+    for name in ["inferno-tiny", "tiny-qwen2", "tiny-qwen3"] {
+        let Some(model) = load(name) else { continue };
+        let golden: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(fixtures().join(name).join("golden.json")).expect("golden.json"),
+        )
+        .expect("golden.json parses");
+        let mut gpu = cuda(&model, false);
+        let mut sampler = cuda(&model, true);
+        let mut cpu = CpuBackend::new(&model, 64 << 20).expect("CPU backend");
+        let (mut worst_cpu, mut worst_ref, mut worst_prefill) = (0.0f32, 0.0f32, 0.0f32);
+        let (mut argmax_checks, mut greedy_checked) = (0, 0);
+        let mut mismatches = Vec::new();
+        for (c, case) in golden["cases"]
+            .as_array()
+            .expect("cases")
+            .iter()
+            .enumerate()
+        {
+            let forced = &case["teacher_forced"];
+            let tokens = ids(&forced["tokens"]);
+            let margins = floats(&forced["margins"]);
+            let mut blocks = Blocks { next: 0 };
+            let seq = Seq::new(tokens.clone(), &mut blocks, tokens.len());
+            let g = per_position(&mut gpu, &seq);
+            let r = per_position(&mut cpu, &seq);
+            for (pos, ((gl, cl), margin)) in g.iter().zip(&r).zip(&margins).enumerate() {
+                worst_cpu = worst_cpu.max(max_abs_diff(gl, cl));
+                let top_ids = ids(&forced["top5_ids"][pos]);
+                for (id, value) in top_ids.iter().zip(floats(&forced["top5_values"][pos])) {
+                    worst_ref = worst_ref.max((gl[*id as usize] - value).abs());
+                }
+                if *margin > MARGIN {
+                    let got = argmax(gl).0;
+                    if got as u32 != top_ids[0] {
+                        let want = top_ids[0] as usize;
+                        mismatches.push(format!(
+                            "{name} case {c} position {pos}: argmax {got} (cuda {:.4} / cpu {:.4}), reference {want} (cuda {:.4} / cpu {:.4}), reference margin {margin:.4}",
+                            gl[got], cl[got], gl[want], cl[want]
+                        ));
+                    }
+                    argmax_checks += 1;
+                }
+            }
+            // The prompt as one prefill chunk gives the same last logits as token-by-token steps.
+            let prompt = ids(&case["input_ids"]);
+            let fresh = Seq::new(prompt.clone(), &mut blocks, prompt.len());
+            let prefill = run_chunk(&mut gpu, &fresh, 0, prompt.len());
+            worst_prefill = worst_prefill.max(max_abs_diff(&prefill, &g[prompt.len() - 1]));
+            // Free-running greedy output agrees up to the first near-tie.
+            let reference = ids(&case["greedy_24"]);
+            let greedy_margins = floats(&case["greedy_margins"]);
+            let produced = greedy(&mut sampler, &prompt, reference.len(), &mut blocks);
+            for (step, ((want, got), margin)) in reference
+                .iter()
+                .zip(&produced)
+                .zip(&greedy_margins)
+                .enumerate()
+            {
+                if *margin < MARGIN {
+                    break;
+                }
+                if got != want {
+                    mismatches.push(format!(
+                        "{name} case {c}: free-running greedy step {step} produced {got}, reference {want} (margin {margin:.4})"
+                    ));
+                    break;
+                }
+                greedy_checked += 1;
+            }
+        }
+        println!(
+            "RESULT {name}: max|cuda-cpu| = {worst_cpu:.4}, max|cuda-reference top5| = {worst_ref:.4}, max|prefill-stepwise| = {worst_prefill:.4}, {argmax_checks} argmax checks, {greedy_checked} greedy steps checked"
+        );
+        for m in &mismatches {
+            println!("RESULT MISMATCH {m}");
+        }
+        assert!(
+            mismatches.is_empty(),
+            "{name}: {} of {argmax_checks} positions disagree with the reference",
+            mismatches.len()
+        );
+        assert!(
+            worst_cpu <= TOL_CPU,
+            "{name}: logits differ from the CPU backend by {worst_cpu}"
+        );
+        assert!(
+            worst_ref <= TOL_REF,
+            "{name}: logits differ from the reference by {worst_ref}"
+        );
+        assert!(
+            worst_prefill <= TOL_CPU,
+            "{name}: prefill differs from stepwise by {worst_prefill}"
+        );
+        assert!(
+            argmax_checks > 0,
+            "{name}: no position had a margin above {MARGIN}"
+        );
+    }
+}
+
+fn prompt(len: usize, salt: u32) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (i * 7919 + salt * 104_729) % 900 + 50)
+        .collect()
+}
+
+#[test]
+fn mixed_batches_chunked_prefill_and_prefix_hits_match_single_runs() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let Some(model) = load("inferno-tiny") else {
+        return;
+    };
+    let mut gpu = cuda(&model, false);
+    let mut blocks = Blocks { next: 0 };
+    let seqs: Vec<Seq> = [5usize, 17, 33, 40]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| Seq::new(prompt(n, i as u32), &mut blocks, n + 8))
+        .collect();
+    let alone: Vec<Vec<f32>> = seqs
+        .iter()
+        .map(|s| run_chunk(&mut gpu, s, 0, s.tokens.len()))
+        .collect();
+
+    // All four prompts in one step.
+    let rows: Vec<BatchRow<'_>> = seqs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| BatchRow {
+            seq_id: i as u64,
+            tokens: &s.tokens,
+            start_pos: 0,
+            block_table: &s.table,
+            sample: Some(spec(None)),
+        })
+        .collect();
+    let batched = logits(gpu.step(&rows).expect("mixed step"));
+    for (i, (b, a)) in batched.iter().zip(&alone).enumerate() {
+        let diff = max_abs_diff(b, a);
+        println!("RESULT mixed batch row {i}: max diff {diff:.5}");
+        assert!(diff <= 0.02, "row {i}: batched logits differ by {diff}");
+    }
+
+    // Chunked prefill of the 40-token prompt: 16 + 7 + 17 tokens.
+    let s = &seqs[3];
+    for (start, end) in [(0, 16), (16, 23)] {
+        let row = BatchRow {
+            seq_id: 9,
+            tokens: &s.tokens[start..end],
+            start_pos: start,
+            block_table: &s.table,
+            sample: None,
+        };
+        gpu.step(&[row]).expect("chunk");
+    }
+    let chunked = run_chunk(&mut gpu, s, 23, 40);
+    let diff = max_abs_diff(&chunked, &alone[3]);
+    println!("RESULT chunked prefill: max diff {diff:.5}");
+    assert!(diff <= 0.02, "chunked prefill differs by {diff}");
+
+    // Prefix hit: a prompt that shares the first two blocks (32 tokens) of the 33-token prompt
+    // reuses them and computes only its own tail.
+    let mut tokens = seqs[2].tokens[..32].to_vec();
+    tokens.extend(prompt(9, 77));
+    let fresh = Seq::new(tokens.clone(), &mut blocks, tokens.len());
+    let reference = run_chunk(&mut gpu, &fresh, 0, tokens.len());
+    let mut table = seqs[2].table[..2].to_vec();
+    table.extend(blocks.take(1));
+    let hit = Seq { tokens, table };
+    let cached = run_chunk(&mut gpu, &hit, 32, hit.tokens.len());
+    let diff = max_abs_diff(&cached, &reference);
+    println!("RESULT prefix hit: max diff {diff:.5}");
+    assert!(diff <= 0.02, "prefix hit differs by {diff}");
+
+    // A decode row and a prefill row in one step.
+    let a = &seqs[0];
+    let mut a_tokens = a.tokens.clone();
+    a_tokens.push(42);
+    let a2 = Seq {
+        tokens: a_tokens,
+        table: a.table.clone(),
+    };
+    let decode_alone = run_chunk(&mut gpu, &a2, 5, 6);
+    let b = &seqs[1];
+    let rows = [
+        BatchRow {
+            seq_id: 1,
+            tokens: &a2.tokens[5..6],
+            start_pos: 5,
+            block_table: &a2.table,
+            sample: Some(spec(None)),
+        },
+        BatchRow {
+            seq_id: 2,
+            tokens: &b.tokens,
+            start_pos: 0,
+            block_table: &b.table,
+            sample: Some(spec(None)),
+        },
+    ];
+    let mixed = logits(gpu.step(&rows).expect("decode + prefill"));
+    let diff = max_abs_diff(&mixed[0], &decode_alone).max(max_abs_diff(&mixed[1], &alone[1]));
+    println!("RESULT decode+prefill step: max diff {diff:.5}");
+    assert!(diff <= 0.02, "decode + prefill step differs by {diff}");
+}
+
+#[test]
+fn device_sampling_matches_host_logits_with_one_copy_each_way() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let Some(model) = load("inferno-tiny") else {
+        return;
+    };
+    let mut host = cuda(&model, false);
+    let mut device = cuda(&model, true);
+    let mut blocks = Blocks { next: 0 };
+    let seq = Seq::new(prompt(20, 3), &mut blocks, 40);
+    let reference = run_chunk(&mut host, &seq, 0, 20);
+    let row = BatchRow {
+        seq_id: 1,
+        tokens: &seq.tokens,
+        start_pos: 0,
+        block_table: &seq.table,
+        sample: Some(spec(Some(5))),
+    };
+    let before = device.copy_stats();
+    let out = device.step(&[row]).expect("step");
+    let copies = device.copy_stats().since(&before);
+    assert_eq!(
+        (copies.steps, copies.h2d, copies.d2h),
+        (1, 1, 1),
+        "{copies:?}"
+    );
+    let StepOutput::Sampled(tokens) = out else {
+        panic!("expected sampled tokens")
+    };
+    let (want, _) = argmax(&reference);
+    assert_eq!(tokens[0].token as usize, want);
+    let max = reference.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + reference.iter().map(|x| (x - max).exp()).sum::<f32>().ln();
+    let lp = tokens[0].logprob.as_ref().expect("logprobs");
+    assert!(
+        (lp.logprob - (reference[want] - lse)).abs() < 1e-3,
+        "{} vs {}",
+        lp.logprob,
+        reference[want] - lse
+    );
+    assert_eq!(lp.top.len(), 5);
+    assert_eq!(lp.top[0].0 as usize, want);
+    for pair in lp.top.windows(2) {
+        assert!(
+            pair[0].1 >= pair[1].1,
+            "alternatives out of order: {:?}",
+            lp.top
+        );
+    }
+
+    // Decode steps: exactly one copy each way per step.
+    let mut tokens = seq.tokens.clone();
+    tokens.push(tokens[0]);
+    let seq = Seq {
+        tokens,
+        table: seq.table,
+    };
+    let before = device.copy_stats();
+    for _ in 0..4 {
+        let row = BatchRow {
+            seq_id: 1,
+            tokens: &seq.tokens[20..21],
+            start_pos: 20,
+            block_table: &seq.table,
+            sample: Some(spec(None)),
+        };
+        device.step(&[row]).expect("decode");
+    }
+    let copies = device.copy_stats().since(&before);
+    println!("RESULT copies over 4 decode steps: {copies:?}");
+    assert_eq!((copies.steps, copies.h2d, copies.d2h), (4, 4, 4));
+}
+
+fn run_request(
+    engine: &inferno::engine::EngineHandle,
+    id: &str,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+) -> (Vec<u32>, usize) {
+    use inferno::engine::{GenerationEvent, GenerationRequest, StopParams};
+    let request = GenerationRequest {
+        id: id.to_string(),
+        prompt,
+        sampling: SamplingParams {
+            seed: Some(1),
+            ..SamplingParams::default()
+        },
+        stop: StopParams {
+            max_tokens,
+            ignore_eos: true,
+            ..StopParams::default()
+        },
+        logprobs: None,
+        cache_salt: 0,
+    };
+    let mut stream = engine.submit(request).expect("submit");
+    let mut tokens = Vec::new();
+    while let Some(event) = stream.blocking_next() {
+        match event {
+            GenerationEvent::Token { token, .. } => tokens.push(token),
+            GenerationEvent::Finished {
+                reason,
+                cached_tokens,
+                ..
+            } => {
+                assert!(
+                    !matches!(reason, inferno::engine::FinishReason::Error(_)),
+                    "{id}: {reason:?}"
+                );
+                return (tokens, cached_tokens);
+            }
+        }
+    }
+    panic!("{id}: stream ended without Finished");
+}
+
+/// The engine on the CUDA backend with a KV cache too small for all requests at once: the
+/// scheduler must preempt and recompute, and every request still produces the tokens it
+/// produces alone. Re-sending a prompt hits the prefix cache.
+#[test]
+fn engine_on_cuda_preempts_and_hits_the_prefix_cache_without_changing_outputs() {
+    use inferno::engine::{Engine, ModelInfo};
+    if !gpu_or_skip() {
+        return;
+    }
+    let Some(model) = load("inferno-tiny") else {
+        return;
+    };
+    let info = || ModelInfo {
+        tokenizer: model.tokenizer.clone(),
+        eos_token_ids: model.eos_token_ids(),
+        max_context: 512,
+        digest: hex::decode(&model.digest.hex)
+            .expect("hex")
+            .try_into()
+            .expect("32 bytes"),
+    };
+    // A fraction of free memory that leaves a few dozen 16 KiB blocks for this 4-layer model.
+    let tiny = EngineConfig {
+        gpu_memory_fraction: 4e-6,
+        max_num_seqs: 8,
+        max_batched_tokens: 256,
+        ..EngineConfig::default()
+    };
+    let backend = CudaBackend::new(&model, &tiny, CudaOptions::default()).expect("backend");
+    let blocks = inferno::engine::Backend::kv_cache(&backend).num_blocks;
+    println!("RESULT preemption test cache: {blocks} blocks");
+    let engine = Engine::spawn(Box::new(backend), info(), tiny).expect("engine");
+    let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(40, 100 + i)).collect();
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| run_request(&engine, &format!("alone-{i}"), p.clone(), 32).0)
+        .collect();
+    let together: Vec<(Vec<u32>, usize)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let engine = &engine;
+                scope.spawn(move || run_request(engine, &format!("together-{i}"), p.clone(), 32))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("request thread"))
+            .collect()
+    });
+    let stats = engine.stats();
+    println!("RESULT engine stats after the concurrent run: {stats:?}");
+    let same = together
+        .iter()
+        .zip(&alone)
+        .filter(|((t, _), a)| t == *a)
+        .count();
+    let cached: usize = together.iter().map(|(_, c)| *c).sum();
+    println!(
+        "RESULT preemption: {same}/6 outputs identical to solo runs, {cached} prompt tokens from the prefix cache"
+    );
+    assert!(
+        stats.preemptions > 0,
+        "the cache of {blocks} blocks never forced a preemption"
+    );
+    assert_eq!(same, 6, "outputs changed under preemption");
+    assert!(cached > 0, "re-sent prompts did not hit the prefix cache");
+    engine.shutdown();
+}
