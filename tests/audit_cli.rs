@@ -353,3 +353,131 @@ fn witness_cosigns_through_files() {
     let v = inferno(&["verify", o, "--trusted-checkpoint", cosigned]);
     assert_eq!(v.status.code(), Some(1), "{}", stdout(&v));
 }
+
+#[test]
+fn witness_over_http_follows_tlog_witness() {
+    use std::io::BufRead as _;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("log");
+    write_log(&dir, 3, 1 << 20, None);
+    let d = dir.to_str().expect("utf8");
+    let rng = ring::rand::SystemRandom::new();
+    let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).expect("key");
+    let key = tmp.path().join("witness.der");
+    std::fs::write(&key, pkcs8.as_ref()).expect("write key");
+    let k = key.to_str().expect("utf8");
+    let name = "witness.test/http";
+    let last_key = |d: &str| -> String {
+        let started = stdout(&inferno(&["show", d, "--event-type", "started"]));
+        let last: serde_json::Value =
+            serde_json::from_str(started.lines().last().expect("a start")).expect("json");
+        last["checkpoint_key"].as_str().expect("key").to_owned()
+    };
+    let c1 = stdout(&inferno(&["checkpoint", d]));
+    let c1_path = tmp.path().join("c1");
+    std::fs::write(&c1_path, &c1).expect("write");
+    let state = tmp.path().join("state");
+    let s = state.to_str().expect("utf8");
+    let key1 = last_key(d);
+    let out = tmp.path().join("c1.cosigned");
+    let init = inferno(&[
+        "witness",
+        "cosign",
+        "--key",
+        k,
+        "--name",
+        name,
+        "--state",
+        s,
+        "--log-key",
+        &key1,
+        "--checkpoint",
+        c1_path.to_str().expect("utf8"),
+        "--init",
+        "--out",
+        out.to_str().expect("utf8"),
+    ]);
+    assert_eq!(init.status.code(), Some(0));
+
+    // The log grows in a new run with a new key; the witness operator adds that key.
+    write_log(&dir, 2, 1 << 20, None);
+    let keys = tmp.path().join("log-keys");
+    std::fs::write(&keys, format!("{key1}\n{}\n", last_key(d))).expect("keys");
+    let c2 = stdout(&inferno(&["checkpoint", d]));
+    let size = |note: &str| {
+        SignedNote::parse(note)
+            .and_then(|n| n.checkpoint())
+            .expect("cp")
+            .size
+    };
+    let (s1, s2) = (size(&c1), size(&c2));
+    let proof = stdout(&inferno(&[
+        "consistency",
+        d,
+        &s1.to_string(),
+        &s2.to_string(),
+    ]));
+    let hashes: String = proof.lines().skip(3).map(|l| format!("{l}\n")).collect();
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args([
+            "audit", "witness", "serve", "--key", k, "--name", name, "--state", s,
+        ])
+        .args(["--listen", "127.0.0.1:0", "--log-keys"])
+        .arg(&keys)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn witness");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    let url = format!(
+        "{}/add-checkpoint",
+        line.trim()
+            .strip_prefix("witness listening on ")
+            .expect("address line")
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let post = |body: String| {
+        rt.block_on(async {
+            let r = reqwest::Client::new()
+                .post(&url)
+                .body(body)
+                .send()
+                .await
+                .expect("post");
+            (r.status().as_u16(), r.text().await.expect("body"))
+        })
+    };
+    let (status, cosig) = post(format!("old {s1}\n{hashes}\n{c2}"));
+    assert_eq!(status, 200, "{cosig}");
+    let witness_key = inferno::audit::note::VerifierKey::parse(
+        stdout(&inferno(&["witness", "vkey", "--key", k, "--name", name])).trim(),
+    )
+    .expect("vkey");
+    let cosigned = SignedNote::parse(&format!("{c2}{cosig}")).expect("cosigned note");
+    assert!(
+        witness_key
+            .verify(&cosigned)
+            .expect("cosignature verifies")
+            .is_some()
+    );
+    // The same request again: the witness has moved on and says where it is.
+    let (status, body) = post(format!("old {s1}\n{hashes}\n{c2}"));
+    assert_eq!((status, body.as_str()), (409, format!("{s2}\n").as_str()));
+    // Rollback to the first checkpoint.
+    let (status, _) = post(format!("old {s2}\n\n{c1}"));
+    assert_eq!(status, 400);
+    // A checkpoint signed by a key the witness does not know.
+    let other = tmp.path().join("other");
+    write_log(&other, 1, 1 << 20, None);
+    let foreign = stdout(&inferno(&["checkpoint", other.to_str().expect("utf8")]));
+    let (status, _) = post(format!("old {s2}\n\n{foreign}"));
+    assert_eq!(status, 403);
+    let _ = child.kill();
+    let _ = child.wait();
+}

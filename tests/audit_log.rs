@@ -551,6 +551,12 @@ fn removing_files_is_detected() {
             "{file}: {verdict}"
         );
     }
+    // The writer refuses to reopen a log whose checkpoints file was removed.
+    let dir = tmp.path().join("case-checkpoints.log");
+    match open_with(&config(&dir), Arc::new(StdFileOps)) {
+        Err(AuditError::Corrupt { reason, .. }) => assert!(reason.contains("missing"), "{reason}"),
+        other => panic!("opened a log without checkpoints: {other:?}"),
+    }
     // Removing the newest segment leaves checkpoints that cover missing records.
     let dir = tmp.path().join("case-last");
     copy_dir(&pristine, &dir);

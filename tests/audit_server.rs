@@ -22,9 +22,13 @@ struct Served {
 }
 
 fn serve(dir: &Path, work: &Path) -> Served {
+    serve_with(dir, work, "")
+}
+
+fn serve_with(dir: &Path, work: &Path, extra: &str) -> Served {
     let config = work.join("inferno.toml");
     let toml = format!(
-        "[audit]\ndir = {:?}\ncheckpoint_every_records = 20\ncheckpoint_every_seconds = 1\n",
+        "[audit]\ndir = {:?}\ncheckpoint_every_records = 20\ncheckpoint_every_seconds = 1\n{extra}",
         dir.to_str().expect("utf8")
     );
     std::fs::write(&config, toml).expect("config");
@@ -75,6 +79,16 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 async fn complete(client: &reqwest::Client, base: &str, id: &str, stream: bool) -> bool {
+    complete_status(client, base, id, stream).await == Some(200)
+}
+
+/// The HTTP status of one completion request whose body was read in full.
+async fn complete_status(
+    client: &reqwest::Client,
+    base: &str,
+    id: &str,
+    stream: bool,
+) -> Option<u16> {
     let body = serde_json::json!({
         "model": "inferno-tiny",
         "prompt": "Once upon a time",
@@ -88,8 +102,11 @@ async fn complete(client: &reqwest::Client, base: &str, id: &str, stream: bool) 
         .send()
         .await
     {
-        Ok(response) if response.status().is_success() => response.bytes().await.is_ok(),
-        _ => false,
+        Ok(response) => {
+            let status = response.status().as_u16();
+            response.bytes().await.ok().map(|_| status)
+        }
+        Err(_) => None,
     }
 }
 
@@ -172,6 +189,7 @@ fn the_server_audits_every_request_and_the_cli_verifies_it() {
     assert_eq!(completions.len(), 2);
     for c in &completions {
         assert_eq!(c["status"], 200);
+        assert!(c["finish_reason"].is_string(), "{c}");
         assert!(c["prompt_tokens"].as_u64().unwrap_or(0) > 0, "{c}");
     }
     assert!(completions[0]["completion_tokens"].as_u64().unwrap_or(0) > 0);
@@ -248,4 +266,56 @@ fn kill_9_under_load_loses_no_answered_request() {
         "{ROUNDS} kill -9 rounds: {} answered requests, all with request records; {verdict}",
         answered.len()
     );
+}
+
+#[test]
+fn an_unwritable_log_fails_closed_with_503() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("audit");
+    let served = serve_with(&dir, tmp.path(), "segment_max_bytes = 4096\n");
+    // The next segment cannot be created (its name is taken by a directory): the first rotation
+    // fails with an I/O error.
+    let blocker = dir.join("0000000000000001.seg");
+    std::fs::create_dir(&blocker).expect("block the next segment");
+    let rt = runtime();
+    let client = client();
+    let statuses: Vec<Option<u16>> = rt.block_on(async {
+        let mut out = Vec::new();
+        for i in 0..40 {
+            out.push(complete_status(&client, &served.base, &format!("f-{i}"), false).await);
+        }
+        out
+    });
+    let first_503 = statuses
+        .iter()
+        .position(|s| *s == Some(503))
+        .unwrap_or_else(|| panic!("the log never failed: {statuses:?}"));
+    assert!(first_503 > 0, "{statuses:?}");
+    assert!(
+        statuses[first_503..].iter().all(|s| *s == Some(503)),
+        "once failed, every request is refused: {statuses:?}"
+    );
+    let answered: Vec<String> = statuses
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| **s == Some(200))
+        .map(|(i, _)| format!("f-{i}"))
+        .collect();
+    terminate(served);
+    std::fs::remove_dir(&blocker).expect("unblock");
+    terminate(serve(&dir, tmp.path()));
+    let verify = inferno(&["audit", "verify", dir.to_str().expect("utf8")]);
+    assert_eq!(
+        verify.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+    let logged: HashSet<String> = records(&dir, "request")
+        .iter()
+        .filter_map(|r| r["request_id"].as_str().map(str::to_owned))
+        .collect();
+    for id in &answered {
+        assert!(logged.contains(id), "answered request {id} has no record");
+    }
 }

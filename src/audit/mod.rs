@@ -23,6 +23,7 @@ pub mod segment;
 pub mod sink;
 pub mod verify;
 pub mod witness;
+pub mod witness_http;
 pub mod writer;
 
 pub use config::AuditConfig;

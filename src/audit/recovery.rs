@@ -165,6 +165,14 @@ pub fn recover(dir: &Path, ops: &dyn FileOps) -> Result<Recovered, AuditError> {
         location: dir.display().to_string(),
         reason,
     })?;
+    // The checkpoints file is created (durably) before the first segment, and every start
+    // signs a checkpoint: a log with segments but no checkpoints file lost it.
+    if !log.segments.is_empty() && ckpts.file_len == 0 {
+        return Err(AuditError::Corrupt {
+            location: ck_path.display().to_string(),
+            reason: "the log has segments but its checkpoints file is missing or empty".into(),
+        });
+    }
     let mut last_segment = log.segments.last().map(|s| {
         let number = s.header.as_ref().map(|h| h.segment);
         (number, s.path.clone(), s.header.is_some())

@@ -153,6 +153,23 @@ enum WitnessCommand {
     Cosign(CosignArgs),
     /// Print this witness's verifier key (for the appliance's `witness_keys`).
     Vkey(WitnessKeyArgs),
+    /// Serve `POST /add-checkpoint` over HTTP (c2sp.org/tlog-witness semantics).
+    Serve(WitnessServeArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct WitnessServeArgs {
+    #[command(flatten)]
+    witness: WitnessKeyArgs,
+    /// The witness state file; initialise it with `witness cosign --init` first.
+    #[arg(long)]
+    state: PathBuf,
+    /// A file of accepted log verifier keys, one per line, re-read for every request.
+    #[arg(long)]
+    log_keys: PathBuf,
+    /// Address to listen on (plain HTTP; put TLS in front of it when off loopback).
+    #[arg(long, default_value = "127.0.0.1:7380")]
+    listen: std::net::SocketAddr,
 }
 
 #[derive(Debug, clap::Args)]
@@ -236,6 +253,7 @@ fn run_other(command: AuditCommand) -> anyhow::Result<()> {
                 Ok(())
             }
             WitnessCommand::Cosign(c) => cosign(&c),
+            WitnessCommand::Serve(s) => serve_witness(s),
         },
     }
 }
@@ -580,4 +598,26 @@ fn cosign(c: &CosignArgs) -> anyhow::Result<()> {
     let cp = cosigned.checkpoint()?;
     println!("cosigned {} at size {}", cp.origin, cp.size);
     Ok(())
+}
+
+fn serve_witness(args: WitnessServeArgs) -> anyhow::Result<()> {
+    let signer = load_witness(&args.witness)?;
+    let witness = crate::audit::witness_http::HttpWitness {
+        signer,
+        state: args.state,
+        log_keys: args.log_keys,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        println!("witness listening on http://{}", listener.local_addr()?);
+        std::io::stdout().flush()?;
+        crate::audit::witness_http::serve(listener, witness).await?;
+        Ok(())
+    })
 }

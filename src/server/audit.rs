@@ -92,18 +92,30 @@ pub fn record_completion(
         return;
     };
     let keep = sink_keeps_content(sink);
+    let finish_reason = response.and_then(last_finish_reason);
     spawn_completion(
         sink,
         CompletionFacts {
             request_id: ctx.request_id.clone(),
             prompt_tokens: tokens.0 as u64,
             completion_tokens: tokens.1 as u64,
-            finish_reason: None,
+            finish_reason,
             status: status.as_u16(),
             latency_ms: latency_ms(ctx),
             completion: response.filter(|_| keep).map(str::to_owned),
         },
     );
+}
+
+/// The finish reason of the last choice of a completion response document.
+fn last_finish_reason(json: &str) -> Option<String> {
+    let doc: serde_json::Value = serde_json::from_str(json).ok()?;
+    let choices = doc["choices"].as_array()?;
+    choices
+        .iter()
+        .filter_map(|c| c["finish_reason"].as_str())
+        .next_back()
+        .map(str::to_owned)
 }
 
 fn sink_keeps_content(sink: &AuditSink) -> bool {
@@ -165,6 +177,13 @@ impl AuditedStream {
         let Some(json) = chunk.strip_prefix(b"data: ") else {
             return;
         };
+        // Most events carry one token and nothing the record needs: skip parsing them.
+        let interesting = [&b"\"usage\""[..], b"\"finish_reason\":\"", b"\"error\""]
+            .iter()
+            .any(|needle| json.windows(needle.len()).any(|w| w == *needle));
+        if !interesting {
+            return;
+        }
         let Ok(event) = serde_json::from_slice::<serde_json::Value>(json.trim_ascii()) else {
             return;
         };
