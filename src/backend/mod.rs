@@ -55,7 +55,10 @@ pub fn select(
         let backend = cuda::CudaBackend::new(model, config, cuda::CudaOptions::default())?;
         Ok(Box::new(backend))
     } else {
-        Ok(Box::new(cpu::CpuBackend::new(model, config.kv_cache_bytes)?))
+        Ok(Box::new(cpu::CpuBackend::new(
+            model,
+            config.kv_cache_bytes,
+        )?))
     }
 }
 
@@ -71,7 +74,8 @@ mod tests {
             eprintln!("SKIPPED: a GPU is present");
             return;
         }
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-qwen3");
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-qwen3");
         if !dir.exists() {
             eprintln!("SKIPPED: {} is absent", dir.display());
             return;

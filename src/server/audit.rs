@@ -17,6 +17,9 @@ use super::auth::Principal;
 use super::body::{Body, full};
 use super::error::ApiError;
 use super::generation::ApiKind;
+use tokio::sync::oneshot;
+
+use super::openai::response::Usage;
 use crate::audit::{AuditSink, CompletionFacts, ContentMode, RequestFacts};
 
 fn endpoint(kind: ApiKind) -> &'static str {
@@ -139,8 +142,15 @@ fn spawn_completion(sink: &AuditSink, facts: CompletionFacts) {
 }
 
 /// Wraps a streamed response so that its completion record is written when the stream ends
-/// (or the client goes away).
-pub fn audited_stream(app: &App, ctx: &RequestContext, prompt_tokens: usize, body: Body) -> Body {
+/// (or the client goes away). `usage` delivers the engine's token counts once every choice has
+/// finished.
+pub fn audited_stream(
+    app: &App,
+    ctx: &RequestContext,
+    prompt_tokens: usize,
+    usage: oneshot::Receiver<Usage>,
+    body: Body,
+) -> Body {
     let Some(sink) = app.audit() else {
         return body;
     };
@@ -150,7 +160,7 @@ pub fn audited_stream(app: &App, ctx: &RequestContext, prompt_tokens: usize, bod
         sink: Arc::clone(sink),
         ctx: ctx.clone(),
         prompt_tokens: prompt_tokens as u64,
-        completion_tokens: None,
+        usage,
         finish_reason: None,
         text: keep.then(Vec::new),
         recorded: false,
@@ -162,14 +172,14 @@ struct AuditedStream {
     sink: Arc<AuditSink>,
     ctx: RequestContext,
     prompt_tokens: u64,
-    completion_tokens: Option<u64>,
+    usage: oneshot::Receiver<Usage>,
     finish_reason: Option<String>,
     text: Option<Vec<u8>>,
     recorded: bool,
 }
 
 impl AuditedStream {
-    /// Notes the usage and finish reason carried by one server-sent event.
+    /// Notes the finish reason carried by one server-sent event.
     fn observe(&mut self, chunk: &Bytes) {
         if let Some(text) = &mut self.text {
             text.extend_from_slice(chunk);
@@ -178,7 +188,7 @@ impl AuditedStream {
             return;
         };
         // Most events carry one token and nothing the record needs: skip parsing them.
-        let interesting = [&b"\"usage\""[..], b"\"finish_reason\":\"", b"\"error\""]
+        let interesting = [&b"\"finish_reason\":\""[..], b"\"error\""]
             .iter()
             .any(|needle| json.windows(needle.len()).any(|w| w == *needle));
         if !interesting {
@@ -187,9 +197,6 @@ impl AuditedStream {
         let Ok(event) = serde_json::from_slice::<serde_json::Value>(json.trim_ascii()) else {
             return;
         };
-        if let Some(tokens) = event["usage"]["completion_tokens"].as_u64() {
-            self.completion_tokens = Some(tokens);
-        }
         if event.get("error").is_some() {
             self.finish_reason = Some("error".into());
         }
@@ -220,8 +227,13 @@ impl AuditedStream {
             &self.sink,
             CompletionFacts {
                 request_id: self.ctx.request_id.clone(),
+                // Known once the engine finished every choice; a client that went away
+                // earlier leaves the count at zero.
                 prompt_tokens: self.prompt_tokens,
-                completion_tokens: self.completion_tokens.unwrap_or(0),
+                completion_tokens: self
+                    .usage
+                    .try_recv()
+                    .map_or(0, |u| u.completion_tokens as u64),
                 finish_reason,
                 status: StatusCode::OK.as_u16(),
                 latency_ms: latency_ms(&self.ctx),

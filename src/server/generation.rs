@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use futures_util::stream::{self, BoxStream};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::body::Body;
 use super::error::ApiError;
@@ -408,11 +408,14 @@ fn error_event(err: &ApiError) -> Bytes {
 /// Submits a job and returns a streaming body of server-sent events ending with
 /// `data: [DONE]`. A forwarding task owns the engine streams; when the client goes away the
 /// body is dropped, the task sees its channel close and drops the streams, which cancels them.
+/// When every choice has finished, the task reports the total usage on `usage_out` (before it
+/// sends `[DONE]`), whether or not the client asked for a usage chunk.
 pub fn stream(
     service: Arc<ModelService>,
     metrics: Arc<Metrics>,
     job: Job,
     retry_after: u64,
+    usage_out: Option<oneshot::Sender<Usage>>,
 ) -> Result<Body, ApiError> {
     let streams = service.submit(job.engine_requests(), retry_after)?;
     let (tx, rx) = mpsc::channel::<Bytes>(32);
@@ -423,7 +426,7 @@ pub fn stream(
         created: super::unix_now(),
         logprobs: job.options.logprobs.is_some(),
     };
-    tokio::spawn(forward(writer, metrics, job, streams, tx));
+    tokio::spawn(forward(writer, metrics, job, streams, tx, usage_out));
     let body = StreamBody::new(stream::unfold(rx, |mut rx| async move {
         rx.recv()
             .await
@@ -450,6 +453,7 @@ async fn forward(
     job: Job,
     streams: Vec<GenerationStream>,
     tx: mpsc::Sender<Bytes>,
+    usage_out: Option<oneshot::Sender<Usage>>,
 ) {
     let choices = streams.len();
     let n = job.options.n;
@@ -515,6 +519,9 @@ async fn forward(
         {
             return;
         }
+    }
+    if let Some(out) = usage_out {
+        let _ = out.send(usage);
     }
     if job.options.include_usage && tx.send(writer.usage(usage)).await.is_err() {
         return;

@@ -211,11 +211,18 @@ pub async fn generate(
     let prompt_tokens = job.prompts.iter().map(|(prompt, _)| prompt.len()).sum();
     let retry_after = limits.retry_after_secs;
     if job.options.stream {
-        let body = generation::stream(Arc::clone(&service), app.metrics_handle(), job, retry_after)
-            .inspect_err(|err| {
-                audit::record_completion(app, ctx, (prompt_tokens, 0), err.status, None)
-            })?;
-        let body = audit::audited_stream(app, ctx, prompt_tokens, body);
+        let (usage_tx, usage_rx) = tokio::sync::oneshot::channel();
+        let body = generation::stream(
+            Arc::clone(&service),
+            app.metrics_handle(),
+            job,
+            retry_after,
+            Some(usage_tx),
+        )
+        .inspect_err(|err| {
+            audit::record_completion(app, ctx, (prompt_tokens, 0), err.status, None)
+        })?;
+        let body = audit::audited_stream(app, ctx, prompt_tokens, usage_rx, body);
         let mut response = Response::new(body);
         let headers = response.headers_mut();
         headers.insert(
