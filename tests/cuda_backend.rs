@@ -563,13 +563,8 @@ fn engine_on_cuda_preempts_and_hits_the_prefix_cache_without_changing_outputs() 
         return;
     };
     let info = || ModelInfo {
-        tokenizer: model.tokenizer.clone(),
-        eos_token_ids: model.eos_token_ids(),
         max_context: 512,
-        digest: hex::decode(&model.digest.hex)
-            .expect("hex")
-            .try_into()
-            .expect("32 bytes"),
+        ..ModelInfo::of(&model)
     };
     // A fraction of free memory that leaves a few dozen 16 KiB blocks for this 4-layer model.
     let tiny = EngineConfig {

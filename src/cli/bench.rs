@@ -277,13 +277,18 @@ fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
     Some((utime + stime) / 100.0)
 }
 
+/// Random prompts of ordinary tokens: ids from the upper three quarters of the vocabulary, where
+/// special tokens (usually at the start or the very end) are rare.
 fn random_prompts(load: &LoadArgs, vocab: usize) -> Vec<Vec<u32>> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(load.seed);
-    let hi = vocab.saturating_sub(1000).max(2000) as u32;
+    let (lo, hi) = (
+        (vocab / 4) as u32,
+        vocab.saturating_sub(256).max(vocab / 2) as u32,
+    );
     (0..load.num_prompts())
         .map(|_| {
             (0..load.input_len)
-                .map(|_| rng.random_range(1000..hi))
+                .map(|_| rng.random_range(lo..hi))
                 .collect()
         })
         .collect()
@@ -349,18 +354,12 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
     };
     let target = format!("{} on {}", model.name, backend.name());
     let kv = backend.kv_cache();
-    let digest: [u8; 32] = hex::decode(&model.digest.hex)
-        .ok()
-        .and_then(|b| b.try_into().ok())
-        .context("the model digest is not 32 bytes of hex")?;
     let info = ModelInfo {
-        tokenizer: model.tokenizer.clone(),
-        eos_token_ids: model.eos_token_ids(),
         max_context: model
             .config
             .max_position_embeddings
             .min(kv.capacity_tokens()),
-        digest,
+        ..ModelInfo::of(&model)
     };
     let engine = Engine::spawn(Box::new(backend), info, config)?;
     let prompts = random_prompts(load, model.config.vocab_size);

@@ -26,6 +26,8 @@ pub struct ModelInfo {
     pub eos_token_ids: Vec<u32>,
     /// The longest sequence, prompt plus completion.
     pub max_context: usize,
+    /// Token ids must be below this.
+    pub vocab_size: usize,
     /// The model digest, which roots the prefix-cache hash chain.
     pub digest: [u8; 32],
 }
@@ -37,6 +39,7 @@ impl ModelInfo {
             tokenizer: model.tokenizer.clone(),
             eos_token_ids: model.eos_token_ids(),
             max_context: model.config.max_position_embeddings,
+            vocab_size: model.config.vocab_size,
             digest: model.digest.bytes,
         }
     }
@@ -71,6 +74,7 @@ impl Engine {
             next_id: AtomicU64::new(1),
             kv_cache,
             max_context: model.max_context,
+            vocab_size: model.vocab_size,
             max_waiting: config.max_waiting,
         });
         let (commands, receiver) = mpsc::channel();

@@ -17,6 +17,14 @@ pub enum SubmitError {
     /// The prompt is empty.
     #[error("the prompt is empty")]
     EmptyPrompt,
+    /// A prompt token id is outside the model's vocabulary.
+    #[error("token id {token} is outside the vocabulary of {vocab_size} tokens")]
+    UnknownToken {
+        /// The offending id.
+        token: u32,
+        /// The model's vocabulary size.
+        vocab_size: usize,
+    },
     /// Prompt plus `max_tokens` cannot fit the context or the whole KV cache.
     #[error(
         "the prompt has {prompt} tokens and max_tokens is {max_tokens}, over the limit of {limit} tokens"
@@ -72,6 +80,7 @@ pub(super) struct Shared {
     pub next_id: AtomicU64,
     pub kv_cache: KvCacheShape,
     pub max_context: usize,
+    pub vocab_size: usize,
     pub max_waiting: usize,
 }
 
@@ -89,6 +98,16 @@ impl EngineHandle {
         let shared = &self.shared;
         if request.prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
+        }
+        if let Some(&token) = request
+            .prompt
+            .iter()
+            .find(|&&t| t as usize >= shared.vocab_size)
+        {
+            return Err(SubmitError::UnknownToken {
+                token,
+                vocab_size: shared.vocab_size,
+            });
         }
         let total = request.prompt.len() + request.stop.max_tokens;
         let too_long = |limit| SubmitError::TooLong {

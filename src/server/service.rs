@@ -163,7 +163,9 @@ fn submit_error(err: SubmitError, retry_after: u64) -> ApiError {
             api.code = Some("context_length_exceeded");
             api
         }
-        SubmitError::EmptyPrompt => ApiError::invalid_param("prompt", err.to_string()),
+        SubmitError::EmptyPrompt | SubmitError::UnknownToken { .. } => {
+            ApiError::invalid_param("prompt", err.to_string())
+        }
         SubmitError::Stopped => ApiError::unavailable("the engine has stopped"),
     }
 }
