@@ -59,14 +59,16 @@ def generate_rate(model, batch, input_len, output_len, vocab):
     ids = torch.randint(1000, vocab - 1000, (batch, input_len), device="cuda")
     mask = torch.ones_like(ids)
     kwargs = dict(max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False, pad_token_id=0)
+    t = time.time()
     model.generate(ids, attention_mask=mask, **kwargs)
     torch.cuda.synchronize()
+    warmup = time.time() - t
     t = time.time()
     out = model.generate(ids, attention_mask=mask, **kwargs)
     torch.cuda.synchronize()
     elapsed = time.time() - t
     new = (out.shape[1] - input_len) * batch
-    return {"batch": batch, "input_len": input_len, "output_len": output_len, "seconds": elapsed, "output_tok_per_s": new / elapsed}
+    return {"batch": batch, "input_len": input_len, "output_len": output_len, "seconds": elapsed, "warmup_seconds": warmup, "output_tok_per_s": new / elapsed}
 
 
 def main():
