@@ -28,6 +28,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// The Prometheus endpoint.
     pub metrics: MetricsConfig,
+    /// The audit log; without this table nothing is audited (a warning says so at start).
+    pub audit: Option<crate::audit::AuditConfig>,
 }
 
 /// The `[server]` table.

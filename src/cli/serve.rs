@@ -1,10 +1,10 @@
 //! `inferno serve`: load the model, start the engine and serve the OpenAI API over TLS until
 //! SIGTERM or SIGINT.
 
+use anyhow::Context;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use anyhow::Context;
 
 use super::setup;
 use crate::backend::{self, Device};
@@ -60,13 +60,30 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(serve_async(config, args.model, args.device))
+    let config_digest = match &args.config {
+        Some(path) => {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+            Some(hex::encode(ring::digest::digest(
+                &ring::digest::SHA256,
+                &bytes,
+            )))
+        }
+        None => None,
+    };
+    runtime.block_on(serve_async(config, config_digest, args.model, args.device))
 }
 
-async fn serve_async(config: Config, model_dir: Option<PathBuf>, device: Device) -> anyhow::Result<()> {
+async fn serve_async(
+    config: Config,
+    config_digest: Option<String>,
+    model_dir: Option<PathBuf>,
+    device: Device,
+) -> anyhow::Result<()> {
     let engine_config = config.engine.clone();
     let served_name = config.server.served_model_name.clone();
     let server = Server::start(config).await?;
+    server.record_config(config_digest, None);
     tracing::info!(
         listen = %server.local_addr(),
         "listening; /health answers 503 until the model is loaded"

@@ -14,6 +14,7 @@ use super::generation::ApiKind;
 use super::handlers;
 use super::metrics::Metrics;
 use super::service::ModelService;
+use crate::audit::AuditSink;
 use crate::config::Config;
 
 /// The request-id header, echoed on every response.
@@ -37,6 +38,7 @@ pub struct App {
     auth: Authenticator,
     metrics: Arc<Metrics>,
     service: OnceLock<Arc<ModelService>>,
+    audit: Option<Arc<AuditSink>>,
 }
 
 /// The routes, for 404 versus 405.
@@ -47,6 +49,7 @@ enum Route {
     Models,
     Chat,
     Completions,
+    AuditCheckpoint,
 }
 
 impl Route {
@@ -57,13 +60,14 @@ impl Route {
             "/v1/models" => Some(Self::Models),
             "/v1/chat/completions" => Some(Self::Chat),
             "/v1/completions" => Some(Self::Completions),
+            "/v1/audit/checkpoint" => Some(Self::AuditCheckpoint),
             _ => None,
         }
     }
 
     fn method(self) -> Method {
         match self {
-            Self::Health | Self::Metrics | Self::Models => Method::GET,
+            Self::Health | Self::Metrics | Self::Models | Self::AuditCheckpoint => Method::GET,
             Self::Chat | Self::Completions => Method::POST,
         }
     }
@@ -84,7 +88,19 @@ impl App {
             auth,
             metrics: Arc::new(Metrics::new()),
             service: OnceLock::new(),
+            audit: None,
         }
+    }
+
+    /// Adds the audit log every API request is recorded in.
+    pub fn with_audit(mut self, audit: Arc<AuditSink>) -> Self {
+        self.audit = Some(audit);
+        self
+    }
+
+    /// The audit log, if configured.
+    pub fn audit(&self) -> Option<&Arc<AuditSink>> {
+        self.audit.as_ref()
     }
 
     /// The configuration.
@@ -185,6 +201,9 @@ impl App {
         if route == Route::Health {
             return (None, Ok(handlers::health(self)));
         }
+        if route == Route::AuditCheckpoint {
+            return (None, super::audit::checkpoint(self));
+        }
         if route == Route::Metrics && self.config.metrics.public {
             return (None, Ok(handlers::metrics(self)));
         }
@@ -200,6 +219,7 @@ impl App {
                 handlers::generate(self, ApiKind::Completion, &principal, ctx, request).await
             }
             Route::Health => Ok(handlers::health(self)),
+            Route::AuditCheckpoint => super::audit::checkpoint(self),
         };
         (Some(principal), result)
     }

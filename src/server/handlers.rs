@@ -7,6 +7,7 @@ use http::{HeaderValue, Response, StatusCode, header};
 use hyper::body::Incoming;
 
 use super::app::{App, RequestContext};
+use super::audit;
 use super::auth::Principal;
 use super::body::{Body, full, read_limited};
 use super::error::ApiError;
@@ -180,14 +181,28 @@ pub async fn generate(
         limits.body_read_timeout(),
     )
     .await?;
+    audit::check_available(app)?;
+    let received = body.clone();
     let job = match kind {
         ApiKind::Chat => chat_job(app, &service, principal, ctx, body).await?,
         ApiKind::Completion => completion_job(app, &service, principal, ctx, body).await?,
     };
+    let request = audit::RequestAudit {
+        ctx,
+        principal,
+        kind,
+        stream: job.options.stream,
+        model_digest: service.digest(),
+    };
+    audit::record_request(app, request, &received).await?;
+    let prompt_tokens = job.prompts.iter().map(|(prompt, _)| prompt.len()).sum();
     let retry_after = limits.retry_after_secs;
     if job.options.stream {
-        let body =
-            generation::stream(Arc::clone(&service), app.metrics_handle(), job, retry_after)?;
+        let body = generation::stream(Arc::clone(&service), app.metrics_handle(), job, retry_after)
+            .inspect_err(|err| {
+                audit::record_completion(app, ctx, (prompt_tokens, 0), err.status, None)
+            })?;
+        let body = audit::audited_stream(app, ctx, prompt_tokens, body);
         let mut response = Response::new(body);
         let headers = response.headers_mut();
         headers.insert(
@@ -197,7 +212,13 @@ pub async fn generate(
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         Ok(response)
     } else {
-        let (json, usage) = generation::complete(&service, app.metrics(), job, retry_after).await?;
+        let (json, usage) = generation::complete(&service, app.metrics(), job, retry_after)
+            .await
+            .inspect_err(|err| {
+                audit::record_completion(app, ctx, (prompt_tokens, 0), err.status, None)
+            })?;
+        let tokens = (usage.prompt_tokens, usage.completion_tokens);
+        audit::record_completion(app, ctx, tokens, StatusCode::OK, Some(&json));
         tracing::debug!(
             request_id = %ctx.request_id,
             prompt_tokens = usage.prompt_tokens,

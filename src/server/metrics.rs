@@ -303,7 +303,7 @@ mod tests {
             kv_blocks_used: 4,
             prefix_cache_queries: 100,
             prefix_cache_hits: 40,
-            preemptions: 0,
+            ..EngineStats::default()
         };
         let text = metrics.render(Some(("m", &stats)));
         assert_eq!(

@@ -4,6 +4,7 @@
 //! until [`Server::set_model`] hands over the loaded model and its engine. See `docs/server.md`.
 
 pub mod app;
+mod audit;
 pub mod auth;
 pub mod body;
 pub mod error;
@@ -45,6 +46,9 @@ pub enum ServerError {
     /// The certificate or key could not be loaded.
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
+    /// The audit log could not be opened (or is inconsistent with its witness).
+    #[error(transparent)]
+    Audit(#[from] crate::audit::AuditError),
     /// The address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -91,7 +95,12 @@ impl Server {
             source,
         })?;
         let grace = config.server.shutdown_grace();
-        let app = Arc::new(App::new(config, auth));
+        let audit = open_audit(&config, &identity).await?;
+        let mut app = App::new(config, auth);
+        if let Some(audit) = audit {
+            app = app.with_audit(audit);
+        }
+        let app = Arc::new(app);
         let (shutdown, shutdown_rx) = watch::channel(false);
         let acceptor = TlsAcceptor::from(Arc::clone(&identity.config));
         let task = tokio::spawn(listener::run(
@@ -127,7 +136,32 @@ impl Server {
 
     /// Hands over the loaded model; the server becomes ready.
     pub fn set_model(&self, service: ModelService) {
+        let detail = format!("model {} ({}) loaded", service.name(), service.digest());
         self.app.set_service(Arc::new(service));
+        audit::record_event(
+            &self.app,
+            crate::audit::SecurityEvent::GpuReady {
+                ready: true,
+                detail,
+            },
+        );
+    }
+
+    /// Records the digests of the configuration file and policy in force in the audit log.
+    pub fn record_config(&self, config_digest: Option<String>, policy_digest: Option<String>) {
+        let content_mode = self
+            .app
+            .audit()
+            .map_or("none", |audit| audit.content_mode().as_str())
+            .to_owned();
+        audit::record_event(
+            &self.app,
+            crate::audit::SecurityEvent::PolicyConfig {
+                policy_digest,
+                config_digest,
+                content_mode,
+            },
+        );
     }
 
     /// Stops accepting, lets in-flight requests finish within the configured grace period,
@@ -141,7 +175,33 @@ impl Server {
         if let Some(service) = self.app.service() {
             service.engine().shutdown();
         }
+        if let Some(audit) = self.app.audit()
+            && let Err(err) = audit.shutdown("server stopped").await
+        {
+            tracing::error!(error = %err, "audit: final checkpoint failed");
+        }
     }
+}
+
+/// Opens the audit log of `[audit]` (recovering it, checking its witness) and records the
+/// certificate in use; `None` with a warning when the table is absent.
+async fn open_audit(
+    config: &Config,
+    identity: &ServerIdentity,
+) -> Result<Option<Arc<crate::audit::AuditSink>>, ServerError> {
+    let Some(audit_config) = config.audit.clone() else {
+        tracing::warn!("no [audit] table: requests are NOT recorded in an audit log");
+        return Ok(None);
+    };
+    let sink = tokio::task::spawn_blocking(move || {
+        crate::audit::AuditSink::open(&audit_config, env!("CARGO_PKG_VERSION"))
+    })
+    .await
+    .map_err(|err| crate::audit::AuditError::Config(format!("audit open panicked: {err}")))??;
+    let certificate_digest = identity.fingerprint.to_lowercase().replace(':', "");
+    sink.event(crate::audit::SecurityEvent::CertificateRotated { certificate_digest })
+        .await?;
+    Ok(Some(Arc::new(sink)))
 }
 
 /// Seconds since the Unix epoch.

@@ -1,0 +1,282 @@
+//! The server's audit hooks: the request record (durable before any response byte), the
+//! completion record, fail-closed refusal, and `GET /v1/audit/checkpoint`.
+//!
+//! The prompt kept under the content policy is the request body as received; the completion is
+//! the response body as sent (the JSON document, or the server-sent events of a stream).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use hyper::body::{Body as HttpBody, Frame, SizeHint};
+
+use super::app::{App, RequestContext};
+use super::auth::Principal;
+use super::body::{Body, full};
+use super::error::ApiError;
+use super::generation::ApiKind;
+use crate::audit::{AuditSink, CompletionFacts, ContentMode, RequestFacts};
+
+fn endpoint(kind: ApiKind) -> &'static str {
+    match kind {
+        ApiKind::Chat => "/v1/chat/completions",
+        ApiKind::Completion => "/v1/completions",
+    }
+}
+
+fn latency_ms(ctx: &RequestContext) -> u64 {
+    u64::try_from(ctx.arrived.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Refuses service (HTTP 503) while the audit log is failed: nothing is served unaudited.
+pub fn check_available(app: &App) -> Result<(), ApiError> {
+    match app.audit().and_then(|sink| sink.failure()) {
+        Some(why) => {
+            tracing::error!(reason = %why, "refusing request: the audit log has failed");
+            Err(ApiError::unavailable("the audit log cannot be written"))
+        }
+        None => Ok(()),
+    }
+}
+
+/// What a request needs to write its records.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestAudit<'a> {
+    /// The request.
+    pub ctx: &'a RequestContext,
+    /// The caller.
+    pub principal: &'a Principal,
+    /// Which API.
+    pub kind: ApiKind,
+    /// Whether the response is streamed.
+    pub stream: bool,
+    /// The served model's digest.
+    pub model_digest: &'a str,
+}
+
+/// Durably records the accepted request; a failure refuses it with HTTP 503.
+pub async fn record_request(
+    app: &App,
+    request: RequestAudit<'_>,
+    body: &Bytes,
+) -> Result<(), ApiError> {
+    let Some(sink) = app.audit() else {
+        return Ok(());
+    };
+    let prompt = String::from_utf8_lossy(body);
+    let facts = RequestFacts {
+        request_id: &request.ctx.request_id,
+        principal: request.principal.name(),
+        endpoint: endpoint(request.kind),
+        model_digest: request.model_digest,
+        stream: request.stream,
+        prompt: &prompt,
+    };
+    sink.request(facts).await.map(drop).map_err(|err| {
+        tracing::error!(error = %err, request_id = %request.ctx.request_id, "audit: request record failed");
+        ApiError::unavailable("the audit log cannot be written")
+    })
+}
+
+/// Records the outcome of a non-streamed request (without waiting for it to be durable).
+pub fn record_completion(
+    app: &App,
+    ctx: &RequestContext,
+    tokens: (usize, usize),
+    status: StatusCode,
+    response: Option<&str>,
+) {
+    let Some(sink) = app.audit() else {
+        return;
+    };
+    let keep = sink_keeps_content(sink);
+    spawn_completion(
+        sink,
+        CompletionFacts {
+            request_id: ctx.request_id.clone(),
+            prompt_tokens: tokens.0 as u64,
+            completion_tokens: tokens.1 as u64,
+            finish_reason: None,
+            status: status.as_u16(),
+            latency_ms: latency_ms(ctx),
+            completion: response.filter(|_| keep).map(str::to_owned),
+        },
+    );
+}
+
+fn sink_keeps_content(sink: &AuditSink) -> bool {
+    sink.content_mode() != ContentMode::None
+}
+
+fn spawn_completion(sink: &AuditSink, facts: CompletionFacts) {
+    let id = facts.request_id.clone();
+    let durable = sink.completion(facts);
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => {
+            handle.spawn(async move {
+                if let Err(err) = durable.await {
+                    tracing::error!(error = %err, request_id = %id, "audit: completion record failed");
+                }
+            });
+        }
+        // The record was already handed to the writer; only the error report is lost.
+        Err(_) => drop(durable),
+    }
+}
+
+/// Wraps a streamed response so that its completion record is written when the stream ends
+/// (or the client goes away).
+pub fn audited_stream(app: &App, ctx: &RequestContext, prompt_tokens: usize, body: Body) -> Body {
+    let Some(sink) = app.audit() else {
+        return body;
+    };
+    let keep = sink_keeps_content(sink);
+    http_body_util::BodyExt::boxed_unsync(AuditedStream {
+        inner: body,
+        sink: Arc::clone(sink),
+        ctx: ctx.clone(),
+        prompt_tokens: prompt_tokens as u64,
+        completion_tokens: None,
+        finish_reason: None,
+        text: keep.then(Vec::new),
+        recorded: false,
+    })
+}
+
+struct AuditedStream {
+    inner: Body,
+    sink: Arc<AuditSink>,
+    ctx: RequestContext,
+    prompt_tokens: u64,
+    completion_tokens: Option<u64>,
+    finish_reason: Option<String>,
+    text: Option<Vec<u8>>,
+    recorded: bool,
+}
+
+impl AuditedStream {
+    /// Notes the usage and finish reason carried by one server-sent event.
+    fn observe(&mut self, chunk: &Bytes) {
+        if let Some(text) = &mut self.text {
+            text.extend_from_slice(chunk);
+        }
+        let Some(json) = chunk.strip_prefix(b"data: ") else {
+            return;
+        };
+        let Ok(event) = serde_json::from_slice::<serde_json::Value>(json.trim_ascii()) else {
+            return;
+        };
+        if let Some(tokens) = event["usage"]["completion_tokens"].as_u64() {
+            self.completion_tokens = Some(tokens);
+        }
+        if event.get("error").is_some() {
+            self.finish_reason = Some("error".into());
+        }
+        let reasons = event["choices"].as_array().into_iter().flatten();
+        if let Some(reason) = reasons
+            .filter_map(|c| c["finish_reason"].as_str())
+            .next_back()
+        {
+            self.finish_reason = Some(reason.to_owned());
+        }
+    }
+
+    fn record(&mut self, finished: bool) {
+        if self.recorded {
+            return;
+        }
+        self.recorded = true;
+        let finish_reason = match (&self.finish_reason, finished) {
+            (Some(r), _) => Some(r.clone()),
+            (None, false) => Some("client_disconnected".into()),
+            (None, true) => None,
+        };
+        let completion = self
+            .text
+            .take()
+            .map(|t| String::from_utf8_lossy(&t).into_owned());
+        spawn_completion(
+            &self.sink,
+            CompletionFacts {
+                request_id: self.ctx.request_id.clone(),
+                prompt_tokens: self.prompt_tokens,
+                completion_tokens: self.completion_tokens.unwrap_or(0),
+                finish_reason,
+                status: StatusCode::OK.as_u16(),
+                latency_ms: latency_ms(&self.ctx),
+                completion,
+            },
+        );
+    }
+}
+
+impl HttpBody for AuditedStream {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let data = data.clone();
+                    self.observe(&data);
+                }
+            }
+            Poll::Ready(None) => self.record(true),
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for AuditedStream {
+    fn drop(&mut self) {
+        self.record(false);
+    }
+}
+
+/// Records a security event without waiting for it to be durable (from synchronous code).
+pub fn record_event(app: &App, event: crate::audit::SecurityEvent) {
+    let Some(sink) = app.audit() else {
+        return;
+    };
+    let name = event.name();
+    let durable = sink.log().append(crate::audit::RecordBody::Event(event));
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        handle.spawn(async move {
+            if let Err(err) = durable.await {
+                tracing::error!(error = %err, event = name, "audit: event record failed");
+            }
+        });
+    }
+}
+
+/// `GET /v1/audit/checkpoint`: the latest signed checkpoint (C2SP signed note, text/plain).
+pub fn checkpoint(app: &App) -> Result<Response<Body>, ApiError> {
+    let sink = app
+        .audit()
+        .ok_or_else(|| ApiError::route_not_found("/v1/audit/checkpoint"))?;
+    let note = sink
+        .latest_checkpoint()
+        .ok_or_else(|| ApiError::unavailable("no checkpoint has been written yet"))?;
+    let mut response = Response::new(full(note));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    Ok(response)
+}

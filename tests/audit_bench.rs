@@ -1,0 +1,197 @@
+//! Audit-log benchmarks, run with `scripts/audit-bench.sh` (or
+//! `cargo test --release --test audit_bench -- --ignored --nocapture --test-threads 1`):
+//!
+//! - `audit_writer_throughput`: requests per second the writer sustains (group commit with
+//!   fsync); each simulated request awaits its request record, as the server does before it
+//!   answers, then appends its completion record.
+//! - `serving_throughput_with_and_without_audit`: the real server (`inferno serve`, embedded
+//!   model, CPU backend) saturated by concurrent clients, with and without `[audit]`,
+//!   alternating runs; prints the throughput of each and the relative cost of the log.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use inferno::audit::{AuditConfig, AuditSink, CompletionFacts, RequestFacts};
+
+#[test]
+#[ignore = "benchmark; run explicitly"]
+fn audit_writer_throughput() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cfg = AuditConfig {
+        dir: tmp.path().to_path_buf(),
+        ..AuditConfig::default()
+    };
+    let sink = Arc::new(AuditSink::open(&cfg, "bench").expect("opens"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let prompt = "x".repeat(2000);
+    for concurrency in [1usize, 16, 64, 256] {
+        let per_task = 4000 / concurrency.min(64);
+        let start = Instant::now();
+        rt.block_on(async {
+            let tasks: Vec<_> = (0..concurrency)
+                .map(|t| {
+                    let sink = Arc::clone(&sink);
+                    let prompt = prompt.clone();
+                    tokio::spawn(async move {
+                        for i in 0..per_task {
+                            let id = format!("{concurrency}-{t}-{i}");
+                            sink.request(RequestFacts {
+                                request_id: &id,
+                                principal: "bench",
+                                endpoint: "/v1/chat/completions",
+                                model_digest: "sha256:00",
+                                stream: true,
+                                prompt: &prompt,
+                            })
+                            .await
+                            .expect("request record");
+                            let done = sink.completion(CompletionFacts {
+                                request_id: id,
+                                prompt_tokens: 500,
+                                completion_tokens: 200,
+                                finish_reason: Some("stop".into()),
+                                status: 200,
+                                latency_ms: 1000,
+                                completion: None,
+                            });
+                            tokio::spawn(done);
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.expect("task");
+            }
+        });
+        let n = concurrency * per_task;
+        let secs = start.elapsed().as_secs_f64();
+        println!(
+            "concurrency {concurrency:>4}: {n:>6} requests in {secs:.2}s = {:>8.0} requests/s, {:.3} ms per durable request record",
+            n as f64 / secs,
+            secs * 1000.0 * concurrency as f64 / n as f64
+        );
+    }
+    rt.block_on(async { sink.shutdown("bench").await.expect("shutdown") });
+    assert!(sink.failure().is_none());
+}
+
+fn serve(audit_dir: Option<&Path>, work: &Path) -> (Child, String) {
+    let config = work.join("bench.toml");
+    let toml = match audit_dir {
+        Some(dir) => format!("[audit]\ndir = {:?}\n", dir.to_str().expect("utf8")),
+        None => String::new(),
+    };
+    std::fs::write(&config, toml).expect("config");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args([
+            "serve",
+            "--device",
+            "cpu",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+        ])
+        .arg(&config)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn server");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(addr) = line.trim().strip_prefix("listening:") {
+                let _ = tx.send(addr.trim().to_owned());
+            }
+        }
+    });
+    let base = rx.recv_timeout(Duration::from_secs(120)).expect("ready");
+    (child, base)
+}
+
+/// Saturates the server for `secs` seconds with `clients` concurrent clients; returns requests/s.
+fn saturate(rt: &tokio::runtime::Runtime, base: &str, clients: usize, secs: u64) -> f64 {
+    rt.block_on(async {
+        let client = reqwest::Client::builder()
+            .danger_accept_invalid_certs(true)
+            .build()
+            .expect("client");
+        let stop = Instant::now() + Duration::from_secs(secs);
+        let tasks: Vec<_> = (0..clients)
+            .map(|_| {
+                let (client, base) = (client.clone(), base.to_owned());
+                tokio::spawn(async move {
+                    let mut done = 0u64;
+                    let body = serde_json::json!({
+                        "model": "inferno-tiny",
+                        "prompt": "Once upon a time",
+                        "max_tokens": 16,
+                    });
+                    while Instant::now() < stop {
+                        let sent = client
+                            .post(format!("{base}/v1/completions"))
+                            .json(&body)
+                            .send()
+                            .await;
+                        if let Ok(r) = sent
+                            && r.status().is_success()
+                            && r.bytes().await.is_ok()
+                        {
+                            done += 1;
+                        }
+                    }
+                    done
+                })
+            })
+            .collect();
+        let mut total = 0;
+        for t in tasks {
+            total += t.await.expect("task");
+        }
+        total as f64 / secs as f64
+    })
+}
+
+#[test]
+#[ignore = "benchmark; run explicitly"]
+fn serving_throughput_with_and_without_audit() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let clients = 32;
+    let secs = 5;
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for round in 0..3 {
+        for audited in [false, true] {
+            let dir = tmp.path().join(format!("audit-{round}"));
+            let (mut child, base) = serve(audited.then_some(dir.as_path()), tmp.path());
+            saturate(&rt, &base, clients, 1);
+            let rate = saturate(&rt, &base, clients, secs);
+            let _ = child.kill();
+            let _ = child.wait();
+            println!("round {round} audit={audited:<5}: {rate:8.1} requests/s");
+            if audited {
+                with.push(rate)
+            } else {
+                without.push(rate)
+            }
+        }
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let (a, b) = (mean(&with), mean(&without));
+    println!(
+        "mean: {b:.1} requests/s without the audit log, {a:.1} with it: cost {:.2}%",
+        (b - a) / b * 100.0
+    );
+}

@@ -1,0 +1,355 @@
+//! `inferno audit` end to end, through the built binary.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use inferno::audit::content::{ContentMode, ContentPolicy};
+use inferno::audit::merkle::{verify_consistency, verify_inclusion};
+use inferno::audit::note::SignedNote;
+use inferno::audit::proof_file::{ConsistencyProof, InclusionProof};
+use inferno::audit::{
+    AuditConfig, AuditLog, CompletionRecord, RecordBody, RequestRecord, StartInfo, StdFileOps,
+};
+
+fn inferno(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .arg("audit")
+        .args(args)
+        .output()
+        .expect("runs inferno")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Writes a log with `n` requests (request `req-0` has no completion) using content mode `mode`.
+fn write_log(dir: &Path, n: usize, segment_max_bytes: u64, content: Option<&ContentPolicy>) {
+    let cfg = AuditConfig {
+        dir: dir.to_path_buf(),
+        checkpoint_every_records: 7,
+        checkpoint_every_seconds: 0,
+        segment_max_bytes,
+        ..AuditConfig::default()
+    };
+    let signer = AuditLog::generate_signer(&cfg).expect("signer");
+    let start = StartInfo {
+        software_version: "cli-test".into(),
+        evidence: Vec::new(),
+    };
+    let log = AuditLog::open(&cfg, Arc::new(StdFileOps), signer, start).expect("opens");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let none = ContentPolicy::none();
+    let policy = content.unwrap_or(&none);
+    rt.block_on(async {
+        for i in 0..n {
+            let id = format!("req-{i}");
+            let prompt = policy
+                .seal("prompt", &id, &format!("prompt {i}"))
+                .expect("seal");
+            log.append(RecordBody::Request(RequestRecord {
+                request_id: id.clone(),
+                principal: format!("key-{}", i % 2),
+                endpoint: "/v1/completions".into(),
+                model_digest: "sha256:ab".into(),
+                stream: i % 2 == 0,
+                prompt,
+            }))
+            .await
+            .expect("append");
+            if i > 0 {
+                let completion = policy.seal("completion", &id, "an answer").expect("seal");
+                log.append(RecordBody::Completion(CompletionRecord {
+                    request_id: id,
+                    prompt_tokens: 4,
+                    completion_tokens: 9,
+                    finish_reason: Some("stop".into()),
+                    status: 200,
+                    latency_ms: 30,
+                    completion,
+                }))
+                .await
+                .expect("append");
+            }
+        }
+        log.shutdown("cli test").await.expect("shutdown");
+    });
+}
+
+#[test]
+fn verify_reports_intact_violation_and_usage_errors() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("log");
+    write_log(&dir, 5, 1 << 20, None);
+    let d = dir.to_str().expect("utf8");
+    let ok = inferno(&["verify", d]);
+    assert_eq!(ok.status.code(), Some(0), "{}", stdout(&ok));
+    let out = stdout(&ok);
+    assert!(out.starts_with("INTACT: 11 records"), "{out}");
+    assert!(
+        out.contains("incomplete: request req-0 has no completion record"),
+        "{out}"
+    );
+
+    // Flip one byte in the middle of the segment.
+    let seg = dir.join("0000000000000000.seg");
+    let mut bytes = std::fs::read(&seg).expect("read");
+    let pos = bytes.len() / 2;
+    bytes[pos] ^= 0x01;
+    std::fs::write(&seg, &bytes).expect("write");
+    let bad = inferno(&["verify", d]);
+    assert_eq!(bad.status.code(), Some(1));
+    let line = stdout(&bad);
+    assert!(line.starts_with("VIOLATION: record "), "{line}");
+    assert!(line.contains("0000000000000000.seg offset "), "{line}");
+    assert_eq!(line.lines().count(), 1, "{line}");
+
+    assert_eq!(
+        inferno(&["verify", "/nonexistent/log"]).status.code(),
+        Some(2)
+    );
+    assert_eq!(inferno(&["verify"]).status.code(), Some(2));
+    assert_eq!(
+        inferno(&["verify", d, "--policy", "p"]).status.code(),
+        Some(2)
+    );
+}
+
+#[test]
+fn show_filters_and_export_formats() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("log");
+    write_log(&dir, 6, 1 << 20, None);
+    let d = dir.to_str().expect("utf8");
+    let lines = |o: Output| -> Vec<serde_json::Value> {
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        stdout(&o)
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("json line"))
+            .collect()
+    };
+    let started = lines(inferno(&["show", d, "--event-type", "started"]));
+    assert_eq!(started.len(), 1);
+    assert_eq!(started[0]["event"], "started");
+    let req3 = lines(inferno(&["show", d, "--request-id", "req-3"]));
+    assert_eq!(req3.len(), 2);
+    assert_eq!(req3[1]["type"], "completion");
+    let key1 = lines(inferno(&["show", d, "--principal", "key-1"]));
+    assert_eq!(key1.len(), 6, "3 requests of key-1 with their completions");
+    let future = lines(inferno(&["show", d, "--since", "2999-01-01T00:00:00Z"]));
+    assert!(future.is_empty());
+    let all = lines(inferno(&["show", d, "--until", "2999-01-01T00:00:00Z"]));
+    assert_eq!(all.len(), 13);
+    assert_ne!(
+        inferno(&["show", d, "--since", "yesterday"]).status.code(),
+        Some(0)
+    );
+
+    let jsonl = inferno(&["export", d, "--format", "jsonl"]);
+    assert_eq!(stdout(&jsonl).lines().count(), 13);
+    let csv_path = tmp.path().join("out.csv");
+    let csv = inferno(&[
+        "export",
+        d,
+        "--format",
+        "csv",
+        "-o",
+        csv_path.to_str().expect("utf8"),
+    ]);
+    assert_eq!(csv.status.code(), Some(0));
+    let text = std::fs::read_to_string(&csv_path).expect("csv");
+    let mut rows = text.lines();
+    assert!(
+        rows.next()
+            .expect("header")
+            .starts_with("index,time,type,event,request_id")
+    );
+    assert_eq!(rows.count(), 13);
+}
+
+#[test]
+fn encrypted_content_is_decrypted_only_with_the_key() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("log");
+    let key_path = tmp.path().join("content.key");
+    std::fs::write(&key_path, hex::encode([0x42u8; 32])).expect("key");
+    let policy = ContentPolicy::new(ContentMode::Encrypted, Some(&[0x42; 32])).expect("policy");
+    write_log(&dir, 2, 1 << 20, Some(&policy));
+    let d = dir.to_str().expect("utf8");
+    let raw = stdout(&inferno(&["show", d, "--request-id", "req-1"]));
+    assert!(!raw.contains("prompt 1"), "{raw}");
+    let k = key_path.to_str().expect("utf8");
+    let plain = stdout(&inferno(&[
+        "show",
+        d,
+        "--request-id",
+        "req-1",
+        "--decrypt-key",
+        k,
+    ]));
+    assert!(plain.contains(r#""plaintext":"prompt 1""#), "{plain}");
+    assert!(plain.contains(r#""plaintext":"an answer""#), "{plain}");
+}
+
+#[test]
+fn prove_consistency_and_prune() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("log");
+    write_log(&dir, 30, 1500, None);
+    let d = dir.to_str().expect("utf8");
+
+    let out = stdout(&inferno(&["prove", d, "--index", "17"]));
+    let (proof_text, note_text) = out.split_once("\n\n").expect("proof then checkpoint");
+    let proof = InclusionProof::parse(proof_text).expect("proof parses");
+    let cp = SignedNote::parse(note_text)
+        .and_then(|n| n.checkpoint())
+        .expect("checkpoint");
+    assert_eq!((proof.index, proof.size), (17, cp.size));
+    verify_inclusion(17, cp.size, &proof.leaf, &proof.hashes, &cp.root)
+        .expect("inclusion verifies");
+
+    let out = inferno(&["consistency", d, "10", &cp.size.to_string()]);
+    let proof = ConsistencyProof::parse(&stdout(&out)).expect("consistency proof");
+    assert_eq!((proof.old, proof.new), (10, cp.size));
+    assert!(inferno(&["consistency", d, "20", "10"]).status.code() != Some(0));
+
+    let export = tmp.path().join("pruned.jsonl");
+    let e = export.to_str().expect("utf8");
+    let pruned = inferno(&["prune", d, "--keep-segments", "2", "--export", e]);
+    assert_eq!(
+        pruned.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&pruned.stderr)
+    );
+    let exported = std::fs::read_to_string(&export)
+        .expect("export")
+        .lines()
+        .count();
+    assert!(exported > 0);
+    let v = inferno(&["verify", d]);
+    let verdict = stdout(&v);
+    assert_eq!(v.status.code(), Some(0), "{verdict}");
+    assert!(
+        verdict.contains(&format!("pruned before record {exported}")),
+        "{verdict}"
+    );
+    // Proofs of kept records still work after pruning.
+    let out = stdout(&inferno(&[
+        "prove",
+        d,
+        "--index",
+        &(cp.size - 1).to_string(),
+    ]));
+    let (proof_text, _) = out.split_once("\n\n").expect("proof");
+    let proof = InclusionProof::parse(proof_text).expect("parses");
+    verify_inclusion(
+        proof.index,
+        proof.size,
+        &proof.leaf,
+        &proof.hashes,
+        &cp.root,
+    )
+    .expect("verifies");
+    // Consistency between two checkpoints stays provable from the witnessed size on.
+    let out = inferno(&[
+        "consistency",
+        d,
+        &exported.to_string(),
+        &cp.size.to_string(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p = ConsistencyProof::parse(&stdout(&out)).expect("parses");
+    let old_root = {
+        let (prefix, leaves) = inferno::audit::verify::load_tree(&dir).expect("tree");
+        inferno::audit::merkle::TreeView::new(&prefix, &leaves)
+            .root_at(p.old)
+            .expect("root")
+    };
+    verify_consistency(p.old, p.new, &old_root, &cp.root, &p.hashes).expect("consistent");
+}
+
+#[test]
+fn witness_cosigns_through_files() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("log");
+    write_log(&dir, 3, 1 << 20, None);
+    let d = dir.to_str().expect("utf8");
+    let rng = ring::rand::SystemRandom::new();
+    let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).expect("key");
+    let key = tmp.path().join("witness.der");
+    std::fs::write(&key, pkcs8.as_ref()).expect("write key");
+    let k = key.to_str().expect("utf8");
+    let vkey = stdout(&inferno(&[
+        "witness",
+        "vkey",
+        "--key",
+        k,
+        "--name",
+        "witness.test/w",
+    ]));
+    assert!(vkey.starts_with("witness.test/w+"), "{vkey}");
+
+    let ckpt = tmp.path().join("c1");
+    std::fs::write(&ckpt, stdout(&inferno(&["checkpoint", d]))).expect("write");
+    let started = stdout(&inferno(&["show", d, "--event-type", "started"]));
+    let started: serde_json::Value = serde_json::from_str(started.trim()).expect("json");
+    let log_key = started["checkpoint_key"].as_str().expect("key").to_owned();
+    let state = tmp.path().join("state");
+    let out = tmp.path().join("cosigned");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "witness",
+            "cosign",
+            "--key",
+            k,
+            "--name",
+            "witness.test/w",
+            "--state",
+            state.to_str().expect("utf8"),
+            "--log-key",
+            &log_key,
+            "--out",
+            out.to_str().expect("utf8"),
+        ];
+        args.extend_from_slice(extra);
+        inferno(&args)
+    };
+    let c = ckpt.to_str().expect("utf8");
+    assert_ne!(
+        run(&["--checkpoint", c]).status.code(),
+        Some(0),
+        "no state without --init"
+    );
+    assert_eq!(run(&["--checkpoint", c, "--init"]).status.code(), Some(0));
+    let cosigned = out.to_str().expect("utf8");
+    let v = inferno(&[
+        "verify",
+        d,
+        "--trusted-checkpoint",
+        cosigned,
+        "--witness-key",
+        vkey.trim(),
+    ]);
+    assert_eq!(v.status.code(), Some(0), "{}", stdout(&v));
+    // A trusted checkpoint from a longer (other) history makes verification fail.
+    let other = tmp.path().join("other");
+    write_log(&other, 6, 1 << 20, None);
+    let o = other.to_str().expect("utf8");
+    let v = inferno(&["verify", o, "--trusted-checkpoint", cosigned]);
+    assert_eq!(v.status.code(), Some(1), "{}", stdout(&v));
+}

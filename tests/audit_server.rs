@@ -1,0 +1,251 @@
+//! The audit log written by the real server (`inferno serve` on the embedded model, CPU
+//! backend): every answered request has its request record, the CLI verifies the log, and a
+//! `kill -9` under load (a bounded number of rounds) loses no answered request.
+
+use std::collections::HashSet;
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn inferno(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(args)
+        .output()
+        .expect("runs inferno")
+}
+
+/// A running `inferno serve` and its HTTPS address.
+struct Served {
+    child: Child,
+    base: String,
+}
+
+fn serve(dir: &Path, work: &Path) -> Served {
+    let config = work.join("inferno.toml");
+    let toml = format!(
+        "[audit]\ndir = {:?}\ncheckpoint_every_records = 20\ncheckpoint_every_seconds = 1\n",
+        dir.to_str().expect("utf8")
+    );
+    std::fs::write(&config, toml).expect("config");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args([
+            "serve",
+            "--device",
+            "cpu",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+        ])
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn server");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(addr) = line.trim().strip_prefix("listening:") {
+                let _ = tx.send(addr.trim().to_owned());
+            }
+        }
+    });
+    let base = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the server became ready");
+    Served { child, base }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client")
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+async fn complete(client: &reqwest::Client, base: &str, id: &str, stream: bool) -> bool {
+    let body = serde_json::json!({
+        "model": "inferno-tiny",
+        "prompt": "Once upon a time",
+        "max_tokens": 8,
+        "stream": stream,
+    });
+    match client
+        .post(format!("{base}/v1/completions"))
+        .header("x-request-id", id)
+        .json(&body)
+        .send()
+        .await
+    {
+        Ok(response) if response.status().is_success() => response.bytes().await.is_ok(),
+        _ => false,
+    }
+}
+
+fn records(dir: &Path, kind: &str) -> Vec<serde_json::Value> {
+    let out = inferno(&[
+        "audit",
+        "show",
+        dir.to_str().expect("utf8"),
+        "--event-type",
+        kind,
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect()
+}
+
+fn terminate(mut served: Served) {
+    let pid = served.child.id().to_string();
+    let status = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while served.child.try_wait().expect("wait").is_none() {
+        assert!(Instant::now() < deadline, "the server did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn the_server_audits_every_request_and_the_cli_verifies_it() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("audit");
+    let served = serve(&dir, tmp.path());
+    let rt = runtime();
+    let client = client();
+    let checkpoint = rt.block_on(async {
+        assert!(complete(&client, &served.base, "plain-1", false).await);
+        assert!(complete(&client, &served.base, "stream-1", true).await);
+        // The timer checkpoint (every second) covers the requests.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let response = client
+            .get(format!("{}/v1/audit/checkpoint", served.base))
+            .send()
+            .await
+            .expect("checkpoint");
+        assert_eq!(response.status(), 200);
+        response.text().await.expect("text")
+    });
+    let note = inferno::audit::note::SignedNote::parse(&checkpoint).expect("a signed note");
+    // started, certificate, config, gpu-ready, 2 requests and 2 completions
+    assert!(
+        note.checkpoint().expect("checkpoint").size >= 8,
+        "{checkpoint}"
+    );
+    terminate(served);
+
+    let d = dir.to_str().expect("utf8");
+    let verify = inferno(&["audit", "verify", d]);
+    let verdict = String::from_utf8_lossy(&verify.stdout).into_owned();
+    assert_eq!(verify.status.code(), Some(0), "{verdict}");
+    assert!(!verdict.contains("incomplete"), "{verdict}");
+    let requests = records(&dir, "request");
+    let ids: Vec<_> = requests
+        .iter()
+        .map(|r| r["request_id"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(ids, ["plain-1", "stream-1"]);
+    assert_eq!(requests[0]["principal"], "anonymous");
+    assert_eq!(requests[1]["stream"], true);
+    let completions = records(&dir, "completion");
+    assert_eq!(completions.len(), 2);
+    for c in &completions {
+        assert_eq!(c["status"], 200);
+        assert!(c["prompt_tokens"].as_u64().unwrap_or(0) > 0, "{c}");
+    }
+    assert!(completions[0]["completion_tokens"].as_u64().unwrap_or(0) > 0);
+    for event in [
+        "started",
+        "certificate_rotated",
+        "policy_config",
+        "gpu_ready",
+        "stopped",
+    ] {
+        assert_eq!(records(&dir, event).len(), 1, "{event}");
+    }
+}
+
+#[test]
+fn kill_9_under_load_loses_no_answered_request() {
+    const ROUNDS: usize = 3;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("audit");
+    let rt = runtime();
+    let mut answered = HashSet::new();
+    for round in 0..ROUNDS {
+        let mut served = serve(&dir, tmp.path());
+        let base = served.base.clone();
+        let ok: Vec<String> = rt.block_on(async {
+            let client = client();
+            let stop = Instant::now() + Duration::from_millis(1500);
+            let tasks: Vec<_> = (0..8)
+                .map(|t| {
+                    let (client, base) = (client.clone(), base.clone());
+                    tokio::spawn(async move {
+                        let mut ok = Vec::new();
+                        let mut i = 0;
+                        while Instant::now() < stop {
+                            let id = format!("r{round}-t{t}-{i}");
+                            if complete(&client, &base, &id, i % 2 == 0).await {
+                                ok.push(id);
+                            }
+                            i += 1;
+                        }
+                        ok
+                    })
+                })
+                .collect();
+            // Kill while requests are in flight.
+            tokio::time::sleep(Duration::from_millis(1200)).await;
+            served.child.kill().expect("kill -9");
+            let mut ok = Vec::new();
+            for t in tasks {
+                ok.extend(t.await.expect("task"));
+            }
+            ok
+        });
+        let _ = served.child.wait();
+        assert!(!ok.is_empty(), "round {round}: nothing was answered");
+        answered.extend(ok);
+    }
+    // A clean start and stop recovers the log; then it must verify and hold every answer.
+    terminate(serve(&dir, tmp.path()));
+    let verify = inferno(&["audit", "verify", dir.to_str().expect("utf8")]);
+    let verdict = String::from_utf8_lossy(&verify.stdout).into_owned();
+    assert_eq!(verify.status.code(), Some(0), "{verdict}");
+    let logged: HashSet<String> = records(&dir, "request")
+        .iter()
+        .filter_map(|r| r["request_id"].as_str().map(str::to_owned))
+        .collect();
+    let missing: Vec<_> = answered.difference(&logged).take(5).collect();
+    assert!(
+        missing.is_empty(),
+        "answered without a request record: {missing:?}"
+    );
+    assert_eq!(records(&dir, "started").len(), ROUNDS + 1);
+    eprintln!(
+        "{ROUNDS} kill -9 rounds: {} answered requests, all with request records; {verdict}",
+        answered.len()
+    );
+}
