@@ -483,6 +483,17 @@ fn device_sampling_matches_host_logits_with_one_copy_each_way() {
             lp.top
         );
     }
+    // The engine's reference sampler, fed the same logits, picks the same token and the same
+    // alternatives (same order) with the same logprobs.
+    let host = inferno::engine::sampling::sample(reference.clone(), &spec(Some(5)));
+    let host_lp = host.logprob.as_ref().expect("reference logprobs");
+    assert_eq!(host.token, tokens[0].token);
+    assert!((host_lp.logprob - lp.logprob).abs() < 1e-4);
+    let ids = |top: &[(u32, f32)]| top.iter().map(|(id, _)| *id).collect::<Vec<_>>();
+    assert_eq!(ids(&host_lp.top), ids(&lp.top));
+    for ((_, a), (_, b)) in host_lp.top.iter().zip(&lp.top) {
+        assert!((a - b).abs() < 1e-4, "{:?} vs {:?}", host_lp.top, lp.top);
+    }
 
     // Decode steps: exactly one copy each way per step.
     let mut tokens = seq.tokens.clone();
