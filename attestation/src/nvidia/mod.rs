@@ -1,0 +1,1 @@
+//! NVIDIA GPU evidence (in progress).
