@@ -49,3 +49,34 @@ pub mod option {
         .transpose()
     }
 }
+
+/// The same adapter for `Vec<Vec<u8>>` fields (a JSON array of base64 strings).
+pub mod vec {
+    use super::STANDARD;
+    use base64::Engine as _;
+    use serde::ser::SerializeSeq as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Serialises a list of byte strings as base64 strings.
+    pub fn serialize<S: Serializer>(items: &[Vec<u8>], serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(items.len()))?;
+        for item in items {
+            seq.serialize_element(&STANDARD.encode(item))?;
+        }
+        seq.end()
+    }
+
+    /// Deserialises a list of base64 strings.
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<Vec<u8>>, D::Error> {
+        Vec::<String>::deserialize(deserializer)?
+            .iter()
+            .map(|t| {
+                STANDARD
+                    .decode(t.as_bytes())
+                    .map_err(|e| serde::de::Error::custom(format!("invalid base64: {e}")))
+            })
+            .collect()
+    }
+}

@@ -56,7 +56,11 @@ pub fn parse_and_bind(report: &[u8]) -> Result<HclReport, TpmError> {
     let variable_data = igvm
         .get(IGVM_HEADER_LEN..)
         .and_then(|rest| rest.get(..var_len))
-        .ok_or_else(|| err(format!("variable data of {var_len} bytes overruns the report")))?;
+        .ok_or_else(|| {
+            err(format!(
+                "variable data of {var_len} bytes overruns the report"
+            ))
+        })?;
     let digest = match hash_type {
         1 => ring::digest::digest(&ring::digest::SHA256, variable_data),
         2 => ring::digest::digest(&ring::digest::SHA384, variable_data),

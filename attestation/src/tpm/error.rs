@@ -68,7 +68,9 @@ pub enum TpmError {
     #[error("the evidence holds no quote")]
     NoQuote,
     /// A quote selects more than one PCR bank, or a bank other than the one its values name.
-    #[error("quote {index}: PCR selection {selected} does not match the supplied {supplied} values")]
+    #[error(
+        "quote {index}: PCR selection {selected} does not match the supplied {supplied} values"
+    )]
     PcrBankMismatch {
         /// Quote index in the evidence.
         index: usize,

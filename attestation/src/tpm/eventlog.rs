@@ -45,13 +45,12 @@ impl EventLog {
     pub fn parse(bytes: &[u8]) -> Result<Self, TpmError> {
         let mut r = Reader::new(bytes, "TCG event log");
         let first = read_sha1_event(&mut r)?;
-        let spec_sizes = if first.event_type == EV_NO_ACTION
-            && first.data.starts_with(SPEC_ID_SIGNATURE)
-        {
-            Some(parse_spec_id(&first.data)?)
-        } else {
-            None
-        };
+        let spec_sizes =
+            if first.event_type == EV_NO_ACTION && first.data.starts_with(SPEC_ID_SIGNATURE) {
+                Some(parse_spec_id(&first.data)?)
+            } else {
+                None
+            };
         let mut log = Self {
             events: Vec::new(),
             banks: Vec::new(),
@@ -122,10 +121,12 @@ impl EventLog {
                 reason: format!("event for PCR {} has no {bank} digest", event.pcr),
                 offset: 0,
             })?;
-            let current = values.get_mut(&event.pcr).ok_or_else(|| TpmError::EventLog {
-                reason: format!("event names PCR {} (at most 23)", event.pcr),
-                offset: 0,
-            })?;
+            let current = values
+                .get_mut(&event.pcr)
+                .ok_or_else(|| TpmError::EventLog {
+                    reason: format!("event names PCR {} (at most 23)", event.pcr),
+                    offset: 0,
+                })?;
             let mut input = current.clone();
             input.extend_from_slice(digest);
             *current = bank.digest(&input);

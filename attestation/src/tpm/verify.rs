@@ -96,7 +96,11 @@ fn verify_quote(
         });
     }
     let bank = q.pcrs.bank;
-    let selected: Vec<_> = quote.selections.iter().filter(|s| !s.pcrs.is_empty()).collect();
+    let selected: Vec<_> = quote
+        .selections
+        .iter()
+        .filter(|s| !s.pcrs.is_empty())
+        .collect();
     let [selection] = selected.as_slice() else {
         return Err(TpmError::PcrBankMismatch {
             index,
