@@ -23,6 +23,7 @@ mod evidence;
 pub mod opaque;
 pub mod rim;
 pub mod roots;
+pub mod simulated;
 pub mod spdm;
 mod verify;
 mod xmldsig;
