@@ -20,6 +20,7 @@
 pub mod certs;
 mod error;
 mod evidence;
+pub mod nvml;
 pub mod opaque;
 pub mod rim;
 pub mod roots;
