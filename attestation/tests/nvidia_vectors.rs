@@ -1,6 +1,6 @@
 //! NVIDIA GPU verifier against the shared real H100 vectors and broken copies of them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use inferno_attestation::nvidia::{
     self, CcMode, GpuError, GpuEvidence, GpuTrust, certs::pem_chain, rim::Rim, rim::RimKind,
@@ -18,18 +18,18 @@ fn vectors() -> Option<PathBuf> {
     }
 }
 
-fn read(dir: &PathBuf, name: &str) -> Vec<u8> {
+fn read(dir: &Path, name: &str) -> Vec<u8> {
     std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("reading {name}: {e}"))
 }
 
-fn hex_file(dir: &PathBuf, name: &str) -> Vec<u8> {
+fn hex_file(dir: &Path, name: &str) -> Vec<u8> {
     let text = String::from_utf8(read(dir, name)).unwrap();
     hex::decode(text.trim()).unwrap()
 }
 
 const NONCE: &str = "931d8dd0add203ac3d8b4fbde75e115278eefcdceac5b87671a748f32364dfcb";
 
-fn hopper(dir: &PathBuf) -> GpuEvidence {
+fn hopper(dir: &Path) -> GpuEvidence {
     GpuEvidence {
         report: hex_file(dir, "nvidia-h100/nvtrust/hopperAttestationReport.txt"),
         cert_chain: pem_chain(
@@ -208,7 +208,7 @@ fn trailing_bytes_are_tolerated_and_truncation_is_not() {
     assert!(SpdmReport::parse(&bad).is_err());
 }
 
-fn rims(dir: &PathBuf, driver: &str, vbios: &str) -> Vec<Rim> {
+fn rims(dir: &Path, driver: &str, vbios: &str) -> Vec<Rim> {
     vec![
         Rim {
             kind: RimKind::Driver,

@@ -1,7 +1,7 @@
 //! TPM verifier against the shared real-world vectors (GCE vTPM, Azure SNP CVM vTPM) and
 //! against broken copies of them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use inferno_attestation::tpm::{
     self, AkKey, AkPublic, HashAlg, PcrBank, PcrValue, QuoteEvidence, Signature, TpmError,
@@ -21,12 +21,12 @@ fn vectors(sub: &str) -> Option<PathBuf> {
     }
 }
 
-fn read(dir: &PathBuf, name: &str) -> Vec<u8> {
+fn read(dir: &Path, name: &str) -> Vec<u8> {
     std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("reading {name}: {e}"))
 }
 
 /// GCE evidence with the three quotes (SHA-1, SHA-256, SHA-384 banks) and the event log.
-fn gce_evidence(dir: &PathBuf) -> TpmEvidence {
+fn gce_evidence(dir: &Path) -> TpmEvidence {
     let quotes = [
         ("sha1", HashAlg::Sha1),
         ("sha256", HashAlg::Sha256),
@@ -217,7 +217,7 @@ struct AzureQuote {
     pcrs: Vec<String>,
 }
 
-fn azure_evidence(dir: &PathBuf, ak: &AkKey) -> TpmEvidence {
+fn azure_evidence(dir: &Path, ak: &AkKey) -> TpmEvidence {
     let quote: AzureQuote =
         serde_json::from_slice(&read(dir, "trustee-original/tpm-quote-v1.json")).unwrap();
     let values = quote

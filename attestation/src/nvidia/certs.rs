@@ -26,7 +26,7 @@ pub fn parse_der<'a>(
     position: usize,
 ) -> Result<X509Certificate<'a>, GpuError> {
     match X509Certificate::from_der(der) {
-        Ok((rest, cert)) if rest.is_empty() => Ok(cert),
+        Ok(([], cert)) => Ok(cert),
         Ok(_) => Err(GpuError::CertChain {
             chain,
             reason: format!("certificate {position} has trailing bytes"),

@@ -10,6 +10,8 @@ use super::reader::Reader;
 const TPM_GENERATED_VALUE: u32 = 0xff54_4347;
 /// TPM_ST_ATTEST_QUOTE.
 const TPM_ST_ATTEST_QUOTE: u16 = 0x8018;
+/// Largest PCR bitmap accepted (32 PCRs; PC Client TPMs have 24).
+const MAX_PCR_SELECT: u8 = 4;
 
 /// One TPMS_PCR_SELECTION: a bank and the PCR indices it selects.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,15 +73,16 @@ impl Quote {
                 value: u64::from(alg),
             })?;
             let size = r.u8("pcrSelections.sizeofSelect")?;
+            if size > MAX_PCR_SELECT {
+                return Err(TpmError::Unsupported {
+                    structure: S,
+                    field: "pcrSelections.sizeofSelect",
+                    value: u64::from(size),
+                });
+            }
             let bitmap = r.bytes(usize::from(size), "pcrSelections.pcrSelect")?;
-            let pcrs = bitmap
-                .iter()
-                .enumerate()
-                .flat_map(|(byte, bits)| {
-                    (0..8u8).filter_map(move |bit| {
-                        (bits & (1 << bit) != 0).then(|| (byte as u8) * 8 + bit)
-                    })
-                })
+            let pcrs = (0..size * 8)
+                .filter(|pcr| bitmap[usize::from(pcr / 8)] & (1 << (pcr % 8)) != 0)
                 .collect();
             selections.push(PcrSelection { bank, pcrs });
         }
