@@ -1,0 +1,4 @@
+//! Byte layouts: parsing and serialisation of platform evidence, with no policy.
+
+pub mod snp;
+pub mod tdx;
