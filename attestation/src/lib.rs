@@ -14,8 +14,11 @@
 #![warn(missing_docs)]
 
 pub mod abi;
+pub mod appraise;
+pub mod bundle;
 pub mod evidence;
 pub mod pki;
 pub mod policy;
 pub mod report;
 pub mod runtime_data;
+pub mod verify;
