@@ -16,6 +16,7 @@
 pub mod abi;
 pub mod appraise;
 pub mod bundle;
+pub mod collect;
 pub mod evidence;
 pub mod pki;
 pub mod policy;
