@@ -6,6 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::evidence::Base64Bytes;
 
+/// Intel collateral in dcap-qvl's layout, re-exported for bundle builders.
+pub use dcap_qvl::QuoteCollateralV3;
+
 /// The only bundle version this crate produces and accepts.
 pub const BUNDLE_VERSION: u32 = 1;
 
@@ -60,7 +63,7 @@ pub struct IntelCollateral {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fmspc: Option<String>,
     /// The collateral.
-    pub collateral: dcap_qvl::QuoteCollateralV3,
+    pub collateral: QuoteCollateralV3,
 }
 
 /// A named opaque file (an NVIDIA RIM or OCSP response).
