@@ -294,3 +294,34 @@ fn azure_quote_with_the_wrong_ak_is_rejected() {
     let err = tpm::verify(&azure_evidence(&dir, &ek), b"challenge").unwrap_err();
     assert!(matches!(err, TpmError::BadSignature { index: 0 }), "{err}");
 }
+
+#[test]
+fn gce_ak_hash_is_over_tpmt_public_and_attributes_are_enforced() {
+    let Some(dir) = vectors("tpm/go-tpm-tools/gce-cos-85-nonce9009") else {
+        return;
+    };
+    let tpmt = read(&dir, "ak_pub.tpmt_public.bin");
+    let claims = tpm::verify(&gce_evidence(&dir), &GCE_NONCE).unwrap();
+    assert_eq!(
+        claims.ak_tpmt_public_sha256,
+        Some(hex::encode(HashAlg::Sha256.digest(&tpmt)))
+    );
+    // Clearing `restricted` (bit 16 of objectAttributes at offset 4) is refused, even though
+    // the key itself, and so every signature, is unchanged.
+    let mut evidence = gce_evidence(&dir);
+    let AkPublic::TpmtPublic(bytes) = &mut evidence.ak else {
+        unreachable!("GCE evidence carries a TPMT_PUBLIC");
+    };
+    bytes[5] &= !0x01;
+    let err = tpm::verify(&evidence, &GCE_NONCE).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TpmError::AkAttributes {
+                missing: "restricted",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}

@@ -199,6 +199,36 @@ pub enum AkKey {
     },
 }
 
+/// TPMA_OBJECT fixedTPM.
+const ATTR_FIXED_TPM: u32 = 1 << 1;
+/// TPMA_OBJECT restricted.
+const ATTR_RESTRICTED: u32 = 1 << 16;
+/// TPMA_OBJECT sign.
+const ATTR_SIGN: u32 = 1 << 18;
+
+/// Checks that a marshalled TPMT_PUBLIC describes an attestation key: fixedTPM, restricted
+/// and sign. A restricted key only signs data the TPM generated, so it cannot be used to
+/// forge a TPMS_ATTEST.
+pub fn check_ak_attributes(bytes: &[u8]) -> Result<(), TpmError> {
+    let mut r = Reader::new(bytes, "TPMT_PUBLIC");
+    r.u16("type")?;
+    r.u16("nameAlg")?;
+    let attributes = r.u32("objectAttributes")?;
+    for (bit, name) in [
+        (ATTR_FIXED_TPM, "fixedTPM"),
+        (ATTR_RESTRICTED, "restricted"),
+        (ATTR_SIGN, "sign"),
+    ] {
+        if attributes & bit == 0 {
+            return Err(TpmError::AkAttributes {
+                attributes,
+                missing: name,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Parses a marshalled TPMT_PUBLIC holding an RSA or NIST P-256 key.
 pub fn parse_tpmt_public(bytes: &[u8]) -> Result<AkKey, TpmError> {
     const S: &str = "TPMT_PUBLIC";

@@ -40,6 +40,14 @@ pub enum TpmError {
     /// The AK public key could not be decoded.
     #[error("AK public key: {0}")]
     AkKey(String),
+    /// The AK's TPMT_PUBLIC lacks an attribute every attestation key must have.
+    #[error("AK objectAttributes {attributes:#010x} lack `{missing}`")]
+    AkAttributes {
+        /// The TPMA_OBJECT bits.
+        attributes: u32,
+        /// The missing attribute.
+        missing: &'static str,
+    },
     /// The signature scheme does not fit the AK's key type.
     #[error("quote {index}: signature algorithm {sig_alg:#06x} does not match the AK key type")]
     SignatureKeyMismatch {

@@ -4,17 +4,21 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::abi::{Quote, Signature};
+use super::abi::{Quote, Signature, check_ak_attributes};
 use super::alg::HashAlg;
 use super::error::TpmError;
 use super::eventlog::EventLog;
-use super::evidence::{QuoteEvidence, TpmEvidence};
+use super::evidence::{AkPublic, QuoteEvidence, TpmEvidence};
 
 /// What verified TPM evidence vouches for. Plain data; digests are lower-case hex.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TpmClaims {
-    /// SHA-256 of the AK's DER SubjectPublicKeyInfo (hex): the value bound in the
-    /// runtime-data document.
+    /// SHA-256 of the AK's marshalled TPMT_PUBLIC (hex), when the evidence carries that
+    /// form: the runtime-data document's `tpm_ak_sha256`. The AK's attributes were checked
+    /// (fixedTPM, restricted, sign).
+    pub ak_tpmt_public_sha256: Option<String>,
+    /// SHA-256 of the AK's DER SubjectPublicKeyInfo (hex): a key identity for AKs that
+    /// arrive without a TPMT_PUBLIC (such as Azure's `HCLAkPub` JWK).
     pub ak_spki_sha256: String,
     /// The quotes' extraData (hex), equal to the expected nonce.
     pub nonce: String,
@@ -51,6 +55,13 @@ pub struct ReplayClaims {
 pub fn verify(evidence: &TpmEvidence, expected_nonce: &[u8]) -> Result<TpmClaims, TpmError> {
     let ak = evidence.ak.key()?;
     let ak_hash = ak.spki_sha256()?;
+    let ak_tpmt_public_sha256 = match &evidence.ak {
+        AkPublic::TpmtPublic(bytes) => {
+            check_ak_attributes(bytes)?;
+            Some(hex::encode(HashAlg::Sha256.digest(bytes)))
+        }
+        AkPublic::SpkiDer(_) => None,
+    };
     let mut pcrs: BTreeMap<HashAlg, BTreeMap<u8, String>> = BTreeMap::new();
     let mut quotes = Vec::with_capacity(evidence.quotes.len());
     for (index, q) in evidence.quotes.iter().enumerate() {
@@ -67,6 +78,7 @@ pub fn verify(evidence: &TpmEvidence, expected_nonce: &[u8]) -> Result<TpmClaims
         .map(|log| replay_against(log, &pcrs))
         .transpose()?;
     Ok(TpmClaims {
+        ak_tpmt_public_sha256,
         ak_spki_sha256: hex::encode(ak_hash),
         nonce: hex::encode(&head.extra_data),
         pcrs,
