@@ -124,3 +124,86 @@ fn evidence_round_trips_through_json() {
     let back: GpuEvidence = serde_json::from_str(&json).unwrap();
     assert_eq!(back, evidence);
 }
+
+/// A RIM whose active golden values are the simulated GPU's measurements `range`.
+fn rim_for(
+    gpu: &SimulatedGpu,
+    version: &str,
+    range: std::ops::RangeInclusive<u8>,
+) -> nvidia::rim::ParsedRim {
+    nvidia::rim::ParsedRim {
+        tag_id: format!("sim-{version}"),
+        version: version.into(),
+        golden: (0..64)
+            .map(|index| nvidia::rim::Golden {
+                index,
+                active: range.contains(&index),
+                alternatives: vec![vec![0xee; 48], gpu.measurement(index + 1).to_vec()],
+            })
+            .collect(),
+        signer_chain: Vec::new(),
+    }
+}
+
+#[test]
+fn golden_measurements_are_compared_block_by_block() {
+    let gpu = gpu();
+    let evidence = gpu.evidence(&NONCE).unwrap();
+    let report = SpdmReport::parse(&evidence.report).unwrap();
+    let driver = rim_for(&gpu, "550.90.07", 10..=40);
+    let vbios = rim_for(&gpu, "96.00.9f.00.01", 0..=9);
+    let matched = nvidia::compare_reference_values(
+        &driver,
+        &vbios,
+        &report.blocks,
+        "550.90.07",
+        "96.00.9F.00.01",
+    )
+    .expect("golden values match");
+    assert_eq!(matched.compared, 41);
+
+    let mut wrong = driver.clone();
+    wrong.golden[20].alternatives = vec![vec![0u8; 48]];
+    let err = nvidia::compare_reference_values(
+        &wrong,
+        &vbios,
+        &report.blocks,
+        "550.90.07",
+        "96.00.9F.00.01",
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GpuError::MeasurementMismatch {
+                index: 21,
+                rim: "driver"
+            }
+        ),
+        "{err}"
+    );
+
+    let overlapping = rim_for(&gpu, "96.00.9f.00.01", 0..=10);
+    let err = nvidia::compare_reference_values(
+        &driver,
+        &overlapping,
+        &report.blocks,
+        "550.90.07",
+        "96.00.9F.00.01",
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("active in both"), "{err}");
+
+    let err = nvidia::compare_reference_values(
+        &driver,
+        &vbios,
+        &report.blocks,
+        "550.90.07",
+        "96.00.9F.00.02",
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, GpuError::RimVersionMismatch { kind: "VBIOS", .. }),
+        "{err}"
+    );
+}

@@ -31,4 +31,4 @@ mod xmldsig;
 
 pub use error::GpuError;
 pub use evidence::{CcMode, GpuEvidence, GpuTrust};
-pub use verify::{GpuClaims, ReferenceValues, verify, verify_rim};
+pub use verify::{GpuClaims, ReferenceValues, compare_reference_values, verify, verify_rim};

@@ -205,22 +205,35 @@ fn compare_rims(
     };
     let driver = pick(RimKind::Driver)?;
     let vbios = pick(RimKind::Vbios)?;
+    compare_reference_values(&driver, &vbios, blocks, driver_version, vbios_version)
+}
+
+/// Compares verified driver and VBIOS RIMs with the report: each RIM's version must equal
+/// the reported one, no index may be active in both, and every active golden measurement
+/// (RIM index `i` is report block `i + 1`) must equal one of its alternatives.
+pub fn compare_reference_values(
+    driver: &ParsedRim,
+    vbios: &ParsedRim,
+    blocks: &[MeasurementBlock],
+    driver_version: &str,
+    vbios_version: &str,
+) -> Result<ReferenceValues, GpuError> {
     if driver.version != driver_version {
         return Err(GpuError::RimVersionMismatch {
             kind: "driver",
-            rim_version: driver.version,
+            rim_version: driver.version.clone(),
             reported: driver_version.into(),
         });
     }
     if !vbios.version.eq_ignore_ascii_case(vbios_version) {
         return Err(GpuError::RimVersionMismatch {
             kind: "VBIOS",
-            rim_version: vbios.version,
+            rim_version: vbios.version.clone(),
             reported: vbios_version.into(),
         });
     }
     let mut compared = 0;
-    for (rim, other, name) in [(&driver, &vbios, "driver"), (&vbios, &driver, "VBIOS")] {
+    for (rim, other, name) in [(driver, vbios, "driver"), (vbios, driver, "VBIOS")] {
         for golden in rim.golden.iter().filter(|g| g.active) {
             if other
                 .golden
@@ -250,8 +263,8 @@ fn compare_rims(
         }
     }
     Ok(ReferenceValues {
-        driver_rim: driver.tag_id,
-        vbios_rim: vbios.tag_id,
+        driver_rim: driver.tag_id.clone(),
+        vbios_rim: vbios.tag_id.clone(),
         compared,
     })
 }
