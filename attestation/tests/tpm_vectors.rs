@@ -261,6 +261,7 @@ fn azure_hcl_binds_the_ak_and_the_quote_verifies() {
     );
     let claims = tpm::verify(&azure_evidence(&dir, &hcl.ak), b"challenge").expect("quote verifies");
     assert_eq!(claims.nonce, hex::encode(b"challenge"));
+    assert!(!claims.ak_restricted, "a JWK carries no TPM attributes");
     assert_eq!(claims.pcrs[&HashAlg::Sha256].len(), 24);
     // The standalone attest matches the JSON message.
     let quote = tpm::Quote::parse(&read(&dir, "derived/standalone/tpm-quote-attest.bin")).unwrap();
@@ -296,15 +297,18 @@ fn azure_quote_with_the_wrong_ak_is_rejected() {
 }
 
 #[test]
-fn gce_ak_hash_is_over_tpmt_public_and_attributes_are_enforced() {
+fn gce_ak_hash_is_over_the_spki_and_attributes_are_enforced() {
     let Some(dir) = vectors("tpm/go-tpm-tools/gce-cos-85-nonce9009") else {
         return;
     };
-    let tpmt = read(&dir, "ak_pub.tpmt_public.bin");
     let claims = tpm::verify(&gce_evidence(&dir), &GCE_NONCE).unwrap();
+    assert!(claims.ak_restricted);
+    // The AK hash is over the DER SPKI, which the PEM file holds.
+    let pem = String::from_utf8(read(&dir, "ak_pub.pem")).unwrap();
+    let (_, block) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap();
     assert_eq!(
-        claims.ak_tpmt_public_sha256,
-        Some(hex::encode(HashAlg::Sha256.digest(&tpmt)))
+        claims.ak_spki_sha256,
+        hex::encode(HashAlg::Sha256.digest(&block.contents))
     );
     // Clearing `restricted` (bit 16 of objectAttributes at offset 4) is refused, even though
     // the key itself, and so every signature, is unchanged.

@@ -10,10 +10,10 @@
 //!   SHA-256), that extraData equals the nonce, and that the digest of the supplied PCR values
 //!   (with the signature's hash) equals pcrDigest; then it replays the event log. Each failed
 //!   check is its own [`TpmError`] variant, naming the quote, bank and PCR.
-//! - AK binding: [`TpmClaims::ak_tpmt_public_sha256`] (SHA-256 of the AK's marshalled
-//!   TPMT_PUBLIC, whose fixedTPM/restricted/sign attributes are checked) is the runtime-data
-//!   document's `tpm_ak_sha256`; [`TpmClaims::ak_spki_sha256`] identifies AKs given as a
-//!   SubjectPublicKeyInfo. On Azure,
+//! - AK binding: [`TpmClaims::ak_spki_sha256`] (SHA-256 of the AK's DER SubjectPublicKeyInfo,
+//!   also [`AkKey::spki_sha256`]) is the runtime-data document's `tpm_ak_sha256`;
+//!   [`TpmClaims::ak_restricted`] says whether the AK's TPMT_PUBLIC attributes (fixedTPM,
+//!   restricted, sign) were checked. On Azure,
 //!   [`azure_hcl::parse_and_bind`] checks that the SNP REPORT_DATA holds the hash of the HCL
 //!   variable data and returns `HCLAkPub` plus the SNP report, which the SNP verifier must
 //!   still verify.

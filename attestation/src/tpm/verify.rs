@@ -13,13 +13,13 @@ use super::evidence::{AkPublic, QuoteEvidence, TpmEvidence};
 /// What verified TPM evidence vouches for. Plain data; digests are lower-case hex.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TpmClaims {
-    /// SHA-256 of the AK's marshalled TPMT_PUBLIC (hex), when the evidence carries that
-    /// form: the runtime-data document's `tpm_ak_sha256`. The AK's attributes were checked
-    /// (fixedTPM, restricted, sign).
-    pub ak_tpmt_public_sha256: Option<String>,
-    /// SHA-256 of the AK's DER SubjectPublicKeyInfo (hex): a key identity for AKs that
-    /// arrive without a TPMT_PUBLIC (such as Azure's `HCLAkPub` JWK).
+    /// SHA-256 of the AK's DER SubjectPublicKeyInfo (hex): the runtime-data document's
+    /// `tpm_ak_sha256`.
     pub ak_spki_sha256: String,
+    /// True when the AK came as a TPMT_PUBLIC whose attributes (fixedTPM, restricted, sign)
+    /// were checked; false when only its public key was given (e.g. Azure's `HCLAkPub`,
+    /// which the HCL report vouches for instead).
+    pub ak_restricted: bool,
     /// The quotes' extraData (hex), equal to the expected nonce.
     pub nonce: String,
     /// Verified PCR values: bank → PCR index → hex digest.
@@ -55,12 +55,12 @@ pub struct ReplayClaims {
 pub fn verify(evidence: &TpmEvidence, expected_nonce: &[u8]) -> Result<TpmClaims, TpmError> {
     let ak = evidence.ak.key()?;
     let ak_hash = ak.spki_sha256()?;
-    let ak_tpmt_public_sha256 = match &evidence.ak {
+    let ak_restricted = match &evidence.ak {
         AkPublic::TpmtPublic(bytes) => {
             check_ak_attributes(bytes)?;
-            Some(hex::encode(HashAlg::Sha256.digest(bytes)))
+            true
         }
-        AkPublic::SpkiDer(_) => None,
+        AkPublic::SpkiDer(_) => false,
     };
     let mut pcrs: BTreeMap<HashAlg, BTreeMap<u8, String>> = BTreeMap::new();
     let mut quotes = Vec::with_capacity(evidence.quotes.len());
@@ -78,8 +78,8 @@ pub fn verify(evidence: &TpmEvidence, expected_nonce: &[u8]) -> Result<TpmClaims
         .map(|log| replay_against(log, &pcrs))
         .transpose()?;
     Ok(TpmClaims {
-        ak_tpmt_public_sha256,
         ak_spki_sha256: hex::encode(ak_hash),
+        ak_restricted,
         nonce: hex::encode(&head.extra_data),
         pcrs,
         clock: head.clock,
