@@ -60,7 +60,7 @@ pub struct RuntimeData {
     /// SHA-256 of the DER SubjectPublicKeyInfo of the server's TLS key, hex.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_spki_sha256: Option<String>,
-    /// SHA-256 of the vTPM attestation key's TPMT_PUBLIC, hex.
+    /// SHA-256 of the vTPM attestation key's DER SubjectPublicKeyInfo, hex.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tpm_ak_sha256: Option<String>,
     /// The schema version; always [`RUNTIME_DATA_VERSION`].

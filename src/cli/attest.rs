@@ -9,7 +9,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use inferno_attestation::appraise::{AppraisalInput, appraise};
-use inferno_attestation::bundle::{CollateralBundle, IntelCollateral, NamedBlob, QuoteCollateralV3};
+use inferno_attestation::bundle::{
+    CollateralBundle, IntelCollateral, NamedBlob, QuoteCollateralV3,
+};
 use inferno_attestation::collect::{collect_evidence, simulated::SimulatedSnp};
 use inferno_attestation::evidence::{Base64Bytes, Evidence};
 use inferno_attestation::pki;
@@ -130,7 +132,10 @@ fn verify(args: &VerifyArgs) -> ExitCode {
         let collateral = args
             .collateral
             .as_deref()
-            .map(|p| CollateralBundle::from_file(p).with_context(|| format!("collateral {}", p.display())))
+            .map(|p| {
+                CollateralBundle::from_file(p)
+                    .with_context(|| format!("collateral {}", p.display()))
+            })
             .transpose()?;
         let now = match &args.now {
             Some(text) => OffsetDateTime::parse(text, &Rfc3339)
@@ -183,10 +188,14 @@ fn bundle(args: &BundleArgs) -> anyhow::Result<()> {
     let created = OffsetDateTime::now_utc().format(&Rfc3339)?;
     let mut out = CollateralBundle::empty(created);
     for p in &args.vcek {
-        out.amd.vcek.extend(certificate(p)?.into_iter().map(Base64Bytes));
+        out.amd
+            .vcek
+            .extend(certificate(p)?.into_iter().map(Base64Bytes));
     }
     for p in &args.vlek {
-        out.amd.vlek.extend(certificate(p)?.into_iter().map(Base64Bytes));
+        out.amd
+            .vlek
+            .extend(certificate(p)?.into_iter().map(Base64Bytes));
     }
     for p in &args.amd_chain {
         for der in certificate(p)? {
@@ -221,10 +230,16 @@ fn bundle(args: &BundleArgs) -> anyhow::Result<()> {
             collateral,
         });
     }
-    for (list, paths) in [(&mut out.nvidia.rims, &args.rim), (&mut out.nvidia.ocsp, &args.ocsp)] {
+    for (list, paths) in [
+        (&mut out.nvidia.rims, &args.rim),
+        (&mut out.nvidia.ocsp, &args.ocsp),
+    ] {
         for p in paths {
             list.push(NamedBlob {
-                name: p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+                name: p
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
                 data: Base64Bytes(read(p)?),
             });
         }
@@ -242,7 +257,10 @@ fn tcb_info_fmspc(tcb_info: &str) -> Option<String> {
 
 fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
     let policy = LoadedPolicy::from_file(&args.policy)?;
-    let mut doc = RuntimeData::new(policy.digest, concat!("inferno/", env!("CARGO_PKG_VERSION")));
+    let mut doc = RuntimeData::new(
+        policy.digest,
+        concat!("inferno/", env!("CARGO_PKG_VERSION")),
+    );
     doc.nonce = args.nonce.clone();
     let sim = SimulatedSnp::new()?;
     let evidence = collect_evidence(&sim, &doc)?;
