@@ -329,3 +329,61 @@ fn gce_ak_hash_is_over_the_spki_and_attributes_are_enforced() {
         "{err}"
     );
 }
+
+/// A certificate file in PEM or DER.
+fn cert(dir: &Path, name: &str) -> Vec<u8> {
+    let bytes = read(dir, name);
+    if bytes.starts_with(b"-----BEGIN") {
+        let (_, pem) = x509_parser::pem::parse_x509_pem(&bytes).unwrap();
+        pem.contents
+    } else {
+        bytes
+    }
+}
+
+#[test]
+fn gce_ak_certificate_chains_to_the_ek_root() {
+    let Some(dir) = vectors("tpm/go-tpm-tools") else {
+        return;
+    };
+    let ak =
+        tpm::parse_tpmt_public(&read(&dir, "gce-cos-85-nonce9009/ak_pub.tpmt_public.bin")).unwrap();
+    let ak_cert = read(&dir, "gce-cos-85-nonce9009/ak_cert.der");
+    let intermediate = cert(&dir, "gce-ek-ca/tpm_ek_intermediate_2.crt");
+    let other_intermediate = cert(&dir, "gce-ek-ca/tpm_ek_intermediate_3.crt");
+    let root = cert(&dir, "gce-ek-ca/tpm_ek_root_1.cer");
+    let other_root = cert(&dir, "gce-ek-ca/gcp_ek_ak_ca_root.crt");
+    let now = time::macros::datetime!(2024-01-01 0:00 UTC);
+
+    let claims = tpm::verify_ak_certificate(
+        &ak,
+        &ak_cert,
+        &[other_intermediate.clone(), intermediate.clone()],
+        std::slice::from_ref(&root),
+        now,
+    )
+    .expect("the AK certificate chains");
+    assert_eq!(claims.chain.len(), 2);
+
+    let without =
+        tpm::verify_ak_certificate(&ak, &ak_cert, &[other_intermediate], &[root.clone()], now);
+    assert!(matches!(without, Err(TpmError::AkCertificate(_))));
+    let foreign =
+        tpm::verify_ak_certificate(&ak, &ak_cert, &[intermediate.clone()], &[other_root], now);
+    assert!(matches!(foreign, Err(TpmError::AkCertificate(_))));
+    let early = tpm::verify_ak_certificate(
+        &ak,
+        &ak_cert,
+        &[intermediate.clone()],
+        &[root.clone()],
+        time::macros::datetime!(2021-01-01 0:00 UTC),
+    );
+    assert!(matches!(early, Err(TpmError::AkCertificate(_))));
+    let other_key = AkKey::Rsa {
+        modulus: vec![0xc5; 256],
+        exponent: 65_537,
+    };
+    let err = tpm::verify_ak_certificate(&other_key, &ak_cert, &[intermediate], &[root], now)
+        .unwrap_err();
+    assert!(err.to_string().contains("not the AK"), "{err}");
+}

@@ -137,6 +137,9 @@ pub enum TpmError {
         /// Hex of the quoted value.
         quoted: String,
     },
+    /// The AK certificate does not certify the AK or does not chain to a trusted root.
+    #[error("AK certificate: {0}")]
+    AkCertificate(String),
     /// The Azure HCL report is malformed or does not bind its variable data.
     #[error("Azure HCL report: {0}")]
     Hcl(String),
