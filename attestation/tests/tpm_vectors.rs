@@ -365,17 +365,27 @@ fn gce_ak_certificate_chains_to_the_ek_root() {
     .expect("the AK certificate chains");
     assert_eq!(claims.chain.len(), 2);
 
-    let without =
-        tpm::verify_ak_certificate(&ak, &ak_cert, &[other_intermediate], &[root.clone()], now);
+    let without = tpm::verify_ak_certificate(
+        &ak,
+        &ak_cert,
+        &[other_intermediate],
+        std::slice::from_ref(&root),
+        now,
+    );
     assert!(matches!(without, Err(TpmError::AkCertificate(_))));
-    let foreign =
-        tpm::verify_ak_certificate(&ak, &ak_cert, &[intermediate.clone()], &[other_root], now);
+    let foreign = tpm::verify_ak_certificate(
+        &ak,
+        &ak_cert,
+        std::slice::from_ref(&intermediate),
+        &[other_root],
+        now,
+    );
     assert!(matches!(foreign, Err(TpmError::AkCertificate(_))));
     let early = tpm::verify_ak_certificate(
         &ak,
         &ak_cert,
-        &[intermediate.clone()],
-        &[root.clone()],
+        std::slice::from_ref(&intermediate),
+        std::slice::from_ref(&root),
         time::macros::datetime!(2021-01-01 0:00 UTC),
     );
     assert!(matches!(early, Err(TpmError::AkCertificate(_))));
