@@ -7,7 +7,9 @@
 //! - [`runtime_data`]: the runtime-data document whose SHA-512 is bound into REPORT_DATA;
 //! - [`policy`]: the server policy (TOML) and its digest;
 //! - [`report`]: the structured appraisal report;
-//! - [`pki`]: shared certificate, CRL and time helpers.
+//! - [`pki`]: shared certificate, CRL and time helpers;
+//! - [`tpm`]: TPM 2.0 quotes, event logs and AK binding (`docs/attestation-tpm.md`);
+//! - [`nvidia`]: NVIDIA H100/H200 SPDM evidence, RIMs and NVML (`docs/attestation-gpu.md`).
 //!
 //! `docs/attestation.md` explains the design and every check.
 
@@ -18,8 +20,11 @@ pub mod appraise;
 pub mod bundle;
 pub mod collect;
 pub mod evidence;
+pub mod nvidia;
 pub mod pki;
 pub mod policy;
 pub mod report;
 pub mod runtime_data;
+mod serde_b64;
+pub mod tpm;
 pub mod verify;
