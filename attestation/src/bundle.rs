@@ -66,7 +66,7 @@ pub struct IntelCollateral {
     pub collateral: QuoteCollateralV3,
 }
 
-/// A named opaque file (an NVIDIA RIM or OCSP response).
+/// A named opaque file (an OCSP response).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NamedBlob {
@@ -76,13 +76,35 @@ pub struct NamedBlob {
     pub data: Base64Bytes,
 }
 
+/// Which component an NVIDIA RIM describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RimComponent {
+    /// The GPU driver.
+    Driver,
+    /// The VBIOS.
+    Vbios,
+}
+
+/// An NVIDIA reference integrity manifest (SWID tag XML).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RimFile {
+    /// The file name it was built from.
+    pub name: String,
+    /// The component it describes.
+    pub component: RimComponent,
+    /// The XML bytes, base64.
+    pub data: Base64Bytes,
+}
+
 /// NVIDIA collateral: reference integrity manifests and OCSP responses.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NvidiaCollateral {
     /// RIMs (SWID tags, XML).
     #[serde(default)]
-    pub rims: Vec<NamedBlob>,
+    pub rims: Vec<RimFile>,
     /// DER OCSP responses for the GPU and RIM certificate chains.
     #[serde(default)]
     pub ocsp: Vec<NamedBlob>,
@@ -153,8 +175,9 @@ mod tests {
     fn round_trips_and_checks_version() {
         let mut b = CollateralBundle::empty("2026-01-01T00:00:00Z".into());
         b.amd.vcek.push(Base64Bytes(vec![1, 2, 3]));
-        b.nvidia.rims.push(NamedBlob {
+        b.nvidia.rims.push(RimFile {
             name: "x.swidtag".into(),
+            component: RimComponent::Driver,
             data: Base64Bytes(b"<x/>".to_vec()),
         });
         let json = b.to_json();

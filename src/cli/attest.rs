@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use inferno_attestation::appraise::{AppraisalInput, appraise};
 use inferno_attestation::bundle::{
-    CollateralBundle, IntelCollateral, NamedBlob, QuoteCollateralV3,
+    CollateralBundle, IntelCollateral, NamedBlob, QuoteCollateralV3, RimComponent, RimFile,
 };
 use inferno_attestation::collect::{collect_evidence, simulated::SimulatedSnp};
 use inferno_attestation::evidence::{Base64Bytes, Evidence};
@@ -75,9 +75,12 @@ struct BundleArgs {
     /// Intel collateral in dcap-qvl's QuoteCollateralV3 JSON layout; repeatable.
     #[arg(long)]
     tdx_collateral: Vec<PathBuf>,
-    /// An NVIDIA RIM (SWID tag); repeatable.
+    /// An NVIDIA driver RIM (SWID tag); repeatable.
     #[arg(long)]
-    rim: Vec<PathBuf>,
+    driver_rim: Vec<PathBuf>,
+    /// An NVIDIA VBIOS RIM (SWID tag); repeatable.
+    #[arg(long)]
+    vbios_rim: Vec<PathBuf>,
     /// A DER OCSP response; repeatable.
     #[arg(long)]
     ocsp: Vec<PathBuf>,
@@ -230,19 +233,28 @@ fn bundle(args: &BundleArgs) -> anyhow::Result<()> {
             collateral,
         });
     }
-    for (list, paths) in [
-        (&mut out.nvidia.rims, &args.rim),
-        (&mut out.nvidia.ocsp, &args.ocsp),
+    let file_name = |p: &Path| {
+        p.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    for (component, paths) in [
+        (RimComponent::Driver, &args.driver_rim),
+        (RimComponent::Vbios, &args.vbios_rim),
     ] {
         for p in paths {
-            list.push(NamedBlob {
-                name: p
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
+            out.nvidia.rims.push(RimFile {
+                name: file_name(p),
+                component,
                 data: Base64Bytes(read(p)?),
             });
         }
+    }
+    for p in &args.ocsp {
+        out.nvidia.ocsp.push(NamedBlob {
+            name: file_name(p),
+            data: Base64Bytes(read(p)?),
+        });
     }
     std::fs::write(&args.out, out.to_json())
         .with_context(|| format!("cannot write {}", args.out.display()))?;
