@@ -397,3 +397,24 @@ fn gce_ak_certificate_chains_to_the_ek_root() {
         .unwrap_err();
     assert!(err.to_string().contains("not the AK"), "{err}");
 }
+
+#[test]
+fn azure_quote_must_be_signed_by_the_hcl_ak() {
+    let Some(dir) = vectors("azure-snp-vtpm") else {
+        return;
+    };
+    let report = read(&dir, "trustee-original/hcl-report.bin");
+    let hcl = azure_hcl::parse_and_bind(&report).unwrap();
+    let bound =
+        azure_hcl::verify_quote_with_hcl(&report, &azure_evidence(&dir, &hcl.ak), b"challenge")
+            .expect("the quote is bound to the HCL report");
+    assert_eq!(bound.tpm.nonce, hex::encode(b"challenge"));
+    assert_eq!(bound.hcl.snp_report.len(), 1184);
+    // Valid evidence signed by another AK (the GCE vector) is refused for this HCL report.
+    let Some(gce) = vectors("tpm/go-tpm-tools/gce-cos-85-nonce9009") else {
+        return;
+    };
+    let err =
+        azure_hcl::verify_quote_with_hcl(&report, &gce_evidence(&gce), &GCE_NONCE).unwrap_err();
+    assert!(err.to_string().contains("HCLAkPub"), "{err}");
+}
