@@ -40,3 +40,17 @@ proptest! {
         let _ = Quote::parse(&data);
     }
 }
+
+#[test]
+fn pcr_text_errors_name_the_line() {
+    use inferno_attestation::tpm::{HashAlg, PcrBank, TpmError};
+    let ok = PcrBank::from_text(HashAlg::Sha1, "00 00\n\n07 ab\n").unwrap();
+    assert_eq!(ok.values.len(), 2);
+    for (text, line) in [("00 zz", 1), ("00 00\nx 00", 2), ("00 00\n01", 2)] {
+        let err = PcrBank::from_text(HashAlg::Sha1, text).unwrap_err();
+        assert!(
+            matches!(err, TpmError::PcrText { line: l, .. } if l == line),
+            "{text:?}: {err}"
+        );
+    }
+}

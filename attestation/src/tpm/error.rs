@@ -117,6 +117,14 @@ pub enum TpmError {
         /// Bank.
         bank: HashAlg,
     },
+    /// A PCR value text file is malformed.
+    #[error("PCR values, line {line}: {reason}")]
+    PcrText {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        reason: &'static str,
+    },
     /// The event log is malformed.
     #[error("event log: {reason} at byte {offset}")]
     EventLog {
