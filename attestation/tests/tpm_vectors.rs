@@ -62,7 +62,7 @@ fn gce_quotes_verify_and_event_log_replays() {
     assert_eq!(claims.pcrs.len(), 3);
     let replay = claims.event_log.expect("event log replayed");
     let expected: Vec<u8> = (0..=9).chain(11..=16).chain([23]).collect();
-    for bank in [HashAlg::Sha1, HashAlg::Sha256] {
+    for bank in [HashAlg::Sha1, HashAlg::Sha256, HashAlg::Sha384] {
         let reproduced = &replay.reproduced[&bank];
         for pcr in &expected {
             assert!(reproduced.contains(pcr), "{bank} PCR {pcr} not reproduced");
