@@ -42,6 +42,7 @@ fn judge(evidence: &Evidence, policy: &LoadedPolicy) -> AppraisalReport {
         collateral: None,
         now: NOW,
         clock_floor: None,
+        gpu_ready_pending: false,
     })
 }
 
@@ -274,6 +275,7 @@ fn a_clock_set_back_before_a_seen_timestamp_is_rejected() {
         collateral: None,
         now: NOW,
         clock_floor: Some(&floor),
+        gpu_ready_pending: false,
     });
     assert_eq!(failed(&r), ["time.clock_floor"], "{r}");
     // Before the test VCEK was issued: the certificate check and the floor both object.
@@ -283,6 +285,7 @@ fn a_clock_set_back_before_a_seen_timestamp_is_rejected() {
         collateral: None,
         now: datetime!(2024-06-01 0:00 UTC),
         clock_floor: None,
+        gpu_ready_pending: false,
     });
     assert_eq!(failed(&r), ["snp.cert_validity"], "{r}");
 }

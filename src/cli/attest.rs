@@ -157,6 +157,7 @@ fn verify(args: &VerifyArgs) -> ExitCode {
         collateral: collateral.as_ref(),
         now,
         clock_floor: None,
+        gpu_ready_pending: false,
     });
     if args.json {
         match serde_json::to_string_pretty(&report) {
