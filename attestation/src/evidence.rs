@@ -120,6 +120,12 @@ pub struct Evidence {
     /// TDX evidence, when `platform` is `tdx`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tdx: Option<TdxEvidence>,
+    /// vTPM evidence (quotes, AK, event log), when the instance has a vTPM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpm: Option<crate::tpm::TpmEvidence>,
+    /// NVIDIA GPU evidence (SPDM report, device chain, CC and ready state).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<crate::nvidia::GpuEvidence>,
 }
 
 /// Length of an SEV-SNP attestation report.
@@ -157,6 +163,8 @@ impl Evidence {
                 tdx: Some(TdxEvidence {
                     quote: Base64Bytes(bytes.to_vec()),
                 }),
+                tpm: None,
+                gpu: None,
             });
         }
         Err(EvidenceError::UnknownFormat)
@@ -172,6 +180,8 @@ impl Evidence {
                 certs: Vec::new(),
             }),
             tdx: None,
+            tpm: None,
+            gpu: None,
         }
     }
 
@@ -219,6 +229,8 @@ mod tests {
                 }],
             }),
             tdx: None,
+            tpm: None,
+            gpu: None,
         };
         let json = ev.to_json();
         assert!(json.contains("\"platform\": \"sev-snp\""));

@@ -73,6 +73,9 @@ pub struct Policy {
     /// TDX requirements; required when `platforms` lists `tdx`.
     #[serde(default)]
     pub tdx: Option<TdxPolicy>,
+    /// vTPM requirements; absent means a vTPM is not required (but verified when present).
+    #[serde(default)]
+    pub tpm: Option<TpmPolicy>,
     /// GPU requirements.
     pub gpu: GpuPolicy,
     /// What the audit log records (read by the server).
@@ -96,6 +99,9 @@ pub struct SimulatedPolicy {
     /// SHA-256 fingerprints (hex of the DER certificate) of simulated ARKs to trust.
     #[serde(default)]
     pub trusted_ark_sha256: Vec<String>,
+    /// SHA-256 fingerprints (hex of the DER certificate) of simulated GPU roots to trust.
+    #[serde(default)]
+    pub trusted_gpu_root_sha256: Vec<String>,
 }
 
 /// Requirements on the runtime-data document.
@@ -184,6 +190,14 @@ pub struct TdxPolicy {
     pub mr_config_id: Option<Vec<String>>,
 }
 
+/// vTPM requirements.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TpmPolicy {
+    /// Evidence must include a verified vTPM section whose AK is bound by the runtime data.
+    pub required: bool,
+}
+
 /// GPU requirements.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -194,6 +208,9 @@ pub struct GpuPolicy {
     pub require_cc_mode: bool,
     /// The GPU must report the CC ready state.
     pub require_ready_state: bool,
+    /// Driver and VBIOS RIMs must be in the collateral and every golden measurement match.
+    #[serde(default)]
+    pub require_reference_values: bool,
     /// Accepted driver versions. Absent: any.
     #[serde(default)]
     pub driver_versions: Option<Vec<String>>,
@@ -268,6 +285,9 @@ impl Policy {
         }
         for fp in &self.simulated.trusted_ark_sha256 {
             check_hex("simulated.trusted_ark_sha256", fp, 32)?;
+        }
+        for fp in &self.simulated.trusted_gpu_root_sha256 {
+            check_hex("simulated.trusted_gpu_root_sha256", fp, 32)?;
         }
         if self.platforms.contains(&Platform::SevSnp) {
             let snp = self

@@ -104,7 +104,7 @@ pub struct TdxClaims {
 }
 
 /// Everything the evidence claims, once verified.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Claims {
     /// The runtime-data document bound into the evidence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -115,10 +115,16 @@ pub struct Claims {
     /// TDX claims.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tdx: Option<TdxClaims>,
+    /// vTPM claims.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpm: Option<crate::tpm::TpmClaims>,
+    /// GPU claims.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<crate::nvidia::GpuClaims>,
 }
 
 /// The result of appraising evidence against a policy.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AppraisalReport {
     /// Pass only when every check passed.
     pub verdict: Verdict,
@@ -291,6 +297,36 @@ impl fmt::Display for AppraisalReport {
             }
             writeln!(f, "  mrconfigid: {}", tdx.mr_config_id)?;
             writeln!(f, "  report data: {}", tdx.report_data)?;
+        }
+        if let Some(tpm) = &self.claims.tpm {
+            writeln!(f, "  vtpm ak (spki sha256): {}", tpm.ak_spki_sha256)?;
+            for (bank, pcrs) in &tpm.pcrs {
+                writeln!(
+                    f,
+                    "  vtpm {bank} pcrs: {}",
+                    pcrs.keys().map(u8::to_string).collect::<Vec<_>>().join(",")
+                )?;
+            }
+        }
+        if let Some(gpu) = &self.claims.gpu {
+            writeln!(
+                f,
+                "  gpu: driver {}, vbios {}, cc mode {:?}, ready {}{}",
+                gpu.driver_version,
+                gpu.vbios_version,
+                gpu.cc_mode,
+                gpu.ready_state,
+                if gpu.simulated { " (simulated)" } else { "" }
+            )?;
+            writeln!(
+                f,
+                "  gpu reference values: {}",
+                if gpu.reference_values.is_some() {
+                    "matched RIMs"
+                } else {
+                    "none supplied"
+                }
+            )?;
         }
         if let Some(rd) = &self.claims.runtime_data {
             writeln!(

@@ -118,6 +118,16 @@ impl RuntimeData {
     pub fn report_data(&self) -> [u8; 64] {
         Sha512::digest(self.to_canonical_bytes()).into()
     }
+
+    /// The vTPM quote's qualifying data (`extraData`): the same SHA-512 as REPORT_DATA.
+    pub fn tpm_qualifying_data(&self) -> [u8; 64] {
+        self.report_data()
+    }
+
+    /// The 32-byte SPDM nonce for GPU evidence: SHA-256 of the canonical serialisation.
+    pub fn gpu_nonce(&self) -> [u8; 32] {
+        sha2::Sha256::digest(self.to_canonical_bytes()).into()
+    }
 }
 
 fn check_hex(

@@ -42,6 +42,7 @@ fn judge(evidence: &Evidence, policy: &LoadedPolicy) -> AppraisalReport {
         collateral: None,
         now: NOW,
         clock_floor: None,
+        gpu_ready_pending: false,
     })
 }
 
@@ -274,6 +275,7 @@ fn a_clock_set_back_before_a_seen_timestamp_is_rejected() {
         collateral: None,
         now: NOW,
         clock_floor: Some(&floor),
+        gpu_ready_pending: false,
     });
     assert_eq!(failed(&r), ["time.clock_floor"], "{r}");
     // Before the test VCEK was issued: the certificate check and the floor both object.
@@ -283,6 +285,87 @@ fn a_clock_set_back_before_a_seen_timestamp_is_rejected() {
         collateral: None,
         now: datetime!(2024-06-01 0:00 UTC),
         clock_floor: None,
+        gpu_ready_pending: false,
     });
     assert_eq!(failed(&r), ["snp.cert_validity"], "{r}");
+}
+
+fn sim_file(name: &str) -> Vec<u8> {
+    std::fs::read(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata/sim")
+            .join(name),
+    )
+    .unwrap()
+}
+
+fn judge_with_crl(
+    evidence: &Evidence,
+    policy: &LoadedPolicy,
+    crl: Option<&str>,
+) -> AppraisalReport {
+    let mut bundle =
+        inferno_attestation::bundle::CollateralBundle::empty("2026-01-01T00:00:00Z".into());
+    if let Some(name) = crl {
+        bundle.amd.crl.push(Base64Bytes(sim_file(name)));
+    }
+    appraise(&AppraisalInput {
+        evidence,
+        policy,
+        collateral: Some(&bundle),
+        now: NOW,
+        clock_floor: None,
+        gpu_ready_pending: false,
+    })
+}
+
+#[test]
+fn amd_crls_are_verified_for_freshness_and_revocation() {
+    let text = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../policy/development.toml"),
+    )
+    .unwrap();
+    let strict = LoadedPolicy::from_bytes(
+        text.replace("require_crl = false", "require_crl = true")
+            .as_bytes(),
+    )
+    .unwrap();
+    let sim = SimulatedSnp::new().unwrap();
+    let e = collect(&sim, &strict);
+
+    let r = judge_with_crl(&e, &strict, Some("ark.crl.der"));
+    assert!(r.passed(), "{r}");
+    assert!(
+        r.checks
+            .iter()
+            .any(|c| c.id == "snp.crl" && c.passed && c.reason.contains("current"))
+    );
+
+    let r = judge_with_crl(&e, &strict, Some("ark-revokes-ask.crl.der"));
+    assert_eq!(failed(&r), ["snp.crl"], "{r}");
+    assert!(r.to_string().contains("revoked"), "{r}");
+
+    // Next update 2025-06-01 is more than the development grace (30 days) before now.
+    let r = judge_with_crl(&e, &strict, Some("ark-stale.crl.der"));
+    assert_eq!(failed(&r), ["snp.crl"], "{r}");
+    assert!(r.to_string().contains("expired"), "{r}");
+
+    let r = judge_with_crl(&e, &strict, None);
+    assert_eq!(failed(&r), ["snp.crl"], "{r}");
+
+    // A CRL bit flip breaks its signature.
+    let mut bad = sim_file("ark.crl.der");
+    let n = bad.len();
+    bad[n - 10] ^= 1;
+    let mut bundle = inferno_attestation::bundle::CollateralBundle::empty("x".into());
+    bundle.amd.crl.push(Base64Bytes(bad));
+    let r = appraise(&AppraisalInput {
+        evidence: &e,
+        policy: &strict,
+        collateral: Some(&bundle),
+        now: NOW,
+        clock_floor: None,
+        gpu_ready_pending: false,
+    });
+    assert_eq!(failed(&r), ["snp.crl"], "{r}");
 }

@@ -79,6 +79,7 @@ fn snp_appraisal(
         collateral: Some(&bundle),
         now,
         clock_floor: None,
+        gpu_ready_pending: false,
     })
 }
 
@@ -294,6 +295,7 @@ fn tdx_appraisal(quote: &[u8], collateral_json: &[u8], now: OffsetDateTime) -> A
         collateral: Some(&bundle),
         now,
         clock_floor: None,
+        gpu_ready_pending: false,
     })
 }
 

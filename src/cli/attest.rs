@@ -30,11 +30,11 @@ pub struct AttestArgs {
 #[derive(Debug, clap::Subcommand)]
 enum AttestCommand {
     /// Verify evidence (JSON envelope, raw or hex SNP report, or TDX quote) against a policy.
-    Verify(VerifyArgs),
+    Verify(Box<VerifyArgs>),
     /// Build an offline collateral bundle from vendor files.
-    Bundle(BundleArgs),
+    Bundle(Box<BundleArgs>),
     /// Produce simulated SEV-SNP evidence (test keys; only a development policy accepts it).
-    Simulate(SimulateArgs),
+    Simulate(Box<SimulateArgs>),
 }
 
 #[derive(Debug, clap::Args)]
@@ -157,6 +157,7 @@ fn verify(args: &VerifyArgs) -> ExitCode {
         collateral: collateral.as_ref(),
         now,
         clock_floor: None,
+        gpu_ready_pending: false,
     });
     if args.json {
         match serde_json::to_string_pretty(&report) {

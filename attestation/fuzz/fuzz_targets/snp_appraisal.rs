@@ -35,6 +35,7 @@ fuzz_target!(|data: &[u8]| {
         collateral: None,
         now: time::OffsetDateTime::from_unix_timestamp(1_767_225_600).unwrap_or(time::OffsetDateTime::UNIX_EPOCH),
         clock_floor: None,
+        gpu_ready_pending: false,
     });
     assert!(!report.passed());
 });

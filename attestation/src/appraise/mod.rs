@@ -1,8 +1,10 @@
 //! Appraisal: is verified evidence acceptable under a policy? Produces an [`AppraisalReport`]
 //! with every check, the claims and the policy digest.
 
+mod gpu;
 mod snp;
 mod tdx;
+mod tpm;
 
 use time::OffsetDateTime;
 
@@ -26,6 +28,9 @@ pub struct AppraisalInput<'a> {
     pub now: OffsetDateTime,
     /// The newest signed timestamp remembered from earlier (e.g. the last audit checkpoint).
     pub clock_floor: Option<&'a ClockFloor>,
+    /// The server's self-appraisal before it sets the GPU ready state: the policy's
+    /// `require_ready_state` is not applied yet. Verifiers of a running server pass `false`.
+    pub gpu_ready_pending: bool,
 }
 
 /// What a platform appraisal hands back to the common part.
@@ -62,17 +67,24 @@ pub fn appraise(input: &AppraisalInput<'_>) -> AppraisalReport {
         Platform::Tdx => tdx::appraise(input, &mut checks, &mut claims),
     };
 
-    let simulated = outcome.as_ref().is_some_and(|o| o.simulated);
+    let cpu_simulated = outcome.as_ref().is_some_and(|o| o.simulated);
     if let Some(outcome) = &outcome {
-        if outcome.simulated {
-            checks.pass(
-                "simulated",
-                "evidence chains to a simulated root that the policy names: simulated TEE, no hardware protection",
-            );
-        }
         appraise_runtime_data(input, outcome.report_data, &mut checks, &mut claims);
     }
-    appraise_gpu(input, &mut checks);
+    tpm::appraise(input, &mut checks, &mut claims);
+    let gpu_simulated = gpu::appraise(input, &mut checks, &mut claims);
+    let simulated = cpu_simulated || gpu_simulated;
+    if simulated {
+        let which = match (cpu_simulated, gpu_simulated) {
+            (true, true) => "the CPU TEE and the GPU chain",
+            (true, false) => "the CPU TEE chains",
+            _ => "the GPU chains",
+        };
+        checks.pass(
+            "simulated",
+            format!("{which} to a simulated root that the policy names: simulated, no hardware protection"),
+        );
+    }
 
     let mut floor = input.clock_floor.cloned().unwrap_or_default();
     for (t, what) in outcome.iter().flat_map(|o| o.signed_timestamps.iter()) {
@@ -164,16 +176,6 @@ fn appraise_runtime_data(
             "runtime_data.binding",
             "no verified REPORT_DATA to bind the document to",
         ),
-    }
-}
-
-fn appraise_gpu(input: &AppraisalInput<'_>, checks: &mut CheckList) {
-    let gpu = &input.policy.policy.gpu;
-    if gpu.required {
-        checks.fail(
-            "gpu.required",
-            "the policy requires verified GPU evidence; the evidence carries none",
-        );
     }
 }
 

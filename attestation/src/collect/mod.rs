@@ -47,6 +47,8 @@ pub trait EvidenceSource {
 }
 
 /// Collects evidence binding `runtime_data` (its SHA-512 becomes REPORT_DATA) into an envelope.
+/// The caller adds vTPM and GPU sections collected with [`RuntimeData::tpm_qualifying_data`]
+/// and [`RuntimeData::gpu_nonce`].
 pub fn collect_evidence(
     source: &dyn EvidenceSource,
     runtime_data: &RuntimeData,
@@ -64,6 +66,8 @@ pub fn collect_evidence(
         runtime_data: Some(Base64Bytes(runtime_data.to_canonical_bytes())),
         sev_snp,
         tdx,
+        tpm: None,
+        gpu: None,
     })
 }
 

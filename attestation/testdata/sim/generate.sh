@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Generates the simulated TEE's test hierarchy: ARK -> ASK (RSA-4096, RSASSA-PSS/SHA-384,
 # salt 48, as AMD's) -> VCEK (ECDSA P-384) with the AMD VCEK extensions, plus a VCEK whose
-# validity ended in 2021 for negative tests. Test keys only: they are committed on purpose and
-# trusted solely by policies that name the ARK fingerprint (policy/development.toml).
+# validity ended in 2021 for negative tests, and CRLs signed by the ARK. Test keys only: they
+# are committed on purpose and trusted solely by policies that name the ARK fingerprint
+# (policy/development.toml). The ARK and ASK private keys are deleted after use.
 # Usage: attestation/testdata/sim/generate.sh   (rewrites the files beside this script)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -23,6 +24,7 @@ new_certs_dir = $work
 serial = $work/serial
 policy = any
 unique_subject = no
+default_md = sha384
 copy_extensions = none
 [any]
 commonName = supplied
@@ -67,6 +69,19 @@ openssl ca -batch -config "$work/ca.cnf" -cert "$work/ask.pem" -keyfile ask.key.
 openssl ca -batch -config "$work/ca.cnf" -cert "$work/ask.pem" -keyfile ask.key.pem -in "$work/vcek.csr" \
   -extensions vcek_ext -startdate 20200101000000Z -enddate 20210101000000Z "${pss[@]}" \
   -notext -out "$work/vcek-expired.pem" 2>/dev/null
+
+# CRLs issued by the ARK (AMD's CRLs list revoked ASKs/ASVKs): a current empty one, a stale one
+# (next update 2025-06-01) and a current one that revokes the ASK.
+crl() {
+  openssl ca -batch -config "$work/ca.cnf" -gencrl -cert "$work/ark.pem" -keyfile ark.key.pem \
+    -crl_lastupdate "$1" -crl_nextupdate "$2" "${pss[@]}" -out "$work/crl.pem" 2>/dev/null
+  openssl crl -in "$work/crl.pem" -outform DER -out "$3"
+}
+crl 20250101000000Z 20500101000000Z ark.crl.der
+crl 20250101000000Z 20250601000000Z ark-stale.crl.der
+openssl ca -batch -config "$work/ca.cnf" -cert "$work/ark.pem" -keyfile ark.key.pem \
+  -revoke "$work/ask.pem" 2>/dev/null
+crl 20250101000000Z 20500101000000Z ark-revokes-ask.crl.der
 
 for name in ark ask vcek vcek-expired; do
   openssl x509 -in "$work/$name.pem" -outform DER -out "$name.der"
