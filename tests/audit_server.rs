@@ -24,7 +24,7 @@ struct Served {
 fn serve(dir: &Path, work: &Path) -> Served {
     let config = work.join("inferno.toml");
     let toml = format!(
-        "[audit]\ndir = {:?}\ncheckpoint_every_records = 20\ncheckpoint_every_seconds = 1\n",
+        "[attestation]\nprofile = \"development\"\n[audit]\ndir = {:?}\ncheckpoint_every_records = 20\ncheckpoint_every_seconds = 1\n",
         dir.to_str().expect("utf8")
     );
     std::fs::write(&config, toml).expect("config");
