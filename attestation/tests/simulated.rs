@@ -96,6 +96,7 @@ fn production_policy_rejects_simulated_evidence() {
         "an untrusted simulated root is not reported as accepted"
     );
     assert!(failed(&r).contains(&"snp.chain".to_owned()), "{r}");
+    assert!(r.to_string().contains("simulated evidence"), "{r}");
 }
 
 #[test]

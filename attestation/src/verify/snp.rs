@@ -236,6 +236,10 @@ pub fn verify(
     if let Some(amd) = input.collateral {
         candidate_roots.extend(decode_all(&amd.ark));
     }
+    let simulated_ark = crate::collect::simulated::ark_fingerprint();
+    let offers_simulated_ark = candidate_roots
+        .iter()
+        .any(|der| hex::encode(pki::sha256(der)) == simulated_ark);
     for der in candidate_roots {
         let fingerprint = hex::encode(pki::sha256(&der));
         if input.trusted_simulated_arks.contains(&fingerprint) {
@@ -324,6 +328,11 @@ pub fn verify(
         );
         if !parse_errors.is_empty() {
             msg.push_str(&format!("; unparsable: {}", parse_errors.join("; ")));
+        }
+        if offers_simulated_ark && !input.trusted_simulated_arks.contains(&simulated_ark) {
+            msg.push_str(
+                "; the evidence chains to the simulated TEE's test ARK, which this policy does not trust (simulated evidence)",
+            );
         }
         return Err(SnpVerifyError::Chain(msg));
     };
