@@ -114,8 +114,10 @@ impl Harness {
 }
 
 pub fn base_config() -> Config {
-    let mut config = Config::default();
-    config.attestation = AttestationConfig::development();
+    let mut config = Config {
+        attestation: AttestationConfig::development(),
+        ..Config::default()
+    };
     config.server.listen = "127.0.0.1:0".parse().expect("address");
     config.auth.keys = vec![key_entry("alice", ALICE), key_entry("bob", BOB)];
     config.limits.max_body_bytes = 256 << 10;
