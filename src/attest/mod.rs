@@ -54,6 +54,9 @@ pub enum AttestationError {
     /// Evidence could not be collected.
     #[error("attestation: collecting evidence failed: {0}")]
     Collect(#[from] CollectError),
+    /// The blocking attestation task did not complete.
+    #[error("attestation: the start-up task failed: {0}")]
+    Task(String),
     /// The evidence does not pass the policy.
     #[error("attestation rejected by policy {policy:?}: {reasons}")]
     Rejected {

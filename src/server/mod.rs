@@ -213,9 +213,7 @@ async fn attest_startup(
         StartupAttestation::establish(&attestation_config, &cert, audit_key)
     })
     .await
-    .map_err(|err| {
-        crate::attest::AttestationError::Certificate(format!("attestation panicked: {err}"))
-    })??;
+    .map_err(|err| crate::attest::AttestationError::Task(err.to_string()))??;
     if attested.appraisal.simulated {
         tracing::warn!("attestation: SIMULATED TEE (development profile), not for production");
     }
