@@ -30,6 +30,43 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// The audit log; without this table nothing is audited (a warning says so at start).
     pub audit: Option<crate::audit::AuditConfig>,
+    /// Start-up attestation; production unless a config selects development (`inferno serve`
+    /// without `--config` runs the development profile).
+    pub attestation: AttestationConfig,
+}
+
+/// Which evidence source and default policy the server uses at start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttestationProfile {
+    /// The simulated TEE and the development policy: no hardware protection.
+    Development,
+    /// Hardware evidence only, appraised by the production policy; failing evidence refuses
+    /// to serve.
+    #[default]
+    Production,
+}
+
+/// The `[attestation]` table.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AttestationConfig {
+    /// `development` (simulated TEE allowed) or `production` (hardware evidence required).
+    pub profile: AttestationProfile,
+    /// The server policy file; without it the profile's embedded policy
+    /// (`policy/development.toml` or `policy/production.toml`).
+    pub policy: Option<PathBuf>,
+}
+
+impl AttestationConfig {
+    /// The development profile with the embedded development policy (the embedded default of
+    /// `inferno serve` without `--config`, and tests).
+    pub fn development() -> Self {
+        Self {
+            profile: AttestationProfile::Development,
+            policy: None,
+        }
+    }
 }
 
 /// The `[server]` table.
@@ -335,6 +372,21 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.contains("max_body"), "{msg}");
         assert!(msg.contains("line 2"), "{msg}");
+    }
+
+    #[test]
+    fn attestation_defaults_to_production_and_reads_its_table() {
+        assert_eq!(
+            Config::default().attestation.profile,
+            AttestationProfile::Production
+        );
+        let config =
+            Config::parse("[attestation]\nprofile = \"development\"\npolicy = \"p.toml\"\n")
+                .unwrap();
+        assert_eq!(config.attestation.profile, AttestationProfile::Development);
+        assert_eq!(config.attestation.policy, Some(PathBuf::from("p.toml")));
+        let err = Config::parse("[attestation]\nprofile = \"lax\"\n").unwrap_err();
+        assert!(err.to_string().contains("lax"), "{err}");
     }
 
     #[test]

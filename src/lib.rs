@@ -8,9 +8,11 @@
 //!   scheduler, prefix cache, sampling, stopping, detokenization);
 //! - [`backend`]: forward-pass implementations (the CPU reference and the CUDA backend);
 //! - [`server`]: the OpenAI-compatible HTTPS API;
+//! - [`attest`]: start-up attestation of the server (evidence binding its keys and policy);
 //! - [`audit`]: the append-only, tamper-evident audit log;
 //! - [`cli`]: the `inferno` command line.
 
+pub mod attest;
 pub mod audit;
 pub mod backend;
 pub mod cli;

@@ -88,6 +88,7 @@ fn serve(audit_dir: Option<&Path>, work: &Path) -> (Child, String) {
         Some(dir) => format!("[audit]\ndir = {:?}\n", dir.to_str().expect("utf8")),
         None => String::new(),
     };
+    let toml = format!("[attestation]\nprofile = \"development\"\n{toml}");
     std::fs::write(&config, toml).expect("config");
     let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
         .args([

@@ -28,7 +28,7 @@ fn serve(dir: &Path, work: &Path) -> Served {
 fn serve_with(dir: &Path, work: &Path, extra: &str) -> Served {
     let config = work.join("inferno.toml");
     let toml = format!(
-        "[audit]\ndir = {:?}\ncheckpoint_every_records = 20\ncheckpoint_every_seconds = 1\n{extra}",
+        "[attestation]\nprofile = \"development\"\n[audit]\ndir = {:?}\ncheckpoint_every_records = 20\ncheckpoint_every_seconds = 1\n{extra}",
         dir.to_str().expect("utf8")
     );
     std::fs::write(&config, toml).expect("config");

@@ -1,2 +1,30 @@
 //! Evidence collection, offline verification and policy appraisal for confidential-computing
 //! platforms (AMD SEV-SNP, Intel TDX, TPM 2.0 and NVIDIA H100/H200 GPUs).
+//!
+//! The crate keeps byte layouts, collection, authenticity and appraisal apart:
+//! - [`abi`]: parse and serialise platform evidence, with no policy;
+//! - [`evidence`]: the documented JSON evidence envelope;
+//! - [`runtime_data`]: the runtime-data document whose SHA-512 is bound into REPORT_DATA;
+//! - [`policy`]: the server policy (TOML) and its digest;
+//! - [`report`]: the structured appraisal report;
+//! - [`pki`]: shared certificate, CRL and time helpers;
+//! - [`tpm`]: TPM 2.0 quotes, event logs and AK binding (`docs/attestation-tpm.md`);
+//! - [`nvidia`]: NVIDIA H100/H200 SPDM evidence, RIMs and NVML (`docs/attestation-gpu.md`).
+//!
+//! `docs/attestation.md` explains the design and every check.
+
+#![warn(missing_docs)]
+
+pub mod abi;
+pub mod appraise;
+pub mod bundle;
+pub mod collect;
+pub mod evidence;
+pub mod nvidia;
+pub mod pki;
+pub mod policy;
+pub mod report;
+pub mod runtime_data;
+mod serde_b64;
+pub mod tpm;
+pub mod verify;

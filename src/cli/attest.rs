@@ -1,14 +1,286 @@
-//! `inferno attest`.
+//! `inferno attest`: verify attestation evidence offline, build collateral bundles, and produce
+//! simulated evidence for development.
+//!
+//! `verify` exits 0 when the evidence passes the policy, 1 when it is rejected and 2 on a usage
+//! or parse error.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+use anyhow::Context;
+use inferno_attestation::appraise::{AppraisalInput, appraise};
+use inferno_attestation::bundle::{
+    CollateralBundle, IntelCollateral, NamedBlob, QuoteCollateralV3, RimComponent, RimFile,
+};
+use inferno_attestation::collect::{collect_evidence, simulated::SimulatedSnp};
+use inferno_attestation::evidence::{Base64Bytes, Evidence};
+use inferno_attestation::pki;
+use inferno_attestation::policy::LoadedPolicy;
+use inferno_attestation::runtime_data::RuntimeData;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
 
 /// Arguments of `inferno attest`.
 #[derive(Debug, clap::Args)]
-pub struct AttestArgs {}
+pub struct AttestArgs {
+    #[command(subcommand)]
+    command: AttestCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum AttestCommand {
+    /// Verify evidence (JSON envelope, raw or hex SNP report, or TDX quote) against a policy.
+    Verify(Box<VerifyArgs>),
+    /// Build an offline collateral bundle from vendor files.
+    Bundle(Box<BundleArgs>),
+    /// Produce simulated SEV-SNP evidence (test keys; only a development policy accepts it).
+    Simulate(Box<SimulateArgs>),
+}
+
+#[derive(Debug, clap::Args)]
+struct VerifyArgs {
+    /// The evidence file.
+    evidence: PathBuf,
+    /// The policy file (TOML).
+    #[arg(long)]
+    policy: PathBuf,
+    /// The offline collateral bundle.
+    #[arg(long)]
+    collateral: Option<PathBuf>,
+    /// The time to judge at (RFC 3339); defaults to the system clock.
+    #[arg(long)]
+    now: Option<String>,
+    /// Print the appraisal as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct BundleArgs {
+    /// Where to write the bundle.
+    #[arg(long, short)]
+    out: PathBuf,
+    /// A VCEK certificate (DER or PEM); repeatable.
+    #[arg(long)]
+    vcek: Vec<PathBuf>,
+    /// A VLEK certificate (DER or PEM); repeatable.
+    #[arg(long)]
+    vlek: Vec<PathBuf>,
+    /// An ASK or ASVK certificate, or a KDS cert_chain PEM (ASK then ARK); repeatable.
+    #[arg(long)]
+    amd_chain: Vec<PathBuf>,
+    /// An AMD CRL (DER or PEM); repeatable.
+    #[arg(long)]
+    amd_crl: Vec<PathBuf>,
+    /// Intel collateral in dcap-qvl's QuoteCollateralV3 JSON layout; repeatable.
+    #[arg(long)]
+    tdx_collateral: Vec<PathBuf>,
+    /// An NVIDIA driver RIM (SWID tag); repeatable.
+    #[arg(long)]
+    driver_rim: Vec<PathBuf>,
+    /// An NVIDIA VBIOS RIM (SWID tag); repeatable.
+    #[arg(long)]
+    vbios_rim: Vec<PathBuf>,
+    /// A DER OCSP response; repeatable.
+    #[arg(long)]
+    ocsp: Vec<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+struct SimulateArgs {
+    /// The server policy whose digest the runtime data names.
+    #[arg(long)]
+    policy: PathBuf,
+    /// A verifier nonce (hex) to bind.
+    #[arg(long)]
+    nonce: Option<String>,
+    /// Where to write the evidence envelope (stdout when absent).
+    #[arg(long, short)]
+    out: Option<PathBuf>,
+}
+
+/// Exit status for a usage or parse error.
+const EXIT_USAGE: u8 = 2;
 
 /// Runs `inferno attest`.
-pub fn run(_args: AttestArgs) -> ExitCode {
-    super::fail(&anyhow::anyhow!(
-        "`inferno attest` is not available in this build yet"
-    ))
+pub fn run(args: AttestArgs) -> ExitCode {
+    match args.command {
+        AttestCommand::Verify(a) => verify(&a),
+        AttestCommand::Bundle(a) => match bundle(&a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => usage_error(&e),
+        },
+        AttestCommand::Simulate(a) => match simulate(&a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => super::fail(&e),
+        },
+    }
+}
+
+fn usage_error(err: &anyhow::Error) -> ExitCode {
+    eprintln!("error: {err:#}");
+    ExitCode::from(EXIT_USAGE)
+}
+
+fn read(path: &Path) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+fn verify(args: &VerifyArgs) -> ExitCode {
+    let inputs = (|| -> anyhow::Result<_> {
+        let evidence = Evidence::from_bytes(&read(&args.evidence)?)
+            .with_context(|| format!("evidence {}", args.evidence.display()))?;
+        let policy = LoadedPolicy::from_file(&args.policy)
+            .with_context(|| format!("policy {}", args.policy.display()))?;
+        let collateral = args
+            .collateral
+            .as_deref()
+            .map(|p| {
+                CollateralBundle::from_file(p)
+                    .with_context(|| format!("collateral {}", p.display()))
+            })
+            .transpose()?;
+        let now = match &args.now {
+            Some(text) => OffsetDateTime::parse(text, &Rfc3339)
+                .with_context(|| format!("--now {text:?} is not an RFC 3339 time"))?,
+            None => OffsetDateTime::now_utc(),
+        };
+        Ok((evidence, policy, collateral, now))
+    })();
+    let (evidence, policy, collateral, now) = match inputs {
+        Ok(v) => v,
+        Err(e) => return usage_error(&e),
+    };
+    let report = appraise(&AppraisalInput {
+        evidence: &evidence,
+        policy: &policy,
+        collateral: collateral.as_ref(),
+        now,
+        clock_floor: None,
+        gpu_ready_pending: false,
+    });
+    if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(json) => println!("{json}"),
+            Err(e) => return usage_error(&anyhow::anyhow!("cannot serialise the appraisal: {e}")),
+        }
+    } else {
+        print!("{report}");
+    }
+    if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn certificate(path: &Path) -> anyhow::Result<Vec<Vec<u8>>> {
+    let bytes = read(path)?;
+    let what = path.display().to_string();
+    let ders = if bytes.starts_with(b"-----BEGIN") {
+        pki::pem_blocks(&bytes, &what)?
+    } else {
+        vec![bytes]
+    };
+    for der in &ders {
+        pki::parse_certificate(der, &what)?;
+    }
+    Ok(ders)
+}
+
+fn bundle(args: &BundleArgs) -> anyhow::Result<()> {
+    let created = OffsetDateTime::now_utc().format(&Rfc3339)?;
+    let mut out = CollateralBundle::empty(created);
+    for p in &args.vcek {
+        out.amd
+            .vcek
+            .extend(certificate(p)?.into_iter().map(Base64Bytes));
+    }
+    for p in &args.vlek {
+        out.amd
+            .vlek
+            .extend(certificate(p)?.into_iter().map(Base64Bytes));
+    }
+    for p in &args.amd_chain {
+        for der in certificate(p)? {
+            let cert = pki::parse_certificate(&der, &p.display().to_string())?;
+            // A self-signed certificate is an ARK; it is trusted only if built in or named by a
+            // policy, so keeping it is harmless.
+            if cert.subject().as_raw() == cert.issuer().as_raw() {
+                out.amd.ark.push(Base64Bytes(der));
+            } else {
+                out.amd.intermediates.push(Base64Bytes(der));
+            }
+        }
+    }
+    for p in &args.amd_crl {
+        let bytes = read(p)?;
+        let what = p.display().to_string();
+        let ders = if bytes.starts_with(b"-----BEGIN") {
+            pki::pem_blocks(&bytes, &what)?
+        } else {
+            vec![bytes]
+        };
+        for der in ders {
+            pki::parse_crl(&der, &what)?;
+            out.amd.crl.push(Base64Bytes(der));
+        }
+    }
+    for p in &args.tdx_collateral {
+        let collateral: QuoteCollateralV3 = serde_json::from_slice(&read(p)?)
+            .with_context(|| format!("{} is not QuoteCollateralV3 JSON", p.display()))?;
+        out.intel.push(IntelCollateral {
+            fmspc: tcb_info_fmspc(&collateral.tcb_info),
+            collateral,
+        });
+    }
+    let file_name = |p: &Path| {
+        p.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    for (component, paths) in [
+        (RimComponent::Driver, &args.driver_rim),
+        (RimComponent::Vbios, &args.vbios_rim),
+    ] {
+        for p in paths {
+            out.nvidia.rims.push(RimFile {
+                name: file_name(p),
+                component,
+                data: Base64Bytes(read(p)?),
+            });
+        }
+    }
+    for p in &args.ocsp {
+        out.nvidia.ocsp.push(NamedBlob {
+            name: file_name(p),
+            data: Base64Bytes(read(p)?),
+        });
+    }
+    std::fs::write(&args.out, out.to_json())
+        .with_context(|| format!("cannot write {}", args.out.display()))?;
+    eprintln!("wrote collateral bundle {}", args.out.display());
+    Ok(())
+}
+
+fn tcb_info_fmspc(tcb_info: &str) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(tcb_info).ok()?;
+    value.get("fmspc")?.as_str().map(str::to_ascii_lowercase)
+}
+
+fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
+    let policy = LoadedPolicy::from_file(&args.policy)?;
+    let mut doc = RuntimeData::new(
+        policy.digest,
+        concat!("inferno/", env!("CARGO_PKG_VERSION")),
+    );
+    doc.nonce = args.nonce.clone();
+    let sim = SimulatedSnp::new()?;
+    let evidence = collect_evidence(&sim, &doc)?;
+    match &args.out {
+        Some(path) => std::fs::write(path, evidence.to_json())
+            .with_context(|| format!("cannot write {}", path.display()))?,
+        None => println!("{}", evidence.to_json()),
+    }
+    Ok(())
 }

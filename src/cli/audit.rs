@@ -8,6 +8,10 @@ use anyhow::{Context as _, bail};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use inferno_attestation::bundle::CollateralBundle;
+use inferno_attestation::policy::LoadedPolicy;
+
+use crate::attest::binding::{BindingInput, check_start_events};
 use crate::audit::content::{ContentMode, ContentPolicy, read_key_file};
 use crate::audit::merkle::{TreeView, verify_consistency, verify_inclusion};
 use crate::audit::note::{ALG_COSIGNATURE_V1, NoteSigner, SignedNote, VerifierKey};
@@ -273,13 +277,10 @@ fn run_verify(a: &VerifyArgs) -> ExitCode {
     if !a.dir.is_dir() {
         return usage(format!("{} is not a directory", a.dir.display()));
     }
-    if a.policy.is_some() {
-        return usage(
-            "--policy/--collateral: binding checkpoint keys to appraised evidence needs the \
-             attestation appraisal API, which this build does not have yet"
-                .into(),
-        );
-    }
+    let binding = match load_binding_inputs(a) {
+        Ok(b) => b,
+        Err(e) => return usage(format!("{e:#}")),
+    };
     let mut options = VerifyOptions::default();
     if let Some(path) = &a.trusted_checkpoint {
         match std::fs::read_to_string(path) {
@@ -294,6 +295,23 @@ fn run_verify(a: &VerifyArgs) -> ExitCode {
         }
     }
     let report = verify(&a.dir, &options);
+    if let (true, Some((policy, collateral))) = (report.intact(), &binding) {
+        let input = BindingInput {
+            policy,
+            collateral: Some(collateral),
+            now: OffsetDateTime::now_utc(),
+        };
+        match check_start_events(&report.starts, &input) {
+            Ok(n) => println!(
+                "ATTESTED: {n} checkpoint keys bound to evidence that passes policy {:?}",
+                policy.policy.name
+            ),
+            Err(reason) => {
+                println!("VIOLATION: {reason}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     println!("{}", report.verdict());
     if !report.intact() {
         return ExitCode::FAILURE;
@@ -302,6 +320,18 @@ fn run_verify(a: &VerifyArgs) -> ExitCode {
         println!("incomplete: request {id} has no completion record");
     }
     ExitCode::SUCCESS
+}
+
+/// Loads `--policy` and `--collateral` (clap requires both or neither).
+fn load_binding_inputs(a: &VerifyArgs) -> anyhow::Result<Option<(LoadedPolicy, CollateralBundle)>> {
+    let (Some(policy), Some(collateral)) = (&a.policy, &a.collateral) else {
+        return Ok(None);
+    };
+    let policy = LoadedPolicy::from_file(policy)
+        .with_context(|| format!("--policy {}", policy.display()))?;
+    let collateral = CollateralBundle::from_file(collateral)
+        .with_context(|| format!("--collateral {}", collateral.display()))?;
+    Ok(Some((policy, collateral)))
 }
 
 /// Reads every intact record of a log.

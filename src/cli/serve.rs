@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use super::setup;
 use crate::backend::{self, Device};
-use crate::config::Config;
+use crate::config::{AttestationConfig, Config};
 use crate::engine::{Engine, EngineConfig, ModelInfo};
 use crate::server::{ModelService, Server};
 
@@ -51,7 +51,11 @@ fn init_tracing() {
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut config = match &args.config {
         Some(path) => Config::load(path)?,
-        None => Config::default(),
+        // The embedded default runs the development profile: simulated TEE, development policy.
+        None => Config {
+            attestation: AttestationConfig::development(),
+            ..Config::default()
+        },
     };
     if let Some(listen) = args.listen {
         config.server.listen = listen;
@@ -83,7 +87,11 @@ async fn serve_async(
     let engine_config = config.engine.clone();
     let served_name = config.server.served_model_name.clone();
     let server = Server::start(config).await?;
-    server.record_config(config_digest, None);
+    server.record_config(
+        config_digest,
+        Some(server.attestation().policy_sha256().to_owned()),
+    );
+    eprintln!("attestation: {}", server.attestation().banner_line());
     tracing::info!(
         listen = %server.local_addr(),
         "listening; /health answers 503 until the model is loaded"
@@ -144,13 +152,15 @@ fn print_banner(server: &Server, service: &ModelService, backend: &str, kv_token
         "from config"
     };
     eprintln!(
-        "inferno {version} ready\n  model:       {name}\n  digest:      {digest}\n  backend:     {backend}\n  kv cache:    {kv_tokens} tokens\n  context:     {context} tokens\n  listening:   https://{addr}\n  certificate: {cert_kind}, SHA-256 {fingerprint}",
+        "inferno {version} ready\n  model:       {name}\n  digest:      {digest}\n  backend:     {backend}\n  kv cache:    {kv_tokens} tokens\n  context:     {context} tokens\n  listening:   https://{addr}\n  certificate: {cert_kind}, SHA-256 {fingerprint}\n  attestation: {attestation}\n  policy:      SHA-256 {policy}",
         version = env!("CARGO_PKG_VERSION"),
         name = service.name(),
         digest = service.digest(),
         context = service.max_context(),
         addr = server.local_addr(),
         fingerprint = identity.fingerprint,
+        attestation = server.attestation().banner_line(),
+        policy = server.attestation().policy_sha256(),
     );
 }
 

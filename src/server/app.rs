@@ -39,6 +39,7 @@ pub struct App {
     metrics: Arc<Metrics>,
     service: OnceLock<Arc<ModelService>>,
     audit: Option<Arc<AuditSink>>,
+    attestation: Option<Arc<crate::attest::StartupAttestation>>,
 }
 
 /// The routes, for 404 versus 405.
@@ -51,6 +52,7 @@ enum Route {
     Chat,
     Completions,
     AuditCheckpoint,
+    Attestation,
 }
 
 impl Route {
@@ -62,6 +64,7 @@ impl Route {
             "/v1/chat/completions" => Some(Self::Chat),
             "/v1/completions" => Some(Self::Completions),
             "/v1/audit/checkpoint" => Some(Self::AuditCheckpoint),
+            "/v1/attestation" => Some(Self::Attestation),
             _ if model_id(path).is_some() => Some(Self::Model),
             _ => None,
         }
@@ -69,9 +72,12 @@ impl Route {
 
     fn method(self) -> Method {
         match self {
-            Self::Health | Self::Metrics | Self::Models | Self::Model | Self::AuditCheckpoint => {
-                Method::GET
-            }
+            Self::Health
+            | Self::Metrics
+            | Self::Models
+            | Self::Model
+            | Self::AuditCheckpoint
+            | Self::Attestation => Method::GET,
             Self::Chat | Self::Completions => Method::POST,
         }
     }
@@ -93,6 +99,7 @@ impl App {
             metrics: Arc::new(Metrics::new()),
             service: OnceLock::new(),
             audit: None,
+            attestation: None,
         }
     }
 
@@ -100,6 +107,17 @@ impl App {
     pub fn with_audit(mut self, audit: Arc<AuditSink>) -> Self {
         self.audit = Some(audit);
         self
+    }
+
+    /// Adds the start-up evidence served at `GET /v1/attestation`.
+    pub fn with_attestation(mut self, attestation: Arc<crate::attest::StartupAttestation>) -> Self {
+        self.attestation = Some(attestation);
+        self
+    }
+
+    /// The start-up evidence, once attested.
+    pub fn attestation(&self) -> Option<&Arc<crate::attest::StartupAttestation>> {
+        self.attestation.as_ref()
     }
 
     /// The audit log, if configured.
@@ -208,6 +226,9 @@ impl App {
         if route == Route::AuditCheckpoint {
             return (None, super::audit::checkpoint(self));
         }
+        if route == Route::Attestation {
+            return (None, super::attestation::document(self));
+        }
         if route == Route::Metrics && self.config.metrics.public {
             return (None, Ok(handlers::metrics(self)));
         }
@@ -227,6 +248,7 @@ impl App {
             }
             Route::Health => Ok(handlers::health(self)),
             Route::AuditCheckpoint => super::audit::checkpoint(self),
+            Route::Attestation => super::attestation::document(self),
         };
         (Some(principal), result)
     }

@@ -4,6 +4,7 @@
 //! until [`Server::set_model`] hands over the loaded model and its engine. See `docs/server.md`.
 
 pub mod app;
+mod attestation;
 mod audit;
 pub mod auth;
 pub mod body;
@@ -30,6 +31,7 @@ pub use error::ApiError;
 pub use service::ModelService;
 pub use tls::ServerIdentity;
 
+use crate::attest::StartupAttestation;
 use crate::config::Config;
 
 /// The server could not start.
@@ -49,6 +51,9 @@ pub enum ServerError {
     /// The audit log could not be opened (or is inconsistent with its witness).
     #[error(transparent)]
     Audit(#[from] crate::audit::AuditError),
+    /// Start-up attestation failed: the server refuses to serve.
+    #[error(transparent)]
+    Attestation(#[from] crate::attest::AttestationError),
     /// The address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -64,6 +69,7 @@ pub struct Server {
     app: Arc<App>,
     local_addr: SocketAddr,
     identity: ServerIdentity,
+    attestation: Arc<StartupAttestation>,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
@@ -84,6 +90,11 @@ impl Server {
             );
         }
         let identity = ServerIdentity::from_config(&config.tls, listen.ip())?;
+        let signer = match &config.audit {
+            Some(audit) => Some(crate::audit::AuditLog::generate_signer(audit)?),
+            None => None,
+        };
+        let attestation = Arc::new(attest_startup(&config, &identity, signer.as_ref()).await?);
         let listener = TcpListener::bind(listen)
             .await
             .map_err(|source| ServerError::Bind {
@@ -95,8 +106,8 @@ impl Server {
             source,
         })?;
         let grace = config.server.shutdown_grace();
-        let audit = open_audit(&config, &identity).await?;
-        let mut app = App::new(config, auth);
+        let audit = open_audit(&config, &identity, signer, &attestation).await?;
+        let mut app = App::new(config, auth).with_attestation(Arc::clone(&attestation));
         if let Some(audit) = audit {
             app = app.with_audit(audit);
         }
@@ -114,6 +125,7 @@ impl Server {
             app,
             local_addr,
             identity,
+            attestation,
             shutdown,
             task,
         })
@@ -127,6 +139,11 @@ impl Server {
     /// The certificate the server presents.
     pub fn identity(&self) -> &ServerIdentity {
         &self.identity
+    }
+
+    /// The start-up evidence and the appraisal that admitted it.
+    pub fn attestation(&self) -> &StartupAttestation {
+        &self.attestation
     }
 
     /// Shared state (metrics, the loaded model).
@@ -183,21 +200,49 @@ impl Server {
     }
 }
 
-/// Opens the audit log of `[audit]` (recovering it, checking its witness) and records the
-/// certificate in use; `None` with a warning when the table is absent.
+/// Collects and appraises the start-up evidence binding the TLS key and the audit key.
+async fn attest_startup(
+    config: &Config,
+    identity: &ServerIdentity,
+    signer: Option<&crate::audit::note::NoteSigner>,
+) -> Result<StartupAttestation, ServerError> {
+    let attestation_config = config.attestation.clone();
+    let cert = identity.cert_pem.clone().into_bytes();
+    let audit_key = signer.map(|s| s.verifier().public);
+    let attested = tokio::task::spawn_blocking(move || {
+        StartupAttestation::establish(&attestation_config, &cert, audit_key)
+    })
+    .await
+    .map_err(|err| crate::attest::AttestationError::Task(err.to_string()))??;
+    if attested.appraisal.simulated {
+        tracing::warn!("attestation: SIMULATED TEE (development profile), not for production");
+    }
+    Ok(attested)
+}
+
+/// Opens the audit log of `[audit]` (recovering it, checking its witness) with the attested
+/// checkpoint key, and records the appraisal and the certificate in use; `None` with a warning
+/// when the table is absent.
 async fn open_audit(
     config: &Config,
     identity: &ServerIdentity,
+    signer: Option<crate::audit::note::NoteSigner>,
+    attestation: &StartupAttestation,
 ) -> Result<Option<Arc<crate::audit::AuditSink>>, ServerError> {
-    let Some(audit_config) = config.audit.clone() else {
+    let (Some(audit_config), Some(signer)) = (config.audit.clone(), signer) else {
         tracing::warn!("no [audit] table: requests are NOT recorded in an audit log");
         return Ok(None);
     };
+    let start = crate::audit::StartInfo {
+        software_version: env!("CARGO_PKG_VERSION").to_owned(),
+        evidence: vec![attestation.evidence_blob()],
+    };
     let sink = tokio::task::spawn_blocking(move || {
-        crate::audit::AuditSink::open(&audit_config, env!("CARGO_PKG_VERSION"))
+        crate::audit::AuditSink::open_with_signer(&audit_config, signer, start)
     })
     .await
     .map_err(|err| crate::audit::AuditError::Config(format!("audit open panicked: {err}")))??;
+    sink.event(attestation.appraisal_event()).await?;
     let certificate_digest = identity.fingerprint.to_lowercase().replace(':', "");
     sink.event(crate::audit::SecurityEvent::CertificateRotated { certificate_digest })
         .await?;

@@ -38,7 +38,7 @@ class RunningServer:
         config = workdir / "inferno.toml"
         key_hash = hashlib.sha256(API_KEY.encode()).hexdigest()
         config.write_text(
-            '[server]\nlisten = "127.0.0.1:0"\nshutdown_grace_secs = 5\n'
+            '[attestation]\nprofile = "development"\n[server]\nlisten = "127.0.0.1:0"\nshutdown_grace_secs = 5\n'
             f'[[auth.keys]]\nname = "python"\nsha256 = "{key_hash}"\n'
         )
         self.process = subprocess.Popen(

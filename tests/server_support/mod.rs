@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use inferno::backend::{self, Device};
-use inferno::config::{ApiKeyEntry, Config};
+use inferno::config::{ApiKeyEntry, AttestationConfig, Config};
 use inferno::engine::{Engine, ModelInfo};
 use inferno::model::Model;
 use inferno::server::{App, ModelService, Server};
@@ -114,7 +114,10 @@ impl Harness {
 }
 
 pub fn base_config() -> Config {
-    let mut config = Config::default();
+    let mut config = Config {
+        attestation: AttestationConfig::development(),
+        ..Config::default()
+    };
     config.server.listen = "127.0.0.1:0".parse().expect("address");
     config.auth.keys = vec![key_entry("alice", ALICE), key_entry("bob", BOB)];
     config.limits.max_body_bytes = 256 << 10;

@@ -1,0 +1,205 @@
+//! Appraisal: is verified evidence acceptable under a policy? Produces an [`AppraisalReport`]
+//! with every check, the claims and the policy digest.
+
+mod gpu;
+mod snp;
+mod tdx;
+mod tpm;
+
+use time::OffsetDateTime;
+
+use crate::bundle::CollateralBundle;
+use crate::evidence::Evidence;
+use crate::pki::{self, ClockFloor};
+use crate::policy::{LoadedPolicy, Platform};
+use crate::report::{AppraisalReport, CheckList, Claims, Verdict};
+use crate::runtime_data::RuntimeData;
+
+/// Everything an appraisal needs.
+#[derive(Debug, Clone, Copy)]
+pub struct AppraisalInput<'a> {
+    /// The evidence.
+    pub evidence: &'a Evidence,
+    /// The policy and its digest.
+    pub policy: &'a LoadedPolicy,
+    /// Offline vendor collateral.
+    pub collateral: Option<&'a CollateralBundle>,
+    /// The time to judge at (from the caller; never read from the system clock here).
+    pub now: OffsetDateTime,
+    /// The newest signed timestamp remembered from earlier (e.g. the last audit checkpoint).
+    pub clock_floor: Option<&'a ClockFloor>,
+    /// The server's self-appraisal before it sets the GPU ready state: the policy's
+    /// `require_ready_state` is not applied yet. Verifiers of a running server pass `false`.
+    pub gpu_ready_pending: bool,
+}
+
+/// What a platform appraisal hands back to the common part.
+struct PlatformOutcome {
+    simulated: bool,
+    report_data: Option<[u8; 64]>,
+    signed_timestamps: Vec<(OffsetDateTime, String)>,
+}
+
+/// Appraises evidence against a policy. Never fails: every problem is a failed check.
+pub fn appraise(input: &AppraisalInput<'_>) -> AppraisalReport {
+    let policy = &input.policy.policy;
+    let mut checks = CheckList::default();
+    let mut claims = Claims::default();
+    let platform = input.evidence.platform;
+
+    if policy.platforms.contains(&platform) {
+        checks.pass(
+            "platform.allowed",
+            format!("{} is accepted by the policy", platform_name(platform)),
+        );
+    } else {
+        checks.fail(
+            "platform.allowed",
+            format!(
+                "{} is not among the policy's platforms",
+                platform_name(platform)
+            ),
+        );
+    }
+
+    let outcome = match platform {
+        Platform::SevSnp => snp::appraise(input, &mut checks, &mut claims),
+        Platform::Tdx => tdx::appraise(input, &mut checks, &mut claims),
+    };
+
+    let cpu_simulated = outcome.as_ref().is_some_and(|o| o.simulated);
+    if let Some(outcome) = &outcome {
+        appraise_runtime_data(input, outcome.report_data, &mut checks, &mut claims);
+    }
+    tpm::appraise(input, &mut checks, &mut claims);
+    let gpu_simulated = gpu::appraise(input, &mut checks, &mut claims);
+    let simulated = cpu_simulated || gpu_simulated;
+    if simulated {
+        let which = match (cpu_simulated, gpu_simulated) {
+            (true, true) => "the CPU TEE and the GPU chain",
+            (true, false) => "the CPU TEE chains",
+            _ => "the GPU chains",
+        };
+        checks.pass(
+            "simulated",
+            format!("{which} to a simulated root that the policy names: simulated, no hardware protection"),
+        );
+    }
+
+    let mut floor = input.clock_floor.cloned().unwrap_or_default();
+    for (t, what) in outcome.iter().flat_map(|o| o.signed_timestamps.iter()) {
+        floor.observe(*t, what.clone());
+    }
+    match floor.check(input.now) {
+        Ok(()) => checks.pass(
+            "time.clock_floor",
+            match floor.newest() {
+                Some(t) => format!(
+                    "now is not earlier than the newest signed timestamp ({})",
+                    pki::rfc3339(t)
+                ),
+                None => "no signed timestamp seen".to_owned(),
+            },
+        ),
+        Err(e) => checks.fail("time.clock_floor", e.to_string()),
+    }
+
+    let verdict = if checks.all_passed() {
+        Verdict::Pass
+    } else {
+        Verdict::Reject
+    };
+    AppraisalReport {
+        verdict,
+        simulated,
+        platform: Some(platform),
+        policy_name: policy.name.clone(),
+        policy_sha256: input.policy.digest_hex(),
+        now: pki::rfc3339(input.now),
+        checks: checks.into_checks(),
+        claims,
+    }
+}
+
+fn platform_name(p: Platform) -> &'static str {
+    match p {
+        Platform::SevSnp => "sev-snp",
+        Platform::Tdx => "tdx",
+    }
+}
+
+fn appraise_runtime_data(
+    input: &AppraisalInput<'_>,
+    report_data: Option<[u8; 64]>,
+    checks: &mut CheckList,
+    claims: &mut Claims,
+) {
+    let required = input.policy.policy.runtime_data.required;
+    let Some(doc_bytes) = &input.evidence.runtime_data else {
+        if required {
+            checks.fail(
+                "runtime_data.binding",
+                "the policy requires a runtime-data document; the evidence carries none",
+            );
+        } else {
+            checks.pass(
+                "runtime_data.binding",
+                "no runtime-data document; the policy does not require one",
+            );
+        }
+        return;
+    };
+    let doc = match RuntimeData::from_canonical_bytes(&doc_bytes.0) {
+        Ok(doc) => doc,
+        Err(e) => {
+            checks.fail("runtime_data.binding", e.to_string());
+            return;
+        }
+    };
+    match report_data {
+        Some(rd) if rd == doc.report_data() => {
+            checks.pass(
+                "runtime_data.binding",
+                "SHA-512 of the canonical runtime-data document equals REPORT_DATA",
+            );
+            claims.runtime_data = Some(doc);
+        }
+        Some(rd) => checks.fail(
+            "runtime_data.binding",
+            format!(
+                "SHA-512 of the runtime-data document is {} but REPORT_DATA is {}",
+                hex::encode(doc.report_data()),
+                hex::encode(rd)
+            ),
+        ),
+        None => checks.fail(
+            "runtime_data.binding",
+            "no verified REPORT_DATA to bind the document to",
+        ),
+    }
+}
+
+/// Checks an allow-list: `None` accepts anything (and says so), `Some` requires membership.
+fn allow_list(
+    checks: &mut CheckList,
+    id: &str,
+    what: &str,
+    value: &[u8],
+    list: Option<&Vec<String>>,
+) {
+    let value_hex = hex::encode(value);
+    match list {
+        None => checks.pass(
+            id,
+            format!("{what} {value_hex} (the policy sets no allow-list)"),
+        ),
+        Some(list) if list.iter().any(|v| v.eq_ignore_ascii_case(&value_hex)) => checks.pass(
+            id,
+            format!("{what} {value_hex} is in the policy's allow-list"),
+        ),
+        Some(_) => checks.fail(
+            id,
+            format!("{what} {value_hex} is not in the policy's allow-list"),
+        ),
+    }
+}

@@ -1,0 +1,425 @@
+//! The server policy: a TOML file that decides how evidence is appraised, what the audit log
+//! records and what clients must present. Its digest is the SHA-256 of the exact file bytes.
+//!
+//! `docs/policy.md` documents the schema. Unknown keys are errors, so that a misspelt setting
+//! never silently weakens a policy.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The only policy schema version this crate accepts.
+pub const POLICY_SCHEMA_VERSION: u32 = 1;
+
+/// Errors when loading a policy.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The file could not be read.
+    #[error("cannot read policy file {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The bytes are not UTF-8 TOML of the policy schema.
+    #[error("policy is not valid TOML of schema {POLICY_SCHEMA_VERSION}: {0}")]
+    Toml(#[from] toml::de::Error),
+    /// The policy is of another schema version.
+    #[error("policy schema {found} is not supported (expected {POLICY_SCHEMA_VERSION})")]
+    Schema {
+        /// The version found.
+        found: u32,
+    },
+    /// A value is well-formed TOML but invalid.
+    #[error("policy field `{field}`: {reason}")]
+    Field {
+        /// The offending field.
+        field: String,
+        /// Why it is invalid.
+        reason: String,
+    },
+}
+
+/// A CPU TEE platform that a policy may accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Platform {
+    /// AMD SEV-SNP.
+    SevSnp,
+    /// Intel TDX.
+    Tdx,
+}
+
+/// The server policy, schema version 1.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// The schema version; must be [`POLICY_SCHEMA_VERSION`].
+    pub schema: u32,
+    /// A human-readable name, shown in every appraisal.
+    pub name: String,
+    /// Which CPU TEEs are accepted.
+    pub platforms: Vec<Platform>,
+    /// Time rules for certificates and collateral.
+    pub time: TimePolicy,
+    /// Roots trusted besides the vendors' built-in ones (the simulated TEE's).
+    #[serde(default)]
+    pub simulated: SimulatedPolicy,
+    /// Requirements on the runtime-data binding.
+    pub runtime_data: RuntimeDataPolicy,
+    /// SEV-SNP requirements; required when `platforms` lists `sev-snp`.
+    #[serde(default)]
+    pub sev_snp: Option<SnpPolicy>,
+    /// TDX requirements; required when `platforms` lists `tdx`.
+    #[serde(default)]
+    pub tdx: Option<TdxPolicy>,
+    /// vTPM requirements; absent means a vTPM is not required (but verified when present).
+    #[serde(default)]
+    pub tpm: Option<TpmPolicy>,
+    /// GPU requirements.
+    pub gpu: GpuPolicy,
+    /// What the audit log records (read by the server).
+    pub audit: AuditPolicy,
+    /// What clients must present (read by the server).
+    pub auth: AuthPolicy,
+}
+
+/// Time rules.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimePolicy {
+    /// How long past a CRL's or TCB-info's next-update the collateral is still accepted.
+    pub collateral_grace_seconds: u64,
+}
+
+/// Which simulated roots are trusted. Empty in production.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimulatedPolicy {
+    /// SHA-256 fingerprints (hex of the DER certificate) of simulated ARKs to trust.
+    #[serde(default)]
+    pub trusted_ark_sha256: Vec<String>,
+    /// SHA-256 fingerprints (hex of the DER certificate) of simulated GPU roots to trust.
+    #[serde(default)]
+    pub trusted_gpu_root_sha256: Vec<String>,
+}
+
+/// Requirements on the runtime-data document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeDataPolicy {
+    /// Evidence must carry a runtime-data document whose SHA-512 equals REPORT_DATA.
+    pub required: bool,
+}
+
+/// A minimum TCB; each component compares independently.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MinTcb {
+    /// Minimum PSP bootloader SVN.
+    pub bootloader: u8,
+    /// Minimum PSP OS (TEE) SVN.
+    pub tee: u8,
+    /// Minimum SNP firmware SVN.
+    pub snp: u8,
+    /// Minimum microcode patch level.
+    pub microcode: u8,
+    /// Minimum FMC SVN (Turin and later; ignored on Milan and Genoa).
+    #[serde(default)]
+    pub fmc: u8,
+}
+
+/// SEV-SNP requirements.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnpPolicy {
+    /// Accepted processor products (`Milan`, `Genoa`, `Turin`).
+    pub products: Vec<String>,
+    /// Lowest accepted report version (2 to 5).
+    pub min_report_version: u32,
+    /// Accept a guest whose policy allows debugging. Never true in production.
+    pub allow_debug: bool,
+    /// Accept a guest whose policy allows SMT on the host.
+    pub allow_smt: bool,
+    /// Accept a guest whose policy allows a migration agent.
+    pub allow_migration_agent: bool,
+    /// Accepted VMPLs of the requesting guest code.
+    pub vmpls: Vec<u32>,
+    /// Minimum REPORTED_TCB, per product name.
+    #[serde(default)]
+    pub min_tcb: std::collections::BTreeMap<String, MinTcb>,
+    /// Accepted launch measurements (hex, 48 bytes). Absent: any.
+    #[serde(default)]
+    pub measurements: Option<Vec<String>>,
+    /// Accepted HOST_DATA values (hex, 32 bytes). Absent: any.
+    #[serde(default)]
+    pub host_data: Option<Vec<String>>,
+    /// Require an AMD CRL in the collateral, signed by the ARK and current.
+    #[serde(default)]
+    pub require_crl: bool,
+}
+
+/// TDX requirements.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TdxPolicy {
+    /// Accepted TCB statuses (e.g. `UpToDate`, `SWHardeningNeeded`).
+    pub allowed_tcb_status: Vec<String>,
+    /// Security advisories tolerated (e.g. `INTEL-SA-00837`); any other is a rejection.
+    #[serde(default)]
+    pub allowed_advisories: Vec<String>,
+    /// Accept a TD with the DEBUG attribute. Never true in production.
+    pub allow_debug: bool,
+    /// Accepted MRTD values (hex, 48 bytes). Absent: any.
+    #[serde(default)]
+    pub mrtd: Option<Vec<String>>,
+    /// Accepted RTMR0 values. Absent: any.
+    #[serde(default)]
+    pub rtmr0: Option<Vec<String>>,
+    /// Accepted RTMR1 values. Absent: any.
+    #[serde(default)]
+    pub rtmr1: Option<Vec<String>>,
+    /// Accepted RTMR2 values. Absent: any.
+    #[serde(default)]
+    pub rtmr2: Option<Vec<String>>,
+    /// Accepted RTMR3 values. Absent: any.
+    #[serde(default)]
+    pub rtmr3: Option<Vec<String>>,
+    /// Accepted MRCONFIGID values. Absent: any.
+    #[serde(default)]
+    pub mr_config_id: Option<Vec<String>>,
+}
+
+/// vTPM requirements.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TpmPolicy {
+    /// Evidence must include a verified vTPM section whose AK is bound by the runtime data.
+    pub required: bool,
+}
+
+/// GPU requirements.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuPolicy {
+    /// Evidence must include a verified GPU section.
+    pub required: bool,
+    /// The GPU must be in confidential-computing mode.
+    pub require_cc_mode: bool,
+    /// The GPU must report the CC ready state.
+    pub require_ready_state: bool,
+    /// Driver and VBIOS RIMs must be in the collateral and every golden measurement match.
+    #[serde(default)]
+    pub require_reference_values: bool,
+    /// Accepted driver versions. Absent: any.
+    #[serde(default)]
+    pub driver_versions: Option<Vec<String>>,
+    /// Accepted VBIOS versions. Absent: any.
+    #[serde(default)]
+    pub vbios_versions: Option<Vec<String>>,
+}
+
+/// What the audit log records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditPolicy {
+    /// Record a hash of each prompt and completion (never the text).
+    pub record_content_hashes: bool,
+}
+
+/// What clients must present.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthPolicy {
+    /// Every API request must carry a valid API key.
+    pub require_api_key: bool,
+}
+
+/// A policy together with the digest of the bytes it was parsed from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadedPolicy {
+    /// The parsed policy.
+    pub policy: Policy,
+    /// SHA-256 of the exact file bytes.
+    pub digest: [u8; 32],
+}
+
+impl LoadedPolicy {
+    /// Parses and validates policy bytes, computing their digest.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, PolicyError> {
+        let text = std::str::from_utf8(bytes).map_err(|e| PolicyError::Field {
+            field: "(file)".into(),
+            reason: format!("not UTF-8: {e}"),
+        })?;
+        let policy: Policy = toml::from_str(text)?;
+        policy.validate()?;
+        Ok(Self {
+            policy,
+            digest: Sha256::digest(bytes).into(),
+        })
+    }
+
+    /// Reads, parses and validates a policy file.
+    pub fn from_file(path: &std::path::Path) -> Result<Self, PolicyError> {
+        let bytes = std::fs::read(path).map_err(|source| PolicyError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_bytes(&bytes)
+    }
+
+    /// The digest as lowercase hex.
+    pub fn digest_hex(&self) -> String {
+        hex::encode(self.digest)
+    }
+}
+
+impl Policy {
+    /// Checks cross-field rules and the shape of every reference value.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        if self.schema != POLICY_SCHEMA_VERSION {
+            return Err(PolicyError::Schema { found: self.schema });
+        }
+        if self.platforms.is_empty() {
+            return Err(field("platforms", "must list at least one platform"));
+        }
+        for fp in &self.simulated.trusted_ark_sha256 {
+            check_hex("simulated.trusted_ark_sha256", fp, 32)?;
+        }
+        for fp in &self.simulated.trusted_gpu_root_sha256 {
+            check_hex("simulated.trusted_gpu_root_sha256", fp, 32)?;
+        }
+        if self.platforms.contains(&Platform::SevSnp) {
+            let snp = self
+                .sev_snp
+                .as_ref()
+                .ok_or_else(|| field("sev_snp", "required when platforms lists sev-snp"))?;
+            snp.validate()?;
+        }
+        if self.platforms.contains(&Platform::Tdx) {
+            let tdx = self
+                .tdx
+                .as_ref()
+                .ok_or_else(|| field("tdx", "required when platforms lists tdx"))?;
+            tdx.validate()?;
+        }
+        Ok(())
+    }
+}
+
+impl SnpPolicy {
+    fn validate(&self) -> Result<(), PolicyError> {
+        const PRODUCTS: [&str; 3] = ["Milan", "Genoa", "Turin"];
+        for product in self.products.iter().chain(self.min_tcb.keys()) {
+            if !PRODUCTS.contains(&product.as_str()) {
+                return Err(field(
+                    "sev_snp.products",
+                    &format!("unknown product {product:?} (known: Milan, Genoa, Turin)"),
+                ));
+            }
+        }
+        if !(2..=5).contains(&self.min_report_version) {
+            return Err(field("sev_snp.min_report_version", "must be 2 to 5"));
+        }
+        if self.vmpls.iter().any(|v| *v > 3) {
+            return Err(field("sev_snp.vmpls", "VMPLs are 0 to 3"));
+        }
+        for m in self.measurements.iter().flatten() {
+            check_hex("sev_snp.measurements", m, 48)?;
+        }
+        for h in self.host_data.iter().flatten() {
+            check_hex("sev_snp.host_data", h, 32)?;
+        }
+        Ok(())
+    }
+}
+
+impl TdxPolicy {
+    fn validate(&self) -> Result<(), PolicyError> {
+        let lists = [
+            ("tdx.mrtd", &self.mrtd),
+            ("tdx.rtmr0", &self.rtmr0),
+            ("tdx.rtmr1", &self.rtmr1),
+            ("tdx.rtmr2", &self.rtmr2),
+            ("tdx.rtmr3", &self.rtmr3),
+            ("tdx.mr_config_id", &self.mr_config_id),
+        ];
+        for (name, list) in lists {
+            for value in list.iter().flatten() {
+                check_hex(name, value, 48)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn field(name: &str, reason: &str) -> PolicyError {
+    PolicyError::Field {
+        field: name.into(),
+        reason: reason.into(),
+    }
+}
+
+fn check_hex(name: &str, value: &str, len: usize) -> Result<(), PolicyError> {
+    match hex::decode(value) {
+        Ok(bytes) if bytes.len() == len => Ok(()),
+        Ok(bytes) => Err(field(
+            name,
+            &format!("{value:?} is {} bytes, expected {len}", bytes.len()),
+        )),
+        Err(e) => Err(field(name, &format!("{value:?} is not hex: {e}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy_file(name: &str) -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../policy")
+            .join(name)
+    }
+
+    #[test]
+    fn shipped_policies_parse_and_digest_is_of_file_bytes() {
+        for name in ["production.toml", "development.toml"] {
+            let path = policy_file(name);
+            let loaded = LoadedPolicy::from_file(&path).unwrap();
+            let bytes = std::fs::read(&path).unwrap();
+            assert_eq!(loaded.digest, <[u8; 32]>::from(Sha256::digest(&bytes)));
+        }
+        let prod = LoadedPolicy::from_file(&policy_file("production.toml")).unwrap();
+        assert!(prod.policy.simulated.trusted_ark_sha256.is_empty());
+        assert!(!prod.policy.sev_snp.as_ref().unwrap().allow_debug);
+        assert!(prod.policy.gpu.required && prod.policy.gpu.require_cc_mode);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_rejected() {
+        let base = std::fs::read_to_string(policy_file("production.toml")).unwrap();
+        let typo = base.replace("allow_debug = false", "allow_debgu = false");
+        assert!(LoadedPolicy::from_bytes(typo.as_bytes()).is_err());
+        let schema = base.replace("schema = 1", "schema = 9");
+        assert!(matches!(
+            LoadedPolicy::from_bytes(schema.as_bytes()),
+            Err(PolicyError::Schema { found: 9 })
+        ));
+        let product = base.replace("\"Milan\"", "\"Naples\"");
+        assert!(matches!(
+            LoadedPolicy::from_bytes(product.as_bytes()),
+            Err(PolicyError::Field { .. })
+        ));
+    }
+
+    #[test]
+    fn whitespace_changes_the_digest() {
+        let base = std::fs::read(policy_file("production.toml")).unwrap();
+        let mut edited = base.clone();
+        edited.push(b'\n');
+        let a = LoadedPolicy::from_bytes(&base).unwrap();
+        let b = LoadedPolicy::from_bytes(&edited).unwrap();
+        assert_eq!(a.policy, b.policy);
+        assert_ne!(a.digest, b.digest);
+    }
+}

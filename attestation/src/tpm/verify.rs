@@ -1,0 +1,214 @@
+//! Verification of TPM evidence: quote signatures, nonce, PCR digests and event-log replay.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use super::abi::{Quote, Signature, check_ak_attributes};
+use super::alg::HashAlg;
+use super::error::TpmError;
+use super::eventlog::EventLog;
+use super::evidence::{AkPublic, QuoteEvidence, TpmEvidence};
+
+/// What verified TPM evidence vouches for. Plain data; digests are lower-case hex.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TpmClaims {
+    /// SHA-256 of the AK's DER SubjectPublicKeyInfo (hex): the runtime-data document's
+    /// `tpm_ak_sha256`.
+    pub ak_spki_sha256: String,
+    /// True when the AK came as a TPMT_PUBLIC whose attributes (fixedTPM, restricted, sign)
+    /// were checked; false when only its public key was given (e.g. Azure's `HCLAkPub`,
+    /// which the HCL report vouches for instead).
+    pub ak_restricted: bool,
+    /// The quotes' extraData (hex), equal to the expected nonce.
+    pub nonce: String,
+    /// Verified PCR values: bank → PCR index → hex digest.
+    pub pcrs: BTreeMap<HashAlg, BTreeMap<u8, String>>,
+    /// TPM clock of the first quote.
+    pub clock: u64,
+    /// Reset count of the first quote.
+    pub reset_count: u32,
+    /// Restart count of the first quote.
+    pub restart_count: u32,
+    /// TPM firmware version.
+    pub firmware_version: u64,
+    /// Event-log replay result, when the evidence carries a log.
+    pub event_log: Option<ReplayClaims>,
+}
+
+/// Outcome of replaying the event log against the quoted PCRs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReplayClaims {
+    /// Number of events in the log (header excluded).
+    pub events: usize,
+    /// Per bank, the quoted PCRs whose value the log reproduces.
+    pub reproduced: BTreeMap<HashAlg, BTreeSet<u8>>,
+    /// Per bank, quoted PCRs that no event extends and whose value is not the reset value
+    /// (measured by something the log does not record, such as IMA in PCR 10).
+    pub unaccounted: BTreeMap<HashAlg, BTreeSet<u8>>,
+}
+
+/// Verifies every quote (AK signature, nonce, PCR digest) and replays the event log.
+///
+/// A PCR extended by the event log must replay to its quoted value; a PCR the log never
+/// extends is reported in [`ReplayClaims::unaccounted`] when it differs from its reset value.
+pub fn verify(evidence: &TpmEvidence, expected_nonce: &[u8]) -> Result<TpmClaims, TpmError> {
+    let ak = evidence.ak.key()?;
+    let ak_hash = ak.spki_sha256()?;
+    let ak_restricted = match &evidence.ak {
+        AkPublic::TpmtPublic(bytes) => {
+            check_ak_attributes(bytes)?;
+            true
+        }
+        AkPublic::SpkiDer(_) => false,
+    };
+    let mut pcrs: BTreeMap<HashAlg, BTreeMap<u8, String>> = BTreeMap::new();
+    let mut quotes = Vec::with_capacity(evidence.quotes.len());
+    for (index, q) in evidence.quotes.iter().enumerate() {
+        quotes.push(verify_quote(index, q, &ak, expected_nonce)?);
+        let bank = pcrs.entry(q.pcrs.bank).or_default();
+        for v in &q.pcrs.values {
+            bank.insert(v.index, hex::encode(&v.value));
+        }
+    }
+    let head = quotes.first().ok_or(TpmError::NoQuote)?;
+    let event_log = evidence
+        .event_log
+        .as_deref()
+        .map(|log| replay_against(log, &pcrs))
+        .transpose()?;
+    Ok(TpmClaims {
+        ak_spki_sha256: hex::encode(ak_hash),
+        ak_restricted,
+        nonce: hex::encode(&head.extra_data),
+        pcrs,
+        clock: head.clock,
+        reset_count: head.reset_count,
+        restart_count: head.restart_count,
+        firmware_version: head.firmware_version,
+        event_log,
+    })
+}
+
+/// Checks one quote: signature, nonce, selection and PCR digest.
+fn verify_quote(
+    index: usize,
+    q: &QuoteEvidence,
+    ak: &super::abi::AkKey,
+    expected_nonce: &[u8],
+) -> Result<Quote, TpmError> {
+    let quote = Quote::parse(&q.attest)?;
+    let signature = Signature::parse(&q.signature)?;
+    ak.verify(&q.attest, &signature, index)?;
+    if quote.extra_data != expected_nonce {
+        return Err(TpmError::NonceMismatch {
+            index,
+            expected: hex::encode(expected_nonce),
+            found: hex::encode(&quote.extra_data),
+        });
+    }
+    let bank = q.pcrs.bank;
+    let selected: Vec<_> = quote
+        .selections
+        .iter()
+        .filter(|s| !s.pcrs.is_empty())
+        .collect();
+    let [selection] = selected.as_slice() else {
+        return Err(TpmError::PcrBankMismatch {
+            index,
+            selected: describe(&quote),
+            supplied: bank,
+        });
+    };
+    if selection.bank != bank {
+        return Err(TpmError::PcrBankMismatch {
+            index,
+            selected: describe(&quote),
+            supplied: bank,
+        });
+    }
+    let supplied: BTreeMap<u8, &[u8]> = q
+        .pcrs
+        .values
+        .iter()
+        .map(|v| (v.index, v.value.as_slice()))
+        .collect();
+    if let Some(extra) = supplied.keys().find(|i| !selection.pcrs.contains(i)) {
+        return Err(TpmError::PcrNotQuoted {
+            index,
+            bank,
+            pcr: *extra,
+        });
+    }
+    let mut concatenated = Vec::new();
+    for pcr in &selection.pcrs {
+        let value = supplied.get(pcr).ok_or(TpmError::PcrValue {
+            index,
+            bank,
+            pcr: *pcr,
+            reason: "selected by the quote but not supplied",
+        })?;
+        if value.len() != bank.digest_len() {
+            return Err(TpmError::PcrValue {
+                index,
+                bank,
+                pcr: *pcr,
+                reason: "value length does not match the bank's digest size",
+            });
+        }
+        concatenated.extend_from_slice(value);
+    }
+    if signature.hash().digest(&concatenated) != quote.pcr_digest {
+        return Err(TpmError::PcrDigestMismatch { index, bank });
+    }
+    Ok(quote)
+}
+
+/// Names the banks a quote selects, for error messages.
+fn describe(quote: &Quote) -> String {
+    let names: Vec<_> = quote
+        .selections
+        .iter()
+        .filter(|s| !s.pcrs.is_empty())
+        .map(|s| s.bank.name())
+        .collect();
+    format!("[{}]", names.join(", "))
+}
+
+/// Replays the log for every quoted bank that it carries and compares.
+fn replay_against(
+    log: &[u8],
+    pcrs: &BTreeMap<HashAlg, BTreeMap<u8, String>>,
+) -> Result<ReplayClaims, TpmError> {
+    let log = EventLog::parse(log)?;
+    let mut claims = ReplayClaims {
+        events: log.events.len(),
+        reproduced: BTreeMap::new(),
+        unaccounted: BTreeMap::new(),
+    };
+    for (bank, quoted) in pcrs {
+        if !log.banks.contains(bank) {
+            continue;
+        }
+        let replay = log.replay(*bank)?;
+        for (pcr, quoted_hex) in quoted {
+            let Some(replayed) = replay.values.get(pcr) else {
+                continue;
+            };
+            let replayed_hex = hex::encode(replayed);
+            if &replayed_hex == quoted_hex {
+                claims.reproduced.entry(*bank).or_default().insert(*pcr);
+            } else if replay.extended.contains(pcr) {
+                return Err(TpmError::ReplayMismatch {
+                    bank: *bank,
+                    pcr: *pcr,
+                    replayed: replayed_hex,
+                    quoted: quoted_hex.clone(),
+                });
+            } else {
+                claims.unaccounted.entry(*bank).or_default().insert(*pcr);
+            }
+        }
+    }
+    Ok(claims)
+}

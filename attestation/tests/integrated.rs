@@ -1,0 +1,274 @@
+//! The whole envelope: simulated SEV-SNP plus a simulated GPU and a real software TPM (swtpm),
+//! all bound to one runtime-data document, appraised together; and each binding broken.
+
+use std::path::PathBuf;
+
+use inferno_attestation::appraise::{AppraisalInput, appraise};
+use inferno_attestation::collect::collect_evidence;
+use inferno_attestation::collect::simulated::SimulatedSnp;
+use inferno_attestation::evidence::Evidence;
+use inferno_attestation::nvidia::CcMode;
+use inferno_attestation::nvidia::simulated::{SimulatedGpu, SimulatedGpuConfig, TEST_SEED};
+use inferno_attestation::policy::LoadedPolicy;
+use inferno_attestation::report::AppraisalReport;
+use inferno_attestation::runtime_data::RuntimeData;
+use time::macros::datetime;
+
+const NOW: time::OffsetDateTime = datetime!(2026-01-01 0:00 UTC);
+
+fn policy_text(name: &str) -> String {
+    std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../policy")
+            .join(name),
+    )
+    .unwrap()
+}
+
+fn dev() -> LoadedPolicy {
+    LoadedPolicy::from_bytes(policy_text("development.toml").as_bytes()).unwrap()
+}
+
+fn doc(policy: &LoadedPolicy) -> RuntimeData {
+    let mut doc = RuntimeData::new(policy.digest, "inferno/test");
+    doc.nonce = Some(hex::encode([7u8; 32]));
+    doc
+}
+
+fn gpu(config: SimulatedGpuConfig) -> SimulatedGpu {
+    SimulatedGpu::new(TEST_SEED, config).unwrap()
+}
+
+fn judge(evidence: &Evidence, policy: &LoadedPolicy, ready_pending: bool) -> AppraisalReport {
+    appraise(&AppraisalInput {
+        evidence,
+        policy,
+        collateral: None,
+        now: NOW,
+        clock_floor: None,
+        gpu_ready_pending: ready_pending,
+    })
+}
+
+fn failed(r: &AppraisalReport) -> Vec<String> {
+    r.failures().map(|c| c.id.clone()).collect()
+}
+
+fn snp_with_gpu(doc: &RuntimeData, gpu: &SimulatedGpu, nonce: [u8; 32]) -> Evidence {
+    let mut evidence = collect_evidence(&SimulatedSnp::new().unwrap(), doc).unwrap();
+    evidence.gpu = Some(gpu.evidence(&nonce).unwrap());
+    evidence
+}
+
+#[test]
+fn development_policy_names_the_simulated_gpu_root() {
+    let fingerprint = hex::encode(inferno_attestation::pki::sha256(
+        gpu(SimulatedGpuConfig::default()).root_der(),
+    ));
+    assert_eq!(
+        dev().policy.simulated.trusted_gpu_root_sha256,
+        [fingerprint]
+    );
+}
+
+#[test]
+fn simulated_cpu_and_gpu_pass_together_under_development_policy() {
+    let policy = dev();
+    let doc = doc(&policy);
+    let g = gpu(SimulatedGpuConfig::default());
+    let evidence = snp_with_gpu(&doc, &g, doc.gpu_nonce());
+    let evidence = Evidence::from_bytes(evidence.to_json().as_bytes()).unwrap();
+    let r = judge(&evidence, &policy, false);
+    assert!(r.passed(), "{r}");
+    assert!(r.simulated);
+    let gpu_claims = r.claims.gpu.as_ref().unwrap();
+    assert!(gpu_claims.simulated);
+    assert_eq!(gpu_claims.nonce, hex::encode(doc.gpu_nonce()));
+    assert!(r.to_string().contains("gpu: driver 550.90.07"));
+}
+
+#[test]
+fn gpu_evidence_for_another_nonce_is_rejected() {
+    let policy = dev();
+    let doc = doc(&policy);
+    let g = gpu(SimulatedGpuConfig::default());
+    let evidence = snp_with_gpu(&doc, &g, [9; 32]);
+    assert_eq!(failed(&judge(&evidence, &policy, false)), ["gpu.verify"]);
+}
+
+#[test]
+fn production_gpu_rules_cc_mode_ready_state_and_reference_values() {
+    // The development policy with production's GPU table (and the simulated roots kept).
+    let text = policy_text("development.toml").replace(
+        "required = false\nrequire_cc_mode = false\nrequire_ready_state = false",
+        "required = true\nrequire_cc_mode = true\nrequire_ready_state = true\nrequire_reference_values = true",
+    );
+    let policy = LoadedPolicy::from_bytes(text.as_bytes()).unwrap();
+    assert!(policy.policy.gpu.required);
+    let doc = doc(&policy);
+
+    let off = gpu(SimulatedGpuConfig {
+        cc_mode: CcMode::Off,
+        ..SimulatedGpuConfig::default()
+    });
+    let r = judge(&snp_with_gpu(&doc, &off, doc.gpu_nonce()), &policy, false);
+    assert_eq!(
+        failed(&r),
+        ["gpu.cc_mode", "gpu.ready_state", "gpu.reference_values"],
+        "{r}"
+    );
+
+    let ready = gpu(SimulatedGpuConfig {
+        ready_state: true,
+        ..SimulatedGpuConfig::default()
+    });
+    let r = judge(&snp_with_gpu(&doc, &ready, doc.gpu_nonce()), &policy, false);
+    assert_eq!(failed(&r), ["gpu.reference_values"], "{r}");
+
+    // The server's self-appraisal before it sets the ready state.
+    let not_ready = gpu(SimulatedGpuConfig::default());
+    let r = judge(
+        &snp_with_gpu(&doc, &not_ready, doc.gpu_nonce()),
+        &policy,
+        true,
+    );
+    assert_eq!(failed(&r), ["gpu.reference_values"], "{r}");
+
+    // No GPU at all.
+    let evidence = collect_evidence(&SimulatedSnp::new().unwrap(), &doc).unwrap();
+    assert_eq!(failed(&judge(&evidence, &policy, false)), ["gpu.required"]);
+}
+
+#[test]
+fn production_policy_does_not_trust_the_simulated_gpu() {
+    let policy = LoadedPolicy::from_bytes(policy_text("production.toml").as_bytes()).unwrap();
+    let doc = doc(&policy);
+    let g = gpu(SimulatedGpuConfig::default());
+    let r = judge(&snp_with_gpu(&doc, &g, doc.gpu_nonce()), &policy, false);
+    assert!(!r.passed());
+    assert!(!r.simulated);
+    assert!(failed(&r).contains(&"snp.chain".to_owned()), "{r}");
+}
+
+#[test]
+fn tpm_quotes_for_another_nonce_are_rejected() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/attestation-vectors/tpm/go-tpm-tools/gce-cos-85-nonce9009");
+    if !dir.is_dir() {
+        eprintln!("SKIPPED: {} is absent", dir.display());
+        return;
+    }
+    use inferno_attestation::tpm::{AkPublic, HashAlg, PcrBank, QuoteEvidence, TpmEvidence};
+    let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+    let text = String::from_utf8(read("quote_sha256.pcrs.txt")).unwrap();
+    let tpm = TpmEvidence {
+        ak: AkPublic::TpmtPublic(read("ak_pub.tpmt_public.bin")),
+        quotes: vec![QuoteEvidence {
+            attest: read("quote_sha256.tpms_attest.bin"),
+            signature: read("quote_sha256.tpmt_signature.bin"),
+            pcrs: PcrBank::from_text(HashAlg::Sha256, &text).unwrap(),
+        }],
+        event_log: None,
+    };
+    let policy = dev();
+    let mut evidence = collect_evidence(&SimulatedSnp::new().unwrap(), &doc(&policy)).unwrap();
+    evidence.tpm = Some(tpm);
+    let r = judge(&evidence, &policy, false);
+    assert_eq!(failed(&r), ["tpm.quote"], "{r}");
+}
+
+/// A real software TPM: the template AK's hash goes into the runtime data, the quote's
+/// qualifying data is the runtime data's SHA-512, and the appraisal binds both to the SNP report.
+#[test]
+fn swtpm_quote_binds_through_the_runtime_data() {
+    use inferno_attestation::tpm::{self, HashAlg, collect};
+    use std::process::{Command, Stdio};
+
+    if Command::new("swtpm").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: swtpm is not installed (apt-get install swtpm)");
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = l.local_addr().unwrap().port();
+        drop(l);
+        p
+    };
+    /// Kills swtpm when the test ends, also on failure.
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _swtpm = Kill(
+        Command::new("swtpm")
+            .args(["socket", "--tpm2", "--flags", "not-need-init,startup-clear"])
+            .arg("--tpmstate")
+            .arg(format!("dir={}", state.path().display()))
+            .arg("--server")
+            .arg(format!("type=tcp,port={port},bindaddr=127.0.0.1"))
+            .arg("--ctrl")
+            .arg(format!("type=tcp,port={},bindaddr=127.0.0.1", port + 1))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "swtpm did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let tcti = format!("swtpm:host=127.0.0.1,port={port}");
+    let banks = [HashAlg::Sha256];
+    let pcrs: Vec<u8> = (0..8).collect();
+    let quote = |nonce: &[u8]| {
+        collect::collect(&collect::QuoteRequest {
+            tcti: &tcti,
+            ak_handle: None,
+            ak_kind: collect::AkKind::Rsa2048,
+            banks: &banks,
+            pcrs: &pcrs,
+            nonce,
+            event_log: None,
+        })
+        .unwrap()
+    };
+    // Learn the (stable) template AK first.
+    let probe = quote(b"probe");
+    let ak = tpm::verify(&probe, b"probe").unwrap().ak_spki_sha256;
+
+    let policy = LoadedPolicy::from_bytes(
+        policy_text("development.toml")
+            .replace(
+                "[tpm]\n# A vTPM is verified when present, not required.\nrequired = false",
+                "[tpm]\nrequired = true",
+            )
+            .as_bytes(),
+    )
+    .unwrap();
+    assert!(policy.policy.tpm.as_ref().unwrap().required);
+    let mut runtime = doc(&policy);
+    runtime.tpm_ak_sha256 = Some(ak.clone());
+    let mut evidence = collect_evidence(&SimulatedSnp::new().unwrap(), &runtime).unwrap();
+    evidence.tpm = Some(quote(&runtime.tpm_qualifying_data()));
+    let r = judge(&evidence, &policy, false);
+    assert!(r.passed(), "{r}");
+    assert_eq!(r.claims.tpm.as_ref().unwrap().ak_spki_sha256, ak);
+
+    // The same quote under a document that does not name the AK.
+    let unbound = doc(&policy);
+    let mut evidence2 = collect_evidence(&SimulatedSnp::new().unwrap(), &unbound).unwrap();
+    evidence2.tpm = Some(quote(&unbound.tpm_qualifying_data()));
+    assert_eq!(
+        failed(&judge(&evidence2, &policy, false)),
+        ["tpm.ak_binding"]
+    );
+
+    // A quote replayed from the first evidence into the second.
+    evidence2.tpm = evidence.tpm.clone();
+    assert_eq!(failed(&judge(&evidence2, &policy, false)), ["tpm.quote"]);
+}

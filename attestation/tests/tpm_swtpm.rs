@@ -1,0 +1,185 @@
+//! End to end against a real software TPM: starts `swtpm` (Debian package `swtpm`), extends a
+//! PCR, collects a quote through tss-esapi and verifies it. Skips loudly without `swtpm`.
+#![cfg(feature = "tpm-collect")]
+
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use inferno_attestation::tpm::{self, HashAlg, TpmError, collect};
+use tss_esapi::handles::PcrHandle;
+use tss_esapi::interface_types::algorithm::HashingAlgorithm;
+use tss_esapi::structures::{Digest, DigestValues};
+
+/// A running swtpm, killed on drop.
+struct Swtpm {
+    child: Child,
+    port: u16,
+    _state: tempfile::TempDir,
+}
+
+impl Drop for Swtpm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Two consecutive free local ports (server, control).
+fn free_port_pair() -> u16 {
+    for _ in 0..50 {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+        let port = listener.local_addr().expect("local address").port();
+        if port < u16::MAX && TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no two consecutive free ports");
+}
+
+fn start_swtpm() -> Option<Swtpm> {
+    if Command::new("swtpm").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: swtpm is not installed (apt-get install swtpm)");
+        return None;
+    }
+    let state = tempfile::tempdir().expect("temporary TPM state dir");
+    let port = free_port_pair();
+    let child = Command::new("swtpm")
+        .args(["socket", "--tpm2"])
+        .args(["--server", &format!("type=tcp,port={port}")])
+        .args(["--ctrl", &format!("type=tcp,port={}", port + 1)])
+        .args(["--tpmstate", &format!("dir={}", state.path().display())])
+        .args(["--flags", "startup-clear"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start swtpm");
+    let tpm = Swtpm {
+        child,
+        port,
+        _state: state,
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "swtpm did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Some(tpm)
+}
+
+fn tcti(tpm: &Swtpm) -> String {
+    format!("swtpm:host=127.0.0.1,port={}", tpm.port)
+}
+
+/// Extends PCR 16 with a known SHA-256 digest through tss-esapi.
+fn extend_pcr16(tcti: &str) {
+    let conf = tcti.parse().expect("TCTI");
+    let mut ctx = tss_esapi::Context::new(conf).expect("open swtpm");
+    let mut digests = DigestValues::new();
+    digests.set(
+        HashingAlgorithm::Sha256,
+        Digest::try_from(vec![0x5a; 32]).expect("digest"),
+    );
+    ctx.execute_with_nullauth_session(|c| c.pcr_extend(PcrHandle::Pcr16, digests))
+        .expect("extend PCR 16");
+}
+
+#[test]
+fn swtpm_quote_round_trip() {
+    let Some(tpm) = start_swtpm() else { return };
+    let tcti = tcti(&tpm);
+    extend_pcr16(&tcti);
+    let nonce = b"inferno swtpm nonce";
+    let pcrs: Vec<u8> = (0..24).collect();
+    let banks = [HashAlg::Sha256, HashAlg::Sha1];
+    let request = collect::QuoteRequest {
+        tcti: &tcti,
+        ak_handle: None,
+        ak_kind: collect::AkKind::Rsa2048,
+        banks: &banks,
+        pcrs: &pcrs,
+        nonce,
+        event_log: None,
+    };
+    let evidence = collect::collect(&request).expect("collect from swtpm");
+    assert_eq!(evidence.quotes.len(), 2);
+
+    let claims = tpm::verify(&evidence, nonce).expect("swtpm evidence verifies");
+    // PCR 16 = SHA-256(zeros ‖ 0x5a*32).
+    let mut input = vec![0u8; 32];
+    input.extend_from_slice(&[0x5a; 32]);
+    assert_eq!(
+        claims.pcrs[&HashAlg::Sha256][&16],
+        hex::encode(HashAlg::Sha256.digest(&input))
+    );
+    assert_eq!(claims.pcrs[&HashAlg::Sha256].len(), 24);
+
+    // The template AK is stable: a second collection yields the same AK hash.
+    let again = collect::collect(&request).expect("second collection");
+    let claims_again = tpm::verify(&again, nonce).expect("second verification");
+    assert_eq!(claims.ak_spki_sha256, claims_again.ak_spki_sha256);
+    assert!(claims.ak_restricted);
+
+    // A replayed quote does not pass for another nonce.
+    let err = tpm::verify(&evidence, b"another nonce").unwrap_err();
+    assert!(matches!(err, TpmError::NonceMismatch { .. }), "{err}");
+
+    // A PCR value changed after the quote breaks the PCR digest.
+    let mut forged = evidence.clone();
+    let value = forged.quotes[0]
+        .pcrs
+        .values
+        .iter_mut()
+        .find(|v| v.index == 16)
+        .expect("PCR 16 collected");
+    value.value[0] ^= 1;
+    let err = tpm::verify(&forged, nonce).unwrap_err();
+    assert!(
+        matches!(err, TpmError::PcrDigestMismatch { index: 0, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn swtpm_ecdsa_p256_quote_verifies() {
+    let Some(tpm) = start_swtpm() else { return };
+    let tcti = tcti(&tpm);
+    let nonce = b"ecdsa nonce";
+    let request = collect::QuoteRequest {
+        tcti: &tcti,
+        ak_handle: None,
+        ak_kind: collect::AkKind::EccP256,
+        banks: &[HashAlg::Sha256, HashAlg::Sha384],
+        pcrs: &[0, 1, 2, 3, 4, 5, 6, 7],
+        nonce,
+        event_log: None,
+    };
+    let evidence = collect::collect(&request).expect("collect an ECDSA quote");
+    let sig = tpm::Signature::parse(&evidence.quotes[0].signature).expect("TPMT_SIGNATURE");
+    assert!(matches!(sig, tpm::Signature::Ecdsa { .. }), "{sig:?}");
+    let claims = tpm::verify(&evidence, nonce).expect("ECDSA evidence verifies");
+    assert!(claims.ak_restricted);
+    assert_eq!(claims.pcrs[&HashAlg::Sha384].len(), 8);
+    let mut broken = evidence.clone();
+    let last = broken.quotes[1].signature.len() - 1;
+    broken.quotes[1].signature[last] ^= 1;
+    let err = tpm::verify(&broken, nonce).unwrap_err();
+    assert!(matches!(err, TpmError::BadSignature { index: 1 }), "{err}");
+}
+
+#[test]
+fn swtpm_unreachable_is_a_clean_error() {
+    let port = free_port_pair();
+    let tcti = format!("swtpm:host=127.0.0.1,port={port}");
+    let request = collect::QuoteRequest {
+        tcti: &tcti,
+        ak_handle: None,
+        ak_kind: collect::AkKind::Rsa2048,
+        banks: &[HashAlg::Sha256],
+        pcrs: &[0],
+        nonce: b"n",
+        event_log: None,
+    };
+    let err = collect::collect(&request).unwrap_err();
+    assert!(matches!(err, TpmError::Collect(_)), "{err}");
+}

@@ -1,0 +1,350 @@
+//! Real vendor evidence from `../shared/attestation-vectors` reaches the verdict its README
+//! gives, with `now` pinned as the README says. Skips loudly when the folder is absent.
+
+use std::path::PathBuf;
+
+use inferno_attestation::appraise::{AppraisalInput, appraise};
+use inferno_attestation::bundle::{CollateralBundle, IntelCollateral};
+use inferno_attestation::evidence::{Base64Bytes, Evidence};
+use inferno_attestation::pki;
+use inferno_attestation::policy::LoadedPolicy;
+use inferno_attestation::report::AppraisalReport;
+use time::OffsetDateTime;
+use time::macros::datetime;
+
+fn vectors() -> Option<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/attestation-vectors");
+    if dir.is_dir() {
+        Some(dir)
+    } else {
+        eprintln!(
+            "SKIPPED: {} is absent; vendor-vector tests did not run",
+            dir.display()
+        );
+        None
+    }
+}
+
+/// A policy for vendor vectors: real roots only, no runtime-data or GPU requirement (the
+/// vectors predate this project), and no reference values.
+const VECTOR_POLICY: &str = r#"
+schema = 1
+name = "vector-test"
+platforms = ["sev-snp", "tdx"]
+[time]
+collateral_grace_seconds = 0
+[runtime_data]
+required = false
+[sev_snp]
+products = ["Milan", "Genoa", "Turin"]
+min_report_version = 2
+allow_debug = false
+allow_smt = true
+allow_migration_agent = false
+vmpls = [0]
+[sev_snp.min_tcb.Milan]
+bootloader = 3
+tee = 0
+snp = 8
+microcode = 115
+[tdx]
+allowed_tcb_status = ["UpToDate"]
+allow_debug = false
+[gpu]
+required = false
+require_cc_mode = false
+require_ready_state = false
+[audit]
+record_content_hashes = true
+[auth]
+require_api_key = false
+"#;
+
+fn policy() -> LoadedPolicy {
+    LoadedPolicy::from_bytes(VECTOR_POLICY.as_bytes()).unwrap()
+}
+
+fn snp_appraisal(
+    report: &[u8],
+    vcek: &[u8],
+    now: OffsetDateTime,
+    policy: &LoadedPolicy,
+) -> AppraisalReport {
+    let evidence = Evidence::from_bytes(report).unwrap();
+    let mut bundle = CollateralBundle::empty("2026-01-01T00:00:00Z".into());
+    bundle.amd.vcek.push(Base64Bytes(vcek.to_vec()));
+    appraise(&AppraisalInput {
+        evidence: &evidence,
+        policy,
+        collateral: Some(&bundle),
+        now,
+        clock_floor: None,
+        gpu_ready_pending: false,
+    })
+}
+
+fn failed_ids(report: &AppraisalReport) -> Vec<String> {
+    report.failures().map(|c| c.id.clone()).collect()
+}
+
+fn read(dir: &std::path::Path, rel: &str) -> Vec<u8> {
+    std::fs::read(dir.join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+#[test]
+fn snp_milan_virtee_passes() {
+    let Some(v) = vectors() else { return };
+    let r = snp_appraisal(
+        &read(&v, "sev-snp/virtee-sev/report_milan.hex"),
+        &read(&v, "sev-snp/virtee-sev/vcek_milan.der"),
+        datetime!(2024-01-01 0:00 UTC),
+        &policy(),
+    );
+    assert!(r.passed(), "{r}");
+    assert!(!r.simulated);
+    let snp = r.claims.sev_snp.as_ref().unwrap();
+    assert_eq!(snp.product, "Milan");
+    assert_eq!(snp.report_version, 2);
+    assert_eq!(snp.vmpl, 0);
+    assert_eq!(snp.guest_policy, "0x30000");
+    assert!(!snp.debug);
+    assert_eq!(
+        (
+            snp.reported_tcb.bootloader,
+            snp.reported_tcb.tee,
+            snp.reported_tcb.snp,
+            snp.reported_tcb.microcode
+        ),
+        (3, 0, 8, 115)
+    );
+    assert_eq!(
+        snp.measurement,
+        "7a1e5c266c0108dbc9bb94fa926951320940915d0aafb42464bd88b579ea158d3e1a0dc39b2c60bd95b9c480cd81841f"
+    );
+}
+
+#[test]
+fn snp_go_sev_guest_debug_guest_is_rejected_for_debug_only() {
+    let Some(v) = vectors() else { return };
+    let r = snp_appraisal(
+        &read(&v, "sev-snp/go-sev-guest/attestation.bin"),
+        &read(&v, "sev-snp/go-sev-guest/vcek.testcer"),
+        datetime!(2023-01-01 0:00 UTC),
+        &policy(),
+    );
+    assert!(!r.passed());
+    // Signature and chain are valid; the guest policy's debug bit rejects it (and its 2022
+    // firmware is below the policy's Milan minimum TCB).
+    assert_eq!(failed_ids(&r), ["snp.debug", "snp.min_tcb"], "{r}");
+    let snp = r.claims.sev_snp.as_ref().unwrap();
+    assert_eq!(snp.guest_policy, "0xb0000");
+    assert_eq!(
+        snp.measurement,
+        "b07af9620f3b839b47996422ddec6058338951d984e312115131ea82705eaf5b6bdf8a9ece31a5a608eb0cf2e4872b01"
+    );
+}
+
+#[test]
+fn snp_trustee_milan_passes() {
+    let Some(v) = vectors() else { return };
+    let r = snp_appraisal(
+        &read(&v, "sev-snp/trustee/test-report.bin"),
+        &read(&v, "sev-snp/trustee/test-vcek.der"),
+        datetime!(2024-01-01 0:00 UTC),
+        &policy(),
+    );
+    assert!(r.passed(), "{r}");
+    let snp = r.claims.sev_snp.as_ref().unwrap();
+    assert_eq!(snp.guest_policy, "0x3001f");
+    assert_eq!(snp.guest_svn, 4);
+    assert_eq!(
+        snp.measurement,
+        "a1f3930413247bb38cfc171579ea3c12d5fe4901f0c792f63fd75d98f1ef827c23500644e0e692e6be917f9050d3d38c"
+    );
+}
+
+#[test]
+fn snp_turin_v5_passes_with_fmc() {
+    let Some(v) = vectors() else { return };
+    let r = snp_appraisal(
+        &read(&v, "sev-snp/project-oak/turin_report.bin"),
+        &read(&v, "sev-snp/project-oak/turin_vcek.der"),
+        datetime!(2025-08-01 0:00 UTC),
+        &policy(),
+    );
+    assert!(r.passed(), "{r}");
+    let snp = r.claims.sev_snp.as_ref().unwrap();
+    assert_eq!(snp.product, "Turin");
+    assert_eq!(snp.report_version, 5);
+    let t = snp.reported_tcb;
+    assert_eq!(
+        (t.fmc, t.bootloader, t.tee, t.snp, t.microcode),
+        (Some(0), 1, 0, 2, 71)
+    );
+    assert_eq!(
+        snp.measurement,
+        "f924dd18f168df60fbea937f0b086284d51b1b376de872bac43694f61134d57967c318018de7335503023dbb50dee624"
+    );
+}
+
+#[test]
+fn snp_reports_fail_when_now_is_outside_certificate_validity() {
+    let Some(v) = vectors() else { return };
+    let r = snp_appraisal(
+        &read(&v, "sev-snp/virtee-sev/report_milan.hex"),
+        &read(&v, "sev-snp/virtee-sev/vcek_milan.der"),
+        datetime!(2000-01-01 0:00 UTC),
+        &policy(),
+    );
+    assert_eq!(failed_ids(&r), ["snp.cert_validity"], "{r}");
+}
+
+#[test]
+fn snp_negative_vectors_fail() {
+    let Some(v) = vectors() else { return };
+    let r = snp_appraisal(
+        &read(&v, "negative/snp_milan_report_byte21_xor80.bin"),
+        &read(&v, "sev-snp/virtee-sev/vcek_milan.der"),
+        datetime!(2024-01-01 0:00 UTC),
+        &policy(),
+    );
+    assert_eq!(failed_ids(&r), ["snp.report_signature"], "{r}");
+    let r = snp_appraisal(
+        &read(&v, "sev-snp/virtee-sev/report_milan.hex"),
+        &read(&v, "negative/snp_vcek_milan_byte40_xorff.der"),
+        datetime!(2024-01-01 0:00 UTC),
+        &policy(),
+    );
+    assert_eq!(failed_ids(&r), ["snp.chain"], "{r}");
+    for name in ["test-vcek-invalid-legacy.der", "test-vcek-invalid-new.der"] {
+        let der = read(&v, &format!("sev-snp/trustee/{name}"));
+        let cert = pki::parse_certificate(&der, name).unwrap();
+        assert!(
+            inferno_attestation::verify::snp::hw_id(&cert).is_some(),
+            "{name} hwID parses"
+        );
+        let r = snp_appraisal(
+            &read(&v, "sev-snp/trustee/test-report.bin"),
+            &der,
+            datetime!(2024-01-01 0:00 UTC),
+            &policy(),
+        );
+        assert_eq!(failed_ids(&r), ["snp.chain"], "{name}: {r}");
+    }
+}
+
+#[test]
+fn amd_roots_chain_and_products_do_not_mix() {
+    let Some(v) = vectors() else { return };
+    let pem = |rel: &str| pki::pem_blocks(&read(&v, rel), rel).unwrap();
+    for product in ["milan", "genoa", "turin"] {
+        let ark = pem(&format!("sev-snp/amd-roots/virtee_{product}_ark.pem")).remove(0);
+        let ask = pem(&format!("sev-snp/amd-roots/virtee_{product}_ask.pem")).remove(0);
+        let ark = pki::parse_certificate(&ark, "ark").unwrap();
+        let ask = pki::parse_certificate(&ask, "ask").unwrap();
+        pki::verify_issued_by(&ark, &ark, "ark").unwrap();
+        pki::verify_issued_by(&ask, &ark, "ask").unwrap();
+    }
+    for name in [
+        "gosevguest_ask_ark_milan.pem",
+        "gosevguest_ask_ark_genoa.pem",
+        "gosevguest_ask_ark_milan_vlek.pem",
+        "gosevguest_ask_ark_genoa_vlek.pem",
+        "gosevguest_ask_ark_turin_vcek.pem",
+        "gosevguest_ask_ark_turin_vlek.pem",
+    ] {
+        let blocks = pem(&format!("sev-snp/amd-roots/{name}"));
+        assert_eq!(blocks.len(), 2, "{name}");
+        let inter = pki::parse_certificate(&blocks[0], "intermediate").unwrap();
+        let ark = pki::parse_certificate(&blocks[1], "ark").unwrap();
+        pki::verify_issued_by(&ark, &ark, name).unwrap();
+        pki::verify_issued_by(&inter, &ark, name).unwrap();
+    }
+    let milan_vcek = read(&v, "sev-snp/virtee-sev/vcek_milan.der");
+    let milan_vcek = pki::parse_certificate(&milan_vcek, "vcek").unwrap();
+    let genoa_ask = pem("sev-snp/amd-roots/virtee_genoa_ask.pem").remove(0);
+    let genoa_ask = pki::parse_certificate(&genoa_ask, "genoa ask").unwrap();
+    assert!(pki::verify_issued_by(&milan_vcek, &genoa_ask, "vcek").is_err());
+    let milan_ask = pem("sev-snp/amd-roots/virtee_milan_ask.pem").remove(0);
+    let milan_ask = pki::parse_certificate(&milan_ask, "milan ask").unwrap();
+    pki::verify_issued_by(&milan_vcek, &milan_ask, "vcek").unwrap();
+
+    let turin_vcek = read(&v, "sev-snp/virtee-sev/vcek_turin.der");
+    let turin_vcek = pki::parse_certificate(&turin_vcek, "turin vcek").unwrap();
+    let turin_ask = pem("sev-snp/amd-roots/virtee_turin_ask.pem").remove(0);
+    let turin_ask = pki::parse_certificate(&turin_ask, "turin ask").unwrap();
+    pki::verify_issued_by(&turin_vcek, &turin_ask, "vcek").unwrap();
+    assert_eq!(
+        inferno_attestation::verify::snp::hw_id(&turin_vcek)
+            .map(hex::encode)
+            .as_deref(),
+        Some("1e550a8ee5cf9f4d")
+    );
+}
+
+fn tdx_appraisal(quote: &[u8], collateral_json: &[u8], now: OffsetDateTime) -> AppraisalReport {
+    let evidence = Evidence::from_bytes(quote).unwrap();
+    let mut bundle = CollateralBundle::empty("2026-01-01T00:00:00Z".into());
+    bundle.intel.push(IntelCollateral {
+        fmspc: None,
+        collateral: serde_json::from_slice(collateral_json).unwrap(),
+    });
+    appraise(&AppraisalInput {
+        evidence: &evidence,
+        policy: &policy(),
+        collateral: Some(&bundle),
+        now,
+        clock_floor: None,
+        gpu_ready_pending: false,
+    })
+}
+
+#[test]
+fn tdx_quote_v4_up_to_date_passes() {
+    let Some(v) = vectors() else { return };
+    let r = tdx_appraisal(
+        &read(&v, "tdx/dcap-qvl/tdx_quote"),
+        &read(&v, "tdx/dcap-qvl/tdx_quote_collateral.json"),
+        datetime!(2025-07-19 10:00:34 UTC),
+    );
+    assert!(r.passed(), "{r}");
+    let tdx = r.claims.tdx.as_ref().unwrap();
+    assert_eq!(tdx.quote_version, 4);
+    assert_eq!(tdx.fmspc, "b0c06f000000");
+    assert_eq!(tdx.tcb_status, "UpToDate");
+    assert!(tdx.advisory_ids.is_empty());
+    assert_eq!(tdx.td_attributes, "0000001000000000");
+    assert!(!tdx.debug);
+    assert!(tdx.mrtd.starts_with("91eb2b44"));
+}
+
+#[test]
+fn tdx_quote_v5_without_matching_tcb_level_is_rejected() {
+    let Some(v) = vectors() else { return };
+    let r = tdx_appraisal(
+        &read(&v, "tdx/dcap-qvl/tdx_quote_outdated"),
+        &read(&v, "tdx/dcap-qvl/tdx_quote_outdated_collateral.json"),
+        datetime!(2026-03-20 10:41:14 UTC),
+    );
+    assert!(!r.passed());
+    assert_eq!(failed_ids(&r), ["tdx.quote_signature"], "{r}");
+}
+
+#[test]
+fn tdx_negative_and_stale_collateral_fail() {
+    let Some(v) = vectors() else { return };
+    let collateral = read(&v, "tdx/dcap-qvl/tdx_quote_collateral.json");
+    let r = tdx_appraisal(
+        &read(&v, "negative/tdx_dcapqvl_tdx_quote_reportdata0_xor01.bin"),
+        &collateral,
+        datetime!(2025-07-19 10:00:34 UTC),
+    );
+    assert_eq!(failed_ids(&r), ["tdx.quote_signature"], "{r}");
+    // One day past the TCB info's next update, with no grace in the policy.
+    let r = tdx_appraisal(
+        &read(&v, "tdx/dcap-qvl/tdx_quote"),
+        &collateral,
+        datetime!(2025-07-20 10:00:00 UTC),
+    );
+    assert_eq!(failed_ids(&r), ["tdx.collateral_freshness"], "{r}");
+}

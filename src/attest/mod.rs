@@ -1,0 +1,299 @@
+//! Start-up attestation of the server: bind the TLS key, the audit-log key, the policy digest
+//! and the software version into a runtime-data document, collect evidence over it, and
+//! appraise that evidence with the server policy before anything is served.
+//!
+//! `docs/serving-attestation.md` describes the sequence. [`binding`] checks, offline, that the
+//! start events of an audit log carry evidence binding their checkpoint keys.
+
+pub mod binding;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use inferno_attestation::appraise::{AppraisalInput, appraise};
+use inferno_attestation::collect::{
+    CollectError, EvidenceSource, collect_evidence, detect_hardware, simulated::SimulatedSnp,
+};
+use inferno_attestation::evidence::Evidence;
+use inferno_attestation::pki;
+use inferno_attestation::policy::{LoadedPolicy, Platform, PolicyError};
+use inferno_attestation::report::AppraisalReport;
+use inferno_attestation::runtime_data::RuntimeData;
+use serde::Serialize;
+
+use crate::audit::record::{EvidenceBlob, SecurityEvent};
+use crate::config::{AttestationConfig, AttestationProfile};
+
+/// The development policy (`policy/development.toml`), used by the development profile when
+/// the configuration names no policy file.
+pub const DEVELOPMENT_POLICY: &[u8] = include_bytes!("../../policy/development.toml");
+/// The production policy (`policy/production.toml`), used by the production profile when the
+/// configuration names no policy file.
+pub const PRODUCTION_POLICY: &[u8] = include_bytes!("../../policy/production.toml");
+/// The `kind` of the audit start event's evidence blob: the JSON evidence envelope.
+pub const EVIDENCE_BLOB_KIND: &str = "inferno-evidence-envelope-v1";
+
+/// Start-up attestation failed; the server refuses to serve.
+#[derive(Debug, thiserror::Error)]
+pub enum AttestationError {
+    /// The policy could not be read or is invalid.
+    #[error("attestation policy {source_name}: {source}")]
+    Policy {
+        /// The file, or `embedded development/production policy`.
+        source_name: String,
+        /// The cause.
+        source: PolicyError,
+    },
+    /// The production profile found no TEE to collect evidence from.
+    #[error(
+        "attestation: no TEE found (no configfs-tsm report interface, no /dev/sev-guest); the production profile refuses to serve without hardware evidence (set [attestation] profile = \"development\" to use the simulated TEE)"
+    )]
+    NoHardware,
+    /// The TLS certificate could not be parsed to hash its public key.
+    #[error("attestation: the TLS certificate cannot be parsed: {0}")]
+    Certificate(String),
+    /// Evidence could not be collected.
+    #[error("attestation: collecting evidence failed: {0}")]
+    Collect(#[from] CollectError),
+    /// The blocking attestation task did not complete.
+    #[error("attestation: the start-up task failed: {0}")]
+    Task(String),
+    /// The evidence does not pass the policy.
+    #[error("attestation rejected by policy {policy:?}: {reasons}")]
+    Rejected {
+        /// The policy's name.
+        policy: String,
+        /// The failed checks, `id: reason; ...`.
+        reasons: String,
+    },
+}
+
+/// The server's evidence, its runtime-data document and the appraisal that admitted it.
+#[derive(Debug, Clone, Serialize)]
+pub struct StartupAttestation {
+    /// The profile in force.
+    #[serde(skip)]
+    pub profile: AttestationProfile,
+    /// The evidence envelope.
+    pub evidence: Evidence,
+    /// The runtime-data document bound into the evidence.
+    pub runtime_data: RuntimeData,
+    /// The appraisal of the evidence under the server policy.
+    pub appraisal: AppraisalReport,
+    /// SHA-256 of the appraisal report's JSON serialisation, hex (recorded in the audit log).
+    pub appraisal_sha256: String,
+}
+
+impl StartupAttestation {
+    /// Collects and appraises start-up evidence binding `tls_cert` (DER or PEM leaf certificate,
+    /// whose SubjectPublicKeyInfo is hashed) and `audit_key` (the raw Ed25519 checkpoint key).
+    ///
+    /// Hardware evidence is used whenever the machine offers it; without hardware, only the
+    /// development profile falls back to the simulated TEE. Any rejection is an error.
+    pub fn establish(
+        config: &AttestationConfig,
+        tls_cert: &[u8],
+        audit_key: Option<[u8; 32]>,
+    ) -> Result<Self, AttestationError> {
+        let policy = load_policy(config)?;
+        let mut runtime_data = RuntimeData::new(
+            policy.digest,
+            format!("inferno/{}", env!("CARGO_PKG_VERSION")),
+        );
+        runtime_data.tls_spki_sha256 = Some(hex::encode(tls_spki_sha256(tls_cert)?));
+        runtime_data.audit_key = audit_key.map(hex::encode);
+        let source: Box<dyn EvidenceSource> = match (detect_hardware(), config.profile) {
+            (Some(hardware), _) => hardware,
+            (None, AttestationProfile::Development) => Box::new(SimulatedSnp::new()?),
+            (None, AttestationProfile::Production) => return Err(AttestationError::NoHardware),
+        };
+        let evidence = collect_evidence(source.as_ref(), &runtime_data)?;
+        let appraisal = appraise(&AppraisalInput {
+            evidence: &evidence,
+            policy: &policy,
+            collateral: None,
+            now: time::OffsetDateTime::now_utc(),
+            clock_floor: None,
+            gpu_ready_pending: true,
+        });
+        if !appraisal.passed() {
+            let reasons = appraisal
+                .failures()
+                .map(|c| format!("{}: {}", c.id, c.reason))
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(AttestationError::Rejected {
+                policy: appraisal.policy_name.clone(),
+                reasons,
+            });
+        }
+        let appraisal_sha256 = hex::encode(pki::sha256(
+            &serde_json::to_vec(&appraisal).unwrap_or_default(),
+        ));
+        Ok(Self {
+            profile: config.profile,
+            evidence,
+            runtime_data,
+            appraisal,
+            appraisal_sha256,
+        })
+    }
+
+    /// SHA-256 of the server policy's exact bytes, hex.
+    pub fn policy_sha256(&self) -> &str {
+        &self.runtime_data.policy_sha256
+    }
+
+    /// The evidence for the audit log's start event: the JSON envelope, base64.
+    pub fn evidence_blob(&self) -> EvidenceBlob {
+        EvidenceBlob {
+            kind: EVIDENCE_BLOB_KIND.to_owned(),
+            data_b64: STANDARD.encode(self.evidence.to_json()),
+        }
+    }
+
+    /// The audit event recording the appraisal and its report digest.
+    pub fn appraisal_event(&self) -> SecurityEvent {
+        SecurityEvent::Appraisal {
+            subject: "startup".to_owned(),
+            report_digest: self.appraisal_sha256.clone(),
+            passed: self.appraisal.passed(),
+            detail: format!(
+                "policy {:?} (sha256 {}){}",
+                self.appraisal.policy_name,
+                self.appraisal.policy_sha256,
+                if self.appraisal.simulated {
+                    ", SIMULATED TEE"
+                } else {
+                    ""
+                }
+            ),
+        }
+    }
+
+    /// The startup banner's attestation line; loud when the TEE is simulated.
+    pub fn banner_line(&self) -> String {
+        if self.appraisal.simulated {
+            format!(
+                "SIMULATED TEE ({} policy) -- NOT FOR PRODUCTION, no hardware protection",
+                self.appraisal.policy_name
+            )
+        } else {
+            let platform = match self.evidence.platform {
+                Platform::SevSnp => "SEV-SNP",
+                Platform::Tdx => "TDX",
+            };
+            format!(
+                "{platform} evidence passed policy {:?}",
+                self.appraisal.policy_name
+            )
+        }
+    }
+
+    /// The `GET /v1/attestation` document: evidence envelope, runtime-data document, appraisal.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+fn load_policy(config: &AttestationConfig) -> Result<LoadedPolicy, AttestationError> {
+    let (name, loaded) = match (&config.policy, config.profile) {
+        (Some(path), _) => (path.display().to_string(), LoadedPolicy::from_file(path)),
+        (None, AttestationProfile::Development) => (
+            "embedded development policy".to_owned(),
+            LoadedPolicy::from_bytes(DEVELOPMENT_POLICY),
+        ),
+        (None, AttestationProfile::Production) => (
+            "embedded production policy".to_owned(),
+            LoadedPolicy::from_bytes(PRODUCTION_POLICY),
+        ),
+    };
+    loaded.map_err(|source| AttestationError::Policy {
+        source_name: name,
+        source,
+    })
+}
+
+/// SHA-256 of the DER SubjectPublicKeyInfo of a certificate given as DER or one PEM block.
+pub fn tls_spki_sha256(cert: &[u8]) -> Result<[u8; 32], AttestationError> {
+    let der = pki::certificate_der(cert, "TLS certificate")
+        .map_err(|e| AttestationError::Certificate(e.to_string()))?;
+    let parsed = pki::parse_certificate(&der, "TLS certificate")
+        .map_err(|e| AttestationError::Certificate(e.to_string()))?;
+    Ok(pki::sha256(parsed.tbs_certificate.subject_pki.raw))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn self_signed_pem() -> String {
+        rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
+            .map(|c| c.cert.pem())
+            .unwrap()
+    }
+
+    #[test]
+    fn development_profile_binds_keys_into_simulated_evidence() {
+        let pem = self_signed_pem();
+        let attested = StartupAttestation::establish(
+            &AttestationConfig::development(),
+            pem.as_bytes(),
+            Some([9; 32]),
+        )
+        .unwrap();
+        assert!(attested.appraisal.passed());
+        assert!(attested.appraisal.simulated);
+        assert!(attested.banner_line().contains("SIMULATED TEE"));
+        let doc = &attested.runtime_data;
+        assert_eq!(
+            doc.audit_key.as_deref(),
+            Some(hex::encode([9; 32]).as_str())
+        );
+        assert_eq!(
+            doc.tls_spki_sha256.as_deref(),
+            Some(hex::encode(tls_spki_sha256(pem.as_bytes()).unwrap()).as_str())
+        );
+        assert_eq!(
+            doc.policy_sha256,
+            hex::encode(pki::sha256(DEVELOPMENT_POLICY))
+        );
+        assert_eq!(
+            attested.appraisal.claims.runtime_data.as_ref(),
+            Some(doc),
+            "the appraisal verified the binding of this document"
+        );
+    }
+
+    #[test]
+    fn production_profile_without_hardware_refuses() {
+        if detect_hardware().is_some() {
+            eprintln!("SKIPPED: this machine has TEE hardware");
+            return;
+        }
+        let pem = self_signed_pem();
+        let err =
+            StartupAttestation::establish(&AttestationConfig::default(), pem.as_bytes(), None)
+                .unwrap_err();
+        assert!(matches!(err, AttestationError::NoHardware), "{err}");
+    }
+
+    #[test]
+    fn development_profile_with_the_production_policy_is_rejected_as_simulated() {
+        if detect_hardware().is_some() {
+            eprintln!("SKIPPED: this machine has TEE hardware");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("production.toml");
+        std::fs::write(&path, PRODUCTION_POLICY).unwrap();
+        let config = AttestationConfig {
+            profile: AttestationProfile::Development,
+            policy: Some(path),
+        };
+        let err =
+            StartupAttestation::establish(&config, self_signed_pem().as_bytes(), None).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, AttestationError::Rejected { .. }), "{msg}");
+        assert!(msg.contains("production"), "{msg}");
+    }
+}
