@@ -161,6 +161,7 @@ impl EvidenceSource for SimulatedSnp {
                 cert(SnpCertKind::Ask, ASK_DER),
                 cert(SnpCertKind::Ark, ARK_DER),
             ],
+            hcl_report: None,
         }))
     }
 }
