@@ -458,8 +458,8 @@ fn azure_hcl_binds_the_ak_and_runtime_data_goes_through_the_vtpm() {
 
     // Altered variable data breaks the HCL binding.
     let mut altered = hcl.clone();
-    let n = altered.len();
-    altered[n - 3] ^= 1;
+    let at = altered.windows(8).position(|w| w == b"HCLAkPub").unwrap();
+    altered[at + 2] ^= 1;
     evidence.sev_snp.as_mut().unwrap().hcl_report = Some(Base64Bytes(altered));
     assert_eq!(failed_ids(&judge(&evidence)), ["snp.hcl_binding"]);
 }
