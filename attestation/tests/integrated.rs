@@ -229,6 +229,7 @@ fn swtpm_quote_binds_through_the_runtime_data() {
         collect::collect(&collect::QuoteRequest {
             tcti: &tcti,
             ak_handle: None,
+            ak_kind: collect::AkKind::Rsa2048,
             banks: &banks,
             pcrs: &pcrs,
             nonce,

@@ -222,6 +222,7 @@ fn rims(dir: &Path, driver: &str, vbios: &str) -> Vec<Rim> {
 }
 
 #[test]
+#[cfg(feature = "rim-xmlsec")]
 fn rim_signatures_verify_until_the_signer_expires() {
     let Some(dir) = vectors() else { return };
     let roots = vec![nvidia::roots::nvidia_rim_root().unwrap()];
@@ -258,6 +259,29 @@ fn rim_signatures_verify_until_the_signer_expires() {
 }
 
 #[test]
+#[cfg(not(feature = "rim-xmlsec"))]
+fn without_xmlsec_every_rim_is_refused() {
+    let Some(dir) = vectors() else { return };
+    let trust = GpuTrust {
+        rims: rims(
+            &dir,
+            "Driver_RIM_test_no_gpu.swidtag",
+            "1010_0200_882_96005E0001_test_no_gpu.swidtag",
+        ),
+        ..GpuTrust::nvidia().unwrap()
+    };
+    let err = nvidia::verify(
+        &hopper(&dir),
+        &trust,
+        &nonce(),
+        datetime!(2025-01-01 0:00 UTC),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("rim-xmlsec"), "{err}");
+}
+
+#[test]
+#[cfg(feature = "rim-xmlsec")]
 fn test_no_gpu_rims_do_not_match_the_report() {
     let Some(dir) = vectors() else { return };
     let trust = GpuTrust {

@@ -95,6 +95,7 @@ fn swtpm_quote_round_trip() {
     let request = collect::QuoteRequest {
         tcti: &tcti,
         ak_handle: None,
+        ak_kind: collect::AkKind::Rsa2048,
         banks: &banks,
         pcrs: &pcrs,
         nonce,
@@ -140,12 +141,40 @@ fn swtpm_quote_round_trip() {
 }
 
 #[test]
+fn swtpm_ecdsa_p256_quote_verifies() {
+    let Some(tpm) = start_swtpm() else { return };
+    let tcti = tcti(&tpm);
+    let nonce = b"ecdsa nonce";
+    let request = collect::QuoteRequest {
+        tcti: &tcti,
+        ak_handle: None,
+        ak_kind: collect::AkKind::EccP256,
+        banks: &[HashAlg::Sha256, HashAlg::Sha384],
+        pcrs: &[0, 1, 2, 3, 4, 5, 6, 7],
+        nonce,
+        event_log: None,
+    };
+    let evidence = collect::collect(&request).expect("collect an ECDSA quote");
+    let sig = tpm::Signature::parse(&evidence.quotes[0].signature).expect("TPMT_SIGNATURE");
+    assert!(matches!(sig, tpm::Signature::Ecdsa { .. }), "{sig:?}");
+    let claims = tpm::verify(&evidence, nonce).expect("ECDSA evidence verifies");
+    assert!(claims.ak_restricted);
+    assert_eq!(claims.pcrs[&HashAlg::Sha384].len(), 8);
+    let mut broken = evidence.clone();
+    let last = broken.quotes[1].signature.len() - 1;
+    broken.quotes[1].signature[last] ^= 1;
+    let err = tpm::verify(&broken, nonce).unwrap_err();
+    assert!(matches!(err, TpmError::BadSignature { index: 1 }), "{err}");
+}
+
+#[test]
 fn swtpm_unreachable_is_a_clean_error() {
     let port = free_port_pair();
     let tcti = format!("swtpm:host=127.0.0.1,port={port}");
     let request = collect::QuoteRequest {
         tcti: &tcti,
         ak_handle: None,
+        ak_kind: collect::AkKind::Rsa2048,
         banks: &[HashAlg::Sha256],
         pcrs: &[0],
         nonce: b"n",

@@ -62,7 +62,7 @@ fn gce_quotes_verify_and_event_log_replays() {
     assert_eq!(claims.pcrs.len(), 3);
     let replay = claims.event_log.expect("event log replayed");
     let expected: Vec<u8> = (0..=9).chain(11..=16).chain([23]).collect();
-    for bank in [HashAlg::Sha1, HashAlg::Sha256] {
+    for bank in [HashAlg::Sha1, HashAlg::Sha256, HashAlg::Sha384] {
         let reproduced = &replay.reproduced[&bank];
         for pcr in &expected {
             assert!(reproduced.contains(pcr), "{bank} PCR {pcr} not reproduced");
@@ -328,4 +328,93 @@ fn gce_ak_hash_is_over_the_spki_and_attributes_are_enforced() {
         ),
         "{err}"
     );
+}
+
+/// A certificate file in PEM or DER.
+fn cert(dir: &Path, name: &str) -> Vec<u8> {
+    let bytes = read(dir, name);
+    if bytes.starts_with(b"-----BEGIN") {
+        let (_, pem) = x509_parser::pem::parse_x509_pem(&bytes).unwrap();
+        pem.contents
+    } else {
+        bytes
+    }
+}
+
+#[test]
+fn gce_ak_certificate_chains_to_the_ek_root() {
+    let Some(dir) = vectors("tpm/go-tpm-tools") else {
+        return;
+    };
+    let ak =
+        tpm::parse_tpmt_public(&read(&dir, "gce-cos-85-nonce9009/ak_pub.tpmt_public.bin")).unwrap();
+    let ak_cert = read(&dir, "gce-cos-85-nonce9009/ak_cert.der");
+    let intermediate = cert(&dir, "gce-ek-ca/tpm_ek_intermediate_2.crt");
+    let other_intermediate = cert(&dir, "gce-ek-ca/tpm_ek_intermediate_3.crt");
+    let root = cert(&dir, "gce-ek-ca/tpm_ek_root_1.cer");
+    let other_root = cert(&dir, "gce-ek-ca/gcp_ek_ak_ca_root.crt");
+    let now = time::macros::datetime!(2024-01-01 0:00 UTC);
+
+    let claims = tpm::verify_ak_certificate(
+        &ak,
+        &ak_cert,
+        &[other_intermediate.clone(), intermediate.clone()],
+        std::slice::from_ref(&root),
+        now,
+    )
+    .expect("the AK certificate chains");
+    assert_eq!(claims.chain.len(), 2);
+
+    let without = tpm::verify_ak_certificate(
+        &ak,
+        &ak_cert,
+        &[other_intermediate],
+        std::slice::from_ref(&root),
+        now,
+    );
+    assert!(matches!(without, Err(TpmError::AkCertificate(_))));
+    let foreign = tpm::verify_ak_certificate(
+        &ak,
+        &ak_cert,
+        std::slice::from_ref(&intermediate),
+        &[other_root],
+        now,
+    );
+    assert!(matches!(foreign, Err(TpmError::AkCertificate(_))));
+    let early = tpm::verify_ak_certificate(
+        &ak,
+        &ak_cert,
+        std::slice::from_ref(&intermediate),
+        std::slice::from_ref(&root),
+        time::macros::datetime!(2021-01-01 0:00 UTC),
+    );
+    assert!(matches!(early, Err(TpmError::AkCertificate(_))));
+    let other_key = AkKey::Rsa {
+        modulus: vec![0xc5; 256],
+        exponent: 65_537,
+    };
+    let err = tpm::verify_ak_certificate(&other_key, &ak_cert, &[intermediate], &[root], now)
+        .unwrap_err();
+    assert!(err.to_string().contains("not the AK"), "{err}");
+}
+
+#[test]
+fn azure_quote_must_be_signed_by_the_hcl_ak() {
+    let Some(dir) = vectors("azure-snp-vtpm") else {
+        return;
+    };
+    let report = read(&dir, "trustee-original/hcl-report.bin");
+    let hcl = azure_hcl::parse_and_bind(&report).unwrap();
+    let bound =
+        azure_hcl::verify_quote_with_hcl(&report, &azure_evidence(&dir, &hcl.ak), b"challenge")
+            .expect("the quote is bound to the HCL report");
+    assert_eq!(bound.tpm.nonce, hex::encode(b"challenge"));
+    assert_eq!(bound.hcl.snp_report.len(), 1184);
+    // Valid evidence signed by another AK (the GCE vector) is refused for this HCL report.
+    let Some(gce) = vectors("tpm/go-tpm-tools/gce-cos-85-nonce9009") else {
+        return;
+    };
+    let err =
+        azure_hcl::verify_quote_with_hcl(&report, &gce_evidence(&gce), &GCE_NONCE).unwrap_err();
+    assert!(err.to_string().contains("HCLAkPub"), "{err}");
 }

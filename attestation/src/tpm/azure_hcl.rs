@@ -123,3 +123,31 @@ pub fn ak_from_variable_data(json: &[u8]) -> Result<AkKey, TpmError> {
     let exponent = e.iter().fold(0u32, |acc, b| (acc << 8) | u32::from(*b));
     Ok(AkKey::Rsa { modulus, exponent })
 }
+
+/// The result of [`verify_quote_with_hcl`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HclBoundQuote {
+    /// The HCL report; its `snp_report` must still pass the SNP verifier.
+    pub hcl: HclReport,
+    /// The verified quote claims, signed by `HCLAkPub`.
+    pub tpm: super::TpmClaims,
+}
+
+/// The Azure path in one call: checks the HCL binding, verifies the TPM evidence with the
+/// expected nonce, and requires that the quotes were signed by the HCL's `HCLAkPub` (so the
+/// quote is tied, through the variable data and REPORT_DATA, to the SNP report).
+pub fn verify_quote_with_hcl(
+    hcl_report: &[u8],
+    evidence: &super::TpmEvidence,
+    expected_nonce: &[u8],
+) -> Result<HclBoundQuote, TpmError> {
+    let hcl = parse_and_bind(hcl_report)?;
+    let tpm = super::verify(evidence, expected_nonce)?;
+    if tpm.ak_spki_sha256 != hex::encode(hcl.ak.spki_sha256()?) {
+        return Err(TpmError::Hcl(format!(
+            "the quotes are signed by AK {}, not by the HCL's `{AK_KID}`",
+            tpm.ak_spki_sha256
+        )));
+    }
+    Ok(HclBoundQuote { hcl, tpm })
+}

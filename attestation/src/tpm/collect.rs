@@ -2,9 +2,9 @@
 //! selected PCRs with the caller's nonce, the PCR values, and the firmware event log.
 //!
 //! The AK is either a persistent key (for instance the Azure paravisor's AK at 0x81000003)
-//! or a primary restricted RSA-2048 RSASSA-SHA256 signing key created from a fixed template
-//! in the endorsement hierarchy (so the same TPM always yields the same AK) and flushed
-//! after use.
+//! or a primary restricted signing key (RSA-2048 RSASSA-SHA256, or ECDSA P-256 SHA-256)
+//! created from a fixed template in the endorsement hierarchy (so the same TPM always yields
+//! the same AK) and flushed after use.
 
 use std::path::Path;
 use std::str::FromStr as _;
@@ -13,10 +13,12 @@ use tss_esapi::Context;
 use tss_esapi::attributes::ObjectAttributesBuilder;
 use tss_esapi::handles::{KeyHandle, TpmHandle};
 use tss_esapi::interface_types::algorithm::{HashingAlgorithm, PublicAlgorithm};
+use tss_esapi::interface_types::ecc::EccCurve;
 use tss_esapi::interface_types::key_bits::RsaKeyBits;
 use tss_esapi::interface_types::resource_handles::Hierarchy;
 use tss_esapi::structures::{
-    Data, HashScheme, PcrSelectionList, PcrSelectionListBuilder, PcrSlot, Public, PublicBuilder,
+    Data, EccPoint, EccScheme, HashScheme, KeyDerivationFunctionScheme, PcrSelectionList,
+    PcrSelectionListBuilder, PcrSlot, Public, PublicBuilder, PublicEccParametersBuilder,
     PublicKeyRsa, PublicRsaParametersBuilder, RsaExponent, RsaScheme, SignatureScheme,
 };
 use tss_esapi::tcti_ldr::TctiNameConf;
@@ -32,13 +34,24 @@ pub const DEFAULT_EVENT_LOG_PATH: &str = "/sys/kernel/security/tpm0/binary_bios_
 /// How many times a quote is retaken when the PCRs change between the quote and the read.
 const QUOTE_ATTEMPTS: usize = 3;
 
+/// The algorithm of a template AK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AkKind {
+    /// RSA-2048 with RSASSA-PKCS1-v1_5 and SHA-256.
+    Rsa2048,
+    /// NIST P-256 with ECDSA and SHA-256.
+    EccP256,
+}
+
 /// What to collect.
 #[derive(Debug, Clone)]
 pub struct QuoteRequest<'a> {
     /// TCTI configuration, e.g. `device:/dev/tpmrm0` or `swtpm:host=127.0.0.1,port=2321`.
     pub tcti: &'a str,
-    /// Persistent handle of an existing AK; `None` creates the template AK.
+    /// Persistent handle of an existing AK; `None` creates the template AK of `ak_kind`.
     pub ak_handle: Option<u32>,
+    /// Algorithm of the template AK (ignored with `ak_handle`).
+    pub ak_kind: AkKind,
     /// Banks to quote, one quote each.
     pub banks: &'a [HashAlg],
     /// PCR indices to quote (0–23).
@@ -64,7 +77,7 @@ pub fn collect(request: &QuoteRequest<'_>) -> Result<TpmEvidence, TpmError> {
             (KeyHandle::from(object), false)
         }
         None => {
-            let template = ak_template()?;
+            let template = ak_template(request.ak_kind)?;
             let created = ctx
                 .execute_with_nullauth_session(|c| {
                     c.create_primary(Hierarchy::Endorsement, template, None, None, None, None)
@@ -198,8 +211,8 @@ fn selection(bank: HashAlg, pcrs: &[u8]) -> Result<PcrSelectionList, TpmError> {
         .map_err(|e| tss_err("PCR selection", e))
 }
 
-/// The restricted RSA-2048 RSASSA-SHA256 signing-key template of the AK.
-fn ak_template() -> Result<Public, TpmError> {
+/// The restricted signing-key template of the AK.
+fn ak_template(kind: AkKind) -> Result<Public, TpmError> {
     let attributes = ObjectAttributesBuilder::new()
         .with_fixed_tpm(true)
         .with_fixed_parent(true)
@@ -209,23 +222,42 @@ fn ak_template() -> Result<Public, TpmError> {
         .with_sign_encrypt(true)
         .build()
         .map_err(|e| tss_err("AK attributes", e))?;
-    let params = PublicRsaParametersBuilder::new()
-        .with_scheme(RsaScheme::RsaSsa(HashScheme::new(HashingAlgorithm::Sha256)))
-        .with_key_bits(RsaKeyBits::Rsa2048)
-        .with_exponent(RsaExponent::default())
-        .with_is_signing_key(true)
-        .with_is_decryption_key(false)
-        .with_restricted(true)
-        .build()
-        .map_err(|e| tss_err("AK parameters", e))?;
-    PublicBuilder::new()
-        .with_public_algorithm(PublicAlgorithm::Rsa)
+    let builder = PublicBuilder::new()
         .with_name_hashing_algorithm(HashingAlgorithm::Sha256)
-        .with_object_attributes(attributes)
-        .with_rsa_parameters(params)
-        .with_rsa_unique_identifier(PublicKeyRsa::default())
-        .build()
-        .map_err(|e| tss_err("AK template", e))
+        .with_object_attributes(attributes);
+    let builder = match kind {
+        AkKind::Rsa2048 => {
+            let params = PublicRsaParametersBuilder::new()
+                .with_scheme(RsaScheme::RsaSsa(HashScheme::new(HashingAlgorithm::Sha256)))
+                .with_key_bits(RsaKeyBits::Rsa2048)
+                .with_exponent(RsaExponent::default())
+                .with_is_signing_key(true)
+                .with_is_decryption_key(false)
+                .with_restricted(true)
+                .build()
+                .map_err(|e| tss_err("AK RSA parameters", e))?;
+            builder
+                .with_public_algorithm(PublicAlgorithm::Rsa)
+                .with_rsa_parameters(params)
+                .with_rsa_unique_identifier(PublicKeyRsa::default())
+        }
+        AkKind::EccP256 => {
+            let params = PublicEccParametersBuilder::new()
+                .with_ecc_scheme(EccScheme::EcDsa(HashScheme::new(HashingAlgorithm::Sha256)))
+                .with_curve(EccCurve::NistP256)
+                .with_key_derivation_function_scheme(KeyDerivationFunctionScheme::Null)
+                .with_is_signing_key(true)
+                .with_is_decryption_key(false)
+                .with_restricted(true)
+                .build()
+                .map_err(|e| tss_err("AK ECC parameters", e))?;
+            builder
+                .with_public_algorithm(PublicAlgorithm::Ecc)
+                .with_ecc_parameters(params)
+                .with_ecc_unique_identifier(EccPoint::default())
+        }
+    };
+    builder.build().map_err(|e| tss_err("AK template", e))
 }
 
 /// Maps a bank to tss-esapi's hashing algorithm.

@@ -117,6 +117,14 @@ pub enum TpmError {
         /// Bank.
         bank: HashAlg,
     },
+    /// A PCR value text file is malformed.
+    #[error("PCR values, line {line}: {reason}")]
+    PcrText {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        reason: &'static str,
+    },
     /// The event log is malformed.
     #[error("event log: {reason} at byte {offset}")]
     EventLog {
@@ -137,6 +145,9 @@ pub enum TpmError {
         /// Hex of the quoted value.
         quoted: String,
     },
+    /// The AK certificate does not certify the AK or does not chain to a trusted root.
+    #[error("AK certificate: {0}")]
+    AkCertificate(String),
     /// The Azure HCL report is malformed or does not bind its variable data.
     #[error("Azure HCL report: {0}")]
     Hcl(String),

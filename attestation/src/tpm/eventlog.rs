@@ -19,6 +19,8 @@ pub const PCR_COUNT: u8 = 24;
 /// One measured event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
+    /// Byte offset of the event in the log.
+    pub offset: usize,
     /// PCR the event extends.
     pub pcr: u8,
     /// TCG event type.
@@ -119,13 +121,13 @@ impl EventLog {
             }
             let digest = event.digests.get(&bank).ok_or_else(|| TpmError::EventLog {
                 reason: format!("event for PCR {} has no {bank} digest", event.pcr),
-                offset: 0,
+                offset: event.offset,
             })?;
             let current = values
                 .get_mut(&event.pcr)
                 .ok_or_else(|| TpmError::EventLog {
                     reason: format!("event names PCR {} (at most 23)", event.pcr),
-                    offset: 0,
+                    offset: event.offset,
                 })?;
             let mut input = current.clone();
             input.extend_from_slice(digest);
@@ -147,12 +149,14 @@ pub struct Replay {
 
 /// Reads a TCG_PCR_EVENT (SHA-1 format).
 fn read_sha1_event(r: &mut Reader<'_>) -> Result<Event, TpmError> {
+    let offset = r.position();
     let pcr = read_pcr(r)?;
     let event_type = r.u32_le("eventType")?;
     let digest = r.bytes(20, "digest")?.to_vec();
     let size = r.u32_le("eventSize")?;
     let data = r.bytes(to_len(size, r)?, "event")?.to_vec();
     Ok(Event {
+        offset,
         pcr,
         event_type,
         digests: BTreeMap::from([(HashAlg::Sha1, digest)]),
@@ -162,6 +166,7 @@ fn read_sha1_event(r: &mut Reader<'_>) -> Result<Event, TpmError> {
 
 /// Reads a TCG_PCR_EVENT2 (crypto-agile format).
 fn read_agile_event(r: &mut Reader<'_>, sizes: &[(u16, u16)]) -> Result<Event, TpmError> {
+    let event_offset = r.position();
     let pcr = read_pcr(r)?;
     let event_type = r.u32_le("eventType")?;
     let count = r.u32_le("digests.count")?;
@@ -185,6 +190,7 @@ fn read_agile_event(r: &mut Reader<'_>, sizes: &[(u16, u16)]) -> Result<Event, T
     let size = r.u32_le("eventSize")?;
     let data = r.bytes(to_len(size, r)?, "event")?.to_vec();
     Ok(Event {
+        offset: event_offset,
         pcr,
         event_type,
         digests,

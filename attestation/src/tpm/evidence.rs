@@ -80,7 +80,10 @@ impl PcrBank {
             if line.is_empty() {
                 continue;
             }
-            let bad = |what: &str| TpmError::AkKey(format!("PCR text line {}: {what}", n + 1));
+            let bad = |reason: &'static str| TpmError::PcrText {
+                line: n + 1,
+                reason,
+            };
             let (idx, hex_value) = line
                 .split_once(char::is_whitespace)
                 .ok_or_else(|| bad("expected `INDEX HEX`"))?;

@@ -16,10 +16,14 @@
 //!   restricted, sign) were checked. On Azure,
 //!   [`azure_hcl::parse_and_bind`] checks that the SNP REPORT_DATA holds the hash of the HCL
 //!   variable data and returns `HCLAkPub` plus the SNP report, which the SNP verifier must
-//!   still verify.
+//!   still verify; [`azure_hcl::verify_quote_with_hcl`] does the binding and the quote check
+//!   together and requires that `HCLAkPub` signed the quotes.
+//! - AK certificates (GCE): [`verify_ak_certificate`] checks that a provider CA certified this
+//!   AK, chaining to a caller-supplied root at `now`.
 //! - Collection: `collect::collect` (feature `tpm-collect`) quotes through any TCTI.
 
 mod abi;
+mod ak_cert;
 mod alg;
 pub mod azure_hcl;
 #[cfg(feature = "tpm-collect")]
@@ -32,6 +36,7 @@ mod reader;
 mod verify;
 
 pub use abi::{AkKey, PcrSelection, Quote, Signature, check_ak_attributes, parse_tpmt_public};
+pub use ak_cert::{AkCertClaims, verify_ak_certificate};
 pub use alg::HashAlg;
 pub use error::TpmError;
 pub use evidence::{AkPublic, PcrBank, PcrValue, QuoteEvidence, TpmEvidence};
