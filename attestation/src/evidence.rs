@@ -93,6 +93,11 @@ pub struct SnpEvidence {
     /// The host-provided certificate table, if any (VCEK or VLEK, possibly ASK/ASVK/ARK).
     #[serde(default)]
     pub certs: Vec<SnpCert>,
+    /// The Azure HCL (paravisor) report, base64, when the paravisor fixes REPORT_DATA. `report`
+    /// must then be the SNP report embedded in it; REPORT_DATA binds the HCL variable data (and
+    /// its vTPM AK), and the runtime data is bound through the vTPM quote instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hcl_report: Option<Base64Bytes>,
 }
 
 /// TDX evidence.
@@ -178,6 +183,7 @@ impl Evidence {
             sev_snp: Some(SnpEvidence {
                 report: Base64Bytes(report),
                 certs: Vec::new(),
+                hcl_report: None,
             }),
             tdx: None,
             tpm: None,
@@ -227,6 +233,7 @@ mod tests {
                     kind: SnpCertKind::Vcek,
                     der: Base64Bytes(vec![0x30, 0]),
                 }],
+                hcl_report: None,
             }),
             tdx: None,
             tpm: None,

@@ -370,3 +370,37 @@ fn amd_crls_are_verified_for_freshness_and_revocation() {
     });
     assert_eq!(failed(&r), ["snp.crl"], "{r}");
 }
+
+#[test]
+fn vlek_signed_reports_chain_through_the_asvk() {
+    let dev = policy("development.toml");
+    let mut sim = SimulatedSnp::new().unwrap();
+    sim.use_vlek = true;
+    let evidence = collect(&sim, &dev);
+    let r = judge(&evidence, &dev);
+    assert!(r.passed(), "{r}");
+    let snp = r.claims.sev_snp.as_ref().unwrap();
+    assert_eq!(snp.signing_key, "vlek");
+    assert!(r.to_string().contains("VLEK → ASVK → ARK"), "{r}");
+    // No hwID check applies to a VLEK.
+    assert!(!r.checks.iter().any(|c| c.id == "snp.hwid"));
+
+    // A report that names the VLEK but comes with the VCEK chain only.
+    let mut e = evidence.clone();
+    e.sev_snp.as_mut().unwrap().certs = collect(&SimulatedSnp::new().unwrap(), &dev)
+        .sev_snp
+        .unwrap()
+        .certs;
+    assert_eq!(failed(&judge(&e, &dev)), ["snp.chain"]);
+
+    // KEY_INFO rewritten to name the VCEK, with the VCEK chain supplied too: KEY_INFO is
+    // signed, so the VCEK chain verifies but the report signature does not.
+    let mut e = evidence;
+    e.sev_snp.as_mut().unwrap().report.0[0x48] &= !(0x7 << 2);
+    let vcek_certs = collect(&SimulatedSnp::new().unwrap(), &dev)
+        .sev_snp
+        .unwrap()
+        .certs;
+    e.sev_snp.as_mut().unwrap().certs.extend(vcek_certs);
+    assert_eq!(failed(&judge(&e, &dev)), ["snp.report_signature"]);
+}

@@ -348,3 +348,118 @@ fn tdx_negative_and_stale_collateral_fail() {
     );
     assert_eq!(failed_ids(&r), ["tdx.collateral_freshness"], "{r}");
 }
+
+/// Azure SEV-SNP CVM: the HCL report binds the vTPM AK through REPORT_DATA, and the runtime
+/// data must come through the vTPM quote. The vector's quote was taken over "challenge", not
+/// over a runtime-data document, so binding it to one must fail — at the quote, after the SNP
+/// report and the HCL binding verified.
+#[test]
+fn azure_hcl_binds_the_ak_and_runtime_data_goes_through_the_vtpm() {
+    let Some(v) = vectors() else { return };
+    use inferno_attestation::evidence::SnpEvidence;
+    use inferno_attestation::runtime_data::RuntimeData;
+    use inferno_attestation::tpm::{
+        AkPublic, HashAlg, PcrBank, PcrValue, QuoteEvidence, Signature, TpmEvidence, azure_hcl,
+    };
+
+    let hcl = read(&v, "azure-snp-vtpm/trustee-original/hcl-report.bin");
+    let bound = azure_hcl::parse_and_bind(&hcl).unwrap();
+    let vcek = pki::pem_blocks(
+        &read(&v, "azure-snp-vtpm/trustee-original/vcek.pem"),
+        "vcek",
+    )
+    .unwrap()
+    .remove(0);
+    #[derive(serde::Deserialize)]
+    struct AzureQuote {
+        signature: String,
+        message: String,
+        pcrs: Vec<String>,
+    }
+    let quote: AzureQuote = serde_json::from_slice(&read(
+        &v,
+        "azure-snp-vtpm/trustee-original/tpm-quote-v1.json",
+    ))
+    .unwrap();
+    let tpm = TpmEvidence {
+        ak: AkPublic::SpkiDer(bound.ak.to_spki_der().unwrap()),
+        quotes: vec![QuoteEvidence {
+            attest: hex::decode(&quote.message).unwrap(),
+            signature: Signature::marshal_rsassa(
+                HashAlg::Sha256,
+                &hex::decode(&quote.signature).unwrap(),
+            )
+            .unwrap(),
+            pcrs: PcrBank {
+                bank: HashAlg::Sha256,
+                values: quote
+                    .pcrs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| PcrValue {
+                        index: u8::try_from(i).unwrap(),
+                        value: hex::decode(p).unwrap(),
+                    })
+                    .collect(),
+            },
+        }],
+        event_log: None,
+    };
+    let policy = policy();
+    let doc = RuntimeData::new(policy.digest, "inferno/test");
+    let mut evidence = Evidence {
+        version: 1,
+        platform: inferno_attestation::policy::Platform::SevSnp,
+        runtime_data: Some(Base64Bytes(doc.to_canonical_bytes())),
+        sev_snp: Some(SnpEvidence {
+            report: Base64Bytes(bound.snp_report.clone()),
+            certs: vec![inferno_attestation::evidence::SnpCert {
+                kind: inferno_attestation::evidence::SnpCertKind::Vcek,
+                der: Base64Bytes(vcek),
+            }],
+            hcl_report: Some(Base64Bytes(hcl.clone())),
+        }),
+        tdx: None,
+        tpm: Some(tpm),
+        gpu: None,
+    };
+    let judge = |e: &Evidence| {
+        appraise(&AppraisalInput {
+            evidence: e,
+            policy: &policy,
+            collateral: None,
+            now: datetime!(2024-01-01 0:00 UTC),
+            clock_floor: None,
+            gpu_ready_pending: false,
+        })
+    };
+    let r = judge(&evidence);
+    assert_eq!(failed_ids(&r), ["tpm.quote"], "{r}");
+    assert!(
+        r.checks
+            .iter()
+            .any(|c| c.id == "snp.hcl_binding" && c.passed),
+        "{r}"
+    );
+    assert!(
+        r.checks
+            .iter()
+            .any(|c| c.id == "snp.report_signature" && c.passed),
+        "{r}"
+    );
+    let snp = r.claims.sev_snp.as_ref().unwrap();
+    assert_eq!(snp.product, "Milan");
+    let t = snp.reported_tcb;
+    assert_eq!((t.bootloader, t.tee, t.snp, t.microcode), (3, 0, 8, 115));
+
+    // Without the vTPM quote the runtime data cannot be bound at all.
+    evidence.tpm = None;
+    assert_eq!(failed_ids(&judge(&evidence)), ["runtime_data.binding"]);
+
+    // Altered variable data breaks the HCL binding.
+    let mut altered = hcl.clone();
+    let at = altered.windows(8).position(|w| w == b"HCLAkPub").unwrap();
+    altered[at + 2] ^= 1;
+    evidence.sev_snp.as_mut().unwrap().hcl_report = Some(Base64Bytes(altered));
+    assert_eq!(failed_ids(&judge(&evidence)), ["snp.hcl_binding"]);
+}

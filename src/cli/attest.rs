@@ -14,6 +14,7 @@ use inferno_attestation::bundle::{
 };
 use inferno_attestation::collect::{collect_evidence, simulated::SimulatedSnp};
 use inferno_attestation::evidence::{Base64Bytes, Evidence};
+use inferno_attestation::nvidia::simulated::{SimulatedGpu, SimulatedGpuConfig, TEST_SEED};
 use inferno_attestation::pki;
 use inferno_attestation::policy::LoadedPolicy;
 use inferno_attestation::runtime_data::RuntimeData;
@@ -33,7 +34,7 @@ enum AttestCommand {
     Verify(Box<VerifyArgs>),
     /// Build an offline collateral bundle from vendor files.
     Bundle(Box<BundleArgs>),
-    /// Produce simulated SEV-SNP evidence (test keys; only a development policy accepts it).
+    /// Produce simulated SEV-SNP (and GPU) evidence (test keys; only a development policy accepts it).
     Simulate(Box<SimulateArgs>),
 }
 
@@ -94,6 +95,9 @@ struct SimulateArgs {
     /// A verifier nonce (hex) to bind.
     #[arg(long)]
     nonce: Option<String>,
+    /// Also include evidence from a simulated GPU (its test chain).
+    #[arg(long)]
+    gpu: bool,
     /// Where to write the evidence envelope (stdout when absent).
     #[arg(long, short)]
     out: Option<PathBuf>,
@@ -276,7 +280,11 @@ fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
     );
     doc.nonce = args.nonce.clone();
     let sim = SimulatedSnp::new()?;
-    let evidence = collect_evidence(&sim, &doc)?;
+    let mut evidence = collect_evidence(&sim, &doc)?;
+    if args.gpu {
+        let gpu = SimulatedGpu::new(TEST_SEED, SimulatedGpuConfig::default())?;
+        evidence.gpu = Some(gpu.evidence(&doc.gpu_nonce())?);
+    }
     match &args.out {
         Some(path) => std::fs::write(path, evidence.to_json())
             .with_context(|| format!("cannot write {}", path.display()))?,

@@ -26,8 +26,11 @@ fuzz_target!(|data: &[u8]| {
                 cert(SnpCertKind::Ask, ASK_DER),
                 cert(SnpCertKind::Ark, ARK_DER),
             ],
+            hcl_report: None,
         }),
         tdx: None,
+        tpm: None,
+        gpu: None,
     };
     let report = appraise(&AppraisalInput {
         evidence: &evidence,

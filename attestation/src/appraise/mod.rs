@@ -37,6 +37,9 @@ pub struct AppraisalInput<'a> {
 struct PlatformOutcome {
     simulated: bool,
     report_data: Option<[u8; 64]>,
+    /// SHA-256 of the vTPM AK's SPKI when a paravisor (Azure HCL) fixes REPORT_DATA and binds
+    /// the AK instead; the runtime data is then bound through the vTPM quote.
+    paravisor_ak: Option<[u8; 32]>,
     signed_timestamps: Vec<(OffsetDateTime, String)>,
 }
 
@@ -69,9 +72,15 @@ pub fn appraise(input: &AppraisalInput<'_>) -> AppraisalReport {
 
     let cpu_simulated = outcome.as_ref().is_some_and(|o| o.simulated);
     if let Some(outcome) = &outcome {
-        appraise_runtime_data(input, outcome.report_data, &mut checks, &mut claims);
+        match outcome.paravisor_ak {
+            Some(ak) => tpm::appraise_paravisor(input, ak, &mut checks, &mut claims),
+            None => appraise_runtime_data(input, outcome.report_data, &mut checks, &mut claims),
+        }
     }
-    tpm::appraise(input, &mut checks, &mut claims);
+    // Under a paravisor the vTPM was already appraised as the runtime data's binding.
+    if outcome.as_ref().is_none_or(|o| o.paravisor_ak.is_none()) {
+        tpm::appraise(input, &mut checks, &mut claims);
+    }
     let gpu_simulated = gpu::appraise(input, &mut checks, &mut claims);
     let simulated = cpu_simulated || gpu_simulated;
     if simulated {

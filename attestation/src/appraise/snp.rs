@@ -34,6 +34,35 @@ pub(super) fn appraise(
             report.version()
         ),
     );
+    let paravisor_ak = match &section.hcl_report {
+        None => None,
+        Some(hcl) => match crate::tpm::azure_hcl::parse_and_bind(&hcl.0) {
+            Ok(bound) if bound.snp_report.as_slice() != report.as_bytes().as_slice() => {
+                checks.fail(
+                    "snp.hcl_binding",
+                    "the HCL report embeds another SNP report than `report`",
+                );
+                return None;
+            }
+            Ok(bound) => match bound.ak.spki_sha256() {
+                Ok(ak) => {
+                    checks.pass(
+                        "snp.hcl_binding",
+                        "REPORT_DATA holds the hash of the HCL variable data, which names the vTPM AK (HCLAkPub)",
+                    );
+                    Some(ak)
+                }
+                Err(e) => {
+                    checks.fail("snp.hcl_binding", format!("HCLAkPub: {e}"));
+                    return None;
+                }
+            },
+            Err(e) => {
+                checks.fail("snp.hcl_binding", e.to_string());
+                return None;
+            }
+        },
+    };
 
     let verify_input = SnpVerifyInput {
         certs: &section.certs,
@@ -203,7 +232,9 @@ pub(super) fn appraise(
     });
     Some(PlatformOutcome {
         simulated: verified.simulated,
-        report_data: Some(report.report_data()),
+        // Under a paravisor, REPORT_DATA is the paravisor's, not the runtime data's.
+        report_data: paravisor_ak.is_none().then(|| report.report_data()),
+        paravisor_ak,
         signed_timestamps: verified.signed_timestamps,
     })
 }

@@ -138,6 +138,7 @@ pub(super) fn appraise(
     Some(PlatformOutcome {
         simulated: false,
         report_data: Some(td.report_data),
+        paravisor_ak: None,
         signed_timestamps: verified.signed_timestamps,
     })
 }

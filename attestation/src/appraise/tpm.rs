@@ -3,6 +3,80 @@
 
 use super::AppraisalInput;
 use crate::report::{CheckList, Claims};
+use crate::runtime_data::RuntimeData;
+
+/// Paravisor mode (Azure HCL): REPORT_DATA binds the AK, so the runtime data must be bound by
+/// the vTPM quote's qualifying data, and the quoting AK must be the one the HCL report names.
+pub(super) fn appraise_paravisor(
+    input: &AppraisalInput<'_>,
+    paravisor_ak: [u8; 32],
+    checks: &mut CheckList,
+    claims: &mut Claims,
+) {
+    let required = input.policy.policy.runtime_data.required;
+    let Some(doc_bytes) = &input.evidence.runtime_data else {
+        if required {
+            checks.fail(
+                "runtime_data.binding",
+                "the policy requires a runtime-data document; the evidence carries none",
+            );
+        } else {
+            checks.pass(
+                "runtime_data.binding",
+                "no runtime-data document; the policy does not require one",
+            );
+        }
+        return;
+    };
+    let doc = match RuntimeData::from_canonical_bytes(&doc_bytes.0) {
+        Ok(doc) => doc,
+        Err(e) => {
+            checks.fail("runtime_data.binding", e.to_string());
+            return;
+        }
+    };
+    let Some(evidence) = &input.evidence.tpm else {
+        checks.fail(
+            "runtime_data.binding",
+            "the paravisor fixes REPORT_DATA, so the runtime data must be bound by a vTPM quote; the evidence has none",
+        );
+        return;
+    };
+    let verified = match crate::tpm::verify(evidence, &doc.tpm_qualifying_data()) {
+        Ok(v) => v,
+        Err(e) => {
+            checks.fail("tpm.quote", e.to_string());
+            return;
+        }
+    };
+    checks.pass(
+        "tpm.quote",
+        "quotes verify with the AK over the runtime data's SHA-512",
+    );
+    if !verified
+        .ak_spki_sha256
+        .eq_ignore_ascii_case(&hex::encode(paravisor_ak))
+    {
+        checks.fail(
+            "tpm.ak_binding",
+            format!(
+                "the quotes are signed by AK {}, not by the HCL report's HCLAkPub",
+                verified.ak_spki_sha256
+            ),
+        );
+        return;
+    }
+    checks.pass(
+        "tpm.ak_binding",
+        "the quoting AK is the HCL report's HCLAkPub, bound by the SNP REPORT_DATA",
+    );
+    checks.pass(
+        "runtime_data.binding",
+        "SHA-512 of the runtime-data document is the vTPM quote's qualifying data (paravisor mode)",
+    );
+    claims.runtime_data = Some(doc);
+    claims.tpm = Some(verified);
+}
 
 pub(super) fn appraise(input: &AppraisalInput<'_>, checks: &mut CheckList, claims: &mut Claims) {
     let required = input.policy.policy.tpm.as_ref().is_some_and(|t| t.required);

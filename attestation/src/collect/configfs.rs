@@ -97,6 +97,7 @@ impl ConfigFsTsm {
                 Ok(PlatformEvidence::SevSnp(SnpEvidence {
                     report: Base64Bytes(outblob),
                     certs,
+                    hcl_report: None,
                 }))
             }
             "tdx_guest" => Ok(PlatformEvidence::Tdx(TdxEvidence {

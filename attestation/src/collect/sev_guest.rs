@@ -58,6 +58,7 @@ impl EvidenceSource for SevGuestDevice {
         Ok(PlatformEvidence::SevSnp(SnpEvidence {
             report: Base64Bytes(report),
             certs,
+            hcl_report: None,
         }))
     }
 }

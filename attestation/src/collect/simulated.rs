@@ -23,9 +23,14 @@ pub const ARK_DER: &[u8] = include_bytes!("../../testdata/sim/ark.der");
 pub const ASK_DER: &[u8] = include_bytes!("../../testdata/sim/ask.der");
 /// The test VCEK certificate (DER), valid 2025 to 2050.
 pub const VCEK_DER: &[u8] = include_bytes!("../../testdata/sim/vcek.der");
+/// The test ASVK certificate (DER), intermediate for the VLEK.
+pub const ASVK_DER: &[u8] = include_bytes!("../../testdata/sim/asvk.der");
+/// The test VLEK certificate (DER), valid 2025 to 2050.
+pub const VLEK_DER: &[u8] = include_bytes!("../../testdata/sim/vlek.der");
 /// The same VCEK key certified only for 2020 (for expiry tests).
 pub const VCEK_EXPIRED_DER: &[u8] = include_bytes!("../../testdata/sim/vcek-expired.der");
 const VCEK_KEY_PEM: &[u8] = include_bytes!("../../testdata/sim/vcek.key.pem");
+const VLEK_KEY_PEM: &[u8] = include_bytes!("../../testdata/sim/vlek.key.pem");
 const CHIP_ID_HEX: &str = include_str!("../../testdata/sim/chip_id.hex");
 
 /// The TCB the test VCEK certifies.
@@ -56,7 +61,11 @@ pub struct SimulatedSnp {
     pub reported_tcb: TcbClaims,
     /// The VCEK certificate supplied with reports.
     pub vcek_der: Vec<u8>,
-    key: EcdsaKeyPair,
+    /// Sign with the test VLEK (KEY_INFO names a VLEK; the VLEK→ASVK→ARK chain is supplied)
+    /// instead of the VCEK.
+    pub use_vlek: bool,
+    vcek_key: EcdsaKeyPair,
+    vlek_key: EcdsaKeyPair,
     chip_id: [u8; 64],
 }
 
@@ -77,15 +86,8 @@ pub fn default_measurement() -> [u8; 48] {
 impl SimulatedSnp {
     /// A simulated guest with the fixed test hierarchy and default report fields.
     pub fn new() -> Result<Self, CollectError> {
-        let der = crate::pki::pem_blocks(VCEK_KEY_PEM, "simulated VCEK key")
-            .map_err(|e| CollectError::Platform(e.to_string()))?
-            .into_iter()
-            .next()
-            .map(Zeroizing::new)
-            .ok_or_else(|| CollectError::Platform("simulated VCEK key: empty PEM".into()))?;
-        let key =
-            EcdsaKeyPair::from_pkcs8(&ECDSA_P384_SHA384_FIXED_SIGNING, &der, &SystemRandom::new())
-                .map_err(|e| CollectError::Platform(format!("simulated VCEK key rejected: {e}")))?;
+        let vcek_key = load_key(VCEK_KEY_PEM, "simulated VCEK key")?;
+        let vlek_key = load_key(VLEK_KEY_PEM, "simulated VLEK key")?;
         let chip_id: [u8; 64] = hex::decode(CHIP_ID_HEX.trim())
             .ok()
             .and_then(|v| v.try_into().ok())
@@ -99,7 +101,9 @@ impl SimulatedSnp {
             host_data: [0; 32],
             reported_tcb: SIMULATED_TCB,
             vcek_der: VCEK_DER.to_vec(),
-            key,
+            use_vlek: false,
+            vcek_key,
+            vlek_key,
             chip_id,
         })
     }
@@ -116,6 +120,12 @@ impl SimulatedSnp {
             policy: GuestPolicy::from(self.guest_policy),
             vmpl: self.vmpl,
             sig_algo: crate::abi::snp::SIG_ALGO_ECDSA_P384_SHA384,
+            // KEY_INFO bits 4:2 name the signing key: 0 VCEK, 1 VLEK.
+            key_info: sev::firmware::guest::KeyInfo::from(if self.use_vlek {
+                1u32 << 2
+            } else {
+                0
+            }),
             current_tcb: tcb,
             report_data: *report_data,
             measurement: self.measurement,
@@ -134,8 +144,12 @@ impl SimulatedSnp {
             .map_err(|e| CollectError::Platform(format!("encoding simulated report: {e}")))?;
         let mut parsed = SnpReport::parse(&bytes)
             .map_err(|e| CollectError::Platform(format!("simulated report: {e}")))?;
-        let sig = self
-            .key
+        let key = if self.use_vlek {
+            &self.vlek_key
+        } else {
+            &self.vcek_key
+        };
+        let sig = key
             .sign(&SystemRandom::new(), parsed.signed_bytes())
             .map_err(|_| CollectError::Platform("simulated VCEK signing failed".into()))?;
         let sig: [u8; 96] = sig
@@ -147,6 +161,17 @@ impl SimulatedSnp {
     }
 }
 
+fn load_key(pem: &[u8], what: &str) -> Result<EcdsaKeyPair, CollectError> {
+    let der = crate::pki::pem_blocks(pem, what)
+        .map_err(|e| CollectError::Platform(e.to_string()))?
+        .into_iter()
+        .next()
+        .map(Zeroizing::new)
+        .ok_or_else(|| CollectError::Platform(format!("{what}: empty PEM")))?;
+    EcdsaKeyPair::from_pkcs8(&ECDSA_P384_SHA384_FIXED_SIGNING, &der, &SystemRandom::new())
+        .map_err(|e| CollectError::Platform(format!("{what} rejected: {e}")))
+}
+
 impl EvidenceSource for SimulatedSnp {
     fn collect(&self, report_data: &[u8; 64]) -> Result<PlatformEvidence, CollectError> {
         let report = self.signed_report(report_data)?;
@@ -156,11 +181,20 @@ impl EvidenceSource for SimulatedSnp {
         };
         Ok(PlatformEvidence::SevSnp(SnpEvidence {
             report: Base64Bytes(report),
-            certs: vec![
-                cert(SnpCertKind::Vcek, &self.vcek_der),
-                cert(SnpCertKind::Ask, ASK_DER),
-                cert(SnpCertKind::Ark, ARK_DER),
-            ],
+            certs: if self.use_vlek {
+                vec![
+                    cert(SnpCertKind::Vlek, VLEK_DER),
+                    cert(SnpCertKind::Asvk, ASVK_DER),
+                    cert(SnpCertKind::Ark, ARK_DER),
+                ]
+            } else {
+                vec![
+                    cert(SnpCertKind::Vcek, &self.vcek_der),
+                    cert(SnpCertKind::Ask, ASK_DER),
+                    cert(SnpCertKind::Ark, ARK_DER),
+                ]
+            },
+            hcl_report: None,
         }))
     }
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Generates the simulated TEE's test hierarchy: ARK -> ASK (RSA-4096, RSASSA-PSS/SHA-384,
-# salt 48, as AMD's) -> VCEK (ECDSA P-384) with the AMD VCEK extensions, plus a VCEK whose
+# salt 48, as AMD's) -> VCEK (ECDSA P-384) with the AMD VCEK extensions, ARK -> ASVK -> VLEK
+# (same extensions, a CSP name instead of a hwID), plus a VCEK whose
 # validity ended in 2021 for negative tests, and CRLs signed by the ARK. Test keys only: they
 # are committed on purpose and trusted solely by policies that name the ARK fingerprint
 # (policy/development.toml). The ARK and ASK private keys are deleted after use.
@@ -37,6 +38,14 @@ subjectKeyIdentifier = hash
 basicConstraints = critical,CA:true,pathlen:0
 keyUsage = critical,keyCertSign,cRLSign
 subjectKeyIdentifier = hash
+[vlek_ext]
+1.3.6.1.4.1.3704.1.1 = ASN1:INTEGER:1
+1.3.6.1.4.1.3704.1.2 = ASN1:IA5STRING:Milan-B0
+1.3.6.1.4.1.3704.1.3.1 = ASN1:INTEGER:3
+1.3.6.1.4.1.3704.1.3.2 = ASN1:INTEGER:0
+1.3.6.1.4.1.3704.1.3.3 = ASN1:INTEGER:8
+1.3.6.1.4.1.3704.1.3.8 = ASN1:INTEGER:115
+1.3.6.1.4.1.3704.1.5 = ASN1:IA5STRING:Inferno test CSP
 [vcek_ext]
 1.3.6.1.4.1.3704.1.1 = ASN1:INTEGER:1
 1.3.6.1.4.1.3704.1.2 = ASN1:IA5STRING:Milan-B0
@@ -52,7 +61,9 @@ pss=(-md sha384 -sigopt rsa_padding_mode:pss -sigopt rsa_pss_saltlen:48 -sigopt 
 
 openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:4096 -out ark.key.pem 2>/dev/null
 openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:4096 -out ask.key.pem 2>/dev/null
+openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:4096 -out asvk.key.pem 2>/dev/null
 openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-384 -out vcek.key.pem
+openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-384 -out vlek.key.pem
 
 openssl req -new -key ark.key.pem -subj "/O=Inferno test/CN=SIMULATED-ARK" -out "$work/ark.csr"
 openssl ca -batch -config "$work/ca.cnf" -selfsign -keyfile ark.key.pem -in "$work/ark.csr" \
@@ -70,6 +81,15 @@ openssl ca -batch -config "$work/ca.cnf" -cert "$work/ask.pem" -keyfile ask.key.
   -extensions vcek_ext -startdate 20200101000000Z -enddate 20210101000000Z "${pss[@]}" \
   -notext -out "$work/vcek-expired.pem" 2>/dev/null
 
+openssl req -new -key asvk.key.pem -subj "/O=Inferno test/CN=SIMULATED-ASVK" -out "$work/asvk.csr"
+openssl ca -batch -config "$work/ca.cnf" -cert "$work/ark.pem" -keyfile ark.key.pem -in "$work/asvk.csr" \
+  -extensions ask_ext -startdate 20250101000000Z -enddate 20500101000000Z "${pss[@]}" \
+  -notext -out "$work/asvk.pem" 2>/dev/null
+openssl req -new -key vlek.key.pem -subj "/O=Inferno test/CN=SIMULATED-VLEK" -out "$work/vlek.csr"
+openssl ca -batch -config "$work/ca.cnf" -cert "$work/asvk.pem" -keyfile asvk.key.pem -in "$work/vlek.csr" \
+  -extensions vlek_ext -startdate 20250101000000Z -enddate 20500101000000Z "${pss[@]}" \
+  -notext -out "$work/vlek.pem" 2>/dev/null
+
 # CRLs issued by the ARK (AMD's CRLs list revoked ASKs/ASVKs): a current empty one, a stale one
 # (next update 2025-06-01) and a current one that revokes the ASK.
 crl() {
@@ -83,9 +103,9 @@ openssl ca -batch -config "$work/ca.cnf" -cert "$work/ark.pem" -keyfile ark.key.
   -revoke "$work/ask.pem" 2>/dev/null
 crl 20250101000000Z 20500101000000Z ark-revokes-ask.crl.der
 
-for name in ark ask vcek vcek-expired; do
+for name in ark ask asvk vcek vcek-expired vlek; do
   openssl x509 -in "$work/$name.pem" -outform DER -out "$name.der"
 done
-rm ark.key.pem ask.key.pem
+rm ark.key.pem ask.key.pem asvk.key.pem
 openssl dgst -sha256 -r ark.der | cut -d' ' -f1 > ark.sha256
 echo "simulated ARK fingerprint: $(cat ark.sha256)"
