@@ -119,13 +119,19 @@ impl RuntimeData {
         Sha512::digest(self.to_canonical_bytes()).into()
     }
 
-    /// The vTPM quote's qualifying data (`extraData`): the same SHA-512 as REPORT_DATA.
-    pub fn tpm_qualifying_data(&self) -> [u8; 64] {
-        self.report_data()
+    /// The vTPM quote's qualifying data (`extraData`): SHA-256 of the canonical serialisation.
+    /// A TPM accepts qualifying data no longer than its largest digest, and common vTPMs stop at
+    /// SHA-256 or SHA-384, so the 64-byte REPORT_DATA value would be refused there.
+    pub fn tpm_qualifying_data(&self) -> [u8; 32] {
+        self.sha256()
     }
 
     /// The 32-byte SPDM nonce for GPU evidence: SHA-256 of the canonical serialisation.
     pub fn gpu_nonce(&self) -> [u8; 32] {
+        self.sha256()
+    }
+
+    fn sha256(&self) -> [u8; 32] {
         sha2::Sha256::digest(self.to_canonical_bytes()).into()
     }
 }
