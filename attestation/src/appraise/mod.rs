@@ -137,15 +137,14 @@ fn platform_name(p: Platform) -> &'static str {
     }
 }
 
-fn appraise_runtime_data(
+/// The evidence's runtime-data document, parsed. Without one, records whether the policy
+/// required it; a malformed one fails the binding check.
+fn runtime_data_document(
     input: &AppraisalInput<'_>,
-    report_data: Option<[u8; 64]>,
     checks: &mut CheckList,
-    claims: &mut Claims,
-) {
-    let required = input.policy.policy.runtime_data.required;
+) -> Option<RuntimeData> {
     let Some(doc_bytes) = &input.evidence.runtime_data else {
-        if required {
+        if input.policy.policy.runtime_data.required {
             checks.fail(
                 "runtime_data.binding",
                 "the policy requires a runtime-data document; the evidence carries none",
@@ -156,14 +155,21 @@ fn appraise_runtime_data(
                 "no runtime-data document; the policy does not require one",
             );
         }
-        return;
+        return None;
     };
-    let doc = match RuntimeData::from_canonical_bytes(&doc_bytes.0) {
-        Ok(doc) => doc,
-        Err(e) => {
-            checks.fail("runtime_data.binding", e.to_string());
-            return;
-        }
+    RuntimeData::from_canonical_bytes(&doc_bytes.0)
+        .map_err(|e| checks.fail("runtime_data.binding", e.to_string()))
+        .ok()
+}
+
+fn appraise_runtime_data(
+    input: &AppraisalInput<'_>,
+    report_data: Option<[u8; 64]>,
+    checks: &mut CheckList,
+    claims: &mut Claims,
+) {
+    let Some(doc) = runtime_data_document(input, checks) else {
+        return;
     };
     match report_data {
         Some(rd) if rd == doc.report_data() => {

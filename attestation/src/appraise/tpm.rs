@@ -13,27 +13,8 @@ pub(super) fn appraise_paravisor(
     checks: &mut CheckList,
     claims: &mut Claims,
 ) {
-    let required = input.policy.policy.runtime_data.required;
-    let Some(doc_bytes) = &input.evidence.runtime_data else {
-        if required {
-            checks.fail(
-                "runtime_data.binding",
-                "the policy requires a runtime-data document; the evidence carries none",
-            );
-        } else {
-            checks.pass(
-                "runtime_data.binding",
-                "no runtime-data document; the policy does not require one",
-            );
-        }
+    let Some(doc) = super::runtime_data_document(input, checks) else {
         return;
-    };
-    let doc = match RuntimeData::from_canonical_bytes(&doc_bytes.0) {
-        Ok(doc) => doc,
-        Err(e) => {
-            checks.fail("runtime_data.binding", e.to_string());
-            return;
-        }
     };
     let Some(evidence) = &input.evidence.tpm else {
         checks.fail(
@@ -42,16 +23,12 @@ pub(super) fn appraise_paravisor(
         );
         return;
     };
-    let verified = match crate::tpm::verify(evidence, &doc.tpm_qualifying_data()) {
-        Ok(v) => v,
-        Err(e) => {
-            checks.fail("tpm.quote", e.to_string());
-            return;
-        }
+    let Some(verified) = verify_quotes(evidence, &doc, checks) else {
+        return;
     };
     checks.pass(
         "tpm.quote",
-        "quotes verify with the AK over the runtime data's SHA-512",
+        "quotes verify with the AK over the runtime data's SHA-256",
     );
     if !verified
         .ak_spki_sha256
@@ -72,10 +49,21 @@ pub(super) fn appraise_paravisor(
     );
     checks.pass(
         "runtime_data.binding",
-        "SHA-512 of the runtime-data document is the vTPM quote's qualifying data (paravisor mode)",
+        "SHA-256 of the runtime-data document is the vTPM quote's qualifying data (paravisor mode)",
     );
     claims.runtime_data = Some(doc);
     claims.tpm = Some(verified);
+}
+
+/// Verifies the quotes over the document's qualifying data; a failure is recorded.
+fn verify_quotes(
+    evidence: &crate::tpm::TpmEvidence,
+    doc: &RuntimeData,
+    checks: &mut CheckList,
+) -> Option<crate::tpm::TpmClaims> {
+    crate::tpm::verify(evidence, &doc.tpm_qualifying_data())
+        .map_err(|e| checks.fail("tpm.quote", e.to_string()))
+        .ok()
 }
 
 pub(super) fn appraise(input: &AppraisalInput<'_>, checks: &mut CheckList, claims: &mut Claims) {
@@ -100,17 +88,13 @@ pub(super) fn appraise(input: &AppraisalInput<'_>, checks: &mut CheckList, claim
         );
         return;
     };
-    let verified = match crate::tpm::verify(evidence, &doc.tpm_qualifying_data()) {
-        Ok(v) => v,
-        Err(e) => {
-            checks.fail("tpm.quote", e.to_string());
-            return;
-        }
+    let Some(verified) = verify_quotes(evidence, &doc, checks) else {
+        return;
     };
     checks.pass(
         "tpm.quote",
         format!(
-            "{} quote(s): AK signature, qualifying data (SHA-512 of the runtime data) and PCR digests verify{}",
+            "{} quote(s): AK signature, qualifying data (SHA-256 of the runtime data) and PCR digests verify{}",
             evidence.quotes.len(),
             match &verified.event_log {
                 Some(log) => format!("; the event log ({} events) replays to the quoted PCRs", log.events),
