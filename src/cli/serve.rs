@@ -91,7 +91,6 @@ async fn serve_async(
         config_digest,
         Some(server.attestation().policy_sha256().to_owned()),
     );
-    eprintln!("attestation: {}", server.attestation().banner_line());
     tracing::info!(
         listen = %server.local_addr(),
         "listening; /health answers 503 until the model is loaded"
