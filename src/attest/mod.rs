@@ -350,4 +350,33 @@ mod tests {
         assert!(matches!(err, AttestationError::Rejected { .. }), "{msg}");
         assert!(msg.contains("production"), "{msg}");
     }
+
+    #[test]
+    fn a_policy_requiring_a_vtpm_refuses_without_one() {
+        if Path::new(TPM_DEVICE).exists() {
+            eprintln!("SKIPPED: {TPM_DEVICE} exists on this machine");
+            return;
+        }
+        let text = std::str::from_utf8(DEVELOPMENT_POLICY).unwrap().replace(
+            "[tpm]\n# A vTPM is verified when present, not required.\nrequired = false",
+            "[tpm]\nrequired = true",
+        );
+        assert!(text.contains("[tpm]\nrequired = true"));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tpm.toml");
+        std::fs::write(&path, text).unwrap();
+        let config = AttestationConfig {
+            profile: AttestationProfile::Development,
+            policy: Some(path),
+            cuda: false,
+        };
+        let err =
+            StartupAttestation::establish(&config, self_signed_pem().as_bytes(), None).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, AttestationError::NoTpm { .. }), "{msg}");
+        assert!(
+            msg.contains("/dev/tpmrm0") && msg.contains("development"),
+            "{msg}"
+        );
+    }
 }
