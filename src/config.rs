@@ -56,6 +56,10 @@ pub struct AttestationConfig {
     /// The server policy file; without it the profile's embedded policy
     /// (`policy/development.toml` or `policy/production.toml`).
     pub policy: Option<PathBuf>,
+    /// Whether the selected backend is CUDA (set by `inferno serve` from `--device`, never
+    /// from the file): start-up attestation then reads and attests the GPU.
+    #[serde(skip)]
+    pub cuda: bool,
 }
 
 impl AttestationConfig {
@@ -65,6 +69,7 @@ impl AttestationConfig {
         Self {
             profile: AttestationProfile::Development,
             policy: None,
+            cuda: false,
         }
     }
 }

@@ -120,6 +120,24 @@ async fn attestation_document_verifies_and_binds_the_served_tls_key_and_audit_ke
     assert_eq!(document["appraisal"]["verdict"], "pass");
     assert_eq!(document["appraisal"]["simulated"], true);
 
+    // The development profile attaches the simulated GPU's evidence over the runtime data's
+    // GPU nonce, and the GPU appraisal path verifies it against the policy-named test root.
+    let gpu = evidence.gpu.as_ref().expect("a gpu section");
+    assert!(!gpu.cert_chain.is_empty());
+    let gpu_claims = dev.claims.gpu.as_ref().expect("verified GPU claims");
+    assert!(gpu_claims.simulated, "the GPU evidence is marked simulated");
+    let gpu_verify = dev
+        .checks
+        .iter()
+        .find(|c| c.id == "gpu.verify")
+        .expect("a gpu.verify check");
+    assert!(gpu_verify.passed, "{}", gpu_verify.reason);
+    assert!(
+        gpu_verify.reason.contains("simulated"),
+        "{}",
+        gpu_verify.reason
+    );
+
     let served = served_leaf(&harness).await;
     assert_eq!(
         doc.tls_spki_sha256.as_deref(),
@@ -221,6 +239,7 @@ fn production_profile_without_a_tee_refuses_to_start() {
     config.attestation = AttestationConfig {
         profile: AttestationProfile::Development,
         policy: Some(policy_path("production.toml")),
+        cuda: false,
     };
     let err = match runtime().block_on(Server::start(config)) {
         Ok(_) => panic!("simulated evidence passed the production policy"),
@@ -253,4 +272,71 @@ fn serve_with_the_production_profile_exits_with_a_one_line_cause() {
     let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errors.len(), 1, "{stderr}");
     assert!(errors[0].contains("no TEE found"), "{stderr}");
+}
+
+/// The development policy with `[gpu] require_cc_mode = true`, written to `dir`.
+fn policy_requiring_cc_mode(dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(policy_path("development.toml"))
+        .unwrap()
+        .replace("require_cc_mode = false", "require_cc_mode = true");
+    assert!(text.contains("require_cc_mode = true"));
+    let path = dir.join("cc.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn cuda_on_a_gpu_whose_cc_state_is_unreadable_refuses_to_start_when_the_policy_requires_cc_mode() {
+    if inferno_attestation::nvidia::nvml::Nvml::load().is_ok() {
+        eprintln!("SKIPPED: NVML loads on this machine; the test expects no readable GPU");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = base_config();
+    config.attestation = AttestationConfig {
+        profile: AttestationProfile::Development,
+        policy: Some(policy_requiring_cc_mode(dir.path())),
+        cuda: true,
+    };
+    let err = match runtime().block_on(Server::start(config)) {
+        Ok(_) => panic!("served on a GPU whose CC mode is unknown under a policy requiring it"),
+        Err(err) => err.to_string(),
+    };
+    assert!(!err.contains('\n'), "one line: {err}");
+    assert!(err.contains("GPU 0"), "names the GPU: {err}");
+    assert!(
+        err.contains("policy \"development (accepts simulated TEE)\" requires CC mode"),
+        "names the policy: {err}"
+    );
+}
+
+#[test]
+fn the_cpu_backend_under_a_policy_requiring_cc_mode_attests_the_simulated_gpu_in_cc_mode() {
+    if detect_hardware().is_some() {
+        eprintln!("SKIPPED: this machine has TEE hardware; the test expects the simulated TEE");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let attested = inferno::attest::StartupAttestation::establish(
+        &AttestationConfig {
+            profile: AttestationProfile::Development,
+            policy: Some(policy_requiring_cc_mode(dir.path())),
+            cuda: false,
+        },
+        rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
+            .unwrap()
+            .cert
+            .pem()
+            .as_bytes(),
+        None,
+    )
+    .expect("the simulated GPU reports CC mode on");
+    let cc = attested
+        .appraisal
+        .checks
+        .iter()
+        .find(|c| c.id == "gpu.cc_mode")
+        .expect("a gpu.cc_mode check");
+    assert!(cc.passed, "{}", cc.reason);
+    assert!(attested.banner_line().contains("SIMULATED"));
 }

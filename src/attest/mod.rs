@@ -6,6 +6,7 @@
 //! start events of an audit log carry evidence binding their checkpoint keys.
 
 pub mod binding;
+mod gpu;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -19,6 +20,9 @@ use inferno_attestation::policy::{LoadedPolicy, Platform, PolicyError};
 use inferno_attestation::report::AppraisalReport;
 use inferno_attestation::runtime_data::RuntimeData;
 use serde::Serialize;
+use std::path::Path;
+
+use self::gpu::GpuAttester;
 
 use crate::audit::record::{EvidenceBlob, SecurityEvent};
 use crate::config::{AttestationConfig, AttestationProfile};
@@ -29,6 +33,8 @@ pub const DEVELOPMENT_POLICY: &[u8] = include_bytes!("../../policy/development.t
 /// The production policy (`policy/production.toml`), used by the production profile when the
 /// configuration names no policy file.
 pub const PRODUCTION_POLICY: &[u8] = include_bytes!("../../policy/production.toml");
+/// The vTPM resource-manager device whose presence start-up attestation checks.
+pub const TPM_DEVICE: &str = "/dev/tpmrm0";
 /// The `kind` of the audit start event's evidence blob: the JSON evidence envelope.
 pub const EVIDENCE_BLOB_KIND: &str = "inferno-evidence-envelope-v1";
 
@@ -48,6 +54,43 @@ pub enum AttestationError {
         "attestation: no TEE found (no configfs-tsm report interface, no /dev/sev-guest); the production profile refuses to serve without hardware evidence (set [attestation] profile = \"development\" to use the simulated TEE)"
     )]
     NoHardware,
+    /// The GPU is not in CC mode and the policy requires it.
+    #[error(
+        "attestation: {gpu} is in CC mode {mode:?}; policy {policy:?} requires CC mode On: refusing to serve (no GPU setting was changed)"
+    )]
+    GpuNotInCcMode {
+        /// The GPU.
+        gpu: &'static str,
+        /// The CC mode the driver reports.
+        mode: inferno_attestation::nvidia::CcMode,
+        /// The policy's name.
+        policy: String,
+    },
+    /// The GPU's CC state cannot be read and the policy requires CC mode.
+    #[error(
+        "attestation: cannot read the CC state of {gpu} ({cause}); policy {policy:?} requires CC mode: refusing to serve"
+    )]
+    GpuState {
+        /// The GPU.
+        gpu: &'static str,
+        /// Why NVML could not report it.
+        cause: String,
+        /// The policy's name.
+        policy: String,
+    },
+    /// GPU evidence could not be collected, or the ready state could not be set.
+    #[error("attestation: GPU: {0}")]
+    Gpu(String),
+    /// The policy requires a vTPM and the machine has none.
+    #[error(
+        "attestation: policy {policy:?} requires a vTPM and {device} is absent: refusing to serve"
+    )]
+    NoTpm {
+        /// The policy's name.
+        policy: String,
+        /// The TPM resource-manager device looked for.
+        device: &'static str,
+    },
     /// The TLS certificate could not be parsed to hash its public key.
     #[error("attestation: the TLS certificate cannot be parsed: {0}")]
     Certificate(String),
@@ -101,12 +144,21 @@ impl StartupAttestation {
         );
         runtime_data.tls_spki_sha256 = Some(hex::encode(tls_spki_sha256(tls_cert)?));
         runtime_data.audit_key = audit_key.map(hex::encode);
+        if policy.policy.tpm.as_ref().is_some_and(|t| t.required) && !Path::new(TPM_DEVICE).exists()
+        {
+            return Err(AttestationError::NoTpm {
+                policy: policy.policy.name.clone(),
+                device: TPM_DEVICE,
+            });
+        }
+        let gpu = GpuAttester::prepare(&policy, config.profile, config.cuda)?;
         let source: Box<dyn EvidenceSource> = match (detect_hardware(), config.profile) {
             (Some(hardware), _) => hardware,
             (None, AttestationProfile::Development) => Box::new(SimulatedSnp::new()?),
             (None, AttestationProfile::Production) => return Err(AttestationError::NoHardware),
         };
-        let evidence = collect_evidence(source.as_ref(), &runtime_data)?;
+        let mut evidence = collect_evidence(source.as_ref(), &runtime_data)?;
+        evidence.gpu = gpu.collect(&runtime_data.gpu_nonce())?;
         let appraisal = appraise(&AppraisalInput {
             evidence: &evidence,
             policy: &policy,
@@ -126,6 +178,7 @@ impl StartupAttestation {
                 reasons,
             });
         }
+        gpu.set_ready()?;
         let appraisal_sha256 = hex::encode(pki::sha256(
             &serde_json::to_vec(&appraisal).unwrap_or_default(),
         ));
@@ -289,11 +342,41 @@ mod tests {
         let config = AttestationConfig {
             profile: AttestationProfile::Development,
             policy: Some(path),
+            cuda: false,
         };
         let err =
             StartupAttestation::establish(&config, self_signed_pem().as_bytes(), None).unwrap_err();
         let msg = err.to_string();
         assert!(matches!(err, AttestationError::Rejected { .. }), "{msg}");
         assert!(msg.contains("production"), "{msg}");
+    }
+
+    #[test]
+    fn a_policy_requiring_a_vtpm_refuses_without_one() {
+        if Path::new(TPM_DEVICE).exists() {
+            eprintln!("SKIPPED: {TPM_DEVICE} exists on this machine");
+            return;
+        }
+        let text = std::str::from_utf8(DEVELOPMENT_POLICY).unwrap().replace(
+            "[tpm]\n# A vTPM is verified when present, not required.\nrequired = false",
+            "[tpm]\nrequired = true",
+        );
+        assert!(text.contains("[tpm]\nrequired = true"));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tpm.toml");
+        std::fs::write(&path, text).unwrap();
+        let config = AttestationConfig {
+            profile: AttestationProfile::Development,
+            policy: Some(path),
+            cuda: false,
+        };
+        let err =
+            StartupAttestation::establish(&config, self_signed_pem().as_bytes(), None).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, AttestationError::NoTpm { .. }), "{msg}");
+        assert!(
+            msg.contains("/dev/tpmrm0") && msg.contains("development"),
+            "{msg}"
+        );
     }
 }

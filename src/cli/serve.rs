@@ -86,6 +86,12 @@ async fn serve_async(
 ) -> anyhow::Result<()> {
     let engine_config = config.engine.clone();
     let served_name = config.server.served_model_name.clone();
+    let mut config = config;
+    config.attestation.cuda = match device {
+        Device::Cuda => true,
+        Device::Cpu => false,
+        Device::Auto => backend::cuda::probe().is_ok(),
+    };
     let server = Server::start(config).await?;
     server.record_config(
         config_digest,
