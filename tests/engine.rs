@@ -330,3 +330,55 @@ fn a_full_queue_refuses_with_queue_full() {
     let finished = collect(waiting);
     assert_eq!(finished.tokens.len(), 10);
 }
+
+/// A backend that records when it is dropped.
+struct DropSignal {
+    inner: inferno::backend::cpu::CpuBackend,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl inferno::engine::Backend for DropSignal {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn kv_cache(&self) -> inferno::engine::KvCacheShape {
+        self.inner.kv_cache()
+    }
+    fn step(
+        &mut self,
+        rows: &[inferno::engine::BatchRow<'_>],
+    ) -> Result<inferno::engine::StepOutput, inferno::engine::BackendError> {
+        self.inner.step(rows)
+    }
+}
+
+impl Drop for DropSignal {
+    fn drop(&mut self) {
+        self.dropped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A device backend must be torn down before the process exits (the CUDA driver's exit
+/// handlers race with a late teardown), so `shutdown` returns only after the backend is gone.
+#[test]
+fn shutdown_returns_after_the_backend_is_released() {
+    let model = model();
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let backend = DropSignal {
+        inner: inferno::backend::cpu::CpuBackend::new(&model, 16 << 20).expect("backend"),
+        dropped: dropped.clone(),
+    };
+    let engine = inferno::engine::Engine::spawn(
+        Box::new(backend),
+        inferno::engine::ModelInfo::of(&model),
+        EngineConfig::default(),
+    )
+    .expect("engine starts");
+    let stream = engine
+        .submit(greedy(&prompts()[0], 1000))
+        .expect("accepted");
+    engine.shutdown();
+    assert!(dropped.load(std::sync::atomic::Ordering::SeqCst));
+    assert_eq!(collect(stream).reason, FinishReason::Cancelled);
+}

@@ -76,6 +76,7 @@ impl Engine {
             max_context: model.max_context,
             vocab_size: model.vocab_size,
             max_waiting: config.max_waiting,
+            thread: Mutex::new(None),
         });
         let (commands, receiver) = mpsc::channel();
         let mut worker = Worker {
@@ -87,9 +88,12 @@ impl Engine {
             shared: shared.clone(),
             steps: 0,
         };
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("inferno-engine".into())
             .spawn(move || worker.run())?;
+        if let Ok(mut slot) = shared.thread.lock() {
+            *slot = Some(thread);
+        }
         Ok(EngineHandle { commands, shared })
     }
 }

@@ -82,6 +82,8 @@ pub(super) struct Shared {
     pub max_context: usize,
     pub vocab_size: usize,
     pub max_waiting: usize,
+    /// The engine thread, joined by the first `shutdown`.
+    pub thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// A cloneable handle to a running engine.
@@ -163,9 +165,19 @@ impl EngineHandle {
         self.shared.max_context
     }
 
-    /// Asks the engine thread to cancel everything and stop.
+    /// Cancels everything, stops the engine thread and waits until it has released the backend.
+    ///
+    /// Waiting matters: a device backend must free its resources before the process exits, or
+    /// the driver's exit handlers race with the engine thread's teardown.
     pub fn shutdown(&self) {
         let _ = self.commands.send(Command::Shutdown);
+        let thread = self.shared.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(thread) = thread
+            && thread.thread().id() != std::thread::current().id()
+            && thread.join().is_err()
+        {
+            tracing::error!("the engine thread panicked");
+        }
     }
 }
 
