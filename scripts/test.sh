@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+if [ ! -d ../shared ]; then
+  echo "SKIPPED: ../shared is absent: the tests on the shared tiny-llama3 fixture and on the real"
+  echo "         attestation vectors skip (each says so with --nocapture); the rest run on committed data"
+fi
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
