@@ -8,9 +8,10 @@
 //!   model, CPU backend) saturated by concurrent clients, with and without `[audit]`,
 //!   alternating runs; prints the throughput of each and the relative cost of the log.
 
-use std::io::{BufRead as _, BufReader};
+mod spawn_support;
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -83,39 +84,12 @@ fn audit_writer_throughput() {
 }
 
 fn serve(audit_dir: Option<&Path>, work: &Path) -> (Child, String) {
-    let config = work.join("bench.toml");
-    let toml = match audit_dir {
+    let audit = match audit_dir {
         Some(dir) => format!("[audit]\ndir = {:?}\n", dir.to_str().expect("utf8")),
         None => String::new(),
     };
-    let toml = format!("[attestation]\nprofile = \"development\"\n{toml}");
-    std::fs::write(&config, toml).expect("config");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
-        .args([
-            "serve",
-            "--device",
-            "cpu",
-            "--listen",
-            "127.0.0.1:0",
-            "--config",
-        ])
-        .arg(&config)
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn server");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(addr) = line.trim().strip_prefix("listening:") {
-                let _ = tx.send(addr.trim().to_owned());
-            }
-        }
-    });
-    let base = rx.recv_timeout(Duration::from_secs(120)).expect("ready");
-    (child, base)
+    let toml = format!("[attestation]\nprofile = \"development\"\n{audit}");
+    spawn_support::spawn_server(&toml, work, "error")
 }
 
 /// Saturates the server for `secs` seconds with `clients` concurrent clients; returns requests/s.

@@ -2,10 +2,11 @@
 //! backend): every answered request has its request record, the CLI verifies the log, and a
 //! `kill -9` under load (a bounded number of rounds) loses no answered request.
 
+mod spawn_support;
+
 use std::collections::HashSet;
-use std::io::{BufRead as _, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 fn inferno(args: &[&str]) -> Output {
@@ -26,39 +27,11 @@ fn serve(dir: &Path, work: &Path) -> Served {
 }
 
 fn serve_with(dir: &Path, work: &Path, extra: &str) -> Served {
-    let config = work.join("inferno.toml");
     let toml = format!(
         "[attestation]\nprofile = \"development\"\n[audit]\ndir = {:?}\ncheckpoint_every_records = 20\ncheckpoint_every_seconds = 1\n{extra}",
         dir.to_str().expect("utf8")
     );
-    std::fs::write(&config, toml).expect("config");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
-        .args([
-            "serve",
-            "--device",
-            "cpu",
-            "--listen",
-            "127.0.0.1:0",
-            "--config",
-        ])
-        .arg(&config)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn server");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(addr) = line.trim().strip_prefix("listening:") {
-                let _ = tx.send(addr.trim().to_owned());
-            }
-        }
-    });
-    let base = rx
-        .recv_timeout(Duration::from_secs(120))
-        .expect("the server became ready");
+    let (child, base) = spawn_support::spawn_server(&toml, work, "warn");
     Served { child, base }
 }
 

@@ -1,0 +1,42 @@
+//! Starts the real `inferno serve` binary as a child process for tests that need a separate
+//! process (crashes, benchmarks): CPU backend, loopback, a config file written by the test.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Writes `config_toml` to `work/inferno.toml`, starts the server with it on an ephemeral
+/// loopback port and returns the child and its base URL once it is listening.
+pub fn spawn_server(config_toml: &str, work: &Path, log_level: &str) -> (Child, String) {
+    let config = work.join("inferno.toml");
+    std::fs::write(&config, config_toml).expect("config");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args([
+            "serve",
+            "--device",
+            "cpu",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+        ])
+        .arg(&config)
+        .env("RUST_LOG", log_level)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn server");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(addr) = line.trim().strip_prefix("listening:") {
+                let _ = tx.send(addr.trim().to_owned());
+            }
+        }
+    });
+    let base = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the server became ready");
+    (child, base)
+}
