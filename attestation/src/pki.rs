@@ -96,32 +96,30 @@ fn asn1_to_datetime(t: ASN1Time) -> OffsetDateTime {
 
 /// Parses one DER certificate, requiring no trailing bytes.
 pub fn parse_certificate<'a>(der: &'a [u8], what: &str) -> Result<X509Certificate<'a>, PkiError> {
-    let (rest, cert) = X509Certificate::from_der(der).map_err(|e| PkiError::Der {
-        what: what.to_owned(),
-        reason: e.to_string(),
-    })?;
-    if !rest.is_empty() {
-        return Err(PkiError::Der {
-            what: what.to_owned(),
-            reason: format!("{} trailing bytes after the certificate", rest.len()),
-        });
-    }
-    Ok(cert)
+    parse_whole(der, what, "certificate")
 }
 
 /// Parses one DER CRL, requiring no trailing bytes.
 pub fn parse_crl<'a>(der: &'a [u8], what: &str) -> Result<CertificateRevocationList<'a>, PkiError> {
-    let (rest, crl) = CertificateRevocationList::from_der(der).map_err(|e| PkiError::Der {
+    parse_whole(der, what, "CRL")
+}
+
+/// Parses one DER structure that must fill `der` exactly.
+fn parse_whole<'a, T>(der: &'a [u8], what: &str, kind: &str) -> Result<T, PkiError>
+where
+    T: FromDer<'a, x509_parser::error::X509Error>,
+{
+    let (rest, parsed) = T::from_der(der).map_err(|e| PkiError::Der {
         what: what.to_owned(),
         reason: e.to_string(),
     })?;
     if !rest.is_empty() {
         return Err(PkiError::Der {
             what: what.to_owned(),
-            reason: format!("{} trailing bytes after the CRL", rest.len()),
+            reason: format!("{} trailing bytes after the {kind}", rest.len()),
         });
     }
-    Ok(crl)
+    Ok(parsed)
 }
 
 /// Decodes every PEM block of a buffer into DER, in order.
