@@ -330,22 +330,26 @@ mod tests {
         assert!(matches!(err, AttestationError::NoHardware), "{err}");
     }
 
+    /// Start-up in the development profile with the policy file `policy`, which must fail.
+    fn establish_in_development_with_policy(policy: &[u8]) -> AttestationError {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy.toml");
+        std::fs::write(&path, policy).unwrap();
+        let config = AttestationConfig {
+            profile: AttestationProfile::Development,
+            policy: Some(path),
+            cuda: false,
+        };
+        StartupAttestation::establish(&config, self_signed_pem().as_bytes(), None).unwrap_err()
+    }
+
     #[test]
     fn development_profile_with_the_production_policy_is_rejected_as_simulated() {
         if detect_hardware().is_some() {
             eprintln!("SKIPPED: this machine has TEE hardware");
             return;
         }
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("production.toml");
-        std::fs::write(&path, PRODUCTION_POLICY).unwrap();
-        let config = AttestationConfig {
-            profile: AttestationProfile::Development,
-            policy: Some(path),
-            cuda: false,
-        };
-        let err =
-            StartupAttestation::establish(&config, self_signed_pem().as_bytes(), None).unwrap_err();
+        let err = establish_in_development_with_policy(PRODUCTION_POLICY);
         let msg = err.to_string();
         assert!(matches!(err, AttestationError::Rejected { .. }), "{msg}");
         assert!(msg.contains("production"), "{msg}");
@@ -362,16 +366,7 @@ mod tests {
             "[tpm]\nrequired = true",
         );
         assert!(text.contains("[tpm]\nrequired = true"));
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tpm.toml");
-        std::fs::write(&path, text).unwrap();
-        let config = AttestationConfig {
-            profile: AttestationProfile::Development,
-            policy: Some(path),
-            cuda: false,
-        };
-        let err =
-            StartupAttestation::establish(&config, self_signed_pem().as_bytes(), None).unwrap_err();
+        let err = establish_in_development_with_policy(text.as_bytes());
         let msg = err.to_string();
         assert!(matches!(err, AttestationError::NoTpm { .. }), "{msg}");
         assert!(
