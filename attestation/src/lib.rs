@@ -8,6 +8,7 @@
 //! - [`policy`]: the server policy (TOML) and its digest;
 //! - [`report`]: the structured appraisal report;
 //! - [`pki`]: shared certificate, CRL and time helpers;
+//! - [`ocsp`]: offline OCSP status of certificates from bundled responses;
 //! - [`tpm`]: TPM 2.0 quotes, event logs and AK binding (`docs/attestation-tpm.md`);
 //! - [`nvidia`]: NVIDIA H100/H200 SPDM evidence, RIMs and NVML (`docs/attestation-gpu.md`).
 //!
@@ -21,6 +22,7 @@ pub mod bundle;
 pub mod collect;
 pub mod evidence;
 pub mod nvidia;
+pub mod ocsp;
 pub mod pki;
 pub mod policy;
 pub mod report;

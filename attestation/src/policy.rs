@@ -241,6 +241,11 @@ pub struct GpuPolicy {
     /// Driver and VBIOS RIMs must be in the collateral and every golden measurement match.
     #[serde(default)]
     pub require_reference_values: bool,
+    /// Every certificate of the GPU device chain (except the per-boot attestation leaf and the
+    /// root) and of the RIM signing chains must have a good, fresh OCSP response in the
+    /// collateral. Responses present are checked even when this is false.
+    #[serde(default)]
+    pub require_ocsp: bool,
     /// Accepted driver versions. Absent: any.
     #[serde(default)]
     pub driver_versions: Option<Vec<String>>,
