@@ -7,6 +7,7 @@
 //! - [`runtime_data`]: the runtime-data document whose SHA-512 is bound into REPORT_DATA;
 //! - [`policy`]: the server policy (TOML) and its digest;
 //! - [`report`]: the structured appraisal report;
+//! - `fetch` (feature `fetch`): collateral from AMD KDS, Intel PCS and NVIDIA's services;
 //! - [`pki`]: shared certificate, CRL and time helpers;
 //! - [`ocsp`]: offline OCSP status of certificates from bundled responses;
 //! - [`tpm`]: TPM 2.0 quotes, event logs and AK binding (`docs/attestation-tpm.md`);
@@ -21,6 +22,8 @@ pub mod appraise;
 pub mod bundle;
 pub mod collect;
 pub mod evidence;
+#[cfg(feature = "fetch")]
+pub mod fetch;
 pub mod nvidia;
 pub mod ocsp;
 pub mod pki;
