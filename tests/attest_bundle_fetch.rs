@@ -163,6 +163,30 @@ fn inferno(args: &[&str]) -> Output {
         .expect("run inferno")
 }
 
+/// `inferno attest bundle --out BUNDLE --fetch --evidence EVIDENCE ARGS...`.
+fn fetch_bundle(bundle: &Path, evidence: &Path, args: &[&str]) -> Output {
+    let mut all = vec![
+        "attest",
+        "bundle",
+        "--out",
+        path(bundle),
+        "--fetch",
+        "--evidence",
+        path(evidence),
+    ];
+    all.extend_from_slice(args);
+    inferno(&all)
+}
+
+/// Asserts that the command succeeded, showing its stderr otherwise.
+fn assert_success(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn path(p: &Path) -> &str {
     p.to_str().expect("UTF-8 path")
 }
@@ -221,11 +245,7 @@ fn amd_kds_collateral_fetched_for_a_report_passes_a_policy_requiring_the_crl() {
         "--out",
         path(&evidence),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let bundle = work.path().join("bundle.json");
     let verify = |bundle: &Path| {
         inferno(&[
@@ -240,27 +260,12 @@ fn amd_kds_collateral_fetched_for_a_report_passes_a_policy_requiring_the_crl() {
             "2026-01-01T00:00:00Z",
         ])
     };
-    let fetch = |mirror: &Mirror| {
-        inferno(&[
-            "attest",
-            "bundle",
-            "--out",
-            path(&bundle),
-            "--fetch",
-            "--evidence",
-            path(&evidence),
-            "--amd-kds-url",
-            &mirror.base,
-        ])
-    };
+    let fetch =
+        |mirror: &Mirror| fetch_bundle(&bundle, &evidence, &["--amd-kds-url", &mirror.base]);
 
     let mirror = Mirror::start(kds_routes("ark.crl.der"), None);
     let out = fetch(&mirror);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert_eq!(mirror.requests().len(), 3, "{:?}", mirror.requests());
     let fetched = CollateralBundle::from_file(&bundle).expect("bundle");
     assert_eq!(fetched.amd.vcek[0].0, sim_file("vcek.der"));
@@ -359,22 +364,12 @@ fn intel_pcs_collateral_fetched_for_a_tdx_quote_equals_the_published_collateral(
 
     let work = tempfile::tempdir().expect("tempdir");
     let bundle = work.path().join("bundle.json");
-    let out = inferno(&[
-        "attest",
-        "bundle",
-        "--out",
-        path(&bundle),
-        "--fetch",
-        "--evidence",
-        path(&quote),
-        "--intel-pcs-url",
-        &format!("{}/", mirror.base),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = fetch_bundle(
+        &bundle,
+        &quote,
+        &["--intel-pcs-url", &format!("{}/", mirror.base)],
     );
+    assert_success(&out);
     assert_eq!(mirror.requests().len(), 4, "{:?}", mirror.requests());
     let fetched = CollateralBundle::from_file(&bundle).expect("bundle");
     let intel = &fetched.intel[0];
@@ -493,26 +488,19 @@ fn nvidia_rims_and_ocsp_are_fetched_for_a_gpu_report() {
     let mirror = Mirror::start(routes, Some(other));
     let bundle = work.path().join("bundle.json");
     let ocsp_url = format!("{}/ocsp", mirror.base);
-    let out = inferno(&[
-        "attest",
-        "bundle",
-        "--out",
-        path(&bundle),
-        "--fetch",
-        "--evidence",
-        path(&evidence_path),
-        "--amd-kds-url",
-        &mirror.base,
-        "--nvidia-rim-url",
-        &mirror.base,
-        "--nvidia-ocsp-url",
-        &ocsp_url,
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = fetch_bundle(
+        &bundle,
+        &evidence_path,
+        &[
+            "--amd-kds-url",
+            &mirror.base,
+            "--nvidia-rim-url",
+            &mirror.base,
+            "--nvidia-ocsp-url",
+            &ocsp_url,
+        ],
     );
+    assert_success(&out);
     let requests = mirror.requests();
     let fetched = CollateralBundle::from_file(&bundle).expect("bundle");
     assert_eq!(fetched.nvidia.rims.len(), 2);
