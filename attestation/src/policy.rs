@@ -202,9 +202,12 @@ pub struct TpmPolicy {
     pub pcrs: Vec<u8>,
 }
 
-/// PCRs 0–7: firmware code and configuration, option ROMs, boot loader and its configuration.
+/// The default `[tpm] pcrs`: 0–7, firmware code and configuration, option ROMs, boot loader and
+/// its configuration.
+pub const DEFAULT_TPM_PCRS: [u8; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
+
 fn default_tpm_pcrs() -> Vec<u8> {
-    (0..=7).collect()
+    DEFAULT_TPM_PCRS.to_vec()
 }
 
 impl TpmPolicy {

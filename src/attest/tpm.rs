@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use inferno_attestation::policy::LoadedPolicy;
+use inferno_attestation::policy::{DEFAULT_TPM_PCRS, LoadedPolicy};
 use inferno_attestation::runtime_data::RuntimeData;
 use inferno_attestation::tpm::collect::{AkKind, DEFAULT_EVENT_LOG_PATH, TpmSession};
 use inferno_attestation::tpm::{HashAlg, TpmEvidence};
@@ -51,7 +51,7 @@ impl TpmAttester {
         match TpmSession::open(tcti, None, AkKind::Rsa2048) {
             Ok(session) => Ok(Some(Self {
                 session,
-                pcrs: tpm_policy.map_or_else(|| (0..=7).collect(), |t| t.pcrs.clone()),
+                pcrs: tpm_policy.map_or_else(|| DEFAULT_TPM_PCRS.to_vec(), |t| t.pcrs.clone()),
             })),
             Err(e) if configured || required => Err(AttestationError::Tpm(e.to_string())),
             Err(e) => {

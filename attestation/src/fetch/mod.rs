@@ -87,7 +87,7 @@ pub struct FetchOptions {
     pub amd_product: Option<crate::abi::snp::Product>,
 }
 
-/// A response: status, headers, body.
+/// A successful response: its headers and body.
 #[derive(Debug)]
 pub struct Response {
     /// The body.
