@@ -56,6 +56,9 @@ pub struct AttestationConfig {
     /// The server policy file; without it the profile's embedded policy
     /// (`policy/development.toml` or `policy/production.toml`).
     pub policy: Option<PathBuf>,
+    /// The TCTI of the vTPM to quote (e.g. `device:/dev/tpmrm0`,
+    /// `swtpm:host=127.0.0.1,port=2321`). Absent: `/dev/tpmrm0` when that device exists.
+    pub tpm_tcti: Option<String>,
     /// Whether the selected backend is CUDA (set by `inferno serve` from `--device`, never
     /// from the file): start-up attestation then reads and attests the GPU.
     #[serde(skip)]
@@ -69,6 +72,7 @@ impl AttestationConfig {
         Self {
             profile: AttestationProfile::Development,
             policy: None,
+            tpm_tcti: None,
             cuda: false,
         }
     }

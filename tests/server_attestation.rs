@@ -1,10 +1,13 @@
 //! Start-up attestation end to end: the real server (development profile, simulated TEE) serves
 //! `GET /v1/attestation` over TLS; a client verifies it with the attestation crate, checks that
 //! it binds the TLS key actually served and the audit log's checkpoint key, and `inferno audit
-//! verify --policy --collateral` ties the log to the evidence. The production profile without
-//! a TEE refuses to serve.
+//! verify --policy --collateral` ties the log to the evidence. With a vTPM (a swtpm the test
+//! starts) the evidence carries a quote whose AK the runtime data binds. The production profile
+//! without a TEE refuses to serve.
 
 mod server_support;
+#[path = "../attestation/tests/swtpm_support/mod.rs"]
+mod swtpm_support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -239,6 +242,7 @@ fn production_profile_without_a_tee_refuses_to_start() {
     config.attestation = AttestationConfig {
         profile: AttestationProfile::Development,
         policy: Some(policy_path("production.toml")),
+        tpm_tcti: None,
         cuda: false,
     };
     let err = match runtime().block_on(Server::start(config)) {
@@ -296,6 +300,7 @@ fn cuda_on_a_gpu_whose_cc_state_is_unreadable_refuses_to_start_when_the_policy_r
     config.attestation = AttestationConfig {
         profile: AttestationProfile::Development,
         policy: Some(policy_requiring_cc_mode(dir.path())),
+        tpm_tcti: None,
         cuda: true,
     };
     let err = match runtime().block_on(Server::start(config)) {
@@ -321,6 +326,7 @@ fn the_cpu_backend_under_a_policy_requiring_cc_mode_attests_the_simulated_gpu_in
         &AttestationConfig {
             profile: AttestationProfile::Development,
             policy: Some(policy_requiring_cc_mode(dir.path())),
+            tpm_tcti: None,
             cuda: false,
         },
         rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
@@ -339,4 +345,133 @@ fn the_cpu_backend_under_a_policy_requiring_cc_mode_attests_the_simulated_gpu_in
         .expect("a gpu.cc_mode check");
     assert!(cc.passed, "{}", cc.reason);
     assert!(attested.banner_line().contains("SIMULATED"));
+}
+
+/// `inferno attest verify EVIDENCE --policy development.toml --json`: exit code and report.
+fn attest_verify(evidence: &Path) -> (Option<i32>, Value) {
+    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(["attest", "verify"])
+        .arg(evidence)
+        .arg("--policy")
+        .arg(policy_path("development.toml"))
+        .arg("--json")
+        .output()
+        .expect("run inferno attest verify");
+    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code(), report)
+}
+
+/// The check `id` of a JSON appraisal report: (passed, reason).
+fn check(report: &Value, id: &str) -> (bool, String) {
+    let found = report["checks"]
+        .as_array()
+        .and_then(|checks| checks.iter().find(|c| c["id"] == id))
+        .unwrap_or_else(|| panic!("no check {id}: {report:#}"));
+    (
+        found["passed"] == true,
+        found["reason"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+#[tokio::test]
+async fn with_a_vtpm_the_served_evidence_carries_a_quote_bound_to_the_runtime_data() {
+    if detect_hardware().is_some() {
+        eprintln!("SKIPPED: this machine has TEE hardware; the test expects the simulated TEE");
+        return;
+    }
+    let Some(swtpm) = swtpm_support::start_swtpm() else {
+        return;
+    };
+    let mut config = base_config();
+    config.attestation.tpm_tcti = Some(swtpm_support::tcti(&swtpm));
+    let mut harness = Harness::start(config, false);
+    let document: Value = harness
+        .client()
+        .get(harness.url("/v1/attestation"))
+        .send()
+        .await
+        .expect("GET /v1/attestation")
+        .json()
+        .await
+        .expect("JSON");
+    let server = harness.take_server();
+    std::thread::spawn(move || runtime().block_on(server.shutdown()))
+        .join()
+        .expect("shutdown");
+
+    let evidence = Evidence::from_bytes(&serde_json::to_vec(&document["evidence"]).unwrap())
+        .expect("the envelope decodes");
+    let tpm = evidence.tpm.as_ref().expect("a vTPM section");
+    assert_eq!(tpm.quotes.len(), 1, "one SHA-256 quote");
+    let quoted: Vec<u8> = tpm.quotes[0].pcrs.values.iter().map(|v| v.index).collect();
+    assert_eq!(quoted, (0..=7).collect::<Vec<u8>>(), "the policy's PCRs");
+    let bound_ak = document["runtime_data"]["tpm_ak_sha256"]
+        .as_str()
+        .expect("the runtime data names the AK");
+    let ak = tpm.ak.key().expect("AK").spki_sha256().expect("AK hash");
+    assert_eq!(bound_ak, hex::encode(ak));
+
+    let work = tempfile::tempdir().expect("tempdir");
+    let path = work.path().join("evidence.json");
+    std::fs::write(&path, evidence.to_json()).unwrap();
+    let (code, report) = attest_verify(&path);
+    assert_eq!(code, Some(0), "{report:#}");
+    for id in ["tpm.quote", "tpm.pcr_selection", "tpm.ak_binding"] {
+        let (passed, reason) = check(&report, id);
+        assert!(passed, "{id}: {reason}");
+    }
+    let (_, quote) = check(&report, "tpm.quote");
+    assert!(
+        quote.contains("AK signature, qualifying data") && quote.contains("PCR digests"),
+        "{quote}"
+    );
+    assert_eq!(report["claims"]["tpm"]["ak_spki_sha256"], bound_ak);
+
+    // A PCR value changed after the quote no longer matches the signed PCR digest.
+    let mut forged = evidence.clone();
+    if let Some(tpm) = forged.tpm.as_mut() {
+        tpm.quotes[0].pcrs.values[0].value[0] ^= 1;
+    }
+    std::fs::write(&path, forged.to_json()).unwrap();
+    let (code, report) = attest_verify(&path);
+    assert_eq!(code, Some(1), "{report:#}");
+    let (passed, reason) = check(&report, "tpm.quote");
+    assert!(!passed && reason.contains("PCR"), "{reason}");
+
+    // A quote from another TPM (another AK) is not the one the runtime data binds.
+    let Some(other) = swtpm_support::start_swtpm() else {
+        return;
+    };
+    let doc = inferno_attestation::runtime_data::RuntimeData::from_canonical_bytes(
+        &evidence.runtime_data.as_ref().expect("runtime data").0,
+    )
+    .expect("document");
+    let mut session = inferno_attestation::tpm::collect::TpmSession::open(
+        &swtpm_support::tcti(&other),
+        None,
+        inferno_attestation::tpm::collect::AkKind::EccP256,
+    )
+    .expect("open the other swtpm");
+    let mut swapped = evidence.clone();
+    swapped.tpm = Some(
+        session
+            .evidence(
+                &[inferno_attestation::tpm::HashAlg::Sha256],
+                &(0..=7).collect::<Vec<u8>>(),
+                &doc.tpm_qualifying_data(),
+                None,
+            )
+            .expect("quote"),
+    );
+    std::fs::write(&path, swapped.to_json()).unwrap();
+    let (code, report) = attest_verify(&path);
+    assert_eq!(code, Some(1), "{report:#}");
+    let (passed, reason) = check(&report, "tpm.ak_binding");
+    assert!(!passed && reason.contains("names AK"), "{reason}");
 }

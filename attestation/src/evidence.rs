@@ -2,9 +2,7 @@
 //! runtime-data document it binds. `docs/attestation.md` describes the format; raw forms (a bare
 //! SNP report, binary or hex, or a bare TDX quote) are accepted too.
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 use crate::policy::Platform;
 
@@ -38,25 +36,10 @@ pub enum EvidenceError {
     UnknownFormat,
 }
 
-/// Bytes serialised as standard base64 in JSON.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Base64Bytes(pub Vec<u8>);
-
-impl Serialize for Base64Bytes {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&STANDARD.encode(&self.0))
-    }
-}
-
-impl<'de> Deserialize<'de> for Base64Bytes {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        STANDARD
-            .decode(text.as_bytes())
-            .map(Base64Bytes)
-            .map_err(|e| serde::de::Error::custom(format!("invalid base64: {e}")))
-    }
-}
+/// Bytes serialised as standard base64 in JSON (the crate's one serde base64 codec).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Base64Bytes(#[serde(with = "crate::serde_b64")] pub Vec<u8>);
 
 /// The role of a certificate supplied with an SNP report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -249,6 +232,16 @@ mod tests {
             Evidence::from_bytes(wrong.as_bytes()),
             Err(EvidenceError::Version { found: 2 })
         ));
+    }
+
+    #[test]
+    fn base64_fields_reject_invalid_text() {
+        let json = r#"{"version":1,"platform":"tdx","tdx":{"quote":"not base64!"}}"#;
+        let err = Evidence::from_bytes(json.as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("invalid base64"), "{err}");
+        let ok = r#"{"version":1,"platform":"tdx","tdx":{"quote":"AAEC"}}"#;
+        let evidence = Evidence::from_bytes(ok.as_bytes()).unwrap();
+        assert_eq!(evidence.tdx.unwrap().quote, Base64Bytes(vec![0, 1, 2]));
     }
 
     #[test]

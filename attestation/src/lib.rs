@@ -7,7 +7,9 @@
 //! - [`runtime_data`]: the runtime-data document whose SHA-512 is bound into REPORT_DATA;
 //! - [`policy`]: the server policy (TOML) and its digest;
 //! - [`report`]: the structured appraisal report;
+//! - `fetch` (feature `fetch`): collateral from AMD KDS, Intel PCS and NVIDIA's services;
 //! - [`pki`]: shared certificate, CRL and time helpers;
+//! - [`ocsp`]: offline OCSP status of certificates from bundled responses;
 //! - [`tpm`]: TPM 2.0 quotes, event logs and AK binding (`docs/attestation-tpm.md`);
 //! - [`nvidia`]: NVIDIA H100/H200 SPDM evidence, RIMs and NVML (`docs/attestation-gpu.md`).
 //!
@@ -20,7 +22,10 @@ pub mod appraise;
 pub mod bundle;
 pub mod collect;
 pub mod evidence;
+#[cfg(feature = "fetch")]
+pub mod fetch;
 pub mod nvidia;
+pub mod ocsp;
 pub mod pki;
 pub mod policy;
 pub mod report;

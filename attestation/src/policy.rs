@@ -196,6 +196,39 @@ pub struct TdxPolicy {
 pub struct TpmPolicy {
     /// Evidence must include a verified vTPM section whose AK is bound by the runtime data.
     pub required: bool,
+    /// The PCRs (0–23, SHA-256 bank) the server quotes and every vTPM quote must cover.
+    /// Default: 0–7, the firmware and boot-loader measurements.
+    #[serde(default = "default_tpm_pcrs")]
+    pub pcrs: Vec<u8>,
+}
+
+/// The default `[tpm] pcrs`: 0–7, firmware code and configuration, option ROMs, boot loader and
+/// its configuration.
+pub const DEFAULT_TPM_PCRS: [u8; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
+
+fn default_tpm_pcrs() -> Vec<u8> {
+    DEFAULT_TPM_PCRS.to_vec()
+}
+
+impl TpmPolicy {
+    fn validate(&self) -> Result<(), PolicyError> {
+        if self.pcrs.is_empty() {
+            return Err(field("tpm.pcrs", "must list at least one PCR"));
+        }
+        if let Some(bad) = self.pcrs.iter().find(|p| **p > 23) {
+            return Err(field(
+                "tpm.pcrs",
+                &format!("PCR {bad} is out of range (0 to 23)"),
+            ));
+        }
+        let mut sorted = self.pcrs.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() != self.pcrs.len() {
+            return Err(field("tpm.pcrs", "lists a PCR twice"));
+        }
+        Ok(())
+    }
 }
 
 /// GPU requirements.
@@ -211,6 +244,11 @@ pub struct GpuPolicy {
     /// Driver and VBIOS RIMs must be in the collateral and every golden measurement match.
     #[serde(default)]
     pub require_reference_values: bool,
+    /// Every certificate of the GPU device chain (except the per-boot attestation leaf and the
+    /// root) and of the RIM signing chains must have a good, fresh OCSP response in the
+    /// collateral. Responses present are checked even when this is false.
+    #[serde(default)]
+    pub require_ocsp: bool,
     /// Accepted driver versions. Absent: any.
     #[serde(default)]
     pub driver_versions: Option<Vec<String>>,
@@ -302,6 +340,9 @@ impl Policy {
                 .as_ref()
                 .ok_or_else(|| field("tdx", "required when platforms lists tdx"))?;
             tdx.validate()?;
+        }
+        if let Some(tpm) = &self.tpm {
+            tpm.validate()?;
         }
         Ok(())
     }
@@ -410,6 +451,20 @@ mod tests {
             LoadedPolicy::from_bytes(product.as_bytes()),
             Err(PolicyError::Field { .. })
         ));
+        let pcrs = "pcrs = [0, 1, 2, 3, 4, 5, 6, 7]";
+        assert!(base.contains(pcrs));
+        for (bad, reason) in [
+            ("pcrs = []", "at least one"),
+            ("pcrs = [0, 24]", "PCR 24"),
+            ("pcrs = [7, 7]", "twice"),
+        ] {
+            let err = LoadedPolicy::from_bytes(base.replace(pcrs, bad).as_bytes()).unwrap_err();
+            assert!(err.to_string().contains(reason), "{bad}: {err}");
+        }
+        let default = base.replace(pcrs, "");
+        let loaded = LoadedPolicy::from_bytes(default.as_bytes()).unwrap();
+        let tpm = loaded.policy.tpm.unwrap();
+        assert_eq!(tpm.pcrs, (0..=7).collect::<Vec<u8>>());
     }
 
     #[test]

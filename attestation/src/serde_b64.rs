@@ -1,10 +1,20 @@
-//! Serde adapter that writes byte strings as standard base64 (with padding) in JSON evidence.
+//! Serde adapter that writes byte strings as standard base64 (with padding) in JSON evidence,
+//! collateral bundles and reports: the crate's one base64 codec for serde.
 //!
-//! Use it as `#[serde(with = "crate::serde_b64")]` on a `Vec<u8>` field.
+//! Use it as `#[serde(with = "crate::serde_b64")]` on a `Vec<u8>` field, `serde_b64::option`
+//! on `Option<Vec<u8>>` and `serde_b64::vec` on `Vec<Vec<u8>>`;
+//! [`crate::evidence::Base64Bytes`] is a newtype over it.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use serde::{Deserialize, Deserializer, Serializer};
+
+/// Decodes one base64 string, as a serde error on failure.
+fn decode<E: serde::de::Error>(text: &str) -> Result<Vec<u8>, E> {
+    STANDARD
+        .decode(text.as_bytes())
+        .map_err(|e| E::custom(format!("invalid base64: {e}")))
+}
 
 /// Serialises bytes as a base64 string.
 pub fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
@@ -13,16 +23,11 @@ pub fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S:
 
 /// Deserialises a base64 string into bytes.
 pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
-    let text = String::deserialize(deserializer)?;
-    STANDARD
-        .decode(text.as_bytes())
-        .map_err(|e| serde::de::Error::custom(format!("invalid base64: {e}")))
+    decode(&String::deserialize(deserializer)?)
 }
 
 /// The same adapter for `Option<Vec<u8>>` fields (`null` or absent means `None`).
 pub mod option {
-    use super::STANDARD;
-    use base64::Engine as _;
     use serde::{Deserialize, Deserializer, Serializer};
 
     /// Serialises optional bytes as a base64 string or `null`.
@@ -31,7 +36,7 @@ pub mod option {
         serializer: S,
     ) -> Result<S::Ok, S::Error> {
         match bytes {
-            Some(b) => serializer.serialize_str(&STANDARD.encode(b)),
+            Some(b) => super::serialize(b, serializer),
             None => serializer.serialize_none(),
         }
     }
@@ -40,30 +45,20 @@ pub mod option {
     pub fn deserialize<'de, D: Deserializer<'de>>(
         deserializer: D,
     ) -> Result<Option<Vec<u8>>, D::Error> {
-        let text = Option::<String>::deserialize(deserializer)?;
-        text.map(|t| {
-            STANDARD
-                .decode(t.as_bytes())
-                .map_err(|e| serde::de::Error::custom(format!("invalid base64: {e}")))
-        })
-        .transpose()
+        Option::<String>::deserialize(deserializer)?
+            .map(|t| super::decode(&t))
+            .transpose()
     }
 }
 
 /// The same adapter for `Vec<Vec<u8>>` fields (a JSON array of base64 strings).
 pub mod vec {
-    use super::STANDARD;
     use base64::Engine as _;
-    use serde::ser::SerializeSeq as _;
     use serde::{Deserialize, Deserializer, Serializer};
 
     /// Serialises a list of byte strings as base64 strings.
     pub fn serialize<S: Serializer>(items: &[Vec<u8>], serializer: S) -> Result<S::Ok, S::Error> {
-        let mut seq = serializer.serialize_seq(Some(items.len()))?;
-        for item in items {
-            seq.serialize_element(&STANDARD.encode(item))?;
-        }
-        seq.end()
+        serializer.collect_seq(items.iter().map(|item| super::STANDARD.encode(item)))
     }
 
     /// Deserialises a list of base64 strings.
@@ -72,11 +67,7 @@ pub mod vec {
     ) -> Result<Vec<Vec<u8>>, D::Error> {
         Vec::<String>::deserialize(deserializer)?
             .iter()
-            .map(|t| {
-                STANDARD
-                    .decode(t.as_bytes())
-                    .map_err(|e| serde::de::Error::custom(format!("invalid base64: {e}")))
-            })
+            .map(|t| super::decode(t))
             .collect()
     }
 }

@@ -1,6 +1,8 @@
 //! The whole envelope: simulated SEV-SNP plus a simulated GPU and a real software TPM (swtpm),
 //! all bound to one runtime-data document, appraised together; and each binding broken.
 
+mod swtpm_support;
+
 use std::path::PathBuf;
 
 use inferno_attestation::appraise::{AppraisalInput, appraise};
@@ -178,51 +180,15 @@ fn tpm_quotes_for_another_nonce_are_rejected() {
 }
 
 /// A real software TPM: the template AK's hash goes into the runtime data, the quote's
-/// qualifying data is the runtime data's SHA-512, and the appraisal binds both to the SNP report.
+/// qualifying data is the runtime data's SHA-256, and the appraisal binds both to the SNP report.
 #[test]
 fn swtpm_quote_binds_through_the_runtime_data() {
     use inferno_attestation::tpm::{self, HashAlg, collect};
-    use std::process::{Command, Stdio};
 
-    if Command::new("swtpm").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: swtpm is not installed (apt-get install swtpm)");
+    let Some(swtpm) = swtpm_support::start_swtpm() else {
         return;
-    }
-    let state = tempfile::tempdir().unwrap();
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = l.local_addr().unwrap().port();
-        drop(l);
-        p
     };
-    /// Kills swtpm when the test ends, also on failure.
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _swtpm = Kill(
-        Command::new("swtpm")
-            .args(["socket", "--tpm2", "--flags", "not-need-init,startup-clear"])
-            .arg("--tpmstate")
-            .arg(format!("dir={}", state.path().display()))
-            .arg("--server")
-            .arg(format!("type=tcp,port={port},bindaddr=127.0.0.1"))
-            .arg("--ctrl")
-            .arg(format!("type=tcp,port={},bindaddr=127.0.0.1", port + 1))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(std::time::Instant::now() < deadline, "swtpm did not start");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    let tcti = format!("swtpm:host=127.0.0.1,port={port}");
+    let tcti = swtpm_support::tcti(&swtpm);
     let banks = [HashAlg::Sha256];
     let pcrs: Vec<u8> = (0..8).collect();
     let quote = |nonce: &[u8]| {

@@ -2,74 +2,13 @@
 //! PCR, collects a quote through tss-esapi and verifies it. Skips loudly without `swtpm`.
 #![cfg(feature = "tpm-collect")]
 
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod swtpm_support;
 
 use inferno_attestation::tpm::{self, HashAlg, TpmError, collect};
+use swtpm_support::{free_port_pair, start_swtpm, tcti};
 use tss_esapi::handles::PcrHandle;
 use tss_esapi::interface_types::algorithm::HashingAlgorithm;
 use tss_esapi::structures::{Digest, DigestValues};
-
-/// A running swtpm, killed on drop.
-struct Swtpm {
-    child: Child,
-    port: u16,
-    _state: tempfile::TempDir,
-}
-
-impl Drop for Swtpm {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Two consecutive free local ports (server, control).
-fn free_port_pair() -> u16 {
-    for _ in 0..50 {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-        let port = listener.local_addr().expect("local address").port();
-        if port < u16::MAX && TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no two consecutive free ports");
-}
-
-fn start_swtpm() -> Option<Swtpm> {
-    if Command::new("swtpm").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: swtpm is not installed (apt-get install swtpm)");
-        return None;
-    }
-    let state = tempfile::tempdir().expect("temporary TPM state dir");
-    let port = free_port_pair();
-    let child = Command::new("swtpm")
-        .args(["socket", "--tpm2"])
-        .args(["--server", &format!("type=tcp,port={port}")])
-        .args(["--ctrl", &format!("type=tcp,port={}", port + 1)])
-        .args(["--tpmstate", &format!("dir={}", state.path().display())])
-        .args(["--flags", "startup-clear"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start swtpm");
-    let tpm = Swtpm {
-        child,
-        port,
-        _state: state,
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "swtpm did not listen on {port}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Some(tpm)
-}
-
-fn tcti(tpm: &Swtpm) -> String {
-    format!("swtpm:host=127.0.0.1,port={}", tpm.port)
-}
 
 /// Extends PCR 16 with a known SHA-256 digest through tss-esapi.
 fn extend_pcr16(tcti: &str) {

@@ -7,6 +7,7 @@
 
 pub mod binding;
 mod gpu;
+mod tpm;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -20,9 +21,9 @@ use inferno_attestation::policy::{LoadedPolicy, Platform, PolicyError};
 use inferno_attestation::report::AppraisalReport;
 use inferno_attestation::runtime_data::RuntimeData;
 use serde::Serialize;
-use std::path::Path;
 
 use self::gpu::GpuAttester;
+use self::tpm::TpmAttester;
 
 use crate::audit::record::{EvidenceBlob, SecurityEvent};
 use crate::config::{AttestationConfig, AttestationProfile};
@@ -33,7 +34,7 @@ pub const DEVELOPMENT_POLICY: &[u8] = include_bytes!("../../policy/development.t
 /// The production policy (`policy/production.toml`), used by the production profile when the
 /// configuration names no policy file.
 pub const PRODUCTION_POLICY: &[u8] = include_bytes!("../../policy/production.toml");
-/// The vTPM resource-manager device whose presence start-up attestation checks.
+/// The vTPM resource-manager device quoted when the configuration names no TCTI.
 pub const TPM_DEVICE: &str = "/dev/tpmrm0";
 /// The `kind` of the audit start event's evidence blob: the JSON evidence envelope.
 pub const EVIDENCE_BLOB_KIND: &str = "inferno-evidence-envelope-v1";
@@ -91,6 +92,9 @@ pub enum AttestationError {
         /// The TPM resource-manager device looked for.
         device: &'static str,
     },
+    /// The vTPM could not be opened or quoted.
+    #[error("attestation: vTPM: {0}")]
+    Tpm(String),
     /// The TLS certificate could not be parsed to hash its public key.
     #[error("attestation: the TLS certificate cannot be parsed: {0}")]
     Certificate(String),
@@ -144,12 +148,9 @@ impl StartupAttestation {
         );
         runtime_data.tls_spki_sha256 = Some(hex::encode(tls_spki_sha256(tls_cert)?));
         runtime_data.audit_key = audit_key.map(hex::encode);
-        if policy.policy.tpm.as_ref().is_some_and(|t| t.required) && !Path::new(TPM_DEVICE).exists()
-        {
-            return Err(AttestationError::NoTpm {
-                policy: policy.policy.name.clone(),
-                device: TPM_DEVICE,
-            });
+        let tpm = TpmAttester::open(config.tpm_tcti.as_deref(), &policy)?;
+        if let Some(tpm) = &tpm {
+            tpm.bind_ak(&mut runtime_data)?;
         }
         let gpu = GpuAttester::prepare(&policy, config.profile, config.cuda)?;
         let source: Box<dyn EvidenceSource> = match (detect_hardware(), config.profile) {
@@ -158,6 +159,7 @@ impl StartupAttestation {
             (None, AttestationProfile::Production) => return Err(AttestationError::NoHardware),
         };
         let mut evidence = collect_evidence(source.as_ref(), &runtime_data)?;
+        evidence.tpm = tpm.map(|t| t.quote(&runtime_data)).transpose()?;
         evidence.gpu = gpu.collect(&runtime_data.gpu_nonce())?;
         let appraisal = appraise(&AppraisalInput {
             evidence: &evidence,
@@ -338,6 +340,7 @@ mod tests {
         let config = AttestationConfig {
             profile: AttestationProfile::Development,
             policy: Some(path),
+            tpm_tcti: None,
             cuda: false,
         };
         StartupAttestation::establish(&config, self_signed_pem().as_bytes(), None).unwrap_err()
@@ -357,7 +360,7 @@ mod tests {
 
     #[test]
     fn a_policy_requiring_a_vtpm_refuses_without_one() {
-        if Path::new(TPM_DEVICE).exists() {
+        if std::path::Path::new(TPM_DEVICE).exists() {
             eprintln!("SKIPPED: {TPM_DEVICE} exists on this machine");
             return;
         }

@@ -8,12 +8,14 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
+use inferno_attestation::abi::snp::Product;
 use inferno_attestation::appraise::{AppraisalInput, appraise};
 use inferno_attestation::bundle::{
     CollateralBundle, IntelCollateral, NamedBlob, QuoteCollateralV3, RimComponent, RimFile,
 };
 use inferno_attestation::collect::{collect_evidence, simulated::SimulatedSnp};
 use inferno_attestation::evidence::{Base64Bytes, Evidence};
+use inferno_attestation::fetch;
 use inferno_attestation::nvidia::simulated::{SimulatedGpu, SimulatedGpuConfig, TEST_SEED};
 use inferno_attestation::pki;
 use inferno_attestation::policy::LoadedPolicy;
@@ -32,7 +34,8 @@ pub struct AttestArgs {
 enum AttestCommand {
     /// Verify evidence (JSON envelope, raw or hex SNP report, or TDX quote) against a policy.
     Verify(Box<VerifyArgs>),
-    /// Build an offline collateral bundle from vendor files.
+    /// Build an offline collateral bundle from vendor files and, with `--fetch`, from the
+    /// vendors' services.
     Bundle(Box<BundleArgs>),
     /// Produce simulated SEV-SNP (and GPU) evidence (test keys; only a development policy accepts it).
     Simulate(Box<SimulateArgs>),
@@ -85,6 +88,28 @@ struct BundleArgs {
     /// A DER OCSP response; repeatable.
     #[arg(long)]
     ocsp: Vec<PathBuf>,
+    /// Also fetch what `--evidence` needs from AMD KDS, Intel PCS and NVIDIA's RIM service and
+    /// OCSP responder (a connected machine only; verification never fetches).
+    #[arg(long, requires = "evidence")]
+    fetch: bool,
+    /// The evidence to fetch collateral for (JSON envelope, SNP report or TDX quote).
+    #[arg(long)]
+    evidence: Option<PathBuf>,
+    /// The SEV-SNP product (Milan, Genoa, Turin) for version-2 reports, which do not name it.
+    #[arg(long)]
+    amd_product: Option<String>,
+    /// Base URL of AMD KDS (or a mirror).
+    #[arg(long, default_value = fetch::AMD_KDS_URL)]
+    amd_kds_url: String,
+    /// Base URL of Intel PCS, or of a PCCS speaking the v4 API.
+    #[arg(long, default_value = fetch::INTEL_PCS_URL)]
+    intel_pcs_url: String,
+    /// Base URL of NVIDIA's RIM service (or a mirror).
+    #[arg(long, default_value = fetch::NVIDIA_RIM_URL)]
+    nvidia_rim_url: String,
+    /// URL of NVIDIA's OCSP responder (or a mirror).
+    #[arg(long, default_value = fetch::NVIDIA_OCSP_URL)]
+    nvidia_ocsp_url: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -206,16 +231,10 @@ fn bundle(args: &BundleArgs) -> anyhow::Result<()> {
             .extend(certificate(p)?.into_iter().map(Base64Bytes));
     }
     for p in &args.amd_chain {
-        for der in certificate(p)? {
-            let cert = pki::parse_certificate(&der, &p.display().to_string())?;
-            // A self-signed certificate is an ARK; it is trusted only if built in or named by a
-            // policy, so keeping it is harmless.
-            if cert.subject().as_raw() == cert.issuer().as_raw() {
-                out.amd.ark.push(Base64Bytes(der));
-            } else {
-                out.amd.intermediates.push(Base64Bytes(der));
-            }
-        }
+        // Self-signed certificates are ARKs, trusted only if built in or named by a policy, so
+        // keeping them is harmless.
+        let what = p.display().to_string();
+        fetch::amd::add_cert_chain(&mut out.amd, certificate(p)?, &what)?;
     }
     for p in &args.amd_crl {
         let bytes = read(p)?;
@@ -261,9 +280,44 @@ fn bundle(args: &BundleArgs) -> anyhow::Result<()> {
             data: Base64Bytes(read(p)?),
         });
     }
+    if args.fetch {
+        fetch_collateral(args, &mut out)?;
+    }
     std::fs::write(&args.out, out.to_json())
         .with_context(|| format!("cannot write {}", args.out.display()))?;
     eprintln!("wrote collateral bundle {}", args.out.display());
+    Ok(())
+}
+
+/// Fetches what `--evidence` needs into `out`, printing each item fetched.
+fn fetch_collateral(args: &BundleArgs, out: &mut CollateralBundle) -> anyhow::Result<()> {
+    let path = args
+        .evidence
+        .as_deref()
+        .context("--fetch needs --evidence")?;
+    let evidence = Evidence::from_bytes(&read(path)?)
+        .with_context(|| format!("evidence {}", path.display()))?;
+    let amd_product = args
+        .amd_product
+        .as_deref()
+        .map(|name| {
+            Product::from_name(name)
+                .with_context(|| format!("--amd-product {name:?} is not Milan, Genoa or Turin"))
+        })
+        .transpose()?;
+    let options = fetch::FetchOptions {
+        urls: fetch::VendorUrls {
+            amd_kds: args.amd_kds_url.clone(),
+            intel_pcs: args.intel_pcs_url.clone(),
+            nvidia_rim: args.nvidia_rim_url.clone(),
+            nvidia_ocsp: args.nvidia_ocsp_url.clone(),
+        },
+        amd_product,
+    };
+    let log = fetch::fetch_for_evidence(&fetch::Http::default(), &evidence, &options, out)?;
+    for line in log {
+        eprintln!("fetched {line}");
+    }
     Ok(())
 }
 

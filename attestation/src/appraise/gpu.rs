@@ -3,8 +3,10 @@
 
 use super::AppraisalInput;
 use crate::bundle::RimComponent;
-use crate::nvidia::rim::{Rim, RimKind};
+use crate::nvidia::GpuEvidence;
+use crate::nvidia::rim::{ParsedRim, Rim, RimKind};
 use crate::nvidia::{CcMode, GpuTrust};
+use crate::ocsp::{self, OcspError, OcspResponses};
 use crate::report::{CheckList, Claims};
 
 /// Appraises the GPU section. Returns whether the GPU chain ends at a simulated root.
@@ -79,6 +81,7 @@ pub(super) fn appraise(
             verified.vbios_version
         ),
     );
+    check_ocsp(input, evidence, &trust.rims, checks);
     if gpu_policy.require_cc_mode && verified.cc_mode != CcMode::On {
         checks.fail(
             "gpu.cc_mode",
@@ -134,4 +137,75 @@ pub(super) fn appraise(
     let simulated = verified.simulated;
     claims.gpu = Some(verified);
     simulated
+}
+
+/// OCSP of the device chain (from its second certificate: the first is the attestation key
+/// certificate the GPU firmware issues at boot, which NVIDIA's responder does not know) and of
+/// each bundled RIM's signing chain. A response present is always checked; a certificate
+/// without one fails only when the policy sets `require_ocsp`.
+fn check_ocsp(
+    input: &AppraisalInput<'_>,
+    evidence: &GpuEvidence,
+    rims: &[Rim],
+    checks: &mut CheckList,
+) {
+    let policy = &input.policy.policy;
+    let required = policy.gpu.require_ocsp;
+    let blobs = input
+        .collateral
+        .iter()
+        .flat_map(|c| c.nvidia.ocsp.iter())
+        .map(|b| (b.name.as_str(), b.data.0.as_slice()));
+    let responses = match OcspResponses::parse(blobs) {
+        Ok(r) => r,
+        Err(e) => return checks.fail("gpu.ocsp", e.to_string()),
+    };
+    if responses.is_empty() && !required {
+        return checks.pass(
+            "gpu.ocsp",
+            "no OCSP responses in the collateral; the policy does not require them",
+        );
+    }
+    let mut chains = vec![(
+        "GPU device chain".to_owned(),
+        evidence.cert_chain.clone(),
+        1,
+    )];
+    for rim in rims {
+        match ParsedRim::parse(&rim.xml, rim.kind) {
+            Ok(parsed) => chains.push((
+                format!("{} RIM signing chain", rim.kind.name()),
+                parsed.signer_chain,
+                0,
+            )),
+            Err(e) => return checks.fail("gpu.ocsp", e.to_string()),
+        }
+    }
+    let grace = time::Duration::seconds(
+        i64::try_from(policy.time.collateral_grace_seconds).unwrap_or(i64::MAX),
+    );
+    let (mut good, mut uncovered) = (0usize, 0usize);
+    for (name, chain, first) in &chains {
+        let outcomes = match ocsp::check_chain(&responses, chain, *first, input.now, grace, name) {
+            Ok(o) => o,
+            Err(e) => return checks.fail("gpu.ocsp", e.to_string()),
+        };
+        for outcome in outcomes {
+            match outcome.status {
+                Ok(_) => good += 1,
+                Err(OcspError::Missing { .. }) if !required => uncovered += 1,
+                Err(e) => return checks.fail("gpu.ocsp", e.to_string()),
+            }
+        }
+    }
+    checks.pass(
+        "gpu.ocsp",
+        if uncovered == 0 {
+            format!("{good} certificate(s) of the GPU and RIM chains have good, fresh OCSP responses")
+        } else {
+            format!(
+                "{good} certificate(s) good by OCSP; {uncovered} without a response (the policy does not require OCSP)"
+            )
+        },
+    );
 }

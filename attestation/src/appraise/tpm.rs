@@ -4,6 +4,7 @@
 use super::AppraisalInput;
 use crate::report::{CheckList, Claims};
 use crate::runtime_data::RuntimeData;
+use crate::tpm::HashAlg;
 
 /// Paravisor mode (Azure HCL): REPORT_DATA binds the AK, so the runtime data must be bound by
 /// the vTPM quote's qualifying data, and the quoting AK must be the one the HCL report names.
@@ -47,6 +48,7 @@ pub(super) fn appraise_paravisor(
         "tpm.ak_binding",
         "the quoting AK is the HCL report's HCLAkPub, bound by the SNP REPORT_DATA",
     );
+    check_pcr_selection(input, &verified, checks);
     checks.pass(
         "runtime_data.binding",
         "SHA-256 of the runtime-data document is the vTPM quote's qualifying data (paravisor mode)",
@@ -64,6 +66,42 @@ fn verify_quotes(
     crate::tpm::verify(evidence, &doc.tpm_qualifying_data())
         .map_err(|e| checks.fail("tpm.quote", e.to_string()))
         .ok()
+}
+
+/// The verified SHA-256 bank covers every PCR the policy's `[tpm] pcrs` names.
+fn check_pcr_selection(
+    input: &AppraisalInput<'_>,
+    verified: &crate::tpm::TpmClaims,
+    checks: &mut CheckList,
+) {
+    let Some(policy) = &input.policy.policy.tpm else {
+        return;
+    };
+    let quoted = verified.pcrs.get(&HashAlg::Sha256);
+    let missing: Vec<String> = policy
+        .pcrs
+        .iter()
+        .filter(|pcr| !quoted.is_some_and(|bank| bank.contains_key(pcr)))
+        .map(u8::to_string)
+        .collect();
+    if missing.is_empty() {
+        checks.pass(
+            "tpm.pcr_selection",
+            format!(
+                "the SHA-256 quote covers the policy's PCRs {:?}",
+                policy.pcrs
+            ),
+        );
+    } else {
+        checks.fail(
+            "tpm.pcr_selection",
+            format!(
+                "the policy requires SHA-256 PCRs {:?}; no verified quote covers {}",
+                policy.pcrs,
+                missing.join(", ")
+            ),
+        );
+    }
 }
 
 pub(super) fn appraise(input: &AppraisalInput<'_>, checks: &mut CheckList, claims: &mut Claims) {
@@ -102,6 +140,7 @@ pub(super) fn appraise(input: &AppraisalInput<'_>, checks: &mut CheckList, claim
             }
         ),
     );
+    check_pcr_selection(input, &verified, checks);
     match &doc.tpm_ak_sha256 {
         Some(bound) if bound.eq_ignore_ascii_case(&verified.ak_spki_sha256) => checks.pass(
             "tpm.ak_binding",

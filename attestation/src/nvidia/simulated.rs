@@ -11,15 +11,20 @@ use std::str::FromStr as _;
 
 use der::asn1::{GeneralizedTime, ObjectIdentifier, OctetString};
 use der::oid::AssociatedOid;
-use der::{DateTime, Encode as _};
+use der::{DateTime, Decode as _, Encode as _};
 use p384::ecdsa::signature::Signer as _;
 use p384::ecdsa::{DerSignature, Signature, SigningKey};
 use x509_cert::builder::{Builder as _, CertificateBuilder, Profile};
+use x509_cert::ext::pkix::CrlReason;
 use x509_cert::ext::{AsExtension, Extension};
 use x509_cert::name::Name;
 use x509_cert::serial_number::SerialNumber;
 use x509_cert::spki::SubjectPublicKeyInfoOwned;
 use x509_cert::time::{Time, Validity};
+use x509_ocsp::builder::OcspResponseBuilder;
+use x509_ocsp::{
+    CertId, CertStatus, OcspGeneralizedTime, ResponderId, RevokedInfo, SingleResponse,
+};
 use zeroize::Zeroizing;
 
 use super::error::GpuError;
@@ -64,8 +69,56 @@ pub struct SimulatedGpu {
     seed: Zeroizing<Vec<u8>>,
     config: SimulatedGpuConfig,
     chain: Vec<Vec<u8>>,
+    root_key: SigningKey,
+    ica_key: SigningKey,
     device_key: SigningKey,
     fwid: [u8; 48],
+}
+
+/// A certificate of the simulated hierarchy (the chain is device, ICA, root).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimulatedCert {
+    /// The self-signed root.
+    Root,
+    /// The intermediate CA, issued by the root.
+    Ica,
+    /// The device leaf, issued by the ICA.
+    Device,
+}
+
+impl SimulatedCert {
+    /// Position in the chain (leaf first).
+    fn index(self) -> usize {
+        match self {
+            Self::Device => 0,
+            Self::Ica => 1,
+            Self::Root => 2,
+        }
+    }
+
+    /// The certificate that issued this one (the root issued itself).
+    fn issuer(self) -> Self {
+        match self {
+            Self::Device => Self::Ica,
+            Self::Ica | Self::Root => Self::Root,
+        }
+    }
+}
+
+/// What a simulated OCSP response says, and who signs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimulatedOcsp {
+    /// The certificate whose status it gives (CertID with SHA-256).
+    pub subject: SimulatedCert,
+    /// `None`: good; otherwise revoked (at `this_update`) for this reason.
+    pub revoked: Option<CrlReason>,
+    /// thisUpdate (and producedAt).
+    pub this_update: time::OffsetDateTime,
+    /// nextUpdate.
+    pub next_update: time::OffsetDateTime,
+    /// Whose key signs it; the responder ID names that certificate. When it is not the
+    /// subject's issuer, its certificate is attached as a would-be delegated responder.
+    pub signer: SimulatedCert,
 }
 
 impl std::fmt::Debug for SimulatedGpu {
@@ -152,6 +205,8 @@ impl SimulatedGpu {
             seed: Zeroizing::new(seed.to_vec()),
             config,
             chain: vec![leaf, ica, root],
+            root_key,
+            ica_key,
             device_key,
             fwid,
         })
@@ -160,6 +215,49 @@ impl SimulatedGpu {
     /// DER of the simulated root: what a development policy lists as a simulated root.
     pub fn root_der(&self) -> &[u8] {
         self.chain.last().map(Vec::as_slice).unwrap_or_default()
+    }
+
+    /// The DER certificate chain: device, ICA, root.
+    pub fn chain(&self) -> &[Vec<u8>] {
+        &self.chain
+    }
+
+    /// A DER OCSP response (RFC 6960, ECDSA P-384 with SHA-384) about one certificate of this
+    /// hierarchy, for development bundles and tests.
+    pub fn ocsp_response(&self, request: &SimulatedOcsp) -> Result<Vec<u8>, GpuError> {
+        let cert = |which: SimulatedCert| {
+            x509_cert::Certificate::from_der(&self.chain[which.index()]).map_err(sim_err)
+        };
+        let subject = cert(request.subject)?;
+        let issuer = cert(request.subject.issuer())?;
+        let signer_cert = cert(request.signer)?;
+        let status = match request.revoked {
+            None => CertStatus::good(),
+            Some(reason) => CertStatus::revoked(RevokedInfo {
+                revocation_time: ocsp_time(request.this_update)?,
+                revocation_reason: Some(reason),
+            }),
+        };
+        let single = SingleResponse::new(
+            CertId::from_cert::<sha2::Sha256>(&issuer, &subject).map_err(sim_err)?,
+            status,
+            ocsp_time(request.this_update)?,
+        )
+        .with_next_update(ocsp_time(request.next_update)?);
+        let attached =
+            (request.signer != request.subject.issuer()).then(|| vec![signer_cert.clone()]);
+        let mut key = match request.signer {
+            SimulatedCert::Root => self.root_key.clone(),
+            SimulatedCert::Ica => self.ica_key.clone(),
+            SimulatedCert::Device => self.device_key.clone(),
+        };
+        let response = OcspResponseBuilder::new(ResponderId::ByName(
+            signer_cert.tbs_certificate.subject.clone(),
+        ))
+        .with_single_response(single)
+        .sign::<_, DerSignature>(&mut key, attached, ocsp_time(request.this_update)?)
+        .map_err(sim_err)?;
+        response.to_der().map_err(sim_err)
     }
 
     /// The value of measurement block `index` (1-based).
@@ -259,6 +357,14 @@ fn derive_key(seed: &[u8], label: &str) -> Result<SigningKey, GpuError> {
     Err(GpuError::Simulated(format!(
         "no valid {label} key from the seed"
     )))
+}
+
+/// Converts a time for an OCSP response.
+fn ocsp_time(t: time::OffsetDateTime) -> Result<OcspGeneralizedTime, GpuError> {
+    let secs = u64::try_from(t.unix_timestamp()).map_err(sim_err)?;
+    let date =
+        DateTime::from_unix_duration(std::time::Duration::from_secs(secs)).map_err(sim_err)?;
+    Ok(OcspGeneralizedTime::from(date))
 }
 
 /// Parses an RFC 4514 name.

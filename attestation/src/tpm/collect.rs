@@ -1,6 +1,9 @@
 //! Collection of TPM evidence through tss-esapi: an AK, one quote per PCR bank over the
 //! selected PCRs with the caller's nonce, the PCR values, and the firmware event log.
 //!
+//! [`TpmSession`] splits this for key-first binding: the AK first, the quotes later over a
+//! nonce that names it.
+//!
 //! The AK is either a persistent key (for instance the Azure paravisor's AK at 0x81000003)
 //! or a primary restricted signing key (RSA-2048 RSASSA-SHA256, or ECDSA P-256 SHA-256)
 //! created from a fixed template in the endorsement hierarchy (so the same TPM always yields
@@ -64,70 +67,142 @@ pub struct QuoteRequest<'a> {
 
 /// Quotes the requested PCRs and returns evidence for [`super::verify`].
 pub fn collect(request: &QuoteRequest<'_>) -> Result<TpmEvidence, TpmError> {
-    let tcti = TctiNameConf::from_str(request.tcti)
-        .map_err(|e| tss_err(&format!("TCTI `{}`", request.tcti), e))?;
-    let mut ctx = Context::new(tcti).map_err(|e| tss_err("opening the TPM", e))?;
-    let (ak, transient) = match request.ak_handle {
-        Some(raw) => {
-            let handle =
-                TpmHandle::try_from(raw).map_err(|e| tss_err(&format!("AK handle {raw:#x}"), e))?;
-            let object = ctx
-                .tr_from_tpm_public(handle)
-                .map_err(|e| tss_err(&format!("loading AK {raw:#x}"), e))?;
-            (KeyHandle::from(object), false)
-        }
-        None => {
-            let template = ak_template(request.ak_kind)?;
-            let created = ctx
-                .execute_with_nullauth_session(|c| {
-                    c.create_primary(Hierarchy::Endorsement, template, None, None, None, None)
-                })
-                .map_err(|e| tss_err("creating the AK", e))?;
-            (created.key_handle, true)
-        }
-    };
-    let result = quote_all(&mut ctx, ak, request);
-    if transient && let Err(e) = ctx.flush_context(ak.into()) {
-        tracing::warn!(error = %e, "could not flush the transient AK");
-    }
-    let (ak_public, quotes) = result?;
-    let event_log = match request.event_log {
-        Some(path) if path.exists() => Some(std::fs::read(path).map_err(|e| {
-            TpmError::Collect(format!("reading event log {}: {e}", path.display()))
-        })?),
-        Some(path) => {
-            tracing::info!(path = %path.display(), "no TPM event log; collecting without it");
-            None
-        }
-        None => None,
-    };
-    Ok(TpmEvidence {
-        ak: AkPublic::TpmtPublic(ak_public),
-        quotes,
-        event_log,
-    })
+    let mut session = TpmSession::open(request.tcti, request.ak_handle, request.ak_kind)?;
+    session.evidence(
+        request.banks,
+        request.pcrs,
+        request.nonce,
+        request.event_log,
+    )
 }
 
-/// Reads the AK public area and takes one quote per bank.
-fn quote_all(
-    ctx: &mut Context,
+/// An open TPM with its AK loaded, for key-first collection: read [`TpmSession::ak_public`],
+/// bind its hash into the runtime-data document, then quote over that document with
+/// [`TpmSession::evidence`]. A template AK is flushed when the session is dropped.
+pub struct TpmSession {
+    ctx: Context,
     ak: KeyHandle,
-    request: &QuoteRequest<'_>,
-) -> Result<(Vec<u8>, Vec<QuoteEvidence>), TpmError> {
-    let (public, _, _) = ctx
-        .read_public(ak)
-        .map_err(|e| tss_err("reading the AK public area", e))?;
-    let ak_public = public
-        .marshall()
-        .map_err(|e| tss_err("marshalling TPMT_PUBLIC", e))?;
-    let nonce = Data::try_from(request.nonce.to_vec())
-        .map_err(|e| tss_err("nonce (at most 64 bytes)", e))?;
-    let mut quotes = Vec::with_capacity(request.banks.len());
-    for bank in request.banks {
-        let selection = selection(*bank, request.pcrs)?;
-        quotes.push(quote_bank(ctx, ak, &nonce, *bank, &selection)?);
+    transient: bool,
+    ak_public: Vec<u8>,
+}
+
+impl std::fmt::Debug for TpmSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TpmSession")
+            .field("transient_ak", &self.transient)
+            .finish_non_exhaustive()
     }
-    Ok((ak_public, quotes))
+}
+
+impl TpmSession {
+    /// Opens the TPM behind `tcti` (e.g. `device:/dev/tpmrm0`) and loads the persistent AK at
+    /// `ak_handle`, or creates the template AK of `ak_kind`, and reads its public area.
+    pub fn open(tcti: &str, ak_handle: Option<u32>, ak_kind: AkKind) -> Result<Self, TpmError> {
+        let conf =
+            TctiNameConf::from_str(tcti).map_err(|e| tss_err(&format!("TCTI `{tcti}`"), e))?;
+        let mut ctx =
+            Context::new(conf).map_err(|e| tss_err(&format!("opening the TPM `{tcti}`"), e))?;
+        let (ak, transient) = match ak_handle {
+            Some(raw) => {
+                let handle = TpmHandle::try_from(raw)
+                    .map_err(|e| tss_err(&format!("AK handle {raw:#x}"), e))?;
+                let object = ctx
+                    .tr_from_tpm_public(handle)
+                    .map_err(|e| tss_err(&format!("loading AK {raw:#x}"), e))?;
+                (KeyHandle::from(object), false)
+            }
+            None => {
+                let template = ak_template(ak_kind)?;
+                let created = ctx
+                    .execute_with_nullauth_session(|c| {
+                        c.create_primary(Hierarchy::Endorsement, template, None, None, None, None)
+                    })
+                    .map_err(|e| tss_err("creating the AK", e))?;
+                (created.key_handle, true)
+            }
+        };
+        let mut session = Self {
+            ctx,
+            ak,
+            transient,
+            ak_public: Vec::new(),
+        };
+        let (public, _, _) = session
+            .ctx
+            .read_public(ak)
+            .map_err(|e| tss_err("reading the AK public area", e))?;
+        session.ak_public = public
+            .marshall()
+            .map_err(|e| tss_err("marshalling TPMT_PUBLIC", e))?;
+        Ok(session)
+    }
+
+    /// The AK as evidence carries it (its marshalled TPMT_PUBLIC).
+    pub fn ak_public(&self) -> AkPublic {
+        AkPublic::TpmtPublic(self.ak_public.clone())
+    }
+
+    /// Takes one quote per bank over `pcrs` with qualifying data `nonce`, and reads the event
+    /// log at `event_log` when that file exists.
+    pub fn evidence(
+        &mut self,
+        banks: &[HashAlg],
+        pcrs: &[u8],
+        nonce: &[u8],
+        event_log: Option<&Path>,
+    ) -> Result<TpmEvidence, TpmError> {
+        let nonce =
+            Data::try_from(nonce.to_vec()).map_err(|e| tss_err("nonce (at most 64 bytes)", e))?;
+        let mut quotes = Vec::with_capacity(banks.len());
+        for bank in banks {
+            let selection = selection(*bank, pcrs)?;
+            quotes.push(quote_bank(
+                &mut self.ctx,
+                self.ak,
+                &nonce,
+                *bank,
+                &selection,
+            )?);
+        }
+        Ok(TpmEvidence {
+            ak: self.ak_public(),
+            quotes,
+            event_log: read_event_log(event_log)?,
+        })
+    }
+}
+
+impl Drop for TpmSession {
+    fn drop(&mut self) {
+        if self.transient
+            && let Err(e) = self.ctx.flush_context(self.ak.into())
+        {
+            tracing::warn!(error = %e, "could not flush the transient AK");
+        }
+    }
+}
+
+/// Reads the event log when `path` names an existing file that this process may read (the
+/// kernel's copy is readable by root only; without permission the log is left out).
+fn read_event_log(path: Option<&Path>) -> Result<Option<Vec<u8>>, TpmError> {
+    match path {
+        Some(path) if path.exists() => match std::fs::read(path) {
+            Ok(log) => Ok(Some(log)),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                tracing::warn!(path = %path.display(), "the TPM event log is not readable; collecting without it");
+                Ok(None)
+            }
+            Err(e) => Err(TpmError::Collect(format!(
+                "reading event log {}: {e}",
+                path.display()
+            ))),
+        },
+        Some(path) => {
+            tracing::info!(path = %path.display(), "no TPM event log; collecting without it");
+            Ok(None)
+        }
+        None => Ok(None),
+    }
 }
 
 /// Quotes one bank, retrying while the PCR values move under the quote.
