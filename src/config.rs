@@ -59,6 +59,9 @@ pub struct AttestationConfig {
     /// The TCTI of the vTPM to quote (e.g. `device:/dev/tpmrm0`,
     /// `swtpm:host=127.0.0.1,port=2321`). Absent: `/dev/tpmrm0` when that device exists.
     pub tpm_tcti: Option<String>,
+    /// The offline collateral bundle (`inferno attest bundle`) used to appraise the server's own
+    /// evidence at start-up. A policy that requires the GPU's reference values or OCSP needs it.
+    pub collateral: Option<PathBuf>,
     /// Whether the selected backend is CUDA (set by `inferno serve` from `--device`, never
     /// from the file): start-up attestation then reads and attests the GPU.
     #[serde(skip)]
@@ -73,6 +76,7 @@ impl AttestationConfig {
             profile: AttestationProfile::Development,
             policy: None,
             tpm_tcti: None,
+            collateral: None,
             cuda: false,
         }
     }

@@ -20,9 +20,12 @@ use inferno::audit::verify::{VerifyOptions, verify};
 use inferno::config::{AttestationConfig, AttestationProfile, Config};
 use inferno::server::Server;
 use inferno_attestation::appraise::{AppraisalInput, appraise};
-use inferno_attestation::bundle::CollateralBundle;
+use inferno_attestation::bundle::{CollateralBundle, NamedBlob};
 use inferno_attestation::collect::detect_hardware;
-use inferno_attestation::evidence::Evidence;
+use inferno_attestation::evidence::{Base64Bytes, Evidence};
+use inferno_attestation::nvidia::simulated::{
+    SimulatedCert, SimulatedGpu, SimulatedGpuConfig, SimulatedOcsp, TEST_SEED,
+};
 use inferno_attestation::pki;
 use inferno_attestation::policy::LoadedPolicy;
 use inferno_attestation::report::AppraisalReport;
@@ -30,6 +33,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
 use server_support::{Harness, base_config, runtime};
+use time::{Duration, OffsetDateTime};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
@@ -240,10 +244,8 @@ fn production_profile_without_a_tee_refuses_to_start() {
 
     let mut config = base_config();
     config.attestation = AttestationConfig {
-        profile: AttestationProfile::Development,
         policy: Some(policy_path("production.toml")),
-        tpm_tcti: None,
-        cuda: false,
+        ..AttestationConfig::development()
     };
     let err = match runtime().block_on(Server::start(config)) {
         Ok(_) => panic!("simulated evidence passed the production policy"),
@@ -298,10 +300,9 @@ fn cuda_on_a_gpu_whose_cc_state_is_unreadable_refuses_to_start_when_the_policy_r
     let dir = tempfile::tempdir().expect("tempdir");
     let mut config = base_config();
     config.attestation = AttestationConfig {
-        profile: AttestationProfile::Development,
         policy: Some(policy_requiring_cc_mode(dir.path())),
-        tpm_tcti: None,
         cuda: true,
+        ..AttestationConfig::development()
     };
     let err = match runtime().block_on(Server::start(config)) {
         Ok(_) => panic!("served on a GPU whose CC mode is unknown under a policy requiring it"),
@@ -324,10 +325,8 @@ fn the_cpu_backend_under_a_policy_requiring_cc_mode_attests_the_simulated_gpu_in
     let dir = tempfile::tempdir().expect("tempdir");
     let attested = inferno::attest::StartupAttestation::establish(
         &AttestationConfig {
-            profile: AttestationProfile::Development,
             policy: Some(policy_requiring_cc_mode(dir.path())),
-            tpm_tcti: None,
-            cuda: false,
+            ..AttestationConfig::development()
         },
         rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
             .unwrap()
@@ -345,6 +344,75 @@ fn the_cpu_backend_under_a_policy_requiring_cc_mode_attests_the_simulated_gpu_in
         .expect("a gpu.cc_mode check");
     assert!(cc.passed, "{}", cc.reason);
     assert!(attested.banner_line().contains("SIMULATED"));
+}
+
+#[test]
+fn start_up_appraisal_uses_the_configured_collateral_bundle() {
+    if detect_hardware().is_some() {
+        eprintln!("SKIPPED: this machine has TEE hardware; the test expects the simulated TEE");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = std::fs::read_to_string(policy_requiring_cc_mode(dir.path()))
+        .unwrap()
+        .replace("require_ocsp = false", "require_ocsp = true");
+    assert!(text.contains("require_ocsp = true"));
+    let policy = dir.path().join("ocsp.toml");
+    std::fs::write(&policy, text).unwrap();
+    let tls = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
+        .unwrap()
+        .cert
+        .pem();
+    let establish = |collateral: Option<PathBuf>| {
+        inferno::attest::StartupAttestation::establish(
+            &AttestationConfig {
+                policy: Some(policy.clone()),
+                collateral,
+                ..AttestationConfig::development()
+            },
+            tls.as_bytes(),
+            None,
+        )
+    };
+
+    let err = establish(None)
+        .expect_err("OCSP required, no bundle")
+        .to_string();
+    assert!(err.contains("gpu.ocsp"), "{err}");
+
+    let now = OffsetDateTime::now_utc();
+    let gpu = SimulatedGpu::new(TEST_SEED, SimulatedGpuConfig::default()).unwrap();
+    let response = gpu
+        .ocsp_response(&SimulatedOcsp {
+            subject: SimulatedCert::Ica,
+            revoked: None,
+            this_update: now - Duration::days(1),
+            next_update: now + Duration::days(6),
+            signer: SimulatedCert::Root,
+        })
+        .unwrap();
+    let mut bundle = CollateralBundle::empty(pki::rfc3339(now));
+    bundle.nvidia.ocsp.push(NamedBlob {
+        name: "ica.ocsp.der".to_owned(),
+        data: Base64Bytes(response),
+    });
+    let bundle_path = dir.path().join("bundle.json");
+    std::fs::write(&bundle_path, bundle.to_json()).unwrap();
+    let attested = establish(Some(bundle_path.clone())).expect("a fresh response in the bundle");
+    let ocsp = attested
+        .appraisal
+        .checks
+        .iter()
+        .find(|c| c.id == "gpu.ocsp")
+        .expect("a gpu.ocsp check");
+    assert!(ocsp.passed, "{}", ocsp.reason);
+
+    std::fs::write(&bundle_path, "{").unwrap();
+    let err = establish(Some(bundle_path))
+        .expect_err("a corrupt bundle")
+        .to_string();
+    assert!(!err.contains('\n'), "one line: {err}");
+    assert!(err.contains("[attestation] collateral"), "{err}");
 }
 
 /// `inferno attest verify EVIDENCE --policy development.toml --json`: exit code and report.

@@ -12,6 +12,7 @@ mod tpm;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use inferno_attestation::appraise::{AppraisalInput, appraise};
+use inferno_attestation::bundle::{BundleError, CollateralBundle};
 use inferno_attestation::collect::{
     CollectError, EvidenceSource, collect_evidence, detect_hardware, simulated::SimulatedSnp,
 };
@@ -98,6 +99,9 @@ pub enum AttestationError {
     /// The TLS certificate could not be parsed to hash its public key.
     #[error("attestation: the TLS certificate cannot be parsed: {0}")]
     Certificate(String),
+    /// The configured collateral bundle could not be loaded.
+    #[error("attestation: [attestation] collateral: {0}")]
+    Collateral(#[from] BundleError),
     /// Evidence could not be collected.
     #[error("attestation: collecting evidence failed: {0}")]
     Collect(#[from] CollectError),
@@ -142,6 +146,11 @@ impl StartupAttestation {
         audit_key: Option<[u8; 32]>,
     ) -> Result<Self, AttestationError> {
         let policy = load_policy(config)?;
+        let collateral = config
+            .collateral
+            .as_deref()
+            .map(CollateralBundle::from_file)
+            .transpose()?;
         let mut runtime_data = RuntimeData::new(
             policy.digest,
             format!("inferno/{}", env!("CARGO_PKG_VERSION")),
@@ -164,7 +173,7 @@ impl StartupAttestation {
         let appraisal = appraise(&AppraisalInput {
             evidence: &evidence,
             policy: &policy,
-            collateral: None,
+            collateral: collateral.as_ref(),
             now: time::OffsetDateTime::now_utc(),
             clock_floor: None,
             gpu_ready_pending: true,
@@ -338,10 +347,8 @@ mod tests {
         let path = dir.path().join("policy.toml");
         std::fs::write(&path, policy).unwrap();
         let config = AttestationConfig {
-            profile: AttestationProfile::Development,
             policy: Some(path),
-            tpm_tcti: None,
-            cuda: false,
+            ..AttestationConfig::development()
         };
         StartupAttestation::establish(&config, self_signed_pem().as_bytes(), None).unwrap_err()
     }
