@@ -627,3 +627,115 @@ fn engine_on_cuda_preempts_and_hits_the_prefix_cache_without_changing_outputs() 
     assert!(cached > 0, "re-sent prompts did not hit the prefix cache");
     engine.shutdown();
 }
+
+fn cuda_with(model: &Model, cuda_graphs: bool, sample_on_device: bool) -> CudaBackend {
+    let config = EngineConfig {
+        cuda_graphs,
+        ..engine_config()
+    };
+    CudaBackend::new(
+        model,
+        &config,
+        CudaOptions {
+            device: 0,
+            sample_on_device,
+        },
+    )
+    .unwrap_or_else(|e| panic!("CUDA backend: {e}"))
+}
+
+/// Decode steps replayed from the captured graphs (batch sizes that fill a bucket and padded
+/// ones) give the logits of eager steps and the same greedy tokens, with one copy each way.
+#[test]
+fn decode_graphs_replay_what_eager_steps_compute() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let Some(model) = load("inferno-tiny") else {
+        return;
+    };
+    let mut eager = cuda_with(&model, false, false);
+    let mut graphed = cuda_with(&model, true, false);
+    let mut sampled = cuda_with(&model, true, true);
+    assert!(eager.graph_buckets().is_empty());
+    assert_eq!(graphed.graph_buckets(), &[1, 2, 4, 8, 16]);
+
+    let sizes = [1usize, 3, 4, 5, 13, 16];
+    let mut blocks = Blocks { next: 0 };
+    let mut seqs: Vec<Seq> = (0..16)
+        .map(|i| {
+            let n = 3 + 5 * i;
+            Seq::new(prompt(n, i as u32 + 200), &mut blocks, n + sizes.len())
+        })
+        .collect();
+    let prefill: Vec<BatchRow<'_>> = seqs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| BatchRow {
+            seq_id: i as u64,
+            tokens: &s.tokens,
+            start_pos: 0,
+            block_table: &s.table,
+            sample: None,
+        })
+        .collect();
+    for backend in [&mut eager, &mut graphed, &mut sampled] {
+        backend.step(&prefill).expect("prefill");
+    }
+    assert_eq!(
+        graphed.graph_replays(),
+        0,
+        "a prefill step replayed a graph"
+    );
+
+    for (step, &size) in sizes.iter().enumerate() {
+        for (i, s) in seqs.iter_mut().take(size).enumerate() {
+            s.tokens.push(((step * 31 + i * 7) % 900 + 50) as u32);
+        }
+        let rows: Vec<BatchRow<'_>> = seqs
+            .iter()
+            .take(size)
+            .enumerate()
+            .map(|(i, s)| BatchRow {
+                seq_id: i as u64,
+                tokens: &s.tokens[s.tokens.len() - 1..],
+                start_pos: s.tokens.len() - 1,
+                block_table: &s.table,
+                sample: Some(spec(None)),
+            })
+            .collect();
+        let want = logits(eager.step(&rows).expect("eager decode"));
+        let (replays, copies) = (graphed.graph_replays(), graphed.copy_stats());
+        let got = logits(graphed.step(&rows).expect("graph decode"));
+        let copies = graphed.copy_stats().since(&copies);
+        assert_eq!(
+            graphed.graph_replays(),
+            replays + 1,
+            "{size} rows ran eagerly"
+        );
+        assert_eq!(
+            (copies.steps, copies.h2d, copies.d2h),
+            (1, 1, 1),
+            "{copies:?}"
+        );
+        let StepOutput::Sampled(tokens) = sampled.step(&rows).expect("sampled decode") else {
+            panic!("expected sampled tokens");
+        };
+        assert_eq!((want.len(), got.len(), tokens.len()), (size, size, size));
+        let mut worst = 0.0f32;
+        for (r, ((w, g), t)) in want.iter().zip(&got).zip(&tokens).enumerate() {
+            worst = worst.max(max_abs_diff(w, g));
+            let (eager_best, margin) = argmax(w);
+            let (graph_best, _) = argmax(g);
+            // The sampling backend replays the same graph, so its token is the argmax exactly.
+            assert_eq!(t.token as usize, graph_best, "{size} rows, row {r}");
+            if margin > MARGIN {
+                assert_eq!(graph_best, eager_best, "{size} rows, row {r}");
+            }
+        }
+        println!("RESULT decode graph, {size} rows: max |graph - eager| logit {worst:.5}");
+        assert!(worst <= 0.02, "{size} rows: graph logits differ by {worst}");
+    }
+    assert_eq!(eager.graph_replays(), 0);
+    assert_eq!(sampled.graph_replays(), sizes.len() as u64);
+}

@@ -1,11 +1,13 @@
-//! The CUDA implementation of [`Backend`]: weights, KV cache and activations on the GPU, one
-//! eager forward pass per step, greedy sampling and logprobs on the device.
+//! The CUDA implementation of [`Backend`]: weights, KV cache and activations on the GPU, decode
+//! steps replayed from CUDA graphs (other steps run eagerly), greedy sampling and logprobs on
+//! the device.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::result as drv;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
 use crate::engine::{
@@ -17,7 +19,8 @@ use crate::model::{Model, ModelConfig};
 use super::cc;
 use super::compile::{self, KernelError};
 use super::gemm::Gemm;
-use super::inputs::{CopyStats, StepLayout, StepLimits, pack_step};
+use super::graphs::{DecodeGraph, DecodeGraphs};
+use super::inputs::{self, CopyStats, StepLayout, StepLimits, pack_step};
 use super::kernels::{self, KernelParams, SAMPLE_STRIDE};
 use super::memory::DeviceBuffer;
 use super::plan;
@@ -129,6 +132,7 @@ enum Arg {
 /// Fields drop in declaration order: device buffers and the cuBLASLt handle first, then the
 /// kernels, the stream and last the context they all live in.
 pub struct CudaBackend {
+    graphs: DecodeGraphs,
     weights: ModelWeightsOnDevice,
     k_cache: Vec<DeviceBuffer>,
     v_cache: Vec<DeviceBuffer>,
@@ -141,6 +145,7 @@ pub struct CudaBackend {
     kv_shape: KvCacheShape,
     limits: StepLimits,
     split_budget: usize,
+    graph_split_context: usize,
     host_inputs: Vec<i32>,
     options: CudaOptions,
     copies: CopyStats,
@@ -223,7 +228,7 @@ impl CudaBackend {
         let gemm = Gemm::new()?;
         let max_context_model = cfg.max_position_embeddings.max(1);
         let max_blocks_per_seq = max_context_model.div_ceil(crate::engine::BLOCK_SIZE);
-        let max_words = 4 * max_tokens + max_rows * max_blocks_per_seq + 2 * max_rows;
+        let max_words = inputs::max_words(max_tokens, max_rows, max_blocks_per_seq);
         let act = Activations::new(cfg, max_tokens, max_rows, split_budget, max_words)?;
 
         let (free, total) = ctx
@@ -267,7 +272,8 @@ impl CudaBackend {
             vocab: cfg.vocab_size,
             max_words,
         };
-        let backend = Self {
+        let mut backend = Self {
+            graphs: DecodeGraphs::default(),
             ctx,
             stream,
             kernels,
@@ -280,19 +286,93 @@ impl CudaBackend {
             gemm,
             limits,
             split_budget,
+            graph_split_context: max_context_model.min(plan::GRAPH_SPLIT_CONTEXT),
             host_inputs: Vec::with_capacity(max_words),
             options,
             copies: CopyStats::default(),
         };
+        let capture_started = Instant::now();
+        if config.cuda_graphs {
+            backend.capture_decode_graphs()?;
+            tracing::info!(
+                buckets = ?backend.graphs.buckets(),
+                capture_ms = capture_started.elapsed().as_millis() as u64,
+                "decode graphs captured"
+            );
+        } else {
+            tracing::info!("decode graphs off: every step runs eagerly");
+        }
         tracing::info!(
             context_ms = t_context.as_millis() as u64,
             upload_ms = t_upload.as_millis() as u64,
             compile_ms = t_compile.as_millis() as u64,
+            capture_ms = capture_started.elapsed().as_millis() as u64,
             ready_ms = started.elapsed().as_millis() as u64,
             weight_bytes = backend.weights.bytes(),
             "CUDA backend ready (compile overlapped the upload)"
         );
         Ok(backend)
+    }
+
+    /// Captures the decode forward pass for every batch-size bucket. Each bucket first runs
+    /// once eagerly on padding inputs, so cuBLASLt plans its products and every module is
+    /// loaded before capture; the graph is then uploaded so its first replay costs no set-up.
+    fn capture_decode_graphs(&mut self) -> Result<(), BackendError> {
+        for bucket in plan::graph_buckets(self.limits.max_rows) {
+            let mut host = std::mem::take(&mut self.host_inputs);
+            let layout = pack_step(&[], bucket, &self.limits, &mut host);
+            self.host_inputs = host;
+            let layout = layout?;
+            let splits = self.decode_graph_splits(bucket);
+            self.copy_inputs()?;
+            self.forward(&layout, splits)?;
+            self.stream.synchronize().map_err(dev("graph warm-up"))?;
+            self.stream
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(dev("beginning graph capture"))?;
+            let captured = self.forward(&layout, splits);
+            let graph = self
+                .stream
+                .end_capture(CUgraphInstantiate_flags(0))
+                .map_err(dev("ending graph capture"));
+            captured?;
+            let graph = graph?.ok_or_else(|| {
+                BackendError::Device(format!(
+                    "capturing the decode step of {bucket} rows: empty graph"
+                ))
+            })?;
+            let graph = DecodeGraph::new(bucket, graph);
+            graph.upload().map_err(dev("uploading a graph"))?;
+            self.graphs.push(graph);
+        }
+        self.stream.synchronize().map_err(dev("graph upload"))
+    }
+
+    /// The split-K bound of the decode graph of `bucket` rows.
+    fn decode_graph_splits(&self, bucket: usize) -> usize {
+        plan::split_bound(bucket, self.graph_split_context, self.split_budget)
+    }
+
+    /// The bucket whose graph serves this batch: every row decodes one token and needs the next,
+    /// and a graph was captured for that many rows.
+    fn graph_bucket(&self, rows: &[BatchRow<'_>]) -> Option<usize> {
+        let decode_only = rows
+            .iter()
+            .all(|r| r.tokens.len() == 1 && r.sample.is_some());
+        if !decode_only {
+            return None;
+        }
+        self.graphs.bucket_for(rows.len())
+    }
+
+    /// Decode steps replayed from a CUDA graph so far.
+    pub fn graph_replays(&self) -> u64 {
+        self.graphs.replays()
+    }
+
+    /// The batch-size buckets with a captured decode graph (empty when graphs are off).
+    pub fn graph_buckets(&self) -> &[usize] {
+        self.graphs.buckets()
     }
 
     /// Copies made by steps so far.
@@ -345,9 +425,9 @@ impl CudaBackend {
         self.gemm.matmul(stream, (x, w, out), dims)
     }
 
-    /// Runs the layers over the packed step and leaves the final hidden states of the sampled
-    /// rows in `act.normed`.
-    fn forward(&mut self, layout: &StepLayout) -> Result<(), BackendError> {
+    /// Runs the layers over the packed step, with at most `splits` split-K partitions per token
+    /// in attention, and leaves the logits of the sampled rows in `act.logits`.
+    fn forward(&mut self, layout: &StepLayout, splits: usize) -> Result<(), BackendError> {
         let p = self.params.clone();
         let t = layout.num_tokens;
         let t32 = to_u32(t, "tokens")?;
@@ -355,7 +435,6 @@ impl CudaBackend {
         let input = |offset: usize| Arg::Ptr(inputs_base + (offset * 4) as u64);
         let qkv_n = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim;
         let q_width = p.num_q_heads * p.head_dim;
-        let split = plan::split_plan(t, layout.max_context, self.split_budget);
         let scale = 1.0 / (p.head_dim as f32).sqrt();
         let qkv_warps = (p.num_q_heads + 2 * p.num_kv_heads).min(32) as u32;
 
@@ -411,7 +490,7 @@ impl CudaBackend {
                 (
                     t32,
                     to_u32(p.num_kv_heads, "kv heads")?,
-                    to_u32(split.splits, "splits")?,
+                    to_u32(splits, "splits")?,
                 ),
                 128,
                 &[
@@ -419,13 +498,12 @@ impl CudaBackend {
                     Arg::Ptr(self.k_cache[layer].ptr()),
                     Arg::Ptr(self.v_cache[layer].ptr()),
                     input(layout.block_tables()),
-                    Arg::Int(layout.max_blocks as i32),
+                    input(layout.max_blocks_word()),
                     input(layout.token_rows()),
                     input(layout.positions()),
                     Arg::Ptr(self.act.part_acc.ptr()),
                     Arg::Ptr(self.act.part_ml.ptr()),
-                    Arg::Int(split.splits as i32),
-                    Arg::Int(split.partition as i32),
+                    Arg::Int(splits as i32),
                     Arg::Float(scale),
                 ],
             )?;
@@ -436,7 +514,8 @@ impl CudaBackend {
                 &[
                     Arg::Ptr(self.act.part_acc.ptr()),
                     Arg::Ptr(self.act.part_ml.ptr()),
-                    Arg::Int(split.splits as i32),
+                    input(layout.positions()),
+                    Arg::Int(splits as i32),
                     Arg::Ptr(self.act.attn.ptr()),
                 ],
             )?;
@@ -503,7 +582,9 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn upload_inputs(&mut self) -> Result<(), BackendError> {
+    /// Copies the packed inputs into the device input buffer (one host-to-device copy; the
+    /// caller counts it when it belongs to a step).
+    fn copy_inputs(&mut self) -> Result<usize, BackendError> {
         let bytes = self.host_inputs.len() * 4;
         // SAFETY: the device buffer holds `max_words` words and `pack_step` refused any step
         // longer than that; the host vector stays alive and unmodified until the stream is
@@ -516,8 +597,7 @@ impl CudaBackend {
             )
         }
         .map_err(dev("copying step inputs"))?;
-        self.copies.record_h2d(bytes);
-        Ok(())
+        Ok(bytes)
     }
 
     fn download<T: Copy + Default>(
@@ -550,8 +630,10 @@ impl Backend for CudaBackend {
         self.ctx
             .bind_to_thread()
             .map_err(dev("binding the context"))?;
+        let bucket = self.graph_bucket(rows);
+        let padding = bucket.map_or(0, |b| b - rows.len());
         let mut host = std::mem::take(&mut self.host_inputs);
-        let layout = pack_step(rows, &self.limits, &mut host);
+        let layout = pack_step(rows, padding, &self.limits, &mut host);
         self.host_inputs = host;
         let layout = layout?;
         let device_sampling = self.options.sample_on_device
@@ -563,9 +645,17 @@ impl Backend for CudaBackend {
         if layout.is_empty() {
             return Ok(StepOutput::Logits(Vec::new()));
         }
-        self.upload_inputs()?;
-        self.forward(&layout)?;
-        let s = layout.num_samples;
+        let bytes = self.copy_inputs()?;
+        self.copies.record_h2d(bytes);
+        match bucket {
+            Some(bucket) => self.graphs.replay(bucket)?,
+            None => {
+                let splits =
+                    plan::split_bound(layout.num_tokens, layout.max_context, self.split_budget);
+                self.forward(&layout, splits)?;
+            }
+        }
+        let s = layout.real_samples();
         if s == 0 {
             self.stream.synchronize().map_err(dev("step"))?;
             return Ok(if device_sampling {

@@ -2,10 +2,16 @@
 //! host-to-device copy (see `docs/cuda-backend.md`: in confidential-computing mode every copy
 //! goes through an encrypted bounce buffer and costs a fixed overhead).
 //!
-//! The packed buffer is an array of `i32` holding, in order: token ids `[T]`, positions `[T]`,
-//! KV-cache slots `[T]`, the row of each token `[T]`, the block tables `[R * max_blocks]`
-//! (zero-padded), the token index of each sampled row `[S]` and the number of logprob
-//! alternatives of each sampled row `[S]`.
+//! The packed buffer is an array of `i32` holding, in order: the block-table stride (one word),
+//! token ids `[T]`, positions `[T]`, KV-cache slots `[T]`, the row of each token `[T]`, the token
+//! index of each sampled row `[S]`, the number of logprob alternatives of each sampled row `[S]`
+//! and last the block tables `[R * max_blocks]` (zero-padded). Every offset therefore depends on
+//! T and S alone, and the kernels read the stride from the buffer: a decode step padded to a
+//! fixed T = S can replay a CUDA graph captured once for that size.
+//!
+//! Padding tokens (for decode graphs) have token 0, position 0, slot -1 (the QKV kernel writes no
+//! cache entry), row -1 (attention outputs zero) and are sampled with no alternatives; their
+//! results are never copied back.
 
 use crate::engine::{BLOCK_SIZE, BackendError, BatchRow};
 
@@ -14,12 +20,14 @@ use super::kernels::MAX_TOP_LOGPROBS;
 /// Offsets (in `i32` words) of each array in a packed step buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StepLayout {
-    /// Tokens in the step (T).
+    /// Tokens in the step, padding included (T).
     pub num_tokens: usize,
-    /// Rows in the step (R).
+    /// Rows with a block table (R, the batch's own rows).
     pub num_rows: usize,
-    /// Rows that need a next token (S).
+    /// Rows that need a next token, padding included (S).
     pub num_samples: usize,
+    /// Padding tokens at the end of the step (each also a sampled row).
+    pub padding: usize,
     /// Stride of the block-table array: the longest block table of the step.
     pub max_blocks: usize,
     /// Longest context any token attends to (for the split-K decision).
@@ -27,37 +35,45 @@ pub struct StepLayout {
 }
 
 impl StepLayout {
+    /// Offset of the block-table stride word.
+    pub fn max_blocks_word(&self) -> usize {
+        0
+    }
     /// Offset of the token ids.
     pub fn tokens(&self) -> usize {
-        0
+        1
     }
     /// Offset of the positions.
     pub fn positions(&self) -> usize {
-        self.num_tokens
+        1 + self.num_tokens
     }
     /// Offset of the KV-cache slots.
     pub fn slots(&self) -> usize {
-        2 * self.num_tokens
+        1 + 2 * self.num_tokens
     }
     /// Offset of the row index of each token.
     pub fn token_rows(&self) -> usize {
-        3 * self.num_tokens
-    }
-    /// Offset of the block tables.
-    pub fn block_tables(&self) -> usize {
-        4 * self.num_tokens
+        1 + 3 * self.num_tokens
     }
     /// Offset of the token index of each sampled row.
     pub fn sample_tokens(&self) -> usize {
-        self.block_tables() + self.num_rows * self.max_blocks
+        1 + 4 * self.num_tokens
     }
     /// Offset of the logprob alternatives of each sampled row.
     pub fn top_n(&self) -> usize {
         self.sample_tokens() + self.num_samples
     }
+    /// Offset of the block tables.
+    pub fn block_tables(&self) -> usize {
+        self.top_n() + self.num_samples
+    }
     /// Total words.
     pub fn len(&self) -> usize {
-        self.top_n() + self.num_samples
+        self.block_tables() + self.num_rows * self.max_blocks
+    }
+    /// Sampled rows that belong to the batch (padding excluded).
+    pub fn real_samples(&self) -> usize {
+        self.num_samples - self.padding
     }
     /// Whether the step carries no tokens.
     pub fn is_empty(&self) -> bool {
@@ -80,15 +96,23 @@ pub struct StepLimits {
     pub max_words: usize,
 }
 
-/// Packs a batch into `out` and returns its layout. Every index that a kernel will follow is
-/// checked here, so a malformed batch is refused before anything reaches the device.
+/// Words of the device input buffer for these step limits and block tables of at most
+/// `max_blocks_per_seq` entries.
+pub fn max_words(max_tokens: usize, max_rows: usize, max_blocks_per_seq: usize) -> usize {
+    1 + 4 * max_tokens + 2 * max_rows + max_rows * max_blocks_per_seq
+}
+
+/// Packs a batch into `out`, followed by `padding` padding tokens (each a sampled row), and
+/// returns its layout. Every index that a kernel will follow is checked here, so a malformed
+/// batch is refused before anything reaches the device.
 pub fn pack_step(
     rows: &[BatchRow<'_>],
+    padding: usize,
     limits: &StepLimits,
     out: &mut Vec<i32>,
 ) -> Result<StepLayout, BackendError> {
-    let num_tokens: usize = rows.iter().map(|r| r.tokens.len()).sum();
-    let num_samples = rows.iter().filter(|r| r.sample.is_some()).count();
+    let num_tokens: usize = rows.iter().map(|r| r.tokens.len()).sum::<usize>() + padding;
+    let num_samples = rows.iter().filter(|r| r.sample.is_some()).count() + padding;
     let max_blocks = rows
         .iter()
         .map(|r| r.block_table.len())
@@ -101,10 +125,10 @@ pub fn pack_step(
             limits.max_tokens
         )));
     }
-    if rows.len() > limits.max_rows {
+    if rows.len().max(num_samples) > limits.max_rows {
         return Err(BackendError::InvalidBatch(format!(
             "{} rows exceed the step limit of {}",
-            rows.len(),
+            rows.len().max(num_samples),
             limits.max_rows
         )));
     }
@@ -113,6 +137,7 @@ pub fn pack_step(
         num_tokens,
         num_rows: rows.len(),
         num_samples,
+        padding,
         max_blocks,
         max_context,
     };
@@ -125,6 +150,7 @@ pub fn pack_step(
     }
     out.clear();
     out.resize(layout_probe.len(), 0);
+    out[layout_probe.max_blocks_word()] = to_i32(max_blocks)?;
     let mut t = 0;
     let mut s = 0;
     for (r, row) in rows.iter().enumerate() {
@@ -173,6 +199,13 @@ pub fn pack_step(
             out[layout_probe.top_n() + s] = top.min(MAX_TOP_LOGPROBS) as i32;
             s += 1;
         }
+    }
+    for _ in 0..padding {
+        out[layout_probe.slots() + t] = -1;
+        out[layout_probe.token_rows() + t] = -1;
+        out[layout_probe.sample_tokens() + s] = t as i32;
+        t += 1;
+        s += 1;
     }
     Ok(StepLayout {
         max_context,
@@ -269,7 +302,7 @@ mod tests {
             },
         ];
         let mut out = Vec::new();
-        let layout = pack_step(&rows, &limits(), &mut out).expect("packs");
+        let layout = pack_step(&rows, 0, &limits(), &mut out).expect("packs");
         assert_eq!(
             (
                 layout.num_tokens,
@@ -279,6 +312,7 @@ mod tests {
             ),
             (4, 2, 1, 2)
         );
+        assert_eq!(out[layout.max_blocks_word()], 2);
         assert_eq!(layout.max_context, 18);
         assert_eq!(out.len(), layout.len());
         assert_eq!(&out[layout.tokens()..layout.tokens() + 4], &[5, 1, 2, 3]);
@@ -312,7 +346,7 @@ mod tests {
             block_table: &[3],
             sample: None,
         }];
-        assert!(pack_step(&short, &limits(), &mut out).is_err());
+        assert!(pack_step(&short, 0, &limits(), &mut out).is_err());
         let far = [BatchRow {
             seq_id: 1,
             tokens: &[5],
@@ -320,7 +354,7 @@ mod tests {
             block_table: &[10],
             sample: None,
         }];
-        assert!(pack_step(&far, &limits(), &mut out).is_err());
+        assert!(pack_step(&far, 0, &limits(), &mut out).is_err());
         let bad_token = [BatchRow {
             seq_id: 1,
             tokens: &[100],
@@ -328,7 +362,7 @@ mod tests {
             block_table: &[1],
             sample: None,
         }];
-        assert!(pack_step(&bad_token, &limits(), &mut out).is_err());
+        assert!(pack_step(&bad_token, 0, &limits(), &mut out).is_err());
         let tokens = [0u32; 65];
         let table = [0u32; 5];
         let long = [BatchRow {
@@ -338,7 +372,79 @@ mod tests {
             block_table: &table,
             sample: None,
         }];
-        assert!(pack_step(&long, &limits(), &mut out).is_err());
+        assert!(pack_step(&long, 0, &limits(), &mut out).is_err());
+    }
+
+    #[test]
+    fn pads_a_decode_batch_to_its_bucket() {
+        let params = SamplingParams::default();
+        let spec = SampleSpec {
+            params: &params,
+            seed: 1,
+            draw_index: 0,
+            prompt: &[],
+            output: &[],
+            logprobs: Some(2),
+        };
+        let rows = [
+            BatchRow {
+                seq_id: 1,
+                tokens: &[5],
+                start_pos: 17,
+                block_table: &[3, 7],
+                sample: Some(spec),
+            },
+            BatchRow {
+                seq_id: 2,
+                tokens: &[9],
+                start_pos: 4,
+                block_table: &[2],
+                sample: Some(spec),
+            },
+        ];
+        let mut out = Vec::new();
+        let layout = pack_step(&rows, 2, &limits(), &mut out).expect("packs");
+        assert_eq!(
+            (
+                layout.num_tokens,
+                layout.num_rows,
+                layout.num_samples,
+                layout.real_samples()
+            ),
+            (4, 2, 4, 2)
+        );
+        // The offsets of a padded step depend on the bucket alone, not on the table lengths.
+        let mut other = Vec::new();
+        let short_rows = [
+            BatchRow {
+                block_table: &[3],
+                start_pos: 3,
+                ..rows[0]
+            },
+            rows[1],
+        ];
+        let short = pack_step(&short_rows, 2, &limits(), &mut other).expect("packs");
+        assert_eq!(short.sample_tokens(), layout.sample_tokens());
+        assert_eq!(short.top_n(), layout.top_n());
+        assert_eq!(short.block_tables(), layout.block_tables());
+        assert_eq!((other[0], out[0]), (1, 2));
+        assert_eq!(&out[layout.tokens()..layout.tokens() + 4], &[5, 9, 0, 0]);
+        assert_eq!(
+            &out[layout.slots()..layout.slots() + 4],
+            &[7 * 16 + 1, 2 * 16 + 4, -1, -1]
+        );
+        assert_eq!(
+            &out[layout.token_rows()..layout.token_rows() + 4],
+            &[0, 1, -1, -1]
+        );
+        assert_eq!(
+            &out[layout.sample_tokens()..layout.sample_tokens() + 4],
+            &[0, 1, 2, 3]
+        );
+        assert_eq!(&out[layout.top_n()..layout.top_n() + 4], &[2, 2, 0, 0]);
+        assert_eq!(&out[layout.block_tables()..], &[3, 7, 2, 0]);
+        // Padding past the row limit is refused.
+        assert!(pack_step(&rows, 7, &limits(), &mut out).is_err());
     }
 
     #[test]

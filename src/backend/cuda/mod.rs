@@ -8,6 +8,7 @@ mod backend;
 mod cc;
 mod compile;
 mod gemm;
+mod graphs;
 mod inputs;
 mod kernels;
 mod memory;
