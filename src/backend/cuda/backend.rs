@@ -1,6 +1,6 @@
 //! The CUDA implementation of [`Backend`]: weights, KV cache and activations on the GPU, decode
-//! steps replayed from CUDA graphs (other steps run eagerly), greedy sampling and logprobs on
-//! the device.
+//! steps replayed from CUDA graphs (other steps run eagerly), sampling (every mode of the
+//! engine's reference sampler) and logprobs on the device.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -58,7 +58,7 @@ impl From<BackendError> for CudaInitError {
 pub struct CudaOptions {
     /// The GPU to use.
     pub device: usize,
-    /// Sample greedy rows on the GPU and return only ids and logprobs. When false (tests that
+    /// Sample every row on the GPU and return only ids and logprobs. When false (tests that
     /// compare logits), every step returns raw logits.
     pub sample_on_device: bool,
 }
@@ -98,7 +98,7 @@ impl Kernels {
             attention: get("paged_attention")?,
             attention_reduce: get("attention_reduce")?,
             swiglu: get("swiglu")?,
-            sample: get("sample_greedy")?,
+            sample: get("sample_tokens")?,
         })
     }
 }
@@ -118,6 +118,7 @@ struct Activations {
     part_ml: DeviceBuffer,
     logits: DeviceBuffer,
     sampled: DeviceBuffer,
+    probs: DeviceBuffer,
 }
 
 /// A kernel argument: a device pointer, an int or a float.
@@ -228,7 +229,9 @@ impl CudaBackend {
         let gemm = Gemm::new()?;
         let max_context_model = cfg.max_position_embeddings.max(1);
         let max_blocks_per_seq = max_context_model.div_ceil(crate::engine::BLOCK_SIZE);
-        let max_words = inputs::max_words(max_tokens, max_rows, max_blocks_per_seq);
+        let max_penalty_tokens = cfg.vocab_size.min(max_context_model);
+        let max_words =
+            inputs::max_words(max_tokens, max_rows, max_blocks_per_seq, max_penalty_tokens);
         let act = Activations::new(cfg, max_tokens, max_rows, split_budget, max_words)?;
 
         let (free, total) = ctx
@@ -636,11 +639,7 @@ impl Backend for CudaBackend {
         let layout = pack_step(rows, padding, &self.limits, &mut host);
         self.host_inputs = host;
         let layout = layout?;
-        let device_sampling = self.options.sample_on_device
-            && rows
-                .iter()
-                .filter_map(|r| r.sample.as_ref())
-                .all(|s| s.params.is_greedy() && !s.params.has_penalties());
+        let device_sampling = self.options.sample_on_device;
         self.copies.steps += 1;
         if layout.is_empty() {
             return Ok(StepOutput::Logits(Vec::new()));
@@ -677,7 +676,10 @@ impl Backend for CudaBackend {
             1024,
             &[
                 Arg::Ptr(self.act.logits.ptr()),
+                Arg::Ptr(self.act.probs.ptr()),
                 Arg::Ptr(self.act.inputs.at(layout.top_n() * 4)),
+                Arg::Ptr(self.act.inputs.at(layout.sample_params() * 4)),
+                Arg::Ptr(self.act.inputs.at(layout.penalties() * 4)),
                 Arg::Ptr(self.act.sampled.ptr()),
             ],
         )?;
@@ -734,6 +736,7 @@ impl Activations {
             part_ml: DeviceBuffer::new(partials * 2 * 4)?,
             logits: DeviceBuffer::new(max_rows * cfg.vocab_size * 4)?,
             sampled: DeviceBuffer::new(max_rows * SAMPLE_STRIDE * 4)?,
+            probs: DeviceBuffer::new(max_rows * cfg.vocab_size * 4)?,
         })
     }
 }

@@ -4,18 +4,24 @@
 //!
 //! The packed buffer is an array of `i32` holding, in order: the block-table stride (one word),
 //! token ids `[T]`, positions `[T]`, KV-cache slots `[T]`, the row of each token `[T]`, the token
-//! index of each sampled row `[S]`, the number of logprob alternatives of each sampled row `[S]`
-//! and last the block tables `[R * max_blocks]` (zero-padded). Every offset therefore depends on
-//! T and S alone, and the kernels read the stride from the buffer: a decode step padded to a
-//! fixed T = S can replay a CUDA graph captured once for that size.
+//! index of each sampled row `[S]`, the number of logprob alternatives of each sampled row `[S]`,
+//! the sampling parameters of each sampled row `[S * SAMPLE_PARAMS]` (temperature, top-k, top-p,
+//! min-p, presence, frequency and repetition penalties as float bits or ints, the seed and the
+//! draw index as 32-bit halves, and where its penalty list starts and how long it is), the block
+//! tables `[R * max_blocks]` (zero-padded) and last the penalty lists (distinct `(token, times
+//! generated)` pairs). The forward pass reads only what precedes the block tables at offsets
+//! that depend on T and S alone, and it reads the table stride from the buffer: a decode step
+//! padded to a fixed T = S can replay a CUDA graph captured once for that size.
 //!
 //! Padding tokens (for decode graphs) have token 0, position 0, slot -1 (the QKV kernel writes no
 //! cache entry), row -1 (attention outputs zero) and are sampled with no alternatives; their
 //! results are never copied back.
 
-use crate::engine::{BLOCK_SIZE, BackendError, BatchRow};
+use std::collections::HashMap;
 
-use super::kernels::MAX_TOP_LOGPROBS;
+use crate::engine::{BLOCK_SIZE, BackendError, BatchRow, SampleSpec};
+
+use super::kernels::{MAX_TOP_LOGPROBS, SAMPLE_PARAMS};
 
 /// Offsets (in `i32` words) of each array in a packed step buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +36,8 @@ pub struct StepLayout {
     pub padding: usize,
     /// Stride of the block-table array: the longest block table of the step.
     pub max_blocks: usize,
+    /// Words of the penalty lists.
+    pub penalty_words: usize,
     /// Longest context any token attends to (for the split-K decision).
     pub max_context: usize,
 }
@@ -63,13 +71,21 @@ impl StepLayout {
     pub fn top_n(&self) -> usize {
         self.sample_tokens() + self.num_samples
     }
+    /// Offset of the sampling parameters (`SAMPLE_PARAMS` words per sampled row).
+    pub fn sample_params(&self) -> usize {
+        self.top_n() + self.num_samples
+    }
     /// Offset of the block tables.
     pub fn block_tables(&self) -> usize {
-        self.top_n() + self.num_samples
+        self.sample_params() + SAMPLE_PARAMS * self.num_samples
+    }
+    /// Offset of the penalty lists.
+    pub fn penalties(&self) -> usize {
+        self.block_tables() + self.num_rows * self.max_blocks
     }
     /// Total words.
     pub fn len(&self) -> usize {
-        self.block_tables() + self.num_rows * self.max_blocks
+        self.penalties() + self.penalty_words
     }
     /// Sampled rows that belong to the batch (padding excluded).
     pub fn real_samples(&self) -> usize {
@@ -96,10 +112,91 @@ pub struct StepLimits {
     pub max_words: usize,
 }
 
-/// Words of the device input buffer for these step limits and block tables of at most
-/// `max_blocks_per_seq` entries.
-pub fn max_words(max_tokens: usize, max_rows: usize, max_blocks_per_seq: usize) -> usize {
-    1 + 4 * max_tokens + 2 * max_rows + max_rows * max_blocks_per_seq
+/// Words of the device input buffer for these step limits, block tables of at most
+/// `max_blocks_per_seq` entries and penalty lists of at most `max_penalty_tokens` tokens per row.
+pub fn max_words(
+    max_tokens: usize,
+    max_rows: usize,
+    max_blocks_per_seq: usize,
+    max_penalty_tokens: usize,
+) -> usize {
+    1 + 4 * max_tokens
+        + (2 + SAMPLE_PARAMS) * max_rows
+        + max_rows * max_blocks_per_seq
+        + 2 * max_rows * max_penalty_tokens
+}
+
+/// Appends the penalty list of a sampled row to `pairs` as distinct `(token, times generated)`
+/// pairs: every token of prompt and output when the repetition penalty is on, and the generated
+/// tokens (with their counts) when the frequency or presence penalty is on. Returns the number of
+/// pairs.
+fn pack_penalties(
+    spec: &SampleSpec<'_>,
+    seq_id: u64,
+    vocab: usize,
+    pairs: &mut Vec<i32>,
+) -> Result<usize, BackendError> {
+    let params = spec.params;
+    if !params.has_penalties() {
+        return Ok(0);
+    }
+    let repetition = params.repetition_penalty != 1.0;
+    let additive = params.frequency_penalty != 0.0 || params.presence_penalty != 0.0;
+    let mut counts: HashMap<u32, i32> = HashMap::new();
+    if repetition {
+        for &token in spec.prompt.iter().chain(spec.output) {
+            counts.entry(token).or_insert(0);
+        }
+    }
+    if additive {
+        for &token in spec.output {
+            *counts.entry(token).or_insert(0) += 1;
+        }
+    }
+    for (&token, &generated) in &counts {
+        if token as usize >= vocab {
+            return Err(BackendError::InvalidBatch(format!(
+                "row {seq_id}: penalised token {token} is outside the vocabulary of {vocab}"
+            )));
+        }
+        pairs.extend([token as i32, generated]);
+    }
+    Ok(counts.len())
+}
+
+/// The parameter words of one sampled row (see `kernels/sampling.cu`).
+fn sample_params(
+    spec: &SampleSpec<'_>,
+    penalty_at: usize,
+    penalty_len: usize,
+) -> Result<[i32; SAMPLE_PARAMS], BackendError> {
+    let p = spec.params;
+    let bits = |x: f32| x.to_bits() as i32;
+    let lo = |x: u64| x as u32 as i32;
+    let hi = |x: u64| (x >> 32) as u32 as i32;
+    Ok([
+        bits(p.temperature),
+        i32::try_from(p.top_k).unwrap_or(i32::MAX),
+        bits(p.top_p),
+        bits(p.min_p),
+        bits(p.presence_penalty),
+        bits(p.frequency_penalty),
+        bits(p.repetition_penalty),
+        lo(spec.seed),
+        hi(spec.seed),
+        lo(spec.draw_index),
+        hi(spec.draw_index),
+        to_i32(penalty_at)?,
+        to_i32(penalty_len)?,
+    ])
+}
+
+/// The parameter words of a padding row: greedy, no penalties.
+fn padding_params() -> [i32; SAMPLE_PARAMS] {
+    let mut words = [0; SAMPLE_PARAMS];
+    words[2] = 1.0f32.to_bits() as i32;
+    words[6] = 1.0f32.to_bits() as i32;
+    words
 }
 
 /// Packs a batch into `out`, followed by `padding` padding tokens (each a sampled row), and
@@ -132,6 +229,15 @@ pub fn pack_step(
             limits.max_rows
         )));
     }
+    let mut pairs = Vec::new();
+    let mut penalty_lists = Vec::with_capacity(num_samples);
+    for row in rows {
+        if let Some(spec) = &row.sample {
+            let at = pairs.len();
+            let len = pack_penalties(spec, row.seq_id, limits.vocab, &mut pairs)?;
+            penalty_lists.push((at, len));
+        }
+    }
     let mut max_context = 0;
     let layout_probe = StepLayout {
         num_tokens,
@@ -139,6 +245,7 @@ pub fn pack_step(
         num_samples,
         padding,
         max_blocks,
+        penalty_words: pairs.len(),
         max_context,
     };
     if layout_probe.len() > limits.max_words {
@@ -151,6 +258,7 @@ pub fn pack_step(
     out.clear();
     out.resize(layout_probe.len(), 0);
     out[layout_probe.max_blocks_word()] = to_i32(max_blocks)?;
+    out[layout_probe.penalties()..].copy_from_slice(&pairs);
     let mut t = 0;
     let mut s = 0;
     for (r, row) in rows.iter().enumerate() {
@@ -197,6 +305,9 @@ pub fn pack_step(
             out[layout_probe.sample_tokens() + s] = (t - 1) as i32;
             let top = spec.logprobs.unwrap_or(0) as usize;
             out[layout_probe.top_n() + s] = top.min(MAX_TOP_LOGPROBS) as i32;
+            let (at, len) = penalty_lists[s];
+            let words = layout_probe.sample_params() + s * SAMPLE_PARAMS;
+            out[words..words + SAMPLE_PARAMS].copy_from_slice(&sample_params(spec, at, len)?);
             s += 1;
         }
     }
@@ -204,6 +315,8 @@ pub fn pack_step(
         out[layout_probe.slots() + t] = -1;
         out[layout_probe.token_rows() + t] = -1;
         out[layout_probe.sample_tokens() + s] = t as i32;
+        let words = layout_probe.sample_params() + s * SAMPLE_PARAMS;
+        out[words..words + SAMPLE_PARAMS].copy_from_slice(&padding_params());
         t += 1;
         s += 1;
     }
@@ -445,6 +558,91 @@ mod tests {
         assert_eq!(&out[layout.block_tables()..], &[3, 7, 2, 0]);
         // Padding past the row limit is refused.
         assert!(pack_step(&rows, 7, &limits(), &mut out).is_err());
+    }
+
+    #[test]
+    fn packs_sampling_parameters_and_penalty_lists() {
+        let params = SamplingParams {
+            temperature: 0.5,
+            top_k: 40,
+            top_p: 0.9,
+            min_p: 0.05,
+            repetition_penalty: 1.3,
+            frequency_penalty: 0.25,
+            presence_penalty: 0.5,
+            seed: None,
+        };
+        let spec = SampleSpec {
+            params: &params,
+            seed: 0x1234_5678_9abc_def0,
+            draw_index: 7,
+            prompt: &[1, 2],
+            output: &[2, 2, 3],
+            logprobs: None,
+        };
+        let plain = SamplingParams::default();
+        let rows = [
+            BatchRow {
+                seq_id: 1,
+                tokens: &[3],
+                start_pos: 4,
+                block_table: &[1],
+                sample: Some(SampleSpec {
+                    params: &plain,
+                    ..spec
+                }),
+            },
+            BatchRow {
+                seq_id: 2,
+                tokens: &[3],
+                start_pos: 5,
+                block_table: &[2],
+                sample: Some(spec),
+            },
+        ];
+        let mut out = Vec::new();
+        let layout = pack_step(&rows, 1, &limits(), &mut out).expect("packs");
+        let words = |s: usize| {
+            let at = layout.sample_params() + s * SAMPLE_PARAMS;
+            out[at..at + SAMPLE_PARAMS].to_vec()
+        };
+        let f = |x: f32| x.to_bits() as i32;
+        // No penalties: an empty list.
+        assert_eq!(words(0)[12], 0);
+        let w = words(1);
+        assert_eq!(
+            &w[..11],
+            &[
+                f(0.5),
+                40,
+                f(0.9),
+                f(0.05),
+                f(0.5),
+                f(0.25),
+                f(1.3),
+                0x9abc_def0_u32 as i32,
+                0x1234_5678,
+                7,
+                0
+            ]
+        );
+        // Distinct (token, times generated) pairs over prompt and output.
+        let list = &out[layout.penalties() + w[11] as usize..][..2 * w[12] as usize];
+        let mut pairs: Vec<(i32, i32)> = list.chunks_exact(2).map(|p| (p[0], p[1])).collect();
+        pairs.sort_unstable();
+        assert_eq!(pairs, vec![(1, 0), (2, 2), (3, 1)]);
+        assert_eq!(layout.len(), out.len());
+        // The padding row is greedy with no penalties.
+        assert_eq!(words(2), padding_params().to_vec());
+        // A penalised token outside the vocabulary is refused.
+        let bad = [BatchRow {
+            sample: Some(SampleSpec {
+                output: &[100],
+                ..spec
+            }),
+            ..rows[1]
+        }];
+        assert!(pack_step(&bad, 0, &limits(), &mut out).is_err());
     }
 
     #[test]

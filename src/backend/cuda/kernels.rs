@@ -23,6 +23,10 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 /// Words per sampled row in the sampling kernel's output (see `kernels/sampling.cu`).
 pub const SAMPLE_STRIDE: usize = 2 + 2 * MAX_TOP_LOGPROBS;
 
+/// Parameter words per sampled row in the packed step inputs (see `inputs::pack_step` and
+/// `kernels/sampling.cu`).
+pub const SAMPLE_PARAMS: usize = 13;
+
 /// One kernel family: a source file and the entry points it defines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KernelFamily {
@@ -64,7 +68,7 @@ pub const FAMILIES: [KernelFamily; 6] = [
     KernelFamily {
         name: "sampling.cu",
         source: include_str!("../../../kernels/sampling.cu"),
-        entry_points: &["sample_greedy"],
+        entry_points: &["sample_tokens"],
     },
 ];
 
@@ -129,6 +133,7 @@ impl KernelParams {
             ("QK_NORM", usize::from(self.qk_norm)),
             ("SLIDING_WINDOW", self.sliding_window),
             ("MAX_TOP_LOGPROBS", MAX_TOP_LOGPROBS),
+            ("SAMPLE_PARAMS", SAMPLE_PARAMS),
         ];
         for (name, value) in ints {
             // Writing to a String cannot fail.
