@@ -6,7 +6,8 @@
 #   .gpu/unit_tests        library test binary     .gpu/*.py, .gpu/gpu-check.sh
 # Usage: bash .gpu/gpu-check.sh [STAGES]   (default: "env unit correctness sanitizer bench peers")
 # Other stages: quickbench (one offline run), graphs (offline batch 1/16/64 with decode graphs on
-# and off, side by side), serve (bench serve over HTTPS).
+# and off, side by side), prefill (offline batch 16, input 1024 and 2048, 16 output tokens: TTFT),
+# serve (bench serve over HTTPS).
 # Logs and JSON are written to a work folder and packed into $OUT/results.tgz (the device tool
 # returns at most 8 files); $OUT/summary.txt is also printed last.
 # Only reads the GPU's state; never changes a GPU setting.
@@ -58,11 +59,11 @@ fi
 if has sanitizer; then
   timeout 300 $RUN compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
     "$G/cuda_backend" --test-threads=1 "${SANITIZE_FILTER:-device_sampling}" >"$OUT/sanitizer.log" 2>&1
-  note "compute-sanitizer memcheck (device_sampling test): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+  note "compute-sanitizer memcheck (tests matching ${SANITIZE_FILTER:-device_sampling}): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
 fi
 
 M8=/tmp/llama8b
-if has bench || has quickbench || has peers || has serve || has graphs; then
+if has bench || has quickbench || has peers || has serve || has graphs || has prefill; then
   PYTHONUNBUFFERED=1 python3 "$G/make_llama8b.py" $M8 >"$OUT/make8b.log" 2>&1
   note "8B-shaped weights: $(tail -1 "$OUT/make8b.log")"
 fi
@@ -90,6 +91,15 @@ if has graphs; then
     done
   done
   grep -hE 'decode graphs captured|CUDA backend ready' "$OUT/graphs-on-b64.log" | head -2 >>"$SUMMARY"
+fi
+
+if has prefill; then
+  for in_len in 1024 2048; do
+    timeout 240 $RUN "$G/inferno" bench offline --model $M8 --device cuda --batch-size 16 --input-len $in_len --output-len 16 \
+      --ignore-eos --json "$OUT/prefill-i$in_len.json" >"$OUT/prefill-i$in_len.log" 2>&1
+    note "prefill batch=16 in=$in_len out=16: rc=$? $(grep -E '^duration' "$OUT/prefill-i$in_len.log" | tail -1) | $(grep -E '^TTFT' "$OUT/prefill-i$in_len.log" | tail -1)"
+  done
+  grep -hE 'weights uploaded' "$OUT/prefill-i1024.log" | head -1 >>"$SUMMARY"
 fi
 
 if has serve; then

@@ -25,6 +25,7 @@ use super::kernels::{self, KernelParams, SAMPLE_STRIDE};
 use super::memory::DeviceBuffer;
 use super::plan;
 use super::probe::{self, CudaUnavailable};
+use super::wait::StepWaiter;
 use super::weights::{LayerWeights, ModelWeightsOnDevice};
 
 /// Why the CUDA backend could not start.
@@ -134,6 +135,7 @@ enum Arg {
 /// kernels, the stream and last the context they all live in.
 pub struct CudaBackend {
     graphs: DecodeGraphs,
+    waiter: StepWaiter,
     weights: ModelWeightsOnDevice,
     k_cache: Vec<DeviceBuffer>,
     v_cache: Vec<DeviceBuffer>,
@@ -275,8 +277,10 @@ impl CudaBackend {
             vocab: cfg.vocab_size,
             max_words,
         };
+        let waiter = StepWaiter::new(&stream).map_err(|e| CudaInitError::Device(e.to_string()))?;
         let mut backend = Self {
             graphs: DecodeGraphs::default(),
+            waiter,
             ctx,
             stream,
             kernels,
@@ -603,6 +607,18 @@ impl CudaBackend {
         Ok(bytes)
     }
 
+    /// Waits for a replayed decode step without spinning through it (see `wait.rs`); other
+    /// steps are left to the synchronising copy.
+    fn settle(&mut self, bucket: Option<usize>, queued: Instant) -> Result<(), BackendError> {
+        match bucket {
+            Some(bucket) => self
+                .waiter
+                .wait(&self.stream, bucket, queued)
+                .map_err(dev("waiting for the step")),
+            None => Ok(()),
+        }
+    }
+
     fn download<T: Copy + Default>(
         &mut self,
         src: u64,
@@ -644,6 +660,7 @@ impl Backend for CudaBackend {
         if layout.is_empty() {
             return Ok(StepOutput::Logits(Vec::new()));
         }
+        let queued = Instant::now();
         let bytes = self.copy_inputs()?;
         self.copies.record_h2d(bytes);
         match bucket {
@@ -665,6 +682,7 @@ impl Backend for CudaBackend {
         }
         let vocab = self.params.vocab;
         if !device_sampling {
+            self.settle(bucket, queued)?;
             let flat: Vec<f32> = self.download(self.act.logits.ptr(), s * vocab)?;
             return Ok(StepOutput::Logits(
                 flat.chunks_exact(vocab).map(<[f32]>::to_vec).collect(),
@@ -683,6 +701,7 @@ impl Backend for CudaBackend {
                 Arg::Ptr(self.act.sampled.ptr()),
             ],
         )?;
+        self.settle(bucket, queued)?;
         let words: Vec<i32> = self.download(self.act.sampled.ptr(), s * SAMPLE_STRIDE)?;
         let specs = rows.iter().filter_map(|r| r.sample.as_ref());
         let tokens = words

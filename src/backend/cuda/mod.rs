@@ -14,6 +14,8 @@ mod kernels;
 mod memory;
 mod plan;
 mod probe;
+mod upload;
+mod wait;
 mod weights;
 
 pub use backend::{CudaBackend, CudaInitError, CudaOptions};
