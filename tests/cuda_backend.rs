@@ -59,8 +59,8 @@ fn cuda(model: &Model, sample_on_device: bool) -> CudaBackend {
         model,
         &engine_config(),
         CudaOptions {
-            device: 0,
             sample_on_device,
+            ..CudaOptions::default()
         },
     )
     .unwrap_or_else(|e| panic!("CUDA backend: {e}"))
@@ -637,8 +637,8 @@ fn cuda_with(model: &Model, cuda_graphs: bool, sample_on_device: bool) -> CudaBa
         model,
         &config,
         CudaOptions {
-            device: 0,
             sample_on_device,
+            ..CudaOptions::default()
         },
     )
     .unwrap_or_else(|e| panic!("CUDA backend: {e}"))
@@ -924,4 +924,78 @@ fn device_sampler_agrees_with_the_reference_sampler_in_every_mode() {
     }
     println!("RESULT penalties changed {penalties_moved} greedy tokens");
     assert!(penalties_moved > 0, "the penalties changed no greedy token");
+}
+
+fn cuda_paged_prefill(model: &Model) -> CudaBackend {
+    CudaBackend::new(
+        model,
+        &engine_config(),
+        CudaOptions {
+            flash_prefill: false,
+            sample_on_device: false,
+            ..CudaOptions::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("CUDA backend: {e}"))
+}
+
+/// The tiled prefill attention kernel gives the logits of the paged split-K kernel: whole
+/// prompts of several tiles and KV blocks, a chunked prefill and a prefix-cache hit.
+#[test]
+fn flash_prefill_matches_the_paged_kernel() {
+    if !gpu_or_skip() {
+        return;
+    }
+    for name in ["inferno-tiny", "tiny-qwen2", "tiny-qwen3"] {
+        let Some(model) = load(name) else {
+            continue;
+        };
+        let mut flash = cuda(&model, false);
+        let mut paged = cuda_paged_prefill(&model);
+        let mut worst = 0.0f32;
+        let mut blocks = Blocks { next: 0 };
+        let seqs: Vec<Seq> = [3usize, 37, 130]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| Seq::new(prompt(n, 40 + i as u32), &mut blocks, n))
+            .collect();
+        for s in &seqs {
+            let n = s.tokens.len();
+            let a = run_chunk(&mut flash, s, 0, n);
+            let b = run_chunk(&mut paged, s, 0, n);
+            worst = worst.max(max_abs_diff(&a, &b));
+        }
+        // Chunked: 50 + 47 + 33 tokens of the 130-token prompt, each chunk through the tiles.
+        let s = &seqs[2];
+        for (start, end) in [(0, 50), (50, 97)] {
+            for backend in [&mut flash, &mut paged] {
+                let row = BatchRow {
+                    seq_id: 7,
+                    tokens: &s.tokens[start..end],
+                    start_pos: start,
+                    block_table: &s.table,
+                    sample: None,
+                };
+                backend.step(&[row]).expect("chunk");
+            }
+        }
+        let a = run_chunk(&mut flash, s, 97, 130);
+        let b = run_chunk(&mut paged, s, 97, 130);
+        let chunked = max_abs_diff(&a, &b);
+        // Prefix hit: the first 4 blocks of the 130-token prompt, then 20 new tokens.
+        let mut tokens = s.tokens[..64].to_vec();
+        tokens.extend(prompt(20, 99));
+        let mut table = s.table[..4].to_vec();
+        table.extend(blocks.take(2));
+        let hit = Seq { tokens, table };
+        let a = run_chunk(&mut flash, &hit, 64, 84);
+        let b = run_chunk(&mut paged, &hit, 64, 84);
+        let prefix = max_abs_diff(&a, &b);
+        println!(
+            "RESULT flash prefill vs paged, {name}: whole prompts {worst:.5}, chunked {chunked:.5}, prefix hit {prefix:.5}"
+        );
+        for (what, diff) in [("whole", worst), ("chunked", chunked), ("prefix", prefix)] {
+            assert!(diff <= 0.02, "{name} {what}: flash differs by {diff}");
+        }
+    }
 }

@@ -62,6 +62,9 @@ pub struct CudaOptions {
     /// Sample every row on the GPU and return only ids and logprobs. When false (tests that
     /// compare logits), every step returns raw logits.
     pub sample_on_device: bool,
+    /// Run prefill attention in the tiled prefill kernel (`kernels/prefill_attention.cu`). When
+    /// false, the paged split-K kernel serves prefill too (tests compare the two).
+    pub flash_prefill: bool,
 }
 
 impl Default for CudaOptions {
@@ -69,6 +72,7 @@ impl Default for CudaOptions {
         Self {
             device: 0,
             sample_on_device: true,
+            flash_prefill: true,
         }
     }
 }
@@ -80,6 +84,7 @@ struct Kernels {
     qkv_rope: CudaFunction,
     attention: CudaFunction,
     attention_reduce: CudaFunction,
+    prefill_attention: CudaFunction,
     swiglu: CudaFunction,
     sample: CudaFunction,
 }
@@ -98,6 +103,7 @@ impl Kernels {
             qkv_rope: get("qkv_rope_write")?,
             attention: get("paged_attention")?,
             attention_reduce: get("attention_reduce")?,
+            prefill_attention: get("prefill_attention")?,
             swiglu: get("swiglu")?,
             sample: get("sample_tokens")?,
         })
@@ -276,6 +282,11 @@ impl CudaBackend {
             num_blocks,
             vocab: cfg.vocab_size,
             max_words,
+            tile_tokens: if options.flash_prefill {
+                plan::flash_tile_tokens(cfg.num_attention_heads / cfg.num_key_value_heads.max(1))
+            } else {
+                0
+            },
         };
         let waiter = StepWaiter::new(&stream).map_err(|e| CudaInitError::Device(e.to_string()))?;
         let mut backend = Self {
@@ -432,6 +443,78 @@ impl CudaBackend {
         self.gemm.matmul(stream, (x, w, out), dims)
     }
 
+    /// Attention of one layer into `act.attn`: the tiled prefill kernel when the step carries
+    /// prefill tiles, else the paged split-K kernel and its reduction.
+    fn attention(
+        &self,
+        layout: &StepLayout,
+        layer: usize,
+        splits: usize,
+        scale: f32,
+    ) -> Result<(), BackendError> {
+        let p = &self.params;
+        let t32 = to_u32(layout.num_tokens, "tokens")?;
+        let inputs_base = self.act.inputs.ptr();
+        let input = |offset: usize| Arg::Ptr(inputs_base + (offset * 4) as u64);
+        if layout.num_tiles > 0 {
+            return self.launch(
+                &self.kernels.prefill_attention,
+                (
+                    to_u32(layout.num_tiles, "tiles")?,
+                    to_u32(p.num_kv_heads, "kv heads")?,
+                    1,
+                ),
+                256,
+                &[
+                    Arg::Ptr(self.act.q.ptr()),
+                    Arg::Ptr(self.k_cache[layer].ptr()),
+                    Arg::Ptr(self.v_cache[layer].ptr()),
+                    input(layout.block_tables()),
+                    input(layout.max_blocks_word()),
+                    input(layout.token_rows()),
+                    input(layout.positions()),
+                    input(layout.tiles()),
+                    Arg::Float(scale),
+                    Arg::Ptr(self.act.attn.ptr()),
+                ],
+            );
+        }
+        self.launch(
+            &self.kernels.attention,
+            (
+                t32,
+                to_u32(p.num_kv_heads, "kv heads")?,
+                to_u32(splits, "splits")?,
+            ),
+            128,
+            &[
+                Arg::Ptr(self.act.q.ptr()),
+                Arg::Ptr(self.k_cache[layer].ptr()),
+                Arg::Ptr(self.v_cache[layer].ptr()),
+                input(layout.block_tables()),
+                input(layout.max_blocks_word()),
+                input(layout.token_rows()),
+                input(layout.positions()),
+                Arg::Ptr(self.act.part_acc.ptr()),
+                Arg::Ptr(self.act.part_ml.ptr()),
+                Arg::Int(splits as i32),
+                Arg::Float(scale),
+            ],
+        )?;
+        self.launch(
+            &self.kernels.attention_reduce,
+            (t32, to_u32(p.num_q_heads, "q heads")?, 1),
+            p.head_dim.min(128) as u32,
+            &[
+                Arg::Ptr(self.act.part_acc.ptr()),
+                Arg::Ptr(self.act.part_ml.ptr()),
+                input(layout.positions()),
+                Arg::Int(splits as i32),
+                Arg::Ptr(self.act.attn.ptr()),
+            ],
+        )
+    }
+
     /// Runs the layers over the packed step, with at most `splits` split-K partitions per token
     /// in attention, and leaves the logits of the sampled rows in `act.logits`.
     fn forward(&mut self, layout: &StepLayout, splits: usize) -> Result<(), BackendError> {
@@ -492,40 +575,7 @@ impl CudaBackend {
                     Arg::Ptr(self.v_cache[layer].ptr()),
                 ],
             )?;
-            self.launch(
-                &self.kernels.attention,
-                (
-                    t32,
-                    to_u32(p.num_kv_heads, "kv heads")?,
-                    to_u32(splits, "splits")?,
-                ),
-                128,
-                &[
-                    Arg::Ptr(self.act.q.ptr()),
-                    Arg::Ptr(self.k_cache[layer].ptr()),
-                    Arg::Ptr(self.v_cache[layer].ptr()),
-                    input(layout.block_tables()),
-                    input(layout.max_blocks_word()),
-                    input(layout.token_rows()),
-                    input(layout.positions()),
-                    Arg::Ptr(self.act.part_acc.ptr()),
-                    Arg::Ptr(self.act.part_ml.ptr()),
-                    Arg::Int(splits as i32),
-                    Arg::Float(scale),
-                ],
-            )?;
-            self.launch(
-                &self.kernels.attention_reduce,
-                (t32, to_u32(p.num_q_heads, "q heads")?, 1),
-                p.head_dim.min(128) as u32,
-                &[
-                    Arg::Ptr(self.act.part_acc.ptr()),
-                    Arg::Ptr(self.act.part_ml.ptr()),
-                    input(layout.positions()),
-                    Arg::Int(splits as i32),
-                    Arg::Ptr(self.act.attn.ptr()),
-                ],
-            )?;
+            self.attention(layout, layer, splits, scale)?;
             let (attn, delta) = (self.act.attn.ptr(), self.act.delta.ptr());
             self.matmul(attn, o_w, delta, (t, p.hidden, q_width))?;
             let w: &LayerWeights = &self.weights.layers[layer];

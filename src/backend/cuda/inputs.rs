@@ -9,7 +9,9 @@
 //! min-p, presence, frequency and repetition penalties as float bits or ints, the seed and the
 //! draw index as 32-bit halves, and where its penalty list starts and how long it is), the block
 //! tables `[R * max_blocks]` (zero-padded) and last the penalty lists (distinct `(token, times
-//! generated)` pairs). The forward pass reads only what precedes the block tables at offsets
+//! generated)` pairs), then, for steps with a prefill row, the prefill-attention tiles (`(first
+//! token, count)` pairs: every row's tokens cut into runs of at most `tile_tokens`). The forward
+//! pass reads only what precedes the block tables at offsets
 //! that depend on T and S alone, and it reads the table stride from the buffer: a decode step
 //! padded to a fixed T = S can replay a CUDA graph captured once for that size.
 //!
@@ -38,6 +40,8 @@ pub struct StepLayout {
     pub max_blocks: usize,
     /// Words of the penalty lists.
     pub penalty_words: usize,
+    /// Prefill-attention tiles (0: attention runs in the paged split-K kernel).
+    pub num_tiles: usize,
     /// Longest context any token attends to (for the split-K decision).
     pub max_context: usize,
 }
@@ -83,9 +87,13 @@ impl StepLayout {
     pub fn penalties(&self) -> usize {
         self.block_tables() + self.num_rows * self.max_blocks
     }
+    /// Offset of the prefill-attention tiles.
+    pub fn tiles(&self) -> usize {
+        self.penalties() + self.penalty_words
+    }
     /// Total words.
     pub fn len(&self) -> usize {
-        self.penalties() + self.penalty_words
+        self.tiles() + 2 * self.num_tiles
     }
     /// Sampled rows that belong to the batch (padding excluded).
     pub fn real_samples(&self) -> usize {
@@ -110,9 +118,11 @@ pub struct StepLimits {
     pub vocab: usize,
     /// Words of the device input buffer.
     pub max_words: usize,
+    /// Tokens per prefill-attention tile (0: no tiles, the paged kernel serves every step).
+    pub tile_tokens: usize,
 }
 
-/// Words of the device input buffer for these step limits, block tables of at most
+/// Words of the device input buffer for these step limits (tiles included), block tables of at most
 /// `max_blocks_per_seq` entries and penalty lists of at most `max_penalty_tokens` tokens per row.
 pub fn max_words(
     max_tokens: usize,
@@ -120,7 +130,7 @@ pub fn max_words(
     max_blocks_per_seq: usize,
     max_penalty_tokens: usize,
 ) -> usize {
-    1 + 4 * max_tokens
+    1 + 6 * max_tokens
         + (2 + SAMPLE_PARAMS) * max_rows
         + max_rows * max_blocks_per_seq
         + 2 * max_rows * max_penalty_tokens
@@ -238,6 +248,24 @@ pub fn pack_step(
             penalty_lists.push((at, len));
         }
     }
+    let prefill = rows.iter().any(|r| r.tokens.len() > 1);
+    let tiles: Vec<(usize, usize)> = if prefill && limits.tile_tokens > 0 {
+        let mut first = 0;
+        let mut tiles = Vec::new();
+        for row in rows {
+            let n = row.tokens.len();
+            let mut done = 0;
+            while done < n {
+                let count = limits.tile_tokens.min(n - done);
+                tiles.push((first + done, count));
+                done += count;
+            }
+            first += n;
+        }
+        tiles
+    } else {
+        Vec::new()
+    };
     let mut max_context = 0;
     let layout_probe = StepLayout {
         num_tokens,
@@ -246,6 +274,7 @@ pub fn pack_step(
         padding,
         max_blocks,
         penalty_words: pairs.len(),
+        num_tiles: tiles.len(),
         max_context,
     };
     if layout_probe.len() > limits.max_words {
@@ -258,7 +287,11 @@ pub fn pack_step(
     out.clear();
     out.resize(layout_probe.len(), 0);
     out[layout_probe.max_blocks_word()] = to_i32(max_blocks)?;
-    out[layout_probe.penalties()..].copy_from_slice(&pairs);
+    out[layout_probe.penalties()..layout_probe.tiles()].copy_from_slice(&pairs);
+    for (i, &(first, count)) in tiles.iter().enumerate() {
+        out[layout_probe.tiles() + 2 * i] = to_i32(first)?;
+        out[layout_probe.tiles() + 2 * i + 1] = to_i32(count)?;
+    }
     let mut t = 0;
     let mut s = 0;
     for (r, row) in rows.iter().enumerate() {
@@ -382,6 +415,7 @@ mod tests {
             num_blocks: 10,
             vocab: 100,
             max_words: 1024,
+            tile_tokens: 2,
         }
     }
 
@@ -447,6 +481,10 @@ mod tests {
         );
         assert_eq!(out[layout.sample_tokens()], 0);
         assert_eq!(out[layout.top_n()], 3);
+        // Prefill tiles of at most 2 tokens per row: the decode token, then the 3-token chunk.
+        assert_eq!(layout.num_tiles, 3);
+        assert_eq!(&out[layout.tiles()..], &[0, 1, 1, 2, 3, 1]);
+        assert_eq!(out.len(), layout.len());
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub struct KernelFamily {
 }
 
 /// Every family the backend compiles when a model loads.
-pub const FAMILIES: [KernelFamily; 6] = [
+pub const FAMILIES: [KernelFamily; 7] = [
     KernelFamily {
         name: "embedding.cu",
         source: include_str!("../../../kernels/embedding.cu"),
@@ -59,6 +59,11 @@ pub const FAMILIES: [KernelFamily; 6] = [
         name: "attention.cu",
         source: include_str!("../../../kernels/attention.cu"),
         entry_points: &["paged_attention", "attention_reduce"],
+    },
+    KernelFamily {
+        name: "prefill_attention.cu",
+        source: include_str!("../../../kernels/prefill_attention.cu"),
+        entry_points: &["prefill_attention"],
     },
     KernelFamily {
         name: "swiglu.cu",

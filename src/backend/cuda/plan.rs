@@ -37,6 +37,20 @@ pub fn split_bound(num_tokens: usize, max_context: usize, budget: usize) -> usiz
     wanted.min(room)
 }
 
+/// Query vectors (tokens × query heads of one KV head) one tile of the prefill attention kernel
+/// holds. Equals `F_ROWS` in `kernels/prefill_attention.cu`.
+pub const FLASH_ROWS: usize = 32;
+
+/// Tokens per prefill-attention tile for `group` query heads per KV head; 0 when a group does
+/// not fit in one tile (the paged kernel then serves prefill too).
+pub fn flash_tile_tokens(group: usize) -> usize {
+    if group == 0 || group > FLASH_ROWS {
+        0
+    } else {
+        FLASH_ROWS / group
+    }
+}
+
 /// The batch sizes a decode graph is captured for: powers of two up to `max_rows`, and
 /// `max_rows` itself.
 pub fn graph_buckets(max_rows: usize) -> Vec<usize> {
@@ -102,6 +116,16 @@ mod tests {
     fn kernel_and_host_agree_on_the_minimum_partition() {
         let source = include_str!("../../../kernels/attention.cu");
         assert!(source.contains(&format!("#define ATTN_MIN_PARTITION {MIN_PARTITION}\n")));
+    }
+
+    #[test]
+    fn prefill_tiles_fit_the_kernel() {
+        let source = include_str!("../../../kernels/prefill_attention.cu");
+        assert!(source.contains(&format!("#define F_ROWS {FLASH_ROWS}\n")));
+        assert_eq!(flash_tile_tokens(4), 8);
+        assert_eq!(flash_tile_tokens(1), 32);
+        assert_eq!(flash_tile_tokens(7), 4);
+        assert_eq!(flash_tile_tokens(64), 0);
     }
 
     #[test]
