@@ -24,7 +24,7 @@
 #define GROUP (NUM_Q_HEADS / NUM_KV_HEADS)
 #define D_PER_LANE ((HEAD_DIM + 31) / 32)
 #define ATTN_WARPS 4
-#define ATTN_MIN_PARTITION 256
+#define ATTN_MIN_PARTITION 32
 
 // Partitions of a token at position `pos` when the launch allows at most `splits`.
 __device__ __forceinline__ int token_splits(int pos, int splits) {

@@ -368,7 +368,12 @@ impl CudaBackend {
 
     /// The split-K bound of the decode graph of `bucket` rows.
     fn decode_graph_splits(&self, bucket: usize) -> usize {
-        plan::split_bound(bucket, self.graph_split_context, self.split_budget)
+        plan::split_bound(
+            bucket,
+            self.params.num_kv_heads,
+            self.graph_split_context,
+            self.split_budget,
+        )
     }
 
     /// The bucket whose graph serves this batch: every row decodes one token and needs the next,
@@ -546,7 +551,7 @@ impl CudaBackend {
             self.launch(
                 &self.kernels.add_rmsnorm,
                 (t32, 1, 1),
-                256,
+                1024,
                 &[
                     Arg::Ptr(self.act.residual.ptr()),
                     Arg::Ptr(delta),
@@ -582,7 +587,7 @@ impl CudaBackend {
             self.launch(
                 &self.kernels.add_rmsnorm,
                 (t32, 1, 1),
-                256,
+                1024,
                 &[
                     Arg::Ptr(self.act.residual.ptr()),
                     Arg::Ptr(delta),
@@ -615,7 +620,7 @@ impl CudaBackend {
             self.launch(
                 &self.kernels.add_rmsnorm,
                 (to_u32(layout.num_samples, "samples")?, 1, 1),
-                256,
+                1024,
                 &[
                     Arg::Ptr(self.act.residual.ptr()),
                     Arg::Ptr(self.act.delta.ptr()),
@@ -716,8 +721,12 @@ impl Backend for CudaBackend {
         match bucket {
             Some(bucket) => self.graphs.replay(bucket)?,
             None => {
-                let splits =
-                    plan::split_bound(layout.num_tokens, layout.max_context, self.split_budget);
+                let splits = plan::split_bound(
+                    layout.num_tokens,
+                    self.params.num_kv_heads,
+                    layout.max_context,
+                    self.split_budget,
+                );
                 self.forward(&layout, splits)?;
             }
         }

@@ -21,20 +21,29 @@ pub fn kv_blocks(free_bytes: usize, fraction: f64, block_bytes: usize) -> usize 
 
 /// Positions a partition should hold at least, so short contexts use one partition. Equals
 /// `ATTN_MIN_PARTITION` in `kernels/attention.cu`, which derives each token's own partition.
-pub const MIN_PARTITION: usize = 256;
+pub const MIN_PARTITION: usize = 32;
+
+/// Attention blocks (tokens × KV heads × splits) a launch aims for: enough to fill every SM of a
+/// large GPU several times over, so a small batch splits its contexts and a large one does not
+/// split more than that needs.
+pub const TARGET_BLOCKS: usize = 1024;
 
 /// Longest context the decode graphs' split bound is sized for. Longer contexts still attend
 /// correctly: their partitions grow instead of their number.
 pub const GRAPH_SPLIT_CONTEXT: usize = 16_384;
 
 /// The most split-K partitions per token of one attention launch (grid z and the stride of the
-/// partial buffers) for `num_tokens` query tokens whose longest context is `max_context`, given
-/// room for `budget` (token, split) partial results. Each token then uses
+/// partial buffers) for `num_tokens` query tokens of `kv_heads` KV heads whose longest context is
+/// `max_context`, given room for `budget` (token, split) partial results: enough splits to reach
+/// `TARGET_BLOCKS` blocks, no more than the context needs. Each token then uses
 /// `min(bound, ceil(context / MIN_PARTITION))` partitions (see `kernels/attention.cu`).
-pub fn split_bound(num_tokens: usize, max_context: usize, budget: usize) -> usize {
+pub fn split_bound(num_tokens: usize, kv_heads: usize, max_context: usize, budget: usize) -> usize {
     let wanted = max_context.div_ceil(MIN_PARTITION).max(1);
     let room = (budget / num_tokens.max(1)).max(1);
-    wanted.min(room)
+    let fill = TARGET_BLOCKS
+        .div_ceil(num_tokens.max(1) * kv_heads.max(1))
+        .max(1);
+    wanted.min(room).min(fill)
 }
 
 /// Query vectors (tokens × query heads of one KV head) one tile of the prefill attention kernel
@@ -99,7 +108,7 @@ mod tests {
             (2048, 2048, 8192),
             (4096, 50_000, 4096),
         ] {
-            let bound = split_bound(tokens, ctx, budget);
+            let bound = split_bound(tokens, 8, ctx, budget);
             assert!(bound >= 1);
             assert!(
                 tokens * bound <= budget.max(tokens),
@@ -108,8 +117,12 @@ mod tests {
             assert!(bound <= ctx.div_ceil(MIN_PARTITION).max(1));
         }
         // Decode over a long context splits; a short one does not.
-        assert!(split_bound(1, 8192, 4096) > 1);
-        assert_eq!(split_bound(8, 200, 4096), 1);
+        assert!(split_bound(1, 8, 8192, 4096) > 1);
+        assert_eq!(split_bound(8, 8, 20, 4096), 1);
+        // A small batch splits even a moderate context; a large batch does not need to.
+        assert_eq!(split_bound(1, 8, 200, 4096), 7);
+        assert_eq!(split_bound(64, 8, 200, 4096), 2);
+        assert_eq!(split_bound(1024, 8, 8192, 8192), 1);
     }
 
     #[test]
