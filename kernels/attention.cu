@@ -7,28 +7,42 @@
 //
 // paged_attention: grid (T, NUM_KV_HEADS, splits), ATTN_WARPS warps per block. A block serves all
 // GROUP query heads of one KV head, so each key and value row is read once for the whole group.
-// Split z covers positions [z * partition, (z + 1) * partition) (split-K over long contexts; the
-// host picks `splits` and `partition` per step so the partial buffers stay bounded). Warps take keys round-robin and keep an online softmax per head; the block merges
-// its warps and writes an unnormalised partial result (acc, max, sum) per head and split.
-// attention_reduce: grid (T, NUM_Q_HEADS) merges the splits and writes bf16 [T, NUM_Q_HEADS *
-// HEAD_DIM]. token_row[t] < 0 marks a padding token (its output is zero).
+// Split-K over long contexts: the host fixes `splits`, the most partitions per token (grid z,
+// and the stride of the partial buffers), so a launch can be captured once in a CUDA graph and
+// replayed for any context. Each token derives its own partition from its context length n:
+// token_splits(n) = min(splits, ceil(n / ATTN_MIN_PARTITION)) partitions of
+// ceil(n / token_splits) positions rounded up to whole KV blocks; blocks with z beyond that
+// return at once and the reduction never reads their slots. ATTN_MIN_PARTITION equals
+// MIN_PARTITION in src/backend/cuda/plan.rs (a unit test checks it). Warps take keys round-robin
+// and keep an online softmax per head; the block merges its warps and writes an unnormalised
+// partial result (acc, max, sum) per head and split.
+// The block-table stride (max_blocks) is read from device memory, so a captured launch serves
+// any table length.
+// attention_reduce: grid (T, NUM_Q_HEADS) merges the token's splits and writes bf16
+// [T, NUM_Q_HEADS * HEAD_DIM]. token_row[t] < 0 marks a padding token (its output is zero).
 
 #define GROUP (NUM_Q_HEADS / NUM_KV_HEADS)
 #define D_PER_LANE ((HEAD_DIM + 31) / 32)
 #define ATTN_WARPS 4
+#define ATTN_MIN_PARTITION 32
+
+// Partitions of a token at position `pos` when the launch allows at most `splits`.
+__device__ __forceinline__ int token_splits(int pos, int splits) {
+    const int n = pos + 1;
+    return min(splits, max(1, (n + ATTN_MIN_PARTITION - 1) / ATTN_MIN_PARTITION));
+}
 
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
 paged_attention(const bf16* __restrict__ q,
                 const bf16* __restrict__ k_cache,
                 const bf16* __restrict__ v_cache,
                 const int* __restrict__ block_tables,
-                int max_blocks,
+                const int* __restrict__ max_blocks_word,
                 const int* __restrict__ token_row,
                 const int* __restrict__ positions,
                 float* __restrict__ part_acc,
                 float* __restrict__ part_ml,
                 int splits,
-                int partition,
                 float scale) {
     __shared__ float qs[GROUP][HEAD_DIM];
     __shared__ float sm_m[ATTN_WARPS][GROUP];
@@ -42,6 +56,11 @@ paged_attention(const bf16* __restrict__ q,
     const int warp = threadIdx.x >> 5;
     const int row = token_row[t];
     const int pos = positions[t];
+    const int mine = token_splits(pos, splits);
+    if (split >= mine) return;
+    const int per = (pos + 1 + mine - 1) / mine;
+    const int partition = (per + KV_BLOCK - 1) / KV_BLOCK * KV_BLOCK;
+    const int max_blocks = *max_blocks_word;
 
     int begin = split * partition;
     int end = min(begin + partition, pos + 1);
@@ -139,21 +158,23 @@ paged_attention(const bf16* __restrict__ q,
 
 extern "C" __global__ void attention_reduce(const float* __restrict__ part_acc,
                                             const float* __restrict__ part_ml,
+                                            const int* __restrict__ positions,
                                             int splits,
                                             bf16* __restrict__ out) {
     const size_t head = (size_t)blockIdx.x * NUM_Q_HEADS + blockIdx.y;
+    const int mine = token_splits(positions[blockIdx.x], splits);
     const float* ml = part_ml + head * splits * 2;
     float big = -INFINITY;
-    for (int s = 0; s < splits; ++s) big = fmaxf(big, ml[2 * s]);
+    for (int s = 0; s < mine; ++s) big = fmaxf(big, ml[2 * s]);
     float total = 0.0f;
     if (big != -INFINITY) {
-        for (int s = 0; s < splits; ++s) total += ml[2 * s + 1] * expf(ml[2 * s] - big);
+        for (int s = 0; s < mine; ++s) total += ml[2 * s + 1] * expf(ml[2 * s] - big);
     }
     const float inv = total > 0.0f ? 1.0f / total : 0.0f;
     for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
         float a = 0.0f;
         if (big != -INFINITY) {
-            for (int s = 0; s < splits; ++s) {
+            for (int s = 0; s < mine; ++s) {
                 a += part_acc[(head * splits + s) * HEAD_DIM + d] * expf(ml[2 * s] - big);
             }
         }

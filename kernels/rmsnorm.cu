@@ -6,7 +6,8 @@
 //
 // `rows` (optional) selects which residual rows to process: block o handles row rows[o] and
 // writes output row o. The final norm uses it to normalise only the rows whose logits are needed.
-// Grid: one block per output row. Block: 256 threads (any multiple of 32 up to 1024).
+// Grid: one block per output row. Block: any multiple of 32 up to 1024 threads (the backend
+// launches 1024: a batch-1 row is latency-bound with fewer).
 
 extern "C" __global__ void add_rmsnorm(float* __restrict__ residual,
                                        const float* __restrict__ delta,

@@ -1,13 +1,44 @@
-// Greedy sampling and log-probabilities on the GPU.
+// Sampling and log-probabilities on the GPU, with the semantics of the engine's reference sampler
+// (src/engine/sampling.rs), step for step.
 //
-// One block (1024 threads) per sampled row of logits [S, VOCAB] fp32. The row's token is the
-// argmax (the lower id wins ties, as in the engine's reference sampler), its logprob is
-// logit - logsumexp(logits) over the raw logits, and top_n[s] alternatives follow in the order
-// (logprob descending, id ascending). Everything the host needs lands in one int32 buffer, so a
-// step ends with a single device-to-host copy. Per row, SAMPLE_STRIDE words:
-//   [0] token id, [1] logprob (float bits), then per alternative k: [2 + 2k] id, [3 + 2k] logprob.
+// One block (1024 threads) per sampled row of logits [S, VOCAB] fp32. Per row:
+//   1. logprobs over the raw logits: lse = logsumexp, the chosen token's logit - lse, and top_n[s]
+//      alternatives in the order (logprob descending, id ascending);
+//   2. penalties, into the row's scratch copy: repetition (divide positive, multiply negative
+//      logits of every token in the row's penalty list), then frequency and presence
+//      (subtract frequency * count + presence for tokens generated count > 0 times). The host
+//      packs the list as distinct (token, output count) pairs, so no two threads touch one token;
+//   3. temperature <= 0: the argmax of the penalised logits (the lower id wins ties);
+//   4. otherwise probabilities p = exp((l - max) / T) in place of the scratch copy, ranked by
+//      (p descending, id ascending): keep the top_k, then the shortest prefix whose mass reaches
+//      top_p times the total, then those with p >= min_p (the top p is exactly 1), and pick the
+//      first kept token whose running mass exceeds u * kept total, u = uniform(seed, draw_index).
+// Ranked prefixes are found without sorting: a bisection over the bit patterns of p (non-negative
+// floats order like their bits) finds the value group where the running total crosses the
+// threshold, then a scan in id order finds the element within the group. Every sum is a block
+// reduction in a fixed order, so a draw is deterministic and the sums grow monotonically with
+// the set they cover. The sums are not the reference's sequential ones, so a draw can differ from
+// the reference's only where a threshold falls within float rounding of a running total.
+// Everything the host needs lands in one int32 buffer (one device-to-host copy per step). Per row,
+// SAMPLE_STRIDE words: [0] token id, [1] logprob (float bits), then per alternative k:
+// [2 + 2k] id, [3 + 2k] logprob. Per row the host packs SAMPLE_PARAMS parameter words (below).
 
 #define SAMPLE_STRIDE (2 + 2 * MAX_TOP_LOGPROBS)
+#define P_TEMPERATURE 0
+#define P_TOP_K 1
+#define P_TOP_P 2
+#define P_MIN_P 3
+#define P_PRESENCE 4
+#define P_FREQUENCY 5
+#define P_REPETITION 6
+#define P_SEED_LO 7
+#define P_SEED_HI 8
+#define P_DRAW_LO 9
+#define P_DRAW_HI 10
+#define P_PENALTY_AT 11
+#define P_PENALTY_LEN 12
+#define ONE_BITS 0x3f800000
+#define NO_ID 0x7fffffff
 
 // Whether (v, i) comes before (bv, bi) in the order value descending, id ascending.
 __device__ __forceinline__ bool ranks_before(float v, int i, float bv, int bi) {
@@ -19,7 +50,7 @@ __device__ __forceinline__ bool ranks_before(float v, int i, float bv, int bi) {
 __device__ void block_argmax_after(const float* __restrict__ row, float after_v, int after_i,
                                    float* sv, int* si, float* out_v, int* out_i) {
     float bv = -INFINITY;
-    int bi = 0x7fffffff;
+    int bi = NO_ID;
     for (int i = threadIdx.x; i < VOCAB; i += blockDim.x) {
         const float v = row[i];
         if (v != v) continue;
@@ -58,34 +89,173 @@ __device__ void block_argmax_after(const float* __restrict__ row, float after_v,
     *out_i = bi;
 }
 
+// The reference's counter-based uniform draw in [0, 1): two SplitMix64 finalisation rounds over
+// the seed and the draw index, 24 random bits.
+__device__ float uniform_draw(unsigned long long seed, unsigned long long index) {
+    unsigned long long z = seed ^ ((index + 1ull) * 0x9E3779B97F4A7C15ull);
+    for (int r = 0; r < 2; ++r) {
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+    }
+    return (float)(z >> 40) / 16777216.0f;
+}
+
+// A ranked prefix: the elements at or before (bits, id) in the order p descending, id ascending.
+struct Cut {
+    int bits;
+    int id;
+};
+
+__device__ __forceinline__ bool within(int bits, int id, Cut c) {
+    return bits > c.bits || (bits == c.bits && id <= c.id);
+}
+
+// The shorter of two ranked prefixes.
+__device__ __forceinline__ Cut shorter(Cut a, Cut b) {
+    return (a.bits > b.bits || (a.bits == b.bits && a.id < b.id)) ? a : b;
+}
+
+// Minimum over a block; every thread receives it.
+__device__ int block_min_int(int v, int* scratch) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int warps = (blockDim.x + 31) >> 5;
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    int m = scratch[0];
+    for (int w = 1; w < warps; ++w) m = min(m, scratch[w]);
+    __syncthreads();
+    return m;
+}
+
+// Sum of the kept probabilities (or their count) whose bit patterns are at least `from`.
+__device__ float kept_mass(const float* __restrict__ p, Cut keep, bool count, int from, float* red) {
+    float acc = 0.0f;
+    for (int i = threadIdx.x; i < VOCAB; i += blockDim.x) {
+        const float v = p[i];
+        const int b = __float_as_int(v);
+        if (b >= from && within(b, i, keep)) acc += count ? 1.0f : v;
+    }
+    return block_sum(acc, red);
+}
+
+// The id of the n-th (1-based, clamped to the group) kept element in id order whose bit pattern
+// is `bits`. Each thread scans one contiguous slice of the vocabulary. `counts` holds
+// blockDim.x + 1 ints of shared memory.
+__device__ int nth_in_group(const float* __restrict__ p, Cut keep, int bits, int n, int* counts) {
+    const int chunk = (VOCAB + blockDim.x - 1) / blockDim.x;
+    const int start = min((int)threadIdx.x * chunk, VOCAB);
+    const int stop = min(start + chunk, VOCAB);
+    int mine = 0;
+    for (int i = start; i < stop; ++i) {
+        const int b = __float_as_int(p[i]);
+        if (b == bits && within(b, i, keep)) ++mine;
+    }
+    counts[threadIdx.x] = mine;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int run = 0;
+        for (int t = 0; t < (int)blockDim.x; ++t) {
+            const int c = counts[t];
+            counts[t] = run;
+            run += c;
+        }
+        counts[blockDim.x] = max(1, min(n, run));
+    }
+    __syncthreads();
+    const int target = counts[blockDim.x];
+    const int before = counts[threadIdx.x];
+    __syncthreads();
+    if (before < target && target <= before + mine) {
+        int seen = before;
+        for (int i = start; i < stop; ++i) {
+            const int b = __float_as_int(p[i]);
+            if (b == bits && within(b, i, keep) && ++seen == target) {
+                counts[blockDim.x] = i;
+                break;
+            }
+        }
+    }
+    __syncthreads();
+    const int id = counts[blockDim.x];
+    __syncthreads();
+    return id;
+}
+
+__device__ __forceinline__ bool meets(float total, float threshold, bool inclusive) {
+    return inclusive ? total >= threshold : total > threshold;
+}
+
+// The first kept element, in rank order, at which the running total of the probabilities (of
+// ones when `count`) exceeds `threshold` (reaches it when `inclusive`). False when none does.
+__device__ bool find_cut(const float* __restrict__ p, Cut keep, bool count, float threshold,
+                         bool inclusive, float* red, int* counts, Cut* out) {
+    if (!meets(kept_mass(p, keep, count, 0, red), threshold, inclusive)) return false;
+    int lo = 0;
+    int hi = ONE_BITS + 1;
+    while (hi - lo > 1) {
+        const int mid = lo + (hi - lo) / 2;
+        if (meets(kept_mass(p, keep, count, mid, red), threshold, inclusive)) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    // Every element of the group `lo` adds the same amount; the n-th is the first that meets
+    // the threshold.
+    const float above = kept_mass(p, keep, count, lo + 1, red);
+    const float step = count ? 1.0f : __int_as_float(lo);
+    const float need = fminf((threshold - above) / step, (float)VOCAB);
+    int n = inclusive ? (int)ceilf(need) : (int)floorf(need) + 1;
+    out->bits = lo;
+    out->id = nth_in_group(p, keep, lo, max(n, 1), counts);
+    return true;
+}
+
+// The last kept element in rank order.
+__device__ Cut last_kept(const float* __restrict__ p, Cut keep, int* iscratch, int* counts) {
+    int low = NO_ID;
+    for (int i = threadIdx.x; i < VOCAB; i += blockDim.x) {
+        const int b = __float_as_int(p[i]);
+        if (within(b, i, keep)) low = min(low, b);
+    }
+    low = block_min_int(low, iscratch);
+    Cut c;
+    c.bits = low;
+    c.id = nth_in_group(p, keep, low, VOCAB, counts);
+    return c;
+}
+
 extern "C" __global__ void __launch_bounds__(1024)
-sample_greedy(const float* __restrict__ logits, const int* __restrict__ top_n,
-              int* __restrict__ out) {
+sample_tokens(const float* __restrict__ logits, float* __restrict__ scratch,
+              const int* __restrict__ top_n, const int* __restrict__ params,
+              const int* __restrict__ penalties, int* __restrict__ out) {
     __shared__ float sv[32];
     __shared__ int si[32];
+    __shared__ int counts[1025];
     const int s = blockIdx.x;
     const float* row = logits + (size_t)s * VOCAB;
+    float* p = scratch + (size_t)s * VOCAB;
+    const int* prm = params + (size_t)s * SAMPLE_PARAMS;
     int* dst = out + (size_t)s * SAMPLE_STRIDE;
 
+    // 1. Logprobs over the raw logits.
     float best_v;
     int best_i;
     block_argmax_after(row, INFINITY, -1, sv, si, &best_v, &best_i);
-
     float sum = 0.0f;
     for (int i = threadIdx.x; i < VOCAB; i += blockDim.x) {
         const float v = row[i];
         if (v == v) sum += expf(v - best_v);
     }
     const float lse = best_v + logf(block_sum(sum, sv));
-
-    if (threadIdx.x == 0) {
-        dst[0] = best_i;
-        dst[1] = __float_as_int(best_v - lse);
-    }
-    const int n = min(top_n[s], MAX_TOP_LOGPROBS);
+    const int n_top = min(top_n[s], MAX_TOP_LOGPROBS);
     float prev_v = INFINITY;
     int prev_i = -1;
-    for (int k = 0; k < n; ++k) {
+    for (int k = 0; k < n_top; ++k) {
         float v;
         int i;
         block_argmax_after(row, prev_v, prev_i, sv, si, &v, &i);
@@ -95,5 +265,91 @@ sample_greedy(const float* __restrict__ logits, const int* __restrict__ top_n,
         }
         prev_v = v;
         prev_i = i;
+    }
+
+    const float temperature = __int_as_float(prm[P_TEMPERATURE]);
+    const int penalty_len = prm[P_PENALTY_LEN];
+    int token = best_i;
+    if (penalty_len > 0 || temperature > 0.0f) {
+        // 2. Penalties on a scratch copy.
+        for (int i = threadIdx.x; i < VOCAB; i += blockDim.x) p[i] = row[i];
+        __syncthreads();
+        const float repetition = __int_as_float(prm[P_REPETITION]);
+        const float frequency = __int_as_float(prm[P_FREQUENCY]);
+        const float presence = __int_as_float(prm[P_PRESENCE]);
+        const int* pairs = penalties + prm[P_PENALTY_AT];
+        for (int j = threadIdx.x; j < penalty_len; j += blockDim.x) {
+            const int tok = pairs[2 * j];
+            const int generated = pairs[2 * j + 1];
+            float l = p[tok];
+            if (repetition != 1.0f) {
+                l = l > 0.0f ? __fdiv_rn(l, repetition) : __fmul_rn(l, repetition);
+            }
+            if (generated > 0) {
+                l = __fsub_rn(l, __fadd_rn(__fmul_rn(frequency, (float)generated), presence));
+            }
+            p[tok] = l;
+        }
+        __syncthreads();
+        if (temperature <= 0.0f) {
+            // 3. Greedy over the penalised logits.
+            float v;
+            block_argmax_after(p, INFINITY, -1, sv, si, &v, &token);
+        } else {
+            // 4. Temperature, the three filters and the draw.
+            float m = -INFINITY;
+            for (int i = threadIdx.x; i < VOCAB; i += blockDim.x) m = fmaxf(m, p[i]);
+            m = warp_max(m);
+            if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = m;
+            __syncthreads();
+            m = sv[0];
+            for (int w = 1; w < (int)((blockDim.x + 31) >> 5); ++w) m = fmaxf(m, sv[w]);
+            __syncthreads();
+            const float inv_t = __fdiv_rn(1.0f, temperature);
+            for (int i = threadIdx.x; i < VOCAB; i += blockDim.x) {
+                p[i] = expf(__fmul_rn(__fsub_rn(p[i], m), inv_t));
+            }
+            __syncthreads();
+            Cut keep;
+            keep.bits = 0;
+            keep.id = NO_ID;
+            Cut cut;
+            const int top_k = prm[P_TOP_K];
+            if (top_k > 0 && top_k < VOCAB &&
+                find_cut(p, keep, true, (float)(top_k - 1), false, sv, counts, &cut)) {
+                keep = cut;
+            }
+            const float top_p = __int_as_float(prm[P_TOP_P]);
+            if (top_p < 1.0f) {
+                const Cut all = {0, NO_ID};
+                const float total = kept_mass(p, all, false, 0, sv);
+                if (find_cut(p, keep, false, __fmul_rn(top_p, total), true, sv, counts, &cut)) {
+                    keep = shorter(keep, cut);
+                }
+            }
+            const float min_p = __int_as_float(prm[P_MIN_P]);
+            if (min_p > 0.0f) {
+                // The top probability is exactly 1; the top token always stays.
+                const Cut floor_cut = {__float_as_int(fminf(min_p, 1.0f)), NO_ID};
+                keep = shorter(keep, floor_cut);
+            }
+            const float kept_total = kept_mass(p, keep, false, 0, sv);
+            const unsigned long long seed =
+                ((unsigned long long)(unsigned int)prm[P_SEED_HI] << 32) |
+                (unsigned int)prm[P_SEED_LO];
+            const unsigned long long draw =
+                ((unsigned long long)(unsigned int)prm[P_DRAW_HI] << 32) |
+                (unsigned int)prm[P_DRAW_LO];
+            const float threshold = __fmul_rn(uniform_draw(seed, draw), kept_total);
+            if (find_cut(p, keep, false, threshold, false, sv, counts, &cut)) {
+                token = cut.id;
+            } else {
+                token = last_kept(p, keep, si, counts).id;
+            }
+        }
+    }
+    if (threadIdx.x == 0) {
+        dst[0] = token;
+        dst[1] = __float_as_int(row[token] - lse);
     }
 }

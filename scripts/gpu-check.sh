@@ -5,6 +5,9 @@
 #   .gpu/inferno           release binary          .gpu/cuda_backend   integration-test binary
 #   .gpu/unit_tests        library test binary     .gpu/*.py, .gpu/gpu-check.sh
 # Usage: bash .gpu/gpu-check.sh [STAGES]   (default: "env unit correctness sanitizer bench peers")
+# Other stages: quickbench (one offline run), graphs (offline batch 1/16/64 with decode graphs on
+# and off, side by side), prefill (offline batch 16, input 1024 and 2048, 16 output tokens: TTFT),
+# serve (bench serve over HTTPS).
 # Logs and JSON are written to a work folder and packed into $OUT/results.tgz (the device tool
 # returns at most 8 files); $OUT/summary.txt is also printed last.
 # Only reads the GPU's state; never changes a GPU setting.
@@ -28,6 +31,10 @@ export INFERNO_KERNEL_CACHE=/tmp/inferno-kernels
 export INFERNO_FIXTURES=$PWD/tests/fixtures
 export RUST_LOG=${RUST_LOG:-info}
 PATH=/usr/local/cuda/bin:$PATH
+# libxmlsec1/libxml2 and their dependencies, carried by gpu-pack.sh, for our binaries only.
+mkdir -p /tmp/inferno-lib
+[ -f "$G/lib.tar.xz" ] && tar -xJf "$G/lib.tar.xz" -C /tmp/inferno-lib
+RUN="env LD_LIBRARY_PATH=/tmp/inferno-lib/lib:$LD_LIBRARY_PATH"
 note "commit: $(git rev-parse --short HEAD 2>/dev/null || echo '?') (lead checkout) + .gpu binaries built from $(cat "$G/BUILD_COMMIT" 2>/dev/null || echo '?')"
 
 if has env; then
@@ -38,25 +45,25 @@ if has env; then
 fi
 
 if has unit && [ -x "$G/unit_tests" ]; then
-  "$G/unit_tests" backend::cuda --test-threads=4 >"$OUT/unit.log" 2>&1
+  $RUN "$G/unit_tests" backend::cuda --test-threads=4 >"$OUT/unit.log" 2>&1
   note "unit tests (backend::cuda): rc=$? $(grep -E '^test result' "$OUT/unit.log")"
 fi
 
 if has correctness; then
-  "$G/cuda_backend" --test-threads=1 --nocapture >"$OUT/correctness.log" 2>&1
+  $RUN "$G/cuda_backend" --test-threads=1 --nocapture >"$OUT/correctness.log" 2>&1
   rc=$?
   note "correctness (tests/cuda_backend.rs): rc=$rc $(grep -E '^test result' "$OUT/correctness.log")"
   grep -E '^RESULT|panicked|FAILED|SKIPPED' "$OUT/correctness.log" | head -40 | tee -a "$SUMMARY"
 fi
 
 if has sanitizer; then
-  timeout 300 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
-    "$G/cuda_backend" --test-threads=1 device_sampling >"$OUT/sanitizer.log" 2>&1
-  note "compute-sanitizer memcheck (device_sampling test): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+  timeout 300 $RUN compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
+    "$G/cuda_backend" --test-threads=1 "${SANITIZE_FILTER:-device_sampling}" >"$OUT/sanitizer.log" 2>&1
+  note "compute-sanitizer memcheck (tests matching ${SANITIZE_FILTER:-device_sampling}): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
 fi
 
 M8=/tmp/llama8b
-if has bench || has quickbench || has peers || has serve; then
+if has bench || has quickbench || has peers || has serve || has graphs || has prefill; then
   PYTHONUNBUFFERED=1 python3 "$G/make_llama8b.py" $M8 >"$OUT/make8b.log" 2>&1
   note "8B-shaped weights: $(tail -1 "$OUT/make8b.log")"
 fi
@@ -67,15 +74,36 @@ if has bench || has quickbench; then
   IFS=';' read -ra SPEC_LIST <<<"$SPECS"
   for spec in "${SPEC_LIST[@]}"; do
     set -- $spec
-    timeout 240 "$G/inferno" bench offline --model $M8 --device cuda --batch-size "$1" --input-len "$2" --output-len "$3" \
+    timeout 240 $RUN "$G/inferno" bench offline --model $M8 --device cuda --batch-size "$1" --input-len "$2" --output-len "$3" \
       --ignore-eos --json "$OUT/bench-b$1-i$2.json" >>"$OUT/bench.log" 2>&1
     note "inferno offline batch=$1 in=$2 out=$3: rc=$? $(grep -E '^output throughput' "$OUT/bench.log" | tail -1)"
   done
   grep -E 'CUDA backend ready|KV cache allocated|kernels ready' "$OUT/bench.log" | head -4 >>"$SUMMARY"
 fi
 
+if has graphs; then
+  for b in 1 16 64; do
+    for mode in on off; do
+      flag=""; [ $mode = off ] && flag="--no-cuda-graphs"
+      timeout 240 $RUN "$G/inferno" bench offline --model $M8 --device cuda --batch-size $b --input-len 128 --output-len 128 \
+        --ignore-eos $flag --json "$OUT/graphs-$mode-b$b.json" >"$OUT/graphs-$mode-b$b.log" 2>&1
+      note "graphs $mode batch=$b in=128 out=128: rc=$? $(grep -E '^output throughput' "$OUT/graphs-$mode-b$b.log" | tail -1) | $(grep -E '^TPOT' "$OUT/graphs-$mode-b$b.log" | tail -1) | $(grep -E '^CPU time' "$OUT/graphs-$mode-b$b.log" | tail -1)"
+    done
+  done
+  grep -hE 'decode graphs captured|CUDA backend ready' "$OUT/graphs-on-b64.log" | head -2 >>"$SUMMARY"
+fi
+
+if has prefill; then
+  for in_len in 1024 2048; do
+    timeout 240 $RUN "$G/inferno" bench offline --model $M8 --device cuda --batch-size 16 --input-len $in_len --output-len 16 \
+      --ignore-eos --json "$OUT/prefill-i$in_len.json" >"$OUT/prefill-i$in_len.log" 2>&1
+    note "prefill batch=16 in=$in_len out=16: rc=$? $(grep -E '^duration' "$OUT/prefill-i$in_len.log" | tail -1) | $(grep -E '^TTFT' "$OUT/prefill-i$in_len.log" | tail -1)"
+  done
+  grep -hE 'weights uploaded' "$OUT/prefill-i1024.log" | head -1 >>"$SUMMARY"
+fi
+
 if has serve; then
-  RUST_LOG=warn "$G/inferno" serve --model $M8 --device cuda --listen 127.0.0.1:8443 >"$OUT/serve.log" 2>&1 &
+  RUST_LOG=warn $RUN "$G/inferno" serve --model $M8 --device cuda --listen 127.0.0.1:8443 >"$OUT/serve.log" 2>&1 &
   SERVER=$!
   for _ in $(seq 1 120); do
     curl -ksf https://127.0.0.1:8443/health >/dev/null 2>&1 && break
@@ -83,7 +111,7 @@ if has serve; then
   done
   for args in "--concurrency 16 --num-prompts 64" "--rate 8 --num-prompts 64"; do
     name=$(echo "$args" | awk '{print $1 $2}' | tr -d '-')
-    timeout 180 "$G/inferno" bench serve --url https://127.0.0.1:8443 --model llama8b --insecure \
+    timeout 180 $RUN "$G/inferno" bench serve --url https://127.0.0.1:8443 --model llama8b --insecure \
       $args --input-len 128 --output-len 128 --ignore-eos --server-pid $SERVER \
       --json "$OUT/serve-$name.json" >>"$OUT/serve-bench.log" 2>&1
     note "inferno serve ($args): rc=$? $(grep -E '^output throughput' "$OUT/serve-bench.log" | tail -1)"

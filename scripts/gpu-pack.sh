@@ -35,4 +35,14 @@ git diff --quiet HEAD -- src kernels tests Cargo.toml || echo "+uncommitted" >>"
 strip "$DEST"/inferno "$DEST"/cuda_backend 2>/dev/null || true
 [ -f "$DEST/unit_tests" ] && strip "$DEST/unit_tests"
 [ -f "$DEST/cuda_backend" ] || { echo "cuda_backend test binary missing" >&2; exit 1; }
+# The binaries link libxmlsec1, libxml2 (and their dependencies) dynamically; the GPU machine may
+# lack them. Carry this machine's copies, except the C/C++ runtime and compression libraries that
+# every system has (gpu-check.sh puts them on LD_LIBRARY_PATH for these binaries only).
+LIBTMP=$(mktemp -d)
+mkdir -p "$LIBTMP/lib"
+ldd "$DEST/inferno" | awk '$3 ~ /^\// {print $3}' |
+  grep -vE '/(libc|libm|libgcc_s|libstdc\+\+|libz|liblzma|ld-linux[^/]*|libpthread|libdl|librt)\.so' |
+  while read -r lib; do cp -L "$lib" "$LIBTMP/lib/"; done
+tar -cJf "$DEST/lib.tar.xz" -C "$LIBTMP" lib
+rm -rf "$LIBTMP"
 du -sh "$DEST"

@@ -89,6 +89,9 @@ struct OfflineArgs {
     /// Most tokens per engine step.
     #[arg(long)]
     max_batched_tokens: Option<usize>,
+    /// Run every decode step eagerly instead of replaying CUDA graphs (for A/B comparisons).
+    #[arg(long)]
+    no_cuda_graphs: bool,
     #[command(flatten)]
     load: LoadArgs,
 }
@@ -345,6 +348,7 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
             .unwrap_or(defaults.gpu_memory_fraction),
         max_waiting: load.num_prompts().max(defaults.max_waiting),
         prefix_caching: false,
+        cuda_graphs: !args.no_cuda_graphs,
         ..defaults
     };
     let (dropped_tx, dropped) = std::sync::mpsc::channel();

@@ -24,6 +24,9 @@ pub struct EngineConfig {
     /// Share cached prefixes across API keys. Off by default: a shared cache lets one principal
     /// learn, by timing, which prefixes another has sent.
     pub share_prefix_cache: bool,
+    /// Replay decode steps from CUDA graphs captured at start-up for batch-size buckets (the
+    /// CUDA backend; `false` runs every step eagerly, for A/B comparisons).
+    pub cuda_graphs: bool,
 }
 
 impl Default for EngineConfig {
@@ -36,6 +39,7 @@ impl Default for EngineConfig {
             gpu_memory_fraction: 0.9,
             prefix_caching: true,
             share_prefix_cache: false,
+            cuda_graphs: true,
         }
     }
 }

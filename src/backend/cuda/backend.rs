@@ -1,11 +1,13 @@
-//! The CUDA implementation of [`Backend`]: weights, KV cache and activations on the GPU, one
-//! eager forward pass per step, greedy sampling and logprobs on the device.
+//! The CUDA implementation of [`Backend`]: weights, KV cache and activations on the GPU, decode
+//! steps replayed from CUDA graphs (other steps run eagerly), sampling (every mode of the
+//! engine's reference sampler) and logprobs on the device.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::result as drv;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
 use crate::engine::{
@@ -17,11 +19,13 @@ use crate::model::{Model, ModelConfig};
 use super::cc;
 use super::compile::{self, KernelError};
 use super::gemm::Gemm;
-use super::inputs::{CopyStats, StepLayout, StepLimits, pack_step};
+use super::graphs::{DecodeGraph, DecodeGraphs};
+use super::inputs::{self, CopyStats, StepLayout, StepLimits, pack_step};
 use super::kernels::{self, KernelParams, SAMPLE_STRIDE};
 use super::memory::DeviceBuffer;
 use super::plan;
 use super::probe::{self, CudaUnavailable};
+use super::wait::StepWaiter;
 use super::weights::{LayerWeights, ModelWeightsOnDevice};
 
 /// Why the CUDA backend could not start.
@@ -55,9 +59,12 @@ impl From<BackendError> for CudaInitError {
 pub struct CudaOptions {
     /// The GPU to use.
     pub device: usize,
-    /// Sample greedy rows on the GPU and return only ids and logprobs. When false (tests that
+    /// Sample every row on the GPU and return only ids and logprobs. When false (tests that
     /// compare logits), every step returns raw logits.
     pub sample_on_device: bool,
+    /// Run prefill attention in the tiled prefill kernel (`kernels/prefill_attention.cu`). When
+    /// false, the paged split-K kernel serves prefill too (tests compare the two).
+    pub flash_prefill: bool,
 }
 
 impl Default for CudaOptions {
@@ -65,6 +72,7 @@ impl Default for CudaOptions {
         Self {
             device: 0,
             sample_on_device: true,
+            flash_prefill: true,
         }
     }
 }
@@ -76,6 +84,7 @@ struct Kernels {
     qkv_rope: CudaFunction,
     attention: CudaFunction,
     attention_reduce: CudaFunction,
+    prefill_attention: CudaFunction,
     swiglu: CudaFunction,
     sample: CudaFunction,
 }
@@ -94,8 +103,9 @@ impl Kernels {
             qkv_rope: get("qkv_rope_write")?,
             attention: get("paged_attention")?,
             attention_reduce: get("attention_reduce")?,
+            prefill_attention: get("prefill_attention")?,
             swiglu: get("swiglu")?,
-            sample: get("sample_greedy")?,
+            sample: get("sample_tokens")?,
         })
     }
 }
@@ -115,6 +125,7 @@ struct Activations {
     part_ml: DeviceBuffer,
     logits: DeviceBuffer,
     sampled: DeviceBuffer,
+    probs: DeviceBuffer,
 }
 
 /// A kernel argument: a device pointer, an int or a float.
@@ -129,6 +140,8 @@ enum Arg {
 /// Fields drop in declaration order: device buffers and the cuBLASLt handle first, then the
 /// kernels, the stream and last the context they all live in.
 pub struct CudaBackend {
+    graphs: DecodeGraphs,
+    waiter: StepWaiter,
     weights: ModelWeightsOnDevice,
     k_cache: Vec<DeviceBuffer>,
     v_cache: Vec<DeviceBuffer>,
@@ -141,6 +154,7 @@ pub struct CudaBackend {
     kv_shape: KvCacheShape,
     limits: StepLimits,
     split_budget: usize,
+    graph_split_context: usize,
     host_inputs: Vec<i32>,
     options: CudaOptions,
     copies: CopyStats,
@@ -223,7 +237,9 @@ impl CudaBackend {
         let gemm = Gemm::new()?;
         let max_context_model = cfg.max_position_embeddings.max(1);
         let max_blocks_per_seq = max_context_model.div_ceil(crate::engine::BLOCK_SIZE);
-        let max_words = 4 * max_tokens + max_rows * max_blocks_per_seq + 2 * max_rows;
+        let max_penalty_tokens = cfg.vocab_size.min(max_context_model);
+        let max_words =
+            inputs::max_words(max_tokens, max_rows, max_blocks_per_seq, max_penalty_tokens);
         let act = Activations::new(cfg, max_tokens, max_rows, split_budget, max_words)?;
 
         let (free, total) = ctx
@@ -266,8 +282,16 @@ impl CudaBackend {
             num_blocks,
             vocab: cfg.vocab_size,
             max_words,
+            tile_tokens: if options.flash_prefill {
+                plan::flash_tile_tokens(cfg.num_attention_heads / cfg.num_key_value_heads.max(1))
+            } else {
+                0
+            },
         };
-        let backend = Self {
+        let waiter = StepWaiter::new(&stream).map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let mut backend = Self {
+            graphs: DecodeGraphs::default(),
+            waiter,
             ctx,
             stream,
             kernels,
@@ -280,19 +304,98 @@ impl CudaBackend {
             gemm,
             limits,
             split_budget,
+            graph_split_context: max_context_model.min(plan::GRAPH_SPLIT_CONTEXT),
             host_inputs: Vec::with_capacity(max_words),
             options,
             copies: CopyStats::default(),
         };
+        let capture_started = Instant::now();
+        if config.cuda_graphs {
+            backend.capture_decode_graphs()?;
+            tracing::info!(
+                buckets = ?backend.graphs.buckets(),
+                capture_ms = capture_started.elapsed().as_millis() as u64,
+                "decode graphs captured"
+            );
+        } else {
+            tracing::info!("decode graphs off: every step runs eagerly");
+        }
         tracing::info!(
             context_ms = t_context.as_millis() as u64,
             upload_ms = t_upload.as_millis() as u64,
             compile_ms = t_compile.as_millis() as u64,
+            capture_ms = capture_started.elapsed().as_millis() as u64,
             ready_ms = started.elapsed().as_millis() as u64,
             weight_bytes = backend.weights.bytes(),
             "CUDA backend ready (compile overlapped the upload)"
         );
         Ok(backend)
+    }
+
+    /// Captures the decode forward pass for every batch-size bucket. Each bucket first runs
+    /// once eagerly on padding inputs, so cuBLASLt plans its products and every module is
+    /// loaded before capture; the graph is then uploaded so its first replay costs no set-up.
+    fn capture_decode_graphs(&mut self) -> Result<(), BackendError> {
+        for bucket in plan::graph_buckets(self.limits.max_rows) {
+            let mut host = std::mem::take(&mut self.host_inputs);
+            let layout = pack_step(&[], bucket, &self.limits, &mut host);
+            self.host_inputs = host;
+            let layout = layout?;
+            let splits = self.decode_graph_splits(bucket);
+            self.copy_inputs()?;
+            self.forward(&layout, splits)?;
+            self.stream.synchronize().map_err(dev("graph warm-up"))?;
+            self.stream
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(dev("beginning graph capture"))?;
+            let captured = self.forward(&layout, splits);
+            let graph = self
+                .stream
+                .end_capture(CUgraphInstantiate_flags(0))
+                .map_err(dev("ending graph capture"));
+            captured?;
+            let graph = graph?.ok_or_else(|| {
+                BackendError::Device(format!(
+                    "capturing the decode step of {bucket} rows: empty graph"
+                ))
+            })?;
+            let graph = DecodeGraph::new(bucket, graph);
+            graph.upload().map_err(dev("uploading a graph"))?;
+            self.graphs.push(graph);
+        }
+        self.stream.synchronize().map_err(dev("graph upload"))
+    }
+
+    /// The split-K bound of the decode graph of `bucket` rows.
+    fn decode_graph_splits(&self, bucket: usize) -> usize {
+        plan::split_bound(
+            bucket,
+            self.params.num_kv_heads,
+            self.graph_split_context,
+            self.split_budget,
+        )
+    }
+
+    /// The bucket whose graph serves this batch: every row decodes one token and needs the next,
+    /// and a graph was captured for that many rows.
+    fn graph_bucket(&self, rows: &[BatchRow<'_>]) -> Option<usize> {
+        let decode_only = rows
+            .iter()
+            .all(|r| r.tokens.len() == 1 && r.sample.is_some());
+        if !decode_only {
+            return None;
+        }
+        self.graphs.bucket_for(rows.len())
+    }
+
+    /// Decode steps replayed from a CUDA graph so far.
+    pub fn graph_replays(&self) -> u64 {
+        self.graphs.replays()
+    }
+
+    /// The batch-size buckets with a captured decode graph (empty when graphs are off).
+    pub fn graph_buckets(&self) -> &[usize] {
+        self.graphs.buckets()
     }
 
     /// Copies made by steps so far.
@@ -345,9 +448,81 @@ impl CudaBackend {
         self.gemm.matmul(stream, (x, w, out), dims)
     }
 
-    /// Runs the layers over the packed step and leaves the final hidden states of the sampled
-    /// rows in `act.normed`.
-    fn forward(&mut self, layout: &StepLayout) -> Result<(), BackendError> {
+    /// Attention of one layer into `act.attn`: the tiled prefill kernel when the step carries
+    /// prefill tiles, else the paged split-K kernel and its reduction.
+    fn attention(
+        &self,
+        layout: &StepLayout,
+        layer: usize,
+        splits: usize,
+        scale: f32,
+    ) -> Result<(), BackendError> {
+        let p = &self.params;
+        let t32 = to_u32(layout.num_tokens, "tokens")?;
+        let inputs_base = self.act.inputs.ptr();
+        let input = |offset: usize| Arg::Ptr(inputs_base + (offset * 4) as u64);
+        if layout.num_tiles > 0 {
+            return self.launch(
+                &self.kernels.prefill_attention,
+                (
+                    to_u32(layout.num_tiles, "tiles")?,
+                    to_u32(p.num_kv_heads, "kv heads")?,
+                    1,
+                ),
+                256,
+                &[
+                    Arg::Ptr(self.act.q.ptr()),
+                    Arg::Ptr(self.k_cache[layer].ptr()),
+                    Arg::Ptr(self.v_cache[layer].ptr()),
+                    input(layout.block_tables()),
+                    input(layout.max_blocks_word()),
+                    input(layout.token_rows()),
+                    input(layout.positions()),
+                    input(layout.tiles()),
+                    Arg::Float(scale),
+                    Arg::Ptr(self.act.attn.ptr()),
+                ],
+            );
+        }
+        self.launch(
+            &self.kernels.attention,
+            (
+                t32,
+                to_u32(p.num_kv_heads, "kv heads")?,
+                to_u32(splits, "splits")?,
+            ),
+            128,
+            &[
+                Arg::Ptr(self.act.q.ptr()),
+                Arg::Ptr(self.k_cache[layer].ptr()),
+                Arg::Ptr(self.v_cache[layer].ptr()),
+                input(layout.block_tables()),
+                input(layout.max_blocks_word()),
+                input(layout.token_rows()),
+                input(layout.positions()),
+                Arg::Ptr(self.act.part_acc.ptr()),
+                Arg::Ptr(self.act.part_ml.ptr()),
+                Arg::Int(splits as i32),
+                Arg::Float(scale),
+            ],
+        )?;
+        self.launch(
+            &self.kernels.attention_reduce,
+            (t32, to_u32(p.num_q_heads, "q heads")?, 1),
+            p.head_dim.min(128) as u32,
+            &[
+                Arg::Ptr(self.act.part_acc.ptr()),
+                Arg::Ptr(self.act.part_ml.ptr()),
+                input(layout.positions()),
+                Arg::Int(splits as i32),
+                Arg::Ptr(self.act.attn.ptr()),
+            ],
+        )
+    }
+
+    /// Runs the layers over the packed step, with at most `splits` split-K partitions per token
+    /// in attention, and leaves the logits of the sampled rows in `act.logits`.
+    fn forward(&mut self, layout: &StepLayout, splits: usize) -> Result<(), BackendError> {
         let p = self.params.clone();
         let t = layout.num_tokens;
         let t32 = to_u32(t, "tokens")?;
@@ -355,7 +530,6 @@ impl CudaBackend {
         let input = |offset: usize| Arg::Ptr(inputs_base + (offset * 4) as u64);
         let qkv_n = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim;
         let q_width = p.num_q_heads * p.head_dim;
-        let split = plan::split_plan(t, layout.max_context, self.split_budget);
         let scale = 1.0 / (p.head_dim as f32).sqrt();
         let qkv_warps = (p.num_q_heads + 2 * p.num_kv_heads).min(32) as u32;
 
@@ -377,7 +551,7 @@ impl CudaBackend {
             self.launch(
                 &self.kernels.add_rmsnorm,
                 (t32, 1, 1),
-                256,
+                1024,
                 &[
                     Arg::Ptr(self.act.residual.ptr()),
                     Arg::Ptr(delta),
@@ -406,47 +580,14 @@ impl CudaBackend {
                     Arg::Ptr(self.v_cache[layer].ptr()),
                 ],
             )?;
-            self.launch(
-                &self.kernels.attention,
-                (
-                    t32,
-                    to_u32(p.num_kv_heads, "kv heads")?,
-                    to_u32(split.splits, "splits")?,
-                ),
-                128,
-                &[
-                    Arg::Ptr(self.act.q.ptr()),
-                    Arg::Ptr(self.k_cache[layer].ptr()),
-                    Arg::Ptr(self.v_cache[layer].ptr()),
-                    input(layout.block_tables()),
-                    Arg::Int(layout.max_blocks as i32),
-                    input(layout.token_rows()),
-                    input(layout.positions()),
-                    Arg::Ptr(self.act.part_acc.ptr()),
-                    Arg::Ptr(self.act.part_ml.ptr()),
-                    Arg::Int(split.splits as i32),
-                    Arg::Int(split.partition as i32),
-                    Arg::Float(scale),
-                ],
-            )?;
-            self.launch(
-                &self.kernels.attention_reduce,
-                (t32, to_u32(p.num_q_heads, "q heads")?, 1),
-                p.head_dim.min(128) as u32,
-                &[
-                    Arg::Ptr(self.act.part_acc.ptr()),
-                    Arg::Ptr(self.act.part_ml.ptr()),
-                    Arg::Int(split.splits as i32),
-                    Arg::Ptr(self.act.attn.ptr()),
-                ],
-            )?;
+            self.attention(layout, layer, splits, scale)?;
             let (attn, delta) = (self.act.attn.ptr(), self.act.delta.ptr());
             self.matmul(attn, o_w, delta, (t, p.hidden, q_width))?;
             let w: &LayerWeights = &self.weights.layers[layer];
             self.launch(
                 &self.kernels.add_rmsnorm,
                 (t32, 1, 1),
-                256,
+                1024,
                 &[
                     Arg::Ptr(self.act.residual.ptr()),
                     Arg::Ptr(delta),
@@ -479,7 +620,7 @@ impl CudaBackend {
             self.launch(
                 &self.kernels.add_rmsnorm,
                 (to_u32(layout.num_samples, "samples")?, 1, 1),
-                256,
+                1024,
                 &[
                     Arg::Ptr(self.act.residual.ptr()),
                     Arg::Ptr(self.act.delta.ptr()),
@@ -503,7 +644,9 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn upload_inputs(&mut self) -> Result<(), BackendError> {
+    /// Copies the packed inputs into the device input buffer (one host-to-device copy; the
+    /// caller counts it when it belongs to a step).
+    fn copy_inputs(&mut self) -> Result<usize, BackendError> {
         let bytes = self.host_inputs.len() * 4;
         // SAFETY: the device buffer holds `max_words` words and `pack_step` refused any step
         // longer than that; the host vector stays alive and unmodified until the stream is
@@ -516,8 +659,19 @@ impl CudaBackend {
             )
         }
         .map_err(dev("copying step inputs"))?;
-        self.copies.record_h2d(bytes);
-        Ok(())
+        Ok(bytes)
+    }
+
+    /// Waits for a replayed decode step without spinning through it (see `wait.rs`); other
+    /// steps are left to the synchronising copy.
+    fn settle(&mut self, bucket: Option<usize>, queued: Instant) -> Result<(), BackendError> {
+        match bucket {
+            Some(bucket) => self
+                .waiter
+                .wait(&self.stream, bucket, queued)
+                .map_err(dev("waiting for the step")),
+            None => Ok(()),
+        }
     }
 
     fn download<T: Copy + Default>(
@@ -550,22 +704,33 @@ impl Backend for CudaBackend {
         self.ctx
             .bind_to_thread()
             .map_err(dev("binding the context"))?;
+        let bucket = self.graph_bucket(rows);
+        let padding = bucket.map_or(0, |b| b - rows.len());
         let mut host = std::mem::take(&mut self.host_inputs);
-        let layout = pack_step(rows, &self.limits, &mut host);
+        let layout = pack_step(rows, padding, &self.limits, &mut host);
         self.host_inputs = host;
         let layout = layout?;
-        let device_sampling = self.options.sample_on_device
-            && rows
-                .iter()
-                .filter_map(|r| r.sample.as_ref())
-                .all(|s| s.params.is_greedy() && !s.params.has_penalties());
+        let device_sampling = self.options.sample_on_device;
         self.copies.steps += 1;
         if layout.is_empty() {
             return Ok(StepOutput::Logits(Vec::new()));
         }
-        self.upload_inputs()?;
-        self.forward(&layout)?;
-        let s = layout.num_samples;
+        let queued = Instant::now();
+        let bytes = self.copy_inputs()?;
+        self.copies.record_h2d(bytes);
+        match bucket {
+            Some(bucket) => self.graphs.replay(bucket)?,
+            None => {
+                let splits = plan::split_bound(
+                    layout.num_tokens,
+                    self.params.num_kv_heads,
+                    layout.max_context,
+                    self.split_budget,
+                );
+                self.forward(&layout, splits)?;
+            }
+        }
+        let s = layout.real_samples();
         if s == 0 {
             self.stream.synchronize().map_err(dev("step"))?;
             return Ok(if device_sampling {
@@ -576,6 +741,7 @@ impl Backend for CudaBackend {
         }
         let vocab = self.params.vocab;
         if !device_sampling {
+            self.settle(bucket, queued)?;
             let flat: Vec<f32> = self.download(self.act.logits.ptr(), s * vocab)?;
             return Ok(StepOutput::Logits(
                 flat.chunks_exact(vocab).map(<[f32]>::to_vec).collect(),
@@ -587,10 +753,14 @@ impl Backend for CudaBackend {
             1024,
             &[
                 Arg::Ptr(self.act.logits.ptr()),
+                Arg::Ptr(self.act.probs.ptr()),
                 Arg::Ptr(self.act.inputs.at(layout.top_n() * 4)),
+                Arg::Ptr(self.act.inputs.at(layout.sample_params() * 4)),
+                Arg::Ptr(self.act.inputs.at(layout.penalties() * 4)),
                 Arg::Ptr(self.act.sampled.ptr()),
             ],
         )?;
+        self.settle(bucket, queued)?;
         let words: Vec<i32> = self.download(self.act.sampled.ptr(), s * SAMPLE_STRIDE)?;
         let specs = rows.iter().filter_map(|r| r.sample.as_ref());
         let tokens = words
@@ -644,6 +814,7 @@ impl Activations {
             part_ml: DeviceBuffer::new(partials * 2 * 4)?,
             logits: DeviceBuffer::new(max_rows * cfg.vocab_size * 4)?,
             sampled: DeviceBuffer::new(max_rows * SAMPLE_STRIDE * 4)?,
+            probs: DeviceBuffer::new(max_rows * cfg.vocab_size * 4)?,
         })
     }
 }

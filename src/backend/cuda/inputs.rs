@@ -2,62 +2,102 @@
 //! host-to-device copy (see `docs/cuda-backend.md`: in confidential-computing mode every copy
 //! goes through an encrypted bounce buffer and costs a fixed overhead).
 //!
-//! The packed buffer is an array of `i32` holding, in order: token ids `[T]`, positions `[T]`,
-//! KV-cache slots `[T]`, the row of each token `[T]`, the block tables `[R * max_blocks]`
-//! (zero-padded), the token index of each sampled row `[S]` and the number of logprob
-//! alternatives of each sampled row `[S]`.
+//! The packed buffer is an array of `i32` holding, in order: the block-table stride (one word),
+//! token ids `[T]`, positions `[T]`, KV-cache slots `[T]`, the row of each token `[T]`, the token
+//! index of each sampled row `[S]`, the number of logprob alternatives of each sampled row `[S]`,
+//! the sampling parameters of each sampled row `[S * SAMPLE_PARAMS]` (temperature, top-k, top-p,
+//! min-p, presence, frequency and repetition penalties as float bits or ints, the seed and the
+//! draw index as 32-bit halves, and where its penalty list starts and how long it is), the block
+//! tables `[R * max_blocks]` (zero-padded) and last the penalty lists (distinct `(token, times
+//! generated)` pairs), then, for steps with a prefill row, the prefill-attention tiles (`(first
+//! token, count)` pairs: every row's tokens cut into runs of at most `tile_tokens`). The forward
+//! pass reads only what precedes the block tables at offsets
+//! that depend on T and S alone, and it reads the table stride from the buffer: a decode step
+//! padded to a fixed T = S can replay a CUDA graph captured once for that size.
+//!
+//! Padding tokens (for decode graphs) have token 0, position 0, slot -1 (the QKV kernel writes no
+//! cache entry), row -1 (attention outputs zero) and are sampled with no alternatives; their
+//! results are never copied back.
 
-use crate::engine::{BLOCK_SIZE, BackendError, BatchRow};
+use std::collections::HashMap;
 
-use super::kernels::MAX_TOP_LOGPROBS;
+use crate::engine::{BLOCK_SIZE, BackendError, BatchRow, SampleSpec};
+
+use super::kernels::{MAX_TOP_LOGPROBS, SAMPLE_PARAMS};
 
 /// Offsets (in `i32` words) of each array in a packed step buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StepLayout {
-    /// Tokens in the step (T).
+    /// Tokens in the step, padding included (T).
     pub num_tokens: usize,
-    /// Rows in the step (R).
+    /// Rows with a block table (R, the batch's own rows).
     pub num_rows: usize,
-    /// Rows that need a next token (S).
+    /// Rows that need a next token, padding included (S).
     pub num_samples: usize,
+    /// Padding tokens at the end of the step (each also a sampled row).
+    pub padding: usize,
     /// Stride of the block-table array: the longest block table of the step.
     pub max_blocks: usize,
+    /// Words of the penalty lists.
+    pub penalty_words: usize,
+    /// Prefill-attention tiles (0: attention runs in the paged split-K kernel).
+    pub num_tiles: usize,
     /// Longest context any token attends to (for the split-K decision).
     pub max_context: usize,
 }
 
 impl StepLayout {
+    /// Offset of the block-table stride word.
+    pub fn max_blocks_word(&self) -> usize {
+        0
+    }
     /// Offset of the token ids.
     pub fn tokens(&self) -> usize {
-        0
+        1
     }
     /// Offset of the positions.
     pub fn positions(&self) -> usize {
-        self.num_tokens
+        1 + self.num_tokens
     }
     /// Offset of the KV-cache slots.
     pub fn slots(&self) -> usize {
-        2 * self.num_tokens
+        1 + 2 * self.num_tokens
     }
     /// Offset of the row index of each token.
     pub fn token_rows(&self) -> usize {
-        3 * self.num_tokens
-    }
-    /// Offset of the block tables.
-    pub fn block_tables(&self) -> usize {
-        4 * self.num_tokens
+        1 + 3 * self.num_tokens
     }
     /// Offset of the token index of each sampled row.
     pub fn sample_tokens(&self) -> usize {
-        self.block_tables() + self.num_rows * self.max_blocks
+        1 + 4 * self.num_tokens
     }
     /// Offset of the logprob alternatives of each sampled row.
     pub fn top_n(&self) -> usize {
         self.sample_tokens() + self.num_samples
     }
+    /// Offset of the sampling parameters (`SAMPLE_PARAMS` words per sampled row).
+    pub fn sample_params(&self) -> usize {
+        self.top_n() + self.num_samples
+    }
+    /// Offset of the block tables.
+    pub fn block_tables(&self) -> usize {
+        self.sample_params() + SAMPLE_PARAMS * self.num_samples
+    }
+    /// Offset of the penalty lists.
+    pub fn penalties(&self) -> usize {
+        self.block_tables() + self.num_rows * self.max_blocks
+    }
+    /// Offset of the prefill-attention tiles.
+    pub fn tiles(&self) -> usize {
+        self.penalties() + self.penalty_words
+    }
     /// Total words.
     pub fn len(&self) -> usize {
-        self.top_n() + self.num_samples
+        self.tiles() + 2 * self.num_tiles
+    }
+    /// Sampled rows that belong to the batch (padding excluded).
+    pub fn real_samples(&self) -> usize {
+        self.num_samples - self.padding
     }
     /// Whether the step carries no tokens.
     pub fn is_empty(&self) -> bool {
@@ -78,17 +118,108 @@ pub struct StepLimits {
     pub vocab: usize,
     /// Words of the device input buffer.
     pub max_words: usize,
+    /// Tokens per prefill-attention tile (0: no tiles, the paged kernel serves every step).
+    pub tile_tokens: usize,
 }
 
-/// Packs a batch into `out` and returns its layout. Every index that a kernel will follow is
-/// checked here, so a malformed batch is refused before anything reaches the device.
+/// Words of the device input buffer for these step limits (tiles included), block tables of at most
+/// `max_blocks_per_seq` entries and penalty lists of at most `max_penalty_tokens` tokens per row.
+pub fn max_words(
+    max_tokens: usize,
+    max_rows: usize,
+    max_blocks_per_seq: usize,
+    max_penalty_tokens: usize,
+) -> usize {
+    1 + 6 * max_tokens
+        + (2 + SAMPLE_PARAMS) * max_rows
+        + max_rows * max_blocks_per_seq
+        + 2 * max_rows * max_penalty_tokens
+}
+
+/// Appends the penalty list of a sampled row to `pairs` as distinct `(token, times generated)`
+/// pairs: every token of prompt and output when the repetition penalty is on, and the generated
+/// tokens (with their counts) when the frequency or presence penalty is on. Returns the number of
+/// pairs.
+fn pack_penalties(
+    spec: &SampleSpec<'_>,
+    seq_id: u64,
+    vocab: usize,
+    pairs: &mut Vec<i32>,
+) -> Result<usize, BackendError> {
+    let params = spec.params;
+    if !params.has_penalties() {
+        return Ok(0);
+    }
+    let repetition = params.repetition_penalty != 1.0;
+    let additive = params.frequency_penalty != 0.0 || params.presence_penalty != 0.0;
+    let mut counts: HashMap<u32, i32> = HashMap::new();
+    if repetition {
+        for &token in spec.prompt.iter().chain(spec.output) {
+            counts.entry(token).or_insert(0);
+        }
+    }
+    if additive {
+        for &token in spec.output {
+            *counts.entry(token).or_insert(0) += 1;
+        }
+    }
+    for (&token, &generated) in &counts {
+        if token as usize >= vocab {
+            return Err(BackendError::InvalidBatch(format!(
+                "row {seq_id}: penalised token {token} is outside the vocabulary of {vocab}"
+            )));
+        }
+        pairs.extend([token as i32, generated]);
+    }
+    Ok(counts.len())
+}
+
+/// The parameter words of one sampled row (see `kernels/sampling.cu`).
+fn sample_params(
+    spec: &SampleSpec<'_>,
+    penalty_at: usize,
+    penalty_len: usize,
+) -> Result<[i32; SAMPLE_PARAMS], BackendError> {
+    let p = spec.params;
+    let bits = |x: f32| x.to_bits() as i32;
+    let lo = |x: u64| x as u32 as i32;
+    let hi = |x: u64| (x >> 32) as u32 as i32;
+    Ok([
+        bits(p.temperature),
+        i32::try_from(p.top_k).unwrap_or(i32::MAX),
+        bits(p.top_p),
+        bits(p.min_p),
+        bits(p.presence_penalty),
+        bits(p.frequency_penalty),
+        bits(p.repetition_penalty),
+        lo(spec.seed),
+        hi(spec.seed),
+        lo(spec.draw_index),
+        hi(spec.draw_index),
+        to_i32(penalty_at)?,
+        to_i32(penalty_len)?,
+    ])
+}
+
+/// The parameter words of a padding row: greedy, no penalties.
+fn padding_params() -> [i32; SAMPLE_PARAMS] {
+    let mut words = [0; SAMPLE_PARAMS];
+    words[2] = 1.0f32.to_bits() as i32;
+    words[6] = 1.0f32.to_bits() as i32;
+    words
+}
+
+/// Packs a batch into `out`, followed by `padding` padding tokens (each a sampled row), and
+/// returns its layout. Every index that a kernel will follow is checked here, so a malformed
+/// batch is refused before anything reaches the device.
 pub fn pack_step(
     rows: &[BatchRow<'_>],
+    padding: usize,
     limits: &StepLimits,
     out: &mut Vec<i32>,
 ) -> Result<StepLayout, BackendError> {
-    let num_tokens: usize = rows.iter().map(|r| r.tokens.len()).sum();
-    let num_samples = rows.iter().filter(|r| r.sample.is_some()).count();
+    let num_tokens: usize = rows.iter().map(|r| r.tokens.len()).sum::<usize>() + padding;
+    let num_samples = rows.iter().filter(|r| r.sample.is_some()).count() + padding;
     let max_blocks = rows
         .iter()
         .map(|r| r.block_table.len())
@@ -101,19 +232,49 @@ pub fn pack_step(
             limits.max_tokens
         )));
     }
-    if rows.len() > limits.max_rows {
+    if rows.len().max(num_samples) > limits.max_rows {
         return Err(BackendError::InvalidBatch(format!(
             "{} rows exceed the step limit of {}",
-            rows.len(),
+            rows.len().max(num_samples),
             limits.max_rows
         )));
     }
+    let mut pairs = Vec::new();
+    let mut penalty_lists = Vec::with_capacity(num_samples);
+    for row in rows {
+        if let Some(spec) = &row.sample {
+            let at = pairs.len();
+            let len = pack_penalties(spec, row.seq_id, limits.vocab, &mut pairs)?;
+            penalty_lists.push((at, len));
+        }
+    }
+    let prefill = rows.iter().any(|r| r.tokens.len() > 1);
+    let tiles: Vec<(usize, usize)> = if prefill && limits.tile_tokens > 0 {
+        let mut first = 0;
+        let mut tiles = Vec::new();
+        for row in rows {
+            let n = row.tokens.len();
+            let mut done = 0;
+            while done < n {
+                let count = limits.tile_tokens.min(n - done);
+                tiles.push((first + done, count));
+                done += count;
+            }
+            first += n;
+        }
+        tiles
+    } else {
+        Vec::new()
+    };
     let mut max_context = 0;
     let layout_probe = StepLayout {
         num_tokens,
         num_rows: rows.len(),
         num_samples,
+        padding,
         max_blocks,
+        penalty_words: pairs.len(),
+        num_tiles: tiles.len(),
         max_context,
     };
     if layout_probe.len() > limits.max_words {
@@ -125,6 +286,12 @@ pub fn pack_step(
     }
     out.clear();
     out.resize(layout_probe.len(), 0);
+    out[layout_probe.max_blocks_word()] = to_i32(max_blocks)?;
+    out[layout_probe.penalties()..layout_probe.tiles()].copy_from_slice(&pairs);
+    for (i, &(first, count)) in tiles.iter().enumerate() {
+        out[layout_probe.tiles() + 2 * i] = to_i32(first)?;
+        out[layout_probe.tiles() + 2 * i + 1] = to_i32(count)?;
+    }
     let mut t = 0;
     let mut s = 0;
     for (r, row) in rows.iter().enumerate() {
@@ -171,8 +338,20 @@ pub fn pack_step(
             out[layout_probe.sample_tokens() + s] = (t - 1) as i32;
             let top = spec.logprobs.unwrap_or(0) as usize;
             out[layout_probe.top_n() + s] = top.min(MAX_TOP_LOGPROBS) as i32;
+            let (at, len) = penalty_lists[s];
+            let words = layout_probe.sample_params() + s * SAMPLE_PARAMS;
+            out[words..words + SAMPLE_PARAMS].copy_from_slice(&sample_params(spec, at, len)?);
             s += 1;
         }
+    }
+    for _ in 0..padding {
+        out[layout_probe.slots() + t] = -1;
+        out[layout_probe.token_rows() + t] = -1;
+        out[layout_probe.sample_tokens() + s] = t as i32;
+        let words = layout_probe.sample_params() + s * SAMPLE_PARAMS;
+        out[words..words + SAMPLE_PARAMS].copy_from_slice(&padding_params());
+        t += 1;
+        s += 1;
     }
     Ok(StepLayout {
         max_context,
@@ -236,6 +415,7 @@ mod tests {
             num_blocks: 10,
             vocab: 100,
             max_words: 1024,
+            tile_tokens: 2,
         }
     }
 
@@ -269,7 +449,7 @@ mod tests {
             },
         ];
         let mut out = Vec::new();
-        let layout = pack_step(&rows, &limits(), &mut out).expect("packs");
+        let layout = pack_step(&rows, 0, &limits(), &mut out).expect("packs");
         assert_eq!(
             (
                 layout.num_tokens,
@@ -279,6 +459,7 @@ mod tests {
             ),
             (4, 2, 1, 2)
         );
+        assert_eq!(out[layout.max_blocks_word()], 2);
         assert_eq!(layout.max_context, 18);
         assert_eq!(out.len(), layout.len());
         assert_eq!(&out[layout.tokens()..layout.tokens() + 4], &[5, 1, 2, 3]);
@@ -300,6 +481,10 @@ mod tests {
         );
         assert_eq!(out[layout.sample_tokens()], 0);
         assert_eq!(out[layout.top_n()], 3);
+        // Prefill tiles of at most 2 tokens per row: the decode token, then the 3-token chunk.
+        assert_eq!(layout.num_tiles, 3);
+        assert_eq!(&out[layout.tiles()..], &[0, 1, 1, 2, 3, 1]);
+        assert_eq!(out.len(), layout.len());
     }
 
     #[test]
@@ -312,7 +497,7 @@ mod tests {
             block_table: &[3],
             sample: None,
         }];
-        assert!(pack_step(&short, &limits(), &mut out).is_err());
+        assert!(pack_step(&short, 0, &limits(), &mut out).is_err());
         let far = [BatchRow {
             seq_id: 1,
             tokens: &[5],
@@ -320,7 +505,7 @@ mod tests {
             block_table: &[10],
             sample: None,
         }];
-        assert!(pack_step(&far, &limits(), &mut out).is_err());
+        assert!(pack_step(&far, 0, &limits(), &mut out).is_err());
         let bad_token = [BatchRow {
             seq_id: 1,
             tokens: &[100],
@@ -328,7 +513,7 @@ mod tests {
             block_table: &[1],
             sample: None,
         }];
-        assert!(pack_step(&bad_token, &limits(), &mut out).is_err());
+        assert!(pack_step(&bad_token, 0, &limits(), &mut out).is_err());
         let tokens = [0u32; 65];
         let table = [0u32; 5];
         let long = [BatchRow {
@@ -338,7 +523,164 @@ mod tests {
             block_table: &table,
             sample: None,
         }];
-        assert!(pack_step(&long, &limits(), &mut out).is_err());
+        assert!(pack_step(&long, 0, &limits(), &mut out).is_err());
+    }
+
+    #[test]
+    fn pads_a_decode_batch_to_its_bucket() {
+        let params = SamplingParams::default();
+        let spec = SampleSpec {
+            params: &params,
+            seed: 1,
+            draw_index: 0,
+            prompt: &[],
+            output: &[],
+            logprobs: Some(2),
+        };
+        let rows = [
+            BatchRow {
+                seq_id: 1,
+                tokens: &[5],
+                start_pos: 17,
+                block_table: &[3, 7],
+                sample: Some(spec),
+            },
+            BatchRow {
+                seq_id: 2,
+                tokens: &[9],
+                start_pos: 4,
+                block_table: &[2],
+                sample: Some(spec),
+            },
+        ];
+        let mut out = Vec::new();
+        let layout = pack_step(&rows, 2, &limits(), &mut out).expect("packs");
+        assert_eq!(
+            (
+                layout.num_tokens,
+                layout.num_rows,
+                layout.num_samples,
+                layout.real_samples()
+            ),
+            (4, 2, 4, 2)
+        );
+        // The offsets of a padded step depend on the bucket alone, not on the table lengths.
+        let mut other = Vec::new();
+        let short_rows = [
+            BatchRow {
+                block_table: &[3],
+                start_pos: 3,
+                ..rows[0]
+            },
+            rows[1],
+        ];
+        let short = pack_step(&short_rows, 2, &limits(), &mut other).expect("packs");
+        assert_eq!(short.sample_tokens(), layout.sample_tokens());
+        assert_eq!(short.top_n(), layout.top_n());
+        assert_eq!(short.block_tables(), layout.block_tables());
+        assert_eq!((other[0], out[0]), (1, 2));
+        assert_eq!(&out[layout.tokens()..layout.tokens() + 4], &[5, 9, 0, 0]);
+        assert_eq!(
+            &out[layout.slots()..layout.slots() + 4],
+            &[7 * 16 + 1, 2 * 16 + 4, -1, -1]
+        );
+        assert_eq!(
+            &out[layout.token_rows()..layout.token_rows() + 4],
+            &[0, 1, -1, -1]
+        );
+        assert_eq!(
+            &out[layout.sample_tokens()..layout.sample_tokens() + 4],
+            &[0, 1, 2, 3]
+        );
+        assert_eq!(&out[layout.top_n()..layout.top_n() + 4], &[2, 2, 0, 0]);
+        assert_eq!(&out[layout.block_tables()..], &[3, 7, 2, 0]);
+        // Padding past the row limit is refused.
+        assert!(pack_step(&rows, 7, &limits(), &mut out).is_err());
+    }
+
+    #[test]
+    fn packs_sampling_parameters_and_penalty_lists() {
+        let params = SamplingParams {
+            temperature: 0.5,
+            top_k: 40,
+            top_p: 0.9,
+            min_p: 0.05,
+            repetition_penalty: 1.3,
+            frequency_penalty: 0.25,
+            presence_penalty: 0.5,
+            seed: None,
+        };
+        let spec = SampleSpec {
+            params: &params,
+            seed: 0x1234_5678_9abc_def0,
+            draw_index: 7,
+            prompt: &[1, 2],
+            output: &[2, 2, 3],
+            logprobs: None,
+        };
+        let plain = SamplingParams::default();
+        let rows = [
+            BatchRow {
+                seq_id: 1,
+                tokens: &[3],
+                start_pos: 4,
+                block_table: &[1],
+                sample: Some(SampleSpec {
+                    params: &plain,
+                    ..spec
+                }),
+            },
+            BatchRow {
+                seq_id: 2,
+                tokens: &[3],
+                start_pos: 5,
+                block_table: &[2],
+                sample: Some(spec),
+            },
+        ];
+        let mut out = Vec::new();
+        let layout = pack_step(&rows, 1, &limits(), &mut out).expect("packs");
+        let words = |s: usize| {
+            let at = layout.sample_params() + s * SAMPLE_PARAMS;
+            out[at..at + SAMPLE_PARAMS].to_vec()
+        };
+        let f = |x: f32| x.to_bits() as i32;
+        // No penalties: an empty list.
+        assert_eq!(words(0)[12], 0);
+        let w = words(1);
+        assert_eq!(
+            &w[..11],
+            &[
+                f(0.5),
+                40,
+                f(0.9),
+                f(0.05),
+                f(0.5),
+                f(0.25),
+                f(1.3),
+                0x9abc_def0_u32 as i32,
+                0x1234_5678,
+                7,
+                0
+            ]
+        );
+        // Distinct (token, times generated) pairs over prompt and output.
+        let list = &out[layout.penalties() + w[11] as usize..][..2 * w[12] as usize];
+        let mut pairs: Vec<(i32, i32)> = list.chunks_exact(2).map(|p| (p[0], p[1])).collect();
+        pairs.sort_unstable();
+        assert_eq!(pairs, vec![(1, 0), (2, 2), (3, 1)]);
+        assert_eq!(layout.len(), out.len());
+        // The padding row is greedy with no penalties.
+        assert_eq!(words(2), padding_params().to_vec());
+        // A penalised token outside the vocabulary is refused.
+        let bad = [BatchRow {
+            sample: Some(SampleSpec {
+                output: &[100],
+                ..spec
+            }),
+            ..rows[1]
+        }];
+        assert!(pack_step(&bad, 0, &limits(), &mut out).is_err());
     }
 
     #[test]

@@ -23,6 +23,10 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 /// Words per sampled row in the sampling kernel's output (see `kernels/sampling.cu`).
 pub const SAMPLE_STRIDE: usize = 2 + 2 * MAX_TOP_LOGPROBS;
 
+/// Parameter words per sampled row in the packed step inputs (see `inputs::pack_step` and
+/// `kernels/sampling.cu`).
+pub const SAMPLE_PARAMS: usize = 13;
+
 /// One kernel family: a source file and the entry points it defines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KernelFamily {
@@ -35,7 +39,7 @@ pub struct KernelFamily {
 }
 
 /// Every family the backend compiles when a model loads.
-pub const FAMILIES: [KernelFamily; 6] = [
+pub const FAMILIES: [KernelFamily; 7] = [
     KernelFamily {
         name: "embedding.cu",
         source: include_str!("../../../kernels/embedding.cu"),
@@ -57,6 +61,11 @@ pub const FAMILIES: [KernelFamily; 6] = [
         entry_points: &["paged_attention", "attention_reduce"],
     },
     KernelFamily {
+        name: "prefill_attention.cu",
+        source: include_str!("../../../kernels/prefill_attention.cu"),
+        entry_points: &["prefill_attention"],
+    },
+    KernelFamily {
         name: "swiglu.cu",
         source: include_str!("../../../kernels/swiglu.cu"),
         entry_points: &["swiglu"],
@@ -64,7 +73,7 @@ pub const FAMILIES: [KernelFamily; 6] = [
     KernelFamily {
         name: "sampling.cu",
         source: include_str!("../../../kernels/sampling.cu"),
-        entry_points: &["sample_greedy"],
+        entry_points: &["sample_tokens"],
     },
 ];
 
@@ -129,6 +138,7 @@ impl KernelParams {
             ("QK_NORM", usize::from(self.qk_norm)),
             ("SLIDING_WINDOW", self.sliding_window),
             ("MAX_TOP_LOGPROBS", MAX_TOP_LOGPROBS),
+            ("SAMPLE_PARAMS", SAMPLE_PARAMS),
         ];
         for (name, value) in ints {
             // Writing to a String cannot fail.

@@ -8,11 +8,14 @@ mod backend;
 mod cc;
 mod compile;
 mod gemm;
+mod graphs;
 mod inputs;
 mod kernels;
 mod memory;
 mod plan;
 mod probe;
+mod upload;
+mod wait;
 mod weights;
 
 pub use backend::{CudaBackend, CudaInitError, CudaOptions};

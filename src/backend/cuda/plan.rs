@@ -1,5 +1,6 @@
-//! Host-side decisions that size device buffers and launches: KV-cache capacity and the
-//! split-K plan of the attention kernel. Pure functions, tested without a GPU.
+//! Host-side decisions that size device buffers and launches: KV-cache capacity, the split-K
+//! bound of the attention kernel and the batch-size buckets of the decode graphs. Pure
+//! functions, tested without a GPU.
 
 use crate::engine::BLOCK_SIZE;
 
@@ -18,26 +19,65 @@ pub fn kv_blocks(free_bytes: usize, fraction: f64, block_bytes: usize) -> usize 
     budget / block_bytes
 }
 
-/// Split-K plan of one attention launch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SplitPlan {
-    /// Partitions of the context (grid z).
-    pub splits: usize,
-    /// Positions per partition (a multiple of the block size).
-    pub partition: usize,
-}
+/// Positions a partition should hold at least, so short contexts use one partition. Equals
+/// `ATTN_MIN_PARTITION` in `kernels/attention.cu`, which derives each token's own partition.
+pub const MIN_PARTITION: usize = 32;
 
-/// Positions a partition should hold at least, so short contexts use one partition.
-const MIN_PARTITION: usize = 256;
+/// Attention blocks (tokens × KV heads × splits) a launch aims for: enough to fill every SM of a
+/// large GPU several times over, so a small batch splits its contexts and a large one does not
+/// split more than that needs.
+pub const TARGET_BLOCKS: usize = 1024;
 
-/// Plans the split-K launch for `num_tokens` query tokens whose longest context is
-/// `max_context`, given room for `budget` (token, split) partial results.
-pub fn split_plan(num_tokens: usize, max_context: usize, budget: usize) -> SplitPlan {
+/// Longest context the decode graphs' split bound is sized for. Longer contexts still attend
+/// correctly: their partitions grow instead of their number.
+pub const GRAPH_SPLIT_CONTEXT: usize = 16_384;
+
+/// The most split-K partitions per token of one attention launch (grid z and the stride of the
+/// partial buffers) for `num_tokens` query tokens of `kv_heads` KV heads whose longest context is
+/// `max_context`, given room for `budget` (token, split) partial results: enough splits to reach
+/// `TARGET_BLOCKS` blocks, no more than the context needs. Each token then uses
+/// `min(bound, ceil(context / MIN_PARTITION))` partitions (see `kernels/attention.cu`).
+pub fn split_bound(num_tokens: usize, kv_heads: usize, max_context: usize, budget: usize) -> usize {
     let wanted = max_context.div_ceil(MIN_PARTITION).max(1);
     let room = (budget / num_tokens.max(1)).max(1);
-    let splits = wanted.min(room);
-    let partition = max_context.max(1).div_ceil(splits).div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
-    SplitPlan { splits, partition }
+    let fill = TARGET_BLOCKS
+        .div_ceil(num_tokens.max(1) * kv_heads.max(1))
+        .max(1);
+    wanted.min(room).min(fill)
+}
+
+/// Query vectors (tokens × query heads of one KV head) one tile of the prefill attention kernel
+/// holds. Equals `F_ROWS` in `kernels/prefill_attention.cu`.
+pub const FLASH_ROWS: usize = 32;
+
+/// Tokens per prefill-attention tile for `group` query heads per KV head; 0 when a group does
+/// not fit in one tile (the paged kernel then serves prefill too).
+pub fn flash_tile_tokens(group: usize) -> usize {
+    if group == 0 || group > FLASH_ROWS {
+        0
+    } else {
+        FLASH_ROWS / group
+    }
+}
+
+/// The batch sizes a decode graph is captured for: powers of two up to `max_rows`, and
+/// `max_rows` itself.
+pub fn graph_buckets(max_rows: usize) -> Vec<usize> {
+    let mut buckets: Vec<usize> = std::iter::successors(Some(1usize), |b| b.checked_mul(2))
+        .take_while(|&b| b < max_rows)
+        .collect();
+    if max_rows > 0 {
+        buckets.push(max_rows);
+    }
+    buckets
+}
+
+/// The smallest bucket that holds `rows` decode rows, if any (`buckets` ascending).
+pub fn bucket_for(buckets: &[usize], rows: usize) -> Option<usize> {
+    if rows == 0 {
+        return None;
+    }
+    buckets.iter().copied().find(|&b| b >= rows)
 }
 
 /// The (token, split) partial results the attention buffers hold for a step limit of
@@ -60,7 +100,7 @@ mod tests {
     }
 
     #[test]
-    fn split_plan_covers_the_context_within_the_budget() {
+    fn split_bound_stays_within_the_budget() {
         for (tokens, ctx, budget) in [
             (1, 1, 4096),
             (1, 100_000, 4096),
@@ -68,19 +108,53 @@ mod tests {
             (2048, 2048, 8192),
             (4096, 50_000, 4096),
         ] {
-            let plan = split_plan(tokens, ctx, budget);
+            let bound = split_bound(tokens, 8, ctx, budget);
+            assert!(bound >= 1);
             assert!(
-                plan.splits * plan.partition >= ctx,
-                "{plan:?} misses context {ctx}"
+                tokens * bound <= budget.max(tokens),
+                "{bound} splits of {tokens} tokens overflow {budget}"
             );
-            assert!(
-                tokens * plan.splits <= budget.max(tokens),
-                "{plan:?} overflows the budget"
-            );
-            assert_eq!(plan.partition % BLOCK_SIZE, 0);
+            assert!(bound <= ctx.div_ceil(MIN_PARTITION).max(1));
         }
         // Decode over a long context splits; a short one does not.
-        assert!(split_plan(1, 8192, 4096).splits > 1);
-        assert_eq!(split_plan(8, 200, 4096).splits, 1);
+        assert!(split_bound(1, 8, 8192, 4096) > 1);
+        assert_eq!(split_bound(8, 8, 20, 4096), 1);
+        // A small batch splits even a moderate context; a large batch does not need to.
+        assert_eq!(split_bound(1, 8, 200, 4096), 7);
+        assert_eq!(split_bound(64, 8, 200, 4096), 2);
+        assert_eq!(split_bound(1024, 8, 8192, 8192), 1);
+    }
+
+    #[test]
+    fn kernel_and_host_agree_on_the_minimum_partition() {
+        let source = include_str!("../../../kernels/attention.cu");
+        assert!(source.contains(&format!("#define ATTN_MIN_PARTITION {MIN_PARTITION}\n")));
+    }
+
+    #[test]
+    fn prefill_tiles_fit_the_kernel() {
+        let source = include_str!("../../../kernels/prefill_attention.cu");
+        assert!(source.contains(&format!("#define F_ROWS {FLASH_ROWS}\n")));
+        assert_eq!(flash_tile_tokens(4), 8);
+        assert_eq!(flash_tile_tokens(1), 32);
+        assert_eq!(flash_tile_tokens(7), 4);
+        assert_eq!(flash_tile_tokens(64), 0);
+    }
+
+    #[test]
+    fn buckets_cover_every_batch_size_up_to_the_limit() {
+        assert_eq!(graph_buckets(64), vec![1, 2, 4, 8, 16, 32, 64]);
+        assert_eq!(graph_buckets(48), vec![1, 2, 4, 8, 16, 32, 48]);
+        assert_eq!(graph_buckets(1), vec![1]);
+        assert!(graph_buckets(0).is_empty());
+        let buckets = graph_buckets(48);
+        for rows in 1..=48 {
+            let b = bucket_for(&buckets, rows).expect("a bucket");
+            assert!(b >= rows && b < 2 * rows.max(1) + 1, "{rows} rows -> {b}");
+        }
+        assert_eq!(bucket_for(&buckets, 3), Some(4));
+        assert_eq!(bucket_for(&buckets, 33), Some(48));
+        assert_eq!(bucket_for(&buckets, 49), None);
+        assert_eq!(bucket_for(&buckets, 0), None);
     }
 }

@@ -1,15 +1,15 @@
 //! Uploading a model's weights to the GPU in bf16, with the q/k/v and gate/up projections fused
 //! into one matrix each (so a layer runs four GEMMs).
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
 
-use crate::model::{DType, Model};
+use crate::model::Model;
 
 use super::backend::CudaInitError;
 use super::memory::DeviceBuffer;
+use super::upload::{self, Piece};
 
 /// One transformer block's weights on the device.
 pub struct LayerWeights {
@@ -48,27 +48,6 @@ pub struct ModelWeightsOnDevice {
     bytes: usize,
 }
 
-/// Converts a tensor's bytes to bf16, borrowing when it already is.
-fn to_bf16<'a>(dtype: DType, data: &'a [u8]) -> Cow<'a, [u8]> {
-    match dtype {
-        DType::BF16 => Cow::Borrowed(data),
-        DType::F16 => Cow::Owned(
-            data.chunks_exact(2)
-                .flat_map(|c| {
-                    f32_to_bf16(f16_to_f32(u16::from_le_bytes([c[0], c[1]]))).to_le_bytes()
-                })
-                .collect(),
-        ),
-        DType::F32 => Cow::Owned(
-            data.chunks_exact(4)
-                .flat_map(|c| {
-                    f32_to_bf16(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes()
-                })
-                .collect(),
-        ),
-    }
-}
-
 /// Rounds to bf16, nearest even (the kernels' rounding).
 pub fn f32_to_bf16(x: f32) -> u16 {
     let bits = x.to_bits();
@@ -98,14 +77,16 @@ pub fn f16_to_f32(h: u16) -> f32 {
     f32::from_bits(bits)
 }
 
+/// Allocates each weight's device buffer and collects the pieces to copy into it.
 struct Uploader<'m> {
     model: &'m Model,
+    pieces: Vec<Piece<'m>>,
     bytes: usize,
 }
 
-impl Uploader<'_> {
-    /// Uploads the named tensors, checked against their expected shapes, one after another
-    /// into one buffer.
+impl<'m> Uploader<'m> {
+    /// Allocates one buffer for the named tensors, checked against their expected shapes, and
+    /// queues them to be copied one after another into it.
     fn stacked(&mut self, parts: &[(String, Vec<usize>)]) -> Result<DeviceBuffer, CudaInitError> {
         let total: usize = parts
             .iter()
@@ -125,9 +106,12 @@ impl Uploader<'_> {
                     view.shape
                 )));
             }
-            let data = to_bf16(view.dtype, view.data);
-            buffer.write_at(offset, &data)?;
-            offset += data.len();
+            self.pieces.push(Piece {
+                dst: buffer.at(offset),
+                dtype: view.dtype,
+                data: view.data,
+            });
+            offset += shape.iter().product::<usize>() * 2;
         }
         self.bytes += total;
         Ok(buffer)
@@ -139,7 +123,8 @@ impl Uploader<'_> {
 }
 
 impl ModelWeightsOnDevice {
-    /// Uploads every weight the architecture needs.
+    /// Uploads every weight the architecture needs (see `upload.rs`: parallel reads through
+    /// pinned staging buffers on several streams) and logs the upload's timeline.
     pub fn upload(ctx: &Arc<CudaContext>, model: &Model) -> Result<Self, CudaInitError> {
         ctx.bind_to_thread()
             .map_err(|e| CudaInitError::Device(e.to_string()))?;
@@ -152,7 +137,11 @@ impl ModelWeightsOnDevice {
             c.intermediate_size,
             c.vocab_size,
         );
-        let mut up = Uploader { model, bytes: 0 };
+        let mut up = Uploader {
+            model,
+            pieces: Vec::new(),
+            bytes: 0,
+        };
         let embed = up.one("model.embed_tokens.weight".into(), vec![v, h])?;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
@@ -207,6 +196,20 @@ impl ModelWeightsOnDevice {
             .flat_map(|f| f.to_le_bytes())
             .collect();
         let inv_freq = DeviceBuffer::from_bytes(&inv)?;
+        let stats =
+            upload::upload(ctx, &up.pieces).map_err(|e| CudaInitError::Weights(e.to_string()))?;
+        let secs = stats.wall.as_secs_f64().max(1e-9);
+        tracing::info!(
+            bytes = stats.bytes,
+            chunks = stats.chunks,
+            workers = upload::WORKERS,
+            staging_mib = upload::STAGING_BYTES >> 20,
+            wall_ms = stats.wall.as_millis() as u64,
+            read_ms_summed = stats.read.as_millis() as u64,
+            wait_ms_summed = stats.wait.as_millis() as u64,
+            gb_per_s = format!("{:.1}", stats.bytes as f64 / secs / 1e9),
+            "weights uploaded (parallel reads, pinned staging, one stream per worker)"
+        );
         Ok(Self {
             embed,
             layers,
