@@ -5,8 +5,9 @@
 //!   fsync); each simulated request awaits its request record, as the server does before it
 //!   answers, then appends its completion record.
 //! - `serving_throughput_with_and_without_audit`: the real server (`inferno serve`, embedded
-//!   model, CPU backend) saturated by concurrent clients, with and without `[audit]`,
-//!   alternating runs; prints the throughput of each and the relative cost of the log.
+//!   model, CPU backend) saturated by concurrent clients, with and without `[audit]`, side
+//!   by side in each round (the order alternating between rounds); prints each round's
+//!   throughputs and cost, then the median cost and its spread (min and max over the rounds).
 
 mod spawn_support;
 
@@ -15,7 +16,7 @@ use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inferno::audit::{AuditConfig, AuditSink, CompletionFacts, RequestFacts};
+use inferno::audit::{AuditConfig, AuditSink, CompletionFacts, ContentMode, RequestFacts};
 
 #[test]
 #[ignore = "benchmark; run explicitly"]
@@ -25,7 +26,7 @@ fn audit_writer_throughput() {
         dir: tmp.path().to_path_buf(),
         ..AuditConfig::default()
     };
-    let sink = Arc::new(AuditSink::open(&cfg, "bench").expect("opens"));
+    let sink = Arc::new(AuditSink::open(&cfg, ContentMode::None, "bench").expect("opens"));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
@@ -50,10 +51,11 @@ fn audit_writer_throughput() {
                                 model_digest: "sha256:00",
                                 stream: true,
                                 prompt: &prompt,
+                                status: None,
                             })
                             .await
                             .expect("request record");
-                            let done = sink.completion(CompletionFacts {
+                            sink.completion(CompletionFacts {
                                 request_id: id,
                                 prompt_tokens: 500,
                                 completion_tokens: 200,
@@ -61,8 +63,8 @@ fn audit_writer_throughput() {
                                 status: 200,
                                 latency_ms: 1000,
                                 completion: None,
-                            });
-                            tokio::spawn(done);
+                            })
+                            .expect("completion record");
                         }
                     })
                 })
@@ -135,6 +137,43 @@ fn saturate(rt: &tokio::runtime::Runtime, base: &str, clients: usize, secs: u64)
     })
 }
 
+/// The median of `values` (sorted in place).
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    if values.len().is_multiple_of(2) {
+        (values[mid - 1] + values[mid]) / 2.0
+    } else {
+        values[mid]
+    }
+}
+
+/// Starts a server (with the log in `audit_dir`, or without a log), warms it up, measures
+/// `secs` seconds of saturation and stops it; returns requests/s.
+fn measure(
+    rt: &tokio::runtime::Runtime,
+    audit_dir: Option<&Path>,
+    work: &Path,
+    clients: usize,
+    secs: u64,
+) -> f64 {
+    let (mut child, base) = serve(audit_dir, work);
+    saturate(rt, &base, clients, 1);
+    let rate = saturate(rt, &base, clients, secs);
+    let _ = child.kill();
+    let _ = child.wait();
+    rate
+}
+
+/// Rounds of the serving benchmark (`AUDIT_BENCH_ROUNDS`, default 6).
+fn rounds() -> usize {
+    std::env::var("AUDIT_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .filter(|r| *r > 0)
+        .unwrap_or(6)
+}
+
 #[test]
 #[ignore = "benchmark; run explicitly"]
 fn serving_throughput_with_and_without_audit() {
@@ -146,27 +185,47 @@ fn serving_throughput_with_and_without_audit() {
         .expect("runtime");
     let clients = 32;
     let secs = 5;
-    let (mut with, mut without) = (Vec::new(), Vec::new());
-    for round in 0..3 {
-        for audited in [false, true] {
-            let dir = tmp.path().join(format!("audit-{round}"));
-            let (mut child, base) = serve(audited.then_some(dir.as_path()), tmp.path());
-            saturate(&rt, &base, clients, 1);
-            let rate = saturate(&rt, &base, clients, secs);
-            let _ = child.kill();
-            let _ = child.wait();
-            println!("round {round} audit={audited:<5}: {rate:8.1} requests/s");
+    let (mut with, mut without, mut costs) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds() {
+        let dir = tmp.path().join(format!("audit-{round}"));
+        // Alternate which configuration runs first, so that drift in the machine's load does
+        // not favour one side.
+        let order = if round.is_multiple_of(2) {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        let (mut a, mut b) = (0.0, 0.0);
+        for audited in order {
+            let rate = measure(
+                &rt,
+                audited.then_some(dir.as_path()),
+                tmp.path(),
+                clients,
+                secs,
+            );
             if audited {
-                with.push(rate)
+                a = rate;
             } else {
-                without.push(rate)
+                b = rate;
             }
         }
+        let cost = (b - a) / b * 100.0;
+        println!(
+            "round {round}: {b:8.1} requests/s without the audit log, {a:8.1} with it: cost {cost:+.2}%"
+        );
+        with.push(a);
+        without.push(b);
+        costs.push(cost);
     }
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    let (a, b) = (mean(&with), mean(&without));
+    let (lo, hi) = costs
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), c| (lo.min(*c), hi.max(*c)));
     println!(
-        "mean: {b:.1} requests/s without the audit log, {a:.1} with it: cost {:.2}%",
-        (b - a) / b * 100.0
+        "median of {} rounds: {:.1} requests/s without the audit log, {:.1} with it; cost per round: median {:+.2}%, min {lo:+.2}%, max {hi:+.2}%",
+        costs.len(),
+        median(&mut without),
+        median(&mut with),
+        median(&mut costs),
     );
 }

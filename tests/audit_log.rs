@@ -51,6 +51,7 @@ fn request(id: &str) -> RecordBody {
         model_digest: "sha256:00".into(),
         stream: false,
         prompt: SealedContent::None,
+        status: None,
     })
 }
 
@@ -221,6 +222,8 @@ fn corrupting_any_byte_is_detected_and_located() {
     let mut files: Vec<PathBuf> = std::fs::read_dir(tmp.path())
         .expect("dir")
         .filter_map(|e| e.ok().map(|e| e.path()))
+        // The writer's lock file holds no log data.
+        .filter(|p| !p.ends_with(inferno::audit::lock::LOCK_FILE))
         .collect();
     files.sort();
     assert_eq!(
@@ -563,4 +566,90 @@ fn removing_files_is_detected() {
     std::fs::remove_file(last_segment(&dir)).expect("remove");
     let verdict = verify(&dir, &VerifyOptions::default()).verdict();
     assert!(verdict.contains("truncated"), "{verdict}");
+}
+
+/// Counts the fsyncs of segment files.
+struct CountingSyncs(Arc<AtomicU64>);
+
+struct CountingFile {
+    inner: Box<dyn AppendFile>,
+    syncs: Option<Arc<AtomicU64>>,
+}
+
+impl AppendFile for CountingFile {
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        self.inner.write_all(buf)
+    }
+    fn sync(&mut self) -> std::io::Result<()> {
+        if let Some(syncs) = &self.syncs {
+            syncs.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.sync()
+    }
+}
+
+impl CountingSyncs {
+    fn wrap(&self, path: &Path, inner: Box<dyn AppendFile>) -> Box<dyn AppendFile> {
+        let segment = path.extension().is_some_and(|e| e == "seg");
+        Box::new(CountingFile {
+            inner,
+            syncs: segment.then(|| Arc::clone(&self.0)),
+        })
+    }
+}
+
+impl FileOps for CountingSyncs {
+    fn create_new(&self, path: &Path) -> std::io::Result<Box<dyn AppendFile>> {
+        Ok(self.wrap(path, StdFileOps.create_new(path)?))
+    }
+    fn open_append(&self, path: &Path) -> std::io::Result<Box<dyn AppendFile>> {
+        Ok(self.wrap(path, StdFileOps.open_append(path)?))
+    }
+    fn truncate(&self, path: &Path, len: u64) -> std::io::Result<()> {
+        StdFileOps.truncate(path, len)
+    }
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        StdFileOps.remove(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        StdFileOps.sync_dir(dir)
+    }
+}
+
+#[test]
+fn detached_records_share_the_next_fsync_and_precede_the_checkpoint() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cfg = AuditConfig {
+        segment_max_bytes: 1 << 20,
+        ..config(tmp.path())
+    };
+    let syncs = Arc::new(AtomicU64::new(0));
+    let log = open_with(&cfg, Arc::new(CountingSyncs(Arc::clone(&syncs)))).expect("opens");
+    let rt = runtime();
+    let opened = syncs.load(Ordering::SeqCst);
+    for i in 0..50 {
+        log.append_detached(completion(&format!("d-{i}")))
+            .expect("handed over");
+    }
+    // An awaited append is durable with every detached record before it, in one fsync.
+    let index = rt.block_on(log.append(request("waited"))).expect("durable");
+    assert_eq!(syncs.load(Ordering::SeqCst) - opened, 1);
+    assert_eq!(log.durable_size(), index + 1);
+    // Detached records alone are synced before the checkpoint that covers them.
+    for i in 0..10 {
+        log.append_detached(completion(&format!("e-{i}")))
+            .expect("handed over");
+    }
+    let note = rt.block_on(log.checkpoint()).expect("checkpoint");
+    assert_eq!(syncs.load(Ordering::SeqCst) - opened, 2);
+    let size = SignedNote::parse(&note)
+        .and_then(|n| n.checkpoint())
+        .expect("checkpoint")
+        .size;
+    assert_eq!(size, index + 11);
+    assert_eq!(log.durable_size(), size);
+    drop(log);
+    let report = verify(tmp.path(), &VerifyOptions::default());
+    assert!(report.intact(), "{report:?}");
+    assert_eq!(report.size, size);
 }

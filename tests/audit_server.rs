@@ -150,7 +150,14 @@ fn the_server_audits_every_request_and_the_cli_verifies_it() {
     let verdict = String::from_utf8_lossy(&verify.stdout).into_owned();
     assert_eq!(verify.status.code(), Some(0), "{verdict}");
     assert!(!verdict.contains("incomplete"), "{verdict}");
-    let requests = records(&dir, "request");
+    let all = records(&dir, "request");
+    // The checkpoint fetch is an API request too, answered without generation: one record
+    // with its status.
+    let (requests, answered): (Vec<_>, Vec<_>) =
+        all.into_iter().partition(|r| r.get("status").is_none());
+    assert_eq!(answered.len(), 1, "{answered:?}");
+    assert_eq!(answered[0]["endpoint"], "/v1/audit/checkpoint");
+    assert_eq!(answered[0]["status"], 200);
     let ids: Vec<_> = requests
         .iter()
         .map(|r| r["request_id"].as_str().unwrap_or(""))

@@ -73,6 +73,12 @@ pub struct RequestRecord {
     pub stream: bool,
     /// The prompt, as the content policy says.
     pub prompt: SealedContent,
+    /// The HTTP status of a request answered without generation: a refusal (401, 400, 413,
+    /// 404, 503, ...) or a call of another API endpoint. Such a request has no completion
+    /// record. Absent for an accepted generation request, whose completion record carries the
+    /// status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
 }
 
 /// A finished API request.
@@ -204,6 +210,11 @@ impl Record {
     /// Encodes the record as its stored (leaf) bytes.
     pub fn encode(&self) -> Result<Vec<u8>, serde_json::Error> {
         serde_json::to_vec(self)
+    }
+
+    /// Appends the record's stored (leaf) bytes to `out` (the same bytes as [`Record::encode`]).
+    pub fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+        serde_json::to_writer(out, self)
     }
 
     /// Decodes stored (leaf) bytes.

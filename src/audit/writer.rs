@@ -14,7 +14,8 @@ use tokio::sync::oneshot;
 use super::config::AuditConfig;
 use super::error::AuditError;
 use super::fileops::{AppendFile, FileOps};
-use super::frame::encode_frame;
+use super::frame::{FRAME_HEADER_LEN, encode_frame};
+use super::lock::DirLock;
 use super::merkle::Frontier;
 use super::note::{Checkpoint, NoteSigner, VerifierKey};
 use super::record::{EvidenceBlob, RECORD_VERSION, Record, RecordBody, SecurityEvent};
@@ -37,7 +38,9 @@ pub struct StartInfo {
 type Reply<T> = oneshot::Sender<Result<T, AuditError>>;
 
 enum Command {
-    Append(RecordBody, OffsetDateTime, Reply<u64>),
+    /// A record to append; with a reply, the writer answers once the record is durable;
+    /// without, it is durable before the next checkpoint.
+    Append(RecordBody, OffsetDateTime, Option<Reply<u64>>),
     Checkpoint(Reply<String>),
     Shutdown(String, Reply<String>),
 }
@@ -47,6 +50,12 @@ struct Shared {
     failure: Mutex<Option<String>>,
     latest_checkpoint: RwLock<Option<String>>,
     durable_size: AtomicU64,
+}
+
+/// One batch of appends, as the writer collects them.
+struct Batch {
+    records: Vec<(RecordBody, OffsetDateTime)>,
+    replies: Vec<(usize, Reply<u64>)>,
 }
 
 impl Shared {
@@ -81,6 +90,14 @@ struct Writer {
     every_records: u64,
     every: Option<Duration>,
     shared: Arc<Shared>,
+    /// The directory lock, released when the writer thread ends.
+    _lock: DirLock,
+    /// Records written to the segment file but not yet fsynced.
+    unsynced: bool,
+    /// Reused serialisation buffer of one record.
+    payload: Vec<u8>,
+    /// Reused buffer of the frames of one batch.
+    frames: Vec<u8>,
 }
 
 /// Creates segment file `header.segment` with its header, durably; returns it and its length.
@@ -122,55 +139,91 @@ impl Writer {
         Ok(())
     }
 
-    /// Writes a batch of records and makes it durable; returns their indexes.
+    /// Writes a batch of records; with `sync`, makes everything written so far durable.
+    /// Returns the index of the first record.
     fn write_records(
         &mut self,
         batch: Vec<(RecordBody, OffsetDateTime)>,
-    ) -> Result<Vec<u64>, AuditError> {
-        let mut buf = Vec::new();
-        let mut indexes = Vec::with_capacity(batch.len());
+        sync: bool,
+    ) -> Result<u64, AuditError> {
+        let first = self.frontier.size();
+        let mut frames = std::mem::take(&mut self.frames);
+        let mut payload = std::mem::take(&mut self.payload);
+        let written = self.encode_and_write(batch, &mut frames, &mut payload);
+        frames.clear();
+        payload.clear();
+        self.frames = frames;
+        self.payload = payload;
+        written?;
+        if sync {
+            self.sync_segment()?;
+        }
+        Ok(first)
+    }
+
+    /// Frames each record into `frames` (serialised once, into the reused `payload` buffer),
+    /// rotating segments as needed, and writes the frames to the segment file.
+    fn encode_and_write(
+        &mut self,
+        batch: Vec<(RecordBody, OffsetDateTime)>,
+        frames: &mut Vec<u8>,
+        payload: &mut Vec<u8>,
+    ) -> Result<(), AuditError> {
         for (body, time) in batch {
-            let index = self.frontier.size();
             let record = Record {
                 v: RECORD_VERSION,
-                index,
+                index: self.frontier.size(),
                 time,
                 body,
             };
-            let payload = record.encode()?;
-            let frame_len = (payload.len() + 8) as u64;
-            let has_frames = self.segment_len > self.segment_header_len || !buf.is_empty();
-            if has_frames && self.segment_len + buf.len() as u64 + frame_len > self.segment_max {
-                self.flush(&mut buf)?;
+            payload.clear();
+            record.encode_into(payload)?;
+            let frame_len = (payload.len() + FRAME_HEADER_LEN) as u64;
+            let has_frames = self.segment_len > self.segment_header_len || !frames.is_empty();
+            if has_frames && self.segment_len + frames.len() as u64 + frame_len > self.segment_max {
+                self.write_frames(frames)?;
+                // A rotation never leaves unsynced records behind in the older segment.
+                self.sync_segment()?;
                 self.create_segment(self.segment + 1)?;
             }
-            self.chain = encode_frame(self.chain, &payload, &mut buf);
-            self.frontier.push(super::merkle::leaf_hash(&payload));
-            indexes.push(index);
+            self.chain = encode_frame(self.chain, payload, frames);
+            self.frontier.push(super::merkle::leaf_hash(payload));
         }
-        self.flush(&mut buf)?;
-        self.shared
-            .durable_size
-            .store(self.frontier.size(), Ordering::Release);
-        Ok(indexes)
+        self.write_frames(frames)
     }
 
-    fn flush(&mut self, buf: &mut Vec<u8>) -> Result<(), AuditError> {
-        if buf.is_empty() {
+    /// Writes `frames` to the current segment (without fsync) and clears it.
+    fn write_frames(&mut self, frames: &mut Vec<u8>) -> Result<(), AuditError> {
+        if frames.is_empty() {
             return Ok(());
         }
         let path = segment_path(&self.dir, self.segment);
         self.segment_file
-            .write_all(buf)
+            .write_all(frames)
             .map_err(io_err("writing", &path))?;
-        self.segment_file.sync().map_err(io_err("syncing", &path))?;
-        self.segment_len += buf.len() as u64;
-        buf.clear();
+        self.segment_len += frames.len() as u64;
+        self.unsynced = true;
+        frames.clear();
+        Ok(())
+    }
+
+    /// Makes every record written so far durable.
+    fn sync_segment(&mut self) -> Result<(), AuditError> {
+        if self.unsynced {
+            let path = segment_path(&self.dir, self.segment);
+            self.segment_file.sync().map_err(io_err("syncing", &path))?;
+            self.unsynced = false;
+        }
+        self.shared
+            .durable_size
+            .store(self.frontier.size(), Ordering::Release);
         Ok(())
     }
 
     /// Signs and durably stores a checkpoint of the current tree (if it grew since the last).
     fn checkpoint(&mut self) -> Result<String, AuditError> {
+        // Records appended without a waiting caller become durable here at the latest.
+        self.sync_segment()?;
         let size = self.frontier.size();
         if self.checkpointed_size == Some(size)
             && let Ok(latest) = self.shared.latest_checkpoint.read()
@@ -248,32 +301,42 @@ impl Writer {
                     return;
                 }
             };
-            let mut appends = Vec::new();
+            let mut batch = Batch {
+                records: Vec::new(),
+                replies: Vec::new(),
+            };
             let mut others = Vec::new();
             let mut next = Some(first);
             while let Some(cmd) = next {
                 match cmd {
-                    Command::Append(body, time, reply) => appends.push((body, time, reply)),
+                    Command::Append(body, time, reply) => {
+                        if let Some(reply) = reply {
+                            batch.replies.push((batch.records.len(), reply));
+                        }
+                        batch.records.push((body, time));
+                    }
                     other => others.push(other),
                 }
-                next = if appends.len() < MAX_BATCH && others.is_empty() {
+                next = if batch.records.len() < MAX_BATCH && others.is_empty() {
                     rx.try_recv().ok()
                 } else {
                     None
                 };
             }
-            if !appends.is_empty() {
-                let (records, replies): (Vec<_>, Vec<_>) =
-                    appends.into_iter().map(|(b, t, r)| ((b, t), r)).unzip();
-                match self.guarded(|w| w.write_records(records)) {
-                    Ok(indexes) => {
-                        for (reply, index) in replies.into_iter().zip(indexes) {
-                            let _ = reply.send(Ok(index));
+            if !batch.records.is_empty() {
+                // Only a waiting caller needs an fsync now; the others are synced with the
+                // next waiting caller's batch or before the next checkpoint.
+                let sync = !batch.replies.is_empty();
+                let Batch { records, replies } = batch;
+                match self.guarded(|w| w.write_records(records, sync)) {
+                    Ok(first) => {
+                        for (offset, reply) in replies {
+                            let _ = reply.send(Ok(first + offset as u64));
                         }
                     }
                     Err(e) => {
                         let why = e.to_string();
-                        for reply in replies {
+                        for (_, reply) in replies {
                             let _ = reply.send(Err(AuditError::Failed(why.clone())));
                         }
                     }
@@ -287,10 +350,10 @@ impl Writer {
                     Command::Shutdown(reason, reply) => {
                         let result = self.guarded(|w| {
                             let stop = SecurityEvent::Stopped { reason };
-                            w.write_records(vec![(
-                                RecordBody::Event(stop),
-                                OffsetDateTime::now_utc(),
-                            )])?;
+                            w.write_records(
+                                vec![(RecordBody::Event(stop), OffsetDateTime::now_utc())],
+                                true,
+                            )?;
                             w.checkpoint()
                         });
                         let _ = reply.send(result);
@@ -355,6 +418,8 @@ impl AuditLog {
     ) -> Result<Self, AuditError> {
         let dir = config.dir.clone();
         std::fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
+        // Held until the writer thread ends: no second writer, no prune, while the log is open.
+        let lock = DirLock::try_acquire(&dir)?;
         let rec = recover(&dir, ops.as_ref())?;
         if let Some(path) = &config.witness_checkpoint {
             check_witness(&dir, path, &config.witness_keys)?;
@@ -424,6 +489,10 @@ impl AuditLog {
             every: (config.checkpoint_every_seconds > 0)
                 .then(|| Duration::from_secs(config.checkpoint_every_seconds)),
             shared: Arc::clone(&shared),
+            _lock: lock,
+            unsynced: false,
+            payload: Vec::new(),
+            frames: Vec::new(),
         };
         let now = OffsetDateTime::now_utc();
         let mut startup: Vec<(RecordBody, OffsetDateTime)> = rec
@@ -449,7 +518,7 @@ impl AuditLog {
                 now,
             ));
         }
-        writer.write_records(startup)?;
+        writer.write_records(startup, true)?;
         writer.checkpoint()?;
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
@@ -467,23 +536,35 @@ impl AuditLog {
     }
 
     /// Appends a record; the returned future resolves to its leaf index once it is durable, or
-    /// to an error if the log has failed (the caller must then refuse service).
+    /// to an error if the log has failed (the caller must then refuse service). The record is
+    /// handed to the writer at once: the caller may do other work before awaiting durability.
     pub fn append(
         &self,
         body: RecordBody,
-    ) -> impl Future<Output = Result<u64, AuditError>> + Send + 'static {
+    ) -> impl Future<Output = Result<u64, AuditError>> + Send + 'static + use<> {
         let (reply, rx) = oneshot::channel();
-        let sent = match self.shared.failure() {
-            Some(why) => Err(AuditError::Failed(why)),
-            None => self
-                .tx
-                .send(Command::Append(body, OffsetDateTime::now_utc(), reply))
-                .map_err(|_| AuditError::Closed),
-        };
+        let sent = self.send(body, Some(reply));
         async move {
             sent?;
             rx.await.map_err(|_| AuditError::Closed)?
         }
+    }
+
+    /// Appends a record without waiting for it: it becomes durable with the next awaited
+    /// append's group or before the next checkpoint, whichever comes first. Fails at once only
+    /// if the log has already failed or is closed; a later write failure puts the log in its
+    /// failed state (and is logged by the writer).
+    pub fn append_detached(&self, body: RecordBody) -> Result<(), AuditError> {
+        self.send(body, None)
+    }
+
+    fn send(&self, body: RecordBody, reply: Option<Reply<u64>>) -> Result<(), AuditError> {
+        if let Some(why) = self.shared.failure() {
+            return Err(AuditError::Failed(why));
+        }
+        self.tx
+            .send(Command::Append(body, OffsetDateTime::now_utc(), reply))
+            .map_err(|_| AuditError::Closed)
     }
 
     /// Forces a checkpoint now and returns it once durable.
