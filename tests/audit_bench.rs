@@ -5,9 +5,10 @@
 //!   fsync); each simulated request awaits its request record, as the server does before it
 //!   answers, then appends its completion record.
 //! - `serving_throughput_with_and_without_audit`: the real server (`inferno serve`, embedded
-//!   model, CPU backend) saturated by concurrent clients, with and without `[audit]`, side
-//!   by side in each round (the order alternating between rounds); prints each round's
-//!   throughputs and cost, then the median cost and its spread (min and max over the rounds).
+//!   model, CPU backend) saturated by concurrent clients, with and without `[audit]`: both
+//!   servers run side by side and short measurement windows alternate between them (the order
+//!   alternating between pairs); prints each pair's throughputs and cost, then the median cost
+//!   and its spread (quartiles, min and max over the pairs).
 
 mod spawn_support;
 
@@ -148,30 +149,13 @@ fn median(values: &mut [f64]) -> f64 {
     }
 }
 
-/// Starts a server (with the log in `audit_dir`, or without a log), warms it up, measures
-/// `secs` seconds of saturation and stops it; returns requests/s.
-fn measure(
-    rt: &tokio::runtime::Runtime,
-    audit_dir: Option<&Path>,
-    work: &Path,
-    clients: usize,
-    secs: u64,
-) -> f64 {
-    let (mut child, base) = serve(audit_dir, work);
-    saturate(rt, &base, clients, 1);
-    let rate = saturate(rt, &base, clients, secs);
-    let _ = child.kill();
-    let _ = child.wait();
-    rate
-}
-
-/// Rounds of the serving benchmark (`AUDIT_BENCH_ROUNDS`, default 6).
-fn rounds() -> usize {
-    std::env::var("AUDIT_BENCH_ROUNDS")
+/// Pairs of measurement windows of the serving benchmark (`AUDIT_BENCH_PAIRS`, default 12).
+fn pairs() -> usize {
+    std::env::var("AUDIT_BENCH_PAIRS")
         .ok()
         .and_then(|r| r.parse().ok())
         .filter(|r| *r > 0)
-        .unwrap_or(6)
+        .unwrap_or(12)
 }
 
 #[test]
@@ -184,48 +168,57 @@ fn serving_throughput_with_and_without_audit() {
         .build()
         .expect("runtime");
     let clients = 32;
-    let secs = 5;
+    let secs = 3;
+    // Both servers run side by side for the whole benchmark (an idle one costs nothing), and
+    // short windows alternate between them: drift in the machine's load (other processes)
+    // then hits both sides alike.
+    let plain_work = tmp.path().join("plain");
+    let audited_work = tmp.path().join("audited");
+    std::fs::create_dir_all(&plain_work).expect("work dir");
+    std::fs::create_dir_all(&audited_work).expect("work dir");
+    let audit_dir = tmp.path().join("audit");
+    // `AUDIT_BENCH_CALIBRATE=1`: the second server runs without the log too; the "cost" of
+    // that run is the noise floor (and any bias between the two slots) of this machine.
+    let calibrate = std::env::var_os("AUDIT_BENCH_CALIBRATE").is_some_and(|v| v == "1");
+    if calibrate {
+        println!("calibration: both servers run WITHOUT the audit log");
+    }
+    let (mut plain, plain_base) = serve(None, &plain_work);
+    let (mut audited, audited_base) =
+        serve((!calibrate).then_some(audit_dir.as_path()), &audited_work);
+    saturate(&rt, &plain_base, clients, 1);
+    saturate(&rt, &audited_base, clients, 1);
     let (mut with, mut without, mut costs) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..rounds() {
-        let dir = tmp.path().join(format!("audit-{round}"));
-        // Alternate which configuration runs first, so that drift in the machine's load does
-        // not favour one side.
-        let order = if round.is_multiple_of(2) {
-            [false, true]
+    for pair in 0..pairs() {
+        let (a, b) = if pair.is_multiple_of(2) {
+            let b = saturate(&rt, &plain_base, clients, secs);
+            (saturate(&rt, &audited_base, clients, secs), b)
         } else {
-            [true, false]
+            let a = saturate(&rt, &audited_base, clients, secs);
+            (a, saturate(&rt, &plain_base, clients, secs))
         };
-        let (mut a, mut b) = (0.0, 0.0);
-        for audited in order {
-            let rate = measure(
-                &rt,
-                audited.then_some(dir.as_path()),
-                tmp.path(),
-                clients,
-                secs,
-            );
-            if audited {
-                a = rate;
-            } else {
-                b = rate;
-            }
-        }
         let cost = (b - a) / b * 100.0;
         println!(
-            "round {round}: {b:8.1} requests/s without the audit log, {a:8.1} with it: cost {cost:+.2}%"
+            "pair {pair:>2}: {b:8.1} requests/s without the audit log, {a:8.1} with it: cost {cost:+.2}%"
         );
         with.push(a);
         without.push(b);
         costs.push(cost);
     }
-    let (lo, hi) = costs
-        .iter()
-        .fold((f64::MAX, f64::MIN), |(lo, hi), c| (lo.min(*c), hi.max(*c)));
+    for child in [&mut plain, &mut audited] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let n = costs.len();
+    let (with_median, without_median) = (median(&mut with), median(&mut without));
+    let cost_median = median(&mut costs);
+    let quartile = |q: usize| costs[(q * (n - 1)) / 4];
     println!(
-        "median of {} rounds: {:.1} requests/s without the audit log, {:.1} with it; cost per round: median {:+.2}%, min {lo:+.2}%, max {hi:+.2}%",
-        costs.len(),
-        median(&mut without),
-        median(&mut with),
-        median(&mut costs),
+        "{n} pairs of {secs} s windows: median {without_median:.1} requests/s without the audit log, {with_median:.1} with it; cost per pair: median {cost_median:+.2}%, quartiles {:+.2}% .. {:+.2}%, min {:+.2}%, max {:+.2}%; cost of the medians {:+.2}%",
+        quartile(1),
+        quartile(3),
+        costs[0],
+        costs[n - 1],
+        (without_median - with_median) / without_median * 100.0,
     );
 }

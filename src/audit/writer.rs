@@ -52,11 +52,8 @@ struct Shared {
     durable_size: AtomicU64,
 }
 
-/// One batch of appends, as the writer collects them.
-struct Batch {
-    records: Vec<(RecordBody, OffsetDateTime)>,
-    replies: Vec<(usize, Reply<u64>)>,
-}
+/// A record to write and the time the writer accepted it.
+type Pending = (RecordBody, OffsetDateTime);
 
 impl Shared {
     fn failure(&self) -> Option<String> {
@@ -139,13 +136,9 @@ impl Writer {
         Ok(())
     }
 
-    /// Writes a batch of records; with `sync`, makes everything written so far durable.
-    /// Returns the index of the first record.
-    fn write_records(
-        &mut self,
-        batch: Vec<(RecordBody, OffsetDateTime)>,
-        sync: bool,
-    ) -> Result<u64, AuditError> {
+    /// Writes (and empties) a batch of records; with `sync`, makes everything written so far
+    /// durable. Returns the index of the first record.
+    fn write_records(&mut self, batch: &mut Vec<Pending>, sync: bool) -> Result<u64, AuditError> {
         let first = self.frontier.size();
         let mut frames = std::mem::take(&mut self.frames);
         let mut payload = std::mem::take(&mut self.payload);
@@ -165,11 +158,11 @@ impl Writer {
     /// rotating segments as needed, and writes the frames to the segment file.
     fn encode_and_write(
         &mut self,
-        batch: Vec<(RecordBody, OffsetDateTime)>,
+        batch: &mut Vec<Pending>,
         frames: &mut Vec<u8>,
         payload: &mut Vec<u8>,
     ) -> Result<(), AuditError> {
-        for (body, time) in batch {
+        for (body, time) in batch.drain(..) {
             let record = Record {
                 v: RECORD_VERSION,
                 index: self.frontier.size(),
@@ -287,6 +280,10 @@ impl Writer {
     }
 
     fn run(mut self, rx: mpsc::Receiver<Command>) {
+        // Reused from group to group: no allocation per group once they have grown.
+        let mut records: Vec<Pending> = Vec::new();
+        let mut replies: Vec<(usize, Reply<u64>)> = Vec::new();
+        let mut others = Vec::new();
         loop {
             let first = match rx.recv_timeout(self.time_to_checkpoint()) {
                 Ok(c) => c,
@@ -301,48 +298,45 @@ impl Writer {
                     return;
                 }
             };
-            let mut batch = Batch {
-                records: Vec::new(),
-                replies: Vec::new(),
-            };
-            let mut others = Vec::new();
             let mut next = Some(first);
             while let Some(cmd) = next {
                 match cmd {
                     Command::Append(body, time, reply) => {
                         if let Some(reply) = reply {
-                            batch.replies.push((batch.records.len(), reply));
+                            replies.push((records.len(), reply));
                         }
-                        batch.records.push((body, time));
+                        records.push((body, time));
                     }
                     other => others.push(other),
                 }
-                next = if batch.records.len() < MAX_BATCH && others.is_empty() {
+                next = if records.len() < MAX_BATCH && others.is_empty() {
                     rx.try_recv().ok()
                 } else {
                     None
                 };
             }
-            if !batch.records.is_empty() {
+            if !records.is_empty() {
                 // Only a waiting caller needs an fsync now; the others are synced with the
-                // next waiting caller's batch or before the next checkpoint.
-                let sync = !batch.replies.is_empty();
-                let Batch { records, replies } = batch;
-                match self.guarded(|w| w.write_records(records, sync)) {
+                // next waiting caller's group or before the next checkpoint.
+                let sync = !replies.is_empty();
+                let written = self.guarded(|w| w.write_records(&mut records, sync));
+                // A failed write leaves records behind; they are refused with the log.
+                records.clear();
+                match written {
                     Ok(first) => {
-                        for (offset, reply) in replies {
+                        for (offset, reply) in replies.drain(..) {
                             let _ = reply.send(Ok(first + offset as u64));
                         }
                     }
                     Err(e) => {
                         let why = e.to_string();
-                        for (_, reply) in replies {
+                        for (_, reply) in replies.drain(..) {
                             let _ = reply.send(Err(AuditError::Failed(why.clone())));
                         }
                     }
                 }
             }
-            for cmd in others {
+            for cmd in others.drain(..) {
                 match cmd {
                     Command::Checkpoint(reply) => {
                         let _ = reply.send(self.guarded(Self::checkpoint));
@@ -350,10 +344,9 @@ impl Writer {
                     Command::Shutdown(reason, reply) => {
                         let result = self.guarded(|w| {
                             let stop = SecurityEvent::Stopped { reason };
-                            w.write_records(
-                                vec![(RecordBody::Event(stop), OffsetDateTime::now_utc())],
-                                true,
-                            )?;
+                            let mut stop =
+                                vec![(RecordBody::Event(stop), OffsetDateTime::now_utc())];
+                            w.write_records(&mut stop, true)?;
                             w.checkpoint()
                         });
                         let _ = reply.send(result);
@@ -495,7 +488,7 @@ impl AuditLog {
             frames: Vec::new(),
         };
         let now = OffsetDateTime::now_utc();
-        let mut startup: Vec<(RecordBody, OffsetDateTime)> = rec
+        let mut startup: Vec<Pending> = rec
             .events
             .into_iter()
             .map(|e| (RecordBody::Event(e), now))
@@ -518,7 +511,7 @@ impl AuditLog {
                 now,
             ));
         }
-        writer.write_records(startup, true)?;
+        writer.write_records(&mut startup, true)?;
         writer.checkpoint()?;
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
