@@ -7,8 +7,9 @@
 //! - `serving_throughput_with_and_without_audit`: the real server (`inferno serve`, embedded
 //!   model, CPU backend) saturated by concurrent clients, with and without `[audit]`: both
 //!   servers run side by side and short measurement windows alternate between them (the order
-//!   alternating between pairs); prints each pair's throughputs and cost, then the median cost
-//!   and its spread (quartiles, min and max over the pairs).
+//!   alternating between pairs); prints each pair's throughputs, server CPU time per request
+//!   and costs, then the median costs and their spread (quartiles, min and max over the
+//!   pairs).
 
 mod spawn_support;
 
@@ -158,6 +159,67 @@ fn pairs() -> usize {
         .unwrap_or(12)
 }
 
+/// Clock ticks per second of `/proc/<pid>/stat` times (`getconf CLK_TCK`, normally 100).
+fn clock_ticks() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// CPU seconds (user and system, every thread, exited ones included) used so far by `pid`.
+fn cpu_seconds(pid: u32, ticks: f64) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc stat");
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let field = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    (field(11) + field(12)) / ticks
+}
+
+/// One measurement window on one server: requests/s and server CPU milliseconds per request.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    rate: f64,
+    cpu_ms: f64,
+}
+
+fn window(
+    rt: &tokio::runtime::Runtime,
+    server: (&Child, &str),
+    clients: usize,
+    secs: u64,
+    ticks: f64,
+) -> Window {
+    let before = cpu_seconds(server.0.id(), ticks);
+    let rate = saturate(rt, server.1, clients, secs);
+    let used = cpu_seconds(server.0.id(), ticks) - before;
+    Window {
+        rate,
+        cpu_ms: used * 1000.0 / (rate * secs as f64).max(1.0),
+    }
+}
+
+/// Median, quartiles, min and max of `values`, as text.
+fn spread(values: &mut [f64]) -> String {
+    let n = values.len();
+    let m = median(values);
+    let q = |k: usize| values[(k * (n - 1)) / 4];
+    format!(
+        "median {m:+.2}%, quartiles {:+.2}% .. {:+.2}%, min {:+.2}%, max {:+.2}%",
+        q(1),
+        q(3),
+        values[0],
+        values[n - 1]
+    )
+}
+
 #[test]
 #[ignore = "benchmark; run explicitly"]
 fn serving_throughput_with_and_without_audit() {
@@ -169,9 +231,11 @@ fn serving_throughput_with_and_without_audit() {
         .expect("runtime");
     let clients = 32;
     let secs = 3;
+    let ticks = clock_ticks();
     // Both servers run side by side for the whole benchmark (an idle one costs nothing), and
     // short windows alternate between them: drift in the machine's load (other processes)
-    // then hits both sides alike.
+    // then hits both sides alike. Besides throughput, each window measures the server's CPU
+    // time per request, which other processes on the machine disturb far less.
     let plain_work = tmp.path().join("plain");
     let audited_work = tmp.path().join("audited");
     std::fs::create_dir_all(&plain_work).expect("work dir");
@@ -188,37 +252,45 @@ fn serving_throughput_with_and_without_audit() {
         serve((!calibrate).then_some(audit_dir.as_path()), &audited_work);
     saturate(&rt, &plain_base, clients, 1);
     saturate(&rt, &audited_base, clients, 1);
-    let (mut with, mut without, mut costs) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    let (mut costs, mut cpu_costs) = (Vec::new(), Vec::new());
     for pair in 0..pairs() {
-        let (a, b) = if pair.is_multiple_of(2) {
-            let b = saturate(&rt, &plain_base, clients, secs);
-            (saturate(&rt, &audited_base, clients, secs), b)
-        } else {
-            let a = saturate(&rt, &audited_base, clients, secs);
-            (a, saturate(&rt, &plain_base, clients, secs))
+        let measure = |audit: bool| {
+            let server = if audit {
+                (&audited, audited_base.as_str())
+            } else {
+                (&plain, plain_base.as_str())
+            };
+            window(&rt, server, clients, secs, ticks)
         };
-        let cost = (b - a) / b * 100.0;
+        let (a, b) = if pair.is_multiple_of(2) {
+            let b = measure(false);
+            (measure(true), b)
+        } else {
+            let a = measure(true);
+            (a, measure(false))
+        };
+        let cost = (b.rate - a.rate) / b.rate * 100.0;
+        let cpu_cost = (a.cpu_ms - b.cpu_ms) / b.cpu_ms * 100.0;
         println!(
-            "pair {pair:>2}: {b:8.1} requests/s without the audit log, {a:8.1} with it: cost {cost:+.2}%"
+            "pair {pair:>2}: without the log {:7.1} requests/s, {:.3} CPU ms/request; with it {:7.1} requests/s, {:.3} CPU ms/request: throughput cost {cost:+.2}%, CPU cost {cpu_cost:+.2}%",
+            b.rate, b.cpu_ms, a.rate, a.cpu_ms
         );
-        with.push(a);
-        without.push(b);
+        with.push(a.rate);
+        without.push(b.rate);
         costs.push(cost);
+        cpu_costs.push(cpu_cost);
     }
     for child in [&mut plain, &mut audited] {
         let _ = child.kill();
         let _ = child.wait();
     }
-    let n = costs.len();
     let (with_median, without_median) = (median(&mut with), median(&mut without));
-    let cost_median = median(&mut costs);
-    let quartile = |q: usize| costs[(q * (n - 1)) / 4];
     println!(
-        "{n} pairs of {secs} s windows: median {without_median:.1} requests/s without the audit log, {with_median:.1} with it; cost per pair: median {cost_median:+.2}%, quartiles {:+.2}% .. {:+.2}%, min {:+.2}%, max {:+.2}%; cost of the medians {:+.2}%",
-        quartile(1),
-        quartile(3),
-        costs[0],
-        costs[n - 1],
+        "{} pairs of {secs} s windows: median {without_median:.1} requests/s without the audit log, {with_median:.1} with it (cost of the medians {:+.2}%)",
+        costs.len(),
         (without_median - with_median) / without_median * 100.0,
     );
+    println!("throughput cost per pair: {}", spread(&mut costs));
+    println!("CPU-per-request cost per pair: {}", spread(&mut cpu_costs));
 }
