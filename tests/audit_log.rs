@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use inferno::audit::content::SealedContent;
 use inferno::audit::fileops::{AppendFile, FileOps, StdFileOps};
@@ -652,4 +653,48 @@ fn detached_records_share_the_next_fsync_and_precede_the_checkpoint() {
     let report = verify(tmp.path(), &VerifyOptions::default());
     assert!(report.intact(), "{report:?}");
     assert_eq!(report.size, size);
+}
+
+#[test]
+fn under_load_one_fsync_serves_the_appends_of_a_commit_interval() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cfg = AuditConfig {
+        segment_max_bytes: 1 << 20,
+        commit_interval_ms: 200,
+        ..config(tmp.path())
+    };
+    let syncs = Arc::new(AtomicU64::new(0));
+    let log =
+        Arc::new(open_with(&cfg, Arc::new(CountingSyncs(Arc::clone(&syncs)))).expect("opens"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    // Idle (the last fsync is older than the interval): an append is synced at once.
+    std::thread::sleep(Duration::from_millis(250));
+    let started = std::time::Instant::now();
+    rt.block_on(log.append(request("idle"))).expect("durable");
+    assert!(
+        started.elapsed() < Duration::from_millis(150),
+        "an idle log waited {:?}",
+        started.elapsed()
+    );
+    // Busy: appends arriving every 5 ms, each awaited, share fsyncs.
+    let before = syncs.load(Ordering::SeqCst);
+    rt.block_on(async {
+        let mut waits = Vec::new();
+        for i in 0..20 {
+            waits.push(tokio::spawn(log.append(request(&format!("busy-{i}")))));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        for wait in waits {
+            wait.await.expect("task").expect("durable");
+        }
+    });
+    let used = syncs.load(Ordering::SeqCst) - before;
+    assert!((1..=2).contains(&used), "{used} fsyncs for 20 appends");
+    assert!(log.durable_size() >= 21);
+    drop(log);
+    assert!(verify(tmp.path(), &VerifyOptions::default()).intact());
 }
