@@ -18,9 +18,9 @@ pub struct AuditConfig {
     pub checkpoint_every_seconds: u64,
     /// Start a new segment file once the current one reaches this many bytes.
     pub segment_max_bytes: u64,
-    /// Under load, start an fsync at most once per this many milliseconds after the previous
-    /// one ended, gathering the appends that arrive meanwhile into its group (0: sync at once).
-    /// An idle log syncs at once whatever the value.
+    /// Under load, write a group (and fsync it, if a caller waits) no sooner than this many
+    /// milliseconds after the previous fsync ended, gathering the appends that arrive meanwhile
+    /// (0: at once). An idle log writes and syncs at once whatever the value.
     pub commit_interval_ms: u64,
     /// The 32-byte key (raw or hex) for the `hmac` and `encrypted` content modes. Which mode is
     /// in force is the server policy's decision (`[audit] content`), not the configuration's.
@@ -41,7 +41,7 @@ impl Default for AuditConfig {
             checkpoint_every_records: 1000,
             checkpoint_every_seconds: 10,
             segment_max_bytes: 64 << 20,
-            commit_interval_ms: 5,
+            commit_interval_ms: 10,
             content_key_file: None,
             origin: None,
             witness_checkpoint: None,

@@ -270,22 +270,14 @@ impl Writer {
         }
     }
 
-    /// Waits for one more command while the group being gathered has a waiting caller and the
-    /// commit interval since the last fsync has not passed: under load, one fsync then serves
-    /// a larger group. An idle log (last fsync long ago) waits for nothing.
-    fn gather(
-        &self,
-        rx: &mpsc::Receiver<Command>,
-        replies: &[(usize, Reply<u64>)],
-    ) -> Option<Command> {
-        if replies.is_empty() {
-            return None;
-        }
-        let wait = self
-            .commit_interval
+    /// How long a new group should keep gathering appends before it is written: the rest of
+    /// the commit interval since the last fsync ended. Under load one fsync (and one wakeup of
+    /// this thread) then serves a larger group; an idle log (last fsync long ago) waits for
+    /// nothing.
+    fn gather_wait(&self) -> Option<Duration> {
+        self.commit_interval
             .checked_sub(self.last_sync.elapsed())
-            .filter(|wait| !wait.is_zero())?;
-        rx.recv_timeout(wait).ok()
+            .filter(|wait| !wait.is_zero())
     }
 
     /// Runs one step that may fail; a failure puts the log in the failed state for good.
@@ -322,21 +314,35 @@ impl Writer {
                 }
             };
             let mut next = Some(first);
-            while let Some(cmd) = next {
-                match cmd {
-                    Command::Append(body, time, reply) => {
-                        if let Some(reply) = reply {
-                            replies.push((records.len(), reply));
+            let mut gathered = false;
+            loop {
+                while let Some(cmd) = next {
+                    match cmd {
+                        Command::Append(body, time, reply) => {
+                            if let Some(reply) = reply {
+                                replies.push((records.len(), reply));
+                            }
+                            records.push((body, time));
                         }
-                        records.push((body, time));
+                        other => others.push(other),
                     }
-                    other => others.push(other),
+                    next = if records.len() < MAX_BATCH && others.is_empty() {
+                        rx.try_recv().ok()
+                    } else {
+                        None
+                    };
                 }
-                next = if records.len() < MAX_BATCH && others.is_empty() {
-                    rx.try_recv().ok().or_else(|| self.gather(&rx, &replies))
-                } else {
-                    None
+                if gathered || !others.is_empty() || records.len() >= MAX_BATCH {
+                    break;
+                }
+                gathered = true;
+                let Some(wait) = self.gather_wait() else {
+                    break;
                 };
+                // Sleeping (rather than waiting on the channel) lets senders enqueue without
+                // waking this thread: one wakeup per group instead of one per append.
+                std::thread::sleep(wait);
+                next = rx.try_recv().ok();
             }
             if !records.is_empty() {
                 // Only a waiting caller needs an fsync now; the others are synced with the
