@@ -671,24 +671,19 @@ fn under_load_one_fsync_serves_the_appends_of_a_commit_interval() {
         .enable_all()
         .build()
         .expect("runtime");
-    // A lone caller is never held back: each append is synced at once.
+    // Idle (the last fsync is older than the interval): an append is synced at once.
+    std::thread::sleep(Duration::from_millis(250));
     let started = std::time::Instant::now();
-    for i in 0..5 {
-        rt.block_on(log.append(request(&format!("lone-{i}"))))
-            .expect("durable");
-    }
+    rt.block_on(log.append(request("idle"))).expect("durable");
     assert!(
         started.elapsed() < Duration::from_millis(150),
-        "five sequential appends took {:?}",
+        "an idle log waited {:?}",
         started.elapsed()
     );
-    // Concurrent callers (a burst, then appends every 5 ms, each awaited) share fsyncs.
+    // Busy: appends arriving every 5 ms, each awaited, share fsyncs.
     let before = syncs.load(Ordering::SeqCst);
     rt.block_on(async {
         let mut waits = Vec::new();
-        for i in 0..5 {
-            waits.push(tokio::spawn(log.append(request(&format!("burst-{i}")))));
-        }
         for i in 0..20 {
             waits.push(tokio::spawn(log.append(request(&format!("busy-{i}")))));
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -698,8 +693,8 @@ fn under_load_one_fsync_serves_the_appends_of_a_commit_interval() {
         }
     });
     let used = syncs.load(Ordering::SeqCst) - before;
-    assert!((1..=4).contains(&used), "{used} fsyncs for 25 appends");
-    assert!(log.durable_size() >= 30);
+    assert!((1..=2).contains(&used), "{used} fsyncs for 20 appends");
+    assert!(log.durable_size() >= 21);
     drop(log);
     assert!(verify(tmp.path(), &VerifyOptions::default()).intact());
 }

@@ -95,8 +95,6 @@ struct Writer {
     commit_interval: Duration,
     /// When the last segment fsync ended.
     last_sync: Instant,
-    /// How many waiting callers the last group with any had: the sign of concurrent load.
-    last_waiters: usize,
     /// Reused serialisation buffer of one record.
     payload: Vec<u8>,
     /// Reused buffer of the frames of one batch.
@@ -273,13 +271,10 @@ impl Writer {
     }
 
     /// How long a new group should keep gathering appends before it is written: the rest of
-    /// the commit interval since the last fsync ended, when the last group showed concurrent
-    /// callers (two or more waiting). Under load one fsync (and one wakeup of this thread) then
-    /// serves a larger group; a lone caller or an idle log waits for nothing.
+    /// the commit interval since the last fsync ended. Under load one fsync (and one wakeup of
+    /// this thread) then serves a larger group; an idle log (last fsync long ago) waits for
+    /// nothing.
     fn gather_wait(&self) -> Option<Duration> {
-        if self.last_waiters < 2 {
-            return None;
-        }
         self.commit_interval
             .checked_sub(self.last_sync.elapsed())
             .filter(|wait| !wait.is_zero())
@@ -353,9 +348,6 @@ impl Writer {
                 // Only a waiting caller needs an fsync now; the others are synced with the
                 // next waiting caller's group or before the next checkpoint.
                 let sync = !replies.is_empty();
-                if sync {
-                    self.last_waiters = replies.len();
-                }
                 let written = self.guarded(|w| w.write_records(&mut records, sync));
                 // A failed write leaves records behind; they are refused with the log.
                 records.clear();
@@ -523,7 +515,6 @@ impl AuditLog {
             unsynced: false,
             commit_interval: Duration::from_millis(config.commit_interval_ms),
             last_sync: Instant::now(),
-            last_waiters: 0,
             payload: Vec::new(),
             frames: Vec::new(),
         };
