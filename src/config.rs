@@ -388,6 +388,19 @@ mod tests {
     }
 
     #[test]
+    fn the_audit_content_mode_is_the_policys_not_the_configs() {
+        let err = Config::parse("[audit]\ndir = \"/a\"\ncontent = \"hmac\"\n").unwrap_err();
+        assert!(err.to_string().contains("content"), "{err}");
+        let config = Config::parse(
+            "[audit]\ndir = \"/a\"\ncontent_key_file = \"/k\"\ncommit_interval_ms = 0\n",
+        )
+        .unwrap();
+        let audit = config.audit.unwrap();
+        assert_eq!(audit.content_key_file, Some(PathBuf::from("/k")));
+        assert_eq!(audit.commit_interval_ms, 0);
+    }
+
+    #[test]
     fn attestation_defaults_to_production_and_reads_its_table() {
         assert_eq!(
             Config::default().attestation.profile,

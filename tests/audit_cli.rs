@@ -58,6 +58,7 @@ fn write_log(dir: &Path, n: usize, segment_max_bytes: u64, content: Option<&Cont
                 model_digest: "sha256:ab".into(),
                 stream: i % 2 == 0,
                 prompt,
+                status: None,
             }))
             .await
             .expect("append");
@@ -480,4 +481,60 @@ fn witness_over_http_follows_tlog_witness() {
     assert_eq!(status, 403);
     let _ = child.kill();
     let _ = child.wait();
+}
+
+#[test]
+fn prune_refuses_while_a_writer_has_the_log_open() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("log");
+    write_log(&dir, 30, 1500, None);
+    let segments = |dir: &Path| {
+        std::fs::read_dir(dir)
+            .expect("dir")
+            .filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "seg"))
+            })
+            .count()
+    };
+    let before = segments(&dir);
+    assert!(before > 2, "{before} segments");
+    let cfg = AuditConfig {
+        dir: dir.clone(),
+        ..AuditConfig::default()
+    };
+    let start = StartInfo {
+        software_version: "cli-test".into(),
+        evidence: Vec::new(),
+    };
+    let signer = AuditLog::generate_signer(&cfg).expect("signer");
+    let open = AuditLog::open(&cfg, Arc::new(StdFileOps), signer, start.clone()).expect("opens");
+    let d = dir.to_str().expect("utf8");
+    let export = tmp.path().join("pruned.jsonl");
+    let e = export.to_str().expect("utf8");
+    let refused = inferno(&["prune", d, "--keep-segments", "1", "--export", e]);
+    let stderr = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("in use"), "{stderr}");
+    assert!(stderr.lines().count() <= 2, "a short cause: {stderr}");
+    assert!(!export.exists(), "nothing was exported");
+    assert!(segments(&dir) >= before, "nothing was removed");
+    // A second writer is refused the same way.
+    let signer = AuditLog::generate_signer(&cfg).expect("signer");
+    let second = AuditLog::open(&cfg, Arc::new(StdFileOps), signer, start);
+    assert!(
+        second
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("in use")),
+        "{second:?}"
+    );
+    drop(open);
+    let pruned = inferno(&["prune", d, "--keep-segments", "1", "--export", e]);
+    assert_eq!(
+        pruned.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&pruned.stderr)
+    );
+    assert_eq!(segments(&dir), 1);
 }

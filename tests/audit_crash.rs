@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use inferno::audit::verify::{VerifyOptions, verify};
-use inferno::audit::{AuditConfig, AuditSink, CompletionFacts, RequestFacts};
+use inferno::audit::{AuditConfig, AuditSink, CompletionFacts, ContentMode, RequestFacts};
 
 const CHILD_ENV: &str = "INFERNO_AUDIT_CRASH_CHILD_DIR";
 const ROUNDS: usize = 5;
@@ -31,7 +31,9 @@ fn crash_child() {
     let Ok(dir) = std::env::var(CHILD_ENV) else {
         return;
     };
-    let sink = Arc::new(AuditSink::open(&config(Path::new(&dir)), "crash-test").expect("opens"));
+    let sink = Arc::new(
+        AuditSink::open(&config(Path::new(&dir)), ContentMode::None, "crash-test").expect("opens"),
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -60,22 +62,21 @@ fn crash_child() {
                             model_digest: "sha256:00",
                             stream: false,
                             prompt: "hello",
+                            status: None,
                         };
                         if sink.request(facts).await.is_err() {
                             return;
                         }
                         let _ = tx.send(id.clone());
-                        let _ = sink
-                            .completion(CompletionFacts {
-                                request_id: id,
-                                prompt_tokens: 1,
-                                completion_tokens: 1,
-                                finish_reason: Some("stop".into()),
-                                status: 200,
-                                latency_ms: 1,
-                                completion: None,
-                            })
-                            .await;
+                        let _ = sink.completion(CompletionFacts {
+                            request_id: id,
+                            prompt_tokens: 1,
+                            completion_tokens: 1,
+                            finish_reason: Some("stop".into()),
+                            status: 200,
+                            latency_ms: 1,
+                            completion: None,
+                        });
                     }
                 })
             })
@@ -133,7 +134,8 @@ fn crash_under_load_loses_no_acknowledged_request() {
         acknowledged.extend(ids);
     }
     // Reopen once more (recovering any torn tail), then verify.
-    let sink = AuditSink::open(&config(&dir), "crash-test-final").expect("recovers");
+    let sink =
+        AuditSink::open(&config(&dir), ContentMode::None, "crash-test-final").expect("recovers");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use inferno::audit::content::SealedContent;
 use inferno::audit::fileops::{AppendFile, FileOps, StdFileOps};
@@ -51,6 +52,7 @@ fn request(id: &str) -> RecordBody {
         model_digest: "sha256:00".into(),
         stream: false,
         prompt: SealedContent::None,
+        status: None,
     })
 }
 
@@ -221,6 +223,8 @@ fn corrupting_any_byte_is_detected_and_located() {
     let mut files: Vec<PathBuf> = std::fs::read_dir(tmp.path())
         .expect("dir")
         .filter_map(|e| e.ok().map(|e| e.path()))
+        // The writer's lock file holds no log data.
+        .filter(|p| !p.ends_with(inferno::audit::lock::LOCK_FILE))
         .collect();
     files.sort();
     assert_eq!(
@@ -563,4 +567,134 @@ fn removing_files_is_detected() {
     std::fs::remove_file(last_segment(&dir)).expect("remove");
     let verdict = verify(&dir, &VerifyOptions::default()).verdict();
     assert!(verdict.contains("truncated"), "{verdict}");
+}
+
+/// Counts the fsyncs of segment files.
+struct CountingSyncs(Arc<AtomicU64>);
+
+struct CountingFile {
+    inner: Box<dyn AppendFile>,
+    syncs: Option<Arc<AtomicU64>>,
+}
+
+impl AppendFile for CountingFile {
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        self.inner.write_all(buf)
+    }
+    fn sync(&mut self) -> std::io::Result<()> {
+        if let Some(syncs) = &self.syncs {
+            syncs.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.sync()
+    }
+}
+
+impl CountingSyncs {
+    fn wrap(&self, path: &Path, inner: Box<dyn AppendFile>) -> Box<dyn AppendFile> {
+        let segment = path.extension().is_some_and(|e| e == "seg");
+        Box::new(CountingFile {
+            inner,
+            syncs: segment.then(|| Arc::clone(&self.0)),
+        })
+    }
+}
+
+impl FileOps for CountingSyncs {
+    fn create_new(&self, path: &Path) -> std::io::Result<Box<dyn AppendFile>> {
+        Ok(self.wrap(path, StdFileOps.create_new(path)?))
+    }
+    fn open_append(&self, path: &Path) -> std::io::Result<Box<dyn AppendFile>> {
+        Ok(self.wrap(path, StdFileOps.open_append(path)?))
+    }
+    fn truncate(&self, path: &Path, len: u64) -> std::io::Result<()> {
+        StdFileOps.truncate(path, len)
+    }
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        StdFileOps.remove(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        StdFileOps.sync_dir(dir)
+    }
+}
+
+#[test]
+fn detached_records_share_the_next_fsync_and_precede_the_checkpoint() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cfg = AuditConfig {
+        segment_max_bytes: 1 << 20,
+        ..config(tmp.path())
+    };
+    let syncs = Arc::new(AtomicU64::new(0));
+    let log = open_with(&cfg, Arc::new(CountingSyncs(Arc::clone(&syncs)))).expect("opens");
+    let rt = runtime();
+    let opened = syncs.load(Ordering::SeqCst);
+    for i in 0..50 {
+        log.append_detached(completion(&format!("d-{i}")))
+            .expect("handed over");
+    }
+    // An awaited append is durable with every detached record before it, in one fsync.
+    let index = rt.block_on(log.append(request("waited"))).expect("durable");
+    assert_eq!(syncs.load(Ordering::SeqCst) - opened, 1);
+    assert_eq!(log.durable_size(), index + 1);
+    // Detached records alone are synced before the checkpoint that covers them.
+    for i in 0..10 {
+        log.append_detached(completion(&format!("e-{i}")))
+            .expect("handed over");
+    }
+    let note = rt.block_on(log.checkpoint()).expect("checkpoint");
+    assert_eq!(syncs.load(Ordering::SeqCst) - opened, 2);
+    let size = SignedNote::parse(&note)
+        .and_then(|n| n.checkpoint())
+        .expect("checkpoint")
+        .size;
+    assert_eq!(size, index + 11);
+    assert_eq!(log.durable_size(), size);
+    drop(log);
+    let report = verify(tmp.path(), &VerifyOptions::default());
+    assert!(report.intact(), "{report:?}");
+    assert_eq!(report.size, size);
+}
+
+#[test]
+fn under_load_one_fsync_serves_the_appends_of_a_commit_interval() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cfg = AuditConfig {
+        segment_max_bytes: 1 << 20,
+        commit_interval_ms: 200,
+        ..config(tmp.path())
+    };
+    let syncs = Arc::new(AtomicU64::new(0));
+    let log =
+        Arc::new(open_with(&cfg, Arc::new(CountingSyncs(Arc::clone(&syncs)))).expect("opens"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    // Idle (the last fsync is older than the interval): an append is synced at once.
+    std::thread::sleep(Duration::from_millis(250));
+    let started = std::time::Instant::now();
+    rt.block_on(log.append(request("idle"))).expect("durable");
+    assert!(
+        started.elapsed() < Duration::from_millis(150),
+        "an idle log waited {:?}",
+        started.elapsed()
+    );
+    // Busy: appends arriving every 5 ms, each awaited, share fsyncs.
+    let before = syncs.load(Ordering::SeqCst);
+    rt.block_on(async {
+        let mut waits = Vec::new();
+        for i in 0..20 {
+            waits.push(tokio::spawn(log.append(request(&format!("busy-{i}")))));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        for wait in waits {
+            wait.await.expect("task").expect("durable");
+        }
+    });
+    let used = syncs.load(Ordering::SeqCst) - before;
+    assert!((1..=2).contains(&used), "{used} fsyncs for 20 appends");
+    assert!(log.durable_size() >= 21);
+    drop(log);
+    assert!(verify(tmp.path(), &VerifyOptions::default()).intact());
 }

@@ -150,7 +150,14 @@ fn the_server_audits_every_request_and_the_cli_verifies_it() {
     let verdict = String::from_utf8_lossy(&verify.stdout).into_owned();
     assert_eq!(verify.status.code(), Some(0), "{verdict}");
     assert!(!verdict.contains("incomplete"), "{verdict}");
-    let requests = records(&dir, "request");
+    let all = records(&dir, "request");
+    // The checkpoint fetch is an API request too, answered without generation: one record
+    // with its status.
+    let (requests, answered): (Vec<_>, Vec<_>) =
+        all.into_iter().partition(|r| r.get("status").is_none());
+    assert_eq!(answered.len(), 1, "{answered:?}");
+    assert_eq!(answered[0]["endpoint"], "/v1/audit/checkpoint");
+    assert_eq!(answered[0]["status"], 200);
     let ids: Vec<_> = requests
         .iter()
         .map(|r| r["request_id"].as_str().unwrap_or(""))
@@ -268,13 +275,21 @@ fn an_unwritable_log_fails_closed_with_503() {
     std::fs::create_dir(&blocker).expect("block the next segment");
     let rt = runtime();
     let client = client();
-    let statuses: Vec<Option<u16>> = rt.block_on(async {
+    let (statuses, refusal) = rt.block_on(async {
         let mut out = Vec::new();
         for i in 0..40 {
             out.push(complete_status(&client, &served.base, &format!("f-{i}"), false).await);
         }
-        out
+        // A refusal (here an unknown route, normally 404) cannot be recorded either: 503.
+        let refusal = client
+            .get(format!("{}/v1/nope", served.base))
+            .header("x-request-id", "refused-after-failure")
+            .send()
+            .await
+            .map(|r| r.status().as_u16());
+        (out, refusal.ok())
     });
+    assert_eq!(refusal, Some(503), "fail closed");
     let first_503 = statuses
         .iter()
         .position(|s| *s == Some(503))
@@ -306,5 +321,66 @@ fn an_unwritable_log_fails_closed_with_503() {
         .collect();
     for id in &answered {
         assert!(logged.contains(id), "answered request {id} has no record");
+    }
+    assert!(!logged.contains("refused-after-failure"));
+}
+
+#[test]
+fn content_reaches_the_diagnostic_log_only_when_the_policy_allows_it() {
+    const MARKER: &str = "zebra crossing marker";
+    let policy_text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/development.toml"),
+    )
+    .expect("development policy");
+    assert!(policy_text.contains("content_in_logs = false"));
+    let rt = runtime();
+    for allowed in [false, true] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let policy = tmp.path().join("policy.toml");
+        let text = policy_text.replace(
+            "content_in_logs = false",
+            &format!("content_in_logs = {allowed}"),
+        );
+        std::fs::write(&policy, text).expect("policy");
+        let toml = format!(
+            "[attestation]\nprofile = \"development\"\npolicy = {:?}\n[audit]\ndir = {:?}\n",
+            policy.to_str().expect("utf8"),
+            tmp.path().join("audit").to_str().expect("utf8")
+        );
+        // Debug level: the most the server ever logs about a request.
+        let (child, base, log) =
+            spawn_support::spawn_server_logged(&toml, tmp.path(), "inferno=debug");
+        let served = Served { child, base };
+        let client = client();
+        let response_id = rt.block_on(async {
+            let body = serde_json::json!({
+                "model": "inferno-tiny",
+                "prompt": MARKER,
+                "max_tokens": 4,
+            });
+            let response = client
+                .post(format!("{}/v1/completions", served.base))
+                .json(&body)
+                .send()
+                .await
+                .expect("sent");
+            assert_eq!(response.status(), 200);
+            let json: serde_json::Value = response.json().await.expect("json");
+            // The response id is unique: it appears in the log only with the response body.
+            json["id"].as_str().unwrap_or("").to_owned()
+        });
+        terminate(served);
+        let log = log.lock().map(|l| l.clone()).unwrap_or_default();
+        assert!(
+            log.contains("\"request\"") || log.contains(" request"),
+            "{log}"
+        );
+        assert_eq!(log.contains(MARKER), allowed, "prompt in the log: {log}");
+        assert!(response_id.starts_with("cmpl-"), "{response_id}");
+        assert_eq!(
+            log.contains(&response_id),
+            allowed,
+            "completion in the log: {log}"
+        );
     }
 }

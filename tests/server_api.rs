@@ -519,7 +519,11 @@ async fn health_is_503_until_the_model_is_loaded() {
 
 #[test]
 fn no_keys_refuses_a_public_listen_address() {
-    let mut config = Config::default();
+    // The development policy does not require keys; the public address alone is refused.
+    let mut config = Config {
+        attestation: inferno::config::AttestationConfig::development(),
+        ..Config::default()
+    };
     config.server.listen = "0.0.0.0:0".parse().unwrap();
     let err = runtime()
         .block_on(Server::start(config))

@@ -233,8 +233,10 @@ fn production_profile_without_a_tee_refuses_to_start() {
         eprintln!("SKIPPED: this machine has TEE hardware");
         return;
     }
+    // The production policy requires API keys: configure some, to reach attestation.
     let mut config = Config::default();
     config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config.auth.keys = base_config().auth.keys;
     assert_eq!(config.attestation.profile, AttestationProfile::Production);
     let err = match runtime().block_on(Server::start(config)) {
         Ok(_) => panic!("the production profile served without a TEE"),
@@ -264,7 +266,10 @@ fn serve_with_the_production_profile_exits_with_a_one_line_cause() {
     let config = work.path().join("inferno.toml");
     std::fs::write(
         &config,
-        "[server]\nlisten = \"127.0.0.1:0\"\n[attestation]\nprofile = \"production\"\n",
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[attestation]\nprofile = \"production\"\n[[auth.keys]]\nname = \"ops\"\nsha256 = \"{}\"\n",
+            "ab".repeat(32)
+        ),
     )
     .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_inferno"))

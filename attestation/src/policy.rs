@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// The only policy schema version this crate accepts.
-pub const POLICY_SCHEMA_VERSION: u32 = 1;
+pub const POLICY_SCHEMA_VERSION: u32 = 2;
 
 /// Errors when loading a policy.
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +50,7 @@ pub enum Platform {
     Tdx,
 }
 
-/// The server policy, schema version 1.
+/// The server policy, schema version 2.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Policy {
@@ -257,19 +257,53 @@ pub struct GpuPolicy {
     pub vbios_versions: Option<Vec<String>>,
 }
 
-/// What the audit log records.
+/// What the audit log keeps of prompts and completions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditContent {
+    /// Nothing: records carry metadata only.
+    #[default]
+    None,
+    /// An HMAC-SHA256 of each text under a key the compliance team holds.
+    Hmac,
+    /// The full texts, encrypted (AES-256-GCM) under a key the compliance team holds.
+    Encrypted,
+}
+
+impl AuditContent {
+    /// The policy's name of the mode.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Hmac => "hmac",
+            Self::Encrypted => "encrypted",
+        }
+    }
+
+    /// Whether the mode needs a content key.
+    pub fn needs_key(self) -> bool {
+        self != Self::None
+    }
+}
+
+/// What the audit log records, and where prompts and completions may appear.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuditPolicy {
-    /// Record a hash of each prompt and completion (never the text).
-    pub record_content_hashes: bool,
+    /// What each request and completion record keeps of the texts.
+    pub content: AuditContent,
+    /// Whether prompts and completions may appear in the server's diagnostic (tracing) logs.
+    /// Absent: false.
+    #[serde(default)]
+    pub content_in_logs: bool,
 }
 
 /// What clients must present.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthPolicy {
-    /// Every API request must carry a valid API key.
+    /// The server refuses to start without configured API keys; every API request must then
+    /// carry a valid one. With false, a server without keys serves loopback only.
     pub require_api_key: bool,
 }
 
@@ -441,7 +475,7 @@ mod tests {
         let base = std::fs::read_to_string(policy_file("production.toml")).unwrap();
         let typo = base.replace("allow_debug = false", "allow_debgu = false");
         assert!(LoadedPolicy::from_bytes(typo.as_bytes()).is_err());
-        let schema = base.replace("schema = 1", "schema = 9");
+        let schema = base.replace("schema = 2", "schema = 9");
         assert!(matches!(
             LoadedPolicy::from_bytes(schema.as_bytes()),
             Err(PolicyError::Schema { found: 9 })
@@ -465,6 +499,32 @@ mod tests {
         let loaded = LoadedPolicy::from_bytes(default.as_bytes()).unwrap();
         let tpm = loaded.policy.tpm.unwrap();
         assert_eq!(tpm.pcrs, (0..=7).collect::<Vec<u8>>());
+    }
+
+    #[test]
+    fn audit_content_modes_parse_and_unknown_modes_are_rejected() {
+        let base = std::fs::read_to_string(policy_file("development.toml")).unwrap();
+        assert!(base.contains("content = \"none\""));
+        let prod = LoadedPolicy::from_file(&policy_file("production.toml")).unwrap();
+        assert_eq!(prod.policy.audit.content, AuditContent::None);
+        assert!(!prod.policy.audit.content_in_logs);
+        assert!(prod.policy.auth.require_api_key);
+        for (mode, expected) in [
+            ("hmac", AuditContent::Hmac),
+            ("encrypted", AuditContent::Encrypted),
+        ] {
+            let text = base.replace("content = \"none\"", &format!("content = \"{mode}\""));
+            let loaded = LoadedPolicy::from_bytes(text.as_bytes()).unwrap();
+            assert_eq!(loaded.policy.audit.content, expected);
+            assert!(expected.needs_key());
+        }
+        let bad = base.replace("content = \"none\"", "content = \"plain\"");
+        assert!(matches!(
+            LoadedPolicy::from_bytes(bad.as_bytes()),
+            Err(PolicyError::Toml(_))
+        ));
+        let old = base.replace("content = \"none\"", "record_content_hashes = true");
+        assert!(LoadedPolicy::from_bytes(old.as_bytes()).is_err());
     }
 
     #[test]

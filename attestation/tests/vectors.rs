@@ -28,7 +28,7 @@ fn vectors() -> Option<PathBuf> {
 /// A policy for vendor vectors: real roots only, no runtime-data or GPU requirement (the
 /// vectors predate this project), and no reference values.
 const VECTOR_POLICY: &str = r#"
-schema = 1
+schema = 2
 name = "vector-test"
 platforms = ["sev-snp", "tdx"]
 [time]
@@ -55,7 +55,7 @@ required = false
 require_cc_mode = false
 require_ready_state = false
 [audit]
-record_content_hashes = true
+content = "none"
 [auth]
 require_api_key = false
 "#;

@@ -1,10 +1,10 @@
-//! The `[audit]` table of the configuration file.
+//! The `[audit]` table of the configuration file: operational settings only (where, how large,
+//! how often, which key file). What the log keeps of prompts and completions is decided by the
+//! server policy.
 
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-
-use super::content::ContentMode;
 
 /// Audit log settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,9 +18,12 @@ pub struct AuditConfig {
     pub checkpoint_every_seconds: u64,
     /// Start a new segment file once the current one reaches this many bytes.
     pub segment_max_bytes: u64,
-    /// How much of prompts and completions to keep.
-    pub content: ContentMode,
-    /// The 32-byte key (raw or hex) for the `hmac` and `encrypted` content modes.
+    /// Under load, write a group (and fsync it, if a caller waits) no sooner than this many
+    /// milliseconds after the previous fsync ended, gathering the appends that arrive meanwhile
+    /// (0: at once). An idle log writes and syncs at once whatever the value.
+    pub commit_interval_ms: u64,
+    /// The 32-byte key (raw or hex) for the `hmac` and `encrypted` content modes. Which mode is
+    /// in force is the server policy's decision (`[audit] content`), not the configuration's.
     pub content_key_file: Option<PathBuf>,
     /// The origin (first checkpoint line) of a new log; a random one is generated if unset.
     pub origin: Option<String>,
@@ -38,7 +41,7 @@ impl Default for AuditConfig {
             checkpoint_every_records: 1000,
             checkpoint_every_seconds: 10,
             segment_max_bytes: 64 << 20,
-            content: ContentMode::None,
+            commit_interval_ms: 10,
             content_key_file: None,
             origin: None,
             witness_checkpoint: None,

@@ -17,29 +17,9 @@ use ring::rand::{SecureRandom as _, SystemRandom};
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-/// Which content the log keeps, as named in the configuration.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ContentMode {
-    /// Keep nothing.
-    #[default]
-    None,
-    /// Keep a keyed hash.
-    Hmac,
-    /// Keep the text, encrypted.
-    Encrypted,
-}
-
-impl ContentMode {
-    /// The mode's configuration name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::None => "none",
-            Self::Hmac => "hmac",
-            Self::Encrypted => "encrypted",
-        }
-    }
-}
+/// Which content the log keeps: the server policy's `[audit] content` (`none`, `hmac`,
+/// `encrypted`).
+pub use inferno_attestation::policy::AuditContent as ContentMode;
 
 /// A content field as stored in a record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,8 +55,10 @@ pub enum ContentError {
     /// The key file does not hold a 32-byte key.
     #[error("content key file {0} must hold exactly 32 bytes (raw or 64 hex digits)")]
     KeyLength(String),
-    /// The mode needs a key file and none was configured.
-    #[error("content mode `{0}` needs a key file")]
+    /// The mode needs a key and none was configured.
+    #[error(
+        "the policy's audit content mode `{0}` needs a key: set [audit] content_key_file in the configuration"
+    )]
     MissingKey(&'static str),
     /// Encryption or random generation failed.
     #[error("content encryption failed")]

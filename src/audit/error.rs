@@ -27,6 +27,9 @@ pub enum AuditError {
     /// The log is not consistent with the configured witness checkpoint.
     #[error("audit log refuses to open: {0}")]
     Witness(String),
+    /// Another writer holds the log directory's lock, or it cannot be taken.
+    #[error(transparent)]
+    Lock(#[from] super::lock::LockError),
     /// The writer has shut down.
     #[error("audit log is closed")]
     Closed,

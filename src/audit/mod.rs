@@ -4,7 +4,7 @@
 //! CRC32C into segment files ([`segment`], [`frame`]), form the leaves of an RFC 9162 Merkle
 //! tree ([`merkle`]) and are covered by Ed25519-signed C2SP checkpoints ([`note`]). A dedicated
 //! writer thread commits appends in groups with fsync ([`writer`]); [`recovery`] repairs a torn
-//! tail at open; [`verify`] checks a log offline; [`witness`] countersigns checkpoints only
+//! tail at open; [`lock`] keeps a second writer or a prune away from an open log; [`verify`] checks a log offline; [`witness`] countersigns checkpoints only
 //! when they extend the last one it saw. `docs/audit-log.md` specifies the on-disk format.
 
 pub mod config;
@@ -12,6 +12,7 @@ pub mod content;
 pub mod error;
 pub mod fileops;
 pub mod frame;
+pub mod lock;
 pub mod merkle;
 pub mod note;
 pub mod proof_file;

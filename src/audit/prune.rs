@@ -12,6 +12,7 @@ use std::path::Path;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 
+use super::lock::{DirLock, LockError};
 use super::merkle::Frontier;
 use super::recovery::{KeyHistory, key_for_size, track_record};
 use super::scan::{ANCHOR_FILE, ANCHOR_VERSION, PruneAnchor, read_checkpoints, scan_segments};
@@ -37,6 +38,9 @@ pub enum PruneError {
     /// Removing the requested segments would leave records not covered by a signed checkpoint.
     #[error("no signed checkpoint covers the cut at record {0}; write a checkpoint first")]
     Uncovered(u64),
+    /// A writer has the log open (or the lock cannot be taken); nothing is removed.
+    #[error("refusing to prune: {0}")]
+    InUse(#[from] LockError),
     /// A file operation failed.
     #[error("{0}")]
     Io(String),
@@ -47,8 +51,10 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> PruneError + '_ {
 }
 
 /// Exports every record of all but the last `keep_segments` segments to `export` (JSON lines,
-/// the exact stored bytes), then removes those segments.
+/// the exact stored bytes), then removes those segments. Refuses while a writer has the log
+/// open, and keeps a writer from opening it meanwhile (the directory lock).
 pub fn prune(dir: &Path, keep_segments: usize, export: &Path) -> Result<PruneOutcome, PruneError> {
+    let _lock = DirLock::try_acquire(dir)?;
     let report = verify(dir, &VerifyOptions::default());
     if let Some(v) = &report.violation {
         return Err(PruneError::NotIntact(v.to_string()));

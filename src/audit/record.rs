@@ -19,7 +19,10 @@ pub struct Record {
     /// The record's leaf index in the log's Merkle tree.
     pub index: u64,
     /// When the writer accepted the record (RFC 3339, UTC).
-    #[serde(with = "time::serde::rfc3339")]
+    #[serde(
+        serialize_with = "rfc3339_unallocated",
+        deserialize_with = "time::serde::rfc3339::deserialize"
+    )]
     pub time: OffsetDateTime,
     /// What the record says.
     #[serde(flatten)]
@@ -73,6 +76,12 @@ pub struct RequestRecord {
     pub stream: bool,
     /// The prompt, as the content policy says.
     pub prompt: SealedContent,
+    /// The HTTP status of a request answered without generation: a refusal (401, 400, 413,
+    /// 404, 503, ...) or a call of another API endpoint. Such a request has no completion
+    /// record. Absent for an accepted generation request, whose completion record carries the
+    /// status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
 }
 
 /// A finished API request.
@@ -200,10 +209,34 @@ impl SecurityEvent {
     }
 }
 
+/// Longest RFC 3339 rendering of a UTC time the writer produces (with nanoseconds).
+const MAX_RFC3339_LEN: usize = 40;
+
+/// Serialises `time` as RFC 3339 (the same text as `time::serde::rfc3339`) without a heap
+/// allocation: the writer does this once per record.
+fn rfc3339_unallocated<S: serde::Serializer>(
+    time: &OffsetDateTime,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::Error as _;
+    let mut buf = [0u8; MAX_RFC3339_LEN];
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    time.format_into(&mut cursor, &time::format_description::well_known::Rfc3339)
+        .map_err(S::Error::custom)?;
+    let len = usize::try_from(cursor.position()).map_err(S::Error::custom)?;
+    let text = std::str::from_utf8(&buf[..len]).map_err(S::Error::custom)?;
+    serializer.serialize_str(text)
+}
+
 impl Record {
     /// Encodes the record as its stored (leaf) bytes.
     pub fn encode(&self) -> Result<Vec<u8>, serde_json::Error> {
         serde_json::to_vec(self)
+    }
+
+    /// Appends the record's stored (leaf) bytes to `out` (the same bytes as [`Record::encode`]).
+    pub fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+        serde_json::to_writer(out, self)
     }
 
     /// Decodes stored (leaf) bytes.
@@ -234,5 +267,28 @@ mod tests {
             "{text}"
         );
         assert_eq!(Record::decode(&bytes).expect("decodes"), r);
+    }
+
+    #[test]
+    fn times_render_as_time_crate_rfc3339() {
+        for time in [
+            time::macros::datetime!(2026-01-02 03:04:05 UTC),
+            time::macros::datetime!(2026-12-31 23:59:59.123456789 UTC),
+            OffsetDateTime::now_utc(),
+        ] {
+            let r = Record {
+                v: RECORD_VERSION,
+                index: 0,
+                time,
+                body: RecordBody::Event(SecurityEvent::Stopped { reason: "x".into() }),
+            };
+            let mut encoded = Vec::new();
+            r.encode_into(&mut encoded).expect("encodes");
+            let expected = time
+                .format(&time::format_description::well_known::Rfc3339)
+                .expect("formats");
+            let text = String::from_utf8(encoded).expect("utf8");
+            assert!(text.contains(&format!("\"time\":\"{expected}\"")), "{text}");
+        }
     }
 }

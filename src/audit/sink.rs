@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::config::AuditConfig;
-use super::content::{ContentPolicy, SealedContent, read_key_file};
+use super::content::{ContentMode, ContentPolicy, SealedContent, read_key_file};
 use super::error::AuditError;
 use super::fileops::StdFileOps;
 use super::note::NoteSigner;
@@ -24,8 +24,12 @@ pub struct RequestFacts<'a> {
     pub model_digest: &'a str,
     /// Whether the response is streamed.
     pub stream: bool,
-    /// The prompt as received (the request body), sealed as the content policy says.
+    /// The prompt as received (the request body), sealed as the content policy says; empty
+    /// for a request refused before its body was read.
     pub prompt: &'a str,
+    /// The HTTP status of a request answered without generation (a refusal, or another API
+    /// endpoint); `None` for an accepted generation request, whose completion record follows.
+    pub status: Option<u16>,
 }
 
 /// What the server knows about a request when it has answered it.
@@ -63,12 +67,19 @@ impl std::fmt::Debug for AuditSink {
 }
 
 impl AuditSink {
-    /// Opens the log in `config.dir` with a checkpoint key generated now. Use
-    /// [`AuditSink::open_with_signer`] when the key must first be bound into attestation evidence.
-    pub fn open(config: &AuditConfig, software_version: &str) -> Result<Self, AuditError> {
+    /// Opens the log in `config.dir` with a checkpoint key generated now, keeping `content` of
+    /// prompts and completions. Use [`AuditSink::open_with_signer`] when the key must first be
+    /// bound into attestation evidence.
+    pub fn open(
+        config: &AuditConfig,
+        content: ContentMode,
+        software_version: &str,
+    ) -> Result<Self, AuditError> {
+        let content = Self::content_policy(config, content)?;
         let signer = AuditLog::generate_signer(config)?;
         Self::open_with_signer(
             config,
+            content,
             signer,
             StartInfo {
                 software_version: software_version.to_owned(),
@@ -77,18 +88,29 @@ impl AuditSink {
         )
     }
 
-    /// Opens the log with a signer whose key `start.evidence` binds.
+    /// The content policy for `content` with the key of `config.content_key_file`; fails when
+    /// the mode needs a key and none is configured, or the key file is unusable.
+    pub fn content_policy(
+        config: &AuditConfig,
+        content: ContentMode,
+    ) -> Result<ContentPolicy, AuditError> {
+        let key = match (&config.content_key_file, content.needs_key()) {
+            (Some(path), true) => {
+                Some(read_key_file(path).map_err(|e| AuditError::Config(e.to_string()))?)
+            }
+            _ => None,
+        };
+        ContentPolicy::new(content, key.as_deref()).map_err(|e| AuditError::Config(e.to_string()))
+    }
+
+    /// Opens the log with a signer whose key `start.evidence` binds, sealing prompts and
+    /// completions with `content` (see [`AuditSink::content_policy`]).
     pub fn open_with_signer(
         config: &AuditConfig,
+        content: ContentPolicy,
         signer: NoteSigner,
         start: StartInfo,
     ) -> Result<Self, AuditError> {
-        let key = match &config.content_key_file {
-            Some(path) => Some(read_key_file(path).map_err(|e| AuditError::Config(e.to_string()))?),
-            None => None,
-        };
-        let content = ContentPolicy::new(config.content, key.as_deref())
-            .map_err(|e| AuditError::Config(e.to_string()))?;
         let log = AuditLog::open(config, Arc::new(StdFileOps), signer, start)?;
         Ok(Self {
             log: Arc::new(log),
@@ -101,32 +123,41 @@ impl AuditSink {
         &self.log
     }
 
-    /// Durably records an accepted request; the response must not start before this succeeds.
-    pub async fn request(&self, facts: RequestFacts<'_>) -> Result<u64, AuditError> {
-        let prompt = self.seal("prompt", facts.request_id, facts.prompt)?;
-        let body = RecordBody::Request(RequestRecord {
-            request_id: facts.request_id.to_owned(),
-            principal: facts.principal.to_owned(),
-            endpoint: facts.endpoint.to_owned(),
-            model_digest: facts.model_digest.to_owned(),
-            stream: facts.stream,
-            prompt,
+    /// Hands the request record to the writer at once; the returned future resolves once it is
+    /// durable. The response must not start before it resolves successfully, but the caller may
+    /// start the work (generation) meanwhile.
+    pub fn request(
+        &self,
+        facts: RequestFacts<'_>,
+    ) -> impl Future<Output = Result<u64, AuditError>> + Send + 'static + use<> {
+        let prompt = match facts.status {
+            Some(_) if facts.prompt.is_empty() => Ok(SealedContent::None),
+            _ => self.seal("prompt", facts.request_id, facts.prompt),
+        };
+        let append = prompt.map(|prompt| {
+            self.log.append(RecordBody::Request(RequestRecord {
+                request_id: facts.request_id.to_owned(),
+                principal: facts.principal.to_owned(),
+                endpoint: facts.endpoint.to_owned(),
+                model_digest: facts.model_digest.to_owned(),
+                stream: facts.stream,
+                prompt,
+                status: facts.status,
+            }))
         });
-        self.log.append(body).await
+        async move { append?.await }
     }
 
-    /// Records a finished request. The record is durable before the next checkpoint; the
-    /// returned future resolves when it is durable (callers may spawn it).
-    pub fn completion(
-        &self,
-        facts: CompletionFacts,
-    ) -> impl Future<Output = Result<u64, AuditError>> + Send + 'static {
+    /// Records a finished request without waiting: the record is durable before the next
+    /// checkpoint. Fails at once only if the log has failed (a later write failure is logged by
+    /// the writer and fails the log).
+    pub fn completion(&self, facts: CompletionFacts) -> Result<(), AuditError> {
         let completion = match &facts.completion {
-            Some(text) => self.seal("completion", &facts.request_id, text),
-            None => Ok(SealedContent::None),
+            Some(text) => self.seal("completion", &facts.request_id, text)?,
+            None => SealedContent::None,
         };
-        let append = completion.map(|completion| {
-            self.log.append(RecordBody::Completion(CompletionRecord {
+        self.log
+            .append_detached(RecordBody::Completion(CompletionRecord {
                 request_id: facts.request_id,
                 prompt_tokens: facts.prompt_tokens,
                 completion_tokens: facts.completion_tokens,
@@ -135,8 +166,6 @@ impl AuditSink {
                 latency_ms: facts.latency_ms,
                 completion,
             }))
-        });
-        async move { append?.await }
     }
 
     /// Durably records a security event.
@@ -145,7 +174,7 @@ impl AuditSink {
     }
 
     /// The content policy in force.
-    pub fn content_mode(&self) -> super::content::ContentMode {
+    pub fn content_mode(&self) -> ContentMode {
         self.content.mode()
     }
 

@@ -118,9 +118,11 @@ pub fn verify(dir: &Path, options: &VerifyOptions) -> Report {
     let scanned = scan_segments(dir, |index, _, payload| {
         let record = track_record(&mut history, index, payload)?;
         match &record.body {
-            RecordBody::Request(r) => {
+            // A request answered without generation carries its status and has no completion.
+            RecordBody::Request(r) if r.status.is_none() => {
                 requests.insert(r.request_id.clone(), index);
             }
+            RecordBody::Request(_) => {}
             RecordBody::Completion(c) => {
                 requests.remove(&c.request_id);
             }

@@ -14,7 +14,8 @@ use tokio::sync::oneshot;
 use super::config::AuditConfig;
 use super::error::AuditError;
 use super::fileops::{AppendFile, FileOps};
-use super::frame::encode_frame;
+use super::frame::{FRAME_HEADER_LEN, encode_frame};
+use super::lock::DirLock;
 use super::merkle::Frontier;
 use super::note::{Checkpoint, NoteSigner, VerifierKey};
 use super::record::{EvidenceBlob, RECORD_VERSION, Record, RecordBody, SecurityEvent};
@@ -37,7 +38,9 @@ pub struct StartInfo {
 type Reply<T> = oneshot::Sender<Result<T, AuditError>>;
 
 enum Command {
-    Append(RecordBody, OffsetDateTime, Reply<u64>),
+    /// A record to append; with a reply, the writer answers once the record is durable;
+    /// without, it is durable before the next checkpoint.
+    Append(RecordBody, OffsetDateTime, Option<Reply<u64>>),
     Checkpoint(Reply<String>),
     Shutdown(String, Reply<String>),
 }
@@ -48,6 +51,9 @@ struct Shared {
     latest_checkpoint: RwLock<Option<String>>,
     durable_size: AtomicU64,
 }
+
+/// A record to write and the time the writer accepted it.
+type Pending = (RecordBody, OffsetDateTime);
 
 impl Shared {
     fn failure(&self) -> Option<String> {
@@ -81,6 +87,18 @@ struct Writer {
     every_records: u64,
     every: Option<Duration>,
     shared: Arc<Shared>,
+    /// The directory lock, released when the writer thread ends.
+    _lock: DirLock,
+    /// Records written to the segment file but not yet fsynced.
+    unsynced: bool,
+    /// The least time from the end of one segment fsync to the start of the next.
+    commit_interval: Duration,
+    /// When the last segment fsync ended.
+    last_sync: Instant,
+    /// Reused serialisation buffer of one record.
+    payload: Vec<u8>,
+    /// Reused buffer of the frames of one batch.
+    frames: Vec<u8>,
 }
 
 /// Creates segment file `header.segment` with its header, durably; returns it and its length.
@@ -122,55 +140,88 @@ impl Writer {
         Ok(())
     }
 
-    /// Writes a batch of records and makes it durable; returns their indexes.
-    fn write_records(
+    /// Writes (and empties) a batch of records; with `sync`, makes everything written so far
+    /// durable. Returns the index of the first record.
+    fn write_records(&mut self, batch: &mut Vec<Pending>, sync: bool) -> Result<u64, AuditError> {
+        let first = self.frontier.size();
+        let mut frames = std::mem::take(&mut self.frames);
+        let mut payload = std::mem::take(&mut self.payload);
+        let written = self.encode_and_write(batch, &mut frames, &mut payload);
+        frames.clear();
+        payload.clear();
+        self.frames = frames;
+        self.payload = payload;
+        written?;
+        if sync {
+            self.sync_segment()?;
+        }
+        Ok(first)
+    }
+
+    /// Frames each record into `frames` (serialised once, into the reused `payload` buffer),
+    /// rotating segments as needed, and writes the frames to the segment file.
+    fn encode_and_write(
         &mut self,
-        batch: Vec<(RecordBody, OffsetDateTime)>,
-    ) -> Result<Vec<u64>, AuditError> {
-        let mut buf = Vec::new();
-        let mut indexes = Vec::with_capacity(batch.len());
-        for (body, time) in batch {
-            let index = self.frontier.size();
+        batch: &mut Vec<Pending>,
+        frames: &mut Vec<u8>,
+        payload: &mut Vec<u8>,
+    ) -> Result<(), AuditError> {
+        for (body, time) in batch.drain(..) {
             let record = Record {
                 v: RECORD_VERSION,
-                index,
+                index: self.frontier.size(),
                 time,
                 body,
             };
-            let payload = record.encode()?;
-            let frame_len = (payload.len() + 8) as u64;
-            let has_frames = self.segment_len > self.segment_header_len || !buf.is_empty();
-            if has_frames && self.segment_len + buf.len() as u64 + frame_len > self.segment_max {
-                self.flush(&mut buf)?;
+            payload.clear();
+            record.encode_into(payload)?;
+            let frame_len = (payload.len() + FRAME_HEADER_LEN) as u64;
+            let has_frames = self.segment_len > self.segment_header_len || !frames.is_empty();
+            if has_frames && self.segment_len + frames.len() as u64 + frame_len > self.segment_max {
+                self.write_frames(frames)?;
+                // A rotation never leaves unsynced records behind in the older segment.
+                self.sync_segment()?;
                 self.create_segment(self.segment + 1)?;
             }
-            self.chain = encode_frame(self.chain, &payload, &mut buf);
-            self.frontier.push(super::merkle::leaf_hash(&payload));
-            indexes.push(index);
+            self.chain = encode_frame(self.chain, payload, frames);
+            self.frontier.push(super::merkle::leaf_hash(payload));
         }
-        self.flush(&mut buf)?;
-        self.shared
-            .durable_size
-            .store(self.frontier.size(), Ordering::Release);
-        Ok(indexes)
+        self.write_frames(frames)
     }
 
-    fn flush(&mut self, buf: &mut Vec<u8>) -> Result<(), AuditError> {
-        if buf.is_empty() {
+    /// Writes `frames` to the current segment (without fsync) and clears it.
+    fn write_frames(&mut self, frames: &mut Vec<u8>) -> Result<(), AuditError> {
+        if frames.is_empty() {
             return Ok(());
         }
         let path = segment_path(&self.dir, self.segment);
         self.segment_file
-            .write_all(buf)
+            .write_all(frames)
             .map_err(io_err("writing", &path))?;
-        self.segment_file.sync().map_err(io_err("syncing", &path))?;
-        self.segment_len += buf.len() as u64;
-        buf.clear();
+        self.segment_len += frames.len() as u64;
+        self.unsynced = true;
+        frames.clear();
+        Ok(())
+    }
+
+    /// Makes every record written so far durable.
+    fn sync_segment(&mut self) -> Result<(), AuditError> {
+        if self.unsynced {
+            let path = segment_path(&self.dir, self.segment);
+            self.segment_file.sync().map_err(io_err("syncing", &path))?;
+            self.unsynced = false;
+            self.last_sync = Instant::now();
+        }
+        self.shared
+            .durable_size
+            .store(self.frontier.size(), Ordering::Release);
         Ok(())
     }
 
     /// Signs and durably stores a checkpoint of the current tree (if it grew since the last).
     fn checkpoint(&mut self) -> Result<String, AuditError> {
+        // Records appended without a waiting caller become durable here at the latest.
+        self.sync_segment()?;
         let size = self.frontier.size();
         if self.checkpointed_size == Some(size)
             && let Ok(latest) = self.shared.latest_checkpoint.read()
@@ -219,6 +270,16 @@ impl Writer {
         }
     }
 
+    /// How long a new group should keep gathering appends before it is written: the rest of
+    /// the commit interval since the last fsync ended. Under load one fsync (and one wakeup of
+    /// this thread) then serves a larger group; an idle log (last fsync long ago) waits for
+    /// nothing.
+    fn gather_wait(&self) -> Option<Duration> {
+        self.commit_interval
+            .checked_sub(self.last_sync.elapsed())
+            .filter(|wait| !wait.is_zero())
+    }
+
     /// Runs one step that may fail; a failure puts the log in the failed state for good.
     fn guarded<T>(
         &mut self,
@@ -234,6 +295,10 @@ impl Writer {
     }
 
     fn run(mut self, rx: mpsc::Receiver<Command>) {
+        // Reused from group to group: no allocation per group once they have grown.
+        let mut records: Vec<Pending> = Vec::new();
+        let mut replies: Vec<(usize, Reply<u64>)> = Vec::new();
+        let mut others = Vec::new();
         loop {
             let first = match rx.recv_timeout(self.time_to_checkpoint()) {
                 Ok(c) => c,
@@ -248,38 +313,59 @@ impl Writer {
                     return;
                 }
             };
-            let mut appends = Vec::new();
-            let mut others = Vec::new();
             let mut next = Some(first);
-            while let Some(cmd) = next {
-                match cmd {
-                    Command::Append(body, time, reply) => appends.push((body, time, reply)),
-                    other => others.push(other),
+            let mut gathered = false;
+            loop {
+                while let Some(cmd) = next {
+                    match cmd {
+                        Command::Append(body, time, reply) => {
+                            if let Some(reply) = reply {
+                                replies.push((records.len(), reply));
+                            }
+                            records.push((body, time));
+                        }
+                        other => others.push(other),
+                    }
+                    next = if records.len() < MAX_BATCH && others.is_empty() {
+                        rx.try_recv().ok()
+                    } else {
+                        None
+                    };
                 }
-                next = if appends.len() < MAX_BATCH && others.is_empty() {
-                    rx.try_recv().ok()
-                } else {
-                    None
+                if gathered || !others.is_empty() || records.len() >= MAX_BATCH {
+                    break;
+                }
+                gathered = true;
+                let Some(wait) = self.gather_wait() else {
+                    break;
                 };
+                // Sleeping (rather than waiting on the channel) lets senders enqueue without
+                // waking this thread: one wakeup per group instead of one per append.
+                std::thread::sleep(wait);
+                next = rx.try_recv().ok();
             }
-            if !appends.is_empty() {
-                let (records, replies): (Vec<_>, Vec<_>) =
-                    appends.into_iter().map(|(b, t, r)| ((b, t), r)).unzip();
-                match self.guarded(|w| w.write_records(records)) {
-                    Ok(indexes) => {
-                        for (reply, index) in replies.into_iter().zip(indexes) {
-                            let _ = reply.send(Ok(index));
+            if !records.is_empty() {
+                // Only a waiting caller needs an fsync now; the others are synced with the
+                // next waiting caller's group or before the next checkpoint.
+                let sync = !replies.is_empty();
+                let written = self.guarded(|w| w.write_records(&mut records, sync));
+                // A failed write leaves records behind; they are refused with the log.
+                records.clear();
+                match written {
+                    Ok(first) => {
+                        for (offset, reply) in replies.drain(..) {
+                            let _ = reply.send(Ok(first + offset as u64));
                         }
                     }
                     Err(e) => {
                         let why = e.to_string();
-                        for reply in replies {
+                        for (_, reply) in replies.drain(..) {
                             let _ = reply.send(Err(AuditError::Failed(why.clone())));
                         }
                     }
                 }
             }
-            for cmd in others {
+            for cmd in others.drain(..) {
                 match cmd {
                     Command::Checkpoint(reply) => {
                         let _ = reply.send(self.guarded(Self::checkpoint));
@@ -287,10 +373,9 @@ impl Writer {
                     Command::Shutdown(reason, reply) => {
                         let result = self.guarded(|w| {
                             let stop = SecurityEvent::Stopped { reason };
-                            w.write_records(vec![(
-                                RecordBody::Event(stop),
-                                OffsetDateTime::now_utc(),
-                            )])?;
+                            let mut stop =
+                                vec![(RecordBody::Event(stop), OffsetDateTime::now_utc())];
+                            w.write_records(&mut stop, true)?;
                             w.checkpoint()
                         });
                         let _ = reply.send(result);
@@ -355,6 +440,8 @@ impl AuditLog {
     ) -> Result<Self, AuditError> {
         let dir = config.dir.clone();
         std::fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
+        // Held until the writer thread ends: no second writer, no prune, while the log is open.
+        let lock = DirLock::try_acquire(&dir)?;
         let rec = recover(&dir, ops.as_ref())?;
         if let Some(path) = &config.witness_checkpoint {
             check_witness(&dir, path, &config.witness_keys)?;
@@ -424,9 +511,15 @@ impl AuditLog {
             every: (config.checkpoint_every_seconds > 0)
                 .then(|| Duration::from_secs(config.checkpoint_every_seconds)),
             shared: Arc::clone(&shared),
+            _lock: lock,
+            unsynced: false,
+            commit_interval: Duration::from_millis(config.commit_interval_ms),
+            last_sync: Instant::now(),
+            payload: Vec::new(),
+            frames: Vec::new(),
         };
         let now = OffsetDateTime::now_utc();
-        let mut startup: Vec<(RecordBody, OffsetDateTime)> = rec
+        let mut startup: Vec<Pending> = rec
             .events
             .into_iter()
             .map(|e| (RecordBody::Event(e), now))
@@ -449,7 +542,7 @@ impl AuditLog {
                 now,
             ));
         }
-        writer.write_records(startup)?;
+        writer.write_records(&mut startup, true)?;
         writer.checkpoint()?;
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
@@ -467,23 +560,35 @@ impl AuditLog {
     }
 
     /// Appends a record; the returned future resolves to its leaf index once it is durable, or
-    /// to an error if the log has failed (the caller must then refuse service).
+    /// to an error if the log has failed (the caller must then refuse service). The record is
+    /// handed to the writer at once: the caller may do other work before awaiting durability.
     pub fn append(
         &self,
         body: RecordBody,
-    ) -> impl Future<Output = Result<u64, AuditError>> + Send + 'static {
+    ) -> impl Future<Output = Result<u64, AuditError>> + Send + 'static + use<> {
         let (reply, rx) = oneshot::channel();
-        let sent = match self.shared.failure() {
-            Some(why) => Err(AuditError::Failed(why)),
-            None => self
-                .tx
-                .send(Command::Append(body, OffsetDateTime::now_utc(), reply))
-                .map_err(|_| AuditError::Closed),
-        };
+        let sent = self.send(body, Some(reply));
         async move {
             sent?;
             rx.await.map_err(|_| AuditError::Closed)?
         }
+    }
+
+    /// Appends a record without waiting for it: it becomes durable with the next awaited
+    /// append's group or before the next checkpoint, whichever comes first. Fails at once only
+    /// if the log has already failed or is closed; a later write failure puts the log in its
+    /// failed state (and is logged by the writer).
+    pub fn append_detached(&self, body: RecordBody) -> Result<(), AuditError> {
+        self.send(body, None)
+    }
+
+    fn send(&self, body: RecordBody, reply: Option<Reply<u64>>) -> Result<(), AuditError> {
+        if let Some(why) = self.shared.failure() {
+            return Err(AuditError::Failed(why));
+        }
+        self.tx
+            .send(Command::Append(body, OffsetDateTime::now_utc(), reply))
+            .map_err(|_| AuditError::Closed)
     }
 
     /// Forces a checkpoint now and returns it once durable.

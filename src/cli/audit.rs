@@ -469,7 +469,7 @@ fn csv_row(record: &Record) -> anyhow::Result<Vec<String>> {
             empty(),
             empty(),
             empty(),
-            empty(),
+            r.status.map(|s| s.to_string()).unwrap_or_default(),
             empty(),
             serde_json::to_string(&r.prompt)?,
         ]),

@@ -40,6 +40,19 @@ pub struct App {
     service: OnceLock<Arc<ModelService>>,
     audit: Option<Arc<AuditSink>>,
     attestation: Option<Arc<crate::attest::StartupAttestation>>,
+    content_in_logs: bool,
+}
+
+/// How the router answered a request, and what the audit log already knows of it.
+struct Routed {
+    /// The authenticated principal, if the route required and passed authentication.
+    principal: Option<Principal>,
+    /// The caller as the audit log names it (see [`Authenticator::audit_name`]).
+    caller: String,
+    /// Whether the handler already wrote the request's records (accepted generation).
+    recorded: bool,
+    /// The response or the error to answer with.
+    result: Result<Response<Body>, ApiError>,
 }
 
 /// The routes, for 404 versus 405.
@@ -100,7 +113,20 @@ impl App {
             service: OnceLock::new(),
             audit: None,
             attestation: None,
+            content_in_logs: false,
         }
+    }
+
+    /// Lets prompts and completions appear in debug-level logs, as the server policy's
+    /// `[audit] content_in_logs` allows (default: never).
+    pub fn with_content_in_logs(mut self, allowed: bool) -> Self {
+        self.content_in_logs = allowed;
+        self
+    }
+
+    /// Whether the policy lets prompts and completions appear in logs.
+    pub fn content_in_logs(&self) -> bool {
+        self.content_in_logs
     }
 
     /// Adds the audit log every API request is recorded in.
@@ -169,7 +195,9 @@ impl App {
         }
     }
 
-    /// Serves one request. Never fails: errors become OpenAI-style error responses.
+    /// Serves one request. Never fails: errors become OpenAI-style error responses. Every
+    /// request to a `/v1/` path gets an audit record before its response: accepted generation
+    /// requests in the handler, every other one (refusals included) here.
     pub async fn handle(
         self: Arc<Self>,
         request: Request<Incoming>,
@@ -180,14 +208,34 @@ impl App {
         };
         let method = request.method().clone();
         let path = request.uri().path().to_owned();
-        let (principal, result) = self.route(request, &ctx).await;
-        let mut response = result.unwrap_or_else(ApiError::into_response);
+        let api = path.starts_with("/v1/");
+        let routed = self.route(request, &ctx).await;
+        let mut response = routed.result.unwrap_or_else(ApiError::into_response);
+        if api && !routed.recorded {
+            let recorded = match super::audit::check_available(&self) {
+                Ok(()) => {
+                    super::audit::record_answered(
+                        &self,
+                        &ctx,
+                        &routed.caller,
+                        &audit_endpoint(&path),
+                        response.status(),
+                    )
+                    .await
+                }
+                Err(err) => Err(err),
+            };
+            // Fail closed: a response whose record cannot be written is not sent.
+            if let Err(err) = recorded {
+                response = err.into_response();
+            }
+        }
         if let Ok(value) = HeaderValue::from_str(&ctx.request_id) {
             response.headers_mut().insert(REQUEST_ID, value);
         }
         let status = response.status().as_u16();
-        let principal_name = principal.as_ref().map_or("-", Principal::name);
-        if path.starts_with("/v1/") {
+        let principal_name = routed.principal.as_ref().map_or("-", Principal::name);
+        if api {
             let model = self.service().map_or("", |service| service.name());
             self.metrics
                 .record_request(model, principal_name, &path_label(&path), status);
@@ -204,54 +252,83 @@ impl App {
         Ok(response)
     }
 
-    async fn route(
-        self: &Arc<Self>,
-        request: Request<Incoming>,
-        ctx: &RequestContext,
-    ) -> (Option<Principal>, Result<Response<Body>, ApiError>) {
+    async fn route(self: &Arc<Self>, request: Request<Incoming>, ctx: &RequestContext) -> Routed {
+        let unauthenticated = |result| Routed {
+            principal: None,
+            caller: self.auth.audit_name(request.headers()),
+            recorded: false,
+            result,
+        };
         let path = request.uri().path();
         let Some(route) = Route::from_path(path) else {
-            return (None, Err(ApiError::route_not_found(path)));
+            return unauthenticated(Err(ApiError::route_not_found(path)));
         };
         if request.method() != route.method() {
             let mut response = ApiError::method_not_allowed(route.allow()).into_response();
             response
                 .headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static(route.allow()));
-            return (None, Ok(response));
+            return unauthenticated(Ok(response));
         }
-        if route == Route::Health {
-            return (None, Ok(handlers::health(self)));
-        }
-        if route == Route::AuditCheckpoint {
-            return (None, super::audit::checkpoint(self));
-        }
-        if route == Route::Attestation {
-            return (None, super::attestation::document(self));
-        }
-        if route == Route::Metrics && self.config.metrics.public {
-            return (None, Ok(handlers::metrics(self)));
+        match route {
+            Route::Health => return unauthenticated(Ok(handlers::health(self))),
+            Route::AuditCheckpoint => return unauthenticated(super::audit::checkpoint(self)),
+            Route::Attestation => return unauthenticated(super::attestation::document(self)),
+            Route::Metrics if self.config.metrics.public => {
+                return unauthenticated(Ok(handlers::metrics(self)));
+            }
+            _ => {}
         }
         let principal = match self.auth.authenticate(request.headers()) {
             Ok(principal) => principal,
-            Err(err) => return (None, Err(err)),
+            Err(err) => return unauthenticated(Err(err)),
         };
-        let result = match route {
-            Route::Metrics => Ok(handlers::metrics(self)),
-            Route::Models => handlers::models(self),
-            Route::Model => {
-                handlers::model(self, model_id(request.uri().path()).unwrap_or_default())
+        let (recorded, result) = match route {
+            Route::Chat | Route::Completions => {
+                let kind = if route == Route::Chat {
+                    ApiKind::Chat
+                } else {
+                    ApiKind::Completion
+                };
+                match handlers::generate(self, kind, &principal, ctx, request).await {
+                    Ok(response) => (true, Ok(response)),
+                    Err(handlers::GenerateError::Failed(err)) => (true, Err(err)),
+                    Err(handlers::GenerateError::Refused(err)) => (false, Err(err)),
+                }
             }
-            Route::Chat => handlers::generate(self, ApiKind::Chat, &principal, ctx, request).await,
-            Route::Completions => {
-                handlers::generate(self, ApiKind::Completion, &principal, ctx, request).await
-            }
-            Route::Health => Ok(handlers::health(self)),
-            Route::AuditCheckpoint => super::audit::checkpoint(self),
-            Route::Attestation => super::attestation::document(self),
+            Route::Metrics => (false, Ok(handlers::metrics(self))),
+            Route::Models => (false, handlers::models(self)),
+            Route::Model => (
+                false,
+                handlers::model(self, model_id(request.uri().path()).unwrap_or_default()),
+            ),
+            Route::Health => (false, Ok(handlers::health(self))),
+            Route::AuditCheckpoint => (false, super::audit::checkpoint(self)),
+            Route::Attestation => (false, super::attestation::document(self)),
         };
-        (Some(principal), result)
+        Routed {
+            caller: principal.name().to_owned(),
+            principal: Some(principal),
+            recorded,
+            result,
+        }
     }
+}
+
+/// Longest path of an unknown route kept in its audit record.
+const MAX_AUDITED_PATH: usize = 128;
+
+/// The endpoint as an audit record names it: a known route's path, or an unknown path cut to
+/// [`MAX_AUDITED_PATH`] bytes.
+fn audit_endpoint(path: &str) -> String {
+    if Route::from_path(path).is_some() {
+        return path.to_owned();
+    }
+    let mut end = path.len().min(MAX_AUDITED_PATH);
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    path[..end].to_owned()
 }
 
 /// The client's request id if it is short printable ASCII, else a fresh UUID.

@@ -17,9 +17,9 @@ use super::auth::Principal;
 use super::body::{Body, full};
 use super::error::ApiError;
 use super::generation::ApiKind;
+use super::openai::response::Usage;
 use tokio::sync::oneshot;
 
-use super::openai::response::Usage;
 use crate::audit::{AuditSink, CompletionFacts, ContentMode, RequestFacts};
 
 fn endpoint(kind: ApiKind) -> &'static str {
@@ -38,10 +38,14 @@ pub fn check_available(app: &App) -> Result<(), ApiError> {
     match app.audit().and_then(|sink| sink.failure()) {
         Some(why) => {
             tracing::error!(reason = %why, "refusing request: the audit log has failed");
-            Err(ApiError::unavailable("the audit log cannot be written"))
+            Err(log_unavailable())
         }
         None => Ok(()),
     }
+}
+
+fn log_unavailable() -> ApiError {
+    ApiError::unavailable("the audit log cannot be written")
 }
 
 /// What a request needs to write its records.
@@ -59,27 +63,65 @@ pub struct RequestAudit<'a> {
     pub model_digest: &'a str,
 }
 
-/// Durably records the accepted request; a failure refuses it with HTTP 503.
-pub async fn record_request(
+/// Hands the request record of an accepted generation request to the log now. The returned
+/// future resolves once the record is durable (HTTP 503 if it cannot be written): the response
+/// must not start before, but generation may run meanwhile.
+pub fn record_request(
     app: &App,
     request: RequestAudit<'_>,
     body: &Bytes,
+) -> impl Future<Output = Result<(), ApiError>> + Send + 'static + use<> {
+    let pending = app.audit().map(|sink| {
+        let prompt = String::from_utf8_lossy(body);
+        sink.request(RequestFacts {
+            request_id: &request.ctx.request_id,
+            principal: request.principal.name(),
+            endpoint: endpoint(request.kind),
+            model_digest: request.model_digest,
+            stream: request.stream,
+            prompt: &prompt,
+            status: None,
+        })
+    });
+    let request_id = request.ctx.request_id.clone();
+    async move {
+        let Some(pending) = pending else {
+            return Ok(());
+        };
+        pending.await.map(drop).map_err(|err| {
+            tracing::error!(error = %err, %request_id, "audit: request record failed");
+            log_unavailable()
+        })
+    }
+}
+
+/// Durably records an API request answered without generation: a refusal (bad or missing
+/// key, malformed body, unknown route, ...) or a call of another `/v1` endpoint. `caller` is
+/// the principal if known, else `anonymous` or `invalid-key`. An error (HTTP 503) means the
+/// record could not be written and the response must not be sent.
+pub async fn record_answered(
+    app: &App,
+    ctx: &RequestContext,
+    caller: &str,
+    endpoint: &str,
+    status: StatusCode,
 ) -> Result<(), ApiError> {
     let Some(sink) = app.audit() else {
         return Ok(());
     };
-    let prompt = String::from_utf8_lossy(body);
-    let facts = RequestFacts {
-        request_id: &request.ctx.request_id,
-        principal: request.principal.name(),
-        endpoint: endpoint(request.kind),
-        model_digest: request.model_digest,
-        stream: request.stream,
-        prompt: &prompt,
-    };
-    sink.request(facts).await.map(drop).map_err(|err| {
-        tracing::error!(error = %err, request_id = %request.ctx.request_id, "audit: request record failed");
-        ApiError::unavailable("the audit log cannot be written")
+    let model_digest = app.service().map_or("", |service| service.digest());
+    let pending = sink.request(RequestFacts {
+        request_id: &ctx.request_id,
+        principal: caller,
+        endpoint,
+        model_digest,
+        stream: false,
+        prompt: "",
+        status: Some(status.as_u16()),
+    });
+    pending.await.map(drop).map_err(|err| {
+        tracing::error!(error = %err, request_id = %ctx.request_id, "audit: request record failed");
+        log_unavailable()
     })
 }
 
@@ -89,55 +131,38 @@ pub fn record_completion(
     ctx: &RequestContext,
     tokens: (usize, usize),
     status: StatusCode,
-    response: Option<&str>,
+    finished: Option<(&str, Option<&str>)>,
 ) {
     let Some(sink) = app.audit() else {
         return;
     };
     let keep = sink_keeps_content(sink);
-    let finish_reason = response.and_then(last_finish_reason);
-    spawn_completion(
+    submit_completion(
         sink,
         CompletionFacts {
             request_id: ctx.request_id.clone(),
             prompt_tokens: tokens.0 as u64,
             completion_tokens: tokens.1 as u64,
-            finish_reason,
+            finish_reason: finished.and_then(|(_, reason)| reason).map(str::to_owned),
             status: status.as_u16(),
             latency_ms: latency_ms(ctx),
-            completion: response.filter(|_| keep).map(str::to_owned),
+            completion: finished
+                .filter(|_| keep)
+                .map(|(response, _)| response.to_owned()),
         },
     );
-}
-
-/// The finish reason of the last choice of a completion response document.
-fn last_finish_reason(json: &str) -> Option<String> {
-    let doc: serde_json::Value = serde_json::from_str(json).ok()?;
-    let choices = doc["choices"].as_array()?;
-    choices
-        .iter()
-        .filter_map(|c| c["finish_reason"].as_str())
-        .next_back()
-        .map(str::to_owned)
 }
 
 fn sink_keeps_content(sink: &AuditSink) -> bool {
     sink.content_mode() != ContentMode::None
 }
 
-fn spawn_completion(sink: &AuditSink, facts: CompletionFacts) {
+/// Hands a completion record to the writer without waiting; it is durable before the next
+/// checkpoint. A log that fails later logs its failure itself.
+fn submit_completion(sink: &AuditSink, facts: CompletionFacts) {
     let id = facts.request_id.clone();
-    let durable = sink.completion(facts);
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) => {
-            handle.spawn(async move {
-                if let Err(err) = durable.await {
-                    tracing::error!(error = %err, request_id = %id, "audit: completion record failed");
-                }
-            });
-        }
-        // The record was already handed to the writer; only the error report is lost.
-        Err(_) => drop(durable),
+    if let Err(err) = sink.completion(facts) {
+        tracing::error!(error = %err, request_id = %id, "audit: completion record failed");
     }
 }
 
@@ -223,7 +248,7 @@ impl AuditedStream {
             .text
             .take()
             .map(|t| String::from_utf8_lossy(&t).into_owned());
-        spawn_completion(
+        submit_completion(
             &self.sink,
             CompletionFacts {
                 request_id: self.ctx.request_id.clone(),

@@ -9,8 +9,13 @@ use zeroize::Zeroizing;
 use super::error::ApiError;
 use crate::config::ApiKeyEntry;
 
-/// The principal used when no API keys are configured (loopback-only serving).
+/// The principal used when no API keys are configured (loopback-only serving), and the audit
+/// log's name for a caller that presented no key.
 pub const ANONYMOUS: &str = "anonymous";
+
+/// The audit log's name for a caller whose key was presented but not accepted (the key itself
+/// is never recorded).
+pub const INVALID_KEY: &str = "invalid-key";
 
 /// The authenticated caller: the name of its API key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -89,6 +94,19 @@ impl Authenticator {
             .ok_or_else(|| ApiError::unauthorized("the API key is not valid"))
     }
 
+    /// The caller as the audit log names it, for requests answered without (or refused by)
+    /// authentication: the principal of a valid key, [`ANONYMOUS`] without an `Authorization`
+    /// header (or without configured keys), [`INVALID_KEY`] otherwise. Never the key.
+    pub fn audit_name(&self, headers: &HeaderMap) -> String {
+        if !self.has_keys() || !headers.contains_key(http::header::AUTHORIZATION) {
+            return ANONYMOUS.to_owned();
+        }
+        match self.authenticate(headers) {
+            Ok(principal) => principal.0,
+            Err(_) => INVALID_KEY.to_owned(),
+        }
+    }
+
     /// The principal whose key hashes to the SHA-256 of `key`. Every stored hash is compared,
     /// in constant time, whatever matches.
     fn lookup(&self, key: &str) -> Option<Principal> {
@@ -146,6 +164,17 @@ mod tests {
         }
         let err = auth.authenticate(&HeaderMap::new()).unwrap_err();
         assert_eq!(err.status, http::StatusCode::UNAUTHORIZED);
+    }
+
+    #[test]
+    fn audit_names_never_reveal_the_key() {
+        let auth = Authenticator::new(&[entry("alice", "k-alice")]).unwrap();
+        assert_eq!(auth.audit_name(&headers("Bearer k-alice")), "alice");
+        assert_eq!(auth.audit_name(&headers("Bearer k-bob")), INVALID_KEY);
+        assert_eq!(auth.audit_name(&headers("Basic k-bob")), INVALID_KEY);
+        assert_eq!(auth.audit_name(&HeaderMap::new()), ANONYMOUS);
+        let open = Authenticator::new(&[]).unwrap();
+        assert_eq!(open.audit_name(&headers("Bearer whatever")), ANONYMOUS);
     }
 
     #[test]

@@ -223,13 +223,24 @@ async fn collect_choice(
     }
 }
 
+/// A finished non-streamed response.
+#[derive(Debug)]
+pub struct Completed {
+    /// The response document.
+    pub json: String,
+    /// Token counts.
+    pub usage: Usage,
+    /// The finish reason of the last choice.
+    pub finish_reason: Option<&'static str>,
+}
+
 /// Runs a job to completion and returns the whole response as JSON.
 pub async fn complete(
     service: &ModelService,
     metrics: &Metrics,
     job: Job,
     retry_after: u64,
-) -> Result<(String, Usage), ApiError> {
+) -> Result<Completed, ApiError> {
     let streams = service.submit(job.engine_requests(), retry_after)?;
     let arrived = job.arrived;
     let results = futures_util::future::join_all(
@@ -253,6 +264,7 @@ pub async fn complete(
             result.index % n == 0,
         );
     }
+    let finish_reason = results.last().map(|result| result.reason.as_openai_str());
     let created = super::unix_now();
     let want_logprobs = job.options.logprobs.is_some();
     let json = match job.kind {
@@ -294,7 +306,11 @@ pub async fn complete(
         }),
     };
     json.map_err(|err| ApiError::internal(format!("failed to encode the response: {err}")))
-        .map(|json| (json, usage))
+        .map(|json| Completed {
+            json,
+            usage,
+            finish_reason,
+        })
 }
 
 /// Builds the SSE chunks of one job.

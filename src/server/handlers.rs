@@ -176,15 +176,29 @@ async fn completion_job(
     })
 }
 
+/// Why a generation request got no successful response.
+#[derive(Debug)]
+pub enum GenerateError {
+    /// Refused before its request record was written (no model yet, body too large or
+    /// malformed, log failed, ...): the router records the refusal.
+    Refused(ApiError),
+    /// Failed after its request record was written; its completion record carries the status.
+    Failed(ApiError),
+}
+
 /// `POST /v1/chat/completions` and `POST /v1/completions`.
+///
+/// The request record is handed to the log before the engine sees the job, and awaited before
+/// any response byte: the fsync overlaps generation instead of preceding it.
 pub async fn generate(
     app: &Arc<App>,
     kind: ApiKind,
     principal: &Principal,
     ctx: &RequestContext,
     request: http::Request<Incoming>,
-) -> Result<Response<Body>, ApiError> {
-    let service = app.ready_service()?;
+) -> Result<Response<Body>, GenerateError> {
+    use GenerateError::{Failed, Refused};
+    let service = app.ready_service().map_err(Refused)?;
     let limits = &app.config().limits;
     let (parts, body) = request.into_parts();
     let body = read_limited(
@@ -193,13 +207,15 @@ pub async fn generate(
         limits.max_body_bytes,
         limits.body_read_timeout(),
     )
-    .await?;
-    audit::check_available(app)?;
+    .await
+    .map_err(Refused)?;
+    audit::check_available(app).map_err(Refused)?;
     let received = body.clone();
     let job = match kind {
-        ApiKind::Chat => chat_job(app, &service, principal, ctx, body).await?,
-        ApiKind::Completion => completion_job(app, &service, principal, ctx, body).await?,
-    };
+        ApiKind::Chat => chat_job(app, &service, principal, ctx, body).await,
+        ApiKind::Completion => completion_job(app, &service, principal, ctx, body).await,
+    }
+    .map_err(Refused)?;
     let request = audit::RequestAudit {
         ctx,
         principal,
@@ -207,21 +223,32 @@ pub async fn generate(
         stream: job.options.stream,
         model_digest: service.digest(),
     };
-    audit::record_request(app, request, &received).await?;
+    let durable = audit::record_request(app, request, &received);
+    if app.content_in_logs() {
+        tracing::debug!(
+            request_id = %ctx.request_id,
+            prompt = %String::from_utf8_lossy(&received),
+            "request body (the policy allows content in logs)"
+        );
+    }
     let prompt_tokens = job.prompts.iter().map(|(prompt, _)| prompt.len()).sum();
     let retry_after = limits.retry_after_secs;
+    let failed = |err: ApiError| {
+        audit::record_completion(app, ctx, (prompt_tokens, 0), err.status, None);
+        Failed(err)
+    };
     if job.options.stream {
         let (usage_tx, usage_rx) = tokio::sync::oneshot::channel();
-        let body = generation::stream(
+        let started = generation::stream(
             Arc::clone(&service),
             app.metrics_handle(),
             job,
             retry_after,
             Some(usage_tx),
-        )
-        .inspect_err(|err| {
-            audit::record_completion(app, ctx, (prompt_tokens, 0), err.status, None)
-        })?;
+        );
+        // Prefill runs while the request record becomes durable; no byte leaves before.
+        durable.await.map_err(Failed)?;
+        let body = started.map_err(failed)?;
         let body = audit::audited_stream(app, ctx, prompt_tokens, usage_rx, body);
         let mut response = Response::new(body);
         let headers = response.headers_mut();
@@ -232,19 +259,27 @@ pub async fn generate(
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         Ok(response)
     } else {
-        let (json, usage) = generation::complete(&service, app.metrics(), job, retry_after)
-            .await
-            .inspect_err(|err| {
-                audit::record_completion(app, ctx, (prompt_tokens, 0), err.status, None)
-            })?;
+        let generation = generation::complete(&service, app.metrics(), job, retry_after);
+        let (recorded, completed) = tokio::join!(durable, generation);
+        recorded.map_err(Failed)?;
+        let completed = completed.map_err(failed)?;
+        let usage = completed.usage;
         let tokens = (usage.prompt_tokens, usage.completion_tokens);
-        audit::record_completion(app, ctx, tokens, StatusCode::OK, Some(&json));
+        let finished = (completed.json.as_str(), completed.finish_reason);
+        audit::record_completion(app, ctx, tokens, StatusCode::OK, Some(finished));
+        if app.content_in_logs() {
+            tracing::debug!(
+                request_id = %ctx.request_id,
+                completion = %completed.json,
+                "response body (the policy allows content in logs)"
+            );
+        }
         tracing::debug!(
             request_id = %ctx.request_id,
             prompt_tokens = usage.prompt_tokens,
             completion_tokens = usage.completion_tokens,
             "generation finished"
         );
-        Ok(json_response(StatusCode::OK, json))
+        Ok(json_response(StatusCode::OK, completed.json))
     }
 }

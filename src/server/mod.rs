@@ -14,6 +14,7 @@ mod handlers;
 mod listener;
 pub mod metrics;
 pub mod openai;
+pub mod policy;
 pub mod service;
 pub mod tls;
 
@@ -28,6 +29,7 @@ use tokio_rustls::TlsAcceptor;
 
 pub use app::App;
 pub use error::ApiError;
+pub use policy::ServerPolicy;
 pub use service::ModelService;
 pub use tls::ServerIdentity;
 
@@ -42,6 +44,42 @@ pub enum ServerError {
         "refusing to listen on {0} without API keys: add [[auth.keys]] to the config or listen on a loopback address"
     )]
     NoKeysOffLoopback(SocketAddr),
+    /// The policy requires API keys and the configuration has none.
+    #[error(
+        "policy {policy:?} requires API keys ([auth] require_api_key = true) but the configuration has no [[auth.keys]]"
+    )]
+    ApiKeysRequired {
+        /// The policy's name.
+        policy: String,
+    },
+    /// The policy asks the audit log to keep content, and there is no audit log.
+    #[error(
+        "policy {policy:?} asks the audit log for `{mode}` content but the configuration has no [audit] table"
+    )]
+    AuditRequired {
+        /// The policy's name.
+        policy: String,
+        /// The content mode asked for.
+        mode: &'static str,
+    },
+    /// The policy asks for a content mode that the configured key cannot provide.
+    #[error("policy {policy:?}: {source}")]
+    ContentKey {
+        /// The policy's name.
+        policy: String,
+        /// Why the content policy cannot be built.
+        source: crate::audit::AuditError,
+    },
+    /// The policy file changed between the server's reading and the attestation's.
+    #[error(
+        "the policy changed during start-up (read with SHA-256 {read}, attested with {attested}): refusing to serve"
+    )]
+    PolicyChanged {
+        /// The digest the server read.
+        read: String,
+        /// The digest bound into the evidence.
+        attested: String,
+    },
     /// A configured key hash is malformed.
     #[error(transparent)]
     BadKey(#[from] auth::BadKeyHash),
@@ -79,8 +117,14 @@ impl Server {
     /// Must be called inside a Tokio runtime.
     pub async fn start(config: Config) -> Result<Self, ServerError> {
         let listen = config.server.listen;
+        let policy = ServerPolicy::load(&config.attestation)?;
         let auth = auth::Authenticator::new(&config.auth.keys)?;
         if !auth.has_keys() {
+            if policy.require_api_key {
+                return Err(ServerError::ApiKeysRequired {
+                    policy: policy.name,
+                });
+            }
             if !listen.ip().is_loopback() {
                 return Err(ServerError::NoKeysOffLoopback(listen));
             }
@@ -89,12 +133,19 @@ impl Server {
                 "no API keys configured: serving loopback only, without authentication"
             );
         }
+        let content = content_policy(&config, &policy)?;
         let identity = ServerIdentity::from_config(&config.tls, listen.ip())?;
         let signer = match &config.audit {
             Some(audit) => Some(crate::audit::AuditLog::generate_signer(audit)?),
             None => None,
         };
         let attestation = Arc::new(attest_startup(&config, &identity, signer.as_ref()).await?);
+        if attestation.policy_sha256() != policy.digest {
+            return Err(ServerError::PolicyChanged {
+                read: policy.digest,
+                attested: attestation.policy_sha256().to_owned(),
+            });
+        }
         let listener = TcpListener::bind(listen)
             .await
             .map_err(|source| ServerError::Bind {
@@ -106,8 +157,10 @@ impl Server {
             source,
         })?;
         let grace = config.server.shutdown_grace();
-        let audit = open_audit(&config, &identity, signer, &attestation).await?;
-        let mut app = App::new(config, auth).with_attestation(Arc::clone(&attestation));
+        let audit = open_audit(&config, content, &identity, signer, &attestation).await?;
+        let mut app = App::new(config, auth)
+            .with_attestation(Arc::clone(&attestation))
+            .with_content_in_logs(policy.content_in_logs);
         if let Some(audit) = audit {
             app = app.with_audit(audit);
         }
@@ -200,6 +253,30 @@ impl Server {
     }
 }
 
+/// The audit content policy that `policy` asks for, with the configured key; `None` without
+/// an `[audit]` table (allowed only when the policy keeps no content).
+fn content_policy(
+    config: &Config,
+    policy: &ServerPolicy,
+) -> Result<Option<crate::audit::ContentPolicy>, ServerError> {
+    let mode = policy.audit_content;
+    let Some(audit) = &config.audit else {
+        if mode.needs_key() {
+            return Err(ServerError::AuditRequired {
+                policy: policy.name.clone(),
+                mode: mode.as_str(),
+            });
+        }
+        return Ok(None);
+    };
+    crate::audit::AuditSink::content_policy(audit, mode)
+        .map(Some)
+        .map_err(|source| ServerError::ContentKey {
+            policy: policy.name.clone(),
+            source,
+        })
+}
+
 /// Collects and appraises the start-up evidence binding the TLS key and the audit key.
 async fn attest_startup(
     config: &Config,
@@ -225,11 +302,13 @@ async fn attest_startup(
 /// when the table is absent.
 async fn open_audit(
     config: &Config,
+    content: Option<crate::audit::ContentPolicy>,
     identity: &ServerIdentity,
     signer: Option<crate::audit::note::NoteSigner>,
     attestation: &StartupAttestation,
 ) -> Result<Option<Arc<crate::audit::AuditSink>>, ServerError> {
-    let (Some(audit_config), Some(signer)) = (config.audit.clone(), signer) else {
+    let (Some(audit_config), Some(content), Some(signer)) = (config.audit.clone(), content, signer)
+    else {
         tracing::warn!("no [audit] table: requests are NOT recorded in an audit log");
         return Ok(None);
     };
@@ -238,7 +317,7 @@ async fn open_audit(
         evidence: vec![attestation.evidence_blob()],
     };
     let sink = tokio::task::spawn_blocking(move || {
-        crate::audit::AuditSink::open_with_signer(&audit_config, signer, start)
+        crate::audit::AuditSink::open_with_signer(&audit_config, content, signer, start)
     })
     .await
     .map_err(|err| crate::audit::AuditError::Config(format!("audit open panicked: {err}")))??;

@@ -1,0 +1,360 @@
+//! The server's audit records and the server policy's `[audit]` and `[auth]` tables, in-process
+//! (the real server on 127.0.0.1:0, the embedded model on the CPU backend): every `/v1` request
+//! gets a record, refusals included; the policy's content mode decides what records keep; the
+//! policy's `require_api_key` and content mode refuse a start-up the configuration cannot serve.
+
+mod server_support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use inferno::audit::content::{ContentMode, ContentPolicy, SealedContent};
+use inferno::audit::scan::scan_segments;
+use inferno::audit::verify::{VerifyOptions, verify};
+use inferno::audit::{AuditConfig, Record, RecordBody};
+use inferno::config::Config;
+use inferno::model::EMBEDDED_MODEL_NAME as MODEL;
+use inferno::server::{Server, ServerError};
+use reqwest::StatusCode;
+use serde_json::json;
+use server_support::{ALICE, BOB, Harness, base_config, runtime};
+
+/// `base_config` with an audit log in `dir`.
+fn audited_config(dir: &Path) -> Config {
+    let mut config = base_config();
+    config.audit = Some(AuditConfig {
+        dir: dir.to_path_buf(),
+        ..AuditConfig::default()
+    });
+    config
+}
+
+/// Every record of the (stopped) log in `dir`.
+fn records(dir: &Path) -> Vec<Record> {
+    let mut out = Vec::new();
+    scan_segments(dir, |_, _, payload| {
+        out.push(Record::decode(payload).map_err(|e| e.to_string())?);
+        Ok(())
+    })
+    .expect("the log scans");
+    out
+}
+
+/// The request records of request `id`, and the number of its completion records.
+fn records_of(records: &[Record], id: &str) -> (Vec<inferno::audit::RequestRecord>, usize) {
+    let requests = records
+        .iter()
+        .filter_map(|r| match &r.body {
+            RecordBody::Request(q) if q.request_id == id => Some(q.clone()),
+            _ => None,
+        })
+        .collect();
+    let completions = records
+        .iter()
+        .filter(|r| matches!(&r.body, RecordBody::Completion(c) if c.request_id == id))
+        .count();
+    (requests, completions)
+}
+
+/// Stops the server (the audit log writes its stop event and final checkpoint).
+async fn stop(mut harness: Harness) {
+    harness.take_server().shutdown().await;
+}
+
+/// Asserts that request `id` has exactly one record, a refusal with `status` by `principal`.
+fn assert_refusal(records: &[Record], id: &str, status: u16, principal: &str, endpoint: &str) {
+    let (requests, completions) = records_of(records, id);
+    assert_eq!(requests.len(), 1, "{id}: {requests:?}");
+    let record = &requests[0];
+    assert_eq!(record.status, Some(status), "{id}: {record:?}");
+    assert_eq!(record.principal, principal, "{id}: {record:?}");
+    assert_eq!(record.endpoint, endpoint, "{id}: {record:?}");
+    assert_eq!(record.prompt, SealedContent::None, "{id}");
+    assert_eq!(completions, 0, "{id}: a refusal has no completion record");
+}
+
+#[tokio::test]
+async fn every_api_request_gets_a_record_refusals_included() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("audit");
+    let mut config = audited_config(&dir);
+    config.limits.max_body_bytes = 4096;
+    config.engine.max_num_seqs = 1;
+    config.engine.max_waiting = 1;
+    let server = Harness::start(config, true);
+    let client = server.client();
+    let url = server.url("/v1/completions");
+    let ok = json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4});
+    let send = |id: &str, request: reqwest::RequestBuilder| {
+        let request = request.header("x-request-id", id);
+        async move { request.send().await.expect("sent").status() }
+    };
+
+    let accepted = send("ok", client.post(&url).bearer_auth(ALICE).json(&ok)).await;
+    assert_eq!(accepted, StatusCode::OK);
+    let no_key = send("no-key", client.post(&url).json(&ok)).await;
+    assert_eq!(no_key, StatusCode::UNAUTHORIZED);
+    let bad_key = send(
+        "bad-key",
+        client.post(&url).bearer_auth("sk-not-a-key-1234").json(&ok),
+    )
+    .await;
+    assert_eq!(bad_key, StatusCode::UNAUTHORIZED);
+    let malformed = send(
+        "malformed",
+        client
+            .post(&url)
+            .bearer_auth(ALICE)
+            .header("content-type", "application/json")
+            .body("{\"model\": "),
+    )
+    .await;
+    assert_eq!(malformed, StatusCode::BAD_REQUEST);
+    let too_large = send(
+        "too-large",
+        client
+            .post(&url)
+            .bearer_auth(BOB)
+            .header("content-type", "application/json")
+            .body("x".repeat(8192)),
+    )
+    .await;
+    assert_eq!(too_large, StatusCode::PAYLOAD_TOO_LARGE);
+    let unknown = send(
+        "unknown-route",
+        client.get(server.url("/v1/nope")).bearer_auth(BOB),
+    )
+    .await;
+    assert_eq!(unknown, StatusCode::NOT_FOUND);
+    let wrong_method = send("wrong-method", client.get(&url)).await;
+    assert_eq!(wrong_method, StatusCode::METHOD_NOT_ALLOWED);
+    let models = send(
+        "models",
+        client.get(server.url("/v1/models")).bearer_auth(BOB),
+    )
+    .await;
+    assert_eq!(models, StatusCode::OK);
+    // Not an API request: no record.
+    let health = send("health", client.get(server.url("/health"))).await;
+    assert_eq!(health, StatusCode::OK);
+
+    // Rate limiting: hold the running slot and the queue with long streams until one is
+    // refused with 429.
+    let long = json!({"model": MODEL, "prompt": "Tell me a long story", "max_tokens": 1900,
+                      "ignore_eos": true, "stream": true});
+    let mut held = Vec::new();
+    let mut limited = None;
+    for i in 0..6 {
+        let id = format!("busy-{i}");
+        let response = client
+            .post(&url)
+            .bearer_auth(ALICE)
+            .header("x-request-id", &id)
+            .json(&long)
+            .send()
+            .await
+            .expect("sent");
+        if response.status() == StatusCode::TOO_MANY_REQUESTS {
+            limited = Some(id);
+            break;
+        }
+        assert_eq!(response.status(), StatusCode::OK);
+        held.push(response);
+    }
+    let limited = limited.expect("a request beyond the queue is refused");
+    drop(held);
+    stop(server).await;
+
+    let all = records(&dir);
+    let text: String = all
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.encode().expect("encodes")).into_owned())
+        .collect();
+    assert!(
+        !text.contains("sk-not-a-key-1234"),
+        "a presented key is never recorded"
+    );
+    let (ok_requests, ok_completions) = records_of(&all, "ok");
+    assert_eq!(ok_requests.len(), 1);
+    assert_eq!(ok_requests[0].status, None);
+    assert_eq!(ok_requests[0].principal, "alice");
+    assert_eq!(ok_completions, 1);
+    let completions = "/v1/completions";
+    assert_refusal(&all, "no-key", 401, "anonymous", completions);
+    assert_refusal(&all, "bad-key", 401, "invalid-key", completions);
+    assert_refusal(&all, "malformed", 400, "alice", completions);
+    assert_refusal(&all, "too-large", 413, "bob", completions);
+    assert_refusal(&all, "unknown-route", 404, "bob", "/v1/nope");
+    assert_refusal(&all, "wrong-method", 405, "anonymous", completions);
+    assert_refusal(&all, "models", 200, "bob", "/v1/models");
+    assert_eq!(records_of(&all, "health").0.len(), 0);
+    // A request refused by the engine was accepted first: its request record, then a
+    // completion record with the 429.
+    let (limited_requests, _) = records_of(&all, &limited);
+    assert_eq!(limited_requests.len(), 1, "{limited}");
+    assert_eq!(limited_requests[0].status, None);
+    let limited_status = all.iter().find_map(|r| match &r.body {
+        RecordBody::Completion(c) if c.request_id == limited => Some(c.status),
+        _ => None,
+    });
+    assert_eq!(limited_status, Some(429));
+
+    let report = verify(&dir, &VerifyOptions::default());
+    assert!(report.intact(), "{report:?}");
+    assert!(report.incomplete.is_empty(), "{:?}", report.incomplete);
+}
+
+#[tokio::test]
+async fn a_request_while_the_model_loads_is_recorded_with_its_503() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("audit");
+    let server = Harness::start(audited_config(&dir), false);
+    let response = server
+        .post(
+            "/v1/chat/completions",
+            ALICE,
+            &json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .header("x-request-id", "loading")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    stop(server).await;
+    assert_refusal(
+        &records(&dir),
+        "loading",
+        503,
+        "alice",
+        "/v1/chat/completions",
+    );
+}
+
+/// The development policy with `edit` applied, written to `dir/policy.toml`.
+fn development_policy_with(dir: &Path, from: &str, to: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/development.toml");
+    let text = std::fs::read_to_string(path).expect("development policy");
+    assert!(text.contains(from), "{from}");
+    let out = dir.join("policy.toml");
+    std::fs::write(&out, text.replace(from, to)).expect("write policy");
+    out
+}
+
+fn start_error(config: Config) -> ServerError {
+    match runtime().block_on(Server::start(config)) {
+        Ok(_) => panic!("the server started"),
+        Err(err) => err,
+    }
+}
+
+#[tokio::test]
+async fn policy_content_mode_hmac_puts_keyed_hashes_in_the_records() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("audit");
+    let key = [0x5a_u8; 32];
+    let key_file = tmp.path().join("content.key");
+    std::fs::write(&key_file, hex::encode(key)).expect("key file");
+    let mut config = audited_config(&dir);
+    config.attestation.policy = Some(development_policy_with(
+        tmp.path(),
+        "content = \"none\"",
+        "content = \"hmac\"",
+    ));
+    if let Some(audit) = &mut config.audit {
+        audit.content_key_file = Some(key_file);
+    }
+    let server = Harness::start(config, true);
+    let body = json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4}).to_string();
+    let response = server
+        .client()
+        .post(server.url("/v1/completions"))
+        .bearer_auth(ALICE)
+        .header("x-request-id", "hashed")
+        .header("content-type", "application/json")
+        .body(body.clone())
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::OK);
+    let answer = response.text().await.expect("body");
+    stop(server).await;
+
+    let all = records(&dir);
+    let hmac = ContentPolicy::new(ContentMode::Hmac, Some(&key)).expect("policy");
+    let prompt = all.iter().find_map(|r| match &r.body {
+        RecordBody::Request(q) if q.request_id == "hashed" => Some(q.prompt.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        prompt,
+        Some(hmac.seal("prompt", "hashed", &body).expect("seal"))
+    );
+    let completion = all.iter().find_map(|r| match &r.body {
+        RecordBody::Completion(c) if c.request_id == "hashed" => Some(c.completion.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        completion,
+        Some(hmac.seal("completion", "hashed", &answer).expect("seal"))
+    );
+    assert!(matches!(completion, Some(SealedContent::Hmac { .. })));
+}
+
+#[test]
+fn a_policy_content_mode_without_its_key_refuses_to_start() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let policy =
+        development_policy_with(tmp.path(), "content = \"none\"", "content = \"encrypted\"");
+    let mut config = audited_config(&tmp.path().join("audit"));
+    config.attestation.policy = Some(policy.clone());
+    let err = start_error(config).to_string();
+    assert!(
+        err.contains("`encrypted`") && err.contains("content_key_file"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!tmp.path().join("audit").exists(), "no log was opened");
+
+    let mut config = base_config();
+    config.attestation.policy = Some(policy);
+    let err = start_error(config).to_string();
+    assert!(err.contains("no [audit] table"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[test]
+fn require_api_key_without_keys_refuses_to_start() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut config = base_config();
+    config.auth.keys.clear();
+    config.attestation.policy = Some(development_policy_with(
+        tmp.path(),
+        "require_api_key = false",
+        "require_api_key = true",
+    ));
+    let err = start_error(config.clone());
+    assert!(
+        matches!(&err, ServerError::ApiKeysRequired { policy } if policy.starts_with("development")),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("require_api_key") && text.contains("[[auth.keys]]"),
+        "{text}"
+    );
+    assert_eq!(text.lines().count(), 1, "{text}");
+    // With keys, the same policy serves, and a request without a key is refused.
+    config.auth.keys = base_config().auth.keys;
+    let server = Harness::start(config, false);
+    let status = runtime().block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            server.client().get(server.url("/v1/models")).send(),
+        )
+        .await
+        .expect("in time")
+        .expect("sent")
+        .status()
+    });
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
