@@ -10,6 +10,7 @@ use inferno::audit::fileops::{AppendFile, FileOps, StdFileOps};
 use inferno::audit::merkle::TreeView;
 use inferno::audit::note::{ALG_COSIGNATURE_V1, NoteSigner, SignedNote, VerifierKey};
 use inferno::audit::proof_file::ConsistencyProof;
+use inferno::audit::recovery::newest_record_time;
 use inferno::audit::verify::{VerifyOptions, load_tree, verify};
 use inferno::audit::witness::{WitnessError, add_checkpoint};
 use inferno::audit::{
@@ -697,4 +698,24 @@ fn under_load_one_fsync_serves_the_appends_of_a_commit_interval() {
     assert!(log.durable_size() >= 21);
     drop(log);
     assert!(verify(tmp.path(), &VerifyOptions::default()).intact());
+}
+
+#[test]
+fn the_newest_record_time_bounds_the_clock_at_the_next_start() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    assert_eq!(
+        newest_record_time(&tmp.path().join("absent")).expect("no log"),
+        None
+    );
+    let cfg = config(tmp.path());
+    let before = time::OffsetDateTime::now_utc();
+    write_log(&cfg, 3);
+    let after = time::OffsetDateTime::now_utc();
+    let newest = newest_record_time(tmp.path())
+        .expect("readable log")
+        .expect("records");
+    assert!(
+        before <= newest && newest <= after,
+        "{newest} not in {before}..{after}"
+    );
 }

@@ -339,6 +339,7 @@ fn the_cpu_backend_under_a_policy_requiring_cc_mode_attests_the_simulated_gpu_in
             .pem()
             .as_bytes(),
         None,
+        None,
     )
     .expect("the simulated GPU reports CC mode on");
     let cc = attested
@@ -376,6 +377,7 @@ fn start_up_appraisal_uses_the_configured_collateral_bundle() {
                 ..AttestationConfig::development()
             },
             tls.as_bytes(),
+            None,
             None,
         )
     };

@@ -17,7 +17,7 @@ use inferno_attestation::collect::{
     CollectError, EvidenceSource, collect_evidence, detect_hardware, simulated::SimulatedSnp,
 };
 use inferno_attestation::evidence::Evidence;
-use inferno_attestation::pki;
+use inferno_attestation::pki::{self, ClockFloor};
 use inferno_attestation::policy::{LoadedPolicy, Platform, PolicyError};
 use inferno_attestation::report::AppraisalReport;
 use inferno_attestation::runtime_data::RuntimeData;
@@ -140,10 +140,13 @@ impl StartupAttestation {
     ///
     /// Hardware evidence is used whenever the machine offers it; without hardware, only the
     /// development profile falls back to the simulated TEE. Any rejection is an error.
+    /// `clock_floor` is the newest time the appliance already recorded (its audit log's newest
+    /// record): the appraisal rejects a system clock earlier than it.
     pub fn establish(
         config: &AttestationConfig,
         tls_cert: &[u8],
         audit_key: Option<[u8; 32]>,
+        clock_floor: Option<&ClockFloor>,
     ) -> Result<Self, AttestationError> {
         let policy = load_policy(config)?;
         let collateral = config
@@ -175,7 +178,7 @@ impl StartupAttestation {
             policy: &policy,
             collateral: collateral.as_ref(),
             now: time::OffsetDateTime::now_utc(),
-            clock_floor: None,
+            clock_floor,
             gpu_ready_pending: true,
         });
         if !appraisal.passed() {
@@ -259,7 +262,9 @@ impl StartupAttestation {
     }
 }
 
-fn load_policy(config: &AttestationConfig) -> Result<LoadedPolicy, AttestationError> {
+/// Reads the server policy that start-up attestation appraises with: the configured file, or the
+/// profile's embedded policy.
+pub fn load_policy(config: &AttestationConfig) -> Result<LoadedPolicy, AttestationError> {
     let (name, loaded) = match (&config.policy, config.profile) {
         (Some(path), _) => (path.display().to_string(), LoadedPolicy::from_file(path)),
         (None, AttestationProfile::Development) => (
@@ -303,6 +308,7 @@ mod tests {
             &AttestationConfig::development(),
             pem.as_bytes(),
             Some([9; 32]),
+            None,
         )
         .unwrap();
         assert!(attested.appraisal.passed());
@@ -335,10 +341,30 @@ mod tests {
             return;
         }
         let pem = self_signed_pem();
-        let err =
-            StartupAttestation::establish(&AttestationConfig::default(), pem.as_bytes(), None)
-                .unwrap_err();
+        let err = StartupAttestation::establish(
+            &AttestationConfig::default(),
+            pem.as_bytes(),
+            None,
+            None,
+        )
+        .unwrap_err();
         assert!(matches!(err, AttestationError::NoHardware), "{err}");
+    }
+
+    #[test]
+    fn a_system_clock_earlier_than_the_floor_is_rejected() {
+        let future = time::OffsetDateTime::now_utc() + time::Duration::days(1);
+        let floor = ClockFloor::starting_at(future, "the audit log's newest record");
+        let err = StartupAttestation::establish(
+            &AttestationConfig::development(),
+            self_signed_pem().as_bytes(),
+            None,
+            Some(&floor),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("time.clock_floor"), "{err}");
+        assert!(err.contains("the audit log's newest record"), "{err}");
     }
 
     /// Start-up in the development profile with the policy file `policy`, which must fail.
@@ -350,7 +376,8 @@ mod tests {
             policy: Some(path),
             ..AttestationConfig::development()
         };
-        StartupAttestation::establish(&config, self_signed_pem().as_bytes(), None).unwrap_err()
+        StartupAttestation::establish(&config, self_signed_pem().as_bytes(), None, None)
+            .unwrap_err()
     }
 
     #[test]

@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use time::OffsetDateTime;
+
 use super::error::AuditError;
 use super::fileops::FileOps;
 use super::merkle::{Frontier, Hash, TreeView};
@@ -73,6 +75,27 @@ pub fn track_record(
         history.push((index, checkpoint_key.clone()));
     }
     Ok(record)
+}
+
+/// The time of the newest intact record of the log in `dir`; `None` for a new or empty log.
+/// Start-up attestation takes it as a floor for the host-provided clock: a `now` earlier than a
+/// time the appliance already wrote into its log is a clock rollback. Damage is left to
+/// recovery, which runs next and reports it.
+pub fn newest_record_time(dir: &Path) -> Result<Option<OffsetDateTime>, AuditError> {
+    if !dir.exists() {
+        return Ok(None);
+    }
+    let mut newest = None;
+    scan_segments(dir, |_, _, payload| {
+        let record = Record::decode(payload).map_err(|e| format!("not a valid record: {e}"))?;
+        newest = newest.max(Some(record.time));
+        Ok(())
+    })
+    .map_err(|reason| AuditError::Corrupt {
+        location: dir.display().to_string(),
+        reason,
+    })?;
+    Ok(newest)
 }
 
 /// Checks a signed checkpoint against the log: origin, signature by the key in effect, and

@@ -22,6 +22,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use inferno_attestation::pki::ClockFloor;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -286,8 +287,15 @@ async fn attest_startup(
     let attestation_config = config.attestation.clone();
     let cert = identity.cert_pem.clone().into_bytes();
     let audit_key = signer.map(|s| s.verifier().public);
+    let audit_dir = config.audit.as_ref().map(|a| a.dir.clone());
     let attested = tokio::task::spawn_blocking(move || {
-        StartupAttestation::establish(&attestation_config, &cert, audit_key)
+        let newest = match audit_dir {
+            Some(dir) => crate::audit::recovery::newest_record_time(&dir)?,
+            None => None,
+        };
+        let floor = newest.map(|t| ClockFloor::starting_at(t, "the audit log's newest record"));
+        StartupAttestation::establish(&attestation_config, &cert, audit_key, floor.as_ref())
+            .map_err(ServerError::from)
     })
     .await
     .map_err(|err| crate::attest::AttestationError::Task(err.to_string()))??;

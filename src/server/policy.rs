@@ -5,9 +5,9 @@
 
 use inferno_attestation::policy::LoadedPolicy;
 
-use crate::attest::{AttestationError, DEVELOPMENT_POLICY, PRODUCTION_POLICY};
+use crate::attest::{AttestationError, load_policy};
 use crate::audit::ContentMode;
-use crate::config::{AttestationConfig, AttestationProfile};
+use crate::config::AttestationConfig;
 
 /// The server-side settings of the policy in force, with the digest of its bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,23 +28,7 @@ impl ServerPolicy {
     /// Reads the policy that start-up attestation will appraise with: the configured file, or
     /// the profile's embedded policy.
     pub fn load(config: &AttestationConfig) -> Result<Self, AttestationError> {
-        let (source_name, loaded) = match (&config.policy, config.profile) {
-            (Some(path), _) => (path.display().to_string(), LoadedPolicy::from_file(path)),
-            (None, AttestationProfile::Development) => (
-                "embedded development policy".to_owned(),
-                LoadedPolicy::from_bytes(DEVELOPMENT_POLICY),
-            ),
-            (None, AttestationProfile::Production) => (
-                "embedded production policy".to_owned(),
-                LoadedPolicy::from_bytes(PRODUCTION_POLICY),
-            ),
-        };
-        loaded
-            .map(|loaded| Self::of(&loaded))
-            .map_err(|source| AttestationError::Policy {
-                source_name,
-                source,
-            })
+        load_policy(config).map(|loaded| Self::of(&loaded))
     }
 
     /// The server-side settings of `loaded`.
