@@ -302,8 +302,8 @@ impl AppendFile for FaultyFile {
     }
 }
 
-impl Faulty {
-    fn wrap(&self, inner: Box<dyn AppendFile>) -> Box<dyn AppendFile> {
+impl WrapFile for Faulty {
+    fn wrap(&self, _path: &Path, inner: Box<dyn AppendFile>) -> Box<dyn AppendFile> {
         Box::new(FaultyFile {
             inner,
             budget: Arc::clone(&self.budget),
@@ -312,12 +312,20 @@ impl Faulty {
     }
 }
 
-impl FileOps for Faulty {
+/// Wraps each file that [`WrappedOps`] opens.
+trait WrapFile: Send + Sync {
+    fn wrap(&self, path: &Path, inner: Box<dyn AppendFile>) -> Box<dyn AppendFile>;
+}
+
+/// The real file system, with every opened file wrapped by `W`.
+struct WrappedOps<W>(W);
+
+impl<W: WrapFile> FileOps for WrappedOps<W> {
     fn create_new(&self, path: &Path) -> std::io::Result<Box<dyn AppendFile>> {
-        Ok(self.wrap(StdFileOps.create_new(path)?))
+        Ok(self.0.wrap(path, StdFileOps.create_new(path)?))
     }
     fn open_append(&self, path: &Path) -> std::io::Result<Box<dyn AppendFile>> {
-        Ok(self.wrap(StdFileOps.open_append(path)?))
+        Ok(self.0.wrap(path, StdFileOps.open_append(path)?))
     }
     fn truncate(&self, path: &Path, len: u64) -> std::io::Result<()> {
         StdFileOps.truncate(path, len)
@@ -338,7 +346,7 @@ fn fault_run(budget: u64, fail_sync_after_open: bool) {
         fail_sync: Arc::new(AtomicBool::new(false)),
     };
     let (budget_handle, sync_handle) = (Arc::clone(&faulty.budget), Arc::clone(&faulty.fail_sync));
-    let log = open_with(&cfg, Arc::new(faulty)).expect("opens");
+    let log = open_with(&cfg, Arc::new(WrappedOps(faulty))).expect("opens");
     budget_handle.store(budget, Ordering::SeqCst);
     sync_handle.store(fail_sync_after_open, Ordering::SeqCst);
     let rt = runtime();
@@ -590,31 +598,13 @@ impl AppendFile for CountingFile {
     }
 }
 
-impl CountingSyncs {
+impl WrapFile for CountingSyncs {
     fn wrap(&self, path: &Path, inner: Box<dyn AppendFile>) -> Box<dyn AppendFile> {
         let segment = path.extension().is_some_and(|e| e == "seg");
         Box::new(CountingFile {
             inner,
             syncs: segment.then(|| Arc::clone(&self.0)),
         })
-    }
-}
-
-impl FileOps for CountingSyncs {
-    fn create_new(&self, path: &Path) -> std::io::Result<Box<dyn AppendFile>> {
-        Ok(self.wrap(path, StdFileOps.create_new(path)?))
-    }
-    fn open_append(&self, path: &Path) -> std::io::Result<Box<dyn AppendFile>> {
-        Ok(self.wrap(path, StdFileOps.open_append(path)?))
-    }
-    fn truncate(&self, path: &Path, len: u64) -> std::io::Result<()> {
-        StdFileOps.truncate(path, len)
-    }
-    fn remove(&self, path: &Path) -> std::io::Result<()> {
-        StdFileOps.remove(path)
-    }
-    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
-        StdFileOps.sync_dir(dir)
     }
 }
 
@@ -626,7 +616,11 @@ fn detached_records_share_the_next_fsync_and_precede_the_checkpoint() {
         ..config(tmp.path())
     };
     let syncs = Arc::new(AtomicU64::new(0));
-    let log = open_with(&cfg, Arc::new(CountingSyncs(Arc::clone(&syncs)))).expect("opens");
+    let log = open_with(
+        &cfg,
+        Arc::new(WrappedOps(CountingSyncs(Arc::clone(&syncs)))),
+    )
+    .expect("opens");
     let rt = runtime();
     let opened = syncs.load(Ordering::SeqCst);
     for i in 0..50 {
@@ -665,8 +659,13 @@ fn under_load_one_fsync_serves_the_appends_of_a_commit_interval() {
         ..config(tmp.path())
     };
     let syncs = Arc::new(AtomicU64::new(0));
-    let log =
-        Arc::new(open_with(&cfg, Arc::new(CountingSyncs(Arc::clone(&syncs)))).expect("opens"));
+    let log = Arc::new(
+        open_with(
+            &cfg,
+            Arc::new(WrappedOps(CountingSyncs(Arc::clone(&syncs)))),
+        )
+        .expect("opens"),
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
