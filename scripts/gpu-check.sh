@@ -7,7 +7,8 @@
 # Usage: bash .gpu/gpu-check.sh [STAGES]   (default: "env unit correctness sanitizer bench peers")
 # Other stages: quickbench (one offline run), graphs (offline batch 1/16/64 with decode graphs on
 # and off, side by side), prefill (offline batch 16, input 1024 and 2048, 16 output tokens: TTFT),
-# serve (bench serve over HTTPS).
+# serve (bench serve over HTTPS), auditbench (the audit log's serving cost, CPU backend, with the
+# A/A calibration; .gpu/audit_bench).
 # Logs and JSON are written to a work folder and packed into $OUT/results.tgz (the device tool
 # returns at most 8 files); $OUT/summary.txt is also printed last.
 # Only reads the GPU's state; never changes a GPU setting.
@@ -118,6 +119,20 @@ if has serve; then
   done
   kill -TERM $SERVER 2>/dev/null
   wait $SERVER 2>/dev/null
+fi
+
+# The audit log's cost at saturation (tests/audit_bench.rs, CPU backend, embedded model) on this
+# machine's otherwise idle cores: side by side, then the A/A calibration (both servers unaudited).
+if has auditbench && [ -x "$G/audit_bench" ]; then
+  want=$(cat "$G/INFERNO_BIN_PATH")
+  mkdir -p "$(dirname "$want")" && cp "$G/inferno" "$want"
+  for mode in audited calibrate; do
+    calibrate=0; [ $mode = calibrate ] && calibrate=1
+    AUDIT_BENCH_CALIBRATE=$calibrate AUDIT_BENCH_PAIRS=${AUDIT_BENCH_PAIRS:-16} timeout 300 \
+      $RUN "$G/audit_bench" --ignored --nocapture --test-threads 1 serving_throughput >"$OUT/audit-bench-$mode.log" 2>&1
+    note "audit bench ($mode): rc=$?"
+    grep -E 'pairs of|cost per pair' "$OUT/audit-bench-$mode.log" | tee -a "$SUMMARY"
+  done
 fi
 
 if has peers; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the release binary and the CUDA test binaries here, and copies them with the GPU scripts
+# Builds the release binary, the CUDA test binaries and the audit benchmark here, and copies them with the GPU scripts
 # into DEST/.gpu (default: /work/main/.gpu, a git-ignored folder that the device tool carries).
 # Usage: scripts/gpu-pack.sh [DEST_REPO]
 set -euo pipefail
@@ -17,22 +17,26 @@ for line in sys.stdin:
         print(m["target"]["kind"][0], m["executable"])'
 }
 bins=$(test_bins --test cuda_backend)
+bins+=$'\n'$(test_bins --test audit_bench | sed 's/^test /audit /')
 # The library's unit tests are optional here (another area's test may not build mid-merge).
 bins+=$'\n'$(test_bins --lib || true)
 mkdir -p "$DEST"
 cp "$CARGO_TARGET_DIR/release/inferno" "$DEST/inferno"
-rm -f "$DEST/unit_tests" "$DEST/cuda_backend"
+rm -f "$DEST/unit_tests" "$DEST/cuda_backend" "$DEST/audit_bench"
 while read -r kind path; do
   case $kind in
     lib) cp "$path" "$DEST/unit_tests" ;;
     test) cp "$path" "$DEST/cuda_backend" ;;
+    audit) cp "$path" "$DEST/audit_bench" ;;
     *) ;;
   esac
 done <<<"$bins"
 cp scripts/gpu-check.sh scripts/make_llama8b.py scripts/peers.py "$DEST/"
 git rev-parse --short HEAD >"$DEST/BUILD_COMMIT"
+# The audit benchmark spawns the server binary at the path compiled into it.
+echo "$CARGO_TARGET_DIR/release/inferno" >"$DEST/INFERNO_BIN_PATH"
 git diff --quiet HEAD -- src kernels tests Cargo.toml || echo "+uncommitted" >>"$DEST/BUILD_COMMIT"
-strip "$DEST"/inferno "$DEST"/cuda_backend 2>/dev/null || true
+strip "$DEST"/inferno "$DEST"/cuda_backend "$DEST"/audit_bench 2>/dev/null || true
 [ -f "$DEST/unit_tests" ] && strip "$DEST/unit_tests"
 [ -f "$DEST/cuda_backend" ] || { echo "cuda_backend test binary missing" >&2; exit 1; }
 # The binaries link libxmlsec1, libxml2 (and their dependencies) dynamically; the GPU machine may
