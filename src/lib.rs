@@ -12,6 +12,8 @@
 //! - [`audit`]: the append-only, tamper-evident audit log;
 //! - [`cli`]: the `inferno` command line.
 
+#![warn(missing_docs)]
+
 pub mod attest;
 pub mod audit;
 pub mod backend;
