@@ -92,6 +92,9 @@ async fn serve_async(
         Device::Cpu => false,
         Device::Auto => backend::cuda::probe().is_ok(),
     };
+    // Watch the signals before anything else, and keep watching them: a SIGTERM that arrives
+    // between two waits must not be lost.
+    let mut signals = ShutdownSignals::watch()?;
     let server = Server::start(config).await?;
     server.record_config(
         config_digest,
@@ -106,8 +109,7 @@ async fn serve_async(
     });
     let loaded = tokio::select! {
         loaded = load => loaded.context("model loading panicked")?,
-        signal = shutdown_signal() => {
-            signal?;
+        () = signals.recv() => {
             tracing::info!("signal received while loading; exiting");
             server.shutdown().await;
             return Ok(());
@@ -120,9 +122,11 @@ async fn serve_async(
             return Err(err);
         }
     };
-    print_banner(&server, &service, &backend_name, kv_tokens);
+    // The banner says "ready": print it only once requests reach the model.
+    let banner = banner(&server, &service, &backend_name, kv_tokens);
     server.set_model(service);
-    shutdown_signal().await?;
+    eprintln!("{banner}");
+    signals.recv().await;
     tracing::info!("shutdown signal received; finishing in-flight requests");
     server.shutdown().await;
     tracing::info!("stopped");
@@ -149,14 +153,15 @@ fn load_model(
     ))
 }
 
-fn print_banner(server: &Server, service: &ModelService, backend: &str, kv_tokens: usize) {
+/// The start-up banner: what is served, where, and under which attestation and policy.
+fn banner(server: &Server, service: &ModelService, backend: &str, kv_tokens: usize) -> String {
     let identity = server.identity();
     let cert_kind = if identity.self_signed {
         "self-signed"
     } else {
         "from config"
     };
-    eprintln!(
+    format!(
         "inferno {version} ready\n  model:       {name}\n  digest:      {digest}\n  backend:     {backend}\n  kv cache:    {kv_tokens} tokens\n  context:     {context} tokens\n  listening:   https://{addr}\n  certificate: {cert_kind}, SHA-256 {fingerprint}\n  attestation: {attestation}\n  policy:      SHA-256 {policy}",
         version = env!("CARGO_PKG_VERSION"),
         name = service.name(),
@@ -166,17 +171,30 @@ fn print_banner(server: &Server, service: &ModelService, backend: &str, kv_token
         fingerprint = identity.fingerprint,
         attestation = server.attestation().banner_line(),
         policy = server.attestation().policy_sha256(),
-    );
+    )
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
+/// SIGTERM and SIGINT, watched from start-up to shutdown.
+struct ShutdownSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    /// Starts watching both signals (their default action, exiting at once, is replaced).
+    fn watch() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            term: signal(SignalKind::terminate()).context("cannot watch SIGTERM")?,
+            int: signal(SignalKind::interrupt()).context("cannot watch SIGINT")?,
+        })
     }
-    Ok(())
+
+    /// Resolves on the next SIGTERM or SIGINT (or one received since the last call).
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {},
+            _ = self.int.recv() => {},
+        }
+    }
 }
