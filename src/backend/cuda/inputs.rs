@@ -419,17 +419,22 @@ mod tests {
         }
     }
 
-    #[test]
-    fn packs_a_mixed_batch() {
-        let params = SamplingParams::default();
-        let spec = SampleSpec {
-            params: &params,
+    /// A row's sampling request with `params`, seed 1, no history and `logprobs` alternatives.
+    fn plain_spec(params: &SamplingParams, logprobs: u32) -> SampleSpec<'_> {
+        SampleSpec {
+            params,
             seed: 1,
             draw_index: 0,
             prompt: &[],
             output: &[],
-            logprobs: Some(3),
-        };
+            logprobs: Some(logprobs),
+        }
+    }
+
+    #[test]
+    fn packs_a_mixed_batch() {
+        let params = SamplingParams::default();
+        let spec = plain_spec(&params, 3);
         let rows = [
             // A decode at position 17 (second block).
             BatchRow {
@@ -529,14 +534,7 @@ mod tests {
     #[test]
     fn pads_a_decode_batch_to_its_bucket() {
         let params = SamplingParams::default();
-        let spec = SampleSpec {
-            params: &params,
-            seed: 1,
-            draw_index: 0,
-            prompt: &[],
-            output: &[],
-            logprobs: Some(2),
-        };
+        let spec = plain_spec(&params, 2);
         let rows = [
             BatchRow {
                 seq_id: 1,
