@@ -45,6 +45,14 @@ fn load(name: &str) -> Option<Model> {
     Some(Model::load(&dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display())))
 }
 
+/// The inferno-tiny fixture, when a GPU is present (each absence is reported as a skip).
+fn tiny_on_gpu() -> Option<Model> {
+    if !gpu_or_skip() {
+        return None;
+    }
+    load("inferno-tiny")
+}
+
 fn engine_config() -> EngineConfig {
     EngineConfig {
         gpu_memory_fraction: 0.02,
@@ -332,10 +340,7 @@ fn prompt(len: usize, salt: u32) -> Vec<u32> {
 
 #[test]
 fn mixed_batches_chunked_prefill_and_prefix_hits_match_single_runs() {
-    if !gpu_or_skip() {
-        return;
-    }
-    let Some(model) = load("inferno-tiny") else {
+    let Some(model) = tiny_on_gpu() else {
         return;
     };
     let mut gpu = cuda(&model, false);
@@ -434,10 +439,7 @@ fn mixed_batches_chunked_prefill_and_prefix_hits_match_single_runs() {
 
 #[test]
 fn device_sampling_matches_host_logits_with_one_copy_each_way() {
-    if !gpu_or_skip() {
-        return;
-    }
-    let Some(model) = load("inferno-tiny") else {
+    let Some(model) = tiny_on_gpu() else {
         return;
     };
     let mut host = cuda(&model, false);
@@ -567,10 +569,7 @@ fn run_request(
 #[test]
 fn engine_on_cuda_preempts_and_hits_the_prefix_cache_without_changing_outputs() {
     use inferno::engine::{Engine, ModelInfo};
-    if !gpu_or_skip() {
-        return;
-    }
-    let Some(model) = load("inferno-tiny") else {
+    let Some(model) = tiny_on_gpu() else {
         return;
     };
     let info = || ModelInfo {
@@ -648,10 +647,7 @@ fn cuda_with(model: &Model, cuda_graphs: bool, sample_on_device: bool) -> CudaBa
 /// ones) give the logits of eager steps and the same greedy tokens, with one copy each way.
 #[test]
 fn decode_graphs_replay_what_eager_steps_compute() {
-    if !gpu_or_skip() {
-        return;
-    }
-    let Some(model) = load("inferno-tiny") else {
+    let Some(model) = tiny_on_gpu() else {
         return;
     };
     let mut eager = cuda_with(&model, false, false);
@@ -761,10 +757,7 @@ fn decode_rows<'a>(seqs: &'a [Seq], specs: &[SampleSpec<'a>]) -> Vec<BatchRow<'a
 #[test]
 fn device_sampler_agrees_with_the_reference_sampler_in_every_mode() {
     use inferno::engine::sampling;
-    if !gpu_or_skip() {
-        return;
-    }
-    let Some(model) = load("inferno-tiny") else {
+    let Some(model) = tiny_on_gpu() else {
         return;
     };
     // Both backends run the same kernels on the same batches, so their logits are identical.
