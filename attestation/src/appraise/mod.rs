@@ -43,8 +43,22 @@ struct PlatformOutcome {
     signed_timestamps: Vec<(OffsetDateTime, String)>,
 }
 
+/// What the caller expects beside the policy (a verifier's own challenge).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Expectations<'a> {
+    /// The nonce the caller chose: the qualifying data of the vTPM quotes and the SPDM nonce of
+    /// the GPU reports when the evidence carries no runtime-data document (which otherwise
+    /// fixes both), and the runtime data's `nonce` when it does.
+    pub nonce: Option<&'a [u8]>,
+}
+
 /// Appraises evidence against a policy. Never fails: every problem is a failed check.
 pub fn appraise(input: &AppraisalInput<'_>) -> AppraisalReport {
+    appraise_with(input, &Expectations::default())
+}
+
+/// [`appraise`], also checking the caller's [`Expectations`].
+pub fn appraise_with(input: &AppraisalInput<'_>, expected: &Expectations<'_>) -> AppraisalReport {
     let policy = &input.policy.policy;
     let mut checks = CheckList::default();
     let mut claims = Claims::default();
@@ -71,16 +85,20 @@ pub fn appraise(input: &AppraisalInput<'_>) -> AppraisalReport {
     };
 
     let cpu_simulated = outcome.as_ref().is_some_and(|o| o.simulated);
-    if let Some(outcome) = &outcome {
-        match outcome.paravisor_ak {
-            Some(ak) => tpm::appraise_paravisor(input, ak, &mut checks, &mut claims),
-            None => appraise_runtime_data(input, outcome.report_data, &mut checks, &mut claims),
+    let anchor = match &outcome {
+        Some(PlatformOutcome {
+            paravisor_ak: Some(ak),
+            ..
+        }) => tpm::AkAnchor::Paravisor(*ak),
+        Some(outcome) => {
+            appraise_runtime_data(input, outcome.report_data, &mut checks, &mut claims);
+            tpm::AkAnchor::RuntimeData
         }
-    }
-    // Under a paravisor the vTPM was already appraised as the runtime data's binding.
-    if outcome.as_ref().is_none_or(|o| o.paravisor_ak.is_none()) {
-        tpm::appraise(input, &mut checks, &mut claims);
-    }
+        None => tpm::AkAnchor::Unverified,
+    };
+    // The vTPM is appraised on every path; under a paravisor it also binds the runtime data.
+    tpm::appraise(input, expected.nonce, anchor, &mut checks, &mut claims);
+    check_runtime_data_nonce(expected.nonce, &claims, &mut checks);
     let gpu_simulated = gpu::appraise(input, &mut checks, &mut claims);
     let simulated = cpu_simulated || gpu_simulated;
     if simulated {
@@ -190,6 +208,28 @@ fn appraise_runtime_data(
         None => checks.fail(
             "runtime_data.binding",
             "no verified REPORT_DATA to bind the document to",
+        ),
+    }
+}
+
+/// With a caller's nonce and a bound runtime-data document, the document's `nonce` must be it.
+fn check_runtime_data_nonce(expected: Option<&[u8]>, claims: &Claims, checks: &mut CheckList) {
+    let (Some(expected), Some(doc)) = (expected, &claims.runtime_data) else {
+        return;
+    };
+    let expected_hex = hex::encode(expected);
+    match &doc.nonce {
+        Some(nonce) if nonce.eq_ignore_ascii_case(&expected_hex) => checks.pass(
+            "runtime_data.nonce",
+            "the runtime data's nonce is the expected nonce",
+        ),
+        Some(nonce) => checks.fail(
+            "runtime_data.nonce",
+            format!("the runtime data's nonce is {nonce}, not the expected {expected_hex}"),
+        ),
+        None => checks.fail(
+            "runtime_data.nonce",
+            format!("the runtime data carries no nonce; expected {expected_hex}"),
         ),
     }
 }

@@ -1,71 +1,245 @@
-//! vTPM appraisal: the quotes verify with the AK over the runtime data's qualifying data, and
-//! the AK is the one the runtime-data document (bound into the CPU evidence) names.
+//! vTPM appraisal. Whenever the evidence carries a vTPM section its quotes are verified, on
+//! every path, each aspect as its own check:
+//! - `tpm.required`: presence, when the policy's `[tpm] required` is set;
+//! - `tpm.quote`: the AK signature, the PCR digests against the supplied PCR values, and the
+//!   event-log replay;
+//! - `tpm.nonce`: the quotes' qualifying data against what the evidence binds (the SHA-256 of
+//!   the runtime-data document) or, without a document, the caller's expected nonce;
+//! - `tpm.ak_binding`: the AK is the one the CPU evidence vouches for (the runtime data's
+//!   `tpm_ak_sha256`, or under a paravisor the HCL report's `HCLAkPub`);
+//! - `tpm.pcr_selection`: the verified SHA-256 bank covers the policy's PCRs.
 
 use super::AppraisalInput;
 use crate::report::{CheckList, Claims};
 use crate::runtime_data::RuntimeData;
-use crate::tpm::HashAlg;
+use crate::tpm::{HashAlg, TpmEvidence};
 
-/// Paravisor mode (Azure HCL): REPORT_DATA binds the AK, so the runtime data must be bound by
-/// the vTPM quote's qualifying data, and the quoting AK must be the one the HCL report names.
-pub(super) fn appraise_paravisor(
+/// What vouches for the vTPM's attestation key.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum AkAnchor {
+    /// A paravisor (Azure HCL) fixes REPORT_DATA and binds this AK (SHA-256 of its SPKI); the
+    /// runtime data must then be bound by the quotes' qualifying data.
+    Paravisor([u8; 32]),
+    /// The runtime-data document already bound to verified CPU evidence names the AK.
+    RuntimeData,
+    /// Nothing does: the CPU evidence did not verify.
+    Unverified,
+}
+
+/// Appraises the vTPM section (see the module documentation).
+pub(super) fn appraise(
     input: &AppraisalInput<'_>,
-    paravisor_ak: [u8; 32],
+    expected_nonce: Option<&[u8]>,
+    anchor: AkAnchor,
     checks: &mut CheckList,
     claims: &mut Claims,
 ) {
-    let Some(doc) = super::runtime_data_document(input, checks) else {
-        return;
+    let required = input.policy.policy.tpm.as_ref().is_some_and(|t| t.required);
+    // Under a paravisor the runtime data is bound here, through the quote.
+    let paravisor_doc = match anchor {
+        AkAnchor::Paravisor(_) => super::runtime_data_document(input, checks),
+        _ => None,
     };
     let Some(evidence) = &input.evidence.tpm else {
-        checks.fail(
-            "runtime_data.binding",
-            "the paravisor fixes REPORT_DATA, so the runtime data must be bound by a vTPM quote; the evidence has none",
-        );
+        if required {
+            checks.fail(
+                "tpm.required",
+                "the policy requires vTPM evidence; the evidence carries none",
+            );
+        }
+        if paravisor_doc.is_some() {
+            checks.fail(
+                "runtime_data.binding",
+                "the paravisor fixes REPORT_DATA, so the runtime data must be bound by a vTPM quote; the evidence has none",
+            );
+        }
         return;
     };
-    let Some(verified) = verify_quotes(evidence, &doc, checks) else {
-        return;
-    };
-    checks.pass(
-        "tpm.quote",
-        "quotes verify with the AK over the runtime data's SHA-256",
-    );
-    if !verified
-        .ak_spki_sha256
-        .eq_ignore_ascii_case(&hex::encode(paravisor_ak))
-    {
-        checks.fail(
-            "tpm.ak_binding",
-            format!(
-                "the quotes are signed by AK {}, not by the HCL report's HCLAkPub",
-                verified.ak_spki_sha256
-            ),
-        );
-        return;
+    if required {
+        checks.pass("tpm.required", "vTPM evidence present");
     }
-    checks.pass(
-        "tpm.ak_binding",
-        "the quoting AK is the HCL report's HCLAkPub, bound by the SNP REPORT_DATA",
+
+    let verified = match crate::tpm::verify_authenticity(evidence) {
+        Ok(v) => {
+            checks.pass(
+                "tpm.quote",
+                format!(
+                    "{} quote(s): AK signature and PCR digests verify{}",
+                    evidence.quotes.len(),
+                    match &v.event_log {
+                        Some(log) => format!(
+                            "; the event log ({} events) replays to the quoted PCRs",
+                            log.events
+                        ),
+                        None => "; no event log supplied".to_owned(),
+                    }
+                ),
+            );
+            Some(v)
+        }
+        Err(e) => {
+            checks.fail("tpm.quote", e.to_string());
+            None
+        }
+    };
+
+    let doc = match anchor {
+        AkAnchor::Paravisor(_) => paravisor_doc,
+        _ => claims.runtime_data.clone(),
+    };
+    let nonce_ok = check_nonce(
+        input,
+        evidence,
+        doc.as_ref(),
+        expected_nonce,
+        anchor,
+        checks,
     );
-    check_pcr_selection(input, &verified, checks);
-    checks.pass(
-        "runtime_data.binding",
-        "SHA-256 of the runtime-data document is the vTPM quote's qualifying data (paravisor mode)",
-    );
-    claims.runtime_data = Some(doc);
-    claims.tpm = Some(verified);
+    let ak_ok = check_ak_binding(evidence, doc.as_ref(), anchor, checks);
+    if let Some(verified) = &verified {
+        check_pcr_selection(input, verified, checks);
+    }
+    if let (AkAnchor::Paravisor(_), Some(doc)) = (anchor, doc) {
+        if verified.is_some() && nonce_ok && ak_ok {
+            checks.pass(
+                "runtime_data.binding",
+                "SHA-256 of the runtime-data document is the vTPM quote's qualifying data (paravisor mode)",
+            );
+            claims.runtime_data = Some(doc);
+        } else {
+            checks.fail(
+                "runtime_data.binding",
+                "the paravisor fixes REPORT_DATA and the vTPM quote that must bind the runtime data did not verify",
+            );
+        }
+    }
+    claims.tpm = verified;
 }
 
-/// Verifies the quotes over the document's qualifying data; a failure is recorded.
-fn verify_quotes(
-    evidence: &crate::tpm::TpmEvidence,
-    doc: &RuntimeData,
+/// `tpm.nonce`: the quotes' qualifying data against the runtime data's SHA-256 or, without a
+/// document, the caller's expected nonce. Reported even when the signature failed (the
+/// qualifying data is then read from the unverified quote, and the report says so).
+fn check_nonce(
+    input: &AppraisalInput<'_>,
+    evidence: &TpmEvidence,
+    doc: Option<&RuntimeData>,
+    expected_nonce: Option<&[u8]>,
+    anchor: AkAnchor,
     checks: &mut CheckList,
-) -> Option<crate::tpm::TpmClaims> {
-    crate::tpm::verify(evidence, &doc.tpm_qualifying_data())
-        .map_err(|e| checks.fail("tpm.quote", e.to_string()))
-        .ok()
+) -> bool {
+    let quoted = match crate::tpm::quoted_nonce(evidence) {
+        Ok(n) => n,
+        Err(e) => {
+            checks.fail("tpm.nonce", e.to_string());
+            return false;
+        }
+    };
+    let (expected, what) = match (doc, expected_nonce) {
+        (Some(doc), _) => (
+            doc.tpm_qualifying_data().to_vec(),
+            "the SHA-256 of the runtime-data document",
+        ),
+        (None, Some(nonce)) => (nonce.to_vec(), "the expected nonce"),
+        (None, None) => {
+            // Nothing to compare with. Under a paravisor without runtime data (allowed only
+            // when the policy does not require it; that failure is its own check) the
+            // qualifying data is reported as unbound; otherwise the quote has no binding.
+            let unbound = matches!(anchor, AkAnchor::Paravisor(_))
+                && !input.policy.policy.runtime_data.required;
+            if unbound {
+                checks.pass(
+                    "tpm.nonce",
+                    format!(
+                        "qualifying data {} is bound to nothing: no runtime-data document and no expected nonce (no freshness)",
+                        hex::encode(&quoted)
+                    ),
+                );
+                return true;
+            }
+            checks.fail(
+                "tpm.nonce",
+                "no verified runtime-data document or expected nonce to check the quotes' qualifying data against",
+            );
+            return false;
+        }
+    };
+    if quoted == expected {
+        checks.pass(
+            "tpm.nonce",
+            format!("the quotes' qualifying data is {what}"),
+        );
+        true
+    } else {
+        checks.fail(
+            "tpm.nonce",
+            format!(
+                "the quotes' qualifying data is {} but {what} is {}",
+                hex::encode(&quoted),
+                hex::encode(&expected)
+            ),
+        );
+        false
+    }
+}
+
+/// `tpm.ak_binding`: the evidence's AK (the one its signatures are checked under) is the one
+/// the CPU evidence vouches for.
+fn check_ak_binding(
+    evidence: &TpmEvidence,
+    doc: Option<&RuntimeData>,
+    anchor: AkAnchor,
+    checks: &mut CheckList,
+) -> bool {
+    let ak = match evidence.ak.key().and_then(|k| k.spki_sha256()) {
+        Ok(ak) => hex::encode(ak),
+        Err(e) => {
+            checks.fail("tpm.ak_binding", format!("AK: {e}"));
+            return false;
+        }
+    };
+    let (bound, passed_reason) = match (anchor, doc) {
+        (AkAnchor::Paravisor(hcl_ak), _) => (
+            hex::encode(hcl_ak),
+            "the quoting AK is the HCL report's HCLAkPub, bound by the SNP REPORT_DATA",
+        ),
+        (AkAnchor::RuntimeData, Some(doc)) => match &doc.tpm_ak_sha256 {
+            Some(bound) => (
+                bound.to_ascii_lowercase(),
+                "the runtime data's tpm_ak_sha256 names this AK, binding it to the CPU evidence",
+            ),
+            None => {
+                checks.fail(
+                    "tpm.ak_binding",
+                    "the runtime-data document has no tpm_ak_sha256: the AK is not bound to the CPU evidence",
+                );
+                return false;
+            }
+        },
+        _ => {
+            checks.fail(
+                "tpm.ak_binding",
+                "no verified CPU evidence or runtime-data document binds the AK",
+            );
+            return false;
+        }
+    };
+    if ak == bound {
+        checks.pass("tpm.ak_binding", passed_reason);
+        true
+    } else {
+        checks.fail(
+            "tpm.ak_binding",
+            match anchor {
+                AkAnchor::Paravisor(_) => format!(
+                    "the quotes are signed by AK {ak}, not by the HCL report's HCLAkPub {bound}"
+                ),
+                _ => format!(
+                    "the runtime data names AK {bound}, but the quotes are signed by AK {ak}"
+                ),
+            },
+        );
+        false
+    }
 }
 
 /// The verified SHA-256 bank covers every PCR the policy's `[tpm] pcrs` names.
@@ -102,61 +276,4 @@ fn check_pcr_selection(
             ),
         );
     }
-}
-
-pub(super) fn appraise(input: &AppraisalInput<'_>, checks: &mut CheckList, claims: &mut Claims) {
-    let required = input.policy.policy.tpm.as_ref().is_some_and(|t| t.required);
-    let Some(evidence) = &input.evidence.tpm else {
-        if required {
-            checks.fail(
-                "tpm.required",
-                "the policy requires vTPM evidence; the evidence carries none",
-            );
-        }
-        return;
-    };
-    if required {
-        checks.pass("tpm.required", "vTPM evidence present");
-    }
-    // Only a runtime-data document already bound to verified CPU evidence is used.
-    let Some(doc) = claims.runtime_data.clone() else {
-        checks.fail(
-            "tpm.quote",
-            "no verified runtime-data document to check the quotes' qualifying data against",
-        );
-        return;
-    };
-    let Some(verified) = verify_quotes(evidence, &doc, checks) else {
-        return;
-    };
-    checks.pass(
-        "tpm.quote",
-        format!(
-            "{} quote(s): AK signature, qualifying data (SHA-256 of the runtime data) and PCR digests verify{}",
-            evidence.quotes.len(),
-            match &verified.event_log {
-                Some(log) => format!("; the event log ({} events) replays to the quoted PCRs", log.events),
-                None => "; no event log supplied".to_owned(),
-            }
-        ),
-    );
-    check_pcr_selection(input, &verified, checks);
-    match &doc.tpm_ak_sha256 {
-        Some(bound) if bound.eq_ignore_ascii_case(&verified.ak_spki_sha256) => checks.pass(
-            "tpm.ak_binding",
-            "the runtime data's tpm_ak_sha256 names this AK, binding it to the CPU evidence",
-        ),
-        Some(bound) => checks.fail(
-            "tpm.ak_binding",
-            format!(
-                "the runtime data names AK {bound}, but the quotes are signed by AK {}",
-                verified.ak_spki_sha256
-            ),
-        ),
-        None => checks.fail(
-            "tpm.ak_binding",
-            "the runtime-data document has no tpm_ak_sha256: the AK is not bound to the CPU evidence",
-        ),
-    }
-    claims.tpm = Some(verified);
 }

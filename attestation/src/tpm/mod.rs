@@ -40,4 +40,4 @@ pub use ak_cert::{AkCertClaims, verify_ak_certificate};
 pub use alg::HashAlg;
 pub use error::TpmError;
 pub use evidence::{AkPublic, PcrBank, PcrValue, QuoteEvidence, TpmEvidence};
-pub use verify::{ReplayClaims, TpmClaims, verify};
+pub use verify::{ReplayClaims, TpmClaims, check_nonce, quoted_nonce, verify, verify_authenticity};

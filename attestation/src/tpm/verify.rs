@@ -53,6 +53,15 @@ pub struct ReplayClaims {
 /// A PCR extended by the event log must replay to its quoted value; a PCR the log never
 /// extends is reported in [`ReplayClaims::unaccounted`] when it differs from its reset value.
 pub fn verify(evidence: &TpmEvidence, expected_nonce: &[u8]) -> Result<TpmClaims, TpmError> {
+    let claims = verify_authenticity(evidence)?;
+    check_nonce(&claims.nonce, expected_nonce)?;
+    Ok(claims)
+}
+
+/// Verifies every quote's AK signature, PCR selection and PCR digest, that all quotes carry
+/// the same qualifying data, and replays the event log; the qualifying data is returned in
+/// [`TpmClaims::nonce`] for the caller to judge (see [`check_nonce`]).
+pub fn verify_authenticity(evidence: &TpmEvidence) -> Result<TpmClaims, TpmError> {
     let ak = evidence.ak.key()?;
     let ak_hash = ak.spki_sha256()?;
     let ak_restricted = match &evidence.ak {
@@ -63,9 +72,19 @@ pub fn verify(evidence: &TpmEvidence, expected_nonce: &[u8]) -> Result<TpmClaims
         AkPublic::SpkiDer(_) => false,
     };
     let mut pcrs: BTreeMap<HashAlg, BTreeMap<u8, String>> = BTreeMap::new();
-    let mut quotes = Vec::with_capacity(evidence.quotes.len());
+    let mut quotes: Vec<Quote> = Vec::with_capacity(evidence.quotes.len());
     for (index, q) in evidence.quotes.iter().enumerate() {
-        quotes.push(verify_quote(index, q, &ak, expected_nonce)?);
+        let quote = verify_quote(index, q, &ak)?;
+        if let Some(head) = quotes.first()
+            && head.extra_data != quote.extra_data
+        {
+            return Err(TpmError::NonceMismatch {
+                index,
+                expected: hex::encode(&head.extra_data),
+                found: hex::encode(&quote.extra_data),
+            });
+        }
+        quotes.push(quote);
         let bank = pcrs.entry(q.pcrs.bank).or_default();
         for v in &q.pcrs.values {
             bank.insert(v.index, hex::encode(&v.value));
@@ -90,23 +109,50 @@ pub fn verify(evidence: &TpmEvidence, expected_nonce: &[u8]) -> Result<TpmClaims
     })
 }
 
-/// Checks one quote: signature, nonce, selection and PCR digest.
+/// The qualifying data (extraData) the evidence's quotes carry, read without verifying them:
+/// what a verifier reports beside a failed signature. All quotes must carry the same.
+pub fn quoted_nonce(evidence: &TpmEvidence) -> Result<Vec<u8>, TpmError> {
+    let mut nonce: Option<Vec<u8>> = None;
+    for (index, q) in evidence.quotes.iter().enumerate() {
+        let quote = Quote::parse(&q.attest)?;
+        match &nonce {
+            Some(head) if *head != quote.extra_data => {
+                return Err(TpmError::NonceMismatch {
+                    index,
+                    expected: hex::encode(head),
+                    found: hex::encode(&quote.extra_data),
+                });
+            }
+            Some(_) => {}
+            None => nonce = Some(quote.extra_data),
+        }
+    }
+    nonce.ok_or(TpmError::NoQuote)
+}
+
+/// Compares the quotes' qualifying data (hex, as in [`TpmClaims::nonce`]) with the expected
+/// nonce.
+pub fn check_nonce(quoted_hex: &str, expected_nonce: &[u8]) -> Result<(), TpmError> {
+    if quoted_hex.eq_ignore_ascii_case(&hex::encode(expected_nonce)) {
+        Ok(())
+    } else {
+        Err(TpmError::NonceMismatch {
+            index: 0,
+            expected: hex::encode(expected_nonce),
+            found: quoted_hex.to_owned(),
+        })
+    }
+}
+
+/// Checks one quote: signature, selection and PCR digest.
 fn verify_quote(
     index: usize,
     q: &QuoteEvidence,
     ak: &super::abi::AkKey,
-    expected_nonce: &[u8],
 ) -> Result<Quote, TpmError> {
     let quote = Quote::parse(&q.attest)?;
     let signature = Signature::parse(&q.signature)?;
     ak.verify(&q.attest, &signature, index)?;
-    if quote.extra_data != expected_nonce {
-        return Err(TpmError::NonceMismatch {
-            index,
-            expected: hex::encode(expected_nonce),
-            found: hex::encode(&quote.extra_data),
-        });
-    }
     let bank = q.pcrs.bank;
     let selected: Vec<_> = quote
         .selections
