@@ -136,8 +136,8 @@ async fn attestation_document_verifies_and_binds_the_served_tls_key_and_audit_ke
     let gpu_verify = dev
         .checks
         .iter()
-        .find(|c| c.id == "gpu.verify")
-        .expect("a gpu.verify check");
+        .find(|c| c.id == "gpu.chain")
+        .expect("a gpu.chain check");
     assert!(gpu_verify.passed, "{}", gpu_verify.reason);
     assert!(
         gpu_verify.reason.contains("simulated"),

@@ -1,6 +1,7 @@
 //! The evidence envelope: a documented JSON object carrying the platform evidence and the
-//! runtime-data document it binds. `docs/attestation.md` describes the format; raw forms (a bare
-//! SNP report, binary or hex, or a bare TDX quote) are accepted too.
+//! runtime-data document it binds, or standalone vTPM/GPU evidence. `docs/attestation.md`
+//! describes the formats; raw forms (a bare SNP report or TDX quote, binary or hex) are
+//! accepted too.
 
 use serde::{Deserialize, Serialize};
 
@@ -31,7 +32,7 @@ pub enum EvidenceError {
     },
     /// Raw bytes are neither an SNP report nor a TDX quote.
     #[error(
-        "evidence is neither a JSON envelope, an SNP report (1184 bytes, raw or hex) nor a TDX quote"
+        "evidence is neither a JSON envelope, an SNP report (1184 bytes, raw or hex) nor a TDX quote (raw or hex)"
     )]
     UnknownFormat,
 }
@@ -116,6 +117,72 @@ pub struct Evidence {
     pub gpu: Option<crate::nvidia::GpuEvidence>,
 }
 
+/// Standalone evidence: vTPM quotes or NVIDIA GPU reports taken without CPU-TEE evidence (by
+/// another verifier's flow, with that verifier's nonce). `docs/attestation.md` describes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StandaloneEvidence {
+    /// The envelope version; always [`EVIDENCE_VERSION`].
+    pub version: u32,
+    /// vTPM evidence: the AK, quotes (any of the SHA-1, SHA-256, SHA-384 banks), PCR values,
+    /// and the event log, replayed when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpm: Option<crate::tpm::TpmEvidence>,
+    /// The AK certificate, then its intermediates (DER, base64), checked against the caller's
+    /// roots.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tpm_ak_certs: Vec<Base64Bytes>,
+    /// One GPU's evidence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<crate::nvidia::GpuEvidence>,
+    /// A protected-PCIe set of GPUs, appraised as a set (after `gpu`, when both are given).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<crate::nvidia::GpuEvidence>,
+}
+
+impl StandaloneEvidence {
+    /// Every GPU's evidence: `gpu`, then `gpus`.
+    pub fn gpus(&self) -> impl Iterator<Item = &crate::nvidia::GpuEvidence> {
+        self.gpu.iter().chain(&self.gpus)
+    }
+
+    /// The envelope as pretty JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+}
+
+/// Evidence as a verifier reads it from a file: CPU-TEE evidence, or standalone TPM/GPU
+/// evidence (a JSON envelope without `platform`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AnyEvidence {
+    /// SEV-SNP or TDX evidence, possibly with vTPM and GPU sections.
+    Platform(Evidence),
+    /// vTPM and/or GPU evidence on its own.
+    Standalone(StandaloneEvidence),
+}
+
+impl AnyEvidence {
+    /// Decodes file bytes: a JSON envelope with a `platform` (see [`Evidence::from_bytes`]),
+    /// a JSON envelope without one ([`StandaloneEvidence`]), or a raw form.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, EvidenceError> {
+        let trimmed = bytes.trim_ascii();
+        if trimmed.starts_with(b"{") {
+            let value: serde_json::Value = serde_json::from_slice(trimmed)?;
+            if value.get("platform").is_none() {
+                let evidence: StandaloneEvidence = serde_json::from_value(value)?;
+                if evidence.version != EVIDENCE_VERSION {
+                    return Err(EvidenceError::Version {
+                        found: evidence.version,
+                    });
+                }
+                return Ok(Self::Standalone(evidence));
+            }
+        }
+        Evidence::from_bytes(bytes).map(Self::Platform)
+    }
+}
+
 /// Length of an SEV-SNP attestation report.
 pub const SNP_REPORT_LEN: usize = 1184;
 
@@ -132,30 +199,43 @@ impl Evidence {
         if bytes.len() == SNP_REPORT_LEN {
             return Ok(Self::snp(bytes.to_vec()));
         }
-        if let Ok(decoded) = hex::decode(
+        let decoded = hex::decode(
             trimmed
                 .iter()
                 .filter(|b| !b.is_ascii_whitespace())
                 .copied()
                 .collect::<Vec<u8>>(),
-        ) && decoded.len() == SNP_REPORT_LEN
+        )
+        .ok();
+        if let Some(decoded) = &decoded
+            && decoded.len() == SNP_REPORT_LEN
         {
-            return Ok(Self::snp(decoded));
+            return Ok(Self::snp(decoded.clone()));
         }
         if crate::abi::tdx::looks_like_quote(bytes) {
-            return Ok(Self {
-                version: EVIDENCE_VERSION,
-                platform: Platform::Tdx,
-                runtime_data: None,
-                sev_snp: None,
-                tdx: Some(TdxEvidence {
-                    quote: Base64Bytes(bytes.to_vec()),
-                }),
-                tpm: None,
-                gpu: None,
-            });
+            return Ok(Self::tdx(bytes.to_vec()));
+        }
+        // A TDX quote given as hex text, read like the SNP hex reports.
+        if let Some(decoded) = decoded
+            && crate::abi::tdx::looks_like_quote(&decoded)
+        {
+            return Ok(Self::tdx(decoded));
         }
         Err(EvidenceError::UnknownFormat)
+    }
+
+    fn tdx(quote: Vec<u8>) -> Self {
+        Self {
+            version: EVIDENCE_VERSION,
+            platform: Platform::Tdx,
+            runtime_data: None,
+            sev_snp: None,
+            tdx: Some(TdxEvidence {
+                quote: Base64Bytes(quote),
+            }),
+            tpm: None,
+            gpu: None,
+        }
     }
 
     fn snp(report: Vec<u8>) -> Self {

@@ -222,7 +222,7 @@ impl fmt::Display for AppraisalReport {
         let platform = match self.platform {
             Some(Platform::SevSnp) => "sev-snp",
             Some(Platform::Tdx) => "tdx",
-            None => "unknown",
+            None => "none (standalone TPM or GPU evidence)",
         };
         writeln!(
             f,

@@ -95,7 +95,7 @@ fn gpu_evidence_for_another_nonce_is_rejected() {
     let doc = doc(&policy);
     let g = gpu(SimulatedGpuConfig::default());
     let evidence = snp_with_gpu(&doc, &g, [9; 32]);
-    assert_eq!(failed(&judge(&evidence, &policy, false)), ["gpu.verify"]);
+    assert_eq!(failed(&judge(&evidence, &policy, false)), ["gpu.nonce"]);
 }
 
 #[test]

@@ -465,3 +465,29 @@ fn azure_hcl_binds_the_ak_and_runtime_data_goes_through_the_vtpm() {
     evidence.sev_snp.as_mut().unwrap().hcl_report = Some(Base64Bytes(altered));
     assert_eq!(failed_ids(&judge(&evidence)), ["snp.hcl_binding"]);
 }
+
+/// Strict collateral time: a PCK CRL whose thisUpdate lies after `now` is refused (before its
+/// signature is even looked at), with no grace. The CRL is the later vector's (issued
+/// 2026-02-18), put into the 2025 collateral.
+#[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
+fn tdx_crl_issued_after_now_is_refused() {
+    let v = vectors().expect("cfg(shared_vectors) is set only when the folder exists");
+    let later: serde_json::Value =
+        serde_json::from_slice(&read(&v, "tdx/dcap-qvl/tdx_quote_outdated_collateral.json"))
+            .unwrap();
+    let mut collateral: serde_json::Value =
+        serde_json::from_slice(&read(&v, "tdx/dcap-qvl/tdx_quote_collateral.json")).unwrap();
+    collateral["pck_crl"] = later["pck_crl"].clone();
+    let r = tdx_appraisal(
+        &read(&v, "tdx/dcap-qvl/tdx_quote"),
+        collateral.to_string().as_bytes(),
+        datetime!(2025-07-19 10:00:34 UTC),
+    );
+    assert!(!r.passed(), "{r}");
+    let text = r.to_string();
+    assert!(
+        text.contains("Intel PCK CRL") && text.contains("2026-02-18"),
+        "{text}"
+    );
+}

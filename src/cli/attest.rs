@@ -9,12 +9,14 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use inferno_attestation::abi::snp::Product;
-use inferno_attestation::appraise::{AppraisalInput, appraise};
+use inferno_attestation::appraise::{
+    AppraisalInput, Expectations, StandaloneInput, appraise_standalone, appraise_with,
+};
 use inferno_attestation::bundle::{
     CollateralBundle, IntelCollateral, NamedBlob, QuoteCollateralV3, RimComponent, RimFile,
 };
 use inferno_attestation::collect::{collect_evidence, simulated::SimulatedSnp};
-use inferno_attestation::evidence::{Base64Bytes, Evidence};
+use inferno_attestation::evidence::{AnyEvidence, Base64Bytes, Evidence};
 use inferno_attestation::fetch;
 use inferno_attestation::nvidia::simulated::{SimulatedGpu, SimulatedGpuConfig, TEST_SEED};
 use inferno_attestation::pki;
@@ -32,7 +34,8 @@ pub struct AttestArgs {
 
 #[derive(Debug, clap::Subcommand)]
 enum AttestCommand {
-    /// Verify evidence (JSON envelope, raw or hex SNP report, or TDX quote) against a policy.
+    /// Verify evidence against a policy: a JSON envelope (CPU-TEE evidence, or standalone vTPM
+    /// or GPU evidence), or a raw or hex SNP report or TDX quote.
     Verify(Box<VerifyArgs>),
     /// Build an offline collateral bundle from vendor files and, with `--fetch`, from the
     /// vendors' services.
@@ -54,6 +57,14 @@ struct VerifyArgs {
     /// The time to judge at (RFC 3339); defaults to the system clock.
     #[arg(long)]
     now: Option<String>,
+    /// The nonce the verifier chose (hex): the vTPM quotes' qualifying data and the GPU
+    /// reports' SPDM nonce when the evidence has no runtime-data document (required for
+    /// standalone evidence), else the runtime data's `nonce`.
+    #[arg(long, value_name = "HEX")]
+    nonce: Option<String>,
+    /// A root (DER or PEM) for the AK certificate chain of standalone vTPM evidence; repeatable.
+    #[arg(long, value_name = "FILE")]
+    tpm_root: Vec<PathBuf>,
     /// Print the appraisal as JSON.
     #[arg(long)]
     json: bool,
@@ -157,7 +168,7 @@ fn read(path: &Path) -> anyhow::Result<Vec<u8>> {
 
 fn verify(args: &VerifyArgs) -> ExitCode {
     let inputs = (|| -> anyhow::Result<_> {
-        let evidence = Evidence::from_bytes(&read(&args.evidence)?)
+        let evidence = AnyEvidence::from_bytes(&read(&args.evidence)?)
             .with_context(|| format!("evidence {}", args.evidence.display()))?;
         let policy = LoadedPolicy::from_file(&args.policy)
             .with_context(|| format!("policy {}", args.policy.display()))?;
@@ -174,20 +185,52 @@ fn verify(args: &VerifyArgs) -> ExitCode {
                 .with_context(|| format!("--now {text:?} is not an RFC 3339 time"))?,
             None => OffsetDateTime::now_utc(),
         };
-        Ok((evidence, policy, collateral, now))
+        let nonce = args
+            .nonce
+            .as_deref()
+            .map(|text| {
+                hex::decode(text.trim())
+                    .ok()
+                    .filter(|n| !n.is_empty())
+                    .with_context(|| format!("--nonce {text:?} is not non-empty hex"))
+            })
+            .transpose()?;
+        let mut tpm_roots = Vec::new();
+        for p in &args.tpm_root {
+            tpm_roots.extend(certificate(p)?);
+        }
+        Ok((evidence, policy, collateral, now, nonce, tpm_roots))
     })();
-    let (evidence, policy, collateral, now) = match inputs {
+    let (evidence, policy, collateral, now, nonce, tpm_roots) = match inputs {
         Ok(v) => v,
         Err(e) => return usage_error(&e),
     };
-    let report = appraise(&AppraisalInput {
-        evidence: &evidence,
-        policy: &policy,
-        collateral: collateral.as_ref(),
-        now,
-        clock_floor: None,
-        gpu_ready_pending: false,
-    });
+    let expected = Expectations {
+        nonce: nonce.as_deref(),
+    };
+    let report = match &evidence {
+        AnyEvidence::Platform(evidence) => appraise_with(
+            &AppraisalInput {
+                evidence,
+                policy: &policy,
+                collateral: collateral.as_ref(),
+                now,
+                clock_floor: None,
+                gpu_ready_pending: false,
+            },
+            &expected,
+        ),
+        AnyEvidence::Standalone(evidence) => appraise_standalone(
+            &StandaloneInput {
+                evidence,
+                policy: &policy,
+                collateral: collateral.as_ref(),
+                now,
+                tpm_roots: &tpm_roots,
+            },
+            &expected,
+        ),
+    };
     if args.json {
         match serde_json::to_string_pretty(&report) {
             Ok(json) => println!("{json}"),

@@ -1,23 +1,20 @@
-//! GPU appraisal: the NVIDIA verifier (device chain, SPDM signature, nonce, FWID, RIMs,
-//! allow-lists), then the policy's rules on CC mode, ready state and reference values.
+//! GPU appraisal: the NVIDIA verifier's checks, each reported apart (device chain, SPDM
+//! signature, nonce, FWID, allow-lists, RIMs), then the policy's rules on CC mode, ready state
+//! and reference values; a protected-PCIe set of GPUs is also judged as a set (`gpu.set`).
 
-use super::AppraisalInput;
+use super::Sections;
 use crate::bundle::RimComponent;
-use crate::nvidia::GpuEvidence;
 use crate::nvidia::rim::{ParsedRim, Rim, RimKind};
 use crate::nvidia::{CcMode, GpuTrust};
+use crate::nvidia::{GpuClaims, GpuError, GpuEvidence};
 use crate::ocsp::{self, OcspError, OcspResponses};
 use crate::report::{CheckList, Claims};
 
-/// Appraises the GPU section. Returns whether the GPU chain ends at a simulated root.
-pub(super) fn appraise(
-    input: &AppraisalInput<'_>,
-    checks: &mut CheckList,
-    claims: &mut Claims,
-) -> bool {
-    let policy = &input.policy.policy;
-    let gpu_policy = &policy.gpu;
-    let Some(evidence) = &input.evidence.gpu else {
+/// Appraises the GPU section(s): one GPU, or a protected-PCIe set judged as a set. Returns
+/// whether a GPU chain ends at a simulated root.
+pub(super) fn appraise(input: &Sections<'_>, checks: &mut CheckList, claims: &mut Claims) -> bool {
+    let gpu_policy = &input.policy.policy.gpu;
+    if input.gpus.is_empty() {
         if gpu_policy.required {
             checks.fail(
                 "gpu.required",
@@ -25,22 +22,56 @@ pub(super) fn appraise(
             );
         }
         return false;
-    };
+    }
     if gpu_policy.required {
         checks.pass("gpu.required", "GPU evidence present");
     }
-    let Some(doc) = claims.runtime_data.clone() else {
-        checks.fail(
-            "gpu.verify",
-            "no verified runtime-data document: the GPU report's nonce cannot be bound to the CPU evidence",
-        );
-        return false;
+    // The nonce every report must carry: the runtime data's (bound to verified CPU evidence),
+    // or the caller's expected nonce for evidence without a document.
+    let expected = match (&claims.runtime_data, input.expected_nonce) {
+        (Some(doc), _) => Some((doc.gpu_nonce().to_vec(), "SHA-256 of the runtime data")),
+        (None, Some(nonce)) => Some((nonce.to_vec(), "the expected nonce")),
+        (None, None) => None,
     };
+    let set = input.gpus.len() > 1;
+    let mut simulated = false;
+    let mut verified_set = Vec::with_capacity(input.gpus.len());
+    for (index, evidence) in input.gpus.iter().enumerate() {
+        let prefix = if set {
+            format!("gpu.{index}")
+        } else {
+            "gpu".to_owned()
+        };
+        if let Some(claims) = appraise_one(input, evidence, expected.as_ref(), &prefix, checks) {
+            simulated |= claims.simulated;
+            verified_set.push(claims);
+        }
+    }
+    if set {
+        check_set(input.gpus.len(), &verified_set, checks);
+    }
+    // The report's claims name the first GPU; a set is described by its checks.
+    claims.gpu = verified_set.into_iter().next();
+    simulated
+}
+
+/// Every check of one GPU, under `prefix` (`gpu`, or `gpu.N` in a set). Returns its claims
+/// when all passed.
+fn appraise_one(
+    input: &Sections<'_>,
+    evidence: &GpuEvidence,
+    expected: Option<&(Vec<u8>, &str)>,
+    prefix: &str,
+    checks: &mut CheckList,
+) -> Option<GpuClaims> {
+    let policy = &input.policy.policy;
+    let gpu_policy = &policy.gpu;
+    let id = |check: &str| format!("{prefix}.{check}");
     let mut trust = match GpuTrust::nvidia() {
         Ok(t) => t,
         Err(e) => {
-            checks.fail("gpu.verify", format!("built-in NVIDIA roots: {e}"));
-            return false;
+            checks.fail(&id("chain"), format!("built-in NVIDIA roots: {e}"));
+            return None;
         }
     };
     for der in &evidence.cert_chain {
@@ -65,78 +96,183 @@ pub(super) fn appraise(
             xml: rim.data.0.clone(),
         });
     }
-    let verified = match crate::nvidia::verify(evidence, &trust, &doc.gpu_nonce(), input.now) {
-        Ok(v) => v,
+    // Without an expected nonce the nonce check fails; the others still report.
+    let nonce_bytes = expected.map(|(n, _)| n.as_slice()).unwrap_or_default();
+    let result = match crate::nvidia::check(evidence, &trust, nonce_bytes, input.now) {
+        Ok(r) => r,
         Err(e) => {
-            checks.fail("gpu.verify", e.to_string());
-            return false;
+            checks.fail(&id("report_format"), e.to_string());
+            return None;
         }
     };
-    checks.pass(
-        "gpu.verify",
+    let mut all = true;
+    let mut record =
+        |checks: &mut CheckList, check: &str, outcome: &Result<(), GpuError>, ok: String| {
+            match outcome {
+                Ok(()) => checks.pass(&id(check), ok),
+                Err(e) => {
+                    all = false;
+                    checks.fail(&id(check), e.to_string());
+                }
+            }
+        };
+    record(
+        checks,
+        "chain",
+        &result.chain,
         format!(
-            "device chain to the {} root, SPDM signature, nonce (SHA-256 of the runtime data) and FWID verify; driver {} and VBIOS {} allowed",
-            if verified.simulated { "simulated (policy-named)" } else { "NVIDIA" },
-            verified.driver_version,
-            verified.vbios_version
+            "device chain to the {} root at now",
+            if result.claims.simulated {
+                "simulated (policy-named)"
+            } else {
+                "NVIDIA"
+            }
         ),
     );
-    check_ocsp(input, evidence, &trust.rims, checks);
-    if gpu_policy.require_cc_mode && verified.cc_mode != CcMode::On {
+    record(
+        checks,
+        "signature",
+        &result.signature,
+        "SPDM signature verifies under the device leaf certificate".to_owned(),
+    );
+    match expected {
+        Some((_, what)) => record(
+            checks,
+            "nonce",
+            &result.nonce,
+            format!("the SPDM request nonce is {what}"),
+        ),
+        None => record(
+            checks,
+            "nonce",
+            &Err(GpuError::NonceMismatch {
+                expected: "(none: no verified runtime-data document or expected nonce)".into(),
+                found: result.claims.nonce.clone(),
+            }),
+            String::new(),
+        ),
+    }
+    record(
+        checks,
+        "fwid",
+        &result.fwid,
+        "the report's FWID is the leaf certificate's".to_owned(),
+    );
+    record(
+        checks,
+        "versions",
+        &result.versions,
+        format!(
+            "driver {} and VBIOS {} allowed",
+            result.claims.driver_version, result.claims.vbios_version
+        ),
+    );
+    check_ocsp(input, evidence, &trust.rims, &id("ocsp"), checks);
+    let claims = &result.claims;
+    if gpu_policy.require_cc_mode && claims.cc_mode != CcMode::On {
+        all = false;
         checks.fail(
-            "gpu.cc_mode",
+            &id("cc_mode"),
             format!(
                 "driver reports CC mode {:?}; the policy requires On",
-                verified.cc_mode
+                claims.cc_mode
             ),
         );
     } else {
         checks.pass(
-            "gpu.cc_mode",
-            format!("driver reports CC mode {:?}", verified.cc_mode),
+            &id("cc_mode"),
+            format!("driver reports CC mode {:?}", claims.cc_mode),
         );
     }
-    if gpu_policy.require_ready_state && !input.gpu_ready_pending && !verified.ready_state {
+    if gpu_policy.require_ready_state && !input.gpu_ready_pending && !claims.ready_state {
+        all = false;
         checks.fail(
-            "gpu.ready_state",
+            &id("ready_state"),
             "the GPU is not in CC ready state; the policy requires it",
         );
     } else {
         checks.pass(
-            "gpu.ready_state",
+            &id("ready_state"),
             if input.gpu_ready_pending {
                 format!(
                     "ready state {} (not yet required: the server sets it after this appraisal)",
-                    verified.ready_state
+                    claims.ready_state
                 )
             } else {
-                format!("ready state {}", verified.ready_state)
+                format!("ready state {}", claims.ready_state)
             },
         );
     }
     match (
-        &verified.reference_values,
+        &result.reference_values,
         gpu_policy.require_reference_values,
     ) {
-        (Some(rv), _) => checks.pass(
-            "gpu.reference_values",
+        (Ok(Some(rv)), _) => checks.pass(
+            &id("reference_values"),
             format!(
                 "measurements match the signed RIMs {} and {}",
                 rv.driver_rim, rv.vbios_rim
             ),
         ),
-        (None, true) => checks.fail(
-            "gpu.reference_values",
-            "the policy requires RIM reference values; the collateral bundle has none",
-        ),
-        (None, false) => checks.pass(
-            "gpu.reference_values",
+        (Err(e), _) => {
+            all = false;
+            checks.fail(&id("reference_values"), e.to_string());
+        }
+        (Ok(None), true) => {
+            all = false;
+            checks.fail(
+                &id("reference_values"),
+                "the policy requires RIM reference values; the collateral bundle has none",
+            );
+        }
+        (Ok(None), false) => checks.pass(
+            &id("reference_values"),
             "no RIMs in the collateral; the policy does not require reference values",
         ),
     }
-    let simulated = verified.simulated;
-    claims.gpu = Some(verified);
-    simulated
+    if all { result.into_result().ok() } else { None }
+}
+
+/// A protected-PCIe set: every GPU verified, no device twice, one driver and VBIOS across
+/// the set.
+fn check_set(count: usize, verified: &[GpuClaims], checks: &mut CheckList) {
+    if verified.len() != count {
+        return checks.fail(
+            "gpu.set",
+            format!(
+                "{} of the set's {count} GPUs verified; the set passes only as a whole",
+                verified.len()
+            ),
+        );
+    }
+    let mut devices: Vec<&str> = verified.iter().map(|c| c.fwid.as_str()).collect();
+    devices.sort_unstable();
+    devices.dedup();
+    if devices.len() != count {
+        return checks.fail(
+            "gpu.set",
+            "the set holds the same GPU (FWID) more than once",
+        );
+    }
+    let first = &verified[0];
+    if let Some(odd) = verified.iter().find(|c| {
+        c.driver_version != first.driver_version || c.vbios_version != first.vbios_version
+    }) {
+        return checks.fail(
+            "gpu.set",
+            format!(
+                "the set mixes driver {} / VBIOS {} with driver {} / VBIOS {}",
+                first.driver_version, first.vbios_version, odd.driver_version, odd.vbios_version
+            ),
+        );
+    }
+    checks.pass(
+        "gpu.set",
+        format!(
+            "{count} distinct GPUs verified as one set (driver {}, VBIOS {})",
+            first.driver_version, first.vbios_version
+        ),
+    );
 }
 
 /// OCSP of the device chain (from its second certificate: the first is the attestation key
@@ -144,9 +280,10 @@ pub(super) fn appraise(
 /// each bundled RIM's signing chain. A response present is always checked; a certificate
 /// without one fails only when the policy sets `require_ocsp`.
 fn check_ocsp(
-    input: &AppraisalInput<'_>,
+    input: &Sections<'_>,
     evidence: &GpuEvidence,
     rims: &[Rim],
+    id: &str,
     checks: &mut CheckList,
 ) {
     let policy = &input.policy.policy;
@@ -158,11 +295,11 @@ fn check_ocsp(
         .map(|b| (b.name.as_str(), b.data.0.as_slice()));
     let responses = match OcspResponses::parse(blobs) {
         Ok(r) => r,
-        Err(e) => return checks.fail("gpu.ocsp", e.to_string()),
+        Err(e) => return checks.fail(id, e.to_string()),
     };
     if responses.is_empty() && !required {
         return checks.pass(
-            "gpu.ocsp",
+            id,
             "no OCSP responses in the collateral; the policy does not require them",
         );
     }
@@ -178,7 +315,7 @@ fn check_ocsp(
                 parsed.signer_chain,
                 0,
             )),
-            Err(e) => return checks.fail("gpu.ocsp", e.to_string()),
+            Err(e) => return checks.fail(id, e.to_string()),
         }
     }
     let grace = time::Duration::seconds(
@@ -188,18 +325,18 @@ fn check_ocsp(
     for (name, chain, first) in &chains {
         let outcomes = match ocsp::check_chain(&responses, chain, *first, input.now, grace, name) {
             Ok(o) => o,
-            Err(e) => return checks.fail("gpu.ocsp", e.to_string()),
+            Err(e) => return checks.fail(id, e.to_string()),
         };
         for outcome in outcomes {
             match outcome.status {
                 Ok(_) => good += 1,
                 Err(OcspError::Missing { .. }) if !required => uncovered += 1,
-                Err(e) => return checks.fail("gpu.ocsp", e.to_string()),
+                Err(e) => return checks.fail(id, e.to_string()),
             }
         }
     }
     checks.pass(
-        "gpu.ocsp",
+        id,
         if uncovered == 0 {
             format!("{good} certificate(s) of the GPU and RIM chains have good, fresh OCSP responses")
         } else {

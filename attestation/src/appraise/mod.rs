@@ -9,11 +9,13 @@ mod tpm;
 use time::OffsetDateTime;
 
 use crate::bundle::CollateralBundle;
-use crate::evidence::Evidence;
+use crate::evidence::{Base64Bytes, Evidence, StandaloneEvidence};
+use crate::nvidia::GpuEvidence;
 use crate::pki::{self, ClockFloor};
 use crate::policy::{LoadedPolicy, Platform};
 use crate::report::{AppraisalReport, CheckList, Claims, Verdict};
 use crate::runtime_data::RuntimeData;
+use crate::tpm::TpmEvidence;
 
 /// Everything an appraisal needs.
 #[derive(Debug, Clone, Copy)]
@@ -31,6 +33,36 @@ pub struct AppraisalInput<'a> {
     /// The server's self-appraisal before it sets the GPU ready state: the policy's
     /// `require_ready_state` is not applied yet. Verifiers of a running server pass `false`.
     pub gpu_ready_pending: bool,
+}
+
+/// Standalone TPM or GPU evidence, with what judging it needs.
+#[derive(Debug, Clone, Copy)]
+pub struct StandaloneInput<'a> {
+    /// The evidence.
+    pub evidence: &'a StandaloneEvidence,
+    /// The policy (its `[tpm]`, `[gpu]`, `[simulated]` and `[time]` tables apply) and digest.
+    pub policy: &'a LoadedPolicy,
+    /// Offline vendor collateral (RIMs and OCSP responses for GPUs).
+    pub collateral: Option<&'a CollateralBundle>,
+    /// The time to judge at.
+    pub now: OffsetDateTime,
+    /// Roots (DER) an AK certificate chain must end at, e.g. a cloud provider's EK/AK CA.
+    pub tpm_roots: &'a [Vec<u8>],
+}
+
+/// What the vTPM and GPU appraisals read, from platform or standalone evidence.
+struct Sections<'a> {
+    policy: &'a LoadedPolicy,
+    collateral: Option<&'a CollateralBundle>,
+    now: OffsetDateTime,
+    gpu_ready_pending: bool,
+    runtime_data: Option<&'a Base64Bytes>,
+    tpm: Option<&'a TpmEvidence>,
+    /// AK certificate, then intermediates (standalone evidence only).
+    tpm_ak_certs: &'a [Base64Bytes],
+    tpm_roots: &'a [Vec<u8>],
+    gpus: Vec<&'a GpuEvidence>,
+    expected_nonce: Option<&'a [u8]>,
 }
 
 /// What a platform appraisal hands back to the common part.
@@ -96,10 +128,22 @@ pub fn appraise_with(input: &AppraisalInput<'_>, expected: &Expectations<'_>) ->
         }
         None => tpm::AkAnchor::Unverified,
     };
+    let sections = Sections {
+        policy: input.policy,
+        collateral: input.collateral,
+        now: input.now,
+        gpu_ready_pending: input.gpu_ready_pending,
+        runtime_data: input.evidence.runtime_data.as_ref(),
+        tpm: input.evidence.tpm.as_ref(),
+        tpm_ak_certs: &[],
+        tpm_roots: &[],
+        gpus: input.evidence.gpu.iter().collect(),
+        expected_nonce: expected.nonce,
+    };
     // The vTPM is appraised on every path; under a paravisor it also binds the runtime data.
-    tpm::appraise(input, expected.nonce, anchor, &mut checks, &mut claims);
+    tpm::appraise(&sections, anchor, &mut checks, &mut claims);
     check_runtime_data_nonce(expected.nonce, &claims, &mut checks);
-    let gpu_simulated = gpu::appraise(input, &mut checks, &mut claims);
+    let gpu_simulated = gpu::appraise(&sections, &mut checks, &mut claims);
     let simulated = cpu_simulated || gpu_simulated;
     if simulated {
         let which = match (cpu_simulated, gpu_simulated) {
@@ -148,6 +192,70 @@ pub fn appraise_with(input: &AppraisalInput<'_>, expected: &Expectations<'_>) ->
     }
 }
 
+/// Appraises standalone TPM or GPU evidence (no CPU TEE) against a policy and the caller's
+/// expected nonce. Never fails: every problem is a failed check. The vTPM's AK must be
+/// vouched for by an AK certificate chaining to `tpm_roots`; GPU reports carry the expected
+/// nonce; several GPUs are judged as one protected-PCIe set.
+pub fn appraise_standalone(
+    input: &StandaloneInput<'_>,
+    expected: &Expectations<'_>,
+) -> AppraisalReport {
+    let mut checks = CheckList::default();
+    let mut claims = Claims::default();
+    let sections = Sections {
+        policy: input.policy,
+        collateral: input.collateral,
+        now: input.now,
+        gpu_ready_pending: false,
+        runtime_data: None,
+        tpm: input.evidence.tpm.as_ref(),
+        tpm_ak_certs: &input.evidence.tpm_ak_certs,
+        tpm_roots: input.tpm_roots,
+        gpus: input.evidence.gpus().collect(),
+        expected_nonce: expected.nonce,
+    };
+    if sections.tpm.is_none() && sections.gpus.is_empty() {
+        checks.fail(
+            "evidence.sections",
+            "standalone evidence carries neither a `tpm` nor a `gpu`/`gpus` section",
+        );
+    }
+    if expected.nonce.is_none() {
+        checks.fail(
+            "evidence.nonce",
+            "standalone evidence needs the expected nonce (--nonce HEX): nothing else binds it",
+        );
+    }
+    tpm::appraise(
+        &sections,
+        tpm::AkAnchor::Certificate,
+        &mut checks,
+        &mut claims,
+    );
+    let simulated = gpu::appraise(&sections, &mut checks, &mut claims);
+    if simulated {
+        checks.pass(
+            "simulated",
+            "the GPU chains to a simulated root that the policy names: simulated, no hardware protection",
+        );
+    }
+    let verdict = if checks.all_passed() {
+        Verdict::Pass
+    } else {
+        Verdict::Reject
+    };
+    AppraisalReport {
+        verdict,
+        simulated,
+        platform: None,
+        policy_name: input.policy.policy.name.clone(),
+        policy_sha256: input.policy.digest_hex(),
+        now: pki::rfc3339(input.now),
+        checks: checks.into_checks(),
+        claims,
+    }
+}
+
 fn platform_name(p: Platform) -> &'static str {
     match p {
         Platform::SevSnp => "sev-snp",
@@ -157,11 +265,8 @@ fn platform_name(p: Platform) -> &'static str {
 
 /// The evidence's runtime-data document, parsed. Without one, records whether the policy
 /// required it; a malformed one fails the binding check.
-fn runtime_data_document(
-    input: &AppraisalInput<'_>,
-    checks: &mut CheckList,
-) -> Option<RuntimeData> {
-    let Some(doc_bytes) = &input.evidence.runtime_data else {
+fn runtime_data_document(input: &Sections<'_>, checks: &mut CheckList) -> Option<RuntimeData> {
+    let Some(doc_bytes) = input.runtime_data else {
         if input.policy.policy.runtime_data.required {
             checks.fail(
                 "runtime_data.binding",
@@ -186,7 +291,19 @@ fn appraise_runtime_data(
     checks: &mut CheckList,
     claims: &mut Claims,
 ) {
-    let Some(doc) = runtime_data_document(input, checks) else {
+    let sections = Sections {
+        policy: input.policy,
+        collateral: input.collateral,
+        now: input.now,
+        gpu_ready_pending: input.gpu_ready_pending,
+        runtime_data: input.evidence.runtime_data.as_ref(),
+        tpm: None,
+        tpm_ak_certs: &[],
+        tpm_roots: &[],
+        gpus: Vec::new(),
+        expected_nonce: None,
+    };
+    let Some(doc) = runtime_data_document(&sections, checks) else {
         return;
     };
     match report_data {

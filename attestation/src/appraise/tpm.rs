@@ -9,7 +9,7 @@
 //!   `tpm_ak_sha256`, or under a paravisor the HCL report's `HCLAkPub`);
 //! - `tpm.pcr_selection`: the verified SHA-256 bank covers the policy's PCRs.
 
-use super::AppraisalInput;
+use super::Sections;
 use crate::report::{CheckList, Claims};
 use crate::runtime_data::RuntimeData;
 use crate::tpm::{HashAlg, TpmEvidence};
@@ -22,25 +22,27 @@ pub(super) enum AkAnchor {
     Paravisor([u8; 32]),
     /// The runtime-data document already bound to verified CPU evidence names the AK.
     RuntimeData,
+    /// Standalone evidence: an AK certificate chaining to a caller's root must.
+    Certificate,
     /// Nothing does: the CPU evidence did not verify.
     Unverified,
 }
 
 /// Appraises the vTPM section (see the module documentation).
 pub(super) fn appraise(
-    input: &AppraisalInput<'_>,
-    expected_nonce: Option<&[u8]>,
+    input: &Sections<'_>,
     anchor: AkAnchor,
     checks: &mut CheckList,
     claims: &mut Claims,
 ) {
+    let expected_nonce = input.expected_nonce;
     let required = input.policy.policy.tpm.as_ref().is_some_and(|t| t.required);
     // Under a paravisor the runtime data is bound here, through the quote.
     let paravisor_doc = match anchor {
         AkAnchor::Paravisor(_) => super::runtime_data_document(input, checks),
         _ => None,
     };
-    let Some(evidence) = &input.evidence.tpm else {
+    let Some(evidence) = input.tpm else {
         if required {
             checks.fail(
                 "tpm.required",
@@ -95,7 +97,10 @@ pub(super) fn appraise(
         anchor,
         checks,
     );
-    let ak_ok = check_ak_binding(evidence, doc.as_ref(), anchor, checks);
+    let ak_ok = match anchor {
+        AkAnchor::Certificate => check_ak_certificate(input, evidence, checks),
+        _ => check_ak_binding(evidence, doc.as_ref(), anchor, checks),
+    };
     if let Some(verified) = &verified {
         check_pcr_selection(input, verified, checks);
     }
@@ -120,7 +125,7 @@ pub(super) fn appraise(
 /// document, the caller's expected nonce. Reported even when the signature failed (the
 /// qualifying data is then read from the unverified quote, and the report says so).
 fn check_nonce(
-    input: &AppraisalInput<'_>,
+    input: &Sections<'_>,
     evidence: &TpmEvidence,
     doc: Option<&RuntimeData>,
     expected_nonce: Option<&[u8]>,
@@ -242,9 +247,45 @@ fn check_ak_binding(
     }
 }
 
+/// `tpm.ak_certificate` (standalone evidence): the AK certificate certifies this AK and
+/// chains through the supplied intermediates to one of the caller's roots at `now`.
+fn check_ak_certificate(
+    input: &Sections<'_>,
+    evidence: &TpmEvidence,
+    checks: &mut CheckList,
+) -> bool {
+    let Some((leaf, intermediates)) = input.tpm_ak_certs.split_first() else {
+        checks.fail(
+            "tpm.ak_certificate",
+            "no CPU evidence and no AK certificate vouch for the AK (give `tpm_ak_certs` and --tpm-root)",
+        );
+        return false;
+    };
+    let intermediates: Vec<Vec<u8>> = intermediates.iter().map(|c| c.0.clone()).collect();
+    let result = evidence.ak.key().and_then(|ak| {
+        crate::tpm::verify_ak_certificate(&ak, &leaf.0, &intermediates, input.tpm_roots, input.now)
+    });
+    match result {
+        Ok(cert) => {
+            checks.pass(
+                "tpm.ak_certificate",
+                format!(
+                    "the AK certificate certifies this AK and chains via {} to a trusted root",
+                    cert.chain.join(" → ")
+                ),
+            );
+            true
+        }
+        Err(e) => {
+            checks.fail("tpm.ak_certificate", e.to_string());
+            false
+        }
+    }
+}
+
 /// The verified SHA-256 bank covers every PCR the policy's `[tpm] pcrs` names.
 fn check_pcr_selection(
-    input: &AppraisalInput<'_>,
+    input: &Sections<'_>,
     verified: &crate::tpm::TpmClaims,
     checks: &mut CheckList,
 ) {

@@ -156,11 +156,27 @@ impl AsExtension for DiceTcbInfo {
 impl SimulatedGpu {
     /// Derives the chain and device key from `seed`.
     pub fn new(seed: &[u8], config: SimulatedGpuConfig) -> Result<Self, GpuError> {
+        Self::set_member(seed, 0, config)
+    }
+
+    /// GPU number `device` of a simulated protected-PCIe set: the root and ICA come from
+    /// `seed` (one hierarchy for the set), the device key and FWID from `seed` and `device`.
+    /// Device 0 is [`SimulatedGpu::new`]'s GPU.
+    pub fn set_member(
+        seed: &[u8],
+        device: u8,
+        config: SimulatedGpuConfig,
+    ) -> Result<Self, GpuError> {
         let root_key = derive_key(seed, "root")?;
         let ica_key = derive_key(seed, "ica")?;
-        let device_key = derive_key(seed, "device")?;
         let mut fwid = [0u8; 48];
-        fwid.copy_from_slice(&sha384(&[seed, b"fwid"]));
+        let device_key = if device == 0 {
+            fwid.copy_from_slice(&sha384(&[seed, b"fwid"]));
+            derive_key(seed, "device")?
+        } else {
+            fwid.copy_from_slice(&sha384(&[seed, b"fwid", &[device]]));
+            derive_key(seed, &format!("device {device}"))?
+        };
         let root_name = name("CN=Inferno Simulated GPU Root CA,O=Inferno (simulated)")?;
         let ica_name = name("CN=Inferno Simulated GPU ICA,O=Inferno (simulated)")?;
         let device_name = name("CN=Inferno Simulated GPU Device,O=Inferno (simulated)")?;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use time::OffsetDateTime;
 
-use super::certs::{leaf_fwid, verify_chain};
+use super::certs::{leaf_fwid, parse_der, verify_chain};
 use super::error::GpuError;
 use super::evidence::{CcMode, GpuEvidence, GpuTrust};
 use super::opaque::{FIELD_BOARD_ID, FIELD_CHIP_SKU, FIELD_PROJECT, FIELD_PROJECT_SKU, OpaqueData};
@@ -59,74 +59,137 @@ pub struct ReferenceValues {
     pub compared: usize,
 }
 
+/// Every check of one GPU's evidence, each with its own outcome: a wrong nonce does not hide a
+/// broken chain or a bad signature, nor the reverse.
+#[derive(Debug)]
+pub struct GpuChecks {
+    /// The device chain to a root of [`GpuTrust`] at `now`.
+    pub chain: Result<(), GpuError>,
+    /// The SPDM signature under the device leaf certificate.
+    pub signature: Result<(), GpuError>,
+    /// The request nonce against the expected one.
+    pub nonce: Result<(), GpuError>,
+    /// The opaque-data FWID against the leaf certificate's.
+    pub fwid: Result<(), GpuError>,
+    /// The driver and VBIOS versions against the allow-lists.
+    pub versions: Result<(), GpuError>,
+    /// The measurements against the RIMs; `Ok(None)` when no RIMs were supplied.
+    pub reference_values: Result<Option<ReferenceValues>, GpuError>,
+    /// What the report says. Vouched for only when every check above passed.
+    pub claims: GpuClaims,
+}
+
+impl GpuChecks {
+    /// The claims when every check passed, else the first failure in the order chain,
+    /// signature, nonce, FWID, versions, reference values.
+    pub fn into_result(self) -> Result<GpuClaims, GpuError> {
+        self.chain?;
+        self.signature?;
+        self.nonce?;
+        self.fwid?;
+        self.versions?;
+        let mut claims = self.claims;
+        claims.reference_values = self.reference_values?;
+        Ok(claims)
+    }
+}
+
 /// Verifies GPU evidence against `trust`, the caller's nonce, and `now` (for certificate
-/// validity). Each failed check returns its own [`GpuError`] variant.
+/// validity). Each failed check returns its own [`GpuError`] variant; the chain and the
+/// signature are judged before the nonce ([`check`] reports every check).
 pub fn verify(
     evidence: &GpuEvidence,
     trust: &GpuTrust,
     expected_nonce: &[u8],
     now: OffsetDateTime,
 ) -> Result<GpuClaims, GpuError> {
+    check(evidence, trust, expected_nonce, now)?.into_result()
+}
+
+/// Runs every check of GPU evidence apart. Fails only when the SPDM report or its opaque data
+/// cannot be parsed, which leaves nothing to check.
+pub fn check(
+    evidence: &GpuEvidence,
+    trust: &GpuTrust,
+    expected_nonce: &[u8],
+    now: OffsetDateTime,
+) -> Result<GpuChecks, GpuError> {
     let report = SpdmReport::parse(&evidence.report)?;
-    if report.request_nonce.as_slice() != expected_nonce {
-        return Err(GpuError::NonceMismatch {
-            expected: hex::encode(expected_nonce),
-            found: hex::encode(report.request_nonce),
-        });
-    }
+    let opaque = OpaqueData::parse(report.opaque)?;
+    let fwid = opaque.fwid()?.to_vec();
+    let driver_version = opaque.driver_version()?;
+    let vbios_version = opaque.vbios_version()?;
+
     let roots: Vec<Vec<u8>> = trust
         .device_roots
         .iter()
         .chain(&trust.simulated_roots)
         .cloned()
         .collect();
-    let chain = verify_chain(&evidence.cert_chain, &roots, now, "device")?;
-    let simulated = chain.root_index >= trust.device_roots.len();
-    let point = chain.leaf.public_key().subject_public_key.data.as_ref();
-    ring::signature::UnparsedPublicKey::new(&ring::signature::ECDSA_P384_SHA384_FIXED, point)
-        .verify(report.signed, report.signature)
-        .map_err(|_| GpuError::BadSignature)?;
-
-    let opaque = OpaqueData::parse(report.opaque)?;
-    let fwid = opaque.fwid()?;
-    let cert_fwid = leaf_fwid(&chain.leaf)?;
-    if fwid != cert_fwid.as_slice() {
-        return Err(GpuError::Fwid(format!(
-            "report FWID {} differs from the leaf certificate's {}",
-            hex::encode(fwid),
-            hex::encode(&cert_fwid)
-        )));
-    }
-    let driver_version = opaque.driver_version()?;
-    let vbios_version = opaque.vbios_version()?;
-    check_allowed(
+    let chain = verify_chain(&evidence.cert_chain, &roots, now, "device");
+    let simulated = chain
+        .as_ref()
+        .is_ok_and(|c| c.root_index >= trust.device_roots.len());
+    // The leaf as given: the signature and FWID are judged even when the chain is broken.
+    let leaf = match evidence.cert_chain.first() {
+        Some(der) => parse_der(der, "device", 0),
+        None => Err(GpuError::CertChain {
+            chain: "device",
+            reason: "no certificates".into(),
+        }),
+    };
+    let signature = leaf.as_ref().map_err(clone_error).and_then(|leaf| {
+        let point = leaf.public_key().subject_public_key.data.as_ref();
+        ring::signature::UnparsedPublicKey::new(&ring::signature::ECDSA_P384_SHA384_FIXED, point)
+            .verify(report.signed, report.signature)
+            .map_err(|_| GpuError::BadSignature)
+    });
+    let nonce = if report.request_nonce.as_slice() == expected_nonce {
+        Ok(())
+    } else {
+        Err(GpuError::NonceMismatch {
+            expected: hex::encode(expected_nonce),
+            found: hex::encode(report.request_nonce),
+        })
+    };
+    let fwid_check = leaf
+        .as_ref()
+        .map_err(clone_error)
+        .and_then(|leaf| leaf_fwid(leaf))
+        .and_then(|cert_fwid| {
+            if fwid == cert_fwid {
+                Ok(())
+            } else {
+                Err(GpuError::Fwid(format!(
+                    "report FWID {} differs from the leaf certificate's {}",
+                    hex::encode(&fwid),
+                    hex::encode(&cert_fwid)
+                )))
+            }
+        });
+    let versions = check_allowed(
         "driver",
         &driver_version,
         trust.allowed_driver_versions.as_deref(),
-    )?;
-    check_allowed(
-        "VBIOS",
-        &vbios_version,
-        trust.allowed_vbios_versions.as_deref(),
-    )?;
-
-    let reference_values = if trust.rims.is_empty() {
-        None
-    } else {
-        Some(compare_rims(
-            trust,
-            now,
-            &report.blocks,
-            &driver_version,
+    )
+    .and_then(|()| {
+        check_allowed(
+            "VBIOS",
             &vbios_version,
-        )?)
+            trust.allowed_vbios_versions.as_deref(),
+        )
+    });
+    let reference_values = if trust.rims.is_empty() {
+        Ok(None)
+    } else {
+        compare_rims(trust, now, &report.blocks, &driver_version, &vbios_version).map(Some)
     };
-    Ok(GpuClaims {
+    let claims = GpuClaims {
         simulated,
         nonce: hex::encode(report.request_nonce),
         driver_version,
         vbios_version,
-        fwid: hex::encode(fwid),
+        fwid: hex::encode(&fwid),
         measurements: report
             .blocks
             .iter()
@@ -138,10 +201,30 @@ pub fn verify(
         chip_sku: opaque.text(FIELD_CHIP_SKU),
         project: opaque.text(FIELD_PROJECT),
         project_sku: opaque.text(FIELD_PROJECT_SKU),
-        leaf_subject: chain.leaf.subject().to_string(),
+        leaf_subject: leaf
+            .as_ref()
+            .map(|l| l.subject().to_string())
+            .unwrap_or_default(),
         trailing_bytes: report.trailing,
+        reference_values: None,
+    };
+    Ok(GpuChecks {
+        chain: chain.map(|_| ()),
+        signature,
+        nonce,
+        fwid: fwid_check,
+        versions,
         reference_values,
+        claims,
     })
+}
+
+/// A leaf-parsing failure, repeated for each check that needs the leaf.
+fn clone_error(e: &GpuError) -> GpuError {
+    GpuError::CertChain {
+        chain: "device",
+        reason: format!("leaf certificate: {e}"),
+    }
 }
 
 /// Checks a version against an optional allow-list (case-insensitive).

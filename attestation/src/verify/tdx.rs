@@ -150,6 +150,27 @@ pub fn verify(
     Err(last_error.unwrap_or_else(|| TdxVerifyError::NoCollateral("no collateral".into())))
 }
 
+/// The PCK and root CA CRLs' thisUpdate, each refused when it lies after `now` or when `now`
+/// is more than `grace` past its nextUpdate (dcap-qvl checks their signatures and entries).
+fn crl_this_updates(
+    collateral: &dcap_qvl::QuoteCollateralV3,
+    now: OffsetDateTime,
+    grace: Duration,
+) -> Result<Vec<(OffsetDateTime, String)>, TdxVerifyError> {
+    let mut out = Vec::with_capacity(2);
+    for (der, name) in [
+        (&collateral.pck_crl, "Intel PCK CRL"),
+        (&collateral.root_ca_crl, "Intel root CA CRL"),
+    ] {
+        let crl = pki::parse_crl(der, name).map_err(TdxVerifyError::Freshness)?;
+        let issued = crl.last_update().to_datetime();
+        let next = crl.next_update().map_or(issued, |t| t.to_datetime());
+        pki::check_freshness(issued, next, grace, now, name).map_err(TdxVerifyError::Freshness)?;
+        out.push((issued, format!("{name} thisUpdate")));
+    }
+    Ok(out)
+}
+
 fn verify_one(
     quote_bytes: &[u8],
     quote: &dcap_qvl::quote::Quote,
@@ -165,6 +186,7 @@ fn verify_one(
     let issued = tcb_issued.max(qe_issued);
     pki::check_freshness(issued, next, grace, now, "Intel TCB info / QE identity")
         .map_err(TdxVerifyError::Freshness)?;
+    let crl_issued = crl_this_updates(&entry.collateral, now, grace)?;
     let at = now.min(next);
     passed.push((
         "tdx.collateral_freshness",
@@ -205,10 +227,13 @@ fn verify_one(
             mr_config_id: td.mr_config_id,
             report_data: td.report_data,
         },
-        signed_timestamps: vec![
+        signed_timestamps: [
             (tcb_issued, "Intel TCB info issueDate".to_owned()),
             (qe_issued, "Intel QE identity issueDate".to_owned()),
-        ],
+        ]
+        .into_iter()
+        .chain(crl_issued)
+        .collect(),
         passed,
     })
 }
