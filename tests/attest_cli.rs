@@ -3,9 +3,12 @@
 //! vectors of `../shared/attestation-vectors` are ignored without it (`cfg(shared_vectors)`, set
 //! by build.rs), never counted as passed.
 
+mod attest_support;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use attest_support::{attest_verify as verify, check, failed};
 use inferno_attestation::evidence::{Base64Bytes, StandaloneEvidence};
 use inferno_attestation::nvidia::simulated::{SimulatedGpu, SimulatedGpuConfig, TEST_SEED};
 use inferno_attestation::nvidia::{CcMode, GpuEvidence};
@@ -61,49 +64,6 @@ require_api_key = false
     let path = dir.join("policy.toml");
     std::fs::write(&path, text).unwrap();
     path
-}
-
-/// Runs `inferno attest verify --json` with `args`: (exit code, report).
-fn verify(evidence: &Path, policy: &Path, args: &[&str]) -> (Option<i32>, Value) {
-    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
-        .args(["attest", "verify"])
-        .arg(evidence)
-        .arg("--policy")
-        .arg(policy)
-        .arg("--json")
-        .args(args)
-        .output()
-        .expect("run inferno attest verify");
-    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code(), report)
-}
-
-/// The outcome of check `id`: (passed, reason).
-fn check(report: &Value, id: &str) -> (bool, String) {
-    let found = report["checks"]
-        .as_array()
-        .and_then(|checks| checks.iter().find(|c| c["id"] == id))
-        .unwrap_or_else(|| panic!("no check {id}: {report:#}"));
-    (
-        found["passed"].as_bool().unwrap_or(false),
-        found["reason"].as_str().unwrap_or_default().to_owned(),
-    )
-}
-
-fn failed(report: &Value) -> Vec<String> {
-    report["checks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|c| c["passed"] == false)
-        .map(|c| c["id"].as_str().unwrap_or_default().to_owned())
-        .collect()
 }
 
 fn write_evidence(dir: &Path, evidence: &StandaloneEvidence) -> PathBuf {

@@ -5,6 +5,7 @@
 //! starts) the evidence carries a quote whose AK the runtime data binds. The production profile
 //! without a TEE refuses to serve.
 
+mod attest_support;
 mod server_support;
 #[path = "../attestation/tests/swtpm_support/mod.rs"]
 mod swtpm_support;
@@ -13,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
+use attest_support::check;
 use inferno::attest::binding::{BindingInput, check_start_events};
 use inferno::attest::tls_spki_sha256;
 use inferno::audit::AuditConfig;
@@ -424,34 +426,7 @@ fn start_up_appraisal_uses_the_configured_collateral_bundle() {
 
 /// `inferno attest verify EVIDENCE --policy development.toml --json`: exit code and report.
 fn attest_verify(evidence: &Path) -> (Option<i32>, Value) {
-    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
-        .args(["attest", "verify"])
-        .arg(evidence)
-        .arg("--policy")
-        .arg(policy_path("development.toml"))
-        .arg("--json")
-        .output()
-        .expect("run inferno attest verify");
-    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code(), report)
-}
-
-/// The check `id` of a JSON appraisal report: (passed, reason).
-fn check(report: &Value, id: &str) -> (bool, String) {
-    let found = report["checks"]
-        .as_array()
-        .and_then(|checks| checks.iter().find(|c| c["id"] == id))
-        .unwrap_or_else(|| panic!("no check {id}: {report:#}"));
-    (
-        found["passed"] == true,
-        found["reason"].as_str().unwrap_or_default().to_owned(),
-    )
+    attest_support::attest_verify(evidence, &policy_path("development.toml"), &[])
 }
 
 #[tokio::test]

@@ -117,17 +117,6 @@ pub fn appraise_with(input: &AppraisalInput<'_>, expected: &Expectations<'_>) ->
     };
 
     let cpu_simulated = outcome.as_ref().is_some_and(|o| o.simulated);
-    let anchor = match &outcome {
-        Some(PlatformOutcome {
-            paravisor_ak: Some(ak),
-            ..
-        }) => tpm::AkAnchor::Paravisor(*ak),
-        Some(outcome) => {
-            appraise_runtime_data(input, outcome.report_data, &mut checks, &mut claims);
-            tpm::AkAnchor::RuntimeData
-        }
-        None => tpm::AkAnchor::Unverified,
-    };
     let sections = Sections {
         policy: input.policy,
         collateral: input.collateral,
@@ -139,6 +128,17 @@ pub fn appraise_with(input: &AppraisalInput<'_>, expected: &Expectations<'_>) ->
         tpm_roots: &[],
         gpus: input.evidence.gpu.iter().collect(),
         expected_nonce: expected.nonce,
+    };
+    let anchor = match &outcome {
+        Some(PlatformOutcome {
+            paravisor_ak: Some(ak),
+            ..
+        }) => tpm::AkAnchor::Paravisor(*ak),
+        Some(outcome) => {
+            appraise_runtime_data(&sections, outcome.report_data, &mut checks, &mut claims);
+            tpm::AkAnchor::RuntimeData
+        }
+        None => tpm::AkAnchor::Unverified,
     };
     // The vTPM is appraised on every path; under a paravisor it also binds the runtime data.
     tpm::appraise(&sections, anchor, &mut checks, &mut claims);
@@ -286,24 +286,12 @@ fn runtime_data_document(input: &Sections<'_>, checks: &mut CheckList) -> Option
 }
 
 fn appraise_runtime_data(
-    input: &AppraisalInput<'_>,
+    input: &Sections<'_>,
     report_data: Option<[u8; 64]>,
     checks: &mut CheckList,
     claims: &mut Claims,
 ) {
-    let sections = Sections {
-        policy: input.policy,
-        collateral: input.collateral,
-        now: input.now,
-        gpu_ready_pending: input.gpu_ready_pending,
-        runtime_data: input.evidence.runtime_data.as_ref(),
-        tpm: None,
-        tpm_ak_certs: &[],
-        tpm_roots: &[],
-        gpus: Vec::new(),
-        expected_nonce: None,
-    };
-    let Some(doc) = runtime_data_document(&sections, checks) else {
+    let Some(doc) = runtime_data_document(input, checks) else {
         return;
     };
     match report_data {
