@@ -8,11 +8,10 @@
 //! "simulated".
 
 use inferno_attestation::nvidia::nvml::Nvml;
-use inferno_attestation::nvidia::simulated::{SimulatedGpu, SimulatedGpuConfig, TEST_SEED};
 use inferno_attestation::nvidia::{CcMode, GpuEvidence};
 use inferno_attestation::policy::LoadedPolicy;
 
-use super::AttestationError;
+use super::{AttestationError, simulated};
 use crate::config::AttestationProfile;
 
 /// The GPU the server attests: the one the CUDA backend uses first.
@@ -29,7 +28,7 @@ pub(super) enum GpuAttester {
     /// A GPU in CC mode (or CC developer-tools mode), read and later readied through NVML.
     Hardware(Nvml),
     /// The crate's simulated GPU (development profile only).
-    Simulated(Box<SimulatedGpu>),
+    Simulated(Box<simulated::Gpu>),
 }
 
 impl GpuAttester {
@@ -68,9 +67,7 @@ impl GpuAttester {
             }
         }
         match profile {
-            AttestationProfile::Development => Ok(Self::Simulated(Box::new(simulated_gpu(
-                SimulatedGpuConfig::default(),
-            )?))),
+            AttestationProfile::Development => Ok(Self::Simulated(Box::new(simulated::gpu()?))),
             AttestationProfile::Production => Ok(Self::Absent),
         }
     }
@@ -108,11 +105,6 @@ impl GpuAttester {
     }
 }
 
-/// The simulated GPU from the crate's fixed test seed.
-pub(super) fn simulated_gpu(config: SimulatedGpuConfig) -> Result<SimulatedGpu, AttestationError> {
-    SimulatedGpu::new(TEST_SEED, config).map_err(|e| AttestationError::Gpu(e.to_string()))
-}
-
 /// Refuses a GPU whose CC mode is not `On` when the policy requires CC mode.
 pub(super) fn check_cc_mode(
     mode: CcMode,
@@ -141,8 +133,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "simulated-tee")]
     fn a_simulated_gpu_not_in_cc_mode_is_refused_when_the_policy_requires_cc_mode() {
-        let gpu = simulated_gpu(SimulatedGpuConfig {
+        use inferno_attestation::nvidia::simulated::SimulatedGpuConfig;
+        let gpu = simulated::gpu_with(SimulatedGpuConfig {
             cc_mode: CcMode::Off,
             ..SimulatedGpuConfig::default()
         })

@@ -7,6 +7,7 @@
 
 pub mod binding;
 mod gpu;
+mod simulated;
 mod tpm;
 
 use base64::Engine;
@@ -14,7 +15,7 @@ use base64::engine::general_purpose::STANDARD;
 use inferno_attestation::appraise::{AppraisalInput, appraise};
 use inferno_attestation::bundle::{BundleError, CollateralBundle};
 use inferno_attestation::collect::{
-    CollectError, EvidenceSource, collect_evidence, detect_hardware, simulated::SimulatedSnp,
+    CollectError, EvidenceSource, collect_evidence, detect_hardware,
 };
 use inferno_attestation::evidence::Evidence;
 use inferno_attestation::pki::{self, ClockFloor};
@@ -56,6 +57,11 @@ pub enum AttestationError {
         "attestation: no TEE found (no configfs-tsm report interface, no /dev/sev-guest); the production profile refuses to serve without hardware evidence (set [attestation] profile = \"development\" to use the simulated TEE)"
     )]
     NoHardware,
+    /// The development profile in a build without the simulated TEE.
+    #[error(
+        "attestation: the development profile needs the simulated TEE, which this build leaves out (built without the `simulated-tee` feature); use the production profile on TEE hardware"
+    )]
+    NoSimulator,
     /// The GPU is not in CC mode and the policy requires it.
     #[error(
         "attestation: {gpu} is in CC mode {mode:?}; policy {policy:?} requires CC mode On: refusing to serve (no GPU setting was changed)"
@@ -167,7 +173,7 @@ impl StartupAttestation {
         let gpu = GpuAttester::prepare(&policy, config.profile, config.cuda)?;
         let source: Box<dyn EvidenceSource> = match (detect_hardware(), config.profile) {
             (Some(hardware), _) => hardware,
-            (None, AttestationProfile::Development) => Box::new(SimulatedSnp::new()?),
+            (None, AttestationProfile::Development) => simulated::tee()?,
             (None, AttestationProfile::Production) => return Err(AttestationError::NoHardware),
         };
         let mut evidence = collect_evidence(source.as_ref(), &runtime_data)?;
@@ -302,6 +308,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "simulated-tee")]
     fn development_profile_binds_keys_into_simulated_evidence() {
         let pem = self_signed_pem();
         let attested = StartupAttestation::establish(
@@ -352,6 +359,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "simulated-tee")]
     fn a_system_clock_earlier_than_the_floor_is_rejected() {
         let future = time::OffsetDateTime::now_utc() + time::Duration::days(1);
         let floor = ClockFloor::starting_at(future, "the audit log's newest record");
@@ -381,6 +389,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "simulated-tee")]
     fn development_profile_with_the_production_policy_is_rejected_as_simulated() {
         if detect_hardware().is_some() {
             eprintln!("SKIPPED: this machine has TEE hardware");

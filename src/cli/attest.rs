@@ -15,13 +15,10 @@ use inferno_attestation::appraise::{
 use inferno_attestation::bundle::{
     CollateralBundle, IntelCollateral, NamedBlob, QuoteCollateralV3, RimComponent, RimFile,
 };
-use inferno_attestation::collect::{collect_evidence, simulated::SimulatedSnp};
 use inferno_attestation::evidence::{AnyEvidence, Base64Bytes, Evidence};
 use inferno_attestation::fetch;
-use inferno_attestation::nvidia::simulated::{SimulatedGpu, SimulatedGpuConfig, TEST_SEED};
 use inferno_attestation::pki;
 use inferno_attestation::policy::LoadedPolicy;
-use inferno_attestation::runtime_data::RuntimeData;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
@@ -369,7 +366,12 @@ fn tcb_info_fmspc(tcb_info: &str) -> Option<String> {
     value.get("fmspc")?.as_str().map(str::to_ascii_lowercase)
 }
 
+#[cfg(feature = "simulated-tee")]
 fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
+    use inferno_attestation::collect::{collect_evidence, simulated::SimulatedSnp};
+    use inferno_attestation::nvidia::simulated::{SimulatedGpu, SimulatedGpuConfig, TEST_SEED};
+    use inferno_attestation::runtime_data::RuntimeData;
+
     let policy = LoadedPolicy::from_file(&args.policy)?;
     let mut doc = RuntimeData::new(
         policy.digest,
@@ -388,4 +390,11 @@ fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
         None => println!("{}", evidence.to_json()),
     }
     Ok(())
+}
+
+#[cfg(not(feature = "simulated-tee"))]
+fn simulate(_args: &SimulateArgs) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "inferno attest simulate needs the simulated TEE, which this build leaves out (built without the `simulated-tee` feature)"
+    )
 }

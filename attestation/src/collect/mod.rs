@@ -2,10 +2,12 @@
 //! everything above it compiles and is tested on any machine.
 //!
 //! Sources: Linux configfs-tsm ([`configfs::ConfigFsTsm`], SEV-SNP and TDX), `/dev/sev-guest`
-//! ([`sev_guest::SevGuestDevice`]) and the simulated TEE ([`simulated::SimulatedSnp`]).
+//! ([`sev_guest::SevGuestDevice`]) and, with the feature `simulated`, the simulated TEE
+//! (`simulated::SimulatedSnp`).
 
 pub mod configfs;
 pub mod sev_guest;
+#[cfg(feature = "simulated")]
 pub mod simulated;
 
 use crate::evidence::{Base64Bytes, EVIDENCE_VERSION, Evidence, SnpEvidence, TdxEvidence};

@@ -198,3 +198,14 @@ impl EvidenceSource for SimulatedSnp {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_verifier_names_this_test_ark() {
+        assert_eq!(
+            super::ark_fingerprint(),
+            crate::verify::snp::SIMULATED_ARK_SHA256
+        );
+    }
+}

@@ -26,6 +26,7 @@ pub mod nvml;
 pub mod opaque;
 pub mod rim;
 pub mod roots;
+#[cfg(feature = "simulated")]
 pub mod simulated;
 pub mod spdm;
 mod verify;

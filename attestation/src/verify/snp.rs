@@ -128,6 +128,12 @@ fn builtin_anchors() -> (Vec<Anchor>, Vec<Vec<u8>>) {
     (roots, asks)
 }
 
+/// SHA-256 of the simulated TEE's test ARK (`testdata/sim/ark.der`): only to name simulated
+/// evidence in the error when a policy does not trust it. The verifier never imports the
+/// simulator (feature `simulated`); a test there keeps this value equal to its ARK's.
+pub const SIMULATED_ARK_SHA256: &str =
+    "fb21e12027a2a6c39ce6201369eff061e109ef34bfff4e728769be3c68aaa42d";
+
 const OID_PRODUCT_NAME: &str = "1.3.6.1.4.1.3704.1.2";
 const OID_BL_SPL: &str = "1.3.6.1.4.1.3704.1.3.1";
 const OID_TEE_SPL: &str = "1.3.6.1.4.1.3704.1.3.2";
@@ -236,10 +242,9 @@ pub fn verify(
     if let Some(amd) = input.collateral {
         candidate_roots.extend(decode_all(&amd.ark));
     }
-    let simulated_ark = crate::collect::simulated::ark_fingerprint();
     let offers_simulated_ark = candidate_roots
         .iter()
-        .any(|der| hex::encode(pki::sha256(der)) == simulated_ark);
+        .any(|der| hex::encode(pki::sha256(der)) == SIMULATED_ARK_SHA256);
     for der in candidate_roots {
         let fingerprint = hex::encode(pki::sha256(&der));
         if input.trusted_simulated_arks.contains(&fingerprint) {
@@ -329,7 +334,12 @@ pub fn verify(
         if !parse_errors.is_empty() {
             msg.push_str(&format!("; unparsable: {}", parse_errors.join("; ")));
         }
-        if offers_simulated_ark && !input.trusted_simulated_arks.contains(&simulated_ark) {
+        if offers_simulated_ark
+            && !input
+                .trusted_simulated_arks
+                .iter()
+                .any(|fp| fp == SIMULATED_ARK_SHA256)
+        {
             msg.push_str(
                 "; the evidence chains to the simulated TEE's test ARK, which this policy does not trust (simulated evidence)",
             );
