@@ -5,8 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ ! -d ../shared ]; then
-  echo "SKIPPED: ../shared is absent: the tests on the shared tiny-llama3 fixture and on the real"
-  echo "         attestation vectors skip (each says so with --nocapture); the rest run on committed data"
+  echo "SKIPPED: ../shared is absent: the tests on the real attestation vectors are ignored (listed"
+  echo "         as ignored, cfg shared_vectors), those on the shared tiny-llama3 fixture skip (each says"
+  echo "         so with --nocapture); the rest run on committed data"
 fi
 
 cargo fmt --all -- --check

@@ -301,6 +301,7 @@ fn amd_kds_collateral_fetched_for_a_report_passes_a_policy_requiring_the_crl() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn intel_pcs_collateral_fetched_for_a_tdx_quote_equals_the_published_collateral() {
     let Some(dir) = vectors() else { return };
     let quote = dir.join("tdx/dcap-qvl/tdx_quote");
@@ -432,6 +433,7 @@ fn encode_uri(text: &str) -> String {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn nvidia_rims_and_ocsp_are_fetched_for_a_gpu_report() {
     let Some(dir) = vectors() else { return };
     let nv = dir.join("nvidia-h100/nvtrust");

@@ -458,6 +458,12 @@ mod tests {
         assert!(
             check_freshness(issued, next, grace, datetime!(2024-02-09 0:00 UTC), "crl").is_err()
         );
+        // Issued after `now`: refused, with no grace before the issue date.
+        let early = datetime!(2023-12-31 23:59:59 UTC);
+        assert!(matches!(
+            check_freshness(issued, next, grace, early, "crl"),
+            Err(PkiError::NotYetValid { .. })
+        ));
     }
 
     #[test]

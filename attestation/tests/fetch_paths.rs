@@ -22,6 +22,7 @@ fn vector(name: &str) -> Option<Vec<u8>> {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn a_version_2_milan_report_needs_its_product_named() {
     let Some(text) = vector("virtee-sev/report_milan.hex") else {
         return;
@@ -44,6 +45,7 @@ fn a_version_2_milan_report_needs_its_product_named() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn a_turin_report_names_its_product_and_uses_the_8_byte_hwid_and_fmc_spl() {
     let Some(bytes) = vector("project-oak/turin_report.bin") else {
         return;

@@ -153,6 +153,7 @@ fn production_policy_does_not_trust_the_simulated_gpu() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn tpm_quotes_for_another_nonce_are_rejected() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../shared/attestation-vectors/tpm/go-tpm-tools/gce-cos-85-nonce9009");

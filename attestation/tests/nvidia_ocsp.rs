@@ -214,6 +214,7 @@ fn a_malformed_response_is_named() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn a_real_rim_signing_chain_is_checked_from_its_signer_and_missing_responses_are_named() {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../shared/attestation-vectors/nvidia-h100/nvtrust/1010_0200_882_96005E0001_PROD.swidtag");

@@ -47,6 +47,7 @@ fn nonce() -> Vec<u8> {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn hopper_report_verifies_with_expected_claims() {
     let Some(dir) = vectors() else { return };
     let trust = GpuTrust::nvidia().unwrap();
@@ -96,6 +97,7 @@ fn hopper_report_verifies_with_expected_claims() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn negative_vector_fails_the_spdm_signature() {
     let Some(dir) = vectors() else { return };
     let mut evidence = hopper(&dir);
@@ -114,6 +116,7 @@ fn negative_vector_fails_the_spdm_signature() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn broken_chains_fail() {
     let Some(dir) = vectors() else { return };
     let trust = GpuTrust::nvidia().unwrap();
@@ -165,6 +168,7 @@ fn broken_chains_fail() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn wrong_nonce_and_allow_lists_fail() {
     let Some(dir) = vectors() else { return };
     let now = datetime!(2025-01-01 0:00 UTC);
@@ -189,6 +193,7 @@ fn wrong_nonce_and_allow_lists_fail() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn trailing_bytes_are_tolerated_and_truncation_is_not() {
     let Some(dir) = vectors() else { return };
     let now = datetime!(2025-01-01 0:00 UTC);
@@ -222,6 +227,7 @@ fn rims(dir: &Path, driver: &str, vbios: &str) -> Vec<Rim> {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 #[cfg(feature = "rim-xmlsec")]
 fn rim_signatures_verify_until_the_signer_expires() {
     let Some(dir) = vectors() else { return };
@@ -259,6 +265,7 @@ fn rim_signatures_verify_until_the_signer_expires() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 #[cfg(not(feature = "rim-xmlsec"))]
 fn without_xmlsec_every_rim_is_refused() {
     let Some(dir) = vectors() else { return };
@@ -281,6 +288,7 @@ fn without_xmlsec_every_rim_is_refused() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 #[cfg(feature = "rim-xmlsec")]
 fn test_no_gpu_rims_do_not_match_the_report() {
     let Some(dir) = vectors() else { return };

@@ -52,6 +52,7 @@ fn gce_evidence(dir: &Path) -> TpmEvidence {
 const GCE_NONCE: [u8; 2] = [0x90, 0x09];
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn gce_quotes_verify_and_event_log_replays() {
     let Some(dir) = vectors("tpm/go-tpm-tools/gce-cos-85-nonce9009") else {
         return;
@@ -75,6 +76,7 @@ fn gce_quotes_verify_and_event_log_replays() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn gce_ak_pem_and_tpmt_public_are_the_same_key() {
     let Some(dir) = vectors("tpm/go-tpm-tools/gce-cos-85-nonce9009") else {
         return;
@@ -93,6 +95,7 @@ fn gce_ak_pem_and_tpmt_public_are_the_same_key() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn gce_wrong_nonce_is_rejected() {
     let Some(dir) = vectors("tpm/go-tpm-tools/gce-cos-85-nonce9009") else {
         return;
@@ -105,6 +108,7 @@ fn gce_wrong_nonce_is_rejected() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn gce_flipped_signed_bit_is_rejected() {
     let Some(dir) = vectors("tpm/go-tpm-tools/gce-cos-85-nonce9009") else {
         return;
@@ -117,6 +121,7 @@ fn gce_flipped_signed_bit_is_rejected() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn gce_altered_pcr_value_is_rejected() {
     let Some(dir) = vectors("tpm/go-tpm-tools/gce-cos-85-nonce9009") else {
         return;
@@ -137,6 +142,7 @@ fn gce_altered_pcr_value_is_rejected() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn gce_missing_pcr_value_is_rejected() {
     let Some(dir) = vectors("tpm/go-tpm-tools/gce-cos-85-nonce9009") else {
         return;
@@ -148,6 +154,7 @@ fn gce_missing_pcr_value_is_rejected() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn gce_tampered_event_log_fails_replay() {
     let Some(dir) = vectors("tpm/go-tpm-tools/gce-cos-85-nonce9009") else {
         return;
@@ -174,6 +181,7 @@ fn gce_tampered_event_log_fails_replay() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn truncated_structures_name_the_field() {
     let Some(dir) = vectors("tpm/go-tpm-tools/gce-cos-85-nonce9009") else {
         return;
@@ -199,6 +207,7 @@ fn truncated_structures_name_the_field() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn evidence_round_trips_through_json() {
     let Some(dir) = vectors("tpm/go-tpm-tools/gce-cos-85-nonce9009") else {
         return;
@@ -245,6 +254,7 @@ fn azure_evidence(dir: &Path, ak: &AkKey) -> TpmEvidence {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn azure_hcl_binds_the_ak_and_the_quote_verifies() {
     let Some(dir) = vectors("azure-snp-vtpm") else {
         return;
@@ -269,6 +279,7 @@ fn azure_hcl_binds_the_ak_and_the_quote_verifies() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn azure_hcl_with_altered_variable_data_is_rejected() {
     let Some(dir) = vectors("azure-snp-vtpm") else {
         return;
@@ -282,6 +293,7 @@ fn azure_hcl_with_altered_variable_data_is_rejected() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn azure_quote_with_the_wrong_ak_is_rejected() {
     let Some(dir) = vectors("azure-snp-vtpm") else {
         return;
@@ -297,6 +309,7 @@ fn azure_quote_with_the_wrong_ak_is_rejected() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn gce_ak_hash_is_over_the_spki_and_attributes_are_enforced() {
     let Some(dir) = vectors("tpm/go-tpm-tools/gce-cos-85-nonce9009") else {
         return;
@@ -342,6 +355,7 @@ fn cert(dir: &Path, name: &str) -> Vec<u8> {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn gce_ak_certificate_chains_to_the_ek_root() {
     let Some(dir) = vectors("tpm/go-tpm-tools") else {
         return;
@@ -399,6 +413,7 @@ fn gce_ak_certificate_chains_to_the_ek_root() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn azure_quote_must_be_signed_by_the_hcl_ak() {
     let Some(dir) = vectors("azure-snp-vtpm") else {
         return;

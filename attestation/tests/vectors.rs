@@ -92,6 +92,7 @@ fn read(dir: &std::path::Path, rel: &str) -> Vec<u8> {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn snp_milan_virtee_passes() {
     let Some(v) = vectors() else { return };
     let r = snp_appraisal(
@@ -124,6 +125,7 @@ fn snp_milan_virtee_passes() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn snp_go_sev_guest_debug_guest_is_rejected_for_debug_only() {
     let Some(v) = vectors() else { return };
     let r = snp_appraisal(
@@ -145,6 +147,7 @@ fn snp_go_sev_guest_debug_guest_is_rejected_for_debug_only() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn snp_trustee_milan_passes() {
     let Some(v) = vectors() else { return };
     let r = snp_appraisal(
@@ -164,6 +167,7 @@ fn snp_trustee_milan_passes() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn snp_turin_v5_passes_with_fmc() {
     let Some(v) = vectors() else { return };
     let r = snp_appraisal(
@@ -188,6 +192,7 @@ fn snp_turin_v5_passes_with_fmc() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn snp_reports_fail_when_now_is_outside_certificate_validity() {
     let Some(v) = vectors() else { return };
     let r = snp_appraisal(
@@ -200,6 +205,7 @@ fn snp_reports_fail_when_now_is_outside_certificate_validity() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn snp_negative_vectors_fail() {
     let Some(v) = vectors() else { return };
     let r = snp_appraisal(
@@ -234,6 +240,7 @@ fn snp_negative_vectors_fail() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn amd_roots_chain_and_products_do_not_mix() {
     let Some(v) = vectors() else { return };
     let pem = |rel: &str| pki::pem_blocks(&read(&v, rel), rel).unwrap();
@@ -300,6 +307,7 @@ fn tdx_appraisal(quote: &[u8], collateral_json: &[u8], now: OffsetDateTime) -> A
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn tdx_quote_v4_up_to_date_passes() {
     let Some(v) = vectors() else { return };
     let r = tdx_appraisal(
@@ -319,6 +327,7 @@ fn tdx_quote_v4_up_to_date_passes() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn tdx_quote_v5_without_matching_tcb_level_is_rejected() {
     let Some(v) = vectors() else { return };
     let r = tdx_appraisal(
@@ -331,6 +340,7 @@ fn tdx_quote_v5_without_matching_tcb_level_is_rejected() {
 }
 
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn tdx_negative_and_stale_collateral_fail() {
     let Some(v) = vectors() else { return };
     let collateral = read(&v, "tdx/dcap-qvl/tdx_quote_collateral.json");
@@ -354,6 +364,7 @@ fn tdx_negative_and_stale_collateral_fail() {
 /// over a runtime-data document, so binding it to one must fail — at the quote, after the SNP
 /// report and the HCL binding verified.
 #[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
 fn azure_hcl_binds_the_ak_and_runtime_data_goes_through_the_vtpm() {
     let Some(v) = vectors() else { return };
     use inferno_attestation::evidence::SnpEvidence;
