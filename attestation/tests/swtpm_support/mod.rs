@@ -37,6 +37,10 @@ pub fn free_port_pair() -> u16 {
     panic!("no two consecutive free ports");
 }
 
+/// Serialises port choice and start-up between the tests of one binary, which run in parallel:
+/// without it, one test's command port can be another's control port.
+static START: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Starts swtpm, or `None` (after a loud skip message) when it is not installed.
 pub fn start_swtpm() -> Option<Swtpm> {
     if Command::new("swtpm").arg("--version").output().is_err() {
@@ -47,6 +51,19 @@ pub fn start_swtpm() -> Option<Swtpm> {
         eprintln!("SKIPPED: swtpm is not installed (apt-get install swtpm)");
         return None;
     }
+    let _serial = START.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    // A port taken by another process between the choice and swtpm's bind makes swtpm exit:
+    // choose again.
+    for _ in 0..5 {
+        if let Some(tpm) = try_start() {
+            return Some(tpm);
+        }
+    }
+    panic!("swtpm did not start on five port pairs");
+}
+
+/// One start on a fresh port pair: `None` when swtpm exits before both its ports accept.
+fn try_start() -> Option<Swtpm> {
     let state = tempfile::tempdir().expect("temporary TPM state dir");
     let port = free_port_pair();
     let child = Command::new("swtpm")
@@ -59,15 +76,21 @@ pub fn start_swtpm() -> Option<Swtpm> {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start swtpm");
-    let tpm = Swtpm {
+    let mut tpm = Swtpm {
         child,
         port,
         _state: state,
     };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "swtpm did not listen on {port}");
-        std::thread::sleep(Duration::from_millis(50));
+    // Both the command and the control port must accept: the swtpm TCTI opens both.
+    for probe in [port, port + 1] {
+        while TcpStream::connect(("127.0.0.1", probe)).is_err() {
+            if tpm.child.try_wait().expect("poll swtpm").is_some() {
+                return None;
+            }
+            assert!(Instant::now() < deadline, "swtpm did not listen on {probe}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
     Some(tpm)
 }
