@@ -7,6 +7,7 @@
 //! - [`engine`]: the continuous-batching engine shared by every backend (paged KV cache,
 //!   scheduler, prefix cache, sampling, stopping, detokenization);
 //! - [`backend`]: forward-pass implementations (the CPU reference and the CUDA backend);
+//! - [`seal`]: sealed (encrypted) model weights: format, sealing, opening at load;
 //! - [`server`]: the OpenAI-compatible HTTPS API;
 //! - [`attest`]: start-up attestation of the server (evidence binding its keys and policy);
 //! - [`audit`]: the append-only, tamper-evident audit log;
@@ -21,4 +22,5 @@ pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod model;
+pub mod seal;
 pub mod server;

@@ -1,9 +1,10 @@
-//! The `inferno` command line: `serve`, `generate`, `bench`, `audit` and `attest`.
+//! The `inferno` command line: `serve`, `generate`, `bench`, `audit`, `attest` and `seal`.
 
 mod attest;
 mod audit;
 mod bench;
 mod generate;
+mod seal;
 mod serve;
 mod setup;
 
@@ -31,6 +32,8 @@ enum Command {
     Audit(audit::AuditArgs),
     /// Verify attestation evidence and build collateral bundles.
     Attest(attest::AttestArgs),
+    /// Seal (encrypt) a model directory for serving as a sealed model.
+    Seal(seal::SealArgs),
 }
 
 /// Parses the command line, runs the subcommand and maps its outcome to an exit status.
@@ -42,6 +45,7 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Audit(args) => audit::run(args),
         Command::Attest(args) => attest::run(args),
+        Command::Seal(args) => seal::run(args),
     }
 }
 

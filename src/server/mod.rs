@@ -235,6 +235,28 @@ impl Server {
         );
     }
 
+    /// Records the release, or the refusal, of a sealed model's key and waits until the record
+    /// is durable (nothing to do without an audit log).
+    pub async fn record_key_release(
+        &self,
+        key_id: String,
+        released: bool,
+        reason: String,
+    ) -> Result<(), crate::audit::AuditError> {
+        let Some(sink) = self.app.audit() else {
+            return Ok(());
+        };
+        let event = crate::audit::SecurityEvent::KeyRelease {
+            key_id,
+            released,
+            reason,
+        };
+        sink.log()
+            .append(crate::audit::RecordBody::Event(event))
+            .await
+            .map(|_| ())
+    }
+
     /// Stops accepting, lets in-flight requests finish within the configured grace period,
     /// then stops the engine.
     pub async fn shutdown(self) {
