@@ -11,6 +11,7 @@
 //! - [`server`]: the OpenAI-compatible HTTPS API;
 //! - [`attest`]: start-up attestation of the server (evidence binding its keys and policy);
 //! - [`audit`]: the append-only, tamper-evident audit log;
+//! - [`harden`]: hardening of the serving process (no dumps or ptrace, locked keys, user drop);
 //! - [`cli`]: the `inferno` command line.
 
 #![warn(missing_docs)]
@@ -21,6 +22,7 @@ pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod harden;
 pub mod model;
 pub mod seal;
 pub mod server;
