@@ -7,7 +7,8 @@
 # Usage: bash .gpu/gpu-check.sh [STAGES]   (default: "env unit correctness sanitizer bench peers")
 # Other stages: quickbench (one offline run), graphs (offline batch 1/16/64 with decode graphs on
 # and off, side by side), prefill (offline batch 16, input 1024 and 2048, 16 output tokens: TTFT),
-# serve (bench serve over HTTPS), auditbench (the audit log's serving cost, CPU backend, with the
+# serve (bench serve over HTTPS), sealedstart (issue 10: start-up to first token of the 8B-shaped
+# weights, plaintext then a sealed copy with a key file, same run; target sealed <= 1.10x), auditbench (the audit log's serving cost, CPU backend, with the
 # A/A calibration; .gpu/audit_bench).
 # Logs and JSON are written to a work folder and packed into $OUT/results.tgz (the device tool
 # returns at most 8 files); $OUT/summary.txt is also printed last.
@@ -64,7 +65,7 @@ if has sanitizer; then
 fi
 
 M8=/tmp/llama8b
-if has bench || has quickbench || has peers || has serve || has graphs || has prefill; then
+if has bench || has quickbench || has peers || has serve || has graphs || has prefill || has sealedstart; then
   PYTHONUNBUFFERED=1 python3 "$G/make_llama8b.py" $M8 >"$OUT/make8b.log" 2>&1
   note "8B-shaped weights: $(tail -1 "$OUT/make8b.log")"
 fi
@@ -119,6 +120,37 @@ if has serve; then
   done
   kill -TERM $SERVER 2>/dev/null
   wait $SERVER 2>/dev/null
+fi
+
+# Start-up to first token: plaintext, then a sealed copy (development profile, key file).
+# Prints seconds from launch to the first completion's last byte, page cache warm for both.
+if has sealedstart; then
+  S8=/tmp/llama8b.sealed
+  rm -rf $S8 /tmp/llama8b.key
+  $RUN "$G/inferno" seal --model $M8 --out $S8 --key-file /tmp/llama8b.key \
+    >"$OUT/seal.log" 2>&1
+  note "inferno seal (8B-shaped): rc=$? $(head -1 "$OUT/seal.log")"
+  cat $M8/* $S8/* >/dev/null
+  printf '[attestation]\nprofile = "development"\n' >/tmp/sealed-dev.toml
+  first_token() { # MODEL_DIR EXTRA_ARGS... -> seconds to the first completion
+    local t0 t1
+    t0=$(date +%s.%N)
+    RUST_LOG=warn $RUN "$G/inferno" serve --model "$1" --device cuda --listen 127.0.0.1:8445 \
+      --config /tmp/sealed-dev.toml "${@:2}" >>"$OUT/sealedstart.log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 1 1200); do
+      curl -ksf https://127.0.0.1:8445/health >/dev/null 2>&1 && break
+      sleep 0.05
+    done
+    curl -ksf https://127.0.0.1:8445/v1/completions -H 'content-type: application/json' \
+      -d '{"model":"'"$(basename "$1")"'","prompt":"Hello","max_tokens":1}' >/dev/null
+    t1=$(date +%s.%N)
+    kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null
+    python3 -c "print(round($t1 - $t0, 3))"
+  }
+  plain=$(first_token $M8)
+  sealed=$(first_token $S8 --model-key-file /tmp/llama8b.key)
+  note "start-up to first token: plaintext ${plain} s, sealed ${sealed} s (ratio $(python3 -c "print(round($sealed / $plain, 3))"))"
 fi
 
 # The audit log's cost at saturation (tests/audit_bench.rs, CPU backend, embedded model) on this
