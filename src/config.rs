@@ -29,7 +29,7 @@ pub struct Config {
     /// The Prometheus endpoint.
     pub metrics: MetricsConfig,
     /// The audit log; without this table nothing is audited (a warning says so at start).
-    pub audit: Option<crate::audit::AuditConfig>,
+    pub audit: Option<inferno_audit::AuditConfig>,
     /// Start-up attestation; production unless a config selects development (`inferno serve`
     /// without `--config` runs the development profile).
     pub attestation: AttestationConfig,
