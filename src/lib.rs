@@ -9,6 +9,7 @@
 //! - [`backend`]: forward-pass implementations (the CPU reference and the CUDA backend);
 //! - [`server`]: the OpenAI-compatible HTTPS API;
 //! - [`attest`]: start-up attestation of the server (evidence binding its keys and policy);
+//! - [`harden`]: hardening of the serving process (no dumps or ptrace, locked keys, user drop);
 //! - [`cli`]: the `inferno` command line.
 //!
 //! The append-only, tamper-evident audit log is its own crate, `inferno-audit` (`audit/`).
@@ -20,5 +21,6 @@ pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod harden;
 pub mod model;
 pub mod server;
