@@ -100,6 +100,9 @@ pub struct ServerConfig {
     /// Accept any message role. Off by default: roles are limited to those the chat template
     /// knows.
     pub chat_any_role: bool,
+    /// The unprivileged user to switch to once the socket, keys and audit log are open
+    /// (`--user` overrides it); absent: keep the starting user.
+    pub user: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -110,6 +113,7 @@ impl Default for ServerConfig {
             shutdown_grace_secs: 30,
             chat_special_tokens_in_content: false,
             chat_any_role: false,
+            user: None,
         }
     }
 }
