@@ -12,12 +12,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use inferno::audit::scan::scan_segments;
-use inferno::audit::{Record, RecordBody, SecurityEvent};
 use inferno::engine::EngineConfig;
 use inferno::model::{Model, ModelDigest};
 use inferno::seal::manifest::MIN_CHUNK_SIZE;
 use inferno::seal::{ModelKey, SealError, SealOptions, open_sealed, seal_dir};
+use inferno_audit::{RecordBody, SecurityEvent, read_records};
 use support::{committed_fixture, engine, golden, greedy, run, shared_fixture};
 
 /// Seals `plain` into `work/sealed` under a fresh key with `chunk_size`.
@@ -218,19 +217,16 @@ fn dev_config(work: &Path, extra: &str) -> PathBuf {
 
 /// The key-release events of the (stopped) audit log in `dir`.
 fn key_releases(dir: &Path) -> Vec<(bool, String)> {
-    let mut out = Vec::new();
-    scan_segments(dir, |_, _, payload| {
-        let record = Record::decode(payload).map_err(|e| e.to_string())?;
-        if let RecordBody::Event(SecurityEvent::KeyRelease {
-            released, reason, ..
-        }) = record.body
-        {
-            out.push((released, reason));
-        }
-        Ok(())
-    })
-    .expect("the log scans");
-    out
+    read_records(dir)
+        .expect("the log reads")
+        .into_iter()
+        .filter_map(|stored| match stored.record.body {
+            RecordBody::Event(SecurityEvent::KeyRelease {
+                released, reason, ..
+            }) => Some((released, reason)),
+            _ => None,
+        })
+        .collect()
 }
 
 #[test]
