@@ -38,6 +38,9 @@
 #define KEY_LANES (CHUNKS <= 1 ? 1 : CHUNKS <= 2 ? 2 : CHUNKS <= 4 ? 4 : CHUNKS <= 8 ? 8 : CHUNKS <= 16 ? 16 : 32)
 #define KEYS_PER_PASS (32 / KEY_LANES)
 #define ATTN_UNROLL (GROUP > 4 ? 2 : 4)
+// Groups above 4 keep the query slices in shared memory instead of registers (registers would
+// hold 8 slices and 8 accumulators per head and halve the blocks per SM).
+#define ATTN_Q_SHARED (GROUP > 4)
 #define KEYS_PER_WARP (KEYS_PER_PASS * ATTN_UNROLL)
 #define LOG2E 1.4426950408889634f
 // attention_reduce: ATTN_REDUCE_THREADS threads (from the host) as REDUCE_ROWS rows of
@@ -106,6 +109,17 @@ paged_attention(const bf16* __restrict__ q,
     const int end = row < 0 ? begin : min(begin + partition, pos + 1);
 
     // This lane's slice of every query head of the group, scaled into the log2 domain.
+#if ATTN_Q_SHARED
+    __shared__ __align__(16) float qs[GROUP][KEY_LANES * ATTN_VEC];
+    for (int i = threadIdx.x; i < GROUP * KEY_LANES * ATTN_VEC; i += blockDim.x) {
+        const int g = i / (KEY_LANES * ATTN_VEC);
+        const int d = i % (KEY_LANES * ATTN_VEC);
+        qs[g][d] = d < HEAD_DIM
+            ? bf16_to_f32(q[((size_t)t * NUM_Q_HEADS + kvh * GROUP + g) * HEAD_DIM + d]) * (scale * LOG2E)
+            : 0.0f;
+    }
+    __syncthreads();
+#else
     float qf[GROUP][ATTN_VEC];
 #pragma unroll
     for (int g = 0; g < GROUP; ++g) {
@@ -120,6 +134,7 @@ paged_attention(const bf16* __restrict__ q,
 #pragma unroll
         for (int i = 0; i < ATTN_VEC; ++i) qf[g][i] *= scale * LOG2E;
     }
+#endif
 
     float m[GROUP];
     float l[GROUP];
@@ -160,8 +175,15 @@ paged_attention(const bf16* __restrict__ q,
 #pragma unroll
             for (int g = 0; g < GROUP; ++g) {
                 float dot = 0.0f;
+#if ATTN_Q_SHARED
+                const float4 qa = reinterpret_cast<const float4*>(&qs[g][chunk * ATTN_VEC])[0];
+                const float4 qb = reinterpret_cast<const float4*>(&qs[g][chunk * ATTN_VEC])[1];
+                const float qg[ATTN_VEC] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+#else
+                const float* qg = qf[g];
+#endif
 #pragma unroll
-                for (int i = 0; i < ATTN_VEC; ++i) dot = fmaf(qf[g][i], kf[i], dot);
+                for (int i = 0; i < ATTN_VEC; ++i) dot = fmaf(qg[i], kf[i], dot);
 #pragma unroll
                 for (int o = KEY_LANES / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
                 s[u][g] = valid[u] ? dot : -INFINITY;
