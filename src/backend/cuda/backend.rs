@@ -458,7 +458,7 @@ impl CudaBackend {
         out: u64,
         dims: (usize, usize, usize),
     ) -> Result<(), BackendError> {
-        let aligned = (x | w) % 16 == 0;
+        let aligned = (x | w).is_multiple_of(16);
         self.product(aligned && self.gemm.uses_small_m(dims), (x, w, out), dims)
     }
 
@@ -549,7 +549,8 @@ impl CudaBackend {
         let mut best_total = std::time::Duration::ZERO;
         for (x, weights, out, n, k, max_m) in products {
             for m in 1..=plan::GEMV_MAX_M.min(max_m) {
-                let fits = plan::small_m_fits(m, n, k) && weights.iter().all(|w| (w | x) % 16 == 0);
+                let fits = plan::small_m_fits(m, n, k)
+                    && weights.iter().all(|w| (w | x).is_multiple_of(16));
                 if !fits {
                     self.gemm.record_small_m((m, n, k), false);
                     continue;
