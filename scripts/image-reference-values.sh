@@ -20,7 +20,8 @@ sha() { sha256sum "$1" | cut -d' ' -f1; }
 cmdline=$(tr -d '\0' <"$name.cmdline")
 cmdline_sha=$( { printf '%s' "$cmdline"; printf '\0'; } | sha256sum | cut -d' ' -f1)
 roothash=$(printf '%s\n' $cmdline | sed -n 's/^roothash=//p')
-info() { [ ! -f "$name.build-info" ] || sed -n "s/^$1=//p" "$name.build-info"; }
+[ -f "$name.build-info" ] || { echo "$out/$name.build-info is missing: rebuild with image/build" >&2; exit 1; }
+info() { sed -n "s/^$1=//p" "$name.build-info"; }
 pkg() { jq -r --arg p "$1" '.packages[] | select(.name == $p) | .version' "$name.manifest"; }
 
 # PCR 11: systemd-stub measures the UKI's sections; systemd-measure from the build's tools tree
@@ -70,7 +71,7 @@ inferno_origin = "$(info inferno_origin)"
 manifest_sha256 = "$(sha "$name.manifest")"
 
 [tools]
-mkosi = "$(${MKOSI:-mkosi} --version | awk '{print $2}')"
+mkosi = "$(info mkosi)"
 systemd_measure = "$measure_version"
 linux_image = "$(pkg linux-image-amd64)"
 systemd = "$(pkg systemd)"
