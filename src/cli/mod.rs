@@ -1,11 +1,14 @@
-//! The `inferno` command line: `serve`, `generate`, `bench`, `audit` and `attest`.
+//! The `inferno` command line: `serve`, `generate`, `bench`, `audit`, `attest`, `verify` and
+//! `proxy`.
 
 mod attest;
 mod audit;
 mod bench;
 mod generate;
+mod proxy;
 mod serve;
 mod setup;
+mod verify;
 
 use std::process::ExitCode;
 
@@ -31,6 +34,10 @@ enum Command {
     Audit(audit::AuditArgs),
     /// Verify attestation evidence and build collateral bundles.
     Attest(attest::AttestArgs),
+    /// Verify a running server's attestation over TLS against a client policy.
+    Verify(verify::VerifyArgs),
+    /// A local plain-HTTP OpenAI endpoint that forwards only to a verified server.
+    Proxy(proxy::ProxyArgs),
 }
 
 /// Parses the command line, runs the subcommand and maps its outcome to an exit status.
@@ -42,6 +49,8 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Audit(args) => audit::run(args),
         Command::Attest(args) => attest::run(args),
+        Command::Verify(args) => verify::run(args),
+        Command::Proxy(args) => proxy::run(args),
     }
 }
 
