@@ -80,7 +80,14 @@ pub(crate) fn load_client(policy: &Path, collateral: Option<&Path>) -> anyhow::R
     Ok(Client::new(policy, collateral))
 }
 
+/// Prints the error on one line (a TOML error's snippet is folded in) and returns status 2.
 fn input_error(err: &anyhow::Error) -> ExitCode {
-    eprintln!("error: {err:#}");
+    let text = format!("{err:#}");
+    let line: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    eprintln!("error: {}", line.join(" "));
     ExitCode::from(2)
 }
