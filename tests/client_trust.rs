@@ -12,7 +12,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use inferno_attestation::runtime_data::EVIDENCE_EXTENSION_OID;
+use inferno_attestation::runtime_data::EVIDENCE_EXTENSION_OID_DER;
 use inferno_client::policy::LoadedClientPolicy;
 use inferno_client::{Client, Observation, Target, TrustReport};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -322,16 +322,17 @@ fn verify_reports_bad_input_on_one_line() {
 }
 
 #[test]
-fn replayed_evidence_and_a_replayed_nonce_fail_only_the_challenge() {
+fn replayed_evidence_and_replayed_nonces_are_refused() {
     let served = Served::start();
     let rt = runtime();
     let client = development_client();
     let target = served.target();
+    let nonce: [u8; 32] = rand::random();
     let (first, _a) = rt
-        .block_on(client.exchange(&target, &[1u8; 32]))
+        .block_on(client.exchange(&target, &nonce))
         .expect("first exchange");
     let (second, _b) = rt
-        .block_on(client.exchange(&target, &[2u8; 32]))
+        .block_on(client.exchange(&target, &rand::random::<[u8; 32]>()))
         .expect("second exchange");
     assert!(
         client.appraise(&first).trusted(),
@@ -355,10 +356,18 @@ fn replayed_evidence_and_a_replayed_nonce_fail_only_the_challenge() {
 
     // An answer to an earlier nonce, on the connection it was produced for.
     let old_nonce = Observation {
-        nonce: vec![3u8; 32],
+        nonce: rand::random::<[u8; 32]>().to_vec(),
         ..first.clone()
     };
     assert_eq!(failed(&client.appraise(&old_nonce)), ["fresh.challenge"]);
+
+    // The server refuses a nonce it has answered before.
+    let err = rt
+        .block_on(client.exchange(&target, &nonce))
+        .err()
+        .expect("a replayed nonce is refused");
+    let message = err.to_string();
+    assert!(message.contains("HTTP 400"), "{message}");
 
     // Another certificate (a plain self-signed one) on this connection.
     let plain = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
@@ -742,37 +751,46 @@ struct Impostor {
 impl Impostor {
     async fn new(served: &Served) -> Self {
         let (observed, _) = development_client()
-            .exchange(&served.target(), &[9u8; 32])
+            .exchange(&served.target(), &rand::random::<[u8; 32]>())
             .await
             .expect("exchange with the server");
         let (_, cert) = X509Certificate::from_der(&observed.certificate).expect("server cert");
         let extension = cert
             .extensions()
             .iter()
-            .find(|e| e.oid.to_id_string() == EVIDENCE_EXTENSION_OID)
+            .find(|e| e.oid.as_bytes() == EVIDENCE_EXTENSION_OID_DER)
             .expect("the server certificate carries evidence");
-        let arcs: Vec<u64> = EVIDENCE_EXTENSION_OID
-            .split('.')
-            .map(|a| a.parse().expect("arc"))
-            .collect();
+        // rcgen takes OID arcs as u64 and the evidence OID's last arc is larger: the certificate
+        // is made under a placeholder OID of the same DER length (2.25 and eighteen arcs 1),
+        // whose bytes are then replaced. That breaks the certificate's self-signature, which no
+        // one checks: trust comes from the evidence, and the relay holds its own key.
+        let placeholder_arcs: Vec<u64> = [2, 25].into_iter().chain([1; 18]).collect();
         let mut params =
             rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
                 .expect("params");
-        params
-            .custom_extensions
-            .push(rcgen::CustomExtension::from_oid_content(
-                &arcs,
-                extension.value.to_vec(),
-            ));
+        params.custom_extensions.push(rcgen::CustomExtension::from_oid_content(
+            &placeholder_arcs,
+            extension.value.to_vec(),
+        ));
         let key = rcgen::KeyPair::generate().expect("key");
         let own = params.self_signed(&key).expect("certificate");
+        let mut placeholder = vec![0x06, 0x13, 0x69];
+        placeholder.extend([1u8; 18]);
+        let mut real = vec![0x06, 0x13];
+        real.extend_from_slice(EVIDENCE_EXTENSION_OID_DER);
+        let mut der = own.der().to_vec();
+        let at = der
+            .windows(placeholder.len())
+            .position(|w| w == placeholder.as_slice())
+            .expect("placeholder OID");
+        der[at..at + real.len()].copy_from_slice(&real);
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let server_config = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_protocol_versions(&[&rustls::version::TLS13])
             .expect("tls13")
             .with_no_client_auth()
             .with_single_cert(
-                vec![own.der().clone()],
+                vec![CertificateDer::from(der)],
                 PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
             )
             .expect("server config");

@@ -243,7 +243,7 @@ fn challenge_outcome(
 ) -> Result<String, String> {
     let doc = fresh.ok_or("no verified runtime data in the fresh evidence")?;
     let binding = hex::encode(challenge_binding(&observed.nonce, &observed.exporter));
-    let count = doc.challenge_bindings.as_ref().map_or(0, Vec::len);
+    let count = doc.challenge_bindings.len();
     if doc.binds_challenge(&observed.nonce, &observed.exporter) {
         Ok(format!(
             "SHA-256(nonce {} || this connection's exporter) = {binding} is among the fresh evidence's {count} challenge binding(s)",

@@ -2,7 +2,7 @@
 //! [`EVIDENCE_EXTENSION_OID`], and the SubjectPublicKeyInfo that evidence must bind.
 
 use inferno_attestation::evidence::Evidence;
-use inferno_attestation::runtime_data::EVIDENCE_EXTENSION_OID;
+use inferno_attestation::runtime_data::{EVIDENCE_EXTENSION_OID, EVIDENCE_EXTENSION_OID_DER};
 use sha2::{Digest, Sha256};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
@@ -26,7 +26,7 @@ pub fn read_certificate(der: &[u8]) -> Result<CertificateClaims, String> {
     let mut found = cert
         .extensions()
         .iter()
-        .filter(|ext| ext.oid.to_id_string() == EVIDENCE_EXTENSION_OID);
+        .filter(|ext| ext.oid.as_bytes() == EVIDENCE_EXTENSION_OID_DER);
     let evidence = match (found.next(), found.next()) {
         (None, _) => Err(format!(
             "the certificate has no evidence extension ({EVIDENCE_EXTENSION_OID})"
@@ -42,15 +42,8 @@ pub fn read_certificate(der: &[u8]) -> Result<CertificateClaims, String> {
     })
 }
 
-/// The extension's value is a DER OCTET STRING holding the evidence envelope's JSON bytes.
+/// The extension's `extnValue` content octets are the evidence envelope's compact JSON, with no
+/// inner DER wrapping (`docs/attestation-protocol.md`, section 2).
 fn extension_evidence(value: &[u8]) -> Result<Evidence, String> {
-    let (rest, octets) = x509_parser::der_parser::der::parse_der_octetstring(value)
-        .map_err(|e| format!("the evidence extension is not a DER OCTET STRING: {e}"))?;
-    if !rest.is_empty() {
-        return Err("the evidence extension has trailing bytes".to_owned());
-    }
-    let bytes = octets
-        .as_slice()
-        .map_err(|e| format!("the evidence extension's OCTET STRING is unreadable: {e}"))?;
-    Evidence::from_bytes(bytes).map_err(|e| format!("the evidence extension: {e}"))
+    Evidence::from_bytes(value).map_err(|e| format!("the evidence extension: {e}"))
 }
