@@ -93,6 +93,9 @@ pub struct ServerConfig {
     pub served_model_name: Option<String>,
     /// Seconds that in-flight requests get to finish after SIGTERM or SIGINT.
     pub shutdown_grace_secs: u64,
+    /// The unprivileged user to switch to once the socket, keys and audit log are open
+    /// (`--user` overrides it); absent: keep the starting user.
+    pub user: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -101,6 +104,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8443)),
             served_model_name: None,
             shutdown_grace_secs: 30,
+            user: None,
         }
     }
 }
