@@ -93,6 +93,13 @@ pub struct ServerConfig {
     pub served_model_name: Option<String>,
     /// Seconds that in-flight requests get to finish after SIGTERM or SIGINT.
     pub shutdown_grace_secs: u64,
+    /// Tokenize special-token text inside chat messages (`<|eot_id|>` typed by a user) as the
+    /// control token it spells. Off by default: such text is tokenized as plain text, so a
+    /// message cannot forge the conversation's structure.
+    pub chat_special_tokens_in_content: bool,
+    /// Accept any message role. Off by default: roles are limited to those the chat template
+    /// knows.
+    pub chat_any_role: bool,
     /// The unprivileged user to switch to once the socket, keys and audit log are open
     /// (`--user` overrides it); absent: keep the starting user.
     pub user: Option<String>,
@@ -104,6 +111,8 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8443)),
             served_model_name: None,
             shutdown_grace_secs: 30,
+            chat_special_tokens_in_content: false,
+            chat_any_role: false,
             user: None,
         }
     }
