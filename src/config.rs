@@ -29,10 +29,31 @@ pub struct Config {
     /// The Prometheus endpoint.
     pub metrics: MetricsConfig,
     /// The audit log; without this table nothing is audited (a warning says so at start).
-    pub audit: Option<crate::audit::AuditConfig>,
+    pub audit: Option<inferno_audit::AuditConfig>,
     /// Start-up attestation; production unless a config selects development (`inferno serve`
     /// without `--config` runs the development profile).
     pub attestation: AttestationConfig,
+    /// The model: where the key of a sealed model comes from.
+    pub model: ModelSection,
+}
+
+/// The `[model]` table.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSection {
+    /// `[model.key]`: the key source of a sealed model (`--model-key-file` overrides it).
+    pub key: Option<ModelKeySource>,
+}
+
+/// Where the key of a sealed model comes from (`docs/sealed-model.md`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "source", rename_all = "lowercase", deny_unknown_fields)]
+pub enum ModelKeySource {
+    /// A 32-byte key file (mode 0600). Development only: the production profile refuses it.
+    File {
+        /// The key file.
+        path: PathBuf,
+    },
 }
 
 /// Which evidence source and default policy the server uses at start.

@@ -17,8 +17,6 @@ use std::sync::Arc;
 use attest_support::check;
 use inferno::attest::binding::{BindingInput, check_start_events};
 use inferno::attest::tls_spki_sha256;
-use inferno::audit::AuditConfig;
-use inferno::audit::verify::{VerifyOptions, verify};
 use inferno::config::{AttestationConfig, AttestationProfile, Config};
 use inferno::server::Server;
 use inferno_attestation::appraise::{AppraisalInput, appraise};
@@ -31,6 +29,8 @@ use inferno_attestation::nvidia::simulated::{
 use inferno_attestation::pki;
 use inferno_attestation::policy::LoadedPolicy;
 use inferno_attestation::report::AppraisalReport;
+use inferno_audit::AuditConfig;
+use inferno_audit::{VerifyOptions, verify};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
@@ -177,7 +177,7 @@ async fn attestation_document_verifies_and_binds_the_served_tls_key_and_audit_ke
     let report = verify(&log_dir, &VerifyOptions::default());
     assert!(report.intact(), "{}", report.verdict());
     assert_eq!(report.starts.len(), 1);
-    let key = inferno::audit::note::VerifierKey::parse(&report.starts[0].checkpoint_key)
+    let key = inferno_audit::note::VerifierKey::parse(&report.starts[0].checkpoint_key)
         .expect("checkpoint key");
     assert_eq!(
         doc.audit_key.as_deref(),

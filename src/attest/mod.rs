@@ -27,8 +27,8 @@ use serde::Serialize;
 use self::gpu::GpuAttester;
 use self::tpm::TpmAttester;
 
-use crate::audit::record::{EvidenceBlob, SecurityEvent};
 use crate::config::{AttestationConfig, AttestationProfile};
+use inferno_audit::{EvidenceBlob, SecurityEvent};
 
 /// The development policy (`policy/development.toml`), used by the development profile when
 /// the configuration names no policy file.

@@ -1,11 +1,12 @@
-//! The `inferno` command line: `serve`, `generate`, `bench`, `audit`, `attest`, `verify` and
-//! `proxy`.
+//! The `inferno` command line: `serve`, `generate`, `bench`, `audit`, `attest`, `seal`, `verify`
+//! and `proxy`.
 
 mod attest;
 mod audit;
 mod bench;
 mod generate;
 mod proxy;
+mod seal;
 mod serve;
 mod setup;
 mod verify;
@@ -34,6 +35,8 @@ enum Command {
     Audit(audit::AuditArgs),
     /// Verify attestation evidence and build collateral bundles.
     Attest(attest::AttestArgs),
+    /// Seal (encrypt) a model directory for serving as a sealed model.
+    Seal(seal::SealArgs),
     /// Verify a running server's attestation over TLS against a client policy.
     Verify(verify::VerifyArgs),
     /// A local plain-HTTP OpenAI endpoint that forwards only to a verified server.
@@ -49,6 +52,7 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Audit(args) => audit::run(args),
         Command::Attest(args) => attest::run(args),
+        Command::Seal(args) => seal::run(args),
         Command::Verify(args) => verify::run(args),
         Command::Proxy(args) => proxy::run(args),
     }

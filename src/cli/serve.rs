@@ -8,8 +8,10 @@ use std::process::ExitCode;
 
 use super::setup;
 use crate::backend::{self, Device};
-use crate::config::{AttestationConfig, AttestationProfile, Config};
+use crate::config::{AttestationConfig, AttestationProfile, Config, ModelKeySource};
 use crate::engine::{Engine, EngineConfig, ModelInfo};
+use crate::model::{Model, ModelFiles};
+use crate::seal::{self, ModelKey};
 use crate::server::{ModelService, Server};
 
 /// Arguments of `inferno serve`.
@@ -27,6 +29,10 @@ pub struct ServeArgs {
     /// Where the forward pass runs: cpu, cuda or auto.
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     device: Device,
+    /// The key file of a sealed model (`--model` names the sealed directory), overriding
+    /// `[model.key]`. Development only: the production profile refuses key files.
+    #[arg(long, value_name = "FILE")]
+    model_key_file: Option<PathBuf>,
     /// Switch to this unprivileged user once the listening socket, keys and audit log are open,
     /// overriding `server.user`.
     #[arg(long, value_name = "NAME")]
@@ -64,6 +70,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(listen) = args.listen {
         config.server.listen = listen;
     }
+    if let Some(path) = args.model_key_file {
+        config.model.key = Some(ModelKeySource::File { path });
+    }
     if let Some(user) = args.user {
         config.server.user = Some(user);
     }
@@ -99,6 +108,7 @@ async fn serve_async(
 ) -> anyhow::Result<()> {
     let engine_config = config.engine.clone();
     let served_name = config.server.served_model_name.clone();
+    let key_source = config.model.key.clone();
     let mut config = config;
     config.attestation.cuda = match device {
         Device::Cuda => true,
@@ -125,8 +135,23 @@ async fn serve_async(
         listen = %server.local_addr(),
         "listening; /health answers 503 until the model is loaded"
     );
+    // A sealed model is opened (key released, chunks decrypted and hashed) before anything
+    // else touches it; every refusal is final, recorded and stops start-up.
+    let sealed = match open_sealed_model(&server, model_dir.as_deref(), key_source).await {
+        Ok(sealed) => sealed,
+        Err(err) => {
+            server.shutdown().await;
+            return Err(err);
+        }
+    };
     let load = tokio::task::spawn_blocking(move || {
-        load_model(model_dir.as_deref(), device, engine_config, served_name)
+        load_model(
+            model_dir.as_deref(),
+            sealed,
+            device,
+            engine_config,
+            served_name,
+        )
     });
     let loaded = tokio::select! {
         loaded = load => loaded.context("model loading panicked")?,
@@ -154,6 +179,88 @@ async fn serve_async(
     Ok(())
 }
 
+/// When `dir` holds a sealed model: obtains its key from `source` (refusing a key file outside
+/// the development profile), decrypts it and records the release, or the refusal, in the audit
+/// log before returning. `None` for a plaintext model (then `source` must be absent).
+async fn open_sealed_model(
+    server: &Server,
+    dir: Option<&Path>,
+    source: Option<ModelKeySource>,
+) -> anyhow::Result<Option<ModelFiles>> {
+    let sealed_dir = dir.filter(|d| seal::is_sealed(d)).map(Path::to_path_buf);
+    let (dir, source) = match (sealed_dir, source) {
+        (None, None) => return Ok(None),
+        (None, Some(_)) => anyhow::bail!(
+            "a model key source is configured but {} is not a sealed model (no {})",
+            dir.map_or_else(|| "the embedded model".into(), |d| d.display().to_string()),
+            seal::MANIFEST_FILE
+        ),
+        (Some(dir), source) => (dir, source),
+    };
+    let key_id = seal::Manifest::read(&dir)
+        .map(|(manifest, _)| manifest.key_id)
+        .unwrap_or_else(|_| "unknown".into());
+    let refuse = async |reason: String| -> anyhow::Error {
+        let record = server
+            .record_key_release(key_id.clone(), false, reason.clone())
+            .await;
+        match record {
+            Ok(()) => anyhow::anyhow!("sealed model refused: {reason}"),
+            Err(err) => anyhow::anyhow!(
+                "sealed model refused: {reason} (and the audit record failed: {err})"
+            ),
+        }
+    };
+    let (key, how) = match source {
+        None => {
+            return Err(refuse(format!(
+                "{} is a sealed model and no key source is configured ([model.key] or --model-key-file)",
+                dir.display()
+            ))
+            .await);
+        }
+        Some(ModelKeySource::File { path }) => {
+            if let Err(reason) = seal::check_key_file_allowed(server.attestation().profile) {
+                return Err(refuse(format!("key file {}: {reason}", path.display())).await);
+            }
+            match ModelKey::read_file(&path) {
+                Ok(key) => (
+                    key,
+                    format!("key file {} (development profile)", path.display()),
+                ),
+                Err(err) => return Err(refuse(err.to_string()).await),
+            }
+        }
+    };
+    let policy = server.attestation().policy_sha256().to_owned();
+    let opened = tokio::task::spawn_blocking({
+        let dir = dir.clone();
+        move || {
+            let (manifest, files) = seal::open_sealed(&dir, &key)?;
+            drop(key);
+            let allowed = &manifest.release.policy_sha256;
+            if !allowed.is_empty() && !allowed.contains(&policy) {
+                return Err(anyhow::anyhow!(
+                    "the server policy {policy} is not among the policies the model was sealed for"
+                ));
+            }
+            Ok::<_, anyhow::Error>(files)
+        }
+    })
+    .await
+    .context("opening the sealed model panicked")?;
+    match opened {
+        Ok(files) => {
+            server
+                .record_key_release(key_id, true, how)
+                .await
+                .context("audit: the key release record failed")?;
+            Ok(Some(files))
+        }
+        Err(err) => Err(refuse(format!("{err:#}")).await),
+    }
+}
+
 /// The production profile serves nothing unaudited: without an `[audit]` table it does not start.
 fn refuse_unaudited(config: &Config) -> anyhow::Result<()> {
     if config.audit.is_none() {
@@ -179,15 +286,25 @@ fn harden_after_start(
     Ok(())
 }
 
-/// Loads the model (the embedded default without `dir`), builds the backend for `device` and
-/// starts the engine.
+/// Loads the model (the opened sealed model, the directory, or the embedded default without
+/// `dir`), builds the backend for `device` and starts the engine.
 fn load_model(
     dir: Option<&Path>,
+    sealed: Option<ModelFiles>,
     device: Device,
     engine_config: EngineConfig,
     served_name: Option<String>,
 ) -> anyhow::Result<(ModelService, String, usize)> {
-    let model = setup::load_model(dir)?;
+    let model = match (sealed, dir) {
+        (Some(files), Some(dir)) => {
+            let model = Model::from_files(&files, Model::name_of_dir(dir))
+                .with_context(|| format!("cannot load the sealed model in {}", dir.display()))?;
+            // The decrypted buffers stay alive (shared) only as long as the model needs them.
+            drop(files);
+            model
+        }
+        _ => setup::load_model(dir)?,
+    };
     let backend = backend::select(device, &model, &engine_config)?;
     let backend_name = backend.name().to_owned();
     let engine = Engine::spawn(backend, ModelInfo::of(&model), engine_config)?;

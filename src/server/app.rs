@@ -15,8 +15,8 @@ use super::generation::ApiKind;
 use super::handlers;
 use super::metrics::Metrics;
 use super::service::ModelService;
-use crate::audit::AuditSink;
 use crate::config::Config;
+use inferno_audit::AuditSink;
 
 /// The request-id header, echoed on every response.
 pub const REQUEST_ID: &str = "x-request-id";

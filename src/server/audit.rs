@@ -20,7 +20,7 @@ use super::generation::{ApiKind, StreamAccounting};
 use super::openai::response::Usage;
 use tokio::sync::oneshot;
 
-use crate::audit::{AuditSink, CompletionFacts, ContentMode, RequestFacts};
+use inferno_audit::{AuditSink, CompletionFacts, ContentMode, RequestFacts};
 
 fn endpoint(kind: ApiKind) -> &'static str {
     match kind {
@@ -317,12 +317,12 @@ impl Drop for AuditedStream {
 }
 
 /// Records a security event without waiting for it to be durable (from synchronous code).
-pub fn record_event(app: &App, event: crate::audit::SecurityEvent) {
+pub fn record_event(app: &App, event: inferno_audit::SecurityEvent) {
     let Some(sink) = app.audit() else {
         return;
     };
     let name = event.name();
-    let durable = sink.log().append(crate::audit::RecordBody::Event(event));
+    let durable = sink.log().append(inferno_audit::RecordBody::Event(event));
     if let Ok(handle) = tokio::runtime::Handle::try_current() {
         handle.spawn(async move {
             if let Err(err) = durable.await {

@@ -69,7 +69,7 @@ pub enum ServerError {
         /// The policy's name.
         policy: String,
         /// Why the content policy cannot be built.
-        source: crate::audit::AuditError,
+        source: inferno_audit::AuditError,
     },
     /// The policy file changed between the server's reading and the attestation's.
     #[error(
@@ -89,7 +89,7 @@ pub enum ServerError {
     Tls(#[from] tls::TlsError),
     /// The audit log could not be opened (or is inconsistent with its witness).
     #[error(transparent)]
-    Audit(#[from] crate::audit::AuditError),
+    Audit(#[from] inferno_audit::AuditError),
     /// Start-up attestation failed: the server refuses to serve.
     #[error(transparent)]
     Attestation(#[from] crate::attest::AttestationError),
@@ -137,7 +137,7 @@ impl Server {
         let content = content_policy(&config, &policy)?;
         let identity = ServerIdentity::from_config(&config.tls, listen.ip())?;
         let signer = match &config.audit {
-            Some(audit) => Some(crate::audit::AuditLog::generate_signer(audit)?),
+            Some(audit) => Some(inferno_audit::AuditLog::generate_signer(audit)?),
             None => None,
         };
         let attestation = Arc::new(attest_startup(&config, &identity, signer.as_ref()).await?);
@@ -211,7 +211,7 @@ impl Server {
         self.app.set_service(Arc::new(service));
         audit::record_event(
             &self.app,
-            crate::audit::SecurityEvent::GpuReady {
+            inferno_audit::SecurityEvent::GpuReady {
                 ready: true,
                 detail,
             },
@@ -227,12 +227,34 @@ impl Server {
             .to_owned();
         audit::record_event(
             &self.app,
-            crate::audit::SecurityEvent::PolicyConfig {
+            inferno_audit::SecurityEvent::PolicyConfig {
                 policy_digest,
                 config_digest,
                 content_mode,
             },
         );
+    }
+
+    /// Records the release, or the refusal, of a sealed model's key and waits until the record
+    /// is durable (nothing to do without an audit log).
+    pub async fn record_key_release(
+        &self,
+        key_id: String,
+        released: bool,
+        reason: String,
+    ) -> Result<(), inferno_audit::AuditError> {
+        let Some(sink) = self.app.audit() else {
+            return Ok(());
+        };
+        let event = inferno_audit::SecurityEvent::KeyRelease {
+            key_id,
+            released,
+            reason,
+        };
+        sink.log()
+            .append(inferno_audit::RecordBody::Event(event))
+            .await
+            .map(|_| ())
     }
 
     /// Stops accepting, lets in-flight requests finish within the configured grace period,
@@ -259,7 +281,7 @@ impl Server {
 fn content_policy(
     config: &Config,
     policy: &ServerPolicy,
-) -> Result<Option<crate::audit::ContentPolicy>, ServerError> {
+) -> Result<Option<inferno_audit::ContentPolicy>, ServerError> {
     let mode = policy.audit_content;
     let Some(audit) = &config.audit else {
         if mode.needs_key() {
@@ -270,7 +292,7 @@ fn content_policy(
         }
         return Ok(None);
     };
-    crate::audit::AuditSink::content_policy(audit, mode)
+    inferno_audit::AuditSink::content_policy(audit, mode)
         .map(Some)
         .map_err(|source| ServerError::ContentKey {
             policy: policy.name.clone(),
@@ -282,7 +304,7 @@ fn content_policy(
 async fn attest_startup(
     config: &Config,
     identity: &ServerIdentity,
-    signer: Option<&crate::audit::note::NoteSigner>,
+    signer: Option<&inferno_audit::note::NoteSigner>,
 ) -> Result<StartupAttestation, ServerError> {
     let attestation_config = config.attestation.clone();
     let cert = identity.cert_pem.clone().into_bytes();
@@ -290,7 +312,7 @@ async fn attest_startup(
     let audit_dir = config.audit.as_ref().map(|a| a.dir.clone());
     let attested = tokio::task::spawn_blocking(move || {
         let newest = match audit_dir {
-            Some(dir) => crate::audit::recovery::newest_record_time(&dir)?,
+            Some(dir) => inferno_audit::newest_record_time(&dir)?,
             None => None,
         };
         let floor = newest.map(|t| ClockFloor::starting_at(t, "the audit log's newest record"));
@@ -310,28 +332,28 @@ async fn attest_startup(
 /// when the table is absent.
 async fn open_audit(
     config: &Config,
-    content: Option<crate::audit::ContentPolicy>,
+    content: Option<inferno_audit::ContentPolicy>,
     identity: &ServerIdentity,
-    signer: Option<crate::audit::note::NoteSigner>,
+    signer: Option<inferno_audit::note::NoteSigner>,
     attestation: &StartupAttestation,
-) -> Result<Option<Arc<crate::audit::AuditSink>>, ServerError> {
+) -> Result<Option<Arc<inferno_audit::AuditSink>>, ServerError> {
     let (Some(audit_config), Some(content), Some(signer)) = (config.audit.clone(), content, signer)
     else {
         tracing::warn!("no [audit] table: requests are NOT recorded in an audit log");
         return Ok(None);
     };
-    let start = crate::audit::StartInfo {
+    let start = inferno_audit::StartInfo {
         software_version: env!("CARGO_PKG_VERSION").to_owned(),
         evidence: vec![attestation.evidence_blob()],
     };
     let sink = tokio::task::spawn_blocking(move || {
-        crate::audit::AuditSink::open_with_signer(&audit_config, content, signer, start)
+        inferno_audit::AuditSink::open_with_signer(&audit_config, content, signer, start)
     })
     .await
-    .map_err(|err| crate::audit::AuditError::Config(format!("audit open panicked: {err}")))??;
+    .map_err(|err| inferno_audit::AuditError::Config(format!("audit open panicked: {err}")))??;
     sink.event(attestation.appraisal_event()).await?;
     let certificate_digest = identity.fingerprint.to_lowercase().replace(':', "");
-    sink.event(crate::audit::SecurityEvent::CertificateRotated { certificate_digest })
+    sink.event(inferno_audit::SecurityEvent::CertificateRotated { certificate_digest })
         .await?;
     Ok(Some(Arc::new(sink)))
 }

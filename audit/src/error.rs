@@ -1,6 +1,6 @@
 //! Errors of the audit log.
 
-use super::note::NoteError;
+use crate::note::NoteError;
 
 /// An audit log error.
 #[derive(Debug, thiserror::Error)]
@@ -29,7 +29,7 @@ pub enum AuditError {
     Witness(String),
     /// Another writer holds the log directory's lock, or it cannot be taken.
     #[error(transparent)]
-    Lock(#[from] super::lock::LockError),
+    Lock(#[from] crate::lock::LockError),
     /// The writer has shut down.
     #[error("audit log is closed")]
     Closed,

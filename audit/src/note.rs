@@ -7,7 +7,7 @@ use ring::signature::{ED25519, Ed25519KeyPair, KeyPair as _, UnparsedPublicKey};
 use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
-use super::merkle::Hash;
+use crate::merkle::Hash;
 
 /// The signature algorithm byte of plain Ed25519 note signatures.
 pub const ALG_ED25519: u8 = 0x01;

@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
-use super::config::AuditConfig;
-use super::content::{ContentMode, ContentPolicy, SealedContent, read_key_file};
-use super::error::AuditError;
-use super::fileops::StdFileOps;
-use super::note::NoteSigner;
-use super::record::{CompletionRecord, RecordBody, RequestRecord, SecurityEvent};
-use super::writer::{AuditLog, StartInfo};
+use crate::config::AuditConfig;
+use crate::content::{ContentMode, ContentPolicy, SealedContent, read_key_file};
+use crate::error::AuditError;
+use crate::fileops::StdFileOps;
+use crate::note::NoteSigner;
+use crate::record::{CompletionRecord, RecordBody, RequestRecord, SecurityEvent};
+use crate::writer::{AuditLog, StartInfo};
 
 /// What the server knows about a request when it accepts it.
 #[derive(Debug, Clone, Copy)]

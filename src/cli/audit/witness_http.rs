@@ -19,9 +19,8 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
-use super::note::{NoteSigner, SignedNote, VerifierKey};
-use super::proof_file::ConsistencyProof;
-use super::witness::{WitnessError, add_checkpoint};
+use inferno_audit::note::{NoteSigner, SignedNote, VerifierKey};
+use inferno_audit::{ConsistencyProof, WitnessError, add_checkpoint};
 
 /// The largest request body accepted.
 const MAX_BODY: usize = 64 << 10;

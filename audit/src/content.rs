@@ -17,9 +17,35 @@ use ring::rand::{SecureRandom as _, SystemRandom};
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-/// Which content the log keeps: the server policy's `[audit] content` (`none`, `hmac`,
+/// Which content the log keeps (the server policy's `[audit] content`: `none`, `hmac`,
 /// `encrypted`).
-pub use inferno_attestation::policy::AuditContent as ContentMode;
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContentMode {
+    /// Nothing: records carry metadata only.
+    #[default]
+    None,
+    /// An HMAC-SHA256 of each text under a key the compliance team holds.
+    Hmac,
+    /// The full texts, encrypted (AES-256-GCM) under a key the compliance team holds.
+    Encrypted,
+}
+
+impl ContentMode {
+    /// The policy's name of the mode.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Hmac => "hmac",
+            Self::Encrypted => "encrypted",
+        }
+    }
+
+    /// Whether the mode needs a content key.
+    pub fn needs_key(self) -> bool {
+        self != Self::None
+    }
+}
 
 /// A content field as stored in a record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

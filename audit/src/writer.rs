@@ -11,17 +11,17 @@ use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 use tokio::sync::oneshot;
 
-use super::config::AuditConfig;
-use super::error::AuditError;
-use super::fileops::{AppendFile, FileOps};
-use super::frame::{FRAME_HEADER_LEN, encode_frame};
-use super::lock::DirLock;
-use super::merkle::Frontier;
-use super::note::{Checkpoint, NoteSigner, VerifierKey};
-use super::record::{EvidenceBlob, RECORD_VERSION, Record, RecordBody, SecurityEvent};
-use super::recovery::{check_witness, recover};
-use super::scan::{CHECKPOINTS_FILE, checkpoints_header};
-use super::segment::{SegmentHeader, segment_path};
+use crate::config::AuditConfig;
+use crate::error::AuditError;
+use crate::fileops::{AppendFile, FileOps};
+use crate::frame::{FRAME_HEADER_LEN, encode_frame};
+use crate::lock::DirLock;
+use crate::merkle::Frontier;
+use crate::note::{Checkpoint, NoteSigner, VerifierKey};
+use crate::record::{EvidenceBlob, RECORD_VERSION, Record, RecordBody, SecurityEvent};
+use crate::recovery::{check_witness, recover};
+use crate::scan::{CHECKPOINTS_FILE, checkpoints_header};
+use crate::segment::{SegmentHeader, segment_path};
 
 /// The most appends committed by one fsync.
 const MAX_BATCH: usize = 4096;
@@ -184,7 +184,7 @@ impl Writer {
                 self.create_segment(self.segment + 1)?;
             }
             self.chain = encode_frame(self.chain, payload, frames);
-            self.frontier.push(super::merkle::leaf_hash(payload));
+            self.frontier.push(crate::merkle::leaf_hash(payload));
         }
         self.write_frames(frames)
     }
@@ -655,10 +655,10 @@ fn existing_origin(dir: &Path) -> Result<Option<String>, AuditError> {
     if !dir.exists() {
         return Ok(None);
     }
-    if let Some(anchor) = super::scan::read_anchor(dir).map_err(AuditError::Config)? {
+    if let Some(anchor) = crate::scan::read_anchor(dir)? {
         return Ok(Some(anchor.origin));
     }
-    let segments = super::segment::list_segments(dir).map_err(io_err("listing", dir))?;
+    let segments = crate::segment::list_segments(dir).map_err(io_err("listing", dir))?;
     for (_, path) in segments {
         let bytes = std::fs::read(&path).map_err(io_err("reading", &path))?;
         if let Ok((h, _)) = SegmentHeader::decode(&bytes) {

@@ -7,7 +7,7 @@
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 
-use super::merkle::Hash;
+use crate::merkle::Hash;
 
 const CONSISTENCY_MAGIC: &str = "inferno-audit-consistency/v1";
 const INCLUSION_MAGIC: &str = "inferno-audit-inclusion/v1";

@@ -12,11 +12,11 @@ use std::path::Path;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 
-use super::lock::{DirLock, LockError};
-use super::merkle::Frontier;
-use super::recovery::{KeyHistory, key_for_size, track_record};
-use super::scan::{ANCHOR_FILE, ANCHOR_VERSION, PruneAnchor, read_checkpoints, scan_segments};
-use super::verify::{VerifyOptions, verify};
+use crate::lock::{DirLock, LockError};
+use crate::merkle::Frontier;
+use crate::recovery::{KeyHistory, key_for_size, track_record};
+use crate::scan::{ANCHOR_FILE, ANCHOR_VERSION, PruneAnchor, read_checkpoints, scan_segments};
+use crate::verify::{VerifyOptions, verify};
 
 /// What a prune did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,7 +66,7 @@ pub fn prune(dir: &Path, keep_segments: usize, export: &Path) -> Result<PruneOut
         payloads.push((index, payload.to_vec(), location.file.clone()));
         Ok(())
     })
-    .map_err(PruneError::NotIntact)?;
+    .map_err(|e| PruneError::NotIntact(e.to_string()))?;
     let segments = &log.segments;
     let remove = segments.len().saturating_sub(keep_segments.max(1));
     let Some(first_kept) = segments.get(remove).and_then(|s| s.header.clone()) else {
@@ -83,7 +83,7 @@ pub fn prune(dir: &Path, keep_segments: usize, export: &Path) -> Result<PruneOut
     if report.checkpointed_size < cut {
         return Err(PruneError::Uncovered(cut));
     }
-    let ckpts = read_checkpoints(dir).map_err(PruneError::NotIntact)?;
+    let ckpts = read_checkpoints(dir).map_err(|e| PruneError::NotIntact(e.to_string()))?;
     if ckpts.checkpoints.is_empty() {
         return Err(PruneError::Uncovered(cut));
     }

@@ -1,6 +1,6 @@
 //! Property tests of the RFC 9162 Merkle proofs.
 
-use inferno::audit::merkle::{
+use inferno_audit::merkle::{
     Hash, consistency_proof, inclusion_proof, leaf_hash, root, verify_consistency, verify_inclusion,
 };
 use proptest::prelude::*;

@@ -5,18 +5,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use inferno::audit::content::SealedContent;
-use inferno::audit::fileops::{AppendFile, FileOps, StdFileOps};
-use inferno::audit::merkle::TreeView;
-use inferno::audit::note::{ALG_COSIGNATURE_V1, NoteSigner, SignedNote, VerifierKey};
-use inferno::audit::proof_file::ConsistencyProof;
-use inferno::audit::recovery::newest_record_time;
-use inferno::audit::verify::{VerifyOptions, load_tree, verify};
-use inferno::audit::witness::{WitnessError, add_checkpoint};
-use inferno::audit::{
+use inferno_audit::ConsistencyProof;
+use inferno_audit::SealedContent;
+use inferno_audit::merkle::TreeView;
+use inferno_audit::newest_record_time;
+use inferno_audit::note::{ALG_COSIGNATURE_V1, NoteSigner, SignedNote, VerifierKey};
+use inferno_audit::{AppendFile, FileOps, StdFileOps};
+use inferno_audit::{
     AuditConfig, AuditError, AuditLog, CompletionRecord, RecordBody, RequestRecord, SecurityEvent,
     StartInfo,
 };
+use inferno_audit::{VerifyOptions, load_tree, verify};
+use inferno_audit::{WitnessError, add_checkpoint};
 
 fn config(dir: &Path) -> AuditConfig {
     AuditConfig {
@@ -225,7 +225,7 @@ fn corrupting_any_byte_is_detected_and_located() {
         .expect("dir")
         .filter_map(|e| e.ok().map(|e| e.path()))
         // The writer's lock file holds no log data.
-        .filter(|p| !p.ends_with(inferno::audit::lock::LOCK_FILE))
+        .filter(|p| !p.ends_with(inferno_audit::LOCK_FILE))
         .collect();
     files.sort();
     assert_eq!(
@@ -405,13 +405,10 @@ fn latest(dir: &Path) -> (SignedNote, VerifierKey) {
     let report = verify(dir, &VerifyOptions::default());
     let key =
         VerifierKey::parse(&report.starts.last().expect("start").checkpoint_key).expect("key");
-    let text = inferno::audit::scan::read_checkpoints(dir)
+    let text = inferno_audit::stored_checkpoints(dir)
         .expect("checkpoints")
-        .checkpoints
-        .last()
-        .expect("one")
-        .note
-        .clone();
+        .pop()
+        .expect("one");
     (SignedNote::parse(&text).expect("note"), key)
 }
 

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::frame::{read_u32, read_u64};
+use crate::frame::{read_u32, read_u64};
 
 /// The magic bytes that open every segment file.
 pub const SEGMENT_MAGIC: &[u8; 8] = b"INFAUDSG";

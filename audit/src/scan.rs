@@ -7,9 +7,10 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use serde::{Deserialize, Serialize};
 
-use super::frame::{FrameFault, decode_frame};
-use super::merkle::{Frontier, Hash, leaf_hash};
-use super::segment::{HeaderFault, SegmentHeader, list_segments};
+use crate::error::AuditError;
+use crate::frame::{FrameFault, decode_frame};
+use crate::merkle::{Frontier, Hash, leaf_hash};
+use crate::segment::{HeaderFault, SegmentHeader, list_segments};
 
 /// The name of the checkpoints file in a log directory.
 pub const CHECKPOINTS_FILE: &str = "checkpoints.log";
@@ -171,23 +172,23 @@ fn looks_torn(rest: &[u8], fault: FrameFault) -> bool {
 }
 
 /// Reads the prune anchor of `dir`, if present.
-pub fn read_anchor(dir: &Path) -> Result<Option<PruneAnchor>, String> {
+pub fn read_anchor(dir: &Path) -> Result<Option<PruneAnchor>, AuditError> {
     let path = dir.join(ANCHOR_FILE);
+    let corrupt = |reason: String| AuditError::Corrupt {
+        location: path.display().to_string(),
+        reason,
+    };
     match std::fs::read(&path) {
         Ok(bytes) => {
             let a: PruneAnchor =
-                serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+                serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
             if a.version != ANCHOR_VERSION {
-                return Err(format!(
-                    "{}: unsupported version {}",
-                    path.display(),
-                    a.version
-                ));
+                return Err(corrupt(format!("unsupported version {}", a.version)));
             }
             Ok(Some(a))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: {e}", path.display())),
+        Err(e) => Err(AuditError::io(format!("reading {}", path.display()), e)),
     }
 }
 
@@ -196,17 +197,19 @@ pub fn read_anchor(dir: &Path) -> Result<Option<PruneAnchor>, String> {
 pub fn scan_segments(
     dir: &Path,
     mut on_record: impl FnMut(u64, &Location, &[u8]) -> Result<(), String>,
-) -> Result<ScannedLog, String> {
+) -> Result<ScannedLog, AuditError> {
     let mut log = ScannedLog::default();
     let anchor = read_anchor(dir)?;
     if let Some(a) = &anchor {
-        log.prefix = a
-            .frontier()
-            .ok_or_else(|| format!("{ANCHOR_FILE}: frontier does not match first_index"))?;
+        log.prefix = a.frontier().ok_or_else(|| AuditError::Corrupt {
+            location: dir.join(ANCHOR_FILE).display().to_string(),
+            reason: "frontier does not match first_index".into(),
+        })?;
         log.chain = a.prev_crc;
         log.origin = Some(a.origin.clone());
     }
-    let segments = list_segments(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let segments =
+        list_segments(dir).map_err(|e| AuditError::io(format!("listing {}", dir.display()), e))?;
     // Segments below the anchor are leftovers of an interrupted prune.
     let first_kept = anchor.as_ref().map_or(0, |a| a.first_segment);
     log.anchor = anchor;
@@ -338,12 +341,12 @@ pub struct CheckpointsFile {
 }
 
 /// Reads the checkpoints file of `dir` (an absent file reads as empty).
-pub fn read_checkpoints(dir: &Path) -> Result<CheckpointsFile, String> {
+pub fn read_checkpoints(dir: &Path) -> Result<CheckpointsFile, AuditError> {
     let path = dir.join(CHECKPOINTS_FILE);
     let bytes = match std::fs::read(&path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(CheckpointsFile::default()),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+        Err(e) => return Err(AuditError::io(format!("reading {}", path.display()), e)),
     };
     let mut out = CheckpointsFile {
         file_len: bytes.len() as u64,

@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 
 use time::OffsetDateTime;
 
-use super::error::AuditError;
-use super::fileops::FileOps;
-use super::merkle::{Frontier, Hash, TreeView};
-use super::note::{SignedNote, VerifierKey};
-use super::record::{Record, RecordBody, SecurityEvent};
-use super::scan::{CHECKPOINTS_FILE, FaultKind, ScanFault, read_checkpoints, scan_segments};
+use crate::error::AuditError;
+use crate::fileops::FileOps;
+use crate::merkle::{Frontier, Hash, TreeView};
+use crate::note::{SignedNote, VerifierKey};
+use crate::record::{Record, RecordBody, SecurityEvent};
+use crate::scan::{CHECKPOINTS_FILE, FaultKind, ScanFault, read_checkpoints, scan_segments};
 
 /// The state of a log after recovery, from which the writer continues.
 #[derive(Debug)]
@@ -90,10 +90,6 @@ pub fn newest_record_time(dir: &Path) -> Result<Option<OffsetDateTime>, AuditErr
         let record = Record::decode(payload).map_err(|e| format!("not a valid record: {e}"))?;
         newest = newest.max(Some(record.time));
         Ok(())
-    })
-    .map_err(|reason| AuditError::Corrupt {
-        location: dir.display().to_string(),
-        reason,
     })?;
     Ok(newest)
 }
@@ -139,10 +135,7 @@ pub fn check_against_log(
 /// Scans and repairs the log in `dir`.
 pub fn recover(dir: &Path, ops: &dyn FileOps) -> Result<Recovered, AuditError> {
     let mut events = Vec::new();
-    let ckpts = read_checkpoints(dir).map_err(|reason| AuditError::Corrupt {
-        location: dir.join(CHECKPOINTS_FILE).display().to_string(),
-        reason,
-    })?;
+    let ckpts = read_checkpoints(dir)?;
     let ck_path = dir.join(CHECKPOINTS_FILE);
     let mut checkpoints_exist = ckpts.file_len > 0;
     if let Some(fault) = &ckpts.fault {
@@ -183,10 +176,6 @@ pub fn recover(dir: &Path, ops: &dyn FileOps) -> Result<Recovered, AuditError> {
     let mut history = KeyHistory::new();
     let log = scan_segments(dir, |index, _, payload| {
         track_record(&mut history, index, payload).map(drop)
-    })
-    .map_err(|reason| AuditError::Corrupt {
-        location: dir.display().to_string(),
-        reason,
     })?;
     // The checkpoints file is created (durably) before the first segment, and every start
     // signs a checkpoint: a log with segments but no checkpoints file lost it.
@@ -301,7 +290,7 @@ pub fn check_witness(
     let log = scan_segments(dir, |index, _, payload| {
         track_record(&mut history, index, payload).map(drop)
     })
-    .map_err(AuditError::Witness)?;
+    .map_err(|e| AuditError::Witness(e.to_string()))?;
     if let Some(f) = &log.fault {
         return Err(corrupt(f));
     }
@@ -321,7 +310,7 @@ pub fn check_witness(
     let new_root = view
         .root_at(view.size())
         .map_err(|e| AuditError::Witness(e.to_string()))?;
-    super::merkle::verify_consistency(size, view.size(), &cp.root, &new_root, &proof)
+    crate::merkle::verify_consistency(size, view.size(), &cp.root, &new_root, &proof)
         .map_err(|e| AuditError::Witness(format!("consistency proof failed: {e}")))?;
     tracing::info!(
         witnessed_size = size,

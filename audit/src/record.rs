@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use super::content::SealedContent;
+use crate::content::SealedContent;
 
 /// The record format version this build writes.
 pub const RECORD_VERSION: u32 = 1;

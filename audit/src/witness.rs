@@ -8,9 +8,9 @@
 use std::io::Write as _;
 use std::path::Path;
 
-use super::merkle::verify_consistency;
-use super::note::{Checkpoint, NoteSigner, SignedNote, VerifierKey};
-use super::proof_file::ConsistencyProof;
+use crate::merkle::verify_consistency;
+use crate::note::{Checkpoint, NoteSigner, SignedNote, VerifierKey};
+use crate::proof_file::ConsistencyProof;
 
 const STATE_MAGIC: &str = "inferno-witness-state/v1\n";
 
@@ -20,7 +20,7 @@ const STATE_MAGIC: &str = "inferno-witness-state/v1\n";
 pub enum WitnessError {
     /// The checkpoint is not signed by the log key (403).
     #[error("checkpoint signature: {0}")]
-    Signature(#[from] super::note::NoteError),
+    Signature(#[from] crate::note::NoteError),
     /// The checkpoint is for another log (404).
     #[error("checkpoint origin {got:?} is not the witnessed log {want:?}")]
     UnknownOrigin {

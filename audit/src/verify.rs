@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::merkle::{Frontier, Hash};
-use super::note::{SignedNote, VerifierKey};
-use super::record::{EvidenceBlob, RecordBody, SecurityEvent};
-use super::recovery::{KeyHistory, key_for_size, track_record};
-use super::scan::{Location, read_checkpoints, scan_segments};
+use crate::merkle::Frontier;
+use crate::note::{SignedNote, VerifierKey};
+use crate::record::{EvidenceBlob, RecordBody, SecurityEvent};
+use crate::recovery::{KeyHistory, key_for_size, track_record};
+use crate::scan::{Location, read_checkpoints, scan_segments};
 
 /// A violation: the first place where the log is not intact.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,7 +145,7 @@ pub fn verify(dir: &Path, options: &VerifyOptions) -> Report {
             report.violation = Some(Violation {
                 location: None,
                 index: None,
-                reason,
+                reason: reason.to_string(),
             });
             return report;
         }
@@ -161,7 +161,7 @@ pub fn verify(dir: &Path, options: &VerifyOptions) -> Report {
             report.violation = Some(Violation {
                 location: None,
                 index: None,
-                reason,
+                reason: reason.to_string(),
             });
             return report;
         }
@@ -219,7 +219,7 @@ pub fn verify(dir: &Path, options: &VerifyOptions) -> Report {
             return report;
         }
         if let Some((_, prev)) = notes.last() {
-            let prev: &super::note::Checkpoint = prev;
+            let prev: &crate::note::Checkpoint = prev;
             if cp.size < prev.size {
                 report.violation = Some(fail(format!(
                     "checkpoint size {} is smaller than the previous checkpoint's {}",
@@ -267,7 +267,7 @@ pub fn verify(dir: &Path, options: &VerifyOptions) -> Report {
             report.violation = Some(Violation {
                 location: Some(location.clone()),
                 index: None,
-                reason,
+                reason: reason.to_string(),
             });
             return report;
         }
@@ -288,7 +288,7 @@ pub fn verify(dir: &Path, options: &VerifyOptions) -> Report {
     if report.checkpoints_checked == 0 && log.size() > log.prefix.size() {
         report.violation = Some(Violation {
             location: Some(Location {
-                file: dir.join(super::scan::CHECKPOINTS_FILE),
+                file: dir.join(crate::scan::CHECKPOINTS_FILE),
                 offset: 0,
             }),
             index: None,
@@ -321,7 +321,7 @@ fn torn_note(torn: bool) -> &'static str {
 
 fn check_trusted(
     text: &str,
-    log: &super::scan::ScannedLog,
+    log: &crate::scan::ScannedLog,
     history: &KeyHistory,
     anchor_key: Option<&str>,
     options: &VerifyOptions,
@@ -330,18 +330,7 @@ fn check_trusted(
     for w in &options.witness_keys {
         w.verify(&note).map_err(|e| e.to_string())?;
     }
-    let view = super::merkle::TreeView::new(&log.prefix, &log.leaves);
-    super::recovery::check_against_log(text, log.origin.as_deref(), &view, history, anchor_key)
+    let view = crate::merkle::TreeView::new(&log.prefix, &log.leaves);
+    crate::recovery::check_against_log(text, log.origin.as_deref(), &view, history, anchor_key)
         .map(drop)
-}
-
-/// The leaf hashes of an intact log with its pruned prefix, for proofs.
-pub fn load_tree(dir: &Path) -> Result<(Frontier, Vec<Hash>), String> {
-    let log = scan_segments(dir, |_, _, _| Ok(()))?;
-    if let Some(f) = &log.fault
-        && !f.torn_tail
-    {
-        return Err(format!("{}: {}", f.location, f.kind));
-    }
-    Ok((log.prefix, log.leaves))
 }

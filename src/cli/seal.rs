@@ -1,0 +1,100 @@
+//! `inferno seal`: encrypt a model directory for serving as a sealed model.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Context;
+
+use crate::seal::manifest::{DEFAULT_CHUNK_SIZE, ReleaseRequirements};
+use crate::seal::recipient::RecipientKey;
+use crate::seal::{ModelKey, SealOptions, seal_dir};
+
+/// Arguments of `inferno seal`.
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("key").required(true).args(["key_file", "recipient"])))]
+pub struct SealArgs {
+    /// The plaintext Hugging Face model directory.
+    #[arg(long, value_name = "DIR")]
+    model: PathBuf,
+    /// The sealed model directory to write (created if absent; nothing is overwritten).
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// A 32-byte model key file; created (mode 0600) with a fresh random key when absent.
+    /// Development only: the production policy refuses key files at serve time.
+    #[arg(long, value_name = "FILE")]
+    key_file: Option<PathBuf>,
+    /// A key broker's public key file (hex X25519, from `inferno keybroker`): a fresh model key
+    /// is wrapped to it in the manifest and never written anywhere else.
+    #[arg(long, value_name = "FILE")]
+    recipient: Option<PathBuf>,
+    /// Plaintext bytes per chunk.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_CHUNK_SIZE)]
+    chunk_size: u64,
+    /// The model id a key broker files the key under (default: the model directory's name).
+    #[arg(long, value_name = "ID")]
+    model_id: Option<String>,
+    /// A server policy digest (hex SHA-256) under which the model may be opened; repeat for
+    /// several. Without any, any policy may open it.
+    #[arg(long = "require-policy", value_name = "SHA256")]
+    require_policy: Vec<String>,
+}
+
+/// Runs `inferno seal`.
+pub fn run(args: SealArgs) -> ExitCode {
+    match seal(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => super::fail(&err),
+    }
+}
+
+fn seal(args: SealArgs) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let (key, recipient, key_note) = match (&args.key_file, &args.recipient) {
+        (Some(path), None) => {
+            let (key, created) = ModelKey::read_or_create(path)?;
+            let note = if created {
+                format!("new key written to {} (mode 0600)", path.display())
+            } else {
+                format!("key read from {}", path.display())
+            };
+            (key, None, note)
+        }
+        (None, Some(path)) => {
+            let recipient = RecipientKey::read_file(path)?;
+            let note = format!("fresh key wrapped to key broker {}", recipient.to_hex());
+            (ModelKey::generate()?, Some(recipient), note)
+        }
+        _ => anyhow::bail!("give exactly one of --key-file and --recipient"),
+    };
+    let model_id = args
+        .model_id
+        .clone()
+        .unwrap_or_else(|| crate::model::Model::name_of_dir(&args.model));
+    let options = SealOptions {
+        chunk_size: args.chunk_size,
+        release: ReleaseRequirements {
+            model_id: Some(model_id),
+            policy_sha256: args
+                .require_policy
+                .iter()
+                .map(|d| d.to_ascii_lowercase())
+                .collect(),
+        },
+        recipient,
+        progress: std::io::stderr().is_terminal(),
+    };
+    let manifest = seal_dir(&args.model, &args.out, &key, &options)
+        .with_context(|| format!("cannot seal {}", args.model.display()))?;
+    let bytes: u64 = manifest.files.iter().map(|f| f.size).sum();
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "sealed {} files ({bytes} bytes) into {} in {secs:.2} s\n  model digest: {}\n  key id:       {}\n  key:          {key_note}",
+        manifest.files.len(),
+        args.out.display(),
+        manifest.model_digest,
+        manifest.key_id,
+    );
+    Ok(())
+}
