@@ -54,6 +54,23 @@ pub enum ModelKeySource {
         /// The key file.
         path: PathBuf,
     },
+    /// A key broker (`inferno keybroker`) that releases the key to this appliance's evidence
+    /// (`docs/sealed-model.md`, "Key broker").
+    Broker {
+        /// The broker's base URL, e.g. `http://10.0.0.5:8443`.
+        url: String,
+        /// How many times an unreachable or failing broker is retried before start-up is
+        /// refused (default 3).
+        #[serde(default = "default_broker_retries")]
+        retries: u32,
+    },
+}
+
+/// The default number of retries of an unreachable key broker.
+pub const DEFAULT_BROKER_RETRIES: u32 = 3;
+
+fn default_broker_retries() -> u32 {
+    DEFAULT_BROKER_RETRIES
 }
 
 /// Which evidence source and default policy the server uses at start.
