@@ -64,6 +64,14 @@ pub enum ModelKeySource {
         #[serde(default = "default_broker_retries")]
         retries: u32,
     },
+    /// The key sealed to this machine's (v)TPM under a PCR policy (`inferno seal --tpm-seal`).
+    Tpm {
+        /// The sealed-key blob file.
+        blob: PathBuf,
+        /// The TPM (a tss-esapi TCTI string; default `device:/dev/tpmrm0`).
+        #[serde(default)]
+        tcti: Option<String>,
+    },
 }
 
 /// The default number of retries of an unreachable key broker.

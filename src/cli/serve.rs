@@ -252,6 +252,22 @@ async fn open_sealed_model(
                 Err(err) => return Err(refuse(err.to_string()).await),
             }
         }
+        Some(ModelKeySource::Tpm { blob, tcti }) => {
+            let tcti = tcti.unwrap_or_else(|| seal::tpm::DEFAULT_TCTI.to_owned());
+            let unsealed = tokio::task::spawn_blocking({
+                let (blob, tcti) = (blob.clone(), tcti.clone());
+                move || {
+                    seal::tpm::TpmSealedKey::read(&blob)
+                        .and_then(|sealed| seal::tpm::unseal_key(&tcti, &sealed))
+                }
+            })
+            .await
+            .context("unsealing from the TPM panicked")?;
+            match unsealed {
+                Ok(key) => (key, format!("TPM {tcti}, blob {}", blob.display())),
+                Err(err) => return Err(refuse(err.to_string()).await),
+            }
+        }
         Some(ModelKeySource::Broker { url, retries }) => {
             match key_from_broker(server, &dir, &url, retries, attestation).await {
                 Ok(key) => (key, format!("key broker {url}")),
