@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use inferno_attestation::policy::{
     AuditContent, AuditPolicy, AuthPolicy, GpuPolicy, LoadedPolicy, MinTcb, POLICY_SCHEMA_VERSION,
-    Platform, Policy, RuntimeDataPolicy, SimulatedPolicy, SnpPolicy, TdxPolicy, TimePolicy,
-    TpmPolicy,
+    Platform, Policy, ReferenceValuesUse, RuntimeDataPolicy, SimulatedPolicy, SnpPolicy, TdxPolicy,
+    TimePolicy, TpmPolicy,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -105,6 +105,7 @@ impl LoadedClientPolicy {
         let appraisal = LoadedPolicy {
             policy: policy.appraisal_policy(),
             digest,
+            reference_values: ReferenceValuesUse::None,
         };
         appraisal
             .policy
@@ -200,6 +201,7 @@ impl ClientPolicy {
             auth: AuthPolicy {
                 require_api_key: false,
             },
+            reference_values: None,
         }
     }
 }
