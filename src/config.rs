@@ -54,6 +54,31 @@ pub enum ModelKeySource {
         /// The key file.
         path: PathBuf,
     },
+    /// A key broker (`inferno keybroker`) that releases the key to this appliance's evidence
+    /// (`docs/sealed-model.md`, "Key broker").
+    Broker {
+        /// The broker's base URL, e.g. `http://10.0.0.5:8443`.
+        url: String,
+        /// How many times an unreachable or failing broker is retried before start-up is
+        /// refused (default 3).
+        #[serde(default = "default_broker_retries")]
+        retries: u32,
+    },
+    /// The key sealed to this machine's (v)TPM under a PCR policy (`inferno seal --tpm-seal`).
+    Tpm {
+        /// The sealed-key blob file.
+        blob: PathBuf,
+        /// The TPM (a tss-esapi TCTI string; default `device:/dev/tpmrm0`).
+        #[serde(default)]
+        tcti: Option<String>,
+    },
+}
+
+/// The default number of retries of an unreachable key broker.
+pub const DEFAULT_BROKER_RETRIES: u32 = 3;
+
+fn default_broker_retries() -> u32 {
+    DEFAULT_BROKER_RETRIES
 }
 
 /// Which evidence source and default policy the server uses at start.

@@ -23,6 +23,7 @@ pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod harden;
+pub mod keybroker;
 pub mod model;
 pub mod seal;
 pub mod server;

@@ -268,6 +268,30 @@ impl StartupAttestation {
     }
 }
 
+/// Collects fresh CPU TEE (and, when configured, vTPM) evidence over `runtime_data`, for a key
+/// broker's challenge (`crate::keybroker`). The same source as at start-up: hardware when the
+/// machine offers it, the simulated TEE only in the development profile. No GPU section: the
+/// key release concerns the CPU TEE; the GPU was attested at start-up. With a vTPM, this
+/// session's AK is named in `runtime_data` (`tpm_ak_sha256`) before the report is taken.
+pub fn collect_fresh_evidence(
+    config: &AttestationConfig,
+    runtime_data: &mut RuntimeData,
+) -> Result<Evidence, AttestationError> {
+    let policy = load_policy(config)?;
+    let tpm = TpmAttester::open(config.tpm_tcti.as_deref(), &policy)?;
+    if let Some(tpm) = &tpm {
+        tpm.bind_ak(runtime_data)?;
+    }
+    let source: Box<dyn EvidenceSource> = match (detect_hardware(), config.profile) {
+        (Some(hardware), _) => hardware,
+        (None, AttestationProfile::Development) => simulated::tee()?,
+        (None, AttestationProfile::Production) => return Err(AttestationError::NoHardware),
+    };
+    let mut evidence = collect_evidence(source.as_ref(), runtime_data)?;
+    evidence.tpm = tpm.map(|t| t.quote(runtime_data)).transpose()?;
+    Ok(evidence)
+}
+
 /// Reads the server policy that start-up attestation appraises with: the configured file, or the
 /// profile's embedded policy.
 pub fn load_policy(config: &AttestationConfig) -> Result<LoadedPolicy, AttestationError> {

@@ -1,10 +1,11 @@
-//! The `inferno` command line: `serve`, `generate`, `bench`, `audit`, `attest`, `seal`, `verify`
-//! and `proxy`.
+//! The `inferno` command line: `serve`, `generate`, `bench`, `audit`, `attest`, `keybroker`,
+//! `seal`, `verify` and `proxy`.
 
 mod attest;
 mod audit;
 mod bench;
 mod generate;
+mod keybroker;
 mod proxy;
 mod seal;
 mod serve;
@@ -35,6 +36,8 @@ enum Command {
     Audit(audit::AuditArgs),
     /// Verify attestation evidence and build collateral bundles.
     Attest(attest::AttestArgs),
+    /// Release sealed models' keys to appliances whose evidence passes a release policy.
+    Keybroker(keybroker::KeybrokerArgs),
     /// Seal (encrypt) a model directory for serving as a sealed model.
     Seal(seal::SealArgs),
     /// Verify a running server's attestation over TLS against a client policy.
@@ -52,6 +55,7 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Audit(args) => audit::run(args),
         Command::Attest(args) => attest::run(args),
+        Command::Keybroker(args) => keybroker::run(args),
         Command::Seal(args) => seal::run(args),
         Command::Verify(args) => verify::run(args),
         Command::Proxy(args) => proxy::run(args),

@@ -9,11 +9,12 @@ use anyhow::Context;
 
 use crate::seal::manifest::{DEFAULT_CHUNK_SIZE, ReleaseRequirements};
 use crate::seal::recipient::RecipientKey;
+use crate::seal::tpm;
 use crate::seal::{ModelKey, SealOptions, seal_dir};
 
 /// Arguments of `inferno seal`.
 #[derive(Debug, clap::Args)]
-#[command(group(clap::ArgGroup::new("key").required(true).args(["key_file", "recipient"])))]
+#[command(group(clap::ArgGroup::new("key").required(true).args(["key_file", "recipient", "tpm_seal"])))]
 pub struct SealArgs {
     /// The plaintext Hugging Face model directory.
     #[arg(long, value_name = "DIR")]
@@ -29,6 +30,22 @@ pub struct SealArgs {
     /// is wrapped to it in the manifest and never written anywhere else.
     #[arg(long, value_name = "FILE")]
     recipient: Option<PathBuf>,
+    /// Seal a fresh model key to this machine's (v)TPM under a PCR policy and write the
+    /// sealed-key blob (mode 0600) to FILE: serve with `[model.key] source = "tpm"`. The key
+    /// unseals only on this TPM, with the selected PCRs at their current values.
+    #[arg(long, value_name = "FILE")]
+    tpm_seal: Option<PathBuf>,
+    /// The TPM of `--tpm-seal` (a TCTI string).
+    #[arg(long, value_name = "TCTI", default_value = crate::seal::tpm::DEFAULT_TCTI, requires = "tpm_seal")]
+    tpm_tcti: String,
+    /// The SHA-256 PCRs of `--tpm-seal`'s policy, e.g. `0-7` or `0,2,4,7`.
+    #[arg(
+        long,
+        value_name = "LIST",
+        default_value = "0-7",
+        requires = "tpm_seal"
+    )]
+    tpm_pcrs: String,
     /// Plaintext bytes per chunk.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_CHUNK_SIZE)]
     chunk_size: u64,
@@ -51,8 +68,9 @@ pub fn run(args: SealArgs) -> ExitCode {
 
 fn seal(args: SealArgs) -> anyhow::Result<()> {
     let start = Instant::now();
-    let (key, recipient, key_note) = match (&args.key_file, &args.recipient) {
-        (Some(path), None) => {
+    let mut tpm_blob = None;
+    let (key, recipient, key_note) = match (&args.key_file, &args.recipient, &args.tpm_seal) {
+        (Some(path), None, None) => {
             let (key, created) = ModelKey::read_or_create(path)?;
             let note = if created {
                 format!("new key written to {} (mode 0600)", path.display())
@@ -61,12 +79,27 @@ fn seal(args: SealArgs) -> anyhow::Result<()> {
             };
             (key, None, note)
         }
-        (None, Some(path)) => {
+        (None, Some(path), None) => {
             let recipient = RecipientKey::read_file(path)?;
             let note = format!("fresh key wrapped to key broker {}", recipient.to_hex());
             (ModelKey::generate()?, Some(recipient), note)
         }
-        _ => anyhow::bail!("give exactly one of --key-file and --recipient"),
+        (None, None, Some(path)) => {
+            if path.exists() {
+                anyhow::bail!("{}: already exists (refusing to overwrite)", path.display());
+            }
+            let pcrs =
+                tpm::parse_pcrs(&args.tpm_pcrs).map_err(|e| anyhow::anyhow!("--tpm-pcrs: {e}"))?;
+            let key = ModelKey::generate()?;
+            tpm_blob = Some((path.clone(), tpm::seal_key(&args.tpm_tcti, &key, &pcrs)?));
+            let note = format!(
+                "fresh key sealed to TPM {} under SHA-256 PCRs {pcrs:?}, blob {} (mode 0600)",
+                args.tpm_tcti,
+                path.display()
+            );
+            (key, None, note)
+        }
+        _ => anyhow::bail!("give exactly one of --key-file, --recipient and --tpm-seal"),
     };
     let model_id = args
         .model_id
@@ -87,6 +120,9 @@ fn seal(args: SealArgs) -> anyhow::Result<()> {
     };
     let manifest = seal_dir(&args.model, &args.out, &key, &options)
         .with_context(|| format!("cannot seal {}", args.model.display()))?;
+    if let Some((path, blob)) = tpm_blob {
+        blob.write(&path)?;
+    }
     let bytes: u64 = manifest.files.iter().map(|f| f.size).sum();
     let secs = start.elapsed().as_secs_f64();
     println!(

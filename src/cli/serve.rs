@@ -33,6 +33,10 @@ pub struct ServeArgs {
     /// `[model.key]`. Development only: the production profile refuses key files.
     #[arg(long, value_name = "FILE")]
     model_key_file: Option<PathBuf>,
+    /// The key broker that releases the key of a sealed model (`--model` names the sealed
+    /// directory, sealed with `inferno seal --recipient`), overriding `[model.key]`.
+    #[arg(long, value_name = "URL", conflicts_with = "model_key_file")]
+    key_broker: Option<String>,
     /// Switch to this unprivileged user once the listening socket, keys and audit log are open,
     /// overriding `server.user`.
     #[arg(long, value_name = "NAME")]
@@ -72,6 +76,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(path) = args.model_key_file {
         config.model.key = Some(ModelKeySource::File { path });
+    }
+    if let Some(url) = args.key_broker {
+        let retries = match &config.model.key {
+            Some(ModelKeySource::Broker { retries, .. }) => *retries,
+            _ => crate::config::DEFAULT_BROKER_RETRIES,
+        };
+        config.model.key = Some(ModelKeySource::Broker { url, retries });
     }
     if let Some(user) = args.user {
         config.server.user = Some(user);
@@ -120,6 +131,7 @@ async fn serve_async(
     let mut signals = ShutdownSignals::watch()?;
     let production = config.attestation.profile == AttestationProfile::Production;
     let user = config.server.user.clone();
+    let attestation_config = config.attestation.clone();
     let server = Server::start(config).await?;
     // The keys exist and the socket and the audit log are open: lock the keys' pages, then give
     // up privileges before the model (operator-supplied files) is read.
@@ -137,7 +149,14 @@ async fn serve_async(
     );
     // A sealed model is opened (key released, chunks decrypted and hashed) before anything
     // else touches it; every refusal is final, recorded and stops start-up.
-    let sealed = match open_sealed_model(&server, model_dir.as_deref(), key_source).await {
+    let sealed = match open_sealed_model(
+        &server,
+        model_dir.as_deref(),
+        key_source,
+        &attestation_config,
+    )
+    .await
+    {
         Ok(sealed) => sealed,
         Err(err) => {
             server.shutdown().await;
@@ -180,12 +199,14 @@ async fn serve_async(
 }
 
 /// When `dir` holds a sealed model: obtains its key from `source` (refusing a key file outside
-/// the development profile), decrypts it and records the release, or the refusal, in the audit
-/// log before returning. `None` for a plaintext model (then `source` must be absent).
+/// the development profile; asking a key broker with fresh evidence collected under
+/// `attestation`), decrypts it and records the release, or the refusal, in the audit log before
+/// returning. `None` for a plaintext model (then `source` must be absent).
 async fn open_sealed_model(
     server: &Server,
     dir: Option<&Path>,
     source: Option<ModelKeySource>,
+    attestation: &AttestationConfig,
 ) -> anyhow::Result<Option<ModelFiles>> {
     let sealed_dir = dir.filter(|d| seal::is_sealed(d)).map(Path::to_path_buf);
     let (dir, source) = match (sealed_dir, source) {
@@ -231,6 +252,28 @@ async fn open_sealed_model(
                 Err(err) => return Err(refuse(err.to_string()).await),
             }
         }
+        Some(ModelKeySource::Tpm { blob, tcti }) => {
+            let tcti = tcti.unwrap_or_else(|| seal::tpm::DEFAULT_TCTI.to_owned());
+            let unsealed = tokio::task::spawn_blocking({
+                let (blob, tcti) = (blob.clone(), tcti.clone());
+                move || {
+                    seal::tpm::TpmSealedKey::read(&blob)
+                        .and_then(|sealed| seal::tpm::unseal_key(&tcti, &sealed))
+                }
+            })
+            .await
+            .context("unsealing from the TPM panicked")?;
+            match unsealed {
+                Ok(key) => (key, format!("TPM {tcti}, blob {}", blob.display())),
+                Err(err) => return Err(refuse(err.to_string()).await),
+            }
+        }
+        Some(ModelKeySource::Broker { url, retries }) => {
+            match key_from_broker(server, &dir, &url, retries, attestation).await {
+                Ok(key) => (key, format!("key broker {url}")),
+                Err(reason) => return Err(refuse(reason).await),
+            }
+        }
     };
     let policy = server.attestation().policy_sha256().to_owned();
     let opened = tokio::task::spawn_blocking({
@@ -259,6 +302,46 @@ async fn open_sealed_model(
         }
         Err(err) => Err(refuse(format!("{err:#}")).await),
     }
+}
+
+/// Asks the key broker at `url` for the key of the sealed model in `dir`, with fresh evidence
+/// binding the broker's challenge and an ephemeral key; the one-line reason when none came.
+async fn key_from_broker(
+    server: &Server,
+    dir: &Path,
+    url: &str,
+    retries: u32,
+    attestation: &AttestationConfig,
+) -> Result<ModelKey, String> {
+    let (manifest, _) = seal::Manifest::read(dir).map_err(|e| e.to_string())?;
+    let wrapped_key = manifest.wrapped_key.clone().ok_or_else(|| {
+        format!(
+            "{} was not sealed for a key broker (no wrapped_key; seal it with `inferno seal --recipient`)",
+            dir.display()
+        )
+    })?;
+    let startup = server.attestation();
+    let tee = serde_json::to_value(startup.evidence.platform)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let request = crate::keybroker::KeyRequest {
+        model_id: manifest
+            .release
+            .model_id
+            .clone()
+            .unwrap_or_else(|| Model::name_of_dir(dir)),
+        key_id: manifest.key_id.clone(),
+        wrapped_key,
+        tee,
+    };
+    let config = attestation.clone();
+    let evidence_for = move |mut runtime_data| {
+        crate::attest::collect_fresh_evidence(&config, &mut runtime_data).map_err(|e| e.to_string())
+    };
+    crate::keybroker::request_key(url, &request, &startup.runtime_data, retries, evidence_for)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// The production profile serves nothing unaudited: without an `[audit]` table it does not start.

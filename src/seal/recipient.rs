@@ -10,7 +10,7 @@ use hpke::aead::AesGcm256;
 use hpke::kdf::HkdfSha256;
 use hpke::kem::X25519HkdfSha256;
 use hpke::{Deserializable, Kem, OpModeR, OpModeS, Serializable};
-use zeroize::Zeroizing;
+use zeroize::{Zeroize, Zeroizing};
 
 use super::error::SealError;
 use super::key::{KEY_LEN, ModelKey};
@@ -79,12 +79,21 @@ impl RecipientSecret {
     }
 }
 
-/// Wraps `key` to `recipient`.
+/// Wraps `key` to `recipient` (the manifest's `wrapped_key`).
 pub fn wrap(key: &ModelKey, recipient: &RecipientKey) -> Result<WrappedKey, SealError> {
+    wrap_with_info(key, recipient, WRAP_INFO)
+}
+
+/// Wraps `key` to `recipient` under the HPKE `info` string `info` (associated data: the key id).
+pub fn wrap_with_info(
+    key: &ModelKey,
+    recipient: &RecipientKey,
+    info: &[u8],
+) -> Result<WrappedKey, SealError> {
     let (enc, ciphertext) = hpke::single_shot_seal::<AesGcm256, HkdfSha256, X25519HkdfSha256, _>(
         &OpModeS::Base,
         &recipient.0,
-        WRAP_INFO,
+        info,
         key.expose(),
         key.id().as_bytes(),
         &mut rand::rng(),
@@ -98,11 +107,22 @@ pub fn wrap(key: &ModelKey, recipient: &RecipientKey) -> Result<WrappedKey, Seal
     })
 }
 
-/// Unwraps a model key with the recipient's secret and checks it has id `key_id`.
+/// Unwraps a manifest's model key with the recipient's secret and checks it has id `key_id`.
 pub fn unwrap(
     wrapped: &WrappedKey,
     secret: &RecipientSecret,
     key_id: &str,
+) -> Result<ModelKey, SealError> {
+    unwrap_with_info(wrapped, secret, key_id, WRAP_INFO)
+}
+
+/// Unwraps a model key wrapped under the HPKE `info` string `info` and checks it has id
+/// `key_id`.
+pub fn unwrap_with_info(
+    wrapped: &WrappedKey,
+    secret: &RecipientSecret,
+    key_id: &str,
+    info: &[u8],
 ) -> Result<ModelKey, SealError> {
     let fail = |reason: String| SealError::Wrap(reason);
     check_wrapped(wrapped).map_err(fail)?;
@@ -115,15 +135,19 @@ pub fn unwrap(
             &OpModeR::Base,
             &secret.0,
             &enc,
-            WRAP_INFO,
+            info,
             &ciphertext,
             key_id.as_bytes(),
         )
-        .map_err(|_| fail("the wrapped key does not open with this key broker's key".into()))?,
+        .map_err(|_| fail("the wrapped key does not open with this recipient's key".into()))?,
     );
-    let bytes = <[u8; KEY_LEN]>::try_from(plain.as_slice())
-        .map_err(|_| fail(format!("unwrapped {} bytes", plain.len())))?;
+    let mut bytes = [0u8; KEY_LEN];
+    if plain.len() != KEY_LEN {
+        return Err(fail(format!("unwrapped {} bytes", plain.len())));
+    }
+    bytes.copy_from_slice(&plain);
     let key = ModelKey::from_bytes(bytes);
+    bytes.zeroize();
     if key.id() != key_id {
         return Err(fail(
             "the unwrapped key does not have the manifest's key id".into(),
@@ -160,6 +184,11 @@ mod tests {
         let (other, _) = RecipientSecret::generate();
         assert!(unwrap(&wrapped, &other, &key.id()).is_err());
         assert!(unwrap(&wrapped, &secret, &"00".repeat(16)).is_err());
+        // A key wrapped under another info string does not open as a manifest key.
+        let released = wrap_with_info(&key, &public, b"other purpose").unwrap();
+        assert!(unwrap(&released, &secret, &key.id()).is_err());
+        let opened = unwrap_with_info(&released, &secret, &key.id(), b"other purpose").unwrap();
+        assert_eq!(opened.id(), key.id());
         let round = RecipientSecret::from_bytes(&secret.to_bytes()).unwrap();
         assert_eq!(round.public().to_hex(), public.to_hex());
         assert_eq!(
