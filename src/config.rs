@@ -72,6 +72,12 @@ pub enum ModelKeySource {
         #[serde(default)]
         tcti: Option<String>,
     },
+    /// The key wrapped under an SEV-SNP derived key (`inferno seal --snp-seal`); never run on
+    /// hardware.
+    Snp {
+        /// The sealed-key blob file.
+        blob: PathBuf,
+    },
 }
 
 /// The default number of retries of an unreachable key broker.

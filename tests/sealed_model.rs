@@ -358,3 +358,47 @@ fn serve_refuses_a_tampered_sealed_model() {
         "failed authentication",
     );
 }
+
+#[test]
+fn without_sev_snp_hardware_the_derived_key_source_refuses_in_one_line() {
+    if Path::new(inferno::seal::snp::DEVICE).exists() {
+        eprintln!("SKIPPED: this machine has /dev/sev-guest");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    // Sealing: nothing is written.
+    let out = work.path().join("never");
+    let blob = work.path().join("snp.json");
+    let (code, _, stderr) = inferno(&[
+        "seal",
+        "--model",
+        committed_fixture("inferno-tiny").to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--snp-seal",
+        blob.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("/dev/sev-guest is absent"), "{stderr}");
+    assert!(!out.exists() && !blob.exists());
+
+    // Serving: refused before any chunk is read, recorded.
+    let (sealed, _) = seal_with_cli(work.path());
+    let params = inferno::seal::snp::SnpKeyParams::default();
+    inferno::seal::snp::wrap(&ModelKey::generate().unwrap(), &params, &[1; 32])
+        .write(&blob)
+        .unwrap();
+    let run = work.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    assert_serve_refuses(
+        &run,
+        &sealed,
+        &format!(
+            "[model.key]\nsource = \"snp\"\nblob = \"{}\"\n",
+            blob.display()
+        ),
+        &[],
+        "/dev/sev-guest is absent",
+    );
+}

@@ -9,12 +9,12 @@ use anyhow::Context;
 
 use crate::seal::manifest::{DEFAULT_CHUNK_SIZE, ReleaseRequirements};
 use crate::seal::recipient::RecipientKey;
-use crate::seal::tpm;
 use crate::seal::{ModelKey, SealOptions, seal_dir};
+use crate::seal::{snp, tpm};
 
 /// Arguments of `inferno seal`.
 #[derive(Debug, clap::Args)]
-#[command(group(clap::ArgGroup::new("key").required(true).args(["key_file", "recipient", "tpm_seal"])))]
+#[command(group(clap::ArgGroup::new("key").required(true).args(["key_file", "recipient", "tpm_seal", "snp_seal"])))]
 pub struct SealArgs {
     /// The plaintext Hugging Face model directory.
     #[arg(long, value_name = "DIR")]
@@ -46,6 +46,18 @@ pub struct SealArgs {
         requires = "tpm_seal"
     )]
     tpm_pcrs: String,
+    /// Wrap a fresh model key under this SEV-SNP guest's derived key (MSG_KEY_REQ: VCEK root,
+    /// launch measurement and guest policy mixed in) and write the blob (mode 0600) to FILE:
+    /// serve with `[model.key] source = "snp"`. Needs /dev/sev-guest; never run on hardware.
+    #[arg(long, value_name = "FILE")]
+    snp_seal: Option<PathBuf>,
+    /// With `--snp-seal`: the VMPL of the request (at least the guest's own).
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "snp_seal")]
+    snp_vmpl: u32,
+    /// With `--snp-seal`: also mix in this TCB version (u64), so firmware older than it cannot
+    /// derive the key.
+    #[arg(long, value_name = "TCB", requires = "snp_seal")]
+    snp_tcb: Option<u64>,
     /// Plaintext bytes per chunk.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_CHUNK_SIZE)]
     chunk_size: u64,
@@ -69,8 +81,15 @@ pub fn run(args: SealArgs) -> ExitCode {
 fn seal(args: SealArgs) -> anyhow::Result<()> {
     let start = Instant::now();
     let mut tpm_blob = None;
-    let (key, recipient, key_note) = match (&args.key_file, &args.recipient, &args.tpm_seal) {
-        (Some(path), None, None) => {
+    let mut snp_blob = None;
+    let key_args = (
+        &args.key_file,
+        &args.recipient,
+        &args.tpm_seal,
+        &args.snp_seal,
+    );
+    let (key, recipient, key_note) = match key_args {
+        (Some(path), None, None, None) => {
             let (key, created) = ModelKey::read_or_create(path)?;
             let note = if created {
                 format!("new key written to {} (mode 0600)", path.display())
@@ -79,12 +98,12 @@ fn seal(args: SealArgs) -> anyhow::Result<()> {
             };
             (key, None, note)
         }
-        (None, Some(path), None) => {
+        (None, Some(path), None, None) => {
             let recipient = RecipientKey::read_file(path)?;
             let note = format!("fresh key wrapped to key broker {}", recipient.to_hex());
             (ModelKey::generate()?, Some(recipient), note)
         }
-        (None, None, Some(path)) => {
+        (None, None, Some(path), None) => {
             if path.exists() {
                 anyhow::bail!("{}: already exists (refusing to overwrite)", path.display());
             }
@@ -99,7 +118,28 @@ fn seal(args: SealArgs) -> anyhow::Result<()> {
             );
             (key, None, note)
         }
-        _ => anyhow::bail!("give exactly one of --key-file, --recipient and --tpm-seal"),
+        (None, None, None, Some(path)) => {
+            if path.exists() {
+                anyhow::bail!("{}: already exists (refusing to overwrite)", path.display());
+            }
+            let params = snp::SnpKeyParams {
+                vmpl: args.snp_vmpl,
+                tcb_version: args.snp_tcb,
+                ..snp::SnpKeyParams::default()
+            };
+            // Derive first: without SNP hardware nothing is written.
+            let kek = snp::derive(&params)?;
+            let key = ModelKey::generate()?;
+            snp_blob = Some((path.clone(), snp::wrap(&key, &params, &kek)));
+            let note = format!(
+                "fresh key wrapped under the SEV-SNP derived key, blob {} (mode 0600)",
+                path.display()
+            );
+            (key, None, note)
+        }
+        _ => {
+            anyhow::bail!("give exactly one of --key-file, --recipient, --tpm-seal and --snp-seal")
+        }
     };
     let model_id = args
         .model_id
@@ -121,6 +161,9 @@ fn seal(args: SealArgs) -> anyhow::Result<()> {
     let manifest = seal_dir(&args.model, &args.out, &key, &options)
         .with_context(|| format!("cannot seal {}", args.model.display()))?;
     if let Some((path, blob)) = tpm_blob {
+        blob.write(&path)?;
+    }
+    if let Some((path, blob)) = snp_blob {
         blob.write(&path)?;
     }
     let bytes: u64 = manifest.files.iter().map(|f| f.size).sum();

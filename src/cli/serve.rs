@@ -268,6 +268,21 @@ async fn open_sealed_model(
                 Err(err) => return Err(refuse(err.to_string()).await),
             }
         }
+        Some(ModelKeySource::Snp { blob }) => {
+            let unsealed = tokio::task::spawn_blocking({
+                let blob = blob.clone();
+                move || {
+                    seal::snp::SnpSealedKey::read(&blob)
+                        .and_then(|sealed| seal::snp::unseal(&sealed))
+                }
+            })
+            .await
+            .context("the SEV-SNP derived key task panicked")?;
+            match unsealed {
+                Ok(key) => (key, format!("SEV-SNP derived key, blob {}", blob.display())),
+                Err(err) => return Err(refuse(err.to_string()).await),
+            }
+        }
         Some(ModelKeySource::Broker { url, retries }) => {
             match key_from_broker(server, &dir, &url, retries, attestation).await {
                 Ok(key) => (key, format!("key broker {url}")),

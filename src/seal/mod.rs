@@ -15,6 +15,7 @@
 //! - [`key`]: the model key (zeroized), key files (0600) and key ids;
 //! - [`chunk`]: per-file keys, nonces, associated data;
 //! - [`recipient`]: HPKE (RFC 9180) wrapping of the model key to a key broker;
+//! - [`snp`]: the model key wrapped under an SEV-SNP derived key (MSG_KEY_REQ);
 //! - [`tpm`]: the model key sealed to the (v)TPM under a PCR policy;
 //! - [`write`]: `inferno seal` (streaming, parallel, with a progress bar);
 //! - [`open`]: decryption at load, in parallel, with the model digest computed from the
@@ -26,6 +27,7 @@ pub mod key;
 pub mod manifest;
 pub mod open;
 pub mod recipient;
+pub mod snp;
 pub mod tpm;
 pub mod write;
 
