@@ -102,14 +102,18 @@ for case in listed other; do
     { echo 'reference_values = "reference-values.toml"'
       sed -e 's/^pcrs = \[0, 1, 2, 3, 4, 5, 6, 7\]$/pcrs = [0, 1, 2, 3, 4, 5, 6, 7, 11]/' \
         "$here/policy/development.toml"; } >"$work/$case/policy.toml"
-    "$here/scripts/image-reference-values.sh" "$images" inferno-development \
-        >"$work/$case/reference-values.toml"
+    # Without the [sev_snp] and [tdx] tables: the simulated TEE's launch measurement is not the
+    # image's (and they are empty, not computed).
+    "$here/scripts/image-reference-values.sh" "$images" inferno-development |
+        awk '/^\[/ { skip = ($0 == "[sev_snp]" || $0 == "[tdx]") } !skip' \
+            >"$work/$case/reference-values.toml"
 done
 sed -i "s/^11 = .*/11 = [\"$(printf '%064d' 0)\"]/" "$work/other/reference-values.toml"
 "$inferno" attest verify --policy "$work/listed/policy.toml" "$work/evidence.json" \
     >"$work/listed/appraisal.txt" ||
     fail "the server's evidence fails the image's reference values: $(grep -a FAIL "$work/listed/appraisal.txt")"
-grep -a '\[pass\] tpm.pcr_values: PCR 11' "$work/listed/appraisal.txt" ||
+grep -a "\[pass\] tpm.pcr_values: PCR 11 = $pcr11 is in the reference values" \
+    "$work/listed/appraisal.txt" ||
     fail "the appraisal did not check PCR 11: $(cat "$work/listed/appraisal.txt")"
 if "$inferno" attest verify --policy "$work/other/policy.toml" "$work/evidence.json" \
     >"$work/other/appraisal.txt"; then
