@@ -294,8 +294,17 @@ async fn open_sealed_model(
     let opened = tokio::task::spawn_blocking({
         let dir = dir.clone();
         move || {
+            let started = std::time::Instant::now();
             let (manifest, files) = seal::open_sealed(&dir, &key)?;
             drop(key);
+            let bytes: u64 = manifest.files.iter().map(|f| f.size).sum();
+            let secs = started.elapsed().as_secs_f64();
+            tracing::info!(
+                bytes,
+                ms = (secs * 1e3) as u64,
+                gb_per_s = format!("{:.1}", bytes as f64 / secs.max(1e-9) / 1e9),
+                "sealed model opened (read, decrypted and hashed in one pass)"
+            );
             let allowed = &manifest.release.policy_sha256;
             if !allowed.is_empty() && !allowed.contains(&policy) {
                 return Err(anyhow::anyhow!(
