@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 
 use inferno_attestation::policy::{
     AuditContent, AuditPolicy, AuthPolicy, GpuPolicy, LoadedPolicy, MinTcb, POLICY_SCHEMA_VERSION,
-    Platform, Policy, RuntimeDataPolicy, SimulatedPolicy, SnpPolicy, TdxPolicy, TimePolicy,
-    TpmPolicy,
+    Platform, Policy, PolicyError, ReferenceValuesUse, RuntimeDataPolicy, SimulatedPolicy,
+    SnpPolicy, TdxPolicy, TimePolicy, TpmPolicy,
 };
+use inferno_attestation::reference_values::ReferenceValues;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -62,6 +63,11 @@ pub struct ClientPolicy {
     /// Absent: any.
     #[serde(default)]
     pub measurements: Option<Vec<String>>,
+    /// A reference-values file (`policy/reference-values.toml`, relative to this policy's
+    /// directory) whose SEV-SNP measurements, TDX registers and vTPM PCR values the evidence
+    /// appraisal then requires (`inferno_attestation::reference_values`). Absent: none.
+    #[serde(default)]
+    pub reference_values: Option<String>,
     /// Minimum SEV-SNP reported TCB, per processor product (`Milan`, `Genoa`, `Turin`).
     #[serde(default)]
     pub min_tcb: BTreeMap<String, MinTcb>,
@@ -96,8 +102,57 @@ pub struct LoadedClientPolicy {
 }
 
 impl LoadedClientPolicy {
-    /// Parses and validates client-policy bytes.
+    /// Parses and validates client-policy bytes. A policy that names a reference-values file is
+    /// refused here (the file could not be found): load it with [`LoadedClientPolicy::from_file`]
+    /// or [`LoadedClientPolicy::with_reference_values`].
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, ClientPolicyError> {
+        let loaded = Self::parse(bytes)?;
+        if let Some(file) = &loaded.policy.reference_values {
+            return Err(field(
+                "reference_values",
+                &format!(
+                    "the policy names the file {file:?}, which a policy read from bytes cannot find: load the policy from its file"
+                ),
+            ));
+        }
+        Ok(loaded)
+    }
+
+    /// Parses client-policy bytes that name a reference-values file, applying
+    /// `reference_values` (that file's bytes) to the evidence appraisal.
+    pub fn with_reference_values(
+        policy: &[u8],
+        reference_values: &[u8],
+    ) -> Result<Self, ClientPolicyError> {
+        let mut loaded = Self::parse(policy)?;
+        let Some(file) = loaded.policy.reference_values.clone() else {
+            return Err(field(
+                "reference_values",
+                "reference values were given but the policy names no reference-values file",
+            ));
+        };
+        if loaded.policy.measurements.is_some() {
+            return Err(field(
+                "measurements",
+                "is set both inline and by the reference-values file; keep one",
+            ));
+        }
+        let reason = |e: PolicyError| field("reference_values", &e.to_string());
+        let values = ReferenceValues::from_bytes(reference_values).map_err(reason)?;
+        let fields = values
+            .apply_to(&mut loaded.appraisal.policy)
+            .map_err(reason)?;
+        loaded.appraisal.policy.validate().map_err(reason)?;
+        loaded.appraisal.reference_values = ReferenceValuesUse::Applied {
+            file,
+            image: values.image,
+            sha256: Sha256::digest(reference_values).into(),
+            fields,
+        };
+        Ok(loaded)
+    }
+
+    fn parse(bytes: &[u8]) -> Result<Self, ClientPolicyError> {
         let text = std::str::from_utf8(bytes).map_err(|e| field("(file)", &e.to_string()))?;
         let policy: ClientPolicy = toml::from_str(text)?;
         policy.validate()?;
@@ -105,6 +160,7 @@ impl LoadedClientPolicy {
         let appraisal = LoadedPolicy {
             policy: policy.appraisal_policy(),
             digest,
+            reference_values: ReferenceValuesUse::None,
         };
         appraisal
             .policy
@@ -117,13 +173,23 @@ impl LoadedClientPolicy {
         })
     }
 
-    /// Reads, parses and validates a client-policy file.
+    /// Reads, parses and validates a client-policy file; the reference-values file it names
+    /// (relative to the policy's directory) is read and applied, and a missing one is an error.
     pub fn from_file(path: &std::path::Path) -> Result<Self, ClientPolicyError> {
-        let bytes = std::fs::read(path).map_err(|source| ClientPolicyError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Self::from_bytes(&bytes)
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map_err(|source| ClientPolicyError::Io {
+                path: path.display().to_string(),
+                source,
+            })
+        };
+        let bytes = read(path)?;
+        match Self::parse(&bytes)?.policy.reference_values {
+            None => Self::from_bytes(&bytes),
+            Some(file) => {
+                let dir = path.parent().unwrap_or(std::path::Path::new("."));
+                Self::with_reference_values(&bytes, &read(&dir.join(file))?)
+            }
+        }
     }
 }
 
@@ -200,6 +266,7 @@ impl ClientPolicy {
             auth: AuthPolicy {
                 require_api_key: false,
             },
+            reference_values: None,
         }
     }
 }
@@ -243,11 +310,54 @@ mod tests {
         assert!(dev.policy.accept_simulated);
         assert!(!dev.appraisal.policy.simulated.trusted_ark_sha256.is_empty());
         assert!(dev.appraisal.policy.runtime_data.required);
-        let prod = LoadedClientPolicy::from_bytes(policy_text("client-production.toml").as_bytes())
-            .unwrap();
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../policy/client-production.toml");
+        let prod = LoadedClientPolicy::from_file(&path).unwrap();
         assert!(!prod.policy.accept_simulated);
         assert!(prod.policy.gpu.required);
         assert!(prod.policy.simulated.trusted_ark_sha256.is_empty());
+        // The release's reference values apply to the evidence appraisal.
+        assert!(matches!(
+            prod.appraisal.reference_values,
+            ReferenceValuesUse::Applied { .. }
+        ));
+        let tpm = prod.appraisal.policy.tpm.as_ref().unwrap();
+        assert_eq!(tpm.pcr_values["11"].len(), 1);
+        let snp = prod.appraisal.policy.sev_snp.as_ref().unwrap();
+        assert!(snp.measurements.is_some());
+        // Read from bytes, the file named cannot be found: refused.
+        let err = LoadedClientPolicy::from_bytes(policy_text("client-production.toml").as_bytes())
+            .unwrap_err();
+        assert!(err.to_string().contains("reference_values"), "{err}");
+    }
+
+    #[test]
+    fn reference_values_conflicting_with_inline_measurements_are_rejected() {
+        let text = policy_text("client-development.toml").replacen(
+            "schema = 1",
+            "schema = 1\nreference_values = \"rv.toml\"",
+            1,
+        );
+        let values = format!(
+            "schema = 1\nimage = \"inferno\"\n[sev_snp]\nmeasurements = [{{ product = \"Milan\", vcpus = 4, measurement = \"{}\" }}]\n",
+            "ab".repeat(48)
+        );
+        let loaded =
+            LoadedClientPolicy::with_reference_values(text.as_bytes(), values.as_bytes()).unwrap();
+        let snp = loaded.appraisal.policy.sev_snp.as_ref().unwrap();
+        assert_eq!(snp.measurements, Some(vec!["ab".repeat(48)]));
+        let inline = text.replacen(
+            "schema = 1",
+            &format!("schema = 1\nmeasurements = [\"{}\"]", "cd".repeat(48)),
+            1,
+        );
+        let err = LoadedClientPolicy::with_reference_values(inline.as_bytes(), values.as_bytes())
+            .unwrap_err();
+        assert!(err.to_string().contains("both inline"), "{err}");
+        let bad = values.replace("Milan", "Naples");
+        assert!(
+            LoadedClientPolicy::with_reference_values(text.as_bytes(), bad.as_bytes()).is_err()
+        );
     }
 
     #[test]

@@ -366,3 +366,31 @@ fn simulated_or_tampered_evidence_fails_evidence_appraisal() {
     assert!(failures.contains(&"evidence.appraisal"), "{report}");
     assert!(!report.trusted());
 }
+
+#[test]
+fn a_launch_measurement_not_in_the_reference_values_fails_naming_it() {
+    let server = Instance::new(MODEL);
+    let observed = server.observe(NONCE, EXPORTER);
+    let measurement = hex::encode(inferno_attestation::collect::simulated::default_measurement());
+    let with_values = |listed: &str| {
+        let text = development_policy_text().replacen(
+            "schema = 1",
+            "schema = 1\nreference_values = \"reference-values.toml\"",
+            1,
+        );
+        let values = format!(
+            "schema = 1\nimage = \"inferno\"\n[sev_snp]\nmeasurements = [{{ product = \"Milan\", vcpus = 4, measurement = \"{listed}\" }}]\n"
+        );
+        LoadedClientPolicy::with_reference_values(text.as_bytes(), values.as_bytes())
+            .expect("client policy with reference values")
+    };
+    let report = judge(&observed, &with_values(&measurement));
+    assert!(report.trusted(), "{report}");
+
+    let report = judge(&observed, &with_values(&"00".repeat(48)));
+    assert!(!report.trusted());
+    assert_eq!(failed(&report), ["evidence.appraisal"], "{report}");
+    let text = report.to_string();
+    assert!(text.contains(&measurement), "names the measurement: {text}");
+    assert!(text.contains("reference values of image"), "{text}");
+}

@@ -293,17 +293,22 @@ pub fn collect_fresh_evidence(
 }
 
 /// Reads the server policy that start-up attestation appraises with: the configured file, or the
-/// profile's embedded policy.
+/// profile's embedded policy. The reference values the policy names are not applied: they are
+/// computed from the image the server is part of, so the image cannot hold them; its verifiers
+/// apply them (`docs/deploy-airgapped.md`, section 7).
 pub fn load_policy(config: &AttestationConfig) -> Result<LoadedPolicy, AttestationError> {
     let (name, loaded) = match (&config.policy, config.profile) {
-        (Some(path), _) => (path.display().to_string(), LoadedPolicy::from_file(path)),
+        (Some(path), _) => (
+            path.display().to_string(),
+            LoadedPolicy::from_file_for_self_appraisal(path),
+        ),
         (None, AttestationProfile::Development) => (
             "embedded development policy".to_owned(),
-            LoadedPolicy::from_bytes(DEVELOPMENT_POLICY),
+            LoadedPolicy::for_self_appraisal(DEVELOPMENT_POLICY),
         ),
         (None, AttestationProfile::Production) => (
             "embedded production policy".to_owned(),
-            LoadedPolicy::from_bytes(PRODUCTION_POLICY),
+            LoadedPolicy::for_self_appraisal(PRODUCTION_POLICY),
         ),
     };
     loaded.map_err(|source| AttestationError::Policy {
