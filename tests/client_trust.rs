@@ -517,6 +517,133 @@ fn the_proxy_forwards_only_to_a_verified_upstream_and_recovers() {
     assert!(headers.contains_key("inferno-verified-model"));
 }
 
+#[test]
+fn the_proxy_answers_502_and_forwards_nothing_to_an_unverifiable_upstream() {
+    let rt = runtime();
+    // Nothing listens on port 9: no TLS session, so `upstream_unreachable`.
+    let proxy = Proxy::start("https://127.0.0.1:9");
+    let http = reqwest::Client::new();
+    let ask = |base: &str| {
+        let request = http
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&serde_json::json!({
+                "model": "any",
+                "messages": [{"role": "user", "content": "a prompt that must not leave"}],
+            }))
+            .send();
+        async move {
+            let response = request.await.expect("the proxy answers");
+            let status = response.status().as_u16();
+            let body: serde_json::Value = response.json().await.expect("OpenAI error JSON");
+            (status, body)
+        }
+    };
+    let (status, body) = rt.block_on(ask(&proxy.base));
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(body["error"]["code"], "upstream_unreachable", "{body}");
+    assert!(
+        !body["error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains('\n')
+    );
+    drop(proxy);
+
+    // A TLS server whose certificate carries no evidence, answering the attestation request with
+    // genuine (simulated) evidence for another key: `upstream_verification_failed`, naming the
+    // checks, and no request but the attestation ones reaches it.
+    let upstream = rt.block_on(UnattestedServer::start());
+    let proxy = Proxy::start(&format!("https://{}", upstream.addr));
+    for _ in 0..2 {
+        let (status, body) = rt.block_on(ask(&proxy.base));
+        assert_eq!(status, 502, "{body}");
+        assert_eq!(body["error"]["code"], "upstream_verification_failed");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(message.contains("tls.certificate_evidence"), "{message}");
+        assert!(message.contains("fresh.challenge"), "{message}");
+    }
+    let seen = upstream.requests.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(
+        seen.iter()
+            .all(|line| line == "POST /v1/attestation HTTP/1.1"),
+        "{seen:?}"
+    );
+}
+
+/// A TLS server with a plain self-signed certificate (no evidence extension) that answers
+/// `POST /v1/attestation` with simulated evidence naming no key, and records every request line.
+struct UnattestedServer {
+    addr: SocketAddr,
+    requests: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl UnattestedServer {
+    async fn start() -> Self {
+        use inferno_attestation::collect::{collect_evidence, simulated::SimulatedSnp};
+        use inferno_attestation::runtime_data::RuntimeData;
+        let evidence = collect_evidence(
+            &SimulatedSnp::new().expect("simulated TEE"),
+            &RuntimeData::new([0; 32], "unattested"),
+        )
+        .expect("evidence");
+        let answer = serde_json::json!({ "evidence": evidence }).to_string();
+        let identity =
+            rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("certificate");
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("tls13")
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![identity.cert.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
+                identity.signing_key.serialize_der(),
+            )),
+        )
+        .expect("server config");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&requests);
+        let task = tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, seen, answer) =
+                    (acceptor.clone(), Arc::clone(&seen), answer.clone());
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let Some((request_line, _)) = read_whole_request(&mut tls).await else {
+                        return;
+                    };
+                    seen.lock().unwrap().push(request_line);
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                        answer.len()
+                    );
+                    let _ = tls.write_all(response.as_bytes()).await;
+                    let _ = tls.shutdown().await;
+                });
+            }
+        });
+        Self {
+            addr,
+            requests,
+            task,
+        }
+    }
+}
+
+impl Drop for UnattestedServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// A running `inferno proxy`; stopped on drop.
 struct Proxy {
     child: Child,
@@ -715,8 +842,15 @@ async fn relay_connection(
     }
 }
 
-/// Reads one HTTP/1.1 request (head and a Content-Length body).
+/// Reads one HTTP/1.1 request and returns its body (Content-Length).
 async fn read_request<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> Option<Vec<u8>> {
+    read_whole_request(stream).await.map(|(_, body)| body)
+}
+
+/// Reads one HTTP/1.1 request: its request line and its body (Content-Length).
+async fn read_whole_request<S: tokio::io::AsyncRead + Unpin>(
+    stream: &mut S,
+) -> Option<(String, Vec<u8>)> {
     let mut data = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -733,7 +867,12 @@ async fn read_request<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> Option
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(0);
             if data.len() >= end + 4 + length {
-                return Some(data[end + 4..end + 4 + length].to_vec());
+                let request_line = String::from_utf8_lossy(&data[..end])
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                return Some((request_line, data[end + 4..end + 4 + length].to_vec()));
             }
         }
     }

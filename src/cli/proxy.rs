@@ -328,8 +328,11 @@ fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
 
 fn verification_failure(err: &ClientError) -> Response<ProxyBody> {
     tracing::warn!(error = %err, "upstream not verified; answering 502");
+    // A server that answers no usable evidence is as unverified as one whose evidence fails.
     let code = match err {
-        ClientError::Rejected { .. } => "upstream_verification_failed",
+        ClientError::Rejected { .. } | ClientError::Attestation { .. } => {
+            "upstream_verification_failed"
+        }
         _ => "upstream_unreachable",
     };
     error_response(
