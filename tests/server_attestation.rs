@@ -17,7 +17,6 @@ use std::sync::Arc;
 use attest_support::check;
 use inferno::attest::binding::{BindingInput, check_start_events};
 use inferno::attest::{AttestationService, StartupBinding, tls_spki_sha256};
-use inferno_audit::{AuditConfig, VerifyOptions, verify};
 use inferno::config::{AttestationConfig, AttestationProfile, Config};
 use inferno::model::Model;
 use inferno::server::Server;

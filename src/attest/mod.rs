@@ -520,7 +520,7 @@ pub fn collect_fresh_evidence(
         (None, AttestationProfile::Production) => return Err(AttestationError::NoHardware),
     };
     let mut evidence = collect_evidence(source.as_ref(), runtime_data)?;
-    evidence.tpm = tpm.map(|t| t.quote(runtime_data)).transpose()?;
+    evidence.tpm = tpm.map(|mut t| t.quote(runtime_data)).transpose()?;
     Ok(evidence)
 }
 

@@ -111,11 +111,12 @@ impl Route {
 impl App {
     /// State for a server whose model is not loaded yet.
     pub fn new(config: Config, auth: Authenticator) -> Self {
+        let challenges = super::attestation::ChallengeGate::new(&config.attestation);
         Self {
             config,
             auth,
             metrics: Arc::new(Metrics::new()),
-            challenges: super::attestation::ChallengeGate::new(&config.attestation),
+            challenges,
             service: OnceLock::new(),
             audit: OnceLock::new(),
             attestation: OnceLock::new(),
@@ -170,7 +171,7 @@ impl App {
     /// Why the audit log cannot be written, if it cannot: every `/v1` request is then refused
     /// (HTTP 503) and `/health` answers 503. The first look after a change of state logs it.
     pub fn audit_failure(&self) -> Option<String> {
-        let failure = self.audit.as_ref().and_then(|sink| sink.failure());
+        let failure = self.audit.get().and_then(|sink| sink.failure());
         let failed = failure.is_some();
         if self.audit_failed.swap(failed, Ordering::AcqRel) != failed {
             match &failure {
