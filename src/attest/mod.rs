@@ -601,7 +601,10 @@ mod tests {
             doc.tls_spki_sha256.as_deref(),
             Some(hex::encode([1; 32]).as_str())
         );
-        assert_eq!(doc.model_digest.as_deref(), Some(hex::encode([5; 32]).as_str()));
+        assert_eq!(
+            doc.model_digest.as_deref(),
+            Some(hex::encode([5; 32]).as_str())
+        );
         assert!(doc.challenge_bindings.is_empty());
         assert_eq!(
             doc.policy_sha256,

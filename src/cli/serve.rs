@@ -435,8 +435,12 @@ fn sealed_model_digest(dir: Option<&Path>) -> anyhow::Result<Option<[u8; 32]>> {
     let Some(dir) = dir.filter(|d| seal::is_sealed(d)) else {
         return Ok(None);
     };
-    let (manifest, _) = seal::Manifest::read(dir)
-        .with_context(|| format!("cannot read the sealed model's manifest in {}", dir.display()))?;
+    let (manifest, _) = seal::Manifest::read(dir).with_context(|| {
+        format!(
+            "cannot read the sealed model's manifest in {}",
+            dir.display()
+        )
+    })?;
     let bytes = hex::decode(&manifest.model_digest)
         .ok()
         .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())

@@ -33,7 +33,11 @@ fn json_response(status: StatusCode, json: String) -> Response<Body> {
 /// (`pending`: configured, opened once start-up attestation ran).
 pub fn health(app: &App) -> Response<Body> {
     let audit_failed = app.audit_failure().is_some();
-    let audit = match (app.config().audit.is_some(), app.audit().is_some(), audit_failed) {
+    let audit = match (
+        app.config().audit.is_some(),
+        app.audit().is_some(),
+        audit_failed,
+    ) {
         (false, _, _) => "disabled",
         (true, false, _) => "pending",
         (true, true, false) => "ok",

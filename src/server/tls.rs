@@ -138,12 +138,15 @@ impl ServerIdentity {
             })
         })
         .map_err(|e| TlsError::Extension(format!("rcgen's certificate does not parse: {e}")))?;
-        let stand_in_oid =
-            yasna::construct_der(|w| w.write_oid(&yasna::models::ObjectIdentifier::from_slice(STAND_IN_OID)));
+        let stand_in_oid = yasna::construct_der(|w| {
+            w.write_oid(&yasna::models::ObjectIdentifier::from_slice(STAND_IN_OID))
+        });
         let mut evidence_oid = vec![0x06, EVIDENCE_EXTENSION_OID_DER.len() as u8];
         evidence_oid.extend_from_slice(EVIDENCE_EXTENSION_OID_DER);
         if stand_in_oid.len() != evidence_oid.len() {
-            return Err(bad("the stand-in OID's length differs from the evidence OID's"));
+            return Err(bad(
+                "the stand-in OID's length differs from the evidence OID's",
+            ));
         }
         let mut found = tbs
             .windows(stand_in_oid.len())
@@ -151,7 +154,9 @@ impl ServerIdentity {
             .filter(|(_, window)| *window == stand_in_oid.as_slice())
             .map(|(at, _)| at);
         let (Some(at), None) = (found.next(), found.next()) else {
-            return Err(bad("the stand-in OID is not in the certificate exactly once"));
+            return Err(bad(
+                "the stand-in OID is not in the certificate exactly once",
+            ));
         };
         tbs[at..at + evidence_oid.len()].copy_from_slice(&evidence_oid);
         let signature = self.key.sign(&tbs)?;
@@ -241,7 +246,11 @@ mod tests {
             vec![b"h2".to_vec(), b"http/1.1".to_vec()]
         );
         assert_eq!(identity.fingerprint().len(), 32 * 3 - 1);
-        assert!(identity.cert_pem().starts_with("-----BEGIN CERTIFICATE-----"));
+        assert!(
+            identity
+                .cert_pem()
+                .starts_with("-----BEGIN CERTIFICATE-----")
+        );
     }
 
     #[test]
