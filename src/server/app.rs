@@ -69,6 +69,7 @@ enum Route {
     Chat,
     Completions,
     AuditCheckpoint,
+    AuditProof,
     Attestation,
 }
 
@@ -81,6 +82,7 @@ impl Route {
             "/v1/chat/completions" => Some(Self::Chat),
             "/v1/completions" => Some(Self::Completions),
             "/v1/audit/checkpoint" => Some(Self::AuditCheckpoint),
+            "/v1/audit/proof" => Some(Self::AuditProof),
             "/v1/attestation" => Some(Self::Attestation),
             _ if model_id(path).is_some() => Some(Self::Model),
             _ => None,
@@ -89,7 +91,12 @@ impl Route {
 
     fn allows(self, method: &Method) -> bool {
         match self {
-            Self::Health | Self::Metrics | Self::Models | Self::Model | Self::AuditCheckpoint => {
+            Self::Health
+            | Self::Metrics
+            | Self::Models
+            | Self::Model
+            | Self::AuditCheckpoint
+            | Self::AuditProof => {
                 method == Method::GET || method == Method::HEAD
             }
             Self::Chat | Self::Completions => method == Method::POST,
@@ -260,8 +267,9 @@ impl App {
                 Err(err) => Err(err),
             };
             // Fail closed: a response whose record cannot be written is not sent.
-            if let Err(err) = recorded {
-                response = err.into_response();
+            match recorded {
+                Ok(receipt) => super::receipt::add_headers(&mut response, receipt),
+                Err(err) => response = err.into_response(),
             }
         }
         if method == Method::HEAD {
@@ -354,6 +362,10 @@ impl App {
             ),
             Route::Health => (false, Ok(handlers::health(self))),
             Route::AuditCheckpoint => (false, super::audit::checkpoint(self)),
+            Route::AuditProof => (
+                false,
+                super::receipt::proof(self, request.uri().query(), principal.name()).await,
+            ),
             Route::Attestation => (false, super::attestation::document(self)),
         };
         Routed {
