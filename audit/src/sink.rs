@@ -135,15 +135,16 @@ impl AuditSink {
             _ => self.seal("prompt", facts.request_id, facts.prompt),
         };
         let append = prompt.map(|prompt| {
-            self.log.append_with_leaf(RecordBody::Request(RequestRecord {
-                request_id: facts.request_id.to_owned(),
-                principal: facts.principal.to_owned(),
-                endpoint: facts.endpoint.to_owned(),
-                model_digest: facts.model_digest.to_owned(),
-                stream: facts.stream,
-                prompt,
-                status: facts.status,
-            }))
+            self.log
+                .append_with_leaf(RecordBody::Request(RequestRecord {
+                    request_id: facts.request_id.to_owned(),
+                    principal: facts.principal.to_owned(),
+                    endpoint: facts.endpoint.to_owned(),
+                    model_digest: facts.model_digest.to_owned(),
+                    stream: facts.stream,
+                    prompt,
+                    status: facts.status,
+                }))
         });
         async move { append?.await }
     }

@@ -96,9 +96,7 @@ impl Route {
             | Self::Models
             | Self::Model
             | Self::AuditCheckpoint
-            | Self::AuditProof => {
-                method == Method::GET || method == Method::HEAD
-            }
+            | Self::AuditProof => method == Method::GET || method == Method::HEAD,
             Self::Chat | Self::Completions => method == Method::POST,
             Self::Attestation => {
                 method == Method::GET || method == Method::HEAD || method == Method::POST

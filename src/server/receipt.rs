@@ -54,7 +54,11 @@ pub struct ProofResponse {
 
 /// `GET /v1/audit/proof?index=N` for `caller`: 404 without an audit log or for an index the log
 /// does not hold, 503 (with Retry-After) while no signed checkpoint covers it yet.
-pub async fn proof(app: &App, query: Option<&str>, caller: &str) -> Result<Response<Body>, ApiError> {
+pub async fn proof(
+    app: &App,
+    query: Option<&str>,
+    caller: &str,
+) -> Result<Response<Body>, ApiError> {
     let sink = app
         .audit()
         .ok_or_else(|| ApiError::route_not_found("/v1/audit/proof"))?;
@@ -100,14 +104,19 @@ fn parse_index(query: Option<&str>) -> Result<u64, ApiError> {
         .into_iter()
         .flat_map(|q| q.split('&'))
         .find_map(|pair| pair.strip_prefix("index="))
-        .ok_or_else(|| ApiError::invalid_param("index", "the query parameter `index` is required"))?;
+        .ok_or_else(|| {
+            ApiError::invalid_param("index", "the query parameter `index` is required")
+        })?;
     value.parse().map_err(|_| {
-        ApiError::invalid_param("index", "`index` must be a non-negative integer record index")
+        ApiError::invalid_param(
+            "index",
+            "`index` must be a non-negative integer record index",
+        )
     })
 }
 
 fn not_covered(message: &str) -> ApiError {
-    ApiError::unavailable(&format!("{message}; retry after the next checkpoint"))
+    ApiError::unavailable(format!("{message}; retry after the next checkpoint"))
 }
 
 /// Reads the log (once per call: the cost grows with the log; see docs/attestation-protocol.md)
@@ -195,9 +204,9 @@ fn check_signature(note: &SignedNote, audit_key: &str) -> Result<(), ReceiptErro
     use inferno_audit::note::{ALG_ED25519, VerifierKey};
     let keys = match hex::decode(audit_key.trim()) {
         Ok(public) => {
-            let public: [u8; 32] = public.try_into().map_err(|_| {
-                ReceiptError::Malformed("a hex audit key must be 32 bytes".into())
-            })?;
+            let public: [u8; 32] = public
+                .try_into()
+                .map_err(|_| ReceiptError::Malformed("a hex audit key must be 32 bytes".into()))?;
             note.signatures
                 .iter()
                 .map(|sig| VerifierKey {
