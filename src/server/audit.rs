@@ -33,9 +33,15 @@ fn latency_ms(ctx: &RequestContext) -> u64 {
     u64::try_from(ctx.arrived.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Refuses service (HTTP 503) while the audit log is failed: nothing is served unaudited.
-/// One log line marks each change of state, not one per refused request.
+/// Refuses service (HTTP 503) while the audit log is failed, or configured and not open yet
+/// (it opens after start-up attestation): nothing is served unaudited. One log line marks each
+/// change of state, not one per refused request.
 pub fn check_available(app: &App) -> Result<(), ApiError> {
+    if app.config().audit.is_some() && app.audit().is_none() {
+        return Err(ApiError::unavailable(
+            "the audit log opens after start-up attestation; retry later",
+        ));
+    }
     match app.audit_failure() {
         Some(_) => Err(log_unavailable()),
         None => Ok(()),
