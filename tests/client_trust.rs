@@ -154,7 +154,6 @@ fn failed_json(report: &serde_json::Value) -> Vec<String> {
 }
 
 #[test]
-#[ignore = "needs the server side of issue 9 (certificate evidence extension, POST /v1/attestation), not on main yet"]
 fn verify_trusts_the_simulated_server_and_names_every_check() {
     let served = Served::start();
     let out = inferno(&[
@@ -197,7 +196,6 @@ fn verify_trusts_the_simulated_server_and_names_every_check() {
 }
 
 #[test]
-#[ignore = "needs the server side of issue 9 (certificate evidence extension, POST /v1/attestation), not on main yet"]
 fn verify_rejects_a_wrong_measurement_server_policy_or_model_naming_the_check() {
     let served = Served::start();
     let dir = tempfile::tempdir().expect("tempdir");
@@ -324,7 +322,6 @@ fn verify_reports_bad_input_on_one_line() {
 }
 
 #[test]
-#[ignore = "needs the server side of issue 9 (certificate evidence extension, POST /v1/attestation), not on main yet"]
 fn replayed_evidence_and_replayed_nonces_are_refused() {
     let served = Served::start();
     let rt = runtime();
@@ -387,7 +384,6 @@ fn replayed_evidence_and_replayed_nonces_are_refused() {
 }
 
 #[test]
-#[ignore = "needs the server side of issue 9 (certificate evidence extension, POST /v1/attestation), not on main yet"]
 fn relays_that_terminate_tls_are_rejected_and_a_plain_tcp_relay_is_not() {
     let served = Served::start();
     let rt = runtime();
@@ -433,7 +429,6 @@ fn relays_that_terminate_tls_are_rejected_and_a_plain_tcp_relay_is_not() {
 }
 
 #[test]
-#[ignore = "needs the server side of issue 9 (certificate evidence extension, POST /v1/attestation), not on main yet"]
 fn the_proxy_forwards_only_to_a_verified_upstream_and_recovers() {
     let served = Served::start();
     let rt = runtime();
