@@ -61,7 +61,7 @@ pub struct ProxyArgs {
 
 /// Runs `inferno proxy` until interrupted.
 pub fn run(args: ProxyArgs) -> ExitCode {
-    init_tracing();
+    super::init_tracing();
     let prepared = super::verify::load_client(&args.policy, args.collateral.as_deref())
         .and_then(|client| Ok((client, Target::parse(&args.upstream)?)));
     let (client, target) = match prepared {
@@ -79,15 +79,6 @@ pub fn run(args: ProxyArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => super::fail(&err),
     }
-}
-
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
 }
 
 async fn serve(listen: SocketAddr, upstream: Arc<Upstream>) -> anyhow::Result<()> {
