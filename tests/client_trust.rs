@@ -477,6 +477,14 @@ fn the_proxy_forwards_only_to_a_verified_upstream_and_recovers() {
 
     let (status, headers, body) = rt.block_on(chat_model(&http));
     assert_eq!(status, 200, "{body}");
+    // The verified connection is reused: a second request needs no new verification.
+    let (status, _, body) = rt.block_on(chat_model(&http));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        relay.connections(),
+        1,
+        "each request verified a new connection"
+    );
     assert_eq!(
         headers["inferno-verified-measurement"].to_str().unwrap(),
         trusted["measurement"].as_str().unwrap()
@@ -884,6 +892,7 @@ struct RelayState {
     mode: RelayMode,
     generation: u64,
     forwarded_requests: usize,
+    connections: usize,
 }
 
 impl Relay {
@@ -894,12 +903,14 @@ impl Relay {
             mode,
             generation: 0,
             forwarded_requests: 0,
+            connections: 0,
         }));
         let shared = Arc::clone(&state);
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let (mode, generation) = {
-                    let s = shared.lock().unwrap();
+                    let mut s = shared.lock().unwrap();
+                    s.connections += 1;
                     (s.mode, s.generation)
                 };
                 let shared = Arc::clone(&shared);
@@ -935,6 +946,11 @@ impl Relay {
         s.generation += 1;
         drop(s);
         std::thread::sleep(Duration::from_millis(100));
+    }
+
+    /// Connections the relay accepted.
+    fn connections(&self) -> usize {
+        self.state.lock().unwrap().connections
     }
 
     /// Requests other than the attestation request that a terminating relay passed upstream.

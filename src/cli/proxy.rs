@@ -284,9 +284,14 @@ impl Body for ReleaseOnEnd {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        if let Poll::Ready(None) = polled
-            && let Some((pooled, upstream)) = this.release.take()
-        {
+        // A body of known length ends with its last frame: the server above stops polling once
+        // `is_end_stream` says so, so the end is checked after every frame, not only at `None`.
+        let ended = match &polled {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
+            _ => false,
+        };
+        if ended && let Some((pooled, upstream)) = this.release.take() {
             upstream.release(pooled);
         }
         polled
