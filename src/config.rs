@@ -100,7 +100,7 @@ pub enum AttestationProfile {
 }
 
 /// The `[attestation]` table.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AttestationConfig {
     /// `development` (simulated TEE allowed) or `production` (hardware evidence required).
@@ -114,10 +114,29 @@ pub struct AttestationConfig {
     /// The offline collateral bundle (`inferno attest bundle`) used to appraise the server's own
     /// evidence at start-up. A policy that requires the GPU's reference values or OCSP needs it.
     pub collateral: Option<PathBuf>,
+    /// How many `POST /v1/attestation` challenges may arrive at once before the rate limit
+    /// (HTTP 429) applies.
+    pub fresh_evidence_burst: u32,
+    /// How many `POST /v1/attestation` challenges per minute are admitted in the long run.
+    pub fresh_evidence_per_minute: u32,
     /// Whether the selected backend is CUDA (set by `inferno serve` from `--device`, never
     /// from the file): start-up attestation then reads and attests the GPU.
     #[serde(skip)]
     pub cuda: bool,
+}
+
+impl Default for AttestationConfig {
+    fn default() -> Self {
+        Self {
+            profile: AttestationProfile::default(),
+            policy: None,
+            tpm_tcti: None,
+            collateral: None,
+            fresh_evidence_burst: 16,
+            fresh_evidence_per_minute: 60,
+            cuda: false,
+        }
+    }
 }
 
 impl AttestationConfig {
@@ -126,10 +145,7 @@ impl AttestationConfig {
     pub fn development() -> Self {
         Self {
             profile: AttestationProfile::Development,
-            policy: None,
-            tpm_tcti: None,
-            collateral: None,
-            cuda: false,
+            ..Self::default()
         }
     }
 }
@@ -177,7 +193,10 @@ impl ServerConfig {
     }
 }
 
-/// The `[tls]` table. Without `cert` and `key`, a self-signed pair is generated at start.
+/// The `[tls]` table. Its keys are refused: the TLS key is generated in memory at every start
+/// and the self-signed certificate carries the start-up evidence, which a certificate and key
+/// from files cannot (`docs/attestation-protocol.md`). The table is kept so that an old
+/// configuration naming them gets that explanation rather than "unknown field".
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TlsConfig {
@@ -321,10 +340,10 @@ impl Config {
             field: field.to_owned(),
             message: message.to_owned(),
         };
-        if self.tls.cert.is_some() != self.tls.key.is_some() {
+        if self.tls.cert.is_some() || self.tls.key.is_some() {
             return Err(invalid(
                 "tls",
-                "set both `cert` and `key`, or neither for a self-signed certificate",
+                "`cert` and `key` are not supported: the server generates its TLS key in memory and presents a certificate carrying its start-up evidence (docs/attestation-protocol.md); remove them",
             ));
         }
         let mut names = std::collections::HashSet::new();
@@ -502,9 +521,11 @@ mod tests {
     }
 
     #[test]
-    fn cert_without_key_is_rejected() {
+    fn a_configured_certificate_is_refused() {
         let err = Config::parse("[tls]\ncert = \"c.pem\"\n").unwrap_err();
         assert!(err.to_string().contains("tls"), "{err}");
+        let err = Config::parse("[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n").unwrap_err();
+        assert!(err.to_string().contains("in memory"), "{err}");
     }
 
     #[test]

@@ -220,6 +220,52 @@ fn a_released_key_opens_the_sealed_fixture_and_reproduces_the_golden_outputs() {
 }
 
 #[test]
+fn a_rule_with_model_digests_releases_only_to_evidence_binding_one_of_them() {
+    let work = tempfile::tempdir().unwrap();
+    let (secret, public) = RecipientSecret::generate();
+    let (_, manifest) = seal_to(work.path(), &public);
+    let policy = release_policy(
+        work.path(),
+        MODEL_ID,
+        &manifest.key_id,
+        &simulated_measurement(),
+    );
+    let text = std::fs::read_to_string(&policy).unwrap();
+    std::fs::write(
+        &policy,
+        format!("{text}model_digests = [\"{}\"]\n", manifest.model_digest),
+    )
+    .unwrap();
+    let broker = InProcess::start(work.path(), secret, &policy, Duration::from_secs(60));
+    let ask = |digest: Option<String>| {
+        let mut doc = base_runtime_data();
+        doc.model_digest = digest;
+        broker.runtime.block_on(request_key(
+            &broker.url,
+            &key_request(&manifest),
+            &doc,
+            0,
+            simulated_evidence,
+        ))
+    };
+    let key = ask(Some(manifest.model_digest.clone())).expect("released");
+    assert_eq!(key.id(), manifest.key_id);
+    for (digest, expected) in [
+        (Some("00".repeat(32)), "model digest"),
+        (None, "binds no model digest"),
+    ] {
+        match ask(digest) {
+            Err(BrokerError::Refused { message, .. }) => {
+                assert!(message.contains(expected), "{message}")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+    let released: Vec<bool> = broker.stop().iter().map(|r| r.0).collect();
+    assert_eq!(released, [true, false, false]);
+}
+
+#[test]
 fn the_broker_refuses_a_wrong_measurement_an_unknown_model_and_another_brokers_key() {
     let work = tempfile::tempdir().unwrap();
     let (secret, public) = RecipientSecret::generate();

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use super::setup;
+use crate::attest::StartupAttestation;
 use crate::backend::{self, Device};
 use crate::config::{AttestationConfig, AttestationProfile, Config, ModelKeySource};
 use crate::engine::{Engine, EngineConfig, ModelInfo};
@@ -45,21 +46,11 @@ pub struct ServeArgs {
 
 /// Runs `inferno serve`.
 pub fn run(args: ServeArgs) -> ExitCode {
-    init_tracing();
+    super::init_tracing();
     match serve(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => super::fail(&err),
     }
-}
-
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // A second initialisation (tests in one process) keeps the first subscriber.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -139,18 +130,60 @@ async fn serve_async(
         server.shutdown().await;
         return Err(err.into());
     }
-    server.record_config(
-        config_digest,
-        Some(server.attestation().policy_sha256().to_owned()),
-    );
     tracing::info!(
         listen = %server.local_addr(),
-        "listening; /health answers 503 until the model is loaded"
+        "listening; /health answers 503 until the model is loaded and attested"
     );
+    // The start-up evidence binds the model digest, so it is known first: a sealed model's
+    // manifest states it (opening the model checks every byte against it), a plaintext model is
+    // read and hashed once. The GPU is set ready and used only after that evidence passed.
+    let sealed_digest = match sealed_model_digest(model_dir.as_deref()) {
+        Ok(digest) => digest,
+        Err(err) => {
+            server.shutdown().await;
+            return Err(err);
+        }
+    };
+    let plaintext = match sealed_digest {
+        Some(_) => None,
+        None => {
+            let dir = model_dir.clone();
+            let read = tokio::task::spawn_blocking(move || setup::load_model(dir.as_deref()));
+            let model = tokio::select! {
+                model = read => model.context("model loading panicked")?,
+                () = signals.recv() => {
+                    tracing::info!("signal received while loading; exiting");
+                    server.shutdown().await;
+                    return Ok(());
+                }
+            };
+            match model {
+                Ok(model) => Some(model),
+                Err(err) => {
+                    server.shutdown().await;
+                    return Err(err);
+                }
+            }
+        }
+    };
+    let model_digest = match (&plaintext, sealed_digest) {
+        (Some(model), _) => model.digest.bytes,
+        (None, Some(digest)) => digest,
+        (None, None) => unreachable!("either the manifest or the model gave the digest"),
+    };
+    let attestation = match server.attest(model_digest).await {
+        Ok(attestation) => attestation,
+        Err(err) => {
+            server.shutdown().await;
+            return Err(err.into());
+        }
+    };
+    server.record_config(config_digest, Some(attestation.policy_sha256().to_owned()));
     // A sealed model is opened (key released, chunks decrypted and hashed) before anything
     // else touches it; every refusal is final, recorded and stops start-up.
     let sealed = match open_sealed_model(
         &server,
+        &attestation,
         model_dir.as_deref(),
         key_source,
         &attestation_config,
@@ -164,9 +197,11 @@ async fn serve_async(
         }
     };
     let load = tokio::task::spawn_blocking(move || {
-        load_model(
+        start_engine(
             model_dir.as_deref(),
+            plaintext,
             sealed,
+            model_digest,
             device,
             engine_config,
             served_name,
@@ -188,7 +223,7 @@ async fn serve_async(
         }
     };
     // The banner says "ready": print it only once requests reach the model.
-    let banner = banner(&server, &service, &backend_name, kv_tokens);
+    let banner = banner(&server, &attestation, &service, &backend_name, kv_tokens);
     server.set_model(service);
     eprintln!("{banner}");
     signals.recv().await;
@@ -204,6 +239,7 @@ async fn serve_async(
 /// returning. `None` for a plaintext model (then `source` must be absent).
 async fn open_sealed_model(
     server: &Server,
+    startup: &StartupAttestation,
     dir: Option<&Path>,
     source: Option<ModelKeySource>,
     attestation: &AttestationConfig,
@@ -241,7 +277,7 @@ async fn open_sealed_model(
             .await);
         }
         Some(ModelKeySource::File { path }) => {
-            if let Err(reason) = seal::check_key_file_allowed(server.attestation().profile) {
+            if let Err(reason) = seal::check_key_file_allowed(startup.profile) {
                 return Err(refuse(format!("key file {}: {reason}", path.display())).await);
             }
             match ModelKey::read_file(&path) {
@@ -284,18 +320,27 @@ async fn open_sealed_model(
             }
         }
         Some(ModelKeySource::Broker { url, retries }) => {
-            match key_from_broker(server, &dir, &url, retries, attestation).await {
+            match key_from_broker(startup, &dir, &url, retries, attestation).await {
                 Ok(key) => (key, format!("key broker {url}")),
                 Err(reason) => return Err(refuse(reason).await),
             }
         }
     };
-    let policy = server.attestation().policy_sha256().to_owned();
+    let policy = startup.policy_sha256().to_owned();
     let opened = tokio::task::spawn_blocking({
         let dir = dir.clone();
         move || {
+            let started = std::time::Instant::now();
             let (manifest, files) = seal::open_sealed(&dir, &key)?;
             drop(key);
+            let bytes: u64 = manifest.files.iter().map(|f| f.size).sum();
+            let secs = started.elapsed().as_secs_f64();
+            tracing::info!(
+                bytes,
+                ms = (secs * 1e3) as u64,
+                gb_per_s = format!("{:.1}", bytes as f64 / secs.max(1e-9) / 1e9),
+                "sealed model opened (read, decrypted and hashed in one pass)"
+            );
             let allowed = &manifest.release.policy_sha256;
             if !allowed.is_empty() && !allowed.contains(&policy) {
                 return Err(anyhow::anyhow!(
@@ -322,7 +367,7 @@ async fn open_sealed_model(
 /// Asks the key broker at `url` for the key of the sealed model in `dir`, with fresh evidence
 /// binding the broker's challenge and an ephemeral key; the one-line reason when none came.
 async fn key_from_broker(
-    server: &Server,
+    startup: &StartupAttestation,
     dir: &Path,
     url: &str,
     retries: u32,
@@ -335,7 +380,6 @@ async fn key_from_broker(
             dir.display()
         )
     })?;
-    let startup = server.attestation();
     let tee = serde_json::to_value(startup.evidence.platform)
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
@@ -384,25 +428,59 @@ fn harden_after_start(
     Ok(())
 }
 
-/// Loads the model (the opened sealed model, the directory, or the embedded default without
-/// `dir`), builds the backend for `device` and starts the engine.
-fn load_model(
+/// The model digest a sealed model's manifest states, read before the model is opened (the
+/// start-up evidence binds it); `None` for a plaintext model or the embedded default.
+fn sealed_model_digest(dir: Option<&Path>) -> anyhow::Result<Option<[u8; 32]>> {
+    let Some(dir) = dir.filter(|d| seal::is_sealed(d)) else {
+        return Ok(None);
+    };
+    let (manifest, _) = seal::Manifest::read(dir).with_context(|| {
+        format!(
+            "cannot read the sealed model's manifest in {}",
+            dir.display()
+        )
+    })?;
+    let bytes = hex::decode(&manifest.model_digest)
+        .ok()
+        .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
+        .with_context(|| {
+            format!(
+                "the sealed model's manifest in {} has no valid model_digest",
+                dir.display()
+            )
+        })?;
+    Ok(Some(bytes))
+}
+
+/// Builds the backend for `device` and starts the engine on the model: the plaintext model read
+/// before attestation, or the opened sealed model, whose digest must be the attested `digest`.
+fn start_engine(
     dir: Option<&Path>,
+    plaintext: Option<Model>,
     sealed: Option<ModelFiles>,
+    digest: [u8; 32],
     device: Device,
     engine_config: EngineConfig,
     served_name: Option<String>,
 ) -> anyhow::Result<(ModelService, String, usize)> {
-    let model = match (sealed, dir) {
-        (Some(files), Some(dir)) => {
+    let model = match (plaintext, sealed, dir) {
+        (Some(model), _, _) => model,
+        (None, Some(files), Some(dir)) => {
             let model = Model::from_files(&files, Model::name_of_dir(dir))
                 .with_context(|| format!("cannot load the sealed model in {}", dir.display()))?;
             // The decrypted buffers stay alive (shared) only as long as the model needs them.
             drop(files);
             model
         }
-        _ => setup::load_model(dir)?,
+        _ => anyhow::bail!("no model to serve: neither a plaintext nor an opened sealed model"),
     };
+    if model.digest.bytes != digest {
+        anyhow::bail!(
+            "the loaded model's digest {} is not the attested digest {}",
+            model.digest,
+            hex::encode(digest)
+        );
+    }
     let backend = backend::select(device, &model, &engine_config)?;
     let backend_name = backend.name().to_owned();
     let engine = Engine::spawn(backend, ModelInfo::of(&model), engine_config)?;
@@ -415,23 +493,23 @@ fn load_model(
 }
 
 /// The start-up banner: what is served, where, and under which attestation and policy.
-fn banner(server: &Server, service: &ModelService, backend: &str, kv_tokens: usize) -> String {
-    let identity = server.identity();
-    let cert_kind = if identity.self_signed {
-        "self-signed"
-    } else {
-        "from config"
-    };
+fn banner(
+    server: &Server,
+    attestation: &StartupAttestation,
+    service: &ModelService,
+    backend: &str,
+    kv_tokens: usize,
+) -> String {
     format!(
-        "inferno {version} ready\n  model:       {name}\n  digest:      {digest}\n  backend:     {backend}\n  kv cache:    {kv_tokens} tokens\n  context:     {context} tokens\n  listening:   https://{addr}\n  certificate: {cert_kind}, SHA-256 {fingerprint}\n  attestation: {attestation}\n  policy:      SHA-256 {policy}",
+        "inferno {version} ready\n  model:       {name}\n  digest:      {digest}\n  backend:     {backend}\n  kv cache:    {kv_tokens} tokens\n  context:     {context} tokens\n  listening:   https://{addr}\n  certificate: self-signed, carries the evidence, SHA-256 {fingerprint}\n  attestation: {attestation}\n  policy:      SHA-256 {policy}",
         version = env!("CARGO_PKG_VERSION"),
         name = service.name(),
         digest = service.digest(),
         context = service.max_context(),
         addr = server.local_addr(),
-        fingerprint = identity.fingerprint,
-        attestation = server.attestation().banner_line(),
-        policy = server.attestation().policy_sha256(),
+        fingerprint = server.identity().fingerprint(),
+        attestation = attestation.banner_line(),
+        policy = attestation.policy_sha256(),
     )
 }
 

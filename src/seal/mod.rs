@@ -37,6 +37,20 @@ pub use manifest::{MANIFEST_FILE, Manifest, SEALED_SUFFIX};
 pub use open::open_sealed;
 pub use write::{SealOptions, seal_dir};
 
+/// Creates `path` with mode 0600 (never overwriting an existing file), writes `bytes` and syncs
+/// them: how every file holding a key or a sealed key blob is written.
+pub fn write_private_file(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(bytes)?;
+    file.sync_all()
+}
+
 /// Whether `dir` holds a sealed model (its manifest exists).
 pub fn is_sealed(dir: &std::path::Path) -> bool {
     dir.join(MANIFEST_FILE).is_file()

@@ -13,8 +13,6 @@
 //! (through the `sev` crate's `DerivedKey` / `GuestFieldSelect`), the wrapping and the refusal
 //! without `/dev/sev-guest` are tested; the ioctl path is not.
 
-use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
 
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
@@ -272,15 +270,7 @@ impl SnpSealedKey {
         };
         let mut bytes = serde_json::to_vec_pretty(self).map_err(|e| fail(e.to_string()))?;
         bytes.push(b'\n');
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(|e| fail(e.to_string()))?;
-        file.write_all(&bytes)
-            .and_then(|()| file.sync_all())
-            .map_err(|e| fail(e.to_string()))
+        super::write_private_file(path, &bytes).map_err(|e| fail(e.to_string()))
     }
 
     /// Reads and checks a blob file.

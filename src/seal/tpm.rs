@@ -10,8 +10,6 @@
 //! Unsealing loads the object and runs `TPM2_Unseal` in a policy session that satisfied
 //! `TPM2_PolicyPCR` with the PCRs' values now: any PCR that changed makes the TPM refuse.
 
-use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
 use std::str::FromStr as _;
 
@@ -346,15 +344,7 @@ impl TpmSealedKey {
         };
         let mut bytes = serde_json::to_vec_pretty(self).map_err(|e| fail(e.to_string()))?;
         bytes.push(b'\n');
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(|e| fail(e.to_string()))?;
-        file.write_all(&bytes)
-            .and_then(|()| file.sync_all())
-            .map_err(|e| fail(e.to_string()))
+        super::write_private_file(path, &bytes).map_err(|e| fail(e.to_string()))
     }
 
     /// Reads and checks a blob file.

@@ -39,8 +39,9 @@ pub struct App {
     auth: Authenticator,
     metrics: Arc<Metrics>,
     service: OnceLock<Arc<ModelService>>,
-    audit: Option<Arc<AuditSink>>,
-    attestation: Option<Arc<crate::attest::StartupAttestation>>,
+    audit: OnceLock<Arc<AuditSink>>,
+    attestation: OnceLock<Arc<crate::attest::AttestationService>>,
+    challenges: super::attestation::ChallengeGate,
     content_in_logs: bool,
     /// Whether the last look at the audit log found it failed (logged once per change).
     audit_failed: AtomicBool,
@@ -68,6 +69,7 @@ enum Route {
     Chat,
     Completions,
     AuditCheckpoint,
+    AuditProof,
     Attestation,
 }
 
@@ -80,28 +82,33 @@ impl Route {
             "/v1/chat/completions" => Some(Self::Chat),
             "/v1/completions" => Some(Self::Completions),
             "/v1/audit/checkpoint" => Some(Self::AuditCheckpoint),
+            "/v1/audit/proof" => Some(Self::AuditProof),
             "/v1/attestation" => Some(Self::Attestation),
             _ if model_id(path).is_some() => Some(Self::Model),
             _ => None,
         }
     }
 
-    fn method(self) -> Method {
+    fn allows(self, method: &Method) -> bool {
         match self {
             Self::Health
             | Self::Metrics
             | Self::Models
             | Self::Model
             | Self::AuditCheckpoint
-            | Self::Attestation => Method::GET,
-            Self::Chat | Self::Completions => Method::POST,
+            | Self::AuditProof => method == Method::GET || method == Method::HEAD,
+            Self::Chat | Self::Completions => method == Method::POST,
+            Self::Attestation => {
+                method == Method::GET || method == Method::HEAD || method == Method::POST
+            }
         }
     }
 
     fn allow(self) -> &'static str {
-        match self.method() {
-            Method::GET => "GET, HEAD",
-            _ => "POST",
+        match self {
+            Self::Chat | Self::Completions => "POST",
+            Self::Attestation => "GET, HEAD, POST",
+            _ => "GET, HEAD",
         }
     }
 }
@@ -109,13 +116,15 @@ impl Route {
 impl App {
     /// State for a server whose model is not loaded yet.
     pub fn new(config: Config, auth: Authenticator) -> Self {
+        let challenges = super::attestation::ChallengeGate::new(&config.attestation);
         Self {
             config,
             auth,
             metrics: Arc::new(Metrics::new()),
+            challenges,
             service: OnceLock::new(),
-            audit: None,
-            attestation: None,
+            audit: OnceLock::new(),
+            attestation: OnceLock::new(),
             content_in_logs: false,
             audit_failed: AtomicBool::new(false),
         }
@@ -133,32 +142,41 @@ impl App {
         self.content_in_logs
     }
 
-    /// Adds the audit log every API request is recorded in.
-    pub fn with_audit(mut self, audit: Arc<AuditSink>) -> Self {
-        self.audit = Some(audit);
-        self
+    /// Adds the audit log every API request is recorded in (once it is open, after start-up
+    /// attestation). A second call is ignored.
+    pub fn set_audit(&self, audit: Arc<AuditSink>) {
+        if self.audit.set(audit).is_err() {
+            tracing::warn!("the audit log was already set");
+        }
     }
 
-    /// Adds the start-up evidence served at `GET /v1/attestation`.
-    pub fn with_attestation(mut self, attestation: Arc<crate::attest::StartupAttestation>) -> Self {
-        self.attestation = Some(attestation);
-        self
+    /// Adds the attestation service: the start-up evidence served at `GET /v1/attestation` and
+    /// fresh evidence for `POST /v1/attestation`. A second call is ignored.
+    pub fn set_attestation(&self, attestation: Arc<crate::attest::AttestationService>) {
+        if self.attestation.set(attestation).is_err() {
+            tracing::warn!("the attestation service was already set");
+        }
     }
 
-    /// The start-up evidence, once attested.
-    pub fn attestation(&self) -> Option<&Arc<crate::attest::StartupAttestation>> {
-        self.attestation.as_ref()
+    /// The attestation service, once start-up evidence exists.
+    pub fn attestation(&self) -> Option<&Arc<crate::attest::AttestationService>> {
+        self.attestation.get()
     }
 
-    /// The audit log, if configured.
+    /// The admission rules of fresh-evidence challenges (nonce replay, rate limit).
+    pub(super) fn challenges(&self) -> &super::attestation::ChallengeGate {
+        &self.challenges
+    }
+
+    /// The audit log, once open (configured with `[audit]`, opened after attestation).
     pub fn audit(&self) -> Option<&Arc<AuditSink>> {
-        self.audit.as_ref()
+        self.audit.get()
     }
 
     /// Why the audit log cannot be written, if it cannot: every `/v1` request is then refused
     /// (HTTP 503) and `/health` answers 503. The first look after a change of state logs it.
     pub fn audit_failure(&self) -> Option<String> {
-        let failure = self.audit.as_ref().and_then(|sink| sink.failure());
+        let failure = self.audit.get().and_then(|sink| sink.failure());
         let failed = failure.is_some();
         if self.audit_failed.swap(failed, Ordering::AcqRel) != failed {
             match &failure {
@@ -247,8 +265,9 @@ impl App {
                 Err(err) => Err(err),
             };
             // Fail closed: a response whose record cannot be written is not sent.
-            if let Err(err) = recorded {
-                response = err.into_response();
+            match recorded {
+                Ok(receipt) => super::receipt::add_headers(&mut response, receipt),
+                Err(err) => response = err.into_response(),
             }
         }
         if method == Method::HEAD {
@@ -289,8 +308,7 @@ impl App {
             return unauthenticated(Err(ApiError::route_not_found(path)));
         };
         // HEAD is answered as GET is, without the body (see `handle`).
-        let head_of_get = request.method() == Method::HEAD && route.method() == Method::GET;
-        if request.method() != route.method() && !head_of_get {
+        if !route.allows(request.method()) {
             let mut response = ApiError::method_not_allowed(route.allow()).into_response();
             response
                 .headers_mut()
@@ -300,7 +318,18 @@ impl App {
         match route {
             Route::Health => return unauthenticated(Ok(handlers::health(self))),
             Route::AuditCheckpoint => return unauthenticated(super::audit::checkpoint(self)),
-            Route::Attestation => return unauthenticated(super::attestation::document(self)),
+            Route::Attestation if request.method() != Method::POST => {
+                return unauthenticated(super::attestation::document(self));
+            }
+            Route::Attestation => {
+                let caller = self.auth.audit_name(request.headers());
+                return Routed {
+                    principal: None,
+                    caller,
+                    recorded: false,
+                    result: super::attestation::fresh(self, request).await,
+                };
+            }
             Route::Metrics if self.config.metrics.public => {
                 return unauthenticated(Ok(handlers::metrics(self)));
             }
@@ -331,6 +360,10 @@ impl App {
             ),
             Route::Health => (false, Ok(handlers::health(self))),
             Route::AuditCheckpoint => (false, super::audit::checkpoint(self)),
+            Route::AuditProof => (
+                false,
+                super::receipt::proof(self, request.uri().query(), principal.name()).await,
+            ),
             Route::Attestation => (false, super::attestation::document(self)),
         };
         Routed {
@@ -430,7 +463,11 @@ mod tests {
             Route::from_path("/v1/completions"),
             Some(Route::Completions)
         );
-        assert_eq!(Route::Chat.method(), Method::POST);
+        assert!(Route::Chat.allows(&Method::POST));
+        assert!(!Route::Chat.allows(&Method::GET));
+        assert!(Route::Attestation.allows(&Method::POST));
+        assert!(Route::Models.allows(&Method::HEAD));
+        assert_eq!(Route::Attestation.allow(), "GET, HEAD, POST");
         assert_eq!(Route::Models.allow(), "GET, HEAD");
         assert_eq!(Route::from_path("/v1/nope"), None);
         assert_eq!(path_label("/v1/nope"), "other");

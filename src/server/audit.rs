@@ -20,7 +20,7 @@ use super::generation::{ApiKind, StreamAccounting};
 use super::openai::response::Usage;
 use tokio::sync::oneshot;
 
-use inferno_audit::{AuditSink, CompletionFacts, ContentMode, RequestFacts};
+use inferno_audit::{Appended, AuditSink, CompletionFacts, ContentMode, RequestFacts};
 
 fn endpoint(kind: ApiKind) -> &'static str {
     match kind {
@@ -33,9 +33,15 @@ fn latency_ms(ctx: &RequestContext) -> u64 {
     u64::try_from(ctx.arrived.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Refuses service (HTTP 503) while the audit log is failed: nothing is served unaudited.
-/// One log line marks each change of state, not one per refused request.
+/// Refuses service (HTTP 503) while the audit log is failed, or configured and not open yet
+/// (it opens after start-up attestation): nothing is served unaudited. One log line marks each
+/// change of state, not one per refused request.
 pub fn check_available(app: &App) -> Result<(), ApiError> {
+    if app.config().audit.is_some() && app.audit().is_none() {
+        return Err(ApiError::unavailable(
+            "the audit log opens after start-up attestation; retry later",
+        ));
+    }
     match app.audit_failure() {
         Some(_) => Err(log_unavailable()),
         None => Ok(()),
@@ -68,7 +74,7 @@ pub fn record_request(
     app: &App,
     request: RequestAudit<'_>,
     body: &Bytes,
-) -> impl Future<Output = Result<(), ApiError>> + Send + 'static + use<> {
+) -> impl Future<Output = Result<Option<Appended>, ApiError>> + Send + 'static + use<> {
     let pending = app.audit().map(|sink| {
         let prompt = String::from_utf8_lossy(body);
         sink.request(RequestFacts {
@@ -84,9 +90,9 @@ pub fn record_request(
     let request_id = request.ctx.request_id.clone();
     async move {
         let Some(pending) = pending else {
-            return Ok(());
+            return Ok(None);
         };
-        pending.await.map(drop).map_err(|err| {
+        pending.await.map(Some).map_err(|err| {
             tracing::error!(error = %err, %request_id, "audit: request record failed");
             log_unavailable()
         })
@@ -103,9 +109,9 @@ pub async fn record_answered(
     caller: &str,
     endpoint: &str,
     status: StatusCode,
-) -> Result<(), ApiError> {
+) -> Result<Option<Appended>, ApiError> {
     let Some(sink) = app.audit() else {
-        return Ok(());
+        return Ok(None);
     };
     let model_digest = app.service().map_or("", |service| service.digest());
     let pending = sink.request(RequestFacts {
@@ -117,7 +123,7 @@ pub async fn record_answered(
         prompt: "",
         status: Some(status.as_u16()),
     });
-    pending.await.map(drop).map_err(|err| {
+    pending.await.map(Some).map_err(|err| {
         tracing::error!(error = %err, request_id = %ctx.request_id, "audit: request record failed");
         log_unavailable()
     })

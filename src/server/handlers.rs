@@ -26,18 +26,25 @@ fn json_response(status: StatusCode, json: String) -> Response<Body> {
     response
 }
 
-/// `GET /health`: 200 once the model is loaded and the audit log (when configured) can be
-/// written; 503 while the model loads or while the audit log has failed, since every `/v1`
-/// request is then refused. The body names both states:
-/// `{"status":"ok"|"loading"|"unavailable","audit":"ok"|"failed"|"disabled"}`.
+/// `GET /health`: 200 once the model is loaded and attested and the audit log (when configured)
+/// can be written; 503 while the model loads or is attested, or while the audit log has failed,
+/// since every `/v1` request is then refused. The body names both states:
+/// `{"status":"ok"|"loading"|"unavailable","audit":"ok"|"pending"|"failed"|"disabled"}`
+/// (`pending`: configured, opened once start-up attestation ran).
 pub fn health(app: &App) -> Response<Body> {
     let audit_failed = app.audit_failure().is_some();
-    let audit = match (app.audit().is_some(), audit_failed) {
-        (false, _) => "disabled",
-        (true, false) => "ok",
-        (true, true) => "failed",
+    let audit = match (
+        app.config().audit.is_some(),
+        app.audit().is_some(),
+        audit_failed,
+    ) {
+        (false, _, _) => "disabled",
+        (true, false, _) => "pending",
+        (true, true, false) => "ok",
+        (true, true, true) => "failed",
     };
-    let status = match (app.service().is_some(), audit_failed) {
+    let ready = app.service().is_some() && app.attestation().is_some();
+    let status = match (ready, audit_failed) {
         (true, false) => "ok",
         (false, _) => "loading",
         (true, true) => "unavailable",
@@ -262,7 +269,7 @@ pub async fn generate(
             Arc::clone(&accounting),
         );
         // Prefill runs while the request record becomes durable; no byte leaves before.
-        durable.await.map_err(Failed)?;
+        let receipt = durable.await.map_err(Failed)?;
         let body = started.map_err(failed)?;
         let body = audit::audited_stream(app, ctx, prompt_tokens, usage_rx, accounting, body);
         let mut response = Response::new(body);
@@ -272,11 +279,12 @@ pub async fn generate(
             HeaderValue::from_static("text/event-stream"),
         );
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        super::receipt::add_headers(&mut response, receipt);
         Ok(response)
     } else {
         let generation = generation::complete(&service, app.metrics(), job, retry_after);
         let (recorded, completed) = tokio::join!(durable, generation);
-        recorded.map_err(Failed)?;
+        let receipt = recorded.map_err(Failed)?;
         let completed = completed.map_err(failed)?;
         let usage = completed.usage;
         let tokens = (usage.prompt_tokens, usage.completion_tokens);
@@ -295,6 +303,8 @@ pub async fn generate(
             completion_tokens = usage.completion_tokens,
             "generation finished"
         );
-        Ok(json_response(StatusCode::OK, completed.json))
+        let mut response = json_response(StatusCode::OK, completed.json);
+        super::receipt::add_headers(&mut response, receipt);
+        Ok(response)
     }
 }
