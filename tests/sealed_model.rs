@@ -67,10 +67,9 @@ fn sealed_committed_fixture_reproduces_the_golden_outputs() {
 }
 
 #[test]
+#[cfg_attr(not(shared_fixture), ignore = "needs ../shared/fixtures/tiny-llama3")]
 fn sealed_shared_tiny_llama3_reproduces_the_golden_outputs() {
-    if let Some(dir) = shared_fixture("tiny-llama3") {
-        check_sealed_golden(&dir);
-    }
+    check_sealed_golden(&shared_fixture("tiny-llama3"));
 }
 
 /// The sealed committed fixture (4 KiB chunks, so the weights span many chunks).
