@@ -13,6 +13,8 @@
 #     (software) TPM, and is mounted on /var/lib/inferno;
 #   - PCR 11 of the (software) vTPM equals the value computed from the UKI's sections;
 #   - GET /health answers 200 and a chat completion answers, through a forwarded port;
+#   - `inferno verify` trusts the server under policy/client-development.toml, fresh evidence
+#     bound to its own TLS connection included;
 #   - the server's evidence (GET /v1/attestation), appraised on the host with `inferno attest
 #     verify` under the development policy plus the reference values computed from the image,
 #     passes with PCR 11 checked, and fails, naming PCR 11, under another PCR 11 value.
@@ -91,6 +93,13 @@ reply=$(curl_api "https://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type:
     || fail "chat completion failed"
 echo "$reply" | grep -q '"finish_reason"' || fail "chat completion answered: $reply"
 echo "chat completion: $reply"
+
+# What a client does before it sends a prompt: verify the server over this very TLS connection
+# (certificate evidence plus fresh, channel-bound evidence) under the development client policy.
+"$inferno" verify "https://127.0.0.1:$port" --policy "$here/policy/client-development.toml" \
+    >"$work/verify.txt" 2>&1 || fail "inferno verify rejected the server: $(cat "$work/verify.txt")"
+grep -a '^verdict: TRUSTED' "$work/verify.txt" || fail "inferno verify: $(cat "$work/verify.txt")"
+grep -a '\[pass\] fresh.challenge' "$work/verify.txt" || fail "no fresh.challenge check: $(cat "$work/verify.txt")"
 
 # The server's start-up evidence (simulated SNP plus the swtpm's quote of PCRs 0-7 and 11),
 # appraised on the host with the image's development-smoke policy and the reference values
