@@ -264,13 +264,10 @@ pub fn unseal(blob: &SnpSealedKey) -> Result<ModelKey, SnpKeyError> {
 impl SnpSealedKey {
     /// Writes the blob to `path` (mode 0600, never overwriting).
     pub fn write(&self, path: &Path) -> Result<(), SnpKeyError> {
-        let fail = |reason: String| SnpKeyError::Blob {
+        super::write_json_blob(path, self).map_err(|reason| SnpKeyError::Blob {
             path: path.display().to_string(),
             reason,
-        };
-        let mut bytes = serde_json::to_vec_pretty(self).map_err(|e| fail(e.to_string()))?;
-        bytes.push(b'\n');
-        super::write_private_file(path, &bytes).map_err(|e| fail(e.to_string()))
+        })
     }
 
     /// Reads and checks a blob file.
@@ -279,14 +276,10 @@ impl SnpSealedKey {
             path: path.display().to_string(),
             reason,
         };
-        let bytes = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
-        let blob: Self = serde_json::from_slice(&bytes).map_err(|e| fail(e.to_string()))?;
-        if blob.format != BLOB_FORMAT || blob.version != BLOB_VERSION {
-            return Err(fail(format!(
-                "format {:?} version {}, expected {BLOB_FORMAT:?} version {BLOB_VERSION}",
-                blob.format, blob.version
-            )));
-        }
+        let blob: Self = super::read_json_blob(path, BLOB_FORMAT, BLOB_VERSION, |b: &Self| {
+            (b.format.as_str(), b.version)
+        })
+        .map_err(fail)?;
         Ok(blob)
     }
 }
