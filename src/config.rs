@@ -93,6 +93,9 @@ pub struct ServerConfig {
     pub served_model_name: Option<String>,
     /// Seconds that in-flight requests get to finish after SIGTERM or SIGINT.
     pub shutdown_grace_secs: u64,
+    /// The model's tool-call format (`llama3_json`, `hermes` or `mistral`); detected from the
+    /// chat template when absent.
+    pub tool_call_parser: Option<crate::server::openai::tools::ToolCallFormat>,
 }
 
 impl Default for ServerConfig {
@@ -101,6 +104,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8443)),
             served_model_name: None,
             shutdown_grace_secs: 30,
+            tool_call_parser: None,
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod audit;
 pub mod backend;
 pub mod cli;
 pub mod config;
+pub mod constrain;
 pub mod engine;
 pub mod model;
 pub mod server;

@@ -31,6 +31,8 @@ pub use config::AuditConfig;
 pub use content::{ContentMode, ContentPolicy, SealedContent};
 pub use error::AuditError;
 pub use fileops::{FileOps, StdFileOps};
-pub use record::{CompletionRecord, Record, RecordBody, RequestRecord, SecurityEvent};
+pub use record::{
+    CompletionRecord, ConstraintNote, Record, RecordBody, RequestRecord, SecurityEvent,
+};
 pub use sink::{AuditSink, CompletionFacts, RequestFacts};
 pub use writer::{AuditLog, StartInfo};

@@ -21,6 +21,9 @@ pub struct SamplingParams {
     pub repetition_penalty: f32,
     /// Seed of the request's random generator. Without one, the engine draws a seed.
     pub seed: Option<u64>,
+    /// Added to the raw logits of the listed tokens before the penalties (OpenAI `logit_bias`;
+    /// each bias within `-100..=100`), sorted by token id without duplicates.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -34,6 +37,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
             seed: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -42,6 +46,12 @@ impl SamplingParams {
     /// Whether the parameters reduce to picking the most likely token.
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0 || self.top_k == 1
+    }
+
+    /// Whether the row must be sampled by the engine's host sampler: device samplers implement
+    /// temperature, filters and penalties, not logit biases.
+    pub fn needs_host_sampler(&self) -> bool {
+        !self.logit_bias.is_empty()
     }
 
     /// Whether any penalty changes the logits.
@@ -81,6 +91,8 @@ pub struct GenerationRequest {
     /// Salt of the prefix-cache hash chain: requests with different salts never share cached
     /// blocks. The server derives it from the principal unless the cache is shared.
     pub cache_salt: u64,
+    /// The grammar the output must follow (structured outputs, enforced tool calls).
+    pub constraint: Option<crate::constrain::CompiledConstraint>,
 }
 
 /// The log-probability of a generated token and of the most likely alternatives at its step.

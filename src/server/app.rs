@@ -66,6 +66,9 @@ enum Route {
     Completions,
     AuditCheckpoint,
     Attestation,
+    Tokenize,
+    Detokenize,
+    Version,
 }
 
 impl Route {
@@ -78,6 +81,9 @@ impl Route {
             "/v1/completions" => Some(Self::Completions),
             "/v1/audit/checkpoint" => Some(Self::AuditCheckpoint),
             "/v1/attestation" => Some(Self::Attestation),
+            "/tokenize" => Some(Self::Tokenize),
+            "/detokenize" => Some(Self::Detokenize),
+            "/version" => Some(Self::Version),
             _ if model_id(path).is_some() => Some(Self::Model),
             _ => None,
         }
@@ -90,8 +96,9 @@ impl Route {
             | Self::Models
             | Self::Model
             | Self::AuditCheckpoint
-            | Self::Attestation => Method::GET,
-            Self::Chat | Self::Completions => Method::POST,
+            | Self::Attestation
+            | Self::Version => Method::GET,
+            Self::Chat | Self::Completions | Self::Tokenize | Self::Detokenize => Method::POST,
         }
     }
 
@@ -272,6 +279,7 @@ impl App {
         }
         match route {
             Route::Health => return unauthenticated(Ok(handlers::health(self))),
+            Route::Version => return unauthenticated(Ok(handlers::version())),
             Route::AuditCheckpoint => return unauthenticated(super::audit::checkpoint(self)),
             Route::Attestation => return unauthenticated(super::attestation::document(self)),
             Route::Metrics if self.config.metrics.public => {
@@ -303,6 +311,9 @@ impl App {
                 handlers::model(self, model_id(request.uri().path()).unwrap_or_default()),
             ),
             Route::Health => (false, Ok(handlers::health(self))),
+            Route::Version => (false, Ok(handlers::version())),
+            Route::Tokenize => (false, handlers::tokenize(self, request).await),
+            Route::Detokenize => (false, handlers::detokenize(self, request).await),
             Route::AuditCheckpoint => (false, super::audit::checkpoint(self)),
             Route::Attestation => (false, super::attestation::document(self)),
         };

@@ -19,9 +19,12 @@ use super::metrics::{GenerationTiming, Metrics};
 use super::openai::request::GenerationOptions;
 use super::openai::response::{
     AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatLogprobs,
-    ChatTokenLogprob, Completion, CompletionChoice, CompletionLogprobs, Delta, TopLogprob, Usage,
+    ChatTokenLogprob, Completion, CompletionChoice, CompletionLogprobs, Delta, FunctionCall,
+    ToolCall, ToolCallDelta, TopLogprob, Usage,
 };
+use super::openai::tools::{ToolCallFormat, parse_tool_calls};
 use super::service::ModelService;
+use crate::constrain::CompiledConstraint;
 use crate::engine::{
     FinishReason, GenerationEvent, GenerationRequest, GenerationStream, StopParams, TokenLogprob,
 };
@@ -51,6 +54,68 @@ pub struct Job {
     pub cache_salt: u64,
     /// Arrival time, for latency metrics.
     pub arrived: Instant,
+    /// The compiled grammar every choice follows, if any.
+    pub constraint: Option<CompiledConstraint>,
+    /// How to read tool calls out of the output, when the request offers tools.
+    pub tool_calls: Option<ToolCalls>,
+}
+
+/// Tool-call parsing of a chat request.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolCalls {
+    /// The model's tool-call format.
+    pub format: ToolCallFormat,
+    /// Whether several calls may be returned (`parallel_tool_calls`); otherwise the first counts.
+    pub parallel: bool,
+}
+
+impl ToolCalls {
+    /// Splits a choice's output into content and tool calls (`None` when it calls no tool).
+    fn parse(&self, text: &str) -> Option<(Option<String>, Vec<ToolCall>)> {
+        let (content, mut calls) = parse_tool_calls(self.format, text)?;
+        if !self.parallel {
+            calls.truncate(1);
+        }
+        let calls = calls
+            .into_iter()
+            .map(|call| ToolCall {
+                id: format!("call_{}", uuid::Uuid::new_v4().simple()),
+                kind: "function",
+                function: FunctionCall {
+                    name: call.name,
+                    arguments: call.arguments,
+                },
+            })
+            .collect();
+        Some((content, calls))
+    }
+}
+
+/// The assistant message of a finished choice and its finish reason (`tool_calls` when the
+/// output is parsed as tool calls).
+fn assistant_message(
+    text: String,
+    reason: &FinishReason,
+    tool_calls: Option<&ToolCalls>,
+) -> (AssistantMessage, &'static str) {
+    match tool_calls.and_then(|parsing| parsing.parse(&text)) {
+        Some((content, calls)) => (
+            AssistantMessage {
+                role: "assistant",
+                content,
+                tool_calls: calls,
+            },
+            "tool_calls",
+        ),
+        None => (
+            AssistantMessage {
+                role: "assistant",
+                content: Some(text),
+                tool_calls: Vec::new(),
+            },
+            reason.as_openai_str(),
+        ),
+    }
 }
 
 impl Job {
@@ -70,6 +135,7 @@ impl Job {
                         stop: stop.clone(),
                         logprobs: self.options.logprobs,
                         cache_salt: self.cache_salt,
+                        constraint: self.constraint.clone(),
                     }
                 })
             })
@@ -275,14 +341,20 @@ pub async fn complete(
             model: service.name().to_owned(),
             choices: results
                 .into_iter()
-                .map(|result| ChatChoice {
-                    index: result.index,
-                    logprobs: want_logprobs.then(|| chat_logprobs(service, &result.state.tokens)),
-                    finish_reason: result.reason.as_openai_str(),
-                    message: AssistantMessage {
-                        role: "assistant",
-                        content: result.state.text,
-                    },
+                .map(|result| {
+                    let logprobs =
+                        want_logprobs.then(|| chat_logprobs(service, &result.state.tokens));
+                    let (message, finish_reason) = assistant_message(
+                        result.state.text,
+                        &result.reason,
+                        job.tool_calls.as_ref(),
+                    );
+                    ChatChoice {
+                        index: result.index,
+                        logprobs,
+                        finish_reason,
+                        message,
+                    }
                 })
                 .collect(),
             usage,
@@ -320,6 +392,7 @@ struct ChunkWriter {
     kind: ApiKind,
     created: u64,
     logprobs: bool,
+    tool_calls: Option<ToolCalls>,
 }
 
 impl ChunkWriter {
@@ -361,6 +434,7 @@ impl ChunkWriter {
                     delta: Delta {
                         role: Some("assistant"),
                         content: Some(String::new()),
+                        tool_calls: None,
                     },
                     logprobs: None,
                     finish_reason: None,
@@ -389,6 +463,7 @@ impl ChunkWriter {
                     delta: Delta {
                         role: None,
                         content: (!text.is_empty()).then_some(text),
+                        tool_calls: None,
                     },
                     logprobs: (self.logprobs && !tokens.is_empty())
                         .then(|| chat_logprobs(&self.service, tokens)),
@@ -407,6 +482,41 @@ impl ChunkWriter {
                 None,
             ),
         })
+    }
+
+    /// The last chunk of a chat choice whose output was held back for tool-call parsing: its
+    /// tool calls (or its whole text, when it called no tool) with the finish reason.
+    fn held_back(
+        &self,
+        parsing: &ToolCalls,
+        index: usize,
+        text: String,
+        tokens: &[(u32, TokenLogprob)],
+        reason: &FinishReason,
+    ) -> Bytes {
+        let (message, finish) = assistant_message(text, reason, Some(parsing));
+        let tool_calls = (!message.tool_calls.is_empty()).then(|| {
+            message
+                .tool_calls
+                .into_iter()
+                .enumerate()
+                .map(|(index, call)| ToolCallDelta { index, call })
+                .collect()
+        });
+        self.chat_chunk(
+            vec![ChatChunkChoice {
+                index,
+                delta: Delta {
+                    role: None,
+                    content: message.content.filter(|text| !text.is_empty()),
+                    tool_calls,
+                },
+                logprobs: (self.logprobs && !tokens.is_empty())
+                    .then(|| chat_logprobs(&self.service, tokens)),
+                finish_reason: Some(finish),
+            }],
+            None,
+        )
     }
 
     fn usage(&self, usage: Usage) -> Bytes {
@@ -441,6 +551,7 @@ pub fn stream(
         kind: job.kind,
         created: super::unix_now(),
         logprobs: job.options.logprobs.is_some(),
+        tool_calls: job.tool_calls,
     };
     tokio::spawn(forward(writer, metrics, job, streams, tx, usage_out));
     let body = StreamBody::new(stream::unfold(rx, |mut rx| async move {
@@ -504,7 +615,13 @@ async fn forward(
                     .map(|lp| vec![(token, lp)])
                     .unwrap_or_default();
                 state.on_token(token, &text, logprob);
-                writer.content(index, text, &tokens, offset, None)
+                if writer.tool_calls.is_some() {
+                    // Held back until the choice ends: the whole output decides whether it is
+                    // text or tool calls.
+                    None
+                } else {
+                    writer.content(index, text, &tokens, offset, None)
+                }
             }
             GenerationEvent::Finished {
                 reason,
@@ -526,7 +643,16 @@ async fn forward(
                     FinishReason::Error(message) => {
                         Some(error_event(&ApiError::internal(message.clone())))
                     }
-                    reason => writer.content(index, text, &[], 0, Some(reason.as_openai_str())),
+                    reason => match &writer.tool_calls {
+                        Some(parsing) => Some(writer.held_back(
+                            parsing,
+                            index,
+                            state.text.clone(),
+                            &state.tokens,
+                            reason,
+                        )),
+                        None => writer.content(index, text, &[], 0, Some(reason.as_openai_str())),
+                    },
                 }
             }
         };

@@ -83,8 +83,42 @@ pub struct CompletionLogprobs {
 pub struct AssistantMessage {
     /// Always `assistant`.
     pub role: &'static str,
-    /// The generated text.
-    pub content: String,
+    /// The generated text (`null` when the message is only tool calls).
+    pub content: Option<String>,
+    /// The tool calls parsed out of the output.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// A function call the model made.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolCall {
+    /// `call_…`, unique in the response.
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The function and its arguments.
+    pub function: FunctionCall,
+}
+
+/// The function of a tool call.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FunctionCall {
+    /// The function name.
+    pub name: String,
+    /// The arguments, a JSON document as a string.
+    pub arguments: String,
+}
+
+/// A tool call in a streamed chunk.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolCallDelta {
+    /// Position of the call in the message's `tool_calls`.
+    pub index: usize,
+    /// The whole call.
+    #[serde(flatten)]
+    pub call: ToolCall,
 }
 
 /// One choice of a chat completion.
@@ -126,6 +160,9 @@ pub struct Delta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Tool calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// One choice of a chat chunk.
@@ -243,6 +280,7 @@ mod tests {
                 delta: Delta {
                     role: None,
                     content: Some("hi".into()),
+                    tool_calls: None,
                 },
                 logprobs: None,
                 finish_reason: None,
