@@ -96,6 +96,9 @@ pub struct ServerConfig {
     /// The model's tool-call format (`llama3_json`, `hermes` or `mistral`); detected from the
     /// chat template when absent.
     pub tool_call_parser: Option<crate::server::openai::tools::ToolCallFormat>,
+    /// The unprivileged user to switch to once the socket, keys and audit log are open
+    /// (`--user` overrides it); absent: keep the starting user.
+    pub user: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -105,6 +108,7 @@ impl Default for ServerConfig {
             served_model_name: None,
             shutdown_grace_secs: 30,
             tool_call_parser: None,
+            user: None,
         }
     }
 }

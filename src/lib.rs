@@ -10,6 +10,7 @@
 //! - [`server`]: the OpenAI-compatible HTTPS API;
 //! - [`attest`]: start-up attestation of the server (evidence binding its keys and policy);
 //! - [`audit`]: the append-only, tamper-evident audit log;
+//! - [`harden`]: hardening of the serving process (no dumps or ptrace, locked keys, user drop);
 //! - [`cli`]: the `inferno` command line.
 
 #![warn(missing_docs)]
@@ -21,5 +22,6 @@ pub mod cli;
 pub mod config;
 pub mod constrain;
 pub mod engine;
+pub mod harden;
 pub mod model;
 pub mod server;

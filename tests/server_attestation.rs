@@ -269,7 +269,8 @@ fn serve_with_the_production_profile_exits_with_a_one_line_cause() {
     std::fs::write(
         &config,
         format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\n[attestation]\nprofile = \"production\"\n[[auth.keys]]\nname = \"ops\"\nsha256 = \"{}\"\n",
+            "[server]\nlisten = \"127.0.0.1:0\"\n[attestation]\nprofile = \"production\"\n[audit]\ndir = {:?}\n[[auth.keys]]\nname = \"ops\"\nsha256 = \"{}\"\n",
+            work.path().join("audit"),
             "ab".repeat(32)
         ),
     )

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use super::setup;
 use crate::backend::{self, Device};
-use crate::config::{AttestationConfig, Config};
+use crate::config::{AttestationConfig, AttestationProfile, Config};
 use crate::engine::{Engine, EngineConfig, ModelInfo};
 use crate::server::{ModelService, Server};
 
@@ -27,6 +27,10 @@ pub struct ServeArgs {
     /// Where the forward pass runs: cpu, cuda or auto.
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     device: Device,
+    /// Switch to this unprivileged user once the listening socket, keys and audit log are open,
+    /// overriding `server.user`.
+    #[arg(long, value_name = "NAME")]
+    user: Option<String>,
 }
 
 /// Runs `inferno serve`.
@@ -59,6 +63,15 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     if let Some(listen) = args.listen {
         config.server.listen = listen;
+    }
+    if let Some(user) = args.user {
+        config.server.user = Some(user);
+    }
+    let production = config.attestation.profile == AttestationProfile::Production;
+    if production {
+        // Before any thread or secret exists: every thread inherits it.
+        refuse_unaudited(&config)?;
+        crate::harden::deny_dumps_and_ptrace()?;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -95,7 +108,15 @@ async fn serve_async(
     // Watch the signals before anything else, and keep watching them: a SIGTERM that arrives
     // between two waits must not be lost.
     let mut signals = ShutdownSignals::watch()?;
+    let production = config.attestation.profile == AttestationProfile::Production;
+    let user = config.server.user.clone();
     let server = Server::start(config).await?;
+    // The keys exist and the socket and the audit log are open: lock the keys' pages, then give
+    // up privileges before the model (operator-supplied files) is read.
+    if let Err(err) = harden_after_start(production, user.as_deref()) {
+        server.shutdown().await;
+        return Err(err.into());
+    }
     server.record_config(
         config_digest,
         Some(server.attestation().policy_sha256().to_owned()),
@@ -130,6 +151,31 @@ async fn serve_async(
     tracing::info!("shutdown signal received; finishing in-flight requests");
     server.shutdown().await;
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// The production profile serves nothing unaudited: without an `[audit]` table it does not start.
+fn refuse_unaudited(config: &Config) -> anyhow::Result<()> {
+    if config.audit.is_none() {
+        anyhow::bail!(
+            "the production profile refuses to serve without an audit log: add an [audit] table to the configuration (docs/audit-log.md)"
+        );
+    }
+    Ok(())
+}
+
+/// Locks the process's memory (production) and drops to `user` (any profile).
+fn harden_after_start(
+    production: bool,
+    user: Option<&str>,
+) -> Result<(), crate::harden::HardenError> {
+    if production {
+        crate::harden::lock_resident_memory()?;
+    }
+    if let Some(user) = user {
+        crate::harden::drop_privileges(user)?;
+        tracing::info!(user, "dropped privileges");
+    }
     Ok(())
 }
 
