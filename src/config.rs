@@ -96,6 +96,13 @@ pub struct ServerConfig {
     /// The model's tool-call format (`llama3_json`, `hermes` or `mistral`); detected from the
     /// chat template when absent.
     pub tool_call_parser: Option<crate::server::openai::tools::ToolCallFormat>,
+    /// Tokenize special-token text inside chat messages (`<|eot_id|>` typed by a user) as the
+    /// control token it spells. Off by default: such text is tokenized as plain text, so a
+    /// message cannot forge the conversation's structure.
+    pub chat_special_tokens_in_content: bool,
+    /// Accept any message role. Off by default: roles are limited to those the chat template
+    /// knows.
+    pub chat_any_role: bool,
     /// The unprivileged user to switch to once the socket, keys and audit log are open
     /// (`--user` overrides it); absent: keep the starting user.
     pub user: Option<String>,
@@ -108,6 +115,8 @@ impl Default for ServerConfig {
             served_model_name: None,
             shutdown_grace_secs: 30,
             tool_call_parser: None,
+            chat_special_tokens_in_content: false,
+            chat_any_role: false,
             user: None,
         }
     }

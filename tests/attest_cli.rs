@@ -428,3 +428,60 @@ fn simulated_gpu_set_is_appraised_as_a_set() {
     assert_eq!(code, Some(1), "{report:#}");
     assert_eq!(failed(&report), ["gpu.1.cc_mode", "gpu.set"], "{report:#}");
 }
+
+/// `inferno attest simulate --nonce --tls-exporter` binds the challenge into the runtime data's
+/// `challenge_bindings`; `inferno attest verify` checks it (`runtime_data.challenge`) and names
+/// a wrong nonce or exporter.
+#[test]
+#[cfg(feature = "simulated-tee")]
+fn a_simulated_challenge_binding_verifies_only_for_its_nonce_and_exporter() {
+    let work = tempfile::tempdir().unwrap();
+    let policy = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policy/development.toml");
+    let evidence = work.path().join("evidence.json");
+    let nonce = "ab".repeat(16);
+    let exporter = "cd".repeat(32);
+    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(["attest", "simulate", "--policy"])
+        .arg(&policy)
+        .args(["--nonce", &nonce, "--tls-exporter", &exporter, "--out"])
+        .arg(&evidence)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (code, report) = verify(
+        &evidence,
+        &policy,
+        &["--nonce", &nonce, "--tls-exporter", &exporter],
+    );
+    assert_eq!(code, Some(0), "{report:#}");
+    let (passed, reason) = check(&report, "runtime_data.challenge");
+    assert!(passed && reason.contains("TLS exporter"), "{reason}");
+    let binding = report["claims"]["runtime_data"]["challenge_bindings"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let expected = ring::digest::digest(
+        &ring::digest::SHA256,
+        &hex::decode(format!("{nonce}{exporter}")).unwrap(),
+    );
+    assert_eq!(binding, hex::encode(expected.as_ref()));
+
+    let other_exporter = "ce".repeat(32);
+    let other_nonce = "ac".repeat(16);
+    for args in [
+        ["--nonce", &nonce, "--tls-exporter", &other_exporter],
+        ["--nonce", &other_nonce, "--tls-exporter", &exporter],
+    ] {
+        let (code, report) = verify(&evidence, &policy, &args);
+        assert_eq!(code, Some(1), "{report:#}");
+        assert_eq!(failed(&report), ["runtime_data.challenge"], "{report:#}");
+    }
+    // Without the exporter the binding covers the nonce alone, which is not this binding.
+    let (code, report) = verify(&evidence, &policy, &["--nonce", &nonce]);
+    assert_eq!(code, Some(1), "{report:#}");
+    assert_eq!(failed(&report), ["runtime_data.challenge"], "{report:#}");
+}

@@ -155,7 +155,10 @@ fn judge(evidence: &Evidence, policy: &LoadedPolicy, nonce: Option<&[u8]>) -> Ap
             clock_floor: None,
             gpu_ready_pending: false,
         },
-        &Expectations { nonce },
+        &Expectations {
+            nonce,
+            tls_exporter: None,
+        },
     )
 }
 

@@ -33,7 +33,7 @@ fn dev() -> LoadedPolicy {
 
 fn doc(policy: &LoadedPolicy) -> RuntimeData {
     let mut doc = RuntimeData::new(policy.digest, "inferno/test");
-    doc.nonce = Some(hex::encode([7u8; 32]));
+    doc.set_challenge_bindings([[7u8; 32]]).unwrap();
     doc
 }
 

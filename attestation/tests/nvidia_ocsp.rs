@@ -54,7 +54,7 @@ fn good_ica() -> SimulatedOcsp {
 /// Appraises simulated SNP + GPU evidence with `responses` in the bundle.
 fn judge(policy: &LoadedPolicy, responses: Vec<Vec<u8>>) -> AppraisalReport {
     let mut doc = RuntimeData::new(policy.digest, "inferno/test");
-    doc.nonce = Some(hex::encode([3u8; 32]));
+    doc.set_challenge_bindings([[3u8; 32]]).unwrap();
     let mut evidence: Evidence = collect_evidence(&SimulatedSnp::new().unwrap(), &doc).unwrap();
     evidence.gpu = Some(gpu().evidence(&doc.gpu_nonce()).unwrap());
     let mut bundle = CollateralBundle::empty("2026-01-01T00:00:00Z".into());

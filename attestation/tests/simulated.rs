@@ -26,7 +26,7 @@ fn policy(name: &str) -> LoadedPolicy {
 
 fn runtime_data(policy: &LoadedPolicy) -> RuntimeData {
     let mut doc = RuntimeData::new(policy.digest, "inferno/test");
-    doc.nonce = Some(hex::encode([0xAB; 32]));
+    doc.set_challenge_bindings([[0xAB; 32]]).unwrap();
     doc.tls_spki_sha256 = Some(hex::encode([0x11; 32]));
     doc
 }
@@ -250,7 +250,7 @@ fn runtime_data_must_match_report_data() {
     let sim = SimulatedSnp::new().unwrap();
     let mut e = collect(&sim, &dev);
     let mut other = runtime_data(&dev);
-    other.nonce = Some(hex::encode([0xCD; 32]));
+    other.set_challenge_bindings([[0xCD; 32]]).unwrap();
     e.runtime_data = Some(Base64Bytes(other.to_canonical_bytes()));
     assert_eq!(failed(&judge(&e, &dev)), ["runtime_data.binding"]);
 

@@ -56,9 +56,13 @@ struct VerifyArgs {
     now: Option<String>,
     /// The nonce the verifier chose (hex): the vTPM quotes' qualifying data and the GPU
     /// reports' SPDM nonce when the evidence has no runtime-data document (required for
-    /// standalone evidence), else the runtime data's `nonce`.
+    /// standalone evidence), else a challenge the runtime data's `challenge_bindings` must bind.
     #[arg(long, value_name = "HEX")]
     nonce: Option<String>,
+    /// The TLS exporter value (hex) of the connection the evidence was asked for on: with
+    /// `--nonce`, the challenge binding covers both (docs/attestation-protocol.md).
+    #[arg(long, value_name = "HEX", requires = "nonce")]
+    tls_exporter: Option<String>,
     /// A root (DER or PEM) for the AK certificate chain of standalone vTPM evidence; repeatable.
     #[arg(long, value_name = "FILE")]
     tpm_root: Vec<PathBuf>,
@@ -125,9 +129,12 @@ struct SimulateArgs {
     /// The server policy whose digest the runtime data names.
     #[arg(long)]
     policy: PathBuf,
-    /// A verifier nonce (hex) to bind.
+    /// A verifier nonce (hex) whose challenge binding the runtime data carries.
     #[arg(long)]
     nonce: Option<String>,
+    /// The TLS exporter value (hex) that the challenge binding covers with the nonce.
+    #[arg(long, value_name = "HEX", requires = "nonce")]
+    tls_exporter: Option<String>,
     /// Also include evidence from a simulated GPU (its test chain).
     #[arg(long)]
     gpu: bool,
@@ -192,18 +199,35 @@ fn verify(args: &VerifyArgs) -> ExitCode {
                     .with_context(|| format!("--nonce {text:?} is not non-empty hex"))
             })
             .transpose()?;
+        let tls_exporter = args
+            .tls_exporter
+            .as_deref()
+            .map(|text| {
+                hex::decode(text.trim())
+                    .with_context(|| format!("--tls-exporter {text:?} is not hex"))
+            })
+            .transpose()?;
         let mut tpm_roots = Vec::new();
         for p in &args.tpm_root {
             tpm_roots.extend(certificate(p)?);
         }
-        Ok((evidence, policy, collateral, now, nonce, tpm_roots))
+        Ok((
+            evidence,
+            policy,
+            collateral,
+            now,
+            nonce,
+            tls_exporter,
+            tpm_roots,
+        ))
     })();
-    let (evidence, policy, collateral, now, nonce, tpm_roots) = match inputs {
+    let (evidence, policy, collateral, now, nonce, tls_exporter, tpm_roots) = match inputs {
         Ok(v) => v,
         Err(e) => return usage_error(&e),
     };
     let expected = Expectations {
         nonce: nonce.as_deref(),
+        tls_exporter: tls_exporter.as_deref(),
     };
     let report = match &evidence {
         AnyEvidence::Platform(evidence) => appraise_with(
@@ -370,14 +394,23 @@ fn tcb_info_fmspc(tcb_info: &str) -> Option<String> {
 fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
     use inferno_attestation::collect::{collect_evidence, simulated::SimulatedSnp};
     use inferno_attestation::nvidia::simulated::{SimulatedGpu, SimulatedGpuConfig, TEST_SEED};
-    use inferno_attestation::runtime_data::RuntimeData;
+    use inferno_attestation::runtime_data::{RuntimeData, challenge_binding};
 
     let policy = LoadedPolicy::from_file(&args.policy)?;
     let mut doc = RuntimeData::new(
         policy.digest,
         concat!("inferno/", env!("CARGO_PKG_VERSION")),
     );
-    doc.nonce = args.nonce.clone();
+    if let Some(nonce) = &args.nonce {
+        let nonce =
+            hex::decode(nonce.trim()).with_context(|| format!("--nonce {nonce:?} is not hex"))?;
+        let exporter = match &args.tls_exporter {
+            Some(text) => hex::decode(text.trim())
+                .with_context(|| format!("--tls-exporter {text:?} is not hex"))?,
+            None => Vec::new(),
+        };
+        doc.set_challenge_bindings([challenge_binding(&nonce, &exporter)])?;
+    }
     let sim = SimulatedSnp::new()?;
     let mut evidence = collect_evidence(&sim, &doc)?;
     if args.gpu {

@@ -37,6 +37,9 @@ pub enum SubmitError {
         /// The limit that was exceeded.
         limit: usize,
     },
+    /// The stop strings are refused (too long together).
+    #[error(transparent)]
+    StopStrings(#[from] super::stop::StopError),
     /// The engine has shut down.
     #[error("the engine has stopped")]
     Stopped,
@@ -123,6 +126,8 @@ impl EngineHandle {
         if total > shared.kv_cache.capacity_tokens() {
             return Err(too_long(shared.kv_cache.capacity_tokens()));
         }
+        // Compiled here, on the caller's thread, so the engine thread never waits for it.
+        let stop = super::stop::StopMatcher::new(&request.stop.stop_strings)?;
         let waiting = shared.stats.lock().map(|s| s.waiting).unwrap_or(0);
         if waiting + shared.queued.fetch_add(1, Ordering::SeqCst) >= shared.max_waiting {
             shared.queued.fetch_sub(1, Ordering::SeqCst);
@@ -130,7 +135,7 @@ impl EngineHandle {
         }
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
-        let seq = super::sequence::Sequence::new(id, request, events);
+        let seq = super::sequence::Sequence::new(id, request, stop, events);
         if self.commands.send(Command::Submit(Box::new(seq))).is_err() {
             shared.queued.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::Stopped);

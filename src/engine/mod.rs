@@ -25,3 +25,4 @@ pub use handle::{EngineHandle, EngineStats, GenerationStream, SubmitError};
 pub use request::{
     FinishReason, GenerationEvent, GenerationRequest, SamplingParams, StopParams, TokenLogprob,
 };
+pub use stop::{MAX_STOP_BYTES, StopError};

@@ -61,15 +61,16 @@ impl Sequence {
 }
 
 impl Sequence {
-    /// A new sequence for `request`, whose events go to `events`. Without a seed in the request,
-    /// one is drawn from the operating system's generator.
+    /// A new sequence for `request`, whose events go to `events`, watching for stop strings
+    /// with `stop`. Without a seed in the request, one is drawn from the operating system's
+    /// generator.
     pub fn new(
         id: u64,
         request: GenerationRequest,
+        stop: StopMatcher,
         events: UnboundedSender<GenerationEvent>,
     ) -> Self {
         let seed = request.sampling.seed.unwrap_or_else(rand::random);
-        let stop = StopMatcher::new(&request.stop.stop_strings);
         Self {
             id,
             seed,

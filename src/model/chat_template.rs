@@ -17,9 +17,27 @@ const TOOL_USE_TEMPLATE: &str = "tool_use";
 /// Context variables the renderer sets itself; extra arguments may not replace them.
 const RESERVED: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
 
+/// The roles every chat template is taken to know (OpenAI's chat roles).
+const STANDARD_ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
+
+/// Further roles a template knows when its source names them in quotes (`'ipython'`).
+const OPTIONAL_ROLES: [&str; 3] = ["developer", "ipython", "function"];
+
 /// Rendering a chat template failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
+    /// A message's role is not one the template knows.
+    #[error(
+        "messages[{index}].role `{role}` is not one of the roles this model's chat template knows: {known}"
+    )]
+    UnknownRole {
+        /// The message's index.
+        index: usize,
+        /// The role as given (escaped, cut to 64 characters).
+        role: String,
+        /// The known roles, comma-separated.
+        known: String,
+    },
     /// The template rejected the conversation through `raise_exception`.
     #[error("chat template rejected the request: {0}")]
     Raised(String),
@@ -50,6 +68,7 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     has_tool_use: bool,
     special: SpecialTokens,
+    roles: Vec<&'static str>,
 }
 
 impl ChatTemplate {
@@ -92,10 +111,20 @@ impl ChatTemplate {
             ));
         }
         let has_tool_use = !single && env.get_template(TOOL_USE_TEMPLATE).is_ok();
+        let mentioned = |role: &str| {
+            templates.iter().any(|(_, source)| {
+                source.contains(&format!("'{role}'")) || source.contains(&format!("\"{role}\""))
+            })
+        };
+        let roles = STANDARD_ROLES
+            .into_iter()
+            .chain(OPTIONAL_ROLES.into_iter().filter(|role| mentioned(role)))
+            .collect();
         Ok(Self {
             env,
             has_tool_use,
             special,
+            roles,
         })
     }
 
@@ -105,6 +134,33 @@ impl ChatTemplate {
             .templates()
             .map(|(_, template)| template.source().to_owned())
             .collect()
+    }
+
+    /// The roles this template knows: OpenAI's chat roles, and `developer`, `ipython` or
+    /// `function` when the template's source names them.
+    pub fn roles(&self) -> &[&'static str] {
+        &self.roles
+    }
+
+    /// Refuses a message whose role the template does not know: a role is pasted into the
+    /// prompt by many templates, so an arbitrary one could forge the conversation's structure.
+    pub fn check_roles(&self, messages: &[serde_json::Value]) -> Result<(), TemplateError> {
+        for (index, message) in messages.iter().enumerate() {
+            let role = message.get("role").and_then(|r| r.as_str()).unwrap_or("");
+            if !self.roles.contains(&role) {
+                return Err(TemplateError::UnknownRole {
+                    index,
+                    role: role
+                        .chars()
+                        .take(64)
+                        .collect::<String>()
+                        .escape_debug()
+                        .to_string(),
+                    known: self.roles.join(", "),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Renders a conversation into the prompt text, as transformers' `apply_chat_template(...,

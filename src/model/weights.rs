@@ -83,13 +83,18 @@ impl TensorView<'_> {
     }
 }
 
-/// bfloat16 is the upper half of an f32.
-fn bf16_to_f32(bits: u16) -> f32 {
+/// Widens a bfloat16 value to f32 (bfloat16 is the upper half of an f32).
+pub fn bf16_to_f32(bits: u16) -> f32 {
     f32::from_bits(u32::from(bits) << 16)
 }
 
-/// Widens an IEEE binary16 value (every binary16 value is exactly representable in f32).
-fn f16_to_f32(bits: u16) -> f32 {
+/// Widens an IEEE binary16 value to f32, the one conversion every backend uses.
+///
+/// Every finite binary16 value (subnormals included) and both infinities are exactly
+/// representable in f32 and come out exact, signed zeros included. A NaN stays a NaN with its
+/// sign and payload; a signalling NaN comes out quiet (its quiet bit set), as IEEE 754 and the
+/// hardware conversions (x86 F16C, ARM FCVT) do.
+pub fn f16_to_f32(bits: u16) -> f32 {
     let sign = u32::from(bits & 0x8000) << 16;
     let exponent = u32::from((bits >> 10) & 0x1f);
     let mantissa = u32::from(bits & 0x03ff);
@@ -101,7 +106,9 @@ fn f16_to_f32(bits: u16) -> f32 {
             let m = (m << shift) & 0x03ff;
             ((127 - 15 + 1 - shift) << 23) | (m << 13)
         }
-        (0x1f, m) => (0xff << 23) | (m << 13),
+        (0x1f, 0) => 0xff << 23,
+        // NaN: the payload moves up with the mantissa; the quiet bit is set.
+        (0x1f, m) => (0xff << 23) | (1 << 22) | (m << 13),
         (e, m) => ((e + 127 - 15) << 23) | (m << 13),
     };
     f32::from_bits(sign | magnitude)
@@ -354,6 +361,47 @@ mod tests {
         assert_eq!(f16_to_f32(0x8000).to_bits(), (-0.0f32).to_bits());
         assert_eq!(f16_to_f32(0x7c00), f32::INFINITY);
         assert!(f16_to_f32(0x7e00).is_nan());
+    }
+
+    /// Every one of the 65,536 binary16 values against its definition.
+    #[test]
+    fn f16_conversion_is_exact_for_every_value() {
+        for bits in 0..=u16::MAX {
+            let negative = bits & 0x8000 != 0;
+            let exponent = i32::from((bits >> 10) & 0x1f);
+            let mantissa = u32::from(bits & 0x03ff);
+            let got = f16_to_f32(bits);
+            assert_eq!(got.is_sign_negative(), negative, "{bits:#06x}: sign");
+            match exponent {
+                0x1f if mantissa == 0 => assert!(got.is_infinite(), "{bits:#06x}"),
+                0x1f => {
+                    assert!(got.is_nan(), "{bits:#06x}");
+                    let out = got.to_bits();
+                    assert_ne!(out & (1 << 22), 0, "{bits:#06x}: NaN must come out quiet");
+                    assert_eq!(
+                        (out >> 13) & 0x1ff,
+                        mantissa & 0x1ff,
+                        "{bits:#06x}: payload"
+                    );
+                }
+                _ => {
+                    let magnitude = if exponent == 0 {
+                        f64::from(mantissa) * 2f64.powi(-24)
+                    } else {
+                        (1.0 + f64::from(mantissa) / 1024.0) * 2f64.powi(exponent - 15)
+                    };
+                    let want = if negative { -magnitude } else { magnitude };
+                    assert_eq!(f64::from(got), want, "{bits:#06x}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f16_signalling_nan_comes_out_quiet() {
+        assert_eq!(f16_to_f32(0x7c01).to_bits(), 0x7fc0_2000);
+        assert_eq!(f16_to_f32(0xfe00).to_bits(), 0xffc0_0000);
+        assert_eq!(f16_to_f32(0xfc00), f32::NEG_INFINITY);
     }
 
     #[test]

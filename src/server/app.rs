@@ -1,6 +1,7 @@
 //! Shared server state and request routing.
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -41,6 +42,8 @@ pub struct App {
     audit: Option<Arc<AuditSink>>,
     attestation: Option<Arc<crate::attest::StartupAttestation>>,
     content_in_logs: bool,
+    /// Whether the last look at the audit log found it failed (logged once per change).
+    audit_failed: AtomicBool,
 }
 
 /// How the router answered a request, and what the audit log already knows of it.
@@ -104,7 +107,7 @@ impl Route {
 
     fn allow(self) -> &'static str {
         match self.method() {
-            Method::GET => "GET",
+            Method::GET => "GET, HEAD",
             _ => "POST",
         }
     }
@@ -121,6 +124,7 @@ impl App {
             audit: None,
             attestation: None,
             content_in_logs: false,
+            audit_failed: AtomicBool::new(false),
         }
     }
 
@@ -156,6 +160,23 @@ impl App {
     /// The audit log, if configured.
     pub fn audit(&self) -> Option<&Arc<AuditSink>> {
         self.audit.as_ref()
+    }
+
+    /// Why the audit log cannot be written, if it cannot: every `/v1` request is then refused
+    /// (HTTP 503) and `/health` answers 503. The first look after a change of state logs it.
+    pub fn audit_failure(&self) -> Option<String> {
+        let failure = self.audit.as_ref().and_then(|sink| sink.failure());
+        let failed = failure.is_some();
+        if self.audit_failed.swap(failed, Ordering::AcqRel) != failed {
+            match &failure {
+                Some(why) => tracing::error!(
+                    reason = %why,
+                    "the audit log has failed; refusing every /v1 request until it recovers"
+                ),
+                None => tracing::info!("the audit log is writable again; serving requests"),
+            }
+        }
+        failure
     }
 
     /// The configuration.
@@ -237,6 +258,10 @@ impl App {
                 response = err.into_response();
             }
         }
+        if method == Method::HEAD {
+            // RFC 9110 §9.3.2: no content; over HTTP/2 the HEADERS frame then ends the stream.
+            *response.body_mut() = super::body::empty();
+        }
         if let Ok(value) = HeaderValue::from_str(&ctx.request_id) {
             response.headers_mut().insert(REQUEST_ID, value);
         }
@@ -270,7 +295,9 @@ impl App {
         let Some(route) = Route::from_path(path) else {
             return unauthenticated(Err(ApiError::route_not_found(path)));
         };
-        if request.method() != route.method() {
+        // HEAD is answered as GET is, without the body (see `handle`).
+        let head_of_get = request.method() == Method::HEAD && route.method() == Method::GET;
+        if request.method() != route.method() && !head_of_get {
             let mut response = ApiError::method_not_allowed(route.allow()).into_response();
             response
                 .headers_mut()
@@ -415,7 +442,7 @@ mod tests {
             Some(Route::Completions)
         );
         assert_eq!(Route::Chat.method(), Method::POST);
-        assert_eq!(Route::Models.allow(), "GET");
+        assert_eq!(Route::Models.allow(), "GET, HEAD");
         assert_eq!(Route::from_path("/v1/nope"), None);
         assert_eq!(path_label("/v1/nope"), "other");
         assert_eq!(Route::from_path("/v1/models/m"), Some(Route::Model));

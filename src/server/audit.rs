@@ -16,7 +16,7 @@ use super::app::{App, RequestContext};
 use super::auth::Principal;
 use super::body::{Body, full};
 use super::error::ApiError;
-use super::generation::ApiKind;
+use super::generation::{ApiKind, StreamAccounting};
 use super::openai::response::Usage;
 use tokio::sync::oneshot;
 
@@ -34,12 +34,10 @@ fn latency_ms(ctx: &RequestContext) -> u64 {
 }
 
 /// Refuses service (HTTP 503) while the audit log is failed: nothing is served unaudited.
+/// One log line marks each change of state, not one per refused request.
 pub fn check_available(app: &App) -> Result<(), ApiError> {
-    match app.audit().and_then(|sink| sink.failure()) {
-        Some(why) => {
-            tracing::error!(reason = %why, "refusing request: the audit log has failed");
-            Err(log_unavailable())
-        }
+    match app.audit_failure() {
+        Some(_) => Err(log_unavailable()),
         None => Ok(()),
     }
 }
@@ -178,6 +176,7 @@ pub fn audited_stream(
     ctx: &RequestContext,
     prompt_tokens: usize,
     usage: oneshot::Receiver<Usage>,
+    accounting: Arc<StreamAccounting>,
     body: Body,
 ) -> Body {
     let Some(sink) = app.audit() else {
@@ -190,6 +189,7 @@ pub fn audited_stream(
         ctx: ctx.clone(),
         prompt_tokens: prompt_tokens as u64,
         usage,
+        accounting,
         finish_reason: None,
         text: keep.then(Vec::new),
         recorded: false,
@@ -202,6 +202,7 @@ struct AuditedStream {
     ctx: RequestContext,
     prompt_tokens: u64,
     usage: oneshot::Receiver<Usage>,
+    accounting: Arc<StreamAccounting>,
     finish_reason: Option<String>,
     text: Option<Vec<u8>>,
     recorded: bool,
@@ -245,9 +246,19 @@ impl AuditedStream {
         self.recorded = true;
         let finish_reason = match (&self.finish_reason, finished) {
             (Some(r), _) => Some(r.clone()),
+            (None, _) if self.accounting.overflowed() => Some("client_not_reading".into()),
             (None, false) => Some("client_disconnected".into()),
             (None, true) => None,
         };
+        if !finished {
+            tracing::info!(
+                request_id = %self.ctx.request_id,
+                generated_tokens = self.accounting.generated(),
+                delivered_tokens = self.accounting.delivered(),
+                cut_off = self.accounting.overflowed(),
+                "stream ended before its client read it to the end"
+            );
+        }
         let completion = self
             .text
             .take()
@@ -256,13 +267,13 @@ impl AuditedStream {
             &self.sink,
             CompletionFacts {
                 request_id: self.ctx.request_id.clone(),
-                // Known once the engine finished every choice; a client that went away
-                // earlier leaves the count at zero.
+                // The engine's count once every choice finished; for a client that went
+                // away earlier, the tokens generated until then.
                 prompt_tokens: self.prompt_tokens,
-                completion_tokens: self
-                    .usage
-                    .try_recv()
-                    .map_or(0, |u| u.completion_tokens as u64),
+                completion_tokens: self.usage.try_recv().map_or_else(
+                    |_| self.accounting.generated(),
+                    |u| u.completion_tokens as u64,
+                ),
                 finish_reason,
                 status: StatusCode::OK.as_u16(),
                 latency_ms: latency_ms(&self.ctx),

@@ -18,6 +18,28 @@ pub fn full(data: impl Into<Bytes>) -> Body {
     Full::new(data.into()).boxed_unsync()
 }
 
+/// An empty body (the answer to `HEAD`; HTTP/2 then sends no DATA frame).
+pub fn empty() -> Body {
+    http_body_util::Empty::new().boxed_unsync()
+}
+
+/// Refuses (HTTP 415) a body not declared as JSON: `Content-Type` must be `application/json`,
+/// with optional parameters such as `charset=utf-8`.
+pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    let value = headers.get(http::header::CONTENT_TYPE);
+    let text = value.and_then(|value| value.to_str().ok());
+    let media_type = text.map(|text| text.split(';').next().unwrap_or("").trim());
+    match media_type {
+        Some(media) if media.eq_ignore_ascii_case("application/json") => Ok(()),
+        _ => {
+            let shown = value.map(|value| String::from_utf8_lossy(value.as_bytes()));
+            // Only a short prefix of a client-chosen header goes into the message.
+            let shown = shown.map(|s| s.chars().take(64).collect::<String>());
+            Err(ApiError::unsupported_media_type(shown.as_deref()))
+        }
+    }
+}
+
 /// Reads a request body of at most `limit` bytes within `timeout`.
 ///
 /// A `Content-Length` above the limit is refused before anything is read (HTTP 413); a body
@@ -57,6 +79,31 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_json_bodies_are_accepted() {
+        let with = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(http::header::CONTENT_TYPE, value.parse().unwrap());
+            require_json(&headers)
+        };
+        assert!(with("application/json").is_ok());
+        assert!(with("Application/JSON; charset=utf-8").is_ok());
+        for refused in [
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "application/jsonx",
+        ] {
+            let err = with(refused).unwrap_err();
+            assert_eq!(
+                err.status,
+                http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "{refused}"
+            );
+        }
+        let err = require_json(&HeaderMap::new()).unwrap_err();
+        assert_eq!(err.status, http::StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    }
 
     #[tokio::test]
     async fn reads_a_body_within_the_limit() {

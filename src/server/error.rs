@@ -121,6 +121,23 @@ impl ApiError {
         err
     }
 
+    /// HTTP 415: the body is not declared as `application/json`.
+    pub fn unsupported_media_type(found: Option<&str>) -> Self {
+        let found = match found {
+            Some(value) => format!("`{}`", value.escape_debug()),
+            None => "none".to_owned(),
+        };
+        let mut err = Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_request_error",
+            format!(
+                "the request body must be sent as Content-Type: application/json (got {found})"
+            ),
+        );
+        err.code = Some("unsupported_media_type");
+        err
+    }
+
     /// HTTP 429: the engine's queue is full.
     pub fn queue_full(retry_after: u64) -> Self {
         let mut err = Self::new(

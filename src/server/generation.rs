@@ -3,7 +3,9 @@
 //! events. Dropping a [`GenerationStream`] cancels its request, so a client that goes away
 //! frees its KV blocks as soon as its response body is dropped.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -143,6 +145,41 @@ impl Job {
     }
 }
 
+/// The most bytes of server-sent events one streamed response may hold for a client that does
+/// not read them. Beyond it the client is taken to have stopped reading: its generation is
+/// cancelled and the response ends, so a client that never reads cannot grow server memory.
+pub const MAX_BUFFERED_STREAM_BYTES: usize = 1 << 20;
+
+/// Events buffered between the forwarding task and the response body (each at most a few KB).
+const STREAM_CHANNEL_EVENTS: usize = 32;
+
+/// Token counts of one streamed response, shared by its forwarding task and its body, so that
+/// a response whose client went away is still accounted for.
+#[derive(Debug, Default)]
+pub struct StreamAccounting {
+    generated: AtomicU64,
+    delivered: AtomicU64,
+    overflowed: AtomicBool,
+}
+
+impl StreamAccounting {
+    /// Tokens the engine generated for the response (every choice), so far.
+    pub fn generated(&self) -> u64 {
+        self.generated.load(Ordering::Acquire)
+    }
+
+    /// Tokens whose events the response body handed to the connection, so far.
+    pub fn delivered(&self) -> u64 {
+        self.delivered.load(Ordering::Acquire)
+    }
+
+    /// Whether the response was cut off because its client stopped reading (its buffered
+    /// output reached [`MAX_BUFFERED_STREAM_BYTES`]).
+    pub fn overflowed(&self) -> bool {
+        self.overflowed.load(Ordering::Acquire)
+    }
+}
+
 /// Per-choice bookkeeping while events arrive.
 #[derive(Default)]
 struct ChoiceState {
@@ -151,6 +188,10 @@ struct ChoiceState {
     first_token: Option<Instant>,
     last_token: Option<Instant>,
     timing: GenerationTiming,
+    /// Token events seen.
+    generated: usize,
+    /// Whether the choice's `Finished` event arrived.
+    finished: bool,
 }
 
 impl ChoiceState {
@@ -162,6 +203,7 @@ impl ChoiceState {
             self.first_token = Some(now);
         }
         self.last_token = Some(now);
+        self.generated += 1;
         self.text.push_str(text);
         if let Some(logprob) = logprob {
             self.tokens.push((token, logprob));
@@ -180,6 +222,17 @@ impl ChoiceState {
         self.timing.time_to_first_token = self.first_token.map(|t| t - arrived);
         self.timing.end_to_end = arrived.elapsed();
         self.timing.finish_reason = reason.as_openai_str();
+        self.finished = true;
+    }
+
+    /// The timing of a choice its client abandoned (finish reason `abort`).
+    fn abandoned(&mut self, arrived: Instant, prompt_tokens: usize) -> &GenerationTiming {
+        self.timing.prompt_tokens = prompt_tokens;
+        self.timing.completion_tokens = self.generated;
+        self.timing.time_to_first_token = self.first_token.map(|t| t - arrived);
+        self.timing.end_to_end = arrived.elapsed();
+        self.timing.finish_reason = "abort";
+        &self.timing
     }
 }
 
@@ -534,17 +587,23 @@ fn error_event(err: &ApiError) -> Bytes {
 /// Submits a job and returns a streaming body of server-sent events ending with
 /// `data: [DONE]`. A forwarding task owns the engine streams; when the client goes away the
 /// body is dropped, the task sees its channel close and drops the streams, which cancels them.
-/// When every choice has finished, the task reports the total usage on `usage_out` (before it
-/// sends `[DONE]`), whether or not the client asked for a usage chunk.
+/// When every choice has finished, the task reports the total usage on `usage_out`, whether or
+/// not the client asked for a usage chunk. `accounting` follows the tokens generated and
+/// delivered as they go, for a client that leaves early.
+///
+/// The task keeps reading the engine's events while the client is slow, holding at most
+/// [`MAX_BUFFERED_STREAM_BYTES`] of them; a client that stops reading altogether has its
+/// generation cancelled once that bound is reached.
 pub fn stream(
     service: Arc<ModelService>,
     metrics: Arc<Metrics>,
     job: Job,
     retry_after: u64,
     usage_out: Option<oneshot::Sender<Usage>>,
+    accounting: Arc<StreamAccounting>,
 ) -> Result<Body, ApiError> {
     let streams = service.submit(job.engine_requests(), retry_after)?;
-    let (tx, rx) = mpsc::channel::<Bytes>(32);
+    let (tx, rx) = mpsc::channel::<(Bytes, u64)>(STREAM_CHANNEL_EVENTS);
     let writer = ChunkWriter {
         service: Arc::clone(&service),
         id: job.id.clone(),
@@ -553,12 +612,28 @@ pub fn stream(
         logprobs: job.options.logprobs.is_some(),
         tool_calls: job.tool_calls,
     };
-    tokio::spawn(forward(writer, metrics, job, streams, tx, usage_out));
-    let body = StreamBody::new(stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|chunk| (Ok::<_, std::convert::Infallible>(Frame::data(chunk)), rx))
-    }));
+    let forwarder = Forwarder {
+        writer,
+        metrics,
+        job,
+        tx,
+        usage_out,
+        accounting: Arc::clone(&accounting),
+        pending: VecDeque::new(),
+        pending_bytes: 0,
+    };
+    tokio::spawn(forwarder.run(streams));
+    let body = StreamBody::new(stream::unfold(
+        (rx, accounting),
+        |(mut rx, accounting)| async move {
+            let (chunk, tokens) = rx.recv().await?;
+            accounting.delivered.fetch_add(tokens, Ordering::AcqRel);
+            Some((
+                Ok::<_, std::convert::Infallible>(Frame::data(chunk)),
+                (rx, accounting),
+            ))
+        },
+    ));
     Ok(body.boxed_unsync())
 }
 
@@ -574,100 +649,189 @@ fn merge(streams: Vec<GenerationStream>) -> EventStream {
     .boxed()
 }
 
-async fn forward(
+/// Why forwarding ended early.
+enum Cut {
+    /// The client went away (the body was dropped).
+    ClientGone,
+    /// The client stopped reading and its buffered output reached the bound.
+    Overflow,
+}
+
+/// The task that turns engine events into server-sent events for one response.
+struct Forwarder {
     writer: ChunkWriter,
     metrics: Arc<Metrics>,
     job: Job,
-    streams: Vec<GenerationStream>,
-    tx: mpsc::Sender<Bytes>,
+    tx: mpsc::Sender<(Bytes, u64)>,
     usage_out: Option<oneshot::Sender<Usage>>,
-) {
-    let choices = streams.len();
-    let n = job.options.n;
-    let mut states: Vec<ChoiceState> = (0..choices).map(|_| ChoiceState::default()).collect();
-    let mut usage = Usage::default();
-    let mut events = merge(streams);
-    for index in 0..choices {
-        if let Some(chunk) = writer.role(index)
-            && tx.send(chunk).await.is_err()
-        {
-            return;
+    accounting: Arc<StreamAccounting>,
+    /// Events read from the engine that the body has not taken yet, with their token counts.
+    pending: VecDeque<(Bytes, u64)>,
+    pending_bytes: usize,
+}
+
+impl Forwarder {
+    async fn run(mut self, streams: Vec<GenerationStream>) {
+        let mut states: Vec<ChoiceState> =
+            (0..streams.len()).map(|_| ChoiceState::default()).collect();
+        let outcome = self.forward(merge(streams), &mut states).await;
+        // Dropping the engine streams (above, with the merged stream) cancelled what was left.
+        if let Err(cut) = outcome {
+            if matches!(cut, Cut::Overflow) {
+                self.accounting.overflowed.store(true, Ordering::Release);
+                tracing::warn!(
+                    request_id = %self.job.request_id,
+                    limit_bytes = MAX_BUFFERED_STREAM_BYTES,
+                    "the client stopped reading its stream; generation cancelled"
+                );
+            }
+            let n = self.job.options.n.max(1);
+            for (index, state) in states.iter_mut().enumerate() {
+                if state.finished {
+                    continue;
+                }
+                let prompt = self.job.prompts.get(index / n).map_or(0, |(p, _)| p.len());
+                let timing = state.abandoned(self.job.arrived, prompt);
+                self.metrics
+                    .record_generation(self.writer.service.name(), timing);
+            }
         }
     }
-    loop {
-        let next = tokio::select! {
-            () = tx.closed() => return,
-            next = events.next() => next,
-        };
-        let Some((index, event)) = next else { break };
-        let Some(state) = states.get_mut(index) else {
-            continue;
-        };
-        let chunk = match event {
-            GenerationEvent::Token {
-                token,
-                text,
-                logprob,
-            } => {
-                let offset = state.text.len();
-                let tokens: Vec<(u32, TokenLogprob)> = logprob
-                    .clone()
-                    .map(|lp| vec![(token, lp)])
-                    .unwrap_or_default();
-                state.on_token(token, &text, logprob);
-                if writer.tool_calls.is_some() {
-                    // Held back until the choice ends: the whole output decides whether it is
-                    // text or tool calls.
-                    None
-                } else {
-                    writer.content(index, text, &tokens, offset, None)
-                }
+
+    /// Queues an event for the body; refuses once the client holds too much unread output.
+    fn queue(&mut self, chunk: Bytes, tokens: u64) -> Result<(), Cut> {
+        self.pending_bytes += chunk.len();
+        self.pending.push_back((chunk, tokens));
+        if self.pending_bytes > MAX_BUFFERED_STREAM_BYTES {
+            return Err(Cut::Overflow);
+        }
+        Ok(())
+    }
+
+    /// Moves queued events to the body as it takes them, until none is left.
+    async fn drain(&mut self) -> Result<(), Cut> {
+        while let Some((chunk, tokens)) = self.pending.pop_front() {
+            self.pending_bytes -= chunk.len();
+            self.tx
+                .send((chunk, tokens))
+                .await
+                .map_err(|_| Cut::ClientGone)?;
+        }
+        Ok(())
+    }
+
+    async fn forward(
+        &mut self,
+        mut events: EventStream,
+        states: &mut [ChoiceState],
+    ) -> Result<(), Cut> {
+        let n = self.job.options.n.max(1);
+        let mut usage = Usage::default();
+        let mut carried = 0;
+        for index in 0..states.len() {
+            if let Some(chunk) = self.writer.role(index) {
+                self.queue(chunk, 0)?;
             }
-            GenerationEvent::Finished {
-                reason,
-                text,
-                prompt_tokens,
-                completion_tokens,
-                cached_tokens,
-            } => {
-                state.text.push_str(&text);
-                state.on_finish(job.arrived, &reason, prompt_tokens, completion_tokens);
-                metrics.record_generation(writer.service.name(), &state.timing);
-                usage.add(
+        }
+        loop {
+            let next = tokio::select! {
+                biased;
+                () = self.tx.closed() => return Err(Cut::ClientGone),
+                permit = self.tx.reserve(), if !self.pending.is_empty() => {
+                    let permit = permit.map_err(|_| Cut::ClientGone)?;
+                    if let Some((chunk, tokens)) = self.pending.pop_front() {
+                        self.pending_bytes -= chunk.len();
+                        permit.send((chunk, tokens));
+                    }
+                    continue;
+                }
+                next = events.next() => next,
+            };
+            let Some((index, event)) = next else { break };
+            let Some(state) = states.get_mut(index) else {
+                continue;
+            };
+            let (chunk, tokens) = match event {
+                GenerationEvent::Token {
+                    token,
+                    text,
+                    logprob,
+                } => {
+                    let offset = state.text.len();
+                    let tokens: Vec<(u32, TokenLogprob)> = logprob
+                        .clone()
+                        .map(|lp| vec![(token, lp)])
+                        .unwrap_or_default();
+                    state.on_token(token, &text, logprob);
+                    self.accounting.generated.fetch_add(1, Ordering::AcqRel);
+                    if self.writer.tool_calls.is_some() {
+                        // Held back until the choice ends: the whole output decides whether
+                        // it is text or tool calls.
+                        (None, 1)
+                    } else {
+                        (self.writer.content(index, text, &tokens, offset, None), 1)
+                    }
+                }
+                GenerationEvent::Finished {
+                    reason,
+                    text,
                     prompt_tokens,
                     completion_tokens,
                     cached_tokens,
-                    index % n == 0,
-                );
-                match &reason {
-                    FinishReason::Error(message) => {
-                        Some(error_event(&ApiError::internal(message.clone())))
-                    }
-                    reason => match &writer.tool_calls {
-                        Some(parsing) => Some(writer.held_back(
-                            parsing,
-                            index,
-                            state.text.clone(),
-                            &state.tokens,
-                            reason,
-                        )),
-                        None => writer.content(index, text, &[], 0, Some(reason.as_openai_str())),
-                    },
+                } => {
+                    // Tokens that produced no event of their own (EOS, a stop token).
+                    let unseen = completion_tokens.saturating_sub(state.generated) as u64;
+                    self.accounting
+                        .generated
+                        .fetch_add(unseen, Ordering::AcqRel);
+                    state.text.push_str(&text);
+                    state.on_finish(self.job.arrived, &reason, prompt_tokens, completion_tokens);
+                    self.metrics
+                        .record_generation(self.writer.service.name(), &state.timing);
+                    usage.add(
+                        prompt_tokens,
+                        completion_tokens,
+                        cached_tokens,
+                        index % n == 0,
+                    );
+                    let chunk = match &reason {
+                        FinishReason::Error(message) => {
+                            Some(error_event(&ApiError::internal(message.clone())))
+                        }
+                        reason => match &self.writer.tool_calls {
+                            Some(parsing) => Some(self.writer.held_back(
+                                parsing,
+                                index,
+                                state.text.clone(),
+                                &state.tokens,
+                                reason,
+                            )),
+                            None => self.writer.content(
+                                index,
+                                text,
+                                &[],
+                                0,
+                                Some(reason.as_openai_str()),
+                            ),
+                        },
+                    };
+                    (chunk, unseen)
                 }
+            };
+            // Tokens without an event of their own count as delivered with the next event.
+            carried += tokens;
+            if let Some(chunk) = chunk {
+                self.queue(chunk, std::mem::take(&mut carried))?;
             }
-        };
-        if let Some(chunk) = chunk
-            && tx.send(chunk).await.is_err()
-        {
-            return;
         }
+        if let Some(out) = self.usage_out.take() {
+            let _ = out.send(usage);
+        }
+        if self.job.options.include_usage {
+            let chunk = self.writer.usage(usage);
+            self.queue(chunk, 0)?;
+        }
+        self.queue(Bytes::from_static(b"data: [DONE]\n\n"), carried)?;
+        self.drain().await
     }
-    if let Some(out) = usage_out {
-        let _ = out.send(usage);
-    }
-    if job.options.include_usage && tx.send(writer.usage(usage)).await.is_err() {
-        return;
-    }
-    // The receiver may be gone by now; nothing is left to cancel either way.
-    let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
 }

@@ -9,7 +9,7 @@ use hyper::body::Incoming;
 use super::app::{App, RequestContext};
 use super::audit;
 use super::auth::Principal;
-use super::body::{Body, full, read_limited};
+use super::body::{Body, full, read_limited, require_json};
 use super::error::ApiError;
 use super::generation::{self, ApiKind, Job, ToolCalls};
 use super::openai::request::{
@@ -18,7 +18,7 @@ use super::openai::request::{
 };
 use super::openai::response::{ModelCard, ModelList};
 use super::openai::tools::tool_constraint;
-use super::service::ModelService;
+use super::service::{ChatPolicy, ModelService};
 use crate::constrain::ConstraintKind;
 use serde_json::Value;
 
@@ -32,21 +32,31 @@ fn json_response(status: StatusCode, json: String) -> Response<Body> {
     response
 }
 
-/// `GET /health`: 200 once the model is loaded, 503 before.
+/// `GET /health`: 200 once the model is loaded and the audit log (when configured) can be
+/// written; 503 while the model loads or while the audit log has failed, since every `/v1`
+/// request is then refused. The body names both states:
+/// `{"status":"ok"|"loading"|"unavailable","audit":"ok"|"failed"|"disabled"}`.
 pub fn health(app: &App) -> Response<Body> {
-    match app.service() {
-        Some(_) => json_response(StatusCode::OK, r#"{"status":"ok"}"#.to_owned()),
-        None => {
-            let mut response = json_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                r#"{"status":"loading"}"#.to_owned(),
-            );
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
-            response
-        }
+    let audit_failed = app.audit_failure().is_some();
+    let audit = match (app.audit().is_some(), audit_failed) {
+        (false, _) => "disabled",
+        (true, false) => "ok",
+        (true, true) => "failed",
+    };
+    let status = match (app.service().is_some(), audit_failed) {
+        (true, false) => "ok",
+        (false, _) => "loading",
+        (true, true) => "unavailable",
+    };
+    let json = serde_json::json!({ "status": status, "audit": audit }).to_string();
+    if status == "ok" {
+        return json_response(StatusCode::OK, json);
     }
+    let mut response = json_response(StatusCode::SERVICE_UNAVAILABLE, json);
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
+    response
 }
 
 /// `GET /metrics`: Prometheus text exposition.
@@ -112,6 +122,7 @@ pub async fn tokenize(
 ) -> Result<Response<Body>, ApiError> {
     let service = app.ready_service()?;
     let body = read_body(app, request).await?;
+    let chat_policy = ChatPolicy::from(&app.config().server);
     let json = tokio::task::spawn_blocking(move || {
         let (model, request) = parse_tokenize(&body)?;
         if let Some(model) = model {
@@ -132,6 +143,7 @@ pub async fn tokenize(
                 tools.as_ref(),
                 add_generation_prompt,
                 &template_kwargs,
+                chat_policy,
             )?,
         };
         Ok::<_, ApiError>(
@@ -189,6 +201,7 @@ async fn chat_job(
     body: bytes::Bytes,
 ) -> Result<Job, ApiError> {
     let limits = app.config().limits.clone();
+    let chat_policy = ChatPolicy::from(&app.config().server);
     let service_for_job = Arc::clone(service);
     let (options, prompt, constraint, tool_calls) = tokio::task::spawn_blocking(move || {
         let request = parse_chat(&body, service_for_job.defaults(), &limits)?;
@@ -199,6 +212,7 @@ async fn chat_job(
             request.tools.as_ref(),
             request.add_generation_prompt,
             &request.template_kwargs,
+            chat_policy,
         )?;
         let tools = request.tools.as_ref().and_then(Value::as_array);
         let tool_calls = match (tools, &request.tool_choice) {
@@ -343,6 +357,7 @@ pub async fn generate(
     let service = app.ready_service().map_err(Refused)?;
     let limits = &app.config().limits;
     let (parts, body) = request.into_parts();
+    require_json(&parts.headers).map_err(Refused)?;
     let body = read_limited(
         &parts.headers,
         body,
@@ -385,17 +400,19 @@ pub async fn generate(
     };
     if job.options.stream {
         let (usage_tx, usage_rx) = tokio::sync::oneshot::channel();
+        let accounting = Arc::new(generation::StreamAccounting::default());
         let started = generation::stream(
             Arc::clone(&service),
             app.metrics_handle(),
             job,
             retry_after,
             Some(usage_tx),
+            Arc::clone(&accounting),
         );
         // Prefill runs while the request record becomes durable; no byte leaves before.
         durable.await.map_err(Failed)?;
         let body = started.map_err(failed)?;
-        let body = audit::audited_stream(app, ctx, prompt_tokens, usage_rx, body);
+        let body = audit::audited_stream(app, ctx, prompt_tokens, usage_rx, accounting, body);
         let mut response = Response::new(body);
         let headers = response.headers_mut();
         headers.insert(

@@ -2,20 +2,140 @@
 
 use std::sync::{Arc, OnceLock};
 
+use aho_corasick::{AhoCorasick, MatchKind};
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
 use super::openai::tools::ToolCallFormat;
+use crate::config::ServerConfig;
 use crate::constrain::{CompiledConstraint, ConstraintSpec, GrammarCompiler};
 use crate::engine::{
     EngineHandle, GenerationRequest, GenerationStream, SamplingParams, SubmitError,
 };
 use crate::model::{ChatTemplate, Model};
 
+/// How chat messages may use the template's vocabulary (the `[server]` table's `chat_*` keys).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChatPolicy {
+    /// Special-token text in message content becomes the control token it spells.
+    pub special_tokens_in_content: bool,
+    /// Any role is accepted, not only those the template knows.
+    pub any_role: bool,
+}
+
+impl From<&ServerConfig> for ChatPolicy {
+    fn from(server: &ServerConfig) -> Self {
+        Self {
+            special_tokens_in_content: server.chat_special_tokens_in_content,
+            any_role: server.chat_any_role,
+        }
+    }
+}
+
+/// The tokenizer's special tokens, and a copy of the tokenizer that reads their text as plain
+/// text: what keeps special-token text inside chat messages from becoming control tokens.
+struct SpecialTokenText {
+    /// Finds any special token's text (leftmost-longest).
+    finder: AhoCorasick,
+    /// The id of each pattern of `finder`.
+    ids: Vec<u32>,
+    /// The tokenizer with special-token matching off.
+    plain: tokenizers::Tokenizer,
+}
+
+impl SpecialTokenText {
+    fn new(tokenizer: &tokenizers::Tokenizer) -> Option<Self> {
+        let mut specials: Vec<(String, u32)> = tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, token)| token.special && !token.content.is_empty())
+            .map(|(id, token)| (token.content, id))
+            .collect();
+        if specials.is_empty() {
+            return None;
+        }
+        specials.sort();
+        let finder = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(specials.iter().map(|(text, _)| text))
+            .ok()?;
+        let mut plain = tokenizer.clone();
+        plain.set_encode_special_tokens(true);
+        Some(Self {
+            finder,
+            ids: specials.into_iter().map(|(_, id)| id).collect(),
+            plain,
+        })
+    }
+
+    /// Replaces special-token text in every string of `value` by as many `x` bytes; whether
+    /// there was any.
+    fn neutralize(&self, value: &mut Value) -> bool {
+        match value {
+            Value::String(text) if self.finder.is_match(text.as_str()) => {
+                let mut out = String::with_capacity(text.len());
+                let mut at = 0;
+                for found in self.finder.find_iter(text.as_str()) {
+                    out.push_str(&text[at..found.start()]);
+                    out.extend(std::iter::repeat_n('x', found.len()));
+                    at = found.end();
+                }
+                out.push_str(&text[at..]);
+                *text = out;
+                true
+            }
+            Value::Array(items) => items
+                .iter_mut()
+                .fold(false, |any, item| self.neutralize(item) | any),
+            Value::Object(map) => map
+                .values_mut()
+                .fold(false, |any, item| self.neutralize(item) | any),
+            _ => false,
+        }
+    }
+
+    /// Tokenizes `text` rendered by the template, where `reference` is the same rendering with
+    /// the request's special-token text neutralized (same length): special tokens found in
+    /// `reference` are the template's own and become control tokens; everything else,
+    /// special-token text of the request included, is tokenized as plain text.
+    fn encode(&self, text: &str, reference: &str) -> Result<Vec<u32>, ApiError> {
+        let entangled = || {
+            ApiError::invalid_param(
+                "messages",
+                "special-token text in the messages cannot be told apart from the chat \
+                 template's own special tokens; remove it",
+            )
+        };
+        if text.len() != reference.len() {
+            return Err(entangled());
+        }
+        let plain = |segment: &str| {
+            self.plain
+                .encode(segment, false)
+                .map(|encoding| encoding.get_ids().to_vec())
+                .map_err(|err| ApiError::internal(format!("tokenization failed: {err}")))
+        };
+        let mut ids = Vec::new();
+        let mut at = 0;
+        for found in self.finder.find_iter(reference) {
+            let range = found.start()..found.end();
+            if text.as_bytes().get(range.clone()) != reference.as_bytes().get(range.clone()) {
+                return Err(entangled());
+            }
+            ids.extend(plain(text.get(at..found.start()).ok_or_else(entangled)?)?);
+            ids.push(self.ids[found.pattern().as_usize()]);
+            at = found.end();
+        }
+        ids.extend(plain(text.get(at..).ok_or_else(entangled)?)?);
+        Ok(ids)
+    }
+}
+
 /// Everything the handlers need from the model once it is loaded.
 pub struct ModelService {
     engine: EngineHandle,
     tokenizer: Arc<tokenizers::Tokenizer>,
+    special_text: Option<SpecialTokenText>,
     chat_template: Option<ChatTemplate>,
     name: String,
     digest: String,
@@ -61,6 +181,7 @@ impl ModelService {
             max_context: engine.max_context(),
             name: served_name.unwrap_or_else(|| model.name.clone()),
             digest: model.digest.to_string(),
+            special_text: SpecialTokenText::new(&model.tokenizer),
             tokenizer: model.tokenizer,
             chat_template: model.chat_template,
             defaults,
@@ -136,24 +257,6 @@ impl ModelService {
             .map_err(|err| ApiError::internal(format!("detokenization failed: {err}")))
     }
 
-    /// Renders a conversation with the chat template into text, without tokenizing it.
-    pub fn chat_text(
-        &self,
-        messages: &[Value],
-        tools: Option<&Value>,
-        add_generation_prompt: bool,
-        extra: &Map<String, Value>,
-    ) -> Result<String, ApiError> {
-        let template = self.chat_template.as_ref().ok_or_else(|| {
-            ApiError::invalid_request(
-                "this model has no chat template; use /v1/completions instead",
-            )
-        })?;
-        template
-            .render(messages, tools, add_generation_prompt, extra)
-            .map_err(|err| ApiError::invalid_param("messages", err.to_string()))
-    }
-
     /// The engine.
     pub fn engine(&self) -> &EngineHandle {
         &self.engine
@@ -169,16 +272,66 @@ impl ModelService {
     }
 
     /// Renders a conversation with the chat template and tokenizes it (the template supplies the
-    /// special tokens).
+    /// special tokens). Under the default `policy`, roles are limited to those the template
+    /// knows, and special-token text inside the request (message content, tools, arguments)
+    /// is tokenized as plain text: only the template's own special tokens are control tokens.
     pub fn chat_prompt(
         &self,
         messages: &[Value],
         tools: Option<&Value>,
         add_generation_prompt: bool,
         extra: &Map<String, Value>,
+        policy: ChatPolicy,
     ) -> Result<Vec<u32>, ApiError> {
-        let text = self.chat_text(messages, tools, add_generation_prompt, extra)?;
-        self.encode(&text, false)
+        let template = self.chat_template.as_ref().ok_or_else(|| {
+            ApiError::invalid_request(
+                "this model has no chat template; use /v1/completions instead",
+            )
+        })?;
+        let template_error = |err: crate::model::chat_template::TemplateError| match &err {
+            crate::model::chat_template::TemplateError::UnknownRole { index, .. } => {
+                ApiError::invalid_param(format!("messages[{index}].role"), err.to_string())
+            }
+            _ => ApiError::invalid_param("messages", err.to_string()),
+        };
+        if !policy.any_role {
+            template.check_roles(messages).map_err(template_error)?;
+        }
+        let text = template
+            .render(messages, tools, add_generation_prompt, extra)
+            .map_err(template_error)?;
+        let Some(special_text) = self
+            .special_text
+            .as_ref()
+            .filter(|_| !policy.special_tokens_in_content)
+        else {
+            return self.encode(&text, false);
+        };
+        let mut neutral_messages = Value::Array(messages.to_vec());
+        let mut neutral_tools = tools.cloned().unwrap_or(Value::Null);
+        let mut neutral_extra = Value::Object(extra.clone());
+        let found = special_text.neutralize(&mut neutral_messages)
+            | special_text.neutralize(&mut neutral_tools)
+            | special_text.neutralize(&mut neutral_extra);
+        if !found {
+            return self.encode(&text, false);
+        }
+        let (Value::Array(neutral_messages), Value::Object(neutral_extra)) =
+            (neutral_messages, neutral_extra)
+        else {
+            return Err(ApiError::internal(
+                "neutralizing the request changed its shape",
+            ));
+        };
+        let reference = template
+            .render(
+                &neutral_messages,
+                tools.map(|_| &neutral_tools),
+                add_generation_prompt,
+                &neutral_extra,
+            )
+            .map_err(template_error)?;
+        special_text.encode(&text, &reference)
     }
 
     /// Tokenizes text; `add_special_tokens` adds the tokenizer's BOS (plain completions).
@@ -250,6 +403,7 @@ fn submit_error(err: SubmitError, retry_after: u64) -> ApiError {
         SubmitError::EmptyPrompt | SubmitError::UnknownToken { .. } => {
             ApiError::invalid_param("prompt", err.to_string())
         }
+        SubmitError::StopStrings(_) => ApiError::invalid_param("stop", err.to_string()),
         SubmitError::Stopped => ApiError::unavailable("the engine has stopped"),
     }
 }

@@ -80,8 +80,13 @@ struct PlatformOutcome {
 pub struct Expectations<'a> {
     /// The nonce the caller chose: the qualifying data of the vTPM quotes and the SPDM nonce of
     /// the GPU reports when the evidence carries no runtime-data document (which otherwise
-    /// fixes both), and the runtime data's `nonce` when it does.
+    /// fixes both); when it does, the document's `challenge_bindings` must hold
+    /// [`challenge_binding`](crate::runtime_data::challenge_binding)`(nonce, tls_exporter)`.
     pub nonce: Option<&'a [u8]>,
+    /// The TLS exporter value of the connection the evidence was asked for on (see
+    /// [`TLS_EXPORTER_LABEL`](crate::runtime_data::TLS_EXPORTER_LABEL)); `None` for a challenge
+    /// made outside TLS, whose binding then covers the nonce alone (an empty exporter).
+    pub tls_exporter: Option<&'a [u8]>,
 }
 
 /// Appraises evidence against a policy. Never fails: every problem is a failed check.
@@ -142,7 +147,7 @@ pub fn appraise_with(input: &AppraisalInput<'_>, expected: &Expectations<'_>) ->
     };
     // The vTPM is appraised on every path; under a paravisor it also binds the runtime data.
     tpm::appraise(&sections, anchor, &mut checks, &mut claims);
-    check_runtime_data_nonce(expected.nonce, &claims, &mut checks);
+    check_runtime_data_challenge(expected, &claims, &mut checks);
     let gpu_simulated = gpu::appraise(&sections, &mut checks, &mut claims);
     let simulated = cpu_simulated || gpu_simulated;
     if simulated {
@@ -317,25 +322,40 @@ fn appraise_runtime_data(
     }
 }
 
-/// With a caller's nonce and a bound runtime-data document, the document's `nonce` must be it.
-fn check_runtime_data_nonce(expected: Option<&[u8]>, claims: &Claims, checks: &mut CheckList) {
-    let (Some(expected), Some(doc)) = (expected, &claims.runtime_data) else {
+/// With a caller's nonce and a bound runtime-data document, the document's challenge bindings
+/// must hold the binding of that nonce (and TLS exporter).
+fn check_runtime_data_challenge(
+    expected: &Expectations<'_>,
+    claims: &Claims,
+    checks: &mut CheckList,
+) {
+    let (Some(nonce), Some(doc)) = (expected.nonce, &claims.runtime_data) else {
         return;
     };
-    let expected_hex = hex::encode(expected);
-    match &doc.nonce {
-        Some(nonce) if nonce.eq_ignore_ascii_case(&expected_hex) => checks.pass(
-            "runtime_data.nonce",
-            "the runtime data's nonce is the expected nonce",
-        ),
-        Some(nonce) => checks.fail(
-            "runtime_data.nonce",
-            format!("the runtime data's nonce is {nonce}, not the expected {expected_hex}"),
-        ),
-        None => checks.fail(
-            "runtime_data.nonce",
-            format!("the runtime data carries no nonce; expected {expected_hex}"),
-        ),
+    let exporter = expected.tls_exporter.unwrap_or_default();
+    let binding = hex::encode(crate::runtime_data::challenge_binding(nonce, exporter));
+    let channel = if expected.tls_exporter.is_some() {
+        "and TLS exporter"
+    } else {
+        "(no TLS exporter)"
+    };
+    if doc.binds_challenge(nonce, exporter) {
+        checks.pass(
+            "runtime_data.challenge",
+            format!("the runtime data binds the expected nonce {channel}: {binding}"),
+        );
+    } else {
+        checks.fail(
+            "runtime_data.challenge",
+            format!(
+                "the runtime data's challenge bindings ({}) do not hold {binding}, the binding of the expected nonce {channel}",
+                if doc.challenge_bindings.is_empty() {
+                    "none".to_owned()
+                } else {
+                    doc.challenge_bindings.join(", ")
+                }
+            ),
+        );
     }
 }
 

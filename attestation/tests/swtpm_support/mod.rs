@@ -51,7 +51,9 @@ pub fn start_swtpm() -> Option<Swtpm> {
         eprintln!("SKIPPED: swtpm is not installed (apt-get install swtpm)");
         return None;
     }
-    let _serial = START.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _serial = START
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     // A port taken by another process between the choice and swtpm's bind makes swtpm exit:
     // choose again.
     for _ in 0..5 {

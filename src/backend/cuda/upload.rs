@@ -16,8 +16,9 @@ use cudarc::driver::result as drv;
 use cudarc::driver::{CudaContext, sys};
 
 use crate::model::DType;
+use crate::model::weights::f16_to_f32;
 
-use super::weights::{f16_to_f32, f32_to_bf16};
+use super::weights::f32_to_bf16;
 
 /// Bytes of one staging buffer.
 pub const STAGING_BYTES: usize = 64 << 20;

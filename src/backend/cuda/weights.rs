@@ -58,25 +58,6 @@ pub fn f32_to_bf16(x: f32) -> u16 {
     (rounded >> 16) as u16
 }
 
-/// Widens an IEEE half to f32.
-pub fn f16_to_f32(h: u16) -> f32 {
-    let sign = u32::from(h >> 15) << 31;
-    let exp = u32::from((h >> 10) & 0x1f);
-    let frac = u32::from(h & 0x3ff);
-    let bits = match (exp, frac) {
-        (0, 0) => sign,
-        (0, _) => {
-            // Subnormal: value = frac * 2^-24.
-            let value = frac as f32 * f32::from_bits(0x3380_0000);
-            return if sign != 0 { -value } else { value };
-        }
-        (0x1f, 0) => sign | 0x7f80_0000,
-        (0x1f, _) => sign | 0x7fc0_0000,
-        _ => sign | ((exp + 112) << 23) | (frac << 13),
-    };
-    f32::from_bits(bits)
-}
-
 /// Allocates each weight's device buffer and collects the pieces to copy into it.
 struct Uploader<'m> {
     model: &'m Model,
@@ -242,13 +223,5 @@ mod tests {
         assert_eq!(f32_to_bf16(f32::from_bits(0x3f80_8000)), 0x3f80);
         assert_eq!(f32_to_bf16(f32::from_bits(0x3f81_8000)), 0x3f82);
         assert!(f32::from_bits(u32::from(f32_to_bf16(f32::NAN)) << 16).is_nan());
-    }
-
-    #[test]
-    fn half_widens_exactly() {
-        assert_eq!(f16_to_f32(0x3c00), 1.0);
-        assert_eq!(f16_to_f32(0xc000), -2.0);
-        assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
-        assert!(f16_to_f32(0x7c00).is_infinite());
     }
 }

@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 
 use crate::config::LimitsConfig;
 use crate::constrain::{ConstraintKind, ConstraintSource, ConstraintSpec};
-use crate::engine::{SamplingParams, StopParams};
+use crate::engine::{MAX_STOP_BYTES, SamplingParams, StopParams};
 use crate::server::error::ApiError;
 
 /// Fields both endpoints implement.
@@ -569,6 +569,15 @@ fn common_options(
             "stop strings must not be empty",
         ));
     }
+    let stop_bytes: usize = stop_strings.iter().map(String::len).sum();
+    if stop_bytes > MAX_STOP_BYTES {
+        return Err(ApiError::invalid_param(
+            "stop",
+            format!(
+                "the stop strings hold {stop_bytes} bytes together, over the limit of {MAX_STOP_BYTES}"
+            ),
+        ));
+    }
     if let Some(k) = logprobs
         && k > MAX_TOP_LOGPROBS
     {
@@ -923,7 +932,12 @@ pub fn parse_completion(
     }
     let prompts = parse_prompts(&completion.prompt)?;
     let max_tokens = common.max_tokens;
-    let mut options = common_options(common, max_tokens, completion.logprobs, defaults, limits)?;
+    // The completions API names the number of alternatives `logprobs`.
+    let mut options = common_options(common, max_tokens, completion.logprobs, defaults, limits)
+        .map_err(|err| match err.param.as_deref() {
+            Some("top_logprobs") => err.with_param("logprobs"),
+            _ => err,
+        })?;
     if options.max_tokens.is_none() {
         // OpenAI's legacy completions endpoint defaults to 16 tokens.
         options.max_tokens = Some(16.min(limits.max_completion_tokens));
@@ -1111,6 +1125,24 @@ mod tests {
                 .max_tokens,
             60
         );
+    }
+
+    #[test]
+    fn completion_logprobs_errors_name_logprobs() {
+        let err = completion(r#"{"model":"m","prompt":"a","logprobs":100}"#).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("logprobs"));
+    }
+
+    #[test]
+    fn stop_strings_are_bounded_in_total_size() {
+        let long = "x".repeat(MAX_STOP_BYTES / 2 + 1);
+        let body = serde_json::json!({"model":"m","prompt":"a","stop":[long, long]}).to_string();
+        let err = completion(&body).unwrap_err();
+        assert_eq!(err.status, http::StatusCode::BAD_REQUEST);
+        assert_eq!(err.param.as_deref(), Some("stop"));
+        let fits = "x".repeat(MAX_STOP_BYTES);
+        let body = serde_json::json!({"model":"m","prompt":"a","stop":fits}).to_string();
+        assert!(completion(&body).is_ok());
     }
 
     #[test]
