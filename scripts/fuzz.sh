@@ -24,6 +24,15 @@ for t in arbitrary_bytes_never_crash_the_parser arbitrary_json_never_crashes_the
     proptest_failed=$((proptest_failed + 1))
   fi
 done
+# The sealed-model manifest parser (src/seal/manifest.rs): its two properties, many cases each.
+echo "== fuzzing the sealed-model manifest parser (proptest) for ${secs}s"
+rc=0
+PROPTEST_CASES=1000000000 timeout "$secs" cargo test --locked --lib --quiet -- \
+  seal::manifest::tests::parser_survives || rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]; then
+  echo "!! the manifest parser failed a property" >&2
+  proptest_failed=$((proptest_failed + 1))
+fi
 echo "proptest targets: $proptest_failed with failures"
 [ "$proptest_failed" -eq 0 ] || exit 1
 

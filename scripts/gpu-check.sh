@@ -4,13 +4,19 @@
 # Run from the repository root with the prepared folder .gpu/ (see docs/cuda-backend.md):
 #   .gpu/inferno           release binary          .gpu/cuda_backend   integration-test binary
 #   .gpu/unit_tests        library test binary     .gpu/*.py, .gpu/gpu-check.sh
-# Usage: bash .gpu/gpu-check.sh [STAGES]   (default: "env unit correctness sanitizer bench peers")
+# Usage: bash .gpu/gpu-check.sh [STAGES]   (default: "env unit correctness sanitizer attention bench peers")
 # Other stages: quickbench (one offline run), graphs (offline batch 1/16/64 with decode graphs on
 # and off, side by side), prefill (offline batch 16, input 1024 and 2048, 16 output tokens: TTFT),
-# serve (bench serve over HTTPS), constrained (CPU and CUDA servers of the embedded model agree on
+# serve (bench serve over HTTPS), auditbench (the audit log's serving cost, CPU backend, with the
+# A/A calibration; .gpu/audit_bench), attention (the decode-attention kernels alone, built with
+# nvcc from .gpu/kernels and .gpu/attention-check.cu: tests on fresh random data for every head
+# configuration below, compute-sanitizer memcheck, and the K/V read bandwidth benchmark; with
+# .gpu/attention-old.cu present, the same benchmark of that kernel for comparison), gemv (the
+# small-M product kernels alone against cuBLASLt, .gpu/gemv-check.cu), sealedstart (issue 10:
+# start-up to first token of the 8B-shaped weights, plaintext then a sealed copy with a key file,
+# same run; target sealed <= 1.10x), constrained (CPU and CUDA servers of the embedded model agree on
 # constrained greedy outputs; JSON-schema-constrained vs free throughput at batch 1 and 64 on the
-# 8B-shaped model, target cost <= 5%), auditbench (the audit log's serving cost, CPU backend, with the
-# A/A calibration; .gpu/audit_bench).
+# 8B-shaped model, target cost <= 5%).
 # Logs and JSON are written to a work folder and packed into $OUT/results.tgz (the device tool
 # returns at most 8 files); $OUT/summary.txt is also printed last.
 # Only reads the GPU's state; never changes a GPU setting.
@@ -20,7 +26,7 @@ FINAL=${OUT:-/tmp/gpu-check-out}
 OUT=/tmp/gpu-check-work
 rm -rf "$OUT"
 mkdir -p "$OUT" "$FINAL"
-STAGES=${1:-"env unit correctness sanitizer bench peers"}
+STAGES=${1:-"env unit correctness sanitizer attention bench peers"}
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -65,13 +71,69 @@ if has sanitizer; then
   note "compute-sanitizer memcheck (tests matching ${SANITIZE_FILTER:-device_sampling}): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
 fi
 
+# Decode attention alone: one binary per head configuration "q_heads kv_heads head_dim window"
+# (GQA groups 1 to 8, head_dim 64 and 128, sliding windows, and the fixtures' 16 and 32).
+ATTN_CONFIGS=${ATTN_CONFIGS:-"8 8 64 0;8 8 128 0;16 8 64 0;16 8 128 0;12 4 128 0;32 8 64 0;32 8 128 0;20 4 128 0;24 4 64 0;28 4 128 0;16 2 64 0;16 2 128 0;64 8 128 0;32 8 128 300;16 2 64 100;4 2 96 0;4 2 256 0;4 2 16 0;4 2 32 0"}
+if has attention; then
+  A=$OUT/attention
+  mkdir -p "$A"
+  attn_build() { # NAME SOURCE_DIR Q KV HEAD_DIM WINDOW
+    nvcc -O3 -arch=sm_90a -std=c++17 -I"$2" -I"$G/kernels" -DNUM_Q_HEADS=$3 -DNUM_KV_HEADS=$4 -DHEAD_DIM=$5 \
+      -DSLIDING_WINDOW=$6 -DKV_BLOCK=16 -DATTN_WARPS=4 -DATTN_MIN_PARTITION=32 -DATTN_REDUCE_THREADS=128 -Xptxas -v \
+      "$G/attention-check.cu" -o "$A/$1" >"$A/$1.build.log" 2>&1 || echo "BUILD FAILED $1" | tee -a "$SUMMARY"
+  }
+  IFS=';' read -ra ATTN_LIST <<<"$ATTN_CONFIGS"
+  for cfg in "${ATTN_LIST[@]}"; do
+    set -- $cfg
+    attn_build "attn-$1-$2-$3-$4" "$G/kernels" "$@" &
+  done
+  [ -f "$G/attention-old.cu" ] && { mkdir -p "$A/old" && cp "$G/attention-old.cu" "$A/old/attention.cu" && attn_build attn-old-32-8-128-0 "$A/old" 32 8 128 0 & }
+  wait
+  grep -h -A2 "for paged_attention" "$A"/attn-32-8-128-0.build.log "$A"/attn-16-2-128-0.build.log 2>/dev/null | grep -E "Used|spill" | tee -a "$SUMMARY"
+  fails=0
+  for cfg in "${ATTN_LIST[@]}"; do
+    set -- $cfg
+    "$A/attn-$1-$2-$3-$4" test >"$A/test-$1-$2-$3-$4.log" 2>&1 || fails=$((fails + 1))
+    grep -h '^RESULT' "$A/test-$1-$2-$3-$4.log" >>"$SUMMARY" || echo "attention test $cfg: no result" | tee -a "$SUMMARY"
+  done
+  note "attention kernel tests: ${#ATTN_LIST[@]} configurations, $fails failed"
+  for name in attn-32-8-128-0 attn-16-2-64-100 attn-4-2-96-0; do
+    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$A/$name" test >"$A/sanitizer-$name.log" 2>&1
+    note "compute-sanitizer memcheck $name: rc=$? $(grep -E 'ERROR SUMMARY' "$A/sanitizer-$name.log" | tail -1)"
+  done
+  for name in attn-32-8-128-0 attn-old-32-8-128-0 attn-64-8-128-0; do
+    [ -x "$A/$name" ] || continue
+    timeout 240 "$A/$name" bench >"$A/bench-$name.log" 2>&1
+    note "attention bench $name: rc=$?"
+    grep -h '^RESULT' "$A/bench-$name.log" | sed "s/^/$name /" >>"$SUMMARY"
+  done
+fi
+
+# Small-M products alone (kernels/gemv.cu): tests on fresh random data for M 1..8, then the
+# 8B model's decode products against cuBLASLt's heuristic choice.
+if has gemv; then
+  A=$OUT/gemv
+  mkdir -p "$A"
+  if nvcc -O3 -arch=sm_90a -std=c++17 -I"$G/kernels" -DGEMV_ROWS=4 -DGEMV_WARPS=4 -Xptxas -v "$G/gemv-check.cu" -lcublasLt -o "$A/gemv-check" >"$A/build.log" 2>&1; then
+    "$A/gemv-check" test >"$A/test.log" 2>&1
+    note "gemv tests: rc=$? $(grep -h '^RESULT' "$A/test.log")"
+    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$A/gemv-check" test >"$A/sanitizer.log" 2>&1
+    note "compute-sanitizer memcheck gemv-check: rc=$? $(grep -E 'ERROR SUMMARY' "$A/sanitizer.log" | tail -1)"
+    timeout 240 "$A/gemv-check" bench >"$A/bench.log" 2>&1
+    note "gemv bench: rc=$?"
+    grep -h '^RESULT' "$A/bench.log" >>"$SUMMARY"
+  else
+    note "gemv-check BUILD FAILED: $(grep -m3 error "$A/build.log")"
+  fi
+fi
+
 M8=/tmp/llama8b
-if has bench || has quickbench || has peers || has serve || has graphs || has prefill; then
+if has bench || has quickbench || has peers || has serve || has graphs || has prefill || has sealedstart; then
   PYTHONUNBUFFERED=1 python3 "$G/make_llama8b.py" $M8 >"$OUT/make8b.log" 2>&1
   note "8B-shaped weights: $(tail -1 "$OUT/make8b.log")"
 fi
 
-SPECS="1 128 128;16 128 128;64 128 128;64 1024 128"
+SPECS=${SPECS:-"1 128 128;1 1024 128;16 128 128;64 128 128;64 1024 128"}
 has quickbench && SPECS="16 128 128"
 if has bench || has quickbench; then
   IFS=';' read -ra SPEC_LIST <<<"$SPECS"
@@ -144,6 +206,49 @@ if has constrained; then
   note "constrained bench (8B-shaped, CUDA): rc=$?"
   grep -E '^RESULT|Error' "$OUT/constrained-bench.log" | tee -a "$SUMMARY"
   kill -TERM "$B8_PID" 2>/dev/null; wait "$B8_PID" 2>/dev/null
+fi
+
+# Start-up to first token: plaintext and a sealed copy (development profile, key file), page
+# cache warm for both. One discarded plaintext run first fills the NVRTC kernel cache; then the
+# two alternate, twice each. Prints seconds from launch to the first completion's last byte;
+# each run's log (RUST_LOG=info: the timeline of opening, loading and uploading) is kept.
+if has sealedstart; then
+  S8=/tmp/llama8b.sealed
+  rm -rf $S8 /tmp/llama8b.key
+  $RUN "$G/inferno" seal --model $M8 --out $S8 --key-file /tmp/llama8b.key \
+    >"$OUT/seal.log" 2>&1
+  note "inferno seal (8B-shaped): rc=$? $(head -1 "$OUT/seal.log")"
+  cat $M8/* $S8/* >/dev/null
+  printf '[attestation]\nprofile = "development"\n' >/tmp/sealed-dev.toml
+  first_token() { # LOG MODEL_DIR EXTRA_ARGS... -> seconds to the first completion
+    local t0 t1 log=$1
+    shift
+    t0=$(date +%s.%N)
+    RUST_LOG=info $RUN "$G/inferno" serve --model "$1" --device cuda --listen 127.0.0.1:8445 \
+      --config /tmp/sealed-dev.toml "${@:2}" >"$OUT/$log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 1 1200); do
+      curl -ksf https://127.0.0.1:8445/health >/dev/null 2>&1 && break
+      sleep 0.05
+    done
+    curl -ksf https://127.0.0.1:8445/v1/completions -H 'content-type: application/json' \
+      -d '{"model":"'"$(basename "$1")"'","prompt":"Hello","max_tokens":1}' >/dev/null
+    t1=$(date +%s.%N)
+    kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null
+    python3 -c "print(round($t1 - $t0, 3))"
+  }
+  warm=$(first_token sealedstart-warmup.log $M8)
+  note "start-up to first token, warm-up (kernel cache): plaintext ${warm} s"
+  plain=(); sealed=()
+  for i in 1 2; do
+    plain+=("$(first_token sealedstart-plain-$i.log $M8)")
+    sealed+=("$(first_token sealedstart-sealed-$i.log $S8 --model-key-file /tmp/llama8b.key)")
+  done
+  note "start-up to first token: plaintext ${plain[*]} s, sealed ${sealed[*]} s (ratio of the bests $(python3 -c "print(round(min(${sealed[0]}, ${sealed[1]}) / min(${plain[0]}, ${plain[1]}), 3))"))"
+  for f in "$OUT"/sealedstart-plain-1.log "$OUT"/sealedstart-sealed-1.log; do
+    note "$(basename "$f"):"
+    grep -E 'listening|sealed model opened|model loaded|weights uploaded|engine ready|ready$' "$f" | cut -c1-260 | tee -a "$SUMMARY"
+  done
 fi
 
 # The audit log's cost at saturation (tests/audit_bench.rs, CPU backend, embedded model) on this

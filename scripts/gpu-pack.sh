@@ -31,7 +31,8 @@ while read -r kind path; do
     *) ;;
   esac
 done <<<"$bins"
-cp scripts/gpu-check.sh scripts/make_llama8b.py scripts/peers.py scripts/constrained_check.py "$DEST/"
+cp scripts/gpu-check.sh scripts/make_llama8b.py scripts/peers.py scripts/attention-check.cu scripts/gemv-check.cu scripts/constrained_check.py "$DEST/"
+rm -rf "$DEST/kernels" && cp -r kernels "$DEST/kernels"
 git rev-parse --short HEAD >"$DEST/BUILD_COMMIT"
 # The audit benchmark spawns the server binary at the path compiled into it.
 echo "$CARGO_TARGET_DIR/release/inferno" >"$DEST/INFERNO_BIN_PATH"

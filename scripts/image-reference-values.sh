@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # scripts/image-reference-values.sh [OUTDIR] [NAME]: write the reference values of a built image
 # (image/build's OUTDIR, default image/out; NAME inferno or inferno-development) to stdout in the
-# format of policy/reference-values.toml. Every value is recomputable from the artifacts:
+# format of policy/reference-values.toml, which policy/production.toml names (its `reference_values`
+# key) and every verifier applies (attestation/src/reference_values.rs; docs/policy.md):
+#   scripts/image-reference-values.sh image/out inferno >policy/reference-values.toml
+# Every value is recomputable from the artifacts:
 #   - the SEV hashes table's inputs: SHA-256 of the kernel, of the initrd, and of the command
 #     line plus its terminating NUL (what QEMU's kernel-hashes=on puts into the AmdSev OVMF);
 #   - the UKI's SHA-256 and the dm-verity root hash it pins;
@@ -17,6 +20,8 @@ sha() { sha256sum "$1" | cut -d' ' -f1; }
 cmdline=$(tr -d '\0' <"$name.cmdline")
 cmdline_sha=$( { printf '%s' "$cmdline"; printf '\0'; } | sha256sum | cut -d' ' -f1)
 roothash=$(printf '%s\n' $cmdline | sed -n 's/^roothash=//p')
+[ -f "$name.build-info" ] || { echo "$out/$name.build-info is missing: rebuild with image/build" >&2; exit 1; }
+info() { sed -n "s/^$1=//p" "$name.build-info"; }
 pkg() { jq -r --arg p "$1" '.packages[] | select(.name == $p) | .version' "$name.manifest"; }
 
 # PCR 11: systemd-stub measures the UKI's sections; systemd-measure from the build's tools tree
@@ -36,13 +41,17 @@ measure_version=$(chroot "$out/tools" /usr/lib/systemd/systemd-measure --version
 
 cat <<TOML
 # Reference values of the Inferno appliance image, written by scripts/image-reference-values.sh
-# from image/build's artifacts. docs/deploy-airgapped.md, section 7, explains each value.
+# from image/build's artifacts. policy/production.toml names this file: every verifier applies
+# these values, and evidence whose measurement or PCR is not listed fails its appraisal.
+# docs/deploy-airgapped.md, section 7, explains each value and how to recompute it.
 schema = 1
 image = "$name"
-source_date_epoch = ${SOURCE_DATE_EPOCH:-$(git -C "$here" log -1 --format=%ct)}
+commit = "$(info commit)"
+source_date_epoch = $(info source_date_epoch)
 
 [guest_policy]
-# SEV-SNP guest policy the image is launched with: debug off, migration agent off, SMT allowed.
+# The SEV-SNP guest policy the image is launched with (documentation: the policy's [sev_snp]
+# allow_* rules decide what is accepted): debug off, migration agent off, SMT allowed.
 debug = false
 migration_agent = false
 smt = true
@@ -56,27 +65,38 @@ initrd_sha256 = "$(sha "$name.initrd")"
 cmdline = "$cmdline"
 cmdline_nul_sha256 = "$cmdline_sha"
 roothash = "$roothash"
+# The inferno binary in the root (stripped), and how it was built.
+inferno_sha256 = "$(info inferno_sha256)"
+inferno_origin = "$(info inferno_origin)"
+manifest_sha256 = "$(sha "$name.manifest")"
 
 [tools]
-mkosi = "$(${MKOSI:-mkosi} --version | awk '{print $2}')"
+mkosi = "$(info mkosi)"
 systemd_measure = "$measure_version"
 linux_image = "$(pkg linux-image-amd64)"
 systemd = "$(pkg systemd)"
 
-[tpm.pcr11_sha256]
-# PCR 11 (SHA-256 bank): systemd-stub's measurement of the UKI's sections, then the boot phases
-# systemd-pcrphase adds. A quote taken while serving shows "ready".
+[sev_snp]
+# Launch measurements per CPU product and vCPU count for measured direct boot. NOT COMPUTED: they
+# need the AmdSev OVMF (with the SEV hashes table), which no Debian package ships and which was
+# not built here. The list is empty, so the production policy accepts no SEV-SNP evidence until
+# it is filled: a rejection names the measurement.
+measurements = []
+
+[tdx]
+# MRTD (and RTMR1-2) NOT COMPUTED: they need the TDVF build the host launches. Empty: the
+# production policy accepts no TDX evidence until it is filled.
+mrtd = []
+
+[tpm.sha256]
+# PCR 11: systemd-stub's measurement of the UKI's sections followed by systemd-pcrphase's boot
+# phases. inferno.service starts after the "ready" phase, so the server's quotes show this value.
+11 = ["${pcr11[3]}"]
+
+[tpm.pcr11_boot_phases]
+# PCR 11 after each phase, for diagnosing a quote taken earlier (not accepted by the policy).
 enter_initrd = "${pcr11[0]}"
 leave_initrd = "${pcr11[1]}"
 sysinit = "${pcr11[2]}"
 ready = "${pcr11[3]}"
-
-[sev_snp]
-# Launch measurements per CPU product and vCPU count: not computed yet (needs the AmdSev OVMF
-# built from Debian's edk2 source; docs/deploy-airgapped.md, section 7).
-measurements = []
-
-[tdx]
-# MRTD and RTMR1-2: not computed yet (needs the TDVF build).
-mrtd = []
 TOML

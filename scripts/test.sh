@@ -19,7 +19,7 @@ cargo test --workspace --locked
 if python3 -c "import openai, pytest" 2>/dev/null; then
   cargo build --locked
   target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-  INFERNO_BIN="$target/debug/inferno" python3 -m pytest -q tests/python
+  INFERNO_BIN="$target/debug/inferno" python3 -m pytest -q -rs tests/python
 elif [ "${CI:-}" = true ]; then
   echo "error: the openai and pytest Python packages are required in CI" >&2
   exit 1

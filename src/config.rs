@@ -29,10 +29,62 @@ pub struct Config {
     /// The Prometheus endpoint.
     pub metrics: MetricsConfig,
     /// The audit log; without this table nothing is audited (a warning says so at start).
-    pub audit: Option<crate::audit::AuditConfig>,
+    pub audit: Option<inferno_audit::AuditConfig>,
     /// Start-up attestation; production unless a config selects development (`inferno serve`
     /// without `--config` runs the development profile).
     pub attestation: AttestationConfig,
+    /// The model: where the key of a sealed model comes from.
+    pub model: ModelSection,
+}
+
+/// The `[model]` table.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSection {
+    /// `[model.key]`: the key source of a sealed model (`--model-key-file` overrides it).
+    pub key: Option<ModelKeySource>,
+}
+
+/// Where the key of a sealed model comes from (`docs/sealed-model.md`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "source", rename_all = "lowercase", deny_unknown_fields)]
+pub enum ModelKeySource {
+    /// A 32-byte key file (mode 0600). Development only: the production profile refuses it.
+    File {
+        /// The key file.
+        path: PathBuf,
+    },
+    /// A key broker (`inferno keybroker`) that releases the key to this appliance's evidence
+    /// (`docs/sealed-model.md`, "Key broker").
+    Broker {
+        /// The broker's base URL, e.g. `http://10.0.0.5:8443`.
+        url: String,
+        /// How many times an unreachable or failing broker is retried before start-up is
+        /// refused (default 3).
+        #[serde(default = "default_broker_retries")]
+        retries: u32,
+    },
+    /// The key sealed to this machine's (v)TPM under a PCR policy (`inferno seal --tpm-seal`).
+    Tpm {
+        /// The sealed-key blob file.
+        blob: PathBuf,
+        /// The TPM (a tss-esapi TCTI string; default `device:/dev/tpmrm0`).
+        #[serde(default)]
+        tcti: Option<String>,
+    },
+    /// The key wrapped under an SEV-SNP derived key (`inferno seal --snp-seal`); never run on
+    /// hardware.
+    Snp {
+        /// The sealed-key blob file.
+        blob: PathBuf,
+    },
+}
+
+/// The default number of retries of an unreachable key broker.
+pub const DEFAULT_BROKER_RETRIES: u32 = 3;
+
+fn default_broker_retries() -> u32 {
+    DEFAULT_BROKER_RETRIES
 }
 
 /// Which evidence source and default policy the server uses at start.
@@ -48,7 +100,7 @@ pub enum AttestationProfile {
 }
 
 /// The `[attestation]` table.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AttestationConfig {
     /// `development` (simulated TEE allowed) or `production` (hardware evidence required).
@@ -62,10 +114,29 @@ pub struct AttestationConfig {
     /// The offline collateral bundle (`inferno attest bundle`) used to appraise the server's own
     /// evidence at start-up. A policy that requires the GPU's reference values or OCSP needs it.
     pub collateral: Option<PathBuf>,
+    /// How many `POST /v1/attestation` challenges may arrive at once before the rate limit
+    /// (HTTP 429) applies.
+    pub fresh_evidence_burst: u32,
+    /// How many `POST /v1/attestation` challenges per minute are admitted in the long run.
+    pub fresh_evidence_per_minute: u32,
     /// Whether the selected backend is CUDA (set by `inferno serve` from `--device`, never
     /// from the file): start-up attestation then reads and attests the GPU.
     #[serde(skip)]
     pub cuda: bool,
+}
+
+impl Default for AttestationConfig {
+    fn default() -> Self {
+        Self {
+            profile: AttestationProfile::default(),
+            policy: None,
+            tpm_tcti: None,
+            collateral: None,
+            fresh_evidence_burst: 16,
+            fresh_evidence_per_minute: 60,
+            cuda: false,
+        }
+    }
 }
 
 impl AttestationConfig {
@@ -74,10 +145,7 @@ impl AttestationConfig {
     pub fn development() -> Self {
         Self {
             profile: AttestationProfile::Development,
-            policy: None,
-            tpm_tcti: None,
-            collateral: None,
-            cuda: false,
+            ..Self::default()
         }
     }
 }
@@ -129,7 +197,10 @@ impl ServerConfig {
     }
 }
 
-/// The `[tls]` table. Without `cert` and `key`, a self-signed pair is generated at start.
+/// The `[tls]` table. Its keys are refused: the TLS key is generated in memory at every start
+/// and the self-signed certificate carries the start-up evidence, which a certificate and key
+/// from files cannot (`docs/attestation-protocol.md`). The table is kept so that an old
+/// configuration naming them gets that explanation rather than "unknown field".
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TlsConfig {
@@ -273,10 +344,10 @@ impl Config {
             field: field.to_owned(),
             message: message.to_owned(),
         };
-        if self.tls.cert.is_some() != self.tls.key.is_some() {
+        if self.tls.cert.is_some() || self.tls.key.is_some() {
             return Err(invalid(
                 "tls",
-                "set both `cert` and `key`, or neither for a self-signed certificate",
+                "`cert` and `key` are not supported: the server generates its TLS key in memory and presents a certificate carrying its start-up evidence (docs/attestation-protocol.md); remove them",
             ));
         }
         let mut names = std::collections::HashSet::new();
@@ -454,9 +525,11 @@ mod tests {
     }
 
     #[test]
-    fn cert_without_key_is_rejected() {
+    fn a_configured_certificate_is_refused() {
         let err = Config::parse("[tls]\ncert = \"c.pem\"\n").unwrap_err();
         assert!(err.to_string().contains("tls"), "{err}");
+        let err = Config::parse("[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n").unwrap_err();
+        assert!(err.to_string().contains("in memory"), "{err}");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inferno::audit::{AuditConfig, AuditSink, CompletionFacts, ContentMode, RequestFacts};
+use inferno_audit::{AuditConfig, AuditSink, CompletionFacts, ContentMode, RequestFacts};
 
 #[test]
 #[ignore = "benchmark; run explicitly"]

@@ -4,13 +4,13 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::Arc;
 
-use inferno::audit::content::{ContentMode, ContentPolicy};
-use inferno::audit::merkle::{verify_consistency, verify_inclusion};
-use inferno::audit::note::SignedNote;
-use inferno::audit::proof_file::{ConsistencyProof, InclusionProof};
-use inferno::audit::{
+use inferno_audit::merkle::{verify_consistency, verify_inclusion};
+use inferno_audit::note::SignedNote;
+use inferno_audit::{
     AuditConfig, AuditLog, CompletionRecord, RecordBody, RequestRecord, StartInfo, StdFileOps,
 };
+use inferno_audit::{ConsistencyProof, InclusionProof};
+use inferno_audit::{ContentMode, ContentPolicy};
 
 fn inferno(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_inferno"))
@@ -277,8 +277,8 @@ fn prove_consistency_and_prune() {
     );
     let p = ConsistencyProof::parse(&stdout(&out)).expect("parses");
     let old_root = {
-        let (prefix, leaves) = inferno::audit::verify::load_tree(&dir).expect("tree");
-        inferno::audit::merkle::TreeView::new(&prefix, &leaves)
+        let (prefix, leaves) = inferno_audit::load_tree(&dir).expect("tree");
+        inferno_audit::merkle::TreeView::new(&prefix, &leaves)
             .root_at(p.old)
             .expect("root")
     };
@@ -457,7 +457,7 @@ fn witness_over_http_follows_tlog_witness() {
     };
     let (status, cosig) = post(format!("old {s1}\n{hashes}\n{c2}"));
     assert_eq!(status, 200, "{cosig}");
-    let witness_key = inferno::audit::note::VerifierKey::parse(
+    let witness_key = inferno_audit::note::VerifierKey::parse(
         stdout(&inferno(&["witness", "vkey", "--key", k, "--name", name])).trim(),
     )
     .expect("vkey");

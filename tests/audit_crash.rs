@@ -8,8 +8,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inferno::audit::verify::{VerifyOptions, verify};
-use inferno::audit::{AuditConfig, AuditSink, CompletionFacts, ContentMode, RequestFacts};
+use inferno_audit::{AuditConfig, AuditSink, CompletionFacts, ContentMode, RequestFacts};
+use inferno_audit::{VerifyOptions, verify};
 
 const CHILD_ENV: &str = "INFERNO_AUDIT_CRASH_CHILD_DIR";
 const ROUNDS: usize = 5;

@@ -137,7 +137,7 @@ fn the_server_audits_every_request_and_the_cli_verifies_it() {
         assert_eq!(response.status(), 200);
         response.text().await.expect("text")
     });
-    let note = inferno::audit::note::SignedNote::parse(&checkpoint).expect("a signed note");
+    let note = inferno_audit::note::SignedNote::parse(&checkpoint).expect("a signed note");
     // started, certificate, config, gpu-ready, 2 requests and 2 completions
     assert!(
         note.checkpoint().expect("checkpoint").size >= 8,

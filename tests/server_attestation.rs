@@ -16,10 +16,9 @@ use std::sync::Arc;
 
 use attest_support::check;
 use inferno::attest::binding::{BindingInput, check_start_events};
-use inferno::attest::tls_spki_sha256;
-use inferno::audit::AuditConfig;
-use inferno::audit::verify::{VerifyOptions, verify};
+use inferno::attest::{AttestationService, StartupBinding, tls_spki_sha256};
 use inferno::config::{AttestationConfig, AttestationProfile, Config};
+use inferno::model::Model;
 use inferno::server::Server;
 use inferno_attestation::appraise::{AppraisalInput, appraise};
 use inferno_attestation::bundle::{CollateralBundle, NamedBlob};
@@ -31,6 +30,8 @@ use inferno_attestation::nvidia::simulated::{
 use inferno_attestation::pki;
 use inferno_attestation::policy::LoadedPolicy;
 use inferno_attestation::report::AppraisalReport;
+use inferno_audit::AuditConfig;
+use inferno_audit::{VerifyOptions, verify};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
@@ -83,6 +84,27 @@ async fn served_leaf(harness: &Harness) -> Vec<u8> {
         .peer_certificates()
         .expect("peer certificates");
     certs.first().expect("a leaf").as_ref().to_vec()
+}
+
+/// A start-up binding for attestation outside a server.
+const BINDING: StartupBinding = StartupBinding {
+    tls_spki_sha256: [1; 32],
+    audit_key: None,
+    model_digest: [5; 32],
+};
+
+/// Starts a server and attests it with the embedded model's digest; the error, if either fails.
+fn attest_error(config: Config) -> Option<String> {
+    let digest = Model::embedded().expect("embedded model").digest.bytes;
+    runtime().block_on(async {
+        let server = match Server::start(config).await {
+            Ok(server) => server,
+            Err(err) => return Some(err.to_string()),
+        };
+        let result = server.attest(digest).await;
+        server.shutdown().await;
+        result.err().map(|err| err.to_string())
+    })
 }
 
 fn audit_config(dir: &Path) -> AuditConfig {
@@ -177,7 +199,7 @@ async fn attestation_document_verifies_and_binds_the_served_tls_key_and_audit_ke
     let report = verify(&log_dir, &VerifyOptions::default());
     assert!(report.intact(), "{}", report.verdict());
     assert_eq!(report.starts.len(), 1);
-    let key = inferno::audit::note::VerifierKey::parse(&report.starts[0].checkpoint_key)
+    let key = inferno_audit::note::VerifierKey::parse(&report.starts[0].checkpoint_key)
         .expect("checkpoint key");
     assert_eq!(
         doc.audit_key.as_deref(),
@@ -240,10 +262,7 @@ fn production_profile_without_a_tee_refuses_to_start() {
     config.server.listen = "127.0.0.1:0".parse().unwrap();
     config.auth.keys = base_config().auth.keys;
     assert_eq!(config.attestation.profile, AttestationProfile::Production);
-    let err = match runtime().block_on(Server::start(config)) {
-        Ok(_) => panic!("the production profile served without a TEE"),
-        Err(err) => err.to_string(),
-    };
+    let err = attest_error(config).expect("the production profile refuses without a TEE");
     assert!(err.contains("no TEE found"), "{err}");
 
     let mut config = base_config();
@@ -251,10 +270,7 @@ fn production_profile_without_a_tee_refuses_to_start() {
         policy: Some(policy_path("production.toml")),
         ..AttestationConfig::development()
     };
-    let err = match runtime().block_on(Server::start(config)) {
-        Ok(_) => panic!("simulated evidence passed the production policy"),
-        Err(err) => err.to_string(),
-    };
+    let err = attest_error(config).expect("simulated evidence fails the production policy");
     assert!(err.contains("rejected by policy \"production\""), "{err}");
 }
 
@@ -312,10 +328,8 @@ fn cuda_on_a_gpu_whose_cc_state_is_unreadable_refuses_to_start_when_the_policy_r
         cuda: true,
         ..AttestationConfig::development()
     };
-    let err = match runtime().block_on(Server::start(config)) {
-        Ok(_) => panic!("served on a GPU whose CC mode is unknown under a policy requiring it"),
-        Err(err) => err.to_string(),
-    };
+    let err = attest_error(config)
+        .expect("refused a GPU whose CC mode is unknown under a policy requiring it");
     assert!(!err.contains('\n'), "one line: {err}");
     assert!(err.contains("GPU 0"), "names the GPU: {err}");
     assert!(
@@ -331,20 +345,16 @@ fn the_cpu_backend_under_a_policy_requiring_cc_mode_attests_the_simulated_gpu_in
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let attested = inferno::attest::StartupAttestation::establish(
+    let service = AttestationService::start(
         &AttestationConfig {
             policy: Some(policy_requiring_cc_mode(dir.path())),
             ..AttestationConfig::development()
         },
-        rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
-            .unwrap()
-            .cert
-            .pem()
-            .as_bytes(),
-        None,
+        BINDING,
         None,
     )
     .expect("the simulated GPU reports CC mode on");
+    let attested = service.startup();
     let cc = attested
         .appraisal
         .checks
@@ -368,25 +378,21 @@ fn start_up_appraisal_uses_the_configured_collateral_bundle() {
     assert!(text.contains("require_ocsp = true"));
     let policy = dir.path().join("ocsp.toml");
     std::fs::write(&policy, text).unwrap();
-    let tls = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
-        .unwrap()
-        .cert
-        .pem();
     let establish = |collateral: Option<PathBuf>| {
-        inferno::attest::StartupAttestation::establish(
+        AttestationService::start(
             &AttestationConfig {
                 policy: Some(policy.clone()),
                 collateral,
                 ..AttestationConfig::development()
             },
-            tls.as_bytes(),
-            None,
+            BINDING,
             None,
         )
     };
 
     let err = establish(None)
-        .expect_err("OCSP required, no bundle")
+        .err()
+        .expect("OCSP required, no bundle")
         .to_string();
     assert!(err.contains("gpu.ocsp"), "{err}");
 
@@ -408,8 +414,9 @@ fn start_up_appraisal_uses_the_configured_collateral_bundle() {
     });
     let bundle_path = dir.path().join("bundle.json");
     std::fs::write(&bundle_path, bundle.to_json()).unwrap();
-    let attested = establish(Some(bundle_path.clone())).expect("a fresh response in the bundle");
-    let ocsp = attested
+    let service = establish(Some(bundle_path.clone())).expect("a fresh response in the bundle");
+    let ocsp = service
+        .startup()
         .appraisal
         .checks
         .iter()
@@ -419,7 +426,8 @@ fn start_up_appraisal_uses_the_configured_collateral_bundle() {
 
     std::fs::write(&bundle_path, "{").unwrap();
     let err = establish(Some(bundle_path))
-        .expect_err("a corrupt bundle")
+        .err()
+        .expect("a corrupt bundle")
         .to_string();
     assert!(!err.contains('\n'), "one line: {err}");
     assert!(err.contains("[attestation] collateral"), "{err}");

@@ -8,13 +8,13 @@ mod server_support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use inferno::audit::content::{ContentMode, ContentPolicy, SealedContent};
-use inferno::audit::scan::scan_segments;
-use inferno::audit::verify::{VerifyOptions, verify};
-use inferno::audit::{AuditConfig, Record, RecordBody};
 use inferno::config::Config;
 use inferno::model::EMBEDDED_MODEL_NAME as MODEL;
 use inferno::server::{Server, ServerError};
+use inferno_audit::{
+    AuditConfig, ContentMode, ContentPolicy, Record, RecordBody, SealedContent, VerifyOptions,
+    read_records, verify,
+};
 use reqwest::StatusCode;
 use serde_json::json;
 use server_support::{ALICE, BOB, Harness, base_config, runtime};
@@ -31,17 +31,15 @@ fn audited_config(dir: &Path) -> Config {
 
 /// Every record of the (stopped) log in `dir`.
 fn records(dir: &Path) -> Vec<Record> {
-    let mut out = Vec::new();
-    scan_segments(dir, |_, _, payload| {
-        out.push(Record::decode(payload).map_err(|e| e.to_string())?);
-        Ok(())
-    })
-    .expect("the log scans");
-    out
+    read_records(dir)
+        .expect("the log reads")
+        .into_iter()
+        .map(|r| r.record)
+        .collect()
 }
 
 /// The request records of request `id`, and the number of its completion records.
-fn records_of(records: &[Record], id: &str) -> (Vec<inferno::audit::RequestRecord>, usize) {
+fn records_of(records: &[Record], id: &str) -> (Vec<inferno_audit::RequestRecord>, usize) {
     let requests = records
         .iter()
         .filter_map(|r| match &r.body {

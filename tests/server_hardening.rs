@@ -354,3 +354,51 @@ async fn tokens_of_a_stream_whose_client_left_are_counted() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A client that sends a streaming request and never reads: its buffered output is bounded,
+/// so the server cuts the stream off (finish reason `abort`) instead of holding every event.
+#[tokio::test]
+async fn a_stream_whose_client_never_reads_is_cut_off() {
+    use tokio::io::AsyncWriteExt;
+    let server = harness();
+    let (_, aborted_before) = generation_counters(&server).await;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(server.cert_pem.as_bytes()) {
+        roots.add(cert.expect("certificate PEM")).expect("root");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = TcpStream::connect(server.addr).await.expect("connect");
+    let mut tls = TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").expect("name"), tcp)
+        .await
+        .expect("TLS");
+    let body = json!({"model": "inferno-tiny", "prompt": "Once", "stream": true, "n": 16,
+                      "max_tokens": 1500, "ignore_eos": true, "logprobs": 20})
+    .to_string();
+    let request = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {ALICE}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tls.write_all(request.as_bytes()).await.expect("send");
+    tls.flush().await.expect("flush");
+    // Never read: the events pile up on the server until the bound cuts the stream off.
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
+    loop {
+        let (_, aborted) = generation_counters(&server).await;
+        if aborted > aborted_before {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server kept generating for a client that never reads"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(tls);
+}

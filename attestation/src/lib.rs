@@ -28,6 +28,7 @@ pub mod nvidia;
 pub mod ocsp;
 pub mod pki;
 pub mod policy;
+pub mod reference_values;
 pub mod report;
 pub mod runtime_data;
 mod serde_b64;

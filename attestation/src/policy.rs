@@ -4,8 +4,13 @@
 //! `docs/policy.md` documents the schema. Unknown keys are errors, so that a misspelt setting
 //! never silently weakens a policy.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+use crate::reference_values::ReferenceValues;
 
 /// The only policy schema version this crate accepts.
 pub const POLICY_SCHEMA_VERSION: u32 = 2;
@@ -82,6 +87,10 @@ pub struct Policy {
     pub audit: AuditPolicy,
     /// What clients must present (read by the server).
     pub auth: AuthPolicy,
+    /// A reference-values file (`policy/reference-values.toml`), relative to this policy's
+    /// directory, whose measurements every verifier applies (see [`crate::reference_values`]).
+    #[serde(default)]
+    pub reference_values: Option<String>,
 }
 
 /// Time rules.
@@ -200,6 +209,10 @@ pub struct TpmPolicy {
     /// Default: 0–7, the firmware and boot-loader measurements.
     #[serde(default = "default_tpm_pcrs")]
     pub pcrs: Vec<u8>,
+    /// Accepted values of SHA-256-bank PCRs: PCR index (a TOML key, "11") to a list of hex
+    /// values (32 bytes). Each PCR listed must be among `pcrs`. Empty: any values.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pcr_values: BTreeMap<String, Vec<String>>,
 }
 
 /// The default `[tpm] pcrs`: 0–7, firmware code and configuration, option ROMs, boot loader and
@@ -226,6 +239,16 @@ impl TpmPolicy {
         sorted.dedup();
         if sorted.len() != self.pcrs.len() {
             return Err(field("tpm.pcrs", "lists a PCR twice"));
+        }
+        for (key, values) in &self.pcr_values {
+            let name = format!("tpm.pcr_values.{key}");
+            let pcr = crate::reference_values::parse_pcr(&name, key)?;
+            if !self.pcrs.contains(&pcr) {
+                return Err(field(&name, &format!("PCR {pcr} is not among [tpm] pcrs")));
+            }
+            for value in values {
+                check_hex(&name, value, 32)?;
+            }
         }
         Ok(())
     }
@@ -310,15 +333,102 @@ pub struct AuthPolicy {
 /// A policy together with the digest of the bytes it was parsed from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadedPolicy {
-    /// The parsed policy.
+    /// The parsed policy, with its reference values applied when they are in force.
     pub policy: Policy,
     /// SHA-256 of the exact file bytes.
     pub digest: [u8; 32],
+    /// Whether the reference values the policy names are in force.
+    pub reference_values: ReferenceValuesUse,
+}
+
+/// Whether the reference values a policy names (its `reference_values` key) are in force.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReferenceValuesUse {
+    /// The policy names no reference-values file.
+    None,
+    /// The file was read and its values are part of the policy.
+    Applied {
+        /// The file, as the policy names it.
+        file: String,
+        /// The image the values describe.
+        image: String,
+        /// SHA-256 of the file's exact bytes.
+        sha256: [u8; 32],
+        /// The policy fields the file set (`sev_snp.measurements`, `tpm.pcr_values.11`, ...).
+        fields: BTreeSet<String>,
+    },
+    /// The file is deliberately not applied: the appliance appraising its own start-up
+    /// evidence, which cannot contain the reference values of the image it is part of (they
+    /// are computed from that image). Every verifier applies them.
+    NotApplied {
+        /// The file, as the policy names it.
+        file: String,
+    },
 }
 
 impl LoadedPolicy {
-    /// Parses and validates policy bytes, computing their digest.
+    /// Parses and validates policy bytes, computing their digest. A policy that names a
+    /// reference-values file is refused here (the file could not be found): load it with
+    /// [`LoadedPolicy::from_file`] or [`LoadedPolicy::with_reference_values`].
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, PolicyError> {
+        let loaded = Self::parse(bytes)?;
+        if let Some(file) = &loaded.policy.reference_values {
+            return Err(field(
+                "reference_values",
+                &format!(
+                    "the policy names the file {file:?}, which a policy read from bytes cannot find: load the policy from its file"
+                ),
+            ));
+        }
+        Ok(loaded)
+    }
+
+    /// Reads, parses and validates a policy file; the reference-values file it names (relative
+    /// to the policy's directory) is read and applied, and a missing or invalid one is an error.
+    pub fn from_file(path: &Path) -> Result<Self, PolicyError> {
+        let loaded = Self::parse(&read(path)?)?;
+        match loaded.policy.reference_values.clone() {
+            None => Ok(loaded),
+            Some(file) => {
+                let dir = path.parent().unwrap_or(Path::new("."));
+                let bytes = read(&dir.join(&file))?;
+                loaded.apply_reference_values(&bytes)
+            }
+        }
+    }
+
+    /// Parses policy bytes that name a reference-values file, applying `reference_values`
+    /// (that file's bytes, e.g. embedded in a program).
+    pub fn with_reference_values(
+        policy: &[u8],
+        reference_values: &[u8],
+    ) -> Result<Self, PolicyError> {
+        let loaded = Self::parse(policy)?;
+        if loaded.policy.reference_values.is_none() {
+            return Err(field(
+                "reference_values",
+                "reference values were given but the policy names no reference-values file",
+            ));
+        }
+        loaded.apply_reference_values(reference_values)
+    }
+
+    /// Parses policy bytes for the appliance's appraisal of its own start-up evidence: the
+    /// reference values the policy names are not applied ([`ReferenceValuesUse::NotApplied`]).
+    pub fn for_self_appraisal(bytes: &[u8]) -> Result<Self, PolicyError> {
+        let mut loaded = Self::parse(bytes)?;
+        if let Some(file) = loaded.policy.reference_values.clone() {
+            loaded.reference_values = ReferenceValuesUse::NotApplied { file };
+        }
+        Ok(loaded)
+    }
+
+    /// [`LoadedPolicy::for_self_appraisal`] of a file.
+    pub fn from_file_for_self_appraisal(path: &Path) -> Result<Self, PolicyError> {
+        Self::for_self_appraisal(&read(path)?)
+    }
+
+    fn parse(bytes: &[u8]) -> Result<Self, PolicyError> {
         let text = std::str::from_utf8(bytes).map_err(|e| PolicyError::Field {
             field: "(file)".into(),
             reason: format!("not UTF-8: {e}"),
@@ -328,22 +438,51 @@ impl LoadedPolicy {
         Ok(Self {
             policy,
             digest: Sha256::digest(bytes).into(),
+            reference_values: ReferenceValuesUse::None,
         })
     }
 
-    /// Reads, parses and validates a policy file.
-    pub fn from_file(path: &std::path::Path) -> Result<Self, PolicyError> {
-        let bytes = std::fs::read(path).map_err(|source| PolicyError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Self::from_bytes(&bytes)
+    fn apply_reference_values(mut self, bytes: &[u8]) -> Result<Self, PolicyError> {
+        let file = self.policy.reference_values.clone().unwrap_or_default();
+        let values = ReferenceValues::from_bytes(bytes)?;
+        let fields = values.apply_to(&mut self.policy)?;
+        self.policy.validate()?;
+        self.reference_values = ReferenceValuesUse::Applied {
+            file,
+            image: values.image,
+            sha256: Sha256::digest(bytes).into(),
+            fields,
+        };
+        Ok(self)
     }
 
     /// The digest as lowercase hex.
     pub fn digest_hex(&self) -> String {
         hex::encode(self.digest)
     }
+
+    /// What an allow-list of policy field `name` (`sev_snp.measurements`, `tdx.rtmr1`,
+    /// `tpm.pcr_values.11`) is called in appraisal messages.
+    pub fn allow_list_name(&self, name: &str) -> String {
+        match &self.reference_values {
+            ReferenceValuesUse::Applied {
+                file,
+                image,
+                fields,
+                ..
+            } if fields.contains(name) => {
+                format!("the reference values of image {image:?} ({file})")
+            }
+            _ => "the policy's allow-list".to_owned(),
+        }
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, PolicyError> {
+    std::fs::read(path).map_err(|source| PolicyError::Io {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 impl Policy {
@@ -428,14 +567,14 @@ impl TdxPolicy {
     }
 }
 
-fn field(name: &str, reason: &str) -> PolicyError {
+pub(crate) fn field(name: &str, reason: &str) -> PolicyError {
     PolicyError::Field {
         field: name.into(),
         reason: reason.into(),
     }
 }
 
-fn check_hex(name: &str, value: &str, len: usize) -> Result<(), PolicyError> {
+pub(crate) fn check_hex(name: &str, value: &str, len: usize) -> Result<(), PolicyError> {
     match hex::decode(value) {
         Ok(bytes) if bytes.len() == len => Ok(()),
         Ok(bytes) => Err(field(
@@ -465,6 +604,10 @@ mod tests {
             assert_eq!(loaded.digest, <[u8; 32]>::from(Sha256::digest(&bytes)));
         }
         let prod = LoadedPolicy::from_file(&policy_file("production.toml")).unwrap();
+        assert!(matches!(
+            prod.reference_values,
+            ReferenceValuesUse::Applied { .. }
+        ));
         assert!(prod.policy.simulated.trusted_ark_sha256.is_empty());
         assert!(!prod.policy.sev_snp.as_ref().unwrap().allow_debug);
         assert!(prod.policy.gpu.required && prod.policy.gpu.require_cc_mode);
@@ -473,30 +616,29 @@ mod tests {
     #[test]
     fn unknown_keys_and_bad_values_are_rejected() {
         let base = std::fs::read_to_string(policy_file("production.toml")).unwrap();
+        let load = |text: &str| LoadedPolicy::for_self_appraisal(text.as_bytes());
+        assert!(load(&base).is_ok());
         let typo = base.replace("allow_debug = false", "allow_debgu = false");
-        assert!(LoadedPolicy::from_bytes(typo.as_bytes()).is_err());
+        assert!(load(&typo).is_err());
         let schema = base.replace("schema = 2", "schema = 9");
         assert!(matches!(
-            LoadedPolicy::from_bytes(schema.as_bytes()),
+            load(&schema),
             Err(PolicyError::Schema { found: 9 })
         ));
         let product = base.replace("\"Milan\"", "\"Naples\"");
-        assert!(matches!(
-            LoadedPolicy::from_bytes(product.as_bytes()),
-            Err(PolicyError::Field { .. })
-        ));
-        let pcrs = "pcrs = [0, 1, 2, 3, 4, 5, 6, 7]";
+        assert!(matches!(load(&product), Err(PolicyError::Field { .. })));
+        let pcrs = "pcrs = [0, 1, 2, 3, 4, 5, 6, 7, 11]";
         assert!(base.contains(pcrs));
         for (bad, reason) in [
             ("pcrs = []", "at least one"),
             ("pcrs = [0, 24]", "PCR 24"),
             ("pcrs = [7, 7]", "twice"),
         ] {
-            let err = LoadedPolicy::from_bytes(base.replace(pcrs, bad).as_bytes()).unwrap_err();
+            let err = load(&base.replace(pcrs, bad)).unwrap_err();
             assert!(err.to_string().contains(reason), "{bad}: {err}");
         }
         let default = base.replace(pcrs, "");
-        let loaded = LoadedPolicy::from_bytes(default.as_bytes()).unwrap();
+        let loaded = load(&default).unwrap();
         let tpm = loaded.policy.tpm.unwrap();
         assert_eq!(tpm.pcrs, (0..=7).collect::<Vec<u8>>());
     }
@@ -532,9 +674,174 @@ mod tests {
         let base = std::fs::read(policy_file("production.toml")).unwrap();
         let mut edited = base.clone();
         edited.push(b'\n');
-        let a = LoadedPolicy::from_bytes(&base).unwrap();
-        let b = LoadedPolicy::from_bytes(&edited).unwrap();
+        let a = LoadedPolicy::for_self_appraisal(&base).unwrap();
+        let b = LoadedPolicy::for_self_appraisal(&edited).unwrap();
         assert_eq!(a.policy, b.policy);
         assert_ne!(a.digest, b.digest);
+    }
+
+    /// Reference values for a policy naming `reference_values = "rv.toml"`.
+    const REFERENCE_VALUES: &str = r#"
+schema = 1
+image = "inferno"
+[tools]
+mkosi = "25.3"
+[sev_snp]
+measurements = [{ product = "Genoa", vcpus = 4, measurement = "MEASUREMENT" }]
+[tdx]
+mrtd = ["MRTD"]
+[tpm.sha256]
+11 = ["PCR11"]
+"#;
+
+    fn reference_values() -> String {
+        REFERENCE_VALUES
+            .replace("MEASUREMENT", &"ab".repeat(48))
+            .replace("MRTD", &"cd".repeat(48))
+            .replace("PCR11", &"ef".repeat(32))
+    }
+
+    fn production_naming(file: &str) -> String {
+        std::fs::read_to_string(policy_file("production.toml"))
+            .unwrap()
+            .replace(
+                "reference_values = \"reference-values.toml\"",
+                &format!("reference_values = \"{file}\""),
+            )
+    }
+
+    #[test]
+    fn reference_values_fill_the_allow_lists_of_verifiers_only() {
+        let text = production_naming("rv.toml");
+        let loaded =
+            LoadedPolicy::with_reference_values(text.as_bytes(), reference_values().as_bytes())
+                .unwrap();
+        let snp = loaded.policy.sev_snp.as_ref().unwrap();
+        assert_eq!(snp.measurements, Some(vec!["ab".repeat(48)]));
+        assert_eq!(
+            loaded.policy.tdx.as_ref().unwrap().mrtd,
+            Some(vec!["cd".repeat(48)])
+        );
+        let tpm = loaded.policy.tpm.as_ref().unwrap();
+        assert_eq!(tpm.pcr_values["11"], ["ef".repeat(32)]);
+        assert_eq!(
+            loaded.digest,
+            <[u8; 32]>::from(Sha256::digest(text.as_bytes()))
+        );
+        assert_eq!(
+            loaded.allow_list_name("sev_snp.measurements"),
+            "the reference values of image \"inferno\" (rv.toml)"
+        );
+        assert_eq!(
+            loaded.allow_list_name("sev_snp.host_data"),
+            "the policy's allow-list"
+        );
+
+        // From its file: the file next to the policy is read; a missing one is an error.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("policy.toml"), &text).unwrap();
+        let err = LoadedPolicy::from_file(&dir.path().join("policy.toml")).unwrap_err();
+        assert!(err.to_string().contains("rv.toml"), "{err}");
+        std::fs::write(dir.path().join("rv.toml"), reference_values()).unwrap();
+        let from_file = LoadedPolicy::from_file(&dir.path().join("policy.toml")).unwrap();
+        assert_eq!(from_file, loaded);
+
+        // Read from bytes the file cannot be found: refused, naming the key.
+        let err = LoadedPolicy::from_bytes(text.as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("reference_values"), "{err}");
+        // The appliance's self-appraisal leaves them out, and says so.
+        let own = LoadedPolicy::for_self_appraisal(text.as_bytes()).unwrap();
+        assert_eq!(own.policy.sev_snp.as_ref().unwrap().measurements, None);
+        assert!(own.policy.tpm.as_ref().unwrap().pcr_values.is_empty());
+        assert_eq!(
+            own.reference_values,
+            ReferenceValuesUse::NotApplied {
+                file: "rv.toml".into()
+            }
+        );
+    }
+
+    #[test]
+    fn bad_or_conflicting_reference_values_are_rejected() {
+        let text = production_naming("rv.toml");
+        let load = |policy: &str, values: &str| {
+            LoadedPolicy::with_reference_values(policy.as_bytes(), values.as_bytes())
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        let values = reference_values();
+        assert_eq!(load(&text, &values), Ok(()));
+        for (bad_values, reason) in [
+            (values.replace("schema = 1", "schema = 2"), "schema"),
+            (values.replace("[tools]", "[tool]"), "unknown field"),
+            (values.replace("Genoa", "Naples"), "Naples"),
+            (values.replace(&"ab".repeat(48), "abcd"), "2 bytes"),
+            (values.replace("11 = ", "24 = "), "\"24\""),
+            (values.replace("11 = ", "12 = "), "PCR 12"),
+            (values.replace(&"ef".repeat(32), "zz"), "not hex"),
+        ] {
+            let err = load(&text, &bad_values).unwrap_err();
+            assert!(err.contains(reason), "{reason}: {err}");
+        }
+        // A list set both inline and by the file is ambiguous.
+        let inline = text.replace(
+            "require_crl = false",
+            &format!(
+                "require_crl = false\nmeasurements = [\"{}\"]",
+                "00".repeat(48)
+            ),
+        );
+        let err = load(&inline, &values).unwrap_err();
+        assert!(err.contains("sev_snp.measurements"), "{err}");
+        // Values for a table the policy lacks.
+        let no_tpm = text.replace("[tpm]\n", "[tpm_gone]\n");
+        assert!(load(&no_tpm, &values).is_err());
+        // Reference values given to a policy that names none.
+        let dev = std::fs::read_to_string(policy_file("development.toml")).unwrap();
+        let err = load(&dev, &values).unwrap_err();
+        assert!(err.contains("names no reference-values file"), "{err}");
+        // Inline PCR values must be quoted PCRs with 32-byte hex values.
+        let inline_pcr = |values: &str| {
+            let pcrs = "pcrs = [0, 1, 2, 3, 4, 5, 6, 7]";
+            let text = dev.replace(pcrs, &format!("{pcrs}\npcr_values = {{ {values} }}"));
+            LoadedPolicy::from_bytes(text.as_bytes()).map_err(|e| e.to_string())
+        };
+        let good = format!("7 = [\"{}\"]", "00".repeat(32));
+        let loaded = LoadedPolicy::from_bytes(
+            dev.replace(
+                "pcrs = [0, 1, 2, 3, 4, 5, 6, 7]",
+                &format!("pcrs = [0, 1, 2, 3, 4, 5, 6, 7]\npcr_values = {{ {good} }}"),
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(
+            loaded.policy.tpm.unwrap().pcr_values["7"],
+            ["00".repeat(32)]
+        );
+        for (bad, reason) in [
+            (
+                format!("11 = [\"{}\"]", "00".repeat(32)),
+                "PCR 11 is not among",
+            ),
+            (format!("07 = [\"{}\"]", "00".repeat(32)), "not a PCR index"),
+            ("7 = [\"00\"]".to_owned(), "1 bytes"),
+        ] {
+            let err = inline_pcr(&bad).unwrap_err();
+            assert!(err.contains(reason), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_shipped_reference_values_parse() {
+        let bytes = std::fs::read(policy_file("reference-values.toml")).unwrap();
+        let values = ReferenceValues::from_bytes(&bytes).unwrap();
+        assert!(values.image.starts_with("inferno"));
+        let pcr11 = &values.tpm.as_ref().unwrap().sha256["11"];
+        assert_eq!(pcr11.len(), 1);
+        assert_eq!(
+            values.tpm.as_ref().unwrap().pcr11_boot_phases["ready"],
+            pcr11[0]
+        );
     }
 }

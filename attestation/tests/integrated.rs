@@ -143,7 +143,10 @@ fn production_gpu_rules_cc_mode_ready_state_and_reference_values() {
 
 #[test]
 fn production_policy_does_not_trust_the_simulated_gpu() {
-    let policy = LoadedPolicy::from_bytes(policy_text("production.toml").as_bytes()).unwrap();
+    let policy = LoadedPolicy::from_file(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../policy/production.toml"),
+    )
+    .unwrap();
     let doc = doc(&policy);
     let g = gpu(SimulatedGpuConfig::default());
     let r = judge(&snp_with_gpu(&doc, &g, doc.gpu_nonce()), &policy, false);
@@ -241,5 +244,59 @@ fn swtpm_quote_binds_through_the_runtime_data() {
     assert_eq!(
         failed(&judge(&evidence2, &policy, false)),
         ["tpm.nonce", "tpm.ak_binding"]
+    );
+}
+
+/// A real software TPM quote appraised under reference values for PCR 7: the quoted value
+/// passes, any other fails `tpm.pcr_values`, naming the PCR and the quoted value.
+#[test]
+fn swtpm_pcr_not_in_the_reference_values_fails_naming_it() {
+    use inferno_attestation::tpm::{self, HashAlg, collect};
+
+    let Some(swtpm) = swtpm_support::start_swtpm() else {
+        return;
+    };
+    let tcti = swtpm_support::tcti(&swtpm);
+    let banks = [HashAlg::Sha256];
+    let pcrs: Vec<u8> = (0..8).collect();
+    let quote = |nonce: &[u8]| {
+        collect::collect(&collect::QuoteRequest {
+            tcti: &tcti,
+            ak_handle: None,
+            ak_kind: collect::AkKind::Rsa2048,
+            banks: &banks,
+            pcrs: &pcrs,
+            nonce,
+            event_log: None,
+        })
+        .unwrap()
+    };
+    let probe = tpm::verify(&quote(b"probe"), b"probe").unwrap();
+    let pcr7 = probe.pcrs[&HashAlg::Sha256][&7].to_ascii_lowercase();
+
+    let judge_with = |accepted: &str| {
+        let text = policy_text("development.toml").replacen(
+            "platforms = ",
+            "reference_values = \"reference-values.toml\"\nplatforms = ",
+            1,
+        );
+        let values =
+            format!("schema = 1\nimage = \"inferno\"\n[tpm.sha256]\n7 = [\"{accepted}\"]\n");
+        let policy =
+            LoadedPolicy::with_reference_values(text.as_bytes(), values.as_bytes()).unwrap();
+        let mut runtime = doc(&policy);
+        runtime.tpm_ak_sha256 = Some(probe.ak_spki_sha256.clone());
+        let mut evidence = collect_evidence(&SimulatedSnp::new().unwrap(), &runtime).unwrap();
+        evidence.tpm = Some(quote(&runtime.tpm_qualifying_data()));
+        judge(&evidence, &policy, false)
+    };
+    let r = judge_with(&pcr7);
+    assert!(r.passed(), "{r}");
+    let r = judge_with(&"ab".repeat(32));
+    assert_eq!(failed(&r), ["tpm.pcr_values"], "{r}");
+    let reason = &r.failures().next().unwrap().reason;
+    assert!(
+        reason.contains(&format!("PCR 7 = {pcr7} is not in the reference values")),
+        "{reason}"
     );
 }

@@ -404,3 +404,100 @@ fn vlek_signed_reports_chain_through_the_asvk() {
     e.sev_snp.as_mut().unwrap().certs.extend(vcek_certs);
     assert_eq!(failed(&judge(&e, &dev)), ["snp.report_signature"]);
 }
+
+/// The development policy naming a reference-values file, with `values` as its bytes.
+fn with_reference_values(values: &str) -> LoadedPolicy {
+    let text = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../policy/development.toml"),
+    )
+    .unwrap()
+    .replacen(
+        "platforms = ",
+        "reference_values = \"reference-values.toml\"\nplatforms = ",
+        1,
+    );
+    LoadedPolicy::with_reference_values(text.as_bytes(), values.as_bytes()).unwrap()
+}
+
+fn snp_reference_values(measurements: &[&str]) -> String {
+    let list: Vec<String> = measurements
+        .iter()
+        .map(|m| format!("{{ product = \"Milan\", vcpus = 4, measurement = \"{m}\" }}"))
+        .collect();
+    format!(
+        "schema = 1\nimage = \"inferno\"\n[sev_snp]\nmeasurements = [{}]\n",
+        list.join(", ")
+    )
+}
+
+#[test]
+fn reference_values_reject_an_unlisted_launch_measurement_naming_it() {
+    let sim = SimulatedSnp::new().unwrap();
+    let measurement = hex::encode(simulated::default_measurement());
+
+    let listed = with_reference_values(&snp_reference_values(&[&measurement]));
+    let r = judge(&collect(&sim, &listed), &listed);
+    assert!(r.passed(), "{r}");
+    let applied = r
+        .checks
+        .iter()
+        .find(|c| c.id == "policy.reference_values")
+        .unwrap();
+    assert!(applied.reason.contains("sev_snp.measurements"), "{r}");
+
+    let other = with_reference_values(&snp_reference_values(&[&"00".repeat(48)]));
+    let r = judge(&collect(&sim, &other), &other);
+    assert_eq!(failed(&r), ["snp.measurement"], "{r}");
+    let reason = &r.failures().next().unwrap().reason;
+    assert!(
+        reason.contains(&measurement),
+        "names the measurement: {reason}"
+    );
+    assert!(
+        reason.contains("the reference values of image \"inferno\" (reference-values.toml)"),
+        "{reason}"
+    );
+
+    // No measurement computed yet: nothing is accepted.
+    let none = with_reference_values(&snp_reference_values(&[]));
+    let r = judge(&collect(&sim, &none), &none);
+    assert_eq!(failed(&r), ["snp.measurement"], "{r}");
+    assert!(r.to_string().contains(&measurement), "{r}");
+
+    // The appliance appraising its own evidence does not apply them, and says so.
+    let text = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../policy/development.toml"),
+    )
+    .unwrap()
+    .replacen(
+        "platforms = ",
+        "reference_values = \"rv.toml\"\nplatforms = ",
+        1,
+    );
+    let own = LoadedPolicy::for_self_appraisal(text.as_bytes()).unwrap();
+    let r = judge(&collect(&sim, &own), &own);
+    assert!(r.passed(), "{r}");
+    assert!(r.to_string().contains("not applied"), "{r}");
+}
+
+#[test]
+fn the_production_policy_applies_the_shipped_reference_values() {
+    let prod = policy("production.toml");
+    let sim = SimulatedSnp::new().unwrap();
+    let r = judge(&collect(&sim, &prod), &prod);
+    assert!(!r.passed());
+    let applied = r
+        .checks
+        .iter()
+        .find(|c| c.id == "policy.reference_values")
+        .unwrap();
+    assert!(applied.passed, "{r}");
+    assert!(
+        applied.reason.contains("reference-values.toml")
+            && applied.reason.contains("tpm.pcr_values.11"),
+        "{r}"
+    );
+    let tpm = prod.policy.tpm.as_ref().unwrap();
+    assert!(tpm.pcrs.contains(&11));
+    assert_eq!(tpm.pcr_values["11"].len(), 1);
+}

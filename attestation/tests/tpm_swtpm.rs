@@ -122,3 +122,86 @@ fn swtpm_unreachable_is_a_clean_error() {
     let err = collect::collect(&request).unwrap_err();
     assert!(matches!(err, TpmError::Collect(_)), "{err}");
 }
+
+/// Extends `pcr` with a SHA-256 digest through tss-esapi.
+fn extend(tcti: &str, pcr: PcrHandle, digest: [u8; 32]) {
+    let conf = tcti.parse().expect("TCTI");
+    let mut ctx = tss_esapi::Context::new(conf).expect("open swtpm");
+    let mut digests = DigestValues::new();
+    digests.set(
+        HashingAlgorithm::Sha256,
+        Digest::try_from(digest.to_vec()).expect("digest"),
+    );
+    ctx.execute_with_nullauth_session(|c| c.pcr_extend(pcr, digests))
+        .expect("extend");
+}
+
+/// A crypto-agile TCG event log (SHA-256 bank) of EV_IPL events `(pcr, digest)`.
+fn event_log(events: &[(u8, [u8; 32])]) -> Vec<u8> {
+    const TPM_ALG_SHA256: u16 = 0x000b;
+    let mut spec = b"Spec ID Event03\0".to_vec();
+    spec.extend_from_slice(&0u32.to_le_bytes()); // platformClass
+    spec.extend_from_slice(&[0, 2, 0, 2]); // version 2.0, errata 0, uintnSize 2 (64-bit)
+    spec.extend_from_slice(&1u32.to_le_bytes());
+    spec.extend_from_slice(&TPM_ALG_SHA256.to_le_bytes());
+    spec.extend_from_slice(&32u16.to_le_bytes());
+    spec.push(0); // vendorInfoSize
+    let mut log = Vec::new();
+    log.extend_from_slice(&0u32.to_le_bytes()); // PCR 0
+    log.extend_from_slice(&3u32.to_le_bytes()); // EV_NO_ACTION
+    log.extend_from_slice(&[0; 20]);
+    log.extend_from_slice(&u32::try_from(spec.len()).unwrap().to_le_bytes());
+    log.extend_from_slice(&spec);
+    for (pcr, digest) in events {
+        log.extend_from_slice(&u32::from(*pcr).to_le_bytes());
+        log.extend_from_slice(&0x0000_000du32.to_le_bytes()); // EV_IPL
+        log.extend_from_slice(&1u32.to_le_bytes());
+        log.extend_from_slice(&TPM_ALG_SHA256.to_le_bytes());
+        log.extend_from_slice(digest);
+        log.extend_from_slice(&0u32.to_le_bytes());
+    }
+    log
+}
+
+/// A firmware event log records systemd-stub's PCR 11 measurements but not the boot phases
+/// systemd-pcrphase extends later: PCR 11 then need not replay (its value is pinned by the
+/// policy's reference values instead), while a firmware PCR such as 4 still must.
+#[test]
+fn pcr_11_extended_after_the_firmware_log_is_unaccounted_but_pcr_4_must_replay() {
+    let Some(tpm) = start_swtpm() else { return };
+    let tcti = tcti(&tpm);
+    extend(&tcti, PcrHandle::Pcr4, [0x44; 32]);
+    extend(&tcti, PcrHandle::Pcr4, [0x45; 32]);
+    extend(&tcti, PcrHandle::Pcr11, [0x11; 32]);
+    extend(&tcti, PcrHandle::Pcr11, [0x12; 32]);
+    let nonce = b"os-extended pcrs";
+    let mut evidence = collect::collect(&collect::QuoteRequest {
+        tcti: &tcti,
+        ak_handle: None,
+        ak_kind: collect::AkKind::Rsa2048,
+        banks: &[HashAlg::Sha256],
+        pcrs: &[4, 11],
+        nonce,
+        event_log: None,
+    })
+    .expect("collect from swtpm");
+
+    // The log has both PCR 4 events and only the first PCR 11 event.
+    evidence.event_log = Some(event_log(&[
+        (4, [0x44; 32]),
+        (4, [0x45; 32]),
+        (11, [0x11; 32]),
+    ]));
+    let claims = tpm::verify(&evidence, nonce).expect("verifies");
+    let replay = claims.event_log.expect("event log replayed");
+    assert!(replay.reproduced[&HashAlg::Sha256].contains(&4));
+    assert!(replay.unaccounted[&HashAlg::Sha256].contains(&11));
+
+    // A PCR 4 event missing from the log is a replay mismatch.
+    evidence.event_log = Some(event_log(&[(4, [0x44; 32]), (11, [0x11; 32])]));
+    let err = tpm::verify(&evidence, nonce).unwrap_err();
+    assert!(
+        matches!(err, TpmError::ReplayMismatch { pcr: 4, .. }),
+        "{err}"
+    );
+}

@@ -502,3 +502,87 @@ fn tdx_crl_issued_after_now_is_refused() {
         "{text}"
     );
 }
+
+/// The vector policy naming reference values whose SEV-SNP measurements are `measurements`.
+fn policy_with_snp_reference_values(measurements: &[&str]) -> LoadedPolicy {
+    let text = VECTOR_POLICY.replacen(
+        "platforms = ",
+        "reference_values = \"reference-values.toml\"\nplatforms = ",
+        1,
+    );
+    let list: Vec<String> = measurements
+        .iter()
+        .map(|m| format!("{{ product = \"Milan\", vcpus = 1, measurement = \"{m}\" }}"))
+        .collect();
+    let values = format!(
+        "schema = 1\nimage = \"inferno\"\n[sev_snp]\nmeasurements = [{}]\n",
+        list.join(", ")
+    );
+    LoadedPolicy::with_reference_values(text.as_bytes(), values.as_bytes()).unwrap()
+}
+
+#[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
+fn snp_measurement_not_in_the_reference_values_fails_naming_it() {
+    let Some(v) = vectors() else { return };
+    let real = "7a1e5c266c0108dbc9bb94fa926951320940915d0aafb42464bd88b579ea158d3e1a0dc39b2c60bd95b9c480cd81841f";
+    let judge = |policy: &LoadedPolicy| {
+        snp_appraisal(
+            &read(&v, "sev-snp/virtee-sev/report_milan.hex"),
+            &read(&v, "sev-snp/virtee-sev/vcek_milan.der"),
+            datetime!(2024-01-01 0:00 UTC),
+            policy,
+        )
+    };
+    let r = judge(&policy_with_snp_reference_values(&[real]));
+    assert!(r.passed(), "{r}");
+
+    let r = judge(&policy_with_snp_reference_values(&[&"00".repeat(48)]));
+    assert_eq!(failed_ids(&r), ["snp.measurement"], "{r}");
+    let reason = &r.failures().next().unwrap().reason;
+    assert!(
+        reason.contains(real),
+        "the failure names the measurement: {reason}"
+    );
+    assert!(reason.contains("reference values"), "{reason}");
+}
+
+#[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
+fn tdx_mrtd_not_in_the_reference_values_fails_naming_it() {
+    let Some(v) = vectors() else { return };
+    let evidence = Evidence::from_bytes(&read(&v, "tdx/dcap-qvl/tdx_quote")).unwrap();
+    let mut bundle = CollateralBundle::empty("2026-01-01T00:00:00Z".into());
+    bundle.intel.push(IntelCollateral {
+        fmspc: None,
+        collateral: serde_json::from_slice(&read(&v, "tdx/dcap-qvl/tdx_quote_collateral.json"))
+            .unwrap(),
+    });
+    let judge = |mrtd: &str| {
+        let text = VECTOR_POLICY.replacen(
+            "platforms = ",
+            "reference_values = \"reference-values.toml\"\nplatforms = ",
+            1,
+        );
+        let values = format!("schema = 1\nimage = \"inferno\"\n[tdx]\nmrtd = [\"{mrtd}\"]\n");
+        let policy =
+            LoadedPolicy::with_reference_values(text.as_bytes(), values.as_bytes()).unwrap();
+        appraise(&AppraisalInput {
+            evidence: &evidence,
+            policy: &policy,
+            collateral: Some(&bundle),
+            now: datetime!(2025-07-19 10:00:34 UTC),
+            clock_floor: None,
+            gpu_ready_pending: false,
+        })
+    };
+    let real = judge(&"00".repeat(48));
+    assert_eq!(failed_ids(&real), ["tdx.mrtd"], "{real}");
+    let mrtd = real.claims.tdx.as_ref().unwrap().mrtd.clone();
+    let reason = &real.failures().next().unwrap().reason;
+    assert!(
+        reason.contains(&mrtd),
+        "the failure names the MRTD: {reason}"
+    );
+    assert!(judge(&mrtd).passed());
+}

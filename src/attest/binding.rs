@@ -10,8 +10,8 @@ use inferno_attestation::policy::LoadedPolicy;
 use time::OffsetDateTime;
 
 use super::EVIDENCE_BLOB_KIND;
-use crate::audit::note::VerifierKey;
-use crate::audit::verify::StartEvent;
+use inferno_audit::StartEvent;
+use inferno_audit::note::VerifierKey;
 
 /// What the binding check needs besides the start events.
 #[derive(Debug, Clone, Copy)]

@@ -1,14 +1,21 @@
-//! Start-up attestation of the server: bind the TLS key, the audit-log key, the policy digest
-//! and the software version into a runtime-data document, collect evidence over it, and
-//! appraise that evidence with the server policy before anything is served.
+//! Attestation of the server: bind the TLS key, the audit-log key, the model digest, the policy
+//! digest and the software version into a runtime-data document, collect evidence over it, and
+//! appraise that evidence with the server policy before anything is served; then, on request,
+//! fresh evidence over the same document with clients' challenge bindings added
+//! ([`AttestationService::fresh`]), concurrent challenges sharing one hardware request.
 //!
-//! `docs/serving-attestation.md` describes the sequence. [`binding`] checks, offline, that the
+//! `docs/serving-attestation.md` describes the sequence, `docs/attestation-protocol.md` the
+//! exchange with clients. [`binding`] checks, offline, that the
 //! start events of an audit log carry evidence binding their checkpoint keys.
 
 pub mod binding;
 mod gpu;
 mod simulated;
 mod tpm;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -21,14 +28,15 @@ use inferno_attestation::evidence::Evidence;
 use inferno_attestation::pki::{self, ClockFloor};
 use inferno_attestation::policy::{LoadedPolicy, Platform, PolicyError};
 use inferno_attestation::report::AppraisalReport;
-use inferno_attestation::runtime_data::RuntimeData;
+use inferno_attestation::runtime_data::{MAX_CHALLENGE_BINDINGS, RuntimeData};
 use serde::Serialize;
+use tokio::sync::oneshot;
 
 use self::gpu::GpuAttester;
 use self::tpm::TpmAttester;
 
-use crate::audit::record::{EvidenceBlob, SecurityEvent};
 use crate::config::{AttestationConfig, AttestationProfile};
+use inferno_audit::{EvidenceBlob, SecurityEvent};
 
 /// The development policy (`policy/development.toml`), used by the development profile when
 /// the configuration names no policy file.
@@ -114,6 +122,12 @@ pub enum AttestationError {
     /// The blocking attestation task did not complete.
     #[error("attestation: the start-up task failed: {0}")]
     Task(String),
+    /// Fresh evidence could not be produced (the reason is shared by every coalesced caller).
+    #[error("attestation: fresh evidence: {0}")]
+    Fresh(String),
+    /// The attestation worker has stopped.
+    #[error("attestation: the attestation worker has stopped")]
+    Stopped,
     /// The evidence does not pass the policy.
     #[error("attestation rejected by policy {policy:?}: {reasons}")]
     Rejected {
@@ -122,6 +136,17 @@ pub enum AttestationError {
         /// The failed checks, `id: reason; ...`.
         reasons: String,
     },
+}
+
+/// What the start-up evidence binds beside the policy and the software version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StartupBinding {
+    /// SHA-256 of the DER SubjectPublicKeyInfo of the server's TLS key.
+    pub tls_spki_sha256: [u8; 32],
+    /// The raw Ed25519 audit-log checkpoint key, with an audit log.
+    pub audit_key: Option<[u8; 32]>,
+    /// The served model's digest (`crate::model::ModelDigest::bytes`).
+    pub model_digest: [u8; 32],
 }
 
 /// The server's evidence, its runtime-data document and the appraisal that admitted it.
@@ -140,19 +165,44 @@ pub struct StartupAttestation {
     pub appraisal_sha256: String,
 }
 
-impl StartupAttestation {
-    /// Collects and appraises start-up evidence binding `tls_cert` (DER or PEM leaf certificate,
-    /// whose SubjectPublicKeyInfo is hashed) and `audit_key` (the raw Ed25519 checkpoint key).
-    ///
-    /// Hardware evidence is used whenever the machine offers it; without hardware, only the
-    /// development profile falls back to the simulated TEE. Any rejection is an error.
-    /// `clock_floor` is the newest time the appliance already recorded (its audit log's newest
-    /// record): the appraisal rejects a system clock earlier than it.
-    pub fn establish(
+/// Fresh evidence answering one or more challenges, with the server's own appraisal of it: the
+/// body of `POST /v1/attestation`.
+#[derive(Debug, Serialize)]
+pub struct FreshEvidence {
+    /// The evidence envelope; its runtime data lists every challenge binding it answers.
+    pub evidence: Evidence,
+    /// The server's appraisal of that evidence under its policy.
+    pub appraisal: AppraisalReport,
+}
+
+impl FreshEvidence {
+    /// The response body: `{"appraisal": ..., "evidence": ...}`, compact JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// One caller's challenge, waiting for the next hardware request.
+struct Challenge {
+    binding: [u8; 32],
+    reply: oneshot::Sender<Result<Arc<FreshEvidence>, AttestationError>>,
+}
+
+/// The evidence sources, opened once: the CPU TEE, the vTPM session and the GPU.
+struct Attester {
+    policy: LoadedPolicy,
+    collateral: Option<CollateralBundle>,
+    clock_floor: Option<ClockFloor>,
+    source: Box<dyn EvidenceSource>,
+    tpm: Option<TpmAttester>,
+    gpu: GpuAttester,
+}
+
+impl Attester {
+    /// Opens the sources in key-first order (the vTPM AK and the GPU state before any report).
+    fn open(
         config: &AttestationConfig,
-        tls_cert: &[u8],
-        audit_key: Option<[u8; 32]>,
-        clock_floor: Option<&ClockFloor>,
+        clock_floor: Option<ClockFloor>,
     ) -> Result<Self, AttestationError> {
         let policy = load_policy(config)?;
         let collateral = config
@@ -160,33 +210,66 @@ impl StartupAttestation {
             .as_deref()
             .map(CollateralBundle::from_file)
             .transpose()?;
-        let mut runtime_data = RuntimeData::new(
-            policy.digest,
-            format!("inferno/{}", env!("CARGO_PKG_VERSION")),
-        );
-        runtime_data.tls_spki_sha256 = Some(hex::encode(tls_spki_sha256(tls_cert)?));
-        runtime_data.audit_key = audit_key.map(hex::encode);
         let tpm = TpmAttester::open(config.tpm_tcti.as_deref(), &policy)?;
-        if let Some(tpm) = &tpm {
-            tpm.bind_ak(&mut runtime_data)?;
-        }
         let gpu = GpuAttester::prepare(&policy, config.profile, config.cuda)?;
         let source: Box<dyn EvidenceSource> = match (detect_hardware(), config.profile) {
             (Some(hardware), _) => hardware,
             (None, AttestationProfile::Development) => simulated::tee()?,
             (None, AttestationProfile::Production) => return Err(AttestationError::NoHardware),
         };
-        let mut evidence = collect_evidence(source.as_ref(), &runtime_data)?;
-        evidence.tpm = tpm.map(|t| t.quote(&runtime_data)).transpose()?;
-        evidence.gpu = gpu.collect(&runtime_data.gpu_nonce())?;
-        let appraisal = appraise(&AppraisalInput {
-            evidence: &evidence,
-            policy: &policy,
-            collateral: collateral.as_ref(),
-            now: time::OffsetDateTime::now_utc(),
+        Ok(Self {
+            policy,
+            collateral,
             clock_floor,
-            gpu_ready_pending: true,
-        });
+            source,
+            tpm,
+            gpu,
+        })
+    }
+
+    /// The start-up document: policy, software version, the binding and the vTPM AK.
+    fn startup_document(&self, binding: &StartupBinding) -> Result<RuntimeData, AttestationError> {
+        let mut runtime_data = RuntimeData::new(
+            self.policy.digest,
+            format!("inferno/{}", env!("CARGO_PKG_VERSION")),
+        );
+        runtime_data.tls_spki_sha256 = Some(hex::encode(binding.tls_spki_sha256));
+        runtime_data.audit_key = binding.audit_key.map(hex::encode);
+        runtime_data.model_digest = Some(hex::encode(binding.model_digest));
+        if let Some(tpm) = &self.tpm {
+            tpm.bind_ak(&mut runtime_data)?;
+        }
+        Ok(runtime_data)
+    }
+
+    /// One hardware request: the CPU report, the vTPM quote and the GPU report over `doc`.
+    fn collect(&mut self, doc: &RuntimeData) -> Result<Evidence, AttestationError> {
+        let mut evidence = collect_evidence(self.source.as_ref(), doc)?;
+        evidence.tpm = self.tpm.as_mut().map(|t| t.quote(doc)).transpose()?;
+        evidence.gpu = self.gpu.collect(&doc.gpu_nonce())?;
+        Ok(evidence)
+    }
+
+    fn appraise(&self, evidence: &Evidence, gpu_ready_pending: bool) -> AppraisalReport {
+        appraise(&AppraisalInput {
+            evidence,
+            policy: &self.policy,
+            collateral: self.collateral.as_ref(),
+            now: time::OffsetDateTime::now_utc(),
+            clock_floor: self.clock_floor.as_ref(),
+            gpu_ready_pending,
+        })
+    }
+
+    /// Start-up evidence, appraised (any rejection is an error), then the GPU set ready.
+    fn startup(
+        &mut self,
+        profile: AttestationProfile,
+        binding: &StartupBinding,
+    ) -> Result<StartupAttestation, AttestationError> {
+        let runtime_data = self.startup_document(binding)?;
+        let evidence = self.collect(&runtime_data)?;
+        let appraisal = self.appraise(&evidence, true);
         if !appraisal.passed() {
             let reasons = appraisal
                 .failures()
@@ -198,12 +281,12 @@ impl StartupAttestation {
                 reasons,
             });
         }
-        gpu.set_ready()?;
+        self.gpu.set_ready()?;
         let appraisal_sha256 = hex::encode(pki::sha256(
             &serde_json::to_vec(&appraisal).unwrap_or_default(),
         ));
-        Ok(Self {
-            profile: config.profile,
+        Ok(StartupAttestation {
+            profile,
             evidence,
             runtime_data,
             appraisal,
@@ -211,9 +294,158 @@ impl StartupAttestation {
         })
     }
 
+    /// Fresh evidence over the start-up document with `bindings` added.
+    fn fresh(
+        &mut self,
+        startup: &RuntimeData,
+        bindings: impl IntoIterator<Item = [u8; 32]>,
+    ) -> Result<FreshEvidence, AttestationError> {
+        let mut doc = startup.clone();
+        doc.set_challenge_bindings(bindings)
+            .map_err(|e| AttestationError::Fresh(e.to_string()))?;
+        let evidence = self.collect(&doc)?;
+        let appraisal = self.appraise(&evidence, false);
+        if !appraisal.passed() {
+            tracing::warn!(
+                failed = %appraisal.failures().map(|c| c.id.as_str()).collect::<Vec<_>>().join(", "),
+                "attestation: the server's own appraisal rejects its fresh evidence"
+            );
+        }
+        Ok(FreshEvidence {
+            evidence,
+            appraisal,
+        })
+    }
+}
+
+/// The server's attestation: the start-up evidence, and a worker thread that owns the evidence
+/// sources and answers challenges with fresh evidence.
+///
+/// Challenges that arrive while a hardware request is in flight wait for the next one, which
+/// serves all of them (up to [`MAX_CHALLENGE_BINDINGS`]): one hardware request at a time,
+/// however many callers.
+pub struct AttestationService {
+    startup: Arc<StartupAttestation>,
+    challenges: mpsc::Sender<Challenge>,
+    hardware_requests: Arc<AtomicU64>,
+}
+
+impl AttestationService {
+    /// Opens the evidence sources on a worker thread, produces and appraises the start-up
+    /// evidence binding `binding` (any rejection is an error) and keeps the worker for fresh
+    /// evidence. Blocks until the start-up evidence exists.
+    ///
+    /// Hardware evidence is used whenever the machine offers it; without hardware, only the
+    /// development profile falls back to the simulated TEE. `clock_floor` is the newest time
+    /// the appliance already recorded (its audit log's newest record): the appraisal rejects a
+    /// system clock earlier than it.
+    pub fn start(
+        config: &AttestationConfig,
+        binding: StartupBinding,
+        clock_floor: Option<ClockFloor>,
+    ) -> Result<Self, AttestationError> {
+        let (challenges, queue) = mpsc::channel::<Challenge>();
+        let (started_tx, started) = mpsc::channel();
+        let hardware_requests = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&hardware_requests);
+        let config = config.clone();
+        std::thread::Builder::new()
+            .name("attestation".to_owned())
+            .spawn(move || {
+                let opened = Attester::open(&config, clock_floor).and_then(|mut attester| {
+                    let startup = Arc::new(attester.startup(config.profile, &binding)?);
+                    Ok((attester, startup))
+                });
+                let (mut attester, startup) = match opened {
+                    Ok(opened) => opened,
+                    Err(err) => {
+                        let _ = started_tx.send(Err(err));
+                        return;
+                    }
+                };
+                if started_tx.send(Ok(Arc::clone(&startup))).is_err() {
+                    return;
+                }
+                serve_challenges(&mut attester, &startup.runtime_data, &queue, &counter);
+            })
+            .map_err(|e| AttestationError::Task(e.to_string()))?;
+        let startup = started
+            .recv()
+            .map_err(|_| AttestationError::Task("the attestation worker exited".to_owned()))??;
+        Ok(Self {
+            startup,
+            challenges,
+            hardware_requests,
+        })
+    }
+
+    /// The start-up evidence.
+    pub fn startup(&self) -> &Arc<StartupAttestation> {
+        &self.startup
+    }
+
+    /// Fresh evidence whose runtime data carries `binding` (and those of the challenges served
+    /// by the same hardware request).
+    pub async fn fresh(&self, binding: [u8; 32]) -> Result<Arc<FreshEvidence>, AttestationError> {
+        let (reply, answer) = oneshot::channel();
+        self.challenges
+            .send(Challenge { binding, reply })
+            .map_err(|_| AttestationError::Stopped)?;
+        answer.await.map_err(|_| AttestationError::Stopped)?
+    }
+
+    /// How many hardware requests fresh evidence has taken so far.
+    pub fn hardware_requests(&self) -> u64 {
+        self.hardware_requests.load(Ordering::Relaxed)
+    }
+}
+
+/// The worker's loop: take every queued challenge (up to [`MAX_CHALLENGE_BINDINGS`]), answer
+/// all of them with one hardware request, repeat until the service is dropped.
+fn serve_challenges(
+    attester: &mut Attester,
+    startup: &RuntimeData,
+    queue: &mpsc::Receiver<Challenge>,
+    hardware_requests: &AtomicU64,
+) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_CHALLENGE_BINDINGS {
+            match queue.try_recv() {
+                Ok(challenge) => batch.push(challenge),
+                Err(_) => break,
+            }
+        }
+        let result = attester
+            .fresh(startup, batch.iter().map(|c| c.binding))
+            .map(Arc::new)
+            .map_err(|e| e.to_string());
+        hardware_requests.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            challenges = batch.len(),
+            ok = result.is_ok(),
+            "attestation: fresh evidence"
+        );
+        for challenge in batch {
+            // A caller that went away no longer waits for its answer.
+            let _ = challenge.reply.send(match &result {
+                Ok(fresh) => Ok(Arc::clone(fresh)),
+                Err(reason) => Err(AttestationError::Fresh(reason.clone())),
+            });
+        }
+    }
+}
+
+impl StartupAttestation {
     /// SHA-256 of the server policy's exact bytes, hex.
     pub fn policy_sha256(&self) -> &str {
         &self.runtime_data.policy_sha256
+    }
+
+    /// The evidence envelope as compact JSON: the value of the certificate's evidence
+    /// extension, byte for byte the `evidence` member of [`Self::to_json`].
+    pub fn evidence_json(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.evidence).unwrap_or_default()
     }
 
     /// The evidence for the audit log's start event: the JSON envelope, base64.
@@ -268,18 +500,47 @@ impl StartupAttestation {
     }
 }
 
+/// Collects fresh CPU TEE (and, when configured, vTPM) evidence over `runtime_data`, for a key
+/// broker's challenge (`crate::keybroker`). The same source as at start-up: hardware when the
+/// machine offers it, the simulated TEE only in the development profile. No GPU section: the
+/// key release concerns the CPU TEE; the GPU was attested at start-up. With a vTPM, this
+/// session's AK is named in `runtime_data` (`tpm_ak_sha256`) before the report is taken.
+pub fn collect_fresh_evidence(
+    config: &AttestationConfig,
+    runtime_data: &mut RuntimeData,
+) -> Result<Evidence, AttestationError> {
+    let policy = load_policy(config)?;
+    let tpm = TpmAttester::open(config.tpm_tcti.as_deref(), &policy)?;
+    if let Some(tpm) = &tpm {
+        tpm.bind_ak(runtime_data)?;
+    }
+    let source: Box<dyn EvidenceSource> = match (detect_hardware(), config.profile) {
+        (Some(hardware), _) => hardware,
+        (None, AttestationProfile::Development) => simulated::tee()?,
+        (None, AttestationProfile::Production) => return Err(AttestationError::NoHardware),
+    };
+    let mut evidence = collect_evidence(source.as_ref(), runtime_data)?;
+    evidence.tpm = tpm.map(|mut t| t.quote(runtime_data)).transpose()?;
+    Ok(evidence)
+}
+
 /// Reads the server policy that start-up attestation appraises with: the configured file, or the
-/// profile's embedded policy.
+/// profile's embedded policy. The reference values the policy names are not applied: they are
+/// computed from the image the server is part of, so the image cannot hold them; its verifiers
+/// apply them (`docs/deploy-airgapped.md`, section 7).
 pub fn load_policy(config: &AttestationConfig) -> Result<LoadedPolicy, AttestationError> {
     let (name, loaded) = match (&config.policy, config.profile) {
-        (Some(path), _) => (path.display().to_string(), LoadedPolicy::from_file(path)),
+        (Some(path), _) => (
+            path.display().to_string(),
+            LoadedPolicy::from_file_for_self_appraisal(path),
+        ),
         (None, AttestationProfile::Development) => (
             "embedded development policy".to_owned(),
-            LoadedPolicy::from_bytes(DEVELOPMENT_POLICY),
+            LoadedPolicy::for_self_appraisal(DEVELOPMENT_POLICY),
         ),
         (None, AttestationProfile::Production) => (
             "embedded production policy".to_owned(),
-            LoadedPolicy::from_bytes(PRODUCTION_POLICY),
+            LoadedPolicy::for_self_appraisal(PRODUCTION_POLICY),
         ),
     };
     loaded.map_err(|source| AttestationError::Policy {
@@ -301,23 +562,33 @@ pub fn tls_spki_sha256(cert: &[u8]) -> Result<[u8; 32], AttestationError> {
 mod tests {
     use super::*;
 
-    fn self_signed_pem() -> String {
-        rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
-            .map(|c| c.cert.pem())
-            .unwrap()
+    const BINDING: StartupBinding = StartupBinding {
+        tls_spki_sha256: [1; 32],
+        audit_key: None,
+        model_digest: [5; 32],
+    };
+
+    fn establish(
+        config: &AttestationConfig,
+        binding: StartupBinding,
+        clock_floor: Option<ClockFloor>,
+    ) -> Result<AttestationService, AttestationError> {
+        AttestationService::start(config, binding, clock_floor)
     }
 
     #[test]
     #[cfg(feature = "simulated-tee")]
     fn development_profile_binds_keys_into_simulated_evidence() {
-        let pem = self_signed_pem();
-        let attested = StartupAttestation::establish(
+        let service = establish(
             &AttestationConfig::development(),
-            pem.as_bytes(),
-            Some([9; 32]),
+            StartupBinding {
+                audit_key: Some([9; 32]),
+                ..BINDING
+            },
             None,
         )
         .unwrap();
+        let attested = service.startup();
         assert!(attested.appraisal.passed());
         assert!(attested.appraisal.simulated);
         assert!(attested.banner_line().contains("SIMULATED TEE"));
@@ -328,8 +599,13 @@ mod tests {
         );
         assert_eq!(
             doc.tls_spki_sha256.as_deref(),
-            Some(hex::encode(tls_spki_sha256(pem.as_bytes()).unwrap()).as_str())
+            Some(hex::encode([1; 32]).as_str())
         );
+        assert_eq!(
+            doc.model_digest.as_deref(),
+            Some(hex::encode([5; 32]).as_str())
+        );
+        assert!(doc.challenge_bindings.is_empty());
         assert_eq!(
             doc.policy_sha256,
             hex::encode(pki::sha256(DEVELOPMENT_POLICY))
@@ -341,20 +617,29 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    #[cfg(feature = "simulated-tee")]
+    async fn fresh_evidence_binds_the_challenges_over_the_startup_document() {
+        let service = establish(&AttestationConfig::development(), BINDING, None).unwrap();
+        let fresh = service.fresh([0xaa; 32]).await.unwrap();
+        assert_eq!(service.hardware_requests(), 1);
+        assert!(fresh.appraisal.passed(), "{}", fresh.appraisal);
+        let doc = fresh.appraisal.claims.runtime_data.as_ref().unwrap();
+        assert_eq!(doc.challenge_bindings, [hex::encode([0xaa; 32])]);
+        let mut without = doc.clone();
+        without.challenge_bindings.clear();
+        assert_eq!(&without, &service.startup().runtime_data);
+    }
+
     #[test]
     fn production_profile_without_hardware_refuses() {
         if detect_hardware().is_some() {
             eprintln!("SKIPPED: this machine has TEE hardware");
             return;
         }
-        let pem = self_signed_pem();
-        let err = StartupAttestation::establish(
-            &AttestationConfig::default(),
-            pem.as_bytes(),
-            None,
-            None,
-        )
-        .unwrap_err();
+        let err = establish(&AttestationConfig::default(), BINDING, None)
+            .err()
+            .unwrap();
         assert!(matches!(err, AttestationError::NoHardware), "{err}");
     }
 
@@ -363,14 +648,10 @@ mod tests {
     fn a_system_clock_earlier_than_the_floor_is_rejected() {
         let future = time::OffsetDateTime::now_utc() + time::Duration::days(1);
         let floor = ClockFloor::starting_at(future, "the audit log's newest record");
-        let err = StartupAttestation::establish(
-            &AttestationConfig::development(),
-            self_signed_pem().as_bytes(),
-            None,
-            Some(&floor),
-        )
-        .unwrap_err()
-        .to_string();
+        let err = establish(&AttestationConfig::development(), BINDING, Some(floor))
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("time.clock_floor"), "{err}");
         assert!(err.contains("the audit log's newest record"), "{err}");
     }
@@ -384,8 +665,7 @@ mod tests {
             policy: Some(path),
             ..AttestationConfig::development()
         };
-        StartupAttestation::establish(&config, self_signed_pem().as_bytes(), None, None)
-            .unwrap_err()
+        establish(&config, BINDING, None).err().unwrap()
     }
 
     #[test]

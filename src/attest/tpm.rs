@@ -76,7 +76,7 @@ impl TpmAttester {
     /// Quotes the policy's PCRs over the document's `tpm_qualifying_data()`, with the event
     /// log when it is readable.
     pub(super) fn quote(
-        mut self,
+        &mut self,
         runtime_data: &RuntimeData,
     ) -> Result<TpmEvidence, AttestationError> {
         self.session

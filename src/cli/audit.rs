@@ -11,15 +11,17 @@ use time::format_description::well_known::Rfc3339;
 use inferno_attestation::bundle::CollateralBundle;
 use inferno_attestation::policy::LoadedPolicy;
 
+use inferno_audit::merkle::{TreeView, verify_consistency, verify_inclusion};
+use inferno_audit::note::{ALG_COSIGNATURE_V1, Checkpoint, NoteSigner, SignedNote, VerifierKey};
+use inferno_audit::{
+    ConsistencyProof, ContentMode, ContentPolicy, InclusionProof, Record, RecordBody,
+    SecurityEvent, VerifyOptions, add_checkpoint, load_tree, prune, read_key_file,
+    stored_checkpoints, verify,
+};
+
 use crate::attest::binding::{BindingInput, check_start_events};
-use crate::audit::content::{ContentMode, ContentPolicy, read_key_file};
-use crate::audit::merkle::{TreeView, verify_consistency, verify_inclusion};
-use crate::audit::note::{ALG_COSIGNATURE_V1, NoteSigner, SignedNote, VerifierKey};
-use crate::audit::proof_file::{ConsistencyProof, InclusionProof};
-use crate::audit::record::{Record, RecordBody, SecurityEvent};
-use crate::audit::scan::{read_checkpoints, scan_segments};
-use crate::audit::verify::{VerifyOptions, load_tree, verify};
-use crate::audit::{prune, witness};
+
+mod witness_http;
 
 /// Arguments of `inferno audit`.
 #[derive(Debug, clap::Args)]
@@ -229,7 +231,7 @@ fn run_other(command: AuditCommand) -> anyhow::Result<()> {
         AuditCommand::Export(a) => export(&a),
         AuditCommand::Prune(a) => {
             require_dir(&a.dir)?;
-            let outcome = prune::prune(&a.dir, a.keep_segments, &a.export)?;
+            let outcome = prune(&a.dir, a.keep_segments, &a.export)?;
             println!(
                 "pruned {} segments ({} records, exported to {}); the log now starts at record {}",
                 outcome.segments_removed,
@@ -241,12 +243,9 @@ fn run_other(command: AuditCommand) -> anyhow::Result<()> {
         }
         AuditCommand::Checkpoint(a) => {
             require_dir(&a.dir)?;
-            let ckpts = read_checkpoints(&a.dir).map_err(anyhow::Error::msg)?;
-            let last = ckpts
-                .checkpoints
-                .last()
-                .context("the log has no checkpoint")?;
-            print!("{}", last.note);
+            let checkpoints = stored_checkpoints(&a.dir)?;
+            let last = checkpoints.last().context("the log has no checkpoint")?;
+            print!("{last}");
             Ok(())
         }
         AuditCommand::Prove(a) => prove(&a),
@@ -337,21 +336,9 @@ fn load_binding_inputs(a: &VerifyArgs) -> anyhow::Result<Option<(LoadedPolicy, C
 /// Reads every intact record of a log.
 fn read_records(dir: &Path) -> anyhow::Result<Vec<(Record, Vec<u8>)>> {
     require_dir(dir)?;
-    let mut out = Vec::new();
-    let log = scan_segments(dir, |_, location, payload| {
-        let record = Record::decode(payload).map_err(|e| format!("{location}: {e}"))?;
-        out.push((record, payload.to_vec()));
-        Ok(())
-    })
-    .map_err(anyhow::Error::msg)?;
-    if let Some(f) = log.fault.filter(|f| !f.torn_tail) {
-        bail!(
-            "log is damaged at {}: {} (run `inferno audit verify`)",
-            f.location,
-            f.kind
-        );
-    }
-    Ok(out)
+    let records = inferno_audit::read_records(dir)
+        .map_err(|e| anyhow::anyhow!("{e} (run `inferno audit verify`)"))?;
+    Ok(records.into_iter().map(|r| (r.record, r.payload)).collect())
 }
 
 fn parse_time(s: &Option<String>, flag: &str) -> anyhow::Result<Option<OffsetDateTime>> {
@@ -532,13 +519,10 @@ fn export(a: &ExportArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn latest_checkpoint(dir: &Path) -> anyhow::Result<(SignedNote, crate::audit::note::Checkpoint)> {
-    let ckpts = read_checkpoints(dir).map_err(anyhow::Error::msg)?;
-    let last = ckpts
-        .checkpoints
-        .last()
-        .context("the log has no checkpoint")?;
-    let note = SignedNote::parse(&last.note)?;
+fn latest_checkpoint(dir: &Path) -> anyhow::Result<(SignedNote, Checkpoint)> {
+    let checkpoints = stored_checkpoints(dir)?;
+    let last = checkpoints.last().context("the log has no checkpoint")?;
+    let note = SignedNote::parse(last)?;
     let cp = note.checkpoint()?;
     Ok((note, cp))
 }
@@ -546,7 +530,7 @@ fn latest_checkpoint(dir: &Path) -> anyhow::Result<(SignedNote, crate::audit::no
 fn prove(a: &ProveArgs) -> anyhow::Result<()> {
     require_dir(&a.dir)?;
     let (note, cp) = latest_checkpoint(&a.dir)?;
-    let (prefix, leaves) = load_tree(&a.dir).map_err(anyhow::Error::msg)?;
+    let (prefix, leaves) = load_tree(&a.dir)?;
     let view = TreeView::new(&prefix, &leaves);
     if a.index >= cp.size {
         bail!(
@@ -576,7 +560,7 @@ fn prove(a: &ProveArgs) -> anyhow::Result<()> {
 
 fn consistency(a: &ConsistencyArgs) -> anyhow::Result<()> {
     require_dir(&a.dir)?;
-    let (prefix, leaves) = load_tree(&a.dir).map_err(anyhow::Error::msg)?;
+    let (prefix, leaves) = load_tree(&a.dir)?;
     let view = TreeView::new(&prefix, &leaves);
     let hashes = view.consistency_proof(a.old, a.new)?;
     let (old_root, new_root) = (view.root_at(a.old)?, view.root_at(a.new)?);
@@ -614,7 +598,7 @@ fn cosign(c: &CosignArgs) -> anyhow::Result<()> {
         None => None,
     };
     let now = u64::try_from(OffsetDateTime::now_utc().unix_timestamp())?;
-    let cosigned = witness::add_checkpoint(
+    let cosigned = add_checkpoint(
         &c.state,
         &signer,
         &note,
@@ -632,7 +616,7 @@ fn cosign(c: &CosignArgs) -> anyhow::Result<()> {
 
 fn serve_witness(args: WitnessServeArgs) -> anyhow::Result<()> {
     let signer = load_witness(&args.witness)?;
-    let witness = crate::audit::witness_http::HttpWitness {
+    let witness = witness_http::HttpWitness {
         signer,
         state: args.state,
         log_keys: args.log_keys,
@@ -647,7 +631,7 @@ fn serve_witness(args: WitnessServeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         println!("witness listening on http://{}", listener.local_addr()?);
         std::io::stdout().flush()?;
-        crate::audit::witness_http::serve(listener, witness).await?;
+        witness_http::serve(listener, witness).await?;
         Ok(())
     })
 }

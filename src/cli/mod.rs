@@ -1,11 +1,16 @@
-//! The `inferno` command line: `serve`, `generate`, `bench`, `audit` and `attest`.
+//! The `inferno` command line: `serve`, `generate`, `bench`, `audit`, `attest`, `keybroker`,
+//! `seal`, `verify` and `proxy`.
 
 mod attest;
 mod audit;
 mod bench;
 mod generate;
+mod keybroker;
+mod proxy;
+mod seal;
 mod serve;
 mod setup;
+mod verify;
 
 use std::process::ExitCode;
 
@@ -31,6 +36,14 @@ enum Command {
     Audit(audit::AuditArgs),
     /// Verify attestation evidence and build collateral bundles.
     Attest(attest::AttestArgs),
+    /// Release sealed models' keys to appliances whose evidence passes a release policy.
+    Keybroker(keybroker::KeybrokerArgs),
+    /// Seal (encrypt) a model directory for serving as a sealed model.
+    Seal(seal::SealArgs),
+    /// Verify a running server's attestation over TLS against a client policy.
+    Verify(verify::VerifyArgs),
+    /// A local plain-HTTP OpenAI endpoint that forwards only to a verified server.
+    Proxy(proxy::ProxyArgs),
 }
 
 /// Parses the command line, runs the subcommand and maps its outcome to an exit status.
@@ -42,6 +55,10 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Audit(args) => audit::run(args),
         Command::Attest(args) => attest::run(args),
+        Command::Keybroker(args) => keybroker::run(args),
+        Command::Seal(args) => seal::run(args),
+        Command::Verify(args) => verify::run(args),
+        Command::Proxy(args) => proxy::run(args),
     }
 }
 

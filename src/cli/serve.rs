@@ -7,9 +7,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use super::setup;
+use crate::attest::StartupAttestation;
 use crate::backend::{self, Device};
-use crate::config::{AttestationConfig, AttestationProfile, Config};
+use crate::config::{AttestationConfig, AttestationProfile, Config, ModelKeySource};
 use crate::engine::{Engine, EngineConfig, ModelInfo};
+use crate::model::{Model, ModelFiles};
+use crate::seal::{self, ModelKey};
 use crate::server::{ModelService, Server};
 
 /// Arguments of `inferno serve`.
@@ -27,6 +30,14 @@ pub struct ServeArgs {
     /// Where the forward pass runs: cpu, cuda or auto.
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     device: Device,
+    /// The key file of a sealed model (`--model` names the sealed directory), overriding
+    /// `[model.key]`. Development only: the production profile refuses key files.
+    #[arg(long, value_name = "FILE")]
+    model_key_file: Option<PathBuf>,
+    /// The key broker that releases the key of a sealed model (`--model` names the sealed
+    /// directory, sealed with `inferno seal --recipient`), overriding `[model.key]`.
+    #[arg(long, value_name = "URL", conflicts_with = "model_key_file")]
+    key_broker: Option<String>,
     /// Switch to this unprivileged user once the listening socket, keys and audit log are open,
     /// overriding `server.user`.
     #[arg(long, value_name = "NAME")]
@@ -64,6 +75,16 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(listen) = args.listen {
         config.server.listen = listen;
     }
+    if let Some(path) = args.model_key_file {
+        config.model.key = Some(ModelKeySource::File { path });
+    }
+    if let Some(url) = args.key_broker {
+        let retries = match &config.model.key {
+            Some(ModelKeySource::Broker { retries, .. }) => *retries,
+            _ => crate::config::DEFAULT_BROKER_RETRIES,
+        };
+        config.model.key = Some(ModelKeySource::Broker { url, retries });
+    }
     if let Some(user) = args.user {
         config.server.user = Some(user);
     }
@@ -99,6 +120,7 @@ async fn serve_async(
 ) -> anyhow::Result<()> {
     let engine_config = config.engine.clone();
     let served_name = config.server.served_model_name.clone();
+    let key_source = config.model.key.clone();
     let mut config = config;
     config.attestation.cuda = match device {
         Device::Cuda => true,
@@ -110,6 +132,7 @@ async fn serve_async(
     let mut signals = ShutdownSignals::watch()?;
     let production = config.attestation.profile == AttestationProfile::Production;
     let user = config.server.user.clone();
+    let attestation_config = config.attestation.clone();
     let server = Server::start(config).await?;
     // The keys exist and the socket and the audit log are open: lock the keys' pages, then give
     // up privileges before the model (operator-supplied files) is read.
@@ -117,16 +140,82 @@ async fn serve_async(
         server.shutdown().await;
         return Err(err.into());
     }
-    server.record_config(
-        config_digest,
-        Some(server.attestation().policy_sha256().to_owned()),
-    );
     tracing::info!(
         listen = %server.local_addr(),
-        "listening; /health answers 503 until the model is loaded"
+        "listening; /health answers 503 until the model is loaded and attested"
     );
+    // The start-up evidence binds the model digest, so it is known first: a sealed model's
+    // manifest states it (opening the model checks every byte against it), a plaintext model is
+    // read and hashed once. The GPU is set ready and used only after that evidence passed.
+    let sealed_digest = match sealed_model_digest(model_dir.as_deref()) {
+        Ok(digest) => digest,
+        Err(err) => {
+            server.shutdown().await;
+            return Err(err);
+        }
+    };
+    let plaintext = match sealed_digest {
+        Some(_) => None,
+        None => {
+            let dir = model_dir.clone();
+            let read = tokio::task::spawn_blocking(move || setup::load_model(dir.as_deref()));
+            let model = tokio::select! {
+                model = read => model.context("model loading panicked")?,
+                () = signals.recv() => {
+                    tracing::info!("signal received while loading; exiting");
+                    server.shutdown().await;
+                    return Ok(());
+                }
+            };
+            match model {
+                Ok(model) => Some(model),
+                Err(err) => {
+                    server.shutdown().await;
+                    return Err(err);
+                }
+            }
+        }
+    };
+    let model_digest = match (&plaintext, sealed_digest) {
+        (Some(model), _) => model.digest.bytes,
+        (None, Some(digest)) => digest,
+        (None, None) => unreachable!("either the manifest or the model gave the digest"),
+    };
+    let attestation = match server.attest(model_digest).await {
+        Ok(attestation) => attestation,
+        Err(err) => {
+            server.shutdown().await;
+            return Err(err.into());
+        }
+    };
+    server.record_config(config_digest, Some(attestation.policy_sha256().to_owned()));
+    // A sealed model is opened (key released, chunks decrypted and hashed) before anything
+    // else touches it; every refusal is final, recorded and stops start-up.
+    let sealed = match open_sealed_model(
+        &server,
+        &attestation,
+        model_dir.as_deref(),
+        key_source,
+        &attestation_config,
+    )
+    .await
+    {
+        Ok(sealed) => sealed,
+        Err(err) => {
+            server.shutdown().await;
+            return Err(err);
+        }
+    };
     let load = tokio::task::spawn_blocking(move || {
-        load_model(model_dir.as_deref(), device, engine_config, served_name)
+        start_engine(
+            model_dir.as_deref(),
+            plaintext,
+            sealed,
+            model_digest,
+            device,
+            engine_config,
+            served_name,
+        )
     });
     let loaded = tokio::select! {
         loaded = load => loaded.context("model loading panicked")?,
@@ -144,7 +233,7 @@ async fn serve_async(
         }
     };
     // The banner says "ready": print it only once requests reach the model.
-    let banner = banner(&server, &service, &backend_name, kv_tokens);
+    let banner = banner(&server, &attestation, &service, &backend_name, kv_tokens);
     server.set_model(service);
     eprintln!("{banner}");
     signals.recv().await;
@@ -152,6 +241,176 @@ async fn serve_async(
     server.shutdown().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// When `dir` holds a sealed model: obtains its key from `source` (refusing a key file outside
+/// the development profile; asking a key broker with fresh evidence collected under
+/// `attestation`), decrypts it and records the release, or the refusal, in the audit log before
+/// returning. `None` for a plaintext model (then `source` must be absent).
+async fn open_sealed_model(
+    server: &Server,
+    startup: &StartupAttestation,
+    dir: Option<&Path>,
+    source: Option<ModelKeySource>,
+    attestation: &AttestationConfig,
+) -> anyhow::Result<Option<ModelFiles>> {
+    let sealed_dir = dir.filter(|d| seal::is_sealed(d)).map(Path::to_path_buf);
+    let (dir, source) = match (sealed_dir, source) {
+        (None, None) => return Ok(None),
+        (None, Some(_)) => anyhow::bail!(
+            "a model key source is configured but {} is not a sealed model (no {})",
+            dir.map_or_else(|| "the embedded model".into(), |d| d.display().to_string()),
+            seal::MANIFEST_FILE
+        ),
+        (Some(dir), source) => (dir, source),
+    };
+    let key_id = seal::Manifest::read(&dir)
+        .map(|(manifest, _)| manifest.key_id)
+        .unwrap_or_else(|_| "unknown".into());
+    let refuse = async |reason: String| -> anyhow::Error {
+        let record = server
+            .record_key_release(key_id.clone(), false, reason.clone())
+            .await;
+        match record {
+            Ok(()) => anyhow::anyhow!("sealed model refused: {reason}"),
+            Err(err) => anyhow::anyhow!(
+                "sealed model refused: {reason} (and the audit record failed: {err})"
+            ),
+        }
+    };
+    let (key, how) = match source {
+        None => {
+            return Err(refuse(format!(
+                "{} is a sealed model and no key source is configured ([model.key] or --model-key-file)",
+                dir.display()
+            ))
+            .await);
+        }
+        Some(ModelKeySource::File { path }) => {
+            if let Err(reason) = seal::check_key_file_allowed(startup.profile) {
+                return Err(refuse(format!("key file {}: {reason}", path.display())).await);
+            }
+            match ModelKey::read_file(&path) {
+                Ok(key) => (
+                    key,
+                    format!("key file {} (development profile)", path.display()),
+                ),
+                Err(err) => return Err(refuse(err.to_string()).await),
+            }
+        }
+        Some(ModelKeySource::Tpm { blob, tcti }) => {
+            let tcti = tcti.unwrap_or_else(|| seal::tpm::DEFAULT_TCTI.to_owned());
+            let unsealed = tokio::task::spawn_blocking({
+                let (blob, tcti) = (blob.clone(), tcti.clone());
+                move || {
+                    seal::tpm::TpmSealedKey::read(&blob)
+                        .and_then(|sealed| seal::tpm::unseal_key(&tcti, &sealed))
+                }
+            })
+            .await
+            .context("unsealing from the TPM panicked")?;
+            match unsealed {
+                Ok(key) => (key, format!("TPM {tcti}, blob {}", blob.display())),
+                Err(err) => return Err(refuse(err.to_string()).await),
+            }
+        }
+        Some(ModelKeySource::Snp { blob }) => {
+            let unsealed = tokio::task::spawn_blocking({
+                let blob = blob.clone();
+                move || {
+                    seal::snp::SnpSealedKey::read(&blob)
+                        .and_then(|sealed| seal::snp::unseal(&sealed))
+                }
+            })
+            .await
+            .context("the SEV-SNP derived key task panicked")?;
+            match unsealed {
+                Ok(key) => (key, format!("SEV-SNP derived key, blob {}", blob.display())),
+                Err(err) => return Err(refuse(err.to_string()).await),
+            }
+        }
+        Some(ModelKeySource::Broker { url, retries }) => {
+            match key_from_broker(startup, &dir, &url, retries, attestation).await {
+                Ok(key) => (key, format!("key broker {url}")),
+                Err(reason) => return Err(refuse(reason).await),
+            }
+        }
+    };
+    let policy = startup.policy_sha256().to_owned();
+    let opened = tokio::task::spawn_blocking({
+        let dir = dir.clone();
+        move || {
+            let started = std::time::Instant::now();
+            let (manifest, files) = seal::open_sealed(&dir, &key)?;
+            drop(key);
+            let bytes: u64 = manifest.files.iter().map(|f| f.size).sum();
+            let secs = started.elapsed().as_secs_f64();
+            tracing::info!(
+                bytes,
+                ms = (secs * 1e3) as u64,
+                gb_per_s = format!("{:.1}", bytes as f64 / secs.max(1e-9) / 1e9),
+                "sealed model opened (read, decrypted and hashed in one pass)"
+            );
+            let allowed = &manifest.release.policy_sha256;
+            if !allowed.is_empty() && !allowed.contains(&policy) {
+                return Err(anyhow::anyhow!(
+                    "the server policy {policy} is not among the policies the model was sealed for"
+                ));
+            }
+            Ok::<_, anyhow::Error>(files)
+        }
+    })
+    .await
+    .context("opening the sealed model panicked")?;
+    match opened {
+        Ok(files) => {
+            server
+                .record_key_release(key_id, true, how)
+                .await
+                .context("audit: the key release record failed")?;
+            Ok(Some(files))
+        }
+        Err(err) => Err(refuse(format!("{err:#}")).await),
+    }
+}
+
+/// Asks the key broker at `url` for the key of the sealed model in `dir`, with fresh evidence
+/// binding the broker's challenge and an ephemeral key; the one-line reason when none came.
+async fn key_from_broker(
+    startup: &StartupAttestation,
+    dir: &Path,
+    url: &str,
+    retries: u32,
+    attestation: &AttestationConfig,
+) -> Result<ModelKey, String> {
+    let (manifest, _) = seal::Manifest::read(dir).map_err(|e| e.to_string())?;
+    let wrapped_key = manifest.wrapped_key.clone().ok_or_else(|| {
+        format!(
+            "{} was not sealed for a key broker (no wrapped_key; seal it with `inferno seal --recipient`)",
+            dir.display()
+        )
+    })?;
+    let tee = serde_json::to_value(startup.evidence.platform)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let request = crate::keybroker::KeyRequest {
+        model_id: manifest
+            .release
+            .model_id
+            .clone()
+            .unwrap_or_else(|| Model::name_of_dir(dir)),
+        key_id: manifest.key_id.clone(),
+        wrapped_key,
+        tee,
+    };
+    let config = attestation.clone();
+    let evidence_for = move |mut runtime_data| {
+        crate::attest::collect_fresh_evidence(&config, &mut runtime_data).map_err(|e| e.to_string())
+    };
+    crate::keybroker::request_key(url, &request, &startup.runtime_data, retries, evidence_for)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// The production profile serves nothing unaudited: without an `[audit]` table it does not start.
@@ -179,15 +438,59 @@ fn harden_after_start(
     Ok(())
 }
 
-/// Loads the model (the embedded default without `dir`), builds the backend for `device` and
-/// starts the engine.
-fn load_model(
+/// The model digest a sealed model's manifest states, read before the model is opened (the
+/// start-up evidence binds it); `None` for a plaintext model or the embedded default.
+fn sealed_model_digest(dir: Option<&Path>) -> anyhow::Result<Option<[u8; 32]>> {
+    let Some(dir) = dir.filter(|d| seal::is_sealed(d)) else {
+        return Ok(None);
+    };
+    let (manifest, _) = seal::Manifest::read(dir).with_context(|| {
+        format!(
+            "cannot read the sealed model's manifest in {}",
+            dir.display()
+        )
+    })?;
+    let bytes = hex::decode(&manifest.model_digest)
+        .ok()
+        .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
+        .with_context(|| {
+            format!(
+                "the sealed model's manifest in {} has no valid model_digest",
+                dir.display()
+            )
+        })?;
+    Ok(Some(bytes))
+}
+
+/// Builds the backend for `device` and starts the engine on the model: the plaintext model read
+/// before attestation, or the opened sealed model, whose digest must be the attested `digest`.
+fn start_engine(
     dir: Option<&Path>,
+    plaintext: Option<Model>,
+    sealed: Option<ModelFiles>,
+    digest: [u8; 32],
     device: Device,
     engine_config: EngineConfig,
     served_name: Option<String>,
 ) -> anyhow::Result<(ModelService, String, usize)> {
-    let model = setup::load_model(dir)?;
+    let model = match (plaintext, sealed, dir) {
+        (Some(model), _, _) => model,
+        (None, Some(files), Some(dir)) => {
+            let model = Model::from_files(&files, Model::name_of_dir(dir))
+                .with_context(|| format!("cannot load the sealed model in {}", dir.display()))?;
+            // The decrypted buffers stay alive (shared) only as long as the model needs them.
+            drop(files);
+            model
+        }
+        _ => anyhow::bail!("no model to serve: neither a plaintext nor an opened sealed model"),
+    };
+    if model.digest.bytes != digest {
+        anyhow::bail!(
+            "the loaded model's digest {} is not the attested digest {}",
+            model.digest,
+            hex::encode(digest)
+        );
+    }
     let backend = backend::select(device, &model, &engine_config)?;
     let backend_name = backend.name().to_owned();
     let engine = Engine::spawn(backend, ModelInfo::of(&model), engine_config)?;
@@ -200,23 +503,23 @@ fn load_model(
 }
 
 /// The start-up banner: what is served, where, and under which attestation and policy.
-fn banner(server: &Server, service: &ModelService, backend: &str, kv_tokens: usize) -> String {
-    let identity = server.identity();
-    let cert_kind = if identity.self_signed {
-        "self-signed"
-    } else {
-        "from config"
-    };
+fn banner(
+    server: &Server,
+    attestation: &StartupAttestation,
+    service: &ModelService,
+    backend: &str,
+    kv_tokens: usize,
+) -> String {
     format!(
-        "inferno {version} ready\n  model:       {name}\n  digest:      {digest}\n  backend:     {backend}\n  kv cache:    {kv_tokens} tokens\n  context:     {context} tokens\n  listening:   https://{addr}\n  certificate: {cert_kind}, SHA-256 {fingerprint}\n  attestation: {attestation}\n  policy:      SHA-256 {policy}",
+        "inferno {version} ready\n  model:       {name}\n  digest:      {digest}\n  backend:     {backend}\n  kv cache:    {kv_tokens} tokens\n  context:     {context} tokens\n  listening:   https://{addr}\n  certificate: self-signed, carries the evidence, SHA-256 {fingerprint}\n  attestation: {attestation}\n  policy:      SHA-256 {policy}",
         version = env!("CARGO_PKG_VERSION"),
         name = service.name(),
         digest = service.digest(),
         context = service.max_context(),
         addr = server.local_addr(),
-        fingerprint = identity.fingerprint,
-        attestation = server.attestation().banner_line(),
-        policy = server.attestation().policy_sha256(),
+        fingerprint = server.identity().fingerprint(),
+        attestation = attestation.banner_line(),
+        policy = attestation.policy_sha256(),
     )
 }
 

@@ -7,7 +7,7 @@
 use std::fmt;
 use std::fs::File;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use rayon::prelude::*;
 use ring::digest::{Context, SHA256};
@@ -43,7 +43,7 @@ impl fmt::Display for ModelDigest {
 
 impl ModelDigest {
     /// Combines per-file hashes into the digest.
-    fn from_files(mut files: Vec<FileDigest>) -> Self {
+    pub(crate) fn from_files(mut files: Vec<FileDigest>) -> Self {
         files.sort_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
         let mut ctx = Context::new(&SHA256);
         for file in &files {
@@ -61,25 +61,11 @@ impl ModelDigest {
         }
     }
 
-    /// Hashes every regular file (following symbolic links) directly inside `dir`.
+    /// Hashes every regular file (following symbolic links) directly inside `dir`: the
+    /// reference computation a client can run on its own copy of a model. (Loading a model
+    /// computes the same value from the bytes it loads: `ModelFiles`.)
     pub fn of_dir(dir: &Path) -> Result<Self, ModelError> {
-        let io = |path: PathBuf| move |source| ModelError::Io { path, source };
-        let mut paths = Vec::new();
-        for entry in std::fs::read_dir(dir).map_err(io(dir.to_path_buf()))? {
-            let entry = entry.map_err(io(dir.to_path_buf()))?;
-            let path = entry.path();
-            let metadata = std::fs::metadata(&path).map_err(io(path.clone()))?;
-            if metadata.is_file() {
-                let name = entry
-                    .file_name()
-                    .into_string()
-                    .ok()
-                    .filter(|n| !n.contains(['\t', '\n']))
-                    .ok_or_else(|| ModelError::UnusableFileName { path: path.clone() })?;
-                paths.push((name, path));
-            }
-        }
-        let files = paths
+        let files = super::files::list_files(dir)?
             .into_par_iter()
             .map(|(name, path)| {
                 let sha256 = hash_file(&path)?;
@@ -105,7 +91,7 @@ impl ModelDigest {
     /// The digest of a model's files, wherever they come from.
     pub(crate) fn of_source(source: &ModelSource<'_>) -> Result<Self, ModelError> {
         match source {
-            ModelSource::Dir(dir) => Self::of_dir(dir),
+            ModelSource::Files(files) => Ok(files.digest().clone()),
             ModelSource::Memory(files) => {
                 let files: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (*n, *b)).collect();
                 Ok(Self::of_memory(&files))

@@ -7,6 +7,7 @@ pub mod config;
 pub mod digest;
 mod embedded;
 pub mod error;
+pub mod files;
 pub mod generation;
 mod json;
 mod source;
@@ -22,6 +23,7 @@ pub use config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
 pub use digest::{FileDigest, ModelDigest};
 pub use embedded::EMBEDDED_MODEL_NAME;
 pub use error::ModelError;
+pub use files::{FileBytes, ModelFiles};
 pub use generation::GenerationDefaults;
 pub use tensors::{LayerTensors, TensorLayout, TensorSpec, layout};
 pub use tokenizer_config::SpecialTokens;
@@ -76,8 +78,21 @@ impl Model {
     /// Loads the Hugging Face model directory `dir`, validating every file, and names the model
     /// after the directory.
     pub fn load(dir: &Path) -> Result<Self, ModelError> {
-        let name = dir
-            .file_name()
+        let name = Self::name_of_dir(dir);
+        let files = ModelFiles::read_dir(dir)?;
+        Self::from_files(&files, name)
+    }
+
+    /// Loads a model from files already in memory (a directory read by
+    /// [`ModelFiles::read_dir`], or a sealed model decrypted by `crate::seal`); the model
+    /// digest is the one computed from those bytes.
+    pub fn from_files(files: &ModelFiles, name: String) -> Result<Self, ModelError> {
+        Self::load_from(ModelSource::Files(files), name)
+    }
+
+    /// The name a model directory is served under: its last path component.
+    pub fn name_of_dir(dir: &Path) -> String {
+        dir.file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .or_else(|| {
                 let absolute = dir.canonicalize().ok()?;
@@ -85,8 +100,7 @@ impl Model {
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
             })
-            .unwrap_or_else(|| dir.display().to_string());
-        Self::load_from(ModelSource::Dir(dir), name)
+            .unwrap_or_else(|| dir.display().to_string())
     }
 
     /// Loads a model whose files are compiled into the binary (e.g. with `include_bytes!`),

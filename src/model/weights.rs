@@ -1,17 +1,16 @@
 //! Safetensors weights: one `model.safetensors` or shards listed in
-//! `model.safetensors.index.json`, memory-mapped (or borrowed from memory for an embedded model),
-//! with their headers validated at load and tensors converted to f32 on demand.
+//! `model.safetensors.index.json`, held in memory as read (and hashed) once at load, or borrowed
+//! from the binary for an embedded model, with their headers validated at load and tensors
+//! converted to f32 on demand.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 
 use super::error::ModelError;
-use super::source::ModelSource;
+use super::source::{ModelSource, SourceBytes};
 
 /// The single-file weights name.
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -114,28 +113,10 @@ pub fn f16_to_f32(bits: u16) -> f32 {
     f32::from_bits(sign | magnitude)
 }
 
-/// The bytes of one weights file.
-enum Bytes {
-    /// A memory-mapped file.
-    Mapped(Mmap),
-    /// Bytes compiled into the binary.
-    Static(&'static [u8]),
-}
-
-impl Bytes {
-    /// The whole file.
-    fn as_slice(&self) -> &[u8] {
-        match self {
-            Self::Mapped(map) => map,
-            Self::Static(bytes) => bytes,
-        }
-    }
-}
-
 /// One weights file.
 struct Shard {
     path: PathBuf,
-    bytes: Bytes,
+    bytes: SourceBytes,
 }
 
 /// Where a tensor lives. `range` is in bounds of its shard's bytes: `read_metadata` checked that
@@ -178,12 +159,8 @@ impl ModelWeights {
             tensors: HashMap::new(),
         };
         for (file, expected) in files {
-            let path = source.path(&file);
-            let bytes = match source.embedded(&file) {
-                Some(bytes) => Bytes::Static(bytes?),
-                None => Bytes::Mapped(map_file(&path)?),
-            };
-            weights.add_shard(path, bytes, &expected)?;
+            let bytes = source.bytes(&file)?;
+            weights.add_shard(source.path(&file), bytes, &expected)?;
         }
         Ok(weights)
     }
@@ -193,7 +170,7 @@ impl ModelWeights {
     fn add_shard(
         &mut self,
         path: PathBuf,
-        bytes: Bytes,
+        bytes: SourceBytes,
         expected: &[String],
     ) -> Result<(), ModelError> {
         let corrupt = |reason: String| ModelError::CorruptSafetensors {
@@ -290,26 +267,6 @@ impl ModelWeights {
             .map(|e| self.shards[e.shard].path.clone())
             .unwrap_or_default()
     }
-}
-
-/// Memory-maps a weights file read-only.
-fn map_file(path: &Path) -> Result<Mmap, ModelError> {
-    let file = File::open(path).map_err(|source| match source.kind() {
-        std::io::ErrorKind::NotFound => ModelError::MissingFile {
-            path: path.to_path_buf(),
-        },
-        _ => ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        },
-    })?;
-    // SAFETY: the map is read-only and lives as long as `ModelWeights`. Memory safety requires
-    // that no process truncates or rewrites the file while it is mapped; model directories are
-    // read-only inputs of the appliance (docs/model-loading.md states this requirement).
-    unsafe { Mmap::map(&file) }.map_err(|source| ModelError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
 }
 
 /// The shard files named by an index, each with the tensors assigned to it, in name order.

@@ -15,8 +15,8 @@ use super::generation::ApiKind;
 use super::handlers;
 use super::metrics::Metrics;
 use super::service::ModelService;
-use crate::audit::AuditSink;
 use crate::config::Config;
+use inferno_audit::AuditSink;
 
 /// The request-id header, echoed on every response.
 pub const REQUEST_ID: &str = "x-request-id";
@@ -39,8 +39,9 @@ pub struct App {
     auth: Authenticator,
     metrics: Arc<Metrics>,
     service: OnceLock<Arc<ModelService>>,
-    audit: Option<Arc<AuditSink>>,
-    attestation: Option<Arc<crate::attest::StartupAttestation>>,
+    audit: OnceLock<Arc<AuditSink>>,
+    attestation: OnceLock<Arc<crate::attest::AttestationService>>,
+    challenges: super::attestation::ChallengeGate,
     content_in_logs: bool,
     /// Whether the last look at the audit log found it failed (logged once per change).
     audit_failed: AtomicBool,
@@ -92,23 +93,28 @@ impl Route {
         }
     }
 
-    fn method(self) -> Method {
+    fn allows(self, method: &Method) -> bool {
         match self {
             Self::Health
             | Self::Metrics
             | Self::Models
             | Self::Model
             | Self::AuditCheckpoint
-            | Self::Attestation
-            | Self::Version => Method::GET,
-            Self::Chat | Self::Completions | Self::Tokenize | Self::Detokenize => Method::POST,
+            | Self::Version => method == Method::GET || method == Method::HEAD,
+            Self::Chat | Self::Completions | Self::Tokenize | Self::Detokenize => {
+                method == Method::POST
+            }
+            Self::Attestation => {
+                method == Method::GET || method == Method::HEAD || method == Method::POST
+            }
         }
     }
 
     fn allow(self) -> &'static str {
-        match self.method() {
-            Method::GET => "GET, HEAD",
-            _ => "POST",
+        match self {
+            Self::Chat | Self::Completions => "POST",
+            Self::Attestation => "GET, HEAD, POST",
+            _ => "GET, HEAD",
         }
     }
 }
@@ -116,13 +122,15 @@ impl Route {
 impl App {
     /// State for a server whose model is not loaded yet.
     pub fn new(config: Config, auth: Authenticator) -> Self {
+        let challenges = super::attestation::ChallengeGate::new(&config.attestation);
         Self {
             config,
             auth,
             metrics: Arc::new(Metrics::new()),
+            challenges,
             service: OnceLock::new(),
-            audit: None,
-            attestation: None,
+            audit: OnceLock::new(),
+            attestation: OnceLock::new(),
             content_in_logs: false,
             audit_failed: AtomicBool::new(false),
         }
@@ -140,32 +148,41 @@ impl App {
         self.content_in_logs
     }
 
-    /// Adds the audit log every API request is recorded in.
-    pub fn with_audit(mut self, audit: Arc<AuditSink>) -> Self {
-        self.audit = Some(audit);
-        self
+    /// Adds the audit log every API request is recorded in (once it is open, after start-up
+    /// attestation). A second call is ignored.
+    pub fn set_audit(&self, audit: Arc<AuditSink>) {
+        if self.audit.set(audit).is_err() {
+            tracing::warn!("the audit log was already set");
+        }
     }
 
-    /// Adds the start-up evidence served at `GET /v1/attestation`.
-    pub fn with_attestation(mut self, attestation: Arc<crate::attest::StartupAttestation>) -> Self {
-        self.attestation = Some(attestation);
-        self
+    /// Adds the attestation service: the start-up evidence served at `GET /v1/attestation` and
+    /// fresh evidence for `POST /v1/attestation`. A second call is ignored.
+    pub fn set_attestation(&self, attestation: Arc<crate::attest::AttestationService>) {
+        if self.attestation.set(attestation).is_err() {
+            tracing::warn!("the attestation service was already set");
+        }
     }
 
-    /// The start-up evidence, once attested.
-    pub fn attestation(&self) -> Option<&Arc<crate::attest::StartupAttestation>> {
-        self.attestation.as_ref()
+    /// The attestation service, once start-up evidence exists.
+    pub fn attestation(&self) -> Option<&Arc<crate::attest::AttestationService>> {
+        self.attestation.get()
     }
 
-    /// The audit log, if configured.
+    /// The admission rules of fresh-evidence challenges (nonce replay, rate limit).
+    pub(super) fn challenges(&self) -> &super::attestation::ChallengeGate {
+        &self.challenges
+    }
+
+    /// The audit log, once open (configured with `[audit]`, opened after attestation).
     pub fn audit(&self) -> Option<&Arc<AuditSink>> {
-        self.audit.as_ref()
+        self.audit.get()
     }
 
     /// Why the audit log cannot be written, if it cannot: every `/v1` request is then refused
     /// (HTTP 503) and `/health` answers 503. The first look after a change of state logs it.
     pub fn audit_failure(&self) -> Option<String> {
-        let failure = self.audit.as_ref().and_then(|sink| sink.failure());
+        let failure = self.audit.get().and_then(|sink| sink.failure());
         let failed = failure.is_some();
         if self.audit_failed.swap(failed, Ordering::AcqRel) != failed {
             match &failure {
@@ -296,8 +313,7 @@ impl App {
             return unauthenticated(Err(ApiError::route_not_found(path)));
         };
         // HEAD is answered as GET is, without the body (see `handle`).
-        let head_of_get = request.method() == Method::HEAD && route.method() == Method::GET;
-        if request.method() != route.method() && !head_of_get {
+        if !route.allows(request.method()) {
             let mut response = ApiError::method_not_allowed(route.allow()).into_response();
             response
                 .headers_mut()
@@ -308,7 +324,18 @@ impl App {
             Route::Health => return unauthenticated(Ok(handlers::health(self))),
             Route::Version => return unauthenticated(Ok(handlers::version())),
             Route::AuditCheckpoint => return unauthenticated(super::audit::checkpoint(self)),
-            Route::Attestation => return unauthenticated(super::attestation::document(self)),
+            Route::Attestation if request.method() != Method::POST => {
+                return unauthenticated(super::attestation::document(self));
+            }
+            Route::Attestation => {
+                let caller = self.auth.audit_name(request.headers());
+                return Routed {
+                    principal: None,
+                    caller,
+                    recorded: false,
+                    result: super::attestation::fresh(self, request).await,
+                };
+            }
             Route::Metrics if self.config.metrics.public => {
                 return unauthenticated(Ok(handlers::metrics(self)));
             }
@@ -441,7 +468,11 @@ mod tests {
             Route::from_path("/v1/completions"),
             Some(Route::Completions)
         );
-        assert_eq!(Route::Chat.method(), Method::POST);
+        assert!(Route::Chat.allows(&Method::POST));
+        assert!(!Route::Chat.allows(&Method::GET));
+        assert!(Route::Attestation.allows(&Method::POST));
+        assert!(Route::Models.allows(&Method::HEAD));
+        assert_eq!(Route::Attestation.allow(), "GET, HEAD, POST");
         assert_eq!(Route::Models.allow(), "GET, HEAD");
         assert_eq!(Route::from_path("/v1/nope"), None);
         assert_eq!(path_label("/v1/nope"), "other");

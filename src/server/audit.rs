@@ -20,7 +20,7 @@ use super::generation::{ApiKind, StreamAccounting};
 use super::openai::response::Usage;
 use tokio::sync::oneshot;
 
-use crate::audit::{AuditSink, CompletionFacts, ContentMode, RequestFacts};
+use inferno_audit::{AuditSink, CompletionFacts, ContentMode, RequestFacts};
 
 fn endpoint(kind: ApiKind) -> &'static str {
     match kind {
@@ -33,9 +33,15 @@ fn latency_ms(ctx: &RequestContext) -> u64 {
     u64::try_from(ctx.arrived.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Refuses service (HTTP 503) while the audit log is failed: nothing is served unaudited.
-/// One log line marks each change of state, not one per refused request.
+/// Refuses service (HTTP 503) while the audit log is failed, or configured and not open yet
+/// (it opens after start-up attestation): nothing is served unaudited. One log line marks each
+/// change of state, not one per refused request.
 pub fn check_available(app: &App) -> Result<(), ApiError> {
+    if app.config().audit.is_some() && app.audit().is_none() {
+        return Err(ApiError::unavailable(
+            "the audit log opens after start-up attestation; retry later",
+        ));
+    }
     match app.audit_failure() {
         Some(_) => Err(log_unavailable()),
         None => Ok(()),
@@ -321,12 +327,12 @@ impl Drop for AuditedStream {
 }
 
 /// Records a security event without waiting for it to be durable (from synchronous code).
-pub fn record_event(app: &App, event: crate::audit::SecurityEvent) {
+pub fn record_event(app: &App, event: inferno_audit::SecurityEvent) {
     let Some(sink) = app.audit() else {
         return;
     };
     let name = event.name();
-    let durable = sink.log().append(crate::audit::RecordBody::Event(event));
+    let durable = sink.log().append(inferno_audit::RecordBody::Event(event));
     if let Ok(handle) = tokio::runtime::Handle::try_current() {
         handle.spawn(async move {
             if let Err(err) = durable.await {

@@ -150,6 +150,14 @@ impl ApiError {
         err
     }
 
+    /// HTTP 429: a per-endpoint rate limit (e.g. attestation challenges) is reached.
+    pub fn rate_limited(message: impl Into<String>, retry_after: u64) -> Self {
+        let mut err = Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message);
+        err.code = Some("rate_limit_exceeded");
+        err.retry_after = Some(retry_after);
+        err
+    }
+
     /// HTTP 503: the model is not loaded yet or the engine stopped.
     pub fn unavailable(message: impl Into<String>) -> Self {
         let mut err = Self::new(

@@ -32,18 +32,25 @@ fn json_response(status: StatusCode, json: String) -> Response<Body> {
     response
 }
 
-/// `GET /health`: 200 once the model is loaded and the audit log (when configured) can be
-/// written; 503 while the model loads or while the audit log has failed, since every `/v1`
-/// request is then refused. The body names both states:
-/// `{"status":"ok"|"loading"|"unavailable","audit":"ok"|"failed"|"disabled"}`.
+/// `GET /health`: 200 once the model is loaded and attested and the audit log (when configured)
+/// can be written; 503 while the model loads or is attested, or while the audit log has failed,
+/// since every `/v1` request is then refused. The body names both states:
+/// `{"status":"ok"|"loading"|"unavailable","audit":"ok"|"pending"|"failed"|"disabled"}`
+/// (`pending`: configured, opened once start-up attestation ran).
 pub fn health(app: &App) -> Response<Body> {
     let audit_failed = app.audit_failure().is_some();
-    let audit = match (app.audit().is_some(), audit_failed) {
-        (false, _) => "disabled",
-        (true, false) => "ok",
-        (true, true) => "failed",
+    let audit = match (
+        app.config().audit.is_some(),
+        app.audit().is_some(),
+        audit_failed,
+    ) {
+        (false, _, _) => "disabled",
+        (true, false, _) => "pending",
+        (true, true, false) => "ok",
+        (true, true, true) => "failed",
     };
-    let status = match (app.service().is_some(), audit_failed) {
+    let ready = app.service().is_some() && app.attestation().is_some();
+    let status = match (ready, audit_failed) {
         (true, false) => "ok",
         (false, _) => "loading",
         (true, true) => "unavailable",

@@ -13,7 +13,10 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
+use inferno_attestation::runtime_data::{TLS_EXPORTER_LABEL, TLS_EXPORTER_LEN};
+
 use super::app::App;
+use super::attestation::ConnectionExporter;
 
 /// How often an idle HTTP/2 connection is pinged, and how long the ping may go unanswered.
 const H2_KEEPALIVE: Duration = Duration::from_secs(20);
@@ -91,7 +94,20 @@ pub async fn run(
             } else {
                 builder.http1_only()
             };
-            let service = service_fn(move |request| Arc::clone(&app).handle(request));
+            // The exporter of this connection, for channel-bound fresh evidence.
+            let exporter = tls
+                .get_ref()
+                .1
+                .export_keying_material([0u8; TLS_EXPORTER_LEN], TLS_EXPORTER_LABEL, None)
+                .map(ConnectionExporter)
+                .map_err(|err| tracing::warn!(%peer, error = %err, "no TLS exporter"))
+                .ok();
+            let service = service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+                if let Some(exporter) = exporter {
+                    request.extensions_mut().insert(exporter);
+                }
+                Arc::clone(&app).handle(request)
+            });
             let connection = builder.serve_connection(TokioIo::new(tls), service);
             if let Err(err) = watcher.watch(connection.into_owned()).await {
                 tracing::debug!(%peer, error = %err, "connection ended with an error");

@@ -1,7 +1,9 @@
 //! The OpenAI-compatible API served over TLS.
 //!
-//! [`Server::start`] binds the listener and starts accepting at once; `/health` answers 503
-//! until [`Server::set_model`] hands over the loaded model and its engine. See `docs/server.md`.
+//! [`Server::start`] generates the TLS key, binds the listener and starts accepting at once;
+//! [`Server::attest`] produces the start-up evidence once the model digest is known (the
+//! certificate then carries it, and the audit log opens with it); `/health` answers 503 until
+//! that and [`Server::set_model`] have happened. See `docs/server.md`.
 
 pub mod app;
 mod attestation;
@@ -34,7 +36,7 @@ pub use policy::ServerPolicy;
 pub use service::ModelService;
 pub use tls::ServerIdentity;
 
-use crate::attest::StartupAttestation;
+use crate::attest::{AttestationService, StartupAttestation, StartupBinding};
 use crate::config::Config;
 
 /// The server could not start.
@@ -69,7 +71,7 @@ pub enum ServerError {
         /// The policy's name.
         policy: String,
         /// Why the content policy cannot be built.
-        source: crate::audit::AuditError,
+        source: inferno_audit::AuditError,
     },
     /// The policy file changed between the server's reading and the attestation's.
     #[error(
@@ -89,7 +91,7 @@ pub enum ServerError {
     Tls(#[from] tls::TlsError),
     /// The audit log could not be opened (or is inconsistent with its witness).
     #[error(transparent)]
-    Audit(#[from] crate::audit::AuditError),
+    Audit(#[from] inferno_audit::AuditError),
     /// Start-up attestation failed: the server refuses to serve.
     #[error(transparent)]
     Attestation(#[from] crate::attest::AttestationError),
@@ -108,9 +110,17 @@ pub struct Server {
     app: Arc<App>,
     local_addr: SocketAddr,
     identity: ServerIdentity,
-    attestation: Arc<StartupAttestation>,
+    policy_digest: String,
+    /// What opening the audit log needs, taken by [`Server::attest`].
+    pending_audit: std::sync::Mutex<Option<PendingAudit>>,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
+}
+
+/// The audit log's content policy and checkpoint key, waiting for the start-up evidence.
+struct PendingAudit {
+    content: Option<inferno_audit::ContentPolicy>,
+    signer: Option<inferno_audit::note::NoteSigner>,
 }
 
 impl Server {
@@ -135,18 +145,11 @@ impl Server {
             );
         }
         let content = content_policy(&config, &policy)?;
-        let identity = ServerIdentity::from_config(&config.tls, listen.ip())?;
+        let identity = ServerIdentity::generate(listen.ip())?;
         let signer = match &config.audit {
-            Some(audit) => Some(crate::audit::AuditLog::generate_signer(audit)?),
+            Some(audit) => Some(inferno_audit::AuditLog::generate_signer(audit)?),
             None => None,
         };
-        let attestation = Arc::new(attest_startup(&config, &identity, signer.as_ref()).await?);
-        if attestation.policy_sha256() != policy.digest {
-            return Err(ServerError::PolicyChanged {
-                read: policy.digest,
-                attested: attestation.policy_sha256().to_owned(),
-            });
-        }
         let listener = TcpListener::bind(listen)
             .await
             .map_err(|source| ServerError::Bind {
@@ -158,16 +161,9 @@ impl Server {
             source,
         })?;
         let grace = config.server.shutdown_grace();
-        let audit = open_audit(&config, content, &identity, signer, &attestation).await?;
-        let mut app = App::new(config, auth)
-            .with_attestation(Arc::clone(&attestation))
-            .with_content_in_logs(policy.content_in_logs);
-        if let Some(audit) = audit {
-            app = app.with_audit(audit);
-        }
-        let app = Arc::new(app);
+        let app = Arc::new(App::new(config, auth).with_content_in_logs(policy.content_in_logs));
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let acceptor = TlsAcceptor::from(Arc::clone(&identity.config));
+        let acceptor = TlsAcceptor::from(identity.config());
         let task = tokio::spawn(listener::run(
             listener,
             acceptor,
@@ -179,10 +175,58 @@ impl Server {
             app,
             local_addr,
             identity,
-            attestation,
+            policy_digest: policy.digest,
+            pending_audit: std::sync::Mutex::new(Some(PendingAudit { content, signer })),
             shutdown,
             task,
         })
+    }
+
+    /// Start-up attestation, once the model digest is known: collects and appraises evidence
+    /// binding the TLS key, the audit key, `model_digest` and the policy; puts that evidence in
+    /// the certificate; opens the audit log with it. Any failure means the server must not
+    /// serve. A second call fails.
+    pub async fn attest(
+        &self,
+        model_digest: [u8; 32],
+    ) -> Result<Arc<StartupAttestation>, ServerError> {
+        let pending = self
+            .pending_audit
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| {
+                crate::attest::AttestationError::Task("start-up attestation already ran".into())
+            })?;
+        let config = self.app.config();
+        let binding = StartupBinding {
+            tls_spki_sha256: self.identity.spki_sha256(),
+            audit_key: pending.signer.as_ref().map(|s| s.verifier().public),
+            model_digest,
+        };
+        let service = Arc::new(attest_startup(config, binding).await?);
+        let attestation = Arc::clone(service.startup());
+        if attestation.policy_sha256() != self.policy_digest {
+            return Err(ServerError::PolicyChanged {
+                read: self.policy_digest.clone(),
+                attested: attestation.policy_sha256().to_owned(),
+            });
+        }
+        self.identity
+            .install_evidence(&attestation.evidence_json())?;
+        if let Some(audit) = open_audit(
+            config,
+            pending.content,
+            &self.identity,
+            pending.signer,
+            &attestation,
+        )
+        .await?
+        {
+            self.app.set_audit(audit);
+        }
+        self.app.set_attestation(service);
+        Ok(attestation)
     }
 
     /// The bound address (useful with port 0).
@@ -195,9 +239,9 @@ impl Server {
         &self.identity
     }
 
-    /// The start-up evidence and the appraisal that admitted it.
-    pub fn attestation(&self) -> &StartupAttestation {
-        &self.attestation
+    /// The start-up evidence and the appraisal that admitted it, once [`Server::attest`] ran.
+    pub fn attestation(&self) -> Option<&Arc<StartupAttestation>> {
+        self.app.attestation().map(|service| service.startup())
     }
 
     /// Shared state (metrics, the loaded model).
@@ -214,7 +258,7 @@ impl Server {
         self.app.set_service(Arc::new(service));
         audit::record_event(
             &self.app,
-            crate::audit::SecurityEvent::GpuReady {
+            inferno_audit::SecurityEvent::GpuReady {
                 ready: true,
                 detail,
             },
@@ -230,12 +274,34 @@ impl Server {
             .to_owned();
         audit::record_event(
             &self.app,
-            crate::audit::SecurityEvent::PolicyConfig {
+            inferno_audit::SecurityEvent::PolicyConfig {
                 policy_digest,
                 config_digest,
                 content_mode,
             },
         );
+    }
+
+    /// Records the release, or the refusal, of a sealed model's key and waits until the record
+    /// is durable (nothing to do without an audit log).
+    pub async fn record_key_release(
+        &self,
+        key_id: String,
+        released: bool,
+        reason: String,
+    ) -> Result<(), inferno_audit::AuditError> {
+        let Some(sink) = self.app.audit() else {
+            return Ok(());
+        };
+        let event = inferno_audit::SecurityEvent::KeyRelease {
+            key_id,
+            released,
+            reason,
+        };
+        sink.log()
+            .append(inferno_audit::RecordBody::Event(event))
+            .await
+            .map(|_| ())
     }
 
     /// Stops accepting, lets in-flight requests finish within the configured grace period,
@@ -262,7 +328,7 @@ impl Server {
 fn content_policy(
     config: &Config,
     policy: &ServerPolicy,
-) -> Result<Option<crate::audit::ContentPolicy>, ServerError> {
+) -> Result<Option<inferno_audit::ContentPolicy>, ServerError> {
     let mode = policy.audit_content;
     let Some(audit) = &config.audit else {
         if mode.needs_key() {
@@ -273,7 +339,7 @@ fn content_policy(
         }
         return Ok(None);
     };
-    crate::audit::AuditSink::content_policy(audit, mode)
+    inferno_audit::AuditSink::content_policy(audit, mode)
         .map(Some)
         .map_err(|source| ServerError::ContentKey {
             policy: policy.name.clone(),
@@ -281,31 +347,27 @@ fn content_policy(
         })
 }
 
-/// Collects and appraises the start-up evidence binding the TLS key and the audit key.
+/// Collects and appraises the start-up evidence over `binding`, on the attestation worker.
 async fn attest_startup(
     config: &Config,
-    identity: &ServerIdentity,
-    signer: Option<&crate::audit::note::NoteSigner>,
-) -> Result<StartupAttestation, ServerError> {
+    binding: StartupBinding,
+) -> Result<AttestationService, ServerError> {
     let attestation_config = config.attestation.clone();
-    let cert = identity.cert_pem.clone().into_bytes();
-    let audit_key = signer.map(|s| s.verifier().public);
     let audit_dir = config.audit.as_ref().map(|a| a.dir.clone());
-    let attested = tokio::task::spawn_blocking(move || {
+    let service = tokio::task::spawn_blocking(move || {
         let newest = match audit_dir {
-            Some(dir) => crate::audit::recovery::newest_record_time(&dir)?,
+            Some(dir) => inferno_audit::newest_record_time(&dir)?,
             None => None,
         };
         let floor = newest.map(|t| ClockFloor::starting_at(t, "the audit log's newest record"));
-        StartupAttestation::establish(&attestation_config, &cert, audit_key, floor.as_ref())
-            .map_err(ServerError::from)
+        AttestationService::start(&attestation_config, binding, floor).map_err(ServerError::from)
     })
     .await
     .map_err(|err| crate::attest::AttestationError::Task(err.to_string()))??;
-    if attested.appraisal.simulated {
+    if service.startup().appraisal.simulated {
         tracing::warn!("attestation: SIMULATED TEE (development profile), not for production");
     }
-    Ok(attested)
+    Ok(service)
 }
 
 /// Opens the audit log of `[audit]` (recovering it, checking its witness) with the attested
@@ -313,28 +375,28 @@ async fn attest_startup(
 /// when the table is absent.
 async fn open_audit(
     config: &Config,
-    content: Option<crate::audit::ContentPolicy>,
+    content: Option<inferno_audit::ContentPolicy>,
     identity: &ServerIdentity,
-    signer: Option<crate::audit::note::NoteSigner>,
+    signer: Option<inferno_audit::note::NoteSigner>,
     attestation: &StartupAttestation,
-) -> Result<Option<Arc<crate::audit::AuditSink>>, ServerError> {
+) -> Result<Option<Arc<inferno_audit::AuditSink>>, ServerError> {
     let (Some(audit_config), Some(content), Some(signer)) = (config.audit.clone(), content, signer)
     else {
         tracing::warn!("no [audit] table: requests are NOT recorded in an audit log");
         return Ok(None);
     };
-    let start = crate::audit::StartInfo {
+    let start = inferno_audit::StartInfo {
         software_version: env!("CARGO_PKG_VERSION").to_owned(),
         evidence: vec![attestation.evidence_blob()],
     };
     let sink = tokio::task::spawn_blocking(move || {
-        crate::audit::AuditSink::open_with_signer(&audit_config, content, signer, start)
+        inferno_audit::AuditSink::open_with_signer(&audit_config, content, signer, start)
     })
     .await
-    .map_err(|err| crate::audit::AuditError::Config(format!("audit open panicked: {err}")))??;
+    .map_err(|err| inferno_audit::AuditError::Config(format!("audit open panicked: {err}")))??;
     sink.event(attestation.appraisal_event()).await?;
-    let certificate_digest = identity.fingerprint.to_lowercase().replace(':', "");
-    sink.event(crate::audit::SecurityEvent::CertificateRotated { certificate_digest })
+    let certificate_digest = identity.fingerprint().to_lowercase().replace(':', "");
+    sink.event(inferno_audit::SecurityEvent::CertificateRotated { certificate_digest })
         .await?;
     Ok(Some(Arc::new(sink)))
 }

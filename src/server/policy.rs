@@ -3,11 +3,11 @@
 //! they may appear in diagnostic logs (`[audit] content_in_logs`), and whether API keys are
 //! required (`[auth] require_api_key`).
 
-use inferno_attestation::policy::LoadedPolicy;
+use inferno_attestation::policy::{AuditContent, LoadedPolicy};
 
 use crate::attest::{AttestationError, load_policy};
-use crate::audit::ContentMode;
 use crate::config::AttestationConfig;
+use inferno_audit::ContentMode;
 
 /// The server-side settings of the policy in force, with the digest of its bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,10 +37,19 @@ impl ServerPolicy {
         Self {
             name: policy.name.clone(),
             digest: loaded.digest_hex(),
-            audit_content: policy.audit.content,
+            audit_content: content_mode(policy.audit.content),
             content_in_logs: policy.audit.content_in_logs,
             require_api_key: policy.auth.require_api_key,
         }
+    }
+}
+
+/// The audit log's content mode for the policy's `[audit] content`.
+fn content_mode(content: AuditContent) -> ContentMode {
+    match content {
+        AuditContent::None => ContentMode::None,
+        AuditContent::Hmac => ContentMode::Hmac,
+        AuditContent::Encrypted => ContentMode::Encrypted,
     }
 }
 

@@ -1,103 +1,74 @@
-//! The server's TLS configuration: TLS 1.3 only, ALPN `h2` and `http/1.1`, with a certificate
-//! from PEM files or a self-signed one generated at start.
+//! The server's TLS identity: TLS 1.3 only, ALPN `h2` and `http/1.1`, an ECDSA P-256 key pair
+//! generated in memory at start (never written to disk), and a self-signed certificate for it.
+//!
+//! Until start-up evidence exists the certificate is plain; [`ServerIdentity::install_evidence`]
+//! then issues a certificate for the same key that carries the evidence JSON in the non-critical
+//! X.509 extension [`EVIDENCE_EXTENSION_OID`](inferno_attestation::runtime_data::EVIDENCE_EXTENSION_OID), and every later handshake presents it
+//! (`docs/attestation-protocol.md`). A certificate and key from files cannot carry evidence
+//! bound to a key that only this process holds, so the server has no such option.
 
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
+use inferno_attestation::runtime_data::EVIDENCE_EXTENSION_OID_DER;
+use rcgen::{CertificateParams, CustomExtension, KeyPair, SigningKey as _};
 use ring::digest;
 use rustls::ServerConfig;
-use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
 use zeroize::Zeroizing;
 
-use crate::config::TlsConfig;
+/// Arcs of a stand-in OID that rcgen can write (its arcs are `u64`, the evidence OID's last arc
+/// is 125 bits): `2.25.A.B` with A and B of nine base-128 digits each, so its DER content has
+/// the length of [`EVIDENCE_EXTENSION_OID_DER`]. The signed certificate never contains it.
+const STAND_IN_OID: &[u64] = &[2, 25, 0x0123_4567_89ab_cdef, 0x0fed_cba9_8765_4321];
 
 /// The certificate the server presents, ready for a TLS acceptor.
 pub struct ServerIdentity {
-    /// The rustls configuration.
-    pub config: Arc<ServerConfig>,
-    /// The leaf certificate in PEM (clients of a self-signed server trust it).
-    pub cert_pem: String,
-    /// SHA-256 of the leaf certificate's DER, colon-separated uppercase hex.
-    pub fingerprint: String,
-    /// Whether the certificate was generated at start.
-    pub self_signed: bool,
+    config: Arc<ServerConfig>,
+    key: KeyPair,
+    names: Vec<String>,
+    resolver: Arc<CurrentCertificate>,
+    spki_sha256: [u8; 32],
 }
 
-/// The certificate or key could not be loaded.
+/// The certificate or key could not be generated or used.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    /// A PEM file could not be read.
-    #[error("cannot read {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// A PEM file holds no usable item.
-    #[error("{path}: {message}")]
-    Pem {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        message: String,
-    },
-    /// Generating the self-signed certificate failed.
-    #[error("cannot generate a self-signed certificate: {0}")]
+    /// Generating the key pair or a certificate failed.
+    #[error("cannot generate the TLS key or certificate: {0}")]
     Generate(#[from] rcgen::Error),
+    /// The generated certificate could not be rewritten with the evidence extension.
+    #[error("cannot build the certificate carrying the evidence: {0}")]
+    Extension(String),
     /// rustls refused the certificate or key.
     #[error("the TLS certificate and key are not usable: {0}")]
     Rustls(#[from] rustls::Error),
 }
 
+/// The certificate every handshake presents; replaced once evidence exists.
+#[derive(Debug)]
+struct CurrentCertificate {
+    certified: RwLock<Arc<CertifiedKey>>,
+}
+
+impl CurrentCertificate {
+    fn get(&self) -> Arc<CertifiedKey> {
+        Arc::clone(&self.certified.read().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+impl ResolvesServerCert for CurrentCertificate {
+    fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.get())
+    }
+}
+
 impl ServerIdentity {
-    /// Loads the configured certificate, or generates a self-signed one valid for `localhost`,
+    /// Generates the key pair and a plain self-signed certificate valid for `localhost`,
     /// `127.0.0.1`, `::1` and `listen_host`.
-    pub fn from_config(tls: &TlsConfig, listen_host: IpAddr) -> Result<Self, TlsError> {
-        match (&tls.cert, &tls.key) {
-            (Some(cert), Some(key)) => Self::from_pem_files(cert, key),
-            _ => Self::self_signed(listen_host),
-        }
-    }
-
-    /// Loads a certificate chain and private key from PEM files.
-    pub fn from_pem_files(cert_path: &Path, key_path: &Path) -> Result<Self, TlsError> {
-        let cert_pem = std::fs::read(cert_path).map_err(|source| TlsError::Read {
-            path: cert_path.to_path_buf(),
-            source,
-        })?;
-        let chain = CertificateDer::pem_slice_iter(&cert_pem)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|err| TlsError::Pem {
-                path: cert_path.to_path_buf(),
-                message: format!("invalid certificate PEM: {err}"),
-            })?;
-        let leaf = chain.first().ok_or_else(|| TlsError::Pem {
-            path: cert_path.to_path_buf(),
-            message: "no CERTIFICATE block found".to_owned(),
-        })?;
-        let leaf_pem = pem_encode_cert(leaf);
-        let fingerprint = fingerprint(leaf);
-        let key_pem = Zeroizing::new(std::fs::read(key_path).map_err(|source| TlsError::Read {
-            path: key_path.to_path_buf(),
-            source,
-        })?);
-        let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|err| TlsError::Pem {
-            path: key_path.to_path_buf(),
-            message: format!("no usable private key: {err}"),
-        })?;
-        Ok(Self {
-            config: build_config(chain, key)?,
-            cert_pem: leaf_pem,
-            fingerprint,
-            self_signed: false,
-        })
-    }
-
-    /// Generates a fresh self-signed certificate and key.
-    pub fn self_signed(listen_host: IpAddr) -> Result<Self, TlsError> {
+    pub fn generate(listen_host: IpAddr) -> Result<Self, TlsError> {
         let mut names = vec![
             "localhost".to_owned(),
             "127.0.0.1".to_owned(),
@@ -106,28 +77,137 @@ impl ServerIdentity {
         if !listen_host.is_unspecified() && !names.contains(&listen_host.to_string()) {
             names.push(listen_host.to_string());
         }
-        let generated = rcgen::generate_simple_self_signed(names)?;
-        let cert = generated.cert.der().clone();
-        let key_der = Zeroizing::new(generated.signing_key.serialize_der());
-        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key_der.to_vec()));
+        let key = KeyPair::generate()?;
+        let cert = CertificateParams::new(names.clone())?.self_signed(&key)?;
+        let cert = cert.der().clone();
+        let key_der = Zeroizing::new(key.serialize_der());
+        let signing_key = rustls::crypto::ring::sign::any_supported_type(&PrivateKeyDer::Pkcs8(
+            PrivatePkcs8KeyDer::from(key_der.to_vec()),
+        ))?;
+        let spki_sha256 = spki_sha256(&cert)?;
+        let resolver = Arc::new(CurrentCertificate {
+            certified: RwLock::new(Arc::new(CertifiedKey::new(vec![cert], signing_key))),
+        });
         Ok(Self {
-            fingerprint: fingerprint(&cert),
-            cert_pem: generated.cert.pem(),
-            config: build_config(vec![cert], key)?,
-            self_signed: true,
+            config: build_config(Arc::clone(&resolver) as Arc<dyn ResolvesServerCert>)?,
+            key,
+            names,
+            resolver,
+            spki_sha256,
         })
+    }
+
+    /// Issues a certificate for the same key that carries `evidence_json` (the start-up
+    /// evidence envelope, compact JSON) in the evidence extension; every later handshake
+    /// presents it.
+    pub fn install_evidence(&self, evidence_json: &[u8]) -> Result<(), TlsError> {
+        let mut params = CertificateParams::new(self.names.clone())?;
+        params
+            .custom_extensions
+            .push(CustomExtension::from_oid_content(
+                STAND_IN_OID,
+                evidence_json.to_vec(),
+            ));
+        let stand_in = params.self_signed(&self.key)?;
+        let cert = CertificateDer::from(self.with_evidence_oid(stand_in.der())?);
+        if spki_sha256(&cert)? != self.spki_sha256 {
+            return Err(TlsError::Extension(
+                "the new certificate names another key".to_owned(),
+            ));
+        }
+        let previous = self.resolver.get();
+        let certified = Arc::new(CertifiedKey::new(vec![cert], Arc::clone(&previous.key)));
+        *self
+            .resolver
+            .certified
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = certified;
+        Ok(())
+    }
+
+    /// Rewrites the stand-in OID of a certificate rcgen signed into [`EVIDENCE_EXTENSION_OID`](inferno_attestation::runtime_data::EVIDENCE_EXTENSION_OID)
+    /// and signs the result again with the same key and algorithm.
+    fn with_evidence_oid(&self, stand_in: &[u8]) -> Result<Vec<u8>, TlsError> {
+        let bad = |what: &str| TlsError::Extension(what.to_owned());
+        let (mut tbs, algorithm) = yasna::parse_der(stand_in, |reader| {
+            reader.read_sequence(|reader| {
+                let tbs = reader.next().read_der()?;
+                let algorithm = reader.next().read_der()?;
+                reader.next().read_bitvec_bytes()?;
+                Ok((tbs, algorithm))
+            })
+        })
+        .map_err(|e| TlsError::Extension(format!("rcgen's certificate does not parse: {e}")))?;
+        let stand_in_oid = yasna::construct_der(|w| {
+            w.write_oid(&yasna::models::ObjectIdentifier::from_slice(STAND_IN_OID))
+        });
+        let mut evidence_oid = vec![0x06, EVIDENCE_EXTENSION_OID_DER.len() as u8];
+        evidence_oid.extend_from_slice(EVIDENCE_EXTENSION_OID_DER);
+        if stand_in_oid.len() != evidence_oid.len() {
+            return Err(bad(
+                "the stand-in OID's length differs from the evidence OID's",
+            ));
+        }
+        let mut found = tbs
+            .windows(stand_in_oid.len())
+            .enumerate()
+            .filter(|(_, window)| *window == stand_in_oid.as_slice())
+            .map(|(at, _)| at);
+        let (Some(at), None) = (found.next(), found.next()) else {
+            return Err(bad(
+                "the stand-in OID is not in the certificate exactly once",
+            ));
+        };
+        tbs[at..at + evidence_oid.len()].copy_from_slice(&evidence_oid);
+        let signature = self.key.sign(&tbs)?;
+        Ok(yasna::construct_der(|writer| {
+            writer.write_sequence(|writer| {
+                writer.next().write_der(&tbs);
+                writer.next().write_der(&algorithm);
+                writer
+                    .next()
+                    .write_bitvec_bytes(&signature, signature.len() * 8);
+            });
+        }))
+    }
+
+    /// The rustls configuration (its certificate follows [`Self::install_evidence`]).
+    pub fn config(&self) -> Arc<ServerConfig> {
+        Arc::clone(&self.config)
+    }
+
+    /// SHA-256 of the DER SubjectPublicKeyInfo of the TLS key (the runtime data's
+    /// `tls_spki_sha256`).
+    pub fn spki_sha256(&self) -> [u8; 32] {
+        self.spki_sha256
+    }
+
+    /// The certificate presented now, DER.
+    pub fn certificate_der(&self) -> CertificateDer<'static> {
+        self.resolver.get().cert[0].clone()
+    }
+
+    /// The certificate presented now, PEM (clients of this self-signed server trust it).
+    pub fn cert_pem(&self) -> String {
+        pem_encode_cert(&self.certificate_der())
+    }
+
+    /// SHA-256 of the certificate presented now, colon-separated uppercase hex.
+    pub fn fingerprint(&self) -> String {
+        fingerprint(&self.certificate_der())
     }
 }
 
-fn build_config(
-    chain: Vec<CertificateDer<'static>>,
-    key: PrivateKeyDer<'static>,
-) -> Result<Arc<ServerConfig>, TlsError> {
+fn spki_sha256(cert: &CertificateDer<'_>) -> Result<[u8; 32], TlsError> {
+    crate::attest::tls_spki_sha256(cert.as_ref()).map_err(|e| TlsError::Extension(e.to_string()))
+}
+
+fn build_config(resolver: Arc<dyn ResolvesServerCert>) -> Result<Arc<ServerConfig>, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_no_client_auth()
-        .with_single_cert(chain, key)?;
+        .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
@@ -159,45 +239,47 @@ mod tests {
     use super::*;
 
     #[test]
-    fn self_signed_offers_only_tls13_and_both_alpns() {
-        let identity = ServerIdentity::self_signed("10.1.2.3".parse().unwrap()).unwrap();
-        assert!(identity.self_signed);
+    fn generated_identity_offers_only_tls13_and_both_alpns() {
+        let identity = ServerIdentity::generate("10.1.2.3".parse().unwrap()).unwrap();
         assert_eq!(
             identity.config.alpn_protocols,
             vec![b"h2".to_vec(), b"http/1.1".to_vec()]
         );
-        assert_eq!(identity.fingerprint.len(), 32 * 3 - 1);
-        assert!(identity.cert_pem.starts_with("-----BEGIN CERTIFICATE-----"));
+        assert_eq!(identity.fingerprint().len(), 32 * 3 - 1);
+        assert!(
+            identity
+                .cert_pem()
+                .starts_with("-----BEGIN CERTIFICATE-----")
+        );
     }
 
     #[test]
-    fn pem_files_round_trip_with_the_same_fingerprint() {
-        let generated = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let cert_path = dir.path().join("cert.pem");
-        let key_path = dir.path().join("key.pem");
-        std::fs::write(&cert_path, generated.cert.pem()).unwrap();
-        std::fs::write(&key_path, generated.signing_key.serialize_pem()).unwrap();
-        let identity = ServerIdentity::from_pem_files(&cert_path, &key_path).unwrap();
-        assert!(!identity.self_signed);
-        assert_eq!(identity.fingerprint, fingerprint(generated.cert.der()));
-        let reparsed = CertificateDer::from_pem_slice(identity.cert_pem.as_bytes()).unwrap();
-        assert_eq!(&reparsed, generated.cert.der());
-    }
-
-    #[test]
-    fn missing_or_empty_files_name_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let empty = dir.path().join("empty.pem");
-        std::fs::write(&empty, "").unwrap();
-        let err = ServerIdentity::from_pem_files(&empty, &empty)
-            .err()
-            .unwrap();
-        assert!(err.to_string().contains("empty.pem"), "{err}");
-        let absent = dir.path().join("absent.pem");
-        let err = ServerIdentity::from_pem_files(&absent, &absent)
-            .err()
-            .unwrap();
-        assert!(err.to_string().contains("absent.pem"), "{err}");
+    fn evidence_certificate_carries_the_extension_for_the_same_key_and_verifies() {
+        let identity = ServerIdentity::generate("127.0.0.1".parse().unwrap()).unwrap();
+        let plain = identity.certificate_der();
+        let evidence = br#"{"platform":"sev-snp","x":"evidence"}"#;
+        identity.install_evidence(evidence).unwrap();
+        let cert = identity.certificate_der();
+        assert_ne!(cert, plain);
+        let parsed = inferno_attestation::pki::parse_certificate(cert.as_ref(), "test").unwrap();
+        let extension = parsed
+            .extensions()
+            .iter()
+            .find(|e| e.oid.as_bytes() == EVIDENCE_EXTENSION_OID_DER)
+            .expect("the evidence extension");
+        assert!(!extension.critical);
+        assert_eq!(extension.value, evidence);
+        assert_eq!(spki_sha256(&cert).unwrap(), identity.spki_sha256());
+        // The re-signed certificate verifies under its own key.
+        let spki = parsed.public_key();
+        let key = ring::signature::UnparsedPublicKey::new(
+            &ring::signature::ECDSA_P256_SHA256_ASN1,
+            spki.subject_public_key.data.as_ref(),
+        );
+        key.verify(
+            parsed.tbs_certificate.as_ref(),
+            parsed.signature_value.data.as_ref(),
+        )
+        .expect("the signature over the rewritten certificate verifies");
     }
 }

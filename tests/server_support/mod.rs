@@ -45,7 +45,7 @@ pub fn runtime() -> &'static tokio::runtime::Runtime {
 pub struct Harness {
     /// The bound address.
     pub addr: SocketAddr,
-    /// The server certificate in PEM.
+    /// The server certificate in PEM (the one carrying the start-up evidence).
     pub cert_pem: String,
     /// Shared server state (engine stats, metrics).
     pub app: Arc<App>,
@@ -66,8 +66,11 @@ impl Harness {
         let server = runtime()
             .block_on(Server::start(config))
             .expect("server starts");
+        let model = Model::embedded().expect("embedded model loads");
+        runtime()
+            .block_on(server.attest(model.digest.bytes))
+            .expect("start-up attestation");
         if load_model {
-            let model = Model::embedded().expect("embedded model loads");
             let backend =
                 backend::select(Device::Cpu, &model, &engine_config).expect("CPU backend");
             let engine = Engine::spawn(backend, ModelInfo::of(&model), engine_config)
@@ -76,7 +79,7 @@ impl Harness {
         }
         Harness {
             addr: server.local_addr(),
-            cert_pem: server.identity().cert_pem.clone(),
+            cert_pem: server.identity().cert_pem(),
             app: Arc::clone(server.app()),
             server: Some(server),
         }

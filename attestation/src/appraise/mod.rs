@@ -12,7 +12,7 @@ use crate::bundle::CollateralBundle;
 use crate::evidence::{Base64Bytes, Evidence, StandaloneEvidence};
 use crate::nvidia::GpuEvidence;
 use crate::pki::{self, ClockFloor};
-use crate::policy::{LoadedPolicy, Platform};
+use crate::policy::{LoadedPolicy, Platform, ReferenceValuesUse};
 use crate::report::{AppraisalReport, CheckList, Claims, Verdict};
 use crate::runtime_data::RuntimeData;
 use crate::tpm::TpmEvidence;
@@ -116,6 +116,7 @@ pub fn appraise_with(input: &AppraisalInput<'_>, expected: &Expectations<'_>) ->
         );
     }
 
+    reference_values_check(input.policy, &mut checks);
     let outcome = match platform {
         Platform::SevSnp => snp::appraise(input, &mut checks, &mut claims),
         Platform::Tdx => tdx::appraise(input, &mut checks, &mut claims),
@@ -360,26 +361,57 @@ fn check_runtime_data_challenge(
 }
 
 /// Checks an allow-list: `None` accepts anything (and says so), `Some` requires membership.
+/// An allow-list check of `value` against policy field `field`'s list (absent: any value). The
+/// message names the value and where the list comes from (the policy or its reference values).
 fn allow_list(
     checks: &mut CheckList,
-    id: &str,
+    policy: &LoadedPolicy,
+    (id, field): (&str, &str),
     what: &str,
     value: &[u8],
     list: Option<&Vec<String>>,
 ) {
     let value_hex = hex::encode(value);
+    let source = policy.allow_list_name(field);
     match list {
         None => checks.pass(
             id,
             format!("{what} {value_hex} (the policy sets no allow-list)"),
         ),
-        Some(list) if list.iter().any(|v| v.eq_ignore_ascii_case(&value_hex)) => checks.pass(
+        Some(list) if list.iter().any(|v| v.eq_ignore_ascii_case(&value_hex)) => {
+            checks.pass(id, format!("{what} {value_hex} is in {source}"))
+        }
+        Some(list) if list.is_empty() => checks.fail(
             id,
-            format!("{what} {value_hex} is in the policy's allow-list"),
+            format!("{what} {value_hex} is not listed: {source} list no value at all"),
         ),
-        Some(_) => checks.fail(
-            id,
-            format!("{what} {value_hex} is not in the policy's allow-list"),
+        Some(_) => checks.fail(id, format!("{what} {value_hex} is not in {source}")),
+    }
+}
+
+/// `policy.reference_values`: which reference values the appraisal applies, when the policy
+/// names a file.
+fn reference_values_check(policy: &LoadedPolicy, checks: &mut CheckList) {
+    match &policy.reference_values {
+        ReferenceValuesUse::None => {}
+        ReferenceValuesUse::Applied {
+            file,
+            image,
+            sha256,
+            fields,
+        } => checks.pass(
+            "policy.reference_values",
+            format!(
+                "the reference values of image {image:?} from {file} (SHA-256 {}) apply to {}",
+                hex::encode(sha256),
+                fields.iter().cloned().collect::<Vec<_>>().join(", ")
+            ),
+        ),
+        ReferenceValuesUse::NotApplied { file } => checks.pass(
+            "policy.reference_values",
+            format!(
+                "the reference values in {file} are not applied: this is the appliance's appraisal of its own evidence, which cannot hold the values of its own image; verifiers apply them"
+            ),
         ),
     }
 }

@@ -198,14 +198,16 @@ pub(super) fn appraise(
     }
     allow_list(
         checks,
-        "snp.measurement",
+        input.policy,
+        ("snp.measurement", "sev_snp.measurements"),
         "measurement",
         &report.measurement(),
         snp_policy.measurements.as_ref(),
     );
     allow_list(
         checks,
-        "snp.host_data",
+        input.policy,
+        ("snp.host_data", "sev_snp.host_data"),
         "HOST_DATA",
         &report.host_data(),
         snp_policy.host_data.as_ref(),

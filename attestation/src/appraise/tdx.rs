@@ -95,7 +95,8 @@ pub(super) fn appraise(
     }
     allow_list(
         checks,
-        "tdx.mrtd",
+        input.policy,
+        ("tdx.mrtd", "tdx.mrtd"),
         "MRTD",
         &td.mr_td,
         tdx_policy.mrtd.as_ref(),
@@ -107,9 +108,11 @@ pub(super) fn appraise(
         &tdx_policy.rtmr3,
     ];
     for (i, (value, list)) in td.rtmrs.iter().zip(rtmr_lists).enumerate() {
+        let id = format!("tdx.rtmr{i}");
         allow_list(
             checks,
-            &format!("tdx.rtmr{i}"),
+            input.policy,
+            (&id, &id),
             &format!("RTMR{i}"),
             value,
             list.as_ref(),
@@ -117,7 +120,8 @@ pub(super) fn appraise(
     }
     allow_list(
         checks,
-        "tdx.mr_config_id",
+        input.policy,
+        ("tdx.mr_config_id", "tdx.mr_config_id"),
         "MRCONFIGID",
         &td.mr_config_id,
         tdx_policy.mr_config_id.as_ref(),

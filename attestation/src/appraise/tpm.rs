@@ -7,7 +7,9 @@
 //!   the runtime-data document) or, without a document, the caller's expected nonce;
 //! - `tpm.ak_binding`: the AK is the one the CPU evidence vouches for (the runtime data's
 //!   `tpm_ak_sha256`, or under a paravisor the HCL report's `HCLAkPub`);
-//! - `tpm.pcr_selection`: the verified SHA-256 bank covers the policy's PCRs.
+//! - `tpm.pcr_selection`: the verified SHA-256 bank covers the policy's PCRs;
+//! - `tpm.pcr_values`: each PCR with accepted values (`[tpm] pcr_values`, or the reference
+//!   values the policy names) holds one of them; a failure names the PCR and its value.
 
 use super::Sections;
 use crate::report::{CheckList, Claims};
@@ -103,6 +105,7 @@ pub(super) fn appraise(
     };
     if let Some(verified) = &verified {
         check_pcr_selection(input, verified, checks);
+        check_pcr_values(input, verified, checks);
     }
     if let (AkAnchor::Paravisor(_), Some(doc)) = (anchor, doc) {
         if verified.is_some() && nonce_ok && ak_ok {
@@ -316,5 +319,51 @@ fn check_pcr_selection(
                 missing.join(", ")
             ),
         );
+    }
+}
+
+/// `tpm.pcr_values`: every PCR the policy gives accepted values for (`[tpm] pcr_values`, filled
+/// from the reference values) holds one of them in the verified SHA-256 bank. A PCR that is not
+/// quoted fails too (`tpm.pcr_selection` says so as well).
+fn check_pcr_values(
+    input: &Sections<'_>,
+    verified: &crate::tpm::TpmClaims,
+    checks: &mut CheckList,
+) {
+    let Some(policy) = input.policy.policy.tpm.as_ref() else {
+        return;
+    };
+    if policy.pcr_values.is_empty() {
+        return;
+    }
+    let quoted = verified.pcrs.get(&HashAlg::Sha256);
+    let mut wrong = Vec::new();
+    let mut matched = Vec::new();
+    for (key, accepted) in &policy.pcr_values {
+        let source = input
+            .policy
+            .allow_list_name(&format!("tpm.pcr_values.{key}"));
+        let value = key
+            .parse::<u8>()
+            .ok()
+            .and_then(|pcr| quoted.and_then(|bank| bank.get(&pcr)));
+        match value {
+            None => wrong.push(format!("PCR {key} is not quoted")),
+            Some(value) if accepted.iter().any(|a| a.eq_ignore_ascii_case(value)) => {
+                matched.push(format!("PCR {key}"));
+            }
+            Some(value) => wrong.push(format!(
+                "PCR {key} = {} is not in {source}",
+                value.to_ascii_lowercase()
+            )),
+        }
+    }
+    if wrong.is_empty() {
+        checks.pass(
+            "tpm.pcr_values",
+            format!("{} hold accepted values", matched.join(", ")),
+        );
+    } else {
+        checks.fail("tpm.pcr_values", wrong.join("; "));
     }
 }

@@ -43,15 +43,24 @@ pub struct ReplayClaims {
     pub events: usize,
     /// Per bank, the quoted PCRs whose value the log reproduces.
     pub reproduced: BTreeMap<HashAlg, BTreeSet<u8>>,
-    /// Per bank, quoted PCRs that no event extends and whose value is not the reset value
-    /// (measured by something the log does not record, such as IMA in PCR 10).
+    /// Per bank, quoted PCRs that no event extends and whose value is not the reset value, or
+    /// [`OS_EXTENDED_PCRS`] that do not replay (measured by something the log does not record,
+    /// such as IMA in PCR 10 or systemd-pcrphase in PCR 11).
     pub unaccounted: BTreeMap<HashAlg, BTreeSet<u8>>,
 }
 
+/// PCRs an operating system extends after ExitBootServices without entries in the firmware's
+/// event log: IMA (10), systemd-pcrphase's boot phases after systemd-stub's UKI measurements
+/// (11), systemd's machine-id, file-system and volume-key measurements (15). A firmware log
+/// that does not replay to their quoted value leaves them in [`ReplayClaims::unaccounted`]
+/// instead of failing: their accepted values are the policy's `[tpm] pcr_values`.
+pub const OS_EXTENDED_PCRS: [u8; 3] = [10, 11, 15];
+
 /// Verifies every quote (AK signature, nonce, PCR digest) and replays the event log.
 ///
-/// A PCR extended by the event log must replay to its quoted value; a PCR the log never
-/// extends is reported in [`ReplayClaims::unaccounted`] when it differs from its reset value.
+/// A PCR extended by the event log must replay to its quoted value, except the
+/// [`OS_EXTENDED_PCRS`]; a PCR the log never extends (or one of those that does not replay) is
+/// reported in [`ReplayClaims::unaccounted`] when it differs from its reset value.
 pub fn verify(evidence: &TpmEvidence, expected_nonce: &[u8]) -> Result<TpmClaims, TpmError> {
     let claims = verify_authenticity(evidence)?;
     check_nonce(&claims.nonce, expected_nonce)?;
@@ -244,7 +253,7 @@ fn replay_against(
             let replayed_hex = hex::encode(replayed);
             if &replayed_hex == quoted_hex {
                 claims.reproduced.entry(*bank).or_default().insert(*pcr);
-            } else if replay.extended.contains(pcr) {
+            } else if replay.extended.contains(pcr) && !OS_EXTENDED_PCRS.contains(pcr) {
                 return Err(TpmError::ReplayMismatch {
                     bank: *bank,
                     pcr: *pcr,

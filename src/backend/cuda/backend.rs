@@ -87,6 +87,8 @@ struct Kernels {
     prefill_attention: CudaFunction,
     swiglu: CudaFunction,
     sample: CudaFunction,
+    /// `gemv[m - 1]` computes products of m rows (`kernels/gemv.cu`).
+    gemv: Vec<CudaFunction>,
 }
 
 impl Kernels {
@@ -106,6 +108,10 @@ impl Kernels {
             prefill_attention: get("prefill_attention")?,
             swiglu: get("swiglu")?,
             sample: get("sample_tokens")?,
+            gemv: kernels::GEMV_ENTRIES
+                .iter()
+                .map(|name| get(name))
+                .collect::<Result<_, _>>()?,
         })
     }
 }
@@ -309,6 +315,12 @@ impl CudaBackend {
             options,
             copies: CopyStats::default(),
         };
+        let choose_started = Instant::now();
+        backend.choose_small_m_products()?;
+        tracing::info!(
+            choose_ms = choose_started.elapsed().as_millis() as u64,
+            "product paths chosen"
+        );
         let capture_started = Instant::now();
         if config.cuda_graphs {
             backend.capture_decode_graphs()?;
@@ -437,6 +449,8 @@ impl CudaBackend {
             .map_err(dev("kernel launch"))
     }
 
+    /// `out[m, n] = x[m, k] · w[n, k]ᵀ` (bf16 in, fp32 out) by whichever path was measured
+    /// faster for the shape at start-up.
     fn matmul(
         &mut self,
         x: u64,
@@ -444,8 +458,130 @@ impl CudaBackend {
         out: u64,
         dims: (usize, usize, usize),
     ) -> Result<(), BackendError> {
+        let aligned = (x | w).is_multiple_of(16);
+        self.product(aligned && self.gemm.uses_small_m(dims), (x, w, out), dims)
+    }
+
+    /// One product by the small-M kernel (`small_m`, which `plan::small_m_fits` must allow and
+    /// whose x and w must be 16-byte aligned) or by cuBLASLt.
+    fn product(
+        &mut self,
+        small_m: bool,
+        (x, w, out): (u64, u64, u64),
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<(), BackendError> {
+        if small_m {
+            return self.launch(
+                &self.kernels.gemv[m - 1],
+                (to_u32(n.div_ceil(plan::GEMV_ROWS), "product rows")?, 1, 1),
+                (plan::GEMV_WARPS * 32) as u32,
+                &[
+                    Arg::Ptr(x),
+                    Arg::Ptr(w),
+                    Arg::Ptr(out),
+                    Arg::Int(to_u32(n, "product rows")? as i32),
+                    Arg::Int(to_u32(k, "product depth")? as i32),
+                ],
+            );
+        }
         let stream = self.stream.cu_stream() as cudarc::cublaslt::sys::cudaStream_t;
-        self.gemm.matmul(stream, (x, w, out), dims)
+        self.gemm.matmul(stream, (x, w, out), (m, n, k))
+    }
+
+    /// Times the small-M kernels against cuBLASLt for every product shape of a decode step of
+    /// up to `plan::GEMV_MAX_M` rows, on the model's own weights (cycling through the layers so
+    /// the weights come from memory, as in a step), and records the faster path per shape.
+    fn choose_small_m_products(&mut self) -> Result<(), BackendError> {
+        const REPS: usize = 8;
+        let p = self.params.clone();
+        let qkv_n = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim;
+        let q_width = p.num_q_heads * p.head_dim;
+        let layers = &self.weights.layers;
+        let per_layer = |f: fn(&LayerWeights) -> u64| layers.iter().map(f).collect::<Vec<u64>>();
+        let (normed, attn, mlp) = (
+            self.act.normed.ptr(),
+            self.act.attn.ptr(),
+            self.act.mlp.ptr(),
+        );
+        let products: Vec<(u64, Vec<u64>, u64, usize, usize, usize)> = vec![
+            (
+                normed,
+                per_layer(|w| w.qkv.ptr()),
+                self.act.qkv.ptr(),
+                qkv_n,
+                p.hidden,
+                self.limits.max_tokens,
+            ),
+            (
+                attn,
+                per_layer(|w| w.o_proj.ptr()),
+                self.act.delta.ptr(),
+                p.hidden,
+                q_width,
+                self.limits.max_tokens,
+            ),
+            (
+                normed,
+                per_layer(|w| w.gate_up.ptr()),
+                self.act.gate_up.ptr(),
+                2 * p.intermediate,
+                p.hidden,
+                self.limits.max_tokens,
+            ),
+            (
+                mlp,
+                per_layer(|w| w.down.ptr()),
+                self.act.delta.ptr(),
+                p.hidden,
+                p.intermediate,
+                self.limits.max_tokens,
+            ),
+            (
+                normed,
+                vec![self.weights.lm_head_ptr()],
+                self.act.logits.ptr(),
+                p.vocab,
+                p.hidden,
+                self.limits.max_rows,
+            ),
+        ];
+        let mut kernel_total = std::time::Duration::ZERO;
+        let mut best_total = std::time::Duration::ZERO;
+        for (x, weights, out, n, k, max_m) in products {
+            for m in 1..=plan::GEMV_MAX_M.min(max_m) {
+                let fits = plan::small_m_fits(m, n, k)
+                    && weights.iter().all(|w| (w | x).is_multiple_of(16));
+                if !fits {
+                    self.gemm.record_small_m((m, n, k), false);
+                    continue;
+                }
+                let mut took = [std::time::Duration::ZERO; 2];
+                for (path, small_m) in [(0, true), (1, false)] {
+                    for w in weights.iter().take(2) {
+                        self.product(small_m, (x, *w, out), (m, n, k))?;
+                    }
+                    self.stream.synchronize().map_err(dev("product timing"))?;
+                    let started = Instant::now();
+                    for i in 0..REPS.max(weights.len()) {
+                        self.product(small_m, (x, weights[i % weights.len()], out), (m, n, k))?;
+                    }
+                    self.stream.synchronize().map_err(dev("product timing"))?;
+                    took[path] = started.elapsed();
+                }
+                self.gemm.record_small_m((m, n, k), took[0] < took[1]);
+                if m == 1 {
+                    kernel_total += took[0];
+                    best_total += took[0].min(took[1]);
+                }
+            }
+        }
+        tracing::info!(
+            small_m_shapes = self.gemm.small_m_shapes(),
+            batch1_kernel_us = kernel_total.as_micros() as u64,
+            batch1_best_us = best_total.as_micros() as u64,
+            "small-M products measured against cuBLASLt"
+        );
+        Ok(())
     }
 
     /// Attention of one layer into `act.attn`: the tiled prefill kernel when the step carries
@@ -491,7 +627,7 @@ impl CudaBackend {
                 to_u32(p.num_kv_heads, "kv heads")?,
                 to_u32(splits, "splits")?,
             ),
-            128,
+            (plan::ATTN_WARPS * 32) as u32,
             &[
                 Arg::Ptr(self.act.q.ptr()),
                 Arg::Ptr(self.k_cache[layer].ptr()),
@@ -509,7 +645,7 @@ impl CudaBackend {
         self.launch(
             &self.kernels.attention_reduce,
             (t32, to_u32(p.num_q_heads, "q heads")?, 1),
-            p.head_dim.min(128) as u32,
+            plan::ATTN_REDUCE_THREADS as u32,
             &[
                 Arg::Ptr(self.act.part_acc.ptr()),
                 Arg::Ptr(self.act.part_ml.ptr()),

@@ -6,8 +6,12 @@
 //! row-major weights `w` (the safetensors layout). In cuBLASLt's column-major terms that is
 //! `outᵀ (n × m) = op(W) · X` with `W` transposed, so no weight is ever re-laid out. The algorithm
 //! for each shape comes from cuBLASLt's heuristic once and is cached with its descriptors.
+//!
+//! Products of at most `plan::GEMV_MAX_M` rows may instead run the small-M kernels of
+//! `kernels/gemv.cu`; which path serves each such shape is measured once at start-up (the backend
+//! times both on the model's own weights) and recorded here with [`Gemm::record_small_m`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 
 use cudarc::cublaslt::result as lt;
@@ -40,6 +44,8 @@ pub struct Gemm {
     handle: sys::cublasLtHandle_t,
     workspace: DeviceBuffer,
     plans: HashMap<Shape, Plan>,
+    /// Shapes the small-M kernels computed faster than cuBLASLt at start-up.
+    small_m: HashSet<Shape>,
 }
 
 // SAFETY: the handle and descriptors are plain cuBLASLt objects with no thread affinity; the
@@ -58,6 +64,7 @@ impl Gemm {
             handle,
             workspace: DeviceBuffer::new(WORKSPACE_BYTES)?,
             plans: HashMap::new(),
+            small_m: HashSet::new(),
         })
     }
 
@@ -131,6 +138,27 @@ impl Gemm {
             d,
             algo: heuristic.algo,
         })
+    }
+
+    /// Records which path serves `[m, k] x [n, k]^T` from now on: the small-M kernel when
+    /// `kernel_faster`, else cuBLASLt.
+    pub fn record_small_m(&mut self, (m, n, k): (usize, usize, usize), kernel_faster: bool) {
+        let shape = Shape { m, n, k };
+        if kernel_faster {
+            self.small_m.insert(shape);
+        } else {
+            self.small_m.remove(&shape);
+        }
+    }
+
+    /// Whether the small-M kernel serves this shape (it was measured faster at start-up).
+    pub fn uses_small_m(&self, (m, n, k): (usize, usize, usize)) -> bool {
+        self.small_m.contains(&Shape { m, n, k })
+    }
+
+    /// Shapes the small-M kernels serve.
+    pub fn small_m_shapes(&self) -> usize {
+        self.small_m.len()
     }
 
     /// `out[m, n] = x[m, k] · w[n, k]ᵀ` on `stream`, with `x` and `w` bf16 and `out` fp32.

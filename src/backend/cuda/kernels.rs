@@ -38,8 +38,13 @@ pub struct KernelFamily {
     pub entry_points: &'static [&'static str],
 }
 
+/// The small-M product kernels, `GEMV_ENTRIES[m - 1]` for m rows of x (see `kernels/gemv.cu`).
+pub const GEMV_ENTRIES: [&str; super::plan::GEMV_MAX_M] = [
+    "gemv_m1", "gemv_m2", "gemv_m3", "gemv_m4", "gemv_m5", "gemv_m6", "gemv_m7", "gemv_m8",
+];
+
 /// Every family the backend compiles when a model loads.
-pub const FAMILIES: [KernelFamily; 7] = [
+pub const FAMILIES: [KernelFamily; 8] = [
     KernelFamily {
         name: "embedding.cu",
         source: include_str!("../../../kernels/embedding.cu"),
@@ -74,6 +79,11 @@ pub const FAMILIES: [KernelFamily; 7] = [
         name: "sampling.cu",
         source: include_str!("../../../kernels/sampling.cu"),
         entry_points: &["sample_tokens"],
+    },
+    KernelFamily {
+        name: "gemv.cu",
+        source: include_str!("../../../kernels/gemv.cu"),
+        entry_points: &GEMV_ENTRIES,
     },
 ];
 
@@ -139,6 +149,11 @@ impl KernelParams {
             ("SLIDING_WINDOW", self.sliding_window),
             ("MAX_TOP_LOGPROBS", MAX_TOP_LOGPROBS),
             ("SAMPLE_PARAMS", SAMPLE_PARAMS),
+            ("ATTN_WARPS", super::plan::ATTN_WARPS),
+            ("ATTN_MIN_PARTITION", super::plan::MIN_PARTITION),
+            ("ATTN_REDUCE_THREADS", super::plan::ATTN_REDUCE_THREADS),
+            ("GEMV_ROWS", super::plan::GEMV_ROWS),
+            ("GEMV_WARPS", super::plan::GEMV_WARPS),
         ];
         for (name, value) in ints {
             // Writing to a String cannot fail.
@@ -156,15 +171,18 @@ impl KernelParams {
                 self.num_q_heads, self.num_kv_heads
             ));
         }
-        if !self.head_dim.is_multiple_of(2) || self.head_dim > 256 {
+        // attention.cu reads key and value rows with 16-byte loads of 8 values.
+        if !self.head_dim.is_multiple_of(8) || self.head_dim > 256 {
             return Some(format!(
-                "head_dim {} must be even and at most 256",
+                "head_dim {} must be a multiple of 8 and at most 256",
                 self.head_dim
             ));
         }
-        // attention.cu keeps 4 warps x group x head_dim fp32 partials in shared memory.
+        // attention.cu keeps ATTN_WARPS x group x head_dim fp32 partials, and a max and a sum per
+        // warp and head, in shared memory.
         let group = self.num_q_heads / self.num_kv_heads;
-        let shared = (4 * group * self.head_dim + group * self.head_dim + 8 * group) * 4;
+        let warps = super::plan::ATTN_WARPS;
+        let shared = (warps * group * self.head_dim + 2 * warps * group) * 4;
         if shared > 48 * 1024 {
             return Some(format!(
                 "attention group {group} x head_dim {} needs {shared} bytes of shared memory",
@@ -281,6 +299,11 @@ mod tests {
             "#define VOCAB 128256\n",
             "#define RMS_EPS 1e-5f\n",
             "#define QK_NORM 0\n",
+            &format!("#define ATTN_WARPS {}\n", super::super::plan::ATTN_WARPS),
+            &format!(
+                "#define ATTN_MIN_PARTITION {}\n",
+                super::super::plan::MIN_PARTITION
+            ),
         ] {
             assert!(text.contains(needle), "missing {needle:?} in {text}");
         }
@@ -314,6 +337,9 @@ mod tests {
         let mut wide = params();
         wide.head_dim = 512;
         assert!(wide.unsupported().is_some());
+        let mut unaligned = params();
+        unaligned.head_dim = 68;
+        assert!(unaligned.unsupported().is_some());
     }
 
     #[test]

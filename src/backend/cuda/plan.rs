@@ -19,9 +19,34 @@ pub fn kv_blocks(free_bytes: usize, fraction: f64, block_bytes: usize) -> usize 
     budget / block_bytes
 }
 
-/// Positions a partition should hold at least, so short contexts use one partition. Equals
-/// `ATTN_MIN_PARTITION` in `kernels/attention.cu`, which derives each token's own partition.
+/// Positions a partition should hold at least, so short contexts use one partition. Passed to
+/// `kernels/attention.cu` as `ATTN_MIN_PARTITION` (see `kernels::KernelParams::defines`), where
+/// each token derives its own partition.
 pub const MIN_PARTITION: usize = 32;
+
+/// Warps per block of the decode attention kernel, passed to `kernels/attention.cu` as
+/// `ATTN_WARPS`; the launch uses `ATTN_WARPS * 32` threads.
+pub const ATTN_WARPS: usize = 4;
+
+/// Rows of x the small-M product kernels (`kernels/gemv.cu`) serve; larger products go to
+/// cuBLASLt.
+pub const GEMV_MAX_M: usize = 8;
+
+/// Weight rows one block of the small-M product kernels owns, passed as `GEMV_ROWS`.
+pub const GEMV_ROWS: usize = 4;
+
+/// Warps per block of the small-M product kernels (they split K), passed as `GEMV_WARPS`.
+pub const GEMV_WARPS: usize = 4;
+
+/// Whether the small-M product kernels can compute `[m, k] x [n, k]^T`: at most `GEMV_MAX_M`
+/// rows, and K a whole number of their 16-byte (8-value) loads.
+pub fn small_m_fits(m: usize, n: usize, k: usize) -> bool {
+    (1..=GEMV_MAX_M).contains(&m) && n > 0 && k > 0 && k.is_multiple_of(8)
+}
+
+/// Threads per block of the split reduction of the decode attention kernel, passed to
+/// `kernels/attention.cu` as `ATTN_REDUCE_THREADS` (a multiple of 32, at least head_dim / 4).
+pub const ATTN_REDUCE_THREADS: usize = 128;
 
 /// Attention blocks (tokens × KV heads × splits) a launch aims for: enough to fill every SM of a
 /// large GPU several times over, so a small batch splits its contexts and a large one does not
@@ -126,9 +151,12 @@ mod tests {
     }
 
     #[test]
-    fn kernel_and_host_agree_on_the_minimum_partition() {
-        let source = include_str!("../../../kernels/attention.cu");
-        assert!(source.contains(&format!("#define ATTN_MIN_PARTITION {MIN_PARTITION}\n")));
+    fn small_m_products_need_whole_loads() {
+        assert!(small_m_fits(1, 4096, 4096));
+        assert!(small_m_fits(8, 128_256, 4096));
+        assert!(!small_m_fits(9, 4096, 4096));
+        assert!(!small_m_fits(0, 4096, 4096));
+        assert!(!small_m_fits(1, 4096, 4100));
     }
 
     #[test]

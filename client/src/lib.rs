@@ -1,0 +1,24 @@
+//! Verify an Inferno server before sending it anything: connect over TLS, read the start-up
+//! evidence from the certificate, ask for fresh evidence bound to this very connection, judge
+//! both against a client policy, and only then hand the connection back.
+//!
+//! - [`policy`]: the client policy (TOML) of reference values and requirements;
+//! - [`Client`]: connects and verifies ([`Client::connect`]);
+//! - [`appraise_connection`]: the checks on what one connection observed, each by name;
+//! - [`TrustReport`]: the outcome.
+//!
+//! `docs/client.md` describes the exchange and every check; `docs/attestation-protocol.md` is
+//! the wire protocol.
+
+#![warn(missing_docs)]
+
+mod appraisal;
+mod certificate;
+mod connect;
+pub mod policy;
+mod tls;
+
+pub use appraisal::{Observation, TrustReport, appraise_connection};
+pub use certificate::{CertificateClaims, read_certificate};
+pub use connect::{Client, ClientError, NONCE_LEN, Target, VerifiedConnection};
+pub use inferno_attestation::report::{Check, Verdict};

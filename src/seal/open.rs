@@ -1,0 +1,179 @@
+//! Opening a sealed model at load: every chunk read once and decrypted in place, in parallel,
+//! into the memory the loader parses and the backends upload from; the per-file SHA-256 and the
+//! model digest are computed from those decrypted bytes before anything uses them. No plaintext
+//! is written anywhere but these buffers, which are zeroized when dropped (also on failure).
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use rayon::prelude::*;
+use zeroize::Zeroizing;
+
+use super::chunk::{FileCipher, TAG_LEN, chunk_count, sealed_len};
+use super::error::SealError;
+use super::key::ModelKey;
+use super::manifest::{Manifest, SEALED_SUFFIX};
+use crate::model::{FileBytes, ModelFiles};
+
+/// Decrypts the sealed model in `dir` with `key`. Fails (zeroizing everything decrypted so
+/// far) on a wrong key, a file of the wrong length, a chunk that does not authenticate, or a
+/// file or model digest that differs from the manifest's.
+pub fn open_sealed(dir: &Path, key: &ModelKey) -> Result<(Manifest, ModelFiles), SealError> {
+    let (manifest, header_digest) = Manifest::read(dir)?;
+    if key.id() != manifest.key_id {
+        return Err(SealError::WrongKey {
+            expected: manifest.key_id.clone(),
+            actual: key.id(),
+        });
+    }
+    let salt = manifest.salt_bytes();
+    let chunk_size = manifest.chunk_size;
+
+    let mut sources = Vec::with_capacity(manifest.files.len());
+    for file in &manifest.files {
+        let path = dir.join(format!("{}{SEALED_SUFFIX}", file.name));
+        let handle = File::open(&path).map_err(SealError::io(&path))?;
+        let actual = handle.metadata().map_err(SealError::io(&path))?.len();
+        let expected = sealed_len(file.size, chunk_size);
+        if actual != expected {
+            return Err(SealError::Length {
+                path,
+                expected,
+                actual,
+            });
+        }
+        let size = usize::try_from(file.size).map_err(|_| SealError::Length {
+            path: path.clone(),
+            expected,
+            actual,
+        })?;
+        sources.push((
+            path,
+            handle,
+            FileCipher::new(key, &salt, header_digest, &file.name),
+            size,
+        ));
+    }
+
+    // Decrypt: one task per chunk, each reading its ciphertext straight into its place in the
+    // file's plaintext buffer and opening it there.
+    let mut buffers: Vec<Zeroizing<Vec<u8>>> = sources
+        .iter()
+        .map(|(_, _, _, size)| Zeroizing::new(vec![0u8; *size]))
+        .collect();
+    buffers.par_iter_mut().zip(&sources).try_for_each(
+        |(buffer, (path, handle, cipher, size))| {
+            let chunks = chunk_count(*size as u64, chunk_size);
+            let open = |index: u64, plain: &mut [u8]| {
+                let offset = index * (chunk_size + TAG_LEN as u64);
+                let mut tag = [0u8; TAG_LEN];
+                handle
+                    .read_exact_at(plain, offset)
+                    .and_then(|()| handle.read_exact_at(&mut tag, offset + plain.len() as u64))
+                    .map_err(SealError::io(path))?;
+                if cipher.open(index, index + 1 == chunks, plain, &tag) {
+                    Ok(())
+                } else {
+                    Err(SealError::Chunk {
+                        path: path.clone(),
+                        index,
+                    })
+                }
+            };
+            if *size == 0 {
+                return open(0, &mut []);
+            }
+            buffer
+                .par_chunks_mut(chunk_size as usize)
+                .enumerate()
+                .try_for_each(|(index, plain)| open(index as u64, plain))
+        },
+    )?;
+
+    // Hash the decrypted bytes (one task per file) and compare with the manifest.
+    let hashes: Vec<String> = buffers
+        .par_iter()
+        .map(|b| hex::encode(ring::digest::digest(&ring::digest::SHA256, b)))
+        .collect();
+    for (file, actual) in manifest.files.iter().zip(&hashes) {
+        if *actual != file.sha256 {
+            return Err(SealError::Digest {
+                what: format!("file {}", file.name),
+                expected: file.sha256.clone(),
+                actual: actual.clone(),
+            });
+        }
+    }
+    let parts = manifest
+        .files
+        .iter()
+        .zip(buffers)
+        .zip(hashes)
+        .map(|((file, mut buffer), sha256)| {
+            let bytes = std::mem::take(&mut *buffer);
+            (file.name.clone(), FileBytes::secret(bytes), sha256)
+        })
+        .collect();
+    let files = ModelFiles::from_parts(dir.to_path_buf(), parts);
+    if files.digest().hex != manifest.model_digest {
+        return Err(SealError::Digest {
+            what: "model".into(),
+            expected: manifest.model_digest.clone(),
+            actual: files.digest().hex.clone(),
+        });
+    }
+    Ok((manifest, files))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::seal::chunk::FileCipher;
+    use crate::seal::manifest::{
+        ALGORITHM, FORMAT, MANIFEST_FILE, ReleaseRequirements, SealedFile, VERSION,
+    };
+
+    /// A sealer that lies: the manifest promises a SHA-256 the sealed plaintext does not have.
+    /// Every chunk authenticates; the digest check refuses the model.
+    #[test]
+    fn a_plaintext_whose_digest_differs_from_the_manifest_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = ModelKey::from_bytes([5; 32]);
+        let salt = [6u8; 32];
+        let plain = b"the real contents".to_vec();
+        let mut manifest = Manifest {
+            format: FORMAT.into(),
+            version: VERSION,
+            algorithm: ALGORITHM.into(),
+            chunk_size: 4096,
+            key_id: key.id(),
+            salt: hex::encode(salt),
+            model_digest: String::new(),
+            files: vec![SealedFile {
+                name: "config.json".into(),
+                size: plain.len() as u64,
+                sha256: hex::encode(ring::digest::digest(&ring::digest::SHA256, b"other")),
+            }],
+            release: ReleaseRequirements::default(),
+            wrapped_key: None,
+        };
+        manifest.model_digest = manifest.implied_digest().hex;
+        let bytes = manifest.to_bytes();
+        std::fs::write(dir.path().join(MANIFEST_FILE), &bytes).unwrap();
+        let (_, header) = Manifest::parse(Path::new("m"), &bytes).unwrap();
+        let cipher = FileCipher::new(&key, &salt, header, "config.json");
+        let mut sealed = plain.clone();
+        let tag = cipher.seal(0, true, &mut sealed);
+        sealed.extend_from_slice(&tag);
+        std::fs::write(dir.path().join("config.json.sealed"), &sealed).unwrap();
+
+        let err = open_sealed(dir.path(), &key).unwrap_err();
+        assert!(matches!(err, SealError::Digest { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("model digest mismatch: file config.json"),
+            "{err}"
+        );
+    }
+}

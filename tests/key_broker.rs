@@ -1,0 +1,611 @@
+//! The key broker (issue 10) end to end with the simulated TEE: a model sealed to the broker is
+//! released to evidence that passes the release policy and reproduces the golden outputs;
+//! `inferno serve --key-broker` serves it; a wrong measurement, a model the broker does not
+//! release, a broker that is down, and a replayed or stale challenge are refused; every
+//! release and refusal is in the broker's audit log, which `inferno audit verify` accepts.
+
+#![cfg(feature = "simulated-tee")]
+
+mod support;
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use inferno::config::AttestationConfig;
+use inferno::engine::EngineConfig;
+use inferno::keybroker::protocol::{
+    ATTEST_PATH, AUTH_PATH, AttestRequest, AuthRequest, AuthResponse, PROTOCOL_VERSION,
+};
+use inferno::keybroker::server::{Broker, load_or_create_keys};
+use inferno::keybroker::{BrokerError, KeyRequest, ReleasePolicy, request_key};
+use inferno::model::{Model, ModelDigest};
+use inferno::seal::manifest::{MIN_CHUNK_SIZE, Manifest, ReleaseRequirements};
+use inferno::seal::recipient::{RecipientKey, RecipientSecret};
+use inferno::seal::{ModelKey, SealOptions, open_sealed, seal_dir};
+use inferno_attestation::evidence::Evidence;
+use inferno_attestation::runtime_data::RuntimeData;
+use inferno_audit::{AuditConfig, AuditSink, ContentMode, RecordBody, SecurityEvent, read_records};
+use support::{committed_fixture, engine, golden, greedy, run};
+
+const MODEL_ID: &str = "inferno-tiny";
+
+/// SHA-256 of the embedded development policy (the appliance's server policy), hex.
+fn dev_policy_digest() -> String {
+    hex::encode(ring::digest::digest(
+        &ring::digest::SHA256,
+        inferno::attest::DEVELOPMENT_POLICY,
+    ))
+}
+
+/// The simulated guest's launch measurement, hex.
+fn simulated_measurement() -> String {
+    hex::encode(inferno_attestation::collect::simulated::default_measurement())
+}
+
+/// A release policy appraising under the development policy with one rule for `model_id`.
+fn release_policy(dir: &Path, model_id: &str, key_id: &str, measurement: &str) -> PathBuf {
+    let path = dir.join("release.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "appraisal = \"development\"\n[[model]]\nid = \"{model_id}\"\nkey_ids = [\"{key_id}\"]\nmeasurements = [\"{measurement}\"]\nserver_policies = [\"{}\"]\n",
+            dev_policy_digest()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Seals the committed fixture to `recipient` under model id [`MODEL_ID`].
+fn seal_to(work: &Path, recipient: &RecipientKey) -> (PathBuf, Manifest) {
+    let out = work.join("sealed");
+    let options = SealOptions {
+        chunk_size: MIN_CHUNK_SIZE,
+        release: ReleaseRequirements {
+            model_id: Some(MODEL_ID.into()),
+            policy_sha256: Vec::new(),
+        },
+        recipient: Some(recipient.clone()),
+        progress: false,
+    };
+    let manifest = seal_dir(
+        &committed_fixture("inferno-tiny"),
+        &out,
+        &ModelKey::generate().unwrap(),
+        &options,
+    )
+    .unwrap();
+    (out, manifest)
+}
+
+/// A broker serving in this process.
+struct InProcess {
+    runtime: tokio::runtime::Runtime,
+    broker: Arc<Broker>,
+    url: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    audit_dir: PathBuf,
+}
+
+impl InProcess {
+    fn start(work: &Path, secret: RecipientSecret, policy: &Path, ttl: Duration) -> Self {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let audit_dir = work.join("broker-audit");
+        let policy = ReleasePolicy::from_file(policy).unwrap();
+        let (broker, listener) = runtime.block_on(async {
+            let audit = AuditSink::open(
+                &AuditConfig {
+                    dir: audit_dir.clone(),
+                    ..AuditConfig::default()
+                },
+                ContentMode::None,
+                "inferno-keybroker/test",
+            )
+            .unwrap();
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            (Arc::new(Broker::new(secret, policy, audit, ttl)), listener)
+        });
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        runtime.spawn(inferno::keybroker::server::serve(
+            listener,
+            Arc::clone(&broker),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Self {
+            runtime,
+            broker,
+            url,
+            stop: Some(stop),
+            audit_dir,
+        }
+    }
+
+    /// Stops serving and closes the audit log; returns its key-release events.
+    fn stop(mut self) -> Vec<(bool, String)> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.runtime
+            .block_on(self.broker.audit().shutdown("test over"))
+            .unwrap();
+        key_releases(&self.audit_dir)
+    }
+}
+
+/// The key-release events of the (stopped) audit log in `dir`.
+fn key_releases(dir: &Path) -> Vec<(bool, String)> {
+    read_records(dir)
+        .expect("the log reads")
+        .into_iter()
+        .filter_map(|stored| match stored.record.body {
+            RecordBody::Event(SecurityEvent::KeyRelease {
+                released, reason, ..
+            }) => Some((released, reason)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The appliance's start-up runtime data in the development profile (before the challenge).
+fn base_runtime_data() -> RuntimeData {
+    let mut digest = [0u8; 32];
+    hex::decode_to_slice(dev_policy_digest(), &mut digest).unwrap();
+    RuntimeData::new(digest, "inferno/test")
+}
+
+fn simulated_evidence(mut doc: RuntimeData) -> Result<Evidence, String> {
+    inferno::attest::collect_fresh_evidence(&AttestationConfig::development(), &mut doc)
+        .map_err(|e| e.to_string())
+}
+
+fn key_request(manifest: &Manifest) -> KeyRequest {
+    KeyRequest {
+        model_id: MODEL_ID.into(),
+        key_id: manifest.key_id.clone(),
+        wrapped_key: manifest.wrapped_key.clone().unwrap(),
+        tee: "sev-snp".into(),
+    }
+}
+
+#[test]
+fn a_released_key_opens_the_sealed_fixture_and_reproduces_the_golden_outputs() {
+    let work = tempfile::tempdir().unwrap();
+    let (secret, public) = RecipientSecret::generate();
+    let (sealed, manifest) = seal_to(work.path(), &public);
+    let policy = release_policy(
+        work.path(),
+        MODEL_ID,
+        &manifest.key_id,
+        &simulated_measurement(),
+    );
+    let broker = InProcess::start(work.path(), secret, &policy, Duration::from_secs(60));
+    let key = broker
+        .runtime
+        .block_on(request_key(
+            &broker.url,
+            &key_request(&manifest),
+            &base_runtime_data(),
+            0,
+            simulated_evidence,
+        ))
+        .expect("the broker releases the key");
+    assert_eq!(key.id(), manifest.key_id);
+    let releases = broker.stop();
+    assert_eq!(releases.len(), 1, "{releases:?}");
+    assert!(releases[0].0, "{releases:?}");
+    assert!(releases[0].1.contains("SIMULATED TEE"), "{releases:?}");
+
+    let plain = committed_fixture("inferno-tiny");
+    let (_, files) = open_sealed(&sealed, &key).expect("the released key opens the model");
+    assert_eq!(files.digest(), &ModelDigest::of_dir(&plain).unwrap());
+    let model = Model::from_files(&files, MODEL_ID.into()).unwrap();
+    drop(files);
+    let config = EngineConfig {
+        max_batched_tokens: 128,
+        kv_cache_bytes: 64 << 20,
+        ..Default::default()
+    };
+    let engine = engine(&model, config);
+    for (i, case) in golden(&plain).iter().enumerate() {
+        let out = run(&engine, greedy(&case.input_ids, case.greedy_24.len()));
+        assert_eq!(out.tokens, case.greedy_24, "case {i}");
+    }
+    engine.shutdown();
+}
+
+#[test]
+fn the_broker_refuses_a_wrong_measurement_an_unknown_model_and_another_brokers_key() {
+    let work = tempfile::tempdir().unwrap();
+    let (secret, public) = RecipientSecret::generate();
+    let (_, manifest) = seal_to(work.path(), &public);
+    let policy = release_policy(work.path(), MODEL_ID, &manifest.key_id, &"ab".repeat(48));
+    let broker = InProcess::start(work.path(), secret, &policy, Duration::from_secs(60));
+    let ask = |request: KeyRequest| {
+        broker.runtime.block_on(request_key(
+            &broker.url,
+            &request,
+            &base_runtime_data(),
+            3,
+            simulated_evidence,
+        ))
+    };
+    let refused = |result: Result<ModelKey, BrokerError>| match result {
+        Err(BrokerError::Refused { message, .. }) => message,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let wrong_measurement = refused(ask(key_request(&manifest)));
+    assert!(
+        wrong_measurement.contains("launch measurement")
+            && wrong_measurement.contains(&simulated_measurement()),
+        "{wrong_measurement}"
+    );
+    let mut other_model = key_request(&manifest);
+    other_model.model_id = "another-model".into();
+    let unknown = refused(ask(other_model));
+    assert!(unknown.contains("not released by this broker"), "{unknown}");
+    let releases = broker.stop();
+    assert_eq!(releases.len(), 2, "{releases:?}");
+    assert!(
+        releases.iter().all(|(released, _)| !released),
+        "{releases:?}"
+    );
+    assert!(releases[0].1.contains("launch measurement"), "{releases:?}");
+    assert!(releases[1].1.contains("another-model"), "{releases:?}");
+
+    // A model sealed to another broker: refused even though the policy would allow it.
+    let work = tempfile::tempdir().unwrap();
+    let (secret, _) = RecipientSecret::generate();
+    let (_, elsewhere) = RecipientSecret::generate();
+    let (_, manifest) = seal_to(work.path(), &elsewhere);
+    let policy = release_policy(
+        work.path(),
+        MODEL_ID,
+        &manifest.key_id,
+        &simulated_measurement(),
+    );
+    let broker = InProcess::start(work.path(), secret, &policy, Duration::from_secs(60));
+    let result = broker.runtime.block_on(request_key(
+        &broker.url,
+        &key_request(&manifest),
+        &base_runtime_data(),
+        0,
+        simulated_evidence,
+    ));
+    let message = refused(result);
+    assert!(message.contains("sealed for key broker"), "{message}");
+    broker.stop();
+}
+
+/// Runs the exchange by hand: returns the challenge, the attest request and its answer.
+async fn exchange(
+    client: &reqwest::Client,
+    url: &str,
+    manifest: &Manifest,
+) -> (AuthResponse, AttestRequest) {
+    let challenge: AuthResponse = client
+        .post(format!("{url}{AUTH_PATH}"))
+        .json(&AuthRequest {
+            version: PROTOCOL_VERSION.into(),
+            tee: "sev-snp".into(),
+            model_id: MODEL_ID.into(),
+            key_id: manifest.key_id.clone(),
+        })
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let (_, public) = RecipientSecret::generate();
+    let nonce = hex::decode(&challenge.nonce).unwrap();
+    let doc =
+        inferno::keybroker::client::release_runtime_data(&base_runtime_data(), &nonce, &public)
+            .unwrap();
+    let evidence = simulated_evidence(doc).unwrap();
+    let request = AttestRequest {
+        session: challenge.session.clone(),
+        tee_pubkey: public.to_hex(),
+        evidence: serde_json::to_value(&evidence).unwrap(),
+        wrapped_key: manifest.wrapped_key.clone().unwrap(),
+    };
+    (challenge, request)
+}
+
+async fn attest(
+    client: &reqwest::Client,
+    url: &str,
+    request: &AttestRequest,
+) -> (u16, serde_json::Value) {
+    let response = client
+        .post(format!("{url}{ATTEST_PATH}"))
+        .json(request)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
+#[test]
+fn a_replayed_or_stale_challenge_is_refused() {
+    let work = tempfile::tempdir().unwrap();
+    let (secret, public) = RecipientSecret::generate();
+    let (_, manifest) = seal_to(work.path(), &public);
+    let policy = release_policy(
+        work.path(),
+        MODEL_ID,
+        &manifest.key_id,
+        &simulated_measurement(),
+    );
+    let broker = InProcess::start(work.path(), secret, &policy, Duration::from_secs(2));
+    let client = reqwest::Client::new();
+    broker.runtime.block_on(async {
+        let (_, first) = exchange(&client, &broker.url, &manifest).await;
+        let (status, body) = attest(&client, &broker.url, &first).await;
+        assert_eq!(status, 200, "{body}");
+        // The same request again: the session answered once already.
+        let (status, body) = attest(&client, &broker.url, &first).await;
+        assert_eq!(status, 401, "{body}");
+        assert_eq!(body["error"]["type"], "invalid_session", "{body}");
+        // The old evidence under a fresh session: it does not bind the new nonce.
+        let (fresh, _) = exchange(&client, &broker.url, &manifest).await;
+        let replayed = AttestRequest {
+            session: fresh.session,
+            ..first.clone()
+        };
+        let (status, body) = attest(&client, &broker.url, &replayed).await;
+        assert_eq!(status, 403, "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("runtime_data.challenge"), "{message}");
+        // A challenge answered after it expired.
+        let (_, late) = exchange(&client, &broker.url, &manifest).await;
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let (status, body) = attest(&client, &broker.url, &late).await;
+        assert_eq!(status, 401, "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("expired"), "{message}");
+    });
+    let releases = broker.stop();
+    let released: Vec<bool> = releases.iter().map(|r| r.0).collect();
+    assert_eq!(released, [true, false, false, false], "{releases:?}");
+}
+
+// ---- the command line: `inferno keybroker`, `inferno seal --recipient`, `inferno serve` ----
+
+/// `inferno` with `args`: exit code, standard output, standard error.
+fn inferno(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(args)
+        .env("RUST_LOG", "off")
+        .output()
+        .expect("run inferno");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Spawns `inferno` with `args` and waits for its banner's `listening:` line.
+fn spawn_until_listening(args: &[&str]) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(args)
+        .env("RUST_LOG", "off")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn inferno");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            seen.push_str(&line);
+            seen.push('\n');
+            if line.trim().starts_with("listening:") {
+                let _ = tx.send(seen.clone());
+            }
+        }
+        let _ = tx.send(seen);
+    });
+    let banner = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("it starts");
+    (child, banner)
+}
+
+fn terminate(mut child: Child) {
+    let _ = Command::new("kill")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    child.wait().unwrap();
+}
+
+/// A development appliance config with its audit log in `work/audit`.
+fn dev_config(work: &Path, extra: &str) -> PathBuf {
+    let config = work.join("inferno.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[attestation]\nprofile = \"development\"\n[audit]\ndir = \"{}\"\n{extra}",
+            work.join("audit").display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// `inferno serve` on `sealed` through the broker at `url`: the child and its banner.
+fn serve_args<'a>(sealed: &'a str, config: &'a str, url: &'a str) -> Vec<&'a str> {
+    vec![
+        "serve",
+        "--device",
+        "cpu",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        sealed,
+        "--config",
+        config,
+        "--key-broker",
+        url,
+    ]
+}
+
+#[test]
+fn serve_through_the_key_broker_and_verify_the_brokers_audit_log() {
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let keys = w.join("keys");
+    // The broker's key pair first (the policy names the key id, known only after sealing).
+    let (_, public, created) = load_or_create_keys(&keys).unwrap();
+    assert!(created);
+    let sealed = w.join("sealed");
+    let (code, stdout, stderr) = inferno(&[
+        "seal",
+        "--model",
+        committed_fixture("inferno-tiny").to_str().unwrap(),
+        "--out",
+        sealed.to_str().unwrap(),
+        "--recipient",
+        keys.join("broker.pub").to_str().unwrap(),
+        "--model-id",
+        MODEL_ID,
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains(&public.to_hex()), "{stdout}");
+    let (manifest, _) = Manifest::read(&sealed).unwrap();
+    let policy = release_policy(w, MODEL_ID, &manifest.key_id, &simulated_measurement());
+    let broker_audit = w.join("broker-audit");
+    let (broker, banner) = spawn_until_listening(&[
+        "keybroker",
+        "--listen",
+        "127.0.0.1:0",
+        "--keys",
+        keys.to_str().unwrap(),
+        "--policy",
+        policy.to_str().unwrap(),
+        "--audit",
+        broker_audit.to_str().unwrap(),
+    ]);
+    assert!(banner.contains(&public.to_hex()), "{banner}");
+    let url = banner
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("listening:"))
+        .unwrap()
+        .trim()
+        .to_owned();
+
+    // Released: the server serves the plaintext's digest and records the release.
+    let run1 = w.join("run1");
+    std::fs::create_dir(&run1).unwrap();
+    let config = dev_config(&run1, "");
+    let (server, banner) = spawn_until_listening(&serve_args(
+        sealed.to_str().unwrap(),
+        config.to_str().unwrap(),
+        &url,
+    ));
+    let digest = ModelDigest::of_dir(&committed_fixture("inferno-tiny"))
+        .unwrap()
+        .hex;
+    assert!(banner.contains(&digest), "{banner}");
+    terminate(server);
+    let releases = key_releases(&run1.join("audit"));
+    assert_eq!(releases.len(), 1, "{releases:?}");
+    assert!(
+        releases[0].0 && releases[0].1.contains("key broker"),
+        "{releases:?}"
+    );
+
+    // A sealed model the broker's policy does not release: refused, one line, exit 1.
+    let other = w.join("other");
+    let (code, _, stderr) = inferno(&[
+        "seal",
+        "--model",
+        committed_fixture("inferno-tiny").to_str().unwrap(),
+        "--out",
+        other.to_str().unwrap(),
+        "--recipient",
+        keys.join("broker.pub").to_str().unwrap(),
+        "--model-id",
+        "not-allowed",
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let run2 = w.join("run2");
+    std::fs::create_dir(&run2).unwrap();
+    let config = dev_config(&run2, "");
+    let (code, _, stderr) = inferno(&serve_args(
+        other.to_str().unwrap(),
+        config.to_str().unwrap(),
+        &url,
+    ));
+    assert_eq!(code, Some(1), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(
+        errors[0].contains("sealed model refused")
+            && errors[0].contains("not released by this broker"),
+        "{stderr}"
+    );
+    let releases = key_releases(&run2.join("audit"));
+    assert_eq!(releases.len(), 1, "{releases:?}");
+    assert!(!releases[0].0, "{releases:?}");
+
+    // The broker's audit log: one release, one refusal, and it verifies.
+    terminate(broker);
+    let releases = key_releases(&broker_audit);
+    let released: Vec<bool> = releases.iter().map(|r| r.0).collect();
+    assert_eq!(released, [true, false], "{releases:?}");
+    let (code, stdout, stderr) = inferno(&["audit", "verify", broker_audit.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+}
+
+#[test]
+fn serve_refuses_when_the_key_broker_is_down() {
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let (_, public) = RecipientSecret::generate();
+    let (sealed, _) = seal_to(w, &public);
+    // A port nothing listens on: bind one, then close it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let config = dev_config(
+        w,
+        &format!("[model.key]\nsource = \"broker\"\nurl = \"{url}\"\nretries = 1\n"),
+    );
+    let (code, _, stderr) = inferno(&[
+        "serve",
+        "--device",
+        "cpu",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        sealed.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(
+        errors[0].contains("unavailable after 2 attempts"),
+        "{stderr}"
+    );
+    let releases = key_releases(&w.join("audit"));
+    assert_eq!(releases.len(), 1, "{releases:?}");
+    assert!(
+        !releases[0].0 && releases[0].1.contains("unavailable"),
+        "{releases:?}"
+    );
+}

@@ -1,0 +1,163 @@
+"""The real `openai` Python client, unmodified, through `inferno proxy` to a real `inferno serve`.
+
+The proxy verifies the server (certificate evidence, fresh evidence bound to its own TLS
+connection, policy/client-development.toml: the simulated TEE) before it forwards a byte, and
+serves plain HTTP on loopback. The client knows nothing of TLS or attestation: it only gets a
+base URL and reads the verified measurement and model digest from the response headers.
+"""
+
+import re
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import openai
+import pytest
+
+from test_openai_client import API_KEY, REPO, RunningServer, _binary
+
+PROXY_TIMEOUT_S = 60
+
+# The server side of issue 9 (the evidence certificate extension and POST /v1/attestation) is not
+# on main yet; until it is, the proxy rightly refuses the server. Remove this mark when it lands.
+pytestmark = pytest.mark.skip(
+    reason="needs the server side of issue 9 (certificate evidence, POST /v1/attestation)"
+)
+
+
+class RunningProxy:
+    """An `inferno proxy` subprocess in front of a server."""
+
+    def __init__(self, upstream_port: int):
+        self.process = subprocess.Popen(
+            [
+                str(_binary()),
+                "proxy",
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                f"https://127.0.0.1:{upstream_port}",
+                "--policy",
+                str(REPO / "policy" / "client-development.toml"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.log: list[str] = []
+        self.ready = threading.Event()
+        self.base = None
+        threading.Thread(target=self._read_log, daemon=True).start()
+        if not self.ready.wait(PROXY_TIMEOUT_S):
+            self.stop()
+            pytest.fail("proxy did not start:\n" + "".join(self.log))
+
+    def _read_log(self):
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.log.append(line)
+            if match := re.search(r"listening:\s+(http://127\.0\.0\.1:\d+)", line):
+                self.base = match.group(1)
+                self.ready.set()
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=f"{self.base}/v1", api_key=API_KEY, max_retries=0, timeout=60
+        )
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def proxied():
+    with tempfile.TemporaryDirectory() as workdir:
+        server = RunningServer(Path(workdir))
+        proxy = RunningProxy(server.port)
+        yield server, proxy
+        proxy.stop()
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def model(proxied):
+    _, proxy = proxied
+    models = proxy.client().models.list().data
+    assert len(models) == 1
+    return models[0]
+
+
+def test_chat_through_the_proxy_names_what_was_verified(proxied, model):
+    server, proxy = proxied
+    raw = proxy.client().chat.completions.with_raw_response.create(
+        model=model.id,
+        messages=[{"role": "user", "content": "Hello"}],
+        max_tokens=8,
+        temperature=0,
+    )
+    assert re.fullmatch(r"[0-9a-f]{96}", raw.headers["inferno-verified-measurement"])
+    # The verified model digest is the one the server publishes for its model.
+    assert raw.headers["inferno-verified-model"] == model.model_extra["digest"]
+    response = raw.parse()
+    assert response.object == "chat.completion"
+    assert response.choices[0].message.content
+    # The same request straight to the server gives the same answer.
+    direct = server.client().chat.completions.create(
+        model=model.id,
+        messages=[{"role": "user", "content": "Hello"}],
+        max_tokens=8,
+        temperature=0,
+    )
+    assert response.choices[0].message.content == direct.choices[0].message.content
+
+
+def test_chat_stream_through_the_proxy(proxied, model):
+    _, proxy = proxied
+    client = proxy.client()
+    request = dict(
+        model=model.id,
+        messages=[{"role": "user", "content": "What is confidential computing?"}],
+        max_tokens=16,
+        temperature=0,
+    )
+    whole = client.chat.completions.create(**request).choices[0].message.content
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    assert len([c for c in chunks if c.choices]) > 1, "the stream arrived as one chunk"
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert text == whole
+
+
+def test_completions_through_the_proxy(proxied, model):
+    _, proxy = proxied
+    client = proxy.client()
+    whole = client.completions.create(
+        model=model.id, prompt="Confidential computing", max_tokens=10, temperature=0
+    )
+    assert whole.object == "text_completion"
+    streamed = "".join(
+        chunk.choices[0].text
+        for chunk in client.completions.create(
+            model=model.id,
+            prompt="Confidential computing",
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+        )
+        if chunk.choices
+    )
+    assert streamed == whole.choices[0].text
+
+
+def test_errors_pass_through_the_proxy(proxied, model):
+    _, proxy = proxied
+    with pytest.raises(openai.NotFoundError) as not_found:
+        proxy.client().chat.completions.create(
+            model="no-such-model", messages=[{"role": "user", "content": "x"}]
+        )
+    assert not_found.value.code == "model_not_found"
+    wrong_key = openai.OpenAI(base_url=f"{proxy.base}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong_key.models.list()

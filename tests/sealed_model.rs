@@ -1,0 +1,404 @@
+//! Sealed models (issue 10): a sealed copy of a fixture opens to the same files and digest and
+//! reproduces the golden outputs; every refusal (wrong key, tampered, reordered or truncated
+//! chunk, changed manifest) is final and names its cause; `inferno seal` and `inferno serve`
+//! with a key file work end to end, and a refused start-up exits 1 with one line and an audit
+//! record.
+
+mod support;
+
+use std::io::{BufRead as _, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use inferno::engine::EngineConfig;
+use inferno::model::{Model, ModelDigest};
+use inferno::seal::manifest::MIN_CHUNK_SIZE;
+use inferno::seal::{ModelKey, SealError, SealOptions, open_sealed, seal_dir};
+use inferno_audit::{RecordBody, SecurityEvent, read_records};
+use support::{committed_fixture, engine, golden, greedy, run, shared_fixture};
+
+/// Seals `plain` into `work/sealed` under a fresh key with `chunk_size`.
+fn seal(plain: &Path, work: &Path, chunk_size: u64) -> (PathBuf, ModelKey) {
+    let key = ModelKey::generate().unwrap();
+    let out = work.join("sealed");
+    let options = SealOptions {
+        chunk_size,
+        ..SealOptions::default()
+    };
+    seal_dir(plain, &out, &key, &options).expect("sealing works");
+    (out, key)
+}
+
+/// The sealed copy opens to the plaintext's digest and reproduces every golden greedy output.
+fn check_sealed_golden(plain: &Path) {
+    let work = tempfile::tempdir().unwrap();
+    let (sealed, key) = seal(plain, work.path(), MIN_CHUNK_SIZE);
+    let (manifest, files) = open_sealed(&sealed, &key).expect("the sealed copy opens");
+    let reference = ModelDigest::of_dir(plain).unwrap();
+    assert_eq!(files.digest(), &reference);
+    assert_eq!(manifest.model_digest, reference.hex);
+    let model = Model::from_files(&files, "sealed".into()).expect("the sealed model loads");
+    drop(files);
+    assert_eq!(model.digest, reference);
+
+    let config = EngineConfig {
+        max_batched_tokens: 128,
+        kv_cache_bytes: 64 << 20,
+        ..Default::default()
+    };
+    let engine = engine(&model, config);
+    for (i, case) in golden(plain).iter().enumerate() {
+        let out = run(&engine, greedy(&case.input_ids, case.greedy_24.len()));
+        assert_eq!(
+            out.tokens,
+            case.greedy_24,
+            "case {i} of {}",
+            plain.display()
+        );
+    }
+    engine.shutdown();
+}
+
+#[test]
+fn sealed_committed_fixture_reproduces_the_golden_outputs() {
+    check_sealed_golden(&committed_fixture("inferno-tiny"));
+}
+
+#[test]
+fn sealed_shared_tiny_llama3_reproduces_the_golden_outputs() {
+    if let Some(dir) = shared_fixture("tiny-llama3") {
+        check_sealed_golden(&dir);
+    }
+}
+
+/// The sealed committed fixture (4 KiB chunks, so the weights span many chunks).
+fn sealed_fixture() -> (tempfile::TempDir, PathBuf, ModelKey) {
+    let work = tempfile::tempdir().unwrap();
+    let (sealed, key) = seal(
+        &committed_fixture("inferno-tiny"),
+        work.path(),
+        MIN_CHUNK_SIZE,
+    );
+    (work, sealed, key)
+}
+
+fn weights(sealed: &Path) -> PathBuf {
+    sealed.join("model.safetensors.sealed")
+}
+
+#[test]
+fn a_wrong_key_is_refused_before_any_chunk_is_read() {
+    let (_work, sealed, _) = sealed_fixture();
+    let err = open_sealed(&sealed, &ModelKey::generate().unwrap()).unwrap_err();
+    assert!(matches!(err, SealError::WrongKey { .. }), "{err}");
+    assert!(err.to_string().starts_with("wrong model key"), "{err}");
+}
+
+#[test]
+fn a_changed_byte_anywhere_in_a_chunk_is_refused() {
+    let (_work, sealed, key) = sealed_fixture();
+    let path = weights(&sealed);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let chunk = MIN_CHUNK_SIZE as usize + 16;
+    bytes[2 * chunk + 100] ^= 0x01;
+    std::fs::write(&path, &bytes).unwrap();
+    let err = open_sealed(&sealed, &key).unwrap_err();
+    assert!(matches!(err, SealError::Chunk { index: 2, .. }), "{err}");
+}
+
+#[test]
+fn reordered_chunks_are_refused() {
+    let (_work, sealed, key) = sealed_fixture();
+    let path = weights(&sealed);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let chunk = MIN_CHUNK_SIZE as usize + 16;
+    let (first, rest) = bytes.split_at_mut(chunk);
+    first.swap_with_slice(&mut rest[..chunk]);
+    std::fs::write(&path, &bytes).unwrap();
+    let err = open_sealed(&sealed, &key).unwrap_err();
+    assert!(matches!(err, SealError::Chunk { .. }), "{err}");
+}
+
+#[test]
+fn a_truncated_file_or_a_dropped_last_chunk_is_refused() {
+    let (_work, sealed, key) = sealed_fixture();
+    let path = weights(&sealed);
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+    let err = open_sealed(&sealed, &key).unwrap_err();
+    assert!(matches!(err, SealError::Length { .. }), "{err}");
+    assert!(err.to_string().contains("truncated"), "{err}");
+}
+
+#[test]
+fn chunks_from_another_sealing_under_the_same_key_are_refused() {
+    let work = tempfile::tempdir().unwrap();
+    let plain = committed_fixture("inferno-tiny");
+    let key = ModelKey::generate().unwrap();
+    let options = SealOptions {
+        chunk_size: MIN_CHUNK_SIZE,
+        ..SealOptions::default()
+    };
+    let a = work.path().join("a");
+    let b = work.path().join("b");
+    seal_dir(&plain, &a, &key, &options).unwrap();
+    seal_dir(&plain, &b, &key, &options).unwrap();
+    // Same key, same plaintext, same lengths: only the salt and header digest differ.
+    std::fs::copy(weights(&b), weights(&a)).unwrap();
+    let err = open_sealed(&a, &key).unwrap_err();
+    assert!(matches!(err, SealError::Chunk { index: 0, .. }), "{err}");
+}
+
+#[test]
+fn a_changed_manifest_fails_every_chunk() {
+    let (_work, sealed, key) = sealed_fixture();
+    let path = sealed.join(inferno::seal::MANIFEST_FILE);
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    // Still a valid manifest, but not the one the chunks were sealed under.
+    manifest["release"]["model_id"] = "other".into();
+    std::fs::write(&path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+    let err = open_sealed(&sealed, &key).unwrap_err();
+    assert!(matches!(err, SealError::Chunk { .. }), "{err}");
+}
+
+/// `inferno` with `args`, its exit code and standard error.
+fn inferno(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(args)
+        .env("RUST_LOG", "off")
+        .output()
+        .expect("run inferno");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Seals the committed fixture with `inferno seal --key-file` (creating the key).
+fn seal_with_cli(work: &Path) -> (PathBuf, PathBuf) {
+    let plain = committed_fixture("inferno-tiny");
+    let sealed = work.join("sealed");
+    let key = work.join("model.key");
+    let (code, stdout, stderr) = inferno(&[
+        "seal",
+        "--model",
+        plain.to_str().unwrap(),
+        "--out",
+        sealed.to_str().unwrap(),
+        "--key-file",
+        key.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let digest = ModelDigest::of_dir(&plain).unwrap().hex;
+    assert!(stdout.contains(&digest), "{stdout}");
+    assert!(stdout.contains("new key written"), "{stdout}");
+    let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    (sealed, key)
+}
+
+/// A development config with an audit log in `work/audit`.
+fn dev_config(work: &Path, extra: &str) -> PathBuf {
+    let config = work.join("inferno.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[attestation]\nprofile = \"development\"\n[audit]\ndir = \"{}\"\n{extra}",
+            work.join("audit").display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// The key-release events of the (stopped) audit log in `dir`.
+fn key_releases(dir: &Path) -> Vec<(bool, String)> {
+    read_records(dir)
+        .expect("the log reads")
+        .into_iter()
+        .filter_map(|stored| match stored.record.body {
+            RecordBody::Event(SecurityEvent::KeyRelease {
+                released, reason, ..
+            }) => Some((released, reason)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn serve_opens_a_sealed_model_with_a_key_file_and_records_the_release() {
+    let work = tempfile::tempdir().unwrap();
+    let (sealed, key) = seal_with_cli(work.path());
+    let config = dev_config(
+        work.path(),
+        &format!(
+            "[model.key]\nsource = \"file\"\npath = \"{}\"\n",
+            key.display()
+        ),
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args([
+            "serve",
+            "--device",
+            "cpu",
+            "--listen",
+            "127.0.0.1:0",
+            "--model",
+        ])
+        .arg(&sealed)
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "off")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn server");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            seen.push_str(&line);
+            seen.push('\n');
+            if line.trim().starts_with("listening:") {
+                let _ = tx.send(seen.clone());
+            }
+        }
+        let _ = tx.send(seen);
+    });
+    let banner = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the server starts");
+    let digest = ModelDigest::of_dir(&committed_fixture("inferno-tiny"))
+        .unwrap()
+        .hex;
+    assert!(banner.contains(&digest), "{banner}");
+    // SIGTERM: a clean stop writes the log's final records.
+    let _ = Command::new("kill")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    child.wait().unwrap();
+    let releases = key_releases(&work.path().join("audit"));
+    assert_eq!(releases.len(), 1, "{releases:?}");
+    assert!(releases[0].0, "{releases:?}");
+}
+
+/// `inferno serve` on `sealed` with `extra` config and `args`: must exit 1 with one error line
+/// containing `expected`, and record one refused key release.
+fn assert_serve_refuses(work: &Path, sealed: &Path, extra: &str, args: &[&str], expected: &str) {
+    let config = dev_config(work, extra);
+    let mut all = vec![
+        "serve",
+        "--device",
+        "cpu",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        sealed.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+    ];
+    all.extend_from_slice(args);
+    let (code, _, stderr) = inferno(&all);
+    assert_eq!(code, Some(1), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(errors[0].contains(expected), "{stderr}");
+    let releases = key_releases(&work.join("audit"));
+    assert_eq!(releases.len(), 1, "{releases:?}");
+    assert!(
+        !releases[0].0 && releases[0].1.contains(expected),
+        "{releases:?}"
+    );
+}
+
+#[test]
+fn serve_refuses_a_sealed_model_with_a_wrong_key_or_no_key() {
+    let work = tempfile::tempdir().unwrap();
+    let (sealed, _) = seal_with_cli(work.path());
+    let wrong = work.path().join("wrong.key");
+    ModelKey::read_or_create(&wrong).unwrap();
+
+    let run1 = work.path().join("run1");
+    std::fs::create_dir(&run1).unwrap();
+    assert_serve_refuses(
+        &run1,
+        &sealed,
+        "",
+        &["--model-key-file", wrong.to_str().unwrap()],
+        "wrong model key",
+    );
+
+    let run2 = work.path().join("run2");
+    std::fs::create_dir(&run2).unwrap();
+    assert_serve_refuses(&run2, &sealed, "", &[], "no key source is configured");
+}
+
+#[test]
+fn serve_refuses_a_tampered_sealed_model() {
+    let work = tempfile::tempdir().unwrap();
+    let (sealed, key) = seal_with_cli(work.path());
+    let path = weights(&sealed);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x80;
+    std::fs::write(&path, &bytes).unwrap();
+    let run = work.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    assert_serve_refuses(
+        &run,
+        &sealed,
+        "",
+        &["--model-key-file", key.to_str().unwrap()],
+        "failed authentication",
+    );
+}
+
+#[test]
+fn without_sev_snp_hardware_the_derived_key_source_refuses_in_one_line() {
+    if Path::new(inferno::seal::snp::DEVICE).exists() {
+        eprintln!("SKIPPED: this machine has /dev/sev-guest");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    // Sealing: nothing is written.
+    let out = work.path().join("never");
+    let blob = work.path().join("snp.json");
+    let (code, _, stderr) = inferno(&[
+        "seal",
+        "--model",
+        committed_fixture("inferno-tiny").to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--snp-seal",
+        blob.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("/dev/sev-guest is absent"), "{stderr}");
+    assert!(!out.exists() && !blob.exists());
+
+    // Serving: refused before any chunk is read, recorded.
+    let (sealed, _) = seal_with_cli(work.path());
+    let params = inferno::seal::snp::SnpKeyParams::default();
+    inferno::seal::snp::wrap(&ModelKey::generate().unwrap(), &params, &[1; 32])
+        .write(&blob)
+        .unwrap();
+    let run = work.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    assert_serve_refuses(
+        &run,
+        &sealed,
+        &format!(
+            "[model.key]\nsource = \"snp\"\nblob = \"{}\"\n",
+            blob.display()
+        ),
+        &[],
+        "/dev/sev-guest is absent",
+    );
+}
