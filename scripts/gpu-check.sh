@@ -54,12 +54,12 @@ if has env; then
 fi
 
 if has unit && [ -x "$G/unit_tests" ]; then
-  $RUN "$G/unit_tests" backend::cuda --test-threads=4 >"$OUT/unit.log" 2>&1
+  $RUN "$G/unit_tests" backend::cuda --include-ignored --test-threads=4 >"$OUT/unit.log" 2>&1
   note "unit tests (backend::cuda): rc=$? $(grep -E '^test result' "$OUT/unit.log")"
 fi
 
 if has correctness; then
-  $RUN "$G/cuda_backend" --test-threads=1 --nocapture >"$OUT/correctness.log" 2>&1
+  $RUN "$G/cuda_backend" --include-ignored --test-threads=1 --nocapture >"$OUT/correctness.log" 2>&1
   rc=$?
   note "correctness (tests/cuda_backend.rs): rc=$rc $(grep -E '^test result' "$OUT/correctness.log")"
   grep -E '^RESULT|panicked|FAILED|SKIPPED' "$OUT/correctness.log" | head -40 | tee -a "$SUMMARY"
@@ -67,7 +67,7 @@ fi
 
 if has sanitizer; then
   timeout 300 $RUN compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
-    "$G/cuda_backend" --test-threads=1 "${SANITIZE_FILTER:-device_sampling}" >"$OUT/sanitizer.log" 2>&1
+    "$G/cuda_backend" --include-ignored --test-threads=1 "${SANITIZE_FILTER:-device_sampling}" >"$OUT/sanitizer.log" 2>&1
   note "compute-sanitizer memcheck (tests matching ${SANITIZE_FILTER:-device_sampling}): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
 fi
 

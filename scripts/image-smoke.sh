@@ -4,14 +4,20 @@
 #
 # IMAGE_DIR holds inferno-development.qcow2 (default image/out-dev; build it with
 #   IMAGE_PROFILE=development image/build image/out-dev).
-# Needs qemu-system-x86, ovmf, swtpm and curl. Checks, each under a timeout:
+# Needs qemu-system-x86, ovmf, swtpm, curl, jq and an inferno binary built with the default
+# features (SMOKE_INFERNO, default $CARGO_TARGET_DIR/debug/inferno). Checks, each under a timeout:
 #   - the serial console shows the server's "ready" banner;
 #   - the root is erofs, mounted read-only, from /dev/mapper/root, whose table is dm-verity, and
 #     the command line carries roothash=;
 #   - the data partition was created on first boot, LUKS-encrypted with a key sealed to the
 #     (software) TPM, and is mounted on /var/lib/inferno;
 #   - PCR 11 of the (software) vTPM equals the value computed from the UKI's sections;
-#   - GET /health answers 200 and a chat completion answers, through a forwarded port.
+#   - GET /health answers 200 and a chat completion answers, through a forwarded port;
+#   - `inferno verify` trusts the server under policy/client-development.toml, fresh evidence
+#     bound to its own TLS connection included;
+#   - the server's evidence (GET /v1/attestation), appraised on the host with `inferno attest
+#     verify` under the development policy plus the reference values computed from the image,
+#     passes with PCR 11 checked, and fails, naming PCR 11, under another PCR 11 value.
 # Prints PASS or the failing check, and leaves the serial log in $SMOKE_WORK (default: a temp dir).
 set -euo pipefail
 
@@ -20,6 +26,8 @@ images=$(realpath "${1:-$here/image/out-dev}")
 timeout_s=${SMOKE_TIMEOUT:-900}
 port=${SMOKE_PORT:-18443}
 key=inferno-smoke-test-key
+# The inferno binary that appraises the server's evidence on the host.
+inferno=${SMOKE_INFERNO:-${CARGO_TARGET_DIR:-$here/target}/debug/inferno}
 work=${SMOKE_WORK:-$(mktemp -d)}
 mkdir -p "$work"
 serial="$work/serial.log"
@@ -85,4 +93,41 @@ reply=$(curl_api "https://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type:
     || fail "chat completion failed"
 echo "$reply" | grep -q '"finish_reason"' || fail "chat completion answered: $reply"
 echo "chat completion: $reply"
+
+# What a client does before it sends a prompt: verify the server over this very TLS connection
+# (certificate evidence plus fresh, channel-bound evidence) under the development client policy.
+"$inferno" verify "https://127.0.0.1:$port" --policy "$here/policy/client-development.toml" \
+    >"$work/verify.txt" 2>&1 || fail "inferno verify rejected the server: $(cat "$work/verify.txt")"
+grep -a '^verdict: TRUSTED' "$work/verify.txt" || fail "inferno verify: $(cat "$work/verify.txt")"
+grep -a '\[pass\] fresh.challenge' "$work/verify.txt" || fail "no fresh.challenge check: $(cat "$work/verify.txt")"
+
+# The server's start-up evidence (simulated SNP plus the swtpm's quote of PCRs 0-7 and 11),
+# appraised on the host with the image's development-smoke policy and the reference values
+# computed from this image: PCR 11 as quoted must be the listed value, and another value fails.
+curl -sS -k --max-time 60 "https://127.0.0.1:$port/v1/attestation" | jq '.evidence' \
+    >"$work/evidence.json" || fail "GET /v1/attestation failed"
+for case in listed other; do
+    mkdir -p "$work/$case"
+    { echo 'reference_values = "reference-values.toml"'
+      sed -e 's/^pcrs = \[0, 1, 2, 3, 4, 5, 6, 7\]$/pcrs = [0, 1, 2, 3, 4, 5, 6, 7, 11]/' \
+        "$here/policy/development.toml"; } >"$work/$case/policy.toml"
+    # Without the [sev_snp] and [tdx] tables: the simulated TEE's launch measurement is not the
+    # image's (and they are empty, not computed).
+    "$here/scripts/image-reference-values.sh" "$images" inferno-development |
+        awk '/^\[/ { skip = ($0 == "[sev_snp]" || $0 == "[tdx]") } !skip' \
+            >"$work/$case/reference-values.toml"
+done
+sed -i "s/^11 = .*/11 = [\"$(printf '%064d' 0)\"]/" "$work/other/reference-values.toml"
+"$inferno" attest verify --policy "$work/listed/policy.toml" "$work/evidence.json" \
+    >"$work/listed/appraisal.txt" ||
+    fail "the server's evidence fails the image's reference values: $(grep -a FAIL "$work/listed/appraisal.txt")"
+grep -a "\[pass\] tpm.pcr_values: PCR 11 = $pcr11 is in the reference values" \
+    "$work/listed/appraisal.txt" ||
+    fail "the appraisal did not check PCR 11: $(cat "$work/listed/appraisal.txt")"
+if "$inferno" attest verify --policy "$work/other/policy.toml" "$work/evidence.json" \
+    >"$work/other/appraisal.txt"; then
+    fail "evidence passed reference values with another PCR 11"
+fi
+grep -a "FAIL\] tpm.pcr_values: PCR 11 = $pcr11 is not in the reference values" \
+    "$work/other/appraisal.txt" || fail "the rejection does not name PCR 11: $(grep -a FAIL "$work/other/appraisal.txt")"
 echo "PASS in $(($(date +%s) - started))s"

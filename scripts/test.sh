@@ -5,9 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ ! -d ../shared ]; then
-  echo "SKIPPED: ../shared is absent: the tests on the real attestation vectors are ignored (listed"
-  echo "         as ignored, cfg shared_vectors), those on the shared tiny-llama3 fixture skip (each says"
-  echo "         so with --nocapture); the rest run on committed data"
+  echo "SKIPPED: ../shared is absent: the tests on the real attestation vectors and on the shared"
+  echo "         tiny-llama3 fixture are ignored (listed as ignored: cfg shared_vectors, shared_fixture);"
+  echo "         the rest run on committed data"
 fi
 
 cargo fmt --all -- --check
@@ -15,6 +15,19 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # The verifier builds without the simulated TEE (no test keys): what a production build links.
 cargo clippy -p inferno-attestation --no-default-features --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+
+# The kernels compile with NVRTC (no GPU needed) when the nvidia-cuda-nvrtc wheel is installed:
+# those tests are ignored by default and run here.
+nvrtc_lib=$(python3 -c 'import nvidia.cu13, os; print(os.path.join(nvidia.cu13.__path__[0], "lib"))' 2>/dev/null || true)
+if [ -n "$nvrtc_lib" ] && [ -e "$nvrtc_lib/libnvrtc.so.13" ]; then
+  LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    cargo test --locked --lib backend::cuda::compile -- --ignored
+elif [ "${CI:-}" = true ]; then
+  echo "error: the nvidia-cuda-nvrtc Python package is required in CI" >&2
+  exit 1
+else
+  echo "SKIPPED: the NVRTC kernel-compilation tests need the nvidia-cuda-nvrtc package (pip install 'nvidia-cuda-nvrtc>=13,<14')"
+fi
 
 if python3 -c "import openai, pytest" 2>/dev/null; then
   cargo build --locked

@@ -154,7 +154,6 @@ fn failed_json(report: &serde_json::Value) -> Vec<String> {
 }
 
 #[test]
-#[ignore = "needs the server side of issue 9 (certificate evidence extension, POST /v1/attestation), not on main yet"]
 fn verify_trusts_the_simulated_server_and_names_every_check() {
     let served = Served::start();
     let out = inferno(&[
@@ -197,7 +196,6 @@ fn verify_trusts_the_simulated_server_and_names_every_check() {
 }
 
 #[test]
-#[ignore = "needs the server side of issue 9 (certificate evidence extension, POST /v1/attestation), not on main yet"]
 fn verify_rejects_a_wrong_measurement_server_policy_or_model_naming_the_check() {
     let served = Served::start();
     let dir = tempfile::tempdir().expect("tempdir");
@@ -324,7 +322,6 @@ fn verify_reports_bad_input_on_one_line() {
 }
 
 #[test]
-#[ignore = "needs the server side of issue 9 (certificate evidence extension, POST /v1/attestation), not on main yet"]
 fn replayed_evidence_and_replayed_nonces_are_refused() {
     let served = Served::start();
     let rt = runtime();
@@ -387,7 +384,6 @@ fn replayed_evidence_and_replayed_nonces_are_refused() {
 }
 
 #[test]
-#[ignore = "needs the server side of issue 9 (certificate evidence extension, POST /v1/attestation), not on main yet"]
 fn relays_that_terminate_tls_are_rejected_and_a_plain_tcp_relay_is_not() {
     let served = Served::start();
     let rt = runtime();
@@ -433,7 +429,6 @@ fn relays_that_terminate_tls_are_rejected_and_a_plain_tcp_relay_is_not() {
 }
 
 #[test]
-#[ignore = "needs the server side of issue 9 (certificate evidence extension, POST /v1/attestation), not on main yet"]
 fn the_proxy_forwards_only_to_a_verified_upstream_and_recovers() {
     let served = Served::start();
     let rt = runtime();
@@ -482,6 +477,14 @@ fn the_proxy_forwards_only_to_a_verified_upstream_and_recovers() {
 
     let (status, headers, body) = rt.block_on(chat_model(&http));
     assert_eq!(status, 200, "{body}");
+    // The verified connection is reused: a second request needs no new verification.
+    let (status, _, body) = rt.block_on(chat_model(&http));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        relay.connections(),
+        1,
+        "each request verified a new connection"
+    );
     assert_eq!(
         headers["inferno-verified-measurement"].to_str().unwrap(),
         trusted["measurement"].as_str().unwrap()
@@ -591,20 +594,7 @@ impl UnattestedServer {
         let answer = serde_json::json!({ "evidence": evidence }).to_string();
         let identity =
             rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("certificate");
-        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .expect("tls13")
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![identity.cert.der().clone()],
-            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
-                identity.signing_key.serialize_der(),
-            )),
-        )
-        .expect("server config");
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let acceptor = tls_acceptor(identity.cert.der().to_vec(), &identity.signing_key);
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let requests = Arc::new(Mutex::new(Vec::new()));
@@ -639,6 +629,195 @@ impl UnattestedServer {
 }
 
 impl Drop for UnattestedServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[test]
+fn the_proxy_streams_from_a_verified_upstream_refuses_a_swapped_certificate_and_recovers() {
+    let rt = runtime();
+    let upstream = rt.block_on(AttestedUpstream::start());
+    let proxy = Proxy::start(&format!("https://{}", upstream.addr));
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client");
+    let ask = || {
+        let request = http
+            .post(format!("{}/v1/chat/completions", proxy.base))
+            .header("authorization", "Bearer k")
+            .json(&serde_json::json!({"model": "m", "stream": true, "messages": []}));
+        async move { request.send().await }
+    };
+
+    // Verified: the answer streams through, the first event before the upstream sends the second.
+    let mut response = rt.block_on(ask()).expect("the proxy answers");
+    assert_eq!(response.status().as_u16(), 200);
+    assert_eq!(
+        response.headers()["inferno-verified-measurement"],
+        hex::encode(inferno_attestation::collect::simulated::default_measurement()).as_str()
+    );
+    assert_eq!(response.headers()["inferno-verified-model"], UPSTREAM_MODEL);
+    let first = rt
+        .block_on(response.chunk())
+        .expect("first chunk")
+        .expect("a chunk");
+    assert_eq!(&first[..], b"data: one\n\n");
+    upstream.release.notify_one();
+    let rest = rt.block_on(response.bytes()).expect("rest of the stream");
+    assert_eq!(&rest[..], b"data: two\n\n");
+    assert_eq!(
+        upstream.forwarded.lock().unwrap().as_slice(),
+        ["POST /v1/chat/completions HTTP/1.1 authorization=Bearer k"]
+    );
+
+    // The upstream now presents another key with the same evidence extension: every request is
+    // refused 502 naming tls.spki, and none reaches the upstream.
+    upstream.set_genuine(false);
+    for _ in 0..2 {
+        let response = rt.block_on(ask()).expect("the proxy answers");
+        assert_eq!(response.status().as_u16(), 502);
+        let body: serde_json::Value = rt.block_on(response.json()).expect("error JSON");
+        assert_eq!(body["error"]["code"], "upstream_verification_failed");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(message.contains("tls.spki"), "{message}");
+    }
+    assert_eq!(upstream.forwarded.lock().unwrap().len(), 1);
+
+    // The genuine key is back: verified again, served again.
+    upstream.set_genuine(true);
+    let response = rt.block_on(ask()).expect("the proxy answers");
+    assert_eq!(response.status().as_u16(), 200);
+    upstream.release.notify_one();
+    let body = rt.block_on(response.bytes()).expect("body");
+    assert_eq!(&body[..], b"data: one\n\ndata: two\n\n");
+    assert_eq!(upstream.forwarded.lock().unwrap().len(), 2);
+}
+
+/// The model digest the test upstream's evidence names.
+const UPSTREAM_MODEL: &str = "1111111111111111111111111111111111111111111111111111111111111111";
+
+/// A TLS upstream that speaks the client side's protocol with the simulated TEE: its certificate
+/// carries start-up evidence binding its key, and `POST /v1/attestation` answers evidence bound to
+/// the nonce and this connection's exporter (computed by rustls on the server side). It stands in
+/// for the server so that the proxy's own behaviour is tested on any machine; the tests above run
+/// against the real `inferno serve`. Other requests get a two-event stream whose second event
+/// waits for `release`, and close the connection. With `genuine` false, new connections present
+/// another key under the same evidence (a swapped certificate).
+struct AttestedUpstream {
+    addr: SocketAddr,
+    genuine: Arc<std::sync::atomic::AtomicBool>,
+    release: Arc<tokio::sync::Notify>,
+    forwarded: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl AttestedUpstream {
+    async fn start() -> Self {
+        use inferno_attestation::collect::{collect_evidence, simulated::SimulatedSnp};
+        use inferno_attestation::runtime_data::{RuntimeData, challenge_binding};
+        use sha2::Digest as _;
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut startup = RuntimeData::new([0x22; 32], "inferno/test-upstream");
+        startup.tls_spki_sha256 = Some(hex::encode(sha2::Sha256::digest(
+            rcgen::PublicKeyData::subject_public_key_info(&key),
+        )));
+        startup.model_digest = Some(UPSTREAM_MODEL.to_owned());
+        let tee = SimulatedSnp::new().expect("simulated TEE");
+        let evidence =
+            serde_json::to_vec(&collect_evidence(&tee, &startup).expect("evidence")).expect("JSON");
+        let genuine_acceptor = tls_acceptor(evidence_certificate(&key, &evidence), &key);
+        let other_key = rcgen::KeyPair::generate().expect("key");
+        let swapped_acceptor =
+            tls_acceptor(evidence_certificate(&other_key, &evidence), &other_key);
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let genuine = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let release = Arc::new(tokio::sync::Notify::new());
+        let forwarded = Arc::new(Mutex::new(Vec::new()));
+        let (use_genuine, gate, seen) = (
+            Arc::clone(&genuine),
+            Arc::clone(&release),
+            Arc::clone(&forwarded),
+        );
+        let task = tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = if use_genuine.load(std::sync::atomic::Ordering::SeqCst) {
+                    genuine_acceptor.clone()
+                } else {
+                    swapped_acceptor.clone()
+                };
+                let (startup, gate, seen) = (startup.clone(), Arc::clone(&gate), Arc::clone(&seen));
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let tee = SimulatedSnp::new().expect("simulated TEE");
+                    while let Some((head, body)) = read_request_head(&mut tls).await {
+                        let request_line = head.lines().next().unwrap_or_default().to_owned();
+                        if request_line == "POST /v1/attestation HTTP/1.1" {
+                            let nonce = attestation_nonce(&body);
+                            let mut exporter = [0u8; 32];
+                            tls.get_ref()
+                                .1
+                                .export_keying_material(
+                                    &mut exporter,
+                                    inferno_attestation::runtime_data::TLS_EXPORTER_LABEL,
+                                    None,
+                                )
+                                .expect("exporter");
+                            let mut document = startup.clone();
+                            document
+                                .set_challenge_bindings([challenge_binding(&nonce, &exporter)])
+                                .expect("bindings");
+                            let evidence = collect_evidence(&tee, &document).expect("evidence");
+                            let answer = serde_json::json!({ "evidence": evidence }).to_string();
+                            let response = format!(
+                                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
+                                answer.len()
+                            );
+                            if tls.write_all(response.as_bytes()).await.is_err() {
+                                return;
+                            }
+                            continue;
+                        }
+                        let authorization = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("authorization: "))
+                            .unwrap_or("(none)")
+                            .to_owned();
+                        seen.lock()
+                            .unwrap()
+                            .push(format!("{request_line} authorization={authorization}"));
+                        let _ = tls
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\nb\r\ndata: one\n\n\r\n")
+                            .await;
+                        let _ = tls.flush().await;
+                        gate.notified().await;
+                        let _ = tls.write_all(b"b\r\ndata: two\n\n\r\n0\r\n\r\n").await;
+                        let _ = tls.shutdown().await;
+                        return;
+                    }
+                });
+            }
+        });
+        Self {
+            addr,
+            genuine,
+            release,
+            forwarded,
+            task,
+        }
+    }
+
+    fn set_genuine(&self, genuine: bool) {
+        self.genuine
+            .store(genuine, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for AttestedUpstream {
     fn drop(&mut self) {
         self.task.abort();
     }
@@ -713,6 +892,7 @@ struct RelayState {
     mode: RelayMode,
     generation: u64,
     forwarded_requests: usize,
+    connections: usize,
 }
 
 impl Relay {
@@ -723,12 +903,14 @@ impl Relay {
             mode,
             generation: 0,
             forwarded_requests: 0,
+            connections: 0,
         }));
         let shared = Arc::clone(&state);
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let (mode, generation) = {
-                    let s = shared.lock().unwrap();
+                    let mut s = shared.lock().unwrap();
+                    s.connections += 1;
                     (s.mode, s.generation)
                 };
                 let shared = Arc::clone(&shared);
@@ -764,6 +946,11 @@ impl Relay {
         s.generation += 1;
         drop(s);
         std::thread::sleep(Duration::from_millis(100));
+    }
+
+    /// Connections the relay accepted.
+    fn connections(&self) -> usize {
+        self.state.lock().unwrap().connections
     }
 
     /// Requests other than the attestation request that a terminating relay passed upstream.
@@ -842,6 +1029,32 @@ async fn relay_connection(
     }
 }
 
+/// Reads one HTTP/1.1 request: its head (as sent) and its body (Content-Length).
+async fn read_request_head<S: tokio::io::AsyncRead + Unpin>(
+    stream: &mut S,
+) -> Option<(String, Vec<u8>)> {
+    let mut data = Vec::new();
+    let mut byte = [0u8; 1];
+    while !data.ends_with(b"\r\n\r\n") {
+        if stream.read(&mut byte).await.ok()? == 0 {
+            return None;
+        }
+        data.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&data).into_owned();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).await.ok()?;
+    Some((head, body))
+}
+
 /// Reads one HTTP/1.1 request and returns its body (Content-Length).
 async fn read_request<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> Option<Vec<u8>> {
     read_whole_request(stream).await.map(|(_, body)| body)
@@ -903,42 +1116,9 @@ impl Impostor {
             .iter()
             .find(|e| e.oid.as_bytes() == EVIDENCE_EXTENSION_OID_DER)
             .expect("the server certificate carries evidence");
-        // rcgen takes OID arcs as u64 and the evidence OID's last arc is larger: the certificate
-        // is made under a placeholder OID of the same DER length (2.25 and eighteen arcs 1),
-        // whose bytes are then replaced. That breaks the certificate's self-signature, which no
-        // one checks: trust comes from the evidence, and the relay holds its own key.
-        let placeholder_arcs: Vec<u64> = [2, 25].into_iter().chain([1; 18]).collect();
-        let mut params =
-            rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-                .expect("params");
-        params
-            .custom_extensions
-            .push(rcgen::CustomExtension::from_oid_content(
-                &placeholder_arcs,
-                extension.value.to_vec(),
-            ));
         let key = rcgen::KeyPair::generate().expect("key");
-        let own = params.self_signed(&key).expect("certificate");
-        let mut placeholder = vec![0x06, 0x13, 0x69];
-        placeholder.extend([1u8; 18]);
-        let mut real = vec![0x06, 0x13];
-        real.extend_from_slice(EVIDENCE_EXTENSION_OID_DER);
-        let mut der = own.der().to_vec();
-        let at = der
-            .windows(placeholder.len())
-            .position(|w| w == placeholder.as_slice())
-            .expect("placeholder OID");
-        der[at..at + real.len()].copy_from_slice(&real);
+        let acceptor = tls_acceptor(evidence_certificate(&key, extension.value), &key);
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let server_config = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
-            .with_protocol_versions(&[&rustls::version::TLS13])
-            .expect("tls13")
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![CertificateDer::from(der)],
-                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-            )
-            .expect("server config");
         let client_config = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
             .with_protocol_versions(&[&rustls::version::TLS13])
             .expect("tls13")
@@ -946,7 +1126,7 @@ impl Impostor {
             .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
             .with_no_client_auth();
         Self {
-            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(server_config)),
+            acceptor,
             connector: tokio_rustls::TlsConnector::from(Arc::new(client_config)),
             upstream: served.target(),
         }
@@ -988,6 +1168,52 @@ impl Impostor {
             .expect("response head");
         String::from_utf8(response[end + 4..].to_vec()).expect("utf8 body")
     }
+}
+
+/// A self-signed certificate for `key` carrying `content` as the evidence extension's value.
+/// rcgen takes OID arcs as u64 and the evidence OID's last arc is larger: the certificate is made
+/// under a placeholder OID of the same DER length (2.25 and eighteen arcs 1), whose bytes are
+/// then replaced. That breaks the certificate's self-signature, which no client checks: trust
+/// comes from the evidence, and the TLS handshake proves possession of the key.
+fn evidence_certificate(key: &rcgen::KeyPair, content: &[u8]) -> Vec<u8> {
+    let placeholder_arcs: Vec<u64> = [2, 25].into_iter().chain([1; 18]).collect();
+    let mut params =
+        rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+            .expect("params");
+    params
+        .custom_extensions
+        .push(rcgen::CustomExtension::from_oid_content(
+            &placeholder_arcs,
+            content.to_vec(),
+        ));
+    let own = params.self_signed(key).expect("certificate");
+    let mut placeholder = vec![0x06, 0x13, 0x69];
+    placeholder.extend([1u8; 18]);
+    let mut real = vec![0x06, 0x13];
+    real.extend_from_slice(EVIDENCE_EXTENSION_OID_DER);
+    let mut der = own.der().to_vec();
+    let at = der
+        .windows(placeholder.len())
+        .position(|w| w == placeholder.as_slice())
+        .expect("placeholder OID");
+    der[at..at + real.len()].copy_from_slice(&real);
+    der
+}
+
+/// A TLS 1.3 server identity (rustls) for a DER certificate and its key.
+fn tls_acceptor(certificate: Vec<u8>, key: &rcgen::KeyPair) -> tokio_rustls::TlsAcceptor {
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .expect("tls13")
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![CertificateDer::from(certificate)],
+        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+    )
+    .expect("server config");
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
 }
 
 /// A certificate verifier that accepts anything (the relays are attackers).

@@ -89,10 +89,9 @@ fn check_fixture(dir: &Path) {
 }
 
 #[test]
+#[cfg_attr(not(shared_fixture), ignore = "needs ../shared/fixtures/tiny-llama3")]
 fn shared_tiny_llama3_matches_transformers() {
-    if let Some(dir) = shared_fixture("tiny-llama3") {
-        check_fixture(&dir);
-    }
+    check_fixture(&shared_fixture("tiny-llama3"));
 }
 
 #[test]

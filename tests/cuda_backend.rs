@@ -26,30 +26,22 @@ fn fixtures() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
 }
 
-fn gpu_or_skip() -> bool {
-    match probe() {
-        Ok(_) => true,
-        Err(e) => {
-            eprintln!("SKIPPED: no CUDA device: {e}");
-            false
-        }
+/// Every test here needs a GPU: they are ignored by default and run with `--include-ignored`
+/// on the GPU machine (scripts/gpu-check.sh), where a missing device is a failure.
+fn require_gpu() {
+    if let Err(e) = probe() {
+        panic!("no CUDA device: {e}");
     }
 }
 
-fn load(name: &str) -> Option<Model> {
+fn load(name: &str) -> Model {
     let dir = fixtures().join(name);
-    if !dir.join("config.json").exists() {
-        eprintln!("SKIPPED: fixture {} is absent", dir.display());
-        return None;
-    }
-    Some(Model::load(&dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display())))
+    Model::load(&dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()))
 }
 
-/// The inferno-tiny fixture, when a GPU is present (each absence is reported as a skip).
-fn tiny_on_gpu() -> Option<Model> {
-    if !gpu_or_skip() {
-        return None;
-    }
+/// The inferno-tiny fixture, once a GPU is known to be present.
+fn tiny_on_gpu() -> Model {
+    require_gpu();
     load("inferno-tiny")
 }
 
@@ -230,12 +222,11 @@ fn greedy(
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn teacher_forced_logits_match_the_references_and_the_cpu_backend() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     for name in ["inferno-tiny", "tiny-qwen2", "tiny-qwen3"] {
-        let Some(model) = load(name) else { continue };
+        let model = load(name);
         let golden: serde_json::Value = serde_json::from_slice(
             &std::fs::read(fixtures().join(name).join("golden.json")).expect("golden.json"),
         )
@@ -341,10 +332,9 @@ fn prompt(len: usize, salt: u32) -> Vec<u32> {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn mixed_batches_chunked_prefill_and_prefix_hits_match_single_runs() {
-    let Some(model) = tiny_on_gpu() else {
-        return;
-    };
+    let model = tiny_on_gpu();
     let mut gpu = cuda(&model, false);
     let mut blocks = Blocks { next: 0 };
     let seqs: Vec<Seq> = [5usize, 17, 33, 40]
@@ -440,10 +430,9 @@ fn mixed_batches_chunked_prefill_and_prefix_hits_match_single_runs() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn device_sampling_matches_host_logits_with_one_copy_each_way() {
-    let Some(model) = tiny_on_gpu() else {
-        return;
-    };
+    let model = tiny_on_gpu();
     let mut host = cuda(&model, false);
     let mut device = cuda(&model, true);
     let mut blocks = Blocks { next: 0 };
@@ -570,11 +559,10 @@ fn run_request(
 /// scheduler must preempt and recompute, and every request still produces the tokens it
 /// produces alone. Re-sending a prompt hits the prefix cache.
 #[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn engine_on_cuda_preempts_and_hits_the_prefix_cache_without_changing_outputs() {
     use inferno::engine::{Engine, ModelInfo};
-    let Some(model) = tiny_on_gpu() else {
-        return;
-    };
+    let model = tiny_on_gpu();
     let info = || ModelInfo {
         max_context: 512,
         ..ModelInfo::of(&model)
@@ -649,10 +637,9 @@ fn cuda_with(model: &Model, cuda_graphs: bool, sample_on_device: bool) -> CudaBa
 /// Decode steps replayed from the captured graphs (batch sizes that fill a bucket and padded
 /// ones) give the logits of eager steps and the same greedy tokens, with one copy each way.
 #[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn decode_graphs_replay_what_eager_steps_compute() {
-    let Some(model) = tiny_on_gpu() else {
-        return;
-    };
+    let model = tiny_on_gpu();
     let mut eager = cuda_with(&model, false, false);
     let mut graphed = cuda_with(&model, true, false);
     let mut sampled = cuda_with(&model, true, true);
@@ -758,11 +745,10 @@ fn decode_rows<'a>(seqs: &'a [Seq], specs: &[SampleSpec<'a>]) -> Vec<BatchRow<'a
 /// logits, in every mode: the same token for every greedy draw (penalties included) and for at
 /// least 99% of seeded draws, with one copy each way per step.
 #[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn device_sampler_agrees_with_the_reference_sampler_in_every_mode() {
     use inferno::engine::sampling;
-    let Some(model) = tiny_on_gpu() else {
-        return;
-    };
+    let model = tiny_on_gpu();
     // Both backends run the same kernels on the same batches, so their logits are identical.
     let mut host = cuda(&model, false);
     let mut device = cuda(&model, true);
@@ -939,14 +925,11 @@ fn cuda_paged_prefill(model: &Model) -> CudaBackend {
 /// The tiled prefill attention kernel gives the logits of the paged split-K kernel: whole
 /// prompts of several tiles and KV blocks, a chunked prefill and a prefix-cache hit.
 #[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn flash_prefill_matches_the_paged_kernel() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     for name in ["inferno-tiny", "tiny-qwen2", "tiny-qwen3"] {
-        let Some(model) = load(name) else {
-            continue;
-        };
+        let model = load(name);
         let mut flash = cuda(&model, false);
         let mut paged = cuda_paged_prefill(&model);
         let mut worst = 0.0f32;

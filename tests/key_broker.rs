@@ -6,11 +6,12 @@
 
 #![cfg(feature = "simulated-tee")]
 
+mod sealed_serve_support;
 mod support;
 
-use std::io::{BufRead as _, BufReader};
+use sealed_serve_support::{dev_config, key_releases, spawn_until_listening, terminate};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,7 +28,7 @@ use inferno::seal::recipient::{RecipientKey, RecipientSecret};
 use inferno::seal::{ModelKey, SealOptions, open_sealed, seal_dir};
 use inferno_attestation::evidence::Evidence;
 use inferno_attestation::runtime_data::RuntimeData;
-use inferno_audit::{AuditConfig, AuditSink, ContentMode, RecordBody, SecurityEvent, read_records};
+use inferno_audit::{AuditConfig, AuditSink, ContentMode};
 use support::{committed_fixture, engine, golden, greedy, run};
 
 const MODEL_ID: &str = "inferno-tiny";
@@ -138,20 +139,6 @@ impl InProcess {
     }
 }
 
-/// The key-release events of the (stopped) audit log in `dir`.
-fn key_releases(dir: &Path) -> Vec<(bool, String)> {
-    read_records(dir)
-        .expect("the log reads")
-        .into_iter()
-        .filter_map(|stored| match stored.record.body {
-            RecordBody::Event(SecurityEvent::KeyRelease {
-                released, reason, ..
-            }) => Some((released, reason)),
-            _ => None,
-        })
-        .collect()
-}
-
 /// The appliance's start-up runtime data in the development profile (before the challenge).
 fn base_runtime_data() -> RuntimeData {
     let mut digest = [0u8; 32];
@@ -217,6 +204,52 @@ fn a_released_key_opens_the_sealed_fixture_and_reproduces_the_golden_outputs() {
         assert_eq!(out.tokens, case.greedy_24, "case {i}");
     }
     engine.shutdown();
+}
+
+#[test]
+fn a_rule_with_model_digests_releases_only_to_evidence_binding_one_of_them() {
+    let work = tempfile::tempdir().unwrap();
+    let (secret, public) = RecipientSecret::generate();
+    let (_, manifest) = seal_to(work.path(), &public);
+    let policy = release_policy(
+        work.path(),
+        MODEL_ID,
+        &manifest.key_id,
+        &simulated_measurement(),
+    );
+    let text = std::fs::read_to_string(&policy).unwrap();
+    std::fs::write(
+        &policy,
+        format!("{text}model_digests = [\"{}\"]\n", manifest.model_digest),
+    )
+    .unwrap();
+    let broker = InProcess::start(work.path(), secret, &policy, Duration::from_secs(60));
+    let ask = |digest: Option<String>| {
+        let mut doc = base_runtime_data();
+        doc.model_digest = digest;
+        broker.runtime.block_on(request_key(
+            &broker.url,
+            &key_request(&manifest),
+            &doc,
+            0,
+            simulated_evidence,
+        ))
+    };
+    let key = ask(Some(manifest.model_digest.clone())).expect("released");
+    assert_eq!(key.id(), manifest.key_id);
+    for (digest, expected) in [
+        (Some("00".repeat(32)), "model digest"),
+        (None, "binds no model digest"),
+    ] {
+        match ask(digest) {
+            Err(BrokerError::Refused { message, .. }) => {
+                assert!(message.contains(expected), "{message}")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+    let released: Vec<bool> = broker.stop().iter().map(|r| r.0).collect();
+    assert_eq!(released, [true, false, false]);
 }
 
 #[test]
@@ -390,56 +423,6 @@ fn inferno(args: &[&str]) -> (Option<i32>, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-/// Spawns `inferno` with `args` and waits for its banner's `listening:` line.
-fn spawn_until_listening(args: &[&str]) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
-        .args(args)
-        .env("RUST_LOG", "off")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn inferno");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut seen = String::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            seen.push_str(&line);
-            seen.push('\n');
-            if line.trim().starts_with("listening:") {
-                let _ = tx.send(seen.clone());
-            }
-        }
-        let _ = tx.send(seen);
-    });
-    let banner = rx
-        .recv_timeout(Duration::from_secs(120))
-        .expect("it starts");
-    (child, banner)
-}
-
-fn terminate(mut child: Child) {
-    let _ = Command::new("kill")
-        .arg(child.id().to_string())
-        .status()
-        .unwrap();
-    child.wait().unwrap();
-}
-
-/// A development appliance config with its audit log in `work/audit`.
-fn dev_config(work: &Path, extra: &str) -> PathBuf {
-    let config = work.join("inferno.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[attestation]\nprofile = \"development\"\n[audit]\ndir = \"{}\"\n{extra}",
-            work.join("audit").display()
-        ),
-    )
-    .unwrap();
-    config
 }
 
 /// `inferno serve` on `sealed` through the broker at `url`: the child and its banner.

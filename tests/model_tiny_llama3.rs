@@ -6,15 +6,15 @@ use std::path::{Path, PathBuf};
 use inferno::model::{Architecture, DType, Model, ModelDigest, RopeScaling};
 use serde_json::Value;
 
-/// The fixture directory, or `None` (after saying so) when the shared data is absent.
-fn fixture() -> Option<PathBuf> {
+/// The fixture directory (the tests are ignored without it, `cfg(shared_fixture)`).
+fn fixture() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny-llama3");
-    if dir.join("config.json").is_file() {
-        Some(dir)
-    } else {
-        eprintln!("SKIPPED: {} is absent", dir.display());
-        None
-    }
+    assert!(
+        dir.join("config.json").is_file(),
+        "{} is absent",
+        dir.display()
+    );
+    dir
 }
 
 /// The golden cases.
@@ -35,8 +35,9 @@ fn ids(case: &Value) -> Vec<u32> {
 }
 
 #[test]
+#[cfg_attr(not(shared_fixture), ignore = "needs ../shared/fixtures/tiny-llama3")]
 fn loads_config_weights_and_digest() {
-    let Some(dir) = fixture() else { return };
+    let dir = fixture();
     let model = Model::load(&dir).unwrap();
     assert_eq!(model.name, "tiny-llama3");
     let c = &model.config;
@@ -87,8 +88,9 @@ fn loads_config_weights_and_digest() {
 }
 
 #[test]
+#[cfg_attr(not(shared_fixture), ignore = "needs ../shared/fixtures/tiny-llama3")]
 fn chat_template_and_tokenizer_reproduce_golden_input_ids() {
-    let Some(dir) = fixture() else { return };
+    let dir = fixture();
     let model = Model::load(&dir).unwrap();
     let template = model.chat_template.as_ref().unwrap();
     let mut checked = 0;

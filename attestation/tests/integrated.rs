@@ -292,6 +292,13 @@ fn swtpm_pcr_not_in_the_reference_values_fails_naming_it() {
     };
     let r = judge_with(&pcr7);
     assert!(r.passed(), "{r}");
+    let check = r.checks.iter().find(|c| c.id == "tpm.pcr_values").unwrap();
+    assert!(
+        check
+            .reason
+            .contains(&format!("PCR 7 = {pcr7} is in the reference values")),
+        "{r}"
+    );
     let r = judge_with(&"ab".repeat(32));
     assert_eq!(failed(&r), ["tpm.pcr_values"], "{r}");
     let reason = &r.failures().next().unwrap().reason;

@@ -49,4 +49,4 @@ pub use scan::{CHECKPOINTS_FILE, Location};
 pub use sink::{AuditSink, CompletionFacts, RequestFacts};
 pub use verify::{Report, StartEvent, VerifyOptions, Violation, verify};
 pub use witness::{WitnessError, WitnessState, add_checkpoint, check_add, load_state, store_state};
-pub use writer::{AuditLog, StartInfo};
+pub use writer::{Appended, AuditLog, StartInfo};

@@ -9,7 +9,7 @@ use crate::error::AuditError;
 use crate::fileops::StdFileOps;
 use crate::note::NoteSigner;
 use crate::record::{CompletionRecord, ConstraintNote, RecordBody, RequestRecord, SecurityEvent};
-use crate::writer::{AuditLog, StartInfo};
+use crate::writer::{Appended, AuditLog, StartInfo};
 
 /// What the server knows about a request when it accepts it.
 #[derive(Debug, Clone, Copy)]
@@ -125,31 +125,32 @@ impl AuditSink {
         &self.log
     }
 
-    /// Hands the request record to the writer at once; the returned future resolves once it is
-    /// durable. The response must not start before it resolves successfully, but the caller may
-    /// start the work (generation) meanwhile.
+    /// Hands the request record to the writer at once; the returned future resolves to the
+    /// record's receipt (index and leaf hash) once it is durable. The response must not start
+    /// before it resolves successfully, but the caller may start the work (generation) meanwhile.
     pub fn request(
         &self,
         facts: RequestFacts<'_>,
-    ) -> impl Future<Output = Result<u64, AuditError>> + Send + 'static + use<> {
+    ) -> impl Future<Output = Result<Appended, AuditError>> + Send + 'static + use<> {
         let prompt = match facts.status {
             Some(_) if facts.prompt.is_empty() => Ok(SealedContent::None),
             _ => self.seal("prompt", facts.request_id, facts.prompt),
         };
         let append = prompt.map(|prompt| {
-            self.log.append(RecordBody::Request(RequestRecord {
-                request_id: facts.request_id.to_owned(),
-                principal: facts.principal.to_owned(),
-                endpoint: facts.endpoint.to_owned(),
-                model_digest: facts.model_digest.to_owned(),
-                stream: facts.stream,
-                prompt,
-                status: facts.status,
-                constraint: facts.constraint.map(|(kind, digest)| ConstraintNote {
-                    kind: kind.to_owned(),
-                    grammar_digest: digest.to_owned(),
-                }),
-            }))
+            self.log
+                .append_with_leaf(RecordBody::Request(RequestRecord {
+                    request_id: facts.request_id.to_owned(),
+                    principal: facts.principal.to_owned(),
+                    endpoint: facts.endpoint.to_owned(),
+                    model_digest: facts.model_digest.to_owned(),
+                    stream: facts.stream,
+                    prompt,
+                    status: facts.status,
+                    constraint: facts.constraint.map(|(kind, digest)| ConstraintNote {
+                        kind: kind.to_owned(),
+                        grammar_digest: digest.to_owned(),
+                    }),
+                }))
         });
         async move { append?.await }
     }

@@ -37,10 +37,21 @@ pub struct StartInfo {
 
 type Reply<T> = oneshot::Sender<Result<T, AuditError>>;
 
+/// Where a durable record landed: its leaf index and its leaf hash (RFC 9162 `leaf_hash` of the
+/// record's payload). Together they are the record's receipt: an inclusion proof against a
+/// signed checkpoint then shows the record is in the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// The record's leaf index.
+    pub index: u64,
+    /// The record's leaf hash.
+    pub leaf: crate::merkle::Hash,
+}
+
 enum Command {
     /// A record to append; with a reply, the writer answers once the record is durable;
     /// without, it is durable before the next checkpoint.
-    Append(RecordBody, OffsetDateTime, Option<Reply<u64>>),
+    Append(RecordBody, OffsetDateTime, Option<Reply<Appended>>),
     Checkpoint(Reply<String>),
     Shutdown(String, Reply<String>),
 }
@@ -99,6 +110,8 @@ struct Writer {
     payload: Vec<u8>,
     /// Reused buffer of the frames of one batch.
     frames: Vec<u8>,
+    /// The leaf hashes of the group being written, in order (answered to waiting callers).
+    group_leaves: Vec<crate::merkle::Hash>,
 }
 
 /// Creates segment file `header.segment` with its header, durably; returns it and its length.
@@ -144,6 +157,7 @@ impl Writer {
     /// durable. Returns the index of the first record.
     fn write_records(&mut self, batch: &mut Vec<Pending>, sync: bool) -> Result<u64, AuditError> {
         let first = self.frontier.size();
+        self.group_leaves.clear();
         let mut frames = std::mem::take(&mut self.frames);
         let mut payload = std::mem::take(&mut self.payload);
         let written = self.encode_and_write(batch, &mut frames, &mut payload);
@@ -184,7 +198,9 @@ impl Writer {
                 self.create_segment(self.segment + 1)?;
             }
             self.chain = encode_frame(self.chain, payload, frames);
-            self.frontier.push(crate::merkle::leaf_hash(payload));
+            let leaf = crate::merkle::leaf_hash(payload);
+            self.frontier.push(leaf);
+            self.group_leaves.push(leaf);
         }
         self.write_frames(frames)
     }
@@ -297,7 +313,7 @@ impl Writer {
     fn run(mut self, rx: mpsc::Receiver<Command>) {
         // Reused from group to group: no allocation per group once they have grown.
         let mut records: Vec<Pending> = Vec::new();
-        let mut replies: Vec<(usize, Reply<u64>)> = Vec::new();
+        let mut replies: Vec<(usize, Reply<Appended>)> = Vec::new();
         let mut others = Vec::new();
         loop {
             let first = match rx.recv_timeout(self.time_to_checkpoint()) {
@@ -354,7 +370,11 @@ impl Writer {
                 match written {
                     Ok(first) => {
                         for (offset, reply) in replies.drain(..) {
-                            let _ = reply.send(Ok(first + offset as u64));
+                            let appended = self.group_leaves.get(offset).map(|leaf| Appended {
+                                index: first + offset as u64,
+                                leaf: *leaf,
+                            });
+                            let _ = reply.send(appended.ok_or(AuditError::Closed));
                         }
                     }
                     Err(e) => {
@@ -517,6 +537,7 @@ impl AuditLog {
             last_sync: Instant::now(),
             payload: Vec::new(),
             frames: Vec::new(),
+            group_leaves: Vec::new(),
         };
         let now = OffsetDateTime::now_utc();
         let mut startup: Vec<Pending> = rec
@@ -566,6 +587,15 @@ impl AuditLog {
         &self,
         body: RecordBody,
     ) -> impl Future<Output = Result<u64, AuditError>> + Send + 'static + use<> {
+        let appended = self.append_with_leaf(body);
+        async move { appended.await.map(|appended| appended.index) }
+    }
+
+    /// As [`AuditLog::append`], resolving to the record's index and leaf hash (its receipt).
+    pub fn append_with_leaf(
+        &self,
+        body: RecordBody,
+    ) -> impl Future<Output = Result<Appended, AuditError>> + Send + 'static + use<> {
         let (reply, rx) = oneshot::channel();
         let sent = self.send(body, Some(reply));
         async move {
@@ -582,7 +612,7 @@ impl AuditLog {
         self.send(body, None)
     }
 
-    fn send(&self, body: RecordBody, reply: Option<Reply<u64>>) -> Result<(), AuditError> {
+    fn send(&self, body: RecordBody, reply: Option<Reply<Appended>>) -> Result<(), AuditError> {
         if let Some(why) = self.shared.failure() {
             return Err(AuditError::Failed(why));
         }

@@ -46,8 +46,23 @@ enum AuditCommand {
     Prove(ProveArgs),
     /// Print a consistency proof between two tree sizes.
     Consistency(ConsistencyArgs),
+    /// Check a receipt (the body of `GET /v1/audit/proof`) offline against the audit key.
+    Receipt(ReceiptArgs),
     /// Countersign checkpoints as a witness.
     Witness(WitnessArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ReceiptArgs {
+    /// The receipt file: the JSON body `GET /v1/audit/proof?index=N` answered.
+    receipt: PathBuf,
+    /// The audit key (note verifier key) the start-up evidence binds (`/v1/attestation`'s
+    /// runtime data, `audit_key`).
+    #[arg(long)]
+    key: String,
+    /// The leaf hash the response's `inferno-audit-leaf` header carried (hex).
+    #[arg(long)]
+    leaf: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -250,6 +265,7 @@ fn run_other(command: AuditCommand) -> anyhow::Result<()> {
         }
         AuditCommand::Prove(a) => prove(&a),
         AuditCommand::Consistency(a) => consistency(&a),
+        AuditCommand::Receipt(a) => receipt(&a),
         AuditCommand::Witness(a) => match a.command {
             WitnessCommand::Vkey(k) => {
                 println!("{}", load_witness(&k)?.verifier().render());
@@ -259,6 +275,27 @@ fn run_other(command: AuditCommand) -> anyhow::Result<()> {
             WitnessCommand::Serve(s) => serve_witness(s),
         },
     }
+}
+
+/// `inferno audit receipt`: exit 0 when the receipt verifies, else one line naming the defect.
+fn receipt(a: &ReceiptArgs) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&a.receipt)
+        .with_context(|| format!("cannot read {}", a.receipt.display()))?;
+    let receipt: crate::server::receipt::ProofResponse = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a receipt", a.receipt.display()))?;
+    let verified = crate::server::receipt::verify(&receipt, &a.key, a.leaf.as_deref())
+        .with_context(|| format!("receipt {} rejected", a.receipt.display()))?;
+    println!(
+        "receipt verified: record {} is in the log's signed checkpoint of {} records{}",
+        verified.index,
+        verified.checkpoint_size,
+        if verified.record_checked {
+            "; the record matches its leaf hash"
+        } else {
+            " (no record in the receipt: only its leaf hash is proven)"
+        }
+    );
+    Ok(())
 }
 
 fn require_dir(dir: &Path) -> anyhow::Result<()> {

@@ -67,3 +67,14 @@ pub(crate) fn fail(err: &anyhow::Error) -> ExitCode {
     eprintln!("error: {err:#}");
     ExitCode::FAILURE
 }
+
+/// Logs to stderr under `RUST_LOG` (default `info`). A second initialisation (tests in one
+/// process) keeps the first subscriber.
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -61,7 +61,7 @@ pub struct ProxyArgs {
 
 /// Runs `inferno proxy` until interrupted.
 pub fn run(args: ProxyArgs) -> ExitCode {
-    init_tracing();
+    super::init_tracing();
     let prepared = super::verify::load_client(&args.policy, args.collateral.as_deref())
         .and_then(|client| Ok((client, Target::parse(&args.upstream)?)));
     let (client, target) = match prepared {
@@ -79,15 +79,6 @@ pub fn run(args: ProxyArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => super::fail(&err),
     }
-}
-
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
 }
 
 async fn serve(listen: SocketAddr, upstream: Arc<Upstream>) -> anyhow::Result<()> {
@@ -293,9 +284,14 @@ impl Body for ReleaseOnEnd {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        if let Poll::Ready(None) = polled
-            && let Some((pooled, upstream)) = this.release.take()
-        {
+        // A body of known length ends with its last frame: the server above stops polling once
+        // `is_end_stream` says so, so the end is checked after every frame, not only at `None`.
+        let ended = match &polled {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
+            _ => false,
+        };
+        if ended && let Some((pooled, upstream)) = this.release.take() {
             upstream.release(pooled);
         }
         polled

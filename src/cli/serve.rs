@@ -46,21 +46,11 @@ pub struct ServeArgs {
 
 /// Runs `inferno serve`.
 pub fn run(args: ServeArgs) -> ExitCode {
-    init_tracing();
+    super::init_tracing();
     match serve(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => super::fail(&err),
     }
-}
-
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // A second initialisation (tests in one process) keeps the first subscriber.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {

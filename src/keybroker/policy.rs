@@ -11,10 +11,12 @@
 //! key_ids = ["0123...ef"]          # 16-byte key ids (hex)
 //! measurements = ["ab...cd"]       # SEV-SNP MEASUREMENT or TDX MRTD (hex)
 //! server_policies = ["12...34"]    # SHA-256 of the server policies allowed (hex)
+//! model_digests = ["56...78"]      # optional: model digests the appliance must attest
 //! ```
 //!
-//! Every list must be non-empty: a rule that names no measurement or no server policy would
-//! release to anything, so it is refused when the policy is read.
+//! `key_ids`, `measurements` and `server_policies` must be non-empty: a rule that names no
+//! measurement or no server policy would release to anything, so it is refused when the policy
+//! is read. `model_digests`, when present, must be non-empty too.
 
 use std::path::{Path, PathBuf};
 
@@ -55,6 +57,10 @@ pub struct ModelRule {
     pub measurements: Vec<String>,
     /// The server policy digests (runtime data `policy_sha256`) allowed, hex.
     pub server_policies: Vec<String>,
+    /// When set, the model digests (runtime data `model_digest`, the digest the sealed manifest
+    /// promises) the appliance must attest, hex.
+    #[serde(default)]
+    pub model_digests: Option<Vec<String>>,
 }
 
 /// A loaded release policy.
@@ -120,11 +126,14 @@ impl ModelRule {
         if self.id.is_empty() {
             return Err("empty id".into());
         }
+        let digests = self.model_digests.as_ref();
         for (name, list, len) in [
-            ("key_ids", &self.key_ids, Some(32)),
-            ("measurements", &self.measurements, None),
-            ("server_policies", &self.server_policies, Some(64)),
+            ("key_ids", Some(&self.key_ids), Some(32)),
+            ("measurements", Some(&self.measurements), None),
+            ("server_policies", Some(&self.server_policies), Some(64)),
+            ("model_digests", digests, Some(64)),
         ] {
+            let Some(list) = list else { continue };
             if list.is_empty() {
                 return Err(format!("{name} is empty: it would release to anything"));
             }
@@ -172,6 +181,18 @@ impl ModelRule {
                 "server policy {} is not allowed for model {:?}",
                 doc.policy_sha256, self.id
             ));
+        }
+        if let Some(allowed) = &self.model_digests {
+            match &doc.model_digest {
+                Some(digest) if allowed.contains(digest) => {}
+                Some(digest) => {
+                    return Err(format!(
+                        "model digest {digest} is not allowed for model {:?}",
+                        self.id
+                    ));
+                }
+                None => return Err("the evidence binds no model digest".into()),
+            }
         }
         Ok(format!(
             "model {:?}, measurement {measurement}, server policy {}",
@@ -227,6 +248,16 @@ mod tests {
         let twice = format!("{good}{}", &good["appraisal = \"development\"\n".len()..]);
         let err = ReleasePolicy::from_file(&write(dir.path(), &twice)).unwrap_err();
         assert!(err.to_string().contains("two rules"), "{err}");
+
+        let no_digest = format!("{good}model_digests = []\n");
+        let err = ReleasePolicy::from_file(&write(dir.path(), &no_digest)).unwrap_err();
+        assert!(err.to_string().contains("model_digests is empty"), "{err}");
+        let digest = format!("{good}model_digests = [\"{policy}\"]\n");
+        let loaded = ReleasePolicy::from_file(&write(dir.path(), &digest)).unwrap();
+        assert_eq!(
+            loaded.rule("m").unwrap().model_digests,
+            Some(vec![policy.clone()])
+        );
 
         let unknown = good.replace("id = \"m\"", "id = \"m\"\nanything = true");
         assert!(ReleasePolicy::from_file(&write(dir.path(), &unknown)).is_err());

@@ -3,8 +3,7 @@
 //! log before the answer leaves.
 
 use std::collections::HashMap;
-use std::io::Write as _;
-use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -72,15 +71,8 @@ pub fn load_or_create_keys(
         .create(dir)
         .with_context(|| format!("cannot create {}", dir.display()))?;
     let (secret, public) = RecipientSecret::generate();
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&secret_path)
+    crate::seal::write_private_file(&secret_path, &secret.to_bytes())
         .with_context(|| format!("cannot create {}", secret_path.display()))?;
-    file.write_all(&secret.to_bytes())
-        .and_then(|()| file.sync_all())
-        .with_context(|| format!("cannot write {}", secret_path.display()))?;
     std::fs::write(&public_path, format!("{}\n", public.to_hex()))
         .with_context(|| format!("cannot write {}", public_path.display()))?;
     Ok((secret, public, true))

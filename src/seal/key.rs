@@ -1,7 +1,6 @@
 //! The model key: 32 random bytes, zeroized when dropped; key files (mode 0600) and key ids.
 
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use ring::rand::{SecureRandom, SystemRandom};
@@ -80,14 +79,7 @@ impl ModelKey {
             return Ok((Self::read_file(path)?, false));
         }
         let key = Self::generate()?;
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(SealError::io(path))?;
-        file.write_all(&key.0).map_err(SealError::io(path))?;
-        file.sync_all().map_err(SealError::io(path))?;
+        super::write_private_file(path, &key.0).map_err(SealError::io(path))?;
         Ok((key, true))
     }
 }

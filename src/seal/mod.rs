@@ -37,6 +37,47 @@ pub use manifest::{MANIFEST_FILE, Manifest, SEALED_SUFFIX};
 pub use open::open_sealed;
 pub use write::{SealOptions, seal_dir};
 
+/// Creates `path` with mode 0600 (never overwriting an existing file), writes `bytes` and syncs
+/// them: how every file holding a key or a sealed key blob is written.
+pub fn write_private_file(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(bytes)?;
+    file.sync_all()
+}
+
+/// Writes a sealed-key blob as pretty JSON with [`write_private_file`] (mode 0600, never
+/// overwriting); the error is a reason for the caller's own error type.
+fn write_json_blob<T: serde::Serialize>(path: &std::path::Path, blob: &T) -> Result<(), String> {
+    let mut bytes = serde_json::to_vec_pretty(blob).map_err(|e| e.to_string())?;
+    bytes.push(b'\n');
+    write_private_file(path, &bytes).map_err(|e| e.to_string())
+}
+
+/// Reads a sealed-key blob written by [`write_json_blob`] and checks that `header` (its format
+/// name and version) is `format` `version`; the error is a reason for the caller's error type.
+fn read_json_blob<T: serde::de::DeserializeOwned>(
+    path: &std::path::Path,
+    format: &str,
+    version: u32,
+    header: impl Fn(&T) -> (&str, u32),
+) -> Result<T, String> {
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    let blob: T = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+    let (found_format, found_version) = header(&blob);
+    if found_format != format || found_version != version {
+        return Err(format!(
+            "format {found_format:?} version {found_version}, expected {format:?} version {version}"
+        ));
+    }
+    Ok(blob)
+}
+
 /// Whether `dir` holds a sealed model (its manifest exists).
 pub fn is_sealed(dir: &std::path::Path) -> bool {
     dir.join(MANIFEST_FILE).is_file()

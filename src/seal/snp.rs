@@ -13,8 +13,6 @@
 //! (through the `sev` crate's `DerivedKey` / `GuestFieldSelect`), the wrapping and the refusal
 //! without `/dev/sev-guest` are tested; the ioctl path is not.
 
-use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
 
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
@@ -266,21 +264,10 @@ pub fn unseal(blob: &SnpSealedKey) -> Result<ModelKey, SnpKeyError> {
 impl SnpSealedKey {
     /// Writes the blob to `path` (mode 0600, never overwriting).
     pub fn write(&self, path: &Path) -> Result<(), SnpKeyError> {
-        let fail = |reason: String| SnpKeyError::Blob {
+        super::write_json_blob(path, self).map_err(|reason| SnpKeyError::Blob {
             path: path.display().to_string(),
             reason,
-        };
-        let mut bytes = serde_json::to_vec_pretty(self).map_err(|e| fail(e.to_string()))?;
-        bytes.push(b'\n');
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(|e| fail(e.to_string()))?;
-        file.write_all(&bytes)
-            .and_then(|()| file.sync_all())
-            .map_err(|e| fail(e.to_string()))
+        })
     }
 
     /// Reads and checks a blob file.
@@ -289,14 +276,10 @@ impl SnpSealedKey {
             path: path.display().to_string(),
             reason,
         };
-        let bytes = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
-        let blob: Self = serde_json::from_slice(&bytes).map_err(|e| fail(e.to_string()))?;
-        if blob.format != BLOB_FORMAT || blob.version != BLOB_VERSION {
-            return Err(fail(format!(
-                "format {:?} version {}, expected {BLOB_FORMAT:?} version {BLOB_VERSION}",
-                blob.format, blob.version
-            )));
-        }
+        let blob: Self = super::read_json_blob(path, BLOB_FORMAT, BLOB_VERSION, |b: &Self| {
+            (b.format.as_str(), b.version)
+        })
+        .map_err(fail)?;
         Ok(blob)
     }
 }

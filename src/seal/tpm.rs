@@ -10,8 +10,6 @@
 //! Unsealing loads the object and runs `TPM2_Unseal` in a policy session that satisfied
 //! `TPM2_PolicyPCR` with the PCRs' values now: any PCR that changed makes the TPM refuse.
 
-use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
 use std::str::FromStr as _;
 
@@ -340,21 +338,10 @@ fn changed_pcrs(then: &[SealedPcr], now: &[SealedPcr]) -> String {
 impl TpmSealedKey {
     /// Writes the blob to `path` (mode 0600, never overwriting).
     pub fn write(&self, path: &Path) -> Result<(), TpmSealError> {
-        let fail = |reason: String| TpmSealError::Blob {
+        super::write_json_blob(path, self).map_err(|reason| TpmSealError::Blob {
             path: path.display().to_string(),
             reason,
-        };
-        let mut bytes = serde_json::to_vec_pretty(self).map_err(|e| fail(e.to_string()))?;
-        bytes.push(b'\n');
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(|e| fail(e.to_string()))?;
-        file.write_all(&bytes)
-            .and_then(|()| file.sync_all())
-            .map_err(|e| fail(e.to_string()))
+        })
     }
 
     /// Reads and checks a blob file.
@@ -363,14 +350,10 @@ impl TpmSealedKey {
             path: path.display().to_string(),
             reason,
         };
-        let bytes = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
-        let blob: Self = serde_json::from_slice(&bytes).map_err(|e| fail(e.to_string()))?;
-        if blob.format != BLOB_FORMAT || blob.version != BLOB_VERSION {
-            return Err(fail(format!(
-                "format {:?} version {}, expected {BLOB_FORMAT:?} version {BLOB_VERSION}",
-                blob.format, blob.version
-            )));
-        }
+        let blob: Self = super::read_json_blob(path, BLOB_FORMAT, BLOB_VERSION, |b: &Self| {
+            (b.format.as_str(), b.version)
+        })
+        .map_err(fail)?;
         if blob.pcrs.is_empty() {
             return Err(fail(
                 "no PCRs: refusing a key bound to no boot state".into(),

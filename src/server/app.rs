@@ -69,6 +69,7 @@ enum Route {
     Chat,
     Completions,
     AuditCheckpoint,
+    AuditProof,
     Attestation,
     Tokenize,
     Detokenize,
@@ -84,6 +85,7 @@ impl Route {
             "/v1/chat/completions" => Some(Self::Chat),
             "/v1/completions" => Some(Self::Completions),
             "/v1/audit/checkpoint" => Some(Self::AuditCheckpoint),
+            "/v1/audit/proof" => Some(Self::AuditProof),
             "/v1/attestation" => Some(Self::Attestation),
             "/tokenize" => Some(Self::Tokenize),
             "/detokenize" => Some(Self::Detokenize),
@@ -100,6 +102,7 @@ impl Route {
             | Self::Models
             | Self::Model
             | Self::AuditCheckpoint
+            | Self::AuditProof
             | Self::Version => method == Method::GET || method == Method::HEAD,
             Self::Chat | Self::Completions | Self::Tokenize | Self::Detokenize => {
                 method == Method::POST
@@ -271,8 +274,9 @@ impl App {
                 Err(err) => Err(err),
             };
             // Fail closed: a response whose record cannot be written is not sent.
-            if let Err(err) = recorded {
-                response = err.into_response();
+            match recorded {
+                Ok(receipt) => super::receipt::add_headers(&mut response, receipt),
+                Err(err) => response = err.into_response(),
             }
         }
         if method == Method::HEAD {
@@ -369,6 +373,10 @@ impl App {
             Route::Tokenize => (false, handlers::tokenize(self, request).await),
             Route::Detokenize => (false, handlers::detokenize(self, request).await),
             Route::AuditCheckpoint => (false, super::audit::checkpoint(self)),
+            Route::AuditProof => (
+                false,
+                super::receipt::proof(self, request.uri().query(), principal.name()).await,
+            ),
             Route::Attestation => (false, super::attestation::document(self)),
         };
         Routed {

@@ -20,7 +20,7 @@ use super::generation::{ApiKind, StreamAccounting};
 use super::openai::response::Usage;
 use tokio::sync::oneshot;
 
-use inferno_audit::{AuditSink, CompletionFacts, ContentMode, RequestFacts};
+use inferno_audit::{Appended, AuditSink, CompletionFacts, ContentMode, RequestFacts};
 
 fn endpoint(kind: ApiKind) -> &'static str {
     match kind {
@@ -76,7 +76,7 @@ pub fn record_request(
     app: &App,
     request: RequestAudit<'_>,
     body: &Bytes,
-) -> impl Future<Output = Result<(), ApiError>> + Send + 'static + use<> {
+) -> impl Future<Output = Result<Option<Appended>, ApiError>> + Send + 'static + use<> {
     let pending = app.audit().map(|sink| {
         let prompt = String::from_utf8_lossy(body);
         sink.request(RequestFacts {
@@ -93,9 +93,9 @@ pub fn record_request(
     let request_id = request.ctx.request_id.clone();
     async move {
         let Some(pending) = pending else {
-            return Ok(());
+            return Ok(None);
         };
-        pending.await.map(drop).map_err(|err| {
+        pending.await.map(Some).map_err(|err| {
             tracing::error!(error = %err, %request_id, "audit: request record failed");
             log_unavailable()
         })
@@ -112,9 +112,9 @@ pub async fn record_answered(
     caller: &str,
     endpoint: &str,
     status: StatusCode,
-) -> Result<(), ApiError> {
+) -> Result<Option<Appended>, ApiError> {
     let Some(sink) = app.audit() else {
-        return Ok(());
+        return Ok(None);
     };
     let model_digest = app.service().map_or("", |service| service.digest());
     let pending = sink.request(RequestFacts {
@@ -127,7 +127,7 @@ pub async fn record_answered(
         status: Some(status.as_u16()),
         constraint: None,
     });
-    pending.await.map(drop).map_err(|err| {
+    pending.await.map(Some).map_err(|err| {
         tracing::error!(error = %err, request_id = %ctx.request_id, "audit: request record failed");
         log_unavailable()
     })

@@ -417,7 +417,7 @@ pub async fn generate(
             Arc::clone(&accounting),
         );
         // Prefill runs while the request record becomes durable; no byte leaves before.
-        durable.await.map_err(Failed)?;
+        let receipt = durable.await.map_err(Failed)?;
         let body = started.map_err(failed)?;
         let body = audit::audited_stream(app, ctx, prompt_tokens, usage_rx, accounting, body);
         let mut response = Response::new(body);
@@ -427,11 +427,12 @@ pub async fn generate(
             HeaderValue::from_static("text/event-stream"),
         );
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        super::receipt::add_headers(&mut response, receipt);
         Ok(response)
     } else {
         let generation = generation::complete(&service, app.metrics(), job, retry_after);
         let (recorded, completed) = tokio::join!(durable, generation);
-        recorded.map_err(Failed)?;
+        let receipt = recorded.map_err(Failed)?;
         let completed = completed.map_err(failed)?;
         let usage = completed.usage;
         let tokens = (usage.prompt_tokens, usage.completion_tokens);
@@ -450,6 +451,8 @@ pub async fn generate(
             completion_tokens = usage.completion_tokens,
             "generation finished"
         );
-        Ok(json_response(StatusCode::OK, completed.json))
+        let mut response = json_response(StatusCode::OK, completed.json);
+        super::receipt::add_headers(&mut response, receipt);
+        Ok(response)
     }
 }

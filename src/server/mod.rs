@@ -17,6 +17,7 @@ mod listener;
 pub mod metrics;
 pub mod openai;
 pub mod policy;
+pub mod receipt;
 pub mod service;
 pub mod tls;
 

@@ -19,12 +19,6 @@ from test_openai_client import API_KEY, REPO, RunningServer, _binary
 
 PROXY_TIMEOUT_S = 60
 
-# The server side of issue 9 (the evidence certificate extension and POST /v1/attestation) is not
-# on main yet; until it is, the proxy rightly refuses the server. Remove this mark when it lands.
-pytestmark = pytest.mark.skip(
-    reason="needs the server side of issue 9 (certificate evidence, POST /v1/attestation)"
-)
-
 
 class RunningProxy:
     """An `inferno proxy` subprocess in front of a server."""

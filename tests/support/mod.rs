@@ -20,20 +20,14 @@ pub fn committed_fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// A fixture from `../shared/fixtures`, or `None` (after saying so loudly) when absent.
-pub fn shared_fixture(name: &str) -> Option<PathBuf> {
+/// A fixture from `../shared/fixtures`. Tests that use it carry
+/// `#[cfg_attr(not(shared_fixture), ignore = ...)]`, so it is only absent under `--ignored`.
+pub fn shared_fixture(name: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../shared/fixtures")
         .join(name);
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "SKIPPED: {} is absent; the shared-fixture checks did not run",
-            dir.display()
-        );
-        None
-    }
+    assert!(dir.is_dir(), "{} is absent", dir.display());
+    dir
 }
 
 /// One case of a `golden.json`.

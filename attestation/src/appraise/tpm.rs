@@ -350,7 +350,10 @@ fn check_pcr_values(
         match value {
             None => wrong.push(format!("PCR {key} is not quoted")),
             Some(value) if accepted.iter().any(|a| a.eq_ignore_ascii_case(value)) => {
-                matched.push(format!("PCR {key}"));
+                matched.push(format!(
+                    "PCR {key} = {} is in {source}",
+                    value.to_ascii_lowercase()
+                ));
             }
             Some(value) => wrong.push(format!(
                 "PCR {key} = {} is not in {source}",
@@ -359,10 +362,7 @@ fn check_pcr_values(
         }
     }
     if wrong.is_empty() {
-        checks.pass(
-            "tpm.pcr_values",
-            format!("{} hold accepted values", matched.join(", ")),
-        );
+        checks.pass("tpm.pcr_values", matched.join("; "));
     } else {
         checks.fail("tpm.pcr_values", wrong.join("; "));
     }
