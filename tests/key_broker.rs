@@ -6,11 +6,12 @@
 
 #![cfg(feature = "simulated-tee")]
 
+mod sealed_serve_support;
 mod support;
 
-use std::io::{BufRead as _, BufReader};
+use sealed_serve_support::{dev_config, key_releases, spawn_until_listening, terminate};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,7 +28,7 @@ use inferno::seal::recipient::{RecipientKey, RecipientSecret};
 use inferno::seal::{ModelKey, SealOptions, open_sealed, seal_dir};
 use inferno_attestation::evidence::Evidence;
 use inferno_attestation::runtime_data::RuntimeData;
-use inferno_audit::{AuditConfig, AuditSink, ContentMode, RecordBody, SecurityEvent, read_records};
+use inferno_audit::{AuditConfig, AuditSink, ContentMode};
 use support::{committed_fixture, engine, golden, greedy, run};
 
 const MODEL_ID: &str = "inferno-tiny";
@@ -136,20 +137,6 @@ impl InProcess {
             .unwrap();
         key_releases(&self.audit_dir)
     }
-}
-
-/// The key-release events of the (stopped) audit log in `dir`.
-fn key_releases(dir: &Path) -> Vec<(bool, String)> {
-    read_records(dir)
-        .expect("the log reads")
-        .into_iter()
-        .filter_map(|stored| match stored.record.body {
-            RecordBody::Event(SecurityEvent::KeyRelease {
-                released, reason, ..
-            }) => Some((released, reason)),
-            _ => None,
-        })
-        .collect()
 }
 
 /// The appliance's start-up runtime data in the development profile (before the challenge).
@@ -436,56 +423,6 @@ fn inferno(args: &[&str]) -> (Option<i32>, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-/// Spawns `inferno` with `args` and waits for its banner's `listening:` line.
-fn spawn_until_listening(args: &[&str]) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
-        .args(args)
-        .env("RUST_LOG", "off")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn inferno");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut seen = String::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            seen.push_str(&line);
-            seen.push('\n');
-            if line.trim().starts_with("listening:") {
-                let _ = tx.send(seen.clone());
-            }
-        }
-        let _ = tx.send(seen);
-    });
-    let banner = rx
-        .recv_timeout(Duration::from_secs(120))
-        .expect("it starts");
-    (child, banner)
-}
-
-fn terminate(mut child: Child) {
-    let _ = Command::new("kill")
-        .arg(child.id().to_string())
-        .status()
-        .unwrap();
-    child.wait().unwrap();
-}
-
-/// A development appliance config with its audit log in `work/audit`.
-fn dev_config(work: &Path, extra: &str) -> PathBuf {
-    let config = work.join("inferno.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[attestation]\nprofile = \"development\"\n[audit]\ndir = \"{}\"\n{extra}",
-            work.join("audit").display()
-        ),
-    )
-    .unwrap();
-    config
 }
 
 /// `inferno serve` on `sealed` through the broker at `url`: the child and its banner.

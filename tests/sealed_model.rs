@@ -4,19 +4,18 @@
 //! with a key file work end to end, and a refused start-up exits 1 with one line and an audit
 //! record.
 
+mod sealed_serve_support;
 mod support;
 
-use std::io::{BufRead as _, BufReader};
+use sealed_serve_support::{dev_config, key_releases, spawn_until_listening, terminate};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use inferno::engine::EngineConfig;
 use inferno::model::{Model, ModelDigest};
 use inferno::seal::manifest::MIN_CHUNK_SIZE;
 use inferno::seal::{ModelKey, SealError, SealOptions, open_sealed, seal_dir};
-use inferno_audit::{RecordBody, SecurityEvent, read_records};
 use support::{committed_fixture, engine, golden, greedy, run, shared_fixture};
 
 /// Seals `plain` into `work/sealed` under a fresh key with `chunk_size`.
@@ -200,34 +199,6 @@ fn seal_with_cli(work: &Path) -> (PathBuf, PathBuf) {
     (sealed, key)
 }
 
-/// A development config with an audit log in `work/audit`.
-fn dev_config(work: &Path, extra: &str) -> PathBuf {
-    let config = work.join("inferno.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[attestation]\nprofile = \"development\"\n[audit]\ndir = \"{}\"\n{extra}",
-            work.join("audit").display()
-        ),
-    )
-    .unwrap();
-    config
-}
-
-/// The key-release events of the (stopped) audit log in `dir`.
-fn key_releases(dir: &Path) -> Vec<(bool, String)> {
-    read_records(dir)
-        .expect("the log reads")
-        .into_iter()
-        .filter_map(|stored| match stored.record.body {
-            RecordBody::Event(SecurityEvent::KeyRelease {
-                released, reason, ..
-            }) => Some((released, reason)),
-            _ => None,
-        })
-        .collect()
-}
-
 #[test]
 fn serve_opens_a_sealed_model_with_a_key_file_and_records_the_release() {
     let work = tempfile::tempdir().unwrap();
@@ -239,49 +210,23 @@ fn serve_opens_a_sealed_model_with_a_key_file_and_records_the_release() {
             key.display()
         ),
     );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
-        .args([
-            "serve",
-            "--device",
-            "cpu",
-            "--listen",
-            "127.0.0.1:0",
-            "--model",
-        ])
-        .arg(&sealed)
-        .arg("--config")
-        .arg(&config)
-        .env("RUST_LOG", "off")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn server");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut seen = String::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            seen.push_str(&line);
-            seen.push('\n');
-            if line.trim().starts_with("listening:") {
-                let _ = tx.send(seen.clone());
-            }
-        }
-        let _ = tx.send(seen);
-    });
-    let banner = rx
-        .recv_timeout(Duration::from_secs(120))
-        .expect("the server starts");
+    let (child, banner) = spawn_until_listening(&[
+        "serve",
+        "--device",
+        "cpu",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        sealed.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+    ]);
     let digest = ModelDigest::of_dir(&committed_fixture("inferno-tiny"))
         .unwrap()
         .hex;
     assert!(banner.contains(&digest), "{banner}");
     // SIGTERM: a clean stop writes the log's final records.
-    let _ = Command::new("kill")
-        .arg(child.id().to_string())
-        .status()
-        .unwrap();
-    child.wait().unwrap();
+    terminate(child);
     let releases = key_releases(&work.path().join("audit"));
     assert_eq!(releases.len(), 1, "{releases:?}");
     assert!(releases[0].0, "{releases:?}");

@@ -5,19 +5,18 @@
 //!
 //! Without swtpm these tests skip loudly, except under CI (`CI` set), where they fail.
 
+mod sealed_serve_support;
 #[path = "../attestation/tests/swtpm_support/mod.rs"]
 mod swtpm_support;
 
-use std::io::{BufRead as _, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use sealed_serve_support::{dev_config, key_releases, spawn_until_listening, terminate};
+use std::path::Path;
+use std::process::Command;
 use std::str::FromStr as _;
-use std::time::Duration;
 
 use inferno::model::ModelDigest;
 use inferno::seal::ModelKey;
 use inferno::seal::tpm::{TpmSealError, TpmSealedKey, seal_key, unseal_key};
-use inferno_audit::{RecordBody, SecurityEvent, read_records};
 use tss_esapi::Context;
 use tss_esapi::handles::PcrHandle;
 use tss_esapi::interface_types::algorithm::HashingAlgorithm;
@@ -99,32 +98,6 @@ fn inferno(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
-fn dev_config(work: &Path, extra: &str) -> PathBuf {
-    let config = work.join("inferno.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[attestation]\nprofile = \"development\"\n[audit]\ndir = \"{}\"\n{extra}",
-            work.join("audit").display()
-        ),
-    )
-    .unwrap();
-    config
-}
-
-fn key_releases(dir: &Path) -> Vec<(bool, String)> {
-    read_records(dir)
-        .expect("the log reads")
-        .into_iter()
-        .filter_map(|stored| match stored.record.body {
-            RecordBody::Event(SecurityEvent::KeyRelease {
-                released, reason, ..
-            }) => Some((released, reason)),
-            _ => None,
-        })
-        .collect()
-}
-
 #[test]
 fn serve_a_model_sealed_to_the_tpm_and_refuse_it_after_a_pcr_extend() {
     let Some(tpm) = swtpm_support::start_swtpm() else {
@@ -159,43 +132,22 @@ fn serve_a_model_sealed_to_the_tpm_and_refuse_it_after_a_pcr_extend() {
     let run1 = w.join("run1");
     std::fs::create_dir(&run1).unwrap();
     let config = dev_config(&run1, &key_source);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
-        .args([
-            "serve",
-            "--device",
-            "cpu",
-            "--listen",
-            "127.0.0.1:0",
-            "--model",
-        ])
-        .arg(&sealed)
-        .arg("--config")
-        .arg(&config)
-        .env("RUST_LOG", "off")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut seen = String::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            seen.push_str(&line);
-            seen.push('\n');
-            if line.trim().starts_with("listening:") {
-                let _ = tx.send(seen.clone());
-            }
-        }
-        let _ = tx.send(seen);
-    });
-    let banner = rx.recv_timeout(Duration::from_secs(120)).unwrap();
+    let (child, banner) = spawn_until_listening(&[
+        "serve",
+        "--device",
+        "cpu",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        sealed.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+    ]);
     assert!(
         banner.contains(&ModelDigest::of_dir(&plain).unwrap().hex),
         "{banner}"
     );
-    let _ = Command::new("kill").arg(child.id().to_string()).status();
-    child.wait().unwrap();
+    terminate(child);
     let releases = key_releases(&run1.join("audit"));
     assert_eq!(releases.len(), 1, "{releases:?}");
     assert!(

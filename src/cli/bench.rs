@@ -300,12 +300,7 @@ fn random_prompts(load: &LoadArgs, vocab: usize) -> Vec<Vec<u32>> {
 /// Runs `inferno bench`. Logs (the backend's start-up timeline among them) go to stderr,
 /// filtered by `RUST_LOG` (default `info`).
 pub fn run(args: BenchArgs) -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    super::init_tracing();
     let result = match args.mode {
         Mode::Offline(a) => offline(*a),
         Mode::Serve(a) => serve(*a),

@@ -1,0 +1,76 @@
+//! What the sealed-model serving tests share (tests/sealed_model.rs, tpm_sealing.rs,
+//! key_broker.rs): a development config with an audit log, a spawned `inferno` that is waited on
+//! until it listens, its clean stop, and the key-release events its audit log then holds.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use inferno_audit::{RecordBody, SecurityEvent, read_records};
+
+/// Writes a development appliance config with its audit log in `work/audit`, plus `extra`.
+pub fn dev_config(work: &Path, extra: &str) -> PathBuf {
+    let config = work.join("inferno.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[attestation]\nprofile = \"development\"\n[audit]\ndir = \"{}\"\n{extra}",
+            work.join("audit").display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// Spawns `inferno` with `args` and returns the child and its standard error up to the banner's
+/// `listening:` line (or all of it, should the process exit first).
+pub fn spawn_until_listening(args: &[&str]) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(args)
+        .env("RUST_LOG", "off")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn inferno");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            seen.push_str(&line);
+            seen.push('\n');
+            if line.trim().starts_with("listening:") {
+                let _ = tx.send(seen.clone());
+            }
+        }
+        let _ = tx.send(seen);
+    });
+    let banner = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("inferno starts");
+    (child, banner)
+}
+
+/// Stops `child` with SIGTERM (a clean stop writes the audit log's final records) and waits.
+pub fn terminate(mut child: Child) {
+    let _ = Command::new("kill")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    child.wait().unwrap();
+}
+
+/// The key-release events (released, reason) of the stopped audit log in `dir`.
+pub fn key_releases(dir: &Path) -> Vec<(bool, String)> {
+    read_records(dir)
+        .expect("the log reads")
+        .into_iter()
+        .filter_map(|stored| match stored.record.body {
+            RecordBody::Event(SecurityEvent::KeyRelease {
+                released, reason, ..
+            }) => Some((released, reason)),
+            _ => None,
+        })
+        .collect()
+}
