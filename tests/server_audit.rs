@@ -13,8 +13,8 @@ use inferno::constrain::{ConstraintKind, ConstraintSource, ConstraintSpec};
 use inferno::model::EMBEDDED_MODEL_NAME as MODEL;
 use inferno::server::{Server, ServerError};
 use inferno_audit::{
-    AuditConfig, ConstraintNote, ContentMode, ContentPolicy, Record, RecordBody, SealedContent, VerifyOptions,
-    read_records, verify,
+    AuditConfig, ConstraintNote, ContentMode, ContentPolicy, Record, RecordBody, SealedContent,
+    VerifyOptions, read_records, verify,
 };
 use reqwest::StatusCode;
 use serde_json::json;
