@@ -14,7 +14,9 @@
 # .gpu/attention-old.cu present, the same benchmark of that kernel for comparison), gemv (the
 # small-M product kernels alone against cuBLASLt, .gpu/gemv-check.cu), sealedstart (issue 10:
 # start-up to first token of the 8B-shaped weights, plaintext then a sealed copy with a key file,
-# same run; target sealed <= 1.10x).
+# same run; target sealed <= 1.10x), constrained (CPU and CUDA servers of the embedded model agree on
+# constrained greedy outputs; JSON-schema-constrained vs free throughput at batch 1 and 64 on the
+# 8B-shaped model, target cost <= 5%).
 # Logs and JSON are written to a work folder and packed into $OUT/results.tgz (the device tool
 # returns at most 8 files); $OUT/summary.txt is also printed last.
 # Only reads the GPU's state; never changes a GPU setting.
@@ -181,6 +183,29 @@ if has serve; then
   done
   kill -TERM $SERVER 2>/dev/null
   wait $SERVER 2>/dev/null
+fi
+
+if has constrained; then
+  serve_on() { # DEVICE PORT [MODEL_ARGS...]
+    local device=$1 port=$2; shift 2
+    RUST_LOG=warn $RUN "$G/inferno" serve "$@" --device "$device" --listen 127.0.0.1:$port >"$OUT/serve-$device-$port.log" 2>&1 &
+    echo $!
+  }
+  wait_up() { for _ in $(seq 1 180); do curl -ksf "https://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0; sleep 1; done; return 1; }
+  CPU_PID=$(serve_on cpu 8450)
+  GPU_PID=$(serve_on cuda 8451)
+  wait_up 8450 && wait_up 8451
+  timeout 300 python3 "$G/constrained_check.py" compare https://127.0.0.1:8450 https://127.0.0.1:8451 inferno-tiny >"$OUT/constrained-compare.log" 2>&1
+  note "constrained compare (embedded model, CPU vs CUDA): rc=$?"
+  grep -E '^RESULT|Error' "$OUT/constrained-compare.log" | tee -a "$SUMMARY"
+  kill -TERM "$CPU_PID" "$GPU_PID" 2>/dev/null; wait "$CPU_PID" "$GPU_PID" 2>/dev/null
+  [ -d $M8 ] || PYTHONUNBUFFERED=1 python3 "$G/make_llama8b.py" $M8 >"$OUT/make8b.log" 2>&1
+  B8_PID=$(serve_on cuda 8452 --model $M8)
+  wait_up 8452
+  timeout 400 python3 "$G/constrained_check.py" bench https://127.0.0.1:8452 llama8b >"$OUT/constrained-bench.log" 2>&1
+  note "constrained bench (8B-shaped, CUDA): rc=$?"
+  grep -E '^RESULT|Error' "$OUT/constrained-bench.log" | tee -a "$SUMMARY"
+  kill -TERM "$B8_PID" 2>/dev/null; wait "$B8_PID" 2>/dev/null
 fi
 
 # Start-up to first token: plaintext and a sealed copy (development profile, key file), page

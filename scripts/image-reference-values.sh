@@ -10,7 +10,13 @@
 #   - the UKI's SHA-256 and the dm-verity root hash it pins;
 #   - PCR 11 (SHA-256 bank) as systemd-stub extends it from the UKI's sections, computed with
 #     the tools tree's systemd-measure;
-#   - the versions of the tools and of the kernel and systemd packages.
+#   - the versions of the tools and of the kernel and systemd packages;
+#   - with INFERNO_OVMF_AMDSEV=PATH (the AmdSev OVMF, scripts/ovmf-amdsev-build.sh), the SEV-SNP
+#     launch measurement of measured direct boot for each CPU product (the QEMU vCPU model named
+#     after it) and each vCPU count in INFERNO_SNP_VCPUS (default "1 2 4 8 16 32 64"), computed
+#     by sev-snp-measure (PyPI; SEV_SNP_MEASURE names the command) and by the sev crate through
+#     `cargo run -p inferno-attestation --example snp_launch_measurement`. The script fails if
+#     the two implementations disagree on any value. Without it the [sev_snp] list stays empty.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=$(realpath "${1:-$here/image/out}")
@@ -38,6 +44,38 @@ mapfile -t pcr11 < <(chroot "$out/tools" /usr/lib/systemd/systemd-measure calcul
     --bank=sha256 "${measure_args[@]}" 2>/dev/null | sed -n 's/^11:sha256=//p')
 [ "${#pcr11[@]}" = 4 ] || { echo "systemd-measure gave ${#pcr11[@]} PCR 11 values, not 4" >&2; exit 1; }
 measure_version=$(chroot "$out/tools" /usr/lib/systemd/systemd-measure --version | head -1)
+
+# SEV-SNP: the product -> QEMU vCPU model mapping is attestation/src/snp_measurement.rs's
+# PRODUCT_VCPU_TYPES (a test checks that the two agree).
+snp_products="Milan:EPYC-Milan Genoa:EPYC-Genoa Turin:EPYC-Turin"
+snp_vcpus=${INFERNO_SNP_VCPUS:-1 2 4 8 16 32 64}
+ovmf=${INFERNO_OVMF_AMDSEV:-}
+snp_lines=()
+if [ -n "$ovmf" ]; then
+    ovmf=$(realpath "$ovmf")
+    sev_snp_measure=${SEV_SNP_MEASURE:-sev-snp-measure}
+    snp_measure_version=$($sev_snp_measure --version) ||
+        { echo "$sev_snp_measure is missing: pip install sev-snp-measure (or set SEV_SNP_MEASURE)" >&2; exit 1; }
+    sev_crate_version=$(grep -A1 '^name = "sev"$' "$here/Cargo.lock" | sed -n 's/^version = "\(.*\)"/\1/p')
+    vcpu_types=$(for p in $snp_products; do printf '%s,' "${p#*:}"; done)
+    mapfile -t rust_lines < <(cd "$here" && cargo run -q -p inferno-attestation \
+        --example snp_launch_measurement -- "$ovmf" "$out/$name.vmlinuz" "$out/$name.initrd" \
+        "$cmdline" "${vcpu_types%,}" "$(echo $snp_vcpus | tr ' ' ,)")
+    for p in $snp_products; do
+        product=${p%%:*} vcpu_type=${p#*:}
+        for n in $snp_vcpus; do
+            python_value=$($sev_snp_measure --mode snp --vmm-type QEMU --vcpus "$n" \
+                --vcpu-type "$vcpu_type" --ovmf "$ovmf" --kernel "$name.vmlinuz" \
+                --initrd "$name.initrd" --append "$cmdline" --output-format hex)
+            rust_value=$(printf '%s\n' "${rust_lines[@]}" | sed -n "s/^$vcpu_type $n //p")
+            if [ "$python_value" != "$rust_value" ]; then
+                echo "SEV-SNP measurement of $vcpu_type x$n: sev-snp-measure gives $python_value, the sev crate ${rust_value:-nothing}" >&2
+                exit 1
+            fi
+            snp_lines+=("    { product = \"$product\", vcpus = $n, measurement = \"$python_value\" },")
+        done
+    done
+fi
 
 cat <<TOML
 # Reference values of the Inferno appliance image, written by scripts/image-reference-values.sh
@@ -69,19 +107,56 @@ roothash = "$roothash"
 inferno_sha256 = "$(info inferno_sha256)"
 inferno_origin = "$(info inferno_origin)"
 manifest_sha256 = "$(sha "$name.manifest")"
+TOML
+if [ -n "$ovmf" ]; then
+    cat <<TOML
+# The AmdSev OVMF of the SEV-SNP measurements (scripts/ovmf-amdsev-build.sh prints the recipe),
+# and the launch configuration they assume: QEMU with kernel-hashes=on, the default SEV-SNP
+# guest features (SNP active only), and the vCPU model named after each CPU product.
+ovmf_amdsev_sha256 = "$(sha "$ovmf")"
+ovmf_amdsev_build = "$(head -1 "$ovmf.build-info" 2>/dev/null || echo "unknown: no $ovmf.build-info")"
+ovmf_amdsev_toolchain = "$(tail -n +2 "$ovmf.build-info" 2>/dev/null | paste -sd ';' | sed 's/;/; /g')"
+snp_vmm = "QEMU, kernel-hashes=on"
+snp_guest_features = "0x1"
+snp_vcpu_types = "$snp_products"
+TOML
+fi
+cat <<TOML
 
 [tools]
 mkosi = "$(info mkosi)"
 systemd_measure = "$measure_version"
 linux_image = "$(pkg linux-image-amd64)"
 systemd = "$(pkg systemd)"
+TOML
+if [ -n "$ovmf" ]; then
+    cat <<TOML
+sev_snp_measure = "$snp_measure_version"
+sev_crate = "$sev_crate_version"
+TOML
+fi
+cat <<TOML
 
 [sev_snp]
+TOML
+if [ -n "$ovmf" ]; then
+    cat <<TOML
+# Launch measurements for measured direct boot with the OVMF, kernel, initrd and command line
+# above, per CPU product and vCPU count; sev-snp-measure and the sev crate agree on each.
+measurements = [
+$(printf '%s\n' "${snp_lines[@]}")
+]
+TOML
+else
+    cat <<TOML
 # Launch measurements per CPU product and vCPU count for measured direct boot. NOT COMPUTED: they
-# need the AmdSev OVMF (with the SEV hashes table), which no Debian package ships and which was
-# not built here. The list is empty, so the production policy accepts no SEV-SNP evidence until
-# it is filled: a rejection names the measurement.
+# need the AmdSev OVMF (scripts/ovmf-amdsev-build.sh; INFERNO_OVMF_AMDSEV). The list is empty,
+# so the production policy accepts no SEV-SNP evidence until it is filled: a rejection names the
+# measurement.
 measurements = []
+TOML
+fi
+cat <<TOML
 
 [tdx]
 # MRTD (and RTMR1-2) NOT COMPUTED: they need the TDVF build the host launches. Empty: the

@@ -161,6 +161,9 @@ pub struct ServerConfig {
     pub served_model_name: Option<String>,
     /// Seconds that in-flight requests get to finish after SIGTERM or SIGINT.
     pub shutdown_grace_secs: u64,
+    /// The model's tool-call format (`llama3_json`, `hermes` or `mistral`); detected from the
+    /// chat template when absent.
+    pub tool_call_parser: Option<crate::server::openai::tools::ToolCallFormat>,
     /// Tokenize special-token text inside chat messages (`<|eot_id|>` typed by a user) as the
     /// control token it spells. Off by default: such text is tokenized as plain text, so a
     /// message cannot forge the conversation's structure.
@@ -179,6 +182,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8443)),
             served_model_name: None,
             shutdown_grace_secs: 30,
+            tool_call_parser: None,
             chat_special_tokens_in_content: false,
             chat_any_role: false,
             user: None,

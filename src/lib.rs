@@ -21,6 +21,7 @@ pub mod attest;
 pub mod backend;
 pub mod cli;
 pub mod config;
+pub mod constrain;
 pub mod engine;
 pub mod harden;
 pub mod keybroker;

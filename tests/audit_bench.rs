@@ -54,6 +54,7 @@ fn audit_writer_throughput() {
                                 stream: true,
                                 prompt: &prompt,
                                 status: None,
+                                constraint: None,
                             })
                             .await
                             .expect("request record");

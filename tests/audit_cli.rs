@@ -59,6 +59,7 @@ fn write_log(dir: &Path, n: usize, segment_max_bytes: u64, content: Option<&Cont
                 stream: i % 2 == 0,
                 prompt,
                 status: None,
+                constraint: None,
             }))
             .await
             .expect("append");

@@ -63,6 +63,7 @@ fn crash_child() {
                             stream: false,
                             prompt: "hello",
                             status: None,
+                            constraint: None,
                         };
                         if sink.request(facts).await.is_err() {
                             return;

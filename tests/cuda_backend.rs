@@ -103,6 +103,7 @@ static GREEDY: SamplingParams = SamplingParams {
     frequency_penalty: 0.0,
     repetition_penalty: 1.0,
     seed: None,
+    logit_bias: Vec::new(),
 };
 
 fn spec(logprobs: Option<u32>) -> SampleSpec<'static> {
@@ -113,6 +114,7 @@ fn spec(logprobs: Option<u32>) -> SampleSpec<'static> {
         prompt: &[],
         output: &[],
         logprobs,
+        constrained: false,
     }
 }
 
@@ -530,6 +532,7 @@ fn run_request(
         },
         logprobs: None,
         cache_salt: 0,
+        constraint: None,
     };
     let mut stream = engine.submit(request).expect("submit");
     let mut tokens = Vec::new();
@@ -864,6 +867,7 @@ fn device_sampler_agrees_with_the_reference_sampler_in_every_mode() {
                     prompt: &seqs[r].tokens,
                     output: &outputs[r],
                     logprobs: (r % 4 == 0).then_some(3),
+                    constrained: false,
                 })
                 .collect();
             let rows = decode_rows(&seqs, &specs);

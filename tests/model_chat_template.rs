@@ -82,8 +82,9 @@ fn renders_tools_tool_calls_and_disabled_thinking() {
     let expected = concat!(
         "<|im_start|>system\nYou are helpful.\n\n# Tools\n\n",
         "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n",
-        r#"{"function": {"description": "Get the weather", "name": "get_weather", "parameters": "#,
-        r#"{"properties": {"city": {"type": "string"}}, "required": ["city"], "type": "object"}}, "type": "function"}"#,
+        // The client's key order, as transformers renders it (Python dicts keep insertion order).
+        r#"{"type": "function", "function": {"name": "get_weather", "description": "Get the weather", "#,
+        r#""parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}"#,
         "\n</tools><|im_end|>\n",
         "<|im_start|>user\nWeather in Paris?<|im_end|>\n",
         "<|im_start|>assistant\nLet me check.\n<tool_call>\n",

@@ -11,7 +11,9 @@
 //! - [`pki`]: shared certificate, CRL and time helpers;
 //! - [`ocsp`]: offline OCSP status of certificates from bundled responses;
 //! - [`tpm`]: TPM 2.0 quotes, event logs and AK binding (`docs/attestation-tpm.md`);
-//! - [`nvidia`]: NVIDIA H100/H200 SPDM evidence, RIMs and NVML (`docs/attestation-gpu.md`).
+//! - [`nvidia`]: NVIDIA H100/H200 SPDM evidence, RIMs and NVML (`docs/attestation-gpu.md`);
+//! - [`snp_measurement`]: the expected SEV-SNP launch measurement of measured direct boot;
+//! - [`reference_values`]: the measurements one image build determines, as policy input.
 //!
 //! `docs/attestation.md` explains the design and every check.
 
@@ -32,5 +34,6 @@ pub mod reference_values;
 pub mod report;
 pub mod runtime_data;
 mod serde_b64;
+pub mod snp_measurement;
 pub mod tpm;
 pub mod verify;

@@ -41,8 +41,8 @@ pub use proof_file::{ConsistencyProof, InclusionProof, ProofFileError};
 pub use prune::{PruneError, PruneOutcome, prune};
 pub use read::{StoredRecord, load_tree, read_records, stored_checkpoints};
 pub use record::{
-    CompletionRecord, EvidenceBlob, RECORD_VERSION, Record, RecordBody, RequestRecord,
-    SecurityEvent,
+    CompletionRecord, ConstraintNote, EvidenceBlob, RECORD_VERSION, Record, RecordBody,
+    RequestRecord, SecurityEvent,
 };
 pub use recovery::newest_record_time;
 pub use scan::{CHECKPOINTS_FILE, Location};

@@ -82,6 +82,19 @@ pub struct RequestRecord {
     /// status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
+    /// The grammar a constrained request followed (structured output, enforced tool call).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<ConstraintNote>,
+}
+
+/// How a request's output was constrained: the kind and the grammar's digest, never the
+/// grammar itself (the request body, sealed as `prompt`, holds it as the content policy allows).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConstraintNote {
+    /// `json_object`, `json_schema`, `regex`, `choice`, `grammar` or `tool_call`.
+    pub kind: String,
+    /// Hex SHA-256 of the kind and the canonical grammar source.
+    pub grammar_digest: String,
 }
 
 /// A finished API request.

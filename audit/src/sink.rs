@@ -8,7 +8,7 @@ use crate::content::{ContentMode, ContentPolicy, SealedContent, read_key_file};
 use crate::error::AuditError;
 use crate::fileops::StdFileOps;
 use crate::note::NoteSigner;
-use crate::record::{CompletionRecord, RecordBody, RequestRecord, SecurityEvent};
+use crate::record::{CompletionRecord, ConstraintNote, RecordBody, RequestRecord, SecurityEvent};
 use crate::writer::{Appended, AuditLog, StartInfo};
 
 /// What the server knows about a request when it accepts it.
@@ -30,6 +30,8 @@ pub struct RequestFacts<'a> {
     /// The HTTP status of a request answered without generation (a refusal, or another API
     /// endpoint); `None` for an accepted generation request, whose completion record follows.
     pub status: Option<u16>,
+    /// The constraint's kind and grammar digest, for a constrained generation request.
+    pub constraint: Option<(&'a str, &'a str)>,
 }
 
 /// What the server knows about a request when it has answered it.
@@ -144,6 +146,10 @@ impl AuditSink {
                     stream: facts.stream,
                     prompt,
                     status: facts.status,
+                    constraint: facts.constraint.map(|(kind, digest)| ConstraintNote {
+                        kind: kind.to_owned(),
+                        grammar_digest: digest.to_owned(),
+                    }),
                 }))
         });
         async move { append?.await }

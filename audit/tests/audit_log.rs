@@ -54,6 +54,7 @@ fn request(id: &str) -> RecordBody {
         stream: false,
         prompt: SealedContent::None,
         status: None,
+        constraint: None,
     })
 }
 

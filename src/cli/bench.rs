@@ -475,6 +475,7 @@ fn run_one(
         },
         logprobs: None,
         cache_salt: 0,
+        constraint: None,
     };
     let started = Instant::now();
     let mut stream = engine

@@ -69,6 +69,7 @@ fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
         },
         logprobs: None,
         cache_salt: 0,
+        constraint: None,
     };
     let mut stream = engine.submit(request)?;
     let mut stdout = std::io::stdout().lock();

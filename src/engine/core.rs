@@ -11,7 +11,7 @@ use super::backend::{Backend, BackendError, BatchRow, SampleSpec, SampledToken, 
 use super::config::EngineConfig;
 use super::detokenize::IncrementalDecoder;
 use super::handle::{Command, EngineHandle, EngineStats, Shared};
-use super::request::{FinishReason, GenerationEvent};
+use super::request::{FinishReason, GenerationEvent, StopReason};
 use super::sampling;
 use super::scheduler::{Scheduled, Scheduler};
 use super::sequence::Sequence;
@@ -108,6 +108,16 @@ struct Worker {
     steps: u64,
 }
 
+/// A constrained row's grammar state while its step runs, and the mask computed for it.
+struct Masking {
+    /// Index of the sequence in the running list.
+    running: usize,
+    /// Index of the row among the step's sampling rows.
+    sample: usize,
+    constraint: crate::constrain::TokenConstraint,
+    mask: Option<Result<crate::constrain::TokenMask, String>>,
+}
+
 /// How a sampled token changed its sequence.
 enum Progress {
     Continue,
@@ -190,24 +200,64 @@ impl Worker {
     }
 
     fn step(&mut self, plan: &[Scheduled]) {
+        let mut masking = self.take_constraints(plan);
         let result = {
             let running = &self.scheduler.running;
+            let backend = &mut self.backend;
             let rows: Vec<BatchRow<'_>> = plan
                 .iter()
                 .map(|s| batch_row(&running[s.index], *s))
                 .collect();
-            self.backend
-                .step(&rows)
-                .map(|out| (out, sample_specs(&rows)))
+            // The grammar masks of this step are computed on worker threads while the backend
+            // runs the forward pass; the sampler needs them only afterwards.
+            std::thread::scope(|scope| {
+                let masker = (!masking.is_empty()).then(|| {
+                    scope.spawn(|| {
+                        use rayon::prelude::*;
+                        masking
+                            .par_iter_mut()
+                            .for_each(|m| m.mask = Some(m.constraint.mask()));
+                    })
+                });
+                let output = backend.step(&rows);
+                if let Some(masker) = masker
+                    && masker.join().is_err()
+                {
+                    return Err(BackendError::InvalidBatch(
+                        "the grammar mask computation panicked".into(),
+                    ));
+                }
+                output.map(|out| (out, sample_specs(&rows)))
+            })
         };
         self.steps += 1;
+        let masks: Vec<Option<&[u32]>> = {
+            let mut masks = vec![None; result.as_ref().map_or(0, |(_, specs)| specs.len())];
+            for m in &masking {
+                if let (Some(slot), Some(Ok(mask))) = (masks.get_mut(m.sample), m.mask.as_ref()) {
+                    *slot = Some(mask.as_slice());
+                }
+            }
+            masks
+        };
         let sampled = result.and_then(|(output, specs)| {
             let sampled: Vec<SampledToken> = match output {
-                StepOutput::Sampled(tokens) => tokens,
+                StepOutput::Sampled(tokens) => {
+                    let outside = tokens.iter().zip(&masks).any(|(token, mask)| {
+                        mask.is_some_and(|mask| !crate::constrain::is_allowed(mask, token.token))
+                    });
+                    if outside {
+                        return Err(BackendError::InvalidBatch(
+                            "the backend sampled a constrained row on its device".into(),
+                        ));
+                    }
+                    tokens
+                }
                 StepOutput::Logits(rows) => rows
                     .into_iter()
                     .zip(&specs)
-                    .map(|(logits, spec)| sampling::sample(logits, spec))
+                    .zip(&masks)
+                    .map(|((logits, spec), mask)| sampling::sample_masked(logits, spec, *mask))
                     .collect(),
             };
             if sampled.len() == specs.len() {
@@ -220,6 +270,7 @@ impl Worker {
                 )))
             }
         });
+        let mask_errors = self.return_constraints(masking);
         let sampled = match sampled {
             Ok(sampled) => sampled,
             Err(err) => return self.fail_step(plan, &err),
@@ -237,7 +288,16 @@ impl Worker {
             .into_iter()
             .zip(sampled)
         {
-            match self.accept(scheduled.index, token) {
+            let progress = match mask_errors
+                .iter()
+                .find(|(index, _)| *index == scheduled.index)
+            {
+                Some((_, reason)) => Progress::Finished(FinishReason::Error(format!(
+                    "constrained decoding failed: {reason}"
+                ))),
+                None => self.accept(scheduled.index, token),
+            };
+            match progress {
                 Progress::Continue => {}
                 Progress::Finished(reason) => finished.push((scheduled.index, Some(reason))),
                 Progress::Gone => finished.push((scheduled.index, None)),
@@ -250,6 +310,40 @@ impl Worker {
                 finish(seq, reason, &self.model.tokenizer);
             }
         }
+    }
+
+    /// Takes the grammar states of the rows that sample in this step out of their sequences.
+    fn take_constraints(&mut self, plan: &[Scheduled]) -> Vec<Masking> {
+        let mut masking = Vec::new();
+        let mut sample = 0;
+        for scheduled in plan {
+            let seq = &mut self.scheduler.running[scheduled.index];
+            if seq.num_computed + scheduled.num_tokens != seq.tokens.len() {
+                continue;
+            }
+            if let Some(constraint) = seq.constraint.take() {
+                masking.push(Masking {
+                    running: scheduled.index,
+                    sample,
+                    constraint,
+                    mask: None,
+                });
+            }
+            sample += 1;
+        }
+        masking
+    }
+
+    /// Puts the grammar states back; returns the rows whose mask could not be computed.
+    fn return_constraints(&mut self, masking: Vec<Masking>) -> Vec<(usize, String)> {
+        let mut errors = Vec::new();
+        for m in masking {
+            if let Some(Err(reason)) = m.mask {
+                errors.push((m.running, reason));
+            }
+            self.scheduler.running[m.running].constraint = Some(m.constraint);
+        }
+        errors
     }
 
     /// Ends every sequence of a failed step with an error.
@@ -269,11 +363,24 @@ impl Worker {
         let max_context = self.model.max_context;
         let seq = &mut self.scheduler.running[index];
         seq.tokens.push(sampled.token);
+        let mut grammar_complete = false;
+        if let Some(constraint) = seq.constraint.as_mut() {
+            if let Err(reason) = constraint.advance(sampled.token) {
+                return Progress::Finished(FinishReason::Error(format!(
+                    "constrained decoding failed: {reason}"
+                )));
+            }
+            grammar_complete = constraint.is_finished();
+        }
         let stop = &seq.request.stop;
-        if (!stop.ignore_eos && self.eos.contains(&sampled.token))
-            || stop.stop_token_ids.contains(&sampled.token)
-        {
-            return Progress::Finished(FinishReason::Stop);
+        // As vLLM: EOS first (no stop reason), then the request's stop tokens.
+        if !stop.ignore_eos && self.eos.contains(&sampled.token) {
+            return Progress::Finished(FinishReason::Stop(None));
+        }
+        if stop.stop_token_ids.contains(&sampled.token) {
+            return Progress::Finished(FinishReason::Stop(Some(StopReason::TokenId(
+                sampled.token,
+            ))));
         }
         let delta = match seq.decoder.push(&self.model.tokenizer, sampled.token) {
             Ok(delta) => delta,
@@ -284,8 +391,8 @@ impl Worker {
             }
         };
         let (text, stopped) = match seq.stop.push(&delta) {
-            StopOutcome::Continue(text) => (text, false),
-            StopOutcome::Stopped(text) => (text, true),
+            StopOutcome::Continue(text) => (text, None),
+            StopOutcome::Stopped { emitted, matched } => (emitted, Some(matched)),
         };
         let event = GenerationEvent::Token {
             token: sampled.token,
@@ -295,10 +402,13 @@ impl Worker {
         if seq.events.send(event).is_err() {
             return Progress::Gone;
         }
-        if stopped {
+        if let Some(matched) = stopped {
             // Whatever follows the stop string is never emitted.
             seq.decoder = IncrementalDecoder::new();
-            Progress::Finished(FinishReason::Stop)
+            Progress::Finished(FinishReason::Stop(Some(StopReason::String(matched))))
+        } else if grammar_complete {
+            // Only the end of the sequence may follow a complete grammar.
+            Progress::Finished(FinishReason::Stop(None))
         } else if seq.output().len() >= seq.request.stop.max_tokens
             || seq.tokens.len() >= max_context
         {
@@ -356,6 +466,7 @@ fn batch_row(seq: &Sequence, scheduled: Scheduled) -> BatchRow<'_> {
         prompt: &seq.request.prompt,
         output: seq.output(),
         logprobs: seq.request.logprobs,
+        constrained: seq.request.constraint.is_some(),
     });
     BatchRow {
         seq_id: seq.id,
@@ -374,9 +485,17 @@ fn sample_specs<'a>(rows: &[BatchRow<'a>]) -> Vec<SampleSpec<'a>> {
 /// decoder and the stop matcher still held.
 fn finish(mut seq: Sequence, reason: FinishReason, tokenizer: &Tokenizer) {
     let tail = seq.decoder.finish(tokenizer).unwrap_or_default();
-    let text = match seq.stop.push(&tail) {
-        StopOutcome::Continue(text) => text + &seq.stop.flush(),
-        StopOutcome::Stopped(text) => text,
+    let (text, reason) = match seq.stop.push(&tail) {
+        StopOutcome::Continue(text) => (text + &seq.stop.flush(), reason),
+        // The decoder's last bytes completed a stop string: that string ended the output
+        // (unless the generation failed or was cancelled).
+        StopOutcome::Stopped { emitted, matched } => match reason {
+            FinishReason::Stop(_) | FinishReason::Length => (
+                emitted,
+                FinishReason::Stop(Some(StopReason::String(matched))),
+            ),
+            other => (emitted, other),
+        },
     };
     let event = GenerationEvent::Finished {
         reason,

@@ -21,6 +21,9 @@ pub struct SamplingParams {
     pub repetition_penalty: f32,
     /// Seed of the request's random generator. Without one, the engine draws a seed.
     pub seed: Option<u64>,
+    /// Added to the raw logits of the listed tokens before the penalties (OpenAI `logit_bias`;
+    /// each bias within `-100..=100`), sorted by token id without duplicates.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -34,6 +37,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
             seed: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -42,6 +46,12 @@ impl SamplingParams {
     /// Whether the parameters reduce to picking the most likely token.
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0 || self.top_k == 1
+    }
+
+    /// Whether the row must be sampled by the engine's host sampler: device samplers implement
+    /// temperature, filters and penalties, not logit biases.
+    pub fn needs_host_sampler(&self) -> bool {
+        !self.logit_bias.is_empty()
     }
 
     /// Whether any penalty changes the logits.
@@ -81,6 +91,8 @@ pub struct GenerationRequest {
     /// Salt of the prefix-cache hash chain: requests with different salts never share cached
     /// blocks. The server derives it from the principal unless the cache is shared.
     pub cache_salt: u64,
+    /// The grammar the output must follow (structured outputs, enforced tool calls).
+    pub constraint: Option<crate::constrain::CompiledConstraint>,
 }
 
 /// The log-probability of a generated token and of the most likely alternatives at its step.
@@ -92,11 +104,22 @@ pub struct TokenLogprob {
     pub top: Vec<(u32, f32)>,
 }
 
+/// What ended a generation that stopped on a request's own stop condition (vLLM's
+/// `stop_reason`). Serializes as the string or the token id itself.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(untagged)]
+pub enum StopReason {
+    /// A stop string matched (it is not part of the output).
+    String(String),
+    /// A token of the request's `stop_token_ids` was sampled.
+    TokenId(u32),
+}
+
 /// Why a generation ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FinishReason {
-    /// An EOS token or a stop string or stop token.
-    Stop,
+    /// An EOS token, a complete grammar (`None`), or a stop string or stop token of the request.
+    Stop(Option<StopReason>),
     /// `max_tokens` or the context length was reached.
     Length,
     /// The caller went away.
@@ -109,10 +132,18 @@ impl FinishReason {
     /// The OpenAI `finish_reason` string.
     pub fn as_openai_str(&self) -> &'static str {
         match self {
-            FinishReason::Stop => "stop",
+            FinishReason::Stop(_) => "stop",
             FinishReason::Length => "length",
             FinishReason::Cancelled => "cancelled",
             FinishReason::Error(_) => "error",
+        }
+    }
+
+    /// The stop string or stop token that ended the generation, if one of the request's did.
+    pub fn stop_reason(&self) -> Option<&StopReason> {
+        match self {
+            FinishReason::Stop(reason) => reason.as_ref(),
+            _ => None,
         }
     }
 }

@@ -2,6 +2,9 @@
 //! draw, plus logprobs.
 //!
 //! Every backend that samples on its device implements exactly these semantics, in this order:
+//! 0. the grammar mask of a constrained row sets every disallowed logit to minus infinity, and
+//!    `logit_bias` is added to the listed tokens' logits (device samplers leave rows with either
+//!    to this sampler: see [`SampleSpec::needs_host_sampler`]);
 //! 1. penalties on the raw logits: repetition (Hugging Face: divide positive logits, multiply
 //!    negative ones, for every token seen in prompt or output), then frequency and presence
 //!    (OpenAI: subtract `frequency × count + presence` for every generated token);
@@ -12,7 +15,8 @@
 //!    draw_index)` and pick the first token whose cumulative kept mass exceeds `u` times the kept
 //!    total.
 //!
-//! Logprobs are the log-softmax of the raw logits, before penalties and temperature.
+//! Logprobs are the log-softmax of the raw logits, before the mask, the biases, penalties and
+//! temperature.
 
 use std::collections::HashMap;
 
@@ -114,9 +118,44 @@ pub fn top_k_entries(values: &[f32], k: usize) -> Vec<(u32, f32)> {
 }
 
 /// Draws the next token from raw `logits` as `spec` says. `logits` is consumed as scratch space.
-pub fn sample(mut logits: Vec<f32>, spec: &SampleSpec<'_>) -> SampledToken {
+pub fn sample(logits: Vec<f32>, spec: &SampleSpec<'_>) -> SampledToken {
+    sample_masked(logits, spec, None)
+}
+
+/// Sets the logits of tokens that `mask` disallows to minus infinity (bit `t % 32` of word
+/// `t / 32` allows token `t`; tokens beyond the mask are disallowed).
+pub fn apply_mask(logits: &mut [f32], mask: &[u32]) {
+    for (token, logit) in logits.iter_mut().enumerate() {
+        let allowed = mask
+            .get(token / 32)
+            .is_some_and(|word| word & (1 << (token % 32)) != 0);
+        if !allowed {
+            *logit = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// Adds each `(token, bias)` of `bias` to its token's logit.
+pub fn apply_logit_bias(logits: &mut [f32], bias: &[(u32, f32)]) {
+    for &(token, bias) in bias {
+        if let Some(logit) = logits.get_mut(token as usize) {
+            *logit += bias;
+        }
+    }
+}
+
+/// [`sample`] restricted to the tokens that a grammar's `mask` allows, when there is one.
+pub fn sample_masked(
+    mut logits: Vec<f32>,
+    spec: &SampleSpec<'_>,
+    mask: Option<&[u32]>,
+) -> SampledToken {
     let logprob_table = spec.logprobs.map(|_| log_softmax(&logits));
     let params = spec.params;
+    if let Some(mask) = mask {
+        apply_mask(&mut logits, mask);
+    }
+    apply_logit_bias(&mut logits, &params.logit_bias);
     apply_penalties(&mut logits, params, spec.prompt, spec.output);
     let token = if params.temperature <= 0.0 {
         argmax(&logits)
@@ -172,7 +211,12 @@ fn draw(logits: &[f32], params: &SamplingParams, u: f32) -> u32 {
             return token;
         }
     }
-    kept[kept.len() - 1].0
+    // Rounding left the threshold unreached: the last kept token that can be drawn at all.
+    kept.iter()
+        .rev()
+        .find(|(_, p)| *p > 0.0)
+        .unwrap_or(&kept[kept.len() - 1])
+        .0
 }
 
 #[cfg(test)]
@@ -192,7 +236,44 @@ mod tests {
             prompt: &[],
             output,
             logprobs: None,
+            constrained: false,
         }
+    }
+
+    #[test]
+    fn logit_bias_of_100_forces_a_token() {
+        let params = SamplingParams {
+            temperature: 1.0,
+            logit_bias: vec![(3, 100.0)],
+            ..Default::default()
+        };
+        let logits = vec![5.0, 4.0, 3.0, -2.0];
+        for i in 0..200 {
+            assert_eq!(sample(logits.clone(), &spec(&params, 11, i, &[])).token, 3);
+        }
+        let banned = SamplingParams {
+            logit_bias: vec![(0, -100.0)],
+            ..Default::default()
+        };
+        assert_eq!(sample(logits, &spec(&banned, 1, 0, &[])).token, 1);
+    }
+
+    #[test]
+    fn the_mask_limits_the_draw_to_allowed_tokens() {
+        let params = SamplingParams {
+            temperature: 1.5,
+            ..Default::default()
+        };
+        let logits: Vec<f32> = (0..70).map(|i| (i as f32 * 0.7).cos()).collect();
+        // Allow tokens 33 and 65 only.
+        let mask = [0u32, 1 << 1, 1 << 1];
+        for i in 0..300 {
+            let token = sample_masked(logits.clone(), &spec(&params, 4, i, &[]), Some(&mask)).token;
+            assert!(token == 33 || token == 65, "token {token}");
+        }
+        let greedy = SamplingParams::default();
+        let token = sample_masked(logits, &spec(&greedy, 4, 0, &[]), Some(&mask)).token;
+        assert!(token == 33 || token == 65);
     }
 
     #[test]

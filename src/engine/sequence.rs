@@ -7,6 +7,7 @@ use super::config::BLOCK_SIZE;
 use super::detokenize::IncrementalDecoder;
 use super::request::{GenerationEvent, GenerationRequest};
 use super::stop::StopMatcher;
+use crate::constrain::TokenConstraint;
 
 /// One generation in flight: its tokens, KV blocks, generator position and output channel.
 #[derive(Debug)]
@@ -37,6 +38,9 @@ pub struct Sequence {
     pub events: UnboundedSender<GenerationEvent>,
     /// Whether the sequence has been admitted at least once (prefix-cache statistics count once).
     pub admitted_before: bool,
+    /// The request's grammar state, advanced with every generated token. The engine takes it
+    /// out while a step computes its next mask.
+    pub constraint: Option<TokenConstraint>,
 }
 
 impl Sequence {
@@ -80,6 +84,7 @@ impl Sequence {
             stop,
             events,
             admitted_before: false,
+            constraint: request.constraint.as_ref().map(|c| c.start()),
             request,
         }
     }

@@ -128,6 +128,14 @@ impl ChatTemplate {
         })
     }
 
+    /// The sources of the template(s), where a model family's tool-call markers show.
+    pub fn sources(&self) -> Vec<String> {
+        self.env
+            .templates()
+            .map(|(_, template)| template.source().to_owned())
+            .collect()
+    }
+
     /// The roles this template knows: OpenAI's chat roles, and `developer`, `ipython` or
     /// `function` when the template's source names them.
     pub fn roles(&self) -> &[&'static str] {
@@ -276,8 +284,8 @@ fn tojson(
             }
         },
     };
-    // Keys are already sorted (serde_json maps are ordered), so `sort_keys` needs no work.
-    let _: Option<bool> = kwargs.get("sort_keys")?;
+    // Maps keep the client's key order, as Python's dicts do; `sort_keys` sorts them.
+    let sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
     kwargs.assert_all_used()?;
 
     let json = serde_json::to_value(value)
@@ -292,6 +300,7 @@ fn tojson(
         indent,
         item_sep,
         key_sep,
+        sort_keys,
     };
     writer.value(&json, 0);
     Ok(Value::from(writer.out))
@@ -304,6 +313,7 @@ struct PyJsonWriter {
     indent: Option<String>,
     item_sep: String,
     key_sep: String,
+    sort_keys: bool,
 }
 
 impl PyJsonWriter {
@@ -321,7 +331,11 @@ impl PyJsonWriter {
             }
             serde_json::Value::Object(map) if !map.is_empty() => {
                 self.out.push('{');
-                for (i, (key, item)) in map.iter().enumerate() {
+                let mut entries: Vec<(&String, &serde_json::Value)> = map.iter().collect();
+                if self.sort_keys {
+                    entries.sort_by(|a, b| a.0.cmp(b.0));
+                }
+                for (i, (key, item)) in entries.into_iter().enumerate() {
                     self.separator(i, depth + 1);
                     self.string(key);
                     self.out.push_str(&self.key_sep);
@@ -422,10 +436,14 @@ mod tests {
         let msg = json!({"b": [1, 2.5, null, true], "a": "é<&>\"\n"});
         assert_eq!(
             render("{{ messages[0] | tojson }}", msg.clone()).unwrap(),
-            r#"{"a": "é<&>\"\n", "b": [1, 2.5, null, true]}"#
+            r#"{"b": [1, 2.5, null, true], "a": "é<&>\"\n"}"#
         );
         assert_eq!(
-            render("{{ messages[0] | tojson(indent=2) }}", msg.clone()).unwrap(),
+            render(
+                "{{ messages[0] | tojson(indent=2, sort_keys=true) }}",
+                msg.clone()
+            )
+            .unwrap(),
             "{\n  \"a\": \"é<&>\\\"\\n\",\n  \"b\": [\n    1,\n    2.5,\n    null,\n    true\n  ]\n}"
         );
         assert_eq!(
@@ -438,7 +456,7 @@ mod tests {
         );
         assert_eq!(
             render("{{ messages[0] | tojson(separators=[',', ':']) }}", msg).unwrap(),
-            r#"{"a":"é<&>\"\n","b":[1,2.5,null,true]}"#
+            r#"{"b":[1,2.5,null,true],"a":"é<&>\"\n"}"#
         );
         assert_eq!(
             render("{{ [] | tojson(indent=4) }}{{ {} | tojson }}", json!({})).unwrap(),

@@ -71,6 +71,9 @@ enum Route {
     AuditCheckpoint,
     AuditProof,
     Attestation,
+    Tokenize,
+    Detokenize,
+    Version,
 }
 
 impl Route {
@@ -84,6 +87,9 @@ impl Route {
             "/v1/audit/checkpoint" => Some(Self::AuditCheckpoint),
             "/v1/audit/proof" => Some(Self::AuditProof),
             "/v1/attestation" => Some(Self::Attestation),
+            "/tokenize" => Some(Self::Tokenize),
+            "/detokenize" => Some(Self::Detokenize),
+            "/version" => Some(Self::Version),
             _ if model_id(path).is_some() => Some(Self::Model),
             _ => None,
         }
@@ -96,8 +102,11 @@ impl Route {
             | Self::Models
             | Self::Model
             | Self::AuditCheckpoint
-            | Self::AuditProof => method == Method::GET || method == Method::HEAD,
-            Self::Chat | Self::Completions => method == Method::POST,
+            | Self::AuditProof
+            | Self::Version => method == Method::GET || method == Method::HEAD,
+            Self::Chat | Self::Completions | Self::Tokenize | Self::Detokenize => {
+                method == Method::POST
+            }
             Self::Attestation => {
                 method == Method::GET || method == Method::HEAD || method == Method::POST
             }
@@ -317,6 +326,7 @@ impl App {
         }
         match route {
             Route::Health => return unauthenticated(Ok(handlers::health(self))),
+            Route::Version => return unauthenticated(Ok(handlers::version())),
             Route::AuditCheckpoint => return unauthenticated(super::audit::checkpoint(self)),
             Route::Attestation if request.method() != Method::POST => {
                 return unauthenticated(super::attestation::document(self));
@@ -359,6 +369,9 @@ impl App {
                 handlers::model(self, model_id(request.uri().path()).unwrap_or_default()),
             ),
             Route::Health => (false, Ok(handlers::health(self))),
+            Route::Version => (false, Ok(handlers::version())),
+            Route::Tokenize => (false, handlers::tokenize(self, request).await),
+            Route::Detokenize => (false, handlers::detokenize(self, request).await),
             Route::AuditCheckpoint => (false, super::audit::checkpoint(self)),
             Route::AuditProof => (
                 false,

@@ -65,6 +65,8 @@ pub struct RequestAudit<'a> {
     pub stream: bool,
     /// The served model's digest.
     pub model_digest: &'a str,
+    /// The constraint's kind and grammar digest, for a constrained request.
+    pub constraint: Option<(&'a str, &'a str)>,
 }
 
 /// Hands the request record of an accepted generation request to the log now. The returned
@@ -85,6 +87,7 @@ pub fn record_request(
             stream: request.stream,
             prompt: &prompt,
             status: None,
+            constraint: request.constraint,
         })
     });
     let request_id = request.ctx.request_id.clone();
@@ -122,6 +125,7 @@ pub async fn record_answered(
         stream: false,
         prompt: "",
         status: Some(status.as_u16()),
+        constraint: None,
     });
     pending.await.map(Some).map_err(|err| {
         tracing::error!(error = %err, request_id = %ctx.request_id, "audit: request record failed");

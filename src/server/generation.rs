@@ -21,9 +21,12 @@ use super::metrics::{GenerationTiming, Metrics};
 use super::openai::request::GenerationOptions;
 use super::openai::response::{
     AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatLogprobs,
-    ChatTokenLogprob, Completion, CompletionChoice, CompletionLogprobs, Delta, TopLogprob, Usage,
+    ChatTokenLogprob, Completion, CompletionChoice, CompletionLogprobs, Delta, FunctionCall,
+    ToolCall, ToolCallDelta, TopLogprob, Usage,
 };
+use super::openai::tools::{ToolCallFormat, parse_tool_calls};
 use super::service::ModelService;
+use crate::constrain::CompiledConstraint;
 use crate::engine::{
     FinishReason, GenerationEvent, GenerationRequest, GenerationStream, StopParams, TokenLogprob,
 };
@@ -53,6 +56,68 @@ pub struct Job {
     pub cache_salt: u64,
     /// Arrival time, for latency metrics.
     pub arrived: Instant,
+    /// The compiled grammar every choice follows, if any.
+    pub constraint: Option<CompiledConstraint>,
+    /// How to read tool calls out of the output, when the request offers tools.
+    pub tool_calls: Option<ToolCalls>,
+}
+
+/// Tool-call parsing of a chat request.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolCalls {
+    /// The model's tool-call format.
+    pub format: ToolCallFormat,
+    /// Whether several calls may be returned (`parallel_tool_calls`); otherwise the first counts.
+    pub parallel: bool,
+}
+
+impl ToolCalls {
+    /// Splits a choice's output into content and tool calls (`None` when it calls no tool).
+    fn parse(&self, text: &str) -> Option<(Option<String>, Vec<ToolCall>)> {
+        let (content, mut calls) = parse_tool_calls(self.format, text)?;
+        if !self.parallel {
+            calls.truncate(1);
+        }
+        let calls = calls
+            .into_iter()
+            .map(|call| ToolCall {
+                id: format!("call_{}", uuid::Uuid::new_v4().simple()),
+                kind: "function",
+                function: FunctionCall {
+                    name: call.name,
+                    arguments: call.arguments,
+                },
+            })
+            .collect();
+        Some((content, calls))
+    }
+}
+
+/// The assistant message of a finished choice and its finish reason (`tool_calls` when the
+/// output is parsed as tool calls).
+fn assistant_message(
+    text: String,
+    reason: &FinishReason,
+    tool_calls: Option<&ToolCalls>,
+) -> (AssistantMessage, &'static str) {
+    match tool_calls.and_then(|parsing| parsing.parse(&text)) {
+        Some((content, calls)) => (
+            AssistantMessage {
+                role: "assistant",
+                content,
+                tool_calls: calls,
+            },
+            "tool_calls",
+        ),
+        None => (
+            AssistantMessage {
+                role: "assistant",
+                content: Some(text),
+                tool_calls: Vec::new(),
+            },
+            reason.as_openai_str(),
+        ),
+    }
 }
 
 impl Job {
@@ -72,6 +137,7 @@ impl Job {
                         stop: stop.clone(),
                         logprobs: self.options.logprobs,
                         cache_salt: self.cache_salt,
+                        constraint: self.constraint.clone(),
                     }
                 })
             })
@@ -328,14 +394,21 @@ pub async fn complete(
             model: service.name().to_owned(),
             choices: results
                 .into_iter()
-                .map(|result| ChatChoice {
-                    index: result.index,
-                    logprobs: want_logprobs.then(|| chat_logprobs(service, &result.state.tokens)),
-                    finish_reason: result.reason.as_openai_str(),
-                    message: AssistantMessage {
-                        role: "assistant",
-                        content: result.state.text,
-                    },
+                .map(|result| {
+                    let logprobs =
+                        want_logprobs.then(|| chat_logprobs(service, &result.state.tokens));
+                    let (message, finish_reason) = assistant_message(
+                        result.state.text,
+                        &result.reason,
+                        job.tool_calls.as_ref(),
+                    );
+                    ChatChoice {
+                        index: result.index,
+                        logprobs,
+                        finish_reason,
+                        stop_reason: result.reason.stop_reason().cloned(),
+                        message,
+                    }
                 })
                 .collect(),
             usage,
@@ -352,6 +425,7 @@ pub async fn complete(
                     logprobs: want_logprobs
                         .then(|| completion_logprobs(service, &result.state.tokens, 0)),
                     finish_reason: Some(result.reason.as_openai_str()),
+                    stop_reason: result.reason.stop_reason().cloned(),
                     text: result.state.text,
                 })
                 .collect(),
@@ -373,6 +447,7 @@ struct ChunkWriter {
     kind: ApiKind,
     created: u64,
     logprobs: bool,
+    tool_calls: Option<ToolCalls>,
 }
 
 impl ChunkWriter {
@@ -414,9 +489,11 @@ impl ChunkWriter {
                     delta: Delta {
                         role: Some("assistant"),
                         content: Some(String::new()),
+                        tool_calls: None,
                     },
                     logprobs: None,
                     finish_reason: None,
+                    stop_reason: None,
                 }],
                 None,
             )
@@ -430,11 +507,13 @@ impl ChunkWriter {
         text: String,
         tokens: &[(u32, TokenLogprob)],
         text_offset: usize,
-        finish: Option<&'static str>,
+        finish: Option<&FinishReason>,
     ) -> Option<Bytes> {
         if text.is_empty() && tokens.is_empty() && finish.is_none() {
             return None;
         }
+        let stop_reason = finish.and_then(FinishReason::stop_reason).cloned();
+        let finish = finish.map(FinishReason::as_openai_str);
         Some(match self.kind {
             ApiKind::Chat => self.chat_chunk(
                 vec![ChatChunkChoice {
@@ -442,10 +521,12 @@ impl ChunkWriter {
                     delta: Delta {
                         role: None,
                         content: (!text.is_empty()).then_some(text),
+                        tool_calls: None,
                     },
                     logprobs: (self.logprobs && !tokens.is_empty())
                         .then(|| chat_logprobs(&self.service, tokens)),
                     finish_reason: finish,
+                    stop_reason,
                 }],
                 None,
             ),
@@ -456,10 +537,47 @@ impl ChunkWriter {
                         .then(|| completion_logprobs(&self.service, tokens, text_offset)),
                     text,
                     finish_reason: finish,
+                    stop_reason,
                 }],
                 None,
             ),
         })
+    }
+
+    /// The last chunk of a chat choice whose output was held back for tool-call parsing: its
+    /// tool calls (or its whole text, when it called no tool) with the finish reason.
+    fn held_back(
+        &self,
+        parsing: &ToolCalls,
+        index: usize,
+        text: String,
+        tokens: &[(u32, TokenLogprob)],
+        reason: &FinishReason,
+    ) -> Bytes {
+        let (message, finish) = assistant_message(text, reason, Some(parsing));
+        let tool_calls = (!message.tool_calls.is_empty()).then(|| {
+            message
+                .tool_calls
+                .into_iter()
+                .enumerate()
+                .map(|(index, call)| ToolCallDelta { index, call })
+                .collect()
+        });
+        self.chat_chunk(
+            vec![ChatChunkChoice {
+                index,
+                delta: Delta {
+                    role: None,
+                    content: message.content.filter(|text| !text.is_empty()),
+                    tool_calls,
+                },
+                logprobs: (self.logprobs && !tokens.is_empty())
+                    .then(|| chat_logprobs(&self.service, tokens)),
+                finish_reason: Some(finish),
+                stop_reason: reason.stop_reason().cloned(),
+            }],
+            None,
+        )
     }
 
     fn usage(&self, usage: Usage) -> Bytes {
@@ -500,6 +618,7 @@ pub fn stream(
         kind: job.kind,
         created: super::unix_now(),
         logprobs: job.options.logprobs.is_some(),
+        tool_calls: job.tool_calls,
     };
     let forwarder = Forwarder {
         writer,
@@ -653,7 +772,13 @@ impl Forwarder {
                         .unwrap_or_default();
                     state.on_token(token, &text, logprob);
                     self.accounting.generated.fetch_add(1, Ordering::AcqRel);
-                    (self.writer.content(index, text, &tokens, offset, None), 1)
+                    if self.writer.tool_calls.is_some() {
+                        // Held back until the choice ends: the whole output decides whether
+                        // it is text or tool calls.
+                        (None, 1)
+                    } else {
+                        (self.writer.content(index, text, &tokens, offset, None), 1)
+                    }
                 }
                 GenerationEvent::Finished {
                     reason,
@@ -681,10 +806,16 @@ impl Forwarder {
                         FinishReason::Error(message) => {
                             Some(error_event(&ApiError::internal(message.clone())))
                         }
-                        reason => {
-                            self.writer
-                                .content(index, text, &[], 0, Some(reason.as_openai_str()))
-                        }
+                        reason => match &self.writer.tool_calls {
+                            Some(parsing) => Some(self.writer.held_back(
+                                parsing,
+                                index,
+                                state.text.clone(),
+                                &state.tokens,
+                                reason,
+                            )),
+                            None => self.writer.content(index, text, &[], 0, Some(reason)),
+                        },
                     };
                     (chunk, unseen)
                 }

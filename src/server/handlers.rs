@@ -11,10 +11,16 @@ use super::audit;
 use super::auth::Principal;
 use super::body::{Body, full, read_limited, require_json};
 use super::error::ApiError;
-use super::generation::{self, ApiKind, Job};
-use super::openai::request::{Prompt, parse_chat, parse_completion};
+use super::generation::{self, ApiKind, Job, ToolCalls};
+use super::openai::request::{
+    GenerationOptions, Prompt, TokenizeRequest, ToolChoice, parse_chat, parse_completion,
+    parse_detokenize, parse_tokenize,
+};
 use super::openai::response::{ModelCard, ModelList};
+use super::openai::tools::tool_constraint;
 use super::service::{ChatPolicy, ModelService};
+use crate::constrain::ConstraintKind;
+use serde_json::Value;
 
 fn json_response(status: StatusCode, json: String) -> Response<Body> {
     let mut response = Response::new(full(json));
@@ -107,7 +113,93 @@ pub fn model(app: &App, id: &str) -> Result<Response<Body>, ApiError> {
     Ok(json_response(StatusCode::OK, json))
 }
 
-/// Renders, tokenizes and length-checks a chat request off the async threads.
+/// `GET /version`: the server's version.
+pub fn version() -> Response<Body> {
+    json_response(
+        StatusCode::OK,
+        serde_json::json!({ "version": env!("CARGO_PKG_VERSION") }).to_string(),
+    )
+}
+
+/// `POST /tokenize` (vLLM's shape): a prompt, or messages rendered by the chat template, to
+/// `{"count", "max_model_len", "tokens"}`.
+pub async fn tokenize(
+    app: &App,
+    request: http::Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let service = app.ready_service()?;
+    let body = read_body(app, request).await?;
+    let chat_policy = ChatPolicy::from(&app.config().server);
+    let json = tokio::task::spawn_blocking(move || {
+        let (model, request) = parse_tokenize(&body)?;
+        if let Some(model) = model {
+            service.check_model(&model)?;
+        }
+        let tokens = match request {
+            TokenizeRequest::Prompt {
+                prompt,
+                add_special_tokens,
+            } => service.encode(&prompt, add_special_tokens)?,
+            TokenizeRequest::Chat {
+                messages,
+                tools,
+                add_generation_prompt,
+                template_kwargs,
+            } => service.chat_prompt(
+                &messages,
+                tools.as_ref(),
+                add_generation_prompt,
+                &template_kwargs,
+                chat_policy,
+            )?,
+        };
+        Ok::<_, ApiError>(
+            serde_json::json!({
+                "count": tokens.len(),
+                "max_model_len": service.max_context(),
+                "tokens": tokens,
+            })
+            .to_string(),
+        )
+    })
+    .await
+    .map_err(|err| ApiError::internal(format!("tokenization failed: {err}")))??;
+    Ok(json_response(StatusCode::OK, json))
+}
+
+/// `POST /detokenize` (vLLM's shape): `{"tokens"}` to `{"prompt"}`.
+pub async fn detokenize(
+    app: &App,
+    request: http::Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let service = app.ready_service()?;
+    let body = read_body(app, request).await?;
+    let (model, tokens) = parse_detokenize(&body)?;
+    if let Some(model) = model {
+        service.check_model(&model)?;
+    }
+    let text = service.decode(&tokens)?;
+    Ok(json_response(
+        StatusCode::OK,
+        serde_json::json!({ "prompt": text }).to_string(),
+    ))
+}
+
+/// Reads a request body within the configured limits.
+async fn read_body(app: &App, request: http::Request<Incoming>) -> Result<bytes::Bytes, ApiError> {
+    let limits = &app.config().limits;
+    let (parts, body) = request.into_parts();
+    read_limited(
+        &parts.headers,
+        body,
+        limits.max_body_bytes,
+        limits.body_read_timeout(),
+    )
+    .await
+}
+
+/// Renders, tokenizes and length-checks a chat request off the async threads, and compiles its
+/// constraint (structured output or enforced tool call).
 async fn chat_job(
     app: &App,
     service: &Arc<ModelService>,
@@ -118,9 +210,10 @@ async fn chat_job(
     let limits = app.config().limits.clone();
     let chat_policy = ChatPolicy::from(&app.config().server);
     let service_for_job = Arc::clone(service);
-    let (options, prompt) = tokio::task::spawn_blocking(move || {
+    let (options, prompt, constraint, tool_calls) = tokio::task::spawn_blocking(move || {
         let request = parse_chat(&body, service_for_job.defaults(), &limits)?;
         service_for_job.check_model(&request.options.model)?;
+        service_for_job.check_logit_bias(&request.options.sampling.logit_bias)?;
         let prompt = service_for_job.chat_prompt(
             &request.messages,
             request.tools.as_ref(),
@@ -128,7 +221,35 @@ async fn chat_job(
             &request.template_kwargs,
             chat_policy,
         )?;
-        Ok::<_, ApiError>((request.options, prompt))
+        let tools = request.tools.as_ref().and_then(Value::as_array);
+        let tool_calls = match (tools, &request.tool_choice) {
+            (None, _) | (_, ToolChoice::None) => None,
+            (Some(_), _) => Some(service_for_job.tool_call_format().ok_or_else(|| {
+                ApiError::invalid_param(
+                    "tools",
+                    "this model's chat template shows no known tool-call format; set server.tool_call_parser",
+                )
+            })?),
+        };
+        let tool_spec = match (tools, tool_calls) {
+            (Some(tools), Some(format)) => tool_constraint(
+                format,
+                tools,
+                &request.tool_choice,
+                request.parallel_tool_calls,
+            ),
+            _ => None,
+        };
+        let constraint = match (&request.options.constraint, tool_spec) {
+            (Some(spec), _) => Some(service_for_job.compile_constraint(spec, constraint_param(&request.options))?),
+            (None, Some(spec)) => Some(service_for_job.compile_constraint(&spec, "tool_choice")?),
+            (None, None) => None,
+        };
+        let tool_calls = tool_calls.map(|format| ToolCalls {
+            format,
+            parallel: request.parallel_tool_calls,
+        });
+        Ok::<_, ApiError>((request.options, prompt, constraint, tool_calls))
     })
     .await
     .map_err(|err| ApiError::internal(format!("request preparation failed: {err}")))??;
@@ -141,7 +262,19 @@ async fn chat_job(
         prompts: vec![(prompt, stop)],
         cache_salt: app.cache_salt(principal),
         arrived: ctx.arrived,
+        constraint,
+        tool_calls,
     })
+}
+
+/// The request field a constraint came from, for the error of an invalid one.
+fn constraint_param(options: &GenerationOptions) -> &'static str {
+    match options.constraint.as_ref().map(|spec| spec.kind) {
+        Some(ConstraintKind::Regex) => "guided_regex",
+        Some(ConstraintKind::Choice) => "guided_choice",
+        Some(ConstraintKind::Grammar) => "guided_grammar",
+        _ => "response_format",
+    }
 }
 
 /// Tokenizes and length-checks a completion request off the async threads.
@@ -154,9 +287,18 @@ async fn completion_job(
 ) -> Result<Job, ApiError> {
     let limits = app.config().limits.clone();
     let service_for_job = Arc::clone(service);
-    let (options, prompts) = tokio::task::spawn_blocking(move || {
+    let (options, prompts, constraint) = tokio::task::spawn_blocking(move || {
         let request = parse_completion(&body, service_for_job.defaults(), &limits)?;
         service_for_job.check_model(&request.options.model)?;
+        service_for_job.check_logit_bias(&request.options.sampling.logit_bias)?;
+        let constraint = request
+            .options
+            .constraint
+            .as_ref()
+            .map(|spec| {
+                service_for_job.compile_constraint(spec, constraint_param(&request.options))
+            })
+            .transpose()?;
         let prompts = request
             .prompts
             .into_iter()
@@ -168,7 +310,7 @@ async fn completion_job(
                 }
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok::<_, ApiError>((request.options, prompts))
+        Ok::<_, ApiError>((request.options, prompts, constraint))
     })
     .await
     .map_err(|err| ApiError::internal(format!("request preparation failed: {err}")))??;
@@ -192,6 +334,8 @@ async fn completion_job(
         prompts,
         cache_salt: app.cache_salt(principal),
         arrived: ctx.arrived,
+        constraint,
+        tool_calls: None,
     })
 }
 
@@ -242,6 +386,10 @@ pub async fn generate(
         kind,
         stream: job.options.stream,
         model_digest: service.digest(),
+        constraint: job
+            .constraint
+            .as_ref()
+            .map(|constraint| (constraint.kind().as_str(), constraint.digest())),
     };
     let durable = audit::record_request(app, request, &received);
     if app.content_in_logs() {

@@ -251,7 +251,10 @@ impl Server {
     }
 
     /// Hands over the loaded model; the server becomes ready.
-    pub fn set_model(&self, service: ModelService) {
+    /// The configured `server.tool_call_parser` overrides the format detected from the chat
+    /// template.
+    pub fn set_model(&self, mut service: ModelService) {
+        service.set_tool_call_format(self.app.config().server.tool_call_parser);
         let detail = format!("model {} ({}) loaded", service.name(), service.digest());
         self.app.set_service(Arc::new(service));
         audit::record_event(

@@ -1,12 +1,14 @@
 //! The loaded model as the API sees it: its engine, tokenizer, chat template and identity.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use aho_corasick::{AhoCorasick, MatchKind};
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use super::openai::tools::ToolCallFormat;
 use crate::config::ServerConfig;
+use crate::constrain::{CompiledConstraint, ConstraintSpec, GrammarCompiler};
 use crate::engine::{
     EngineHandle, GenerationRequest, GenerationStream, SamplingParams, SubmitError,
 };
@@ -140,6 +142,11 @@ pub struct ModelService {
     max_context: usize,
     defaults: SamplingParams,
     created: u64,
+    eos_token_ids: Vec<u32>,
+    vocab_size: usize,
+    /// The tokenizer prepared for llguidance, built on the first constrained request.
+    grammars: OnceLock<Result<GrammarCompiler, String>>,
+    tool_call_format: Option<ToolCallFormat>,
 }
 
 impl ModelService {
@@ -160,7 +167,17 @@ impl ModelService {
             repetition_penalty: generation.repetition_penalty.unwrap_or(1.0),
             ..SamplingParams::default()
         };
+        let tool_call_format = model.chat_template.as_ref().and_then(|template| {
+            template
+                .sources()
+                .iter()
+                .find_map(|source| ToolCallFormat::detect(source))
+        });
         Self {
+            eos_token_ids: model.eos_token_ids(),
+            vocab_size: model.config.vocab_size,
+            grammars: OnceLock::new(),
+            tool_call_format,
             max_context: engine.max_context(),
             name: served_name.unwrap_or_else(|| model.name.clone()),
             digest: model.digest.to_string(),
@@ -196,6 +213,48 @@ impl ModelService {
     /// Sampling defaults from `generation_config.json`.
     pub fn defaults(&self) -> &SamplingParams {
         &self.defaults
+    }
+
+    /// The format the model writes tool calls in: detected from its chat template, unless the
+    /// configuration overrides it.
+    pub fn tool_call_format(&self) -> Option<ToolCallFormat> {
+        self.tool_call_format
+    }
+
+    /// Overrides the detected tool-call format (the `server.tool_call_parser` setting).
+    pub fn set_tool_call_format(&mut self, format: Option<ToolCallFormat>) {
+        if format.is_some() {
+            self.tool_call_format = format;
+        }
+    }
+
+    /// Compiles a request's constraint against the model's tokenizer (a 400 when the schema,
+    /// regular expression or grammar is invalid). Blocking: call it off the async threads.
+    pub fn compile_constraint(
+        &self,
+        spec: &ConstraintSpec,
+        param: &str,
+    ) -> Result<CompiledConstraint, ApiError> {
+        let compiler = self
+            .grammars
+            .get_or_init(|| {
+                GrammarCompiler::new(&self.tokenizer, &self.eos_token_ids, self.vocab_size)
+                    .map_err(|err| err.to_string())
+            })
+            .as_ref()
+            .map_err(|err| ApiError::internal(err.clone()))?;
+        compiler
+            .compile(spec)
+            .map_err(|err| ApiError::invalid_param(param, err.to_string()))
+    }
+
+    /// Decodes token ids to text (`/detokenize`).
+    pub fn decode(&self, tokens: &[u32]) -> Result<String, ApiError> {
+        self.check_tokens(tokens)
+            .map_err(|err| err.with_param("tokens"))?;
+        self.tokenizer
+            .decode(tokens, false)
+            .map_err(|err| ApiError::internal(format!("detokenization failed: {err}")))
     }
 
     /// The engine.
@@ -290,6 +349,20 @@ impl ModelService {
             Some(id) => Err(ApiError::invalid_param(
                 "prompt",
                 format!("token id {id} is outside the vocabulary of {vocab} tokens"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks that every `logit_bias` token exists in the model's vocabulary.
+    pub fn check_logit_bias(&self, bias: &[(u32, f32)]) -> Result<(), ApiError> {
+        match bias.iter().find(|(id, _)| *id as usize >= self.vocab_size) {
+            Some((id, _)) => Err(ApiError::invalid_param(
+                "logit_bias",
+                format!(
+                    "token id {id} is outside the vocabulary of {} tokens",
+                    self.vocab_size
+                ),
             )),
             None => Ok(()),
         }

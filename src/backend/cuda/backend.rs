@@ -11,8 +11,8 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
 use crate::engine::{
-    Backend, BackendError, BatchRow, EngineConfig, KvCacheShape, SampledToken, StepOutput,
-    TokenLogprob,
+    Backend, BackendError, BatchRow, EngineConfig, KvCacheShape, SampleSpec, SampledToken,
+    StepOutput, TokenLogprob,
 };
 use crate::model::{Model, ModelConfig};
 
@@ -846,7 +846,12 @@ impl Backend for CudaBackend {
         let layout = pack_step(rows, padding, &self.limits, &mut host);
         self.host_inputs = host;
         let layout = layout?;
-        let device_sampling = self.options.sample_on_device;
+        // Rows with a grammar mask or logit biases are sampled by the engine on the host.
+        let device_sampling = self.options.sample_on_device
+            && !rows
+                .iter()
+                .filter_map(|row| row.sample.as_ref())
+                .any(SampleSpec::needs_host_sampler);
         self.copies.steps += 1;
         if layout.is_empty() {
             return Ok(StepOutput::Logits(Vec::new()));

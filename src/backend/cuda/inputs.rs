@@ -428,6 +428,7 @@ mod tests {
             prompt: &[],
             output: &[],
             logprobs: Some(logprobs),
+            constrained: false,
         }
     }
 
@@ -607,6 +608,7 @@ mod tests {
             frequency_penalty: 0.25,
             presence_penalty: 0.5,
             seed: None,
+            logit_bias: Vec::new(),
         };
         let spec = SampleSpec {
             params: &params,
@@ -615,6 +617,7 @@ mod tests {
             prompt: &[1, 2],
             output: &[2, 2, 3],
             logprobs: None,
+            constrained: false,
         };
         let plain = SamplingParams::default();
         let rows = [

@@ -2,3 +2,4 @@
 
 pub mod request;
 pub mod response;
+pub mod tools;

@@ -2,15 +2,60 @@
 //!
 //! Bodies are parsed into a JSON value first (malformed JSON is a 400), then each known field is
 //! read with its path so that a field of the wrong type names itself in the error's `param`.
-//! Unknown fields are ignored, as OpenAI-compatible servers do.
+//! Every field the server does not implement, known to OpenAI or not, is refused with a 400 that
+//! names it: no field silently changes nothing.
 
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::config::LimitsConfig;
+use crate::constrain::{ConstraintKind, ConstraintSource, ConstraintSpec};
 use crate::engine::{MAX_STOP_BYTES, SamplingParams, StopParams};
 use crate::server::error::ApiError;
+
+/// Fields both endpoints implement.
+const COMMON_FIELDS: &[&str] = &[
+    "model",
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "max_tokens",
+    "stream",
+    "stream_options",
+    "logit_bias",
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "user",
+];
+/// Fields only `/v1/chat/completions` implements.
+const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "logprobs",
+    "top_logprobs",
+    "max_completion_tokens",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+];
+/// Fields only `/v1/completions` implements.
+const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs", "echo", "suffix", "best_of"];
+/// Largest magnitude of a `logit_bias` entry.
+const MAX_LOGIT_BIAS: f32 = 100.0;
 
 /// Most stop strings per request.
 const MAX_STOP_STRINGS: usize = 16;
@@ -66,6 +111,22 @@ struct CommonFields {
     stream: Option<bool>,
     #[serde(default)]
     stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    logit_bias: Option<Map<String, Value>>,
+    #[serde(default)]
+    response_format: Option<Map<String, Value>>,
+    #[serde(default)]
+    guided_json: Option<Value>,
+    #[serde(default)]
+    guided_regex: Option<String>,
+    #[serde(default)]
+    guided_choice: Option<Vec<String>>,
+    #[serde(default)]
+    guided_grammar: Option<String>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    // Accepted for compatibility; an end-user label with no effect on output.
+    user: Option<String>,
 }
 
 /// Fields only `/v1/chat/completions` has.
@@ -80,6 +141,10 @@ struct ChatFields {
     max_completion_tokens: Option<u64>,
     #[serde(default)]
     tools: Option<Vec<Value>>,
+    #[serde(default)]
+    tool_choice: Option<Value>,
+    #[serde(default)]
+    parallel_tool_calls: Option<bool>,
     #[serde(default)]
     chat_template_kwargs: Option<Map<String, Value>>,
     #[serde(default)]
@@ -96,6 +161,8 @@ struct CompletionFields {
     echo: Option<bool>,
     #[serde(default)]
     suffix: Option<String>,
+    #[serde(default)]
+    best_of: Option<u64>,
 }
 
 /// The generation settings common to both endpoints, validated.
@@ -117,6 +184,8 @@ pub struct GenerationOptions {
     pub stream: bool,
     /// Send a usage chunk at the end of the stream.
     pub include_usage: bool,
+    /// The grammar the output must follow (`response_format`, `guided_*`).
+    pub constraint: Option<ConstraintSpec>,
 }
 
 impl GenerationOptions {
@@ -184,6 +253,192 @@ pub struct ChatRequest {
     pub template_kwargs: Map<String, Value>,
     /// End the prompt with the assistant turn's header.
     pub add_generation_prompt: bool,
+    /// How the model may call the tools.
+    pub tool_choice: ToolChoice,
+    /// Whether one response may carry several tool calls.
+    pub parallel_tool_calls: bool,
+}
+
+/// `tool_choice`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// No tool call: the output is text (the tools still reach the template).
+    None,
+    /// The model decides; a tool call in its output is parsed into `tool_calls`.
+    Auto,
+    /// The output is one or more tool calls, enforced by the grammar.
+    Required,
+    /// The output is a call of this function, enforced by the grammar.
+    Function(String),
+}
+
+/// Refuses every field that neither both endpoints nor this one (`endpoint`) implement.
+fn refuse_unknown(value: &Value, endpoint: &[&str]) -> Result<(), ApiError> {
+    let known: Vec<&str> = COMMON_FIELDS.iter().chain(endpoint).copied().collect();
+    refuse_fields(value, &known)
+}
+
+/// Reads `logit_bias`: token ids (as strings) to biases within ±100, sorted by token.
+fn parse_logit_bias(bias: Option<Map<String, Value>>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let mut out = Vec::new();
+    for (key, value) in bias.unwrap_or_default() {
+        let token: u32 = key.parse().map_err(|_| {
+            ApiError::invalid_param(
+                "logit_bias",
+                format!("logit_bias keys must be token ids, got {key:?}"),
+            )
+        })?;
+        let bias = value
+            .as_f64()
+            .filter(|b| b.abs() <= f64::from(MAX_LOGIT_BIAS))
+            .ok_or_else(|| {
+                ApiError::invalid_param(
+                    "logit_bias",
+                    format!("logit_bias[{key}] must be a number between -100 and 100"),
+                )
+            })?;
+        out.push((token, bias as f32));
+    }
+    out.sort_by_key(|(token, _)| *token);
+    Ok(out)
+}
+
+/// Reads `response_format` and the vLLM `guided_*` fields into at most one constraint.
+fn parse_constraint(common: &mut CommonFields) -> Result<Option<ConstraintSpec>, ApiError> {
+    let mut found: Vec<(&'static str, ConstraintSpec)> = Vec::new();
+    if let Some(format) = common.response_format.take() {
+        let bad = |message: String| ApiError::invalid_param("response_format", message);
+        match format.get("type").and_then(Value::as_str) {
+            Some("text") => {}
+            Some("json_object") => found.push(("response_format", ConstraintSpec::json_object())),
+            Some("json_schema") => {
+                let spec = format
+                    .get("json_schema")
+                    .and_then(Value::as_object)
+                    .ok_or_else(|| bad("response_format.json_schema must be an object".into()))?;
+                let schema = match spec.get("schema") {
+                    Some(Value::Object(schema)) => Value::Object(schema.clone()),
+                    Some(Value::Bool(true)) | None => serde_json::json!({}),
+                    Some(_) => {
+                        return Err(bad(
+                            "response_format.json_schema.schema must be a JSON schema object"
+                                .into(),
+                        ));
+                    }
+                };
+                found.push((
+                    "response_format",
+                    ConstraintSpec {
+                        kind: ConstraintKind::JsonSchema,
+                        source: ConstraintSource::JsonSchema(schema),
+                    },
+                ));
+            }
+            Some(other) => {
+                return Err(bad(format!(
+                    "response_format type {other:?} is not supported (text, json_object, json_schema)"
+                )));
+            }
+            None => return Err(bad("response_format needs a type".into())),
+        }
+    }
+    if let Some(schema) = common.guided_json.take() {
+        let schema = match schema {
+            Value::String(text) => serde_json::from_str(&text).map_err(|err| {
+                ApiError::invalid_param("guided_json", format!("guided_json is not JSON: {err}"))
+            })?,
+            other => other,
+        };
+        found.push((
+            "guided_json",
+            ConstraintSpec {
+                kind: ConstraintKind::JsonSchema,
+                source: ConstraintSource::JsonSchema(schema),
+            },
+        ));
+    }
+    if let Some(regex) = common.guided_regex.take() {
+        found.push((
+            "guided_regex",
+            ConstraintSpec {
+                kind: ConstraintKind::Regex,
+                source: ConstraintSource::Regex(regex),
+            },
+        ));
+    }
+    if let Some(choices) = common.guided_choice.take() {
+        if choices.is_empty() {
+            return Err(ApiError::invalid_param(
+                "guided_choice",
+                "guided_choice needs at least one choice",
+            ));
+        }
+        found.push(("guided_choice", ConstraintSpec::choice(&choices)));
+    }
+    if let Some(grammar) = common.guided_grammar.take() {
+        found.push((
+            "guided_grammar",
+            ConstraintSpec {
+                kind: ConstraintKind::Grammar,
+                source: ConstraintSource::Lark(grammar),
+            },
+        ));
+    }
+    match found.len() {
+        0 | 1 => Ok(found.pop().map(|(_, spec)| spec)),
+        _ => Err(ApiError::invalid_param(
+            found[1].0,
+            format!(
+                "{} and {} cannot be combined: a request takes one constraint",
+                found[0].0, found[1].0
+            ),
+        )),
+    }
+}
+
+/// Reads `tool_choice` (`none`, `auto`, `required` or `{"type":"function","function":{"name":…}}`).
+fn parse_tool_choice(value: Option<&Value>, has_tools: bool) -> Result<ToolChoice, ApiError> {
+    let bad = |message: &str| ApiError::invalid_param("tool_choice", message);
+    let choice = match value {
+        None | Some(Value::Null) => {
+            if has_tools {
+                ToolChoice::Auto
+            } else {
+                ToolChoice::None
+            }
+        }
+        Some(Value::String(mode)) => match mode.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            _ => {
+                return Err(bad(
+                    "tool_choice must be none, auto, required or a function",
+                ));
+            }
+        },
+        Some(Value::Object(object)) => {
+            match (
+                object.get("type").and_then(Value::as_str),
+                object
+                    .get("function")
+                    .and_then(|f| f.get("name"))
+                    .and_then(Value::as_str),
+            ) {
+                (Some("function"), Some(name)) => ToolChoice::Function(name.to_owned()),
+                _ => {
+                    return Err(bad(
+                        "a named tool_choice is {\"type\": \"function\", \"function\": {\"name\": …}}",
+                    ));
+                }
+            }
+        }
+        Some(_) => return Err(bad("tool_choice must be a string or an object")),
+    };
+    if !has_tools && choice != ToolChoice::None {
+        return Err(bad("tool_choice needs tools"));
+    }
+    Ok(choice)
 }
 
 /// One prompt of a completion request.
@@ -244,12 +499,14 @@ fn check_range(name: &str, value: Option<f32>, min: f32, max: f32) -> Result<(),
 /// Validates the shared fields. `defaults` are the model's sampling defaults
 /// (`generation_config.json`), used for fields the request leaves out.
 fn common_options(
-    common: CommonFields,
+    mut common: CommonFields,
     max_tokens: Option<u64>,
     logprobs: Option<u32>,
     defaults: &SamplingParams,
     limits: &LimitsConfig,
 ) -> Result<GenerationOptions, ApiError> {
+    let constraint = parse_constraint(&mut common)?;
+    let logit_bias = parse_logit_bias(common.logit_bias.take())?;
     let n = common.n.unwrap_or(1);
     if n == 0 || n > limits.max_n as u64 {
         return Err(ApiError::invalid_param(
@@ -355,6 +612,7 @@ fn common_options(
                 .repetition_penalty
                 .unwrap_or(defaults.repetition_penalty),
             seed: common.seed.map(|seed| seed as u64),
+            logit_bias,
         },
         stop: StopParams {
             max_tokens: 0,
@@ -366,6 +624,7 @@ fn common_options(
         logprobs,
         stream,
         include_usage,
+        constraint,
     })
 }
 
@@ -428,6 +687,7 @@ pub fn parse_chat(
     limits: &LimitsConfig,
 ) -> Result<ChatRequest, ApiError> {
     let value = parse_object(body)?;
+    refuse_unknown(&value, CHAT_FIELDS)?;
     let common: CommonFields = fields(&value)?;
     let chat: ChatFields = fields(&value)?;
     if chat.messages.is_empty() {
@@ -454,16 +714,159 @@ pub fn parse_chat(
         .enumerate()
         .map(|(index, message)| normalize_message(index, message))
         .collect::<Result<Vec<_>, _>>()?;
+    let tools = chat.tools.filter(|tools| !tools.is_empty());
+    let tool_choice = parse_tool_choice(chat.tool_choice.as_ref(), tools.is_some())?;
+    if let (Some(tools), ToolChoice::Function(name)) = (&tools, &tool_choice)
+        && !tools
+            .iter()
+            .any(|tool| tool["function"]["name"] == name.as_str())
+    {
+        return Err(ApiError::invalid_param(
+            "tool_choice",
+            format!("tool_choice names {name:?}, which is not among the tools"),
+        ));
+    }
+    if let Some(tools) = &tools {
+        for (index, tool) in tools.iter().enumerate() {
+            if tool["type"] != "function" || !tool["function"]["name"].is_string() {
+                return Err(ApiError::invalid_param(
+                    format!("tools[{index}]"),
+                    format!(
+                        "tools[{index}] must be {{\"type\": \"function\", \"function\": {{\"name\": …}}}}"
+                    ),
+                ));
+            }
+        }
+    }
+    if matches!(tool_choice, ToolChoice::Required | ToolChoice::Function(_))
+        && options.constraint.is_some()
+    {
+        return Err(ApiError::invalid_param(
+            "tool_choice",
+            "a required or named tool_choice cannot be combined with response_format or guided_*",
+        ));
+    }
     Ok(ChatRequest {
         options,
         messages,
-        tools: chat
-            .tools
-            .filter(|tools| !tools.is_empty())
-            .map(Value::Array),
+        tools: tools.map(Value::Array),
+        tool_choice,
+        parallel_tool_calls: chat.parallel_tool_calls.unwrap_or(true),
         template_kwargs: chat.chat_template_kwargs.unwrap_or_default(),
         add_generation_prompt: chat.add_generation_prompt.unwrap_or(true),
     })
+}
+
+/// A `/tokenize` body (vLLM's shape): a prompt, or chat messages rendered by the template.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TokenizeRequest {
+    /// `{"prompt": …, "add_special_tokens": …}`.
+    Prompt {
+        /// The text.
+        prompt: String,
+        /// Add the tokenizer's BOS (default true).
+        add_special_tokens: bool,
+    },
+    /// `{"messages": …, "add_generation_prompt": …, "tools": …, "chat_template_kwargs": …}`.
+    Chat {
+        /// Messages with text content flattened, ready for the template.
+        messages: Vec<Value>,
+        /// Tool definitions passed to the template.
+        tools: Option<Value>,
+        /// End with the assistant turn's header (default true).
+        add_generation_prompt: bool,
+        /// Extra template variables.
+        template_kwargs: Map<String, Value>,
+    },
+}
+
+/// Fields of a `/tokenize` body.
+#[derive(Debug, Deserialize)]
+struct TokenizeFields {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    prompt: Option<String>,
+    #[serde(default)]
+    add_special_tokens: Option<bool>,
+    #[serde(default)]
+    messages: Option<Vec<Map<String, Value>>>,
+    #[serde(default)]
+    tools: Option<Vec<Value>>,
+    #[serde(default)]
+    add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    chat_template_kwargs: Option<Map<String, Value>>,
+}
+
+/// Parses a `/tokenize` body; returns the requested model (if named) and the request.
+pub fn parse_tokenize(body: &[u8]) -> Result<(Option<String>, TokenizeRequest), ApiError> {
+    let value = parse_object(body)?;
+    let allowed = [
+        "model",
+        "prompt",
+        "add_special_tokens",
+        "messages",
+        "tools",
+        "add_generation_prompt",
+        "chat_template_kwargs",
+    ];
+    refuse_fields(&value, &allowed)?;
+    let fields: TokenizeFields = fields(&value)?;
+    let request = match (fields.prompt, fields.messages) {
+        (Some(prompt), None) => TokenizeRequest::Prompt {
+            prompt,
+            add_special_tokens: fields.add_special_tokens.unwrap_or(true),
+        },
+        (None, Some(messages)) => TokenizeRequest::Chat {
+            messages: messages
+                .into_iter()
+                .enumerate()
+                .map(|(index, message)| normalize_message(index, message))
+                .collect::<Result<_, _>>()?,
+            tools: fields
+                .tools
+                .filter(|tools| !tools.is_empty())
+                .map(Value::Array),
+            add_generation_prompt: fields.add_generation_prompt.unwrap_or(true),
+            template_kwargs: fields.chat_template_kwargs.unwrap_or_default(),
+        },
+        _ => {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                "a tokenize request has either prompt or messages",
+            ));
+        }
+    };
+    Ok((fields.model, request))
+}
+
+/// Parses a `/detokenize` body `{"model": …, "tokens": […]}`.
+pub fn parse_detokenize(body: &[u8]) -> Result<(Option<String>, Vec<u32>), ApiError> {
+    #[derive(Deserialize)]
+    struct DetokenizeFields {
+        #[serde(default)]
+        model: Option<String>,
+        tokens: Vec<u32>,
+    }
+    let value = parse_object(body)?;
+    refuse_fields(&value, &["model", "tokens"])?;
+    let fields: DetokenizeFields = fields(&value)?;
+    Ok((fields.model, fields.tokens))
+}
+
+/// Refuses every field of `value` outside `allowed`, naming it.
+fn refuse_fields(value: &Value, allowed: &[&str]) -> Result<(), ApiError> {
+    if let Some(key) = value
+        .as_object()
+        .and_then(|object| object.keys().find(|key| !allowed.contains(&key.as_str())))
+    {
+        return Err(ApiError::invalid_param(
+            key.clone(),
+            format!("{key} is not supported by this server"),
+        ));
+    }
+    Ok(())
 }
 
 /// Reads `prompt`: a string, a list of strings, a list of token ids, or a list of such lists.
@@ -510,8 +913,17 @@ pub fn parse_completion(
     limits: &LimitsConfig,
 ) -> Result<CompletionRequest, ApiError> {
     let value = parse_object(body)?;
+    refuse_unknown(&value, COMPLETION_FIELDS)?;
     let common: CommonFields = fields(&value)?;
     let completion: CompletionFields = fields(&value)?;
+    if let Some(best_of) = completion.best_of
+        && best_of != common.n.unwrap_or(1)
+    {
+        return Err(ApiError::invalid_param(
+            "best_of",
+            "best_of is supported only equal to n (every generated choice is returned)",
+        ));
+    }
     if completion.echo.unwrap_or(false) {
         return Err(ApiError::invalid_param("echo", "echo is not supported"));
     }
@@ -739,5 +1151,137 @@ mod tests {
             chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":2}"#)
                 .unwrap_err();
         assert_eq!(err.param.as_deref(), Some("top_logprobs"));
+    }
+    #[test]
+    fn unsupported_fields_are_refused_by_name() {
+        for field in ["functions", "audio", "prediction", "store", "frobnicate"] {
+            let body = format!(
+                r#"{{"model":"m","messages":[{{"role":"user","content":"x"}}],"{field}":1}}"#
+            );
+            let err = chat(&body).unwrap_err();
+            assert_eq!(err.status, http::StatusCode::BAD_REQUEST, "{field}");
+            assert_eq!(err.param.as_deref(), Some(field));
+        }
+        let err = completion(r#"{"model":"m","prompt":"a","tools":[]}"#).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("tools"));
+        let err = completion(r#"{"model":"m","prompt":"a","best_of":3}"#).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("best_of"));
+        assert!(completion(r#"{"model":"m","prompt":"a","best_of":1,"user":"u"}"#).is_ok());
+    }
+
+    #[test]
+    fn logit_bias_is_validated_and_sorted() {
+        let request =
+            completion(r#"{"model":"m","prompt":"a","logit_bias":{"9":-5,"3":100}}"#).unwrap();
+        assert_eq!(
+            request.options.sampling.logit_bias,
+            vec![(3, 100.0), (9, -5.0)]
+        );
+        for bad in [r#"{"x":1}"#, r#"{"3":101}"#, r#"{"3":"a"}"#] {
+            let err = completion(&format!(
+                r#"{{"model":"m","prompt":"a","logit_bias":{bad}}}"#
+            ))
+            .unwrap_err();
+            assert_eq!(err.param.as_deref(), Some("logit_bias"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn response_formats_and_guided_fields_become_one_constraint() {
+        let base = r#""model":"m","messages":[{"role":"user","content":"x"}]"#;
+        let kind = |extra: &str| {
+            chat(&format!("{{{base},{extra}}}"))
+                .unwrap()
+                .options
+                .constraint
+                .map(|c| c.kind)
+        };
+        assert_eq!(kind(r#""response_format":{"type":"text"}"#), None);
+        assert_eq!(
+            kind(r#""response_format":{"type":"json_object"}"#),
+            Some(ConstraintKind::JsonObject)
+        );
+        assert_eq!(
+            kind(
+                r#""response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object"},"strict":true}}"#
+            ),
+            Some(ConstraintKind::JsonSchema)
+        );
+        assert_eq!(
+            kind(r#""guided_regex":"[0-9]+""#),
+            Some(ConstraintKind::Regex)
+        );
+        assert_eq!(
+            kind(r#""guided_choice":["a","b"]"#),
+            Some(ConstraintKind::Choice)
+        );
+        assert_eq!(
+            kind(r#""guided_grammar":"start: \"x\"""#),
+            Some(ConstraintKind::Grammar)
+        );
+        let err = chat(&format!(
+            r#"{{{base},"response_format":{{"type":"yaml"}}}}"#
+        ))
+        .unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("response_format"));
+        let err = chat(&format!(
+            r#"{{{base},"response_format":{{"type":"json_object"}},"guided_regex":"a"}}"#
+        ))
+        .unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("guided_regex"));
+    }
+
+    #[test]
+    fn tool_choice_forms() {
+        let base = r#""model":"m","messages":[{"role":"user","content":"x"}]"#;
+        let tools = r#""tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]"#;
+        let choice =
+            |extra: &str| chat(&format!("{{{base},{tools}{extra}}}")).map(|r| r.tool_choice);
+        assert_eq!(choice("").unwrap(), ToolChoice::Auto);
+        assert_eq!(
+            choice(r#","tool_choice":"none""#).unwrap(),
+            ToolChoice::None
+        );
+        assert_eq!(
+            choice(r#","tool_choice":"required""#).unwrap(),
+            ToolChoice::Required
+        );
+        assert_eq!(
+            choice(r#","tool_choice":{"type":"function","function":{"name":"f"}}"#).unwrap(),
+            ToolChoice::Function("f".into())
+        );
+        let err =
+            choice(r#","tool_choice":{"type":"function","function":{"name":"g"}}"#).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("tool_choice"));
+        let err = chat(&format!(r#"{{{base},"tool_choice":"required"}}"#)).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("tool_choice"));
+        let err = choice(r#","tool_choice":"required","response_format":{"type":"json_object"}"#)
+            .unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("tool_choice"));
+    }
+
+    #[test]
+    fn tokenize_bodies() {
+        let (model, request) = parse_tokenize(br#"{"model":"m","prompt":"hi"}"#).unwrap();
+        assert_eq!(model.as_deref(), Some("m"));
+        assert_eq!(
+            request,
+            TokenizeRequest::Prompt {
+                prompt: "hi".into(),
+                add_special_tokens: true
+            }
+        );
+        assert!(matches!(
+            parse_tokenize(br#"{"messages":[{"role":"user","content":"x"}]}"#)
+                .unwrap()
+                .1,
+            TokenizeRequest::Chat { .. }
+        ));
+        let err = parse_tokenize(br#"{"prompt":"a","extra":1}"#).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("extra"));
+        assert_eq!(
+            parse_detokenize(br#"{"tokens":[1,2]}"#).unwrap().1,
+            vec![1, 2]
+        );
     }
 }

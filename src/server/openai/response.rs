@@ -2,6 +2,8 @@
 
 use serde::Serialize;
 
+use crate::engine::StopReason;
+
 /// Token counts of a response.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Usage {
@@ -83,8 +85,42 @@ pub struct CompletionLogprobs {
 pub struct AssistantMessage {
     /// Always `assistant`.
     pub role: &'static str,
-    /// The generated text.
-    pub content: String,
+    /// The generated text (`null` when the message is only tool calls).
+    pub content: Option<String>,
+    /// The tool calls parsed out of the output.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// A function call the model made.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolCall {
+    /// `call_…`, unique in the response.
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The function and its arguments.
+    pub function: FunctionCall,
+}
+
+/// The function of a tool call.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FunctionCall {
+    /// The function name.
+    pub name: String,
+    /// The arguments, a JSON document as a string.
+    pub arguments: String,
+}
+
+/// A tool call in a streamed chunk.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolCallDelta {
+    /// Position of the call in the message's `tool_calls`.
+    pub index: usize,
+    /// The whole call.
+    #[serde(flatten)]
+    pub call: ToolCall,
 }
 
 /// One choice of a chat completion.
@@ -98,6 +134,9 @@ pub struct ChatChoice {
     pub logprobs: Option<ChatLogprobs>,
     /// Why generation ended.
     pub finish_reason: &'static str,
+    /// The stop string or stop token id that ended the choice (vLLM's `stop_reason`); `null`
+    /// at EOS, at the length limit and for a complete grammar.
+    pub stop_reason: Option<StopReason>,
 }
 
 /// A whole chat completion.
@@ -126,6 +165,9 @@ pub struct Delta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Tool calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// One choice of a chat chunk.
@@ -139,6 +181,8 @@ pub struct ChatChunkChoice {
     pub logprobs: Option<ChatLogprobs>,
     /// Set on the choice's last chunk.
     pub finish_reason: Option<&'static str>,
+    /// The stop string or stop token id that ended the choice, on its last chunk; else `null`.
+    pub stop_reason: Option<StopReason>,
 }
 
 /// A streamed chat chunk.
@@ -170,6 +214,9 @@ pub struct CompletionChoice {
     pub logprobs: Option<CompletionLogprobs>,
     /// Why generation ended (`null` until the last chunk).
     pub finish_reason: Option<&'static str>,
+    /// The stop string or stop token id that ended the choice (`null` until the last chunk,
+    /// and at EOS or the length limit).
+    pub stop_reason: Option<StopReason>,
 }
 
 /// A whole completion or a streamed completion chunk.
@@ -243,9 +290,11 @@ mod tests {
                 delta: Delta {
                     role: None,
                     content: Some("hi".into()),
+                    tool_calls: None,
                 },
                 logprobs: None,
                 finish_reason: None,
+                stop_reason: None,
             }],
             usage: None,
         };
@@ -254,5 +303,14 @@ mod tests {
         assert!(value["choices"][0]["delta"].get("role").is_none());
         assert_eq!(value["choices"][0]["delta"]["content"], "hi");
         assert!(value["choices"][0]["finish_reason"].is_null());
+        assert!(value["choices"][0]["stop_reason"].is_null());
+    }
+
+    #[test]
+    fn stop_reason_is_the_string_or_the_token_id() {
+        let string = serde_json::to_value(Some(StopReason::String("END".into()))).unwrap();
+        assert_eq!(string, serde_json::json!("END"));
+        let token = serde_json::to_value(Some(StopReason::TokenId(7))).unwrap();
+        assert_eq!(token, serde_json::json!(7));
     }
 }
