@@ -192,7 +192,9 @@ pub enum SecurityEvent {
         /// Hex SHA-256 of the new certificate (DER).
         certificate_digest: String,
     },
-    /// The log recovered from a crash by truncating an unacknowledged torn tail.
+    /// The log recovered from a crash: it truncated an unacknowledged torn tail, or found
+    /// unacknowledged records past the last signed checkpoint (`truncated_bytes` 0) and signs
+    /// them at this start.
     Recovery {
         /// The segment file that was truncated.
         segment: String,

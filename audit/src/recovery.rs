@@ -234,6 +234,30 @@ pub fn recover(dir: &Path, ops: &dyn FileOps) -> Result<Recovered, AuditError> {
     for h in &log.leaves {
         frontier.push(*h);
     }
+    // Records past the last signed checkpoint were never acknowledged (an append is answered
+    // only once a checkpoint covers it): the previous run died before signing them. This start
+    // signs them, so say so in the log rather than sign them silently.
+    if last_checkpoint.is_some() && frontier.size() > last_ck_size {
+        tracing::warn!(
+            signed = last_ck_size,
+            size = frontier.size(),
+            "audit log: records past the last signed checkpoint (unacknowledged) are signed only now"
+        );
+        events.push(SecurityEvent::Recovery {
+            segment: last_segment
+                .as_ref()
+                .and_then(|(_, p, _)| p.file_name())
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+            offset: last_segment_len,
+            truncated_bytes: 0,
+            reason: format!(
+                "{} unacknowledged record(s) {}..{} follow the last signed checkpoint; signed at this start",
+                frontier.size() - last_ck_size,
+                last_ck_size,
+                frontier.size()
+            ),
+        });
+    }
     let segment_number = |path: &Path| -> u64 {
         path.file_stem()
             .and_then(|s| s.to_str())

@@ -85,7 +85,7 @@ impl Report {
                 let unsigned = self.size - self.checkpointed_size;
                 if unsigned > 0 {
                     s.push_str(&format!(
-                        ", {unsigned} records after the last checkpoint not yet signed"
+                        ", {unsigned} records after the last checkpoint not yet signed (never acknowledged)"
                     ));
                 }
                 if self.first_index > 0 {

@@ -1,5 +1,5 @@
-//! The log writer: one dedicated thread that batches appends (group commit), fsyncs, answers
-//! each append once its record is durable, and writes signed checkpoints.
+//! The log writer: one dedicated thread that batches appends (group commit), fsyncs, signs a
+//! checkpoint over each group with a waiting caller, and only then answers its appends.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -364,7 +364,16 @@ impl Writer {
                 // Only a waiting caller needs an fsync now; the others are synced with the
                 // next waiting caller's group or before the next checkpoint.
                 let sync = !replies.is_empty();
-                let written = self.guarded(|w| w.write_records(&mut records, sync));
+                // No append is answered before a signed checkpoint covers it: whoever holds the
+                // disk cannot then cut or edit an acknowledged record without breaking a
+                // signature (see docs/audit-log.md, "Acknowledgement").
+                let written = self.guarded(|w| {
+                    let first = w.write_records(&mut records, sync)?;
+                    if sync {
+                        w.checkpoint()?;
+                    }
+                    Ok(first)
+                });
                 // A failed write leaves records behind; they are refused with the log.
                 records.clear();
                 match written {
@@ -580,7 +589,8 @@ impl AuditLog {
         })
     }
 
-    /// Appends a record; the returned future resolves to its leaf index once it is durable, or
+    /// Appends a record; the returned future resolves to its leaf index once it is durable and
+    /// covered by a durable signed checkpoint ([`AuditLog::latest_checkpoint`]), or
     /// to an error if the log has failed (the caller must then refuse service). The record is
     /// handed to the writer at once: the caller may do other work before awaiting durability.
     pub fn append(

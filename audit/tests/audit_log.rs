@@ -716,3 +716,180 @@ fn the_newest_record_time_bounds_the_clock_at_the_next_start() {
         "{newest} not in {before}..{after}"
     );
 }
+
+/// The log in `dir` copied while `log` is still running: the disk as a `kill -9` leaves it.
+fn crash_copy(dir: &Path) -> tempfile::TempDir {
+    let copy = tempfile::tempdir().expect("tempdir");
+    copy_dir(dir, copy.path());
+    // The directory lock of the running writer is not part of the log.
+    let _ = std::fs::remove_file(copy.path().join(inferno_audit::LOCK_FILE));
+    copy
+}
+
+fn checkpoint_size(note: &str) -> u64 {
+    SignedNote::parse(note)
+        .and_then(|n| n.checkpoint())
+        .expect("checkpoint")
+        .size
+}
+
+/// Writes three awaited requests to a fresh log and returns the copy taken right after the last
+/// was acknowledged, with the last segment's length before each of them.
+fn acknowledged_then_crashed() -> (tempfile::TempDir, PathBuf, [u64; 3]) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cfg = AuditConfig {
+        segment_max_bytes: 1 << 20,
+        ..config(tmp.path())
+    };
+    let log = open(&cfg);
+    let rt = runtime();
+    let seg = last_segment(tmp.path());
+    let mut lens = [0; 3];
+    for (i, len) in lens.iter_mut().enumerate() {
+        *len = std::fs::metadata(&seg).expect("meta").len();
+        rt.block_on(log.append(request(&format!("acked-{i}"))))
+            .expect("acknowledged");
+    }
+    let copy = crash_copy(tmp.path());
+    drop(log);
+    let seg = last_segment(copy.path());
+    (copy, seg, lens)
+}
+
+#[test]
+fn every_acknowledged_record_is_covered_by_a_signed_checkpoint_when_acknowledged() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let log = open(&config(tmp.path()));
+    let rt = runtime();
+    for i in 0..20 {
+        let appended = rt
+            .block_on(log.append_with_leaf(request(&format!("r-{i}"))))
+            .expect("acknowledged");
+        let note = log.latest_checkpoint().expect("a checkpoint");
+        assert!(
+            checkpoint_size(&note) > appended.index,
+            "record {} acknowledged under a checkpoint of size {}",
+            appended.index,
+            checkpoint_size(&note)
+        );
+        // The checkpoint is durable too: a crash copy verifies up to it.
+        if i % 7 == 0 {
+            let copy = crash_copy(tmp.path());
+            let report = verify(copy.path(), &VerifyOptions::default());
+            assert!(report.intact(), "{}", report.verdict());
+            assert!(report.checkpointed_size > appended.index);
+        }
+    }
+}
+
+#[test]
+fn cutting_acknowledged_records_at_a_frame_boundary_is_detected_by_verify_and_restart() {
+    let (copy, seg, lens) = acknowledged_then_crashed();
+    assert!(verify(copy.path(), &VerifyOptions::default()).intact());
+    // Remove the last acknowledged record exactly at its frame boundary: no torn frame remains.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .and_then(|f| f.set_len(lens[2]))
+        .expect("truncate");
+    let report = verify(copy.path(), &VerifyOptions::default());
+    assert!(!report.intact(), "a cut log verified: {}", report.verdict());
+    assert!(
+        report.verdict().contains("truncated"),
+        "{}",
+        report.verdict()
+    );
+    let cfg = AuditConfig {
+        segment_max_bytes: 1 << 20,
+        ..config(copy.path())
+    };
+    match open_with(&cfg, Arc::new(StdFileOps)) {
+        Err(AuditError::Corrupt { reason, .. }) => {
+            assert!(reason.contains("truncated or rolled back"), "{reason}")
+        }
+        Ok(_) => panic!("the restart signed a log missing an acknowledged record"),
+        Err(other) => panic!("expected a corrupt log, got {other}"),
+    }
+}
+
+#[test]
+fn a_forged_acknowledged_record_with_a_recomputed_crc_chain_is_detected() {
+    let (copy, seg, lens) = acknowledged_then_crashed();
+    let mut bytes = std::fs::read(&seg).expect("read");
+    let [_, previous, last] = lens.map(|l| usize::try_from(l).expect("len"));
+    // The chain value the last frame follows is the CRC of the frame before it.
+    let prev_crc = u32::from_le_bytes(bytes[previous + 4..previous + 8].try_into().expect("4"));
+    let payload = &mut bytes[last + 8..];
+    let text = String::from_utf8(payload.to_vec()).expect("utf-8 record");
+    let forged = text.replacen("key-1", "key-9", 1);
+    assert_ne!(forged, text);
+    payload.copy_from_slice(forged.as_bytes());
+    let len = u32::try_from(forged.len()).expect("len").to_le_bytes();
+    let crc = crc32c::crc32c_append(crc32c::crc32c_append(prev_crc, &len), forged.as_bytes());
+    bytes[last + 4..last + 8].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&seg, &bytes).expect("write");
+    let report = verify(copy.path(), &VerifyOptions::default());
+    assert!(
+        !report.intact(),
+        "a forged log verified: {}",
+        report.verdict()
+    );
+    assert!(
+        report
+            .verdict()
+            .contains("does not match the signed checkpoint"),
+        "{}",
+        report.verdict()
+    );
+    let cfg = AuditConfig {
+        segment_max_bytes: 1 << 20,
+        ..config(copy.path())
+    };
+    assert!(matches!(
+        open_with(&cfg, Arc::new(StdFileOps)),
+        Err(AuditError::Corrupt { .. })
+    ));
+}
+
+#[test]
+fn unacknowledged_records_past_the_last_checkpoint_are_reported_at_the_next_start() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cfg = AuditConfig {
+        segment_max_bytes: 1 << 20,
+        ..config(tmp.path())
+    };
+    let log = open(&cfg);
+    let rt = runtime();
+    rt.block_on(log.append(request("acked")))
+        .expect("acknowledged");
+    for i in 0..3 {
+        log.append_detached(completion(&format!("detached-{i}")))
+            .expect("handed over");
+    }
+    // Wait until the detached records are on disk (written, not signed).
+    let seg = last_segment(tmp.path());
+    let written = std::fs::metadata(&seg).expect("meta").len();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while std::fs::metadata(&seg).expect("meta").len() == written {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "detached records never written"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let copy = crash_copy(tmp.path());
+    drop(log);
+    let cfg = AuditConfig {
+        segment_max_bytes: 1 << 20,
+        ..config(copy.path())
+    };
+    let log = open(&cfg);
+    rt.block_on(log.shutdown("test")).expect("shutdown");
+    let all = all_segments_text(copy.path());
+    assert!(
+        all.contains("unacknowledged record(s)") && all.contains("signed at this start"),
+        "no recovery event for the unsigned tail"
+    );
+    assert!(verify(copy.path(), &VerifyOptions::default()).intact());
+}
