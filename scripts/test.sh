@@ -20,8 +20,9 @@ cargo test --workspace --locked
 # those tests are ignored by default and run here.
 nvrtc_lib=$(python3 -c 'import nvidia.cu13, os; print(os.path.join(nvidia.cu13.__path__[0], "lib"))' 2>/dev/null || true)
 if [ -n "$nvrtc_lib" ] && [ -e "$nvrtc_lib/libnvrtc.so.13" ]; then
-  LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    cargo test --locked --lib backend::cuda::compile -- --ignored
+  # The test binary runs directly: LD_LIBRARY_PATH in cargo's environment would rebuild the crates.
+  unit_tests=$(cargo test --locked --lib --no-run 2>&1 | sed -n 's/.*Executable unittests src\/lib.rs (\(.*\))$/\1/p')
+  LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$unit_tests" backend::cuda::compile --ignored
 elif [ "${CI:-}" = true ]; then
   echo "error: the nvidia-cuda-nvrtc Python package is required in CI" >&2
   exit 1

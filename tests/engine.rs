@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use inferno::engine::{
     EngineConfig, EngineHandle, FinishReason, GenerationEvent, GenerationRequest, SamplingParams,
-    SubmitError,
+    StopReason, SubmitError,
 };
 use inferno::model::Model;
 use support::{collect, committed_fixture, engine, golden, greedy, run};
@@ -231,7 +231,7 @@ fn eos_stop_strings_and_max_tokens_end_generation() {
     natural_request.stop.ignore_eos = false;
     let natural_eos = run(&engine, natural_request);
     assert_eq!(natural.reason, FinishReason::Length);
-    assert_eq!(natural_eos.reason, FinishReason::Stop);
+    assert_eq!(natural_eos.reason, FinishReason::Stop(None));
     assert!(
         natural_eos
             .text
@@ -252,8 +252,26 @@ fn eos_stop_strings_and_max_tokens_end_generation() {
     let mut stopped = greedy(&prompt, 100);
     stopped.stop.stop_strings = vec![" data in".into()];
     let out = run(&engine, stopped);
-    assert_eq!(out.reason, FinishReason::Stop);
+    assert_eq!(
+        out.reason,
+        FinishReason::Stop(Some(StopReason::String(" data in".into())))
+    );
     assert_eq!(out.text, "Confidential computing protects");
+
+    // A stop token of the request: the stop reason names it, and it is not emitted.
+    let tokens = &natural_eos.tokens;
+    let at = (1..tokens.len())
+        .find(|&i| !tokens[..i].contains(&tokens[i]))
+        .expect("a token that does not occur before it");
+    let stop_token = tokens[at];
+    let mut by_token = greedy(&prompt, 100);
+    by_token.stop.stop_token_ids = vec![stop_token];
+    let out = run(&engine, by_token);
+    assert_eq!(
+        out.reason,
+        FinishReason::Stop(Some(StopReason::TokenId(stop_token)))
+    );
+    assert_eq!(out.tokens, tokens[..at]);
 
     let limited = run(&engine, greedy(&prompt, 3));
     assert_eq!(

@@ -96,6 +96,8 @@ async fn chat_greedy_matches_transformers() {
     assert_eq!(choice["message"]["role"], "assistant");
     assert_eq!(choice["message"]["content"], expected.as_str());
     assert_eq!(choice["finish_reason"], "stop");
+    // Ended by the end-of-turn token, not by a stop string or stop token of the request.
+    assert_eq!(choice.get("stop_reason"), Some(&Value::Null));
     assert_eq!(body["usage"]["prompt_tokens"], prompt_len);
     let completion = body["usage"]["completion_tokens"].as_u64().unwrap();
     assert!((16..=17).contains(&completion), "{completion} tokens");
@@ -266,6 +268,47 @@ async fn stop_string_ends_generation_and_is_not_emitted() {
     .await;
     assert_eq!(body["choices"][0]["text"], expected);
     assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    assert_eq!(body["choices"][0]["stop_reason"], stop);
+
+    // A stop token id, streamed: the last chunk names the token; earlier chunks carry null.
+    let tokenized = json_of(
+        server
+            .post(
+                "/tokenize",
+                ALICE,
+                &json!({"model": MODEL, "prompt": full, "add_special_tokens": false}),
+            )
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let ids: Vec<u64> = tokenized["tokens"]
+        .as_array()
+        .expect("token ids")
+        .iter()
+        .map(|id| id.as_u64().expect("an id"))
+        .collect();
+    let at = (1..ids.len())
+        .find(|&i| !ids[..i].contains(&ids[i]))
+        .expect("a token not seen before it");
+    let response = server
+        .post(
+            "/v1/completions",
+            ALICE,
+            &json!({"model": MODEL, "prompt": prompt, "temperature": 0, "max_tokens": 24,
+                    "stream": true, "stop_token_ids": [ids[at]]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let (events, done) = read_sse(response).await;
+    assert!(done);
+    let choices: Vec<&Value> = events.iter().filter_map(|e| e["choices"].get(0)).collect();
+    let (last, earlier) = choices.split_last().expect("chunks");
+    assert_eq!(last["finish_reason"], "stop");
+    assert_eq!(last["stop_reason"], ids[at]);
+    assert!(earlier.iter().all(|c| c["stop_reason"].is_null()));
 }
 
 #[tokio::test]

@@ -9,11 +9,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use inferno::config::Config;
+use inferno::constrain::{ConstraintKind, ConstraintSource, ConstraintSpec};
 use inferno::model::EMBEDDED_MODEL_NAME as MODEL;
 use inferno::server::{Server, ServerError};
 use inferno_audit::{
-    AuditConfig, ContentMode, ContentPolicy, Record, RecordBody, SealedContent, VerifyOptions,
-    read_records, verify,
+    AuditConfig, ConstraintNote, ContentMode, ContentPolicy, Record, RecordBody, SealedContent,
+    VerifyOptions, read_records, verify,
 };
 use reqwest::StatusCode;
 use serde_json::json;
@@ -226,6 +227,78 @@ async fn a_request_while_the_model_loads_is_recorded_with_its_503() {
         "alice",
         "/v1/chat/completions",
     );
+}
+
+#[tokio::test]
+async fn a_constrained_request_is_recorded_with_its_kind_and_grammar_digest() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("audit");
+    let server = Harness::start(audited_config(&dir), true);
+    let schema = json!({
+        "type": "object",
+        "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+        "required": ["answer"]
+    });
+    let messages = json!([{"role": "user", "content": "Is the sky blue?"}]);
+    let bodies = [
+        (
+            "schema",
+            json!({"model": MODEL, "messages": messages, "max_tokens": 16,
+                "response_format": {"type": "json_schema",
+                    "json_schema": {"name": "answer", "schema": schema, "strict": true}}}),
+        ),
+        (
+            "choice",
+            json!({"model": MODEL, "messages": messages, "max_tokens": 4,
+                "guided_choice": ["yes", "no"]}),
+        ),
+        (
+            "free",
+            json!({"model": MODEL, "messages": messages, "max_tokens": 4}),
+        ),
+    ];
+    for (id, body) in &bodies {
+        let response = server
+            .post("/v1/chat/completions", ALICE, body)
+            .header("x-request-id", *id)
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(response.status(), StatusCode::OK, "{id}");
+    }
+    stop(server).await;
+
+    let records = records(&dir);
+    let note_of = |id: &str| {
+        let (requests, completions) = records_of(&records, id);
+        assert_eq!(requests.len(), 1, "{id}: {requests:?}");
+        assert_eq!(completions, 1, "{id}");
+        requests[0].constraint.clone()
+    };
+    let schema_spec = ConstraintSpec {
+        kind: ConstraintKind::JsonSchema,
+        source: ConstraintSource::JsonSchema(schema.clone()),
+    };
+    assert_eq!(
+        note_of("schema"),
+        Some(ConstraintNote {
+            kind: "json_schema".into(),
+            grammar_digest: schema_spec.digest(),
+        })
+    );
+    let choice_spec = ConstraintSpec::choice(&["yes".to_owned(), "no".to_owned()]);
+    assert_eq!(
+        note_of("choice"),
+        Some(ConstraintNote {
+            kind: "choice".into(),
+            grammar_digest: choice_spec.digest(),
+        })
+    );
+    assert_ne!(schema_spec.digest(), choice_spec.digest());
+    assert_eq!(note_of("free"), None);
+    // The note names the grammar; the record does not carry the grammar itself.
+    let raw = serde_json::to_string(&records).expect("records serialize");
+    assert!(!raw.contains("\"enum\""), "the schema leaked into a record");
 }
 
 /// The development policy with `edit` applied, written to `dir/policy.toml`.

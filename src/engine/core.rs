@@ -11,7 +11,7 @@ use super::backend::{Backend, BackendError, BatchRow, SampleSpec, SampledToken, 
 use super::config::EngineConfig;
 use super::detokenize::IncrementalDecoder;
 use super::handle::{Command, EngineHandle, EngineStats, Shared};
-use super::request::{FinishReason, GenerationEvent};
+use super::request::{FinishReason, GenerationEvent, StopReason};
 use super::sampling;
 use super::scheduler::{Scheduled, Scheduler};
 use super::sequence::Sequence;
@@ -373,10 +373,14 @@ impl Worker {
             grammar_complete = constraint.is_finished();
         }
         let stop = &seq.request.stop;
-        if (!stop.ignore_eos && self.eos.contains(&sampled.token))
-            || stop.stop_token_ids.contains(&sampled.token)
-        {
-            return Progress::Finished(FinishReason::Stop);
+        // As vLLM: EOS first (no stop reason), then the request's stop tokens.
+        if !stop.ignore_eos && self.eos.contains(&sampled.token) {
+            return Progress::Finished(FinishReason::Stop(None));
+        }
+        if stop.stop_token_ids.contains(&sampled.token) {
+            return Progress::Finished(FinishReason::Stop(Some(StopReason::TokenId(
+                sampled.token,
+            ))));
         }
         let delta = match seq.decoder.push(&self.model.tokenizer, sampled.token) {
             Ok(delta) => delta,
@@ -387,8 +391,8 @@ impl Worker {
             }
         };
         let (text, stopped) = match seq.stop.push(&delta) {
-            StopOutcome::Continue(text) => (text, false),
-            StopOutcome::Stopped(text) => (text, true),
+            StopOutcome::Continue(text) => (text, None),
+            StopOutcome::Stopped { emitted, matched } => (emitted, Some(matched)),
         };
         let event = GenerationEvent::Token {
             token: sampled.token,
@@ -398,13 +402,13 @@ impl Worker {
         if seq.events.send(event).is_err() {
             return Progress::Gone;
         }
-        if stopped {
+        if let Some(matched) = stopped {
             // Whatever follows the stop string is never emitted.
             seq.decoder = IncrementalDecoder::new();
-            Progress::Finished(FinishReason::Stop)
+            Progress::Finished(FinishReason::Stop(Some(StopReason::String(matched))))
         } else if grammar_complete {
             // Only the end of the sequence may follow a complete grammar.
-            Progress::Finished(FinishReason::Stop)
+            Progress::Finished(FinishReason::Stop(None))
         } else if seq.output().len() >= seq.request.stop.max_tokens
             || seq.tokens.len() >= max_context
         {
@@ -481,9 +485,17 @@ fn sample_specs<'a>(rows: &[BatchRow<'a>]) -> Vec<SampleSpec<'a>> {
 /// decoder and the stop matcher still held.
 fn finish(mut seq: Sequence, reason: FinishReason, tokenizer: &Tokenizer) {
     let tail = seq.decoder.finish(tokenizer).unwrap_or_default();
-    let text = match seq.stop.push(&tail) {
-        StopOutcome::Continue(text) => text + &seq.stop.flush(),
-        StopOutcome::Stopped(text) => text,
+    let (text, reason) = match seq.stop.push(&tail) {
+        StopOutcome::Continue(text) => (text + &seq.stop.flush(), reason),
+        // The decoder's last bytes completed a stop string: that string ended the output
+        // (unless the generation failed or was cancelled).
+        StopOutcome::Stopped { emitted, matched } => match reason {
+            FinishReason::Stop(_) | FinishReason::Length => (
+                emitted,
+                FinishReason::Stop(Some(StopReason::String(matched))),
+            ),
+            other => (emitted, other),
+        },
     };
     let event = GenerationEvent::Finished {
         reason,

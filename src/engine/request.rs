@@ -104,11 +104,22 @@ pub struct TokenLogprob {
     pub top: Vec<(u32, f32)>,
 }
 
+/// What ended a generation that stopped on a request's own stop condition (vLLM's
+/// `stop_reason`). Serializes as the string or the token id itself.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(untagged)]
+pub enum StopReason {
+    /// A stop string matched (it is not part of the output).
+    String(String),
+    /// A token of the request's `stop_token_ids` was sampled.
+    TokenId(u32),
+}
+
 /// Why a generation ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FinishReason {
-    /// An EOS token or a stop string or stop token.
-    Stop,
+    /// An EOS token, a complete grammar (`None`), or a stop string or stop token of the request.
+    Stop(Option<StopReason>),
     /// `max_tokens` or the context length was reached.
     Length,
     /// The caller went away.
@@ -121,10 +132,18 @@ impl FinishReason {
     /// The OpenAI `finish_reason` string.
     pub fn as_openai_str(&self) -> &'static str {
         match self {
-            FinishReason::Stop => "stop",
+            FinishReason::Stop(_) => "stop",
             FinishReason::Length => "length",
             FinishReason::Cancelled => "cancelled",
             FinishReason::Error(_) => "error",
+        }
+    }
+
+    /// The stop string or stop token that ended the generation, if one of the request's did.
+    pub fn stop_reason(&self) -> Option<&StopReason> {
+        match self {
+            FinishReason::Stop(reason) => reason.as_ref(),
+            _ => None,
         }
     }
 }

@@ -21,8 +21,13 @@ pub const MAX_STOP_BYTES: usize = 4096;
 pub enum StopOutcome {
     /// Emit this text and keep generating.
     Continue(String),
-    /// Emit this text (what preceded the stop string) and finish.
-    Stopped(String),
+    /// Emit `emitted` (what preceded the stop string) and finish.
+    Stopped {
+        /// The text before the stop string.
+        emitted: String,
+        /// The stop string that matched.
+        matched: String,
+    },
 }
 
 /// Why stop strings were refused.
@@ -128,9 +133,10 @@ impl StopMatcher {
                 // lies within the held text and this push (it is no longer than the depth).
                 let start = base + i + 1 - len;
                 let emitted = self.held[..start].to_owned();
+                let matched = self.held[start..start + len].to_owned();
                 self.held.clear();
                 self.state = Some(automaton.start);
-                return StopOutcome::Stopped(emitted);
+                return StopOutcome::Stopped { emitted, matched };
             }
         }
         self.state = Some(state);
@@ -166,8 +172,8 @@ mod tests {
         for piece in pieces {
             match m.push(piece) {
                 StopOutcome::Continue(text) => out.push_str(&text),
-                StopOutcome::Stopped(text) => {
-                    out.push_str(&text);
+                StopOutcome::Stopped { emitted, .. } => {
+                    out.push_str(&emitted);
                     return (out, true);
                 }
             }
@@ -187,7 +193,13 @@ mod tests {
         let mut m = matcher(&["END"]);
         assert_eq!(m.push("hello E"), StopOutcome::Continue("hello ".into()));
         assert_eq!(m.push("N"), StopOutcome::Continue(String::new()));
-        assert_eq!(m.push("D and more"), StopOutcome::Stopped(String::new()));
+        assert_eq!(
+            m.push("D and more"),
+            StopOutcome::Stopped {
+                emitted: String::new(),
+                matched: "END".into()
+            }
+        );
     }
 
     #[test]
@@ -203,7 +215,13 @@ mod tests {
     fn earliest_of_several_stops_wins_and_multibyte_is_safe() {
         let mut m = matcher(&["ß!", "b"]);
         assert_eq!(m.push("aß"), StopOutcome::Continue("a".into()));
-        assert_eq!(m.push("!b"), StopOutcome::Stopped(String::new()));
+        assert_eq!(
+            m.push("!b"),
+            StopOutcome::Stopped {
+                emitted: String::new(),
+                matched: "ß!".into()
+            }
+        );
     }
 
     #[test]

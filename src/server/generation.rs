@@ -406,6 +406,7 @@ pub async fn complete(
                         index: result.index,
                         logprobs,
                         finish_reason,
+                        stop_reason: result.reason.stop_reason().cloned(),
                         message,
                     }
                 })
@@ -424,6 +425,7 @@ pub async fn complete(
                     logprobs: want_logprobs
                         .then(|| completion_logprobs(service, &result.state.tokens, 0)),
                     finish_reason: Some(result.reason.as_openai_str()),
+                    stop_reason: result.reason.stop_reason().cloned(),
                     text: result.state.text,
                 })
                 .collect(),
@@ -491,6 +493,7 @@ impl ChunkWriter {
                     },
                     logprobs: None,
                     finish_reason: None,
+                    stop_reason: None,
                 }],
                 None,
             )
@@ -504,11 +507,13 @@ impl ChunkWriter {
         text: String,
         tokens: &[(u32, TokenLogprob)],
         text_offset: usize,
-        finish: Option<&'static str>,
+        finish: Option<&FinishReason>,
     ) -> Option<Bytes> {
         if text.is_empty() && tokens.is_empty() && finish.is_none() {
             return None;
         }
+        let stop_reason = finish.and_then(FinishReason::stop_reason).cloned();
+        let finish = finish.map(FinishReason::as_openai_str);
         Some(match self.kind {
             ApiKind::Chat => self.chat_chunk(
                 vec![ChatChunkChoice {
@@ -521,6 +526,7 @@ impl ChunkWriter {
                     logprobs: (self.logprobs && !tokens.is_empty())
                         .then(|| chat_logprobs(&self.service, tokens)),
                     finish_reason: finish,
+                    stop_reason,
                 }],
                 None,
             ),
@@ -531,6 +537,7 @@ impl ChunkWriter {
                         .then(|| completion_logprobs(&self.service, tokens, text_offset)),
                     text,
                     finish_reason: finish,
+                    stop_reason,
                 }],
                 None,
             ),
@@ -567,6 +574,7 @@ impl ChunkWriter {
                 logprobs: (self.logprobs && !tokens.is_empty())
                     .then(|| chat_logprobs(&self.service, tokens)),
                 finish_reason: Some(finish),
+                stop_reason: reason.stop_reason().cloned(),
             }],
             None,
         )
@@ -806,13 +814,7 @@ impl Forwarder {
                                 &state.tokens,
                                 reason,
                             )),
-                            None => self.writer.content(
-                                index,
-                                text,
-                                &[],
-                                0,
-                                Some(reason.as_openai_str()),
-                            ),
+                            None => self.writer.content(index, text, &[], 0, Some(reason)),
                         },
                     };
                     (chunk, unseen)

@@ -2,6 +2,8 @@
 
 use serde::Serialize;
 
+use crate::engine::StopReason;
+
 /// Token counts of a response.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Usage {
@@ -132,6 +134,9 @@ pub struct ChatChoice {
     pub logprobs: Option<ChatLogprobs>,
     /// Why generation ended.
     pub finish_reason: &'static str,
+    /// The stop string or stop token id that ended the choice (vLLM's `stop_reason`); `null`
+    /// at EOS, at the length limit and for a complete grammar.
+    pub stop_reason: Option<StopReason>,
 }
 
 /// A whole chat completion.
@@ -176,6 +181,8 @@ pub struct ChatChunkChoice {
     pub logprobs: Option<ChatLogprobs>,
     /// Set on the choice's last chunk.
     pub finish_reason: Option<&'static str>,
+    /// The stop string or stop token id that ended the choice, on its last chunk; else `null`.
+    pub stop_reason: Option<StopReason>,
 }
 
 /// A streamed chat chunk.
@@ -207,6 +214,9 @@ pub struct CompletionChoice {
     pub logprobs: Option<CompletionLogprobs>,
     /// Why generation ended (`null` until the last chunk).
     pub finish_reason: Option<&'static str>,
+    /// The stop string or stop token id that ended the choice (`null` until the last chunk,
+    /// and at EOS or the length limit).
+    pub stop_reason: Option<StopReason>,
 }
 
 /// A whole completion or a streamed completion chunk.
@@ -284,6 +294,7 @@ mod tests {
                 },
                 logprobs: None,
                 finish_reason: None,
+                stop_reason: None,
             }],
             usage: None,
         };
@@ -292,5 +303,14 @@ mod tests {
         assert!(value["choices"][0]["delta"].get("role").is_none());
         assert_eq!(value["choices"][0]["delta"]["content"], "hi");
         assert!(value["choices"][0]["finish_reason"].is_null());
+        assert!(value["choices"][0]["stop_reason"].is_null());
+    }
+
+    #[test]
+    fn stop_reason_is_the_string_or_the_token_id() {
+        let string = serde_json::to_value(Some(StopReason::String("END".into()))).unwrap();
+        assert_eq!(string, serde_json::json!("END"));
+        let token = serde_json::to_value(Some(StopReason::TokenId(7))).unwrap();
+        assert_eq!(token, serde_json::json!(7));
     }
 }
