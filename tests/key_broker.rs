@@ -9,7 +9,9 @@
 mod sealed_serve_support;
 mod support;
 
-use sealed_serve_support::{dev_config, key_releases, spawn_until_listening, terminate};
+use sealed_serve_support::{
+    dev_config, key_releases, serve_args, spawn_until_listening, terminate,
+};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -425,21 +427,11 @@ fn inferno(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
-/// `inferno serve` on `sealed` through the broker at `url`: the child and its banner.
-fn serve_args<'a>(sealed: &'a str, config: &'a str, url: &'a str) -> Vec<&'a str> {
-    vec![
-        "serve",
-        "--device",
-        "cpu",
-        "--listen",
-        "127.0.0.1:0",
-        "--model",
-        sealed,
-        "--config",
-        config,
-        "--key-broker",
-        url,
-    ]
+/// The arguments of `inferno serve` on `sealed` through the broker at `url`.
+fn broker_serve_args<'a>(sealed: &'a Path, config: &'a Path, url: &'a str) -> Vec<&'a str> {
+    let mut args = serve_args(sealed, config);
+    args.extend(["--key-broker", url]);
+    args
 }
 
 #[test]
@@ -490,11 +482,7 @@ fn serve_through_the_key_broker_and_verify_the_brokers_audit_log() {
     let run1 = w.join("run1");
     std::fs::create_dir(&run1).unwrap();
     let config = dev_config(&run1, "");
-    let (server, banner) = spawn_until_listening(&serve_args(
-        sealed.to_str().unwrap(),
-        config.to_str().unwrap(),
-        &url,
-    ));
+    let (server, banner) = spawn_until_listening(&broker_serve_args(&sealed, &config, &url));
     let digest = ModelDigest::of_dir(&committed_fixture("inferno-tiny"))
         .unwrap()
         .hex;
@@ -524,11 +512,7 @@ fn serve_through_the_key_broker_and_verify_the_brokers_audit_log() {
     let run2 = w.join("run2");
     std::fs::create_dir(&run2).unwrap();
     let config = dev_config(&run2, "");
-    let (code, _, stderr) = inferno(&serve_args(
-        other.to_str().unwrap(),
-        config.to_str().unwrap(),
-        &url,
-    ));
+    let (code, _, stderr) = inferno(&broker_serve_args(&other, &config, &url));
     assert_eq!(code, Some(1), "{stderr}");
     let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errors.len(), 1, "{stderr}");
@@ -567,17 +551,7 @@ fn serve_refuses_when_the_key_broker_is_down() {
         w,
         &format!("[model.key]\nsource = \"broker\"\nurl = \"{url}\"\nretries = 1\n"),
     );
-    let (code, _, stderr) = inferno(&[
-        "serve",
-        "--device",
-        "cpu",
-        "--listen",
-        "127.0.0.1:0",
-        "--model",
-        sealed.to_str().unwrap(),
-        "--config",
-        config.to_str().unwrap(),
-    ]);
+    let (code, _, stderr) = inferno(&serve_args(&sealed, &config));
     assert_eq!(code, Some(1), "{stderr}");
     let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errors.len(), 1, "{stderr}");

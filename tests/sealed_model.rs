@@ -7,7 +7,9 @@
 mod sealed_serve_support;
 mod support;
 
-use sealed_serve_support::{dev_config, key_releases, spawn_until_listening, terminate};
+use sealed_serve_support::{
+    dev_config, key_releases, serve_args, spawn_until_listening, terminate,
+};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -210,17 +212,7 @@ fn serve_opens_a_sealed_model_with_a_key_file_and_records_the_release() {
             key.display()
         ),
     );
-    let (child, banner) = spawn_until_listening(&[
-        "serve",
-        "--device",
-        "cpu",
-        "--listen",
-        "127.0.0.1:0",
-        "--model",
-        sealed.to_str().unwrap(),
-        "--config",
-        config.to_str().unwrap(),
-    ]);
+    let (child, banner) = spawn_until_listening(&serve_args(&sealed, &config));
     let digest = ModelDigest::of_dir(&committed_fixture("inferno-tiny"))
         .unwrap()
         .hex;
@@ -236,17 +228,7 @@ fn serve_opens_a_sealed_model_with_a_key_file_and_records_the_release() {
 /// containing `expected`, and record one refused key release.
 fn assert_serve_refuses(work: &Path, sealed: &Path, extra: &str, args: &[&str], expected: &str) {
     let config = dev_config(work, extra);
-    let mut all = vec![
-        "serve",
-        "--device",
-        "cpu",
-        "--listen",
-        "127.0.0.1:0",
-        "--model",
-        sealed.to_str().unwrap(),
-        "--config",
-        config.to_str().unwrap(),
-    ];
+    let mut all = serve_args(sealed, &config);
     all.extend_from_slice(args);
     let (code, _, stderr) = inferno(&all);
     assert_eq!(code, Some(1), "{stderr}");

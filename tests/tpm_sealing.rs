@@ -9,7 +9,9 @@ mod sealed_serve_support;
 #[path = "../attestation/tests/swtpm_support/mod.rs"]
 mod swtpm_support;
 
-use sealed_serve_support::{dev_config, key_releases, spawn_until_listening, terminate};
+use sealed_serve_support::{
+    dev_config, key_releases, serve_args, spawn_until_listening, terminate,
+};
 use std::path::Path;
 use std::process::Command;
 use std::str::FromStr as _;
@@ -132,17 +134,7 @@ fn serve_a_model_sealed_to_the_tpm_and_refuse_it_after_a_pcr_extend() {
     let run1 = w.join("run1");
     std::fs::create_dir(&run1).unwrap();
     let config = dev_config(&run1, &key_source);
-    let (child, banner) = spawn_until_listening(&[
-        "serve",
-        "--device",
-        "cpu",
-        "--listen",
-        "127.0.0.1:0",
-        "--model",
-        sealed.to_str().unwrap(),
-        "--config",
-        config.to_str().unwrap(),
-    ]);
+    let (child, banner) = spawn_until_listening(&serve_args(&sealed, &config));
     assert!(
         banner.contains(&ModelDigest::of_dir(&plain).unwrap().hex),
         "{banner}"
@@ -159,17 +151,7 @@ fn serve_a_model_sealed_to_the_tpm_and_refuse_it_after_a_pcr_extend() {
     let run2 = w.join("run2");
     std::fs::create_dir(&run2).unwrap();
     let config = dev_config(&run2, &key_source);
-    let (code, _, stderr) = inferno(&[
-        "serve",
-        "--device",
-        "cpu",
-        "--listen",
-        "127.0.0.1:0",
-        "--model",
-        sealed.to_str().unwrap(),
-        "--config",
-        config.to_str().unwrap(),
-    ]);
+    let (code, _, stderr) = inferno(&serve_args(&sealed, &config));
     assert_eq!(code, Some(1), "{stderr}");
     let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errors.len(), 1, "{stderr}");

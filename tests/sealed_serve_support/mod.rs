@@ -23,6 +23,22 @@ pub fn dev_config(work: &Path, extra: &str) -> PathBuf {
     config
 }
 
+/// The arguments of `inferno serve` on the CPU, on an ephemeral loopback port, for the model
+/// directory `sealed` and the config file `config`.
+pub fn serve_args<'a>(sealed: &'a Path, config: &'a Path) -> Vec<&'a str> {
+    vec![
+        "serve",
+        "--device",
+        "cpu",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        sealed.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+    ]
+}
+
 /// Spawns `inferno` with `args` and returns the child and its standard error up to the banner's
 /// `listening:` line (or all of it, should the process exit first).
 pub fn spawn_until_listening(args: &[&str]) -> (Child, String) {
