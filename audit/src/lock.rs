@@ -4,6 +4,7 @@
 //! when its holder exits, even by `kill -9`, so a stale lock file never blocks anything.
 
 use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{FlockOperation, flock};
@@ -45,6 +46,7 @@ impl DirLock {
             source,
         };
         let file = OpenOptions::new()
+            .mode(crate::fileops::PRIVATE_FILE_MODE)
             .create(true)
             .truncate(false)
             .write(true)

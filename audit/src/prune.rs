@@ -87,7 +87,7 @@ pub fn prune(dir: &Path, keep_segments: usize, export: &Path) -> Result<PruneOut
     if ckpts.checkpoints.is_empty() {
         return Err(PruneError::Uncovered(cut));
     }
-    let mut out = std::fs::File::create(export).map_err(io(export))?;
+    let mut out = crate::fileops::create_private(export).map_err(io(export))?;
     let mut frontier: Frontier = log.prefix.clone();
     for ((index, payload, _), hash) in payloads.iter().zip(&log.leaves) {
         if *index >= cut {
@@ -114,7 +114,7 @@ pub fn prune(dir: &Path, keep_segments: usize, export: &Path) -> Result<PruneOut
     let anchor_path = dir.join(ANCHOR_FILE);
     let tmp = dir.join(format!("{ANCHOR_FILE}.tmp"));
     let json = serde_json::to_vec_pretty(&anchor).map_err(|e| PruneError::Io(e.to_string()))?;
-    let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
+    let mut f = crate::fileops::create_private(&tmp).map_err(io(&tmp))?;
     f.write_all(&json).map_err(io(&tmp))?;
     f.sync_all().map_err(io(&tmp))?;
     std::fs::rename(&tmp, &anchor_path).map_err(io(&anchor_path))?;

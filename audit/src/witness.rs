@@ -84,7 +84,7 @@ pub fn load_state(path: &Path) -> Result<Option<WitnessState>, WitnessError> {
 pub fn store_state(path: &Path, note: &SignedNote) -> Result<(), WitnessError> {
     let io = |e: std::io::Error| WitnessError::Io(format!("{}: {e}", path.display()));
     let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(io)?;
+    let mut f = crate::fileops::create_private(&tmp).map_err(io)?;
     f.write_all(STATE_MAGIC.as_bytes()).map_err(io)?;
     f.write_all(note.render().as_bytes()).map_err(io)?;
     f.sync_all().map_err(io)?;

@@ -468,7 +468,7 @@ impl AuditLog {
         start: StartInfo,
     ) -> Result<Self, AuditError> {
         let dir = config.dir.clone();
-        std::fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
+        crate::fileops::make_private_dir(&dir).map_err(io_err("creating", &dir))?;
         // Held until the writer thread ends: no second writer, no prune, while the log is open.
         let lock = DirLock::try_acquire(&dir)?;
         let rec = recover(&dir, ops.as_ref())?;
