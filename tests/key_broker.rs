@@ -10,10 +10,9 @@ mod sealed_serve_support;
 mod support;
 
 use sealed_serve_support::{
-    dev_config, key_releases, serve_args, spawn_until_listening, terminate,
+    dev_config, inferno, key_releases, refused_serve, serve_args, spawn_until_listening, terminate,
 };
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -413,20 +412,6 @@ fn a_replayed_or_stale_challenge_is_refused() {
 
 // ---- the command line: `inferno keybroker`, `inferno seal --recipient`, `inferno serve` ----
 
-/// `inferno` with `args`: exit code, standard output, standard error.
-fn inferno(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
-        .args(args)
-        .env("RUST_LOG", "off")
-        .output()
-        .expect("run inferno");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// The arguments of `inferno serve` on `sealed` through the broker at `url`.
 fn broker_serve_args<'a>(sealed: &'a Path, config: &'a Path, url: &'a str) -> Vec<&'a str> {
     let mut args = serve_args(sealed, config);
@@ -512,18 +497,14 @@ fn serve_through_the_key_broker_and_verify_the_brokers_audit_log() {
     let run2 = w.join("run2");
     std::fs::create_dir(&run2).unwrap();
     let config = dev_config(&run2, "");
-    let (code, _, stderr) = inferno(&broker_serve_args(&other, &config, &url));
-    assert_eq!(code, Some(1), "{stderr}");
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(errors.len(), 1, "{stderr}");
+    let (error, stderr, _) = refused_serve(
+        &broker_serve_args(&other, &config, &url),
+        &run2.join("audit"),
+    );
     assert!(
-        errors[0].contains("sealed model refused")
-            && errors[0].contains("not released by this broker"),
+        error.contains("sealed model refused") && error.contains("not released by this broker"),
         "{stderr}"
     );
-    let releases = key_releases(&run2.join("audit"));
-    assert_eq!(releases.len(), 1, "{releases:?}");
-    assert!(!releases[0].0, "{releases:?}");
 
     // The broker's audit log: one release, one refusal, and it verifies.
     terminate(broker);
@@ -551,18 +532,7 @@ fn serve_refuses_when_the_key_broker_is_down() {
         w,
         &format!("[model.key]\nsource = \"broker\"\nurl = \"{url}\"\nretries = 1\n"),
     );
-    let (code, _, stderr) = inferno(&serve_args(&sealed, &config));
-    assert_eq!(code, Some(1), "{stderr}");
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(errors.len(), 1, "{stderr}");
-    assert!(
-        errors[0].contains("unavailable after 2 attempts"),
-        "{stderr}"
-    );
-    let releases = key_releases(&w.join("audit"));
-    assert_eq!(releases.len(), 1, "{releases:?}");
-    assert!(
-        !releases[0].0 && releases[0].1.contains("unavailable"),
-        "{releases:?}"
-    );
+    let (error, stderr, reason) = refused_serve(&serve_args(&sealed, &config), &w.join("audit"));
+    assert!(error.contains("unavailable after 2 attempts"), "{stderr}");
+    assert!(reason.contains("unavailable"), "{reason}");
 }

@@ -10,10 +10,9 @@ mod sealed_serve_support;
 mod swtpm_support;
 
 use sealed_serve_support::{
-    dev_config, key_releases, serve_args, spawn_until_listening, terminate,
+    dev_config, inferno, key_releases, refused_serve, serve_args, spawn_until_listening, terminate,
 };
 use std::path::Path;
-use std::process::Command;
 use std::str::FromStr as _;
 
 use inferno::model::ModelDigest;
@@ -86,20 +85,6 @@ fn the_key_unseals_with_matching_pcrs_only_and_only_on_its_tpm() {
     assert!(err.to_string().contains("TPM2_Unseal"), "{err}");
 }
 
-/// `inferno` with `args`: exit code, standard output, standard error.
-fn inferno(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
-        .args(args)
-        .env("RUST_LOG", "off")
-        .output()
-        .expect("run inferno");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn serve_a_model_sealed_to_the_tpm_and_refuse_it_after_a_pcr_extend() {
     let Some(tpm) = swtpm_support::start_swtpm() else {
@@ -151,16 +136,9 @@ fn serve_a_model_sealed_to_the_tpm_and_refuse_it_after_a_pcr_extend() {
     let run2 = w.join("run2");
     std::fs::create_dir(&run2).unwrap();
     let config = dev_config(&run2, &key_source);
-    let (code, _, stderr) = inferno(&serve_args(&sealed, &config));
-    assert_eq!(code, Some(1), "{stderr}");
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(errors.len(), 1, "{stderr}");
+    let (error, stderr, _) = refused_serve(&serve_args(&sealed, &config), &run2.join("audit"));
     assert!(
-        errors[0].contains("sealed model refused")
-            && errors[0].contains("changed since sealing: 16"),
+        error.contains("sealed model refused") && error.contains("changed since sealing: 16"),
         "{stderr}"
     );
-    let releases = key_releases(&run2.join("audit"));
-    assert_eq!(releases.len(), 1, "{releases:?}");
-    assert!(!releases[0].0, "{releases:?}");
 }

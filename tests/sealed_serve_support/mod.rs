@@ -90,3 +90,33 @@ pub fn key_releases(dir: &Path) -> Vec<(bool, String)> {
         })
         .collect()
 }
+
+/// Runs `inferno` with `args` to completion: its exit code, standard output and standard error.
+pub fn inferno(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(args)
+        .env("RUST_LOG", "off")
+        .output()
+        .expect("run inferno");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs `inferno` with `args`, which must refuse to serve: exit 1, exactly one `error:` line,
+/// and exactly one refused key release in the audit log in `audit_dir`. Returns that line (with
+/// the whole standard error, for messages) and the release's reason.
+pub fn refused_serve(args: &[&str], audit_dir: &Path) -> (String, String, String) {
+    let (code, _, stderr) = inferno(args);
+    assert_eq!(code, Some(1), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    let error = errors[0].to_owned();
+    let releases = key_releases(audit_dir);
+    assert_eq!(releases.len(), 1, "{releases:?}");
+    assert!(!releases[0].0, "{releases:?}");
+    let reason = releases[0].1.clone();
+    (error, stderr, reason)
+}
