@@ -114,7 +114,7 @@ fn spec(logprobs: Option<u32>) -> SampleSpec<'static> {
         prompt: &[],
         output: &[],
         logprobs,
-        constrained: false,
+        mask: None,
     }
 }
 
@@ -867,7 +867,7 @@ fn device_sampler_agrees_with_the_reference_sampler_in_every_mode() {
                     prompt: &seqs[r].tokens,
                     output: &outputs[r],
                     logprobs: (r % 4 == 0).then_some(3),
-                    constrained: false,
+                    mask: None,
                 })
                 .collect();
             let rows = decode_rows(&seqs, &specs);
