@@ -173,7 +173,11 @@ mod tests {
         assert_eq!(flash_tile_tokens(7, 128, 9), 9);
         assert_eq!(flash_tile_tokens(65, 128, 9), 0);
         assert_eq!(flash_tile_tokens(4, 256, 9), 0, "head_dim above 128");
-        assert_eq!(flash_tile_tokens(4, 72, 9), 0, "head_dim not a multiple of 16");
+        assert_eq!(
+            flash_tile_tokens(4, 72, 9),
+            0,
+            "head_dim not a multiple of 16"
+        );
         assert_eq!(flash_tile_tokens(4, 128, 7), 0, "no bf16 mma before sm_80");
         assert_eq!(FLASH_THREADS, 128);
     }
