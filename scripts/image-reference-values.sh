@@ -21,7 +21,8 @@
 #     from it, computed by `cargo run -p inferno-attestation --example tdx_mrtd`
 #     (inferno_attestation::tdx_measurement), which refuses to print a value the igvm crate's
 #     independent implementation of the TDX module's hashing disagrees on. Without it the
-#     [tdx] mrtd list stays empty. RTMR0-2 are not listed (docs/deploy-airgapped.md, section 7).
+#     [tdx] mrtd list stays empty. RTMR0-2 are not enforced (docs/deploy-airgapped.md, section 7);
+#     RTMR2 of measured direct boot and its event digests are recorded in [inputs].
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=$(realpath "${1:-$here/image/out}")
@@ -87,9 +88,12 @@ tdvf=${INFERNO_TDVF:-}
 mrtd=
 if [ -n "$tdvf" ]; then
     tdvf=$(realpath "$tdvf")
-    mrtd=$(cd "$here" && cargo run -q -p inferno-attestation --example tdx_mrtd -- "$tdvf" |
-        sed -n 's/^mrtd //p')
-    [ -n "$mrtd" ] || { echo "tdx_mrtd computed no MRTD for $tdvf" >&2; exit 1; }
+    tdx_lines=$(cd "$here" && cargo run -q -p inferno-attestation --example tdx_mrtd -- \
+        "$tdvf" "$out/$name.initrd" "$cmdline")
+    tdx_value() { printf '%s\n' "$tdx_lines" | sed -n "s/^$1 //p"; }
+    mrtd=$(tdx_value mrtd)
+    [ -n "$mrtd" ] && [ -n "$(tdx_value rtmr2)" ] ||
+        { echo "tdx_mrtd computed no MRTD or RTMR2 for $tdvf" >&2; exit 1; }
     crate_version() { grep -A1 "^name = \"$1\"$" "$here/Cargo.lock" | sed -n 's/^version = "\(.*\)"/\1/p'; }
     attestation_version=$(crate_version inferno-attestation)
     igvm_version=$(crate_version igvm)
@@ -148,6 +152,13 @@ tdvf_sha256 = "$(sha "$tdvf")"
 tdvf_build = "$(head -1 "$tdvf.build-info" 2>/dev/null || echo "unknown: no $tdvf.build-info")"
 tdvf_toolchain = "$(tail -n +2 "$tdvf.build-info" 2>/dev/null | paste -sd ';' | sed 's/;/; /g')"
 tdx_vmm = "QEMU with upstream Linux KVM TDX: sections in metadata order, each page added then its 256-byte chunks extended"
+# RTMR2 of measured direct boot as the artifacts determine it: the kernel's EFI stub measures the
+# UEFI load options (the command line plus " initrd=initrd", UTF-16 with a NUL), then the initrd.
+# NOT enforced ([tdx] lists no rtmr2): no TD launch has shown this value in its event log yet.
+tdx_load_options = "$cmdline initrd=initrd"
+tdx_load_options_sha384 = "$(tdx_value load_options_sha384)"
+initrd_sha384 = "$(tdx_value initrd_sha384)"
+tdx_rtmr2_direct_boot = "$(tdx_value rtmr2)"
 TOML
 fi
 cat <<TOML
@@ -196,9 +207,9 @@ if [ -n "$tdvf" ]; then
 
 [tdx]
 # MRTD of a TD built from the TDVF above; inferno_attestation::tdx_measurement and the igvm
-# crate agree on it. RTMR0-2 are not listed (any value passes): RTMR0 depends on the host's
-# ACPI tables and memory layout, RTMR1-2 on the firmware's boot events (section 7 of
-# docs/deploy-airgapped.md).
+# crate agree on it. RTMR0-2 are not listed (any value passes): RTMR0 and RTMR1 depend on the
+# host (ACPI tables, memory size, QEMU's kernel header patching), and RTMR2 ([inputs]
+# tdx_rtmr2_direct_boot) awaits confirmation by a TD launch (docs/deploy-airgapped.md, section 7).
 mrtd = ["$mrtd"]
 TOML
 else

@@ -1,12 +1,16 @@
 //! Prints the TDVF's metadata sections and the MRTD of a TD built from it, computed by
 //! [`inferno_attestation::tdx_measurement`] and cross-checked against the `igvm` crate's
-//! independent implementation of the TDX module's hashing:
+//! independent implementation of the TDX module's hashing; given an initrd and a command line,
+//! also RTMR2 of measured direct boot and its two event digests:
 //!
 //! ```text
-//! cargo run -p inferno-attestation --example tdx_mrtd -- OVMF.inteltdx.fd
+//! cargo run -p inferno-attestation --example tdx_mrtd -- OVMF.inteltdx.fd [INITRD CMDLINE]
 //! section 0 BFV raw 0x84000+0x37c000 memory 0xffc84000+0x37c000 attributes 0x1
 //! ...
 //! mrtd <96 hex digits>
+//! load_options_sha384 <96 hex digits>
+//! initrd_sha384 <96 hex digits>
+//! rtmr2 <96 hex digits>
 //! ```
 //!
 //! It exits with status 2 and one error line if the firmware has no TDX metadata or the two
@@ -16,7 +20,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use inferno_attestation::tdx_measurement::Tdvf;
+use inferno_attestation::tdx_measurement::{Tdvf, direct_boot_rtmr2};
 
 #[path = "../tests/tdx_support/igvm_mrtd.rs"]
 mod igvm_mrtd;
@@ -32,8 +36,13 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Vec<String>) -> Result<(), String> {
-    let [firmware] =
-        <[String; 1]>::try_from(args).map_err(|_| "usage: tdx_mrtd TDVF".to_string())?;
+    let (firmware, boot) = match <[String; 3]>::try_from(args) {
+        Ok([firmware, initrd, cmdline]) => (firmware, Some((initrd, cmdline))),
+        Err(args) => match <[String; 1]>::try_from(args) {
+            Ok([firmware]) => (firmware, None),
+            Err(_) => return Err("usage: tdx_mrtd TDVF [INITRD CMDLINE]".to_string()),
+        },
+    };
     let tdvf = Tdvf::from_file(&PathBuf::from(&firmware)).map_err(|e| e.to_string())?;
     for (i, s) in tdvf.sections().iter().enumerate() {
         println!(
@@ -56,5 +65,15 @@ fn run(args: Vec<String>) -> Result<(), String> {
         ));
     }
     println!("mrtd {}", hex::encode(mrtd));
+    if let Some((initrd, cmdline)) = boot {
+        let rtmr2 =
+            direct_boot_rtmr2(&cmdline, &PathBuf::from(initrd)).map_err(|e| e.to_string())?;
+        println!(
+            "load_options_sha384 {}",
+            hex::encode(rtmr2.load_options_sha384)
+        );
+        println!("initrd_sha384 {}", hex::encode(rtmr2.initrd_sha384));
+        println!("rtmr2 {}", hex::encode(rtmr2.rtmr2));
+    }
     Ok(())
 }

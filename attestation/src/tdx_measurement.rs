@@ -30,7 +30,16 @@
 //! from the footer). The entry `e47a6535-984a-4798-865e-4685a7bf8ec2` holds a u32: the
 //! distance from the end of the image to the metadata descriptor (`TDVF`, length, version 1,
 //! section count, then 32 bytes per section).
+//!
+//! RTMR2 of measured direct boot ([`direct_boot_rtmr2`]) is what the boot chain would extend
+//! into it from the image's artifacts alone: the TDVF's QEMU loader hands the kernel the
+//! command line as UEFI load options (UTF-16, ` initrd=initrd` appended when QEMU passes an
+//! initrd, NUL-terminated), and the kernel's EFI stub measures the load options and then the
+//! initrd into PCR 9, which the TDVF maps to RTMR2. No TD launch has confirmed this value, so the
+//! reference values record it without enforcing it; RTMR0 and RTMR1 depend on the host
+//! (docs/deploy-airgapped.md, section 7).
 
+use std::io::Read;
 use std::path::Path;
 
 use sha2::{Digest, Sha384};
@@ -103,13 +112,19 @@ pub enum TdxMeasurementError {
     },
     /// The image has no OVMF GUIDed table, or the table has no TDX metadata entry: it is not a
     /// TDX firmware (e.g. the AmdSev OVMF).
-    #[error(
-        "the firmware has no TDX metadata ({0}): use a TDX firmware (scripts/tdvf-build.sh)"
-    )]
+    #[error("the firmware has no TDX metadata ({0}): use a TDX firmware (scripts/tdvf-build.sh)")]
     NoTdxMetadata(&'static str),
     /// The TDX metadata is present but malformed or inconsistent with the image.
     #[error("malformed TDX metadata: {0}")]
     Malformed(String),
+    /// The initrd could not be read.
+    #[error("cannot read the initrd {path}: {source}")]
+    ReadInitrd {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
     /// A section whose content the host provides (the TD HOB) is marked `MR.EXTEND`, so MRTD
     /// would depend on the host.
     #[error(
@@ -380,7 +395,12 @@ fn check_section(
     section: TdvfSection,
     image_len: usize,
 ) -> Result<TdvfSection, TdxMeasurementError> {
-    let bad = |reason: String| malformed(format!("section {index} ({}): {reason}", section.section_type));
+    let bad = |reason: String| {
+        malformed(format!(
+            "section {index} ({}): {reason}",
+            section.section_type
+        ))
+    };
     if section.memory_address % PAGE_SIZE != 0 {
         return Err(bad(format!(
             "memory address {:#x} is not page-aligned",
@@ -393,7 +413,11 @@ fn check_section(
             section.memory_data_size
         )));
     }
-    if section.memory_address.checked_add(section.memory_data_size).is_none() {
+    if section
+        .memory_address
+        .checked_add(section.memory_data_size)
+        .is_none()
+    {
         return Err(bad("memory range overflows".into()));
     }
     if u64::from(section.raw_data_size) > section.memory_data_size {
@@ -455,4 +479,76 @@ fn find_table_entry<'a>(
         end -= entry_len;
     }
     Ok(None)
+}
+
+/// The UEFI load options the TDVF's QEMU kernel loader gives a directly booted kernel: the
+/// command line with ` initrd=initrd` appended when an initrd is passed, as UTF-16LE with a
+/// terminating NUL (each command-line byte widened to one UTF-16 unit, as the firmware does).
+pub fn direct_boot_load_options(cmdline: &str, with_initrd: bool) -> Vec<u8> {
+    let suffix = if with_initrd { " initrd=initrd" } else { "" };
+    cmdline
+        .bytes()
+        .chain(suffix.bytes())
+        .chain(std::iter::once(0))
+        .flat_map(|b| u16::from(b).to_le_bytes())
+        .collect()
+}
+
+/// Extends a measurement register: SHA-384 of its value followed by the digest.
+pub fn rtmr_extend(register: &[u8; MRTD_LEN], digest: &[u8; MRTD_LEN]) -> [u8; MRTD_LEN] {
+    let mut hasher = Sha384::new();
+    hasher.update(register);
+    hasher.update(digest);
+    hasher.finalize().into()
+}
+
+/// RTMR2 of measured direct boot as the image's artifacts determine it, with its two events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectBootRtmr2 {
+    /// The load options ([`direct_boot_load_options`]) the kernel's EFI stub measures.
+    pub load_options: Vec<u8>,
+    /// SHA-384 of the load options: the first event's digest.
+    pub load_options_sha384: [u8; MRTD_LEN],
+    /// SHA-384 of the initrd: the second event's digest.
+    pub initrd_sha384: [u8; MRTD_LEN],
+    /// RTMR2: zero extended with the two digests in that order.
+    pub rtmr2: [u8; MRTD_LEN],
+}
+
+/// RTMR2 of measured direct boot with the command line `cmdline` and the initrd file `initrd`:
+/// the kernel's EFI stub extends PCR 9 (RTMR2 in a TD) with SHA-384 of the load options
+/// (event tag `LOADED_IMAGE::LoadOptions`), then with SHA-384 of the initrd (`Linux initrd`).
+/// It assumes that nothing else extends RTMR2 before the value is quoted (true of the TDVF and
+/// a kernel without RTMR-extending IMA; not confirmed on a TD).
+pub fn direct_boot_rtmr2(
+    cmdline: &str,
+    initrd: &Path,
+) -> Result<DirectBootRtmr2, TdxMeasurementError> {
+    let read_error = |source| TdxMeasurementError::ReadInitrd {
+        path: initrd.display().to_string(),
+        source,
+    };
+    let mut file = std::fs::File::open(initrd).map_err(read_error)?;
+    let mut hasher = Sha384::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buffer).map_err(read_error)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buffer[..n]);
+    }
+    let initrd_sha384: [u8; MRTD_LEN] = hasher.finalize().into();
+    let load_options = direct_boot_load_options(cmdline, true);
+    let load_options_sha384: [u8; MRTD_LEN] = Sha384::digest(&load_options).into();
+    let rtmr2 = rtmr_extend(
+        &rtmr_extend(&[0; MRTD_LEN], &load_options_sha384),
+        &initrd_sha384,
+    );
+    Ok(DirectBootRtmr2 {
+        load_options,
+        load_options_sha384,
+        initrd_sha384,
+        rtmr2,
+    })
 }

@@ -9,7 +9,10 @@ use std::path::PathBuf;
 
 use inferno_attestation::policy::LoadedPolicy;
 use inferno_attestation::reference_values::ReferenceValues;
-use inferno_attestation::tdx_measurement::{SectionType, Tdvf, TdxMeasurementError};
+use inferno_attestation::tdx_measurement::{
+    SectionType, Tdvf, TdxMeasurementError, direct_boot_load_options, direct_boot_rtmr2,
+    rtmr_extend,
+};
 use serde::Deserialize;
 use sha2::{Digest, Sha256, Sha384};
 
@@ -33,8 +36,7 @@ fn testdata() -> PathBuf {
 }
 
 fn vectors() -> Vectors {
-    let text =
-        std::fs::read_to_string(testdata().join("tdx-measurement/vectors.toml")).unwrap();
+    let text = std::fs::read_to_string(testdata().join("tdx-measurement/vectors.toml")).unwrap();
     toml::from_str(&text).unwrap()
 }
 
@@ -113,13 +115,11 @@ fn mrtd_covers_the_measured_code_but_not_the_variable_store() {
 
 /// On-disk bytes of the OVMF GUIDed table's footer GUID 96b582de-1fb2-45f7-baea-a366c55a082d.
 const FOOTER_GUID: [u8; 16] = [
-    0xde, 0x82, 0xb5, 0x96, 0xb2, 0x1f, 0xf7, 0x45, 0xba, 0xea, 0xa3, 0x66, 0xc5, 0x5a, 0x08,
-    0x2d,
+    0xde, 0x82, 0xb5, 0x96, 0xb2, 0x1f, 0xf7, 0x45, 0xba, 0xea, 0xa3, 0x66, 0xc5, 0x5a, 0x08, 0x2d,
 ];
 /// On-disk bytes of the TDX metadata offset GUID e47a6535-984a-4798-865e-4685a7bf8ec2.
 const TDX_OFFSET_GUID: [u8; 16] = [
-    0x35, 0x65, 0x7a, 0xe4, 0x4a, 0x98, 0x98, 0x47, 0x86, 0x5e, 0x46, 0x85, 0xa7, 0xbf, 0x8e,
-    0xc2,
+    0x35, 0x65, 0x7a, 0xe4, 0x4a, 0x98, 0x98, 0x47, 0x86, 0x5e, 0x46, 0x85, 0xa7, 0xbf, 0x8e, 0xc2,
 ];
 /// Any other GUID, for an entry the parser must step over.
 const OTHER_GUID: [u8; 16] = [0x11; 16];
@@ -172,7 +172,10 @@ fn synthetic_image(sections: &[Section], with_tdx_entry: bool) -> Vec<u8> {
     };
     entry(&[0xaa; 6], &OTHER_GUID);
     if with_tdx_entry {
-        entry(&((IMAGE_LEN - METADATA_AT) as u32).to_le_bytes(), &TDX_OFFSET_GUID);
+        entry(
+            &((IMAGE_LEN - METADATA_AT) as u32).to_le_bytes(),
+            &TDX_OFFSET_GUID,
+        );
     }
     let total = table.len() + 18;
     table.extend_from_slice(&(total as u16).to_le_bytes());
@@ -300,7 +303,10 @@ fn malformed_metadata_is_refused_naming_the_fault() {
     refuse(synthetic_image(&raw_too_big, true), "exceeds memory size");
     let mut unknown_attribute = SECTIONS;
     unknown_attribute[2].5 = 4;
-    refuse(synthetic_image(&unknown_attribute, true), "unknown attributes");
+    refuse(
+        synthetic_image(&unknown_attribute, true),
+        "unknown attributes",
+    );
 }
 
 #[test]
@@ -338,4 +344,109 @@ fn the_shipped_reference_values_list_the_built_tdvf_mrtd_and_production_accepts_
     let prod = LoadedPolicy::from_file(&root().join("policy/production.toml")).unwrap();
     let accepted = prod.policy.tdx.as_ref().unwrap().mrtd.clone();
     assert_eq!(accepted, Some(vec![v.mrtd.clone()]));
+}
+
+// --- RTMR2 of measured direct boot ---
+
+#[test]
+fn direct_boot_load_options_are_the_command_line_and_initrd_in_utf16_with_a_nul() {
+    let with = direct_boot_load_options("console=ttyS0 ro", true);
+    let expected: Vec<u8> = "console=ttyS0 ro initrd=initrd\0"
+        .encode_utf16()
+        .flat_map(u16::to_le_bytes)
+        .collect();
+    assert_eq!(with, expected);
+    assert_eq!(&with[..4], b"c\0o\0");
+    assert_eq!(&with[with.len() - 2..], b"\0\0");
+    assert_eq!(
+        direct_boot_load_options("quiet", false),
+        b"q\0u\0i\0e\0t\0\0\0".to_vec()
+    );
+}
+
+#[test]
+fn direct_boot_rtmr2_extends_zero_with_the_load_options_then_the_initrd() {
+    let dir = tempfile::tempdir().unwrap();
+    let initrd = dir.path().join("initrd");
+    std::fs::write(&initrd, b"an initrd of a few bytes").unwrap();
+    let got = direct_boot_rtmr2("console=ttyS0", &initrd).unwrap();
+
+    let options: Vec<u8> = "console=ttyS0 initrd=initrd\0"
+        .encode_utf16()
+        .flat_map(u16::to_le_bytes)
+        .collect();
+    let options_digest = Sha384::digest(&options);
+    let initrd_digest = Sha384::digest(b"an initrd of a few bytes");
+    let mut first = Sha384::new();
+    first.update([0u8; 48]);
+    first.update(options_digest);
+    let first = first.finalize();
+    let mut second = Sha384::new();
+    second.update(first);
+    second.update(initrd_digest);
+    let rtmr2: [u8; 48] = second.finalize().into();
+
+    assert_eq!(got.load_options, options);
+    assert_eq!(got.load_options_sha384[..], options_digest[..]);
+    assert_eq!(got.initrd_sha384[..], initrd_digest[..]);
+    assert_eq!(got.rtmr2, rtmr2);
+    // The order of the events matters.
+    assert_ne!(
+        rtmr_extend(
+            &rtmr_extend(&[0; 48], &got.initrd_sha384),
+            &got.load_options_sha384
+        ),
+        got.rtmr2
+    );
+
+    let err = direct_boot_rtmr2("console=ttyS0", &dir.path().join("absent")).unwrap_err();
+    assert!(err.to_string().contains("cannot read the initrd"), "{err}");
+}
+
+#[test]
+fn the_shipped_rtmr2_inputs_follow_from_the_command_line_and_the_initrd_digest() {
+    let values = ReferenceValues::from_bytes(
+        &std::fs::read(root().join("policy/reference-values.toml")).unwrap(),
+    )
+    .unwrap();
+    let inputs = &values.inputs;
+    let cmdline = &inputs["cmdline"];
+    assert_eq!(
+        inputs["tdx_load_options"],
+        format!("{cmdline} initrd=initrd")
+    );
+    let options_digest: [u8; 48] = Sha384::digest(direct_boot_load_options(cmdline, true)).into();
+    assert_eq!(
+        inputs["tdx_load_options_sha384"],
+        hex::encode(options_digest)
+    );
+    let initrd_digest: [u8; 48] = hex::decode(&inputs["initrd_sha384"])
+        .unwrap()
+        .try_into()
+        .unwrap();
+    let rtmr2 = rtmr_extend(&rtmr_extend(&[0; 48], &options_digest), &initrd_digest);
+    assert_eq!(inputs["tdx_rtmr2_direct_boot"], hex::encode(rtmr2));
+    // Recorded, not enforced: no TD launch has confirmed it.
+    let tdx = values.tdx.as_ref().unwrap();
+    assert_eq!((&tdx.rtmr0, &tdx.rtmr1, &tdx.rtmr2), (&None, &None, &None));
+}
+
+#[test]
+#[ignore = "needs the production image's split artifacts: INFERNO_IMAGE_OUT=DIR with inferno.initrd and inferno.cmdline (image/build)"]
+fn the_shipped_rtmr2_is_that_of_the_appliance_image() {
+    let dir = PathBuf::from(std::env::var("INFERNO_IMAGE_OUT").expect("INFERNO_IMAGE_OUT"));
+    let cmdline = std::fs::read_to_string(dir.join("inferno.cmdline")).unwrap();
+    let got = direct_boot_rtmr2(&cmdline.replace('\0', ""), &dir.join("inferno.initrd")).unwrap();
+    let values = ReferenceValues::from_bytes(
+        &std::fs::read(root().join("policy/reference-values.toml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        values.inputs["initrd_sha384"],
+        hex::encode(got.initrd_sha384)
+    );
+    assert_eq!(
+        values.inputs["tdx_rtmr2_direct_boot"],
+        hex::encode(got.rtmr2)
+    );
 }

@@ -641,7 +641,10 @@ fn tdx_quote_from_another_firmware_is_refused_by_the_shipped_mrtd_naming_it() {
     assert!(mrtd.starts_with("91eb2b44"));
     assert!(!shipped.contains(&mrtd));
     let reason = &refused.failures().next().unwrap().reason;
-    assert!(reason.contains(&mrtd), "the failure names the MRTD: {reason}");
+    assert!(
+        reason.contains(&mrtd),
+        "the failure names the MRTD: {reason}"
+    );
     assert!(reason.contains("reference values"), "{reason}");
     // The same values with the quote's MRTD added accept it.
     let (policy, _) = policy_with_shipped_reference_values(Some(&mrtd));
