@@ -1,29 +1,94 @@
-// Flash-style causal attention for prefill tiles, reading the whole context from the paged cache.
+// Causal prefill attention on tensor cores (FlashAttention-2 style), reading the whole context
+// from the paged cache.
 //
 // A tile is up to F_TOKENS consecutive tokens of one sequence (the host packs (first token, count)
-// per tile); grid (tiles, NUM_KV_HEADS), F_WARPS warps per block. A block holds the tile's
-// F_ROWS = F_TOKENS * GROUP query vectors of one KV head in shared memory (scaled, fp32) and walks
-// the sequence's KV blocks from the paged cache, KV_BLOCK keys at a time, staged in shared memory
-// as bf16: every key and value is read once per tile and KV head instead of once per query token.
-// The QKV kernel has already written this step's keys and values, so earlier chunks (chunked
-// prefill) and cached prefix blocks are read exactly like this step's own keys.
-// Each warp owns F_ROWS / F_WARPS = 4 query vectors, 8 lanes each: for a KV block, lane l scores
-// its row against keys (l % 8) and (l % 8) + 8, the 8 lanes of a row merge the row's maximum and
-// sum (online softmax, causal and sliding-window masks per query position), then each lane
-// accumulates HEAD_DIM / 8 output dimensions of its row. The result, divided by the softmax sum,
-// is written as bf16 to out [T, NUM_Q_HEADS * HEAD_DIM], like attention_reduce writes.
-// F_ROWS equals FLASH_ROWS in src/backend/cuda/plan.rs (a unit test checks it).
+// per tile); grid (tiles, NUM_KV_HEADS), F_WARPS = F_ROWS / 16 warps per block. A block serves the
+// tile's query vectors r = token * GROUP + g (g: the query heads of one KV head), F_ROWS rows of
+// which each warp owns 16, and walks the sequence's keys F_KEYS at a time. The keys and values of
+// each key tile (this KV head's rows of two cache blocks) are copied into shared memory with
+// cp.async, in two stages: the next tile's copy runs while the warps use this one. Rows are padded
+// to HEAD_DIM + 8 bf16 so the ldmatrix reads of eight rows hit eight different banks. Each key and
+// value is thus read once per tile and KV head, for all its query rows. The QKV kernel has already
+// written this step's keys and values, so earlier chunks (chunked prefill) and cached prefix
+// blocks are read exactly like this step's own; slots outside [first position, last position]
+// of the tile's rows are never read (their stage is filled with zeros).
+//
+// Per warp and key tile (mma.sync m16n8k16, bf16 inputs, fp32 accumulation):
+//   S = Q K^T: the warp's 16 query rows (A fragments, loaded once from global memory) against the
+//       tile's keys (B fragments by ldmatrix from the staged rows);
+//   scores scaled into the log2 domain, masked (causal: key <= the row's position; sliding
+//       window: key > position - SLIDING_WINDOW), online softmax per row (max and sum, exp2);
+//   O += P V: P rounded to bf16 straight from the S accumulators (their fragment layout is the A
+//       layout of the next product), V by ldmatrix.trans.
+// A key tile entirely after a warp's last row position is skipped by that warp (causal skip).
+// At the end the 4 lanes of a row merge their partial sums and the block writes O / sum as bf16 to
+// out [T, NUM_Q_HEADS * HEAD_DIM], like attention_reduce writes.
+//
+// F_ROWS comes from the host (src/backend/cuda/plan.rs, FLASH_ROWS). The kernel serves head_dim
+// multiples of 16 up to 128 on sm_80 or newer; for other shapes the host sends prefill through the
+// paged kernel (plan::flash_tile_tokens returns 0) and this entry point is an empty body.
+// Measured on an H100 (docs/benchmarks.md): 64 rows beat 128, two 32-key stages beat one 64-key
+// stage loaded synchronously.
 
-#define F_ROWS 32
-#define F_WARPS 8
 #define F_GROUP (NUM_Q_HEADS / NUM_KV_HEADS)
-#define F_TOKENS (F_GROUP <= F_ROWS ? F_ROWS / F_GROUP : 1)
-#define F_DIMS ((HEAD_DIM + 7) / 8)
-#define F_QSTRIDE (HEAD_DIM + 1)
-#define F_KSTRIDE (HEAD_DIM + 2)
+#define F_WARPS (F_ROWS / 16)
+#define F_TOKENS (F_ROWS / F_GROUP)
+#define F_KEYS 32
+#define F_STRIDE (HEAD_DIM + 8)
+#define F_DSTEPS (HEAD_DIM / 16)
+#define F_DTILES (HEAD_DIM / 8)
+#define F_KTILES (F_KEYS / 8)
+#define F_CHUNKS (HEAD_DIM / 8)
+#define F_LOG2E 1.4426950408889634f
 
-#if KV_BLOCK != 16
-#error "prefill_attention assumes 16-token KV blocks (two keys per lane, eight lanes per row)"
+#if HEAD_DIM % 16 == 0 && HEAD_DIM <= 128 && F_GROUP <= F_ROWS && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
+#define F_SUPPORTED 1
+#else
+#define F_SUPPORTED 0
+#endif
+
+#if F_SUPPORTED
+// The shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ unsigned int f_shared_address(const void* p) {
+    unsigned int address;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(address) : "l"(p));
+    return address;
+}
+
+// Four 8x8 bf16 matrices from shared memory (thread i names row i % 8 of matrix i / 8).
+__device__ __forceinline__ void f_ldmatrix_x4(unsigned int address, unsigned int* r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+}
+
+// The same, each matrix transposed.
+__device__ __forceinline__ void f_ldmatrix_x4_trans(unsigned int address, unsigned int* r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+}
+
+// Copies 16 bytes from global to shared memory asynchronously (zeros when `valid` is false).
+__device__ __forceinline__ void f_copy16_async(unsigned int dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+
+// c (16x8 fp32) += a (16x16 bf16, row-major) * b (16x8 bf16, column-major).
+__device__ __forceinline__ void f_mma(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats rounded to bf16 and packed, `lo` in the low half.
+__device__ __forceinline__ unsigned int f_pack_bf16(float lo, float hi) {
+    unsigned int packed;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
+    return packed;
+}
 #endif
 
 extern "C" __global__ void __launch_bounds__(F_WARPS * 32)
@@ -37,120 +102,200 @@ prefill_attention(const bf16* __restrict__ q,
                   const int* __restrict__ tiles,
                   float scale,
                   bf16* __restrict__ out) {
-    __shared__ float qs[F_ROWS * F_QSTRIDE];
-    __shared__ bf16 ks[KV_BLOCK * F_KSTRIDE];
-    __shared__ bf16 vs[KV_BLOCK * F_KSTRIDE];
+#if F_SUPPORTED
+    // Two stages of keys and values: the next tile is copied while this one is used.
+    __shared__ __align__(16) bf16 ks[2][F_KEYS * F_STRIDE];
+    __shared__ __align__(16) bf16 vs[2][F_KEYS * F_STRIDE];
 
     const int t0 = tiles[2 * blockIdx.x];
-    const int count = tiles[2 * blockIdx.x + 1];
+    const int tokens = min(tiles[2 * blockIdx.x + 1], F_TOKENS);
     const int kvh = blockIdx.y;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const int row = token_row[t0];
-    const int* table = block_tables + (size_t)row * (*max_blocks_word);
-    const int rows_used = min(min(count, F_TOKENS) * F_GROUP, F_ROWS);
+    const int* table = block_tables + (size_t)token_row[t0] * (*max_blocks_word);
+    const int rows_used = tokens * F_GROUP;
 
-    // Query vectors r = token * GROUP + g, pre-scaled.
-    for (int i = threadIdx.x; i < F_ROWS * HEAD_DIM; i += blockDim.x) {
-        const int r = i / HEAD_DIM;
-        const int d = i % HEAD_DIM;
-        float v = 0.0f;
-        if (r < rows_used) {
-            const int t = t0 + r / F_GROUP;
-            const int h = kvh * F_GROUP + r % F_GROUP;
-            v = bf16_to_f32(q[((size_t)t * NUM_Q_HEADS + h) * HEAD_DIM + d]) * scale;
-        }
-        qs[r * F_QSTRIDE + d] = v;
-    }
-
-    // This lane's row and its query position (-1: an unused row, every key masked).
-    const int my_row = warp * 4 + (lane >> 3);
-    const int sub = lane & 7;
-    const int my_pos = my_row < rows_used ? positions[t0 + my_row / F_GROUP] : -1;
-    int my_lo = 0;
-#if SLIDING_WINDOW > 0
-    my_lo = max(0, my_pos + 1 - SLIDING_WINDOW);
-#endif
-    const int last_pos = positions[t0 + min(count, F_TOKENS) - 1];
+    // The block's key range: from the first token's window start to the last token's position.
+    const int last_pos = positions[t0 + tokens - 1];
     int first_pos = 0;
 #if SLIDING_WINDOW > 0
     first_pos = max(0, positions[t0] + 1 - SLIDING_WINDOW);
 #endif
 
-    float m = -INFINITY;
-    float l = 0.0f;
-    float acc[F_DIMS];
-#pragma unroll
-    for (int i = 0; i < F_DIMS; ++i) acc[i] = 0.0f;
+    // This thread's two rows of the warp's 16 (fragment rows lane / 4 and lane / 4 + 8), their
+    // positions (-1: an unused row, every key masked), and the warp's last position.
+    const int quad = lane >> 2;
+    const int pair = (lane & 3) * 2;
+    const int row_a = warp * 16 + quad;
+    const int row_b = row_a + 8;
+    const int pos_a = row_a < rows_used ? positions[t0 + row_a / F_GROUP] : -1;
+    const int pos_b = row_b < rows_used ? positions[t0 + row_b / F_GROUP] : -1;
+    const int warp_last_row = min(warp * 16 + 15, rows_used - 1);
+    const int warp_last_pos = warp * 16 < rows_used ? positions[t0 + warp_last_row / F_GROUP] : -1;
 
-    for (int b = first_pos / KV_BLOCK; b <= last_pos / KV_BLOCK; ++b) {
-        __syncthreads();
-        const size_t base = (size_t)table[b] * KV_BLOCK;
-        for (int i = threadIdx.x; i < KV_BLOCK * HEAD_DIM; i += blockDim.x) {
-            const int k = i / HEAD_DIM;
-            const int d = i % HEAD_DIM;
-            const size_t src = ((base + k) * NUM_KV_HEADS + kvh) * HEAD_DIM + d;
-            ks[k * F_KSTRIDE + d] = k_cache[src];
-            vs[k * F_KSTRIDE + d] = v_cache[src];
+    // Q fragments: rows a and b, dimensions pair and pair + 8 of every 16-dimension step.
+    unsigned int qa[F_DSTEPS][4];
+    {
+        const bf16* qrow_a = q + ((size_t)(t0 + row_a / F_GROUP) * NUM_Q_HEADS + kvh * F_GROUP + row_a % F_GROUP) * HEAD_DIM;
+        const bf16* qrow_b = q + ((size_t)(t0 + row_b / F_GROUP) * NUM_Q_HEADS + kvh * F_GROUP + row_b % F_GROUP) * HEAD_DIM;
+#pragma unroll
+        for (int s = 0; s < F_DSTEPS; ++s) {
+            const int d = s * 16 + pair;
+            qa[s][0] = pos_a >= 0 ? *reinterpret_cast<const unsigned int*>(qrow_a + d) : 0u;
+            qa[s][1] = pos_b >= 0 ? *reinterpret_cast<const unsigned int*>(qrow_b + d) : 0u;
+            qa[s][2] = pos_a >= 0 ? *reinterpret_cast<const unsigned int*>(qrow_a + d + 8) : 0u;
+            qa[s][3] = pos_b >= 0 ? *reinterpret_cast<const unsigned int*>(qrow_b + d + 8) : 0u;
         }
-        __syncthreads();
+    }
 
-        // Scores of this lane's row against keys sub and sub + 8.
-        const int j0 = b * KV_BLOCK + sub;
-        const int j1 = j0 + 8;
-        float s0 = 0.0f;
-        float s1 = 0.0f;
-        const float* qr = qs + my_row * F_QSTRIDE;
-        const bf16* k0 = ks + sub * F_KSTRIDE;
-        const bf16* k1 = ks + (sub + 8) * F_KSTRIDE;
-#pragma unroll 8
-        for (int d = 0; d < HEAD_DIM; ++d) {
-            const float x = qr[d];
-            s0 += x * bf16_to_f32(k0[d]);
-            s1 += x * bf16_to_f32(k1[d]);
+    float o[F_DTILES][4];
+#pragma unroll
+    for (int i = 0; i < F_DTILES; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float m_a = -INFINITY, m_b = -INFINITY;
+    float l_a = 0.0f, l_b = 0.0f;
+    const float log2_scale = scale * F_LOG2E;
+
+    // ldmatrix row addresses of this thread: matrix lane / 8, row lane % 8.
+    const int mat = lane >> 3;
+    const int mrow = lane & 7;
+    const unsigned int ks_stage0 = f_shared_address(ks[0]);
+    const unsigned int vs_stage0 = f_shared_address(vs[0]);
+    const unsigned int stage_bytes = F_KEYS * F_STRIDE * 2;
+
+    // Starts copying the keys and values of the tile at key `kb` into stage `buf` (zeros outside
+    // [first_pos, last_pos]).
+    auto stage = [&](int kb, int buf) {
+#pragma unroll
+        for (int i = threadIdx.x; i < F_KEYS * F_CHUNKS; i += F_WARPS * 32) {
+            const int key = i / F_CHUNKS;
+            const int chunk = i % F_CHUNKS;
+            const int j = kb + key;
+            const bool valid = j >= first_pos && j <= last_pos;
+            size_t offset = 0;
+            if (valid) {
+                const size_t slot = (size_t)table[j / KV_BLOCK] * KV_BLOCK + j % KV_BLOCK;
+                offset = (slot * NUM_KV_HEADS + kvh) * HEAD_DIM + chunk * 8;
+            }
+            const unsigned int at = 2 * (key * F_STRIDE + chunk * 8);
+            f_copy16_async(ks_stage0 + buf * stage_bytes + at, k_cache + offset, valid);
+            f_copy16_async(vs_stage0 + buf * stage_bytes + at, v_cache + offset, valid);
         }
-        const bool ok0 = j0 <= my_pos && j0 >= my_lo;
-        const bool ok1 = j1 <= my_pos && j1 >= my_lo;
-        s0 = ok0 ? s0 : -INFINITY;
-        s1 = ok1 ? s1 : -INFINITY;
+        asm volatile("cp.async.commit_group;");
+    };
 
-        float bm = fmaxf(s0, s1);
-#pragma unroll
-        for (int o = 1; o < 8; o <<= 1) bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, o));
-        const float m_new = fmaxf(m, bm);
-        const float alpha = m_new == -INFINITY ? 1.0f : expf(m - m_new);
-        const float p0 = s0 == -INFINITY ? 0.0f : expf(s0 - m_new);
-        const float p1 = s1 == -INFINITY ? 0.0f : expf(s1 - m_new);
-        float ps = p0 + p1;
-#pragma unroll
-        for (int o = 1; o < 8; o <<= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
-        l = l * alpha + ps;
-        m = m_new;
+    int kb = first_pos / F_KEYS * F_KEYS;
+    stage(kb, 0);
+    for (int buf = 0; kb <= last_pos; kb += F_KEYS, buf ^= 1) {
+        // This tile has landed, and every warp is done with the other stage: refill it.
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        __syncthreads();
+        if (kb + F_KEYS <= last_pos) stage(kb + F_KEYS, buf ^ 1);
+        if (kb > warp_last_pos) continue;  // every key after every row of this warp
+        const unsigned int k_stage = ks_stage0 + buf * stage_bytes;
+        const unsigned int v_stage = vs_stage0 + buf * stage_bytes;
 
+        // S = Q K^T over the tile's keys, two 8-key tiles per ldmatrix.x4.
+        float s[F_KTILES][4];
 #pragma unroll
-        for (int i = 0; i < F_DIMS; ++i) acc[i] *= alpha;
-        const int group_base = lane & ~7;
+        for (int n = 0; n < F_KTILES; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-        for (int k = 0; k < KV_BLOCK; ++k) {
-            const float pk = __shfl_sync(0xffffffffu, k < 8 ? p0 : p1, group_base | (k & 7));
-            const bf16* vr = vs + k * F_KSTRIDE;
+        for (int n = 0; n < F_KTILES; n += 2) {
+            const int key = (n + (mat >> 1)) * 8 + mrow;
 #pragma unroll
-            for (int i = 0; i < F_DIMS; ++i) {
-                const int d = sub + 8 * i;
-                if (d < HEAD_DIM) acc[i] += pk * bf16_to_f32(vr[d]);
+            for (int d = 0; d < F_DSTEPS; ++d) {
+                unsigned int b[4];
+                f_ldmatrix_x4(k_stage + 2 * (key * F_STRIDE + d * 16 + (mat & 1) * 8), b);
+                f_mma(s[n], qa[d], b[0], b[1]);
+                f_mma(s[n + 1], qa[d], b[2], b[3]);
+            }
+        }
+
+        // Mask, scale into the log2 domain, and update the running maxima.
+        float top_a = m_a, top_b = m_b;
+#pragma unroll
+        for (int n = 0; n < F_KTILES; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int j = kb + n * 8 + pair + e;
+                bool ok_a = j <= pos_a;
+                bool ok_b = j <= pos_b;
+#if SLIDING_WINDOW > 0
+                ok_a = ok_a && j > pos_a - SLIDING_WINDOW;
+                ok_b = ok_b && j > pos_b - SLIDING_WINDOW;
+#endif
+                s[n][e] = ok_a ? s[n][e] * log2_scale : -INFINITY;
+                s[n][2 + e] = ok_b ? s[n][2 + e] * log2_scale : -INFINITY;
+                top_a = fmaxf(top_a, s[n][e]);
+                top_b = fmaxf(top_b, s[n][2 + e]);
+            }
+        }
+#pragma unroll
+        for (int x = 1; x < 4; x <<= 1) {
+            top_a = fmaxf(top_a, __shfl_xor_sync(0xffffffffu, top_a, x));
+            top_b = fmaxf(top_b, __shfl_xor_sync(0xffffffffu, top_b, x));
+        }
+        const float alpha_a = top_a == -INFINITY ? 1.0f : exp2f(m_a - top_a);
+        const float alpha_b = top_b == -INFINITY ? 1.0f : exp2f(m_b - top_b);
+        m_a = top_a;
+        m_b = top_b;
+
+        // P = exp2(S - max), its row sums, and P as the A fragments of P V (16 keys per step).
+        unsigned int p[F_KTILES / 2][4];
+        float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+        for (int n = 0; n < F_KTILES; ++n) {
+            const float p0 = s[n][0] == -INFINITY ? 0.0f : exp2f(s[n][0] - top_a);
+            const float p1 = s[n][1] == -INFINITY ? 0.0f : exp2f(s[n][1] - top_a);
+            const float p2 = s[n][2] == -INFINITY ? 0.0f : exp2f(s[n][2] - top_b);
+            const float p3 = s[n][3] == -INFINITY ? 0.0f : exp2f(s[n][3] - top_b);
+            sum_a += p0 + p1;
+            sum_b += p2 + p3;
+            p[n / 2][(n & 1) * 2] = f_pack_bf16(p0, p1);
+            p[n / 2][(n & 1) * 2 + 1] = f_pack_bf16(p2, p3);
+        }
+        l_a = l_a * alpha_a + sum_a;
+        l_b = l_b * alpha_b + sum_b;
+#pragma unroll
+        for (int i = 0; i < F_DTILES; ++i) {
+            o[i][0] *= alpha_a;
+            o[i][1] *= alpha_a;
+            o[i][2] *= alpha_b;
+            o[i][3] *= alpha_b;
+        }
+
+        // O += P V, two 8-dimension tiles per ldmatrix.x4.trans.
+#pragma unroll
+        for (int k = 0; k < F_KEYS / 16; ++k) {
+            const int key = k * 16 + (mat & 1) * 8 + mrow;
+#pragma unroll
+            for (int i = 0; i < F_DTILES; i += 2) {
+                unsigned int b[4];
+                f_ldmatrix_x4_trans(v_stage + 2 * (key * F_STRIDE + i * 8 + (mat >> 1) * 8), b);
+                f_mma(o[i], p[k], b[0], b[1]);
+                f_mma(o[i + 1], p[k], b[2], b[3]);
             }
         }
     }
 
-    if (my_row < rows_used) {
-        const int t = t0 + my_row / F_GROUP;
-        const int h = kvh * F_GROUP + my_row % F_GROUP;
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        bf16* dst = out + ((size_t)t * NUM_Q_HEADS + h) * HEAD_DIM;
+    // Merge the row sums of the 4 lanes that share a row, then write O / sum.
 #pragma unroll
-        for (int i = 0; i < F_DIMS; ++i) {
-            const int d = sub + 8 * i;
-            if (d < HEAD_DIM) dst[d] = f32_to_bf16(acc[i] * inv);
+    for (int x = 1; x < 4; x <<= 1) {
+        l_a += __shfl_xor_sync(0xffffffffu, l_a, x);
+        l_b += __shfl_xor_sync(0xffffffffu, l_b, x);
+    }
+    const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f;
+    const float inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
+    bf16* out_a = out + ((size_t)(t0 + row_a / F_GROUP) * NUM_Q_HEADS + kvh * F_GROUP + row_a % F_GROUP) * HEAD_DIM;
+    bf16* out_b = out + ((size_t)(t0 + row_b / F_GROUP) * NUM_Q_HEADS + kvh * F_GROUP + row_b % F_GROUP) * HEAD_DIM;
+#pragma unroll
+    for (int i = 0; i < F_DTILES; ++i) {
+        const int d = i * 8 + pair;
+        if (pos_a >= 0) {
+            *reinterpret_cast<unsigned int*>(out_a + d) = f_pack_bf16(o[i][0] * inv_a, o[i][1] * inv_a);
+        }
+        if (pos_b >= 0) {
+            *reinterpret_cast<unsigned int*>(out_b + d) = f_pack_bf16(o[i][2] * inv_b, o[i][3] * inv_b);
         }
     }
+#endif
 }

@@ -12,7 +12,8 @@
 # nvcc from .gpu/kernels and .gpu/attention-check.cu: tests on fresh random data for every head
 # configuration below, compute-sanitizer memcheck, and the K/V read bandwidth benchmark; with
 # .gpu/attention-old.cu present, the same benchmark of that kernel for comparison), gemv (the
-# small-M product kernels alone against cuBLASLt, .gpu/gemv-check.cu), sealedstart (issue 10:
+# small-M product kernels alone against cuBLASLt, .gpu/gemv-check.cu), prefillattn (the tensor-core
+# prefill-attention kernel alone, .gpu/prefill-check.cu: tests, memcheck, FLOP rate), sealedstart (issue 10:
 # start-up to first token of the 8B-shaped weights, plaintext then a sealed copy with a key file,
 # same run; target sealed <= 1.10x), constrained (CPU and CUDA servers of the embedded model agree on
 # constrained greedy outputs; JSON-schema-constrained vs free throughput at batch 1 and 64 on the
@@ -125,6 +126,47 @@ if has gemv; then
   else
     note "gemv-check BUILD FAILED: $(grep -m3 error "$A/build.log")"
   fi
+fi
+
+# Prefill attention alone (kernels/prefill_attention.cu, tensor cores): tests on fresh random data
+# for every head configuration below (head_dim multiples of 16 up to 128), compute-sanitizer
+# memcheck, and its FLOP rate against cuBLAS's bf16 GEMM rate at 1k, 8k and 32k-token prompts; with
+# .gpu/prefill-old.cu present, the same benchmark of that kernel for comparison.
+PREFILL_CONFIGS=${PREFILL_CONFIGS:-"8 8 64 0;8 8 128 0;16 8 64 0;16 8 128 0;12 4 128 0;32 8 64 0;32 8 128 0;20 4 128 0;24 4 64 0;28 4 128 0;16 2 64 0;16 2 128 0;64 8 128 0;32 8 128 300;16 2 64 100;4 2 32 0;6 2 16 0;4 2 96 0"}
+if has prefillattn; then
+  A=$OUT/prefillattn
+  mkdir -p "$A"
+  prefill_build() { # NAME SOURCE_DIR Q KV HEAD_DIM WINDOW [EXTRA_NVCC_FLAGS]
+    nvcc -O3 -arch=sm_90a -std=c++17 -I"$2" -I"$G/kernels" -DNUM_Q_HEADS=$3 -DNUM_KV_HEADS=$4 -DHEAD_DIM=$5 \
+      -DSLIDING_WINDOW=$6 -DKV_BLOCK=16 ${7:-} -Xptxas -v \
+      "$G/prefill-check.cu" -lcublas -o "$A/$1" >"$A/$1.build.log" 2>&1 || echo "BUILD FAILED $1: $(grep -m2 error "$A/$1.build.log")" | tee -a "$SUMMARY"
+  }
+  IFS=';' read -ra PREFILL_LIST <<<"$PREFILL_CONFIGS"
+  for cfg in "${PREFILL_LIST[@]}"; do
+    set -- $cfg
+    prefill_build "prefill-$1-$2-$3-$4" "$G/kernels" "$@" -DF_ROWS=${F_ROWS:-64} &
+  done
+  [ -f "$G/prefill-old.cu" ] && { mkdir -p "$A/old" && cp "$G/prefill-old.cu" "$A/old/prefill_attention.cu" && prefill_build prefill-old-32-8-128-0 "$A/old" 32 8 128 0 & }
+  wait
+  grep -h -A2 "for prefill_attention" "$A"/prefill-32-8-128-0.build.log 2>/dev/null | grep -E "Used|spill" | tee -a "$SUMMARY"
+  fails=0
+  for cfg in "${PREFILL_LIST[@]}"; do
+    set -- $cfg
+    "$A/prefill-$1-$2-$3-$4" test >"$A/test-$1-$2-$3-$4.log" 2>&1 || fails=$((fails + 1))
+    grep -h '^RESULT' "$A/test-$1-$2-$3-$4.log" >>"$SUMMARY" || echo "prefill test $cfg: no result" | tee -a "$SUMMARY"
+    grep -h '^MISMATCH' "$A/test-$1-$2-$3-$4.log" | head -3 >>"$SUMMARY"
+  done
+  note "prefill attention kernel tests: ${#PREFILL_LIST[@]} configurations, $fails failed"
+  for name in prefill-32-8-128-0 prefill-16-2-64-100 prefill-6-2-16-0; do
+    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$A/$name" test >"$A/sanitizer-$name.log" 2>&1
+    note "compute-sanitizer memcheck $name: rc=$? $(grep -E 'ERROR SUMMARY' "$A/sanitizer-$name.log" | tail -1)"
+  done
+  for name in prefill-32-8-128-0 prefill-old-32-8-128-0 prefill-64-8-128-0 prefill-32-8-64-0; do
+    [ -x "$A/$name" ] || continue
+    timeout 240 "$A/$name" bench >"$A/bench-$name.log" 2>&1
+    note "prefill bench $name: rc=$?"
+    grep -h '^RESULT' "$A/bench-$name.log" | sed "s/^/$name /" >>"$SUMMARY"
+  done
 fi
 
 M8=/tmp/llama8b

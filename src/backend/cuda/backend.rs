@@ -289,7 +289,11 @@ impl CudaBackend {
             vocab: cfg.vocab_size,
             max_words,
             tile_tokens: if options.flash_prefill {
-                plan::flash_tile_tokens(cfg.num_attention_heads / cfg.num_key_value_heads.max(1))
+                plan::flash_tile_tokens(
+                    cfg.num_attention_heads / cfg.num_key_value_heads.max(1),
+                    cfg.head_dim,
+                    major,
+                )
             } else {
                 0
             },
@@ -605,7 +609,7 @@ impl CudaBackend {
                     to_u32(p.num_kv_heads, "kv heads")?,
                     1,
                 ),
-                256,
+                plan::FLASH_THREADS as u32,
                 &[
                     Arg::Ptr(self.act.q.ptr()),
                     Arg::Ptr(self.k_cache[layer].ptr()),

@@ -154,6 +154,7 @@ impl KernelParams {
             ("ATTN_REDUCE_THREADS", super::plan::ATTN_REDUCE_THREADS),
             ("GEMV_ROWS", super::plan::GEMV_ROWS),
             ("GEMV_WARPS", super::plan::GEMV_WARPS),
+            ("F_ROWS", super::plan::FLASH_ROWS),
         ];
         for (name, value) in ints {
             // Writing to a String cannot fail.
@@ -304,6 +305,7 @@ mod tests {
                 "#define ATTN_MIN_PARTITION {}\n",
                 super::super::plan::MIN_PARTITION
             ),
+            &format!("#define F_ROWS {}\n", super::super::plan::FLASH_ROWS),
         ] {
             assert!(text.contains(needle), "missing {needle:?} in {text}");
         }

@@ -72,13 +72,19 @@ pub fn split_bound(num_tokens: usize, kv_heads: usize, max_context: usize, budge
 }
 
 /// Query vectors (tokens × query heads of one KV head) one tile of the prefill attention kernel
-/// holds. Equals `F_ROWS` in `kernels/prefill_attention.cu`.
-pub const FLASH_ROWS: usize = 32;
+/// holds, 16 per warp. Passed to `kernels/prefill_attention.cu` as `F_ROWS`.
+pub const FLASH_ROWS: usize = 64;
 
-/// Tokens per prefill-attention tile for `group` query heads per KV head; 0 when a group does
-/// not fit in one tile (the paged kernel then serves prefill too).
-pub fn flash_tile_tokens(group: usize) -> usize {
-    if group == 0 || group > FLASH_ROWS {
+/// Threads per block of the prefill attention kernel (one warp per 16 query vectors).
+pub const FLASH_THREADS: usize = FLASH_ROWS / 16 * 32;
+
+/// Tokens per prefill-attention tile for `group` query heads per KV head of `head_dim`
+/// dimensions on a device of compute capability `major`; 0 when the tensor-core kernel cannot
+/// serve the shape (a group larger than a tile, a head_dim that is not a multiple of 16 or above
+/// 128, or a device older than sm_80): the paged kernel then serves prefill too.
+pub fn flash_tile_tokens(group: usize, head_dim: usize, major: i32) -> usize {
+    let served = major >= 8 && head_dim.is_multiple_of(16) && head_dim <= 128;
+    if !served || group == 0 || group > FLASH_ROWS {
         0
     } else {
         FLASH_ROWS / group
@@ -161,12 +167,19 @@ mod tests {
 
     #[test]
     fn prefill_tiles_fit_the_kernel() {
-        let source = include_str!("../../../kernels/prefill_attention.cu");
-        assert!(source.contains(&format!("#define F_ROWS {FLASH_ROWS}\n")));
-        assert_eq!(flash_tile_tokens(4), 8);
-        assert_eq!(flash_tile_tokens(1), 32);
-        assert_eq!(flash_tile_tokens(7), 4);
-        assert_eq!(flash_tile_tokens(64), 0);
+        assert_eq!(flash_tile_tokens(4, 128, 9), 16);
+        assert_eq!(flash_tile_tokens(1, 64, 9), 64);
+        assert_eq!(flash_tile_tokens(3, 16, 8), 21);
+        assert_eq!(flash_tile_tokens(7, 128, 9), 9);
+        assert_eq!(flash_tile_tokens(65, 128, 9), 0);
+        assert_eq!(flash_tile_tokens(4, 256, 9), 0, "head_dim above 128");
+        assert_eq!(
+            flash_tile_tokens(4, 72, 9),
+            0,
+            "head_dim not a multiple of 16"
+        );
+        assert_eq!(flash_tile_tokens(4, 128, 7), 0, "no bf16 mma before sm_80");
+        assert_eq!(FLASH_THREADS, 128);
     }
 
     #[test]

@@ -1,0 +1,300 @@
+// Prefill-attention kernel check and benchmark on random data (kernels/prefill_attention.cu),
+// built with nvcc on the GPU machine by scripts/gpu-check.sh (stage "prefillattn"), once per head
+// configuration: the model shapes come in as -D defines, as NVRTC gets them from the backend.
+//
+//   prefill-check test [SEED]   prefill_attention against a float64 CPU reference: a whole prompt
+//                               of several tiles and key tiles, a chunk at a later start (earlier
+//                               keys from the cache), a one-token prompt, shuffled block tables;
+//                               exits 1 on a mismatch. SEED defaults to a fresh random one.
+//   prefill-check bench         the bf16 GEMM rate (cuBLAS, 8192^3) as the ceiling, then the
+//                               kernel's rate on its causal FLOPs (4 * head_dim per query head and
+//                               attended key) for one prompt of 1k, 8k and 32k tokens, as one
+//                               launch and as its last 2048-token chunk.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#undef INFINITY
+#include "prelude.cuh"
+#include "prefill_attention.cu"
+
+#define CHECK(call)                                                                        \
+    do {                                                                                   \
+        cudaError_t e_ = (call);                                                           \
+        if (e_ != cudaSuccess) {                                                           \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(2);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+static uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float from_bf16(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static const int ROW_ELEMS = NUM_KV_HEADS * HEAD_DIM;  // elements of one cache slot
+
+template <typename T>
+static T* upload(const std::vector<T>& host) {
+    T* dev = nullptr;
+    CHECK(cudaMalloc(&dev, std::max<size_t>(1, host.size()) * sizeof(T)));
+    CHECK(cudaMemcpy(dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return dev;
+}
+
+// One step's prefill rows as the host packs them: per token its row and position, and tiles of
+// at most F_TOKENS consecutive tokens of one row.
+struct Step {
+    std::vector<int> rows, positions, tiles;
+    void add(int row, int start, int count) {
+        for (int done = 0; done < count; done += F_TOKENS) {
+            tiles.push_back((int)rows.size());
+            tiles.push_back(std::min(F_TOKENS, count - done));
+            for (int i = 0; i < std::min(F_TOKENS, count - done); ++i) {
+                rows.push_back(row);
+                positions.push_back(start + done + i);
+            }
+        }
+    }
+    int tokens() const { return (int)rows.size(); }
+    int num_tiles() const { return (int)tiles.size() / 2; }
+};
+
+static void launch(const Step& step, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                   const int* tables, const int* max_blocks, const int* rows, const int* positions,
+                   const int* tiles, float scale, uint16_t* out) {
+    prefill_attention<<<dim3(step.num_tiles(), NUM_KV_HEADS), F_WARPS * 32>>>(
+        q, k, v, tables, max_blocks, rows, positions, tiles, scale, out);
+}
+
+static int test(uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    // Row 0: a whole prompt of 300 tokens; row 1: a chunk of 77 tokens from position 1200 (its
+    // first 1200 keys come from the cache); row 2: a one-token prompt; row 3: 64 tokens at 130.
+    const int max_pos = 1400;
+    const int max_blocks = max_pos / KV_BLOCK + 1;
+    const int seqs = 4;
+    const int pool = seqs * max_blocks + 5;
+    std::vector<int> perm(pool);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int> tables((size_t)seqs * max_blocks);
+    for (size_t i = 0; i < tables.size(); ++i) tables[i] = perm[i];
+    Step step;
+    step.add(0, 0, 300);
+    step.add(1, 1200, 77);
+    step.add(2, 0, 1);
+    step.add(3, 130, 64);
+    const int tokens = step.tokens();
+    const float scale = 1.0f / sqrtf((float)HEAD_DIM);
+    const float q_gain = 3.0f;  // peaked softmaxes as well as flat ones
+    std::vector<uint16_t> q((size_t)tokens * NUM_Q_HEADS * HEAD_DIM);
+    std::vector<uint16_t> k((size_t)pool * KV_BLOCK * ROW_ELEMS), v(k.size());
+    for (auto& x : q) x = to_bf16(q_gain * uni(rng));
+    for (auto& x : k) x = to_bf16(uni(rng));
+    for (auto& x : v) x = to_bf16(uni(rng));
+    // Slots after each row's last position hold NaN: the kernel must never let them through.
+    std::vector<int> last(seqs, -1);
+    for (int t = 0; t < tokens; ++t) last[step.rows[t]] = std::max(last[step.rows[t]], step.positions[t]);
+    for (int r = 0; r < seqs; ++r) {
+        for (int j = last[r] + 1; j < (last[r] / KV_BLOCK + 1) * KV_BLOCK; ++j) {
+            const size_t slot = (size_t)tables[(size_t)r * max_blocks + j / KV_BLOCK] * KV_BLOCK + j % KV_BLOCK;
+            for (int e = 0; e < ROW_ELEMS; ++e) k[slot * ROW_ELEMS + e] = v[slot * ROW_ELEMS + e] = 0x7fc0;
+        }
+    }
+
+    std::vector<double> ref((size_t)tokens * NUM_Q_HEADS * HEAD_DIM, 0.0);
+    for (int t = 0; t < tokens; ++t) {
+        const int row = step.rows[t];
+        const int pos = step.positions[t];
+        int lo = 0;
+        if (SLIDING_WINDOW > 0) lo = std::max(0, pos + 1 - SLIDING_WINDOW);
+        for (int h = 0; h < NUM_Q_HEADS; ++h) {
+            const int kvh = h / F_GROUP;
+            std::vector<double> s;
+            double top = -1e300;
+            for (int j = lo; j <= pos; ++j) {
+                const size_t slot = (size_t)tables[(size_t)row * max_blocks + j / KV_BLOCK] * KV_BLOCK + j % KV_BLOCK;
+                double dot = 0.0;
+                for (int d = 0; d < HEAD_DIM; ++d) {
+                    dot += (double)from_bf16(q[((size_t)t * NUM_Q_HEADS + h) * HEAD_DIM + d]) *
+                           from_bf16(k[slot * ROW_ELEMS + kvh * HEAD_DIM + d]);
+                }
+                s.push_back(dot * scale);
+                top = std::max(top, dot * scale);
+            }
+            double total = 0.0;
+            for (auto& x : s) total += (x = std::exp(x - top));
+            for (int j = lo; j <= pos; ++j) {
+                const size_t slot = (size_t)tables[(size_t)row * max_blocks + j / KV_BLOCK] * KV_BLOCK + j % KV_BLOCK;
+                for (int d = 0; d < HEAD_DIM; ++d) {
+                    ref[((size_t)t * NUM_Q_HEADS + h) * HEAD_DIM + d] +=
+                        s[j - lo] / total * from_bf16(v[slot * ROW_ELEMS + kvh * HEAD_DIM + d]);
+                }
+            }
+        }
+    }
+
+    uint16_t* dq = upload(q);
+    uint16_t* dk = upload(k);
+    uint16_t* dv = upload(v);
+    int* dtables = upload(tables);
+    int* dmax = upload(std::vector<int>{max_blocks});
+    int* drows = upload(step.rows);
+    int* dpos = upload(step.positions);
+    int* dtiles = upload(step.tiles);
+    uint16_t* dout;
+    CHECK(cudaMalloc(&dout, ref.size() * 2));
+    CHECK(cudaMemset(dout, 0xff, ref.size() * 2));  // NaN everywhere: every write is checked
+    launch(step, dq, dk, dv, dtables, dmax, drows, dpos, dtiles, scale, dout);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> out(ref.size());
+    CHECK(cudaMemcpy(out.data(), dout, out.size() * 2, cudaMemcpyDeviceToHost));
+    int failures = 0;
+    double worst = 0.0;
+    for (size_t i = 0; i < out.size(); ++i) {
+        const double got = from_bf16(out[i]);
+        const double err = std::fabs(got - ref[i]);
+        // P is rounded to bf16 before P V (as FlashAttention does): a relative 2^-8 per weight.
+        const double tol = 6e-3 + 1.2e-2 * std::fabs(ref[i]);
+        if (!(err <= tol)) {
+            if (failures < 10) {
+                const size_t t = i / (NUM_Q_HEADS * HEAD_DIM);
+                fprintf(stderr, "MISMATCH token=%zu (row %d pos %d) head=%zu dim=%zu: got %g want %g\n", t,
+                        step.rows[t], step.positions[t], (i / HEAD_DIM) % NUM_Q_HEADS, i % HEAD_DIM, got, ref[i]);
+            }
+            ++failures;
+        }
+        if (err == err) worst = std::max(worst, err);
+    }
+    printf("  max abs error %.2e over %d tokens in %d tiles\n", worst, tokens, step.num_tiles());
+    printf("RESULT prefill test q=%d kv=%d head_dim=%d window=%d seed=%llu: %s (%d mismatches)\n",
+           NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, SLIDING_WINDOW, (unsigned long long)seed,
+           failures ? "FAIL" : "ok", failures);
+    return failures ? 1 : 0;
+}
+
+__global__ void fill_random(uint16_t* p, size_t n, uint32_t salt) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t x = (uint32_t)i * 2654435761u ^ salt;
+        x ^= x >> 15;
+        x *= 2246822519u;
+        x ^= x >> 13;
+        // bf16 in [-1, 1): sign, exponent 121..126, random mantissa.
+        p[i] = (uint16_t)((x & 0x8000u) | ((121u + (x >> 16) % 6u) << 7) | (x & 0x7fu));
+    }
+}
+
+static int bench() {
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    float ms = 0;
+    // The ceiling: cuBLAS bf16 GEMM with fp32 accumulation, 8192 x 8192 x 8192.
+    double gemm_rate = 0.0;
+    {
+        const int n = 8192;
+        uint16_t *a, *b, *c;
+        CHECK(cudaMalloc(&a, (size_t)n * n * 2));
+        CHECK(cudaMalloc(&b, (size_t)n * n * 2));
+        CHECK(cudaMalloc(&c, (size_t)n * n * 2));
+        fill_random<<<4096, 256>>>(a, (size_t)n * n, 11);
+        fill_random<<<4096, 256>>>(b, (size_t)n * n, 12);
+        cublasHandle_t handle;
+        if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return 2;
+        const float one = 1.0f, zero = 0.0f;
+        auto gemm = [&]() {
+            return cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b,
+                                CUDA_R_16BF, n, &zero, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT);
+        };
+        for (int i = 0; i < 3; ++i) gemm();
+        const int iters = 20;
+        CHECK(cudaEventRecord(e0));
+        for (int i = 0; i < iters; ++i) gemm();
+        CHECK(cudaEventRecord(e1));
+        CHECK(cudaEventSynchronize(e1));
+        CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        gemm_rate = 2.0 * n * n * (double)n * iters / (ms * 1e-3);
+        printf("RESULT bf16 GEMM rate %.0f TFLOP/s (cuBLAS, %d^3)\n", gemm_rate / 1e12, n);
+        cublasDestroy(handle);
+        CHECK(cudaFree(a));
+        CHECK(cudaFree(b));
+        CHECK(cudaFree(c));
+    }
+
+    const int max_len = 32768;
+    const size_t pool_slots = (size_t)max_len;
+    uint16_t *k, *v, *q, *out;
+    CHECK(cudaMalloc(&k, pool_slots * ROW_ELEMS * 2));
+    CHECK(cudaMalloc(&v, pool_slots * ROW_ELEMS * 2));
+    CHECK(cudaMalloc(&q, (size_t)max_len * NUM_Q_HEADS * HEAD_DIM * 2));
+    CHECK(cudaMalloc(&out, (size_t)max_len * NUM_Q_HEADS * HEAD_DIM * 2));
+    fill_random<<<4096, 256>>>(k, pool_slots * ROW_ELEMS, 1);
+    fill_random<<<4096, 256>>>(v, pool_slots * ROW_ELEMS, 2);
+    fill_random<<<4096, 256>>>(q, (size_t)max_len * NUM_Q_HEADS * HEAD_DIM, 3);
+    std::mt19937_64 rng(7);
+    std::vector<int> perm(max_len / KV_BLOCK);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    int* dtables = upload(perm);
+    int* dmax = upload(std::vector<int>{max_len / KV_BLOCK});
+    const float scale = 1.0f / sqrtf((float)HEAD_DIM);
+    for (int len : {1024, 8192, 32768}) {
+        for (int chunk : {len, 2048}) {
+            if (chunk > len || (chunk == len && len > 8192)) continue;  // 32k as one launch: too much q
+            Step step;
+            step.add(0, len - chunk, chunk);
+            double attended = 0.0;
+            for (int p : step.positions) attended += SLIDING_WINDOW > 0 ? std::min(p + 1, SLIDING_WINDOW) : p + 1;
+            const double flops = 4.0 * HEAD_DIM * NUM_Q_HEADS * attended;
+            int* drows = upload(step.rows);
+            int* dpos = upload(step.positions);
+            int* dtiles = upload(step.tiles);
+            for (int i = 0; i < 2; ++i) launch(step, q, k, v, dtables, dmax, drows, dpos, dtiles, scale, out);
+            CHECK(cudaGetLastError());
+            const int iters = len >= 32768 ? 5 : 20;
+            CHECK(cudaEventRecord(e0));
+            for (int i = 0; i < iters; ++i) launch(step, q, k, v, dtables, dmax, drows, dpos, dtiles, scale, out);
+            CHECK(cudaEventRecord(e1));
+            CHECK(cudaEventSynchronize(e1));
+            CHECK(cudaEventElapsedTime(&ms, e0, e1));
+            const double secs = ms * 1e-3 / iters;
+            const double rate = flops / secs;
+            printf("RESULT prefill bench q=%d kv=%d head_dim=%d prompt=%d tokens=%d (from %d): %.3f ms per layer, %.0f TFLOP/s = %.0f%% of GEMM\n",
+                   NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, len, chunk, len - chunk, secs * 1e3, rate / 1e12,
+                   100.0 * rate / gemm_rate);
+            fflush(stdout);
+            CHECK(cudaFree(drows));
+            CHECK(cudaFree(dpos));
+            CHECK(cudaFree(dtiles));
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    const char* mode = argc > 1 ? argv[1] : "test";
+    if (!strcmp(mode, "bench")) return bench();
+    const uint64_t seed = argc > 2 ? strtoull(argv[2], nullptr, 10) : std::random_device{}();
+    return test(seed);
+}
