@@ -401,13 +401,13 @@ fn check_section(
             section.section_type
         ))
     };
-    if section.memory_address % PAGE_SIZE != 0 {
+    if !section.memory_address.is_multiple_of(PAGE_SIZE) {
         return Err(bad(format!(
             "memory address {:#x} is not page-aligned",
             section.memory_address
         )));
     }
-    if section.memory_data_size == 0 || section.memory_data_size % PAGE_SIZE != 0 {
+    if section.memory_data_size == 0 || !section.memory_data_size.is_multiple_of(PAGE_SIZE) {
         return Err(bad(format!(
             "memory size {:#x} is not a non-zero multiple of the page size",
             section.memory_data_size
