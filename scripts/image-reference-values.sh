@@ -18,7 +18,7 @@
 #     `cargo run -p inferno-attestation --example snp_launch_measurement`. The script fails if
 #     the two implementations disagree on any value. Without it the [sev_snp] list stays empty;
 #   - with INFERNO_TDVF=PATH (the TDX firmware, scripts/tdvf-build.sh), the MRTD of a TD built
-#     from it, computed by `cargo run -p inferno-attestation --example tdx_mrtd`
+#     from it (in both orders a host may add its pages in), computed by `cargo run -p inferno-attestation --example tdx_mrtd`
 #     (inferno_attestation::tdx_measurement), which refuses to print a value the igvm crate's
 #     independent implementation of the TDX module's hashing disagrees on. Without it the
 #     [tdx] mrtd list stays empty. RTMR0-2 are not enforced (docs/deploy-airgapped.md, section 7);
@@ -92,7 +92,8 @@ if [ -n "$tdvf" ]; then
         "$tdvf" "$out/$name.initrd" "$cmdline")
     tdx_value() { printf '%s\n' "$tdx_lines" | sed -n "s/^$1 //p"; }
     mrtd=$(tdx_value mrtd)
-    [ -n "$mrtd" ] && [ -n "$(tdx_value rtmr2)" ] ||
+    mrtd_per_section=$(tdx_value mrtd_per_section)
+    [ -n "$mrtd" ] && [ -n "$mrtd_per_section" ] && [ -n "$(tdx_value rtmr2)" ] ||
         { echo "tdx_mrtd computed no MRTD or RTMR2 for $tdvf" >&2; exit 1; }
     crate_version() { grep -A1 "^name = \"$1\"$" "$here/Cargo.lock" | sed -n 's/^version = "\(.*\)"/\1/p'; }
     attestation_version=$(crate_version inferno-attestation)
@@ -151,7 +152,7 @@ if [ -n "$tdvf" ]; then
 tdvf_sha256 = "$(sha "$tdvf")"
 tdvf_build = "$(head -1 "$tdvf.build-info" 2>/dev/null || echo "unknown: no $tdvf.build-info")"
 tdvf_toolchain = "$(tail -n +2 "$tdvf.build-info" 2>/dev/null | paste -sd ';' | sed 's/;/; /g')"
-tdx_vmm = "QEMU with upstream Linux KVM TDX: sections in metadata order, each page added then its 256-byte chunks extended"
+tdx_vmm = "QEMU and KVM: sections in metadata order; per page (upstream KVM: each page added, then its 256-byte chunks extended) or per section (earlier stacks: all pages added, then all extended)"
 # RTMR2 of measured direct boot as the artifacts determine it: the kernel's EFI stub measures the
 # UEFI load options (the command line plus " initrd=initrd", UTF-16 with a NUL), then the initrd.
 # NOT enforced ([tdx] lists no rtmr2): no TD launch has shown this value in its event log yet.
@@ -206,11 +207,13 @@ if [ -n "$tdvf" ]; then
     cat <<TOML
 
 [tdx]
-# MRTD of a TD built from the TDVF above; inferno_attestation::tdx_measurement and the igvm
-# crate agree on it. RTMR0-2 are not listed (any value passes): RTMR0 and RTMR1 depend on the
-# host (ACPI tables, memory size, QEMU's kernel header patching), and RTMR2 ([inputs]
-# tdx_rtmr2_direct_boot) awaits confirmation by a TD launch (docs/deploy-airgapped.md, section 7).
-mrtd = ["$mrtd"]
+# MRTD of a TD built from the TDVF above: first as upstream KVM adds the pages (each page,
+# then its chunks; inferno_attestation::tdx_measurement and the igvm crate agree on it), then
+# as earlier host stacks do (a section's pages added, then extended). Both pin the same bytes.
+# RTMR0-2 are not listed (any value passes): RTMR0 and RTMR1 depend on the host (ACPI tables,
+# memory size, QEMU's kernel header patching), and RTMR2 ([inputs] tdx_rtmr2_direct_boot)
+# awaits confirmation by a TD launch (docs/deploy-airgapped.md, section 7).
+mrtd = ["$mrtd", "$mrtd_per_section"]
 TOML
 else
     cat <<TOML

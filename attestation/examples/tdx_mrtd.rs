@@ -1,6 +1,8 @@
 //! Prints the TDVF's metadata sections and the MRTD of a TD built from it, computed by
 //! [`inferno_attestation::tdx_measurement`] and cross-checked against the `igvm` crate's
-//! independent implementation of the TDX module's hashing; given an initrd and a command line,
+//! independent implementation of the TDX module's hashing (`mrtd`, the upstream KVM order), and
+//! the MRTD of hosts that add a section's pages before extending them (`mrtd_per_section`,
+//! which the `igvm` crate cannot express); given an initrd and a command line,
 //! also RTMR2 of measured direct boot and its two event digests:
 //!
 //! ```text
@@ -8,6 +10,7 @@
 //! section 0 BFV raw 0x84000+0x37c000 memory 0xffc84000+0x37c000 attributes 0x1
 //! ...
 //! mrtd <96 hex digits>
+//! mrtd_per_section <96 hex digits>
 //! load_options_sha384 <96 hex digits>
 //! initrd_sha384 <96 hex digits>
 //! rtmr2 <96 hex digits>
@@ -20,7 +23,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use inferno_attestation::tdx_measurement::{Tdvf, direct_boot_rtmr2};
+use inferno_attestation::tdx_measurement::{PageOrder, Tdvf, direct_boot_rtmr2};
 
 #[path = "../tests/tdx_support/igvm_mrtd.rs"]
 mod igvm_mrtd;
@@ -65,6 +68,10 @@ fn run(args: Vec<String>) -> Result<(), String> {
         ));
     }
     println!("mrtd {}", hex::encode(mrtd));
+    let per_section = tdvf
+        .mrtd_in_order(PageOrder::PerSection)
+        .map_err(|e| e.to_string())?;
+    println!("mrtd_per_section {}", hex::encode(per_section));
     if let Some((initrd, cmdline)) = boot {
         let rtmr2 =
             direct_boot_rtmr2(&cmdline, &PathBuf::from(initrd)).map_err(|e| e.to_string())?;

@@ -16,11 +16,13 @@
 //! - `TDH.MR.EXTEND`: a 128-byte record, `MR.EXTEND` at offset 0 and the chunk's
 //!   guest-physical address at offset 16, zeros elsewhere, followed by the chunk's 256 bytes.
 //!
-//! The order of the operations is the host's: MRTD here assumes the order of upstream Linux KVM
-//! and QEMU (KVM_TDX_INIT_MEM_REGION per section, in metadata order; for each page its
-//! `TDH.MEM.PAGE.ADD` followed by the `TDH.MR.EXTEND` of its 16 chunks). A host stack that adds
-//! all pages first and extends afterwards measures the same bytes in another order and reports
-//! another MRTD. Nothing else of the host (memory size, vCPUs, ACPI tables) enters MRTD: QEMU
+//! The order of the operations is the host's ([`PageOrder`]): sections always in metadata order,
+//! and within a section either each page's `TDH.MEM.PAGE.ADD` followed by the `TDH.MR.EXTEND`
+//! of its 16 chunks (upstream Linux KVM and QEMU: KVM_TDX_INIT_MEM_REGION populates page by
+//! page) or all of the section's pages added first and then all extended (some earlier,
+//! pre-upstream TDX host stacks). The two orders hash the same records, so both MRTDs identify
+//! the same firmware; a verifier that does not know the host's stack accepts both. Nothing else
+//! of the host (memory size, vCPUs, ACPI tables) enters MRTD: QEMU
 //! writes the TD HOB into its section, but the TDVF does not mark that section `MR.EXTEND`
 //! (a firmware that did is refused, since its MRTD would depend on the host).
 //!
@@ -324,11 +326,17 @@ impl Tdvf {
         content
     }
 
-    /// MRTD of a TD built from this firmware: SHA-384 over the `TDH.MEM.PAGE.ADD` record of
-    /// every page of every section not marked `PAGE.AUG` and, for the sections marked
-    /// `MR.EXTEND`, right after each page's record, the `TDH.MR.EXTEND` records and contents
-    /// of its 256-byte chunks (the order of upstream KVM; see the module documentation).
+    /// MRTD of a TD built from this firmware by an upstream KVM host: [`Tdvf::mrtd_in_order`]
+    /// with [`PageOrder::PerPage`].
     pub fn mrtd(&self) -> Result<[u8; MRTD_LEN], TdxMeasurementError> {
+        self.mrtd_in_order(PageOrder::PerPage)
+    }
+
+    /// MRTD of a TD built from this firmware with the host's operations in `order`: SHA-384
+    /// over the `TDH.MEM.PAGE.ADD` record of every page of every section not marked `PAGE.AUG`
+    /// and, for the sections marked `MR.EXTEND`, the `TDH.MR.EXTEND` record and content of each
+    /// 256-byte chunk of each page.
+    pub fn mrtd_in_order(&self, order: PageOrder) -> Result<[u8; MRTD_LEN], TdxMeasurementError> {
         let mut hasher = Sha384::new();
         for (index, section) in self.sections.iter().enumerate() {
             if section.page_aug() {
@@ -340,21 +348,61 @@ impl Tdvf {
                     kind: section.section_type,
                 });
             }
-            for page in 0..section.pages() {
-                let gpa = section.memory_address + page * PAGE_SIZE;
-                hasher.update(operation_record(b"MEM.PAGE.ADD", gpa));
-                if section.extends_mrtd() {
-                    let content = self.page_content(section, page);
-                    for (i, chunk) in content.chunks_exact(MR_EXTEND_CHUNK).enumerate() {
-                        let chunk_gpa = gpa + (i * MR_EXTEND_CHUNK) as u64;
-                        hasher.update(operation_record(b"MR.EXTEND", chunk_gpa));
-                        hasher.update(chunk);
+            let pages = 0..section.pages();
+            match order {
+                PageOrder::PerPage => {
+                    for page in pages {
+                        add_page(&mut hasher, section, page);
+                        self.extend_page(&mut hasher, section, page);
+                    }
+                }
+                PageOrder::PerSection => {
+                    for page in pages.clone() {
+                        add_page(&mut hasher, section, page);
+                    }
+                    for page in pages {
+                        self.extend_page(&mut hasher, section, page);
                     }
                 }
             }
         }
         Ok(hasher.finalize().into())
     }
+
+    /// Hashes the `TDH.MR.EXTEND` operations of one page, if its section is measured.
+    fn extend_page(&self, hasher: &mut Sha384, section: &TdvfSection, page: u64) {
+        if !section.extends_mrtd() {
+            return;
+        }
+        let gpa = section.memory_address + page * PAGE_SIZE;
+        let content = self.page_content(section, page);
+        for (i, chunk) in content.chunks_exact(MR_EXTEND_CHUNK).enumerate() {
+            hasher.update(operation_record(
+                b"MR.EXTEND",
+                gpa + (i * MR_EXTEND_CHUNK) as u64,
+            ));
+            hasher.update(chunk);
+        }
+    }
+}
+
+/// The order in which the host adds and measures a section's pages (the TDX module hashes the
+/// operations in the order the host issues them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageOrder {
+    /// Each page added, then its chunks extended, page after page: upstream Linux KVM with QEMU.
+    PerPage,
+    /// All of a section's pages added, then all of them extended: some earlier, pre-upstream
+    /// TDX host stacks.
+    PerSection,
+}
+
+/// Hashes the `TDH.MEM.PAGE.ADD` operation of one page.
+fn add_page(hasher: &mut Sha384, section: &TdvfSection, page: u64) {
+    hasher.update(operation_record(
+        b"MEM.PAGE.ADD",
+        section.memory_address + page * PAGE_SIZE,
+    ));
 }
 
 /// The 128-byte record the TDX module hashes for one operation: its name, the guest-physical

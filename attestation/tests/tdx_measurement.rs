@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use inferno_attestation::policy::LoadedPolicy;
 use inferno_attestation::reference_values::ReferenceValues;
 use inferno_attestation::tdx_measurement::{
-    SectionType, Tdvf, TdxMeasurementError, direct_boot_load_options, direct_boot_rtmr2,
+    PageOrder, SectionType, Tdvf, TdxMeasurementError, direct_boot_load_options, direct_boot_rtmr2,
     rtmr_extend,
 };
 use serde::Deserialize;
@@ -24,6 +24,7 @@ use igvm_mrtd::igvm_mrtd;
 struct Vectors {
     tdvf_sha256: String,
     mrtd: String,
+    mrtd_per_section: String,
     sections: Vec<(String, u32, u32, u64, u64, u32)>,
 }
 
@@ -92,6 +93,10 @@ fn the_built_tdvf_mrtd_agrees_with_the_igvm_crate_and_the_vector() {
     let mrtd = tdvf.mrtd().unwrap();
     assert_eq!(hex::encode(mrtd), v.mrtd);
     assert_eq!(igvm_mrtd(&tdvf), mrtd);
+    assert_eq!(tdvf.mrtd_in_order(PageOrder::PerPage).unwrap(), mrtd);
+    let per_section = tdvf.mrtd_in_order(PageOrder::PerSection).unwrap();
+    assert_eq!(hex::encode(per_section), v.mrtd_per_section);
+    assert_ne!(per_section, mrtd);
 }
 
 #[test]
@@ -231,6 +236,30 @@ fn synthetic_firmware_mrtd_is_the_hash_of_each_page_add_and_extend() {
 }
 
 #[test]
+fn synthetic_firmware_mrtd_per_section_adds_all_pages_before_extending() {
+    let image = synthetic_image(&SECTIONS, true);
+    let tdvf = Tdvf::from_bytes(image.clone()).unwrap();
+    let mut expected = Sha384::new();
+    // The code volume: both pages added, then both pages' chunks extended.
+    expected.update(record("MEM.PAGE.ADD", 0xfffe_0000));
+    expected.update(record("MEM.PAGE.ADD", 0xfffe_1000));
+    for chunk in 0..32u64 {
+        expected.update(record("MR.EXTEND", 0xfffe_0000 + chunk * 256));
+        if chunk < 24 {
+            let at = (chunk * 256) as usize;
+            expected.update(&image[at..at + 256]);
+        } else {
+            expected.update([0u8; 256]);
+        }
+    }
+    expected.update(record("MEM.PAGE.ADD", 0xffff_0000));
+    expected.update(record("MEM.PAGE.ADD", 0x80_0000));
+    let expected: [u8; 48] = expected.finalize().into();
+    assert_eq!(tdvf.mrtd_in_order(PageOrder::PerSection).unwrap(), expected);
+    assert_ne!(tdvf.mrtd().unwrap(), expected);
+}
+
+#[test]
 fn synthetic_firmware_mrtd_depends_on_addresses_and_attributes() {
     let base = Tdvf::from_bytes(synthetic_image(&SECTIONS, true))
         .unwrap()
@@ -331,19 +360,20 @@ fn a_measured_td_hob_is_refused_since_the_host_writes_it() {
 // --- The shipped reference values ---
 
 #[test]
-fn the_shipped_reference_values_list_the_built_tdvf_mrtd_and_production_accepts_only_it() {
+fn the_shipped_reference_values_list_the_built_tdvf_mrtds_and_production_accepts_only_them() {
     let v = vectors();
     let values = ReferenceValues::from_bytes(
         &std::fs::read(root().join("policy/reference-values.toml")).unwrap(),
     )
     .unwrap();
     assert_eq!(values.inputs["tdvf_sha256"], v.tdvf_sha256);
+    let both = vec![v.mrtd.clone(), v.mrtd_per_section.clone()];
     let tdx = values.tdx.as_ref().unwrap();
-    assert_eq!(tdx.mrtd.as_deref(), Some(&[v.mrtd.clone()][..]));
+    assert_eq!(tdx.mrtd.as_ref(), Some(&both));
 
     let prod = LoadedPolicy::from_file(&root().join("policy/production.toml")).unwrap();
     let accepted = prod.policy.tdx.as_ref().unwrap().mrtd.clone();
-    assert_eq!(accepted, Some(vec![v.mrtd.clone()]));
+    assert_eq!(accepted, Some(both));
 }
 
 // --- RTMR2 of measured direct boot ---
