@@ -325,6 +325,7 @@ async fn streamed_tool_calls_reassemble_to_the_whole_response() {
     let text = response.text().await.expect("body");
     let mut calls: Vec<Value> = Vec::new();
     let mut finish = None;
+    let mut delta_chunks = 0;
     for data in text
         .split("\n\n")
         .filter_map(|block| block.strip_prefix("data: "))
@@ -334,6 +335,7 @@ async fn streamed_tool_calls_reassemble_to_the_whole_response() {
         }
         let event: Value = serde_json::from_str(data).expect("event");
         let choice = &event["choices"][0];
+        delta_chunks += usize::from(choice["delta"]["tool_calls"].is_array());
         for delta in choice["delta"]["tool_calls"]
             .as_array()
             .into_iter()
@@ -341,7 +343,16 @@ async fn streamed_tool_calls_reassemble_to_the_whole_response() {
         {
             let index = delta["index"].as_u64().unwrap() as usize;
             if calls.len() <= index {
+                // A call's first delta names it; later ones carry only more arguments.
+                assert!(
+                    delta["id"].as_str().unwrap().starts_with("call_"),
+                    "{delta}"
+                );
+                assert_eq!(delta["type"], "function", "{delta}");
+                assert!(delta["function"]["name"].is_string(), "{delta}");
                 calls.push(json!({"name": "", "arguments": ""}));
+            } else {
+                assert!(delta.get("id").is_none() && delta["function"].get("name").is_none());
             }
             if let Some(name) = delta["function"]["name"].as_str() {
                 calls[index]["name"] = json!(name);
@@ -355,6 +366,11 @@ async fn streamed_tool_calls_reassemble_to_the_whole_response() {
         }
     }
     assert_eq!(finish.as_deref(), Some("tool_calls"));
+    // The enforced call streams as it is generated: its name, then its arguments in pieces.
+    assert!(
+        delta_chunks > 3,
+        "the call came in {delta_chunks} chunks: {text}"
+    );
     let expected: Vec<Value> = whole["choices"][0]["message"]["tool_calls"]
         .as_array()
         .unwrap()
