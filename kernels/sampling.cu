@@ -3,11 +3,16 @@
 //
 // One block (1024 threads) per sampled row of logits [S, VOCAB] fp32. Per row:
 //   1. logprobs over the raw logits: lse = logsumexp, the chosen token's logit - lse, and top_n[s]
-//      alternatives in the order (logprob descending, id ascending);
-//   2. penalties, into the row's scratch copy: repetition (divide positive, multiply negative
-//      logits of every token in the row's penalty list), then frequency and presence
-//      (subtract frequency * count + presence for tokens generated count > 0 times). The host
-//      packs the list as distinct (token, output count) pairs, so no two threads touch one token;
+//      alternatives in the order (logprob descending, id ascending). As in the reference, they
+//      see neither the grammar mask nor the biases nor the penalties: a constrained or biased
+//      row reports the model's own log-probability of the token it was made to take;
+//   2. into the row's scratch copy: the grammar mask (a row with one sets every token whose bit
+//      is clear to -inf: bit t % 32 of word t / 32), then logit_bias (add each (token, bias)
+//      pair; the host packs them sorted without duplicates), then the penalties: repetition
+//      (divide positive, multiply negative logits of every token in the row's penalty list), then
+//      frequency and presence (subtract frequency * count + presence for tokens generated
+//      count > 0 times). The host packs that list as distinct (token, output count) pairs, so no
+//      two threads touch one token. A masked -inf stays -inf through biases and penalties;
 //   3. temperature <= 0: the argmax of the penalised logits (the lower id wins ties);
 //   4. otherwise probabilities p = exp((l - max) / T) in place of the scratch copy, ranked by
 //      (p descending, id ascending): keep the top_k, then the shortest prefix whose mass reaches
@@ -21,7 +26,9 @@
 // the reference's only where a threshold falls within float rounding of a running total.
 // Everything the host needs lands in one int32 buffer (one device-to-host copy per step). Per row,
 // SAMPLE_STRIDE words: [0] token id, [1] logprob (float bits), then per alternative k:
-// [2 + 2k] id, [3 + 2k] logprob. Per row the host packs SAMPLE_PARAMS parameter words (below).
+// [2 + 2k] id, [3 + 2k] logprob. Per row the host packs SAMPLE_PARAMS parameter words (below);
+// the P_*_AT words are offsets into `lists`, the sampled rows' lists region of the packed step
+// inputs (src/backend/cuda/inputs.rs), which holds penalty pairs, bias pairs and masks.
 
 #define SAMPLE_STRIDE (2 + 2 * MAX_TOP_LOGPROBS)
 #define P_TEMPERATURE 0
@@ -37,6 +44,9 @@
 #define P_DRAW_HI 10
 #define P_PENALTY_AT 11
 #define P_PENALTY_LEN 12
+#define P_BIAS_AT 13
+#define P_BIAS_LEN 14
+#define P_MASK_AT 15
 #define ONE_BITS 0x3f800000
 #define NO_ID 0x7fffffff
 
@@ -232,7 +242,7 @@ __device__ Cut last_kept(const float* __restrict__ p, Cut keep, int* iscratch, i
 extern "C" __global__ void __launch_bounds__(1024)
 sample_tokens(const float* __restrict__ logits, float* __restrict__ scratch,
               const int* __restrict__ top_n, const int* __restrict__ params,
-              const int* __restrict__ penalties, int* __restrict__ out) {
+              const int* __restrict__ lists, int* __restrict__ out) {
     __shared__ float sv[32];
     __shared__ int si[32];
     __shared__ int counts[1025];
@@ -269,15 +279,30 @@ sample_tokens(const float* __restrict__ logits, float* __restrict__ scratch,
 
     const float temperature = __int_as_float(prm[P_TEMPERATURE]);
     const int penalty_len = prm[P_PENALTY_LEN];
+    const int bias_len = prm[P_BIAS_LEN];
+    const int mask_at = prm[P_MASK_AT];
     int token = best_i;
-    if (penalty_len > 0 || temperature > 0.0f) {
-        // 2. Penalties on a scratch copy.
-        for (int i = threadIdx.x; i < VOCAB; i += blockDim.x) p[i] = row[i];
+    if (penalty_len > 0 || bias_len > 0 || mask_at >= 0 || temperature > 0.0f) {
+        // 2. Mask, biases and penalties on a scratch copy.
+        if (mask_at >= 0) {
+            const unsigned int* mask = (const unsigned int*)(lists + mask_at);
+            for (int i = threadIdx.x; i < VOCAB; i += blockDim.x) {
+                p[i] = (mask[i >> 5] >> (i & 31)) & 1u ? row[i] : -INFINITY;
+            }
+        } else {
+            for (int i = threadIdx.x; i < VOCAB; i += blockDim.x) p[i] = row[i];
+        }
+        __syncthreads();
+        const int* biases = lists + prm[P_BIAS_AT];
+        for (int j = threadIdx.x; j < bias_len; j += blockDim.x) {
+            const int tok = biases[2 * j];
+            p[tok] = __fadd_rn(p[tok], __int_as_float(biases[2 * j + 1]));
+        }
         __syncthreads();
         const float repetition = __int_as_float(prm[P_REPETITION]);
         const float frequency = __int_as_float(prm[P_FREQUENCY]);
         const float presence = __int_as_float(prm[P_PRESENCE]);
-        const int* pairs = penalties + prm[P_PENALTY_AT];
+        const int* pairs = lists + prm[P_PENALTY_AT];
         for (int j = threadIdx.x; j < penalty_len; j += blockDim.x) {
             const int tok = pairs[2 * j];
             const int generated = pairs[2 * j + 1];

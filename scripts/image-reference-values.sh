@@ -16,7 +16,13 @@
 #     after it) and each vCPU count in INFERNO_SNP_VCPUS (default "1 2 4 8 16 32 64"), computed
 #     by sev-snp-measure (PyPI; SEV_SNP_MEASURE names the command) and by the sev crate through
 #     `cargo run -p inferno-attestation --example snp_launch_measurement`. The script fails if
-#     the two implementations disagree on any value. Without it the [sev_snp] list stays empty.
+#     the two implementations disagree on any value. Without it the [sev_snp] list stays empty;
+#   - with INFERNO_TDVF=PATH (the TDX firmware, scripts/tdvf-build.sh), the MRTD of a TD built
+#     from it (in both orders a host may add its pages in), computed by `cargo run -p inferno-attestation --example tdx_mrtd`
+#     (inferno_attestation::tdx_measurement), which refuses to print a value the igvm crate's
+#     independent implementation of the TDX module's hashing disagrees on. Without it the
+#     [tdx] mrtd list stays empty. RTMR0-2 are not enforced (docs/deploy-airgapped.md, section 7);
+#     RTMR2 of measured direct boot and its event digests are recorded in [inputs].
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=$(realpath "${1:-$here/image/out}")
@@ -77,6 +83,23 @@ if [ -n "$ovmf" ]; then
     done
 fi
 
+# TDX: MRTD follows from the firmware alone.
+tdvf=${INFERNO_TDVF:-}
+mrtd=
+if [ -n "$tdvf" ]; then
+    tdvf=$(realpath "$tdvf")
+    tdx_lines=$(cd "$here" && cargo run -q -p inferno-attestation --example tdx_mrtd -- \
+        "$tdvf" "$out/$name.initrd" "$cmdline")
+    tdx_value() { printf '%s\n' "$tdx_lines" | sed -n "s/^$1 //p"; }
+    mrtd=$(tdx_value mrtd)
+    mrtd_per_section=$(tdx_value mrtd_per_section)
+    [ -n "$mrtd" ] && [ -n "$mrtd_per_section" ] && [ -n "$(tdx_value rtmr2)" ] ||
+        { echo "tdx_mrtd computed no MRTD or RTMR2 for $tdvf" >&2; exit 1; }
+    crate_version() { grep -A1 "^name = \"$1\"$" "$here/Cargo.lock" | sed -n 's/^version = "\(.*\)"/\1/p'; }
+    attestation_version=$(crate_version inferno-attestation)
+    igvm_version=$(crate_version igvm)
+fi
+
 cat <<TOML
 # Reference values of the Inferno appliance image, written by scripts/image-reference-values.sh
 # from image/build's artifacts. policy/production.toml names this file: every verifier applies
@@ -121,6 +144,24 @@ snp_guest_features = "0x1"
 snp_vcpu_types = "$snp_products"
 TOML
 fi
+if [ -n "$tdvf" ]; then
+    cat <<TOML
+# The TDX firmware (TDVF) of the MRTD below (scripts/tdvf-build.sh prints the recipe), and the
+# host stack it assumes: the host must launch with exactly this file (-bios), and MRTD also
+# depends on the order in which the host adds and measures the firmware's pages.
+tdvf_sha256 = "$(sha "$tdvf")"
+tdvf_build = "$(head -1 "$tdvf.build-info" 2>/dev/null || echo "unknown: no $tdvf.build-info")"
+tdvf_toolchain = "$(tail -n +2 "$tdvf.build-info" 2>/dev/null | paste -sd ';' | sed 's/;/; /g')"
+tdx_vmm = "QEMU and KVM: sections in metadata order; per page (upstream KVM: each page added, then its 256-byte chunks extended) or per section (earlier stacks: all pages added, then all extended)"
+# RTMR2 of measured direct boot as the artifacts determine it: the kernel's EFI stub measures the
+# UEFI load options (the command line plus " initrd=initrd", UTF-16 with a NUL), then the initrd.
+# NOT enforced ([tdx] lists no rtmr2): no TD launch has shown this value in its event log yet.
+tdx_load_options = "$cmdline initrd=initrd"
+tdx_load_options_sha384 = "$(tdx_value load_options_sha384)"
+initrd_sha384 = "$(tdx_value initrd_sha384)"
+tdx_rtmr2_direct_boot = "$(tdx_value rtmr2)"
+TOML
+fi
 cat <<TOML
 
 [tools]
@@ -133,6 +174,12 @@ if [ -n "$ovmf" ]; then
     cat <<TOML
 sev_snp_measure = "$snp_measure_version"
 sev_crate = "$sev_crate_version"
+TOML
+fi
+if [ -n "$tdvf" ]; then
+    cat <<TOML
+tdx_mrtd = "inferno-attestation $attestation_version (tdx_measurement)"
+igvm_crate = "$igvm_version"
 TOML
 fi
 cat <<TOML
@@ -156,12 +203,28 @@ else
 measurements = []
 TOML
 fi
-cat <<TOML
+if [ -n "$tdvf" ]; then
+    cat <<TOML
 
 [tdx]
-# MRTD (and RTMR1-2) NOT COMPUTED: they need the TDVF build the host launches. Empty: the
-# production policy accepts no TDX evidence until it is filled.
+# MRTD of a TD built from the TDVF above: first as upstream KVM adds the pages (each page,
+# then its chunks; inferno_attestation::tdx_measurement and the igvm crate agree on it), then
+# as earlier host stacks do (a section's pages added, then extended). Both pin the same bytes.
+# RTMR0-2 are not listed (any value passes): RTMR0 and RTMR1 depend on the host (ACPI tables,
+# memory size, QEMU's kernel header patching), and RTMR2 ([inputs] tdx_rtmr2_direct_boot)
+# awaits confirmation by a TD launch (docs/deploy-airgapped.md, section 7).
+mrtd = ["$mrtd", "$mrtd_per_section"]
+TOML
+else
+    cat <<TOML
+
+[tdx]
+# MRTD NOT COMPUTED: it needs the TDX firmware the host launches (scripts/tdvf-build.sh;
+# INFERNO_TDVF). Empty: the production policy accepts no TDX evidence until it is filled.
 mrtd = []
+TOML
+fi
+cat <<TOML
 
 [tpm.sha256]
 # PCR 11: systemd-stub's measurement of the UKI's sections followed by systemd-pcrphase's boot

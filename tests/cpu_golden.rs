@@ -25,7 +25,7 @@ fn prefill_logits(backend: &mut CpuBackend, prompt: &[u32]) -> Vec<f32> {
         prompt,
         output: &[],
         logprobs: None,
-        constrained: false,
+        mask: None,
     };
     let row = BatchRow {
         seq_id: 1,
@@ -126,7 +126,7 @@ fn per_position_argmax_matches_when_decoding_token_by_token() {
                 prompt: &[],
                 output: &[],
                 logprobs: None,
-                constrained: false,
+                mask: None,
             };
             let row = BatchRow {
                 seq_id: 1,

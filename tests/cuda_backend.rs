@@ -114,7 +114,7 @@ fn spec(logprobs: Option<u32>) -> SampleSpec<'static> {
         prompt: &[],
         output: &[],
         logprobs,
-        constrained: false,
+        mask: None,
     }
 }
 
@@ -867,7 +867,7 @@ fn device_sampler_agrees_with_the_reference_sampler_in_every_mode() {
                     prompt: &seqs[r].tokens,
                     output: &outputs[r],
                     logprobs: (r % 4 == 0).then_some(3),
-                    constrained: false,
+                    mask: None,
                 })
                 .collect();
             let rows = decode_rows(&seqs, &specs);
@@ -907,6 +907,205 @@ fn device_sampler_agrees_with_the_reference_sampler_in_every_mode() {
     }
     println!("RESULT penalties changed {penalties_moved} greedy tokens");
     assert!(penalties_moved > 0, "the penalties changed no greedy token");
+}
+
+/// A grammar-style mask over `vocab` tokens allowing those `allow` picks (bit `t % 32` of word
+/// `t / 32` is token `t`).
+fn mask_of(vocab: usize, allow: impl Fn(usize) -> bool) -> Vec<u32> {
+    let mut mask = vec![0u32; vocab.div_ceil(32)];
+    for t in (0..vocab).filter(|&t| allow(t)) {
+        mask[t / 32] |= 1 << (t % 32);
+    }
+    mask
+}
+
+/// Grammar masks and `logit_bias` applied by the device sampler against the reference sampler
+/// on the same logits: the same token for every greedy row and at least 99% of seeded draws,
+/// never a token outside the mask, the raw logprobs of the reference, and still one copy each
+/// way per step (the masks and biases travel in the packed inputs).
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
+fn device_sampler_applies_masks_and_logit_bias_like_the_reference() {
+    use inferno::constrain::is_allowed;
+    use inferno::engine::sampling;
+    let model = tiny_on_gpu();
+    let vocab = model.config.vocab_size;
+    let mut host = cuda(&model, false);
+    let mut device = cuda(&model, true);
+    let mut blocks = Blocks { next: 0 };
+    let seqs: Vec<Seq> = (0..16)
+        .map(|i| Seq::new(prompt(24, 500 + i), &mut blocks, 24))
+        .collect();
+    let prefill: Vec<BatchRow<'_>> = seqs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| BatchRow {
+            seq_id: i as u64,
+            tokens: &s.tokens[..23],
+            start_pos: 0,
+            block_table: &s.table,
+            sample: None,
+        })
+        .collect();
+    host.step(&prefill).expect("prefill");
+    device.step(&prefill).expect("prefill");
+    let plain: Vec<SampleSpec<'_>> = (0..16).map(|_| spec(None)).collect();
+    let first = logits(host.step(&decode_rows(&seqs, &plain)).expect("decode"));
+    let best: Vec<usize> = first.iter().map(|l| argmax(l).0).collect();
+
+    // Per row: a mask of about a third of the vocabulary without the row's greedy token, and a
+    // mask of two tokens (one past the last full word when the vocabulary has a partial one).
+    let wide: Vec<Vec<u32>> = (0..16)
+        .map(|r| mask_of(vocab, |t| t != best[r] && (t * 7 + r) % 3 == 0))
+        .collect();
+    let narrow: Vec<Vec<u32>> = (0..16)
+        .map(|r| mask_of(vocab, |t| t == (r * 37) % vocab || t == vocab - 1 - r))
+        .collect();
+    // Per row: +100 on one token (it must win), -100 on the greedy token, and a few mild ones.
+    let forced: Vec<SamplingParams> = (0..16)
+        .map(|r| SamplingParams {
+            logit_bias: vec![(((r * 53 + 11) % vocab) as u32, 100.0)],
+            ..SamplingParams::default()
+        })
+        .collect();
+    let mut mild_bias: Vec<Vec<(u32, f32)>> = (0..16)
+        .map(|r| {
+            let mut bias = vec![(best[r] as u32, -100.0), ((r * 13 % vocab) as u32, 2.5)];
+            bias.push((((r * 13 + 1) % vocab) as u32, -1.25));
+            bias.sort_by_key(|b| b.0);
+            bias.dedup_by_key(|b| b.0);
+            bias
+        })
+        .collect();
+    let greedy_mild: Vec<SamplingParams> = mild_bias
+        .iter()
+        .map(|bias| SamplingParams {
+            logit_bias: bias.clone(),
+            ..SamplingParams::default()
+        })
+        .collect();
+    let seeded_mild: Vec<SamplingParams> = mild_bias
+        .drain(..)
+        .map(|bias| SamplingParams {
+            temperature: 0.9,
+            top_k: 50,
+            top_p: 0.95,
+            repetition_penalty: 1.2,
+            frequency_penalty: 0.3,
+            logit_bias: bias,
+            ..SamplingParams::default()
+        })
+        .collect();
+    let greedy_params: Vec<SamplingParams> = (0..16).map(|_| SamplingParams::default()).collect();
+    let seeded_params: Vec<SamplingParams> = (0..16)
+        .map(|_| SamplingParams {
+            temperature: 1.0,
+            ..SamplingParams::default()
+        })
+        .collect();
+    let none: Vec<Option<Vec<u32>>> = (0..16).map(|_| None).collect();
+    let wide_masks: Vec<Option<Vec<u32>>> = wide.iter().cloned().map(Some).collect();
+    let narrow_masks: Vec<Option<Vec<u32>>> = narrow.iter().cloned().map(Some).collect();
+    // (name, per-row parameters, per-row masks, exact)
+    type Mode<'a> = (&'a str, &'a [SamplingParams], &'a [Option<Vec<u32>>], bool);
+    let modes: Vec<Mode<'_>> = vec![
+        ("greedy + wide mask", &greedy_params, &wide_masks, true),
+        (
+            "greedy + two-token mask",
+            &greedy_params,
+            &narrow_masks,
+            true,
+        ),
+        ("greedy + logit_bias +100", &forced, &none, true),
+        ("greedy + mild logit_bias", &greedy_mild, &none, true),
+        (
+            "greedy + mild logit_bias + wide mask",
+            &greedy_mild,
+            &wide_masks,
+            true,
+        ),
+        ("T=1 + wide mask", &seeded_params, &wide_masks, false),
+        ("T=1 + two-token mask", &seeded_params, &narrow_masks, false),
+        (
+            "T=0.9 top_k top_p penalties + mild logit_bias",
+            &seeded_mild,
+            &none,
+            false,
+        ),
+        (
+            "T=0.9 top_k top_p penalties + mild logit_bias + wide mask",
+            &seeded_mild,
+            &wide_masks,
+            false,
+        ),
+    ];
+    let outputs: Vec<Vec<u32>> = best.iter().map(|&b| vec![b as u32, 7]).collect();
+    let mut moved = 0;
+    for (name, params, masks, exact) in &modes {
+        let (mut same, mut total) = (0usize, 0usize);
+        let steps = if *exact { 2 } else { 30 };
+        for step in 0..steps {
+            let specs: Vec<SampleSpec<'_>> = (0..16)
+                .map(|r| SampleSpec {
+                    params: &params[r],
+                    seed: 2000 + r as u64,
+                    draw_index: step,
+                    prompt: &seqs[r].tokens,
+                    output: &outputs[r],
+                    logprobs: (r % 3 == 0).then_some(4),
+                    mask: masks[r].as_deref(),
+                })
+                .collect();
+            let rows = decode_rows(&seqs, &specs);
+            let want = logits(host.step(&rows).expect("host decode"));
+            let before = device.copy_stats();
+            let StepOutput::Sampled(got) = device.step(&rows).expect("device decode") else {
+                panic!(
+                    "{name}: expected sampled tokens: masked and biased rows sample on the device"
+                );
+            };
+            let copies = device.copy_stats().since(&before);
+            assert_eq!(
+                (copies.steps, copies.h2d, copies.d2h),
+                (1, 1, 1),
+                "{name}: {copies:?}"
+            );
+            for (r, (l, g)) in want.iter().zip(&got).enumerate() {
+                if let Some(mask) = specs[r].mask {
+                    assert!(
+                        is_allowed(mask, g.token),
+                        "{name}: row {r} took {}",
+                        g.token
+                    );
+                }
+                let reference = sampling::sample(l.clone(), &specs[r]);
+                moved += usize::from(*exact && reference.token as usize != best[r]);
+                total += 1;
+                if reference.token == g.token {
+                    same += 1;
+                }
+                if *exact {
+                    assert_eq!(reference.token, g.token, "{name}, row {r}, step {step}");
+                }
+                // Logprobs are those of the raw logits, whatever the mask and biases did.
+                if let (Some(a), Some(b)) = (&reference.logprob, &g.logprob)
+                    && reference.token == g.token
+                {
+                    assert!(
+                        (a.logprob - b.logprob).abs() < 1e-3,
+                        "{name}: logprob {} vs {}",
+                        a.logprob,
+                        b.logprob
+                    );
+                }
+            }
+        }
+        let share = same as f64 / total as f64;
+        println!("RESULT device sampler, {name}: {same}/{total} draws equal the reference");
+        assert!(share >= 0.99, "{name}: only {same}/{total} draws agree");
+    }
+    println!("RESULT masks and biases moved {moved} greedy tokens off the unconstrained argmax");
+    assert!(moved > 0, "no mask or bias changed a greedy token");
 }
 
 fn cuda_paged_prefill(model: &Model) -> CudaBackend {

@@ -400,3 +400,124 @@ fn shutdown_returns_after_the_backend_is_released() {
     assert!(dropped.load(std::sync::atomic::Ordering::SeqCst));
     assert_eq!(collect(stream).reason, FinishReason::Cancelled);
 }
+
+/// A backend that samples "on its device" (with the reference sampler, so outputs compare
+/// exactly) and records the grammar masks it received, as the CUDA backend does.
+struct DeviceSampler {
+    inner: inferno::backend::cpu::CpuBackend,
+    /// Rows sampled with a mask, and rows of constrained requests sampled without one.
+    masked: std::sync::Arc<std::sync::Mutex<(usize, usize)>>,
+    /// The sequence ids of constrained requests.
+    constrained: std::collections::HashSet<u64>,
+}
+
+impl inferno::engine::Backend for DeviceSampler {
+    fn name(&self) -> &str {
+        "device-sampler"
+    }
+    fn kv_cache(&self) -> inferno::engine::KvCacheShape {
+        self.inner.kv_cache()
+    }
+    fn step(
+        &mut self,
+        rows: &[inferno::engine::BatchRow<'_>],
+    ) -> Result<inferno::engine::StepOutput, inferno::engine::BackendError> {
+        use inferno::engine::StepOutput;
+        let StepOutput::Logits(logits) = self.inner.step(rows)? else {
+            unreachable!("the CPU backend returns logits");
+        };
+        let sampling: Vec<_> = rows.iter().filter(|r| r.sample.is_some()).collect();
+        let mut masked = self.masked.lock().expect("lock");
+        let mut tokens = Vec::new();
+        for (row, logits) in sampling.iter().zip(logits) {
+            let spec = row.sample.expect("a sampling row");
+            if spec.mask.is_some() {
+                masked.0 += 1;
+            } else if self.constrained.contains(&row.seq_id) {
+                masked.1 += 1;
+            }
+            tokens.push(inferno::engine::sampling::sample(logits, &spec));
+        }
+        Ok(StepOutput::Sampled(tokens))
+    }
+}
+
+/// Grammar masks reach the backend with the step (a device sampler applies them there): every
+/// sampled row of a constrained request carries its mask, and a backend that samples with them
+/// produces exactly what the engine's host sampler produces, in a batch mixed with free rows.
+#[test]
+fn grammar_masks_travel_with_the_step_to_a_device_sampler() {
+    use inferno::constrain::{ConstraintKind, ConstraintSource, ConstraintSpec, GrammarCompiler};
+    let model = model();
+    let info = inferno::engine::ModelInfo::of(&model);
+    let compiler =
+        GrammarCompiler::new(&model.tokenizer, &info.eos_token_ids, info.vocab_size).expect("tok");
+    let regex = compiler
+        .compile(&ConstraintSpec {
+            kind: ConstraintKind::Regex,
+            source: ConstraintSource::Regex("[0-9]{3}-[a-z]{4}".into()),
+        })
+        .expect("compiles");
+    let prompts = prompts();
+    let requests = || {
+        let mut out = Vec::new();
+        for (i, prompt) in prompts.iter().take(4).enumerate() {
+            let mut free = greedy(prompt, 6);
+            free.id = format!("free-{i}");
+            let mut constrained = greedy(prompt, 40);
+            constrained.id = format!("regex-{i}");
+            constrained.constraint = Some(regex.clone());
+            constrained.stop.ignore_eos = false;
+            constrained.sampling = SamplingParams {
+                temperature: 0.8,
+                seed: Some(i as u64),
+                ..SamplingParams::default()
+            };
+            out.extend([free, constrained]);
+        }
+        out
+    };
+    let host = engine(&model, EngineConfig::default());
+    let want = run_all(&host, requests());
+    host.shutdown();
+
+    let masked = std::sync::Arc::new(std::sync::Mutex::new((0, 0)));
+    let config = EngineConfig::default();
+    let backend = DeviceSampler {
+        inner: inferno::backend::cpu::CpuBackend::new(&model, config.kv_cache_bytes)
+            .expect("backend"),
+        masked: masked.clone(),
+        // Sequence ids count from 1 in submission order: the constrained requests are even.
+        constrained: (1..=8).filter(|id| id % 2 == 0).collect(),
+    };
+    let device =
+        inferno::engine::Engine::spawn(Box::new(backend), info, config).expect("engine starts");
+    let got = run_all(&device, requests());
+    device.shutdown();
+
+    let (with_mask, without) = *masked.lock().expect("lock");
+    assert_eq!(without, 0, "constrained rows sampled without their mask");
+    // Every token of a constrained request was sampled with a mask (and then the end of
+    // sequence, which is not a token of the output).
+    let constrained_tokens: usize = got.iter().skip(1).step_by(2).map(|o| o.tokens.len()).sum();
+    assert!(
+        constrained_tokens > 0 && with_mask >= constrained_tokens,
+        "{with_mask} masked rows for {constrained_tokens} constrained tokens"
+    );
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        assert_eq!(w.tokens, g.tokens, "request {i}");
+        if i % 2 == 1 {
+            let re = regex_lite_match(&g.text);
+            assert!(re, "request {i}: {:?} does not match the grammar", g.text);
+        }
+    }
+}
+
+/// Whether `text` is three digits, a dash and four lowercase letters.
+fn regex_lite_match(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    bytes.len() == 8
+        && bytes[..3].iter().all(u8::is_ascii_digit)
+        && bytes[3] == b'-'
+        && bytes[4..].iter().all(u8::is_ascii_lowercase)
+}

@@ -13,6 +13,7 @@
 //! - [`tpm`]: TPM 2.0 quotes, event logs and AK binding (`docs/attestation-tpm.md`);
 //! - [`nvidia`]: NVIDIA H100/H200 SPDM evidence, RIMs and NVML (`docs/attestation-gpu.md`);
 //! - [`snp_measurement`]: the expected SEV-SNP launch measurement of measured direct boot;
+//! - [`tdx_measurement`]: the TDX firmware's metadata and the expected MRTD of a TD built from it;
 //! - [`reference_values`]: the measurements one image build determines, as policy input.
 //!
 //! `docs/attestation.md` explains the design and every check.
@@ -35,5 +36,6 @@ pub mod report;
 pub mod runtime_data;
 mod serde_b64;
 pub mod snp_measurement;
+pub mod tdx_measurement;
 pub mod tpm;
 pub mod verify;

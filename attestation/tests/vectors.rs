@@ -8,6 +8,7 @@ use inferno_attestation::bundle::{CollateralBundle, IntelCollateral};
 use inferno_attestation::evidence::{Base64Bytes, Evidence};
 use inferno_attestation::pki;
 use inferno_attestation::policy::LoadedPolicy;
+use inferno_attestation::reference_values::ReferenceValues;
 use inferno_attestation::report::AppraisalReport;
 use time::OffsetDateTime;
 use time::macros::datetime;
@@ -585,4 +586,69 @@ fn tdx_mrtd_not_in_the_reference_values_fails_naming_it() {
         "the failure names the MRTD: {reason}"
     );
     assert!(judge(&mrtd).passed());
+}
+
+/// The vector policy with the shipped `policy/reference-values.toml` applied, its `[tdx] mrtd`
+/// list extended by `extra_mrtd` (the vectors carry no vTPM quote, so its PCR values are left
+/// out: the vector policy has no `[tpm]` table).
+fn policy_with_shipped_reference_values(extra_mrtd: Option<&str>) -> (LoadedPolicy, Vec<String>) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../policy/reference-values.toml");
+    let mut values = ReferenceValues::from_bytes(&std::fs::read(path).unwrap()).unwrap();
+    values.tpm = None;
+    let shipped = values.tdx.as_ref().unwrap().mrtd.clone().unwrap();
+    if let Some(mrtd) = extra_mrtd {
+        let tdx = values.tdx.as_mut().unwrap();
+        tdx.mrtd.as_mut().unwrap().push(mrtd.to_owned());
+    }
+    let text = VECTOR_POLICY.replacen(
+        "platforms = ",
+        "reference_values = \"reference-values.toml\"\nplatforms = ",
+        1,
+    );
+    let values = toml::to_string(&values).unwrap();
+    let policy = LoadedPolicy::with_reference_values(text.as_bytes(), values.as_bytes()).unwrap();
+    (policy, shipped)
+}
+
+#[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
+fn tdx_quote_from_another_firmware_is_refused_by_the_shipped_mrtd_naming_it() {
+    let Some(v) = vectors() else { return };
+    let evidence = Evidence::from_bytes(&read(&v, "tdx/dcap-qvl/tdx_quote")).unwrap();
+    let mut bundle = CollateralBundle::empty("2026-01-01T00:00:00Z".into());
+    bundle.intel.push(IntelCollateral {
+        fmspc: None,
+        collateral: serde_json::from_slice(&read(&v, "tdx/dcap-qvl/tdx_quote_collateral.json"))
+            .unwrap(),
+    });
+    let judge = |policy: &LoadedPolicy| {
+        appraise(&AppraisalInput {
+            evidence: &evidence,
+            policy,
+            collateral: Some(&bundle),
+            now: datetime!(2025-07-19 10:00:34 UTC),
+            clock_floor: None,
+            gpu_ready_pending: false,
+        })
+    };
+    // The shipped values list the MRTDs of the appliance's TDVF (scripts/tdvf-build.sh, in the
+    // two orders a host may add its pages in), not the vector's firmware: the quote is refused
+    // for its MRTD alone, and the failure names it.
+    let (policy, shipped) = policy_with_shipped_reference_values(None);
+    assert_eq!(shipped.len(), 2, "{shipped:?}");
+    let refused = judge(&policy);
+    assert_eq!(failed_ids(&refused), ["tdx.mrtd"], "{refused}");
+    let mrtd = refused.claims.tdx.as_ref().unwrap().mrtd.clone();
+    assert!(mrtd.starts_with("91eb2b44"));
+    assert!(!shipped.contains(&mrtd));
+    let reason = &refused.failures().next().unwrap().reason;
+    assert!(
+        reason.contains(&mrtd),
+        "the failure names the MRTD: {reason}"
+    );
+    assert!(reason.contains("reference values"), "{reason}");
+    // The same values with the quote's MRTD added accept it.
+    let (policy, _) = policy_with_shipped_reference_values(Some(&mrtd));
+    let accepted = judge(&policy);
+    assert!(accepted.passed(), "{accepted}");
 }

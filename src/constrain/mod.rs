@@ -3,9 +3,10 @@
 //!
 //! A request's constraint is compiled once (in the request's blocking preparation, under
 //! llguidance's fuel limits, which bound the compile time), then each choice gets its own
-//! [`TokenConstraint`]. The engine asks it for the allowed-token mask of the next step on a worker
-//! thread while the backend runs the forward pass, applies the mask in the sampler and advances
-//! the constraint with the sampled token.
+//! [`TokenConstraint`]. The engine advances it with each sampled token, then asks it for the next
+//! allowed-token mask on a worker thread while it finishes the step's bookkeeping and schedules
+//! the next one; the mask travels with that step to the sampler (on the device with the CUDA
+//! backend; see `docs/engine.md`, "Constrained decoding").
 
 use std::sync::Arc;
 

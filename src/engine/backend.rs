@@ -41,17 +41,11 @@ pub struct SampleSpec<'a> {
     pub output: &'a [u32],
     /// `Some(k)`: also return the chosen token's logprob and the top `k` alternatives.
     pub logprobs: Option<u32>,
-    /// The row follows a grammar: the engine computes its allowed-token mask while the step runs
-    /// and samples it on the host, so a backend that samples on its device returns the step's
-    /// logits instead (as it does for [`SamplingParams::needs_host_sampler`]).
-    pub constrained: bool,
-}
-
-impl SampleSpec<'_> {
-    /// Whether the engine, not the backend's device sampler, must draw this row's token.
-    pub fn needs_host_sampler(&self) -> bool {
-        self.constrained || self.params.needs_host_sampler()
-    }
+    /// The allowed-token mask of a constrained row for this step (bit `t % 32` of word `t / 32`
+    /// allows token `t`; tokens beyond the mask are disallowed). The engine computes it before the
+    /// step (see `docs/engine.md`, "Constrained decoding"), so a device sampler applies it on
+    /// the device like the reference sampler does.
+    pub mask: Option<&'a [u32]>,
 }
 
 /// One sequence's share of a forward step.

@@ -90,6 +90,7 @@ impl Engine {
             receiver,
             shared: shared.clone(),
             steps: 0,
+            masks: MaskJobs::new(),
         };
         let thread = std::thread::Builder::new()
             .name("inferno-engine".into())
@@ -109,18 +110,42 @@ struct Worker {
     receiver: mpsc::Receiver<Command>,
     shared: Arc<Shared>,
     steps: u64,
+    masks: MaskJobs,
     /// Measured step costs, which size the prefill share of each step.
     step_costs: StepCosts,
 }
 
-/// A constrained row's grammar state while its step runs, and the mask computed for it.
-struct Masking {
-    /// Index of the sequence in the running list.
-    running: usize,
-    /// Index of the row among the step's sampling rows.
-    sample: usize,
+/// A grammar mask computed on rayon's pool, with the grammar state it came from.
+struct MaskJob {
+    seq_id: u64,
     constraint: crate::constrain::TokenConstraint,
-    mask: Option<Result<crate::constrain::TokenMask, String>>,
+    mask: Result<crate::constrain::TokenMask, String>,
+}
+
+/// The masks being computed between two steps.
+struct MaskJobs {
+    sender: mpsc::Sender<MaskJob>,
+    receiver: mpsc::Receiver<MaskJob>,
+    in_flight: usize,
+}
+
+impl MaskJobs {
+    fn new() -> Self {
+        let (sender, receiver) = mpsc::channel();
+        Self {
+            sender,
+            receiver,
+            in_flight: 0,
+        }
+    }
+}
+
+/// The next mask of `constraint`; a panic in the grammar engine becomes an error of the row.
+fn compute_mask(
+    constraint: &mut crate::constrain::TokenConstraint,
+) -> Result<crate::constrain::TokenMask, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| constraint.mask()))
+        .unwrap_or_else(|_| Err("the grammar mask computation panicked".to_owned()))
 }
 
 /// How a sampled token changed its sequence.
@@ -218,105 +243,68 @@ impl Worker {
     }
 
     fn step(&mut self, plan: &[Scheduled]) {
-        let mut masking = self.take_constraints(plan);
+        self.prepare_masks(plan);
         let result = {
             let running = &self.scheduler.running;
-            let backend = &mut self.backend;
             let rows: Vec<BatchRow<'_>> = plan
                 .iter()
                 .map(|s| batch_row(&running[s.index], *s))
                 .collect();
-            // The grammar masks of this step are computed on worker threads while the backend
-            // runs the forward pass; the sampler needs them only afterwards.
-            std::thread::scope(|scope| {
-                let masker = (!masking.is_empty()).then(|| {
-                    scope.spawn(|| {
-                        use rayon::prelude::*;
-                        masking
-                            .par_iter_mut()
-                            .for_each(|m| m.mask = Some(m.constraint.mask()));
-                    })
+            let specs = sample_specs(&rows);
+            self.backend.step(&rows).and_then(|output| {
+                let sampled: Vec<SampledToken> = match output {
+                    StepOutput::Sampled(tokens) => tokens,
+                    StepOutput::Logits(rows) => rows
+                        .into_iter()
+                        .zip(&specs)
+                        .map(|(logits, spec)| sampling::sample(logits, spec))
+                        .collect(),
+                };
+                if sampled.len() != specs.len() {
+                    return Err(BackendError::InvalidBatch(format!(
+                        "the backend returned {} results for {} sampling rows",
+                        sampled.len(),
+                        specs.len()
+                    )));
+                }
+                let outside = sampled.iter().zip(&specs).any(|(token, spec)| {
+                    spec.mask
+                        .is_some_and(|mask| !crate::constrain::is_allowed(mask, token.token))
                 });
-                let output = backend.step(&rows);
-                if let Some(masker) = masker
-                    && masker.join().is_err()
-                {
+                if outside {
                     return Err(BackendError::InvalidBatch(
-                        "the grammar mask computation panicked".into(),
+                        "the sampler chose a token outside the grammar mask".into(),
                     ));
                 }
-                output.map(|out| (out, sample_specs(&rows)))
+                Ok(sampled)
             })
         };
         self.steps += 1;
-        let masks: Vec<Option<&[u32]>> = {
-            let mut masks = vec![None; result.as_ref().map_or(0, |(_, specs)| specs.len())];
-            for m in &masking {
-                if let (Some(slot), Some(Ok(mask))) = (masks.get_mut(m.sample), m.mask.as_ref()) {
-                    *slot = Some(mask.as_slice());
-                }
-            }
-            masks
-        };
-        let sampled = result.and_then(|(output, specs)| {
-            let sampled: Vec<SampledToken> = match output {
-                StepOutput::Sampled(tokens) => {
-                    let outside = tokens.iter().zip(&masks).any(|(token, mask)| {
-                        mask.is_some_and(|mask| !crate::constrain::is_allowed(mask, token.token))
-                    });
-                    if outside {
-                        return Err(BackendError::InvalidBatch(
-                            "the backend sampled a constrained row on its device".into(),
-                        ));
-                    }
-                    tokens
-                }
-                StepOutput::Logits(rows) => rows
-                    .into_iter()
-                    .zip(&specs)
-                    .zip(&masks)
-                    .map(|((logits, spec), mask)| sampling::sample_masked(logits, spec, *mask))
-                    .collect(),
-            };
-            if sampled.len() == specs.len() {
-                Ok(sampled)
-            } else {
-                Err(BackendError::InvalidBatch(format!(
-                    "the backend returned {} results for {} sampling rows",
-                    sampled.len(),
-                    specs.len()
-                )))
-            }
-        });
-        let mask_errors = self.return_constraints(masking);
-        let sampled = match sampled {
+        let sampled = match result {
             Ok(sampled) => sampled,
             Err(err) => return self.fail_step(plan, &err),
         };
         for scheduled in plan {
             self.scheduler.complete(*scheduled);
         }
-        let sampling_rows = plan
+        let sampling_rows: Vec<Scheduled> = plan
             .iter()
-            .filter(|s| self.scheduler.running[s.index].pending() == 0);
-        let mut finished = Vec::new();
-        for (scheduled, token) in sampling_rows
+            .filter(|s| self.scheduler.running[s.index].pending() == 0)
             .copied()
-            .collect::<Vec<_>>()
-            .into_iter()
-            .zip(sampled)
-        {
-            let progress = match mask_errors
-                .iter()
-                .find(|(index, _)| *index == scheduled.index)
-            {
-                Some((_, reason)) => Progress::Finished(FinishReason::Error(format!(
+            .collect();
+        let mut finished = Vec::new();
+        for (scheduled, token) in sampling_rows.into_iter().zip(sampled) {
+            let mask = self.scheduler.running[scheduled.index].next_mask.take();
+            let progress = match mask {
+                Some(Err(reason)) => Progress::Finished(FinishReason::Error(format!(
                     "constrained decoding failed: {reason}"
                 ))),
-                None => self.accept(scheduled.index, token),
+                _ => self.accept(scheduled.index, token),
             };
             match progress {
-                Progress::Continue => {}
+                // The next mask is computed on the pool while the rest of this step's tokens
+                // are accepted and the next step is scheduled.
+                Progress::Continue => self.start_mask(scheduled.index),
                 Progress::Finished(reason) => finished.push((scheduled.index, Some(reason))),
                 Progress::Gone => finished.push((scheduled.index, None)),
             }
@@ -330,38 +318,80 @@ impl Worker {
         }
     }
 
-    /// Takes the grammar states of the rows that sample in this step out of their sequences.
-    fn take_constraints(&mut self, plan: &[Scheduled]) -> Vec<Masking> {
-        let mut masking = Vec::new();
-        let mut sample = 0;
-        for scheduled in plan {
-            let seq = &mut self.scheduler.running[scheduled.index];
-            if seq.num_computed + scheduled.num_tokens != seq.tokens.len() {
-                continue;
-            }
-            if let Some(constraint) = seq.constraint.take() {
-                masking.push(Masking {
-                    running: scheduled.index,
-                    sample,
-                    constraint,
-                    mask: None,
-                });
-            }
-            sample += 1;
-        }
-        masking
+    /// Starts computing the next grammar mask of the constrained sequence at `index` of the
+    /// running list on rayon's pool; its grammar state travels with the job and comes back in
+    /// [`Worker::collect_masks`].
+    fn start_mask(&mut self, index: usize) {
+        let seq = &mut self.scheduler.running[index];
+        let Some(mut constraint) = seq.constraint.take() else {
+            return;
+        };
+        let seq_id = seq.id;
+        let results = self.masks.sender.clone();
+        self.masks.in_flight += 1;
+        rayon::spawn(move || {
+            let mask = compute_mask(&mut constraint);
+            // The receiver lives as long as the engine; after shutdown the result is moot.
+            let _ = results.send(MaskJob {
+                seq_id,
+                constraint,
+                mask,
+            });
+        });
     }
 
-    /// Puts the grammar states back; returns the rows whose mask could not be computed.
-    fn return_constraints(&mut self, masking: Vec<Masking>) -> Vec<(usize, String)> {
-        let mut errors = Vec::new();
-        for m in masking {
-            if let Some(Err(reason)) = m.mask {
-                errors.push((m.running, reason));
+    /// Waits for the masks computed since the last step and returns each grammar state (and its
+    /// mask) to its sequence, wherever the scheduler has put it; a sequence that went away drops
+    /// its own.
+    fn collect_masks(&mut self) {
+        while self.masks.in_flight > 0 {
+            let Ok(job) = self.masks.receiver.recv() else {
+                break;
+            };
+            self.masks.in_flight -= 1;
+            let scheduler = &mut self.scheduler;
+            if let Some(seq) = scheduler
+                .running
+                .iter_mut()
+                .chain(scheduler.waiting.iter_mut())
+                .find(|s| s.id == job.seq_id)
+            {
+                seq.constraint = Some(job.constraint);
+                seq.next_mask = Some(job.mask);
             }
-            self.scheduler.running[m.running].constraint = Some(m.constraint);
         }
-        errors
+    }
+
+    /// Makes sure that every constrained row sampling in this step has its mask before the step
+    /// starts (a device sampler applies it on the device, so it travels in the step's inputs):
+    /// the masks started when the previous tokens were accepted are collected, and those not
+    /// computed yet (a first token after the prompt) are computed now, in parallel.
+    fn prepare_masks(&mut self, plan: &[Scheduled]) {
+        self.collect_masks();
+        let sampling: HashSet<usize> = plan
+            .iter()
+            .filter(|s| {
+                let seq = &self.scheduler.running[s.index];
+                seq.num_computed + s.num_tokens == seq.tokens.len()
+            })
+            .map(|s| s.index)
+            .collect();
+        let mut missing: Vec<&mut Sequence> = self
+            .scheduler
+            .running
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, seq)| {
+                sampling.contains(i) && seq.constraint.is_some() && seq.next_mask.is_none()
+            })
+            .map(|(_, seq)| seq)
+            .collect();
+        use rayon::prelude::*;
+        missing.par_iter_mut().for_each(|seq| {
+            if let Some(constraint) = seq.constraint.as_mut() {
+                seq.next_mask = Some(compute_mask(constraint));
+            }
+        });
     }
 
     /// Ends every sequence of a failed step with an error.
@@ -484,7 +514,11 @@ fn batch_row(seq: &Sequence, scheduled: Scheduled) -> BatchRow<'_> {
         prompt: &seq.request.prompt,
         output: seq.output(),
         logprobs: seq.request.logprobs,
-        constrained: seq.request.constraint.is_some(),
+        mask: seq
+            .next_mask
+            .as_ref()
+            .and_then(|mask| mask.as_ref().ok())
+            .map(Vec::as_slice),
     });
     BatchRow {
         seq_id: seq.id,

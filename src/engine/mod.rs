@@ -24,7 +24,7 @@ pub use config::{BLOCK_SIZE, EngineConfig};
 pub use core::{Engine, EngineError, ModelInfo};
 pub use handle::{EngineHandle, EngineStats, GenerationStream, SubmitError};
 pub use request::{
-    FinishReason, GenerationEvent, GenerationRequest, SamplingParams, StopParams, StopReason,
-    TokenLogprob,
+    FinishReason, GenerationEvent, GenerationRequest, MAX_LOGIT_BIAS_TOKENS, SamplingParams,
+    StopParams, StopReason, TokenLogprob,
 };
 pub use stop::{MAX_STOP_BYTES, StopError};

@@ -22,9 +22,14 @@ pub struct SamplingParams {
     /// Seed of the request's random generator. Without one, the engine draws a seed.
     pub seed: Option<u64>,
     /// Added to the raw logits of the listed tokens before the penalties (OpenAI `logit_bias`;
-    /// each bias within `-100..=100`), sorted by token id without duplicates.
+    /// each bias within `-100..=100`), sorted by token id without duplicates, at most
+    /// [`MAX_LOGIT_BIAS_TOKENS`] entries.
     pub logit_bias: Vec<(u32, f32)>,
 }
+
+/// The most `logit_bias` entries a request may carry: device samplers reserve room for this many
+/// `(token, bias)` pairs per row in a step's packed inputs.
+pub const MAX_LOGIT_BIAS_TOKENS: usize = 1024;
 
 impl Default for SamplingParams {
     fn default() -> Self {
@@ -46,12 +51,6 @@ impl SamplingParams {
     /// Whether the parameters reduce to picking the most likely token.
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0 || self.top_k == 1
-    }
-
-    /// Whether the row must be sampled by the engine's host sampler: device samplers implement
-    /// temperature, filters and penalties, not logit biases.
-    pub fn needs_host_sampler(&self) -> bool {
-        !self.logit_bias.is_empty()
     }
 
     /// Whether any penalty changes the logits.

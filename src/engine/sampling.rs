@@ -2,9 +2,8 @@
 //! draw, plus logprobs.
 //!
 //! Every backend that samples on its device implements exactly these semantics, in this order:
-//! 0. the grammar mask of a constrained row sets every disallowed logit to minus infinity, and
-//!    `logit_bias` is added to the listed tokens' logits (device samplers leave rows with either
-//!    to this sampler: see [`SampleSpec::needs_host_sampler`]);
+//! 0. the grammar mask of a constrained row ([`SampleSpec::mask`]) sets every disallowed logit
+//!    to minus infinity, then `logit_bias` is added to the listed tokens' logits;
 //! 1. penalties on the raw logits: repetition (Hugging Face: divide positive logits, multiply
 //!    negative ones, for every token seen in prompt or output), then frequency and presence
 //!    (OpenAI: subtract `frequency × count + presence` for every generated token);
@@ -117,11 +116,6 @@ pub fn top_k_entries(values: &[f32], k: usize) -> Vec<(u32, f32)> {
     order.into_iter().map(|i| (i, values[i as usize])).collect()
 }
 
-/// Draws the next token from raw `logits` as `spec` says. `logits` is consumed as scratch space.
-pub fn sample(logits: Vec<f32>, spec: &SampleSpec<'_>) -> SampledToken {
-    sample_masked(logits, spec, None)
-}
-
 /// Sets the logits of tokens that `mask` disallows to minus infinity (bit `t % 32` of word
 /// `t / 32` allows token `t`; tokens beyond the mask are disallowed).
 pub fn apply_mask(logits: &mut [f32], mask: &[u32]) {
@@ -144,15 +138,12 @@ pub fn apply_logit_bias(logits: &mut [f32], bias: &[(u32, f32)]) {
     }
 }
 
-/// [`sample`] restricted to the tokens that a grammar's `mask` allows, when there is one.
-pub fn sample_masked(
-    mut logits: Vec<f32>,
-    spec: &SampleSpec<'_>,
-    mask: Option<&[u32]>,
-) -> SampledToken {
+/// Draws the next token from raw `logits` as `spec` says (restricted to the tokens its grammar
+/// mask allows, when it has one). `logits` is consumed as scratch space.
+pub fn sample(mut logits: Vec<f32>, spec: &SampleSpec<'_>) -> SampledToken {
     let logprob_table = spec.logprobs.map(|_| log_softmax(&logits));
     let params = spec.params;
-    if let Some(mask) = mask {
+    if let Some(mask) = spec.mask {
         apply_mask(&mut logits, mask);
     }
     apply_logit_bias(&mut logits, &params.logit_bias);
@@ -236,7 +227,7 @@ mod tests {
             prompt: &[],
             output,
             logprobs: None,
-            constrained: false,
+            mask: None,
         }
     }
 
@@ -268,11 +259,19 @@ mod tests {
         // Allow tokens 33 and 65 only.
         let mask = [0u32, 1 << 1, 1 << 1];
         for i in 0..300 {
-            let token = sample_masked(logits.clone(), &spec(&params, 4, i, &[]), Some(&mask)).token;
+            let masked = SampleSpec {
+                mask: Some(&mask),
+                ..spec(&params, 4, i, &[])
+            };
+            let token = sample(logits.clone(), &masked).token;
             assert!(token == 33 || token == 65, "token {token}");
         }
         let greedy = SamplingParams::default();
-        let token = sample_masked(logits, &spec(&greedy, 4, 0, &[]), Some(&mask)).token;
+        let masked = SampleSpec {
+            mask: Some(&mask),
+            ..spec(&greedy, 4, 0, &[])
+        };
+        let token = sample(logits, &masked).token;
         assert!(token == 33 || token == 65);
     }
 

@@ -7,7 +7,7 @@ use super::config::BLOCK_SIZE;
 use super::detokenize::IncrementalDecoder;
 use super::request::{GenerationEvent, GenerationRequest};
 use super::stop::StopMatcher;
-use crate::constrain::TokenConstraint;
+use crate::constrain::{TokenConstraint, TokenMask};
 
 /// One generation in flight: its tokens, KV blocks, generator position and output channel.
 #[derive(Debug)]
@@ -39,8 +39,11 @@ pub struct Sequence {
     /// Whether the sequence has been admitted at least once (prefix-cache statistics count once).
     pub admitted_before: bool,
     /// The request's grammar state, advanced with every generated token. The engine takes it
-    /// out while a step computes its next mask.
+    /// out while a worker thread computes its next mask.
     pub constraint: Option<TokenConstraint>,
+    /// The allowed-token mask for the next sampled token (or why it could not be computed),
+    /// computed after the previous token was accepted and consumed when the next one is.
+    pub next_mask: Option<Result<TokenMask, String>>,
 }
 
 impl Sequence {
@@ -85,6 +88,7 @@ impl Sequence {
             events,
             admitted_before: false,
             constraint: request.constraint.as_ref().map(|c| c.start()),
+            next_mask: None,
             request,
         }
     }

@@ -11,8 +11,8 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
 use crate::engine::{
-    Backend, BackendError, BatchRow, EngineConfig, KvCacheShape, SampleSpec, SampledToken,
-    StepOutput, TokenLogprob,
+    Backend, BackendError, BatchRow, EngineConfig, KvCacheShape, SampledToken, StepOutput,
+    TokenLogprob,
 };
 use crate::model::{Model, ModelConfig};
 
@@ -244,8 +244,13 @@ impl CudaBackend {
         let max_context_model = cfg.max_position_embeddings.max(1);
         let max_blocks_per_seq = max_context_model.div_ceil(crate::engine::BLOCK_SIZE);
         let max_penalty_tokens = cfg.vocab_size.min(max_context_model);
-        let max_words =
-            inputs::max_words(max_tokens, max_rows, max_blocks_per_seq, max_penalty_tokens);
+        let max_words = inputs::max_words(
+            max_tokens,
+            max_rows,
+            max_blocks_per_seq,
+            max_penalty_tokens,
+            cfg.vocab_size,
+        );
         let act = Activations::new(cfg, max_tokens, max_rows, split_budget, max_words)?;
 
         let (free, total) = ctx
@@ -850,12 +855,8 @@ impl Backend for CudaBackend {
         let layout = pack_step(rows, padding, &self.limits, &mut host);
         self.host_inputs = host;
         let layout = layout?;
-        // Rows with a grammar mask or logit biases are sampled by the engine on the host.
-        let device_sampling = self.options.sample_on_device
-            && !rows
-                .iter()
-                .filter_map(|row| row.sample.as_ref())
-                .any(SampleSpec::needs_host_sampler);
+        // Grammar masks and logit biases travel in the packed inputs: every row samples here.
+        let device_sampling = self.options.sample_on_device;
         self.copies.steps += 1;
         if layout.is_empty() {
             return Ok(StepOutput::Logits(Vec::new()));
@@ -901,7 +902,7 @@ impl Backend for CudaBackend {
                 Arg::Ptr(self.act.probs.ptr()),
                 Arg::Ptr(self.act.inputs.at(layout.top_n() * 4)),
                 Arg::Ptr(self.act.inputs.at(layout.sample_params() * 4)),
-                Arg::Ptr(self.act.inputs.at(layout.penalties() * 4)),
+                Arg::Ptr(self.act.inputs.at(layout.lists() * 4)),
                 Arg::Ptr(self.act.sampled.ptr()),
             ],
         )?;

@@ -7,11 +7,15 @@
 //! index of each sampled row `[S]`, the number of logprob alternatives of each sampled row `[S]`,
 //! the sampling parameters of each sampled row `[S * SAMPLE_PARAMS]` (temperature, top-k, top-p,
 //! min-p, presence, frequency and repetition penalties as float bits or ints, the seed and the
-//! draw index as 32-bit halves, and where its penalty list starts and how long it is), the block
-//! tables `[R * max_blocks]` (zero-padded) and last the penalty lists (distinct `(token, times
-//! generated)` pairs), then, for steps with a prefill row, the prefill-attention tiles (`(first
-//! token, count)` pairs: every row's tokens cut into runs of at most `tile_tokens`). The forward
-//! pass reads only what precedes the block tables at offsets
+//! draw index as 32-bit halves, where its penalty list and its bias list start and how long they
+//! are, and where its grammar mask starts or -1), the block tables `[R * max_blocks]`
+//! (zero-padded), then the sampled rows' lists, row after row: the penalty list (distinct
+//! `(token, times generated)` pairs), the `logit_bias` list (`(token, bias as float bits)` pairs)
+//! and the grammar mask (`ceil(vocab / 32)` words, bit `t % 32` of word `t / 32` allowing token
+//! `t`), and last, for steps with a prefill row, the prefill-attention tiles (`(first token,
+//! count)` pairs: every row's tokens cut into runs of at most `tile_tokens`). The grammar masks
+//! and biases thus travel in the step's one host-to-device copy. The forward pass reads only what
+//! precedes the block tables at offsets
 //! that depend on T and S alone, and it reads the table stride from the buffer: a decode step
 //! padded to a fixed T = S can replay a CUDA graph captured once for that size.
 //!
@@ -21,7 +25,7 @@
 
 use std::collections::HashMap;
 
-use crate::engine::{BLOCK_SIZE, BackendError, BatchRow, SampleSpec};
+use crate::engine::{BLOCK_SIZE, BackendError, BatchRow, MAX_LOGIT_BIAS_TOKENS, SampleSpec};
 
 use super::kernels::{MAX_TOP_LOGPROBS, SAMPLE_PARAMS};
 
@@ -38,8 +42,8 @@ pub struct StepLayout {
     pub padding: usize,
     /// Stride of the block-table array: the longest block table of the step.
     pub max_blocks: usize,
-    /// Words of the penalty lists.
-    pub penalty_words: usize,
+    /// Words of the sampled rows' lists (penalties, biases, masks).
+    pub list_words: usize,
     /// Prefill-attention tiles (0: attention runs in the paged split-K kernel).
     pub num_tiles: usize,
     /// Longest context any token attends to (for the split-K decision).
@@ -83,13 +87,13 @@ impl StepLayout {
     pub fn block_tables(&self) -> usize {
         self.sample_params() + SAMPLE_PARAMS * self.num_samples
     }
-    /// Offset of the penalty lists.
-    pub fn penalties(&self) -> usize {
+    /// Offset of the sampled rows' lists (the list offsets in the parameters count from here).
+    pub fn lists(&self) -> usize {
         self.block_tables() + self.num_rows * self.max_blocks
     }
     /// Offset of the prefill-attention tiles.
     pub fn tiles(&self) -> usize {
-        self.penalties() + self.penalty_words
+        self.lists() + self.list_words
     }
     /// Total words.
     pub fn len(&self) -> usize {
@@ -122,18 +126,26 @@ pub struct StepLimits {
     pub tile_tokens: usize,
 }
 
+/// Words of the grammar mask of a vocabulary of `vocab` tokens.
+pub fn mask_words(vocab: usize) -> usize {
+    vocab.div_ceil(32)
+}
+
 /// Words of the device input buffer for these step limits (tiles included), block tables of at most
-/// `max_blocks_per_seq` entries and penalty lists of at most `max_penalty_tokens` tokens per row.
+/// `max_blocks_per_seq` entries, penalty lists of at most `max_penalty_tokens` tokens per row, and
+/// per row a full `logit_bias` list and a grammar mask over `vocab` tokens.
 pub fn max_words(
     max_tokens: usize,
     max_rows: usize,
     max_blocks_per_seq: usize,
     max_penalty_tokens: usize,
+    vocab: usize,
 ) -> usize {
     1 + 6 * max_tokens
         + (2 + SAMPLE_PARAMS) * max_rows
         + max_rows * max_blocks_per_seq
         + 2 * max_rows * max_penalty_tokens
+        + max_rows * (2 * MAX_LOGIT_BIAS_TOKENS + mask_words(vocab))
 }
 
 /// Appends the penalty list of a sampled row to `pairs` as distinct `(token, times generated)`
@@ -174,11 +186,70 @@ fn pack_penalties(
     Ok(counts.len())
 }
 
+/// Where a sampled row's lists lie in the lists region, in words from its start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RowLists {
+    penalty_at: usize,
+    penalty_len: usize,
+    bias_at: usize,
+    bias_len: usize,
+    mask_at: Option<usize>,
+}
+
+/// Appends a sampled row's lists to `lists` (penalty pairs, bias pairs, then its grammar mask
+/// widened or cut to the vocabulary's words) and says where they are.
+fn pack_lists(
+    spec: &SampleSpec<'_>,
+    seq_id: u64,
+    vocab: usize,
+    lists: &mut Vec<i32>,
+) -> Result<RowLists, BackendError> {
+    let penalty_at = lists.len();
+    let penalty_len = pack_penalties(spec, seq_id, vocab, lists)?;
+    let bias = &spec.params.logit_bias;
+    if bias.len() > MAX_LOGIT_BIAS_TOKENS {
+        return Err(BackendError::InvalidBatch(format!(
+            "row {seq_id}: {} logit biases exceed the limit of {MAX_LOGIT_BIAS_TOKENS}",
+            bias.len()
+        )));
+    }
+    let bias_at = lists.len();
+    for (i, &(token, value)) in bias.iter().enumerate() {
+        if token as usize >= vocab {
+            return Err(BackendError::InvalidBatch(format!(
+                "row {seq_id}: biased token {token} is outside the vocabulary of {vocab}"
+            )));
+        }
+        // The kernel adds the biases in parallel, so every token may appear once.
+        if i > 0 && bias[i - 1].0 >= token {
+            return Err(BackendError::InvalidBatch(format!(
+                "row {seq_id}: logit biases must be sorted by token without duplicates"
+            )));
+        }
+        lists.extend([token as i32, value.to_bits() as i32]);
+    }
+    let mask_at = spec.mask.map(|mask| {
+        let at = lists.len();
+        let words = mask_words(vocab);
+        let kept = mask.len().min(words);
+        lists.extend(mask[..kept].iter().map(|&word| word as i32));
+        // Tokens beyond the grammar's mask are disallowed, as in the reference sampler.
+        lists.resize(at + words, 0);
+        at
+    });
+    Ok(RowLists {
+        penalty_at,
+        penalty_len,
+        bias_at,
+        bias_len: bias.len(),
+        mask_at,
+    })
+}
+
 /// The parameter words of one sampled row (see `kernels/sampling.cu`).
 fn sample_params(
     spec: &SampleSpec<'_>,
-    penalty_at: usize,
-    penalty_len: usize,
+    lists: &RowLists,
 ) -> Result<[i32; SAMPLE_PARAMS], BackendError> {
     let p = spec.params;
     let bits = |x: f32| x.to_bits() as i32;
@@ -196,16 +267,23 @@ fn sample_params(
         hi(spec.seed),
         lo(spec.draw_index),
         hi(spec.draw_index),
-        to_i32(penalty_at)?,
-        to_i32(penalty_len)?,
+        to_i32(lists.penalty_at)?,
+        to_i32(lists.penalty_len)?,
+        to_i32(lists.bias_at)?,
+        to_i32(lists.bias_len)?,
+        match lists.mask_at {
+            Some(at) => to_i32(at)?,
+            None => -1,
+        },
     ])
 }
 
-/// The parameter words of a padding row: greedy, no penalties.
+/// The parameter words of a padding row: greedy, no penalties, no biases, no mask.
 fn padding_params() -> [i32; SAMPLE_PARAMS] {
     let mut words = [0; SAMPLE_PARAMS];
     words[2] = 1.0f32.to_bits() as i32;
     words[6] = 1.0f32.to_bits() as i32;
+    words[SAMPLE_PARAMS - 1] = -1;
     words
 }
 
@@ -239,13 +317,11 @@ pub fn pack_step(
             limits.max_rows
         )));
     }
-    let mut pairs = Vec::new();
-    let mut penalty_lists = Vec::with_capacity(num_samples);
+    let mut lists = Vec::new();
+    let mut row_lists = Vec::with_capacity(num_samples);
     for row in rows {
         if let Some(spec) = &row.sample {
-            let at = pairs.len();
-            let len = pack_penalties(spec, row.seq_id, limits.vocab, &mut pairs)?;
-            penalty_lists.push((at, len));
+            row_lists.push(pack_lists(spec, row.seq_id, limits.vocab, &mut lists)?);
         }
     }
     let prefill = rows.iter().any(|r| r.tokens.len() > 1);
@@ -273,7 +349,7 @@ pub fn pack_step(
         num_samples,
         padding,
         max_blocks,
-        penalty_words: pairs.len(),
+        list_words: lists.len(),
         num_tiles: tiles.len(),
         max_context,
     };
@@ -287,7 +363,7 @@ pub fn pack_step(
     out.clear();
     out.resize(layout_probe.len(), 0);
     out[layout_probe.max_blocks_word()] = to_i32(max_blocks)?;
-    out[layout_probe.penalties()..layout_probe.tiles()].copy_from_slice(&pairs);
+    out[layout_probe.lists()..layout_probe.tiles()].copy_from_slice(&lists);
     for (i, &(first, count)) in tiles.iter().enumerate() {
         out[layout_probe.tiles() + 2 * i] = to_i32(first)?;
         out[layout_probe.tiles() + 2 * i + 1] = to_i32(count)?;
@@ -338,9 +414,8 @@ pub fn pack_step(
             out[layout_probe.sample_tokens() + s] = (t - 1) as i32;
             let top = spec.logprobs.unwrap_or(0) as usize;
             out[layout_probe.top_n() + s] = top.min(MAX_TOP_LOGPROBS) as i32;
-            let (at, len) = penalty_lists[s];
             let words = layout_probe.sample_params() + s * SAMPLE_PARAMS;
-            out[words..words + SAMPLE_PARAMS].copy_from_slice(&sample_params(spec, at, len)?);
+            out[words..words + SAMPLE_PARAMS].copy_from_slice(&sample_params(spec, &row_lists[s])?);
             s += 1;
         }
     }
@@ -428,7 +503,7 @@ mod tests {
             prompt: &[],
             output: &[],
             logprobs: Some(logprobs),
-            constrained: false,
+            mask: None,
         }
     }
 
@@ -617,7 +692,7 @@ mod tests {
             prompt: &[1, 2],
             output: &[2, 2, 3],
             logprobs: None,
-            constrained: false,
+            mask: None,
         };
         let plain = SamplingParams::default();
         let rows = [
@@ -666,7 +741,7 @@ mod tests {
             ]
         );
         // Distinct (token, times generated) pairs over prompt and output.
-        let list = &out[layout.penalties() + w[11] as usize..][..2 * w[12] as usize];
+        let list = &out[layout.lists() + w[11] as usize..][..2 * w[12] as usize];
         let mut pairs: Vec<(i32, i32)> = list.chunks_exact(2).map(|p| (p[0], p[1])).collect();
         pairs.sort_unstable();
         assert_eq!(pairs, vec![(1, 0), (2, 2), (3, 1)]);
@@ -682,6 +757,154 @@ mod tests {
             ..rows[1]
         }];
         assert!(pack_step(&bad, 0, &limits(), &mut out).is_err());
+    }
+
+    #[test]
+    fn packs_biases_and_grammar_masks_into_the_lists() {
+        // vocab 100: masks of 4 words (tokens 96..99 in the last word's low bits).
+        let biased = SamplingParams {
+            temperature: 0.7,
+            logit_bias: vec![(3, 100.0), (70, -2.5)],
+            ..Default::default()
+        };
+        let plain = SamplingParams::default();
+        // A grammar's mask may be shorter than the vocabulary (the rest is disallowed) or longer
+        // (bits past the vocabulary are dropped).
+        let short_mask = [1u32 << 5, 0x8000_0001];
+        let long_mask = [0u32, 0, 0, 1 << 3, 0xffff_ffff];
+        let spec = |params, mask| SampleSpec {
+            mask,
+            ..plain_spec(params, 0)
+        };
+        let rows = [
+            BatchRow {
+                seq_id: 1,
+                tokens: &[5],
+                start_pos: 4,
+                block_table: &[1],
+                sample: Some(spec(&biased, Some(&short_mask))),
+            },
+            BatchRow {
+                seq_id: 2,
+                tokens: &[6],
+                start_pos: 4,
+                block_table: &[2],
+                sample: Some(spec(&plain, None)),
+            },
+            BatchRow {
+                seq_id: 3,
+                tokens: &[7],
+                start_pos: 4,
+                block_table: &[3],
+                sample: Some(spec(&plain, Some(&long_mask))),
+            },
+        ];
+        let mut out = Vec::new();
+        let layout = pack_step(&rows, 1, &limits(), &mut out).expect("packs");
+        let words = |s: usize| {
+            let at = layout.sample_params() + s * SAMPLE_PARAMS;
+            out[at..at + SAMPLE_PARAMS].to_vec()
+        };
+        let lists = &out[layout.lists()..layout.tiles()];
+        // Row 0: two (token, bias bits) pairs, then its mask widened to 4 words.
+        let w = words(0);
+        assert_eq!((w[13], w[14]), (0, 2));
+        assert_eq!(
+            &lists[w[13] as usize..][..4],
+            &[3, 100.0f32.to_bits() as i32, 70, (-2.5f32).to_bits() as i32]
+        );
+        let mask = &lists[w[15] as usize..][..4];
+        assert_eq!(mask, &[1 << 5, 0x8000_0001_u32 as i32, 0, 0]);
+        // Bit t % 32 of word t / 32 is token t: 5, 32 and 63 allowed here.
+        let allowed: Vec<usize> = (0..100)
+            .filter(|t| (mask[t / 32] as u32 >> (t % 32)) & 1 == 1)
+            .collect();
+        assert_eq!(allowed, vec![5, 32, 63]);
+        // Row 1: no biases, no mask.
+        assert_eq!((words(1)[14], words(1)[15]), (0, -1));
+        // Row 2: the long mask cut to the vocabulary's 4 words.
+        let w = words(2);
+        assert_eq!(w[14], 0);
+        assert_eq!(&lists[w[15] as usize..][..4], &[0, 0, 0, 1 << 3]);
+        // The lists hold exactly the biases and the two masks; the padding row has no mask.
+        assert_eq!(layout.list_words, 4 + 2 * mask_words(100));
+        assert_eq!(words(3)[15], -1);
+        assert_eq!(layout.len(), out.len());
+    }
+
+    #[test]
+    fn refuses_biases_a_kernel_could_not_apply() {
+        let mut out = Vec::new();
+        let row = |params| BatchRow {
+            seq_id: 1,
+            tokens: &[5],
+            start_pos: 0,
+            block_table: &[1],
+            sample: Some(plain_spec(params, 0)),
+        };
+        let outside = SamplingParams {
+            logit_bias: vec![(100, 1.0)],
+            ..Default::default()
+        };
+        let repeated = SamplingParams {
+            logit_bias: vec![(4, 1.0), (4, 2.0)],
+            ..Default::default()
+        };
+        let unsorted = SamplingParams {
+            logit_bias: vec![(9, 1.0), (4, 2.0)],
+            ..Default::default()
+        };
+        let too_many = SamplingParams {
+            logit_bias: (0..=MAX_LOGIT_BIAS_TOKENS as u32)
+                .map(|t| (t, 1.0))
+                .collect(),
+            ..Default::default()
+        };
+        let big = StepLimits {
+            vocab: 10_000,
+            max_words: 1 << 20,
+            ..limits()
+        };
+        for (params, limits) in [
+            (&outside, limits()),
+            (&repeated, limits()),
+            (&unsorted, limits()),
+            (&too_many, big),
+        ] {
+            assert!(pack_step(&[row(params)], 0, &limits, &mut out).is_err());
+        }
+        // At the limit it packs, and the buffer sized by max_words holds every row at the limit
+        // with a mask.
+        let full = SamplingParams {
+            logit_bias: (0..MAX_LOGIT_BIAS_TOKENS as u32)
+                .map(|t| (t, 1.0))
+                .collect(),
+            ..Default::default()
+        };
+        let mask = vec![u32::MAX; mask_words(big.vocab)];
+        let spec = SampleSpec {
+            mask: Some(&mask),
+            ..plain_spec(&full, 0)
+        };
+        let rows: Vec<BatchRow<'_>> = (0..big.max_rows)
+            .map(|r| BatchRow {
+                seq_id: r as u64,
+                tokens: &[5],
+                start_pos: 0,
+                block_table: &[1],
+                sample: Some(spec),
+            })
+            .collect();
+        let sized = StepLimits {
+            max_words: max_words(big.max_tokens, big.max_rows, 1, 0, big.vocab),
+            ..big
+        };
+        let layout = pack_step(&rows, 0, &sized, &mut out).expect("fits max_words");
+        assert!(layout.len() <= sized.max_words);
+        assert_eq!(
+            layout.list_words,
+            big.max_rows * (2 * MAX_LOGIT_BIAS_TOKENS + mask_words(big.vocab))
+        );
     }
 
     #[test]

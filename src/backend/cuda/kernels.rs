@@ -25,7 +25,7 @@ pub const SAMPLE_STRIDE: usize = 2 + 2 * MAX_TOP_LOGPROBS;
 
 /// Parameter words per sampled row in the packed step inputs (see `inputs::pack_step` and
 /// `kernels/sampling.cu`).
-pub const SAMPLE_PARAMS: usize = 13;
+pub const SAMPLE_PARAMS: usize = 16;
 
 /// One kernel family: a source file and the entry points it defines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

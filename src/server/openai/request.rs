@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 
 use crate::config::LimitsConfig;
 use crate::constrain::{ConstraintKind, ConstraintSource, ConstraintSpec};
-use crate::engine::{MAX_STOP_BYTES, SamplingParams, StopParams};
+use crate::engine::{MAX_LOGIT_BIAS_TOKENS, MAX_STOP_BYTES, SamplingParams, StopParams};
 use crate::server::error::ApiError;
 
 /// Fields both endpoints implement.
@@ -278,10 +278,21 @@ fn refuse_unknown(value: &Value, endpoint: &[&str]) -> Result<(), ApiError> {
     refuse_fields(value, &known)
 }
 
-/// Reads `logit_bias`: token ids (as strings) to biases within ±100, sorted by token.
+/// Reads `logit_bias`: distinct token ids (as strings) to biases within ±100, at most
+/// [`MAX_LOGIT_BIAS_TOKENS`] of them, sorted by token.
 fn parse_logit_bias(bias: Option<Map<String, Value>>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bias = bias.unwrap_or_default();
+    if bias.len() > MAX_LOGIT_BIAS_TOKENS {
+        return Err(ApiError::invalid_param(
+            "logit_bias",
+            format!(
+                "logit_bias has {} entries, at most {MAX_LOGIT_BIAS_TOKENS} are supported",
+                bias.len()
+            ),
+        ));
+    }
     let mut out = Vec::new();
-    for (key, value) in bias.unwrap_or_default() {
+    for (key, value) in bias {
         let token: u32 = key.parse().map_err(|_| {
             ApiError::invalid_param(
                 "logit_bias",
@@ -300,6 +311,12 @@ fn parse_logit_bias(bias: Option<Map<String, Value>>) -> Result<Vec<(u32, f32)>,
         out.push((token, bias as f32));
     }
     out.sort_by_key(|(token, _)| *token);
+    if let Some(pair) = out.windows(2).find(|pair| pair[0].0 == pair[1].0) {
+        return Err(ApiError::invalid_param(
+            "logit_bias",
+            format!("logit_bias names token {} more than once", pair[0].0),
+        ));
+    }
     Ok(out)
 }
 
@@ -1177,7 +1194,21 @@ mod tests {
             request.options.sampling.logit_bias,
             vec![(3, 100.0), (9, -5.0)]
         );
-        for bad in [r#"{"x":1}"#, r#"{"3":101}"#, r#"{"3":"a"}"#] {
+        let too_many = format!(
+            "{{{}}}",
+            (0..=crate::engine::MAX_LOGIT_BIAS_TOKENS)
+                .map(|t| format!("\"{t}\":1"))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let bads = [
+            r#"{"x":1}"#,
+            r#"{"3":101}"#,
+            r#"{"3":"a"}"#,
+            r#"{"3":1,"03":2}"#,
+            too_many.as_str(),
+        ];
+        for bad in bads {
             let err = completion(&format!(
                 r#"{{"model":"m","prompt":"a","logit_bias":{bad}}}"#
             ))
