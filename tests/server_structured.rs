@@ -306,15 +306,10 @@ async fn required_tool_choice_yields_valid_tool_calls() {
     validate(&arguments, &tool["function"]["parameters"], "$").unwrap();
 }
 
-#[tokio::test]
-async fn streamed_tool_calls_reassemble_to_the_whole_response() {
-    let request = json!({
-        "model": MODEL, "messages": messages(), "max_tokens": 200, "temperature": 1.0, "seed": 4,
-        "tools": [weather_tool()],
-        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}
-    });
-    let whole = chat(request.clone()).await;
-    let mut streamed = request;
+/// Streams `request` and reassembles its tool calls from the deltas: the calls (name and
+/// arguments), the finish reason and how many chunks carried tool-call deltas.
+async fn streamed_tool_calls(request: &Value) -> (Vec<Value>, Option<String>, usize) {
+    let mut streamed = request.clone();
     streamed["stream"] = json!(true);
     let response = server()
         .post("/v1/chat/completions", ALICE, &streamed)
@@ -325,6 +320,7 @@ async fn streamed_tool_calls_reassemble_to_the_whole_response() {
     let text = response.text().await.expect("body");
     let mut calls: Vec<Value> = Vec::new();
     let mut finish = None;
+    let mut delta_chunks = 0;
     for data in text
         .split("\n\n")
         .filter_map(|block| block.strip_prefix("data: "))
@@ -334,6 +330,7 @@ async fn streamed_tool_calls_reassemble_to_the_whole_response() {
         }
         let event: Value = serde_json::from_str(data).expect("event");
         let choice = &event["choices"][0];
+        delta_chunks += usize::from(choice["delta"]["tool_calls"].is_array());
         for delta in choice["delta"]["tool_calls"]
             .as_array()
             .into_iter()
@@ -341,7 +338,16 @@ async fn streamed_tool_calls_reassemble_to_the_whole_response() {
         {
             let index = delta["index"].as_u64().unwrap() as usize;
             if calls.len() <= index {
+                // A call's first delta names it; later ones carry only more arguments.
+                assert!(
+                    delta["id"].as_str().unwrap().starts_with("call_"),
+                    "{delta}"
+                );
+                assert_eq!(delta["type"], "function", "{delta}");
+                assert!(delta["function"]["name"].is_string(), "{delta}");
                 calls.push(json!({"name": "", "arguments": ""}));
+            } else {
+                assert!(delta.get("id").is_none() && delta["function"].get("name").is_none());
             }
             if let Some(name) = delta["function"]["name"].as_str() {
                 calls[index]["name"] = json!(name);
@@ -354,14 +360,80 @@ async fn streamed_tool_calls_reassemble_to_the_whole_response() {
             finish = Some(reason.to_owned());
         }
     }
-    assert_eq!(finish.as_deref(), Some("tool_calls"));
-    let expected: Vec<Value> = whole["choices"][0]["message"]["tool_calls"]
+    (calls, finish, delta_chunks)
+}
+
+/// The calls of a whole response as `{name, arguments}`.
+fn whole_calls(whole: &Value) -> Vec<Value> {
+    whole["choices"][0]["message"]["tool_calls"]
         .as_array()
-        .unwrap()
-        .iter()
-        .map(|call| json!({"name": call["function"]["name"], "arguments": call["function"]["arguments"]}))
-        .collect();
-    assert_eq!(calls, expected);
+        .map(|calls| {
+            calls
+                .iter()
+                .map(|call| json!({"name": call["function"]["name"], "arguments": call["function"]["arguments"]}))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn streamed_tool_calls_reassemble_to_the_whole_response() {
+    let request = json!({
+        "model": MODEL, "messages": messages(), "max_tokens": 200, "temperature": 1.0, "seed": 4,
+        "tools": [weather_tool()],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}
+    });
+    let whole = chat(request.clone()).await;
+    let (calls, finish, delta_chunks) = streamed_tool_calls(&request).await;
+    assert_eq!(finish.as_deref(), Some("tool_calls"));
+    // The enforced call streams as it is generated: its name, then its arguments in pieces.
+    assert!(delta_chunks > 3, "the call came in {delta_chunks} chunks");
+    assert_eq!(calls, whole_calls(&whole));
+}
+
+/// An enforced call cut off by `max_tokens` keeps the arguments generated so far, with
+/// `finish_reason: "length"`, in the whole response and the stream alike.
+#[tokio::test]
+async fn an_enforced_call_cut_off_by_max_tokens_keeps_its_partial_arguments() {
+    let (mut found, mut complete) = (false, false);
+    let mut partial: Vec<String> = Vec::new();
+    for max_tokens in (6..120).step_by(3) {
+        let request = json!({
+            "model": MODEL, "messages": messages(), "max_tokens": max_tokens, "temperature": 1.0,
+            "seed": 4, "tools": [weather_tool()],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}
+        });
+        let whole = chat(request.clone()).await;
+        let choice = &whole["choices"][0];
+        let calls = whole_calls(&whole);
+        let (streamed, finish, _) = streamed_tool_calls(&request).await;
+        if calls.is_empty() {
+            // Cut before the name was complete: the text is the content.
+            assert_eq!(choice["finish_reason"], "length", "{whole}");
+            assert!(choice["message"]["content"].is_string(), "{whole}");
+            assert!(streamed.is_empty());
+            continue;
+        }
+        assert_eq!(streamed, calls, "max_tokens {max_tokens}");
+        assert_eq!(finish.as_deref(), choice["finish_reason"].as_str());
+        assert_eq!(calls[0]["name"], "get_weather");
+        let arguments = calls[0]["arguments"].as_str().unwrap().to_owned();
+        if choice["finish_reason"] == "length" {
+            found |= serde_json::from_str::<Value>(&arguments).is_err();
+            partial.push(arguments);
+        } else {
+            assert_eq!(choice["finish_reason"], "tool_calls");
+            serde_json::from_str::<Value>(&arguments).expect("complete arguments");
+            // The same seed generates the same prefix: each cut holds the start of the whole.
+            for cut in &partial {
+                assert!(arguments.starts_with(cut.as_str()), "{cut} vs {arguments}");
+            }
+            complete = true;
+            break;
+        }
+    }
+    assert!(complete, "the call never completed");
+    assert!(found, "no max_tokens cut the call inside its arguments");
 }
 
 #[tokio::test]

@@ -22,9 +22,11 @@ use super::openai::request::GenerationOptions;
 use super::openai::response::{
     AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatLogprobs,
     ChatTokenLogprob, Completion, CompletionChoice, CompletionLogprobs, Delta, FunctionCall,
-    ToolCall, ToolCallDelta, TopLogprob, Usage,
+    FunctionDelta, ToolCall, ToolCallDelta, TopLogprob, Usage,
 };
-use super::openai::tools::{ToolCallFormat, parse_tool_calls};
+use super::openai::tools::{
+    ToolCallFormat, ToolCallStreamer, ToolCallUpdate, enforced_tool_calls, parse_tool_calls,
+};
 use super::service::ModelService;
 use crate::constrain::CompiledConstraint;
 use crate::engine::{
@@ -69,19 +71,28 @@ pub struct ToolCalls {
     pub format: ToolCallFormat,
     /// Whether several calls may be returned (`parallel_tool_calls`); otherwise the first counts.
     pub parallel: bool,
+    /// Whether the grammar enforces the calls (`tool_choice` `required` or a named function):
+    /// the output is then calls only, and a stream sends them as they are generated.
+    pub enforced: bool,
 }
 
 impl ToolCalls {
     /// Splits a choice's output into content and tool calls (`None` when it calls no tool).
+    /// Enforced calls keep their arguments as generated (what a stream sent), a call cut off by
+    /// the length limit included.
     fn parse(&self, text: &str) -> Option<(Option<String>, Vec<ToolCall>)> {
-        let (content, mut calls) = parse_tool_calls(self.format, text)?;
+        let (content, mut calls) = if self.enforced {
+            (None, enforced_tool_calls(self.format, text, self.parallel)?)
+        } else {
+            parse_tool_calls(self.format, text)?
+        };
         if !self.parallel {
             calls.truncate(1);
         }
         let calls = calls
             .into_iter()
             .map(|call| ToolCall {
-                id: format!("call_{}", uuid::Uuid::new_v4().simple()),
+                id: new_call_id(),
                 kind: "function",
                 function: FunctionCall {
                     name: call.name,
@@ -93,8 +104,13 @@ impl ToolCalls {
     }
 }
 
+/// A new tool-call id.
+fn new_call_id() -> String {
+    format!("call_{}", uuid::Uuid::new_v4().simple())
+}
+
 /// The assistant message of a finished choice and its finish reason (`tool_calls` when the
-/// output is parsed as tool calls).
+/// output is parsed as tool calls, `length` when enforced calls were cut off).
 fn assistant_message(
     text: String,
     reason: &FinishReason,
@@ -107,7 +123,7 @@ fn assistant_message(
                 content,
                 tool_calls: calls,
             },
-            "tool_calls",
+            tool_calls_finish(reason),
         ),
         None => (
             AssistantMessage {
@@ -117,6 +133,15 @@ fn assistant_message(
             },
             reason.as_openai_str(),
         ),
+    }
+}
+
+/// The finish reason of a choice that called tools: `length` when the limit cut it off (only
+/// enforced calls are returned then), else `tool_calls`.
+fn tool_calls_finish(reason: &FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Length => reason.as_openai_str(),
+        _ => "tool_calls",
     }
 }
 
@@ -192,6 +217,10 @@ struct ChoiceState {
     generated: usize,
     /// Whether the choice's `Finished` event arrived.
     finished: bool,
+    /// Streams enforced tool calls as they are generated (streamed chat responses only).
+    tool_stream: Option<ToolCallStreamer>,
+    /// Whether a tool-call delta was sent.
+    tool_call_sent: bool,
 }
 
 impl ChoiceState {
@@ -560,7 +589,7 @@ impl ChunkWriter {
                 .tool_calls
                 .into_iter()
                 .enumerate()
-                .map(|(index, call)| ToolCallDelta { index, call })
+                .map(|(index, call)| ToolCallDelta::whole(index, call))
                 .collect()
         });
         self.chat_chunk(
@@ -578,6 +607,58 @@ impl ChunkWriter {
             }],
             None,
         )
+    }
+
+    /// A chunk with the tool-call pieces of an enforced choice generated since the last one;
+    /// the choice's last chunk also carries its finish reason and every token's logprobs.
+    fn tool_call_deltas(
+        &self,
+        index: usize,
+        updates: Vec<ToolCallUpdate>,
+        tokens: &[(u32, TokenLogprob)],
+        finish: Option<&FinishReason>,
+    ) -> Option<Bytes> {
+        if updates.is_empty() && finish.is_none() {
+            return None;
+        }
+        let deltas: Vec<ToolCallDelta> = updates
+            .into_iter()
+            .map(|update| match update {
+                ToolCallUpdate::Start { index, name } => ToolCallDelta {
+                    index,
+                    id: Some(new_call_id()),
+                    kind: Some("function"),
+                    function: FunctionDelta {
+                        name: Some(name),
+                        arguments: String::new(),
+                    },
+                },
+                ToolCallUpdate::Arguments { index, fragment } => ToolCallDelta {
+                    index,
+                    id: None,
+                    kind: None,
+                    function: FunctionDelta {
+                        name: None,
+                        arguments: fragment,
+                    },
+                },
+            })
+            .collect();
+        Some(self.chat_chunk(
+            vec![ChatChunkChoice {
+                index,
+                delta: Delta {
+                    role: None,
+                    content: None,
+                    tool_calls: (!deltas.is_empty()).then_some(deltas),
+                },
+                logprobs: (finish.is_some() && self.logprobs && !tokens.is_empty())
+                    .then(|| chat_logprobs(&self.service, tokens)),
+                finish_reason: finish.map(tool_calls_finish),
+                stop_reason: finish.and_then(FinishReason::stop_reason).cloned(),
+            }],
+            None,
+        ))
     }
 
     fn usage(&self, usage: Usage) -> Bytes {
@@ -772,10 +853,20 @@ impl Forwarder {
                         .unwrap_or_default();
                     state.on_token(token, &text, logprob);
                     self.accounting.generated.fetch_add(1, Ordering::AcqRel);
-                    if self.writer.tool_calls.is_some() {
-                        // Held back until the choice ends: the whole output decides whether
-                        // it is text or tool calls.
-                        (None, 1)
+                    if let Some(parsing) = &self.writer.tool_calls {
+                        if parsing.enforced {
+                            // The grammar makes the output calls: send them as they grow.
+                            let streamer = state.tool_stream.get_or_insert_with(|| {
+                                ToolCallStreamer::new(parsing.format, parsing.parallel)
+                            });
+                            let updates = streamer.update(&state.text);
+                            state.tool_call_sent |= !updates.is_empty();
+                            (self.writer.tool_call_deltas(index, updates, &[], None), 1)
+                        } else {
+                            // Held back until the choice ends: the whole output decides
+                            // whether it is text or tool calls.
+                            (None, 1)
+                        }
                     } else {
                         (self.writer.content(index, text, &tokens, offset, None), 1)
                     }
@@ -807,6 +898,20 @@ impl Forwarder {
                             Some(error_event(&ApiError::internal(message.clone())))
                         }
                         reason => match &self.writer.tool_calls {
+                            Some(parsing) if parsing.enforced && state.tool_call_sent => {
+                                let updates = state
+                                    .tool_stream
+                                    .as_mut()
+                                    .map(|streamer| streamer.update(&state.text))
+                                    .unwrap_or_default();
+                                self.writer.tool_call_deltas(
+                                    index,
+                                    updates,
+                                    &state.tokens,
+                                    Some(reason),
+                                )
+                            }
+                            // Nothing streamed yet (or calls not enforced): the whole output.
                             Some(parsing) => Some(self.writer.held_back(
                                 parsing,
                                 index,

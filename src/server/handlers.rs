@@ -240,6 +240,8 @@ async fn chat_job(
             ),
             _ => None,
         };
+        // The tool grammar applies unless a response format took precedence.
+        let enforced = tool_spec.is_some() && request.options.constraint.is_none();
         let constraint = match (&request.options.constraint, tool_spec) {
             (Some(spec), _) => Some(service_for_job.compile_constraint(spec, constraint_param(&request.options))?),
             (None, Some(spec)) => Some(service_for_job.compile_constraint(&spec, "tool_choice")?),
@@ -248,6 +250,7 @@ async fn chat_job(
         let tool_calls = tool_calls.map(|format| ToolCalls {
             format,
             parallel: request.parallel_tool_calls,
+            enforced,
         });
         Ok::<_, ApiError>((request.options, prompt, constraint, tool_calls))
     })

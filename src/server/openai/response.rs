@@ -113,14 +113,45 @@ pub struct FunctionCall {
     pub arguments: String,
 }
 
-/// A tool call in a streamed chunk.
+/// A piece of a tool call in a streamed chunk: a call's first delta carries its id, type and
+/// name, later ones more of its arguments (the fragments concatenate to the arguments).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ToolCallDelta {
     /// Position of the call in the message's `tool_calls`.
     pub index: usize,
-    /// The whole call.
-    #[serde(flatten)]
-    pub call: ToolCall,
+    /// `call_…`, on the call's first delta.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function`, on the call's first delta.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// The function's name (first delta) and the next piece of its arguments.
+    pub function: FunctionDelta,
+}
+
+/// The function part of a [`ToolCallDelta`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FunctionDelta {
+    /// The function name, on the call's first delta.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The next piece of the arguments (possibly empty).
+    pub arguments: String,
+}
+
+impl ToolCallDelta {
+    /// The whole `call` as one delta at `index`.
+    pub fn whole(index: usize, call: ToolCall) -> Self {
+        Self {
+            index,
+            id: Some(call.id),
+            kind: Some(call.kind),
+            function: FunctionDelta {
+                name: Some(call.function.name),
+                arguments: call.function.arguments,
+            },
+        }
+    }
 }
 
 /// One choice of a chat completion.
