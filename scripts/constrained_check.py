@@ -6,9 +6,15 @@
       required tool call, with and without logit_bias) to a CPU-backend and a CUDA-backend server
       of the same model and reports whether their outputs agree. The servers need
       `server.tool_call_parser` when the model's template shows no tool-call format.
+  constrained_check.py byte-tokenizer SRC DST
+      Makes DST a copy of the model directory SRC (symbolic links) whose tokenizer is a synthetic
+      byte-level BPE of the same size: the 256 byte tokens, SRC's added tokens at their ids, and
+      random printable multi-byte filler tokens elsewhere. The 8B-shaped benchmark model's
+      word-level tokenizer has no token for `{` or `"`, so no JSON grammar could be followed.
   constrained_check.py bench URL MODEL [BATCH...] [--rounds N] [--tokens N]
-      Output throughput of JSON-schema-constrained against unconstrained decoding at each batch
-      size (default 1 and 64; concurrent requests, 128 tokens each), free and constrained runs
+      Output throughput of JSON-schema-constrained against unconstrained decoding (plain
+      /v1/completions, so a model without a chat template serves) at each batch size (default
+      1 and 64; concurrent requests, 128 tokens each), free and constrained runs
       alternating for N rounds (default 3), medians compared; the issue's target is a cost <= 5%
       (ratio constrained/free >= 0.95). Prints one RESULT line per batch and a RESULT_JSON line.
 
@@ -16,8 +22,11 @@ Standard library only; the servers' self-signed certificates are not verified (l
 """
 import http.client
 import json
+import os
+import random
 import ssl
 import statistics
+import string
 import sys
 import threading
 import time
@@ -88,12 +97,12 @@ def run_batch(url, model, batch, constrained, max_tokens):
     errors = []
 
     def one(i):
-        body = {"model": model, "messages": [{"role": "user", "content": f"Write notes {i}."}],
-                "max_tokens": max_tokens, "temperature": 1.0, "seed": i, "ignore_eos": True}
+        body = {"model": model, "prompt": f"Write notes {i} as JSON:", "max_tokens": max_tokens,
+                "temperature": 1.0, "seed": i, "ignore_eos": True}
         if constrained:
             body["response_format"] = {"type": "json_schema", "json_schema": {"name": "n", "schema": BENCH_SCHEMA}}
         try:
-            tokens[i] = post(url, "/v1/chat/completions", body)["usage"]["completion_tokens"]
+            tokens[i] = post(url, "/v1/completions", body)["usage"]["completion_tokens"]
         except Exception as err:  # reported below
             errors.append(str(err))
 
@@ -142,6 +151,62 @@ def bench(url, model, batches, rounds, max_tokens):
     print("RESULT_JSON " + json.dumps({"model": model, "bench": summary}))
 
 
+def byte_level_alphabet():
+    """Byte -> the printable character that byte-level BPE vocabularies use for it."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    mapping, shifted = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            mapping[byte] = chr(byte)
+        else:
+            mapping[byte] = chr(256 + shifted)
+            shifted += 1
+    return mapping
+
+
+def byte_tokenizer(src, dst):
+    source = json.load(open(os.path.join(src, "tokenizer.json")))
+    added = {token["id"]: token for token in source.get("added_tokens", [])}
+    size = max([len(source["model"]["vocab"])] + [i + 1 for i in added])
+    alphabet = byte_level_alphabet()
+    free_ids = [i for i in range(size) if i not in added]
+    if len(free_ids) < 256:
+        sys.exit(f"{src}: only {len(free_ids)} ids for the 256 byte tokens")
+    vocab, seen = {}, set()
+    for byte, token_id in zip(range(256), free_ids):
+        vocab[alphabet[byte]] = token_id
+        seen.add(alphabet[byte])
+    rng = random.Random(16)
+    characters = [ord(c) for c in string.ascii_letters + string.digits + ' {}[]":,._-']
+    for token_id in free_ids[256:]:
+        while True:
+            text = "".join(alphabet[rng.choice(characters)] for _ in range(rng.randint(2, 7)))
+            if text not in seen:
+                break
+        seen.add(text)
+        vocab[text] = token_id
+    level = {"add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    tokenizer = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [added[i] for i in sorted(added)],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", **level},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", **level},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": False, "vocab": vocab, "merges": []},
+    }
+    os.makedirs(dst, exist_ok=True)
+    for name in os.listdir(src):
+        target = os.path.join(dst, name)
+        if name != "tokenizer.json" and not os.path.lexists(target):
+            os.symlink(os.path.abspath(os.path.join(src, name)), target)
+    with open(os.path.join(dst, "tokenizer.json"), "w") as f:
+        json.dump(tokenizer, f)
+    print(f"{dst}: byte-level tokenizer of {size} tokens ({len(added)} added)")
+
+
 def bench_args(args):
     batches, rounds, max_tokens = [], 3, 128
     while args:
@@ -158,6 +223,8 @@ def bench_args(args):
 if __name__ == "__main__":
     if sys.argv[1] == "compare":
         compare(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1] == "byte-tokenizer":
+        byte_tokenizer(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "bench":
         bench(sys.argv[2], sys.argv[3], *bench_args(sys.argv[4:]))
     else:
