@@ -89,6 +89,10 @@ struct OfflineArgs {
     /// Most tokens per engine step.
     #[arg(long)]
     max_batched_tokens: Option<usize>,
+    /// The engine's `itl_stall_limit` (a step carrying prompt chunks takes at most this many
+    /// decode steps' time while sequences decode; 1.0 or less: no limit).
+    #[arg(long)]
+    itl_stall_limit: Option<f64>,
     /// Run every decode step eagerly instead of replaying CUDA graphs (for A/B comparisons).
     #[arg(long)]
     no_cuda_graphs: bool,
@@ -338,6 +342,7 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
         max_batched_tokens: args
             .max_batched_tokens
             .unwrap_or(defaults.max_batched_tokens),
+        itl_stall_limit: args.itl_stall_limit.unwrap_or(defaults.itl_stall_limit),
         gpu_memory_fraction: args
             .gpu_memory_fraction
             .unwrap_or(defaults.gpu_memory_fraction),

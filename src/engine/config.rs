@@ -13,6 +13,11 @@ pub struct EngineConfig {
     pub max_num_seqs: usize,
     /// The most tokens (prefill chunks plus decodes) in one step.
     pub max_batched_tokens: usize,
+    /// While sequences are decoding, a step that also carries prompt chunks may take at most this
+    /// many times a decode-only step, as measured while serving (at least 64 prompt tokens still
+    /// go into each step, so prompts progress). 1.0 or less: no limit, every step may carry up to
+    /// `max_batched_tokens`.
+    pub itl_stall_limit: f64,
     /// Requests waiting beyond this many are refused (HTTP 429).
     pub max_waiting: usize,
     /// Bytes of KV cache for backends that size it from a budget (the CPU backend).
@@ -34,6 +39,7 @@ impl Default for EngineConfig {
         Self {
             max_num_seqs: 64,
             max_batched_tokens: 2048,
+            itl_stall_limit: 1.5,
             max_waiting: 1024,
             kv_cache_bytes: 256 << 20,
             gpu_memory_fraction: 0.9,

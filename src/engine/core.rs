@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
+use std::time::Instant;
 
 use tokenizers::Tokenizer;
 
@@ -15,6 +16,7 @@ use super::request::{FinishReason, GenerationEvent, StopReason};
 use super::sampling;
 use super::scheduler::{Scheduled, Scheduler};
 use super::sequence::Sequence;
+use super::step_cost::StepCosts;
 use super::stop::StopOutcome;
 
 /// What the engine needs to know about the model besides its backend.
@@ -80,6 +82,7 @@ impl Engine {
         });
         let (commands, receiver) = mpsc::channel();
         let mut worker = Worker {
+            step_costs: StepCosts::new(config.itl_stall_limit, config.max_batched_tokens),
             scheduler: Scheduler::new(config, kv_cache.num_blocks, model.digest),
             eos: model.eos_token_ids.iter().copied().collect(),
             model,
@@ -108,6 +111,8 @@ struct Worker {
     shared: Arc<Shared>,
     steps: u64,
     masks: MaskJobs,
+    /// Measured step costs, which size the prefill share of each step.
+    step_costs: StepCosts,
 }
 
 /// A grammar mask computed on rayon's pool, with the grammar state it came from.
@@ -177,9 +182,22 @@ impl Worker {
             }
             self.drop_abandoned();
             self.publish_stats();
-            let plan = self.scheduler.schedule();
+            let decoding = self.scheduler.decoding_rows();
+            let plan = self
+                .scheduler
+                .schedule(self.step_costs.token_budget(decoding));
             if !plan.is_empty() {
+                let (prefill_rows, prefill_tokens) = plan
+                    .iter()
+                    .filter(|s| self.scheduler.running[s.index].pending() > 1)
+                    .fold((0, 0), |(rows, tokens), s| {
+                        (rows + 1, tokens + s.num_tokens)
+                    });
+                let decode_rows = plan.len() - prefill_rows;
+                let started = Instant::now();
                 self.step(&plan);
+                self.step_costs
+                    .record(decode_rows, prefill_tokens, started.elapsed());
             }
             self.publish_stats();
         }

@@ -14,6 +14,7 @@ pub mod request;
 pub mod sampling;
 mod scheduler;
 mod sequence;
+mod step_cost;
 mod stop;
 
 pub use backend::{

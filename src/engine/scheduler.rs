@@ -1,7 +1,8 @@
 //! Continuous-batching scheduler: which sequences run in the next step, and how many tokens each.
 //!
-//! Each step has a token budget. Running sequences come first, in admission order: a decode takes
-//! one token, an unfinished prefill takes the next chunk that fits. Waiting sequences are then
+//! Each step has a token budget (the engine sizes it from measured step costs, see
+//! `step_cost.rs`). Running sequences come first, in admission order: every decode takes its one
+//! token, an unfinished prefill takes the next chunk that fits in the rest. Waiting sequences are then
 //! admitted first-come first-served while the budget, the sequence limit and free KV blocks allow,
 //! with their prompt's cached prefix taken from the prefix cache. When a running sequence needs a
 //! block and none is free, the most recently admitted sequence is preempted: its blocks are freed
@@ -70,15 +71,32 @@ impl Scheduler {
         self.waiting.is_empty() && self.running.is_empty()
     }
 
-    /// Plans the next step.
-    pub fn schedule(&mut self) -> Vec<Scheduled> {
-        let mut budget = self.config.max_batched_tokens;
+    /// Running sequences whose next step is a decode (one token).
+    pub fn decoding_rows(&self) -> usize {
+        self.running.iter().filter(|s| s.pending() == 1).count()
+    }
+
+    /// Plans the next step within `token_budget` tokens (and `max_batched_tokens`). Every running
+    /// decode gets its token first; unfinished prefills, then admissions, share what is left.
+    pub fn schedule(&mut self, token_budget: usize) -> Vec<Scheduled> {
+        let budget = token_budget.min(self.config.max_batched_tokens);
+        let mut prefill_budget = budget.saturating_sub(self.decoding_rows());
+        let mut decode_budget = budget - prefill_budget;
         let mut plan = Vec::new();
         let mut preempted = false;
         let mut index = 0;
-        while index < self.running.len() && budget > 0 {
+        while index < self.running.len() {
             let seq = &self.running[index];
-            let num_tokens = seq.pending().min(budget);
+            let decoding = seq.pending() == 1;
+            let num_tokens = if decoding {
+                seq.pending().min(decode_budget)
+            } else {
+                seq.pending().min(prefill_budget)
+            };
+            if num_tokens == 0 {
+                index += 1;
+                continue;
+            }
             let needed = Sequence::blocks_for(seq.num_computed + num_tokens)
                 .saturating_sub(seq.blocks.len());
             while self.blocks.num_available() < needed && self.running.len() - 1 > index {
@@ -93,11 +111,15 @@ impl Scheduler {
             }
             self.grow(index, needed);
             plan.push(Scheduled { index, num_tokens });
-            budget -= num_tokens;
+            if decoding {
+                decode_budget -= num_tokens;
+            } else {
+                prefill_budget -= num_tokens;
+            }
             index += 1;
         }
         if !preempted {
-            self.admit(&mut plan, budget);
+            self.admit(&mut plan, prefill_budget);
         }
         plan
     }
@@ -240,5 +262,95 @@ fn extend_hashes(model_key: &[u8; 32], shared: bool, seq: &mut Sequence, count: 
         let mut hash: BlockHash = [0; 32];
         hash.copy_from_slice(ctx.finish().as_ref());
         seq.block_hashes.push(hash);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::request::{GenerationRequest, SamplingParams, StopParams};
+    use crate::engine::stop::StopMatcher;
+
+    fn sequence(id: u64, prompt_len: usize) -> Sequence {
+        let request = GenerationRequest {
+            id: format!("r{id}"),
+            prompt: (0..prompt_len as u32)
+                .map(|t| t + 100 * id as u32)
+                .collect(),
+            sampling: SamplingParams::default(),
+            stop: StopParams::default(),
+            logprobs: None,
+            cache_salt: 0,
+            constraint: None,
+        };
+        let (events, _) = tokio::sync::mpsc::unbounded_channel();
+        Sequence::new(
+            id,
+            request,
+            StopMatcher::new(&[]).expect("no stops"),
+            events,
+        )
+    }
+
+    fn scheduler() -> Scheduler {
+        let config = EngineConfig {
+            max_batched_tokens: 512,
+            prefix_caching: false,
+            ..EngineConfig::default()
+        };
+        Scheduler::new(config, 1024, [0; 32])
+    }
+
+    /// Runs a plan as the engine would: computes the tokens and, for rows whose prompt is done,
+    /// appends a generated token.
+    fn complete(s: &mut Scheduler, plan: &[Scheduled]) {
+        for p in plan {
+            s.complete(*p);
+            let seq = &mut s.running[p.index];
+            if seq.pending() == 0 {
+                seq.tokens.push(7);
+            }
+        }
+    }
+
+    #[test]
+    fn decodes_run_before_an_earlier_prefill_takes_the_budget() {
+        let mut s = scheduler();
+        s.waiting.push_back(sequence(1, 20));
+        s.waiting.push_back(sequence(2, 20));
+        let plan = s.schedule(usize::MAX);
+        complete(&mut s, &plan);
+        assert_eq!(s.decoding_rows(), 2);
+        // A long prompt is admitted with a small budget, then comes first in running order.
+        s.running.insert(0, sequence(3, 1000));
+        let plan = s.schedule(2 + 100);
+        let tokens: Vec<(u64, usize)> = plan
+            .iter()
+            .map(|p| (s.running[p.index].id, p.num_tokens))
+            .collect();
+        assert_eq!(tokens, vec![(3, 100), (1, 1), (2, 1)]);
+    }
+
+    #[test]
+    fn the_budget_bounds_prefill_and_admission_but_not_decodes() {
+        let mut s = scheduler();
+        for id in 1..=3 {
+            s.waiting.push_back(sequence(id, 10));
+        }
+        let plan = s.schedule(usize::MAX);
+        assert_eq!(plan.len(), 3);
+        complete(&mut s, &plan);
+        s.waiting.push_back(sequence(4, 300));
+        // Three decodes and 64 prompt tokens.
+        let plan = s.schedule(3 + 64);
+        let total: usize = plan.iter().map(|p| p.num_tokens).sum();
+        assert_eq!(total, 67);
+        assert_eq!(plan.last().map(|p| p.num_tokens), Some(64));
+        // The configured maximum still caps a larger budget.
+        complete(&mut s, &plan);
+        let plan = s.schedule(10_000);
+        let total: usize = plan.iter().map(|p| p.num_tokens).sum();
+        assert_eq!(total, 3 + 236);
+        assert!(total <= 512);
     }
 }

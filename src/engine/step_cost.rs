@@ -1,0 +1,179 @@
+//! Measured step costs, and the prefill budget they allow while sequences are decoding.
+//!
+//! Chunked prefill puts prompt chunks into the same steps as running decodes. A chunk of
+//! `max_batched_tokens` tokens can make a step several times longer than a decode-only step, and
+//! every running stream then waits that long for its next token. Instead of a fixed chunk size,
+//! the engine measures what its steps cost on this backend and this model:
+//! - a decode-only step, per bucket of decode rows (1, 2, 3–4, 5–8, ...);
+//! - each prefill token on top of the decode part of a mixed step (a ratio estimator: the
+//!   decayed sum of extra time over the decayed sum of prefill tokens, so large and small chunks
+//!   weigh by their size).
+//!
+//! While sequences decode, a step may carry as many prefill tokens as fit in
+//! `(stall_limit - 1) x` the decode-only step time, at least [`MIN_PREFILL_TOKENS`] so that
+//! prompts always progress. With nothing decoding, or before anything is measured, the step takes
+//! the configured maximum.
+
+use std::time::Duration;
+
+/// Prefill tokens a step may always carry, whatever the measured costs say.
+pub const MIN_PREFILL_TOKENS: usize = 64;
+
+/// Buckets of decode rows: bucket `b` holds `2^(b-1) < rows <= 2^b`.
+const BUCKETS: usize = 20;
+
+/// Weight of the newest measurement in the running estimates.
+const SMOOTHING: f64 = 0.2;
+
+/// The engine's running estimates of its step costs (see the module documentation).
+#[derive(Debug, Clone)]
+pub struct StepCosts {
+    decode_seconds: [Option<f64>; BUCKETS],
+    extra_seconds: f64,
+    extra_tokens: f64,
+    stall_limit: f64,
+    max_tokens: usize,
+}
+
+impl StepCosts {
+    /// Estimates for steps of at most `max_tokens` tokens; `stall_limit` is the most a step
+    /// carrying prefill may take, as a multiple of a decode-only step (1.0 or less: no limit).
+    pub fn new(stall_limit: f64, max_tokens: usize) -> Self {
+        Self {
+            decode_seconds: [None; BUCKETS],
+            extra_seconds: 0.0,
+            extra_tokens: 0.0,
+            stall_limit,
+            max_tokens,
+        }
+    }
+
+    /// Records a step of `decode_rows` one-token rows and `prefill_tokens` prompt tokens that
+    /// took `elapsed`.
+    pub fn record(&mut self, decode_rows: usize, prefill_tokens: usize, elapsed: Duration) {
+        let seconds = elapsed.as_secs_f64();
+        if prefill_tokens == 0 {
+            if decode_rows > 0 {
+                let slot = &mut self.decode_seconds[bucket(decode_rows)];
+                *slot = Some(slot.map_or(seconds, |old| old + SMOOTHING * (seconds - old)));
+            }
+            return;
+        }
+        // A prefill-only step still pays what a one-row decode step pays (the weights are read
+        // once either way); without a decode estimate yet the whole step counts as prefill.
+        let base = self.decode_estimate(decode_rows.max(1)).unwrap_or(0.0);
+        self.extra_seconds =
+            (1.0 - SMOOTHING) * self.extra_seconds + SMOOTHING * (seconds - base).max(0.0);
+        self.extra_tokens =
+            (1.0 - SMOOTHING) * self.extra_tokens + SMOOTHING * prefill_tokens as f64;
+    }
+
+    /// The most tokens the next step may carry when `decode_rows` sequences are decoding: the
+    /// decode rows plus the prefill tokens the stall limit allows, within the configured maximum.
+    pub fn token_budget(&self, decode_rows: usize) -> usize {
+        if decode_rows == 0 || self.stall_limit <= 1.0 {
+            return self.max_tokens;
+        }
+        let (Some(decode), Some(per_token)) = (
+            self.decode_estimate(decode_rows),
+            self.seconds_per_prefill_token(),
+        ) else {
+            return self.max_tokens;
+        };
+        let allowed = if per_token > 0.0 {
+            ((self.stall_limit - 1.0) * decode / per_token).round() as usize
+        } else {
+            self.max_tokens
+        };
+        decode_rows
+            .saturating_add(allowed.max(MIN_PREFILL_TOKENS))
+            .min(self.max_tokens)
+    }
+
+    /// The measured time of a decode-only step of `rows` rows: its bucket's, else the nearest
+    /// measured bucket's.
+    pub fn decode_estimate(&self, rows: usize) -> Option<f64> {
+        let wanted = bucket(rows);
+        (0..BUCKETS)
+            .filter_map(|b| self.decode_seconds[b].map(|s| (b.abs_diff(wanted), s)))
+            .min_by_key(|&(distance, _)| distance)
+            .map(|(_, seconds)| seconds)
+    }
+
+    /// The measured extra time per prefill token of a mixed step.
+    pub fn seconds_per_prefill_token(&self) -> Option<f64> {
+        (self.extra_tokens > 0.0).then(|| self.extra_seconds / self.extra_tokens)
+    }
+}
+
+fn bucket(rows: usize) -> usize {
+    let b = rows.max(1).next_power_of_two().trailing_zeros() as usize;
+    b.min(BUCKETS - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+
+    #[test]
+    fn nothing_measured_or_nothing_decoding_takes_the_maximum() {
+        let mut costs = StepCosts::new(1.5, 2048);
+        assert_eq!(costs.token_budget(8), 2048, "nothing measured yet");
+        costs.record(8, 0, ms(10));
+        assert_eq!(costs.token_budget(8), 2048, "no prefill cost measured yet");
+        costs.record(8, 1000, ms(30));
+        assert_eq!(costs.token_budget(0), 2048, "nothing decoding");
+        assert_eq!(StepCosts::new(1.0, 2048).token_budget(8), 2048, "limit off");
+    }
+
+    #[test]
+    fn the_budget_keeps_a_mixed_step_within_the_stall_limit() {
+        let mut costs = StepCosts::new(1.5, 2048);
+        // Decode-only steps of 64 rows take 10 ms; 64 rows plus 1000 prompt tokens take 30 ms:
+        // 20 us per prefill token.
+        for _ in 0..20 {
+            costs.record(64, 0, ms(10));
+            costs.record(64, 1000, ms(30));
+        }
+        let per_token = costs.seconds_per_prefill_token().expect("measured");
+        assert!((per_token - 20e-6).abs() < 1e-9, "{per_token}");
+        // Half a decode step (5 ms) of prefill: 250 tokens, plus the 64 decode rows.
+        assert_eq!(costs.token_budget(64), 64 + 250);
+        // A looser limit allows more, never beyond the maximum.
+        let mut loose = costs.clone();
+        loose.stall_limit = 3.0;
+        assert_eq!(loose.token_budget(64), 64 + 1000);
+        loose.stall_limit = 100.0;
+        assert_eq!(loose.token_budget(64), 2048);
+    }
+
+    #[test]
+    fn prompts_always_progress() {
+        let mut costs = StepCosts::new(1.1, 2048);
+        for _ in 0..20 {
+            costs.record(4, 0, ms(1));
+            costs.record(4, 2000, ms(500));
+        }
+        assert_eq!(costs.token_budget(4), 4 + MIN_PREFILL_TOKENS);
+    }
+
+    #[test]
+    fn decode_times_are_kept_per_bucket_of_rows() {
+        let mut costs = StepCosts::new(1.5, 2048);
+        costs.record(1, 0, ms(6));
+        costs.record(60, 0, ms(11));
+        assert_eq!(costs.decode_estimate(1), Some(0.006));
+        assert_eq!(costs.decode_estimate(64), Some(0.011));
+        assert_eq!(costs.decode_estimate(33), Some(0.011));
+        assert_eq!(
+            costs.decode_estimate(2),
+            Some(0.006),
+            "the nearest measured bucket"
+        );
+        assert_eq!(StepCosts::new(1.5, 2048).decode_estimate(4), None);
+    }
+}
