@@ -180,10 +180,17 @@ has quickbench && SPECS="16 128 128"
 if has bench || has quickbench; then
   IFS=';' read -ra SPEC_LIST <<<"$SPECS"
   for spec in "${SPEC_LIST[@]}"; do
+    # "batch input output [extra bench flags]", e.g. "64 1000 256 --itl-stall-limit 0"
     set -- $spec
-    timeout 240 $RUN "$G/inferno" bench offline --model $M8 --device cuda --batch-size "$1" --input-len "$2" --output-len "$3" \
-      --ignore-eos --json "$OUT/bench-b$1-i$2.json" >>"$OUT/bench.log" 2>&1
-    note "inferno offline batch=$1 in=$2 out=$3: rc=$? $(grep -E '^output throughput' "$OUT/bench.log" | tail -1)"
+    b=$1 i=$2 o=$3
+    shift 3
+    tag=$(echo "$*" | tr -c 'a-z0-9' '_')
+    timeout 240 $RUN "$G/inferno" bench offline --model $M8 --device cuda --batch-size "$b" --input-len "$i" --output-len "$o" \
+      --ignore-eos "$@" --json "$OUT/bench-b$b-i$i$tag.json" >"$OUT/bench-b$b-i$i$tag.log" 2>&1
+    rc=$?
+    cat "$OUT/bench-b$b-i$i$tag.log" >>"$OUT/bench.log"
+    note "inferno offline batch=$b in=$i out=$o $*: rc=$rc $(grep -E '^output throughput' "$OUT/bench-b$b-i$i$tag.log" | tail -1)"
+    grep -E '^(TTFT|ITL) ' "$OUT/bench-b$b-i$i$tag.log" | sed 's/^/    /' | tee -a "$SUMMARY"
   done
   grep -E 'CUDA backend ready|KV cache allocated|kernels ready' "$OUT/bench.log" | head -4 >>"$SUMMARY"
 fi
@@ -216,12 +223,19 @@ if has serve; then
     curl -ksf https://127.0.0.1:8443/health >/dev/null 2>&1 && break
     sleep 1
   done
-  for args in "--concurrency 16 --num-prompts 64" "--rate 8 --num-prompts 64"; do
-    name=$(echo "$args" | awk '{print $1 $2}' | tr -d '-')
-    timeout 180 $RUN "$G/inferno" bench serve --url https://127.0.0.1:8443 --model llama8b --insecure \
-      $args --input-len 128 --output-len 128 --ignore-eos --server-pid $SERVER \
-      --json "$OUT/serve-$name.json" >>"$OUT/serve-bench.log" 2>&1
-    note "inferno serve ($args): rc=$? $(grep -E '^output throughput' "$OUT/serve-bench.log" | tail -1)"
+  # Runs in order on one server (the first run after start shows first-use costs).
+  SERVE_RUNS=${SERVE_RUNS:-"--concurrency 16 --num-prompts 64 --input-len 128 --output-len 128;--rate 8 --num-prompts 64 --input-len 128 --output-len 128"}
+  IFS=';' read -ra SERVE_LIST <<<"$SERVE_RUNS"
+  n=0
+  for args in "${SERVE_LIST[@]}"; do
+    n=$((n + 1))
+    timeout 240 $RUN "$G/inferno" bench serve --url https://127.0.0.1:8443 --model llama8b --insecure \
+      $args --ignore-eos --server-pid $SERVER \
+      --json "$OUT/serve-$n.json" >"$OUT/serve-bench-$n.log" 2>&1
+    rc=$?
+    cat "$OUT/serve-bench-$n.log" >>"$OUT/serve-bench.log"
+    note "inferno serve run $n ($args): rc=$rc $(grep -E '^output throughput' "$OUT/serve-bench-$n.log" | tail -1)"
+    grep -E '^(TTFT|ITL) |^CPU time' "$OUT/serve-bench-$n.log" | sed 's/^/    /' | tee -a "$SUMMARY"
   done
   kill -TERM $SERVER 2>/dev/null
   wait $SERVER 2>/dev/null
