@@ -20,6 +20,13 @@ const TOL_REF: f32 = 0.1;
 /// Reference margins below this are near-ties whose argmax may legitimately differ.
 const MARGIN: f32 = 0.05;
 
+/// How far two prefills of the same tokens that split the work differently (chunks, tiles, the
+/// tensor-core kernel against the paged kernel) may differ, in logits. The prefill attention
+/// kernel rounds the softmax weights to bf16 before P·V, as FlashAttention does, so such runs
+/// agree to within that rounding, not bit for bit (measured on an H100: up to 0.029 on the
+/// fixtures). The comparison with the CPU backend and transformers keeps its own 0.1.
+const PREFILL_TOLERANCE: f32 = 0.05;
+
 fn fixtures() -> PathBuf {
     std::env::var_os("INFERNO_FIXTURES")
         .map(PathBuf::from)
@@ -381,7 +388,10 @@ fn mixed_batches_chunked_prefill_and_prefix_hits_match_single_runs() {
     let chunked = run_chunk(&mut gpu, s, 23, 40);
     let diff = max_abs_diff(&chunked, &alone[3]);
     println!("RESULT chunked prefill: max diff {diff:.5}");
-    assert!(diff <= 0.02, "chunked prefill differs by {diff}");
+    assert!(
+        diff <= PREFILL_TOLERANCE,
+        "chunked prefill differs by {diff}"
+    );
 
     // Prefix hit: a prompt that shares the first two blocks (32 tokens) of the 33-token prompt
     // reuses them and computes only its own tail.
@@ -395,7 +405,7 @@ fn mixed_batches_chunked_prefill_and_prefix_hits_match_single_runs() {
     let cached = run_chunk(&mut gpu, &hit, 32, hit.tokens.len());
     let diff = max_abs_diff(&cached, &reference);
     println!("RESULT prefix hit: max diff {diff:.5}");
-    assert!(diff <= 0.02, "prefix hit differs by {diff}");
+    assert!(diff <= PREFILL_TOLERANCE, "prefix hit differs by {diff}");
 
     // A decode row and a prefill row in one step.
     let a = &seqs[0];
@@ -426,7 +436,10 @@ fn mixed_batches_chunked_prefill_and_prefix_hits_match_single_runs() {
     let mixed = logits(gpu.step(&rows).expect("decode + prefill"));
     let diff = max_abs_diff(&mixed[0], &decode_alone).max(max_abs_diff(&mixed[1], &alone[1]));
     println!("RESULT decode+prefill step: max diff {diff:.5}");
-    assert!(diff <= 0.02, "decode + prefill step differs by {diff}");
+    assert!(
+        diff <= PREFILL_TOLERANCE,
+        "decode + prefill step differs by {diff}"
+    );
 }
 
 #[test]
@@ -1174,7 +1187,10 @@ fn flash_prefill_matches_the_paged_kernel() {
             "RESULT flash prefill vs paged, {name}: whole prompts {worst:.5}, chunked {chunked:.5}, prefix hit {prefix:.5}"
         );
         for (what, diff) in [("whole", worst), ("chunked", chunked), ("prefix", prefix)] {
-            assert!(diff <= 0.02, "{name} {what}: flash differs by {diff}");
+            assert!(
+                diff <= PREFILL_TOLERANCE,
+                "{name} {what}: flash differs by {diff}"
+            );
         }
     }
 }
