@@ -429,3 +429,50 @@ fn require_api_key_without_keys_refuses_to_start() {
     });
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
+
+/// Issue 14, defect 5: a content key file that other users may read is refused in the production
+/// profile (before any log is opened) and only warned about in development.
+#[test]
+fn a_content_key_file_open_to_other_users_is_refused_in_production() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let key_file = tmp.path().join("content.key");
+    std::fs::write(&key_file, hex::encode([0x5a_u8; 32])).expect("key file");
+    let policy = development_policy_with(tmp.path(), "content = \"none\"", "content = \"hmac\"");
+    let config_with = |profile: inferno::config::AttestationProfile, log: &str| {
+        let mut config = audited_config(&tmp.path().join(log));
+        config.attestation.policy = Some(policy.clone());
+        config.attestation.profile = profile;
+        if let Some(audit) = &mut config.audit {
+            audit.content_key_file = Some(key_file.clone());
+        }
+        config
+    };
+    use inferno::config::AttestationProfile::{Development, Production};
+
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let err = start_error(config_with(Production, "audit"));
+    assert!(
+        matches!(err, ServerError::ContentKeyExposed { mode: 0o644, .. }),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(text.contains("chmod 600"), "{text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(!tmp.path().join("audit").exists(), "no log was opened");
+
+    // Owner-only, production gets past the key check (whatever else it then needs).
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    match runtime().block_on(Server::start(config_with(Production, "audit-0600"))) {
+        Ok(server) => runtime().block_on(server.shutdown()),
+        Err(err) => assert!(
+            !matches!(err, ServerError::ContentKeyExposed { .. }),
+            "{err}"
+        ),
+    }
+
+    // Development serves with the open key file (and logs a warning).
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let server = Harness::start(config_with(Development, "audit-dev"), true);
+    runtime().block_on(stop(server));
+}

@@ -94,6 +94,18 @@ pub enum ContentError {
     Decrypt,
 }
 
+/// The permission bits of a key file when its group or other users may access it (anything
+/// beyond 0600/0400), or `None` when only its owner may.
+pub fn key_file_exposure(path: &Path) -> Result<Option<u32>, ContentError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let metadata = std::fs::metadata(path).map_err(|source| ContentError::KeyFile {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let mode = metadata.permissions().mode() & 0o777;
+    Ok((mode & 0o077 != 0).then_some(mode))
+}
+
 /// Reads a 32-byte key from a file holding the raw bytes or 64 hex digits.
 pub fn read_key_file(path: &Path) -> Result<Zeroizing<[u8; 32]>, ContentError> {
     let raw = Zeroizing::new(std::fs::read(path).map_err(|source| ContentError::KeyFile {
@@ -246,6 +258,28 @@ impl ContentPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn key_files_open_to_group_or_others_are_reported() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("content.key");
+        std::fs::write(&path, [1u8; 32]).expect("write");
+        for (mode, exposed) in [
+            (0o600, None),
+            (0o400, None),
+            (0o640, Some(0o640)),
+            (0o604, Some(0o604)),
+        ] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            assert_eq!(
+                key_file_exposure(&path).expect("metadata"),
+                exposed,
+                "{mode:o}"
+            );
+        }
+        assert!(key_file_exposure(&dir.path().join("missing")).is_err());
+    }
 
     #[test]
     fn hmac_is_keyed_and_bound_to_request() {

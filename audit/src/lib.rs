@@ -33,7 +33,9 @@ mod witness;
 mod writer;
 
 pub use config::AuditConfig;
-pub use content::{ContentError, ContentMode, ContentPolicy, SealedContent, read_key_file};
+pub use content::{
+    ContentError, ContentMode, ContentPolicy, SealedContent, key_file_exposure, read_key_file,
+};
 pub use error::AuditError;
 pub use fileops::{AppendFile, FileOps, StdFileOps};
 pub use lock::{LOCK_FILE, LockError};

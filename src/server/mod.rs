@@ -74,6 +74,16 @@ pub enum ServerError {
         /// Why the content policy cannot be built.
         source: inferno_audit::AuditError,
     },
+    /// The production profile refuses a content key file that other users may read.
+    #[error(
+        "the audit content key file {path} has mode {mode:o}: other users may read it, and the production profile refuses that (chmod 600 it)"
+    )]
+    ContentKeyExposed {
+        /// The key file.
+        path: String,
+        /// Its permission bits.
+        mode: u32,
+    },
     /// The policy file changed between the server's reading and the attestation's.
     #[error(
         "the policy changed during start-up (read with SHA-256 {read}, attested with {attested}): refusing to serve"
@@ -145,7 +155,9 @@ impl Server {
                 "no API keys configured: serving loopback only, without authentication"
             );
         }
-        let content = content_policy(&config, &policy)?;
+        let production =
+            config.attestation.profile == crate::config::AttestationProfile::Production;
+        let content = content_policy(&config, &policy, production)?;
         let identity = ServerIdentity::generate(listen.ip())?;
         let signer = match &config.audit {
             Some(audit) => Some(inferno_audit::AuditLog::generate_signer(audit)?),
@@ -325,10 +337,12 @@ impl Server {
 }
 
 /// The audit content policy that `policy` asks for, with the configured key; `None` without
-/// an `[audit]` table (allowed only when the policy keeps no content).
+/// an `[audit]` table (allowed only when the policy keeps no content). A key file that other
+/// users may read is refused in `production` and warned about otherwise.
 fn content_policy(
     config: &Config,
     policy: &ServerPolicy,
+    production: bool,
 ) -> Result<Option<inferno_audit::ContentPolicy>, ServerError> {
     let mode = policy.audit_content;
     let Some(audit) = &config.audit else {
@@ -340,6 +354,26 @@ fn content_policy(
         }
         return Ok(None);
     };
+    if let (Some(path), true) = (&audit.content_key_file, mode.needs_key()) {
+        let exposure =
+            inferno_audit::key_file_exposure(path).map_err(|e| ServerError::ContentKey {
+                policy: policy.name.clone(),
+                source: inferno_audit::AuditError::Config(e.to_string()),
+            })?;
+        if let Some(bits) = exposure {
+            if production {
+                return Err(ServerError::ContentKeyExposed {
+                    path: path.display().to_string(),
+                    mode: bits,
+                });
+            }
+            tracing::warn!(
+                path = %path.display(),
+                mode = format!("{bits:o}"),
+                "the audit content key file is readable by other users (the production profile refuses this): chmod 600 it"
+            );
+        }
+    }
     inferno_audit::AuditSink::content_policy(audit, mode)
         .map(Some)
         .map_err(|source| ServerError::ContentKey {
