@@ -50,9 +50,12 @@ fn completion(id: &str) -> RecordBody {
     })
 }
 
+/// The template log's directory and its files (name, bytes), sorted by name.
+type Template = (tempfile::TempDir, Vec<(String, Vec<u8>)>);
+
 /// A small, cleanly closed log of several segments, written once; each case copies it.
-fn template() -> &'static (tempfile::TempDir, Vec<(String, Vec<u8>)>) {
-    static TEMPLATE: OnceLock<(tempfile::TempDir, Vec<(String, Vec<u8>)>)> = OnceLock::new();
+fn template() -> &'static Template {
+    static TEMPLATE: OnceLock<Template> = OnceLock::new();
     TEMPLATE.get_or_init(|| {
         let tmp = tempfile::tempdir().expect("tempdir");
         let cfg = config(&tmp.path().join("log"));
