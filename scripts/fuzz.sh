@@ -8,41 +8,38 @@ set -euo pipefail
 secs=${1:-60}
 cd "$(dirname "$0")/.."
 
-# Proptest-driven targets on the stable toolchain: the OpenAI request parser and the chat-template
-# rendering (tests/fuzz_server_input.rs). Each property runs with a huge case count until the time
-# is up (exit 124 is a pass). A failing input is shrunk and written to
-# tests/fuzz_server_input.proptest-regressions: commit it, it is replayed first by every later run.
-exe=$(cargo test --locked --test fuzz_server_input --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
+# Proptest-driven targets on the stable toolchain. Each property runs with a huge case count until
+# the time is up (exit 124 is a pass). A failing input is shrunk and written to the test's
+# .proptest-regressions file: commit it, it is replayed first by every later run.
 proptest_failed=0
+# fuzz_proptest NAME REGRESSIONS COMMAND...: runs one property for $secs seconds.
+fuzz_proptest() {
+  local name=$1 regressions=$2
+  shift 2
+  echo "== fuzzing $name (proptest) for ${secs}s"
+  local rc=0
+  PROPTEST_CASES=1000000000 timeout "$secs" "$@" || rc=$?
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]; then
+    echo "!! $name found a failure (see $regressions)" >&2
+    proptest_failed=$((proptest_failed + 1))
+  fi
+}
+test_exe() { cargo test --locked "$@" --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p'; }
+
+# The OpenAI request parser and the chat-template rendering (tests/fuzz_server_input.rs).
+exe=$(test_exe --test fuzz_server_input)
 for t in arbitrary_bytes_never_crash_the_parser arbitrary_json_never_crashes_the_parser \
   request_shaped_json_never_crashes_the_parser chat_templates_render_or_refuse_any_conversation; do
-  echo "== fuzzing $t (proptest) for ${secs}s"
-  rc=0
-  PROPTEST_CASES=1000000000 timeout "$secs" "$exe" --exact "$t" --quiet || rc=$?
-  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]; then
-    echo "!! $t found a failure (see tests/fuzz_server_input.proptest-regressions)" >&2
-    proptest_failed=$((proptest_failed + 1))
-  fi
+  fuzz_proptest "$t" tests/fuzz_server_input.proptest-regressions "$exe" --exact "$t" --quiet
 done
 # The sealed-model manifest parser (src/seal/manifest.rs): its two properties, many cases each.
-echo "== fuzzing the sealed-model manifest parser (proptest) for ${secs}s"
-rc=0
-PROPTEST_CASES=1000000000 timeout "$secs" cargo test --locked --lib --quiet -- \
-  seal::manifest::tests::parser_survives || rc=$?
-if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]; then
-  echo "!! the manifest parser failed a property" >&2
-  proptest_failed=$((proptest_failed + 1))
-fi
-audit_exe=$(cargo test --locked -p inferno-audit --test fuzz_audit_input --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
+fuzz_proptest "the sealed-model manifest parser" src/seal/manifest.rs \
+  cargo test --locked --lib --quiet -- seal::manifest::tests::parser_survives
+# The audit log's segments, checkpoints and signed notes (audit/tests/fuzz_audit_input.rs).
+exe=$(test_exe -p inferno-audit --test fuzz_audit_input)
 for t in flipped_bytes_are_detected_and_never_crash cut_or_grown_files_never_crash_verify_or_read \
   arbitrary_notes_checkpoints_and_keys_never_crash a_changed_signed_checkpoint_never_verifies; do
-  echo "== fuzzing the audit log's $t (proptest) for ${secs}s"
-  rc=0
-  PROPTEST_CASES=1000000000 timeout "$secs" "$audit_exe" --exact "$t" --quiet || rc=$?
-  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]; then
-    echo "!! $t found a failure (see audit/tests/fuzz_audit_input.proptest-regressions)" >&2
-    proptest_failed=$((proptest_failed + 1))
-  fi
+  fuzz_proptest "$t" audit/tests/fuzz_audit_input.proptest-regressions "$exe" --exact "$t" --quiet
 done
 echo "proptest targets: $proptest_failed with failures"
 [ "$proptest_failed" -eq 0 ] || exit 1

@@ -12,7 +12,6 @@ mod swtpm_support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 
 use attest_support::check;
 use inferno::attest::binding::{BindingInput, check_start_events};
@@ -32,13 +31,9 @@ use inferno_attestation::policy::LoadedPolicy;
 use inferno_attestation::report::AppraisalReport;
 use inferno_audit::AuditConfig;
 use inferno_audit::{VerifyOptions, verify};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
 use server_support::{Harness, base_config, runtime};
 use time::{Duration, OffsetDateTime};
-use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
 
 fn policy_path(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -63,21 +58,7 @@ fn judge(evidence: &Evidence, policy: &LoadedPolicy) -> AppraisalReport {
 
 /// The leaf certificate the server presents in a real TLS handshake.
 async fn served_leaf(harness: &Harness) -> Vec<u8> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(harness.cert_pem.as_bytes()) {
-        roots.add(cert.expect("certificate PEM")).expect("root");
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("protocol versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let tcp = TcpStream::connect(harness.addr).await.expect("connect");
-    let tls = TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from("localhost").expect("name"), tcp)
-        .await
-        .expect("TLS handshake");
+    let tls = harness.tls_connect(None).await;
     let certs = tls
         .get_ref()
         .1

@@ -531,27 +531,8 @@ async fn client_request_ids_never_match_records() {
 
 /// Sends raw bytes over a TLS HTTP/1.1 connection and returns what the server answers.
 async fn raw_http1(server: &Harness, request: &[u8]) -> String {
-    use rustls::pki_types::pem::PemObject as _;
-    use rustls::pki_types::{CertificateDer, ServerName};
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(server.cert_pem.as_bytes()) {
-        roots.add(cert.expect("certificate PEM")).expect("root");
-    }
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let tcp = tokio::net::TcpStream::connect(server.addr)
-        .await
-        .expect("connect");
-    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
-        .connect(ServerName::try_from("localhost").expect("name"), tcp)
-        .await
-        .expect("TLS");
+    let mut tls = server.tls_connect(Some(b"http/1.1")).await;
     // The server may answer and close before it has read everything (headers over the limit).
     let _ = tls.write_all(request).await;
     let _ = tls.flush().await;

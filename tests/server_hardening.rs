@@ -7,16 +7,11 @@ mod server_support;
 mod spawn_support;
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::json;
 use server_support::{ALICE, Harness, base_config, expect_error};
-use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
 
 fn harness() -> Harness {
     Harness::start(base_config(), true)
@@ -24,22 +19,7 @@ fn harness() -> Harness {
 
 /// An HTTP/2 connection (ALPN h2) to the harness server.
 async fn h2_client(server: &Harness) -> h2::client::SendRequest<bytes::Bytes> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(server.cert_pem.as_bytes()) {
-        roots.add(cert.expect("certificate PEM")).expect("root");
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp = TcpStream::connect(server.addr).await.expect("connect");
-    let tls = TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from("localhost").expect("name"), tcp)
-        .await
-        .expect("TLS");
+    let tls = server.tls_connect(Some(b"h2")).await;
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
     let (send, connection) = h2::client::handshake(tls).await.expect("h2 handshake");
     tokio::spawn(async move {
@@ -362,22 +342,7 @@ async fn a_stream_whose_client_never_reads_is_cut_off() {
     use tokio::io::AsyncWriteExt;
     let server = harness();
     let (_, aborted_before) = generation_counters(&server).await;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(server.cert_pem.as_bytes()) {
-        roots.add(cert.expect("certificate PEM")).expect("root");
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let tcp = TcpStream::connect(server.addr).await.expect("connect");
-    let mut tls = TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from("localhost").expect("name"), tcp)
-        .await
-        .expect("TLS");
+    let mut tls = server.tls_connect(Some(b"http/1.1")).await;
     let body = json!({"model": "inferno-tiny", "prompt": "Once", "stream": true, "n": 16,
                       "max_tokens": 1500, "ignore_eos": true, "logprobs": 20})
     .to_string();

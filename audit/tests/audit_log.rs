@@ -6,17 +6,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use inferno_audit::ConsistencyProof;
-use inferno_audit::SealedContent;
 use inferno_audit::merkle::TreeView;
 use inferno_audit::newest_record_time;
 use inferno_audit::note::{ALG_COSIGNATURE_V1, NoteSigner, SignedNote, VerifierKey};
 use inferno_audit::{AppendFile, FileOps, StdFileOps};
-use inferno_audit::{
-    AuditConfig, AuditError, AuditLog, CompletionRecord, RecordBody, RequestRecord, SecurityEvent,
-    StartInfo,
-};
+use inferno_audit::{AuditConfig, AuditError, RecordBody, SecurityEvent};
 use inferno_audit::{VerifyOptions, load_tree, verify};
 use inferno_audit::{WitnessError, add_checkpoint};
+
+mod support;
+use support::{completion, open, open_with, request, runtime};
 
 fn config(dir: &Path) -> AuditConfig {
     AuditConfig {
@@ -26,56 +25,6 @@ fn config(dir: &Path) -> AuditConfig {
         segment_max_bytes: 2048,
         ..AuditConfig::default()
     }
-}
-
-fn open_with(cfg: &AuditConfig, ops: Arc<dyn FileOps>) -> Result<AuditLog, AuditError> {
-    let signer = AuditLog::generate_signer(cfg)?;
-    AuditLog::open(
-        cfg,
-        ops,
-        signer,
-        StartInfo {
-            software_version: "test".into(),
-            evidence: Vec::new(),
-        },
-    )
-}
-
-fn open(cfg: &AuditConfig) -> AuditLog {
-    open_with(cfg, Arc::new(StdFileOps)).expect("log opens")
-}
-
-fn request(id: &str) -> RecordBody {
-    RecordBody::Request(RequestRecord {
-        request_id: id.into(),
-        client_request_id: None,
-        principal: "key-1".into(),
-        endpoint: "/v1/chat/completions".into(),
-        model_digest: "sha256:00".into(),
-        stream: false,
-        prompt: SealedContent::None,
-        status: None,
-        constraint: None,
-    })
-}
-
-fn completion(id: &str) -> RecordBody {
-    RecordBody::Completion(CompletionRecord {
-        request_id: id.into(),
-        prompt_tokens: 3,
-        completion_tokens: 5,
-        finish_reason: Some("stop".into()),
-        status: 200,
-        latency_ms: 12,
-        completion: SealedContent::None,
-    })
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
 }
 
 /// Writes `n` requests with completions concurrently and shuts down cleanly.

@@ -5,9 +5,10 @@
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
-use std::sync::Arc;
 
-use inferno_audit::{AuditConfig, AuditLog, StartInfo, StdFileOps};
+use inferno_audit::AuditConfig;
+
+mod support;
 
 fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
@@ -18,21 +19,8 @@ fn open_and_stop(dir: &Path) {
         dir: dir.to_path_buf(),
         ..AuditConfig::default()
     };
-    let signer = AuditLog::generate_signer(&cfg).expect("signer");
-    let log = AuditLog::open(
-        &cfg,
-        Arc::new(StdFileOps),
-        signer,
-        StartInfo {
-            software_version: "test".into(),
-            evidence: Vec::new(),
-        },
-    )
-    .expect("log opens");
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
+    let log = support::open(&cfg);
+    support::runtime()
         .block_on(log.shutdown("test over"))
         .expect("clean stop");
 }

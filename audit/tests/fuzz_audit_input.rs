@@ -5,14 +5,14 @@
 //! `fuzz_audit_input.proptest-regressions` and replayed first from then on.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use inferno_audit::note::{Checkpoint, NoteSigner, SignedNote, VerifierKey};
-use inferno_audit::{
-    AuditConfig, AuditLog, CHECKPOINTS_FILE, CompletionRecord, RecordBody, RequestRecord,
-    SealedContent, StartInfo, StdFileOps, VerifyOptions, read_records, verify,
-};
+use inferno_audit::{AuditConfig, CHECKPOINTS_FILE, VerifyOptions, read_records, verify};
 use proptest::prelude::*;
+
+mod support;
+use support::{completion, request};
 
 fn config(dir: &Path) -> AuditConfig {
     AuditConfig {
@@ -24,32 +24,6 @@ fn config(dir: &Path) -> AuditConfig {
     }
 }
 
-fn request(id: &str) -> RecordBody {
-    RecordBody::Request(RequestRecord {
-        request_id: id.into(),
-        client_request_id: Some(format!("client \"{id}\"")),
-        principal: "key-1".into(),
-        endpoint: "/v1/completions".into(),
-        model_digest: "sha256:00".into(),
-        stream: false,
-        prompt: SealedContent::None,
-        status: None,
-        constraint: None,
-    })
-}
-
-fn completion(id: &str) -> RecordBody {
-    RecordBody::Completion(CompletionRecord {
-        request_id: id.into(),
-        prompt_tokens: 3,
-        completion_tokens: 5,
-        finish_reason: Some("stop".into()),
-        status: 200,
-        latency_ms: 12,
-        completion: SealedContent::None,
-    })
-}
-
 /// The template log's directory and its files (name, bytes), sorted by name.
 type Template = (tempfile::TempDir, Vec<(String, Vec<u8>)>);
 
@@ -59,21 +33,8 @@ fn template() -> &'static Template {
     TEMPLATE.get_or_init(|| {
         let tmp = tempfile::tempdir().expect("tempdir");
         let cfg = config(&tmp.path().join("log"));
-        let signer = AuditLog::generate_signer(&cfg).expect("signer");
-        let log = AuditLog::open(
-            &cfg,
-            Arc::new(StdFileOps),
-            signer,
-            StartInfo {
-                software_version: "fuzz".into(),
-                evidence: Vec::new(),
-            },
-        )
-        .expect("log opens");
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let log = support::open(&cfg);
+        let runtime = support::runtime();
         runtime.block_on(async {
             for i in 0..12 {
                 let id = format!("r{i}");

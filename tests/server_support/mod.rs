@@ -108,6 +108,34 @@ impl Harness {
         self.client_builder().build().expect("client")
     }
 
+    /// A raw TLS connection to the server that trusts its certificate, offering `alpn` (none:
+    /// no ALPN), for tests that speak HTTP/1.1 or HTTP/2 by hand.
+    pub async fn tls_connect(
+        &self,
+        alpn: Option<&[u8]>,
+    ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, ServerName};
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(self.cert_pem.as_bytes()) {
+            roots.add(cert.expect("certificate PEM")).expect("root");
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = alpn.into_iter().map(<[u8]>::to_vec).collect();
+        let tcp = tokio::net::TcpStream::connect(self.addr)
+            .await
+            .expect("connect");
+        tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(ServerName::try_from("localhost").expect("name"), tcp)
+            .await
+            .expect("TLS handshake")
+    }
+
     pub fn post(&self, path: &str, key: &str, body: &Value) -> reqwest::RequestBuilder {
         self.client()
             .post(self.url(path))
