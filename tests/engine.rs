@@ -327,7 +327,7 @@ fn dropping_a_stream_cancels_and_frees_its_blocks() {
 fn a_full_queue_refuses_with_queue_full() {
     let model = model();
     let config = EngineConfig {
-        max_num_seqs: 1,
+        max_num_seqs: Some(1),
         max_waiting: 1,
         ..Default::default()
     };
