@@ -91,8 +91,10 @@ fn preemption_recomputes_and_loses_nothing() {
     let prompt: Vec<u32> = prompts()[1].clone(); // 48 tokens
     // 2 KiB of KV per token: 12 blocks hold 192 tokens, while four requests need 4 × 88.
     let block_bytes = 4 * 2 * 64 * 4 * 16;
+    // Four sequences at once (the limit derived from 12 blocks would be 1, which never preempts).
     let config = EngineConfig {
         kv_cache_bytes: 12 * block_bytes,
+        max_num_seqs: Some(4),
         ..Default::default()
     };
     let engine = engine(&model, config);
