@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the proptest fuzz targets of the server (stable toolchain), then every cargo-fuzz target of
+# Runs the proptest fuzz targets of the server and of the audit log (stable toolchain), then every cargo-fuzz target of
 # attestation/fuzz, each for a bounded time.
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET]   (default 60)
 # Needs a nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz`). A crash leaves its input
@@ -33,6 +33,17 @@ if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]; then
   echo "!! the manifest parser failed a property" >&2
   proptest_failed=$((proptest_failed + 1))
 fi
+audit_exe=$(cargo test --locked -p inferno-audit --test fuzz_audit_input --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
+for t in flipped_bytes_are_detected_and_never_crash cut_or_grown_files_never_crash_verify_or_read \
+  arbitrary_notes_checkpoints_and_keys_never_crash a_changed_signed_checkpoint_never_verifies; do
+  echo "== fuzzing the audit log's $t (proptest) for ${secs}s"
+  rc=0
+  PROPTEST_CASES=1000000000 timeout "$secs" "$audit_exe" --exact "$t" --quiet || rc=$?
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]; then
+    echo "!! $t found a failure (see audit/tests/fuzz_audit_input.proptest-regressions)" >&2
+    proptest_failed=$((proptest_failed + 1))
+  fi
+done
 echo "proptest targets: $proptest_failed with failures"
 [ "$proptest_failed" -eq 0 ] || exit 1
 

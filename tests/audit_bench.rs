@@ -48,6 +48,7 @@ fn audit_writer_throughput() {
                             let id = format!("{concurrency}-{t}-{i}");
                             sink.request(RequestFacts {
                                 request_id: &id,
+                                client_request_id: None,
                                 principal: "bench",
                                 endpoint: "/v1/chat/completions",
                                 model_digest: "sha256:00",

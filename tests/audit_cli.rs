@@ -53,6 +53,7 @@ fn write_log(dir: &Path, n: usize, segment_max_bytes: u64, content: Option<&Cont
                 .expect("seal");
             log.append(RecordBody::Request(RequestRecord {
                 request_id: id.clone(),
+                client_request_id: None,
                 principal: format!("key-{}", i % 2),
                 endpoint: "/v1/completions".into(),
                 model_digest: "sha256:ab".into(),

@@ -57,6 +57,7 @@ fn crash_child() {
                         let id = format!("{}-{t}-{i}", std::process::id());
                         let facts = RequestFacts {
                             request_id: &id,
+                            client_request_id: None,
                             principal: "load",
                             endpoint: "/v1/completions",
                             model_digest: "sha256:00",

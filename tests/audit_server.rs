@@ -160,7 +160,7 @@ fn the_server_audits_every_request_and_the_cli_verifies_it() {
     assert_eq!(answered[0]["status"], 200);
     let ids: Vec<_> = requests
         .iter()
-        .map(|r| r["request_id"].as_str().unwrap_or(""))
+        .map(|r| r["client_request_id"].as_str().unwrap_or(""))
         .collect();
     assert_eq!(ids, ["plain-1", "stream-1"]);
     assert_eq!(requests[0]["principal"], "anonymous");
@@ -237,7 +237,7 @@ fn kill_9_under_load_loses_no_answered_request() {
     assert_eq!(verify.status.code(), Some(0), "{verdict}");
     let logged: HashSet<String> = records(&dir, "request")
         .iter()
-        .filter_map(|r| r["request_id"].as_str().map(str::to_owned))
+        .filter_map(|r| r["client_request_id"].as_str().map(str::to_owned))
         .collect();
     let missing: Vec<_> = answered.difference(&logged).take(5).collect();
     assert!(
@@ -318,7 +318,7 @@ fn an_unwritable_log_fails_closed_with_503() {
     );
     let logged: HashSet<String> = records(&dir, "request")
         .iter()
-        .filter_map(|r| r["request_id"].as_str().map(str::to_owned))
+        .filter_map(|r| r["client_request_id"].as_str().map(str::to_owned))
         .collect();
     for id in &answered {
         assert!(logged.contains(id), "answered request {id} has no record");

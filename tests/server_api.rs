@@ -368,7 +368,11 @@ async fn health_metrics_and_request_ids() {
         .send()
         .await
         .unwrap();
-    assert_eq!(echoed.headers()["x-request-id"], "trace-42");
+    // The client's id comes back beside the server's own (issue 14, defect 2).
+    assert_eq!(echoed.headers()["x-client-request-id"], "trace-42");
+    let server_id = echoed.headers()["x-request-id"].to_str().unwrap();
+    assert_eq!(server_id.len(), 36, "a generated UUID: {server_id}");
+    assert_ne!(server_id, generated);
 
     // One request so the counters have something to show.
     let ok = server

@@ -39,18 +39,22 @@ fn records(dir: &Path) -> Vec<Record> {
         .collect()
 }
 
-/// The request records of request `id`, and the number of its completion records.
+/// The request records of the requests the client sent with `X-Request-Id: id`, and the number
+/// of completion records matched to them by the server's own request ids.
 fn records_of(records: &[Record], id: &str) -> (Vec<inferno_audit::RequestRecord>, usize) {
-    let requests = records
+    let requests: Vec<inferno_audit::RequestRecord> = records
         .iter()
         .filter_map(|r| match &r.body {
-            RecordBody::Request(q) if q.request_id == id => Some(q.clone()),
+            RecordBody::Request(q) if q.client_request_id.as_deref() == Some(id) => Some(q.clone()),
             _ => None,
         })
         .collect();
     let completions = records
         .iter()
-        .filter(|r| matches!(&r.body, RecordBody::Completion(c) if c.request_id == id))
+        .filter(|r| {
+            matches!(&r.body, RecordBody::Completion(c)
+                if requests.iter().any(|q| q.request_id == c.request_id))
+        })
         .count();
     (requests, completions)
 }
@@ -193,7 +197,9 @@ async fn every_api_request_gets_a_record_refusals_included() {
     assert_eq!(limited_requests.len(), 1, "{limited}");
     assert_eq!(limited_requests[0].status, None);
     let limited_status = all.iter().find_map(|r| match &r.body {
-        RecordBody::Completion(c) if c.request_id == limited => Some(c.status),
+        RecordBody::Completion(c) if c.request_id == limited_requests[0].request_id => {
+            Some(c.status)
+        }
         _ => None,
     });
     assert_eq!(limited_status, Some(429));
@@ -352,21 +358,21 @@ async fn policy_content_mode_hmac_puts_keyed_hashes_in_the_records() {
 
     let all = records(&dir);
     let hmac = ContentPolicy::new(ContentMode::Hmac, Some(&key)).expect("policy");
-    let prompt = all.iter().find_map(|r| match &r.body {
-        RecordBody::Request(q) if q.request_id == "hashed" => Some(q.prompt.clone()),
-        _ => None,
-    });
+    let (requests, _) = records_of(&all, "hashed");
+    assert_eq!(requests.len(), 1);
+    // Content is bound to the server's request id, not to the client's.
+    let server_id = requests[0].request_id.clone();
     assert_eq!(
-        prompt,
-        Some(hmac.seal("prompt", "hashed", &body).expect("seal"))
+        requests[0].prompt,
+        hmac.seal("prompt", &server_id, &body).expect("seal")
     );
     let completion = all.iter().find_map(|r| match &r.body {
-        RecordBody::Completion(c) if c.request_id == "hashed" => Some(c.completion.clone()),
+        RecordBody::Completion(c) if c.request_id == server_id => Some(c.completion.clone()),
         _ => None,
     });
     assert_eq!(
         completion,
-        Some(hmac.seal("completion", "hashed", &answer).expect("seal"))
+        Some(hmac.seal("completion", &server_id, &answer).expect("seal"))
     );
     assert!(matches!(completion, Some(SealedContent::Hmac { .. })));
 }
@@ -475,4 +481,50 @@ fn a_content_key_file_open_to_other_users_is_refused_in_production() {
     std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let server = Harness::start(config_with(Development, "audit-dev"), true);
     runtime().block_on(stop(server));
+}
+
+/// Issue 14, defect 2: records are matched by ids the server generates, so a client reusing an
+/// id (to hide an incomplete request behind another's completion) or putting quotes in it
+/// changes nothing but its own `client_request_id` field.
+#[tokio::test]
+async fn client_request_ids_never_match_records() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("audit");
+    let server = Harness::start(audited_config(&dir), true);
+    let forged = "dup\" principal=\"admin";
+    let mut server_ids = Vec::new();
+    for id in ["dup", "dup", "dup", forged] {
+        let response = server
+            .client()
+            .post(server.url("/v1/completions"))
+            .bearer_auth(ALICE)
+            .header("x-request-id", id)
+            .json(&json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 2}))
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()["x-client-request-id"], id);
+        server_ids.push(
+            response.headers()["x-request-id"]
+                .to_str()
+                .expect("ascii")
+                .to_owned(),
+        );
+        response.bytes().await.expect("body");
+    }
+    stop(server).await;
+
+    let unique: std::collections::HashSet<&String> = server_ids.iter().collect();
+    assert_eq!(unique.len(), 4, "{server_ids:?}");
+    let all = records(&dir);
+    let (dups, completions) = records_of(&all, "dup");
+    assert_eq!(dups.len(), 3);
+    assert_eq!(completions, 3, "each request has its own completion");
+    let (forged_records, _) = records_of(&all, forged);
+    assert_eq!(forged_records.len(), 1);
+    assert_eq!(forged_records[0].principal, "alice");
+    for record in dups.iter().chain(&forged_records) {
+        assert!(server_ids.contains(&record.request_id), "{record:?}");
+    }
 }

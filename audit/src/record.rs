@@ -64,8 +64,13 @@ impl RecordBody {
 /// An accepted API request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RequestRecord {
-    /// The request id the server returned to the client.
+    /// The request id the server generated and returned to the client (`x-request-id`):
+    /// completion records are matched to requests by it.
     pub request_id: String,
+    /// The client's own `X-Request-Id`, kept for correlation only, never for matching:
+    /// printable ASCII, at most 128 bytes (longer ids are cut).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_request_id: Option<String>,
     /// The API key id of the caller.
     pub principal: String,
     /// The endpoint, e.g. `/v1/chat/completions`.

@@ -14,8 +14,10 @@ use crate::writer::{Appended, AuditLog, StartInfo};
 /// What the server knows about a request when it accepts it.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestFacts<'a> {
-    /// The request id returned to the client.
+    /// The request id the server generated and returned to the client.
     pub request_id: &'a str,
+    /// The client's own request id, if it sent one (correlation only).
+    pub client_request_id: Option<&'a str>,
     /// The API key id of the caller.
     pub principal: &'a str,
     /// The endpoint path.
@@ -140,6 +142,7 @@ impl AuditSink {
             self.log
                 .append_with_leaf(RecordBody::Request(RequestRecord {
                     request_id: facts.request_id.to_owned(),
+                    client_request_id: facts.client_request_id.map(str::to_owned),
                     principal: facts.principal.to_owned(),
                     endpoint: facts.endpoint.to_owned(),
                     model_digest: facts.model_digest.to_owned(),

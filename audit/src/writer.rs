@@ -51,7 +51,7 @@ pub struct Appended {
 enum Command {
     /// A record to append; with a reply, the writer answers once the record is durable;
     /// without, it is durable before the next checkpoint.
-    Append(RecordBody, OffsetDateTime, Option<Reply<Appended>>),
+    Append(Box<RecordBody>, OffsetDateTime, Option<Reply<Appended>>),
     Checkpoint(Reply<String>),
     Shutdown(String, Reply<String>),
 }
@@ -338,7 +338,7 @@ impl Writer {
                             if let Some(reply) = reply {
                                 replies.push((records.len(), reply));
                             }
-                            records.push((body, time));
+                            records.push((*body, time));
                         }
                         other => others.push(other),
                     }
@@ -627,7 +627,11 @@ impl AuditLog {
             return Err(AuditError::Failed(why));
         }
         self.tx
-            .send(Command::Append(body, OffsetDateTime::now_utc(), reply))
+            .send(Command::Append(
+                Box::new(body),
+                OffsetDateTime::now_utc(),
+                reply,
+            ))
             .map_err(|_| AuditError::Closed)
     }
 

@@ -48,6 +48,7 @@ fn open(cfg: &AuditConfig) -> AuditLog {
 fn request(id: &str) -> RecordBody {
     RecordBody::Request(RequestRecord {
         request_id: id.into(),
+        client_request_id: None,
         principal: "key-1".into(),
         endpoint: "/v1/chat/completions".into(),
         model_digest: "sha256:00".into(),

@@ -18,17 +18,23 @@ use super::service::ModelService;
 use crate::config::Config;
 use inferno_audit::AuditSink;
 
-/// The request-id header, echoed on every response.
+/// The request-id header: on a request, the client's own id; on every response, the id the
+/// server generated for the request (audit records are matched by it).
 pub const REQUEST_ID: &str = "x-request-id";
 
-/// Longest client-supplied request id that is echoed; longer ones are replaced.
+/// The response header that echoes the client's own request id (as kept).
+pub const CLIENT_REQUEST_ID: &str = "x-client-request-id";
+
+/// Longest client request id kept; longer ones are cut to this many bytes.
 const MAX_REQUEST_ID_LEN: usize = 128;
 
 /// Per-request facts the handlers share.
 #[derive(Debug, Clone)]
 pub struct RequestContext {
-    /// The client's `X-Request-Id`, or a generated one.
+    /// The id the server generated for this request (a UUID), which its audit records carry.
     pub request_id: String,
+    /// The client's own `X-Request-Id`, if it sent a usable one (see [`client_request_id`]).
+    pub client_request_id: Option<String>,
     /// When the request arrived.
     pub arrived: Instant,
 }
@@ -251,7 +257,8 @@ impl App {
         request: Request<Incoming>,
     ) -> Result<Response<Body>, Infallible> {
         let ctx = RequestContext {
-            request_id: request_id(&request),
+            request_id: uuid::Uuid::new_v4().to_string(),
+            client_request_id: client_request_id(&request),
             arrived: Instant::now(),
         };
         let method = request.method().clone();
@@ -286,6 +293,13 @@ impl App {
         if let Ok(value) = HeaderValue::from_str(&ctx.request_id) {
             response.headers_mut().insert(REQUEST_ID, value);
         }
+        if let Some(value) = ctx
+            .client_request_id
+            .as_deref()
+            .and_then(|id| HeaderValue::from_str(id).ok())
+        {
+            response.headers_mut().insert(CLIENT_REQUEST_ID, value);
+        }
         let status = response.status().as_u16();
         let principal_name = routed.principal.as_ref().map_or("-", Principal::name);
         if api {
@@ -295,6 +309,7 @@ impl App {
         }
         tracing::info!(
             request_id = %ctx.request_id,
+            client_request_id = ?ctx.client_request_id,
             principal = principal_name,
             %method,
             path = %path_label(&path),
@@ -404,18 +419,16 @@ fn audit_endpoint(path: &str) -> String {
     path[..end].to_owned()
 }
 
-/// The client's request id if it is short printable ASCII, else a fresh UUID.
-fn request_id<B>(request: &Request<B>) -> String {
-    request
-        .headers()
-        .get(REQUEST_ID)
-        .and_then(|value| value.to_str().ok())
-        .filter(|id| {
-            !id.is_empty()
-                && id.len() <= MAX_REQUEST_ID_LEN
-                && id.bytes().all(|b| b.is_ascii_graphic())
-        })
-        .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned)
+/// The client's `X-Request-Id`, kept for correlation only: printable ASCII (spaces and quotes
+/// included: logs write it quoted and escaped), cut to [`MAX_REQUEST_ID_LEN`] bytes; `None`
+/// when absent, empty or holding other bytes.
+pub fn client_request_id<B>(request: &Request<B>) -> Option<String> {
+    let id = request.headers().get(REQUEST_ID)?.as_bytes();
+    if id.is_empty() || !id.iter().all(|b| (0x20..0x7f).contains(b)) {
+        return None;
+    }
+    let kept = &id[..id.len().min(MAX_REQUEST_ID_LEN)];
+    Some(String::from_utf8_lossy(kept).into_owned())
 }
 
 /// The path as a metrics label: known routes as themselves, anything else as `other` (so
@@ -438,24 +451,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn request_id_is_echoed_when_sane_and_generated_otherwise() {
-        let with = Request::builder()
-            .header(REQUEST_ID, "abc-123")
-            .body(())
-            .unwrap();
-        assert_eq!(request_id(&with), "abc-123");
-        let bad = Request::builder()
-            .header(REQUEST_ID, "a b")
-            .body(())
-            .unwrap();
-        assert_ne!(request_id(&bad), "a b");
-        let long = Request::builder()
-            .header(REQUEST_ID, "x".repeat(200))
-            .body(())
-            .unwrap();
-        assert_eq!(request_id(&long).len(), 36);
+    fn the_client_request_id_is_kept_printable_and_bounded() {
+        let with = |id: &[u8]| {
+            let request = Request::builder()
+                .header(REQUEST_ID, HeaderValue::from_bytes(id).unwrap())
+                .body(())
+                .unwrap();
+            client_request_id(&request)
+        };
+        assert_eq!(with(b"abc-123").as_deref(), Some("abc-123"));
+        assert_eq!(with(b"a \"b\"").as_deref(), Some("a \"b\""));
+        assert_eq!(
+            with(&[b'x'; 200]).map(|id| id.len()),
+            Some(MAX_REQUEST_ID_LEN)
+        );
+        assert_eq!(with(b"caf\xc3\xa9"), None, "bytes outside printable ASCII");
+        assert_eq!(with(b"a\tb"), None);
+        assert_eq!(with(b""), None);
         let none = Request::builder().body(()).unwrap();
-        assert_eq!(request_id(&none).len(), 36);
+        assert_eq!(client_request_id(&none), None);
     }
 
     #[test]

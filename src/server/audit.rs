@@ -81,6 +81,7 @@ pub fn record_request(
         let prompt = String::from_utf8_lossy(body);
         sink.request(RequestFacts {
             request_id: &request.ctx.request_id,
+            client_request_id: request.ctx.client_request_id.as_deref(),
             principal: request.principal.name(),
             endpoint: endpoint(request.kind),
             model_digest: request.model_digest,
@@ -119,6 +120,7 @@ pub async fn record_answered(
     let model_digest = app.service().map_or("", |service| service.digest());
     let pending = sink.request(RequestFacts {
         request_id: &ctx.request_id,
+        client_request_id: ctx.client_request_id.as_deref(),
         principal: caller,
         endpoint,
         model_digest,

@@ -208,14 +208,15 @@ def test_errors_raise_typed_exceptions(server, model_id):
         server.client(api_key="wrong-key").models.list()
 
 
-def test_request_id_is_echoed(server):
+def test_request_id_is_generated_and_the_clients_echoed(server):
     context = ssl.create_default_context(cafile=str(server.cert_path))
     connection = http.client.HTTPSConnection("localhost", server.port, context=context)
     try:
         connection.request("GET", "/health", headers={"X-Request-Id": "py-123"})
         response = connection.getresponse()
         assert response.status == 200
-        assert response.getheader("x-request-id") == "py-123"
+        assert response.getheader("x-client-request-id") == "py-123"
+        assert len(response.getheader("x-request-id")) == 36
     finally:
         connection.close()
 
