@@ -528,3 +528,67 @@ async fn client_request_ids_never_match_records() {
         assert!(server_ids.contains(&record.request_id), "{record:?}");
     }
 }
+
+/// Sends raw bytes over a TLS HTTP/1.1 connection and returns what the server answers.
+async fn raw_http1(server: &Harness, request: &[u8]) -> String {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(server.cert_pem.as_bytes()) {
+        roots.add(cert.expect("certificate PEM")).expect("root");
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(server.addr)
+        .await
+        .expect("connect");
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(ServerName::try_from("localhost").expect("name"), tcp)
+        .await
+        .expect("TLS");
+    // The server may answer and close before it has read everything (headers over the limit).
+    let _ = tls.write_all(request).await;
+    let _ = tls.flush().await;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// Issue 14, defect 8.2: requests that hyper's HTTP/1 parser refuses itself (a malformed header
+/// line: 400; headers over the limit: 431) are audited, after hyper's own response.
+#[tokio::test]
+async fn requests_the_http_parser_refuses_are_audited() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("audit");
+    let server = Harness::start(audited_config(&dir), false);
+    let malformed = raw_http1(
+        &server,
+        b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nno colon here\r\n\r\n",
+    )
+    .await;
+    assert!(malformed.starts_with("HTTP/1.1 400"), "{malformed}");
+    let huge = format!(
+        "GET /v1/models HTTP/1.1\r\nHost: localhost\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(1 << 20)
+    );
+    let too_large = raw_http1(&server, huge.as_bytes()).await;
+    assert!(too_large.starts_with("HTTP/1.1 431"), "{too_large}");
+    // The records follow hyper's responses: give the connection tasks a moment to write them.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop(server).await;
+
+    let statuses: Vec<u16> = records(&dir)
+        .iter()
+        .filter_map(|r| match &r.body {
+            RecordBody::Request(q) if q.endpoint == "(unparsed)" => q.status,
+            _ => None,
+        })
+        .collect();
+    assert_eq!(statuses, [400, 431]);
+}

@@ -15,7 +15,7 @@ use tokio_rustls::TlsAcceptor;
 
 use inferno_attestation::runtime_data::{TLS_EXPORTER_LABEL, TLS_EXPORTER_LEN};
 
-use super::app::App;
+use super::app::{App, RequestContext};
 use super::attestation::ConnectionExporter;
 
 /// How often an idle HTTP/2 connection is pinged, and how long the ping may go unanswered.
@@ -102,6 +102,7 @@ pub async fn run(
                 .map(ConnectionExporter)
                 .map_err(|err| tracing::warn!(%peer, error = %err, "no TLS exporter"))
                 .ok();
+            let auditing = Arc::clone(&app);
             let service = service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
                 if let Some(exporter) = exporter {
                     request.extensions_mut().insert(exporter);
@@ -111,6 +112,9 @@ pub async fn run(
             let connection = builder.serve_connection(TokioIo::new(tls), service);
             if let Err(err) = watcher.watch(connection.into_owned()).await {
                 tracing::debug!(%peer, error = %err, "connection ended with an error");
+                if let Some(status) = parser_refusal(err.as_ref()) {
+                    record_parser_refusal(&auditing, status).await;
+                }
             }
         });
     }
@@ -129,6 +133,38 @@ pub async fn run(
     }
     while connections.join_next().await.is_some() {}
 }
+
+/// The status hyper's HTTP/1 parser answered a malformed request with, if that ended the
+/// connection: 431 for headers over the limit, 400 for anything else it could not parse.
+fn parser_refusal(err: &(dyn std::error::Error + 'static)) -> Option<http::StatusCode> {
+    let err = err.downcast_ref::<hyper::Error>()?;
+    if err.is_parse_too_large() {
+        Some(http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
+    } else if err.is_parse() {
+        Some(http::StatusCode::BAD_REQUEST)
+    } else {
+        None
+    }
+}
+
+/// Records a request that hyper's parser refused (issue 14, defect 8.2). hyper writes that
+/// response itself, without a hook, so this record follows the response instead of preceding it
+/// (and its body is hyper's, empty); the request had no method, path or caller that parsed.
+async fn record_parser_refusal(app: &App, status: http::StatusCode) {
+    let ctx = RequestContext {
+        request_id: uuid::Uuid::new_v4().to_string(),
+        client_request_id: None,
+        arrived: std::time::Instant::now(),
+    };
+    if let Err(err) =
+        super::audit::record_answered(app, &ctx, "anonymous", UNPARSED_ENDPOINT, status).await
+    {
+        tracing::error!(status = status.as_u16(), error = ?err, "audit: parser refusal not recorded");
+    }
+}
+
+/// The endpoint recorded for a request whose request line or headers did not parse.
+pub const UNPARSED_ENDPOINT: &str = "(unparsed)";
 
 /// Resolves once the shutdown flag is set (or its sender is gone).
 async fn stopped(shutdown: &mut watch::Receiver<bool>) {
