@@ -330,7 +330,7 @@ if has sealedstart; then
   note "start-up to first token: plaintext ${plain[*]} s, sealed ${sealed[*]} s (ratio of the bests $(python3 -c "print(round(min(${sealed[0]}, ${sealed[1]}) / min(${plain[0]}, ${plain[1]}), 3))"))"
   for f in "$OUT"/sealedstart-plain-1.log "$OUT"/sealedstart-sealed-1.log; do
     note "$(basename "$f"):"
-    grep -E 'listening|sealed model opened|model loaded|weights uploaded|engine ready|ready$' "$f" | cut -c1-260 | tee -a "$SUMMARY"
+    grep -E 'listening|sealed model opened|model loaded|weights uploaded|KV cache allocated|decode graphs captured|sequence limit|engine ready|ready$' "$f" | cut -c1-260 | tee -a "$SUMMARY"
   done
 fi
 

@@ -56,7 +56,7 @@ fn engine_config() -> EngineConfig {
     EngineConfig {
         gpu_memory_fraction: 0.02,
         max_batched_tokens: 2048,
-        max_num_seqs: 16,
+        max_num_seqs: Some(16),
         ..EngineConfig::default()
     }
 }
@@ -583,7 +583,7 @@ fn engine_on_cuda_preempts_and_hits_the_prefix_cache_without_changing_outputs() 
     // A fraction of free memory that leaves a few dozen 16 KiB blocks for this 4-layer model.
     let tiny = EngineConfig {
         gpu_memory_fraction: 4e-6,
-        max_num_seqs: 8,
+        max_num_seqs: Some(8),
         max_batched_tokens: 256,
         ..EngineConfig::default()
     };

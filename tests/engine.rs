@@ -91,8 +91,10 @@ fn preemption_recomputes_and_loses_nothing() {
     let prompt: Vec<u32> = prompts()[1].clone(); // 48 tokens
     // 2 KiB of KV per token: 12 blocks hold 192 tokens, while four requests need 4 × 88.
     let block_bytes = 4 * 2 * 64 * 4 * 16;
+    // Four sequences at once (the limit derived from 12 blocks would be 1, which never preempts).
     let config = EngineConfig {
         kv_cache_bytes: 12 * block_bytes,
+        max_num_seqs: Some(4),
         ..Default::default()
     };
     let engine = engine(&model, config);
@@ -327,7 +329,7 @@ fn dropping_a_stream_cancels_and_frees_its_blocks() {
 fn a_full_queue_refuses_with_queue_full() {
     let model = model();
     let config = EngineConfig {
-        max_num_seqs: 1,
+        max_num_seqs: Some(1),
         max_waiting: 1,
         ..Default::default()
     };

@@ -602,7 +602,7 @@ async fn wait_until_idle(harness: &Harness) -> inferno::engine::EngineStats {
 #[tokio::test]
 async fn queue_full_gives_429_and_disconnects_free_kv_blocks() {
     let mut config = base_config();
-    config.engine.max_num_seqs = 1;
+    config.engine.max_num_seqs = Some(1);
     config.engine.max_waiting = 1;
     config.limits.retry_after_secs = 3;
     let server = Harness::start(config, true);

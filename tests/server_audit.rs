@@ -82,7 +82,7 @@ async fn every_api_request_gets_a_record_refusals_included() {
     let dir = tmp.path().join("audit");
     let mut config = audited_config(&dir);
     config.limits.max_body_bytes = 4096;
-    config.engine.max_num_seqs = 1;
+    config.engine.max_num_seqs = Some(1);
     config.engine.max_waiting = 1;
     let server = Harness::start(config, true);
     let client = server.client();

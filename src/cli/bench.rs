@@ -338,7 +338,8 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
     let concurrency = load.concurrency();
     let defaults = EngineConfig::default();
     let config = EngineConfig {
-        max_num_seqs: concurrency.max(defaults.max_num_seqs),
+        // Derived from the KV cache unless the load asks for more rows than the derived cap.
+        max_num_seqs: (concurrency > crate::engine::MAX_NUM_SEQS_CAP).then_some(concurrency),
         max_batched_tokens: args
             .max_batched_tokens
             .unwrap_or(defaults.max_batched_tokens),

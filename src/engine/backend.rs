@@ -100,6 +100,13 @@ pub trait Backend: Send {
     /// The paged KV cache the backend allocated.
     fn kv_cache(&self) -> KvCacheShape;
 
+    /// The most rows one step may carry, when the backend sized fixed buffers for a limit (the
+    /// CUDA backend); `None` when any batch the KV cache holds is accepted. A derived
+    /// `max_num_seqs` never exceeds it.
+    fn max_rows(&self) -> Option<usize> {
+        None
+    }
+
     /// Runs one forward step. Keys and values of every row's tokens are written into the cache
     /// before attention reads them.
     fn step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError>;

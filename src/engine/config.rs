@@ -5,12 +5,32 @@ use serde::Deserialize;
 /// Tokens per KV-cache block.
 pub const BLOCK_SIZE: usize = 16;
 
+/// The most sequences per step when `max_num_seqs` is not set (vLLM's default).
+pub const MAX_NUM_SEQS_CAP: usize = 256;
+
+/// KV blocks each running sequence is expected to hold when `max_num_seqs` is derived
+/// (16 blocks = 256 tokens): admitting more sequences than the cache holds at this size would only
+/// make the scheduler preempt.
+pub const DERIVE_BLOCKS_PER_SEQ: usize = 16;
+
+/// The default `max_num_seqs` for a KV cache of `num_blocks` blocks when the backend's per-step
+/// buffers hold at most `backend_rows` rows (`None`: no such limit): the KV cache's blocks divided
+/// by [`DERIVE_BLOCKS_PER_SEQ`], at most [`MAX_NUM_SEQS_CAP`] and `backend_rows`, at least 1.
+pub fn derive_max_num_seqs(num_blocks: usize, backend_rows: Option<usize>) -> usize {
+    (num_blocks / DERIVE_BLOCKS_PER_SEQ)
+        .min(MAX_NUM_SEQS_CAP)
+        .min(backend_rows.unwrap_or(usize::MAX))
+        .max(1)
+}
+
 /// Scheduling and cache settings. Every field has a default.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EngineConfig {
-    /// The most sequences in one step.
-    pub max_num_seqs: usize,
+    /// The most sequences in one step. Unset (the default): derived at start-up from the KV cache
+    /// the backend allocated and the rows its step buffers hold ([`derive_max_num_seqs`]). A value
+    /// set in the configuration always wins.
+    pub max_num_seqs: Option<usize>,
     /// The most tokens (prefill chunks plus decodes) in one step.
     pub max_batched_tokens: usize,
     /// While sequences are decoding, a step that also carries prompt chunks may take at most this
@@ -34,10 +54,28 @@ pub struct EngineConfig {
     pub cuda_graphs: bool,
 }
 
+impl EngineConfig {
+    /// The sequence limit in force: the configured value, or the one derived for a KV cache of
+    /// `num_blocks` blocks with no backend row limit.
+    pub fn max_num_seqs_for(&self, num_blocks: usize) -> usize {
+        self.max_num_seqs
+            .unwrap_or_else(|| derive_max_num_seqs(num_blocks, None))
+            .max(1)
+    }
+
+    /// This configuration with `max_num_seqs` fixed: the configured value if set, otherwise the
+    /// one derived from `num_blocks` KV blocks and the backend's row limit `backend_rows`.
+    pub fn resolved(mut self, num_blocks: usize, backend_rows: Option<usize>) -> Self {
+        let derived = derive_max_num_seqs(num_blocks, backend_rows);
+        self.max_num_seqs = Some(self.max_num_seqs.unwrap_or(derived));
+        self
+    }
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
-            max_num_seqs: 64,
+            max_num_seqs: None,
             max_batched_tokens: 2048,
             itl_stall_limit: 1.5,
             max_waiting: 1024,
@@ -47,5 +85,55 @@ impl Default for EngineConfig {
             share_prefix_cache: false,
             cuda_graphs: true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_follows_the_kv_cache_up_to_the_cap() {
+        // An 8B model on an 80 GB GPU: tens of thousands of blocks -> the cap, not 64.
+        assert_eq!(derive_max_num_seqs(30_000, None), MAX_NUM_SEQS_CAP);
+        // A small cache: one sequence per 16 blocks.
+        assert_eq!(derive_max_num_seqs(1_024, None), 64);
+        assert_eq!(derive_max_num_seqs(100, None), 6);
+        // Fewer blocks than one sequence's share still allows one sequence.
+        assert_eq!(derive_max_num_seqs(3, None), 1);
+        assert_eq!(derive_max_num_seqs(0, None), 1);
+    }
+
+    #[test]
+    fn the_default_never_exceeds_the_rows_the_backend_sized_its_buffers_for() {
+        assert_eq!(derive_max_num_seqs(30_000, Some(128)), 128);
+        assert_eq!(derive_max_num_seqs(1_024, Some(128)), 64);
+        assert_eq!(derive_max_num_seqs(30_000, Some(0)), 1);
+    }
+
+    #[test]
+    fn an_explicit_value_wins() {
+        let config = EngineConfig {
+            max_num_seqs: Some(7),
+            ..EngineConfig::default()
+        };
+        assert_eq!(config.max_num_seqs_for(30_000), 7);
+        assert_eq!(
+            config.clone().resolved(30_000, Some(256)).max_num_seqs,
+            Some(7)
+        );
+        assert_eq!(config.resolved(3, Some(2)).max_num_seqs, Some(7));
+        let unset = EngineConfig::default();
+        assert_eq!(unset.max_num_seqs, None);
+        assert_eq!(unset.max_num_seqs_for(30_000), MAX_NUM_SEQS_CAP);
+        assert_eq!(unset.resolved(30_000, Some(96)).max_num_seqs, Some(96));
+    }
+
+    #[test]
+    fn the_config_file_sets_or_leaves_it_unset() {
+        let set: EngineConfig = toml::from_str("max_num_seqs = 12").unwrap();
+        assert_eq!(set.max_num_seqs, Some(12));
+        let unset: EngineConfig = toml::from_str("max_batched_tokens = 512").unwrap();
+        assert_eq!(unset.max_num_seqs, None);
     }
 }

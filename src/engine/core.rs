@@ -67,6 +67,12 @@ impl Engine {
         config: EngineConfig,
     ) -> Result<EngineHandle, EngineError> {
         let kv_cache = backend.kv_cache();
+        let config = config.resolved(kv_cache.num_blocks, backend.max_rows());
+        tracing::info!(
+            max_num_seqs = config.max_num_seqs,
+            kv_blocks = kv_cache.num_blocks,
+            "sequence limit"
+        );
         let shared = Arc::new(Shared {
             stats: Mutex::new(EngineStats {
                 kv_blocks_total: kv_cache.num_blocks,

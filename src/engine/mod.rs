@@ -20,7 +20,9 @@ mod stop;
 pub use backend::{
     Backend, BackendError, BatchRow, KvCacheShape, SampleSpec, SampledToken, StepOutput,
 };
-pub use config::{BLOCK_SIZE, EngineConfig};
+pub use config::{
+    BLOCK_SIZE, DERIVE_BLOCKS_PER_SEQ, EngineConfig, MAX_NUM_SEQS_CAP, derive_max_num_seqs,
+};
 pub use core::{Engine, EngineError, ModelInfo};
 pub use handle::{EngineHandle, EngineStats, GenerationStream, SubmitError};
 pub use request::{

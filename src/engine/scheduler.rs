@@ -41,6 +41,8 @@ pub struct SchedulerCounters {
 #[derive(Debug)]
 pub struct Scheduler {
     config: EngineConfig,
+    /// The sequence limit in force (`config.max_num_seqs`, or the one derived from the blocks).
+    max_num_seqs: usize,
     /// The physical KV blocks.
     pub blocks: BlockManager,
     /// Sequences waiting for admission, in order.
@@ -57,6 +59,7 @@ impl Scheduler {
     /// A scheduler over `num_blocks` KV blocks for the model identified by `model_key`.
     pub fn new(config: EngineConfig, num_blocks: usize, model_key: [u8; 32]) -> Self {
         Self {
+            max_num_seqs: config.max_num_seqs_for(num_blocks),
             config,
             blocks: BlockManager::new(num_blocks),
             waiting: VecDeque::new(),
@@ -126,7 +129,7 @@ impl Scheduler {
 
     /// Admits waiting sequences while budget, sequence limit and blocks allow.
     fn admit(&mut self, plan: &mut Vec<Scheduled>, mut budget: usize) {
-        while budget > 0 && self.running.len() < self.config.max_num_seqs {
+        while budget > 0 && self.running.len() < self.max_num_seqs {
             let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
@@ -311,6 +314,37 @@ mod tests {
                 seq.tokens.push(7);
             }
         }
+    }
+
+    #[test]
+    fn the_default_sequence_limit_follows_the_kv_cache_not_a_fixed_64() {
+        // 4096 blocks: 256 sequences may run (the cap), so 100 short prompts are all admitted.
+        let config = EngineConfig {
+            max_batched_tokens: 4096,
+            prefix_caching: false,
+            ..EngineConfig::default()
+        };
+        let mut s = Scheduler::new(config.clone(), 4096, [0; 32]);
+        for id in 1..=100 {
+            s.waiting.push_back(sequence(id, 4));
+        }
+        assert_eq!(s.schedule(usize::MAX).len(), 100);
+        // 160 blocks: 10 sequences.
+        let mut s = Scheduler::new(config.clone(), 160, [0; 32]);
+        for id in 1..=100 {
+            s.waiting.push_back(sequence(id, 4));
+        }
+        assert_eq!(s.schedule(usize::MAX).len(), 10);
+        // An explicit limit wins over the derived one.
+        let explicit = EngineConfig {
+            max_num_seqs: Some(3),
+            ..config
+        };
+        let mut s = Scheduler::new(explicit, 4096, [0; 32]);
+        for id in 1..=100 {
+            s.waiting.push_back(sequence(id, 4));
+        }
+        assert_eq!(s.schedule(usize::MAX).len(), 3);
     }
 
     #[test]

@@ -237,8 +237,14 @@ impl CudaBackend {
             .map_err(|e| CudaInitError::Device(e.to_string()))?;
         let kernels = Kernels::take(compile::load_all(&ctx, compiled)?)?;
 
-        let max_tokens = config.max_batched_tokens.max(config.max_num_seqs).max(1);
-        let max_rows = config.max_num_seqs.max(1);
+        // Step buffers are sized for the configured sequence limit, or for the cap when it is
+        // derived; the derived limit (below, from the KV blocks) never exceeds that.
+        let buffer_rows = config
+            .max_num_seqs
+            .unwrap_or(crate::engine::MAX_NUM_SEQS_CAP)
+            .max(1);
+        let max_tokens = config.max_batched_tokens.max(buffer_rows).max(1);
+        let max_rows = buffer_rows;
         let split_budget = plan::split_budget(max_tokens);
         let gemm = Gemm::new()?;
         let max_context_model = cfg.max_position_embeddings.max(1);
@@ -265,6 +271,10 @@ impl CudaBackend {
                 config.gpu_memory_fraction
             )));
         }
+        let max_rows = config
+            .max_num_seqs
+            .unwrap_or_else(|| crate::engine::derive_max_num_seqs(num_blocks, Some(buffer_rows)))
+            .max(1);
         let layer_bytes =
             num_blocks * crate::engine::BLOCK_SIZE * cfg.num_key_value_heads * cfg.head_dim * 2;
         let mut k_cache = Vec::with_capacity(cfg.num_hidden_layers);
@@ -843,6 +853,10 @@ impl Backend for CudaBackend {
 
     fn kv_cache(&self) -> KvCacheShape {
         self.kv_shape
+    }
+
+    fn max_rows(&self) -> Option<usize> {
+        Some(self.limits.max_rows)
     }
 
     fn step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {
