@@ -23,31 +23,13 @@
 #include <random>
 #include <vector>
 
+#include "check-common.cuh"
+
 #undef INFINITY
 #include "prelude.cuh"
 #include "attention.cu"
 
-#define CHECK(call)                                                                        \
-    do {                                                                                   \
-        cudaError_t e_ = (call);                                                           \
-        if (e_ != cudaSuccess) {                                                           \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(2);                                                                       \
-        }                                                                                  \
-    } while (0)
 
-static uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float from_bf16(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 static const int ROW_ELEMS = NUM_KV_HEADS * HEAD_DIM;  // elements of one cache slot
 
@@ -68,13 +50,6 @@ static void launch(const uint16_t* q, const uint16_t* k, const uint16_t* v, cons
         acc, ml, positions, splits, out);
 }
 
-template <typename T>
-static T* upload(const std::vector<T>& host) {
-    T* dev = nullptr;
-    CHECK(cudaMalloc(&dev, std::max<size_t>(1, host.size()) * sizeof(T)));
-    CHECK(cudaMemcpy(dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return dev;
-}
 
 static int test(uint64_t seed) {
     std::mt19937_64 rng(seed);
@@ -180,38 +155,12 @@ static int test(uint64_t seed) {
     return failures ? 1 : 0;
 }
 
-__global__ void fill_random(uint16_t* p, size_t n, uint32_t salt) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t x = (uint32_t)i * 2654435761u ^ salt;
-        x ^= x >> 15;
-        x *= 2246822519u;
-        x ^= x >> 13;
-        // bf16 in [-1, 1): sign, exponent 121..126, random mantissa.
-        p[i] = (uint16_t)((x & 0x8000u) | ((121u + (x >> 16) % 6u) << 7) | (x & 0x7fu));
-    }
-}
-
 static int bench() {
-    // Copy bandwidth, counting bytes read and written.
-    const size_t copy_bytes = (size_t)1 << 30;
-    void *a, *b;
-    CHECK(cudaMalloc(&a, copy_bytes));
-    CHECK(cudaMalloc(&b, copy_bytes));
+    const double copy_bw = copy_bandwidth();
     cudaEvent_t e0, e1;
     CHECK(cudaEventCreate(&e0));
     CHECK(cudaEventCreate(&e1));
-    for (int i = 0; i < 3; ++i) CHECK(cudaMemcpy(b, a, copy_bytes, cudaMemcpyDeviceToDevice));
-    CHECK(cudaEventRecord(e0));
-    const int copies = 10;
-    for (int i = 0; i < copies; ++i) CHECK(cudaMemcpyAsync(b, a, copy_bytes, cudaMemcpyDeviceToDevice));
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
     float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    const double copy_bw = 2.0 * copy_bytes * copies / (ms * 1e-3);
-    CHECK(cudaFree(a));
-    CHECK(cudaFree(b));
-    printf("RESULT copy bandwidth %.0f GB/s (read + write)\n", copy_bw / 1e9);
 
     const std::vector<int> batches = {1, 16, 64, 256};
     const std::vector<int> contexts = {1024, 4096, 16384, 32768};
@@ -220,8 +169,8 @@ static int bench() {
     uint16_t *k, *v;
     CHECK(cudaMalloc(&k, pool_elems * 2));
     CHECK(cudaMalloc(&v, pool_elems * 2));
-    fill_random<<<4096, 256>>>(k, pool_elems, 1);
-    fill_random<<<4096, 256>>>(v, pool_elems, 2);
+    fill_random<<<4096, 256>>>(k, pool_elems, 1, 121);
+    fill_random<<<4096, 256>>>(v, pool_elems, 2, 121);
     std::mt19937_64 rng(7);
     const int max_splits = 1024;
     float *acc, *ml;
@@ -230,7 +179,7 @@ static int bench() {
     CHECK(cudaMalloc(&ml, (size_t)max_splits * 256 * NUM_Q_HEADS * 2 * 4));
     CHECK(cudaMalloc(&q, (size_t)256 * NUM_Q_HEADS * HEAD_DIM * 2));
     CHECK(cudaMalloc(&out, (size_t)256 * NUM_Q_HEADS * HEAD_DIM * 2));
-    fill_random<<<256, 256>>>(q, (size_t)256 * NUM_Q_HEADS * HEAD_DIM, 3);
+    fill_random<<<256, 256>>>(q, (size_t)256 * NUM_Q_HEADS * HEAD_DIM, 3, 121);
     const float scale = 1.0f / sqrtf((float)HEAD_DIM);
     for (int batch : batches) {
         for (int ctx : contexts) {

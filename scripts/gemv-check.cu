@@ -18,18 +18,12 @@
 #include <random>
 #include <vector>
 
+#include "check-common.cuh"
+
 #undef INFINITY
 #include "prelude.cuh"
 #include "gemv.cu"
 
-#define CHECK(call)                                                                        \
-    do {                                                                                   \
-        cudaError_t e_ = (call);                                                           \
-        if (e_ != cudaSuccess) {                                                           \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(2);                                                                       \
-        }                                                                                  \
-    } while (0)
 #define LT(call)                                                                            \
     do {                                                                                    \
         cublasStatus_t s_ = (call);                                                         \
@@ -39,18 +33,6 @@
         }                                                                                   \
     } while (0)
 
-static uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float from_bf16(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 static void gemv(int m, const uint16_t* x, const uint16_t* w, float* out, int n, int k) {
     const dim3 grid((n + GEMV_ROWS - 1) / GEMV_ROWS);
@@ -110,35 +92,13 @@ static int test() {
     return failures ? 1 : 0;
 }
 
-__global__ void fill_random(uint16_t* p, size_t n, uint32_t salt) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t v = (uint32_t)i * 2654435761u ^ salt;
-        v ^= v >> 15;
-        v *= 2246822519u;
-        v ^= v >> 13;
-        p[i] = (uint16_t)((v & 0x8000u) | ((118u + (v >> 16) % 6u) << 7) | (v & 0x7fu));
-    }
-}
 
 static int bench() {
     cudaEvent_t e0, e1;
     CHECK(cudaEventCreate(&e0));
     CHECK(cudaEventCreate(&e1));
     float ms = 0;
-    const size_t copy_bytes = (size_t)1 << 30;
-    void *a, *b;
-    CHECK(cudaMalloc(&a, copy_bytes));
-    CHECK(cudaMalloc(&b, copy_bytes));
-    for (int i = 0; i < 3; ++i) CHECK(cudaMemcpy(b, a, copy_bytes, cudaMemcpyDeviceToDevice));
-    CHECK(cudaEventRecord(e0));
-    for (int i = 0; i < 10; ++i) CHECK(cudaMemcpyAsync(b, a, copy_bytes, cudaMemcpyDeviceToDevice));
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    const double copy_bw = 2.0 * copy_bytes * 10 / (ms * 1e-3);
-    CHECK(cudaFree(a));
-    CHECK(cudaFree(b));
-    printf("RESULT copy bandwidth %.0f GB/s (read + write)\n", copy_bw / 1e9);
+    const double copy_bw = copy_bandwidth();
 
     cublasLtHandle_t lt;
     LT(cublasLtCreate(&lt));
@@ -152,14 +112,14 @@ static int bench() {
     float* out;
     CHECK(cudaMalloc(&x, 8 * 14336 * 2));
     CHECK(cudaMalloc(&out, 8 * (size_t)128256 * 4));
-    fill_random<<<64, 256>>>(x, 8 * 14336, 9);
+    fill_random<<<64, 256>>>(x, 8 * 14336, 9, 118);
     double total_gemv[9] = {0}, total_lt[9] = {0}, total_best[9] = {0}, total_bytes = 0;
     for (const Shape& s : shapes) {
         const size_t wbytes = (size_t)s.n * s.k * 2;
         const int copies = (int)std::max<size_t>(1, (size_t)(512u << 20) / wbytes + 1);
         uint16_t* w;
         CHECK(cudaMalloc(&w, wbytes * copies));
-        fill_random<<<4096, 256>>>(w, wbytes / 2 * copies, 11);
+        fill_random<<<4096, 256>>>(w, wbytes / 2 * copies, 11, 118);
         for (int m : {1, 2, 4, 8}) {
             // cuBLASLt as the backend plans it: D[n, m] = W^T(k x n, transposed) * X(k x m), fp32 out.
             cublasLtMatmulDesc_t desc;

@@ -23,41 +23,16 @@
 #include <random>
 #include <vector>
 
+#include "check-common.cuh"
+
 #undef INFINITY
 #include "prelude.cuh"
 #include "prefill_attention.cu"
 
-#define CHECK(call)                                                                        \
-    do {                                                                                   \
-        cudaError_t e_ = (call);                                                           \
-        if (e_ != cudaSuccess) {                                                           \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(2);                                                                       \
-        }                                                                                  \
-    } while (0)
 
-static uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float from_bf16(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 static const int ROW_ELEMS = NUM_KV_HEADS * HEAD_DIM;  // elements of one cache slot
 
-template <typename T>
-static T* upload(const std::vector<T>& host) {
-    T* dev = nullptr;
-    CHECK(cudaMalloc(&dev, std::max<size_t>(1, host.size()) * sizeof(T)));
-    CHECK(cudaMemcpy(dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return dev;
-}
 
 // One step's prefill rows as the host packs them: per token its row and position, and tiles of
 // at most F_TOKENS consecutive tokens of one row.
@@ -193,16 +168,6 @@ static int test(uint64_t seed) {
     return failures ? 1 : 0;
 }
 
-__global__ void fill_random(uint16_t* p, size_t n, uint32_t salt) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t x = (uint32_t)i * 2654435761u ^ salt;
-        x ^= x >> 15;
-        x *= 2246822519u;
-        x ^= x >> 13;
-        // bf16 in [-1, 1): sign, exponent 121..126, random mantissa.
-        p[i] = (uint16_t)((x & 0x8000u) | ((121u + (x >> 16) % 6u) << 7) | (x & 0x7fu));
-    }
-}
 
 static int bench() {
     cudaEvent_t e0, e1;
@@ -217,8 +182,8 @@ static int bench() {
         CHECK(cudaMalloc(&a, (size_t)n * n * 2));
         CHECK(cudaMalloc(&b, (size_t)n * n * 2));
         CHECK(cudaMalloc(&c, (size_t)n * n * 2));
-        fill_random<<<4096, 256>>>(a, (size_t)n * n, 11);
-        fill_random<<<4096, 256>>>(b, (size_t)n * n, 12);
+        fill_random<<<4096, 256>>>(a, (size_t)n * n, 11, 121);
+        fill_random<<<4096, 256>>>(b, (size_t)n * n, 12, 121);
         cublasHandle_t handle;
         if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return 2;
         const float one = 1.0f, zero = 0.0f;
@@ -249,9 +214,9 @@ static int bench() {
     CHECK(cudaMalloc(&v, pool_slots * ROW_ELEMS * 2));
     CHECK(cudaMalloc(&q, (size_t)max_len * NUM_Q_HEADS * HEAD_DIM * 2));
     CHECK(cudaMalloc(&out, (size_t)max_len * NUM_Q_HEADS * HEAD_DIM * 2));
-    fill_random<<<4096, 256>>>(k, pool_slots * ROW_ELEMS, 1);
-    fill_random<<<4096, 256>>>(v, pool_slots * ROW_ELEMS, 2);
-    fill_random<<<4096, 256>>>(q, (size_t)max_len * NUM_Q_HEADS * HEAD_DIM, 3);
+    fill_random<<<4096, 256>>>(k, pool_slots * ROW_ELEMS, 1, 121);
+    fill_random<<<4096, 256>>>(v, pool_slots * ROW_ELEMS, 2, 121);
+    fill_random<<<4096, 256>>>(q, (size_t)max_len * NUM_Q_HEADS * HEAD_DIM, 3, 121);
     std::mt19937_64 rng(7);
     std::vector<int> perm(max_len / KV_BLOCK);
     std::iota(perm.begin(), perm.end(), 0);

@@ -1,0 +1,86 @@
+// Helpers shared by the nvcc-built kernel harnesses in scripts/ (attention-check.cu,
+// gemv-check.cu, prefill-check.cu): error checks, bf16 conversion on the host, uploads, random
+// bf16 fill on the device, and the device copy bandwidth that benchmarks are measured against.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#define CHECK(call)                                                                        \
+    do {                                                                                   \
+        cudaError_t e_ = (call);                                                           \
+        if (e_ != cudaSuccess) {                                                           \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(2);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+// Rounds a float to bf16 (round to nearest even).
+static uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+// Widens a bf16 bit pattern to float.
+static float from_bf16(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// A device copy of `host` (at least one element allocated).
+template <typename T>
+static T* upload(const std::vector<T>& host) {
+    T* dev = nullptr;
+    CHECK(cudaMalloc(&dev, std::max<size_t>(1, host.size()) * sizeof(T)));
+    CHECK(cudaMemcpy(dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return dev;
+}
+
+// Fills n bf16 values with hashed random values of either sign whose exponents are
+// `min_exponent` to `min_exponent + 5` (121: magnitudes in [2^-6, 1); 118: in [2^-9, 2^-3)).
+__global__ void fill_random(uint16_t* p, size_t n, uint32_t salt, uint32_t min_exponent) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t x = (uint32_t)i * 2654435761u ^ salt;
+        x ^= x >> 15;
+        x *= 2246822519u;
+        x ^= x >> 13;
+        p[i] = (uint16_t)((x & 0x8000u) | ((min_exponent + (x >> 16) % 6u) << 7) | (x & 0x7fu));
+    }
+}
+
+// Device-to-device copy bandwidth in bytes per second, counting bytes read and written (1 GiB
+// copied 10 times after 3 warm-up copies); printed as a RESULT line.
+static double copy_bandwidth() {
+    const size_t copy_bytes = (size_t)1 << 30;
+    void *a, *b;
+    CHECK(cudaMalloc(&a, copy_bytes));
+    CHECK(cudaMalloc(&b, copy_bytes));
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    for (int i = 0; i < 3; ++i) CHECK(cudaMemcpy(b, a, copy_bytes, cudaMemcpyDeviceToDevice));
+    const int copies = 10;
+    CHECK(cudaEventRecord(e0));
+    for (int i = 0; i < copies; ++i) CHECK(cudaMemcpyAsync(b, a, copy_bytes, cudaMemcpyDeviceToDevice));
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    CHECK(cudaEventDestroy(e0));
+    CHECK(cudaEventDestroy(e1));
+    CHECK(cudaFree(a));
+    CHECK(cudaFree(b));
+    const double bandwidth = 2.0 * copy_bytes * copies / (ms * 1e-3);
+    printf("RESULT copy bandwidth %.0f GB/s (read + write)\n", bandwidth / 1e9);
+    return bandwidth;
+}
