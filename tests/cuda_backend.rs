@@ -757,31 +757,40 @@ fn decode_rows<'a>(seqs: &'a [Seq], specs: &[SampleSpec<'a>]) -> Vec<BatchRow<'a
 /// The device sampler against the engine's reference sampler (`engine::sampling`) on the same
 /// logits, in every mode: the same token for every greedy draw (penalties included) and for at
 /// least 99% of seeded draws, with one copy each way per step.
+/// A host-sampling and a device-sampling backend that have both prefilled the same 16 sequences
+/// (all but the last of their 24 tokens, prompts salted from `salt`), ready for decode steps.
+fn prefilled_host_and_device(model: &Model, salt: u32) -> (CudaBackend, CudaBackend, Vec<Seq>) {
+    let mut host = cuda(model, false);
+    let mut device = cuda(model, true);
+    let mut blocks = Blocks { next: 0 };
+    let seqs: Vec<Seq> = (0..16)
+        .map(|i| Seq::new(prompt(24, salt + i), &mut blocks, 24))
+        .collect();
+    {
+        let prefill: Vec<BatchRow<'_>> = seqs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| BatchRow {
+                seq_id: i as u64,
+                tokens: &s.tokens[..23],
+                start_pos: 0,
+                block_table: &s.table,
+                sample: None,
+            })
+            .collect();
+        host.step(&prefill).expect("prefill");
+        device.step(&prefill).expect("prefill");
+    }
+    (host, device, seqs)
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn device_sampler_agrees_with_the_reference_sampler_in_every_mode() {
     use inferno::engine::sampling;
     let model = tiny_on_gpu();
     // Both backends run the same kernels on the same batches, so their logits are identical.
-    let mut host = cuda(&model, false);
-    let mut device = cuda(&model, true);
-    let mut blocks = Blocks { next: 0 };
-    let seqs: Vec<Seq> = (0..16)
-        .map(|i| Seq::new(prompt(24, 300 + i), &mut blocks, 24))
-        .collect();
-    let prefill: Vec<BatchRow<'_>> = seqs
-        .iter()
-        .enumerate()
-        .map(|(i, s)| BatchRow {
-            seq_id: i as u64,
-            tokens: &s.tokens[..23],
-            start_pos: 0,
-            block_table: &s.table,
-            sample: None,
-        })
-        .collect();
-    host.step(&prefill).expect("prefill");
-    device.step(&prefill).expect("prefill");
+    let (mut host, mut device, seqs) = prefilled_host_and_device(&model, 300);
 
     // The tokens each row would pick greedily, generated twice so far: the penalties must move
     // some rows away from them.
@@ -943,25 +952,7 @@ fn device_sampler_applies_masks_and_logit_bias_like_the_reference() {
     use inferno::engine::sampling;
     let model = tiny_on_gpu();
     let vocab = model.config.vocab_size;
-    let mut host = cuda(&model, false);
-    let mut device = cuda(&model, true);
-    let mut blocks = Blocks { next: 0 };
-    let seqs: Vec<Seq> = (0..16)
-        .map(|i| Seq::new(prompt(24, 500 + i), &mut blocks, 24))
-        .collect();
-    let prefill: Vec<BatchRow<'_>> = seqs
-        .iter()
-        .enumerate()
-        .map(|(i, s)| BatchRow {
-            seq_id: i as u64,
-            tokens: &s.tokens[..23],
-            start_pos: 0,
-            block_table: &s.table,
-            sample: None,
-        })
-        .collect();
-    host.step(&prefill).expect("prefill");
-    device.step(&prefill).expect("prefill");
+    let (mut host, mut device, seqs) = prefilled_host_and_device(&model, 500);
     let plain: Vec<SampleSpec<'_>> = (0..16).map(|_| spec(None)).collect();
     let first = logits(host.step(&decode_rows(&seqs, &plain)).expect("decode"));
     let best: Vec<usize> = first.iter().map(|l| argmax(l).0).collect();
