@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "check-common.cuh"
+#include "attention-reference.cuh"
 
 #undef INFINITY
 #include "prelude.cuh"
@@ -80,36 +81,7 @@ static int test(uint64_t seed) {
     for (auto& x : v) x = to_bf16(uni(rng));
 
     // Reference in float64 over the same bf16 inputs.
-    std::vector<double> ref((size_t)tokens * NUM_Q_HEADS * HEAD_DIM, 0.0);
-    for (int t = 0; t < tokens; ++t) {
-        if (rows[t] < 0) continue;
-        int lo = 0;
-        if (SLIDING_WINDOW > 0) lo = std::max(0, pos[t] + 1 - SLIDING_WINDOW);
-        for (int h = 0; h < NUM_Q_HEADS; ++h) {
-            const int kvh = h / GROUP;
-            std::vector<double> s;
-            double top = -1e300;
-            for (int j = lo; j <= pos[t]; ++j) {
-                const size_t slot = (size_t)tables[(size_t)rows[t] * max_blocks + j / KV_BLOCK] * KV_BLOCK + j % KV_BLOCK;
-                double dot = 0.0;
-                for (int d = 0; d < HEAD_DIM; ++d) {
-                    dot += (double)from_bf16(q[((size_t)t * NUM_Q_HEADS + h) * HEAD_DIM + d]) *
-                           from_bf16(k[slot * ROW_ELEMS + kvh * HEAD_DIM + d]);
-                }
-                s.push_back(dot * scale);
-                top = std::max(top, dot * scale);
-            }
-            double total = 0.0;
-            for (auto& x : s) total += (x = std::exp(x - top));
-            for (int j = lo; j <= pos[t]; ++j) {
-                const size_t slot = (size_t)tables[(size_t)rows[t] * max_blocks + j / KV_BLOCK] * KV_BLOCK + j % KV_BLOCK;
-                for (int d = 0; d < HEAD_DIM; ++d) {
-                    ref[((size_t)t * NUM_Q_HEADS + h) * HEAD_DIM + d] +=
-                        s[j - lo] / total * from_bf16(v[slot * ROW_ELEMS + kvh * HEAD_DIM + d]);
-                }
-            }
-        }
-    }
+    const std::vector<double> ref = attention_reference(q, k, v, tables, max_blocks, rows, pos, scale);
 
     uint16_t* dq = upload(q);
     uint16_t* dk = upload(k);

@@ -1,0 +1,56 @@
+// The float64 attention reference shared by scripts/attention-check.cu and prefill-check.cu:
+// causal (and sliding-window) attention of every token over its row's paged cache, from the same
+// bf16 inputs the kernels read. Needs the model's shape macros (NUM_Q_HEADS, NUM_KV_HEADS,
+// HEAD_DIM, KV_BLOCK, SLIDING_WINDOW) and check-common.cuh.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+// Output [tokens, NUM_Q_HEADS, HEAD_DIM] of token t attending to positions up to positions[t] of
+// row rows[t] (block table row rows[t] of `tables`, `max_blocks` entries per row); a token with
+// rows[t] < 0 is padding and stays zero. The cache holds slots of NUM_KV_HEADS * HEAD_DIM values.
+static std::vector<double> attention_reference(const std::vector<uint16_t>& q, const std::vector<uint16_t>& k,
+                                               const std::vector<uint16_t>& v, const std::vector<int>& tables,
+                                               int max_blocks, const std::vector<int>& rows,
+                                               const std::vector<int>& positions, float scale) {
+    const int tokens = (int)rows.size();
+    const size_t slot_elems = (size_t)NUM_KV_HEADS * HEAD_DIM;
+    const int group = NUM_Q_HEADS / NUM_KV_HEADS;
+    std::vector<double> ref((size_t)tokens * NUM_Q_HEADS * HEAD_DIM, 0.0);
+    for (int t = 0; t < tokens; ++t) {
+        const int row = rows[t];
+        const int pos = positions[t];
+        if (row < 0) continue;
+        const int lo = SLIDING_WINDOW > 0 ? std::max(0, pos + 1 - SLIDING_WINDOW) : 0;
+        auto slot_of = [&](int j) {
+            return (size_t)tables[(size_t)row * max_blocks + j / KV_BLOCK] * KV_BLOCK + j % KV_BLOCK;
+        };
+        for (int h = 0; h < NUM_Q_HEADS; ++h) {
+            const int kvh = h / group;
+            std::vector<double> s;
+            double top = -1e300;
+            for (int j = lo; j <= pos; ++j) {
+                const size_t slot = slot_of(j);
+                double dot = 0.0;
+                for (int d = 0; d < HEAD_DIM; ++d) {
+                    dot += (double)from_bf16(q[((size_t)t * NUM_Q_HEADS + h) * HEAD_DIM + d]) *
+                           from_bf16(k[slot * slot_elems + kvh * HEAD_DIM + d]);
+                }
+                s.push_back(dot * scale);
+                top = std::max(top, dot * scale);
+            }
+            double total = 0.0;
+            for (auto& x : s) total += (x = std::exp(x - top));
+            for (int j = lo; j <= pos; ++j) {
+                const size_t slot = slot_of(j);
+                for (int d = 0; d < HEAD_DIM; ++d) {
+                    ref[((size_t)t * NUM_Q_HEADS + h) * HEAD_DIM + d] +=
+                        s[j - lo] / total * from_bf16(v[slot * slot_elems + kvh * HEAD_DIM + d]);
+                }
+            }
+        }
+    }
+    return ref;
+}
