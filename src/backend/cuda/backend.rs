@@ -861,16 +861,14 @@ impl CudaBackend {
         Ok(bytes)
     }
 
-    /// Waits for a replayed decode step without spinning through it (see `wait.rs`); other
-    /// steps are left to the synchronising copy.
+    /// Waits for the step without spinning through it (see `wait.rs`): a replayed decode step
+    /// by sleeping through its expected duration, any other on a blocking event.
     fn settle(&mut self, bucket: Option<usize>, queued: Instant) -> Result<(), BackendError> {
         match bucket {
-            Some(bucket) => self
-                .waiter
-                .wait(&self.stream, bucket, queued)
-                .map_err(dev("waiting for the step")),
-            None => Ok(()),
+            Some(bucket) => self.waiter.wait(&self.stream, bucket, queued),
+            None => self.waiter.wait_blocking(&self.stream),
         }
+        .map_err(dev("waiting for the step"))
     }
 
     fn download<T: Copy + Default>(
@@ -936,7 +934,7 @@ impl Backend for CudaBackend {
         }
         let s = layout.real_samples();
         if s == 0 {
-            self.stream.synchronize().map_err(dev("step"))?;
+            self.settle(bucket, queued)?;
             return Ok(if device_sampling {
                 StepOutput::Sampled(Vec::new())
             } else {
