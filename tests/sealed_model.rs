@@ -305,3 +305,22 @@ fn without_sev_snp_hardware_the_derived_key_source_refuses_in_one_line() {
         "/dev/sev-guest is absent",
     );
 }
+
+/// A sealed file whose chunks do not line up with the digest's 16 MiB blocks opens to the
+/// plaintext's digest: the sealed path hashes blocks at plaintext offsets.
+#[test]
+fn a_multi_block_sealed_file_opens_to_the_plaintext_digest() {
+    let work = tempfile::tempdir().unwrap();
+    let plain = work.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    let block = inferno::model::digest::DIGEST_BLOCK;
+    let big: Vec<u8> = (0..2 * block + 4321).map(|i| (i % 249) as u8).collect();
+    std::fs::write(plain.join("big.bin"), &big).unwrap();
+    std::fs::write(plain.join("empty"), b"").unwrap();
+    let (sealed, key) = seal(&plain, work.path(), (5 << 20) + 3);
+    let (manifest, files) = open_sealed(&sealed, &key).expect("opens");
+    let reference = ModelDigest::of_dir(&plain).unwrap();
+    assert_eq!(files.digest(), &reference);
+    assert_eq!(manifest.model_digest, reference.hex);
+    assert_eq!(files.get("big.bin").unwrap().as_slice(), &big[..]);
+}

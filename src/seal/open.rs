@@ -1,6 +1,7 @@
 //! Opening a sealed model at load: every chunk read once and decrypted in place, in parallel,
-//! into the memory the loader parses and the backends upload from; the per-file SHA-256 and the
-//! model digest are computed from those decrypted bytes before anything uses them. No plaintext
+//! into the memory the loader parses and the backends upload from; the per-file values (block
+//! hashes at plaintext offsets, `crate::model::digest`) and the model digest are computed from
+//! those decrypted bytes before anything uses them. No plaintext
 //! is written anywhere but these buffers, which are zeroized when dropped (also on failure).
 
 use std::fs::File;
@@ -14,6 +15,7 @@ use super::chunk::{FileCipher, TAG_LEN, chunk_count, sealed_len};
 use super::error::SealError;
 use super::key::ModelKey;
 use super::manifest::{Manifest, SEALED_SUFFIX};
+use crate::model::digest::file_value_of;
 use crate::model::{FileBytes, ModelFiles};
 
 /// Decrypts the sealed model in `dir` with `key`. Fails (zeroizing everything decrypted so
@@ -91,16 +93,17 @@ pub fn open_sealed(dir: &Path, key: &ModelKey) -> Result<(Manifest, ModelFiles),
         },
     )?;
 
-    // Hash the decrypted bytes (one task per file) and compare with the manifest.
-    let hashes: Vec<String> = buffers
+    // Hash the decrypted bytes, one task per 16 MiB block of plaintext (the digest's blocks, at
+    // plaintext offsets, whatever the chunk size), and compare with the manifest.
+    let values: Vec<String> = buffers
         .par_iter()
-        .map(|b| hex::encode(ring::digest::digest(&ring::digest::SHA256, b)))
+        .map(|buffer| file_value_of(buffer))
         .collect();
-    for (file, actual) in manifest.files.iter().zip(&hashes) {
-        if *actual != file.sha256 {
+    for (file, actual) in manifest.files.iter().zip(&values) {
+        if *actual != file.digest {
             return Err(SealError::Digest {
                 what: format!("file {}", file.name),
-                expected: file.sha256.clone(),
+                expected: file.digest.clone(),
                 actual: actual.clone(),
             });
         }
@@ -109,10 +112,10 @@ pub fn open_sealed(dir: &Path, key: &ModelKey) -> Result<(Manifest, ModelFiles),
         .files
         .iter()
         .zip(buffers)
-        .zip(hashes)
-        .map(|((file, mut buffer), sha256)| {
+        .zip(values)
+        .map(|((file, mut buffer), value)| {
             let bytes = std::mem::take(&mut *buffer);
-            (file.name.clone(), FileBytes::secret(bytes), sha256)
+            (file.name.clone(), FileBytes::secret(bytes), value)
         })
         .collect();
     let files = ModelFiles::from_parts(dir.to_path_buf(), parts);
@@ -153,7 +156,7 @@ mod tests {
             files: vec![SealedFile {
                 name: "config.json".into(),
                 size: plain.len() as u64,
-                sha256: hex::encode(ring::digest::digest(&ring::digest::SHA256, b"other")),
+                digest: crate::model::digest::file_value_of(b"other"),
             }],
             release: ReleaseRequirements::default(),
             wrapped_key: None,
