@@ -15,6 +15,7 @@ use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use indicatif::ProgressBar;
 use rayon::prelude::*;
 use zeroize::Zeroize;
 
@@ -95,6 +96,12 @@ impl ModelFiles {
     /// files' blocks in parallel, each block hashed by the task that read it into the buffer
     /// the model keeps.
     pub fn read_dir(dir: &Path) -> Result<Self, ModelError> {
+        Self::read_dir_reporting(dir, &ProgressBar::hidden())
+    }
+
+    /// [`ModelFiles::read_dir`], advancing `progress` by the bytes of each block read (its
+    /// length is set to the total first).
+    pub fn read_dir_reporting(dir: &Path, progress: &ProgressBar) -> Result<Self, ModelError> {
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| ModelError::Io { path, source }
@@ -110,6 +117,7 @@ impl ModelFiles {
                 Ok((name, path, file, vec![0u8; len]))
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
+        progress.set_length(opened.iter().map(|(_, _, _, b)| b.len() as u64).sum());
         // One task per block of every file, so a few large shards use every core; each task
         // hashes its block right after reading it (while it is in the CPU's caches), from the
         // very buffer the loader parses and the backends upload.
@@ -122,7 +130,9 @@ impl ModelFiles {
                     .map(|(index, block)| {
                         file.read_exact_at(block, (index * READ_BLOCK) as u64)
                             .map_err(io(path))?;
-                        Ok(block_hash(block))
+                        let hash = block_hash(block);
+                        progress.inc(block.len() as u64);
+                        Ok(hash)
                     })
                     .collect::<Result<Vec<_>, ModelError>>()?;
                 // A file that grew while it was read would be used in part: refuse it.

@@ -8,6 +8,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use indicatif::ProgressBar;
 use rayon::prelude::*;
 use zeroize::Zeroizing;
 
@@ -22,6 +23,16 @@ use crate::model::{FileBytes, ModelFiles};
 /// far) on a wrong key, a file of the wrong length, a chunk that does not authenticate, or a
 /// file or model digest that differs from the manifest's.
 pub fn open_sealed(dir: &Path, key: &ModelKey) -> Result<(Manifest, ModelFiles), SealError> {
+    open_sealed_reporting(dir, key, &ProgressBar::hidden())
+}
+
+/// [`open_sealed`], advancing `progress` by the plaintext bytes of each chunk decrypted (its
+/// length is set to the plaintext total first).
+pub fn open_sealed_reporting(
+    dir: &Path,
+    key: &ModelKey,
+    progress: &ProgressBar,
+) -> Result<(Manifest, ModelFiles), SealError> {
     let (manifest, header_digest) = Manifest::read(dir)?;
     if key.id() != manifest.key_id {
         return Err(SealError::WrongKey {
@@ -58,6 +69,7 @@ pub fn open_sealed(dir: &Path, key: &ModelKey) -> Result<(Manifest, ModelFiles),
         ));
     }
 
+    progress.set_length(manifest.files.iter().map(|f| f.size).sum());
     // Decrypt: one task per chunk, each reading its ciphertext straight into its place in the
     // file's plaintext buffer and opening it there.
     let mut buffers: Vec<Zeroizing<Vec<u8>>> = sources
@@ -75,6 +87,7 @@ pub fn open_sealed(dir: &Path, key: &ModelKey) -> Result<(Manifest, ModelFiles),
                     .and_then(|()| handle.read_exact_at(&mut tag, offset + plain.len() as u64))
                     .map_err(SealError::io(path))?;
                 if cipher.open(index, index + 1 == chunks, plain, &tag) {
+                    progress.inc(plain.len() as u64);
                     Ok(())
                 } else {
                     Err(SealError::Chunk {

@@ -9,11 +9,13 @@ use std::time::Instant;
 use cudarc::driver::result as drv;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use indicatif::ProgressBar;
 
 use crate::engine::{
     Backend, BackendError, BatchRow, EngineConfig, KvCacheShape, SampledToken, StepOutput,
     TokenLogprob,
 };
+use crate::backend::BackendPhases;
 use crate::model::{Model, ModelConfig};
 
 use super::cc;
@@ -164,6 +166,8 @@ pub struct CudaBackend {
     host_inputs: Vec<i32>,
     options: CudaOptions,
     copies: CopyStats,
+    /// How long each start-up phase took.
+    phases: BackendPhases,
 }
 
 fn dev<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> BackendError {
@@ -183,6 +187,16 @@ impl CudaBackend {
         model: &Model,
         config: &EngineConfig,
         options: CudaOptions,
+    ) -> Result<Self, CudaInitError> {
+        Self::new_reporting(model, config, options, &ProgressBar::hidden())
+    }
+
+    /// [`CudaBackend::new`], advancing `progress` by the weight bytes uploaded.
+    pub fn new_reporting(
+        model: &Model,
+        config: &EngineConfig,
+        options: CudaOptions,
+        progress: &ProgressBar,
     ) -> Result<Self, CudaInitError> {
         let started = Instant::now();
         probe::probe()?;
@@ -221,7 +235,7 @@ impl CudaBackend {
                 let t = Instant::now();
                 compile::compile_all(&params, &arch).map(|c| (c, t.elapsed()))
             });
-            let weights = ModelWeightsOnDevice::upload(&ctx, model);
+            let weights = ModelWeightsOnDevice::upload(&ctx, model, progress);
             let compiled = compiler.join().unwrap_or_else(|_| {
                 Err(KernelError::Nvrtc {
                     kernel: "(all)",
@@ -235,7 +249,9 @@ impl CudaBackend {
         let (compiled, t_compile) = compiled?;
         ctx.bind_to_thread()
             .map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let load_started = Instant::now();
         let kernels = Kernels::take(compile::load_all(&ctx, compiled)?)?;
+        let t_kernels = t_compile + load_started.elapsed();
 
         // Step buffers are sized for the configured sequence limit, or for the cap when it is
         // derived; the derived limit (below, from the KV blocks) never exceeds that.
@@ -333,11 +349,18 @@ impl CudaBackend {
             host_inputs: Vec::with_capacity(max_words),
             options,
             copies: CopyStats::default(),
+            phases: BackendPhases {
+                context: t_context,
+                kernels: t_kernels,
+                weights: t_upload,
+                ..BackendPhases::default()
+            },
         };
         let choose_started = Instant::now();
         backend.choose_small_m_products()?;
+        backend.phases.gemm_selection = choose_started.elapsed();
         tracing::info!(
-            choose_ms = choose_started.elapsed().as_millis() as u64,
+            choose_ms = backend.phases.gemm_selection.as_millis() as u64,
             "product paths chosen"
         );
         let capture_started = Instant::now();
@@ -351,6 +374,7 @@ impl CudaBackend {
         } else {
             tracing::info!("decode graphs off: every step runs eagerly");
         }
+        backend.phases.graphs = capture_started.elapsed();
         tracing::info!(
             context_ms = t_context.as_millis() as u64,
             upload_ms = t_upload.as_millis() as u64,
@@ -361,6 +385,11 @@ impl CudaBackend {
             "CUDA backend ready (compile overlapped the upload)"
         );
         Ok(backend)
+    }
+
+    /// How long each start-up phase took (kernel compilation overlapped the upload).
+    pub fn startup_phases(&self) -> BackendPhases {
+        self.phases
     }
 
     /// Captures the decode forward pass for every batch-size bucket. Each bucket first runs
