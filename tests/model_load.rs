@@ -499,6 +499,11 @@ fn the_digest_equals_the_documented_shell_recipe() {
     );
     // The big file's value is not its plain SHA-256 (so the test tells the two apart).
     let whole = hex::encode(ring::digest::digest(&ring::digest::SHA256, &big));
-    let value = &reference.files.iter().find(|f| f.name.starts_with("model")).unwrap().value;
+    let value = &reference
+        .files
+        .iter()
+        .find(|f| f.name.starts_with("model"))
+        .unwrap()
+        .value;
     assert_ne!(value, &whole);
 }

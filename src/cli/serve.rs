@@ -515,8 +515,7 @@ fn start_engine(
         );
     }
     progress.set_message("uploading");
-    let (backend, phases) =
-        backend::select_reporting(device, &model, &engine_config, &progress)?;
+    let (backend, phases) = backend::select_reporting(device, &model, &engine_config, &progress)?;
     progress.finish_and_clear();
     timeline.backend = phases;
     let backend_name = backend.name().to_owned();

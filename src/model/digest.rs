@@ -225,7 +225,10 @@ mod tests {
         let exact = &bytes[..DIGEST_BLOCK];
         assert_eq!(file_value_of(exact), one_block_value(exact));
         assert_eq!(file_value_of(b""), sha256_hex(b""));
-        assert_eq!(stream_file_value(&mut &b""[..], |_| {}).unwrap().1, sha256_hex(b""));
+        assert_eq!(
+            stream_file_value(&mut &b""[..], |_| {}).unwrap().1,
+            sha256_hex(b"")
+        );
     }
 
     #[test]

@@ -224,7 +224,9 @@ mod tests {
     fn one_pass_digest_equals_the_reference_digest() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("b.json"), b"{}").unwrap();
-        let big: Vec<u8> = (0..2 * READ_BLOCK + 12345).map(|i| (i % 251) as u8).collect();
+        let big: Vec<u8> = (0..2 * READ_BLOCK + 12345)
+            .map(|i| (i % 251) as u8)
+            .collect();
         std::fs::write(dir.path().join("a.bin"), &big).unwrap();
         std::fs::write(dir.path().join("empty"), b"").unwrap();
         std::fs::create_dir(dir.path().join("sub")).unwrap();

@@ -183,8 +183,8 @@ impl ModelWeightsOnDevice {
             .flat_map(|f| f.to_le_bytes())
             .collect();
         let inv_freq = DeviceBuffer::from_bytes(&inv)?;
-        let stats =
-            upload::upload(ctx, &up.pieces, progress).map_err(|e| CudaInitError::Weights(e.to_string()))?;
+        let stats = upload::upload(ctx, &up.pieces, progress)
+            .map_err(|e| CudaInitError::Weights(e.to_string()))?;
         let secs = stats.wall.as_secs_f64().max(1e-9);
         tracing::info!(
             bytes = stats.bytes,
