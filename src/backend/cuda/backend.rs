@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::result as drv;
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 
 use crate::engine::{
     Backend, BackendError, BatchRow, EngineConfig, KvCacheShape, SampledToken, StepOutput,
@@ -164,6 +164,9 @@ pub struct CudaBackend {
     host_inputs: Vec<i32>,
     options: CudaOptions,
     copies: CopyStats,
+    /// Launch kernels with programmatic dependent launch (the configuration allows it and the
+    /// device has compute capability 9.0 or later).
+    programmatic: bool,
 }
 
 fn dev<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> BackendError {
@@ -333,6 +336,7 @@ impl CudaBackend {
             host_inputs: Vec::with_capacity(max_words),
             options,
             copies: CopyStats::default(),
+            programmatic: config.programmatic_launch && major >= 9,
         };
         let choose_started = Instant::now();
         backend.choose_small_m_products()?;
@@ -446,26 +450,66 @@ impl CudaBackend {
         block: u32,
         args: &[Arg],
     ) -> Result<(), BackendError> {
-        let mut builder = self.stream.launch_builder(f);
-        for arg in args {
-            match arg {
-                Arg::Ptr(p) => builder.arg(p),
-                Arg::Int(i) => builder.arg(i),
-                Arg::Float(x) => builder.arg(x),
-            };
-        }
-        let cfg = LaunchConfig {
-            grid_dim: grid,
-            block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
+        self.ctx
+            .bind_to_thread()
+            .map_err(dev("binding the CUDA context"))?;
+        // Each argument in an 8-byte slot, as the driver reads it: pointers whole, i32 and f32 in
+        // the first four bytes.
+        let mut slots: Vec<[u8; 8]> = args
+            .iter()
+            .map(|arg| {
+                let mut slot = [0u8; 8];
+                match arg {
+                    Arg::Ptr(p) => slot = p.to_ne_bytes(),
+                    Arg::Int(i) => slot[..4].copy_from_slice(&i.to_ne_bytes()),
+                    Arg::Float(x) => slot[..4].copy_from_slice(&x.to_ne_bytes()),
+                }
+                slot
+            })
+            .collect();
+        let mut params: Vec<*mut std::ffi::c_void> = slots
+            .iter_mut()
+            .map(|slot| slot.as_mut_ptr().cast())
+            .collect();
+        // The kernel may be scheduled while the previous kernel in the stream finishes: every
+        // kernel waits on the device (`await_previous_kernels` in kernels/prelude.cuh) before it
+        // reads what an earlier one wrote.
+        let mut attribute = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue {
+                programmaticStreamSerializationAllowed: 1,
+            },
         };
-        // SAFETY: every kernel's parameter list matches `args` in order and type (pointers are
-        // 64-bit device addresses, ints are i32, floats f32); every pointer addresses a buffer
-        // sized for the step limits that `pack_step` enforced, and every index a kernel follows
-        // was validated by `pack_step`.
-        unsafe { builder.launch(cfg) }
-            .map(|_| ())
-            .map_err(dev("kernel launch"))
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attribute,
+            numAttrs: u32::from(self.programmatic),
+        };
+        // SAFETY: `f` is a live function of a module loaded in this backend's context, and the
+        // stream belongs to that context. Every kernel's parameter list matches `args` in order
+        // and type (pointers are 64-bit device addresses, ints are i32, floats f32), and `params`
+        // points at one slot per argument that outlives the call (the driver copies them before
+        // it returns). Every pointer addresses a buffer sized for the step limits that
+        // `pack_step` enforced, and every index a kernel follows was validated by `pack_step`.
+        // The attribute is read only when `numAttrs` is 1.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(dev("kernel launch"))
     }
 
     /// `out[m, n] = x[m, k] · w[n, k]ᵀ` (bf16 in, fp32 out) by whichever path was measured
@@ -817,16 +861,14 @@ impl CudaBackend {
         Ok(bytes)
     }
 
-    /// Waits for a replayed decode step without spinning through it (see `wait.rs`); other
-    /// steps are left to the synchronising copy.
+    /// Waits for the step without spinning through it (see `wait.rs`): a replayed decode step
+    /// by sleeping through its expected duration, any other on a blocking event.
     fn settle(&mut self, bucket: Option<usize>, queued: Instant) -> Result<(), BackendError> {
         match bucket {
-            Some(bucket) => self
-                .waiter
-                .wait(&self.stream, bucket, queued)
-                .map_err(dev("waiting for the step")),
-            None => Ok(()),
+            Some(bucket) => self.waiter.wait(&self.stream, bucket, queued),
+            None => self.waiter.wait_blocking(&self.stream),
         }
+        .map_err(dev("waiting for the step"))
     }
 
     fn download<T: Copy + Default>(
@@ -892,7 +934,7 @@ impl Backend for CudaBackend {
         }
         let s = layout.real_samples();
         if s == 0 {
-            self.stream.synchronize().map_err(dev("step"))?;
+            self.settle(bucket, queued)?;
             return Ok(if device_sampling {
                 StepOutput::Sampled(Vec::new())
             } else {
