@@ -11,6 +11,7 @@ mod seal;
 mod serve;
 mod setup;
 mod startup;
+mod thread_cpu;
 mod verify;
 
 use std::process::ExitCode;

@@ -86,6 +86,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         refuse_unaudited(&config)?;
         crate::harden::deny_dumps_and_ptrace()?;
     }
+    // Named, so profiles and `bench serve --server-pid` tell the compute pool from the async
+    // runtime (whose threads would otherwise lend it their name). Fails only if already built.
+    let _ = rayon::ThreadPoolBuilder::new()
+        .thread_name(|i| format!("rayon-{i}"))
+        .build_global();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
