@@ -335,6 +335,10 @@ if has sealedstart; then
     note "$(basename "$f"):"
     grep -E 'listening|sealed model opened|model loaded|weights uploaded|KV cache allocated|decode graphs captured|sequence limit|engine ready|ready$' "$f" | cut -c1-260 | tee -a "$SUMMARY"
   done
+  # The one-line start-up timeline (src/cli/startup.rs) of every timed run, phases in ms.
+  for f in "$OUT"/sealedstart-plain-*.log "$OUT"/sealedstart-sealed-*.log; do
+    note "$(basename "$f" .log) timeline: $(grep -o 'start-up timeline.*' "$f" | tail -1)"
+  done
 fi
 
 # The audit log's cost at saturation (tests/audit_bench.rs, CPU backend, embedded model) on this

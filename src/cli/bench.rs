@@ -200,6 +200,10 @@ struct Report {
     itl_ms: Percentiles,
     e2e_ms: Percentiles,
     cpu_ms_per_output_token: Option<f64>,
+    /// The measured process's CPU over the run, in cores (CPU time over wall time).
+    cpu_cores: Option<f64>,
+    /// The server's CPU by thread group (`bench serve --server-pid` only).
+    server_threads: Vec<super::thread_cpu::GroupCpu>,
     /// The long prompt sent mid-run, if any: prompt tokens, TTFT and end-to-end time.
     long_prompt: Option<LongPrompt>,
 }
@@ -250,6 +254,8 @@ impl Report {
             itl_ms: Percentiles::of(&itl),
             e2e_ms: Percentiles::of(&ok.iter().map(|t| t.e2e).collect::<Vec<_>>()),
             cpu_ms_per_output_token: cpu_s.filter(|_| total > 0).map(|s| s * 1e3 / total as f64),
+            cpu_cores: cpu_s.filter(|_| duration > 0.0).map(|s| s / duration),
+            server_threads: Vec::new(),
             long_prompt: None,
         }
     }
@@ -294,6 +300,18 @@ impl Report {
         }
         if let Some(cpu) = self.cpu_ms_per_output_token {
             println!("CPU time per output token {cpu:.3} ms");
+        }
+        if let Some(cores) = self.cpu_cores {
+            println!("CPU cores (CPU / wall)    {cores:.3}");
+        }
+        for group in &self.server_threads {
+            println!(
+                "  {:<23} {:>8.3} ms/token {:>7.3} cores {:>8.2} s",
+                format!("{} threads", group.group),
+                group.ms_per_output_token.unwrap_or(0.0),
+                group.cores,
+                group.seconds
+            );
         }
         if let Some(long) = &self.long_prompt {
             match &long.failed {
@@ -585,6 +603,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     }
     let n = load.num_prompts();
     let cpu_before = cpu_seconds(args.server_pid);
+    let threads_before = args.server_pid.and_then(super::thread_cpu::Snapshot::of);
     let started = Instant::now();
     let shared = Arc::new(Shared {
         client,
@@ -648,6 +667,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     let cpu = cpu_before
         .zip(cpu_seconds(args.server_pid))
         .map(|(a, b)| b - a);
+    let threads_after = args.server_pid.and_then(super::thread_cpu::Snapshot::of);
     let mut report = Report::new(
         "serve",
         args.url.clone(),
@@ -657,6 +677,11 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         duration,
         cpu,
     );
+    if let Some((before, after)) = threads_before.zip(threads_after) {
+        let groups = super::thread_cpu::split(&before, &after);
+        report.server_threads =
+            super::thread_cpu::per_group(&groups, duration, report.total_output_tokens);
+    }
     if let Some(long) = long {
         let (after, timing) = long.await?;
         report.long_prompt = Some(match timing {

@@ -9,7 +9,9 @@ use std::time::Instant;
 use cudarc::driver::result as drv;
 use cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use indicatif::ProgressBar;
 
+use crate::backend::BackendPhases;
 use crate::engine::{
     Backend, BackendError, BatchRow, EngineConfig, KvCacheShape, SampledToken, StepOutput,
     TokenLogprob,
@@ -167,6 +169,8 @@ pub struct CudaBackend {
     /// Launch kernels with programmatic dependent launch (the configuration allows it and the
     /// device has compute capability 9.0 or later).
     programmatic: bool,
+    /// How long each start-up phase took.
+    phases: BackendPhases,
 }
 
 fn dev<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> BackendError {
@@ -186,6 +190,16 @@ impl CudaBackend {
         model: &Model,
         config: &EngineConfig,
         options: CudaOptions,
+    ) -> Result<Self, CudaInitError> {
+        Self::new_reporting(model, config, options, &ProgressBar::hidden())
+    }
+
+    /// [`CudaBackend::new`], advancing `progress` by the weight bytes uploaded.
+    pub fn new_reporting(
+        model: &Model,
+        config: &EngineConfig,
+        options: CudaOptions,
+        progress: &ProgressBar,
     ) -> Result<Self, CudaInitError> {
         let started = Instant::now();
         probe::probe()?;
@@ -224,7 +238,7 @@ impl CudaBackend {
                 let t = Instant::now();
                 compile::compile_all(&params, &arch).map(|c| (c, t.elapsed()))
             });
-            let weights = ModelWeightsOnDevice::upload(&ctx, model);
+            let weights = ModelWeightsOnDevice::upload(&ctx, model, progress);
             let compiled = compiler.join().unwrap_or_else(|_| {
                 Err(KernelError::Nvrtc {
                     kernel: "(all)",
@@ -238,7 +252,9 @@ impl CudaBackend {
         let (compiled, t_compile) = compiled?;
         ctx.bind_to_thread()
             .map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let load_started = Instant::now();
         let kernels = Kernels::take(compile::load_all(&ctx, compiled)?)?;
+        let t_kernels = t_compile + load_started.elapsed();
 
         // Step buffers are sized for the configured sequence limit, or for the cap when it is
         // derived; the derived limit (below, from the KV blocks) never exceeds that.
@@ -337,11 +353,18 @@ impl CudaBackend {
             options,
             copies: CopyStats::default(),
             programmatic: config.programmatic_launch && major >= 9,
+            phases: BackendPhases {
+                context: t_context,
+                kernels: t_kernels,
+                weights: t_upload,
+                ..BackendPhases::default()
+            },
         };
         let choose_started = Instant::now();
         backend.choose_small_m_products()?;
+        backend.phases.gemm_selection = choose_started.elapsed();
         tracing::info!(
-            choose_ms = choose_started.elapsed().as_millis() as u64,
+            choose_ms = backend.phases.gemm_selection.as_millis() as u64,
             "product paths chosen"
         );
         let capture_started = Instant::now();
@@ -355,6 +378,7 @@ impl CudaBackend {
         } else {
             tracing::info!("decode graphs off: every step runs eagerly");
         }
+        backend.phases.graphs = capture_started.elapsed();
         tracing::info!(
             context_ms = t_context.as_millis() as u64,
             upload_ms = t_upload.as_millis() as u64,
@@ -365,6 +389,11 @@ impl CudaBackend {
             "CUDA backend ready (compile overlapped the upload)"
         );
         Ok(backend)
+    }
+
+    /// How long each start-up phase took (kernel compilation overlapped the upload).
+    pub fn startup_phases(&self) -> BackendPhases {
+        self.phases
     }
 
     /// Captures the decode forward pass for every batch-size bucket. Each bucket first runs
