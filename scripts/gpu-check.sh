@@ -200,7 +200,7 @@ fi
 # kernel is its own launch), then the decode steps in it (those with paged_attention and no
 # prefill kernel, from embedding_gather to sample_tokens) are summed per kernel.
 if has profile; then
-  timeout 300 $RUN ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+  timeout 300 $RUN ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --print-units base \
     --launch-skip ${PROFILE_SKIP:-2000} --launch-count ${PROFILE_COUNT:-1400} \
     "$G/inferno" bench offline --model $M8 --device cuda --batch-size 1 --input-len 1000 --output-len 64 \
     --ignore-eos --no-cuda-graphs >"$OUT/profile.csv" 2>"$OUT/profile.log"
