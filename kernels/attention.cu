@@ -84,6 +84,7 @@ paged_attention(const bf16* __restrict__ q,
                 float* __restrict__ part_ml,
                 int splits,
                 float scale) {
+    await_previous_kernels();
     __shared__ float sm_m[ATTN_WARPS][GROUP];
     __shared__ float sm_l[ATTN_WARPS][GROUP];
     __shared__ __align__(16) float sm_acc[ATTN_WARPS][GROUP][HEAD_DIM];
@@ -278,6 +279,7 @@ attention_reduce(const float* __restrict__ part_acc,
                  const int* __restrict__ positions,
                  int splits,
                  bf16* __restrict__ out) {
+    await_previous_kernels();
     __shared__ float scratch[32];
     __shared__ __align__(16) float sm_acc[REDUCE_ROWS][HEAD_DIM];
     const size_t head = (size_t)blockIdx.x * NUM_Q_HEADS + blockIdx.y;

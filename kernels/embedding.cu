@@ -6,6 +6,7 @@
 extern "C" __global__ void embedding_gather(const bf16* __restrict__ table,
                                             const int* __restrict__ tokens,
                                             float* __restrict__ residual) {
+    await_previous_kernels();
     const int t = blockIdx.x;
     const int token = tokens[t];
     float* out = residual + (size_t)t * HIDDEN;

@@ -45,6 +45,19 @@ __device__ __forceinline__ void gemv_body(const bf16* __restrict__ x,
     const bf16* rows[GEMV_ROWS];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r) rows[r] = w + (size_t)min(row0 + r, n - 1) * k;
+    // The weights are constant: start pulling this warp's first slices into L2 while the kernel
+    // that writes x may still be running, then wait for it.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; ++u) {
+        const int kk = k_begin + u * GEMV_STEP + lane * 8;
+        if (kk < k_end) {
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; ++r) asm volatile("prefetch.global.L2 [%0];" ::"l"(rows[r] + kk));
+        }
+    }
+#endif
+    await_previous_kernels();
 
     for (int base = k_begin; base < k_end; base += GEMV_UNROLL * GEMV_STEP) {
         uint4 wv[GEMV_UNROLL][GEMV_ROWS];

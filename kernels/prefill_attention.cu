@@ -102,6 +102,7 @@ prefill_attention(const bf16* __restrict__ q,
                   const int* __restrict__ tiles,
                   float scale,
                   bf16* __restrict__ out) {
+    await_previous_kernels();
 #if F_SUPPORTED
     // Two stages of keys and values: the next tile is copied while this one is used.
     __shared__ __align__(16) bf16 ks[2][F_KEYS * F_STRIDE];

@@ -11,6 +11,20 @@ typedef unsigned short bf16;
 // Positive infinity without <cmath>.
 #define INFINITY __int_as_float(0x7f800000)
 
+// Programmatic dependent launch (compute capability 9.0 and later). The host launches every
+// kernel so that it may be scheduled before the previous kernel in the stream has finished
+// (src/backend/cuda/backend.rs), so each kernel calls this before it touches anything an earlier
+// kernel wrote or reads: it waits until those kernels have finished and their writes are
+// visible, then lets the next kernel's blocks be scheduled while this one runs. Only reads of
+// constant data (weights) may come before it. Without that launch attribute, and on older GPUs,
+// it does nothing.
+__device__ __forceinline__ void await_previous_kernels() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Widens a bf16 bit pattern to float (exact).
 __device__ __forceinline__ float bf16_to_f32(bf16 v) {
     return __uint_as_float(((unsigned int)v) << 16);

@@ -25,6 +25,7 @@ extern "C" __global__ void qkv_rope_write(const float* __restrict__ qkv,
                                           bf16* __restrict__ q_out,
                                           bf16* __restrict__ k_cache,
                                           bf16* __restrict__ v_cache) {
+    await_previous_kernels();
     const int t = blockIdx.x;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;

@@ -14,6 +14,7 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ residual,
                                        const bf16* __restrict__ weight,
                                        const int* __restrict__ rows,
                                        bf16* __restrict__ out) {
+    await_previous_kernels();
     __shared__ float scratch[32];
     const int o = blockIdx.x;
     const int r = rows ? rows[o] : o;

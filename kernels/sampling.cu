@@ -243,6 +243,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 sample_tokens(const float* __restrict__ logits, float* __restrict__ scratch,
               const int* __restrict__ top_n, const int* __restrict__ params,
               const int* __restrict__ lists, int* __restrict__ out) {
+    await_previous_kernels();
     __shared__ float sv[32];
     __shared__ int si[32];
     __shared__ int counts[1025];

@@ -4,6 +4,7 @@
 // Output: [T, INTERMEDIATE] bf16. Grid: (ceil(INTERMEDIATE / blockDim.x), T).
 
 extern "C" __global__ void swiglu(const float* __restrict__ gate_up, bf16* __restrict__ out) {
+    await_previous_kernels();
     const int t = blockIdx.y;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= INTERMEDIATE) return;

@@ -231,13 +231,16 @@ if has serve; then
   n=0
   for args in "${SERVE_LIST[@]}"; do
     n=$((n + 1))
+    # Fresh prompts in every run unless it names its seed: the server keeps earlier runs'
+    # prompts in its prefix cache.
+    [[ " $args " == *" --seed "* ]] || args="$args --seed $n"
     timeout 240 $RUN "$G/inferno" bench serve --url https://127.0.0.1:8443 --model llama8b --insecure \
       $args --ignore-eos --server-pid $SERVER \
       --json "$OUT/serve-$n.json" >"$OUT/serve-bench-$n.log" 2>&1
     rc=$?
     cat "$OUT/serve-bench-$n.log" >>"$OUT/serve-bench.log"
     note "inferno serve run $n ($args): rc=$rc $(grep -E '^output throughput' "$OUT/serve-bench-$n.log" | tail -1)"
-    grep -E '^(TTFT|ITL) |^CPU time' "$OUT/serve-bench-$n.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+    grep -E '^(TTFT|ITL) |^CPU time|^long prompt' "$OUT/serve-bench-$n.log" | sed 's/^/    /' | tee -a "$SUMMARY"
   done
   kill -TERM $SERVER 2>/dev/null
   wait $SERVER 2>/dev/null
@@ -336,6 +339,10 @@ if has sealedstart; then
   for f in "$OUT"/sealedstart-plain-1.log "$OUT"/sealedstart-sealed-1.log; do
     note "$(basename "$f"):"
     grep -E 'listening|sealed model opened|model loaded|weights uploaded|KV cache allocated|decode graphs captured|sequence limit|engine ready|ready$' "$f" | cut -c1-260 | tee -a "$SUMMARY"
+  done
+  # The one-line start-up timeline (src/cli/startup.rs) of every timed run, phases in ms.
+  for f in "$OUT"/sealedstart-plain-*.log "$OUT"/sealedstart-sealed-*.log; do
+    note "$(basename "$f" .log) timeline: $(grep -o 'start-up timeline.*' "$f" | tail -1)"
   done
 fi
 

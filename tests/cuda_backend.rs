@@ -632,8 +632,18 @@ fn engine_on_cuda_preempts_and_hits_the_prefix_cache_without_changing_outputs() 
 }
 
 fn cuda_with(model: &Model, cuda_graphs: bool, sample_on_device: bool) -> CudaBackend {
+    cuda_launching(model, cuda_graphs, sample_on_device, true)
+}
+
+fn cuda_launching(
+    model: &Model,
+    cuda_graphs: bool,
+    sample_on_device: bool,
+    programmatic_launch: bool,
+) -> CudaBackend {
     let config = EngineConfig {
         cuda_graphs,
+        programmatic_launch,
         ..engine_config()
     };
     CudaBackend::new(
@@ -648,13 +658,16 @@ fn cuda_with(model: &Model, cuda_graphs: bool, sample_on_device: bool) -> CudaBa
 }
 
 /// Decode steps replayed from the captured graphs (batch sizes that fill a bucket and padded
-/// ones) give the logits of eager steps and the same greedy tokens, with one copy each way.
+/// ones) give the logits of eager steps and the same greedy tokens, with one copy each way; and
+/// kernels launched with programmatic dependent launch compute exactly what plain stream-ordered
+/// launches compute.
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn decode_graphs_replay_what_eager_steps_compute() {
     let model = tiny_on_gpu();
-    let mut eager = cuda_with(&model, false, false);
+    let mut eager = cuda_launching(&model, false, false, false);
     let mut graphed = cuda_with(&model, true, false);
+    let mut plain = cuda_launching(&model, true, false, false);
     let mut sampled = cuda_with(&model, true, true);
     assert!(eager.graph_buckets().is_empty());
     assert_eq!(graphed.graph_buckets(), &[1, 2, 4, 8, 16]);
@@ -678,7 +691,7 @@ fn decode_graphs_replay_what_eager_steps_compute() {
             sample: None,
         })
         .collect();
-    for backend in [&mut eager, &mut graphed, &mut sampled] {
+    for backend in [&mut eager, &mut graphed, &mut plain, &mut sampled] {
         backend.step(&prefill).expect("prefill");
     }
     assert_eq!(
@@ -707,6 +720,11 @@ fn decode_graphs_replay_what_eager_steps_compute() {
         let (replays, copies) = (graphed.graph_replays(), graphed.copy_stats());
         let got = logits(graphed.step(&rows).expect("graph decode"));
         let copies = graphed.copy_stats().since(&copies);
+        let stream_ordered = logits(plain.step(&rows).expect("plain graph decode"));
+        assert!(
+            got == stream_ordered,
+            "{size} rows: programmatic launches changed the logits"
+        );
         assert_eq!(
             graphed.graph_replays(),
             replays + 1,

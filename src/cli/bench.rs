@@ -96,6 +96,10 @@ struct OfflineArgs {
     /// Run every decode step eagerly instead of replaying CUDA graphs (for A/B comparisons).
     #[arg(long)]
     no_cuda_graphs: bool,
+    /// Launch CUDA kernels in plain stream order instead of with programmatic dependent launch
+    /// (for A/B comparisons).
+    #[arg(long)]
+    no_programmatic_launch: bool,
     #[command(flatten)]
     load: LoadArgs,
 }
@@ -123,6 +127,18 @@ struct ServeArgs {
     /// The server's process id, to report its CPU time per output token.
     #[arg(long)]
     server_pid: Option<u32>,
+    /// Tokens at the start of every prompt that all prompts share (a cached prefix after the
+    /// first request); the rest of each prompt is its own. 0: prompts share nothing.
+    #[arg(long, default_value_t = 0)]
+    shared_prefix_len: usize,
+    /// Also send one prompt of this many tokens while the run is under way, report its timings
+    /// on their own, and keep it out of the run's figures (how a long prompt arriving mid-run
+    /// disturbs the running streams).
+    #[arg(long)]
+    long_prompt_len: Option<usize>,
+    /// Seconds after the start of the run at which the long prompt is sent.
+    #[arg(long, default_value_t = 2.0, requires = "long_prompt_len")]
+    long_prompt_after: f64,
     #[command(flatten)]
     load: LoadArgs,
 }
@@ -184,6 +200,22 @@ struct Report {
     itl_ms: Percentiles,
     e2e_ms: Percentiles,
     cpu_ms_per_output_token: Option<f64>,
+    /// The measured process's CPU over the run, in cores (CPU time over wall time).
+    cpu_cores: Option<f64>,
+    /// The server's CPU by thread group (`bench serve --server-pid` only).
+    server_threads: Vec<super::thread_cpu::GroupCpu>,
+    /// The long prompt sent mid-run, if any: prompt tokens, TTFT and end-to-end time.
+    long_prompt: Option<LongPrompt>,
+}
+
+/// Timings of the long prompt sent while a serving run was under way.
+#[derive(Debug, Serialize)]
+struct LongPrompt {
+    prompt_tokens: usize,
+    sent_after_s: f64,
+    ttft_ms: f64,
+    e2e_ms: f64,
+    failed: Option<String>,
 }
 
 impl Report {
@@ -222,6 +254,9 @@ impl Report {
             itl_ms: Percentiles::of(&itl),
             e2e_ms: Percentiles::of(&ok.iter().map(|t| t.e2e).collect::<Vec<_>>()),
             cpu_ms_per_output_token: cpu_s.filter(|_| total > 0).map(|s| s * 1e3 / total as f64),
+            cpu_cores: cpu_s.filter(|_| duration > 0.0).map(|s| s / duration),
+            server_threads: Vec::new(),
+            long_prompt: None,
         }
     }
 
@@ -265,6 +300,27 @@ impl Report {
         }
         if let Some(cpu) = self.cpu_ms_per_output_token {
             println!("CPU time per output token {cpu:.3} ms");
+        }
+        if let Some(cores) = self.cpu_cores {
+            println!("CPU cores (CPU / wall)    {cores:.3}");
+        }
+        for group in &self.server_threads {
+            println!(
+                "  {:<23} {:>8.3} ms/token {:>7.3} cores {:>8.2} s",
+                format!("{} threads", group.group),
+                group.ms_per_output_token.unwrap_or(0.0),
+                group.cores,
+                group.seconds
+            );
+        }
+        if let Some(long) = &self.long_prompt {
+            match &long.failed {
+                None => println!(
+                    "long prompt               {} tokens sent at {:.1} s: TTFT {:.2} ms, E2E {:.2} ms",
+                    long.prompt_tokens, long.sent_after_s, long.ttft_ms, long.e2e_ms
+                ),
+                Some(err) => println!("long prompt               failed: {err}"),
+            }
         }
     }
 }
@@ -350,6 +406,7 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
         max_waiting: load.num_prompts().max(defaults.max_waiting),
         prefix_caching: false,
         cuda_graphs: !args.no_cuda_graphs,
+        programmatic_launch: !args.no_programmatic_launch,
         ..defaults
     };
     let (dropped_tx, dropped) = std::sync::mpsc::channel();
@@ -537,19 +594,39 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     }
     let client = builder.build()?;
     let url = format!("{}/v1/completions", args.url.trim_end_matches('/'));
-    // A word that tokenizes to one token in common BPE vocabularies approximates input_len; each
-    // prompt starts with its request number so prompts share no cached prefix.
-    let prompt = " hello".repeat(load.input_len.saturating_sub(1));
+    if args.shared_prefix_len >= load.input_len.max(1) {
+        bail!(
+            "--shared-prefix-len ({}) must be below --input-len ({})",
+            args.shared_prefix_len,
+            load.input_len
+        );
+    }
     let n = load.num_prompts();
     let cpu_before = cpu_seconds(args.server_pid);
+    let threads_before = args.server_pid.and_then(super::thread_cpu::Snapshot::of);
     let started = Instant::now();
-    let shared = Arc::new((
+    let shared = Arc::new(Shared {
         client,
         url,
-        prompt,
-        args.model.clone(),
-        args.api_key.clone(),
-    ));
+        model: args.model.clone(),
+        key: args.api_key.clone(),
+        input_len: load.input_len,
+        shared_prefix_len: args.shared_prefix_len,
+        seed: load.seed,
+    });
+    let long = args.long_prompt_len.map(|len| {
+        let (shared, after) = (shared.clone(), args.long_prompt_after.max(0.0));
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs_f64(after)).await;
+            let long = Shared {
+                input_len: len,
+                shared_prefix_len: 0,
+                ..(*shared).clone()
+            };
+            let timing = stream_request(&long, long.prompt(usize::MAX), 1, false).await;
+            (after, timing)
+        })
+    });
     let mut tasks = tokio::task::JoinSet::new();
     match args.rate {
         Some(rate) if rate > 0.0 => {
@@ -590,7 +667,8 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     let cpu = cpu_before
         .zip(cpu_seconds(args.server_pid))
         .map(|(a, b)| b - a);
-    let report = Report::new(
+    let threads_after = args.server_pid.and_then(super::thread_cpu::Snapshot::of);
+    let mut report = Report::new(
         "serve",
         args.url.clone(),
         load,
@@ -599,10 +677,70 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         duration,
         cpu,
     );
+    if let Some((before, after)) = threads_before.zip(threads_after) {
+        let groups = super::thread_cpu::split(&before, &after);
+        report.server_threads =
+            super::thread_cpu::per_group(&groups, duration, report.total_output_tokens);
+    }
+    if let Some(long) = long {
+        let (after, timing) = long.await?;
+        report.long_prompt = Some(match timing {
+            Ok(t) => LongPrompt {
+                prompt_tokens: t.prompt_tokens,
+                sent_after_s: after,
+                ttft_ms: t.ttft * 1e3,
+                e2e_ms: t.e2e * 1e3,
+                failed: None,
+            },
+            Err(e) => LongPrompt {
+                prompt_tokens: 0,
+                sent_after_s: after,
+                ttft_ms: 0.0,
+                e2e_ms: 0.0,
+                failed: Some(format!("{e:#}")),
+            },
+        });
+    }
     finish(&report, load.json.as_ref())
 }
 
-type Shared = (reqwest::Client, String, String, String, Option<String>);
+/// What every request of a serving run shares.
+#[derive(Clone)]
+struct Shared {
+    client: reqwest::Client,
+    url: String,
+    model: String,
+    key: Option<String>,
+    input_len: usize,
+    shared_prefix_len: usize,
+    seed: u64,
+}
+
+impl Shared {
+    /// The prompt of request `index`, as token ids (so its length is exact whatever the
+    /// tokenizer): the run's shared prefix, then random ids of its own, all drawn from
+    /// `PROMPT_IDS`, so no two prompts share more than the prefix in the prefix cache.
+    fn prompt(&self, index: usize) -> Vec<u32> {
+        let mut shared = rand::rngs::StdRng::seed_from_u64(self.seed);
+        let mut own =
+            rand::rngs::StdRng::seed_from_u64(self.seed ^ (index as u64 + 1).rotate_left(32));
+        (0..self.input_len)
+            .map(|i| {
+                let rng = if i < self.shared_prefix_len {
+                    &mut shared
+                } else {
+                    &mut own
+                };
+                rng.random_range(PROMPT_IDS)
+            })
+            .collect()
+    }
+}
+
+/// Token ids the serving prompts are drawn from: ordinary tokens in every supported vocabulary
+/// (the smallest, the test fixtures', has 1,024 ids; real models keep special tokens at the top
+/// of much larger ones).
+const PROMPT_IDS: std::ops::Range<u32> = 100..1000;
 
 /// One streaming completion; returns a list so closed-loop workers and open-loop arrivals share
 /// a result type.
@@ -612,7 +750,7 @@ async fn stream_one(
     output_len: usize,
     ignore_eos: bool,
 ) -> Vec<RequestTiming> {
-    let timing = match stream_request(shared, index, output_len, ignore_eos).await {
+    let timing = match stream_request(shared, shared.prompt(index), output_len, ignore_eos).await {
         Ok(t) => t,
         Err(e) => RequestTiming {
             failed: Some(format!("{e:#}")),
@@ -624,14 +762,20 @@ async fn stream_one(
 
 async fn stream_request(
     shared: &Shared,
-    index: usize,
+    prompt: Vec<u32>,
     output_len: usize,
     ignore_eos: bool,
 ) -> anyhow::Result<RequestTiming> {
-    let (client, url, prompt, model, key) = shared;
+    let Shared {
+        client,
+        url,
+        model,
+        key,
+        ..
+    } = shared;
     let mut body = serde_json::json!({
         "model": model,
-        "prompt": format!("{index}{prompt}"),
+        "prompt": prompt,
         "max_tokens": output_len,
         "temperature": 0.0,
         "stream": true,
@@ -735,5 +879,32 @@ mod tests {
         let prompts = random_prompts(&load, 128_256);
         assert_eq!(prompts.len(), 16);
         assert!(prompts.iter().all(|p| p.len() == 8));
+    }
+
+    #[test]
+    fn prompts_share_exactly_the_requested_prefix() {
+        let shared = |shared_prefix_len| Shared {
+            client: reqwest::Client::new(),
+            url: String::new(),
+            model: String::new(),
+            key: None,
+            input_len: 300,
+            shared_prefix_len,
+            seed: 5,
+        };
+        let common = |a: &[u32], b: &[u32]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
+        let none = shared(0);
+        let (a, b) = (none.prompt(1), none.prompt(2));
+        assert_eq!((a.len(), b.len()), (300, 300));
+        assert!(common(&a, &b) < 3, "{a:?} {b:?}");
+        assert_eq!(
+            a,
+            none.prompt(1),
+            "a prompt is a function of the seed and the index"
+        );
+        let prefixed = shared(256);
+        let (a, b) = (prefixed.prompt(1), prefixed.prompt(2));
+        assert!((256..259).contains(&common(&a, &b)));
+        assert!(a.iter().all(|id| PROMPT_IDS.contains(id)));
     }
 }

@@ -10,6 +10,8 @@ mod proxy;
 mod seal;
 mod serve;
 mod setup;
+mod startup;
+mod thread_cpu;
 mod verify;
 
 use std::process::ExitCode;

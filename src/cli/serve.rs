@@ -2,11 +2,13 @@
 //! SIGTERM or SIGINT.
 
 use anyhow::Context;
+use indicatif::ProgressBar;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Instant;
 
-use super::setup;
+use super::{setup, startup};
 use crate::attest::StartupAttestation;
 use crate::backend::{self, Device};
 use crate::config::{AttestationConfig, AttestationProfile, Config, ModelKeySource};
@@ -84,6 +86,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         refuse_unaudited(&config)?;
         crate::harden::deny_dumps_and_ptrace()?;
     }
+    // Named, so profiles and `bench serve --server-pid` tell the compute pool from the async
+    // runtime (whose threads would otherwise lend it their name). Fails only if already built.
+    let _ = rayon::ThreadPoolBuilder::new()
+        .thread_name(|i| format!("rayon-{i}"))
+        .build_global();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -108,6 +115,8 @@ async fn serve_async(
     model_dir: Option<PathBuf>,
     device: Device,
 ) -> anyhow::Result<()> {
+    let mut timeline = startup::Timeline::start();
+    let progress = startup::progress_bar();
     let engine_config = config.engine.clone();
     let served_name = config.server.served_model_name.clone();
     let key_source = config.model.key.clone();
@@ -148,7 +157,11 @@ async fn serve_async(
         Some(_) => None,
         None => {
             let dir = model_dir.clone();
-            let read = tokio::task::spawn_blocking(move || setup::load_model(dir.as_deref()));
+            let progress = progress.clone();
+            progress.set_message("reading");
+            let read = tokio::task::spawn_blocking(move || {
+                setup::load_model_reporting(dir.as_deref(), &progress)
+            });
             let model = tokio::select! {
                 model = read => model.context("model loading panicked")?,
                 () = signals.recv() => {
@@ -158,7 +171,11 @@ async fn serve_async(
                 }
             };
             match model {
-                Ok(model) => Some(model),
+                Ok((model, read_hash, parse)) => {
+                    timeline.read_hash = read_hash;
+                    timeline.parse = parse;
+                    Some(model)
+                }
                 Err(err) => {
                     server.shutdown().await;
                     return Err(err);
@@ -171,6 +188,7 @@ async fn serve_async(
         (None, Some(digest)) => digest,
         (None, None) => unreachable!("either the manifest or the model gave the digest"),
     };
+    let attest_started = Instant::now();
     let attestation = match server.attest(model_digest).await {
         Ok(attestation) => attestation,
         Err(err) => {
@@ -178,19 +196,27 @@ async fn serve_async(
             return Err(err.into());
         }
     };
+    timeline.attest = attest_started.elapsed();
     server.record_config(config_digest, Some(attestation.policy_sha256().to_owned()));
     // A sealed model is opened (key released, chunks decrypted and hashed) before anything
     // else touches it; every refusal is final, recorded and stops start-up.
+    let open_started = Instant::now();
     let sealed = match open_sealed_model(
         &server,
         &attestation,
         model_dir.as_deref(),
         key_source,
         &attestation_config,
+        &progress,
     )
     .await
     {
-        Ok(sealed) => sealed,
+        Ok(sealed) => {
+            if sealed.is_some() {
+                timeline.read_hash = open_started.elapsed();
+            }
+            sealed
+        }
         Err(err) => {
             server.shutdown().await;
             return Err(err);
@@ -205,6 +231,8 @@ async fn serve_async(
             device,
             engine_config,
             served_name,
+            timeline,
+            progress,
         )
     });
     let loaded = tokio::select! {
@@ -215,7 +243,7 @@ async fn serve_async(
             return Ok(());
         }
     };
-    let (service, backend_name, kv_tokens) = match loaded {
+    let (service, backend_name, kv_tokens, timeline) = match loaded {
         Ok(loaded) => loaded,
         Err(err) => {
             server.shutdown().await;
@@ -225,6 +253,7 @@ async fn serve_async(
     // The banner says "ready": print it only once requests reach the model.
     let banner = banner(&server, &attestation, &service, &backend_name, kv_tokens);
     server.set_model(service);
+    timeline.log();
     eprintln!("{banner}");
     signals.recv().await;
     tracing::info!("shutdown signal received; finishing in-flight requests");
@@ -243,6 +272,7 @@ async fn open_sealed_model(
     dir: Option<&Path>,
     source: Option<ModelKeySource>,
     attestation: &AttestationConfig,
+    progress: &ProgressBar,
 ) -> anyhow::Result<Option<ModelFiles>> {
     let sealed_dir = dir.filter(|d| seal::is_sealed(d)).map(Path::to_path_buf);
     let (dir, source) = match (sealed_dir, source) {
@@ -329,9 +359,11 @@ async fn open_sealed_model(
     let policy = startup.policy_sha256().to_owned();
     let opened = tokio::task::spawn_blocking({
         let dir = dir.clone();
+        let progress = progress.clone();
         move || {
             let started = std::time::Instant::now();
-            let (manifest, files) = seal::open_sealed(&dir, &key)?;
+            progress.set_message("decrypting");
+            let (manifest, files) = seal::open_sealed_reporting(&dir, &key, &progress)?;
             drop(key);
             let bytes: u64 = manifest.files.iter().map(|f| f.size).sum();
             let secs = started.elapsed().as_secs_f64();
@@ -454,6 +486,8 @@ fn sealed_model_digest(dir: Option<&Path>) -> anyhow::Result<Option<[u8; 32]>> {
 
 /// Builds the backend for `device` and starts the engine on the model: the plaintext model read
 /// before attestation, or the opened sealed model, whose digest must be the attested `digest`.
+/// Records the phases in `timeline`; `progress` counts the bytes uploaded.
+#[allow(clippy::too_many_arguments)]
 fn start_engine(
     dir: Option<&Path>,
     plaintext: Option<Model>,
@@ -462,14 +496,18 @@ fn start_engine(
     device: Device,
     engine_config: EngineConfig,
     served_name: Option<String>,
-) -> anyhow::Result<(ModelService, String, usize)> {
+    mut timeline: startup::Timeline,
+    progress: ProgressBar,
+) -> anyhow::Result<(ModelService, String, usize, startup::Timeline)> {
     let model = match (plaintext, sealed, dir) {
         (Some(model), _, _) => model,
         (None, Some(files), Some(dir)) => {
+            let parse_started = Instant::now();
             let model = Model::from_files(&files, Model::name_of_dir(dir))
                 .with_context(|| format!("cannot load the sealed model in {}", dir.display()))?;
             // The decrypted buffers stay alive (shared) only as long as the model needs them.
             drop(files);
+            timeline.parse = parse_started.elapsed();
             model
         }
         _ => anyhow::bail!("no model to serve: neither a plaintext nor an opened sealed model"),
@@ -481,14 +519,20 @@ fn start_engine(
             hex::encode(digest)
         );
     }
-    let backend = backend::select(device, &model, &engine_config)?;
+    progress.set_message("uploading");
+    let (backend, phases) = backend::select_reporting(device, &model, &engine_config, &progress)?;
+    progress.finish_and_clear();
+    timeline.backend = phases;
     let backend_name = backend.name().to_owned();
+    let engine_started = Instant::now();
     let engine = Engine::spawn(backend, ModelInfo::of(&model), engine_config)?;
+    timeline.engine = engine_started.elapsed();
     let kv_tokens = engine.kv_cache().capacity_tokens();
     Ok((
         ModelService::new(model, engine, served_name),
         backend_name,
         kv_tokens,
+        timeline,
     ))
 }
 

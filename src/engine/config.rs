@@ -52,6 +52,11 @@ pub struct EngineConfig {
     /// Replay decode steps from CUDA graphs captured at start-up for batch-size buckets (the
     /// CUDA backend; `false` runs every step eagerly, for A/B comparisons).
     pub cuda_graphs: bool,
+    /// Launch every CUDA kernel with programmatic dependent launch, so it is scheduled while the
+    /// previous kernel finishes and waits on the device for its results (the CUDA backend on
+    /// compute capability 9.0 and later; `false` launches in plain stream order, for A/B
+    /// comparisons).
+    pub programmatic_launch: bool,
 }
 
 impl EngineConfig {
@@ -84,6 +89,7 @@ impl Default for EngineConfig {
             prefix_caching: true,
             share_prefix_cache: false,
             cuda_graphs: true,
+            programmatic_launch: true,
         }
     }
 }

@@ -11,8 +11,13 @@
 //!
 //! While sequences decode, a step may carry as many prefill tokens as fit in
 //! `(stall_limit - 1) x` the decode-only step time, at least [`MIN_PREFILL_TOKENS`] so that
-//! prompts always progress. With nothing decoding, or before anything is measured, the step takes
-//! the configured maximum.
+//! prompts always progress. When the decode-only time of the running rows' bucket has not been
+//! measured yet, the step carries those rows alone, once, to measure it: without that probe a
+//! freshly started engine under load would form only mixed steps, never learn what a decode step
+//! costs, and give every step the configured maximum, stalling every stream (the first serving
+//! run after a start had four times the later runs' p99 inter-token latency). With nothing
+//! decoding, or before any prompt token's cost is measured, the step takes the configured
+//! maximum.
 
 use std::time::Duration;
 
@@ -74,6 +79,9 @@ impl StepCosts {
         if decode_rows == 0 || self.stall_limit <= 1.0 {
             return self.max_tokens;
         }
+        if self.decode_seconds[bucket(decode_rows)].is_none() {
+            return decode_rows;
+        }
         let (Some(decode), Some(per_token)) = (
             self.decode_estimate(decode_rows),
             self.seconds_per_prefill_token(),
@@ -120,9 +128,18 @@ mod tests {
     }
 
     #[test]
+    fn an_unmeasured_decode_bucket_gets_one_decode_only_step() {
+        let mut costs = StepCosts::new(1.5, 2048);
+        costs.record(0, 1000, ms(20));
+        assert_eq!(costs.token_budget(8), 8, "the 8-row bucket is probed");
+        costs.record(8, 0, ms(10));
+        assert!(costs.token_budget(8) > 8, "then prompts join again");
+        assert_eq!(costs.token_budget(16), 16, "a new bucket is probed too");
+    }
+
+    #[test]
     fn nothing_measured_or_nothing_decoding_takes_the_maximum() {
         let mut costs = StepCosts::new(1.5, 2048);
-        assert_eq!(costs.token_budget(8), 2048, "nothing measured yet");
         costs.record(8, 0, ms(10));
         assert_eq!(costs.token_budget(8), 2048, "no prefill cost measured yet");
         costs.record(8, 1000, ms(30));

@@ -7,9 +7,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::result as drv;
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use indicatif::ProgressBar;
 
+use crate::backend::BackendPhases;
 use crate::engine::{
     Backend, BackendError, BatchRow, EngineConfig, KvCacheShape, SampledToken, StepOutput,
     TokenLogprob,
@@ -168,6 +170,11 @@ pub struct CudaBackend {
     copies: CopyStats,
     /// The step queued by `start_step`, waiting for its late grammar masks.
     started: Option<QueuedStep>,
+    /// Launch kernels with programmatic dependent launch (the configuration allows it and the
+    /// device has compute capability 9.0 or later).
+    programmatic: bool,
+    /// How long each start-up phase took.
+    phases: BackendPhases,
 }
 
 /// A step whose inputs are copied and forward pass queued, but not yet sampled.
@@ -197,6 +204,16 @@ impl CudaBackend {
         model: &Model,
         config: &EngineConfig,
         options: CudaOptions,
+    ) -> Result<Self, CudaInitError> {
+        Self::new_reporting(model, config, options, &ProgressBar::hidden())
+    }
+
+    /// [`CudaBackend::new`], advancing `progress` by the weight bytes uploaded.
+    pub fn new_reporting(
+        model: &Model,
+        config: &EngineConfig,
+        options: CudaOptions,
+        progress: &ProgressBar,
     ) -> Result<Self, CudaInitError> {
         let started = Instant::now();
         probe::probe()?;
@@ -235,7 +252,7 @@ impl CudaBackend {
                 let t = Instant::now();
                 compile::compile_all(&params, &arch).map(|c| (c, t.elapsed()))
             });
-            let weights = ModelWeightsOnDevice::upload(&ctx, model);
+            let weights = ModelWeightsOnDevice::upload(&ctx, model, progress);
             let compiled = compiler.join().unwrap_or_else(|_| {
                 Err(KernelError::Nvrtc {
                     kernel: "(all)",
@@ -249,7 +266,9 @@ impl CudaBackend {
         let (compiled, t_compile) = compiled?;
         ctx.bind_to_thread()
             .map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let load_started = Instant::now();
         let kernels = Kernels::take(compile::load_all(&ctx, compiled)?)?;
+        let t_kernels = t_compile + load_started.elapsed();
 
         // Step buffers are sized for the configured sequence limit, or for the cap when it is
         // derived; the derived limit (below, from the KV blocks) never exceeds that.
@@ -348,11 +367,19 @@ impl CudaBackend {
             options,
             copies: CopyStats::default(),
             started: None,
+            programmatic: config.programmatic_launch && major >= 9,
+            phases: BackendPhases {
+                context: t_context,
+                kernels: t_kernels,
+                weights: t_upload,
+                ..BackendPhases::default()
+            },
         };
         let choose_started = Instant::now();
         backend.choose_small_m_products()?;
+        backend.phases.gemm_selection = choose_started.elapsed();
         tracing::info!(
-            choose_ms = choose_started.elapsed().as_millis() as u64,
+            choose_ms = backend.phases.gemm_selection.as_millis() as u64,
             "product paths chosen"
         );
         let capture_started = Instant::now();
@@ -366,6 +393,7 @@ impl CudaBackend {
         } else {
             tracing::info!("decode graphs off: every step runs eagerly");
         }
+        backend.phases.graphs = capture_started.elapsed();
         tracing::info!(
             context_ms = t_context.as_millis() as u64,
             upload_ms = t_upload.as_millis() as u64,
@@ -376,6 +404,11 @@ impl CudaBackend {
             "CUDA backend ready (compile overlapped the upload)"
         );
         Ok(backend)
+    }
+
+    /// How long each start-up phase took (kernel compilation overlapped the upload).
+    pub fn startup_phases(&self) -> BackendPhases {
+        self.phases
     }
 
     /// Captures the decode forward pass for every batch-size bucket. Each bucket first runs
@@ -461,26 +494,66 @@ impl CudaBackend {
         block: u32,
         args: &[Arg],
     ) -> Result<(), BackendError> {
-        let mut builder = self.stream.launch_builder(f);
-        for arg in args {
-            match arg {
-                Arg::Ptr(p) => builder.arg(p),
-                Arg::Int(i) => builder.arg(i),
-                Arg::Float(x) => builder.arg(x),
-            };
-        }
-        let cfg = LaunchConfig {
-            grid_dim: grid,
-            block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
+        self.ctx
+            .bind_to_thread()
+            .map_err(dev("binding the CUDA context"))?;
+        // Each argument in an 8-byte slot, as the driver reads it: pointers whole, i32 and f32 in
+        // the first four bytes.
+        let mut slots: Vec<[u8; 8]> = args
+            .iter()
+            .map(|arg| {
+                let mut slot = [0u8; 8];
+                match arg {
+                    Arg::Ptr(p) => slot = p.to_ne_bytes(),
+                    Arg::Int(i) => slot[..4].copy_from_slice(&i.to_ne_bytes()),
+                    Arg::Float(x) => slot[..4].copy_from_slice(&x.to_ne_bytes()),
+                }
+                slot
+            })
+            .collect();
+        let mut params: Vec<*mut std::ffi::c_void> = slots
+            .iter_mut()
+            .map(|slot| slot.as_mut_ptr().cast())
+            .collect();
+        // The kernel may be scheduled while the previous kernel in the stream finishes: every
+        // kernel waits on the device (`await_previous_kernels` in kernels/prelude.cuh) before it
+        // reads what an earlier one wrote.
+        let mut attribute = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue {
+                programmaticStreamSerializationAllowed: 1,
+            },
         };
-        // SAFETY: every kernel's parameter list matches `args` in order and type (pointers are
-        // 64-bit device addresses, ints are i32, floats f32); every pointer addresses a buffer
-        // sized for the step limits that `pack_step` enforced, and every index a kernel follows
-        // was validated by `pack_step`.
-        unsafe { builder.launch(cfg) }
-            .map(|_| ())
-            .map_err(dev("kernel launch"))
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attribute,
+            numAttrs: u32::from(self.programmatic),
+        };
+        // SAFETY: `f` is a live function of a module loaded in this backend's context, and the
+        // stream belongs to that context. Every kernel's parameter list matches `args` in order
+        // and type (pointers are 64-bit device addresses, ints are i32, floats f32), and `params`
+        // points at one slot per argument that outlives the call (the driver copies them before
+        // it returns). Every pointer addresses a buffer sized for the step limits that
+        // `pack_step` enforced, and every index a kernel follows was validated by `pack_step`.
+        // The attribute is read only when `numAttrs` is 1.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(dev("kernel launch"))
     }
 
     /// `out[m, n] = x[m, k] · w[n, k]ᵀ` (bf16 in, fp32 out) by whichever path was measured
@@ -901,7 +974,7 @@ impl CudaBackend {
         let device_sampling = self.options.sample_on_device;
         let s = layout.real_samples();
         if s == 0 {
-            self.stream.synchronize().map_err(dev("step"))?;
+            self.settle(bucket, queued)?;
             return Ok(if device_sampling {
                 StepOutput::Sampled(Vec::new())
             } else {
@@ -948,16 +1021,14 @@ impl CudaBackend {
         Ok(StepOutput::Sampled(tokens))
     }
 
-    /// Waits for a replayed decode step without spinning through it (see `wait.rs`); other
-    /// steps are left to the synchronising copy.
+    /// Waits for the step without spinning through it (see `wait.rs`): a replayed decode step
+    /// by sleeping through its expected duration, any other on a blocking event.
     fn settle(&mut self, bucket: Option<usize>, queued: Instant) -> Result<(), BackendError> {
         match bucket {
-            Some(bucket) => self
-                .waiter
-                .wait(&self.stream, bucket, queued)
-                .map_err(dev("waiting for the step")),
-            None => Ok(()),
+            Some(bucket) => self.waiter.wait(&self.stream, bucket, queued),
+            None => self.waiter.wait_blocking(&self.stream),
         }
+        .map_err(dev("waiting for the step"))
     }
 
     fn download<T: Copy + Default>(

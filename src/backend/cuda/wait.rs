@@ -4,6 +4,9 @@
 //! keeps one core busy for the whole step. A replayed decode graph of a given bucket takes about
 //! as long as its previous replay, so the host sleeps through most of that time and polls an
 //! event only near the end: the step's latency stays the same while the core is free.
+//! Other steps (prefill chunks, mixed steps: eager, of unpredictable length) wait on an event
+//! created with blocking synchronisation, so the driver puts the host thread to sleep instead of
+//! spinning; its wake-up costs tens of microseconds against steps of milliseconds.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -20,22 +23,34 @@ pub fn sleep_budget(expected: Duration) -> Duration {
     (expected * 9 / 10).saturating_sub(MARGIN)
 }
 
-/// Sleeps through most of each decode graph's expected duration, then polls.
+/// Sleeps through most of each decode graph's expected duration, then polls; sleeps through
+/// other steps on a blocking event.
 pub struct StepWaiter {
     done: CudaEvent,
+    blocking: CudaEvent,
     expected: HashMap<usize, Duration>,
 }
 
 impl StepWaiter {
-    /// Creates the event it polls.
+    /// Creates the event it polls and the one it blocks on.
     pub fn new(stream: &CudaStream) -> Result<Self, DriverError> {
         let done = stream
             .context()
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?;
+        let blocking = stream
+            .context()
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))?;
         Ok(Self {
             done,
+            blocking,
             expected: HashMap::new(),
         })
+    }
+
+    /// Waits until the work queued on `stream` is done, asleep in the driver.
+    pub fn wait_blocking(&self, stream: &CudaStream) -> Result<(), DriverError> {
+        self.blocking.record(stream)?;
+        self.blocking.synchronize()
     }
 
     /// Waits until the work queued on `stream` since `queued` (when the host finished queueing
