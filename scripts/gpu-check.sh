@@ -211,7 +211,7 @@ if has profile; then
 import csv, sys, collections
 rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))
         if r.get("Metric Name") == "gpu__time_duration.sum"]
-kernels = [(r["Kernel Name"].split("(")[0], float(r["Metric Value"]) / 1e3) for r in rows]  # ns -> us
+kernels = [(r["Kernel Name"].split("(")[0], float(r["Metric Value"].replace(",", "")) / 1e3) for r in rows]  # ns -> us
 steps, current = [], []
 for name, us in kernels:
     if name == "embedding_gather" and current:
