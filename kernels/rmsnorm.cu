@@ -6,31 +6,49 @@
 //
 // `rows` (optional) selects which residual rows to process: block o handles row rows[o] and
 // writes output row o. The final norm uses it to normalise only the rows whose logits are needed.
-// Grid: one block per output row. Block: any multiple of 32 up to 1024 threads (the backend
-// launches 1024: a batch-1 row is latency-bound with fewer).
+// Grid: one block per output row. Block: RMS_THREADS threads (from the host, plan.rs: a
+// batch-1 row is latency-bound with fewer). Each thread keeps its RMS_SLOTS values of the row and
+// of the weight in registers, so the row is read once; the weight, which no kernel writes, is
+// read before waiting for the kernel that wrote the residual.
 
-extern "C" __global__ void add_rmsnorm(float* __restrict__ residual,
-                                       const float* __restrict__ delta,
-                                       const bf16* __restrict__ weight,
-                                       const int* __restrict__ rows,
-                                       bf16* __restrict__ out) {
+#define RMS_SLOTS ((HIDDEN + RMS_THREADS - 1) / RMS_THREADS)
+
+extern "C" __global__ void __launch_bounds__(RMS_THREADS) add_rmsnorm(float* __restrict__ residual,
+                                                                     const float* __restrict__ delta,
+                                                                     const bf16* __restrict__ weight,
+                                                                     const int* __restrict__ rows,
+                                                                     bf16* __restrict__ out) {
+    float w[RMS_SLOTS];
+#pragma unroll
+    for (int k = 0; k < RMS_SLOTS; ++k) {
+        const int i = threadIdx.x + k * RMS_THREADS;
+        w[k] = i < HIDDEN ? bf16_to_f32(weight[i]) : 0.0f;
+    }
     await_previous_kernels();
     __shared__ float scratch[32];
     const int o = blockIdx.x;
     const int r = rows ? rows[o] : o;
     float* x = residual + (size_t)r * HIDDEN;
+    float v[RMS_SLOTS];
     float sumsq = 0.0f;
-    for (int i = threadIdx.x; i < HIDDEN; i += blockDim.x) {
-        float v = x[i];
-        if (delta) {
-            v += delta[(size_t)r * HIDDEN + i];
-            x[i] = v;
+#pragma unroll
+    for (int k = 0; k < RMS_SLOTS; ++k) {
+        const int i = threadIdx.x + k * RMS_THREADS;
+        v[k] = 0.0f;
+        if (i < HIDDEN) {
+            v[k] = x[i];
+            if (delta) {
+                v[k] += delta[(size_t)r * HIDDEN + i];
+                x[i] = v[k];
+            }
         }
-        sumsq += v * v;
+        sumsq += v[k] * v[k];
     }
     const float inv = rsqrtf(block_sum(sumsq, scratch) / (float)HIDDEN + RMS_EPS);
     bf16* y = out + (size_t)o * HIDDEN;
-    for (int i = threadIdx.x; i < HIDDEN; i += blockDim.x) {
-        y[i] = f32_to_bf16(x[i] * inv * bf16_to_f32(weight[i]));
+#pragma unroll
+    for (int k = 0; k < RMS_SLOTS; ++k) {
+        const int i = threadIdx.x + k * RMS_THREADS;
+        if (i < HIDDEN) y[i] = f32_to_bf16(v[k] * inv * w[k]);
     }
 }

@@ -794,7 +794,7 @@ impl CudaBackend {
             self.launch(
                 &self.kernels.add_rmsnorm,
                 (t32, 1, 1),
-                1024,
+                plan::RMS_THREADS as u32,
                 &[
                     Arg::Ptr(self.act.residual.ptr()),
                     Arg::Ptr(delta),
@@ -830,7 +830,7 @@ impl CudaBackend {
             self.launch(
                 &self.kernels.add_rmsnorm,
                 (t32, 1, 1),
-                1024,
+                plan::RMS_THREADS as u32,
                 &[
                     Arg::Ptr(self.act.residual.ptr()),
                     Arg::Ptr(delta),
@@ -863,7 +863,7 @@ impl CudaBackend {
             self.launch(
                 &self.kernels.add_rmsnorm,
                 (to_u32(layout.num_samples, "samples")?, 1, 1),
-                1024,
+                plan::RMS_THREADS as u32,
                 &[
                     Arg::Ptr(self.act.residual.ptr()),
                     Arg::Ptr(self.act.delta.ptr()),

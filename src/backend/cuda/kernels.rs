@@ -153,6 +153,7 @@ impl KernelParams {
             ("ATTN_MIN_PARTITION", super::plan::MIN_PARTITION),
             ("ATTN_REDUCE_THREADS", super::plan::ATTN_REDUCE_THREADS),
             ("GEMV_ROWS", super::plan::GEMV_ROWS),
+            ("RMS_THREADS", super::plan::RMS_THREADS),
             ("GEMV_WARPS", super::plan::GEMV_WARPS),
             ("F_ROWS", super::plan::FLASH_ROWS),
         ];

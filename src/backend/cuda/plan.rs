@@ -28,6 +28,10 @@ pub const MIN_PARTITION: usize = 32;
 /// `ATTN_WARPS`; the launch uses `ATTN_WARPS * 32` threads.
 pub const ATTN_WARPS: usize = 4;
 
+/// Threads per block of the residual-add + RMSNorm kernel (one block per row), passed to
+/// `kernels/rmsnorm.cu` as `RMS_THREADS`: a batch-1 row is latency-bound with fewer.
+pub const RMS_THREADS: usize = 1024;
+
 /// Rows of x the small-M product kernels (`kernels/gemv.cu`) serve; larger products go to
 /// cuBLASLt.
 pub const GEMV_MAX_M: usize = 8;
