@@ -97,6 +97,7 @@ impl Engine {
             shared: shared.clone(),
             steps: 0,
             masks: MaskJobs::new(),
+            mask_wait: MaskWait::default(),
         };
         let thread = std::thread::Builder::new()
             .name("inferno-engine".into())
@@ -117,8 +118,18 @@ struct Worker {
     shared: Arc<Shared>,
     steps: u64,
     masks: MaskJobs,
+    /// Time steps spent waiting for their grammar masks.
+    mask_wait: MaskWait,
     /// Measured step costs, which size the prefill share of each step.
     step_costs: StepCosts,
+}
+
+/// How long steps waited for their grammar masks (published in [`EngineStats`]).
+#[derive(Debug, Default)]
+struct MaskWait {
+    steps: u64,
+    overlapped_steps: u64,
+    micros: u64,
 }
 
 /// A grammar mask computed on rayon's pool, with the grammar state it came from.
@@ -132,7 +143,8 @@ struct MaskJob {
 struct MaskJobs {
     sender: mpsc::Sender<MaskJob>,
     receiver: mpsc::Receiver<MaskJob>,
-    in_flight: usize,
+    /// The sequences whose masks are being computed.
+    in_flight: HashSet<u64>,
 }
 
 impl MaskJobs {
@@ -141,7 +153,7 @@ impl MaskJobs {
         Self {
             sender,
             receiver,
-            in_flight: 0,
+            in_flight: HashSet::new(),
         }
     }
 }
@@ -249,7 +261,20 @@ impl Worker {
     }
 
     fn step(&mut self, plan: &[Scheduled]) {
-        self.prepare_masks(plan);
+        // The forward pass needs no mask: a backend that samples on the device queues it now and
+        // takes the masks that are still being computed once they are ready.
+        let started = match self.start_before_masks(plan) {
+            Ok(started) => started,
+            Err(err) => {
+                self.steps += 1;
+                return self.fail_step(plan, &err);
+            }
+        };
+        let waiting = Instant::now();
+        let constrained = self.prepare_masks(plan);
+        if constrained {
+            self.record_mask_wait(waiting.elapsed(), started);
+        }
         let result = {
             let running = &self.scheduler.running;
             let rows: Vec<BatchRow<'_>> = plan
@@ -257,7 +282,12 @@ impl Worker {
                 .map(|s| batch_row(&running[s.index], *s))
                 .collect();
             let specs = sample_specs(&rows);
-            self.backend.step(&rows).and_then(|output| {
+            let output = if started {
+                self.backend.finish_step(&rows)
+            } else {
+                self.backend.step(&rows)
+            };
+            output.and_then(|output| {
                 let sampled: Vec<SampledToken> = match output {
                     StepOutput::Sampled(tokens) => tokens,
                     StepOutput::Logits(rows) => rows
@@ -324,6 +354,49 @@ impl Worker {
         }
     }
 
+    /// Starts the step on the backend before its grammar masks are ready, when some sampled
+    /// row's mask is still being computed (or not started: a first token after the prompt) and
+    /// the backend can take masks late (see `docs/engine.md`, "Constrained decoding"). True when
+    /// the backend queued the step and `finish_step` must end it.
+    fn start_before_masks(&mut self, plan: &[Scheduled]) -> Result<bool, BackendError> {
+        let running = &self.scheduler.running;
+        let in_flight = &self.masks.in_flight;
+        let mut late = Vec::new();
+        let rows: Vec<BatchRow<'_>> = plan
+            .iter()
+            .map(|s| {
+                let seq = &running[s.index];
+                let row = batch_row(seq, *s);
+                if row.sample.is_some() {
+                    late.push(
+                        in_flight.contains(&seq.id)
+                            || (seq.constraint.is_some() && seq.next_mask.is_none()),
+                    );
+                }
+                row
+            })
+            .collect();
+        if !late.contains(&true) {
+            return Ok(false);
+        }
+        self.backend.start_step(&rows, &late)
+    }
+
+    /// Counts a step's wait for its grammar masks (see `EngineStats`): in `overlapped` steps
+    /// the backend's forward pass ran meanwhile.
+    fn record_mask_wait(&mut self, waited: std::time::Duration, overlapped: bool) {
+        self.mask_wait.steps += 1;
+        self.mask_wait.micros += waited.as_micros() as u64;
+        if overlapped {
+            self.mask_wait.overlapped_steps += 1;
+        }
+        tracing::trace!(
+            wait_us = waited.as_micros() as u64,
+            overlapped,
+            "grammar masks ready"
+        );
+    }
+
     /// Starts computing the next grammar mask of the constrained sequence at `index` of the
     /// running list on rayon's pool; its grammar state travels with the job and comes back in
     /// [`Worker::collect_masks`].
@@ -334,7 +407,7 @@ impl Worker {
         };
         let seq_id = seq.id;
         let results = self.masks.sender.clone();
-        self.masks.in_flight += 1;
+        self.masks.in_flight.insert(seq_id);
         rayon::spawn(move || {
             let mask = compute_mask(&mut constraint);
             // The receiver lives as long as the engine; after shutdown the result is moot.
@@ -350,11 +423,11 @@ impl Worker {
     /// mask) to its sequence, wherever the scheduler has put it; a sequence that went away drops
     /// its own.
     fn collect_masks(&mut self) {
-        while self.masks.in_flight > 0 {
+        while !self.masks.in_flight.is_empty() {
             let Ok(job) = self.masks.receiver.recv() else {
                 break;
             };
-            self.masks.in_flight -= 1;
+            self.masks.in_flight.remove(&job.seq_id);
             let scheduler = &mut self.scheduler;
             if let Some(seq) = scheduler
                 .running
@@ -371,8 +444,10 @@ impl Worker {
     /// Makes sure that every constrained row sampling in this step has its mask before the step
     /// starts (a device sampler applies it on the device, so it travels in the step's inputs):
     /// the masks started when the previous tokens were accepted are collected, and those not
-    /// computed yet (a first token after the prompt) are computed now, in parallel.
-    fn prepare_masks(&mut self, plan: &[Scheduled]) {
+    /// computed yet (a first token after the prompt) are computed now, in parallel. Returns
+    /// whether the step has a constrained row (one that waited or could have).
+    fn prepare_masks(&mut self, plan: &[Scheduled]) -> bool {
+        let had_jobs = !self.masks.in_flight.is_empty();
         self.collect_masks();
         let sampling: HashSet<usize> = plan
             .iter()
@@ -392,12 +467,14 @@ impl Worker {
             })
             .map(|(_, seq)| seq)
             .collect();
+        let computed_now = !missing.is_empty();
         use rayon::prelude::*;
         missing.par_iter_mut().for_each(|seq| {
             if let Some(constraint) = seq.constraint.as_mut() {
                 seq.next_mask = Some(compute_mask(constraint));
             }
         });
+        had_jobs || computed_now
     }
 
     /// Ends every sequence of a failed step with an error.
@@ -484,6 +561,9 @@ impl Worker {
                 prefix_cache_hits: s.counters.prefix_hits,
                 preemptions: s.counters.preemptions,
                 steps: self.steps,
+                grammar_mask_steps: self.mask_wait.steps,
+                grammar_mask_overlapped_steps: self.mask_wait.overlapped_steps,
+                grammar_mask_wait_us: self.mask_wait.micros,
             };
         }
     }

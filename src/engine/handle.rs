@@ -64,6 +64,13 @@ pub struct EngineStats {
     pub preemptions: u64,
     /// Forward steps run, since start.
     pub steps: u64,
+    /// Steps with a constrained sampled row, which waited for grammar masks, since start.
+    pub grammar_mask_steps: u64,
+    /// Of those, steps whose forward pass ran on the backend while the engine waited (a device
+    /// sampler takes the masks late), since start.
+    pub grammar_mask_overlapped_steps: u64,
+    /// Microseconds the engine thread waited for grammar masks in those steps, since start.
+    pub grammar_mask_wait_us: u64,
 }
 
 /// Messages from handles to the engine thread.

@@ -22,7 +22,9 @@ use super::cc;
 use super::compile::{self, KernelError};
 use super::gemm::Gemm;
 use super::graphs::{DecodeGraph, DecodeGraphs};
-use super::inputs::{self, CopyStats, StepLayout, StepLimits, pack_step};
+use super::inputs::{
+    self, CopyStats, StepLayout, StepLimits, fill_late_masks, pack_step, pack_step_with_late_masks,
+};
 use super::kernels::{self, KernelParams, SAMPLE_STRIDE};
 use super::memory::DeviceBuffer;
 use super::plan;
@@ -225,11 +227,23 @@ pub struct CudaBackend {
     host_inputs: Vec<i32>,
     options: CudaOptions,
     copies: CopyStats,
+    /// The step queued by `start_step`, waiting for its late grammar masks.
+    started: Option<QueuedStep>,
     /// Launch kernels with programmatic dependent launch (the configuration allows it and the
     /// device has compute capability 9.0 or later).
     programmatic: bool,
     /// How long each start-up phase took.
     phases: BackendPhases,
+}
+
+/// A step whose inputs are copied and forward pass queued, but not yet sampled.
+struct QueuedStep {
+    layout: StepLayout,
+    bucket: Option<usize>,
+    /// When the forward pass was queued (for the step waiter).
+    queued: Instant,
+    /// Which sampled rows get their grammar masks after the forward pass was queued.
+    late: Vec<bool>,
 }
 
 fn dev<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> BackendError {
@@ -413,6 +427,7 @@ impl CudaBackend {
             host_inputs: Vec::with_capacity(max_words),
             options,
             copies: CopyStats::default(),
+            started: None,
             programmatic: config.programmatic_launch && major >= 9,
             phases: BackendPhases {
                 context: t_context,
@@ -467,7 +482,7 @@ impl CudaBackend {
             self.host_inputs = host;
             let layout = layout?;
             let splits = self.decode_graph_splits(bucket);
-            self.copy_inputs()?;
+            self.copy_inputs(0..layout.len())?;
             self.forward(&layout, splits)?;
             self.stream.synchronize().map_err(dev("graph warm-up"))?;
             self.stream
@@ -933,17 +948,21 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Copies the packed inputs into the device input buffer (one host-to-device copy; the
-    /// caller counts it when it belongs to a step).
-    fn copy_inputs(&mut self) -> Result<usize, BackendError> {
-        let bytes = self.host_inputs.len() * 4;
+    /// Copies the words `words` of the packed inputs to the same place in the device input
+    /// buffer (the caller counts the copy when it belongs to a step).
+    fn copy_inputs(&mut self, words: std::ops::Range<usize>) -> Result<usize, BackendError> {
+        let bytes = words.len() * 4;
+        let source = self.host_inputs.get(words.clone()).ok_or_else(|| {
+            BackendError::InvalidBatch(format!("copy of input words {words:?} out of range"))
+        })?;
         // SAFETY: the device buffer holds `max_words` words and `pack_step` refused any step
-        // longer than that; the host vector stays alive and unmodified until the stream is
-        // synchronised at the end of the step.
+        // longer than that, so `words` (within the packed step) lies inside it; the host vector
+        // stays alive, and these words unmodified, until the stream is synchronised at the end
+        // of the step (late masks are written to words after those of the first copy).
         unsafe {
             drv::memcpy_htod_async(
-                self.act.inputs.ptr(),
-                &self.host_inputs[..],
+                self.act.inputs.ptr() + (words.start * 4) as u64,
+                source,
                 self.stream.cu_stream(),
             )
         }
@@ -951,64 +970,28 @@ impl CudaBackend {
         Ok(bytes)
     }
 
-    /// Waits for the step without spinning through it (see `wait.rs`): a replayed decode step
-    /// by sleeping through its expected duration, any other on a blocking event.
-    fn settle(&mut self, bucket: Option<usize>, queued: Instant) -> Result<(), BackendError> {
-        match bucket {
-            Some(bucket) => self.waiter.wait(&self.stream, bucket, queued),
-            None => self.waiter.wait_blocking(&self.stream),
-        }
-        .map_err(dev("waiting for the step"))
-    }
-
-    fn download<T: Copy + Default>(
+    /// Packs a step (with slots for its late masks), copies everything but those slots to the
+    /// device and queues the forward pass; None for a step without tokens.
+    fn queue_step(
         &mut self,
-        src: u64,
-        len: usize,
-    ) -> Result<Vec<T>, BackendError> {
-        let mut out = vec![T::default(); len];
-        // SAFETY: `src` addresses a device buffer of at least `len` elements of T (logits or the
-        // sampling output, sized for max_rows rows); the host vector outlives the copy because
-        // the stream is synchronised before returning.
-        unsafe { drv::memcpy_dtoh_async(&mut out[..], src, self.stream.cu_stream()) }
-            .map_err(dev("copying results"))?;
-        self.copies.record_d2h(len * std::mem::size_of::<T>());
-        self.stream.synchronize().map_err(dev("step"))?;
-        Ok(out)
-    }
-}
-
-impl Backend for CudaBackend {
-    fn name(&self) -> &str {
-        "cuda"
-    }
-
-    fn kv_cache(&self) -> KvCacheShape {
-        self.kv_shape
-    }
-
-    fn max_rows(&self) -> Option<usize> {
-        Some(self.limits.max_rows)
-    }
-
-    fn step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {
+        rows: &[BatchRow<'_>],
+        late: &[bool],
+    ) -> Result<Option<QueuedStep>, BackendError> {
         self.ctx
             .bind_to_thread()
             .map_err(dev("binding the context"))?;
         let bucket = self.graph_bucket(rows);
         let padding = bucket.map_or(0, |b| b - rows.len());
         let mut host = std::mem::take(&mut self.host_inputs);
-        let layout = pack_step(rows, padding, &self.limits, &mut host);
+        let layout = pack_step_with_late_masks(rows, late, padding, &self.limits, &mut host);
         self.host_inputs = host;
         let layout = layout?;
-        // Grammar masks and logit biases travel in the packed inputs: every row samples here.
-        let device_sampling = self.options.sample_on_device;
         self.copies.steps += 1;
         if layout.is_empty() {
-            return Ok(StepOutput::Logits(Vec::new()));
+            return Ok(None);
         }
         let queued = Instant::now();
-        let bytes = self.copy_inputs()?;
+        let bytes = self.copy_inputs(0..layout.late_mask_slots())?;
         self.copies.record_h2d(bytes);
         match bucket {
             Some(bucket) => self.graphs.replay(bucket)?,
@@ -1022,6 +1005,34 @@ impl Backend for CudaBackend {
                 self.forward(&layout, splits)?;
             }
         }
+        Ok(Some(QueuedStep {
+            layout,
+            bucket,
+            queued,
+            late: late.to_vec(),
+        }))
+    }
+
+    /// Copies a queued step's late masks (a second, small copy, only when it has any), samples
+    /// its rows and returns the tokens (or the logits, without device sampling).
+    fn finish_queued(
+        &mut self,
+        step: QueuedStep,
+        rows: &[BatchRow<'_>],
+    ) -> Result<StepOutput, BackendError> {
+        let QueuedStep {
+            layout,
+            bucket,
+            queued,
+            late,
+        } = step;
+        if layout.late_masks > 0 {
+            let slots = fill_late_masks(rows, &late, &layout, &mut self.host_inputs)?;
+            let bytes = self.copy_inputs(slots)?;
+            self.copies.record_h2d(bytes);
+        }
+        // Grammar masks and logit biases travel in the packed inputs: every row samples here.
+        let device_sampling = self.options.sample_on_device;
         let s = layout.real_samples();
         if s == 0 {
             self.settle(bucket, queued)?;
@@ -1069,6 +1080,80 @@ impl Backend for CudaBackend {
             })
             .collect();
         Ok(StepOutput::Sampled(tokens))
+    }
+
+    /// Waits for the step without spinning through it (see `wait.rs`): a replayed decode step
+    /// by sleeping through its expected duration, any other on a blocking event.
+    fn settle(&mut self, bucket: Option<usize>, queued: Instant) -> Result<(), BackendError> {
+        match bucket {
+            Some(bucket) => self.waiter.wait(&self.stream, bucket, queued),
+            None => self.waiter.wait_blocking(&self.stream),
+        }
+        .map_err(dev("waiting for the step"))
+    }
+
+    fn download<T: Copy + Default>(
+        &mut self,
+        src: u64,
+        len: usize,
+    ) -> Result<Vec<T>, BackendError> {
+        let mut out = vec![T::default(); len];
+        // SAFETY: `src` addresses a device buffer of at least `len` elements of T (logits or the
+        // sampling output, sized for max_rows rows); the host vector outlives the copy because
+        // the stream is synchronised before returning.
+        unsafe { drv::memcpy_dtoh_async(&mut out[..], src, self.stream.cu_stream()) }
+            .map_err(dev("copying results"))?;
+        self.copies.record_d2h(len * std::mem::size_of::<T>());
+        self.stream.synchronize().map_err(dev("step"))?;
+        Ok(out)
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &str {
+        "cuda"
+    }
+
+    fn kv_cache(&self) -> KvCacheShape {
+        self.kv_shape
+    }
+
+    fn max_rows(&self) -> Option<usize> {
+        Some(self.limits.max_rows)
+    }
+
+    fn step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {
+        if self.started.is_some() {
+            return Err(BackendError::InvalidBatch(
+                "a started step was not finished".into(),
+            ));
+        }
+        match self.queue_step(rows, &[])? {
+            Some(step) => self.finish_queued(step, rows),
+            None => Ok(StepOutput::Logits(Vec::new())),
+        }
+    }
+
+    /// Queues the forward pass at once when the device samples (it applies the masks); with
+    /// host sampling the engine applies them, so there is nothing to start early.
+    fn start_step(&mut self, rows: &[BatchRow<'_>], late: &[bool]) -> Result<bool, BackendError> {
+        if !self.options.sample_on_device || rows.is_empty() || !late.contains(&true) {
+            return Ok(false);
+        }
+        if self.started.is_some() {
+            return Err(BackendError::InvalidBatch(
+                "a started step was not finished".into(),
+            ));
+        }
+        self.started = self.queue_step(rows, late)?;
+        Ok(true)
+    }
+
+    fn finish_step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {
+        let step = self.started.take().ok_or_else(|| {
+            BackendError::InvalidBatch("finish_step without a started step".into())
+        })?;
+        self.finish_queued(step, rows)
     }
 }
 
