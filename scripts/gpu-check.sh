@@ -379,7 +379,7 @@ if has sealedstart; then
   done
   # The one-line start-up timeline (src/cli/startup.rs) of every timed run, phases in ms.
   for f in "$OUT"/sealedstart-plain-*.log "$OUT"/sealedstart-sealed-*.log; do
-    note "$(basename "$f" .log) timeline: $(grep -o 'start-up timeline.*' "$f" | tail -1)"
+    note "$(basename "$f" .log) timeline: $(sed 's/\x1b\[[0-9;]*m//g' "$f" | grep -o 'start-up timeline.*' | tail -1)"
   done
 fi
 

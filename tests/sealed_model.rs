@@ -383,3 +383,39 @@ fn serve_logs_one_start_up_timeline_and_no_progress_bar_into_a_pipe() {
     eprintln!("{}", timelines[0]);
     assert!(!seen.contains('\r') && !seen.contains("[=="), "{seen}");
 }
+
+/// `--device cuda` opens the GPU on another thread while the sealed model is opened (after the
+/// start-up attestation): without a GPU that is still one `CUDA backend:` error line and exit 1
+/// (after the model was opened and its release recorded); with one, the server starts.
+#[test]
+fn serve_on_cuda_opens_the_gpu_beside_the_sealed_model_or_fails_in_one_line() {
+    let work = tempfile::tempdir().unwrap();
+    let (sealed, key) = seal_with_cli(work.path());
+    let config = dev_config(
+        work.path(),
+        &format!(
+            "[model.key]\nsource = \"file\"\npath = \"{}\"\n",
+            key.display()
+        ),
+    );
+    let mut args = serve_args(&sealed, &config);
+    let cpu = args.iter().position(|a| *a == "cpu").unwrap();
+    args[cpu] = "cuda";
+    if inferno::backend::cuda::probe().is_ok() {
+        let (child, banner) = spawn_until_listening(&args);
+        terminate(child);
+        assert!(banner.contains("backend:     cuda"), "{banner}");
+        return;
+    }
+    let (code, _, stderr) = inferno(&args);
+    assert_eq!(code, Some(1), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(errors[0].starts_with("error: CUDA backend:"), "{stderr}");
+    let releases = key_releases(&work.path().join("audit"));
+    assert_eq!(releases.len(), 1, "{releases:?}");
+    assert!(
+        releases[0].0,
+        "the key was released before the GPU was used: {releases:?}"
+    );
+}

@@ -57,38 +57,41 @@ pub fn select(
     model: &Model,
     config: &EngineConfig,
 ) -> Result<Box<dyn Backend>, BackendInitError> {
-    select_reporting(device, model, config, &ProgressBar::hidden()).map(|(backend, _)| backend)
+    select_reporting(device, model, config, &ProgressBar::hidden(), None)
+        .map(|(backend, _)| backend)
 }
 
 /// [`select`], advancing `progress` by the weight bytes uploaded, and returning how long each
-/// phase took.
+/// phase took. With `opened` (a CUDA device opened beforehand, [`cuda::OpenedDevice`]) the
+/// CUDA backend is built on it, whatever `device` says.
 pub fn select_reporting(
     device: Device,
     model: &Model,
     config: &EngineConfig,
     progress: &ProgressBar,
+    opened: Option<cuda::OpenedDevice>,
 ) -> Result<(Box<dyn Backend>, BackendPhases), BackendInitError> {
-    let use_cuda = match device {
-        Device::Cpu => false,
-        Device::Cuda => true,
-        Device::Auto => match cuda::probe() {
-            Ok(count) => {
-                tracing::info!(gpus = count, "device auto: using CUDA");
-                true
-            }
-            Err(why) => {
-                tracing::info!(reason = %why, "device auto: no usable GPU, using the CPU");
-                false
-            }
-        },
-    };
+    let use_cuda = opened.is_some()
+        || match device {
+            Device::Cpu => false,
+            Device::Cuda => true,
+            Device::Auto => match cuda::probe() {
+                Ok(count) => {
+                    tracing::info!(gpus = count, "device auto: using CUDA");
+                    true
+                }
+                Err(why) => {
+                    tracing::info!(reason = %why, "device auto: no usable GPU, using the CPU");
+                    false
+                }
+            },
+        };
     if use_cuda {
-        let backend = cuda::CudaBackend::new_reporting(
-            model,
-            config,
-            cuda::CudaOptions::default(),
-            progress,
-        )?;
+        let options = cuda::CudaOptions::default();
+        let backend = match opened {
+            Some(opened) => cuda::CudaBackend::on_device(opened, model, config, options, progress)?,
+            None => cuda::CudaBackend::new_reporting(model, config, options, progress)?,
+        };
         let phases = backend.startup_phases();
         Ok((Box::new(backend), phases))
     } else {

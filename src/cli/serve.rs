@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use super::{setup, startup};
 use crate::attest::StartupAttestation;
+use crate::backend::cuda::{CudaInitError, OpenedDevice};
 use crate::backend::{self, Device};
 use crate::config::{AttestationConfig, AttestationProfile, Config, ModelKeySource};
 use crate::engine::{Engine, EngineConfig, ModelInfo};
@@ -131,6 +132,7 @@ async fn serve_async(
     let mut signals = ShutdownSignals::watch()?;
     let production = config.attestation.profile == AttestationProfile::Production;
     let user = config.server.user.clone();
+    let use_cuda = config.attestation.cuda;
     let attestation_config = config.attestation.clone();
     let server = Server::start(config).await?;
     // The keys exist and the socket and the audit log are open: lock the keys' pages, then give
@@ -159,9 +161,7 @@ async fn serve_async(
             let dir = model_dir.clone();
             let progress = progress.clone();
             progress.set_message("reading");
-            let read = tokio::task::spawn_blocking(move || {
-                setup::load_model_reporting(dir.as_deref(), &progress)
-            });
+            let read = tokio::task::spawn_blocking(move || read_model(dir.as_deref(), &progress));
             let model = tokio::select! {
                 model = read => model.context("model loading panicked")?,
                 () = signals.recv() => {
@@ -171,9 +171,11 @@ async fn serve_async(
                 }
             };
             match model {
-                Ok((model, read_hash, parse)) => {
-                    timeline.read_hash = read_hash;
-                    timeline.parse = parse;
+                Ok((model, took)) => {
+                    match &model {
+                        ReadModel::Embedded(_) => timeline.parse = took,
+                        ReadModel::Files(_) => timeline.read_hash = took,
+                    }
                     Some(model)
                 }
                 Err(err) => {
@@ -184,7 +186,8 @@ async fn serve_async(
         }
     };
     let model_digest = match (&plaintext, sealed_digest) {
-        (Some(model), _) => model.digest.bytes,
+        (Some(ReadModel::Embedded(model)), _) => model.digest.bytes,
+        (Some(ReadModel::Files(files)), _) => files.digest().bytes,
         (None, Some(digest)) => digest,
         (None, None) => unreachable!("either the manifest or the model gave the digest"),
     };
@@ -198,6 +201,13 @@ async fn serve_async(
     };
     timeline.attest = attest_started.elapsed();
     server.record_config(config_digest, Some(attestation.policy_sha256().to_owned()));
+    // The attestation passed (and set the GPU's ready state): open the GPU on another thread
+    // while the model is opened or parsed.
+    let opening = use_cuda.then(|| {
+        std::thread::spawn(|| {
+            backend::cuda::OpenedDevice::open(backend::cuda::CudaOptions::default().device)
+        })
+    });
     // A sealed model is opened (key released, chunks decrypted and hashed) before anything
     // else touches it; every refusal is final, recorded and stops start-up.
     let open_started = Instant::now();
@@ -233,6 +243,7 @@ async fn serve_async(
             served_name,
             timeline,
             progress,
+            opening,
         )
     });
     let loaded = tokio::select! {
@@ -484,13 +495,40 @@ fn sealed_model_digest(dir: Option<&Path>) -> anyhow::Result<Option<[u8; 32]>> {
     Ok(Some(bytes))
 }
 
+/// A model as read before the start-up attestation: the embedded default (parsed), or a
+/// directory's files (read and hashed once; parsed after the attestation, while the GPU opens).
+enum ReadModel {
+    /// The embedded default model.
+    Embedded(Box<Model>),
+    /// A plaintext model directory's files.
+    Files(ModelFiles),
+}
+
+/// Reads (and hashes) the model directory, or loads the embedded default model when none is
+/// given, advancing `progress` by the bytes read; returns how long it took.
+fn read_model(
+    dir: Option<&Path>,
+    progress: &ProgressBar,
+) -> anyhow::Result<(ReadModel, std::time::Duration)> {
+    let started = Instant::now();
+    let model = match dir {
+        Some(dir) => ReadModel::Files(
+            ModelFiles::read_dir_reporting(dir, progress)
+                .with_context(|| format!("cannot load the model in {}", dir.display()))?,
+        ),
+        None => ReadModel::Embedded(Box::new(setup::load_model(None)?)),
+    };
+    Ok((model, started.elapsed()))
+}
+
 /// Builds the backend for `device` and starts the engine on the model: the plaintext model read
 /// before attestation, or the opened sealed model, whose digest must be the attested `digest`.
-/// Records the phases in `timeline`; `progress` counts the bytes uploaded.
+/// The GPU, when `opening` it started after the attestation, is used once opened. Records the
+/// phases in `timeline`; `progress` counts the bytes uploaded.
 #[allow(clippy::too_many_arguments)]
 fn start_engine(
     dir: Option<&Path>,
-    plaintext: Option<Model>,
+    plaintext: Option<ReadModel>,
     sealed: Option<ModelFiles>,
     digest: [u8; 32],
     device: Device,
@@ -498,19 +536,29 @@ fn start_engine(
     served_name: Option<String>,
     mut timeline: startup::Timeline,
     progress: ProgressBar,
+    opening: Option<std::thread::JoinHandle<Result<OpenedDevice, CudaInitError>>>,
 ) -> anyhow::Result<(ModelService, String, usize, startup::Timeline)> {
     let model = match (plaintext, sealed, dir) {
-        (Some(model), _, _) => model,
-        (None, Some(files), Some(dir)) => {
+        (Some(ReadModel::Embedded(model)), _, _) => *model,
+        (Some(ReadModel::Files(files)), _, Some(dir)) | (None, Some(files), Some(dir)) => {
             let parse_started = Instant::now();
             let model = Model::from_files(&files, Model::name_of_dir(dir))
-                .with_context(|| format!("cannot load the sealed model in {}", dir.display()))?;
-            // The decrypted buffers stay alive (shared) only as long as the model needs them.
+                .with_context(|| format!("cannot load the model in {}", dir.display()))?;
+            // The buffers stay alive (shared) only as long as the model needs them.
             drop(files);
             timeline.parse = parse_started.elapsed();
             model
         }
         _ => anyhow::bail!("no model to serve: neither a plaintext nor an opened sealed model"),
+    };
+    let opened = match opening {
+        Some(opening) => Some(
+            opening
+                .join()
+                .map_err(|_| anyhow::anyhow!("opening the GPU panicked"))?
+                .map_err(backend::BackendInitError::from)?,
+        ),
+        None => None,
     };
     if model.digest.bytes != digest {
         anyhow::bail!(
@@ -520,7 +568,8 @@ fn start_engine(
         );
     }
     progress.set_message("uploading");
-    let (backend, phases) = backend::select_reporting(device, &model, &engine_config, &progress)?;
+    let (backend, phases) =
+        backend::select_reporting(device, &model, &engine_config, &progress, opened)?;
     progress.finish_and_clear();
     timeline.backend = phases;
     let backend_name = backend.name().to_owned();

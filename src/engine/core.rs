@@ -124,6 +124,10 @@ struct Worker {
     step_costs: StepCosts,
 }
 
+/// Constrained rows from which a step advances their grammars on rayon's pool rather than on
+/// the engine thread (below it, waking the pool costs more than it saves).
+const PARALLEL_ADVANCE_ROWS: usize = 8;
+
 /// How long steps waited for their grammar masks (published in [`EngineStats`]).
 #[derive(Debug, Default)]
 struct MaskWait {
@@ -328,14 +332,17 @@ impl Worker {
             .filter(|s| self.scheduler.running[s.index].pending() == 0)
             .copied()
             .collect();
+        let mut advanced = self.advance_grammars(&sampling_rows, &sampled);
         let mut finished = Vec::new();
-        for (scheduled, token) in sampling_rows.into_iter().zip(sampled) {
+        for ((scheduled, token), advanced) in
+            sampling_rows.into_iter().zip(sampled).zip(&mut advanced)
+        {
             let mask = self.scheduler.running[scheduled.index].next_mask.take();
             let progress = match mask {
                 Some(Err(reason)) => Progress::Finished(FinishReason::Error(format!(
                     "constrained decoding failed: {reason}"
                 ))),
-                _ => self.accept(scheduled.index, token),
+                _ => self.accept(scheduled.index, token, advanced.take()),
             };
             match progress {
                 // The next mask is computed on the pool while the rest of this step's tokens
@@ -352,6 +359,53 @@ impl Worker {
                 finish(seq, reason, &self.model.tokenizer);
             }
         }
+    }
+
+    /// Advances the grammar of every constrained row of `rows` past its sampled token: on
+    /// rayon's pool when the step has at least [`PARALLEL_ADVANCE_ROWS`] of them (a wide
+    /// constrained batch would otherwise advance them one after the other on this thread while
+    /// the device idles), else here. Per row: None when it has no grammar, else whether the
+    /// grammar is complete, or why it refused the token. A panic in the grammar engine becomes an
+    /// error of its row.
+    fn advance_grammars(
+        &mut self,
+        rows: &[Scheduled],
+        sampled: &[SampledToken],
+    ) -> Vec<Option<Result<bool, String>>> {
+        let mut outcomes: Vec<Option<Result<bool, String>>> = vec![None; rows.len()];
+        let position: std::collections::HashMap<usize, usize> =
+            rows.iter().enumerate().map(|(i, s)| (s.index, i)).collect();
+        let mut work: Vec<(usize, u32, &mut crate::constrain::TokenConstraint)> = self
+            .scheduler
+            .running
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(index, seq)| {
+                let at = *position.get(&index)?;
+                let token = sampled.get(at)?.token;
+                Some((at, token, seq.constraint.as_mut()?))
+            })
+            .collect();
+        let advance =
+            |(at, token, constraint): &mut (usize, u32, &mut crate::constrain::TokenConstraint)| {
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    constraint
+                        .advance(*token)
+                        .map(|()| constraint.is_finished())
+                }))
+                .unwrap_or_else(|_| Err("the grammar engine panicked".to_owned()));
+                (*at, outcome)
+            };
+        let results: Vec<(usize, Result<bool, String>)> = if work.len() >= PARALLEL_ADVANCE_ROWS {
+            use rayon::prelude::*;
+            work.par_iter_mut().map(advance).collect()
+        } else {
+            work.iter_mut().map(advance).collect()
+        };
+        for (at, outcome) in results {
+            outcomes[at] = Some(outcome);
+        }
+        outcomes
     }
 
     /// Starts the step on the backend before its grammar masks are ready, when some sampled
@@ -490,19 +544,26 @@ impl Worker {
     }
 
     /// Appends a sampled token to its sequence, streams its text and checks the stop conditions.
-    fn accept(&mut self, index: usize, sampled: SampledToken) -> Progress {
+    /// `advanced` is the outcome of advancing the row's grammar past the token
+    /// ([`Worker::advance_grammars`]; None without a grammar).
+    fn accept(
+        &mut self,
+        index: usize,
+        sampled: SampledToken,
+        advanced: Option<Result<bool, String>>,
+    ) -> Progress {
         let max_context = self.model.max_context;
         let seq = &mut self.scheduler.running[index];
         seq.tokens.push(sampled.token);
-        let mut grammar_complete = false;
-        if let Some(constraint) = seq.constraint.as_mut() {
-            if let Err(reason) = constraint.advance(sampled.token) {
+        let grammar_complete = match advanced {
+            Some(Err(reason)) => {
                 return Progress::Finished(FinishReason::Error(format!(
                     "constrained decoding failed: {reason}"
                 )));
             }
-            grammar_complete = constraint.is_finished();
-        }
+            Some(Ok(complete)) => complete,
+            None => false,
+        };
         let stop = &seq.request.stop;
         // As vLLM: EOS first (no stop reason), then the request's stop tokens.
         if !stop.ignore_eos && self.eos.contains(&sampled.token) {

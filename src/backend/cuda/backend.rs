@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::result as drv;
 use cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -78,6 +78,65 @@ impl Default for CudaOptions {
             sample_on_device: true,
             flash_prefill: true,
         }
+    }
+}
+
+/// A CUDA device opened ahead of the model: the driver probed, the context and the backend's
+/// stream created. Opening needs nothing from the model, so it can run on another thread while
+/// the model is read or parsed, but only once the GPU may be used (after the start-up
+/// attestation set its confidential-computing ready state).
+pub struct OpenedDevice {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    major: i32,
+    arch: String,
+    name: String,
+    took: Duration,
+}
+
+impl OpenedDevice {
+    /// Probes the driver (a one-line error without one or without a GPU) and opens GPU
+    /// `ordinal`.
+    pub fn open(ordinal: usize) -> Result<Self, CudaInitError> {
+        let started = Instant::now();
+        probe::probe()?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let arch = kernels::arch_for(major, minor);
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        match cc::read_cc_state() {
+            Some(state) => tracing::info!(
+                environment = state.environment,
+                cc_enabled = state.feature_enabled,
+                devtools = state.devtools,
+                "confidential-computing state (read only)"
+            ),
+            None => {
+                tracing::info!("confidential-computing state unavailable (NVML missing or too old)")
+            }
+        }
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| CudaInitError::Device(e.to_string()))?;
+        Ok(Self {
+            ctx,
+            stream,
+            major,
+            arch,
+            name,
+            took: started.elapsed(),
+        })
+    }
+}
+
+impl std::fmt::Debug for OpenedDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenedDevice")
+            .field("name", &self.name)
+            .field("arch", &self.arch)
+            .finish_non_exhaustive()
     }
 }
 
@@ -215,35 +274,37 @@ impl CudaBackend {
         options: CudaOptions,
         progress: &ProgressBar,
     ) -> Result<Self, CudaInitError> {
+        let params = KernelParams::from_config(&model.config);
+        if let Some(why) = params.unsupported() {
+            return Err(CudaInitError::Unsupported(why));
+        }
+        let device = OpenedDevice::open(options.device)?;
+        Self::on_device(device, model, config, options, progress)
+    }
+
+    /// [`CudaBackend::new_reporting`] on a device opened beforehand (for instance on another
+    /// thread while the model was read or parsed); `options.device` is not used.
+    pub fn on_device(
+        device: OpenedDevice,
+        model: &Model,
+        config: &EngineConfig,
+        options: CudaOptions,
+        progress: &ProgressBar,
+    ) -> Result<Self, CudaInitError> {
         let started = Instant::now();
-        probe::probe()?;
         let cfg = &model.config;
         let params = KernelParams::from_config(cfg);
         if let Some(why) = params.unsupported() {
             return Err(CudaInitError::Unsupported(why));
         }
-        let ctx =
-            CudaContext::new(options.device).map_err(|e| CudaInitError::Device(e.to_string()))?;
-        let (major, minor) = ctx
-            .compute_capability()
-            .map_err(|e| CudaInitError::Device(e.to_string()))?;
-        let arch = kernels::arch_for(major, minor);
-        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
-        match cc::read_cc_state() {
-            Some(state) => tracing::info!(
-                environment = state.environment,
-                cc_enabled = state.feature_enabled,
-                devtools = state.devtools,
-                "confidential-computing state (read only)"
-            ),
-            None => {
-                tracing::info!("confidential-computing state unavailable (NVML missing or too old)")
-            }
-        }
-        let stream = ctx
-            .new_stream()
-            .map_err(|e| CudaInitError::Device(e.to_string()))?;
-        let t_context = started.elapsed();
+        let OpenedDevice {
+            ctx,
+            stream,
+            major,
+            arch,
+            name,
+            took: t_context,
+        } = device;
 
         // Compile on other threads while this one uploads the weights.
         let upload_started = Instant::now();
