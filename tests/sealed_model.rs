@@ -186,17 +186,22 @@ fn seal_with_cli(work: &Path) -> (PathBuf, PathBuf) {
     (sealed, key)
 }
 
-#[test]
-fn serve_opens_a_sealed_model_with_a_key_file_and_records_the_release() {
-    let work = tempfile::tempdir().unwrap();
-    let (sealed, key) = seal_with_cli(work.path());
-    let config = dev_config(
-        work.path(),
+/// A development configuration in `dir` whose model key comes from the key file `key`.
+fn key_file_config(dir: &Path, key: &Path) -> PathBuf {
+    dev_config(
+        dir,
         &format!(
             "[model.key]\nsource = \"file\"\npath = \"{}\"\n",
             key.display()
         ),
-    );
+    )
+}
+
+#[test]
+fn serve_opens_a_sealed_model_with_a_key_file_and_records_the_release() {
+    let work = tempfile::tempdir().unwrap();
+    let (sealed, key) = seal_with_cli(work.path());
+    let config = key_file_config(work.path(), &key);
     let (child, banner) = spawn_until_listening(&serve_args(&sealed, &config));
     let digest = ModelDigest::of_dir(&committed_fixture("inferno-tiny"))
         .unwrap()
@@ -332,13 +337,7 @@ fn serve_logs_one_start_up_timeline_and_no_progress_bar_into_a_pipe() {
     use std::io::BufRead as _;
     let work = tempfile::tempdir().unwrap();
     let (sealed, key) = seal_with_cli(work.path());
-    let config = dev_config(
-        work.path(),
-        &format!(
-            "[model.key]\nsource = \"file\"\npath = \"{}\"\n",
-            key.display()
-        ),
-    );
+    let config = key_file_config(work.path(), &key);
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_inferno"))
         .args(serve_args(&sealed, &config))
         .env("RUST_LOG", "info")
@@ -391,13 +390,7 @@ fn serve_logs_one_start_up_timeline_and_no_progress_bar_into_a_pipe() {
 fn serve_on_cuda_opens_the_gpu_beside_the_sealed_model_or_fails_in_one_line() {
     let work = tempfile::tempdir().unwrap();
     let (sealed, key) = seal_with_cli(work.path());
-    let config = dev_config(
-        work.path(),
-        &format!(
-            "[model.key]\nsource = \"file\"\npath = \"{}\"\n",
-            key.display()
-        ),
-    );
+    let config = key_file_config(work.path(), &key);
     let mut args = serve_args(&sealed, &config);
     let cpu = args.iter().position(|a| *a == "cpu").unwrap();
     args[cpu] = "cuda";
