@@ -123,7 +123,8 @@ def explain_difference(cpu, cuda, model, body, tokens, logprobs):
     """Teacher-forces the first differing token of two greedy outputs on both backends and returns
     (explained, description): each backend's margin between its own choice and the other's.
     `tokens` and `logprobs` are the two runs' token texts and logprobs (CPU first): the forced
-    logprob of each backend's own choice must reproduce its run's, or the forcing went wrong."""
+    logprob of each backend's own choice must reproduce its run's within LOGIT_TOLERANCE, or the
+    forcing went wrong."""
     cpu_tokens, cuda_tokens = tokens
     i = next((i for i, (a, b) in enumerate(zip(cpu_tokens, cuda_tokens)) if a != b),
              min(len(cpu_tokens), len(cuda_tokens)))
@@ -142,12 +143,16 @@ def explain_difference(cpu, cuda, model, body, tokens, logprobs):
             margins[name] = (lp_a, lp_b, lp_a - lp_b)
     except RuntimeError as err:
         return False, f"token {i} ({cpu_tokens[i]!r} vs {cuda_tokens[i]!r}) could not be teacher-forced: {err}"
-    reproduced = (abs(margins["cpu"][0] - logprobs[0][i]) < 1e-3 and abs(margins["cuda"][1] - logprobs[1][i]) < 1e-3)
+    # The forced request computes the position in a prefill, the run computed it in a decode step:
+    # on the GPU their kernels round differently (0.0064 on the H100), within the checks' bound.
+    reproduced = (abs(margins["cpu"][0] - logprobs[0][i]) <= LOGIT_TOLERANCE
+                  and abs(margins["cuda"][1] - logprobs[1][i]) <= LOGIT_TOLERANCE)
     if not reproduced:
         return False, (f"token {i}: teacher forcing did not reproduce the runs' logprobs (cpu {logprobs[0][i]:.4f} "
                        f"forced {margins['cpu'][0]:.4f}, cuda {logprobs[1][i]:.4f} forced {margins['cuda'][1]:.4f})")
     explained = all(abs(m[2]) <= LOGIT_TOLERANCE for m in margins.values())
     text = (f"first difference at token {i}: cpu {cpu_tokens[i]!r} (id {a}) vs cuda {cuda_tokens[i]!r} (id {b}); "
+            f"run logprobs cpu {logprobs[0][i]:.4f}, cuda {logprobs[1][i]:.4f}; forced: "
             + "; ".join(f"{name} logprobs {m[0]:.4f} / {m[1]:.4f}, margin {m[2]:+.4f}" for name, m in margins.items())
             + f" -> {'near-tie within' if explained else 'NOT within'} {LOGIT_TOLERANCE}")
     return explained, text

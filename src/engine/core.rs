@@ -334,6 +334,7 @@ impl Worker {
             .collect();
         let mut advanced = self.advance_grammars(&sampling_rows, &sampled);
         let mut finished = Vec::new();
+        let mut continuing = Vec::new();
         for ((scheduled, token), advanced) in
             sampling_rows.into_iter().zip(sampled).zip(&mut advanced)
         {
@@ -345,13 +346,14 @@ impl Worker {
                 _ => self.accept(scheduled.index, token, advanced.take()),
             };
             match progress {
-                // The next mask is computed on the pool while the rest of this step's tokens
-                // are accepted and the next step is scheduled.
-                Progress::Continue => self.start_mask(scheduled.index),
+                Progress::Continue => continuing.push(scheduled.index),
                 Progress::Finished(reason) => finished.push((scheduled.index, Some(reason))),
                 Progress::Gone => finished.push((scheduled.index, None)),
             }
         }
+        // The next masks are computed on the pool while the next step is scheduled and (with a
+        // backend that takes masks late) while its forward pass runs.
+        self.start_masks(&continuing);
         finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         for (index, reason) in finished {
             let seq = self.scheduler.remove_running(index);
@@ -451,25 +453,36 @@ impl Worker {
         );
     }
 
-    /// Starts computing the next grammar mask of the constrained sequence at `index` of the
-    /// running list on rayon's pool; its grammar state travels with the job and comes back in
-    /// [`Worker::collect_masks`].
-    fn start_mask(&mut self, index: usize) {
-        let seq = &mut self.scheduler.running[index];
-        let Some(mut constraint) = seq.constraint.take() else {
+    /// Starts computing the next grammar masks of the constrained sequences at `indices` of the
+    /// running list: one job on rayon's pool (one wake-up of the pool per step, not one per row)
+    /// that computes them in parallel; each grammar state travels with the job and comes back,
+    /// with its mask, in [`Worker::collect_masks`].
+    fn start_masks(&mut self, indices: &[usize]) {
+        let jobs: Vec<(u64, crate::constrain::TokenConstraint)> = indices
+            .iter()
+            .filter_map(|&index| {
+                let seq = &mut self.scheduler.running[index];
+                Some((seq.id, seq.constraint.take()?))
+            })
+            .collect();
+        if jobs.is_empty() {
             return;
-        };
-        let seq_id = seq.id;
+        }
+        self.masks.in_flight.extend(jobs.iter().map(|(id, _)| *id));
         let results = self.masks.sender.clone();
-        self.masks.in_flight.insert(seq_id);
         rayon::spawn(move || {
-            let mask = compute_mask(&mut constraint);
-            // The receiver lives as long as the engine; after shutdown the result is moot.
-            let _ = results.send(MaskJob {
-                seq_id,
-                constraint,
-                mask,
-            });
+            use rayon::prelude::*;
+            jobs.into_par_iter()
+                .for_each_with(results, |results, (seq_id, mut constraint)| {
+                    let mask = compute_mask(&mut constraint);
+                    // The receiver lives as long as the engine; after shutdown the result is
+                    // moot.
+                    let _ = results.send(MaskJob {
+                        seq_id,
+                        constraint,
+                        mask,
+                    });
+                });
         });
     }
 
