@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokenizers::Tokenizer;
 
@@ -96,6 +96,7 @@ impl Engine {
             receiver,
             shared: shared.clone(),
             steps: 0,
+            backend_cpu: Duration::ZERO,
             masks: MaskJobs::new(),
         };
         let thread = std::thread::Builder::new()
@@ -116,6 +117,8 @@ struct Worker {
     receiver: mpsc::Receiver<Command>,
     shared: Arc<Shared>,
     steps: u64,
+    /// The engine thread's CPU time inside `Backend::step`, since start.
+    backend_cpu: Duration,
     masks: MaskJobs,
     /// Measured step costs, which size the prefill share of each step.
     step_costs: StepCosts,
@@ -257,7 +260,10 @@ impl Worker {
                 .map(|s| batch_row(&running[s.index], *s))
                 .collect();
             let specs = sample_specs(&rows);
-            self.backend.step(&rows).and_then(|output| {
+            let cpu_before = thread_cpu_time();
+            let output = self.backend.step(&rows);
+            self.backend_cpu += thread_cpu_time().saturating_sub(cpu_before);
+            output.and_then(|output| {
                 let sampled: Vec<SampledToken> = match output {
                     StepOutput::Sampled(tokens) => tokens,
                     StepOutput::Logits(rows) => rows
@@ -444,7 +450,7 @@ impl Worker {
                 )));
             }
         };
-        let (text, stopped) = match seq.stop.push(&delta) {
+        let (text, stopped) = match seq.stop.push_owned(delta) {
             StopOutcome::Continue(text) => (text, None),
             StopOutcome::Stopped { emitted, matched } => (emitted, Some(matched)),
         };
@@ -484,6 +490,8 @@ impl Worker {
                 prefix_cache_hits: s.counters.prefix_hits,
                 preemptions: s.counters.preemptions,
                 steps: self.steps,
+                thread_cpu_seconds: thread_cpu_time().as_secs_f64(),
+                backend_cpu_seconds: self.backend_cpu.as_secs_f64(),
             };
         }
     }
@@ -507,6 +515,15 @@ impl Worker {
             }
         }
     }
+}
+
+/// The calling thread's CPU time (user and system) since it started.
+fn thread_cpu_time() -> Duration {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        u64::try_from(now.tv_sec).unwrap_or(0),
+        u32::try_from(now.tv_nsec).unwrap_or(0),
+    )
 }
 
 /// The backend's view of one scheduled sequence.
