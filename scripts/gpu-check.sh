@@ -15,9 +15,12 @@
 # small-M product kernels alone against cuBLASLt, .gpu/gemv-check.cu), prefillattn (the tensor-core
 # prefill-attention kernel alone, .gpu/prefill-check.cu: tests, memcheck, FLOP rate), sealedstart (issue 10:
 # start-up to first token of the 8B-shaped weights, plaintext then a sealed copy with a key file,
-# same run; target sealed <= 1.10x), constrained (CPU and CUDA servers of the embedded model agree on
-# constrained greedy outputs; JSON-schema-constrained vs free throughput at batch 1 and 64 on the
-# 8B-shaped model, target cost <= 5%).
+# same run; target sealed <= 1.10x), profile (ncu: GPU time per kernel of batch-1 decode steps at
+# 1k context, eager launches, grouped by kernel), constrained (CPU and CUDA servers of the embedded
+# model agree on constrained greedy outputs, or differ only at a teacher-forced near-tie within
+# 0.1; JSON-schema-constrained vs free throughput at batch 1 and 64 on the 8B-shaped model, every
+# request of both arms 128 tokens long, with the decode time per token and the engine's wait for
+# grammar masks per step; target cost <= 5%).
 # Logs and JSON are written to a work folder and packed into $OUT/results.tgz (the device tool
 # returns at most 8 files); $OUT/summary.txt is also printed last.
 # Only reads the GPU's state; never changes a GPU setting.
@@ -170,7 +173,7 @@ if has prefillattn; then
 fi
 
 M8=/tmp/llama8b
-if has bench || has quickbench || has peers || has serve || has graphs || has prefill || has sealedstart; then
+if has bench || has quickbench || has peers || has serve || has graphs || has prefill || has sealedstart || has profile; then
   PYTHONUNBUFFERED=1 python3 "$G/make_llama8b.py" $M8 >"$OUT/make8b.log" 2>&1
   note "8B-shaped weights: $(tail -1 "$OUT/make8b.log")"
 fi
@@ -193,6 +196,42 @@ if has bench || has quickbench; then
     grep -E '^(TTFT|ITL) ' "$OUT/bench-b$b-i$i$tag.log" | sed 's/^/    /' | tee -a "$SUMMARY"
   done
   grep -E 'CUDA backend ready|KV cache allocated|kernels ready' "$OUT/bench.log" | head -4 >>"$SUMMARY"
+fi
+
+# Where a batch-1 decode step goes: ncu times every kernel of a range of launches (eager, so each
+# kernel is its own launch), then the decode steps in it (those with paged_attention and no
+# prefill kernel, from embedding_gather to sample_tokens) are summed per kernel.
+if has profile; then
+  timeout 300 $RUN ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --print-units base \
+    --launch-skip ${PROFILE_SKIP:-2000} --launch-count ${PROFILE_COUNT:-1400} \
+    "$G/inferno" bench offline --model $M8 --device cuda --batch-size 1 --input-len 1000 --output-len 64 \
+    --ignore-eos --no-cuda-graphs >"$OUT/profile.csv" 2>"$OUT/profile.log"
+  note "ncu batch-1 decode profile: rc=$?"
+  python3 - "$OUT/profile.csv" <<'PY' | tee -a "$SUMMARY"
+import csv, sys, collections
+rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))
+        if r.get("Metric Name") == "gpu__time_duration.sum"]
+kernels = [(r["Kernel Name"].split("(")[0], float(r["Metric Value"]) / 1e3) for r in rows]  # ns -> us
+steps, current = [], []
+for name, us in kernels:
+    if name == "embedding_gather" and current:
+        steps.append(current)
+        current = []
+    current.append((name, us))
+decode = [s for s in steps if any(n == "paged_attention" for n, _ in s)
+          and not any("prefill" in n for n, _ in s) and s[-1][0] == "sample_tokens"]
+if not decode:
+    sys.exit("no whole decode step in the profiled range")
+per = collections.defaultdict(lambda: [0, 0.0])
+for s in decode:
+    for n, us in s:
+        per[n][0] += 1
+        per[n][1] += us
+total = sum(v[1] for v in per.values()) / len(decode)
+print(f"RESULT profile: {len(decode)} decode steps, {len(decode[0])} kernels and {total:.0f} us of kernel time per step")
+for n, (calls, us) in sorted(per.items(), key=lambda kv: -kv[1][1]):
+    print(f"RESULT profile   {n[:60]:60s} {calls / len(decode):6.1f} per step {us / calls:8.2f} us each {us / len(decode):8.1f} us per step")
+PY
 fi
 
 if has graphs; then
@@ -248,10 +287,13 @@ fi
 # sampler from the step's one packed copy (the cuda_backend test
 # device_sampler_applies_masks_and_logit_bias_like_the_reference checks that, in stage
 # `correctness`). Here: CPU and CUDA servers of the embedded model give the same greedy
-# constrained outputs, then JSON-schema-constrained vs free output throughput (/v1/completions)
-# of the 8B-shaped weights with a byte-level tokenizer at batch 1 and 64 (alternating rounds,
-# medians, ratio; target cost <= 5%). Needs only the release binary, constrained_check.py and
-# make_llama8b.py (python3 with torch + safetensors).
+# constrained outputs (a difference must be a near-tie: both backends' teacher-forced margins
+# between the two candidate tokens within 0.1, else rc=1), then JSON-schema-constrained vs free
+# output throughput (streamed /v1/completions) of the 8B-shaped weights with a byte-level
+# tokenizer at batch 1 and 64 (alternating rounds, medians, ratio; equal token counts in both
+# arms, else rc=1; decode ms per token; the engine's mask wait per step from /metrics; target
+# cost <= 5%). Needs only the release binary, constrained_check.py and make_llama8b.py (python3
+# with torch + safetensors).
 if has constrained; then
   # Development profile (simulated TEE) as without a config; the embedded model's template shows
   # no tool-call markers, so the format is named for the tool_required case.
@@ -334,6 +376,10 @@ if has sealedstart; then
   for f in "$OUT"/sealedstart-plain-1.log "$OUT"/sealedstart-sealed-1.log; do
     note "$(basename "$f"):"
     grep -E 'listening|sealed model opened|model loaded|weights uploaded|KV cache allocated|decode graphs captured|sequence limit|engine ready|ready$' "$f" | cut -c1-260 | tee -a "$SUMMARY"
+  done
+  # The one-line start-up timeline (src/cli/startup.rs) of every timed run, phases in ms.
+  for f in "$OUT"/sealedstart-plain-*.log "$OUT"/sealedstart-sealed-*.log; do
+    note "$(basename "$f" .log) timeline: $(sed 's/\x1b\[[0-9;]*m//g' "$f" | grep -o 'start-up timeline.*' | tail -1)"
   done
 fi
 

@@ -962,7 +962,9 @@ fn mask_of(vocab: usize, allow: impl Fn(usize) -> bool) -> Vec<u32> {
 /// Grammar masks and `logit_bias` applied by the device sampler against the reference sampler
 /// on the same logits: the same token for every greedy row and at least 99% of seeded draws,
 /// never a token outside the mask, the raw logprobs of the reference, and still one copy each
-/// way per step (the masks and biases travel in the packed inputs).
+/// way per step (the masks and biases travel in the packed inputs). Masks given late
+/// (`start_step` queues the forward pass, `finish_step` brings the masks) draw the same tokens,
+/// with one more host-to-device copy.
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn device_sampler_applies_masks_and_logit_bias_like_the_reference() {
@@ -1092,6 +1094,34 @@ fn device_sampler_applies_masks_and_logit_bias_like_the_reference() {
                 (1, 1, 1),
                 "{name}: {copies:?}"
             );
+            // The same step with the masks arriving after the forward pass was queued (the
+            // engine computes them meanwhile): the same tokens and logprobs, one extra small
+            // host-to-device copy for the late masks, none when no row has a mask.
+            let late: Vec<bool> = specs.iter().map(|s| s.mask.is_some()).collect();
+            let early: Vec<SampleSpec<'_>> = specs
+                .iter()
+                .map(|s| SampleSpec { mask: None, ..*s })
+                .collect();
+            let before = device.copy_stats();
+            let started = device
+                .start_step(&decode_rows(&seqs, &early), &late)
+                .expect("start a step");
+            assert_eq!(started, late.contains(&true), "{name}");
+            let late_got = if started {
+                device.finish_step(&rows).expect("finish a step")
+            } else {
+                device.step(&rows).expect("device decode")
+            };
+            let StepOutput::Sampled(late_got) = late_got else {
+                panic!("{name}: expected sampled tokens");
+            };
+            let copies = device.copy_stats().since(&before);
+            assert_eq!(
+                (copies.steps, copies.h2d, copies.d2h),
+                (1, 1 + u64::from(started), 1),
+                "{name}, late masks: {copies:?}"
+            );
+            assert_eq!(late_got, got, "{name}: late masks changed the draws");
             for (r, (l, g)) in want.iter().zip(&got).enumerate() {
                 if let Some(mask) = specs[r].mask {
                     assert!(

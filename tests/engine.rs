@@ -6,8 +6,8 @@ mod support;
 use std::time::{Duration, Instant};
 
 use inferno::engine::{
-    EngineConfig, EngineHandle, FinishReason, GenerationEvent, GenerationRequest, SamplingParams,
-    StopReason, SubmitError,
+    Backend as _, EngineConfig, EngineHandle, FinishReason, GenerationEvent, GenerationRequest,
+    SamplingParams, StopReason, SubmitError,
 };
 use inferno::model::Model;
 use support::{collect, committed_fixture, engine, golden, greedy, run};
@@ -403,14 +403,77 @@ fn shutdown_returns_after_the_backend_is_released() {
     assert_eq!(collect(stream).reason, FinishReason::Cancelled);
 }
 
+/// What a [`DeviceSampler`] saw.
+#[derive(Debug, Default)]
+struct SamplerLog {
+    /// Rows sampled with a mask.
+    masked: usize,
+    /// Rows of constrained requests sampled without one.
+    unmasked_constrained: usize,
+    /// Steps started before their masks were ready (`start_step`).
+    started_early: usize,
+    /// Sampled rows flagged as getting their mask late.
+    late_rows: usize,
+    /// Rows flagged late that carried a mask at the start anyway, or free rows flagged late.
+    wrong_flags: usize,
+}
+
 /// A backend that samples "on its device" (with the reference sampler, so outputs compare
-/// exactly) and records the grammar masks it received, as the CUDA backend does.
+/// exactly) and records the grammar masks it received, as the CUDA backend does. With `late`, it
+/// takes masks late as the CUDA backend does: `start_step` runs the forward pass, `finish_step`
+/// samples with the masks that arrived meanwhile.
 struct DeviceSampler {
     inner: inferno::backend::cpu::CpuBackend,
-    /// Rows sampled with a mask, and rows of constrained requests sampled without one.
-    masked: std::sync::Arc<std::sync::Mutex<(usize, usize)>>,
+    log: std::sync::Arc<std::sync::Mutex<SamplerLog>>,
     /// The sequence ids of constrained requests.
     constrained: std::collections::HashSet<u64>,
+    late: bool,
+    /// The logits of a started step.
+    started: Option<Vec<Vec<f32>>>,
+}
+
+impl DeviceSampler {
+    fn new(model: &Model, config: &EngineConfig, late: bool) -> Self {
+        Self {
+            inner: inferno::backend::cpu::CpuBackend::new(model, config.kv_cache_bytes)
+                .expect("backend"),
+            log: Default::default(),
+            // Sequence ids count from 1 in submission order: the constrained requests are even.
+            constrained: (1..=8).filter(|id| id % 2 == 0).collect(),
+            late,
+            started: None,
+        }
+    }
+
+    fn forward(
+        &mut self,
+        rows: &[inferno::engine::BatchRow<'_>],
+    ) -> Result<Vec<Vec<f32>>, inferno::engine::BackendError> {
+        match self.inner.step(rows)? {
+            inferno::engine::StepOutput::Logits(logits) => Ok(logits),
+            _ => unreachable!("the CPU backend returns logits"),
+        }
+    }
+
+    fn sample(
+        &mut self,
+        rows: &[inferno::engine::BatchRow<'_>],
+        logits: Vec<Vec<f32>>,
+    ) -> inferno::engine::StepOutput {
+        let sampling: Vec<_> = rows.iter().filter(|r| r.sample.is_some()).collect();
+        let mut log = self.log.lock().expect("lock");
+        let mut tokens = Vec::new();
+        for (row, logits) in sampling.iter().zip(logits) {
+            let spec = row.sample.expect("a sampling row");
+            if spec.mask.is_some() {
+                log.masked += 1;
+            } else if self.constrained.contains(&row.seq_id) {
+                log.unmasked_constrained += 1;
+            }
+            tokens.push(inferno::engine::sampling::sample(logits, &spec));
+        }
+        inferno::engine::StepOutput::Sampled(tokens)
+    }
 }
 
 impl inferno::engine::Backend for DeviceSampler {
@@ -424,29 +487,49 @@ impl inferno::engine::Backend for DeviceSampler {
         &mut self,
         rows: &[inferno::engine::BatchRow<'_>],
     ) -> Result<inferno::engine::StepOutput, inferno::engine::BackendError> {
-        use inferno::engine::StepOutput;
-        let StepOutput::Logits(logits) = self.inner.step(rows)? else {
-            unreachable!("the CPU backend returns logits");
-        };
-        let sampling: Vec<_> = rows.iter().filter(|r| r.sample.is_some()).collect();
-        let mut masked = self.masked.lock().expect("lock");
-        let mut tokens = Vec::new();
-        for (row, logits) in sampling.iter().zip(logits) {
-            let spec = row.sample.expect("a sampling row");
-            if spec.mask.is_some() {
-                masked.0 += 1;
-            } else if self.constrained.contains(&row.seq_id) {
-                masked.1 += 1;
-            }
-            tokens.push(inferno::engine::sampling::sample(logits, &spec));
+        assert!(self.started.is_none(), "step while a started step is open");
+        let logits = self.forward(rows)?;
+        Ok(self.sample(rows, logits))
+    }
+    fn start_step(
+        &mut self,
+        rows: &[inferno::engine::BatchRow<'_>],
+        late: &[bool],
+    ) -> Result<bool, inferno::engine::BackendError> {
+        if !self.late {
+            return Ok(false);
         }
-        Ok(StepOutput::Sampled(tokens))
+        let sampling: Vec<_> = rows.iter().filter(|r| r.sample.is_some()).collect();
+        assert_eq!(sampling.len(), late.len(), "one flag per sampled row");
+        {
+            let mut log = self.log.lock().expect("lock");
+            log.started_early += 1;
+            for (row, &late) in sampling.iter().zip(late) {
+                log.late_rows += usize::from(late);
+                let has_mask = row.sample.is_some_and(|s| s.mask.is_some());
+                if late && (has_mask || !self.constrained.contains(&row.seq_id)) {
+                    log.wrong_flags += 1;
+                }
+            }
+        }
+        // The forward pass needs no mask: it runs now.
+        self.started = Some(self.forward(rows)?);
+        Ok(true)
+    }
+    fn finish_step(
+        &mut self,
+        rows: &[inferno::engine::BatchRow<'_>],
+    ) -> Result<inferno::engine::StepOutput, inferno::engine::BackendError> {
+        let logits = self.started.take().expect("finish_step after start_step");
+        Ok(self.sample(rows, logits))
     }
 }
 
 /// Grammar masks reach the backend with the step (a device sampler applies them there): every
 /// sampled row of a constrained request carries its mask, and a backend that samples with them
 /// produces exactly what the engine's host sampler produces, in a batch mixed with free rows.
+/// A backend that takes masks late gets every constrained row's mask after it started the
+/// step (the forward pass never waits for a mask), with the same outputs.
 #[test]
 fn grammar_masks_travel_with_the_step_to_a_device_sampler() {
     use inferno::constrain::{ConstraintKind, ConstraintSource, ConstraintSpec, GrammarCompiler};
@@ -481,36 +564,62 @@ fn grammar_masks_travel_with_the_step_to_a_device_sampler() {
     };
     let host = engine(&model, EngineConfig::default());
     let want = run_all(&host, requests());
+    let idle = |s: &inferno::engine::EngineStats| s.running == 0 && s.waiting == 0;
+    wait_until(&host, "the engine to publish its last step", idle);
+    let host_stats = host.stats();
     host.shutdown();
-
-    let masked = std::sync::Arc::new(std::sync::Mutex::new((0, 0)));
-    let config = EngineConfig::default();
-    let backend = DeviceSampler {
-        inner: inferno::backend::cpu::CpuBackend::new(&model, config.kv_cache_bytes)
-            .expect("backend"),
-        masked: masked.clone(),
-        // Sequence ids count from 1 in submission order: the constrained requests are even.
-        constrained: (1..=8).filter(|id| id % 2 == 0).collect(),
-    };
-    let device =
-        inferno::engine::Engine::spawn(Box::new(backend), info, config).expect("engine starts");
-    let got = run_all(&device, requests());
-    device.shutdown();
-
-    let (with_mask, without) = *masked.lock().expect("lock");
-    assert_eq!(without, 0, "constrained rows sampled without their mask");
-    // Every token of a constrained request was sampled with a mask (and then the end of
-    // sequence, which is not a token of the output).
-    let constrained_tokens: usize = got.iter().skip(1).step_by(2).map(|o| o.tokens.len()).sum();
-    assert!(
-        constrained_tokens > 0 && with_mask >= constrained_tokens,
-        "{with_mask} masked rows for {constrained_tokens} constrained tokens"
+    assert!(host_stats.grammar_mask_steps > 0, "{host_stats:?}");
+    assert_eq!(
+        host_stats.grammar_mask_overlapped_steps, 0,
+        "{host_stats:?}"
     );
-    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
-        assert_eq!(w.tokens, g.tokens, "request {i}");
-        if i % 2 == 1 {
-            let re = regex_lite_match(&g.text);
-            assert!(re, "request {i}: {:?} does not match the grammar", g.text);
+
+    for late in [false, true] {
+        let config = EngineConfig::default();
+        let backend = DeviceSampler::new(&model, &config, late);
+        let log = backend.log.clone();
+        let device = inferno::engine::Engine::spawn(Box::new(backend), info.clone(), config)
+            .expect("engine");
+        let got = run_all(&device, requests());
+        wait_until(&device, "the engine to publish its last step", idle);
+        let stats = device.stats();
+        device.shutdown();
+
+        let log = log.lock().expect("lock");
+        assert_eq!(
+            log.unmasked_constrained, 0,
+            "late {late}: rows sampled without their mask"
+        );
+        // Every token of a constrained request was sampled with a mask (and then the end of
+        // sequence, which is not a token of the output).
+        let constrained_tokens: usize = got.iter().skip(1).step_by(2).map(|o| o.tokens.len()).sum();
+        assert!(
+            constrained_tokens > 0 && log.masked >= constrained_tokens,
+            "late {late}: {} masked rows for {constrained_tokens} constrained tokens",
+            log.masked
+        );
+        if late {
+            // Every masked row's mask came after the step had started.
+            assert_eq!(log.late_rows, log.masked, "{log:?}");
+            assert_eq!(log.wrong_flags, 0, "{log:?}");
+            assert_eq!(
+                stats.grammar_mask_overlapped_steps,
+                stats.grammar_mask_steps
+            );
+            assert_eq!(
+                stats.grammar_mask_steps, log.started_early as u64,
+                "{stats:?}"
+            );
+        } else {
+            assert_eq!((log.started_early, log.late_rows), (0, 0));
+            assert_eq!(stats.grammar_mask_overlapped_steps, 0, "{stats:?}");
+        }
+        for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+            assert_eq!(w.tokens, g.tokens, "late {late}: request {i}");
+            if i % 2 == 1 {
+                let re = regex_lite_match(&g.text);
+                assert!(re, "request {i}: {:?} does not match the grammar", g.text);
+            }
         }
     }
 }
@@ -522,4 +631,52 @@ fn regex_lite_match(text: &str) -> bool {
         && bytes[..3].iter().all(u8::is_ascii_digit)
         && bytes[3] == b'-'
         && bytes[4..].iter().all(u8::is_ascii_lowercase)
+}
+
+/// A batch of many constrained rows (their grammars advance on rayon's pool, see
+/// `Worker::advance_grammars`) gives each request exactly what it gets alone, seeded draws
+/// included, and every output follows its grammar.
+#[test]
+fn a_wide_constrained_batch_gives_the_solo_results() {
+    use inferno::constrain::{ConstraintKind, ConstraintSource, ConstraintSpec, GrammarCompiler};
+    let model = model();
+    let info = inferno::engine::ModelInfo::of(&model);
+    let compiler =
+        GrammarCompiler::new(&model.tokenizer, &info.eos_token_ids, info.vocab_size).expect("tok");
+    let regex = compiler
+        .compile(&ConstraintSpec {
+            kind: ConstraintKind::Regex,
+            source: ConstraintSource::Regex("[0-9]{3}-[a-z]{4}".into()),
+        })
+        .expect("compiles");
+    let prompts = prompts();
+    let requests: Vec<GenerationRequest> = (0..12)
+        .map(|i| {
+            let mut request = greedy(&prompts[i % 3], 40);
+            request.id = format!("regex-{i}");
+            request.constraint = Some(regex.clone());
+            request.stop.ignore_eos = false;
+            request.sampling = SamplingParams {
+                temperature: 0.9,
+                seed: Some(i as u64),
+                ..SamplingParams::default()
+            };
+            request
+        })
+        .collect();
+    let engine = engine(&model, EngineConfig::default());
+    let solo: Vec<_> = requests
+        .iter()
+        .map(|r| run_all(&engine, vec![r.clone()]).remove(0))
+        .collect();
+    let together = run_all(&engine, requests);
+    engine.shutdown();
+    for (i, (alone, batched)) in solo.iter().zip(&together).enumerate() {
+        assert!(
+            regex_lite_match(&alone.text),
+            "request {i}: {:?}",
+            alone.text
+        );
+        assert_eq!(alone.tokens, batched.tokens, "request {i}");
+    }
 }

@@ -456,3 +456,54 @@ fn token_ids_must_fit_the_vocabulary() {
         "{err}"
     );
 }
+
+/// The shell recipe of docs/model-loading.md ("Model digest"), run by `sh` with coreutils.
+const DIGEST_RECIPE: &str = r#"find -L . -maxdepth 1 -type f -printf '%f\n' |
+  while IFS= read -r f; do
+    printf '%s\t%s\n' "$f" "$(split -b 16M --filter=sha256sum < "$f" | cut -d' ' -f1 | sha256sum | cut -d' ' -f1)"
+  done | LC_ALL=C sort | sha256sum | cut -d' ' -f1"#;
+
+#[test]
+fn the_digest_equals_the_documented_shell_recipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let block = model::digest::DIGEST_BLOCK;
+    // Three full 16 MiB blocks and a partial one; a file of exactly one block; an empty file.
+    let big: Vec<u8> = (0..3 * block + 777).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(dir.path().join("model-00001.safetensors"), &big).unwrap();
+    std::fs::write(dir.path().join("one block"), &big[..block]).unwrap();
+    std::fs::write(dir.path().join("empty"), b"").unwrap();
+    std::fs::write(dir.path().join("config.json"), b"{}").unwrap();
+    std::fs::write(dir.path().join(".hidden"), b"x").unwrap();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+
+    let output = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(DIGEST_RECIPE)
+        .current_dir(dir.path())
+        .output()
+        .expect("sh runs");
+    assert!(output.status.success(), "{output:?}");
+    let shell = String::from_utf8(output.stdout).unwrap().trim().to_owned();
+    assert_eq!(shell.len(), 64, "{shell}");
+
+    let reference = ModelDigest::of_dir(dir.path()).unwrap();
+    assert_eq!(reference.hex, shell);
+    assert_eq!(reference.files.len(), 5);
+    let loaded = model::ModelFiles::read_dir(dir.path()).unwrap();
+    assert_eq!(loaded.digest(), &reference);
+    // The empty file's value is the SHA-256 of no lines at all.
+    let empty = reference.files.iter().find(|f| f.name == "empty").unwrap();
+    assert_eq!(
+        empty.value,
+        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    );
+    // The big file's value is not its plain SHA-256 (so the test tells the two apart).
+    let whole = hex::encode(ring::digest::digest(&ring::digest::SHA256, &big));
+    let value = &reference
+        .files
+        .iter()
+        .find(|f| f.name.starts_with("model"))
+        .unwrap()
+        .value;
+    assert_ne!(value, &whole);
+}

@@ -83,7 +83,7 @@ fn loads_config_weights_and_digest() {
     // Computed independently with the shell pipeline in docs/model-loading.md.
     assert_eq!(
         model.digest.hex,
-        "827ee787664cd278973b284f4aaeaaa63feaaee919762adb6ac9603c4a5e0296"
+        "217b27c3ecafa17c63930d6c8c3274f98dfcb52587a519fa496b2df7a7706bfc"
     );
 }
 

@@ -305,3 +305,117 @@ fn without_sev_snp_hardware_the_derived_key_source_refuses_in_one_line() {
         "/dev/sev-guest is absent",
     );
 }
+
+/// A sealed file whose chunks do not line up with the digest's 16 MiB blocks opens to the
+/// plaintext's digest: the sealed path hashes blocks at plaintext offsets.
+#[test]
+fn a_multi_block_sealed_file_opens_to_the_plaintext_digest() {
+    let work = tempfile::tempdir().unwrap();
+    let plain = work.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    let block = inferno::model::digest::DIGEST_BLOCK;
+    let big: Vec<u8> = (0..2 * block + 4321).map(|i| (i % 249) as u8).collect();
+    std::fs::write(plain.join("big.bin"), &big).unwrap();
+    std::fs::write(plain.join("empty"), b"").unwrap();
+    let (sealed, key) = seal(&plain, work.path(), (5 << 20) + 3);
+    let (manifest, files) = open_sealed(&sealed, &key).expect("opens");
+    let reference = ModelDigest::of_dir(&plain).unwrap();
+    assert_eq!(files.digest(), &reference);
+    assert_eq!(manifest.model_digest, reference.hex);
+    assert_eq!(files.get("big.bin").unwrap().as_slice(), &big[..]);
+}
+
+/// Serving a sealed model logs one start-up timeline line with every phase in milliseconds
+/// before the banner; stderr here is a pipe, so no progress bar is drawn into it.
+#[test]
+fn serve_logs_one_start_up_timeline_and_no_progress_bar_into_a_pipe() {
+    use std::io::BufRead as _;
+    let work = tempfile::tempdir().unwrap();
+    let (sealed, key) = seal_with_cli(work.path());
+    let config = dev_config(
+        work.path(),
+        &format!(
+            "[model.key]\nsource = \"file\"\npath = \"{}\"\n",
+            key.display()
+        ),
+    );
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(serve_args(&sealed, &config))
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn inferno");
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    for line in stderr.lines().map_while(Result::ok) {
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.trim().starts_with("listening:") {
+            break;
+        }
+    }
+    terminate(child);
+    let timelines: Vec<&str> = seen
+        .lines()
+        .filter(|l| l.contains("start-up timeline"))
+        .collect();
+    assert_eq!(timelines.len(), 1, "{seen}");
+    for field in [
+        "read_hash_ms=",
+        "parse_ms=",
+        "attest_ms=",
+        "context_ms=",
+        "kernels_ms=",
+        "upload_ms=",
+        "gemm_selection_ms=",
+        "graphs_ms=",
+        "engine_ms=",
+        "total_ms=",
+    ] {
+        assert!(timelines[0].contains(field), "{field} in {}", timelines[0]);
+    }
+    let line_of = |wanted: &dyn Fn(&str) -> bool| seen.lines().position(|l| wanted(l.trim()));
+    let timeline = line_of(&|l| l.contains("start-up timeline")).unwrap();
+    let banner = line_of(&|l| l.starts_with("inferno ") && l.ends_with(" ready"));
+    assert!(Some(timeline) < banner, "{seen}");
+    eprintln!("{}", timelines[0]);
+    assert!(!seen.contains('\r') && !seen.contains("[=="), "{seen}");
+}
+
+/// `--device cuda` opens the GPU on another thread while the sealed model is opened (after the
+/// start-up attestation): without a GPU that is still one `CUDA backend:` error line and exit 1
+/// (after the model was opened and its release recorded); with one, the server starts.
+#[test]
+fn serve_on_cuda_opens_the_gpu_beside_the_sealed_model_or_fails_in_one_line() {
+    let work = tempfile::tempdir().unwrap();
+    let (sealed, key) = seal_with_cli(work.path());
+    let config = dev_config(
+        work.path(),
+        &format!(
+            "[model.key]\nsource = \"file\"\npath = \"{}\"\n",
+            key.display()
+        ),
+    );
+    let mut args = serve_args(&sealed, &config);
+    let cpu = args.iter().position(|a| *a == "cpu").unwrap();
+    args[cpu] = "cuda";
+    if inferno::backend::cuda::probe().is_ok() {
+        let (child, banner) = spawn_until_listening(&args);
+        terminate(child);
+        assert!(banner.contains("backend:     cuda"), "{banner}");
+        return;
+    }
+    let (code, _, stderr) = inferno(&args);
+    assert_eq!(code, Some(1), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(errors[0].starts_with("error: CUDA backend:"), "{stderr}");
+    let releases = key_releases(&work.path().join("audit"));
+    assert_eq!(releases.len(), 1, "{releases:?}");
+    assert!(
+        releases[0].0,
+        "the key was released before the GPU was used: {releases:?}"
+    );
+}

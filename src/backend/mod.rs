@@ -3,6 +3,10 @@
 pub mod cpu;
 pub mod cuda;
 
+use std::time::{Duration, Instant};
+
+use indicatif::ProgressBar;
+
 use crate::engine::{Backend, EngineConfig};
 use crate::model::Model;
 
@@ -30,6 +34,22 @@ pub enum BackendInitError {
     Cuda(#[from] cuda::CudaInitError),
 }
 
+/// How long each phase of building a backend took, for the start-up timeline. Phases may
+/// overlap: the CUDA backend compiles its kernels while it uploads the weights.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackendPhases {
+    /// Driver probe, context and stream creation.
+    pub context: Duration,
+    /// Kernel compilation (or the compile cache) and module loading.
+    pub kernels: Duration,
+    /// Weight upload (CUDA) or conversion (CPU).
+    pub weights: Duration,
+    /// Choosing a product path per small-M GEMM shape.
+    pub gemm_selection: Duration,
+    /// Decode graph capture.
+    pub graphs: Duration,
+}
+
 /// Builds the backend for `device`. `auto` picks CUDA when the driver loads and reports a GPU,
 /// and the CPU otherwise (logging why).
 pub fn select(
@@ -37,28 +57,51 @@ pub fn select(
     model: &Model,
     config: &EngineConfig,
 ) -> Result<Box<dyn Backend>, BackendInitError> {
-    let use_cuda = match device {
-        Device::Cpu => false,
-        Device::Cuda => true,
-        Device::Auto => match cuda::probe() {
-            Ok(count) => {
-                tracing::info!(gpus = count, "device auto: using CUDA");
-                true
-            }
-            Err(why) => {
-                tracing::info!(reason = %why, "device auto: no usable GPU, using the CPU");
-                false
-            }
-        },
-    };
+    select_reporting(device, model, config, &ProgressBar::hidden(), None)
+        .map(|(backend, _)| backend)
+}
+
+/// [`select`], advancing `progress` by the weight bytes uploaded, and returning how long each
+/// phase took. With `opened` (a CUDA device opened beforehand, [`cuda::OpenedDevice`]) the
+/// CUDA backend is built on it, whatever `device` says.
+pub fn select_reporting(
+    device: Device,
+    model: &Model,
+    config: &EngineConfig,
+    progress: &ProgressBar,
+    opened: Option<cuda::OpenedDevice>,
+) -> Result<(Box<dyn Backend>, BackendPhases), BackendInitError> {
+    let use_cuda = opened.is_some()
+        || match device {
+            Device::Cpu => false,
+            Device::Cuda => true,
+            Device::Auto => match cuda::probe() {
+                Ok(count) => {
+                    tracing::info!(gpus = count, "device auto: using CUDA");
+                    true
+                }
+                Err(why) => {
+                    tracing::info!(reason = %why, "device auto: no usable GPU, using the CPU");
+                    false
+                }
+            },
+        };
     if use_cuda {
-        let backend = cuda::CudaBackend::new(model, config, cuda::CudaOptions::default())?;
-        Ok(Box::new(backend))
+        let options = cuda::CudaOptions::default();
+        let backend = match opened {
+            Some(opened) => cuda::CudaBackend::on_device(opened, model, config, options, progress)?,
+            None => cuda::CudaBackend::new_reporting(model, config, options, progress)?,
+        };
+        let phases = backend.startup_phases();
+        Ok((Box::new(backend), phases))
     } else {
-        Ok(Box::new(cpu::CpuBackend::new(
-            model,
-            config.kv_cache_bytes,
-        )?))
+        let started = Instant::now();
+        let backend = cpu::CpuBackend::new(model, config.kv_cache_bytes)?;
+        let phases = BackendPhases {
+            weights: started.elapsed(),
+            ..BackendPhases::default()
+        };
+        Ok((Box::new(backend), phases))
     }
 }
 

@@ -10,6 +10,7 @@ mod proxy;
 mod seal;
 mod serve;
 mod setup;
+mod startup;
 mod thread_cpu;
 mod verify;
 

@@ -2,12 +2,15 @@
 //! SIGTERM or SIGINT.
 
 use anyhow::Context;
+use indicatif::ProgressBar;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Instant;
 
-use super::setup;
+use super::{setup, startup};
 use crate::attest::StartupAttestation;
+use crate::backend::cuda::{CudaInitError, OpenedDevice};
 use crate::backend::{self, Device};
 use crate::config::{AttestationConfig, AttestationProfile, Config, ModelKeySource};
 use crate::engine::{Engine, EngineConfig, ModelInfo};
@@ -113,6 +116,8 @@ async fn serve_async(
     model_dir: Option<PathBuf>,
     device: Device,
 ) -> anyhow::Result<()> {
+    let mut timeline = startup::Timeline::start();
+    let progress = startup::progress_bar();
     let engine_config = config.engine.clone();
     let served_name = config.server.served_model_name.clone();
     let key_source = config.model.key.clone();
@@ -127,6 +132,7 @@ async fn serve_async(
     let mut signals = ShutdownSignals::watch()?;
     let production = config.attestation.profile == AttestationProfile::Production;
     let user = config.server.user.clone();
+    let use_cuda = config.attestation.cuda;
     let attestation_config = config.attestation.clone();
     let server = Server::start(config).await?;
     // The keys exist and the socket and the audit log are open: lock the keys' pages, then give
@@ -153,7 +159,9 @@ async fn serve_async(
         Some(_) => None,
         None => {
             let dir = model_dir.clone();
-            let read = tokio::task::spawn_blocking(move || setup::load_model(dir.as_deref()));
+            let progress = progress.clone();
+            progress.set_message("reading");
+            let read = tokio::task::spawn_blocking(move || read_model(dir.as_deref(), &progress));
             let model = tokio::select! {
                 model = read => model.context("model loading panicked")?,
                 () = signals.recv() => {
@@ -163,7 +171,13 @@ async fn serve_async(
                 }
             };
             match model {
-                Ok(model) => Some(model),
+                Ok((model, took)) => {
+                    match &model {
+                        ReadModel::Embedded(_) => timeline.parse = took,
+                        ReadModel::Files(_) => timeline.read_hash = took,
+                    }
+                    Some(model)
+                }
                 Err(err) => {
                     server.shutdown().await;
                     return Err(err);
@@ -172,10 +186,12 @@ async fn serve_async(
         }
     };
     let model_digest = match (&plaintext, sealed_digest) {
-        (Some(model), _) => model.digest.bytes,
+        (Some(ReadModel::Embedded(model)), _) => model.digest.bytes,
+        (Some(ReadModel::Files(files)), _) => files.digest().bytes,
         (None, Some(digest)) => digest,
         (None, None) => unreachable!("either the manifest or the model gave the digest"),
     };
+    let attest_started = Instant::now();
     let attestation = match server.attest(model_digest).await {
         Ok(attestation) => attestation,
         Err(err) => {
@@ -183,19 +199,34 @@ async fn serve_async(
             return Err(err.into());
         }
     };
+    timeline.attest = attest_started.elapsed();
     server.record_config(config_digest, Some(attestation.policy_sha256().to_owned()));
+    // The attestation passed (and set the GPU's ready state): open the GPU on another thread
+    // while the model is opened or parsed.
+    let opening = use_cuda.then(|| {
+        std::thread::spawn(|| {
+            backend::cuda::OpenedDevice::open(backend::cuda::CudaOptions::default().device)
+        })
+    });
     // A sealed model is opened (key released, chunks decrypted and hashed) before anything
     // else touches it; every refusal is final, recorded and stops start-up.
+    let open_started = Instant::now();
     let sealed = match open_sealed_model(
         &server,
         &attestation,
         model_dir.as_deref(),
         key_source,
         &attestation_config,
+        &progress,
     )
     .await
     {
-        Ok(sealed) => sealed,
+        Ok(sealed) => {
+            if sealed.is_some() {
+                timeline.read_hash = open_started.elapsed();
+            }
+            sealed
+        }
         Err(err) => {
             server.shutdown().await;
             return Err(err);
@@ -210,6 +241,9 @@ async fn serve_async(
             device,
             engine_config,
             served_name,
+            timeline,
+            progress,
+            opening,
         )
     });
     let loaded = tokio::select! {
@@ -220,7 +254,7 @@ async fn serve_async(
             return Ok(());
         }
     };
-    let (service, backend_name, kv_tokens) = match loaded {
+    let (service, backend_name, kv_tokens, timeline) = match loaded {
         Ok(loaded) => loaded,
         Err(err) => {
             server.shutdown().await;
@@ -230,6 +264,7 @@ async fn serve_async(
     // The banner says "ready": print it only once requests reach the model.
     let banner = banner(&server, &attestation, &service, &backend_name, kv_tokens);
     server.set_model(service);
+    timeline.log();
     eprintln!("{banner}");
     signals.recv().await;
     tracing::info!("shutdown signal received; finishing in-flight requests");
@@ -248,6 +283,7 @@ async fn open_sealed_model(
     dir: Option<&Path>,
     source: Option<ModelKeySource>,
     attestation: &AttestationConfig,
+    progress: &ProgressBar,
 ) -> anyhow::Result<Option<ModelFiles>> {
     let sealed_dir = dir.filter(|d| seal::is_sealed(d)).map(Path::to_path_buf);
     let (dir, source) = match (sealed_dir, source) {
@@ -334,9 +370,11 @@ async fn open_sealed_model(
     let policy = startup.policy_sha256().to_owned();
     let opened = tokio::task::spawn_blocking({
         let dir = dir.clone();
+        let progress = progress.clone();
         move || {
             let started = std::time::Instant::now();
-            let (manifest, files) = seal::open_sealed(&dir, &key)?;
+            progress.set_message("decrypting");
+            let (manifest, files) = seal::open_sealed_reporting(&dir, &key, &progress)?;
             drop(key);
             let bytes: u64 = manifest.files.iter().map(|f| f.size).sum();
             let secs = started.elapsed().as_secs_f64();
@@ -457,27 +495,70 @@ fn sealed_model_digest(dir: Option<&Path>) -> anyhow::Result<Option<[u8; 32]>> {
     Ok(Some(bytes))
 }
 
+/// A model as read before the start-up attestation: the embedded default (parsed), or a
+/// directory's files (read and hashed once; parsed after the attestation, while the GPU opens).
+enum ReadModel {
+    /// The embedded default model.
+    Embedded(Box<Model>),
+    /// A plaintext model directory's files.
+    Files(ModelFiles),
+}
+
+/// Reads (and hashes) the model directory, or loads the embedded default model when none is
+/// given, advancing `progress` by the bytes read; returns how long it took.
+fn read_model(
+    dir: Option<&Path>,
+    progress: &ProgressBar,
+) -> anyhow::Result<(ReadModel, std::time::Duration)> {
+    let started = Instant::now();
+    let model = match dir {
+        Some(dir) => ReadModel::Files(
+            ModelFiles::read_dir_reporting(dir, progress)
+                .with_context(|| format!("cannot load the model in {}", dir.display()))?,
+        ),
+        None => ReadModel::Embedded(Box::new(setup::load_model(None)?)),
+    };
+    Ok((model, started.elapsed()))
+}
+
 /// Builds the backend for `device` and starts the engine on the model: the plaintext model read
 /// before attestation, or the opened sealed model, whose digest must be the attested `digest`.
+/// The GPU, when `opening` it started after the attestation, is used once opened. Records the
+/// phases in `timeline`; `progress` counts the bytes uploaded.
+#[allow(clippy::too_many_arguments)]
 fn start_engine(
     dir: Option<&Path>,
-    plaintext: Option<Model>,
+    plaintext: Option<ReadModel>,
     sealed: Option<ModelFiles>,
     digest: [u8; 32],
     device: Device,
     engine_config: EngineConfig,
     served_name: Option<String>,
-) -> anyhow::Result<(ModelService, String, usize)> {
+    mut timeline: startup::Timeline,
+    progress: ProgressBar,
+    opening: Option<std::thread::JoinHandle<Result<OpenedDevice, CudaInitError>>>,
+) -> anyhow::Result<(ModelService, String, usize, startup::Timeline)> {
     let model = match (plaintext, sealed, dir) {
-        (Some(model), _, _) => model,
-        (None, Some(files), Some(dir)) => {
+        (Some(ReadModel::Embedded(model)), _, _) => *model,
+        (Some(ReadModel::Files(files)), _, Some(dir)) | (None, Some(files), Some(dir)) => {
+            let parse_started = Instant::now();
             let model = Model::from_files(&files, Model::name_of_dir(dir))
-                .with_context(|| format!("cannot load the sealed model in {}", dir.display()))?;
-            // The decrypted buffers stay alive (shared) only as long as the model needs them.
+                .with_context(|| format!("cannot load the model in {}", dir.display()))?;
+            // The buffers stay alive (shared) only as long as the model needs them.
             drop(files);
+            timeline.parse = parse_started.elapsed();
             model
         }
         _ => anyhow::bail!("no model to serve: neither a plaintext nor an opened sealed model"),
+    };
+    let opened = match opening {
+        Some(opening) => Some(
+            opening
+                .join()
+                .map_err(|_| anyhow::anyhow!("opening the GPU panicked"))?
+                .map_err(backend::BackendInitError::from)?,
+        ),
+        None => None,
     };
     if model.digest.bytes != digest {
         anyhow::bail!(
@@ -486,14 +567,21 @@ fn start_engine(
             hex::encode(digest)
         );
     }
-    let backend = backend::select(device, &model, &engine_config)?;
+    progress.set_message("uploading");
+    let (backend, phases) =
+        backend::select_reporting(device, &model, &engine_config, &progress, opened)?;
+    progress.finish_and_clear();
+    timeline.backend = phases;
     let backend_name = backend.name().to_owned();
+    let engine_started = Instant::now();
     let engine = Engine::spawn(backend, ModelInfo::of(&model), engine_config)?;
+    timeline.engine = engine_started.elapsed();
     let kv_tokens = engine.kv_cache().capacity_tokens();
     Ok((
         ModelService::new(model, engine, served_name),
         backend_name,
         kv_tokens,
+        timeline,
     ))
 }
 

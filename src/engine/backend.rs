@@ -110,4 +110,25 @@ pub trait Backend: Send {
     /// Runs one forward step. Keys and values of every row's tokens are written into the cache
     /// before attention reads them.
     fn step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError>;
+
+    /// Starts a step whose grammar masks are still being computed, so that the forward pass runs
+    /// while they are: `late[i]` says that the i-th sampled row (in row order) gets its mask
+    /// only in [`Backend::finish_step`] (it carries none here). Returns false, having done
+    /// nothing, when the backend takes every mask up front (the default: the engine then waits
+    /// for the masks and calls [`Backend::step`]); true when the step was queued and must be
+    /// finished by `finish_step` before anything else is asked of the backend.
+    fn start_step(&mut self, rows: &[BatchRow<'_>], late: &[bool]) -> Result<bool, BackendError> {
+        let _ = (rows, late);
+        Ok(false)
+    }
+
+    /// Finishes the step that [`Backend::start_step`] queued: `rows` are the same rows, now with
+    /// the late rows' masks (a late row left without one, because its grammar failed, is sampled
+    /// unmasked; the engine ends it after the step). Same result as [`Backend::step`].
+    fn finish_step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {
+        let _ = rows;
+        Err(BackendError::InvalidBatch(
+            "finish_step without a started step".into(),
+        ))
+    }
 }

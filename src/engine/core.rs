@@ -98,6 +98,7 @@ impl Engine {
             steps: 0,
             backend_cpu: Duration::ZERO,
             masks: MaskJobs::new(),
+            mask_wait: MaskWait::default(),
         };
         let thread = std::thread::Builder::new()
             .name("inferno-engine".into())
@@ -120,8 +121,22 @@ struct Worker {
     /// The engine thread's CPU time inside `Backend::step`, since start.
     backend_cpu: Duration,
     masks: MaskJobs,
+    /// Time steps spent waiting for their grammar masks.
+    mask_wait: MaskWait,
     /// Measured step costs, which size the prefill share of each step.
     step_costs: StepCosts,
+}
+
+/// Constrained rows from which a step advances their grammars on rayon's pool rather than on
+/// the engine thread (below it, waking the pool costs more than it saves).
+const PARALLEL_ADVANCE_ROWS: usize = 8;
+
+/// How long steps waited for their grammar masks (published in [`EngineStats`]).
+#[derive(Debug, Default)]
+struct MaskWait {
+    steps: u64,
+    overlapped_steps: u64,
+    micros: u64,
 }
 
 /// A grammar mask computed on rayon's pool, with the grammar state it came from.
@@ -135,7 +150,8 @@ struct MaskJob {
 struct MaskJobs {
     sender: mpsc::Sender<MaskJob>,
     receiver: mpsc::Receiver<MaskJob>,
-    in_flight: usize,
+    /// The sequences whose masks are being computed.
+    in_flight: HashSet<u64>,
 }
 
 impl MaskJobs {
@@ -144,7 +160,7 @@ impl MaskJobs {
         Self {
             sender,
             receiver,
-            in_flight: 0,
+            in_flight: HashSet::new(),
         }
     }
 }
@@ -252,7 +268,20 @@ impl Worker {
     }
 
     fn step(&mut self, plan: &[Scheduled]) {
-        self.prepare_masks(plan);
+        // The forward pass needs no mask: a backend that samples on the device queues it now and
+        // takes the masks that are still being computed once they are ready.
+        let started = match self.start_before_masks(plan) {
+            Ok(started) => started,
+            Err(err) => {
+                self.steps += 1;
+                return self.fail_step(plan, &err);
+            }
+        };
+        let waiting = Instant::now();
+        let constrained = self.prepare_masks(plan);
+        if constrained {
+            self.record_mask_wait(waiting.elapsed(), started);
+        }
         let result = {
             let running = &self.scheduler.running;
             let rows: Vec<BatchRow<'_>> = plan
@@ -261,7 +290,11 @@ impl Worker {
                 .collect();
             let specs = sample_specs(&rows);
             let cpu_before = thread_cpu_time();
-            let output = self.backend.step(&rows);
+            let output = if started {
+                self.backend.finish_step(&rows)
+            } else {
+                self.backend.step(&rows)
+            };
             self.backend_cpu += thread_cpu_time().saturating_sub(cpu_before);
             output.and_then(|output| {
                 let sampled: Vec<SampledToken> = match output {
@@ -304,14 +337,17 @@ impl Worker {
             .filter(|s| self.scheduler.running[s.index].pending() == 0)
             .copied()
             .collect();
+        let mut advanced = self.advance_grammars(&sampling_rows, &sampled);
         let mut finished = Vec::new();
-        for (scheduled, token) in sampling_rows.into_iter().zip(sampled) {
+        for ((scheduled, token), advanced) in
+            sampling_rows.into_iter().zip(sampled).zip(&mut advanced)
+        {
             let mask = self.scheduler.running[scheduled.index].next_mask.take();
             let progress = match mask {
                 Some(Err(reason)) => Progress::Finished(FinishReason::Error(format!(
                     "constrained decoding failed: {reason}"
                 ))),
-                _ => self.accept(scheduled.index, token),
+                _ => self.accept(scheduled.index, token, advanced.take()),
             };
             match progress {
                 // The next mask is computed on the pool while the rest of this step's tokens
@@ -330,6 +366,99 @@ impl Worker {
         }
     }
 
+    /// Advances the grammar of every constrained row of `rows` past its sampled token: on
+    /// rayon's pool when the step has at least [`PARALLEL_ADVANCE_ROWS`] of them (a wide
+    /// constrained batch would otherwise advance them one after the other on this thread while
+    /// the device idles), else here. Per row: None when it has no grammar, else whether the
+    /// grammar is complete, or why it refused the token. A panic in the grammar engine becomes an
+    /// error of its row.
+    fn advance_grammars(
+        &mut self,
+        rows: &[Scheduled],
+        sampled: &[SampledToken],
+    ) -> Vec<Option<Result<bool, String>>> {
+        let mut outcomes: Vec<Option<Result<bool, String>>> = vec![None; rows.len()];
+        let position: std::collections::HashMap<usize, usize> =
+            rows.iter().enumerate().map(|(i, s)| (s.index, i)).collect();
+        let mut work: Vec<(usize, u32, &mut crate::constrain::TokenConstraint)> = self
+            .scheduler
+            .running
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(index, seq)| {
+                let at = *position.get(&index)?;
+                let token = sampled.get(at)?.token;
+                Some((at, token, seq.constraint.as_mut()?))
+            })
+            .collect();
+        let advance =
+            |(at, token, constraint): &mut (usize, u32, &mut crate::constrain::TokenConstraint)| {
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    constraint
+                        .advance(*token)
+                        .map(|()| constraint.is_finished())
+                }))
+                .unwrap_or_else(|_| Err("the grammar engine panicked".to_owned()));
+                (*at, outcome)
+            };
+        let results: Vec<(usize, Result<bool, String>)> = if work.len() >= PARALLEL_ADVANCE_ROWS {
+            use rayon::prelude::*;
+            work.par_iter_mut().map(advance).collect()
+        } else {
+            work.iter_mut().map(advance).collect()
+        };
+        for (at, outcome) in results {
+            outcomes[at] = Some(outcome);
+        }
+        outcomes
+    }
+
+    /// Starts the step on the backend before its grammar masks are ready, when some sampled
+    /// row's mask is still being computed (or not started: a first token after the prompt) and
+    /// the backend can take masks late (see `docs/engine.md`, "Constrained decoding"). True when
+    /// the backend queued the step and `finish_step` must end it.
+    fn start_before_masks(&mut self, plan: &[Scheduled]) -> Result<bool, BackendError> {
+        let running = &self.scheduler.running;
+        let in_flight = &self.masks.in_flight;
+        let mut late = Vec::new();
+        let rows: Vec<BatchRow<'_>> = plan
+            .iter()
+            .map(|s| {
+                let seq = &running[s.index];
+                let row = batch_row(seq, *s);
+                if row.sample.is_some() {
+                    late.push(
+                        in_flight.contains(&seq.id)
+                            || (seq.constraint.is_some() && seq.next_mask.is_none()),
+                    );
+                }
+                row
+            })
+            .collect();
+        if !late.contains(&true) {
+            return Ok(false);
+        }
+        let cpu_before = thread_cpu_time();
+        let started = self.backend.start_step(&rows, &late);
+        self.backend_cpu += thread_cpu_time().saturating_sub(cpu_before);
+        started
+    }
+
+    /// Counts a step's wait for its grammar masks (see `EngineStats`): in `overlapped` steps
+    /// the backend's forward pass ran meanwhile.
+    fn record_mask_wait(&mut self, waited: std::time::Duration, overlapped: bool) {
+        self.mask_wait.steps += 1;
+        self.mask_wait.micros += waited.as_micros() as u64;
+        if overlapped {
+            self.mask_wait.overlapped_steps += 1;
+        }
+        tracing::trace!(
+            wait_us = waited.as_micros() as u64,
+            overlapped,
+            "grammar masks ready"
+        );
+    }
+
     /// Starts computing the next grammar mask of the constrained sequence at `index` of the
     /// running list on rayon's pool; its grammar state travels with the job and comes back in
     /// [`Worker::collect_masks`].
@@ -340,7 +469,7 @@ impl Worker {
         };
         let seq_id = seq.id;
         let results = self.masks.sender.clone();
-        self.masks.in_flight += 1;
+        self.masks.in_flight.insert(seq_id);
         rayon::spawn(move || {
             let mask = compute_mask(&mut constraint);
             // The receiver lives as long as the engine; after shutdown the result is moot.
@@ -356,11 +485,11 @@ impl Worker {
     /// mask) to its sequence, wherever the scheduler has put it; a sequence that went away drops
     /// its own.
     fn collect_masks(&mut self) {
-        while self.masks.in_flight > 0 {
+        while !self.masks.in_flight.is_empty() {
             let Ok(job) = self.masks.receiver.recv() else {
                 break;
             };
-            self.masks.in_flight -= 1;
+            self.masks.in_flight.remove(&job.seq_id);
             let scheduler = &mut self.scheduler;
             if let Some(seq) = scheduler
                 .running
@@ -377,8 +506,10 @@ impl Worker {
     /// Makes sure that every constrained row sampling in this step has its mask before the step
     /// starts (a device sampler applies it on the device, so it travels in the step's inputs):
     /// the masks started when the previous tokens were accepted are collected, and those not
-    /// computed yet (a first token after the prompt) are computed now, in parallel.
-    fn prepare_masks(&mut self, plan: &[Scheduled]) {
+    /// computed yet (a first token after the prompt) are computed now, in parallel. Returns
+    /// whether the step has a constrained row (one that waited or could have).
+    fn prepare_masks(&mut self, plan: &[Scheduled]) -> bool {
+        let had_jobs = !self.masks.in_flight.is_empty();
         self.collect_masks();
         let sampling: HashSet<usize> = plan
             .iter()
@@ -398,12 +529,14 @@ impl Worker {
             })
             .map(|(_, seq)| seq)
             .collect();
+        let computed_now = !missing.is_empty();
         use rayon::prelude::*;
         missing.par_iter_mut().for_each(|seq| {
             if let Some(constraint) = seq.constraint.as_mut() {
                 seq.next_mask = Some(compute_mask(constraint));
             }
         });
+        had_jobs || computed_now
     }
 
     /// Ends every sequence of a failed step with an error.
@@ -419,19 +552,26 @@ impl Worker {
     }
 
     /// Appends a sampled token to its sequence, streams its text and checks the stop conditions.
-    fn accept(&mut self, index: usize, sampled: SampledToken) -> Progress {
+    /// `advanced` is the outcome of advancing the row's grammar past the token
+    /// ([`Worker::advance_grammars`]; None without a grammar).
+    fn accept(
+        &mut self,
+        index: usize,
+        sampled: SampledToken,
+        advanced: Option<Result<bool, String>>,
+    ) -> Progress {
         let max_context = self.model.max_context;
         let seq = &mut self.scheduler.running[index];
         seq.tokens.push(sampled.token);
-        let mut grammar_complete = false;
-        if let Some(constraint) = seq.constraint.as_mut() {
-            if let Err(reason) = constraint.advance(sampled.token) {
+        let grammar_complete = match advanced {
+            Some(Err(reason)) => {
                 return Progress::Finished(FinishReason::Error(format!(
                     "constrained decoding failed: {reason}"
                 )));
             }
-            grammar_complete = constraint.is_finished();
-        }
+            Some(Ok(complete)) => complete,
+            None => false,
+        };
         let stop = &seq.request.stop;
         // As vLLM: EOS first (no stop reason), then the request's stop tokens.
         if !stop.ignore_eos && self.eos.contains(&sampled.token) {
@@ -492,6 +632,9 @@ impl Worker {
                 steps: self.steps,
                 thread_cpu_seconds: thread_cpu_time().as_secs_f64(),
                 backend_cpu_seconds: self.backend_cpu.as_secs_f64(),
+                grammar_mask_steps: self.mask_wait.steps,
+                grammar_mask_overlapped_steps: self.mask_wait.overlapped_steps,
+                grammar_mask_wait_us: self.mask_wait.micros,
             };
         }
     }

@@ -70,6 +70,13 @@ pub struct EngineStats {
     /// computing on the CPU backend); the rest is the engine's host work (scheduling, row
     /// building, detokenization, stop strings, events).
     pub backend_cpu_seconds: f64,
+    /// Steps with a constrained sampled row, which waited for grammar masks, since start.
+    pub grammar_mask_steps: u64,
+    /// Of those, steps whose forward pass ran on the backend while the engine waited (a device
+    /// sampler takes the masks late), since start.
+    pub grammar_mask_overlapped_steps: u64,
+    /// Microseconds the engine thread waited for grammar masks in those steps, since start.
+    pub grammar_mask_wait_us: u64,
 }
 
 /// Messages from handles to the engine thread.

@@ -1,8 +1,9 @@
 //! The model digest: one SHA-256 that identifies every file of a model directory.
 //!
-//! Each regular file directly inside the directory is hashed (in parallel); the digest is the
-//! SHA-256 of the lines `<name>\t<lowercase hex SHA-256 of the file>\n`, sorted by the bytes of
-//! the file name. `docs/model-loading.md` gives the exact definition.
+//! A file's value is the SHA-256 of its 16 MiB blocks' hashes (lowercase hex, one per line), so
+//! the blocks of one large file are hashed in parallel, each by the task that reads it; the
+//! digest is the SHA-256 of the lines `<name>\t<file value>\n`, sorted by the bytes of the file
+//! name. `docs/model-loading.md` gives the exact definition and a coreutils recipe.
 
 use std::fmt;
 use std::fs::File;
@@ -15,19 +16,81 @@ use ring::digest::{Context, SHA256};
 use super::error::ModelError;
 use super::source::ModelSource;
 
+/// Bytes per hashed block of a file (16 MiB); the last block of a file may be shorter, and an
+/// empty file has no block.
+pub const DIGEST_BLOCK: usize = 16 << 20;
+
+/// The SHA-256 of one block of a file.
+pub fn block_hash(block: &[u8]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ring::digest::digest(&SHA256, block).as_ref());
+    out
+}
+
+/// A file's value from its blocks' hashes, in file order: the lowercase hex SHA-256 of the
+/// concatenated lines `<lowercase hex block hash>\n`.
+pub fn file_value(block_hashes: &[[u8; 32]]) -> String {
+    let mut ctx = Context::new(&SHA256);
+    for hash in block_hashes {
+        ctx.update(hex::encode(hash).as_bytes());
+        ctx.update(b"\n");
+    }
+    hex::encode(ctx.finish())
+}
+
+/// The value of a file held in memory, its blocks hashed in parallel.
+pub fn file_value_of(bytes: &[u8]) -> String {
+    let hashes: Vec<[u8; 32]> = bytes.par_chunks(DIGEST_BLOCK).map(block_hash).collect();
+    file_value(&hashes)
+}
+
+/// The value of whatever `reader` yields up to its end, read block by block; `on_read` is told
+/// how many bytes each read returned. Returns the length read and the value.
+pub(crate) fn stream_file_value(
+    reader: &mut impl Read,
+    mut on_read: impl FnMut(usize),
+) -> std::io::Result<(u64, String)> {
+    let mut hashes = Vec::new();
+    let mut block = zeroize::Zeroizing::new(vec![0u8; DIGEST_BLOCK]);
+    let mut total = 0u64;
+    loop {
+        let mut filled = 0;
+        while filled < DIGEST_BLOCK {
+            match reader.read(&mut block[filled..]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    filled += n;
+                    on_read(n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if filled == 0 {
+            break;
+        }
+        total += filled as u64;
+        hashes.push(block_hash(&block[..filled]));
+        if filled < DIGEST_BLOCK {
+            break;
+        }
+    }
+    Ok((total, file_value(&hashes)))
+}
+
 /// One file's contribution to the digest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileDigest {
     /// The file's name inside the model directory.
     pub name: String,
-    /// Lowercase hex SHA-256 of the file's contents.
-    pub sha256: String,
+    /// The file's value ([`file_value`]): lowercase hex SHA-256 of its block hashes.
+    pub value: String,
 }
 
-/// The model digest and the per-file hashes it covers.
+/// The model digest and the per-file values it covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelDigest {
-    /// SHA-256 over the sorted `name\tsha256\n` lines.
+    /// SHA-256 over the sorted `name\tvalue\n` lines.
     pub bytes: [u8; 32],
     /// The same digest as lowercase hex.
     pub hex: String,
@@ -42,14 +105,14 @@ impl fmt::Display for ModelDigest {
 }
 
 impl ModelDigest {
-    /// Combines per-file hashes into the digest.
+    /// Combines per-file values into the digest.
     pub(crate) fn from_files(mut files: Vec<FileDigest>) -> Self {
         files.sort_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
         let mut ctx = Context::new(&SHA256);
         for file in &files {
             ctx.update(file.name.as_bytes());
             ctx.update(b"\t");
-            ctx.update(file.sha256.as_bytes());
+            ctx.update(file.value.as_bytes());
             ctx.update(b"\n");
         }
         let mut bytes = [0u8; 32];
@@ -61,15 +124,21 @@ impl ModelDigest {
         }
     }
 
-    /// Hashes every regular file (following symbolic links) directly inside `dir`: the
-    /// reference computation a client can run on its own copy of a model. (Loading a model
-    /// computes the same value from the bytes it loads: `ModelFiles`.)
+    /// Hashes every regular file (following symbolic links) directly inside `dir`, streaming
+    /// each one block by block: the reference computation a client can run on its own copy of
+    /// a model. (Loading a model computes the same value from the bytes it loads, hashing each
+    /// block as it is read: `ModelFiles`.)
     pub fn of_dir(dir: &Path) -> Result<Self, ModelError> {
         let files = super::files::list_files(dir)?
             .into_par_iter()
             .map(|(name, path)| {
-                let sha256 = hash_file(&path)?;
-                Ok(FileDigest { name, sha256 })
+                let io = |source| ModelError::Io {
+                    path: path.clone(),
+                    source,
+                };
+                let mut file = File::open(&path).map_err(io)?;
+                let (_, value) = stream_file_value(&mut file, |_| {}).map_err(io)?;
+                Ok(FileDigest { name, value })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
         Ok(Self::from_files(files))
@@ -79,10 +148,10 @@ impl ModelDigest {
     /// holding them.
     pub fn of_memory(files: &[(&str, &[u8])]) -> Self {
         let files = files
-            .par_iter()
+            .iter()
             .map(|(name, bytes)| FileDigest {
                 name: (*name).to_owned(),
-                sha256: hex::encode(ring::digest::digest(&SHA256, bytes)),
+                value: file_value_of(bytes),
             })
             .collect();
         Self::from_files(files)
@@ -100,31 +169,17 @@ impl ModelDigest {
     }
 }
 
-/// Streams a file through SHA-256.
-fn hash_file(path: &Path) -> Result<String, ModelError> {
-    let io = |source| ModelError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut file = File::open(path).map_err(io)?;
-    let mut ctx = Context::new(&SHA256);
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(io)?;
-        if n == 0 {
-            break;
-        }
-        ctx.update(&buf[..n]);
-    }
-    Ok(hex::encode(ctx.finish()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn sha256_hex(bytes: &[u8]) -> String {
         hex::encode(ring::digest::digest(&SHA256, bytes))
+    }
+
+    /// The value of a file of at most one block: the SHA-256 of its hash's hex line.
+    fn one_block_value(bytes: &[u8]) -> String {
+        sha256_hex(format!("{}\n", sha256_hex(bytes)).as_bytes())
     }
 
     #[test]
@@ -138,20 +193,42 @@ mod tests {
         let digest = ModelDigest::of_dir(dir.path()).unwrap();
         let lines = format!(
             "a.bin\t{}\nb.json\t{}\n",
-            sha256_hex(b"abc"),
-            sha256_hex(b"{}")
+            one_block_value(b"abc"),
+            one_block_value(b"{}")
         );
         assert_eq!(digest.hex, sha256_hex(lines.as_bytes()));
         assert_eq!(hex::encode(digest.bytes), digest.hex);
         assert_eq!(digest.files.len(), 2);
         assert_eq!(digest.files[0].name, "a.bin");
+        // printf abc | sha256sum | cut -d' ' -f1 | sha256sum
         assert_eq!(
-            digest.files[0].sha256,
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+            digest.files[0].value,
+            "620a3df236da0af638c2a61c86951463731998f91dbb3ed629f47b9fe00ad118"
         );
 
         let in_memory = ModelDigest::of_memory(&[("b.json", b"{}"), ("a.bin", b"abc")]);
         assert_eq!(in_memory, digest);
+    }
+
+    #[test]
+    fn a_file_value_hashes_its_blocks_hashes_and_an_empty_file_has_none() {
+        let bytes: Vec<u8> = (0..2 * DIGEST_BLOCK + 5).map(|i| (i % 253) as u8).collect();
+        let lines: String = bytes
+            .chunks(DIGEST_BLOCK)
+            .map(|b| format!("{}\n", sha256_hex(b)))
+            .collect();
+        assert_eq!(lines.lines().count(), 3);
+        assert_eq!(file_value_of(&bytes), sha256_hex(lines.as_bytes()));
+        let (len, streamed) = stream_file_value(&mut &bytes[..], |_| {}).unwrap();
+        assert_eq!(len, bytes.len() as u64);
+        assert_eq!(streamed, file_value_of(&bytes));
+        let exact = &bytes[..DIGEST_BLOCK];
+        assert_eq!(file_value_of(exact), one_block_value(exact));
+        assert_eq!(file_value_of(b""), sha256_hex(b""));
+        assert_eq!(
+            stream_file_value(&mut &b""[..], |_| {}).unwrap().1,
+            sha256_hex(b"")
+        );
     }
 
     #[test]

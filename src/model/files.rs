@@ -2,9 +2,11 @@
 //!
 //! Every regular file directly inside the directory is read exactly once, by parallel workers
 //! (one task per 16 MiB block of every file, so a few large shards still use every core); each
-//! file is then hashed from the very buffer that the loader parses and the backends upload.
+//! task hashes its block (the digest's block, `digest.rs`) in the very buffer that the loader
+//! parses and the backends upload, right after reading it.
 //! There is no second read of the weights, and no window between hashing and use in which the
-//! (untrusted) disk could change what is used; a file that grows while it is read is refused. A sealed model (`crate::seal`) produces the same structure from its decrypted
+//! (untrusted) disk could change what is used; a file that grows while it is read is refused.
+//! A sealed model (`crate::seal`) produces the same structure from its decrypted
 //! chunks, with buffers that are zeroized when dropped.
 
 use std::collections::BTreeMap;
@@ -13,15 +15,16 @@ use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use indicatif::ProgressBar;
 use rayon::prelude::*;
-use ring::digest::SHA256;
 use zeroize::Zeroize;
 
-use super::digest::{FileDigest, ModelDigest};
+use super::digest::{DIGEST_BLOCK, FileDigest, ModelDigest, block_hash, file_value};
 use super::error::ModelError;
 
-/// Size of one read block (one parallel task).
-const READ_BLOCK: usize = 16 << 20;
+/// Size of one read block (one parallel task): the digest's block, so each task hashes what
+/// it read.
+const READ_BLOCK: usize = DIGEST_BLOCK;
 
 /// One file's bytes, held in memory for the life of the model.
 pub struct FileBytes {
@@ -90,8 +93,15 @@ pub struct ModelFiles {
 
 impl ModelFiles {
     /// Reads every regular file (following symbolic links) directly inside `dir` once, all
-    /// files' blocks in parallel, then hashes each file from those same buffers.
+    /// files' blocks in parallel, each block hashed by the task that read it into the buffer
+    /// the model keeps.
     pub fn read_dir(dir: &Path) -> Result<Self, ModelError> {
+        Self::read_dir_reporting(dir, &ProgressBar::hidden())
+    }
+
+    /// [`ModelFiles::read_dir`], advancing `progress` by the bytes of each block read (its
+    /// length is set to the total first).
+    pub fn read_dir_reporting(dir: &Path, progress: &ProgressBar) -> Result<Self, ModelError> {
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| ModelError::Io { path, source }
@@ -107,46 +117,52 @@ impl ModelFiles {
                 Ok((name, path, file, vec![0u8; len]))
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
-        // One task per block of every file, so a few large shards use every core.
-        opened
+        progress.set_length(opened.iter().map(|(_, _, _, b)| b.len() as u64).sum());
+        // One task per block of every file, so a few large shards use every core; each task
+        // hashes its block right after reading it (while it is in the CPU's caches), from the
+        // very buffer the loader parses and the backends upload.
+        let values = opened
             .par_iter_mut()
-            .try_for_each(|(_, path, file, bytes)| {
-                bytes
+            .map(|(_, path, file, bytes)| {
+                let hashes = bytes
                     .par_chunks_mut(READ_BLOCK)
                     .enumerate()
-                    .try_for_each(|(index, block)| {
+                    .map(|(index, block)| {
                         file.read_exact_at(block, (index * READ_BLOCK) as u64)
-                            .map_err(io(path))
-                    })?;
+                            .map_err(io(path))?;
+                        let hash = block_hash(block);
+                        progress.inc(block.len() as u64);
+                        Ok(hash)
+                    })
+                    .collect::<Result<Vec<_>, ModelError>>()?;
                 // A file that grew while it was read would be used in part: refuse it.
                 let mut probe = [0u8; 1];
                 match file.read_at(&mut probe, bytes.len() as u64) {
-                    Ok(0) => Ok(()),
+                    Ok(0) => Ok(file_value(&hashes)),
                     Ok(_) => Err(io(path)(std::io::Error::other(
                         "the file grew while it was read",
                     ))),
                     Err(e) => Err(io(path)(e)),
                 }
-            })?;
-        // Hash each file from the very buffers the loader parses and the backends upload.
-        let parts = opened
-            .into_par_iter()
-            .map(|(name, _, _, bytes)| {
-                let sha256 = hex::encode(ring::digest::digest(&SHA256, &bytes));
-                (name, FileBytes::public(bytes), sha256)
             })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        let parts = opened
+            .into_iter()
+            .zip(values)
+            .map(|((name, _, _, bytes), value)| (name, FileBytes::public(bytes), value))
             .collect();
         Ok(Self::from_parts(dir.to_path_buf(), parts))
     }
 
-    /// Assembles files whose SHA-256 (lowercase hex) the caller computed from `bytes`.
+    /// Assembles files whose values ([`super::digest::file_value`]) the caller computed from
+    /// `bytes`.
     pub(crate) fn from_parts(dir: PathBuf, parts: Vec<(String, FileBytes, String)>) -> Self {
         let mut hashes = Vec::with_capacity(parts.len());
         let mut files = BTreeMap::new();
-        for (name, bytes, sha256) in parts {
+        for (name, bytes, value) in parts {
             hashes.push(FileDigest {
                 name: name.clone(),
-                sha256,
+                value,
             });
             files.insert(name, Arc::new(bytes));
         }
@@ -208,7 +224,9 @@ mod tests {
     fn one_pass_digest_equals_the_reference_digest() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("b.json"), b"{}").unwrap();
-        let big: Vec<u8> = (0..READ_BLOCK + 12345).map(|i| (i % 251) as u8).collect();
+        let big: Vec<u8> = (0..2 * READ_BLOCK + 12345)
+            .map(|i| (i % 251) as u8)
+            .collect();
         std::fs::write(dir.path().join("a.bin"), &big).unwrap();
         std::fs::write(dir.path().join("empty"), b"").unwrap();
         std::fs::create_dir(dir.path().join("sub")).unwrap();

@@ -17,9 +17,10 @@ pub const MANIFEST_FILE: &str = "inferno-sealed.json";
 pub const SEALED_SUFFIX: &str = ".sealed";
 /// The `format` field.
 pub const FORMAT: &str = "inferno-sealed-model";
-/// The format version this code writes and reads.
-pub const VERSION: u32 = 1;
-/// The only algorithm of version 1.
+/// The format version this code writes and reads (2: per-file values are block-hash digests;
+/// version 1 carried whole-file SHA-256s).
+pub const VERSION: u32 = 2;
+/// The only algorithm of versions 1 and 2.
 pub const ALGORITHM: &str = "AES-256-GCM";
 /// The chunk size `inferno seal` uses unless told otherwise (4 MiB).
 pub const DEFAULT_CHUNK_SIZE: u64 = 4 << 20;
@@ -70,8 +71,9 @@ pub struct SealedFile {
     pub name: String,
     /// The plaintext length in bytes.
     pub size: u64,
-    /// SHA-256 of the plaintext, hex.
-    pub sha256: String,
+    /// The plaintext's file value (SHA-256 of its 16 MiB blocks' hashes, `docs/model-loading.md`),
+    /// hex.
+    pub digest: String,
 }
 
 /// Release requirements recorded at sealing.
@@ -154,13 +156,13 @@ impl Manifest {
                 .iter()
                 .map(|f| FileDigest {
                     name: f.name.clone(),
-                    sha256: f.sha256.clone(),
+                    value: f.digest.clone(),
                 })
                 .collect(),
         )
     }
 
-    /// Every structural rule of version 1.
+    /// Every structural rule of this version.
     fn check(&self) -> Result<(), String> {
         if self.format != FORMAT {
             return Err(format!("format `{}`, expected `{FORMAT}`", self.format));
@@ -200,7 +202,7 @@ impl Manifest {
             if file.size > MAX_FILE_SIZE {
                 return Err(format!("files[{i}]: size {} too large", file.size));
             }
-            check_hex(&format!("files[{i}].sha256"), &file.sha256, 32)?;
+            check_hex(&format!("files[{i}].digest"), &file.digest, 32)?;
         }
         for (i, digest) in self.release.policy_sha256.iter().enumerate() {
             check_hex(&format!("release.policy_sha256[{i}]"), digest, 32)?;
@@ -253,12 +255,12 @@ mod tests {
             SealedFile {
                 name: "config.json".into(),
                 size: 2,
-                sha256: "aa".repeat(32),
+                digest: "aa".repeat(32),
             },
             SealedFile {
                 name: "model.safetensors".into(),
                 size: 10_000_000,
-                sha256: "bb".repeat(32),
+                digest: "bb".repeat(32),
             },
         ];
         let mut manifest = Manifest {
@@ -293,13 +295,13 @@ mod tests {
     fn inconsistent_manifests_are_refused() {
         type Change = fn(&mut Manifest);
         let cases: Vec<(Change, &str)> = vec![
-            (|m| m.version = 2, "unsupported version"),
+            (|m| m.version = 1, "unsupported version"),
             (|m| m.algorithm = "AES-128-GCM".into(), "algorithm"),
             (|m| m.chunk_size = 1, "chunk_size"),
             (|m| m.key_id = "XY".repeat(16), "key_id"),
             (|m| m.files[0].name = "../x".into(), "unusable file name"),
             (|m| m.files.swap(0, 1), "sorted"),
-            (|m| m.files[0].sha256 = "cc".repeat(32), "does not match"),
+            (|m| m.files[0].digest = "cc".repeat(32), "does not match"),
             (|m| m.files.clear(), "0 files"),
         ];
         for (change, expected) in cases {

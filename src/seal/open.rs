@@ -1,12 +1,14 @@
 //! Opening a sealed model at load: every chunk read once and decrypted in place, in parallel,
-//! into the memory the loader parses and the backends upload from; the per-file SHA-256 and the
-//! model digest are computed from those decrypted bytes before anything uses them. No plaintext
+//! into the memory the loader parses and the backends upload from; the per-file values (block
+//! hashes at plaintext offsets, `crate::model::digest`) and the model digest are computed from
+//! those decrypted bytes before anything uses them. No plaintext
 //! is written anywhere but these buffers, which are zeroized when dropped (also on failure).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use indicatif::ProgressBar;
 use rayon::prelude::*;
 use zeroize::Zeroizing;
 
@@ -14,12 +16,23 @@ use super::chunk::{FileCipher, TAG_LEN, chunk_count, sealed_len};
 use super::error::SealError;
 use super::key::ModelKey;
 use super::manifest::{Manifest, SEALED_SUFFIX};
+use crate::model::digest::file_value_of;
 use crate::model::{FileBytes, ModelFiles};
 
 /// Decrypts the sealed model in `dir` with `key`. Fails (zeroizing everything decrypted so
 /// far) on a wrong key, a file of the wrong length, a chunk that does not authenticate, or a
 /// file or model digest that differs from the manifest's.
 pub fn open_sealed(dir: &Path, key: &ModelKey) -> Result<(Manifest, ModelFiles), SealError> {
+    open_sealed_reporting(dir, key, &ProgressBar::hidden())
+}
+
+/// [`open_sealed`], advancing `progress` by the plaintext bytes of each chunk decrypted (its
+/// length is set to the plaintext total first).
+pub fn open_sealed_reporting(
+    dir: &Path,
+    key: &ModelKey,
+    progress: &ProgressBar,
+) -> Result<(Manifest, ModelFiles), SealError> {
     let (manifest, header_digest) = Manifest::read(dir)?;
     if key.id() != manifest.key_id {
         return Err(SealError::WrongKey {
@@ -56,6 +69,7 @@ pub fn open_sealed(dir: &Path, key: &ModelKey) -> Result<(Manifest, ModelFiles),
         ));
     }
 
+    progress.set_length(manifest.files.iter().map(|f| f.size).sum());
     // Decrypt: one task per chunk, each reading its ciphertext straight into its place in the
     // file's plaintext buffer and opening it there.
     let mut buffers: Vec<Zeroizing<Vec<u8>>> = sources
@@ -73,6 +87,7 @@ pub fn open_sealed(dir: &Path, key: &ModelKey) -> Result<(Manifest, ModelFiles),
                     .and_then(|()| handle.read_exact_at(&mut tag, offset + plain.len() as u64))
                     .map_err(SealError::io(path))?;
                 if cipher.open(index, index + 1 == chunks, plain, &tag) {
+                    progress.inc(plain.len() as u64);
                     Ok(())
                 } else {
                     Err(SealError::Chunk {
@@ -91,16 +106,17 @@ pub fn open_sealed(dir: &Path, key: &ModelKey) -> Result<(Manifest, ModelFiles),
         },
     )?;
 
-    // Hash the decrypted bytes (one task per file) and compare with the manifest.
-    let hashes: Vec<String> = buffers
+    // Hash the decrypted bytes, one task per 16 MiB block of plaintext (the digest's blocks, at
+    // plaintext offsets, whatever the chunk size), and compare with the manifest.
+    let values: Vec<String> = buffers
         .par_iter()
-        .map(|b| hex::encode(ring::digest::digest(&ring::digest::SHA256, b)))
+        .map(|buffer| file_value_of(buffer))
         .collect();
-    for (file, actual) in manifest.files.iter().zip(&hashes) {
-        if *actual != file.sha256 {
+    for (file, actual) in manifest.files.iter().zip(&values) {
+        if *actual != file.digest {
             return Err(SealError::Digest {
                 what: format!("file {}", file.name),
-                expected: file.sha256.clone(),
+                expected: file.digest.clone(),
                 actual: actual.clone(),
             });
         }
@@ -109,10 +125,10 @@ pub fn open_sealed(dir: &Path, key: &ModelKey) -> Result<(Manifest, ModelFiles),
         .files
         .iter()
         .zip(buffers)
-        .zip(hashes)
-        .map(|((file, mut buffer), sha256)| {
+        .zip(values)
+        .map(|((file, mut buffer), value)| {
             let bytes = std::mem::take(&mut *buffer);
-            (file.name.clone(), FileBytes::secret(bytes), sha256)
+            (file.name.clone(), FileBytes::secret(bytes), value)
         })
         .collect();
     let files = ModelFiles::from_parts(dir.to_path_buf(), parts);
@@ -153,7 +169,7 @@ mod tests {
             files: vec![SealedFile {
                 name: "config.json".into(),
                 size: plain.len() as u64,
-                sha256: hex::encode(ring::digest::digest(&ring::digest::SHA256, b"other")),
+                digest: crate::model::digest::file_value_of(b"other"),
             }],
             release: ReleaseRequirements::default(),
             wrapped_key: None,

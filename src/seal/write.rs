@@ -1,19 +1,17 @@
 //! `inferno seal`: seals every file of a model directory, streaming, in parallel.
 //!
 //! Two passes over the plaintext: the first hashes every file (the manifest, and so every
-//! chunk's associated data, carries the per-file SHA-256 and the model digest), the second
+//! chunk's associated data, carries the per-file values and the model digest), the second
 //! encrypts chunk by chunk, each worker reading one chunk at its offset, sealing it and writing
 //! it at its place in the output. Memory stays at one chunk per worker. The manifest is written
 //! last (via a temporary file and a rename), so an interrupted sealing leaves no manifest.
 
 use std::fs::File;
-use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
-use ring::digest::{Context, SHA256};
 use ring::rand::{SecureRandom, SystemRandom};
 use zeroize::Zeroizing;
 
@@ -25,6 +23,7 @@ use super::manifest::{
     SEALED_SUFFIX, SealedFile, VERSION, is_model_file_name,
 };
 use super::recipient::{RecipientKey, wrap};
+use crate::model::digest::stream_file_value;
 
 /// How to seal.
 #[derive(Clone)]
@@ -90,11 +89,13 @@ pub fn seal_dir(
     let files = inputs
         .par_iter()
         .map(|(name, path)| {
-            let (size, sha256) = hash_file(path, &bar)?;
+            let mut file = File::open(path).map_err(SealError::io(path))?;
+            let (size, digest) =
+                stream_file_value(&mut file, |n| bar.inc(n as u64)).map_err(SealError::io(path))?;
             Ok(SealedFile {
                 name: name.clone(),
                 size,
-                sha256,
+                digest,
             })
         })
         .collect::<Result<Vec<_>, SealError>>()?;
@@ -235,22 +236,4 @@ fn progress_bar(show: bool, total: u64) -> ProgressBar {
         .progress_chars("=> "),
     );
     bar
-}
-
-/// Streams a file through SHA-256; returns its length and lowercase hex hash.
-fn hash_file(path: &Path, bar: &ProgressBar) -> Result<(u64, String), SealError> {
-    let mut file = File::open(path).map_err(SealError::io(path))?;
-    let mut ctx = Context::new(&SHA256);
-    let mut buf = Zeroizing::new(vec![0u8; 1 << 20]);
-    let mut size = 0u64;
-    loop {
-        let n = file.read(&mut buf).map_err(SealError::io(path))?;
-        if n == 0 {
-            break;
-        }
-        ctx.update(&buf[..n]);
-        size += n as u64;
-        bar.inc(n as u64);
-    }
-    Ok((size, hex::encode(ctx.finish())))
 }

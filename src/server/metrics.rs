@@ -80,6 +80,9 @@ pub struct Metrics {
     engine_cpu: Family<EngineCpuLabel, Counter<f64, AtomicU64>>,
     /// Engine thread CPU seconds already folded into `engine_cpu`: (backend step, host).
     engine_cpu_seen: Mutex<(f64, f64)>,
+    grammar_mask_steps: Family<ModelLabel, Gauge>,
+    grammar_mask_overlapped_steps: Family<ModelLabel, Gauge>,
+    grammar_mask_wait: Family<ModelLabel, Gauge<f64, AtomicU64>>,
     /// Engine prefix-cache totals already folded into the counters: (queries, hits).
     prefix_seen: Mutex<(u64, u64)>,
 }
@@ -113,6 +116,9 @@ impl Metrics {
              the engine's own host work (part=host)",
             engine_cpu.clone(),
         );
+        let grammar_mask_steps = Family::default();
+        let grammar_mask_overlapped_steps = Family::default();
+        let grammar_mask_wait = Family::default();
         registry.register(
             "vllm:num_requests_running",
             "Number of requests in the running set of the engine",
@@ -173,6 +179,21 @@ impl Metrics {
             "API requests answered, by principal, endpoint and HTTP status",
             requests.clone(),
         );
+        registry.register(
+            "inferno:grammar_mask_steps",
+            "Engine steps with a constrained row, which waited for grammar masks, since start",
+            grammar_mask_steps.clone(),
+        );
+        registry.register(
+            "inferno:grammar_mask_overlapped_steps",
+            "Of those, steps whose forward pass ran while the engine waited, since start",
+            grammar_mask_overlapped_steps.clone(),
+        );
+        registry.register(
+            "inferno:grammar_mask_wait_seconds",
+            "Time the engine waited for grammar masks in those steps, since start",
+            grammar_mask_wait.clone(),
+        );
         Self {
             registry,
             running,
@@ -187,6 +208,9 @@ impl Metrics {
             e2e,
             finished,
             requests,
+            grammar_mask_steps,
+            grammar_mask_overlapped_steps,
+            grammar_mask_wait,
             prefix_seen: Mutex::new((0, 0)),
             engine_cpu,
             engine_cpu_seen: Mutex::new((0.0, 0.0)),
@@ -265,6 +289,16 @@ impl Metrics {
             stats.kv_blocks_used as f64 / stats.kv_blocks_total as f64
         };
         self.kv_usage.get_or_create(&label).set(usage);
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.grammar_mask_steps
+            .get_or_create(&label)
+            .set(count(stats.grammar_mask_steps));
+        self.grammar_mask_overlapped_steps
+            .get_or_create(&label)
+            .set(count(stats.grammar_mask_overlapped_steps));
+        self.grammar_mask_wait
+            .get_or_create(&label)
+            .set(stats.grammar_mask_wait_us as f64 / 1e6);
         let mut seen = self
             .prefix_seen
             .lock()

@@ -4,12 +4,14 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::result as drv;
 use cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use indicatif::ProgressBar;
 
+use crate::backend::BackendPhases;
 use crate::engine::{
     Backend, BackendError, BatchRow, EngineConfig, KvCacheShape, SampledToken, StepOutput,
     TokenLogprob,
@@ -20,7 +22,9 @@ use super::cc;
 use super::compile::{self, KernelError};
 use super::gemm::Gemm;
 use super::graphs::{DecodeGraph, DecodeGraphs};
-use super::inputs::{self, CopyStats, StepLayout, StepLimits, pack_step};
+use super::inputs::{
+    self, CopyStats, StepLayout, StepLimits, fill_late_masks, pack_step, pack_step_with_late_masks,
+};
 use super::kernels::{self, KernelParams, SAMPLE_STRIDE};
 use super::memory::DeviceBuffer;
 use super::plan;
@@ -74,6 +78,65 @@ impl Default for CudaOptions {
             sample_on_device: true,
             flash_prefill: true,
         }
+    }
+}
+
+/// A CUDA device opened ahead of the model: the driver probed, the context and the backend's
+/// stream created. Opening needs nothing from the model, so it can run on another thread while
+/// the model is read or parsed, but only once the GPU may be used (after the start-up
+/// attestation set its confidential-computing ready state).
+pub struct OpenedDevice {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    major: i32,
+    arch: String,
+    name: String,
+    took: Duration,
+}
+
+impl OpenedDevice {
+    /// Probes the driver (a one-line error without one or without a GPU) and opens GPU
+    /// `ordinal`.
+    pub fn open(ordinal: usize) -> Result<Self, CudaInitError> {
+        let started = Instant::now();
+        probe::probe()?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let arch = kernels::arch_for(major, minor);
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        match cc::read_cc_state() {
+            Some(state) => tracing::info!(
+                environment = state.environment,
+                cc_enabled = state.feature_enabled,
+                devtools = state.devtools,
+                "confidential-computing state (read only)"
+            ),
+            None => {
+                tracing::info!("confidential-computing state unavailable (NVML missing or too old)")
+            }
+        }
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| CudaInitError::Device(e.to_string()))?;
+        Ok(Self {
+            ctx,
+            stream,
+            major,
+            arch,
+            name,
+            took: started.elapsed(),
+        })
+    }
+}
+
+impl std::fmt::Debug for OpenedDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenedDevice")
+            .field("name", &self.name)
+            .field("arch", &self.arch)
+            .finish_non_exhaustive()
     }
 }
 
@@ -164,9 +227,23 @@ pub struct CudaBackend {
     host_inputs: Vec<i32>,
     options: CudaOptions,
     copies: CopyStats,
+    /// The step queued by `start_step`, waiting for its late grammar masks.
+    started: Option<QueuedStep>,
     /// Launch kernels with programmatic dependent launch (the configuration allows it and the
     /// device has compute capability 9.0 or later).
     programmatic: bool,
+    /// How long each start-up phase took.
+    phases: BackendPhases,
+}
+
+/// A step whose inputs are copied and forward pass queued, but not yet sampled.
+struct QueuedStep {
+    layout: StepLayout,
+    bucket: Option<usize>,
+    /// When the forward pass was queued (for the step waiter).
+    queued: Instant,
+    /// Which sampled rows get their grammar masks after the forward pass was queued.
+    late: Vec<bool>,
 }
 
 fn dev<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> BackendError {
@@ -187,35 +264,47 @@ impl CudaBackend {
         config: &EngineConfig,
         options: CudaOptions,
     ) -> Result<Self, CudaInitError> {
+        Self::new_reporting(model, config, options, &ProgressBar::hidden())
+    }
+
+    /// [`CudaBackend::new`], advancing `progress` by the weight bytes uploaded.
+    pub fn new_reporting(
+        model: &Model,
+        config: &EngineConfig,
+        options: CudaOptions,
+        progress: &ProgressBar,
+    ) -> Result<Self, CudaInitError> {
+        let params = KernelParams::from_config(&model.config);
+        if let Some(why) = params.unsupported() {
+            return Err(CudaInitError::Unsupported(why));
+        }
+        let device = OpenedDevice::open(options.device)?;
+        Self::on_device(device, model, config, options, progress)
+    }
+
+    /// [`CudaBackend::new_reporting`] on a device opened beforehand (for instance on another
+    /// thread while the model was read or parsed); `options.device` is not used.
+    pub fn on_device(
+        device: OpenedDevice,
+        model: &Model,
+        config: &EngineConfig,
+        options: CudaOptions,
+        progress: &ProgressBar,
+    ) -> Result<Self, CudaInitError> {
         let started = Instant::now();
-        probe::probe()?;
         let cfg = &model.config;
         let params = KernelParams::from_config(cfg);
         if let Some(why) = params.unsupported() {
             return Err(CudaInitError::Unsupported(why));
         }
-        let ctx =
-            CudaContext::new(options.device).map_err(|e| CudaInitError::Device(e.to_string()))?;
-        let (major, minor) = ctx
-            .compute_capability()
-            .map_err(|e| CudaInitError::Device(e.to_string()))?;
-        let arch = kernels::arch_for(major, minor);
-        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
-        match cc::read_cc_state() {
-            Some(state) => tracing::info!(
-                environment = state.environment,
-                cc_enabled = state.feature_enabled,
-                devtools = state.devtools,
-                "confidential-computing state (read only)"
-            ),
-            None => {
-                tracing::info!("confidential-computing state unavailable (NVML missing or too old)")
-            }
-        }
-        let stream = ctx
-            .new_stream()
-            .map_err(|e| CudaInitError::Device(e.to_string()))?;
-        let t_context = started.elapsed();
+        let OpenedDevice {
+            ctx,
+            stream,
+            major,
+            arch,
+            name,
+            took: t_context,
+        } = device;
 
         // Compile on other threads while this one uploads the weights.
         let upload_started = Instant::now();
@@ -224,7 +313,7 @@ impl CudaBackend {
                 let t = Instant::now();
                 compile::compile_all(&params, &arch).map(|c| (c, t.elapsed()))
             });
-            let weights = ModelWeightsOnDevice::upload(&ctx, model);
+            let weights = ModelWeightsOnDevice::upload(&ctx, model, progress);
             let compiled = compiler.join().unwrap_or_else(|_| {
                 Err(KernelError::Nvrtc {
                     kernel: "(all)",
@@ -238,7 +327,9 @@ impl CudaBackend {
         let (compiled, t_compile) = compiled?;
         ctx.bind_to_thread()
             .map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let load_started = Instant::now();
         let kernels = Kernels::take(compile::load_all(&ctx, compiled)?)?;
+        let t_kernels = t_compile + load_started.elapsed();
 
         // Step buffers are sized for the configured sequence limit, or for the cap when it is
         // derived; the derived limit (below, from the KV blocks) never exceeds that.
@@ -336,12 +427,20 @@ impl CudaBackend {
             host_inputs: Vec::with_capacity(max_words),
             options,
             copies: CopyStats::default(),
+            started: None,
             programmatic: config.programmatic_launch && major >= 9,
+            phases: BackendPhases {
+                context: t_context,
+                kernels: t_kernels,
+                weights: t_upload,
+                ..BackendPhases::default()
+            },
         };
         let choose_started = Instant::now();
         backend.choose_small_m_products()?;
+        backend.phases.gemm_selection = choose_started.elapsed();
         tracing::info!(
-            choose_ms = choose_started.elapsed().as_millis() as u64,
+            choose_ms = backend.phases.gemm_selection.as_millis() as u64,
             "product paths chosen"
         );
         let capture_started = Instant::now();
@@ -355,6 +454,7 @@ impl CudaBackend {
         } else {
             tracing::info!("decode graphs off: every step runs eagerly");
         }
+        backend.phases.graphs = capture_started.elapsed();
         tracing::info!(
             context_ms = t_context.as_millis() as u64,
             upload_ms = t_upload.as_millis() as u64,
@@ -367,6 +467,11 @@ impl CudaBackend {
         Ok(backend)
     }
 
+    /// How long each start-up phase took (kernel compilation overlapped the upload).
+    pub fn startup_phases(&self) -> BackendPhases {
+        self.phases
+    }
+
     /// Captures the decode forward pass for every batch-size bucket. Each bucket first runs
     /// once eagerly on padding inputs, so cuBLASLt plans its products and every module is
     /// loaded before capture; the graph is then uploaded so its first replay costs no set-up.
@@ -377,7 +482,7 @@ impl CudaBackend {
             self.host_inputs = host;
             let layout = layout?;
             let splits = self.decode_graph_splits(bucket);
-            self.copy_inputs()?;
+            self.copy_inputs(0..layout.len())?;
             self.forward(&layout, splits)?;
             self.stream.synchronize().map_err(dev("graph warm-up"))?;
             self.stream
@@ -843,17 +948,21 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Copies the packed inputs into the device input buffer (one host-to-device copy; the
-    /// caller counts it when it belongs to a step).
-    fn copy_inputs(&mut self) -> Result<usize, BackendError> {
-        let bytes = self.host_inputs.len() * 4;
+    /// Copies the words `words` of the packed inputs to the same place in the device input
+    /// buffer (the caller counts the copy when it belongs to a step).
+    fn copy_inputs(&mut self, words: std::ops::Range<usize>) -> Result<usize, BackendError> {
+        let bytes = words.len() * 4;
+        let source = self.host_inputs.get(words.clone()).ok_or_else(|| {
+            BackendError::InvalidBatch(format!("copy of input words {words:?} out of range"))
+        })?;
         // SAFETY: the device buffer holds `max_words` words and `pack_step` refused any step
-        // longer than that; the host vector stays alive and unmodified until the stream is
-        // synchronised at the end of the step.
+        // longer than that, so `words` (within the packed step) lies inside it; the host vector
+        // stays alive, and these words unmodified, until the stream is synchronised at the end
+        // of the step (late masks are written to words after those of the first copy).
         unsafe {
             drv::memcpy_htod_async(
-                self.act.inputs.ptr(),
-                &self.host_inputs[..],
+                self.act.inputs.ptr() + (words.start * 4) as u64,
+                source,
                 self.stream.cu_stream(),
             )
         }
@@ -861,64 +970,28 @@ impl CudaBackend {
         Ok(bytes)
     }
 
-    /// Waits for the step without spinning through it (see `wait.rs`): a replayed decode step
-    /// by sleeping through its expected duration, any other on a blocking event.
-    fn settle(&mut self, bucket: Option<usize>, queued: Instant) -> Result<(), BackendError> {
-        match bucket {
-            Some(bucket) => self.waiter.wait(&self.stream, bucket, queued),
-            None => self.waiter.wait_blocking(&self.stream),
-        }
-        .map_err(dev("waiting for the step"))
-    }
-
-    fn download<T: Copy + Default>(
+    /// Packs a step (with slots for its late masks), copies everything but those slots to the
+    /// device and queues the forward pass; None for a step without tokens.
+    fn queue_step(
         &mut self,
-        src: u64,
-        len: usize,
-    ) -> Result<Vec<T>, BackendError> {
-        let mut out = vec![T::default(); len];
-        // SAFETY: `src` addresses a device buffer of at least `len` elements of T (logits or the
-        // sampling output, sized for max_rows rows); the host vector outlives the copy because
-        // the stream is synchronised before returning.
-        unsafe { drv::memcpy_dtoh_async(&mut out[..], src, self.stream.cu_stream()) }
-            .map_err(dev("copying results"))?;
-        self.copies.record_d2h(len * std::mem::size_of::<T>());
-        self.stream.synchronize().map_err(dev("step"))?;
-        Ok(out)
-    }
-}
-
-impl Backend for CudaBackend {
-    fn name(&self) -> &str {
-        "cuda"
-    }
-
-    fn kv_cache(&self) -> KvCacheShape {
-        self.kv_shape
-    }
-
-    fn max_rows(&self) -> Option<usize> {
-        Some(self.limits.max_rows)
-    }
-
-    fn step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {
+        rows: &[BatchRow<'_>],
+        late: &[bool],
+    ) -> Result<Option<QueuedStep>, BackendError> {
         self.ctx
             .bind_to_thread()
             .map_err(dev("binding the context"))?;
         let bucket = self.graph_bucket(rows);
         let padding = bucket.map_or(0, |b| b - rows.len());
         let mut host = std::mem::take(&mut self.host_inputs);
-        let layout = pack_step(rows, padding, &self.limits, &mut host);
+        let layout = pack_step_with_late_masks(rows, late, padding, &self.limits, &mut host);
         self.host_inputs = host;
         let layout = layout?;
-        // Grammar masks and logit biases travel in the packed inputs: every row samples here.
-        let device_sampling = self.options.sample_on_device;
         self.copies.steps += 1;
         if layout.is_empty() {
-            return Ok(StepOutput::Logits(Vec::new()));
+            return Ok(None);
         }
         let queued = Instant::now();
-        let bytes = self.copy_inputs()?;
+        let bytes = self.copy_inputs(0..layout.late_mask_slots())?;
         self.copies.record_h2d(bytes);
         match bucket {
             Some(bucket) => self.graphs.replay(bucket)?,
@@ -932,6 +1005,34 @@ impl Backend for CudaBackend {
                 self.forward(&layout, splits)?;
             }
         }
+        Ok(Some(QueuedStep {
+            layout,
+            bucket,
+            queued,
+            late: late.to_vec(),
+        }))
+    }
+
+    /// Copies a queued step's late masks (a second, small copy, only when it has any), samples
+    /// its rows and returns the tokens (or the logits, without device sampling).
+    fn finish_queued(
+        &mut self,
+        step: QueuedStep,
+        rows: &[BatchRow<'_>],
+    ) -> Result<StepOutput, BackendError> {
+        let QueuedStep {
+            layout,
+            bucket,
+            queued,
+            late,
+        } = step;
+        if layout.late_masks > 0 {
+            let slots = fill_late_masks(rows, &late, &layout, &mut self.host_inputs)?;
+            let bytes = self.copy_inputs(slots)?;
+            self.copies.record_h2d(bytes);
+        }
+        // Grammar masks and logit biases travel in the packed inputs: every row samples here.
+        let device_sampling = self.options.sample_on_device;
         let s = layout.real_samples();
         if s == 0 {
             self.settle(bucket, queued)?;
@@ -979,6 +1080,80 @@ impl Backend for CudaBackend {
             })
             .collect();
         Ok(StepOutput::Sampled(tokens))
+    }
+
+    /// Waits for the step without spinning through it (see `wait.rs`): a replayed decode step
+    /// by sleeping through its expected duration, any other on a blocking event.
+    fn settle(&mut self, bucket: Option<usize>, queued: Instant) -> Result<(), BackendError> {
+        match bucket {
+            Some(bucket) => self.waiter.wait(&self.stream, bucket, queued),
+            None => self.waiter.wait_blocking(&self.stream),
+        }
+        .map_err(dev("waiting for the step"))
+    }
+
+    fn download<T: Copy + Default>(
+        &mut self,
+        src: u64,
+        len: usize,
+    ) -> Result<Vec<T>, BackendError> {
+        let mut out = vec![T::default(); len];
+        // SAFETY: `src` addresses a device buffer of at least `len` elements of T (logits or the
+        // sampling output, sized for max_rows rows); the host vector outlives the copy because
+        // the stream is synchronised before returning.
+        unsafe { drv::memcpy_dtoh_async(&mut out[..], src, self.stream.cu_stream()) }
+            .map_err(dev("copying results"))?;
+        self.copies.record_d2h(len * std::mem::size_of::<T>());
+        self.stream.synchronize().map_err(dev("step"))?;
+        Ok(out)
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &str {
+        "cuda"
+    }
+
+    fn kv_cache(&self) -> KvCacheShape {
+        self.kv_shape
+    }
+
+    fn max_rows(&self) -> Option<usize> {
+        Some(self.limits.max_rows)
+    }
+
+    fn step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {
+        if self.started.is_some() {
+            return Err(BackendError::InvalidBatch(
+                "a started step was not finished".into(),
+            ));
+        }
+        match self.queue_step(rows, &[])? {
+            Some(step) => self.finish_queued(step, rows),
+            None => Ok(StepOutput::Logits(Vec::new())),
+        }
+    }
+
+    /// Queues the forward pass at once when the device samples (it applies the masks); with
+    /// host sampling the engine applies them, so there is nothing to start early.
+    fn start_step(&mut self, rows: &[BatchRow<'_>], late: &[bool]) -> Result<bool, BackendError> {
+        if !self.options.sample_on_device || rows.is_empty() || !late.contains(&true) {
+            return Ok(false);
+        }
+        if self.started.is_some() {
+            return Err(BackendError::InvalidBatch(
+                "a started step was not finished".into(),
+            ));
+        }
+        self.started = self.queue_step(rows, late)?;
+        Ok(true)
+    }
+
+    fn finish_step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {
+        let step = self.started.take().ok_or_else(|| {
+            BackendError::InvalidBatch("finish_step without a started step".into())
+        })?;
+        self.finish_queued(step, rows)
     }
 }
 

@@ -12,10 +12,13 @@
 //! (zero-padded), then the sampled rows' lists, row after row: the penalty list (distinct
 //! `(token, times generated)` pairs), the `logit_bias` list (`(token, bias as float bits)` pairs)
 //! and the grammar mask (`ceil(vocab / 32)` words, bit `t % 32` of word `t / 32` allowing token
-//! `t`), and last, for steps with a prefill row, the prefill-attention tiles (`(first token,
-//! count)` pairs: every row's tokens cut into runs of at most `tile_tokens`). The grammar masks
-//! and biases thus travel in the step's one host-to-device copy. The forward pass reads only what
-//! precedes the block tables at offsets
+//! `t`), then, for steps with a prefill row, the prefill-attention tiles (`(first token,
+//! count)` pairs: every row's tokens cut into runs of at most `tile_tokens`), and last the *late*
+//! grammar masks: those of rows whose masks the engine was still computing when the step started
+//! (see `docs/cuda-backend.md`, "Late grammar masks"), one `ceil(vocab / 32)`-word slot per such
+//! row, filled and copied after the forward pass was queued. Biases and the masks known up front
+//! travel in the step's one host-to-device copy; late masks in a second, small one, made only by
+//! steps that have them. The forward pass reads only what precedes the block tables at offsets
 //! that depend on T and S alone, and it reads the table stride from the buffer: a decode step
 //! padded to a fixed T = S can replay a CUDA graph captured once for that size.
 //!
@@ -48,6 +51,11 @@ pub struct StepLayout {
     pub num_tiles: usize,
     /// Longest context any token attends to (for the split-K decision).
     pub max_context: usize,
+    /// Sampled rows whose grammar masks come after the forward pass was queued (their slots
+    /// end the buffer).
+    pub late_masks: usize,
+    /// Words of each late mask slot (`ceil(vocab / 32)`).
+    pub mask_words: usize,
 }
 
 impl StepLayout {
@@ -95,9 +103,14 @@ impl StepLayout {
     pub fn tiles(&self) -> usize {
         self.lists() + self.list_words
     }
+    /// Offset of the late grammar masks (one slot of `mask_words` words per late row); the
+    /// first copy of a step ends here.
+    pub fn late_mask_slots(&self) -> usize {
+        self.tiles() + 2 * self.num_tiles
+    }
     /// Total words.
     pub fn len(&self) -> usize {
-        self.tiles() + 2 * self.num_tiles
+        self.late_mask_slots() + self.late_masks * self.mask_words
     }
     /// Sampled rows that belong to the batch (padding excluded).
     pub fn real_samples(&self) -> usize {
@@ -197,11 +210,13 @@ struct RowLists {
 }
 
 /// Appends a sampled row's lists to `lists` (penalty pairs, bias pairs, then its grammar mask
-/// widened or cut to the vocabulary's words) and says where they are.
+/// widened or cut to the vocabulary's words, unless the mask comes late: its place is then set
+/// by the caller) and says where they are.
 fn pack_lists(
     spec: &SampleSpec<'_>,
     seq_id: u64,
     vocab: usize,
+    late: bool,
     lists: &mut Vec<i32>,
 ) -> Result<RowLists, BackendError> {
     let penalty_at = lists.len();
@@ -228,13 +243,15 @@ fn pack_lists(
         }
         lists.extend([token as i32, value.to_bits() as i32]);
     }
+    if late && spec.mask.is_some() {
+        return Err(BackendError::InvalidBatch(format!(
+            "row {seq_id}: a late grammar mask must not come with the step"
+        )));
+    }
     let mask_at = spec.mask.map(|mask| {
         let at = lists.len();
-        let words = mask_words(vocab);
-        let kept = mask.len().min(words);
-        lists.extend(mask[..kept].iter().map(|&word| word as i32));
-        // Tokens beyond the grammar's mask are disallowed, as in the reference sampler.
-        lists.resize(at + words, 0);
+        lists.resize(at + mask_words(vocab), 0);
+        write_mask(mask, &mut lists[at..]);
         at
     });
     Ok(RowLists {
@@ -244,6 +261,52 @@ fn pack_lists(
         bias_len: bias.len(),
         mask_at,
     })
+}
+
+/// Writes a grammar mask into its slot of `ceil(vocab / 32)` words, cut or widened to it: tokens
+/// beyond the grammar's mask are disallowed, as in the reference sampler.
+fn write_mask(mask: &[u32], slot: &mut [i32]) {
+    let kept = mask.len().min(slot.len());
+    for (word, &bits) in slot.iter_mut().zip(&mask[..kept]) {
+        *word = bits as i32;
+    }
+    slot[kept..].fill(0);
+}
+
+/// Fills the late mask slots of a step packed with [`pack_step_with_late_masks`]: `rows` are the
+/// step's rows again, now with the late rows' masks (a late row without a mask, whose grammar
+/// failed, allows every token; the engine ends it after the step). Returns the range of words of
+/// `out` to copy to the device.
+pub fn fill_late_masks(
+    rows: &[BatchRow<'_>],
+    late: &[bool],
+    layout: &StepLayout,
+    out: &mut [i32],
+) -> Result<std::ops::Range<usize>, BackendError> {
+    let specs: Vec<&SampleSpec<'_>> = rows.iter().filter_map(|r| r.sample.as_ref()).collect();
+    if specs.len() + layout.padding != layout.num_samples || late.len() != specs.len() {
+        return Err(BackendError::InvalidBatch(format!(
+            "the step was started with {} sampled rows, it is finished with {}",
+            layout.real_samples(),
+            specs.len()
+        )));
+    }
+    let slots = layout.late_mask_slots()..layout.len();
+    if out.len() < slots.end {
+        return Err(BackendError::InvalidBatch(
+            "the packed step is shorter than its layout".into(),
+        ));
+    }
+    let mut slot = slots.start;
+    for (spec, _) in specs.iter().zip(late).filter(|(_, late)| **late) {
+        let words = &mut out[slot..slot + layout.mask_words];
+        match spec.mask {
+            Some(mask) => write_mask(mask, words),
+            None => words.fill(-1),
+        }
+        slot += layout.mask_words;
+    }
+    Ok(slots)
 }
 
 /// The parameter words of one sampled row (see `kernels/sampling.cu`).
@@ -296,6 +359,20 @@ pub fn pack_step(
     limits: &StepLimits,
     out: &mut Vec<i32>,
 ) -> Result<StepLayout, BackendError> {
+    pack_step_with_late_masks(rows, &[], padding, limits, out)
+}
+
+/// [`pack_step`] for a step some of whose grammar masks are not known yet: `late[i]` (one entry
+/// per sampled row of the batch, or none at all) says that the i-th sampled row's mask comes
+/// later; its row carries none now, its mask slot is reserved at the end of the buffer (zeros
+/// until [`fill_late_masks`] writes it) and its parameters point there.
+pub fn pack_step_with_late_masks(
+    rows: &[BatchRow<'_>],
+    late: &[bool],
+    padding: usize,
+    limits: &StepLimits,
+    out: &mut Vec<i32>,
+) -> Result<StepLayout, BackendError> {
     let num_tokens: usize = rows.iter().map(|r| r.tokens.len()).sum::<usize>() + padding;
     let num_samples = rows.iter().filter(|r| r.sample.is_some()).count() + padding;
     let max_blocks = rows
@@ -317,11 +394,26 @@ pub fn pack_step(
             limits.max_rows
         )));
     }
+    if !late.is_empty() && late.len() != num_samples - padding {
+        return Err(BackendError::InvalidBatch(format!(
+            "{} late-mask flags for {} sampled rows",
+            late.len(),
+            num_samples - padding
+        )));
+    }
+    let is_late = |s: usize| late.get(s).copied().unwrap_or(false);
     let mut lists = Vec::new();
     let mut row_lists = Vec::with_capacity(num_samples);
     for row in rows {
         if let Some(spec) = &row.sample {
-            row_lists.push(pack_lists(spec, row.seq_id, limits.vocab, &mut lists)?);
+            let late = is_late(row_lists.len());
+            row_lists.push(pack_lists(
+                spec,
+                row.seq_id,
+                limits.vocab,
+                late,
+                &mut lists,
+            )?);
         }
     }
     let prefill = rows.iter().any(|r| r.tokens.len() > 1);
@@ -352,7 +444,17 @@ pub fn pack_step(
         list_words: lists.len(),
         num_tiles: tiles.len(),
         max_context,
+        late_masks: late.iter().filter(|&&l| l).count(),
+        mask_words: mask_words(limits.vocab),
     };
+    // The late masks' slots follow the tiles; list offsets count from the lists' start.
+    let mut slot = layout_probe.late_mask_slots() - layout_probe.lists();
+    for (s, lists) in row_lists.iter_mut().enumerate() {
+        if is_late(s) {
+            lists.mask_at = Some(slot);
+            slot += layout_probe.mask_words;
+        }
+    }
     if layout_probe.len() > limits.max_words {
         return Err(BackendError::InvalidBatch(format!(
             "step inputs need {} words, the buffer holds {}",
@@ -830,6 +932,100 @@ mod tests {
         assert_eq!(layout.list_words, 4 + 2 * mask_words(100));
         assert_eq!(words(3)[15], -1);
         assert_eq!(layout.len(), out.len());
+    }
+
+    #[test]
+    fn late_masks_take_slots_after_everything_the_first_copy_holds() {
+        // vocab 100: masks of 4 words.
+        let biased = SamplingParams {
+            logit_bias: vec![(3, 100.0)],
+            ..Default::default()
+        };
+        let plain = SamplingParams::default();
+        static READY_MASK: [u32; 1] = [1 << 9];
+        static LATE_MASK: [u32; 2] = [1 << 5, 0x8000_0001];
+        let spec = |params, mask| SampleSpec {
+            mask,
+            ..plain_spec(params, 0)
+        };
+        let rows = |first: Option<&'static [u32]>| {
+            [
+                BatchRow {
+                    seq_id: 1,
+                    tokens: &[5],
+                    start_pos: 4,
+                    block_table: &[1],
+                    sample: Some(spec(&biased, first)),
+                },
+                // A prefill chunk: the step has tiles, which the late slots follow.
+                BatchRow {
+                    seq_id: 2,
+                    tokens: &[1, 2, 3],
+                    start_pos: 0,
+                    block_table: &[4],
+                    sample: None,
+                },
+                BatchRow {
+                    seq_id: 3,
+                    tokens: &[6],
+                    start_pos: 4,
+                    block_table: &[2],
+                    sample: Some(spec(&plain, Some(&READY_MASK))),
+                },
+                BatchRow {
+                    seq_id: 4,
+                    tokens: &[7],
+                    start_pos: 4,
+                    block_table: &[3],
+                    sample: Some(spec(&plain, None)),
+                },
+            ]
+        };
+        let late = [true, false, true];
+        let mut out = Vec::new();
+        let layout =
+            pack_step_with_late_masks(&rows(None), &late, 0, &limits(), &mut out).expect("packs");
+        assert_eq!((layout.late_masks, layout.mask_words), (2, 4));
+        assert!(layout.num_tiles > 0);
+        assert_eq!(
+            layout.late_mask_slots(),
+            layout.tiles() + 2 * layout.num_tiles
+        );
+        assert_eq!(layout.len(), layout.late_mask_slots() + 2 * 4);
+        assert_eq!(out.len(), layout.len());
+        // The lists hold row 0's bias and row 2's ready mask only; the late rows point at their
+        // slots (offsets count from the lists' start), zeros until they are filled.
+        assert_eq!(layout.list_words, 2 + 4);
+        let mask_at = |s: usize| out[layout.sample_params() + s * SAMPLE_PARAMS + 15] as usize;
+        let slots = layout.late_mask_slots() - layout.lists();
+        assert_eq!((mask_at(0), mask_at(2)), (slots, slots + 4));
+        assert_eq!(&out[layout.lists() + mask_at(1)..][..4], &[1 << 9, 0, 0, 0]);
+        assert!(out[layout.late_mask_slots()..].iter().all(|&w| w == 0));
+        // Finishing: row 0's mask arrived; row 3's grammar failed (no mask: every token allowed).
+        let first_copy = out[..layout.late_mask_slots()].to_vec();
+        let range =
+            fill_late_masks(&rows(Some(&LATE_MASK)), &late, &layout, &mut out).expect("fills");
+        assert_eq!(range, layout.late_mask_slots()..layout.len());
+        assert_eq!(
+            &out[range.clone()][..4],
+            &[1 << 5, 0x8000_0001_u32 as i32, 0, 0]
+        );
+        assert_eq!(&out[range][4..], &[-1; 4]);
+        assert_eq!(&out[..layout.late_mask_slots()], &first_copy[..]);
+        // A late row must not bring its mask up front, the flags must match the sampled rows,
+        // and the step must be finished with the rows it was started with.
+        let mut scratch = Vec::new();
+        let early = rows(Some(&LATE_MASK));
+        assert!(pack_step_with_late_masks(&early, &late, 0, &limits(), &mut scratch).is_err());
+        assert!(
+            pack_step_with_late_masks(&rows(None), &late[..2], 0, &limits(), &mut scratch).is_err()
+        );
+        assert!(fill_late_masks(&rows(None)[..2], &late, &layout, &mut out).is_err());
+        // Without late rows the layout is pack_step's.
+        let mut plain_out = Vec::new();
+        let plain_layout = pack_step(&rows(None), 0, &limits(), &mut plain_out).expect("packs");
+        assert_eq!(plain_layout.late_masks, 0);
+        assert_eq!(plain_layout.len(), plain_layout.late_mask_slots());
     }
 
     #[test]

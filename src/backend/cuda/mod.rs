@@ -18,7 +18,7 @@ mod upload;
 mod wait;
 mod weights;
 
-pub use backend::{CudaBackend, CudaInitError, CudaOptions};
+pub use backend::{CudaBackend, CudaInitError, CudaOptions, OpenedDevice};
 pub use cc::{CcState, read_cc_state};
 pub use compile::KernelError;
 pub use inputs::CopyStats;

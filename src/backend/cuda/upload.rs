@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::result as drv;
 use cudarc::driver::{CudaContext, sys};
+use indicatif::ProgressBar;
 
 use crate::model::DType;
 use crate::model::weights::f16_to_f32;
@@ -156,6 +157,7 @@ fn worker(
     ctx: &Arc<CudaContext>,
     chunks: &[Piece<'_>],
     next: &AtomicUsize,
+    progress: &ProgressBar,
 ) -> Result<WorkerStats, UploadError> {
     let err = |what: &'static str| {
         move |e: cudarc::driver::DriverError| UploadError(format!("{what}: {e}"))
@@ -188,6 +190,7 @@ fn worker(
         .map_err(err("queueing a copy"))?;
         stats.chunks += 1;
         stats.bytes += bytes;
+        progress.inc(bytes as u64);
     }
     let t = Instant::now();
     stream
@@ -197,15 +200,27 @@ fn worker(
     Ok(stats)
 }
 
-/// Uploads every piece to its device address as bf16.
-pub fn upload(ctx: &Arc<CudaContext>, pieces: &[Piece<'_>]) -> Result<UploadStats, UploadError> {
+/// Uploads every piece to its device address as bf16, advancing `progress` by the bf16 bytes
+/// of each chunk queued (its length and position are reset to this upload first).
+pub fn upload(
+    ctx: &Arc<CudaContext>,
+    pieces: &[Piece<'_>],
+    progress: &ProgressBar,
+) -> Result<UploadStats, UploadError> {
     let started = Instant::now();
     let chunks = chunks(pieces, STAGING_BYTES);
+    progress.set_position(0);
+    progress.set_length(
+        chunks
+            .iter()
+            .map(|c| (c.data.len() / source_width(c.dtype) * 2) as u64)
+            .sum(),
+    );
     let next = AtomicUsize::new(0);
     let workers = WORKERS.min(chunks.len()).max(1);
     let results: Vec<Result<WorkerStats, UploadError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..workers)
-            .map(|_| scope.spawn(|| worker(ctx, &chunks, &next)))
+            .map(|_| scope.spawn(|| worker(ctx, &chunks, &next, progress)))
             .collect();
         handles
             .into_iter()

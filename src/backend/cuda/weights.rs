@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
+use indicatif::ProgressBar;
 
 use crate::model::Model;
 
@@ -106,7 +107,12 @@ impl<'m> Uploader<'m> {
 impl ModelWeightsOnDevice {
     /// Uploads every weight the architecture needs (see `upload.rs`: parallel reads through
     /// pinned staging buffers on several streams) and logs the upload's timeline.
-    pub fn upload(ctx: &Arc<CudaContext>, model: &Model) -> Result<Self, CudaInitError> {
+    /// `progress` counts the bf16 bytes copied.
+    pub fn upload(
+        ctx: &Arc<CudaContext>,
+        model: &Model,
+        progress: &ProgressBar,
+    ) -> Result<Self, CudaInitError> {
         ctx.bind_to_thread()
             .map_err(|e| CudaInitError::Device(e.to_string()))?;
         let c = &model.config;
@@ -177,8 +183,8 @@ impl ModelWeightsOnDevice {
             .flat_map(|f| f.to_le_bytes())
             .collect();
         let inv_freq = DeviceBuffer::from_bytes(&inv)?;
-        let stats =
-            upload::upload(ctx, &up.pieces).map_err(|e| CudaInitError::Weights(e.to_string()))?;
+        let stats = upload::upload(ctx, &up.pieces, progress)
+            .map_err(|e| CudaInitError::Weights(e.to_string()))?;
         let secs = stats.wall.as_secs_f64().max(1e-9);
         tracing::info!(
             bytes = stats.bytes,
