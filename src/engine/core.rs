@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokenizers::Tokenizer;
 
@@ -96,6 +96,7 @@ impl Engine {
             receiver,
             shared: shared.clone(),
             steps: 0,
+            backend_cpu: Duration::ZERO,
             masks: MaskJobs::new(),
             mask_wait: MaskWait::default(),
         };
@@ -117,6 +118,8 @@ struct Worker {
     receiver: mpsc::Receiver<Command>,
     shared: Arc<Shared>,
     steps: u64,
+    /// The engine thread's CPU time inside `Backend::step`, since start.
+    backend_cpu: Duration,
     masks: MaskJobs,
     /// Time steps spent waiting for their grammar masks.
     mask_wait: MaskWait,
@@ -286,11 +289,13 @@ impl Worker {
                 .map(|s| batch_row(&running[s.index], *s))
                 .collect();
             let specs = sample_specs(&rows);
+            let cpu_before = thread_cpu_time();
             let output = if started {
                 self.backend.finish_step(&rows)
             } else {
                 self.backend.step(&rows)
             };
+            self.backend_cpu += thread_cpu_time().saturating_sub(cpu_before);
             output.and_then(|output| {
                 let sampled: Vec<SampledToken> = match output {
                     StepOutput::Sampled(tokens) => tokens,
@@ -435,7 +440,10 @@ impl Worker {
         if !late.contains(&true) {
             return Ok(false);
         }
-        self.backend.start_step(&rows, &late)
+        let cpu_before = thread_cpu_time();
+        let started = self.backend.start_step(&rows, &late);
+        self.backend_cpu += thread_cpu_time().saturating_sub(cpu_before);
+        started
     }
 
     /// Counts a step's wait for its grammar masks (see `EngineStats`): in `overlapped` steps
@@ -595,7 +603,7 @@ impl Worker {
                 )));
             }
         };
-        let (text, stopped) = match seq.stop.push(&delta) {
+        let (text, stopped) = match seq.stop.push_owned(delta) {
             StopOutcome::Continue(text) => (text, None),
             StopOutcome::Stopped { emitted, matched } => (emitted, Some(matched)),
         };
@@ -635,6 +643,8 @@ impl Worker {
                 prefix_cache_hits: s.counters.prefix_hits,
                 preemptions: s.counters.preemptions,
                 steps: self.steps,
+                thread_cpu_seconds: thread_cpu_time().as_secs_f64(),
+                backend_cpu_seconds: self.backend_cpu.as_secs_f64(),
                 grammar_mask_steps: self.mask_wait.steps,
                 grammar_mask_overlapped_steps: self.mask_wait.overlapped_steps,
                 grammar_mask_wait_us: self.mask_wait.micros,
@@ -661,6 +671,15 @@ impl Worker {
             }
         }
     }
+}
+
+/// The calling thread's CPU time (user and system) since it started.
+fn thread_cpu_time() -> Duration {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        u64::try_from(now.tv_sec).unwrap_or(0),
+        u32::try_from(now.tv_nsec).unwrap_or(0),
+    )
 }
 
 /// The backend's view of one scheduled sequence.
