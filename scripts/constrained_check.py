@@ -26,8 +26,9 @@
       requests ignore EOS; the benchmark schema needs more items than N tokens can write, so its
       grammar never completes); a run where they do not is reported as UNEQUAL and fails. Also
       reports the decode time per token (from each request's first to its last streamed token,
-      so prefill and grammar compilation are left out) and its cost. Prints one RESULT line per
-      batch and a RESULT_JSON line.
+      so prefill and grammar compilation are left out) and its cost, and from /metrics the
+      engine's wait for grammar masks per constrained step and the engine thread's own host CPU
+      per step in both arms. Prints one RESULT line per batch and a RESULT_JSON line.
 
 Standard library only; the servers' self-signed certificates are not verified (local only).
 """
@@ -104,6 +105,22 @@ def mask_wait(url):
     return values["grammar_mask_steps"], values["grammar_mask_overlapped_steps"], values["grammar_mask_wait_seconds"]
 
 
+def engine_cpu(url):
+    """The engine thread's CPU seconds from /metrics: {"host": ..., "backend_step": ...}, or None
+    from a server without them."""
+    connection = connect(url)
+    connection.request("GET", "/metrics")
+    text = connection.getresponse().read().decode()
+    connection.close()
+    parts = {}
+    for line in text.splitlines():
+        if line.startswith("inferno:engine_thread_cpu_seconds_total{"):
+            for part in ("host", "backend_step"):
+                if f'part="{part}"' in line:
+                    parts[part] = float(line.rsplit(" ", 1)[1])
+    return parts if len(parts) == 2 else None
+
+
 def token_id(url, model, text):
     """The id of the token whose text is `text` (it must tokenize to one token that decodes back)."""
     ids = post(url, "/tokenize", {"model": model, "prompt": text, "add_special_tokens": False})["tokens"]
@@ -123,7 +140,8 @@ def explain_difference(cpu, cuda, model, body, tokens, logprobs):
     """Teacher-forces the first differing token of two greedy outputs on both backends and returns
     (explained, description): each backend's margin between its own choice and the other's.
     `tokens` and `logprobs` are the two runs' token texts and logprobs (CPU first): the forced
-    logprob of each backend's own choice must reproduce its run's, or the forcing went wrong."""
+    logprob of each backend's own choice must reproduce its run's within LOGIT_TOLERANCE, or the
+    forcing went wrong."""
     cpu_tokens, cuda_tokens = tokens
     i = next((i for i, (a, b) in enumerate(zip(cpu_tokens, cuda_tokens)) if a != b),
              min(len(cpu_tokens), len(cuda_tokens)))
@@ -142,12 +160,16 @@ def explain_difference(cpu, cuda, model, body, tokens, logprobs):
             margins[name] = (lp_a, lp_b, lp_a - lp_b)
     except RuntimeError as err:
         return False, f"token {i} ({cpu_tokens[i]!r} vs {cuda_tokens[i]!r}) could not be teacher-forced: {err}"
-    reproduced = (abs(margins["cpu"][0] - logprobs[0][i]) < 1e-3 and abs(margins["cuda"][1] - logprobs[1][i]) < 1e-3)
+    # The forced request computes the position in a prefill, the run computed it in a decode step:
+    # on the GPU their kernels round differently (0.0064 on the H100), within the checks' bound.
+    reproduced = (abs(margins["cpu"][0] - logprobs[0][i]) <= LOGIT_TOLERANCE
+                  and abs(margins["cuda"][1] - logprobs[1][i]) <= LOGIT_TOLERANCE)
     if not reproduced:
         return False, (f"token {i}: teacher forcing did not reproduce the runs' logprobs (cpu {logprobs[0][i]:.4f} "
                        f"forced {margins['cpu'][0]:.4f}, cuda {logprobs[1][i]:.4f} forced {margins['cuda'][1]:.4f})")
     explained = all(abs(m[2]) <= LOGIT_TOLERANCE for m in margins.values())
     text = (f"first difference at token {i}: cpu {cpu_tokens[i]!r} (id {a}) vs cuda {cuda_tokens[i]!r} (id {b}); "
+            f"run logprobs cpu {logprobs[0][i]:.4f}, cuda {logprobs[1][i]:.4f}; forced: "
             + "; ".join(f"{name} logprobs {m[0]:.4f} / {m[1]:.4f}, margin {m[2]:+.4f}" for name, m in margins.items())
             + f" -> {'near-tie within' if explained else 'NOT within'} {LOGIT_TOLERANCE}")
     return explained, text
@@ -257,10 +279,16 @@ def bench(url, model, batches, rounds, max_tokens):
     for batch in batches:
         arms = {False: {"rates": [], "tokens": [], "step": []}, True: {"rates": [], "tokens": [], "step": []}}
         waits = []  # per constrained round: (steps, overlapped steps, seconds) from /metrics
+        host_cpu = {False: [], True: []}  # per round: engine host CPU seconds per decode step
         for _ in range(rounds):
             for constrained in (False, True):
                 before = mask_wait(url) if constrained else None
+                cpu_before = engine_cpu(url)
                 rate, tokens, step = run_batch(url, model, batch, constrained, max_tokens)
+                cpu_after = engine_cpu(url)
+                if cpu_before and cpu_after:
+                    # A round is about max_tokens decode steps (every request runs them together).
+                    host_cpu[constrained].append((cpu_after["host"] - cpu_before["host"]) / max_tokens)
                 after = mask_wait(url) if constrained else None
                 if before and after:
                     waits.append(tuple(b - a for a, b in zip(before, after)))
@@ -281,6 +309,13 @@ def bench(url, model, batches, rounds, max_tokens):
         wait_us = 1e6 * sum(w[2] for w in waits) / wait_steps if wait_steps else None
         wait_text = (f"; engine wait for masks {wait_us:.0f} us per constrained step over {wait_steps:.0f} steps "
                      f"({sum(w[1] for w in waits):.0f} overlapped with the forward pass)" if wait_us is not None else "")
+        if host_cpu[False] and host_cpu[True]:
+            free_cpu, constrained_cpu = statistics.median(host_cpu[False]), statistics.median(host_cpu[True])
+            wait_text += (f"; engine thread host CPU per step (excluding backend steps, about "
+                          f"{max_tokens} steps a round) free {1e3 * free_cpu:.3f} ms, json_schema "
+                          f"{1e3 * constrained_cpu:.3f} ms")
+        else:
+            free_cpu = constrained_cpu = None
         print(f"RESULT bench batch={batch}: free {free_rate:.1f} tok/s, json_schema {constrained_rate:.1f} tok/s "
               f"(medians of {rounds}), ratio {ratio:.3f}, cost {cost:.1f}% ({verdict} the 5% target); "
               f"decode per token free {1e3 * free_step:.3f} ms, json_schema {1e3 * constrained_step:.3f} ms "
@@ -298,6 +333,9 @@ def bench(url, model, batches, rounds, max_tokens):
                         "mask_wait_us_per_step": None if wait_us is None else round(wait_us, 1),
                         "mask_wait_steps": wait_steps,
                         "mask_wait_overlapped_steps": sum(w[1] for w in waits),
+                        "engine_host_cpu_ms_per_step_free": None if free_cpu is None else round(1e3 * free_cpu, 4),
+                        "engine_host_cpu_ms_per_step_json_schema":
+                            None if constrained_cpu is None else round(1e3 * constrained_cpu, 4),
                         "equal_tokens": equal, "within_target": equal and cost <= 5.0,
                         "json_schema_tokens_per_request": round(statistics.mean(constrained["tokens"]), 1)})
     print("RESULT_JSON " + json.dumps({"model": model, "bench": summary}))

@@ -277,7 +277,7 @@ if has serve; then
     rc=$?
     cat "$OUT/serve-bench-$n.log" >>"$OUT/serve-bench.log"
     note "inferno serve run $n ($args): rc=$rc $(grep -E '^output throughput' "$OUT/serve-bench-$n.log" | tail -1)"
-    grep -E '^(TTFT|ITL) |^CPU time|^long prompt' "$OUT/serve-bench-$n.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+    grep -E '^(TTFT|ITL) |^CPU |^  [a-z]+ threads|^long prompt' "$OUT/serve-bench-$n.log" | sed 's/^/    /' | tee -a "$SUMMARY"
   done
   kill -TERM $SERVER 2>/dev/null
   wait $SERVER 2>/dev/null

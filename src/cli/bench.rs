@@ -206,6 +206,9 @@ struct Report {
     server_threads: Vec<super::thread_cpu::GroupCpu>,
     /// The long prompt sent mid-run, if any: prompt tokens, TTFT and end-to-end time.
     long_prompt: Option<LongPrompt>,
+    /// The engine thread's CPU over the run split by the server's `/metrics`: its host work
+    /// and its time inside backend steps (`bench serve` only).
+    engine_split: Vec<super::thread_cpu::GroupCpu>,
 }
 
 /// Timings of the long prompt sent while a serving run was under way.
@@ -257,6 +260,7 @@ impl Report {
             cpu_cores: cpu_s.filter(|_| duration > 0.0).map(|s| s / duration),
             server_threads: Vec::new(),
             long_prompt: None,
+            engine_split: Vec::new(),
         }
     }
 
@@ -311,6 +315,15 @@ impl Report {
                 group.ms_per_output_token.unwrap_or(0.0),
                 group.cores,
                 group.seconds
+            );
+        }
+        for part in &self.engine_split {
+            println!(
+                "    {:<21} {:>8.3} ms/token {:>7.3} cores {:>8.2} s",
+                part.group,
+                part.ms_per_output_token.unwrap_or(0.0),
+                part.cores,
+                part.seconds
             );
         }
         if let Some(long) = &self.long_prompt {
@@ -604,6 +617,8 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     let n = load.num_prompts();
     let cpu_before = cpu_seconds(args.server_pid);
     let threads_before = args.server_pid.and_then(super::thread_cpu::Snapshot::of);
+    let metrics_url = format!("{}/metrics", args.url.trim_end_matches('/'));
+    let engine_before = engine_cpu(&client, &metrics_url, args.api_key.as_deref()).await;
     let started = Instant::now();
     let shared = Arc::new(Shared {
         client,
@@ -668,6 +683,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         .zip(cpu_seconds(args.server_pid))
         .map(|(a, b)| b - a);
     let threads_after = args.server_pid.and_then(super::thread_cpu::Snapshot::of);
+    let engine_after = engine_cpu(&shared.client, &metrics_url, args.api_key.as_deref()).await;
     let mut report = Report::new(
         "serve",
         args.url.clone(),
@@ -681,6 +697,16 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         let groups = super::thread_cpu::split(&before, &after);
         report.server_threads =
             super::thread_cpu::per_group(&groups, duration, report.total_output_tokens);
+    }
+    if let Some((before, after)) = engine_before.zip(engine_after) {
+        let parts = [
+            ("engine host work", after.0 - before.0),
+            ("engine backend steps", after.1 - before.1),
+        ]
+        .into_iter()
+        .collect();
+        report.engine_split =
+            super::thread_cpu::per_group(&parts, duration, report.total_output_tokens);
     }
     if let Some(long) = long {
         let (after, timing) = long.await?;
@@ -702,6 +728,17 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         });
     }
     finish(&report, load.json.as_ref())
+}
+
+/// The engine thread's CPU seconds (host work, inside backend steps) from the server's
+/// `/metrics`; `None` when the server does not report them.
+async fn engine_cpu(client: &reqwest::Client, url: &str, key: Option<&str>) -> Option<(f64, f64)> {
+    let mut request = client.get(url);
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    let text = request.send().await.ok()?.text().await.ok()?;
+    super::thread_cpu::engine_cpu_from_metrics(&text)
 }
 
 /// What every request of a serving run shares.

@@ -121,9 +121,41 @@ pub fn per_group(
         .collect()
 }
 
+/// The engine thread's CPU seconds from a Prometheus text exposition: (host work, inside
+/// backend steps), summed over models; `None` without the metric.
+pub fn engine_cpu_from_metrics(text: &str) -> Option<(f64, f64)> {
+    let (mut host, mut backend, mut found) = (0.0, 0.0, false);
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("inferno:engine_thread_cpu_seconds_total{") else {
+            continue;
+        };
+        let Some(value) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
+            continue;
+        };
+        if rest.contains("part=\"host\"") {
+            host += value;
+            found = true;
+        } else if rest.contains("part=\"backend_step\"") {
+            backend += value;
+            found = true;
+        }
+    }
+    found.then_some((host, backend))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_engine_split_is_read_from_the_metrics_text() {
+        let text = "# HELP inferno:engine_thread_cpu_seconds CPU time\n\
+            inferno:engine_thread_cpu_seconds_total{model_name=\"m\",part=\"backend_step\"} 2.5\n\
+            inferno:engine_thread_cpu_seconds_total{model_name=\"m\",part=\"host\"} 0.25\n\
+            vllm:num_requests_running{model_name=\"m\"} 3\n";
+        assert_eq!(engine_cpu_from_metrics(text), Some((0.25, 2.5)));
+        assert_eq!(engine_cpu_from_metrics("vllm:x 1\n"), None);
+    }
 
     #[test]
     fn stat_lines_with_spaces_and_parentheses_in_the_name_parse() {

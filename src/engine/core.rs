@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokenizers::Tokenizer;
 
@@ -96,6 +96,7 @@ impl Engine {
             receiver,
             shared: shared.clone(),
             steps: 0,
+            backend_cpu: Duration::ZERO,
             masks: MaskJobs::new(),
             mask_wait: MaskWait::default(),
         };
@@ -117,6 +118,8 @@ struct Worker {
     receiver: mpsc::Receiver<Command>,
     shared: Arc<Shared>,
     steps: u64,
+    /// The engine thread's CPU time inside `Backend::step`, since start.
+    backend_cpu: Duration,
     masks: MaskJobs,
     /// Time steps spent waiting for their grammar masks.
     mask_wait: MaskWait,
@@ -286,11 +289,13 @@ impl Worker {
                 .map(|s| batch_row(&running[s.index], *s))
                 .collect();
             let specs = sample_specs(&rows);
+            let cpu_before = thread_cpu_time();
             let output = if started {
                 self.backend.finish_step(&rows)
             } else {
                 self.backend.step(&rows)
             };
+            self.backend_cpu += thread_cpu_time().saturating_sub(cpu_before);
             output.and_then(|output| {
                 let sampled: Vec<SampledToken> = match output {
                     StepOutput::Sampled(tokens) => tokens,
@@ -334,6 +339,7 @@ impl Worker {
             .collect();
         let mut advanced = self.advance_grammars(&sampling_rows, &sampled);
         let mut finished = Vec::new();
+        let mut continuing = Vec::new();
         for ((scheduled, token), advanced) in
             sampling_rows.into_iter().zip(sampled).zip(&mut advanced)
         {
@@ -345,13 +351,14 @@ impl Worker {
                 _ => self.accept(scheduled.index, token, advanced.take()),
             };
             match progress {
-                // The next mask is computed on the pool while the rest of this step's tokens
-                // are accepted and the next step is scheduled.
-                Progress::Continue => self.start_mask(scheduled.index),
+                Progress::Continue => continuing.push(scheduled.index),
                 Progress::Finished(reason) => finished.push((scheduled.index, Some(reason))),
                 Progress::Gone => finished.push((scheduled.index, None)),
             }
         }
+        // The next masks are computed on the pool while the next step is scheduled and (with a
+        // backend that takes masks late) while its forward pass runs.
+        self.start_masks(&continuing);
         finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         for (index, reason) in finished {
             let seq = self.scheduler.remove_running(index);
@@ -433,7 +440,10 @@ impl Worker {
         if !late.contains(&true) {
             return Ok(false);
         }
-        self.backend.start_step(&rows, &late)
+        let cpu_before = thread_cpu_time();
+        let started = self.backend.start_step(&rows, &late);
+        self.backend_cpu += thread_cpu_time().saturating_sub(cpu_before);
+        started
     }
 
     /// Counts a step's wait for its grammar masks (see `EngineStats`): in `overlapped` steps
@@ -451,25 +461,36 @@ impl Worker {
         );
     }
 
-    /// Starts computing the next grammar mask of the constrained sequence at `index` of the
-    /// running list on rayon's pool; its grammar state travels with the job and comes back in
-    /// [`Worker::collect_masks`].
-    fn start_mask(&mut self, index: usize) {
-        let seq = &mut self.scheduler.running[index];
-        let Some(mut constraint) = seq.constraint.take() else {
+    /// Starts computing the next grammar masks of the constrained sequences at `indices` of the
+    /// running list: one job on rayon's pool (one wake-up of the pool per step, not one per row)
+    /// that computes them in parallel; each grammar state travels with the job and comes back,
+    /// with its mask, in [`Worker::collect_masks`].
+    fn start_masks(&mut self, indices: &[usize]) {
+        let jobs: Vec<(u64, crate::constrain::TokenConstraint)> = indices
+            .iter()
+            .filter_map(|&index| {
+                let seq = &mut self.scheduler.running[index];
+                Some((seq.id, seq.constraint.take()?))
+            })
+            .collect();
+        if jobs.is_empty() {
             return;
-        };
-        let seq_id = seq.id;
+        }
+        self.masks.in_flight.extend(jobs.iter().map(|(id, _)| *id));
         let results = self.masks.sender.clone();
-        self.masks.in_flight.insert(seq_id);
         rayon::spawn(move || {
-            let mask = compute_mask(&mut constraint);
-            // The receiver lives as long as the engine; after shutdown the result is moot.
-            let _ = results.send(MaskJob {
-                seq_id,
-                constraint,
-                mask,
-            });
+            use rayon::prelude::*;
+            jobs.into_par_iter()
+                .for_each_with(results, |results, (seq_id, mut constraint)| {
+                    let mask = compute_mask(&mut constraint);
+                    // The receiver lives as long as the engine; after shutdown the result is
+                    // moot.
+                    let _ = results.send(MaskJob {
+                        seq_id,
+                        constraint,
+                        mask,
+                    });
+                });
         });
     }
 
@@ -582,7 +603,7 @@ impl Worker {
                 )));
             }
         };
-        let (text, stopped) = match seq.stop.push(&delta) {
+        let (text, stopped) = match seq.stop.push_owned(delta) {
             StopOutcome::Continue(text) => (text, None),
             StopOutcome::Stopped { emitted, matched } => (emitted, Some(matched)),
         };
@@ -622,6 +643,8 @@ impl Worker {
                 prefix_cache_hits: s.counters.prefix_hits,
                 preemptions: s.counters.preemptions,
                 steps: self.steps,
+                thread_cpu_seconds: thread_cpu_time().as_secs_f64(),
+                backend_cpu_seconds: self.backend_cpu.as_secs_f64(),
                 grammar_mask_steps: self.mask_wait.steps,
                 grammar_mask_overlapped_steps: self.mask_wait.overlapped_steps,
                 grammar_mask_wait_us: self.mask_wait.micros,
@@ -648,6 +671,15 @@ impl Worker {
             }
         }
     }
+}
+
+/// The calling thread's CPU time (user and system) since it started.
+fn thread_cpu_time() -> Duration {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        u64::try_from(now.tv_sec).unwrap_or(0),
+        u32::try_from(now.tv_nsec).unwrap_or(0),
+    )
 }
 
 /// The backend's view of one scheduled sequence.

@@ -64,6 +64,12 @@ pub struct EngineStats {
     pub preemptions: u64,
     /// Forward steps run, since start.
     pub steps: u64,
+    /// CPU time of the engine thread since start, in seconds.
+    pub thread_cpu_seconds: f64,
+    /// Of it, the time inside the backend's steps (launching and waiting for a device step,
+    /// computing on the CPU backend); the rest is the engine's host work (scheduling, row
+    /// building, detokenization, stop strings, events).
+    pub backend_cpu_seconds: f64,
     /// Steps with a constrained sampled row, which waited for grammar masks, since start.
     pub grammar_mask_steps: u64,
     /// Of those, steps whose forward pass ran on the backend while the engine waited (a device

@@ -119,6 +119,14 @@ impl StopMatcher {
         })
     }
 
+    /// Feeds newly decoded text it may keep (no copy when there are no stop strings).
+    pub fn push_owned(&mut self, text: String) -> StopOutcome {
+        if self.automaton.is_none() {
+            return StopOutcome::Continue(text);
+        }
+        self.push(&text)
+    }
+
     /// Feeds newly decoded text.
     pub fn push(&mut self, text: &str) -> StopOutcome {
         let (Some(automaton), Some(mut state)) = (&self.automaton, self.state) else {
@@ -186,6 +194,19 @@ mod tests {
     fn passes_text_through_without_stops() {
         let mut m = matcher(&[]);
         assert_eq!(m.push("abc"), StopOutcome::Continue("abc".into()));
+        assert_eq!(m.push_owned("d".into()), StopOutcome::Continue("d".into()));
+        let mut m = matcher(&["END"]);
+        assert_eq!(
+            m.push_owned("a E".into()),
+            StopOutcome::Continue("a ".into())
+        );
+        assert_eq!(
+            m.push_owned("ND".into()),
+            StopOutcome::Stopped {
+                emitted: String::new(),
+                matched: "END".into()
+            }
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! events. Dropping a [`GenerationStream`] cancels its request, so a client that goes away
 //! frees its KV blocks as soon as its response body is dropped.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
@@ -477,6 +477,46 @@ struct ChunkWriter {
     created: u64,
     logprobs: bool,
     tool_calls: Option<ToolCalls>,
+    /// Each choice's text-only chunk, serialized once (`None`: could not be split).
+    text_templates: HashMap<usize, Option<TextTemplate>>,
+}
+
+/// The text placeholder a template is serialized with, as JSON writes it (quotes included).
+const PLACEHOLDER_JSON: &str = "\"\\u0000\"";
+
+/// A serialized server-sent event whose only varying part is one string field, split around
+/// it: the chunk of each new token is the part before, the token's text as a JSON string, and
+/// the part after (byte for byte what serializing the whole chunk gives, without building it).
+#[derive(Debug, Clone, PartialEq)]
+struct TextTemplate {
+    before: String,
+    after: String,
+}
+
+impl TextTemplate {
+    /// Splits `event` (serialized with the text `"\u{0}"`) around the placeholder; `None` unless
+    /// it occurs exactly once.
+    fn split(event: &str) -> Option<Self> {
+        let mut found = event.match_indices(PLACEHOLDER_JSON);
+        let (at, _) = found.next()?;
+        if found.next().is_some() {
+            return None;
+        }
+        Some(Self {
+            before: event[..at].to_owned(),
+            after: event[at + PLACEHOLDER_JSON.len()..].to_owned(),
+        })
+    }
+
+    /// The event carrying `text`.
+    fn render(&self, text: &str) -> Bytes {
+        let mut out = Vec::with_capacity(self.before.len() + self.after.len() + text.len() + 8);
+        out.extend_from_slice(self.before.as_bytes());
+        // Writing a string into a vector cannot fail.
+        let _ = serde_json::to_writer(&mut out, text);
+        out.extend_from_slice(self.after.as_bytes());
+        Bytes::from(out)
+    }
 }
 
 impl ChunkWriter {
@@ -484,6 +524,24 @@ impl ChunkWriter {
         match serde_json::to_string(value) {
             Ok(json) => Bytes::from(format!("data: {json}\n\n")),
             Err(err) => error_event(&ApiError::internal(format!("encoding failed: {err}"))),
+        }
+    }
+
+    /// The chunk carrying only new text for choice `index`, from its template.
+    fn text_only(&mut self, index: usize, text: &str) -> Bytes {
+        if !self.text_templates.contains_key(&index) {
+            let event = self.content(index, "\u{0}".to_owned(), &[], 0, None);
+            let template = event
+                .as_deref()
+                .and_then(|bytes| std::str::from_utf8(bytes).ok())
+                .and_then(TextTemplate::split);
+            self.text_templates.insert(index, template);
+        }
+        match self.text_templates.get(&index) {
+            Some(Some(template)) => template.render(text),
+            _ => self
+                .content(index, text.to_owned(), &[], 0, None)
+                .unwrap_or_default(),
         }
     }
 
@@ -700,6 +758,7 @@ pub fn stream(
         created: super::unix_now(),
         logprobs: job.options.logprobs.is_some(),
         tool_calls: job.tool_calls,
+        text_templates: HashMap::new(),
     };
     let forwarder = Forwarder {
         writer,
@@ -868,7 +927,12 @@ impl Forwarder {
                             (None, 1)
                         }
                     } else {
-                        (self.writer.content(index, text, &tokens, offset, None), 1)
+                        let chunk = if tokens.is_empty() && !text.is_empty() {
+                            Some(self.writer.text_only(index, &text))
+                        } else {
+                            self.writer.content(index, text, &tokens, offset, None)
+                        };
+                        (chunk, 1)
                     }
                 }
                 GenerationEvent::Finished {
@@ -940,5 +1004,75 @@ impl Forwarder {
         }
         self.queue(Bytes::from_static(b"data: [DONE]\n\n"), carried)?;
         self.drain().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn completion_chunk(model: &str, text: &str) -> Bytes {
+        ChunkWriter::event(&Completion {
+            id: "cmpl-1".into(),
+            object: "text_completion",
+            created: 7,
+            model: model.into(),
+            choices: vec![CompletionChoice {
+                index: 3,
+                text: text.into(),
+                logprobs: None,
+                finish_reason: None,
+                stop_reason: None,
+            }],
+            usage: None,
+        })
+    }
+
+    fn chat_chunk(text: &str) -> Bytes {
+        ChunkWriter::event(&ChatChunk {
+            id: "chatcmpl-1".into(),
+            object: "chat.completion.chunk",
+            created: 7,
+            model: "m".into(),
+            choices: vec![ChatChunkChoice {
+                index: 0,
+                delta: Delta {
+                    role: None,
+                    content: Some(text.into()),
+                    tool_calls: None,
+                },
+                logprobs: None,
+                finish_reason: None,
+                stop_reason: None,
+            }],
+            usage: None,
+        })
+    }
+
+    fn template(event: &Bytes) -> Option<TextTemplate> {
+        TextTemplate::split(std::str::from_utf8(event).expect("UTF-8"))
+    }
+
+    proptest! {
+        /// A rendered template is byte for byte the chunk serialized whole, whatever the text
+        /// (quotes, backslashes, control characters, non-ASCII, the placeholder itself).
+        #[test]
+        fn templated_chunks_equal_serialized_ones(text in "(\\PC|[\"\\\\\u{0}-\u{1f}\u{7f}]){0,24}") {
+            let completion = template(&completion_chunk("m", "\u{0}")).expect("splits");
+            prop_assert_eq!(completion.render(&text), completion_chunk("m", &text));
+            let chat = template(&chat_chunk("\u{0}")).expect("splits");
+            prop_assert_eq!(chat.render(&text), chat_chunk(&text));
+        }
+    }
+
+    #[test]
+    fn a_placeholder_found_twice_gives_no_template() {
+        // A model name that contains the placeholder's characters makes the split ambiguous.
+        assert!(template(&completion_chunk("\u{0}", "\u{0}")).is_none());
+        assert!(template(&completion_chunk("m", "none")).is_none());
+        let split = template(&completion_chunk("m", "\u{0}")).expect("splits");
+        assert!(split.before.starts_with("data: {\"id\":\"cmpl-1\""));
+        assert!(split.after.ends_with("}\n\n"));
     }
 }

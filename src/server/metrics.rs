@@ -32,6 +32,13 @@ struct RequestLabel {
     status: String,
 }
 
+/// Labels of the engine thread's CPU counter: `part` is `backend_step` or `host`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EngineCpuLabel {
+    model_name: String,
+    part: &'static str,
+}
+
 /// Labels of the finished-request counter.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FinishLabel {
@@ -70,6 +77,9 @@ pub struct Metrics {
     e2e: HistogramFamily,
     finished: Family<FinishLabel, Counter>,
     requests: Family<RequestLabel, Counter>,
+    engine_cpu: Family<EngineCpuLabel, Counter<f64, AtomicU64>>,
+    /// Engine thread CPU seconds already folded into `engine_cpu`: (backend step, host).
+    engine_cpu_seen: Mutex<(f64, f64)>,
     grammar_mask_steps: Family<ModelLabel, Gauge>,
     grammar_mask_overlapped_steps: Family<ModelLabel, Gauge>,
     grammar_mask_wait: Family<ModelLabel, Gauge<f64, AtomicU64>>,
@@ -99,6 +109,13 @@ impl Metrics {
         let e2e = HistogramFamily::new_with_constructor(request_histogram);
         let finished = Family::default();
         let requests = Family::default();
+        let engine_cpu = Family::default();
+        registry.register(
+            "inferno:engine_thread_cpu_seconds",
+            "CPU time of the engine thread: inside the backend's steps (part=backend_step) and \
+             the engine's own host work (part=host)",
+            engine_cpu.clone(),
+        );
         let grammar_mask_steps = Family::default();
         let grammar_mask_overlapped_steps = Family::default();
         let grammar_mask_wait = Family::default();
@@ -195,6 +212,8 @@ impl Metrics {
             grammar_mask_overlapped_steps,
             grammar_mask_wait,
             prefix_seen: Mutex::new((0, 0)),
+            engine_cpu,
+            engine_cpu_seen: Mutex::new((0.0, 0.0)),
         }
     }
 
@@ -295,6 +314,28 @@ impl Metrics {
             queries.max(stats.prefix_cache_queries),
             hits.max(stats.prefix_cache_hits),
         );
+        drop(seen);
+        let host = (stats.thread_cpu_seconds - stats.backend_cpu_seconds).max(0.0);
+        let mut seen = self
+            .engine_cpu_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (backend_seen, host_seen) = *seen;
+        for (part, total, earlier) in [
+            ("backend_step", stats.backend_cpu_seconds, backend_seen),
+            ("host", host, host_seen),
+        ] {
+            self.engine_cpu
+                .get_or_create(&EngineCpuLabel {
+                    model_name: model.to_owned(),
+                    part,
+                })
+                .inc_by((total - earlier).max(0.0));
+        }
+        *seen = (
+            backend_seen.max(stats.backend_cpu_seconds),
+            host_seen.max(host),
+        );
     }
 }
 
@@ -360,6 +401,30 @@ mod tests {
             value(&text, "vllm:prefix_cache_hits_total{model_name=\"m\"}"),
             40.0
         );
+    }
+
+    #[test]
+    fn the_engine_threads_cpu_is_split_into_backend_steps_and_host_work() {
+        let metrics = Metrics::new();
+        let mut stats = EngineStats {
+            thread_cpu_seconds: 2.0,
+            backend_cpu_seconds: 1.5,
+            ..EngineStats::default()
+        };
+        metrics.render(Some(("m", &stats)));
+        stats.thread_cpu_seconds = 3.0;
+        stats.backend_cpu_seconds = 2.25;
+        let text = metrics.render(Some(("m", &stats)));
+        let cpu = |part: &str| {
+            value(
+                &text,
+                &format!(
+                    "inferno:engine_thread_cpu_seconds_total{{model_name=\"m\",part=\"{part}\"}}"
+                ),
+            )
+        };
+        assert_eq!(cpu("backend_step"), 2.25);
+        assert_eq!(cpu("host"), 0.75);
     }
 
     #[test]
