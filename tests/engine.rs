@@ -525,6 +525,21 @@ impl inferno::engine::Backend for DeviceSampler {
     }
 }
 
+/// The grammar of the codes `[0-9]{3}-[a-z]{4}` (see `is_code`), compiled for `model`.
+fn code_grammar(
+    model: &Model,
+    info: &inferno::engine::ModelInfo,
+) -> inferno::constrain::CompiledConstraint {
+    use inferno::constrain::{ConstraintKind, ConstraintSource, ConstraintSpec, GrammarCompiler};
+    GrammarCompiler::new(&model.tokenizer, &info.eos_token_ids, info.vocab_size)
+        .expect("tok")
+        .compile(&ConstraintSpec {
+            kind: ConstraintKind::Regex,
+            source: ConstraintSource::Regex("[0-9]{3}-[a-z]{4}".into()),
+        })
+        .expect("compiles")
+}
+
 /// Grammar masks reach the backend with the step (a device sampler applies them there): every
 /// sampled row of a constrained request carries its mask, and a backend that samples with them
 /// produces exactly what the engine's host sampler produces, in a batch mixed with free rows.
@@ -532,17 +547,9 @@ impl inferno::engine::Backend for DeviceSampler {
 /// step (the forward pass never waits for a mask), with the same outputs.
 #[test]
 fn grammar_masks_travel_with_the_step_to_a_device_sampler() {
-    use inferno::constrain::{ConstraintKind, ConstraintSource, ConstraintSpec, GrammarCompiler};
     let model = model();
     let info = inferno::engine::ModelInfo::of(&model);
-    let compiler =
-        GrammarCompiler::new(&model.tokenizer, &info.eos_token_ids, info.vocab_size).expect("tok");
-    let regex = compiler
-        .compile(&ConstraintSpec {
-            kind: ConstraintKind::Regex,
-            source: ConstraintSource::Regex("[0-9]{3}-[a-z]{4}".into()),
-        })
-        .expect("compiles");
+    let regex = code_grammar(&model, &info);
     let prompts = prompts();
     let requests = || {
         let mut out = Vec::new();
@@ -638,17 +645,9 @@ fn regex_lite_match(text: &str) -> bool {
 /// included, and every output follows its grammar.
 #[test]
 fn a_wide_constrained_batch_gives_the_solo_results() {
-    use inferno::constrain::{ConstraintKind, ConstraintSource, ConstraintSpec, GrammarCompiler};
     let model = model();
     let info = inferno::engine::ModelInfo::of(&model);
-    let compiler =
-        GrammarCompiler::new(&model.tokenizer, &info.eos_token_ids, info.vocab_size).expect("tok");
-    let regex = compiler
-        .compile(&ConstraintSpec {
-            kind: ConstraintKind::Regex,
-            source: ConstraintSource::Regex("[0-9]{3}-[a-z]{4}".into()),
-        })
-        .expect("compiles");
+    let regex = code_grammar(&model, &info);
     let prompts = prompts();
     let requests: Vec<GenerationRequest> = (0..12)
         .map(|i| {

@@ -597,6 +597,17 @@ mod tests {
     }
 
     /// A row's sampling request with `params`, seed 1, no history and `logprobs` alternatives.
+    /// Sequence 2's first prefill chunk, three tokens in block 4, sampling nothing.
+    fn prefill_chunk() -> BatchRow<'static> {
+        BatchRow {
+            seq_id: 2,
+            tokens: &[1, 2, 3],
+            start_pos: 0,
+            block_table: &[4],
+            sample: None,
+        }
+    }
+
     fn plain_spec(params: &SamplingParams, logprobs: u32) -> SampleSpec<'_> {
         SampleSpec {
             params,
@@ -623,13 +634,7 @@ mod tests {
                 sample: Some(spec),
             },
             // A prefill chunk that needs no token yet.
-            BatchRow {
-                seq_id: 2,
-                tokens: &[1, 2, 3],
-                start_pos: 0,
-                block_table: &[4],
-                sample: None,
-            },
+            prefill_chunk(),
         ];
         let mut out = Vec::new();
         let layout = pack_step(&rows, 0, &limits(), &mut out).expect("packs");
@@ -958,13 +963,7 @@ mod tests {
                     sample: Some(spec(&biased, first)),
                 },
                 // A prefill chunk: the step has tiles, which the late slots follow.
-                BatchRow {
-                    seq_id: 2,
-                    tokens: &[1, 2, 3],
-                    start_pos: 0,
-                    block_table: &[4],
-                    sample: None,
-                },
+                prefill_chunk(),
                 BatchRow {
                     seq_id: 3,
                     tokens: &[6],
