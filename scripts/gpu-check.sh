@@ -118,7 +118,7 @@ fi
 if has gemv; then
   A=$OUT/gemv
   mkdir -p "$A"
-  if nvcc -O3 -arch=sm_90a -std=c++17 -I"$G/kernels" -DGEMV_ROWS=4 -DGEMV_WARPS=4 -Xptxas -v "$G/gemv-check.cu" -lcublasLt -o "$A/gemv-check" >"$A/build.log" 2>&1; then
+  if nvcc -O3 -arch=sm_90a -std=c++17 -I"$G/kernels" -DGEMV_ROWS=4 -DGEMV_WARPS=4 -DGEMV_MMA_ROWS=16 -DGEMV_MMA_WARPS=4 -Xptxas -v "$G/gemv-check.cu" -lcublasLt -o "$A/gemv-check" >"$A/build.log" 2>&1; then
     "$A/gemv-check" test >"$A/test.log" 2>&1
     note "gemv tests: rc=$? $(grep -h '^RESULT' "$A/test.log")"
     timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$A/gemv-check" test >"$A/sanitizer.log" 2>&1
@@ -347,6 +347,15 @@ if has sealedstart; then
     >"$OUT/seal.log" 2>&1
   note "inferno seal (8B-shaped): rc=$? $(head -1 "$OUT/seal.log")"
   cat $M8/* $S8/* >/dev/null
+  # Reading a cached shard into a fresh buffer in 4 KiB pages against advised huge pages
+  # (src/model/buffer.rs), on every core.
+  note "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null), CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(nproc) cores"
+  if gcc -O2 -o /tmp/read-buffer-bench "$G/read-buffer-bench.c" -lpthread 2>"$OUT/read-buffer-bench.log"; then
+    largest=$(ls -S $M8/*.safetensors | head -1)
+    /tmp/read-buffer-bench "$largest" "$(nproc)" 2>&1 | tee -a "$OUT/read-buffer-bench.log" | tee -a "$SUMMARY"
+  else
+    note "read-buffer-bench: gcc failed"
+  fi
   printf '[attestation]\nprofile = "development"\n' >/tmp/sealed-dev.toml
   first_token() { # LOG MODEL_DIR EXTRA_ARGS... -> seconds to the first completion
     local t0 t1 log=$1

@@ -355,17 +355,7 @@ fn mixed_batches_chunked_prefill_and_prefix_hits_match_single_runs() {
         .collect();
 
     // All four prompts in one step.
-    let rows: Vec<BatchRow<'_>> = seqs
-        .iter()
-        .enumerate()
-        .map(|(i, s)| BatchRow {
-            seq_id: i as u64,
-            tokens: &s.tokens,
-            start_pos: 0,
-            block_table: &s.table,
-            sample: Some(spec(None)),
-        })
-        .collect();
+    let rows = prompt_rows(&seqs, 0, Some(spec(None)));
     let batched = logits(gpu.step(&rows).expect("mixed step"));
     for (i, (b, a)) in batched.iter().zip(&alone).enumerate() {
         let diff = max_abs_diff(b, a);
@@ -680,17 +670,7 @@ fn decode_graphs_replay_what_eager_steps_compute() {
             Seq::new(prompt(n, i as u32 + 200), &mut blocks, n + sizes.len())
         })
         .collect();
-    let prefill: Vec<BatchRow<'_>> = seqs
-        .iter()
-        .enumerate()
-        .map(|(i, s)| BatchRow {
-            seq_id: i as u64,
-            tokens: &s.tokens,
-            start_pos: 0,
-            block_table: &s.table,
-            sample: None,
-        })
-        .collect();
+    let prefill = prompt_rows(&seqs, 0, None);
     for backend in [&mut eager, &mut graphed, &mut plain, &mut sampled] {
         backend.step(&prefill).expect("prefill");
     }
@@ -757,6 +737,25 @@ fn decode_graphs_replay_what_eager_steps_compute() {
     assert_eq!(sampled.graph_replays(), sizes.len() as u64);
 }
 
+/// One row per sequence with its whole prompt but the last `hold_back` tokens, from position 0,
+/// sampled as `sample` says.
+fn prompt_rows<'a>(
+    seqs: &'a [Seq],
+    hold_back: usize,
+    sample: Option<SampleSpec<'a>>,
+) -> Vec<BatchRow<'a>> {
+    seqs.iter()
+        .enumerate()
+        .map(|(i, s)| BatchRow {
+            seq_id: i as u64,
+            tokens: &s.tokens[..s.tokens.len() - hold_back],
+            start_pos: 0,
+            block_table: &s.table,
+            sample,
+        })
+        .collect()
+}
+
 /// One decode row per sequence (its token 23), sampled as `specs` say.
 fn decode_rows<'a>(seqs: &'a [Seq], specs: &[SampleSpec<'a>]) -> Vec<BatchRow<'a>> {
     seqs.iter()
@@ -772,9 +771,6 @@ fn decode_rows<'a>(seqs: &'a [Seq], specs: &[SampleSpec<'a>]) -> Vec<BatchRow<'a
         .collect()
 }
 
-/// The device sampler against the engine's reference sampler (`engine::sampling`) on the same
-/// logits, in every mode: the same token for every greedy draw (penalties included) and for at
-/// least 99% of seeded draws, with one copy each way per step.
 /// A host-sampling and a device-sampling backend that have both prefilled the same 16 sequences
 /// (all but the last of their 24 tokens, prompts salted from `salt`), ready for decode steps.
 fn prefilled_host_and_device(model: &Model, salt: u32) -> (CudaBackend, CudaBackend, Vec<Seq>) {
@@ -785,23 +781,16 @@ fn prefilled_host_and_device(model: &Model, salt: u32) -> (CudaBackend, CudaBack
         .map(|i| Seq::new(prompt(24, salt + i), &mut blocks, 24))
         .collect();
     {
-        let prefill: Vec<BatchRow<'_>> = seqs
-            .iter()
-            .enumerate()
-            .map(|(i, s)| BatchRow {
-                seq_id: i as u64,
-                tokens: &s.tokens[..23],
-                start_pos: 0,
-                block_table: &s.table,
-                sample: None,
-            })
-            .collect();
+        let prefill = prompt_rows(&seqs, 1, None);
         host.step(&prefill).expect("prefill");
         device.step(&prefill).expect("prefill");
     }
     (host, device, seqs)
 }
 
+/// The device sampler against the engine's reference sampler (`engine::sampling`) on the same
+/// logits, in every mode: the same token for every greedy draw (penalties included) and for at
+/// least 99% of seeded draws, with one copy each way per step.
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn device_sampler_agrees_with_the_reference_sampler_in_every_mode() {

@@ -35,7 +35,8 @@ pub enum BackendInitError {
 }
 
 /// How long each phase of building a backend took, for the start-up timeline. Phases may
-/// overlap: the CUDA backend compiles its kernels while it uploads the weights.
+/// overlap: the CUDA backend builds everything else (kernels, KV cache, product choice, decode
+/// graphs) while it uploads the weights.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BackendPhases {
     /// Driver probe, context and stream creation.

@@ -141,6 +141,7 @@ async fn serve_async(
         server.shutdown().await;
         return Err(err.into());
     }
+    timeline.server = timeline.elapsed();
     tracing::info!(
         listen = %server.local_addr(),
         "listening; /health answers 503 until the model is loaded and attested"

@@ -8,11 +8,14 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::backend::BackendPhases;
 
-/// The phases of one start-up, measured as they finish. Phases may overlap (kernel compilation
-/// runs during the upload), so they need not add up to the total.
+/// The phases of one start-up, measured as they finish. Phases may overlap (kernel compilation,
+/// the KV cache, the product choice and graph capture run during the upload; the GPU context
+/// opens while the model is parsed), so they need not add up to the total.
 #[derive(Debug)]
 pub(crate) struct Timeline {
     started: Instant,
+    /// Starting the server: TLS identity, audit log, listening socket, hardening.
+    pub server: Duration,
     /// Reading and hashing the plaintext files, or releasing the key and reading, decrypting
     /// and hashing a sealed model.
     pub read_hash: Duration,
@@ -27,10 +30,16 @@ pub(crate) struct Timeline {
 }
 
 impl Timeline {
+    /// Time since the start.
+    pub(crate) fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
     /// A timeline whose total counts from now.
     pub(crate) fn start() -> Self {
         Self {
             started: Instant::now(),
+            server: Duration::ZERO,
             read_hash: Duration::ZERO,
             parse: Duration::ZERO,
             attest: Duration::ZERO,
@@ -43,6 +52,7 @@ impl Timeline {
     pub(crate) fn log(&self) {
         let ms = |d: Duration| d.as_millis() as u64;
         tracing::info!(
+            server_ms = ms(self.server),
             read_hash_ms = ms(self.read_hash),
             parse_ms = ms(self.parse),
             attest_ms = ms(self.attest),

@@ -380,6 +380,16 @@ impl Worker {
         sampled: &[SampledToken],
     ) -> Vec<Option<Result<bool, String>>> {
         let mut outcomes: Vec<Option<Result<bool, String>>> = vec![None; rows.len()];
+        // Most steps carry no constrained row: skip building the index for them.
+        let constrained = rows.iter().any(|s| {
+            self.scheduler
+                .running
+                .get(s.index)
+                .is_some_and(|seq| seq.constraint.is_some())
+        });
+        if !constrained {
+            return outcomes;
+        }
         let position: std::collections::HashMap<usize, usize> =
             rows.iter().enumerate().map(|(i, s)| (s.index, i)).collect();
         let mut work: Vec<(usize, u32, &mut crate::constrain::TokenConstraint)> = self

@@ -7,7 +7,8 @@
 //! There is no second read of the weights, and no window between hashing and use in which the
 //! (untrusted) disk could change what is used; a file that grows while it is read is refused.
 //! A sealed model (`crate::seal`) produces the same structure from its decrypted
-//! chunks, with buffers that are zeroized when dropped.
+//! chunks, with buffers that are zeroized when dropped. The buffers (`buffer.rs`) are advised to
+//! use transparent huge pages.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -17,8 +18,8 @@ use std::sync::Arc;
 
 use indicatif::ProgressBar;
 use rayon::prelude::*;
-use zeroize::Zeroize;
 
+use super::buffer::HostBuffer;
 use super::digest::{DIGEST_BLOCK, FileDigest, ModelDigest, block_hash, file_value};
 use super::error::ModelError;
 
@@ -27,58 +28,20 @@ use super::error::ModelError;
 const READ_BLOCK: usize = DIGEST_BLOCK;
 
 /// One file's bytes, held in memory for the life of the model.
+#[derive(Debug)]
 pub struct FileBytes {
-    bytes: Vec<u8>,
-    /// Whether the bytes are secret (decrypted weights): overwritten with zeros when dropped.
-    secret: bool,
+    buffer: HostBuffer,
 }
 
 impl FileBytes {
-    /// Plaintext read from an ordinary model directory.
-    pub(crate) fn public(bytes: Vec<u8>) -> Self {
-        Self {
-            bytes,
-            secret: false,
-        }
-    }
-
-    /// Decrypted plaintext of a sealed model: zeroized when dropped.
-    pub(crate) fn secret(bytes: Vec<u8>) -> Self {
-        Self {
-            bytes,
-            secret: true,
-        }
+    /// Bytes read into `buffer` (a secret buffer is wiped when the bytes are dropped).
+    pub(crate) fn new(buffer: HostBuffer) -> Self {
+        Self { buffer }
     }
 
     /// The contents.
     pub fn as_slice(&self) -> &[u8] {
-        &self.bytes
-    }
-}
-
-/// Bytes each task zeroes when a secret buffer is dropped.
-const ZERO_BLOCK: usize = 16 << 20;
-
-impl Drop for FileBytes {
-    fn drop(&mut self) {
-        if self.secret {
-            // Decrypted weights are gigabytes: zeroed by all cores, or one core would hold
-            // start-up for seconds (about 6 s for 16 GB, measured on the 8B-shaped model).
-            self.bytes.spare_capacity_mut().zeroize();
-            self.bytes
-                .par_chunks_mut(ZERO_BLOCK)
-                .for_each(|block| block.zeroize());
-            self.bytes.clear();
-        }
-    }
-}
-
-impl std::fmt::Debug for FileBytes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FileBytes")
-            .field("len", &self.bytes.len())
-            .field("secret", &self.secret)
-            .finish()
+        self.buffer.as_slice()
     }
 }
 
@@ -113,8 +76,9 @@ impl ModelFiles {
                 let len = file.metadata().map_err(io(&path))?.len();
                 let len = usize::try_from(len)
                     .map_err(|_| io(&path)(std::io::Error::other("too large for this machine")))?;
-                // Zeroed pages come from the kernel lazily: no fill pass over the buffer.
-                Ok((name, path, file, vec![0u8; len]))
+                // Zeroed pages come from the kernel lazily, 2 MiB at a time where it can.
+                let bytes = HostBuffer::public(len).map_err(io(&path))?;
+                Ok((name, path, file, bytes))
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
         progress.set_length(opened.iter().map(|(_, _, _, b)| b.len() as u64).sum());
@@ -124,7 +88,9 @@ impl ModelFiles {
         let values = opened
             .par_iter_mut()
             .map(|(_, path, file, bytes)| {
+                let len = bytes.len();
                 let hashes = bytes
+                    .as_mut_slice()
                     .par_chunks_mut(READ_BLOCK)
                     .enumerate()
                     .map(|(index, block)| {
@@ -137,7 +103,7 @@ impl ModelFiles {
                     .collect::<Result<Vec<_>, ModelError>>()?;
                 // A file that grew while it was read would be used in part: refuse it.
                 let mut probe = [0u8; 1];
-                match file.read_at(&mut probe, bytes.len() as u64) {
+                match file.read_at(&mut probe, len as u64) {
                     Ok(0) => Ok(file_value(&hashes)),
                     Ok(_) => Err(io(path)(std::io::Error::other(
                         "the file grew while it was read",
@@ -149,7 +115,7 @@ impl ModelFiles {
         let parts = opened
             .into_iter()
             .zip(values)
-            .map(|((name, _, _, bytes), value)| (name, FileBytes::public(bytes), value))
+            .map(|((name, _, _, bytes), value)| (name, FileBytes::new(bytes), value))
             .collect();
         Ok(Self::from_parts(dir.to_path_buf(), parts))
     }

@@ -2,6 +2,7 @@
 //! generation defaults and the model digest. `docs/model-loading.md` describes the formats.
 #![warn(missing_docs)]
 
+pub mod buffer;
 pub mod chat_template;
 pub mod config;
 pub mod digest;

@@ -10,12 +10,12 @@ use std::path::Path;
 
 use indicatif::ProgressBar;
 use rayon::prelude::*;
-use zeroize::Zeroizing;
 
 use super::chunk::{FileCipher, TAG_LEN, chunk_count, sealed_len};
 use super::error::SealError;
 use super::key::ModelKey;
 use super::manifest::{Manifest, SEALED_SUFFIX};
+use crate::model::buffer::HostBuffer;
 use crate::model::digest::file_value_of;
 use crate::model::{FileBytes, ModelFiles};
 
@@ -72,10 +72,10 @@ pub fn open_sealed_reporting(
     progress.set_length(manifest.files.iter().map(|f| f.size).sum());
     // Decrypt: one task per chunk, each reading its ciphertext straight into its place in the
     // file's plaintext buffer and opening it there.
-    let mut buffers: Vec<Zeroizing<Vec<u8>>> = sources
+    let mut buffers = sources
         .iter()
-        .map(|(_, _, _, size)| Zeroizing::new(vec![0u8; *size]))
-        .collect();
+        .map(|(path, _, _, size)| HostBuffer::secret(*size).map_err(SealError::io(path)))
+        .collect::<Result<Vec<_>, SealError>>()?;
     buffers.par_iter_mut().zip(&sources).try_for_each(
         |(buffer, (path, handle, cipher, size))| {
             let chunks = chunk_count(*size as u64, chunk_size);
@@ -100,6 +100,7 @@ pub fn open_sealed_reporting(
                 return open(0, &mut []);
             }
             buffer
+                .as_mut_slice()
                 .par_chunks_mut(chunk_size as usize)
                 .enumerate()
                 .try_for_each(|(index, plain)| open(index as u64, plain))
@@ -110,7 +111,7 @@ pub fn open_sealed_reporting(
     // plaintext offsets, whatever the chunk size), and compare with the manifest.
     let values: Vec<String> = buffers
         .par_iter()
-        .map(|buffer| file_value_of(buffer))
+        .map(|buffer| file_value_of(buffer.as_slice()))
         .collect();
     for (file, actual) in manifest.files.iter().zip(&values) {
         if *actual != file.digest {
@@ -126,10 +127,7 @@ pub fn open_sealed_reporting(
         .iter()
         .zip(buffers)
         .zip(values)
-        .map(|((file, mut buffer), value)| {
-            let bytes = std::mem::take(&mut *buffer);
-            (file.name.clone(), FileBytes::secret(bytes), value)
-        })
+        .map(|((file, buffer), value)| (file.name.clone(), FileBytes::new(buffer), value))
         .collect();
     let files = ModelFiles::from_parts(dir.to_path_buf(), parts);
     if files.digest().hex != manifest.model_digest {

@@ -20,7 +20,7 @@ use crate::model::{Model, ModelConfig};
 
 use super::cc;
 use super::compile::{self, KernelError};
-use super::gemm::Gemm;
+use super::gemm::{Gemm, ProductPath};
 use super::graphs::{DecodeGraph, DecodeGraphs};
 use super::inputs::{
     self, CopyStats, StepLayout, StepLimits, fill_late_masks, pack_step, pack_step_with_late_masks,
@@ -152,6 +152,8 @@ struct Kernels {
     sample: CudaFunction,
     /// `gemv[m - 1]` computes products of m rows (`kernels/gemv.cu`).
     gemv: Vec<CudaFunction>,
+    /// Products of up to `plan::GEMV_MAX_M` rows on tensor cores.
+    gemv_mma: CudaFunction,
 }
 
 impl Kernels {
@@ -171,10 +173,11 @@ impl Kernels {
             prefill_attention: get("prefill_attention")?,
             swiglu: get("swiglu")?,
             sample: get("sample_tokens")?,
-            gemv: kernels::GEMV_ENTRIES
+            gemv: kernels::GEMV_ENTRIES[..plan::GEMV_MAX_M]
                 .iter()
                 .map(|name| get(name))
                 .collect::<Result<_, _>>()?,
+            gemv_mma: get(kernels::GEMV_ENTRIES[plan::GEMV_MAX_M])?,
         })
     }
 }
@@ -196,6 +199,9 @@ struct Activations {
     sampled: DeviceBuffer,
     probs: DeviceBuffer,
 }
+
+/// The most arguments any kernel takes (the launch keeps their slots on the stack).
+const MAX_KERNEL_ARGS: usize = 16;
 
 /// A kernel argument: a device pointer, an int or a float.
 enum Arg {
@@ -232,8 +238,30 @@ pub struct CudaBackend {
     /// Launch kernels with programmatic dependent launch (the configuration allows it and the
     /// device has compute capability 9.0 or later).
     programmatic: bool,
+    /// The device has bf16 `mma.sync` (compute capability 8.0 or later), which the
+    /// tensor-core small-M kernel needs.
+    bf16_mma: bool,
     /// How long each start-up phase took.
     phases: BackendPhases,
+}
+
+/// What [`CudaBackend::device_parts`] builds while the weights are copied.
+struct DeviceParts {
+    kernels: Kernels,
+    /// Kernel compilation (or the cache).
+    compile: Duration,
+    /// Compilation and module loading.
+    kernels_ready: Duration,
+    gemm: Gemm,
+    act: Activations,
+    k_cache: Vec<DeviceBuffer>,
+    v_cache: Vec<DeviceBuffer>,
+    kv_shape: KvCacheShape,
+    limits: StepLimits,
+    split_budget: usize,
+    graph_split_context: usize,
+    max_words: usize,
+    waiter: StepWaiter,
 }
 
 /// A step whose inputs are copied and forward pass queued, but not yet sampled.
@@ -306,30 +334,118 @@ impl CudaBackend {
             took: t_context,
         } = device;
 
-        // Compile on other threads while this one uploads the weights.
-        let upload_started = Instant::now();
-        let (compiled, weights) = std::thread::scope(|scope| {
-            let compiler = scope.spawn(|| {
-                let t = Instant::now();
-                compile::compile_all(&params, &arch).map(|c| (c, t.elapsed()))
-            });
-            let weights = ModelWeightsOnDevice::upload(&ctx, model, progress);
-            let compiled = compiler.join().unwrap_or_else(|_| {
-                Err(KernelError::Nvrtc {
-                    kernel: "(all)",
-                    message: "compiler thread panicked".into(),
-                })
-            });
-            (compiled, weights)
-        });
-        let weights = weights?;
-        let t_upload = upload_started.elapsed();
-        let (compiled, t_compile) = compiled?;
         ctx.bind_to_thread()
             .map_err(|e| CudaInitError::Device(e.to_string()))?;
-        let load_started = Instant::now();
-        let kernels = Kernels::take(compile::load_all(&ctx, compiled)?)?;
-        let t_kernels = t_compile + load_started.elapsed();
+        // Every weight's buffer is allocated first (the KV cache is sized from what is left).
+        // The copies into them run on other threads while this one compiles and loads the
+        // kernels, allocates the KV cache, chooses the product paths and captures the decode
+        // graphs, none of which depends on what the weights hold. The copies are joined before
+        // the backend is returned, and before the buffers are freed on an error, so no step
+        // ever sees a weight half copied.
+        let (weights, pieces) = ModelWeightsOnDevice::allocate(model)?;
+        let upload_ctx = ctx.clone();
+        let upload_started = Instant::now();
+        std::thread::scope(|scope| {
+            let uploader = scope.spawn(move || {
+                ModelWeightsOnDevice::upload(&upload_ctx, &pieces, progress)
+                    .map(|_| upload_started.elapsed())
+            });
+            let finish_upload = |uploader: std::thread::ScopedJoinHandle<'_, _>| {
+                uploader.join().unwrap_or_else(|_| {
+                    Err(CudaInitError::Weights("the upload thread panicked".into()))
+                })
+            };
+            let parts = match Self::device_parts(
+                &ctx, &stream, cfg, config, &options, &params, &arch, major, &name,
+            ) {
+                Ok(parts) => parts,
+                Err(err) => {
+                    // The copies still target `weights`: they finish before it is freed.
+                    let _ = finish_upload(uploader);
+                    return Err(err);
+                }
+            };
+            let DeviceParts {
+                kernels,
+                compile: t_compile,
+                kernels_ready: t_kernels,
+                gemm,
+                act,
+                k_cache,
+                v_cache,
+                kv_shape,
+                limits,
+                split_budget,
+                graph_split_context,
+                max_words,
+                waiter,
+            } = parts;
+            let mut backend = Self {
+                graphs: DecodeGraphs::default(),
+                waiter,
+                ctx,
+                stream,
+                kernels,
+                params,
+                weights,
+                k_cache,
+                v_cache,
+                kv_shape,
+                act,
+                gemm,
+                limits,
+                split_budget,
+                graph_split_context,
+                host_inputs: Vec::with_capacity(max_words),
+                options,
+                copies: CopyStats::default(),
+                started: None,
+                programmatic: config.programmatic_launch && major >= 9,
+                bf16_mma: major >= 8,
+                phases: BackendPhases {
+                    context: t_context,
+                    kernels: t_kernels,
+                    ..BackendPhases::default()
+                },
+            };
+            let prepared = backend.choose_and_capture(config.cuda_graphs);
+            let uploaded = finish_upload(uploader);
+            prepared?;
+            backend.phases.weights = uploaded?;
+            tracing::info!(
+                context_ms = t_context.as_millis() as u64,
+                upload_ms = backend.phases.weights.as_millis() as u64,
+                compile_ms = t_compile.as_millis() as u64,
+                choose_ms = backend.phases.gemm_selection.as_millis() as u64,
+                capture_ms = backend.phases.graphs.as_millis() as u64,
+                ready_ms = started.elapsed().as_millis() as u64,
+                weight_bytes = backend.weights.bytes(),
+                "CUDA backend ready (kernels, KV cache, product paths and graphs overlapped the upload)"
+            );
+            Ok(backend)
+        })
+    }
+
+    /// Everything of the backend but the weights, built on the device while the weights are
+    /// copied: the kernels (compiled, or from the cache, and loaded), the product planner, the
+    /// step buffers, the KV cache in what memory is left, the step limits and the step waiter.
+    #[allow(clippy::too_many_arguments)]
+    fn device_parts(
+        ctx: &Arc<CudaContext>,
+        stream: &Arc<CudaStream>,
+        cfg: &ModelConfig,
+        config: &EngineConfig,
+        options: &CudaOptions,
+        params: &KernelParams,
+        arch: &str,
+        major: i32,
+        name: &str,
+    ) -> Result<DeviceParts, CudaInitError> {
+        let compile_started = Instant::now();
+        let compiled = compile::compile_all(params, arch)?;
+        let t_compile = compile_started.elapsed();
+        let kernels = Kernels::take(compile::load_all(ctx, compiled)?)?;
+        let t_kernels = compile_started.elapsed();
 
         // Step buffers are sized for the configured sequence limit, or for the cap when it is
         // derived; the derived limit (below, from the KV blocks) never exceeds that.
@@ -407,64 +523,47 @@ impl CudaBackend {
                 0
             },
         };
-        let waiter = StepWaiter::new(&stream).map_err(|e| CudaInitError::Device(e.to_string()))?;
-        let mut backend = Self {
-            graphs: DecodeGraphs::default(),
-            waiter,
-            ctx,
-            stream,
+        let waiter = StepWaiter::new(stream).map_err(|e| CudaInitError::Device(e.to_string()))?;
+        Ok(DeviceParts {
             kernels,
-            params,
-            weights,
+            compile: t_compile,
+            kernels_ready: t_kernels,
+            gemm,
+            act,
             k_cache,
             v_cache,
             kv_shape,
-            act,
-            gemm,
             limits,
             split_budget,
             graph_split_context: max_context_model.min(plan::GRAPH_SPLIT_CONTEXT),
-            host_inputs: Vec::with_capacity(max_words),
-            options,
-            copies: CopyStats::default(),
-            started: None,
-            programmatic: config.programmatic_launch && major >= 9,
-            phases: BackendPhases {
-                context: t_context,
-                kernels: t_kernels,
-                weights: t_upload,
-                ..BackendPhases::default()
-            },
-        };
+            max_words,
+            waiter,
+        })
+    }
+
+    /// Chooses the small-M product paths and, when `graphs`, captures the decode graphs,
+    /// recording how long each took.
+    fn choose_and_capture(&mut self, graphs: bool) -> Result<(), BackendError> {
         let choose_started = Instant::now();
-        backend.choose_small_m_products()?;
-        backend.phases.gemm_selection = choose_started.elapsed();
+        self.choose_small_m_products()?;
+        self.phases.gemm_selection = choose_started.elapsed();
         tracing::info!(
-            choose_ms = backend.phases.gemm_selection.as_millis() as u64,
+            choose_ms = self.phases.gemm_selection.as_millis() as u64,
             "product paths chosen"
         );
         let capture_started = Instant::now();
-        if config.cuda_graphs {
-            backend.capture_decode_graphs()?;
+        if graphs {
+            self.capture_decode_graphs()?;
             tracing::info!(
-                buckets = ?backend.graphs.buckets(),
+                buckets = ?self.graphs.buckets(),
                 capture_ms = capture_started.elapsed().as_millis() as u64,
                 "decode graphs captured"
             );
         } else {
             tracing::info!("decode graphs off: every step runs eagerly");
         }
-        backend.phases.graphs = capture_started.elapsed();
-        tracing::info!(
-            context_ms = t_context.as_millis() as u64,
-            upload_ms = t_upload.as_millis() as u64,
-            compile_ms = t_compile.as_millis() as u64,
-            capture_ms = capture_started.elapsed().as_millis() as u64,
-            ready_ms = started.elapsed().as_millis() as u64,
-            weight_bytes = backend.weights.bytes(),
-            "CUDA backend ready (compile overlapped the upload)"
-        );
-        Ok(backend)
+        self.phases.graphs = capture_started.elapsed();
+        Ok(())
     }
 
     /// How long each start-up phase took (kernel compilation overlapped the upload).
@@ -559,23 +658,25 @@ impl CudaBackend {
             .bind_to_thread()
             .map_err(dev("binding the CUDA context"))?;
         // Each argument in an 8-byte slot, as the driver reads it: pointers whole, i32 and f32 in
-        // the first four bytes.
-        let mut slots: Vec<[u8; 8]> = args
-            .iter()
-            .map(|arg| {
-                let mut slot = [0u8; 8];
-                match arg {
-                    Arg::Ptr(p) => slot = p.to_ne_bytes(),
-                    Arg::Int(i) => slot[..4].copy_from_slice(&i.to_ne_bytes()),
-                    Arg::Float(x) => slot[..4].copy_from_slice(&x.to_ne_bytes()),
-                }
-                slot
-            })
-            .collect();
-        let mut params: Vec<*mut std::ffi::c_void> = slots
-            .iter_mut()
-            .map(|slot| slot.as_mut_ptr().cast())
-            .collect();
+        // the first four bytes. On the stack: a step launches hundreds of kernels.
+        if args.len() > MAX_KERNEL_ARGS {
+            return Err(BackendError::Device(format!(
+                "a kernel launch with {} arguments (at most {MAX_KERNEL_ARGS})",
+                args.len()
+            )));
+        }
+        let mut slots = [[0u8; 8]; MAX_KERNEL_ARGS];
+        for (slot, arg) in slots.iter_mut().zip(args) {
+            match arg {
+                Arg::Ptr(p) => *slot = p.to_ne_bytes(),
+                Arg::Int(i) => slot[..4].copy_from_slice(&i.to_ne_bytes()),
+                Arg::Float(x) => slot[..4].copy_from_slice(&x.to_ne_bytes()),
+            }
+        }
+        let mut params = [std::ptr::null_mut::<std::ffi::c_void>(); MAX_KERNEL_ARGS];
+        for (param, slot) in params.iter_mut().zip(slots.iter_mut()) {
+            *param = slot.as_mut_ptr().cast();
+        }
         // The kernel may be scheduled while the previous kernel in the stream finishes: every
         // kernel waits on the device (`await_previous_kernels` in kernels/prelude.cuh) before it
         // reads what an earlier one wrote.
@@ -627,38 +728,68 @@ impl CudaBackend {
         dims: (usize, usize, usize),
     ) -> Result<(), BackendError> {
         let aligned = (x | w).is_multiple_of(16);
-        self.product(aligned && self.gemm.uses_small_m(dims), (x, w, out), dims)
+        let path = if aligned {
+            self.gemm.path(dims)
+        } else {
+            ProductPath::Cublas
+        };
+        self.product(path, (x, w, out), dims)
     }
 
-    /// One product by the small-M kernel (`small_m`, which `plan::small_m_fits` must allow and
-    /// whose x and w must be 16-byte aligned) or by cuBLASLt.
+    /// One product by `path`; a small-M path must fit the shape (`plan::small_m_fits`,
+    /// `plan::tensor_core_small_m_fits`) and have x and w 16-byte aligned.
     fn product(
         &mut self,
-        small_m: bool,
+        path: ProductPath,
         (x, w, out): (u64, u64, u64),
         (m, n, k): (usize, usize, usize),
     ) -> Result<(), BackendError> {
-        if small_m {
-            return self.launch(
-                &self.kernels.gemv[m - 1],
-                (to_u32(n.div_ceil(plan::GEMV_ROWS), "product rows")?, 1, 1),
-                (plan::GEMV_WARPS * 32) as u32,
-                &[
-                    Arg::Ptr(x),
-                    Arg::Ptr(w),
-                    Arg::Ptr(out),
-                    Arg::Int(to_u32(n, "product rows")? as i32),
-                    Arg::Int(to_u32(k, "product depth")? as i32),
-                ],
-            );
+        let n32 = to_u32(n, "product rows")? as i32;
+        let k32 = to_u32(k, "product depth")? as i32;
+        match path {
+            ProductPath::SmallM => {
+                return self.launch(
+                    &self.kernels.gemv[m - 1],
+                    (to_u32(n.div_ceil(plan::GEMV_ROWS), "product rows")?, 1, 1),
+                    (plan::GEMV_WARPS * 32) as u32,
+                    &[
+                        Arg::Ptr(x),
+                        Arg::Ptr(w),
+                        Arg::Ptr(out),
+                        Arg::Int(n32),
+                        Arg::Int(k32),
+                    ],
+                );
+            }
+            ProductPath::TensorCore => {
+                return self.launch(
+                    &self.kernels.gemv_mma,
+                    (
+                        to_u32(n.div_ceil(plan::GEMV_MMA_ROWS), "product rows")?,
+                        1,
+                        1,
+                    ),
+                    (plan::GEMV_MMA_WARPS * 32) as u32,
+                    &[
+                        Arg::Ptr(x),
+                        Arg::Ptr(w),
+                        Arg::Ptr(out),
+                        Arg::Int(to_u32(m, "product batch")? as i32),
+                        Arg::Int(n32),
+                        Arg::Int(k32),
+                    ],
+                );
+            }
+            ProductPath::Cublas => {}
         }
         let stream = self.stream.cu_stream() as cudarc::cublaslt::sys::cudaStream_t;
         self.gemm.matmul(stream, (x, w, out), (m, n, k))
     }
 
-    /// Times the small-M kernels against cuBLASLt for every product shape of a decode step of
-    /// up to `plan::GEMV_MAX_M` rows, on the model's own weights (cycling through the layers so
-    /// the weights come from memory, as in a step), and records the faster path per shape.
+    /// Times the small-M kernels (CUDA cores, and tensor cores on compute capability 8.0 and
+    /// later) against cuBLASLt for every product shape of a decode step of up to
+    /// `plan::GEMV_MAX_M` rows, on the model's own weights (cycling through the layers so the
+    /// weights come from memory, as in a step), and records the fastest path per shape.
     fn choose_small_m_products(&mut self) -> Result<(), BackendError> {
         const REPS: usize = 8;
         let p = self.params.clone();
@@ -715,36 +846,52 @@ impl CudaBackend {
         ];
         let mut kernel_total = std::time::Duration::ZERO;
         let mut best_total = std::time::Duration::ZERO;
+        let mut tensor_core_shapes = 0usize;
         for (x, weights, out, n, k, max_m) in products {
             for m in 1..=plan::GEMV_MAX_M.min(max_m) {
-                let fits = plan::small_m_fits(m, n, k)
-                    && weights.iter().all(|w| (w | x).is_multiple_of(16));
-                if !fits {
-                    self.gemm.record_small_m((m, n, k), false);
-                    continue;
+                let aligned = weights.iter().all(|w| (w | x).is_multiple_of(16));
+                let mut candidates = vec![ProductPath::Cublas];
+                if aligned && plan::small_m_fits(m, n, k) {
+                    candidates.push(ProductPath::SmallM);
                 }
-                let mut took = [std::time::Duration::ZERO; 2];
-                for (path, small_m) in [(0, true), (1, false)] {
+                if aligned && self.bf16_mma && plan::tensor_core_small_m_fits(m, n, k) {
+                    candidates.push(ProductPath::TensorCore);
+                }
+                let mut took = Vec::with_capacity(candidates.len());
+                for &path in &candidates {
                     for w in weights.iter().take(2) {
-                        self.product(small_m, (x, *w, out), (m, n, k))?;
+                        self.product(path, (x, *w, out), (m, n, k))?;
                     }
                     self.stream.synchronize().map_err(dev("product timing"))?;
                     let started = Instant::now();
                     for i in 0..REPS.max(weights.len()) {
-                        self.product(small_m, (x, weights[i % weights.len()], out), (m, n, k))?;
+                        self.product(path, (x, weights[i % weights.len()], out), (m, n, k))?;
                     }
                     self.stream.synchronize().map_err(dev("product timing"))?;
-                    took[path] = started.elapsed();
+                    took.push((started.elapsed(), path));
                 }
-                self.gemm.record_small_m((m, n, k), took[0] < took[1]);
+                let (fastest, path) = took
+                    .iter()
+                    .copied()
+                    .min_by_key(|(t, _)| *t)
+                    .unwrap_or((std::time::Duration::ZERO, ProductPath::Cublas));
+                self.gemm.record_path((m, n, k), path);
+                if path == ProductPath::TensorCore {
+                    tensor_core_shapes += 1;
+                }
+                let kernel = took
+                    .iter()
+                    .find(|(_, p)| *p == ProductPath::SmallM)
+                    .map_or(fastest, |(t, _)| *t);
                 if m == 1 {
-                    kernel_total += took[0];
-                    best_total += took[0].min(took[1]);
+                    kernel_total += kernel;
+                    best_total += fastest;
                 }
             }
         }
         tracing::info!(
             small_m_shapes = self.gemm.small_m_shapes(),
+            tensor_core_shapes,
             batch1_kernel_us = kernel_total.as_micros() as u64,
             batch1_best_us = best_total.as_micros() as u64,
             "small-M products measured against cuBLASLt"

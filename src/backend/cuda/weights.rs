@@ -10,7 +10,7 @@ use crate::model::Model;
 
 use super::backend::CudaInitError;
 use super::memory::DeviceBuffer;
-use super::upload::{self, Piece};
+use super::upload::{self, Piece, UploadStats};
 
 /// One transformer block's weights on the device.
 pub struct LayerWeights {
@@ -105,16 +105,10 @@ impl<'m> Uploader<'m> {
 }
 
 impl ModelWeightsOnDevice {
-    /// Uploads every weight the architecture needs (see `upload.rs`: parallel reads through
-    /// pinned staging buffers on several streams) and logs the upload's timeline.
-    /// `progress` counts the bf16 bytes copied.
-    pub fn upload(
-        ctx: &Arc<CudaContext>,
-        model: &Model,
-        progress: &ProgressBar,
-    ) -> Result<Self, CudaInitError> {
-        ctx.bind_to_thread()
-            .map_err(|e| CudaInitError::Device(e.to_string()))?;
+    /// Allocates a device buffer for every weight the architecture needs and returns them
+    /// with the pieces of the model's bytes to copy into them ([`upload::upload`]), so the copy
+    /// can run while other start-up work uses the device.
+    pub fn allocate(model: &Model) -> Result<(Self, Vec<Piece<'_>>), CudaInitError> {
         let c = &model.config;
         let (h, d, hq, hkv, inter, v) = (
             c.hidden_size,
@@ -183,7 +177,26 @@ impl ModelWeightsOnDevice {
             .flat_map(|f| f.to_le_bytes())
             .collect();
         let inv_freq = DeviceBuffer::from_bytes(&inv)?;
-        let stats = upload::upload(ctx, &up.pieces, progress)
+        let weights = Self {
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+            inv_freq,
+            bytes: up.bytes,
+        };
+        Ok((weights, up.pieces))
+    }
+
+    /// Copies `pieces` (from [`ModelWeightsOnDevice::allocate`]) to the device (see `upload.rs`:
+    /// parallel reads through pinned staging buffers on several streams) and logs how it went.
+    /// `progress` counts the bf16 bytes copied.
+    pub fn upload(
+        ctx: &Arc<CudaContext>,
+        pieces: &[Piece<'_>],
+        progress: &ProgressBar,
+    ) -> Result<UploadStats, CudaInitError> {
+        let stats = upload::upload(ctx, pieces, progress)
             .map_err(|e| CudaInitError::Weights(e.to_string()))?;
         let secs = stats.wall.as_secs_f64().max(1e-9);
         tracing::info!(
@@ -197,14 +210,7 @@ impl ModelWeightsOnDevice {
             gb_per_s = format!("{:.1}", stats.bytes as f64 / secs / 1e9),
             "weights uploaded (parallel reads, pinned staging, one stream per worker)"
         );
-        Ok(Self {
-            embed,
-            layers,
-            final_norm,
-            lm_head,
-            inv_freq,
-            bytes: up.bytes,
-        })
+        Ok(stats)
     }
 
     /// The LM head's address (the embeddings when tied).
