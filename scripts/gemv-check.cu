@@ -1,9 +1,8 @@
 // Small-M product kernels (kernels/gemv.cu) against a float64 reference and against cuBLASLt,
 // built with nvcc on the GPU machine by scripts/gpu-check.sh (stage "gemv").
-//   gemv-check test    every M in 1..8 on shapes with ragged N and K, fresh random data, for
-//                      gemv_mM and (K a multiple of 32) the tensor-core gemv_mma; exits 1 on a
-//                      mismatch
-//   gemv-check bench   Llama-3.1-8B's decode products for M = 1, 2, 4, 8: gemv_mM, gemv_mma and
+//   gemv-check test    every M in 1..8 on shapes with ragged N and K, fresh random data; exits 1
+//                      on a mismatch
+//   gemv-check bench   Llama-3.1-8B's decode products for M = 1, 2, 4, 8: the kernel and
 //                      cuBLASLt's heuristic choice (bf16 in, fp32 out, as the backend calls it),
 //                      weight-read bandwidth as a share of the measured copy bandwidth (several
 //                      weight copies cycled so no launch reads them from L2)
@@ -50,15 +49,11 @@ static void gemv(int m, const uint16_t* x, const uint16_t* w, float* out, int n,
     }
 }
 
-static void gemv_tc(int m, const uint16_t* x, const uint16_t* w, float* out, int n, int k) {
-    gemv_mma<<<(n + GEMV_MMA_ROWS - 1) / GEMV_MMA_ROWS, GEMV_MMA_WARPS * 32>>>(x, w, out, m, n, k);
-}
-
 static int test() {
     std::mt19937_64 rng(std::random_device{}());
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
     int failures = 0;
-    const int shapes[][2] = {{1, 8}, {5, 264}, {37, 1000}, {130, 4104}, {64, 14336}, {3, 32}, {17, 96}, {200, 4096}};
+    const int shapes[][2] = {{1, 8}, {5, 264}, {37, 1000}, {130, 4104}, {64, 14336}};
     for (auto& s : shapes) {
         const int n = s[0], k = s[1];
         std::vector<uint16_t> x(8 * (size_t)k), w((size_t)n * k);
@@ -71,17 +66,9 @@ static int test() {
         CHECK(cudaMalloc(&dout, 8 * (size_t)n * 4));
         CHECK(cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
         CHECK(cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
-        for (int run = 0; run < 16; ++run) {
-            // Runs 0..7: gemv_mM; runs 8..15: the tensor-core kernel (K a multiple of 32 only).
-            const int m = run % 8 + 1;
-            const bool tc = run >= 8;
-            if (tc && k % 32) continue;
+        for (int m = 1; m <= 8; ++m) {
             CHECK(cudaMemset(dout, 0xff, 8 * (size_t)n * 4));
-            if (tc) {
-                gemv_tc(m, dx, dw, dout, n, k);
-            } else {
-                gemv(m, dx, dw, dout, n, k);
-            }
+            gemv(m, dx, dw, dout, n, k);
             CHECK(cudaGetLastError());
             std::vector<float> out((size_t)m * n);
             CHECK(cudaMemcpy(out.data(), dout, out.size() * 4, cudaMemcpyDeviceToHost));
@@ -91,7 +78,7 @@ static int test() {
                     for (int c = 0; c < k; ++c) ref += (double)from_bf16(x[(size_t)i * k + c]) * from_bf16(w[(size_t)j * k + c]);
                     const double err = std::fabs(out[(size_t)i * n + j] - ref);
                     if (!(err <= 1e-4 * std::sqrt((double)k) + 1e-5 * std::fabs(ref))) {
-                        if (failures < 10) fprintf(stderr, "MISMATCH %s m=%d n=%d k=%d at (%d,%d): %g vs %g\n", tc ? "mma" : "gemv", m, n, k, i, j, out[(size_t)i * n + j], ref);
+                        if (failures < 10) fprintf(stderr, "MISMATCH m=%d n=%d k=%d at (%d,%d): %g vs %g\n", m, n, k, i, j, out[(size_t)i * n + j], ref);
                         ++failures;
                     }
                 }
@@ -101,7 +88,7 @@ static int test() {
         CHECK(cudaFree(dw));
         CHECK(cudaFree(dout));
     }
-    printf("RESULT gemv test (M 1..8, 8 shapes; the tensor-core kernel on the 5 with K %% 32 == 0): %s (%d mismatches)\n", failures ? "FAIL" : "ok", failures);
+    printf("RESULT gemv test (M 1..8, 5 shapes): %s (%d mismatches)\n", failures ? "FAIL" : "ok", failures);
     return failures ? 1 : 0;
 }
 
@@ -126,7 +113,7 @@ static int bench() {
     CHECK(cudaMalloc(&x, 8 * 14336 * 2));
     CHECK(cudaMalloc(&out, 8 * (size_t)128256 * 4));
     fill_random<<<64, 256>>>(x, 8 * 14336, 9, 118);
-    double total_gemv[9] = {0}, total_lt[9] = {0}, total_tc[9] = {0}, total_best[9] = {0}, total_bytes = 0;
+    double total_gemv[9] = {0}, total_lt[9] = {0}, total_best[9] = {0}, total_bytes = 0;
     for (const Shape& s : shapes) {
         const size_t wbytes = (size_t)s.n * s.k * 2;
         const int copies = (int)std::max<size_t>(1, (size_t)(512u << 20) / wbytes + 1);
@@ -156,36 +143,32 @@ static int bench() {
                                   &heur.algo, workspace, ws_bytes, 0));
             };
             auto run_gemv = [&](int i) { gemv(m, x, w + (size_t)(i % copies) * s.n * s.k, out, s.n, s.k); };
-            auto run_tc = [&](int i) { gemv_tc(m, x, w + (size_t)(i % copies) * s.n * s.k, out, s.n, s.k); };
-            auto run = [&](int which, int i) { which == 0 ? run_gemv(i) : which == 1 ? run_lt(i) : run_tc(i); };
-            double us[3];
-            for (int which = 0; which < 3; ++which) {
-                for (int i = 0; i < copies + 2; ++i) run(which, i);
+            double us[2];
+            for (int which = 0; which < 2; ++which) {
+                for (int i = 0; i < copies + 2; ++i) which ? run_lt(i) : run_gemv(i);
                 CHECK(cudaGetLastError());
                 const int iters = std::max(20, 2 * copies);
                 CHECK(cudaEventRecord(e0));
-                for (int i = 0; i < iters; ++i) run(which, i);
+                for (int i = 0; i < iters; ++i) which ? run_lt(i) : run_gemv(i);
                 CHECK(cudaEventRecord(e1));
                 CHECK(cudaEventSynchronize(e1));
                 CHECK(cudaEventElapsedTime(&ms, e0, e1));
                 us[which] = ms * 1e3 / iters;
             }
-            printf("RESULT gemv bench %-8s n=%-6d k=%-5d m=%d: kernel %.1f us (%.0f%% of copy), cuBLASLt %.1f us (%.0f%%), mma %.1f us (%.0f%%)\n",
+            printf("RESULT gemv bench %-8s n=%-6d k=%-5d m=%d: kernel %.1f us (%.0f%% of copy), cuBLASLt %.1f us (%.0f%%)\n",
                    s.name, s.n, s.k, m, us[0], 100.0 * wbytes / (us[0] * 1e-6) / copy_bw, us[1],
-                   100.0 * wbytes / (us[1] * 1e-6) / copy_bw, us[2], 100.0 * wbytes / (us[2] * 1e-6) / copy_bw);
+                   100.0 * wbytes / (us[1] * 1e-6) / copy_bw);
             fflush(stdout);
             // Per-token totals over a layer's products (fused qkv and gate_up) and the LM head.
             if (!strcmp(s.name, "qkv") || !strcmp(s.name, "o") || !strcmp(s.name, "gate_up") || !strcmp(s.name, "down")) {
                 total_gemv[m] += 32 * us[0];
                 total_lt[m] += 32 * us[1];
-                total_tc[m] += 32 * us[2];
-                total_best[m] += 32 * std::min({us[0], us[1], us[2]});
+                total_best[m] += 32 * std::min(us[0], us[1]);
                 if (m == 1) total_bytes += 32.0 * wbytes;
             } else if (!strcmp(s.name, "lm_head")) {
                 total_gemv[m] += us[0];
                 total_lt[m] += us[1];
-                total_tc[m] += us[2];
-                total_best[m] += std::min({us[0], us[1], us[2]});
+                total_best[m] += std::min(us[0], us[1]);
                 if (m == 1) total_bytes += wbytes;
             }
             cublasLtMatmulPreferenceDestroy(pref);
@@ -197,8 +180,8 @@ static int bench() {
         CHECK(cudaFree(w));
     }
     for (int m : {1, 2, 4, 8}) {
-        printf("RESULT gemv 8B products per step m=%d (32 layers fused qkv, o, gate_up, down + lm_head, %.2f GB): kernel %.2f ms, cuBLASLt %.2f ms, mma %.2f ms, best per shape %.2f ms = %.0f%% of the weight-read floor %.2f ms\n",
-               m, total_bytes / 1e9, total_gemv[m] / 1e3, total_lt[m] / 1e3, total_tc[m] / 1e3, total_best[m] / 1e3,
+        printf("RESULT gemv 8B products per step m=%d (32 layers fused qkv, o, gate_up, down + lm_head, %.2f GB): kernel %.2f ms, cuBLASLt %.2f ms, best per shape %.2f ms = %.0f%% of the weight-read floor %.2f ms\n",
+               m, total_bytes / 1e9, total_gemv[m] / 1e3, total_lt[m] / 1e3, total_best[m] / 1e3,
                100.0 * (total_bytes / copy_bw * 1e3) / (total_best[m] / 1e3), total_bytes / copy_bw * 1e3);
     }
     return 0;

@@ -61,16 +61,23 @@ fn engine_config() -> EngineConfig {
     }
 }
 
+/// A CUDA backend for `model`. Every backend built here takes the small-M product kernel
+/// wherever it fits instead of timing it against cuBLASLt, so backends compared with each other
+/// run the same kernels (a timed choice can differ between two start-ups).
+fn cuda_backend(model: &Model, config: &EngineConfig, options: CudaOptions) -> CudaBackend {
+    let options = CudaOptions {
+        measure_products: false,
+        ..options
+    };
+    CudaBackend::new(model, config, options).unwrap_or_else(|e| panic!("CUDA backend: {e}"))
+}
+
 fn cuda(model: &Model, sample_on_device: bool) -> CudaBackend {
-    CudaBackend::new(
-        model,
-        &engine_config(),
-        CudaOptions {
-            sample_on_device,
-            ..CudaOptions::default()
-        },
-    )
-    .unwrap_or_else(|e| panic!("CUDA backend: {e}"))
+    let options = CudaOptions {
+        sample_on_device,
+        ..CudaOptions::default()
+    };
+    cuda_backend(model, &engine_config(), options)
 }
 
 /// Hands out physical KV blocks in order.
@@ -570,16 +577,28 @@ fn engine_on_cuda_preempts_and_hits_the_prefix_cache_without_changing_outputs() 
         max_context: 512,
         ..ModelInfo::of(&model)
     };
-    // A fraction of free memory that leaves a few dozen 16 KiB blocks for this 4-layer model.
-    let tiny = EngineConfig {
-        gpu_memory_fraction: 4e-6,
+    // 20 blocks of 16 tokens: room for four of the six requests below (5 blocks each) at once.
+    // The cache is a fraction of free memory, which differs between GPUs (80 GB on an H100,
+    // 141 GB on an H200), so the fraction comes from the blocks a probe backend got.
+    let fraction_of = |gpu_memory_fraction: f64| EngineConfig {
+        gpu_memory_fraction,
         max_num_seqs: Some(8),
         max_batched_tokens: 256,
         ..EngineConfig::default()
     };
+    let probe_fraction = 1e-5;
+    let probe = CudaBackend::new(&model, &fraction_of(probe_fraction), CudaOptions::default())
+        .expect("probe backend");
+    let probe_blocks = inferno::engine::Backend::kv_cache(&probe).num_blocks;
+    drop(probe);
+    let tiny = fraction_of(probe_fraction * 20.5 / probe_blocks as f64);
     let backend = CudaBackend::new(&model, &tiny, CudaOptions::default()).expect("backend");
     let blocks = inferno::engine::Backend::kv_cache(&backend).num_blocks;
     println!("RESULT preemption test cache: {blocks} blocks");
+    assert!(
+        (18..=22).contains(&blocks),
+        "the cache should hold about 20 blocks, got {blocks}"
+    );
     let engine = Engine::spawn(Box::new(backend), info(), tiny).expect("engine");
     let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(40, 100 + i)).collect();
     let alone: Vec<Vec<u32>> = prompts
@@ -636,15 +655,11 @@ fn cuda_launching(
         programmatic_launch,
         ..engine_config()
     };
-    CudaBackend::new(
-        model,
-        &config,
-        CudaOptions {
-            sample_on_device,
-            ..CudaOptions::default()
-        },
-    )
-    .unwrap_or_else(|e| panic!("CUDA backend: {e}"))
+    let options = CudaOptions {
+        sample_on_device,
+        ..CudaOptions::default()
+    };
+    cuda_backend(model, &config, options)
 }
 
 /// Decode steps replayed from the captured graphs (batch sizes that fill a bucket and padded
@@ -1150,16 +1165,12 @@ fn device_sampler_applies_masks_and_logit_bias_like_the_reference() {
 }
 
 fn cuda_paged_prefill(model: &Model) -> CudaBackend {
-    CudaBackend::new(
-        model,
-        &engine_config(),
-        CudaOptions {
-            flash_prefill: false,
-            sample_on_device: false,
-            ..CudaOptions::default()
-        },
-    )
-    .unwrap_or_else(|e| panic!("CUDA backend: {e}"))
+    let options = CudaOptions {
+        flash_prefill: false,
+        sample_on_device: false,
+        ..CudaOptions::default()
+    };
+    cuda_backend(model, &engine_config(), options)
 }
 
 /// The tiled prefill attention kernel gives the logits of the paged split-K kernel: whole

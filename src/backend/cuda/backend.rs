@@ -20,7 +20,7 @@ use crate::model::{Model, ModelConfig};
 
 use super::cc;
 use super::compile::{self, KernelError};
-use super::gemm::{Gemm, ProductPath};
+use super::gemm::Gemm;
 use super::graphs::{DecodeGraph, DecodeGraphs};
 use super::inputs::{
     self, CopyStats, StepLayout, StepLimits, fill_late_masks, pack_step, pack_step_with_late_masks,
@@ -69,6 +69,10 @@ pub struct CudaOptions {
     /// Run prefill attention in the tiled prefill kernel (`kernels/prefill_attention.cu`). When
     /// false, the paged split-K kernel serves prefill too (tests compare the two).
     pub flash_prefill: bool,
+    /// Time the small-M kernel against cuBLASLt for every decode product shape at start-up and
+    /// keep the faster per shape. When false, every shape the small-M kernel fits uses it, so
+    /// two backends on the same model compute bit for bit the same (tests that compare them).
+    pub measure_products: bool,
 }
 
 impl Default for CudaOptions {
@@ -77,6 +81,7 @@ impl Default for CudaOptions {
             device: 0,
             sample_on_device: true,
             flash_prefill: true,
+            measure_products: true,
         }
     }
 }
@@ -152,8 +157,6 @@ struct Kernels {
     sample: CudaFunction,
     /// `gemv[m - 1]` computes products of m rows (`kernels/gemv.cu`).
     gemv: Vec<CudaFunction>,
-    /// Products of up to `plan::GEMV_MAX_M` rows on tensor cores.
-    gemv_mma: CudaFunction,
 }
 
 impl Kernels {
@@ -173,11 +176,10 @@ impl Kernels {
             prefill_attention: get("prefill_attention")?,
             swiglu: get("swiglu")?,
             sample: get("sample_tokens")?,
-            gemv: kernels::GEMV_ENTRIES[..plan::GEMV_MAX_M]
+            gemv: kernels::GEMV_ENTRIES
                 .iter()
                 .map(|name| get(name))
                 .collect::<Result<_, _>>()?,
-            gemv_mma: get(kernels::GEMV_ENTRIES[plan::GEMV_MAX_M])?,
         })
     }
 }
@@ -238,9 +240,6 @@ pub struct CudaBackend {
     /// Launch kernels with programmatic dependent launch (the configuration allows it and the
     /// device has compute capability 9.0 or later).
     programmatic: bool,
-    /// The device has bf16 `mma.sync` (compute capability 8.0 or later), which the
-    /// tensor-core small-M kernel needs.
-    bf16_mma: bool,
     /// How long each start-up phase took.
     phases: BackendPhases,
 }
@@ -401,7 +400,6 @@ impl CudaBackend {
                 copies: CopyStats::default(),
                 started: None,
                 programmatic: config.programmatic_launch && major >= 9,
-                bf16_mma: major >= 8,
                 phases: BackendPhases {
                     context: t_context,
                     kernels: t_kernels,
@@ -728,68 +726,39 @@ impl CudaBackend {
         dims: (usize, usize, usize),
     ) -> Result<(), BackendError> {
         let aligned = (x | w).is_multiple_of(16);
-        let path = if aligned {
-            self.gemm.path(dims)
-        } else {
-            ProductPath::Cublas
-        };
-        self.product(path, (x, w, out), dims)
+        self.product(aligned && self.gemm.uses_small_m(dims), (x, w, out), dims)
     }
 
-    /// One product by `path`; a small-M path must fit the shape (`plan::small_m_fits`,
-    /// `plan::tensor_core_small_m_fits`) and have x and w 16-byte aligned.
+    /// One product by the small-M kernel (`small_m`, which `plan::small_m_fits` must allow and
+    /// whose x and w must be 16-byte aligned) or by cuBLASLt.
     fn product(
         &mut self,
-        path: ProductPath,
+        small_m: bool,
         (x, w, out): (u64, u64, u64),
         (m, n, k): (usize, usize, usize),
     ) -> Result<(), BackendError> {
-        let n32 = to_u32(n, "product rows")? as i32;
-        let k32 = to_u32(k, "product depth")? as i32;
-        match path {
-            ProductPath::SmallM => {
-                return self.launch(
-                    &self.kernels.gemv[m - 1],
-                    (to_u32(n.div_ceil(plan::GEMV_ROWS), "product rows")?, 1, 1),
-                    (plan::GEMV_WARPS * 32) as u32,
-                    &[
-                        Arg::Ptr(x),
-                        Arg::Ptr(w),
-                        Arg::Ptr(out),
-                        Arg::Int(n32),
-                        Arg::Int(k32),
-                    ],
-                );
-            }
-            ProductPath::TensorCore => {
-                return self.launch(
-                    &self.kernels.gemv_mma,
-                    (
-                        to_u32(n.div_ceil(plan::GEMV_MMA_ROWS), "product rows")?,
-                        1,
-                        1,
-                    ),
-                    (plan::GEMV_MMA_WARPS * 32) as u32,
-                    &[
-                        Arg::Ptr(x),
-                        Arg::Ptr(w),
-                        Arg::Ptr(out),
-                        Arg::Int(to_u32(m, "product batch")? as i32),
-                        Arg::Int(n32),
-                        Arg::Int(k32),
-                    ],
-                );
-            }
-            ProductPath::Cublas => {}
+        if small_m {
+            return self.launch(
+                &self.kernels.gemv[m - 1],
+                (to_u32(n.div_ceil(plan::GEMV_ROWS), "product rows")?, 1, 1),
+                (plan::GEMV_WARPS * 32) as u32,
+                &[
+                    Arg::Ptr(x),
+                    Arg::Ptr(w),
+                    Arg::Ptr(out),
+                    Arg::Int(to_u32(n, "product rows")? as i32),
+                    Arg::Int(to_u32(k, "product depth")? as i32),
+                ],
+            );
         }
         let stream = self.stream.cu_stream() as cudarc::cublaslt::sys::cudaStream_t;
         self.gemm.matmul(stream, (x, w, out), (m, n, k))
     }
 
-    /// Times the small-M kernels (CUDA cores, and tensor cores on compute capability 8.0 and
-    /// later) against cuBLASLt for every product shape of a decode step of up to
-    /// `plan::GEMV_MAX_M` rows, on the model's own weights (cycling through the layers so the
-    /// weights come from memory, as in a step), and records the fastest path per shape.
+    /// Times the small-M kernels against cuBLASLt for every product shape of a decode step of
+    /// up to `plan::GEMV_MAX_M` rows, on the model's own weights (cycling through the layers so
+    /// the weights come from memory, as in a step), and records the faster path per shape; or,
+    /// unless `options.measure_products`, the small-M kernel wherever it fits.
     fn choose_small_m_products(&mut self) -> Result<(), BackendError> {
         const REPS: usize = 8;
         let p = self.params.clone();
@@ -846,52 +815,36 @@ impl CudaBackend {
         ];
         let mut kernel_total = std::time::Duration::ZERO;
         let mut best_total = std::time::Duration::ZERO;
-        let mut tensor_core_shapes = 0usize;
         for (x, weights, out, n, k, max_m) in products {
             for m in 1..=plan::GEMV_MAX_M.min(max_m) {
-                let aligned = weights.iter().all(|w| (w | x).is_multiple_of(16));
-                let mut candidates = vec![ProductPath::Cublas];
-                if aligned && plan::small_m_fits(m, n, k) {
-                    candidates.push(ProductPath::SmallM);
+                let fits = plan::small_m_fits(m, n, k)
+                    && weights.iter().all(|w| (w | x).is_multiple_of(16));
+                if !fits || !self.options.measure_products {
+                    self.gemm.record_small_m((m, n, k), fits);
+                    continue;
                 }
-                if aligned && self.bf16_mma && plan::tensor_core_small_m_fits(m, n, k) {
-                    candidates.push(ProductPath::TensorCore);
-                }
-                let mut took = Vec::with_capacity(candidates.len());
-                for &path in &candidates {
+                let mut took = [std::time::Duration::ZERO; 2];
+                for (path, small_m) in [(0, true), (1, false)] {
                     for w in weights.iter().take(2) {
-                        self.product(path, (x, *w, out), (m, n, k))?;
+                        self.product(small_m, (x, *w, out), (m, n, k))?;
                     }
                     self.stream.synchronize().map_err(dev("product timing"))?;
                     let started = Instant::now();
                     for i in 0..REPS.max(weights.len()) {
-                        self.product(path, (x, weights[i % weights.len()], out), (m, n, k))?;
+                        self.product(small_m, (x, weights[i % weights.len()], out), (m, n, k))?;
                     }
                     self.stream.synchronize().map_err(dev("product timing"))?;
-                    took.push((started.elapsed(), path));
+                    took[path] = started.elapsed();
                 }
-                let (fastest, path) = took
-                    .iter()
-                    .copied()
-                    .min_by_key(|(t, _)| *t)
-                    .unwrap_or((std::time::Duration::ZERO, ProductPath::Cublas));
-                self.gemm.record_path((m, n, k), path);
-                if path == ProductPath::TensorCore {
-                    tensor_core_shapes += 1;
-                }
-                let kernel = took
-                    .iter()
-                    .find(|(_, p)| *p == ProductPath::SmallM)
-                    .map_or(fastest, |(t, _)| *t);
+                self.gemm.record_small_m((m, n, k), took[0] < took[1]);
                 if m == 1 {
-                    kernel_total += kernel;
-                    best_total += fastest;
+                    kernel_total += took[0];
+                    best_total += took[0].min(took[1]);
                 }
             }
         }
         tracing::info!(
             small_m_shapes = self.gemm.small_m_shapes(),
-            tensor_core_shapes,
             batch1_kernel_us = kernel_total.as_micros() as u64,
             batch1_best_us = best_total.as_micros() as u64,
             "small-M products measured against cuBLASLt"

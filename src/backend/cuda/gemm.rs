@@ -7,12 +7,11 @@
 //! `outᵀ (n × m) = op(W) · X` with `W` transposed, so no weight is ever re-laid out. The algorithm
 //! for each shape comes from cuBLASLt's heuristic once and is cached with its descriptors.
 //!
-//! Products of at most `plan::GEMV_MAX_M` rows may instead run one of the small-M kernels of
-//! `kernels/gemv.cu` (CUDA cores, or tensor cores); which path serves each such shape is measured
-//! once at start-up (the backend times every path that fits on the model's own weights) and
-//! recorded here with [`Gemm::record_path`].
+//! Products of at most `plan::GEMV_MAX_M` rows may instead run the small-M kernels of
+//! `kernels/gemv.cu`; which path serves each such shape is measured once at start-up (the backend
+//! times both on the model's own weights) and recorded here with [`Gemm::record_small_m`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 
 use cudarc::cublaslt::result as lt;
@@ -45,19 +44,8 @@ pub struct Gemm {
     handle: sys::cublasLtHandle_t,
     workspace: DeviceBuffer,
     plans: HashMap<Shape, Plan>,
-    /// Shapes a small-M kernel computed faster than cuBLASLt at start-up, with that kernel.
-    small_m: HashMap<Shape, ProductPath>,
-}
-
-/// Which code computes a product.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProductPath {
-    /// cuBLASLt, with the algorithm its heuristic picks.
-    Cublas,
-    /// The small-M kernel for the product's M on CUDA cores (`gemv_mM`).
-    SmallM,
-    /// The small-M kernel on tensor cores (`gemv_mma`).
-    TensorCore,
+    /// Shapes the small-M kernels computed faster than cuBLASLt at start-up.
+    small_m: HashSet<Shape>,
 }
 
 // SAFETY: the handle and descriptors are plain cuBLASLt objects with no thread affinity; the
@@ -76,7 +64,7 @@ impl Gemm {
             handle,
             workspace: DeviceBuffer::new(WORKSPACE_BYTES)?,
             plans: HashMap::new(),
-            small_m: HashMap::new(),
+            small_m: HashSet::new(),
         })
     }
 
@@ -152,23 +140,20 @@ impl Gemm {
         })
     }
 
-    /// Records which path serves `[m, k] x [n, k]^T` from now on.
-    pub fn record_path(&mut self, (m, n, k): (usize, usize, usize), path: ProductPath) {
+    /// Records which path serves `[m, k] x [n, k]^T` from now on: the small-M kernel when
+    /// `kernel_faster`, else cuBLASLt.
+    pub fn record_small_m(&mut self, (m, n, k): (usize, usize, usize), kernel_faster: bool) {
         let shape = Shape { m, n, k };
-        if path == ProductPath::Cublas {
-            self.small_m.remove(&shape);
+        if kernel_faster {
+            self.small_m.insert(shape);
         } else {
-            self.small_m.insert(shape, path);
+            self.small_m.remove(&shape);
         }
     }
 
-    /// The path that serves this shape: the one measured fastest at start-up, cuBLASLt for a
-    /// shape never measured.
-    pub fn path(&self, (m, n, k): (usize, usize, usize)) -> ProductPath {
-        self.small_m
-            .get(&Shape { m, n, k })
-            .copied()
-            .unwrap_or(ProductPath::Cublas)
+    /// Whether the small-M kernel serves this shape (it was measured faster at start-up).
+    pub fn uses_small_m(&self, (m, n, k): (usize, usize, usize)) -> bool {
+        self.small_m.contains(&Shape { m, n, k })
     }
 
     /// Shapes the small-M kernels serve.

@@ -38,11 +38,9 @@ pub struct KernelFamily {
     pub entry_points: &'static [&'static str],
 }
 
-/// The small-M product kernels, `GEMV_ENTRIES[m - 1]` for m rows of x, and last the
-/// tensor-core kernel for any m up to `GEMV_MAX_M` (see `kernels/gemv.cu`).
-pub const GEMV_ENTRIES: [&str; super::plan::GEMV_MAX_M + 1] = [
+/// The small-M product kernels, `GEMV_ENTRIES[m - 1]` for m rows of x (see `kernels/gemv.cu`).
+pub const GEMV_ENTRIES: [&str; super::plan::GEMV_MAX_M] = [
     "gemv_m1", "gemv_m2", "gemv_m3", "gemv_m4", "gemv_m5", "gemv_m6", "gemv_m7", "gemv_m8",
-    "gemv_mma",
 ];
 
 /// Every family the backend compiles when a model loads.
@@ -157,8 +155,6 @@ impl KernelParams {
             ("GEMV_ROWS", super::plan::GEMV_ROWS),
             ("RMS_THREADS", super::plan::RMS_THREADS),
             ("GEMV_WARPS", super::plan::GEMV_WARPS),
-            ("GEMV_MMA_ROWS", super::plan::GEMV_MMA_ROWS),
-            ("GEMV_MMA_WARPS", super::plan::GEMV_MMA_WARPS),
             ("F_ROWS", super::plan::FLASH_ROWS),
         ];
         for (name, value) in ints {

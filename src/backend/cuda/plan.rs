@@ -42,19 +42,6 @@ pub const GEMV_ROWS: usize = 4;
 /// Warps per block of the small-M product kernels (they split K), passed as `GEMV_WARPS`.
 pub const GEMV_WARPS: usize = 4;
 
-/// Weight rows one block of the tensor-core small-M kernel owns (`gemv_mma` in
-/// `kernels/gemv.cu`): the M of the `mma.m16n8k16` instruction, passed as `GEMV_MMA_ROWS`.
-pub const GEMV_MMA_ROWS: usize = 16;
-
-/// Warps per block of the tensor-core small-M kernel (they split K), passed as `GEMV_MMA_WARPS`.
-pub const GEMV_MMA_WARPS: usize = 4;
-
-/// Whether the tensor-core small-M kernel can compute `[m, k] x [n, k]^T`: at most `GEMV_MAX_M`
-/// rows (the N of its `mma.m16n8k16`), and K a whole number of its 32-value steps.
-pub fn tensor_core_small_m_fits(m: usize, n: usize, k: usize) -> bool {
-    (1..=GEMV_MAX_M).contains(&m) && n > 0 && k > 0 && k.is_multiple_of(32)
-}
-
 /// Whether the small-M product kernels can compute `[m, k] x [n, k]^T`: at most `GEMV_MAX_M`
 /// rows, and K a whole number of their 16-byte (8-value) loads.
 pub fn small_m_fits(m: usize, n: usize, k: usize) -> bool {
@@ -180,10 +167,6 @@ mod tests {
         assert!(!small_m_fits(9, 4096, 4096));
         assert!(!small_m_fits(0, 4096, 4096));
         assert!(!small_m_fits(1, 4096, 4100));
-        assert!(tensor_core_small_m_fits(8, 28_672, 4096));
-        assert!(tensor_core_small_m_fits(2, 4096, 14_336));
-        assert!(!tensor_core_small_m_fits(2, 4096, 4104));
-        assert!(!tensor_core_small_m_fits(9, 4096, 4096));
     }
 
     #[test]

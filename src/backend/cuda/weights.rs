@@ -202,7 +202,7 @@ impl ModelWeightsOnDevice {
         tracing::info!(
             bytes = stats.bytes,
             chunks = stats.chunks,
-            workers = upload::WORKERS,
+            workers = stats.workers,
             staging_mib = upload::STAGING_BYTES >> 20,
             wall_ms = stats.wall.as_millis() as u64,
             read_ms_summed = stats.read.as_millis() as u64,
