@@ -364,45 +364,31 @@ impl CudaBackend {
                     return Err(err);
                 }
             };
-            let DeviceParts {
-                kernels,
-                compile: t_compile,
-                kernels_ready: t_kernels,
-                gemm,
-                act,
-                k_cache,
-                v_cache,
-                kv_shape,
-                limits,
-                split_budget,
-                graph_split_context,
-                max_words,
-                waiter,
-            } = parts;
+            let parts_compile = parts.compile;
             let mut backend = Self {
                 graphs: DecodeGraphs::default(),
-                waiter,
+                waiter: parts.waiter,
                 ctx,
                 stream,
-                kernels,
+                kernels: parts.kernels,
                 params,
                 weights,
-                k_cache,
-                v_cache,
-                kv_shape,
-                act,
-                gemm,
-                limits,
-                split_budget,
-                graph_split_context,
-                host_inputs: Vec::with_capacity(max_words),
+                k_cache: parts.k_cache,
+                v_cache: parts.v_cache,
+                kv_shape: parts.kv_shape,
+                act: parts.act,
+                gemm: parts.gemm,
+                limits: parts.limits,
+                split_budget: parts.split_budget,
+                graph_split_context: parts.graph_split_context,
+                host_inputs: Vec::with_capacity(parts.max_words),
                 options,
                 copies: CopyStats::default(),
                 started: None,
                 programmatic: config.programmatic_launch && major >= 9,
                 phases: BackendPhases {
                     context: t_context,
-                    kernels: t_kernels,
+                    kernels: parts.kernels_ready,
                     ..BackendPhases::default()
                 },
             };
@@ -413,7 +399,7 @@ impl CudaBackend {
             tracing::info!(
                 context_ms = t_context.as_millis() as u64,
                 upload_ms = backend.phases.weights.as_millis() as u64,
-                compile_ms = t_compile.as_millis() as u64,
+                compile_ms = parts_compile.as_millis() as u64,
                 choose_ms = backend.phases.gemm_selection.as_millis() as u64,
                 capture_ms = backend.phases.graphs.as_millis() as u64,
                 ready_ms = started.elapsed().as_millis() as u64,
