@@ -256,7 +256,9 @@ if has prefill; then
 fi
 
 if has serve; then
-  RUST_LOG=warn $RUN "$G/inferno" serve --model $M8 --device cuda --listen 127.0.0.1:8443 >"$OUT/serve.log" 2>&1 &
+  # SERVE_ENV: extra environment for the server only, e.g. CUDA_MODULE_LOADING=EAGER.
+  note "serve: server environment: ${SERVE_ENV:-(default)}"
+  RUST_LOG=warn $RUN ${SERVE_ENV:-} "$G/inferno" serve --model $M8 --device cuda --listen 127.0.0.1:8443 >"$OUT/serve.log" 2>&1 &
   SERVER=$!
   for _ in $(seq 1 120); do
     curl -ksf https://127.0.0.1:8443/health >/dev/null 2>&1 && break

@@ -121,6 +121,11 @@ async fn serve_async(
     let engine_config = config.engine.clone();
     let served_name = config.server.served_model_name.clone();
     let key_source = config.model.key.clone();
+    // After a cold boot, the driver library and this binary would be faulted in from disk only
+    // once the model is read: ask for them now, in the background (no CUDA call).
+    if device != Device::Cpu {
+        std::thread::spawn(backend::cuda::prefetch_driver);
+    }
     let mut config = config;
     config.attestation.cuda = match device {
         Device::Cuda => true,

@@ -22,4 +22,4 @@ pub use backend::{CudaBackend, CudaInitError, CudaOptions, OpenedDevice};
 pub use cc::{CcState, read_cc_state};
 pub use compile::KernelError;
 pub use inputs::CopyStats;
-pub use probe::{CudaUnavailable, probe};
+pub use probe::{CudaUnavailable, prefetch_driver, probe};

@@ -3,7 +3,12 @@
 //! cudarc loads the CUDA libraries lazily and panics when one is missing, so every library the
 //! backend uses is looked for first; only then does the backend call into cudarc.
 
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::path::PathBuf;
+
 use cudarc::driver::result as drv;
+use rustix::fs::{Advice, fadvise};
 
 /// Why the CUDA backend cannot run on this machine. The message is one line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,12 +54,47 @@ pub fn probe() -> Result<usize, CudaUnavailable> {
     Ok(count as usize)
 }
 
+/// Asks the kernel to read the CUDA driver library and this executable into the page cache in
+/// the background (`posix_fadvise(WILLNEED)`), without initialising the driver, so that it may
+/// be called before the GPU may be used. After a cold boot the GPU context would otherwise fault
+/// the driver in from disk page by page once the model is read (1.1 s against 0.35 s warm on the
+/// H200 host). Returns the files advised.
+pub fn prefetch_driver() -> Vec<PathBuf> {
+    // SAFETY: this only loads libcuda (dlopen, kept loaded by cudarc); no CUDA call is made.
+    let _ = unsafe { cudarc::driver::sys::is_culib_present() };
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut files: BTreeSet<PathBuf> = maps
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .filter(|path| path.contains("libcuda.so"))
+        .map(PathBuf::from)
+        .collect();
+    if let Ok(exe) = std::fs::read_link("/proc/self/exe") {
+        files.insert(exe);
+    }
+    files
+        .into_iter()
+        .filter(|path| {
+            File::open(path)
+                .and_then(|file| Ok(fadvise(&file, 0, None, Advice::WillNeed)?))
+                .is_ok()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// On a machine without the NVIDIA driver (CI), the probe fails with a one-line cause
     /// instead of panicking. On a GPU machine it finds at least one device.
+    #[test]
+    fn prefetching_advises_at_least_this_executable() {
+        let advised = prefetch_driver();
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        assert!(advised.contains(&exe), "{advised:?}");
+    }
+
     #[test]
     fn probe_reports_a_one_line_cause_or_a_device() {
         match probe() {

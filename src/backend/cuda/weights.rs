@@ -189,8 +189,7 @@ impl ModelWeightsOnDevice {
     }
 
     /// Copies `pieces` (from [`ModelWeightsOnDevice::allocate`]) to the device (see `upload.rs`:
-    /// from the page-locked model buffers, or through pinned staging, on several streams) and
-    /// logs how it went.
+    /// parallel reads through pinned staging buffers on several streams) and logs how it went.
     /// `progress` counts the bf16 bytes copied.
     pub fn upload(
         ctx: &Arc<CudaContext>,
@@ -208,10 +207,8 @@ impl ModelWeightsOnDevice {
             wall_ms = stats.wall.as_millis() as u64,
             read_ms_summed = stats.read.as_millis() as u64,
             wait_ms_summed = stats.wait.as_millis() as u64,
-            register_ms = stats.register.as_millis() as u64,
-            direct_bytes = stats.direct_bytes,
             gb_per_s = format!("{:.1}", stats.bytes as f64 / secs / 1e9),
-            "weights uploaded (page-locked in place or staged, one stream per worker)"
+            "weights uploaded (parallel reads, pinned staging, one stream per worker)"
         );
         Ok(stats)
     }
