@@ -15,7 +15,9 @@
 # small-M product kernels alone against cuBLASLt, .gpu/gemv-check.cu), prefillattn (the tensor-core
 # prefill-attention kernel alone, .gpu/prefill-check.cu: tests, memcheck, FLOP rate), sealedstart (issue 10:
 # start-up to first token of the 8B-shaped weights, plaintext then a sealed copy with a key file,
-# same run; target sealed <= 1.10x), profile (ncu: GPU time per kernel of batch-1 decode steps at
+# same run; target sealed <= 1.10x; also read-buffer-bench.c's page-size comparison and, where the
+# page cache can be dropped, a sequential read of the model and a start-up from a cold cache),
+# profile (ncu: GPU time per kernel of batch-1 decode steps at
 # 1k context, eager launches, grouped by kernel), constrained (CPU and CUDA servers of the embedded
 # model agree on constrained greedy outputs, or differ only at a teacher-forced near-tie within
 # 0.1; JSON-schema-constrained vs free throughput at batch 1 and 64 on the 8B-shaped model, every
