@@ -598,6 +598,17 @@ mod tests {
 
     /// A row's sampling request with `params`, seed 1, no history and `logprobs` alternatives.
     /// Sequence 2's first prefill chunk, three tokens in block 4, sampling nothing.
+    /// A decode of token 5 at position 17 (in the second block of its table), sampled by `spec`.
+    fn second_block_decode(spec: SampleSpec<'_>) -> BatchRow<'_> {
+        BatchRow {
+            seq_id: 1,
+            tokens: &[5],
+            start_pos: 17,
+            block_table: &[3, 7],
+            sample: Some(spec),
+        }
+    }
+
     fn prefill_chunk() -> BatchRow<'static> {
         BatchRow {
             seq_id: 2,
@@ -625,14 +636,7 @@ mod tests {
         let params = SamplingParams::default();
         let spec = plain_spec(&params, 3);
         let rows = [
-            // A decode at position 17 (second block).
-            BatchRow {
-                seq_id: 1,
-                tokens: &[5],
-                start_pos: 17,
-                block_table: &[3, 7],
-                sample: Some(spec),
-            },
+            second_block_decode(spec),
             // A prefill chunk that needs no token yet.
             prefill_chunk(),
         ];
@@ -719,13 +723,7 @@ mod tests {
         let params = SamplingParams::default();
         let spec = plain_spec(&params, 2);
         let rows = [
-            BatchRow {
-                seq_id: 1,
-                tokens: &[5],
-                start_pos: 17,
-                block_table: &[3, 7],
-                sample: Some(spec),
-            },
+            second_block_decode(spec),
             BatchRow {
                 seq_id: 2,
                 tokens: &[9],
