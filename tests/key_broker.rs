@@ -83,6 +83,20 @@ fn seal_to(work: &Path, recipient: &RecipientKey) -> (PathBuf, Manifest) {
     (out, manifest)
 }
 
+/// A broker in `work` with its own recipient key, the fixture sealed to that key, and a release
+/// rule for the simulated TEE's measurement; challenges live `lifetime`. Returns the broker, the
+/// sealed model's directory and its manifest.
+fn releasing_broker(work: &Path, lifetime: Duration) -> (InProcess, PathBuf, Manifest) {
+    let (secret, public) = RecipientSecret::generate();
+    let (sealed, manifest) = seal_to(work, &public);
+    let policy = release_policy(work, MODEL_ID, &manifest.key_id, &simulated_measurement());
+    (
+        InProcess::start(work, secret, &policy, lifetime),
+        sealed,
+        manifest,
+    )
+}
+
 /// A broker serving in this process.
 struct InProcess {
     runtime: tokio::runtime::Runtime,
@@ -164,15 +178,7 @@ fn key_request(manifest: &Manifest) -> KeyRequest {
 #[test]
 fn a_released_key_opens_the_sealed_fixture_and_reproduces_the_golden_outputs() {
     let work = tempfile::tempdir().unwrap();
-    let (secret, public) = RecipientSecret::generate();
-    let (sealed, manifest) = seal_to(work.path(), &public);
-    let policy = release_policy(
-        work.path(),
-        MODEL_ID,
-        &manifest.key_id,
-        &simulated_measurement(),
-    );
-    let broker = InProcess::start(work.path(), secret, &policy, Duration::from_secs(60));
+    let (broker, sealed, manifest) = releasing_broker(work.path(), Duration::from_secs(60));
     let key = broker
         .runtime
         .block_on(request_key(
@@ -369,15 +375,7 @@ async fn attest(
 #[test]
 fn a_replayed_or_stale_challenge_is_refused() {
     let work = tempfile::tempdir().unwrap();
-    let (secret, public) = RecipientSecret::generate();
-    let (_, manifest) = seal_to(work.path(), &public);
-    let policy = release_policy(
-        work.path(),
-        MODEL_ID,
-        &manifest.key_id,
-        &simulated_measurement(),
-    );
-    let broker = InProcess::start(work.path(), secret, &policy, Duration::from_secs(2));
+    let (broker, _, manifest) = releasing_broker(work.path(), Duration::from_secs(2));
     let client = reqwest::Client::new();
     broker.runtime.block_on(async {
         let (_, first) = exchange(&client, &broker.url, &manifest).await;
