@@ -1,6 +1,6 @@
 //! `inferno audit` end to end, through the built binary.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;
 
@@ -286,16 +286,23 @@ fn prove_consistency_and_prune() {
     verify_consistency(p.old, p.new, &old_root, &cp.root, &p.hashes).expect("consistent");
 }
 
+/// A log of three records in `tmp/log` and a fresh Ed25519 witness key (PKCS#8) in
+/// `tmp/witness.der`.
+fn log_and_witness_key(tmp: &Path) -> (PathBuf, PathBuf) {
+    let dir = tmp.join("log");
+    write_log(&dir, 3, 1 << 20, None);
+    let rng = ring::rand::SystemRandom::new();
+    let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).expect("key");
+    let key = tmp.join("witness.der");
+    std::fs::write(&key, pkcs8.as_ref()).expect("write key");
+    (dir, key)
+}
+
 #[test]
 fn witness_cosigns_through_files() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = tmp.path().join("log");
-    write_log(&dir, 3, 1 << 20, None);
+    let (dir, key) = log_and_witness_key(tmp.path());
     let d = dir.to_str().expect("utf8");
-    let rng = ring::rand::SystemRandom::new();
-    let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).expect("key");
-    let key = tmp.path().join("witness.der");
-    std::fs::write(&key, pkcs8.as_ref()).expect("write key");
     let k = key.to_str().expect("utf8");
     let vkey = stdout(&inferno(&[
         "witness",
@@ -361,13 +368,8 @@ fn witness_cosigns_through_files() {
 fn witness_over_http_follows_tlog_witness() {
     use std::io::BufRead as _;
     let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = tmp.path().join("log");
-    write_log(&dir, 3, 1 << 20, None);
+    let (dir, key) = log_and_witness_key(tmp.path());
     let d = dir.to_str().expect("utf8");
-    let rng = ring::rand::SystemRandom::new();
-    let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).expect("key");
-    let key = tmp.path().join("witness.der");
-    std::fs::write(&key, pkcs8.as_ref()).expect("write key");
     let k = key.to_str().expect("utf8");
     let name = "witness.test/http";
     let last_key = |d: &str| -> String {
