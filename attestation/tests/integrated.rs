@@ -184,30 +184,34 @@ fn tpm_quotes_for_another_nonce_are_rejected() {
     assert_eq!(failed(&r), ["tpm.nonce", "tpm.ak_binding"], "{r}");
 }
 
+/// A quote of PCRs 0–7 (SHA-256 bank) by the software TPM at `tcti`, signed by its template
+/// RSA-2048 attestation key, over `nonce`.
+fn swtpm_quote(tcti: &str, nonce: &[u8]) -> inferno_attestation::tpm::TpmEvidence {
+    use inferno_attestation::tpm::{HashAlg, collect};
+    let pcrs: Vec<u8> = (0..8).collect();
+    collect::collect(&collect::QuoteRequest {
+        tcti,
+        ak_handle: None,
+        ak_kind: collect::AkKind::Rsa2048,
+        banks: &[HashAlg::Sha256],
+        pcrs: &pcrs,
+        nonce,
+        event_log: None,
+    })
+    .unwrap()
+}
+
 /// A real software TPM: the template AK's hash goes into the runtime data, the quote's
 /// qualifying data is the runtime data's SHA-256, and the appraisal binds both to the SNP report.
 #[test]
 fn swtpm_quote_binds_through_the_runtime_data() {
-    use inferno_attestation::tpm::{self, HashAlg, collect};
+    use inferno_attestation::tpm;
 
     let Some(swtpm) = swtpm_support::start_swtpm() else {
         return;
     };
     let tcti = swtpm_support::tcti(&swtpm);
-    let banks = [HashAlg::Sha256];
-    let pcrs: Vec<u8> = (0..8).collect();
-    let quote = |nonce: &[u8]| {
-        collect::collect(&collect::QuoteRequest {
-            tcti: &tcti,
-            ak_handle: None,
-            ak_kind: collect::AkKind::Rsa2048,
-            banks: &banks,
-            pcrs: &pcrs,
-            nonce,
-            event_log: None,
-        })
-        .unwrap()
-    };
+    let quote = |nonce: &[u8]| swtpm_quote(&tcti, nonce);
     // Learn the (stable) template AK first.
     let probe = quote(b"probe");
     let ak = tpm::verify(&probe, b"probe").unwrap().ak_spki_sha256;
@@ -251,26 +255,13 @@ fn swtpm_quote_binds_through_the_runtime_data() {
 /// passes, any other fails `tpm.pcr_values`, naming the PCR and the quoted value.
 #[test]
 fn swtpm_pcr_not_in_the_reference_values_fails_naming_it() {
-    use inferno_attestation::tpm::{self, HashAlg, collect};
+    use inferno_attestation::tpm::{self, HashAlg};
 
     let Some(swtpm) = swtpm_support::start_swtpm() else {
         return;
     };
     let tcti = swtpm_support::tcti(&swtpm);
-    let banks = [HashAlg::Sha256];
-    let pcrs: Vec<u8> = (0..8).collect();
-    let quote = |nonce: &[u8]| {
-        collect::collect(&collect::QuoteRequest {
-            tcti: &tcti,
-            ak_handle: None,
-            ak_kind: collect::AkKind::Rsa2048,
-            banks: &banks,
-            pcrs: &pcrs,
-            nonce,
-            event_log: None,
-        })
-        .unwrap()
-    };
+    let quote = |nonce: &[u8]| swtpm_quote(&tcti, nonce);
     let probe = tpm::verify(&quote(b"probe"), b"probe").unwrap();
     let pcr7 = probe.pcrs[&HashAlg::Sha256][&7].to_ascii_lowercase();
 
