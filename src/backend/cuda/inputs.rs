@@ -596,8 +596,6 @@ mod tests {
         }
     }
 
-    /// A row's sampling request with `params`, seed 1, no history and `logprobs` alternatives.
-    /// Sequence 2's first prefill chunk, three tokens in block 4, sampling nothing.
     /// A decode of token 5 at position 17 (in the second block of its table), sampled by `spec`.
     fn second_block_decode(spec: SampleSpec<'_>) -> BatchRow<'_> {
         BatchRow {
@@ -609,6 +607,7 @@ mod tests {
         }
     }
 
+    /// Sequence 2's first prefill chunk, three tokens in block 4, sampling nothing.
     fn prefill_chunk() -> BatchRow<'static> {
         BatchRow {
             seq_id: 2,
@@ -619,6 +618,7 @@ mod tests {
         }
     }
 
+    /// A row's sampling request with `params`, seed 1, no history and `logprobs` alternatives.
     fn plain_spec(params: &SamplingParams, logprobs: u32) -> SampleSpec<'_> {
         SampleSpec {
             params,
