@@ -259,32 +259,56 @@ fi
 
 if has serve; then
   # SERVE_ENV: extra environment for the server only, e.g. CUDA_MODULE_LOADING=EAGER.
-  note "serve: server environment: ${SERVE_ENV:-(default)}"
-  RUST_LOG=warn $RUN ${SERVE_ENV:-} "$G/inferno" serve --model $M8 --device cuda --listen 127.0.0.1:8443 >"$OUT/serve.log" 2>&1 &
-  SERVER=$!
-  for _ in $(seq 1 120); do
-    curl -ksf https://127.0.0.1:8443/health >/dev/null 2>&1 && break
-    sleep 1
-  done
-  # Runs in order on one server (the first run after start shows first-use costs).
+  # SERVE_ENGINES: '|'-separated server variants, one fresh server per variant, in order, each
+  # running every run of SERVE_RUNS. A variant is "ENV@ENGINE": environment assignments for that
+  # server (added to SERVE_ENV) and an [engine] setting (e.g. "@cuda_mixed_graphs = false" or
+  # "CUDA_MODULE_LOADING=EAGER@"); an empty variant runs the defaults without a config file.
   SERVE_RUNS=${SERVE_RUNS:-"--concurrency 16 --num-prompts 64 --input-len 128 --output-len 128;--rate 8 --num-prompts 64 --input-len 128 --output-len 128"}
   IFS=';' read -ra SERVE_LIST <<<"$SERVE_RUNS"
+  IFS='|' read -ra ENGINE_LIST <<<"${SERVE_ENGINES:-}"
+  [ ${#ENGINE_LIST[@]} -eq 0 ] && ENGINE_LIST=("")
   n=0
-  for args in "${SERVE_LIST[@]}"; do
-    n=$((n + 1))
-    # Fresh prompts in every run unless it names its seed: the server keeps earlier runs'
-    # prompts in its prefix cache.
-    [[ " $args " == *" --seed "* ]] || args="$args --seed $n"
-    timeout 240 $RUN "$G/inferno" bench serve --url https://127.0.0.1:8443 --model llama8b --insecure \
-      $args --ignore-eos --server-pid $SERVER \
-      --json "$OUT/serve-$n.json" >"$OUT/serve-bench-$n.log" 2>&1
-    rc=$?
-    cat "$OUT/serve-bench-$n.log" >>"$OUT/serve-bench.log"
-    note "inferno serve run $n ($args): rc=$rc $(grep -E '^output throughput' "$OUT/serve-bench-$n.log" | tail -1)"
-    grep -E '^(TTFT|ITL) |^CPU |^  [a-z]+ threads|^long prompt' "$OUT/serve-bench-$n.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+  v=0
+  for variant in "${ENGINE_LIST[@]}"; do
+    v=$((v + 1))
+    variant_env=""
+    engine=$variant
+    if [[ $variant == *@* ]]; then
+      variant_env=${variant%%@*}
+      engine=${variant#*@}
+    fi
+    config_args=()
+    if [ -n "$engine" ]; then
+      printf '[attestation]\nprofile = "development"\n[engine]\n%s\n' "$engine" >"$OUT/serve-engine-$v.toml"
+      config_args=(--config "$OUT/serve-engine-$v.toml")
+    fi
+    note "serve variant $v: server environment: ${SERVE_ENV:-} ${variant_env:-}; engine: ${engine:-(defaults)}"
+    RUST_LOG=${SERVE_LOG:-warn,inferno::cli::startup=info,inferno::backend=info} $RUN ${SERVE_ENV:-} $variant_env "$G/inferno" serve "${config_args[@]}" --model $M8 --device cuda --listen 127.0.0.1:8443 >"$OUT/serve-$v.log" 2>&1 &
+    SERVER=$!
+    for _ in $(seq 1 120); do
+      curl -ksf https://127.0.0.1:8443/health >/dev/null 2>&1 && break
+      sleep 1
+    done
+    grep -hE 'start-up timeline' "$OUT/serve-$v.log" | tail -1 | sed 's/^/    /' | tee -a "$SUMMARY"
+    # Runs in order on one server (the first run after start shows first-use costs).
+    r=0
+    for args in "${SERVE_LIST[@]}"; do
+      n=$((n + 1))
+      r=$((r + 1))
+      # Fresh prompts in every run unless it names its seed: the server keeps earlier runs'
+      # prompts in its prefix cache.
+      [[ " $args " == *" --seed "* ]] || args="$args --seed $r"
+      timeout 240 $RUN "$G/inferno" bench serve --url https://127.0.0.1:8443 --model llama8b --insecure \
+        $args --ignore-eos --server-pid $SERVER \
+        --json "$OUT/serve-$n.json" >"$OUT/serve-bench-$n.log" 2>&1
+      rc=$?
+      cat "$OUT/serve-bench-$n.log" >>"$OUT/serve-bench.log"
+      note "inferno serve variant $v run $r ($args): rc=$rc $(grep -E '^output throughput' "$OUT/serve-bench-$n.log" | tail -1)"
+      grep -E '^(TTFT|ITL) |^CPU |^  [a-z]+ threads|^    engine |^long prompt' "$OUT/serve-bench-$n.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+    done
+    kill -TERM $SERVER 2>/dev/null
+    wait $SERVER 2>/dev/null
   done
-  kill -TERM $SERVER 2>/dev/null
-  wait $SERVER 2>/dev/null
 fi
 
 # Constrained decoding (issue 16). Grammar masks and logit_bias are applied by the device

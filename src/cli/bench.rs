@@ -96,6 +96,10 @@ struct OfflineArgs {
     /// Run every decode step eagerly instead of replaying CUDA graphs (for A/B comparisons).
     #[arg(long)]
     no_cuda_graphs: bool,
+    /// Run steps that carry prompt tokens wholly eagerly instead of replaying their segments
+    /// between attention launches from CUDA graphs (for A/B comparisons).
+    #[arg(long)]
+    no_mixed_graphs: bool,
     /// Launch CUDA kernels in plain stream order instead of with programmatic dependent launch
     /// (for A/B comparisons).
     #[arg(long)]
@@ -419,6 +423,7 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
         max_waiting: load.num_prompts().max(defaults.max_waiting),
         prefix_caching: false,
         cuda_graphs: !args.no_cuda_graphs,
+        cuda_mixed_graphs: !args.no_mixed_graphs,
         programmatic_launch: !args.no_programmatic_launch,
         ..defaults
     };
@@ -513,6 +518,14 @@ impl Backend for SignalOnDrop {
             },
             |b| b.kv_cache(),
         )
+    }
+
+    fn max_rows(&self) -> Option<usize> {
+        self.inner().ok().and_then(|b| b.max_rows())
+    }
+
+    fn step_sizes(&self) -> &[usize] {
+        self.inner().map_or(&[], |b| b.step_sizes())
     }
 
     fn step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {

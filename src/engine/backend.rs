@@ -107,6 +107,14 @@ pub trait Backend: Send {
         None
     }
 
+    /// Token counts the backend runs a step of most cheaply, ascending (the CUDA backend replays
+    /// graphs captured for them and pads other counts up to the next); empty when every count
+    /// costs in proportion. The engine fills a step that carries prompt tokens while sequences
+    /// decode up to the largest that its budget allows.
+    fn step_sizes(&self) -> &[usize] {
+        &[]
+    }
+
     /// Runs one forward step. Keys and values of every row's tokens are written into the cache
     /// before attention reads them.
     fn step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError>;

@@ -52,6 +52,10 @@ pub struct EngineConfig {
     /// Replay decode steps from CUDA graphs captured at start-up for batch-size buckets (the
     /// CUDA backend; `false` runs every step eagerly, for A/B comparisons).
     pub cuda_graphs: bool,
+    /// With `cuda_graphs`, also replay the parts of a step that carries prompt tokens between
+    /// its attention launches from graphs captured at start-up for token-count buckets (the
+    /// CUDA backend; `false` runs such steps eagerly, for A/B comparisons).
+    pub cuda_mixed_graphs: bool,
     /// Launch every CUDA kernel with programmatic dependent launch, so it is scheduled while the
     /// previous kernel finishes and waits on the device for its results (the CUDA backend on
     /// compute capability 9.0 and later; `false` launches in plain stream order, for A/B
@@ -89,6 +93,7 @@ impl Default for EngineConfig {
             prefix_caching: true,
             share_prefix_cache: false,
             cuda_graphs: true,
+            cuda_mixed_graphs: true,
             programmatic_launch: true,
         }
     }

@@ -88,7 +88,8 @@ impl Engine {
         });
         let (commands, receiver) = mpsc::channel();
         let mut worker = Worker {
-            step_costs: StepCosts::new(config.itl_stall_limit, config.max_batched_tokens),
+            step_costs: StepCosts::new(config.itl_stall_limit, config.max_batched_tokens)
+                .with_step_sizes(backend.step_sizes()),
             scheduler: Scheduler::new(config, kv_cache.num_blocks, model.digest),
             eos: model.eos_token_ids.iter().copied().collect(),
             model,

@@ -18,6 +18,12 @@
 //! run after a start had four times the later runs' p99 inter-token latency). With nothing
 //! decoding, or before any prompt token's cost is measured, the step takes the configured
 //! maximum.
+//!
+//! A backend may run some token counts more cheaply than others (the CUDA backend replays graphs
+//! captured for token-count buckets, padding a step up to the next one): a budget computed while
+//! sequences decode is then rounded down to the largest such count that still carries
+//! [`MIN_PREFILL_TOKENS`] prompt tokens (unless it exceeds them all), so a step under load fills
+//! its bucket exactly.
 
 use std::time::Duration;
 
@@ -38,6 +44,7 @@ pub struct StepCosts {
     extra_tokens: f64,
     stall_limit: f64,
     max_tokens: usize,
+    step_sizes: Vec<usize>,
 }
 
 impl StepCosts {
@@ -50,6 +57,16 @@ impl StepCosts {
             extra_tokens: 0.0,
             stall_limit,
             max_tokens,
+            step_sizes: Vec::new(),
+        }
+    }
+
+    /// The same estimates, with budgets rounded down to the token counts the backend runs most
+    /// cheaply (`Backend::step_sizes`, ascending).
+    pub fn with_step_sizes(self, step_sizes: &[usize]) -> Self {
+        Self {
+            step_sizes: step_sizes.to_vec(),
+            ..self
         }
     }
 
@@ -93,9 +110,23 @@ impl StepCosts {
         } else {
             self.max_tokens
         };
-        decode_rows
+        let budget = decode_rows
             .saturating_add(allowed.max(MIN_PREFILL_TOKENS))
-            .min(self.max_tokens)
+            .min(self.max_tokens);
+        if self
+            .step_sizes
+            .last()
+            .is_none_or(|&largest| budget > largest)
+        {
+            return budget;
+        }
+        let floor = decode_rows.saturating_add(MIN_PREFILL_TOKENS);
+        self.step_sizes
+            .iter()
+            .copied()
+            .filter(|&size| (floor..=budget).contains(&size))
+            .max()
+            .unwrap_or(budget)
     }
 
     /// The measured time of a decode-only step of `rows` rows: its bucket's, else the nearest
@@ -166,6 +197,36 @@ mod tests {
         assert_eq!(loose.token_budget(64), 64 + 1000);
         loose.stall_limit = 100.0;
         assert_eq!(loose.token_budget(64), 2048);
+    }
+
+    #[test]
+    fn a_budget_under_load_fills_a_step_size_of_the_backend() {
+        let sizes = [64, 128, 160, 192, 224, 256, 320, 384];
+        let mut costs = StepCosts::new(1.5, 2048).with_step_sizes(&sizes);
+        for _ in 0..20 {
+            costs.record(64, 0, ms(10));
+            costs.record(64, 1000, ms(30));
+        }
+        // 64 + 250 = 314 tokens allowed: the step fills the 256-token size.
+        assert_eq!(costs.token_budget(64), 256);
+        // No size between 100 + 64 and 100 + 250: the budget stands.
+        let mut wide = StepCosts::new(1.5, 2048).with_step_sizes(&[128, 512]);
+        for _ in 0..20 {
+            wide.record(100, 0, ms(10));
+            wide.record(100, 1000, ms(30));
+        }
+        assert_eq!(wide.token_budget(100), 100 + 250);
+        // A budget beyond the largest size stands.
+        let mut loose = costs.clone();
+        loose.stall_limit = 3.0;
+        assert_eq!(loose.token_budget(64), 64 + 1000);
+        // Probes and budgets with nothing decoding are not rounded.
+        assert_eq!(costs.token_budget(0), 2048);
+        assert_eq!(
+            costs.token_budget(200),
+            200,
+            "an unmeasured bucket is probed"
+        );
     }
 
     #[test]

@@ -21,9 +21,10 @@ use crate::model::{Model, ModelConfig};
 use super::cc;
 use super::compile::{self, KernelError};
 use super::gemm::Gemm;
-use super::graphs::{DecodeGraph, DecodeGraphs};
+use super::graphs::{DecodeGraphs, MixedStepGraphs, StepGraph};
 use super::inputs::{
-    self, CopyStats, StepLayout, StepLimits, fill_late_masks, pack_step, pack_step_with_late_masks,
+    self, CopyStats, Padding, StepLayout, StepLimits, fill_late_masks, pack_step,
+    pack_step_with_late_masks,
 };
 use super::kernels::{self, KernelParams, SAMPLE_STRIDE};
 use super::memory::DeviceBuffer;
@@ -218,10 +219,10 @@ enum Arg {
 /// kernels, the stream and last the context they all live in.
 pub struct CudaBackend {
     graphs: DecodeGraphs,
+    mixed: MixedStepGraphs,
     waiter: StepWaiter,
     weights: ModelWeightsOnDevice,
-    k_cache: Vec<DeviceBuffer>,
-    v_cache: Vec<DeviceBuffer>,
+    kv: KvCache,
     act: Activations,
     gemm: Gemm,
     kernels: Kernels,
@@ -244,6 +245,34 @@ pub struct CudaBackend {
     phases: BackendPhases,
 }
 
+/// The paged KV cache in one allocation: every layer's keys, then every layer's values, each
+/// layer's `[blocks, block size, kv heads, head dim]` bf16.
+struct KvCache {
+    buffer: DeviceBuffer,
+    layers: usize,
+    layer_bytes: usize,
+}
+
+impl KvCache {
+    fn new(layers: usize, layer_bytes: usize) -> Result<Self, BackendError> {
+        Ok(Self {
+            buffer: DeviceBuffer::new(2 * layers * layer_bytes)?,
+            layers,
+            layer_bytes,
+        })
+    }
+
+    /// The keys of `layer`.
+    fn keys(&self, layer: usize) -> u64 {
+        self.buffer.at(layer * self.layer_bytes)
+    }
+
+    /// The values of `layer`.
+    fn values(&self, layer: usize) -> u64 {
+        self.buffer.at((self.layers + layer) * self.layer_bytes)
+    }
+}
+
 /// What [`CudaBackend::device_parts`] builds while the weights are copied.
 struct DeviceParts {
     kernels: Kernels,
@@ -253,8 +282,7 @@ struct DeviceParts {
     kernels_ready: Duration,
     gemm: Gemm,
     act: Activations,
-    k_cache: Vec<DeviceBuffer>,
-    v_cache: Vec<DeviceBuffer>,
+    kv: KvCache,
     kv_shape: KvCacheShape,
     limits: StepLimits,
     split_budget: usize,
@@ -263,9 +291,21 @@ struct DeviceParts {
     waiter: StepWaiter,
 }
 
+/// How a step's forward pass runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StepPath {
+    /// Replaying the decode graph of this many rows.
+    Decode(usize),
+    /// Replaying the segment graphs of this many tokens, attention launched between them.
+    Mixed(usize),
+    /// Every launch from the host.
+    Eager,
+}
+
 /// A step whose inputs are copied and forward pass queued, but not yet sampled.
 struct QueuedStep {
     layout: StepLayout,
+    /// The decode graph's bucket, when the step replayed one (the step waiter keys on it).
     bucket: Option<usize>,
     /// When the forward pass was queued (for the step waiter).
     queued: Instant,
@@ -367,14 +407,14 @@ impl CudaBackend {
             let parts_compile = parts.compile;
             let mut backend = Self {
                 graphs: DecodeGraphs::default(),
+                mixed: MixedStepGraphs::default(),
                 waiter: parts.waiter,
                 ctx,
                 stream,
                 kernels: parts.kernels,
                 params,
                 weights,
-                k_cache: parts.k_cache,
-                v_cache: parts.v_cache,
+                kv: parts.kv,
                 kv_shape: parts.kv_shape,
                 act: parts.act,
                 gemm: parts.gemm,
@@ -392,7 +432,7 @@ impl CudaBackend {
                     ..BackendPhases::default()
                 },
             };
-            let prepared = backend.choose_and_capture(config.cuda_graphs);
+            let prepared = backend.choose_and_capture(config.cuda_graphs, config.cuda_mixed_graphs);
             let uploaded = finish_upload(uploader);
             prepared?;
             backend.phases.weights = uploaded?;
@@ -440,7 +480,9 @@ impl CudaBackend {
         let max_tokens = config.max_batched_tokens.max(buffer_rows).max(1);
         let max_rows = buffer_rows;
         let split_budget = plan::split_budget(max_tokens);
+        let gemm_started = Instant::now();
         let gemm = Gemm::new()?;
+        let t_gemm = gemm_started.elapsed();
         let max_context_model = cfg.max_position_embeddings.max(1);
         let max_blocks_per_seq = max_context_model.div_ceil(crate::engine::BLOCK_SIZE);
         let max_penalty_tokens = cfg.vocab_size.min(max_context_model);
@@ -451,7 +493,9 @@ impl CudaBackend {
             max_penalty_tokens,
             cfg.vocab_size,
         );
+        let act_started = Instant::now();
         let act = Activations::new(cfg, max_tokens, max_rows, split_budget, max_words)?;
+        let t_act = act_started.elapsed();
 
         let (free, total) = ctx
             .mem_get_info()
@@ -471,12 +515,9 @@ impl CudaBackend {
             .max(1);
         let layer_bytes =
             num_blocks * crate::engine::BLOCK_SIZE * cfg.num_key_value_heads * cfg.head_dim * 2;
-        let mut k_cache = Vec::with_capacity(cfg.num_hidden_layers);
-        let mut v_cache = Vec::with_capacity(cfg.num_hidden_layers);
-        for _ in 0..cfg.num_hidden_layers {
-            k_cache.push(DeviceBuffer::new(layer_bytes)?);
-            v_cache.push(DeviceBuffer::new(layer_bytes)?);
-        }
+        let kv_started = Instant::now();
+        let kv = KvCache::new(cfg.num_hidden_layers, layer_bytes)?;
+        let kv_alloc = kv_started.elapsed();
         let kv_shape = KvCacheShape {
             num_blocks,
             block_size: crate::engine::BLOCK_SIZE,
@@ -487,6 +528,10 @@ impl CudaBackend {
             blocks = num_blocks,
             capacity_tokens = kv_shape.capacity_tokens(),
             kv_bytes = num_blocks * block_bytes,
+            load_ms = (t_kernels - t_compile).as_millis() as u64,
+            planner_ms = t_gemm.as_millis() as u64,
+            buffers_ms = t_act.as_millis() as u64,
+            alloc_ms = kv_alloc.as_millis() as u64,
             free_bytes = free,
             total_bytes = total,
             "KV cache allocated"
@@ -514,8 +559,7 @@ impl CudaBackend {
             kernels_ready: t_kernels,
             gemm,
             act,
-            k_cache,
-            v_cache,
+            kv,
             kv_shape,
             limits,
             split_budget,
@@ -525,9 +569,9 @@ impl CudaBackend {
         })
     }
 
-    /// Chooses the small-M product paths and, when `graphs`, captures the decode graphs,
-    /// recording how long each took.
-    fn choose_and_capture(&mut self, graphs: bool) -> Result<(), BackendError> {
+    /// Chooses the small-M product paths and, when `graphs`, captures the decode graphs (and,
+    /// when `mixed` too, the mixed-step segment graphs), recording how long each took.
+    fn choose_and_capture(&mut self, graphs: bool, mixed: bool) -> Result<(), BackendError> {
         let choose_started = Instant::now();
         self.choose_small_m_products()?;
         self.phases.gemm_selection = choose_started.elapsed();
@@ -543,6 +587,15 @@ impl CudaBackend {
                 capture_ms = capture_started.elapsed().as_millis() as u64,
                 "decode graphs captured"
             );
+            if mixed {
+                let mixed_started = Instant::now();
+                self.capture_mixed_step_graphs()?;
+                tracing::info!(
+                    buckets = ?self.mixed.buckets(),
+                    capture_ms = mixed_started.elapsed().as_millis() as u64,
+                    "mixed-step segment graphs captured"
+                );
+            }
         } else {
             tracing::info!("decode graphs off: every step runs eagerly");
         }
@@ -559,15 +612,20 @@ impl CudaBackend {
     /// once eagerly on padding inputs, so cuBLASLt plans its products and every module is
     /// loaded before capture; the graph is then uploaded so its first replay costs no set-up.
     fn capture_decode_graphs(&mut self) -> Result<(), BackendError> {
+        // Where the time goes: eager warm-up, capture (recording and instantiation), upload.
+        let mut took = [Duration::ZERO; 3];
+        let planning_before = self.gemm.planning_time();
         for bucket in plan::graph_buckets(self.limits.max_rows) {
+            let started = Instant::now();
             let mut host = std::mem::take(&mut self.host_inputs);
-            let layout = pack_step(&[], bucket, &self.limits, &mut host);
+            let layout = pack_step(&[], Padding::DecodeRows(bucket), &self.limits, &mut host);
             self.host_inputs = host;
             let layout = layout?;
             let splits = self.decode_graph_splits(bucket);
             self.copy_inputs(0..layout.len())?;
             self.forward(&layout, splits)?;
             self.stream.synchronize().map_err(dev("graph warm-up"))?;
+            let warmed = Instant::now();
             self.stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(dev("beginning graph capture"))?;
@@ -582,11 +640,83 @@ impl CudaBackend {
                     "capturing the decode step of {bucket} rows: empty graph"
                 ))
             })?;
-            let graph = DecodeGraph::new(bucket, graph);
+            let instantiated = Instant::now();
+            let graph = StepGraph::new(graph);
             graph.upload().map_err(dev("uploading a graph"))?;
-            self.graphs.push(graph);
+            self.graphs.push(bucket, graph);
+            took[0] += warmed - started;
+            took[1] += instantiated - warmed;
+            took[2] += instantiated.elapsed();
         }
-        self.stream.synchronize().map_err(dev("graph upload"))
+        self.stream.synchronize().map_err(dev("graph upload"))?;
+        let [warm_up, capture, upload] = took.map(|d| d.as_millis() as u64);
+        tracing::info!(
+            warm_up_ms = warm_up,
+            of_it_planning_ms = (self.gemm.planning_time() - planning_before).as_millis() as u64,
+            capture_ms = capture,
+            upload_ms = upload,
+            "decode graphs: where the capture time went"
+        );
+        Ok(())
+    }
+
+    /// Captures the segments of the forward pass between attention launches (see `graphs.rs`)
+    /// for every token-count bucket. Each bucket's products are first run once eagerly (segment
+    /// 1 holds every product shape but the LM head's), so cuBLASLt plans them and loads their
+    /// kernels before capture; each graph is uploaded after capture.
+    fn capture_mixed_step_graphs(&mut self) -> Result<(), BackendError> {
+        let layers = self.weights.layers.len();
+        // Where the time goes: eager warm-up, recording the launches, instantiation, upload.
+        let mut took = [Duration::ZERO; 4];
+        let planning_before = self.gemm.planning_time();
+        for bucket in plan::mixed_step_buckets(self.limits.max_tokens) {
+            let started = Instant::now();
+            let mut host = std::mem::take(&mut self.host_inputs);
+            let layout = pack_step(&[], Padding::Tokens(bucket), &self.limits, &mut host);
+            self.host_inputs = host;
+            let layout = layout?;
+            self.copy_inputs(0..layout.len())?;
+            self.segment(&layout, 1)?;
+            self.stream.synchronize().map_err(dev("graph warm-up"))?;
+            took[0] += started.elapsed();
+            let mut segments = Vec::with_capacity(layers + 1);
+            for segment in 0..=layers {
+                let started = Instant::now();
+                self.stream
+                    .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                    .map_err(dev("beginning graph capture"))?;
+                let captured = self.segment(&layout, segment);
+                let recorded = Instant::now();
+                let graph = self
+                    .stream
+                    .end_capture(CUgraphInstantiate_flags(0))
+                    .map_err(dev("ending graph capture"));
+                let instantiated = Instant::now();
+                captured?;
+                let graph = StepGraph::new(graph?.ok_or_else(|| {
+                    BackendError::Device(format!(
+                        "capturing segment {segment} of a {bucket}-token step: empty graph"
+                    ))
+                })?);
+                graph.upload().map_err(dev("uploading a graph"))?;
+                took[1] += recorded - started;
+                took[2] += instantiated - recorded;
+                took[3] += instantiated.elapsed();
+                segments.push(graph);
+            }
+            self.mixed.push(bucket, segments);
+        }
+        self.stream.synchronize().map_err(dev("graph upload"))?;
+        let [warm_up, record, instantiate, upload] = took.map(|d| d.as_millis() as u64);
+        tracing::info!(
+            warm_up_ms = warm_up,
+            of_it_planning_ms = (self.gemm.planning_time() - planning_before).as_millis() as u64,
+            record_ms = record,
+            instantiate_ms = instantiate,
+            upload_ms = upload,
+            "mixed-step segment graphs: where the capture time went"
+        );
+        Ok(())
     }
 
     /// The split-K bound of the decode graph of `bucket` rows.
@@ -599,16 +729,22 @@ impl CudaBackend {
         )
     }
 
-    /// The bucket whose graph serves this batch: every row decodes one token and needs the next,
-    /// and a graph was captured for that many rows.
-    fn graph_bucket(&self, rows: &[BatchRow<'_>]) -> Option<usize> {
+    /// How a step runs: replaying its decode bucket's graph when every row decodes one token
+    /// and needs the next, and a graph was captured for that many rows; else replaying the
+    /// segments of its token-count bucket, when one was captured that pads it little; else
+    /// eagerly.
+    fn step_graph(&self, rows: &[BatchRow<'_>]) -> StepPath {
         let decode_only = rows
             .iter()
             .all(|r| r.tokens.len() == 1 && r.sample.is_some());
-        if !decode_only {
-            return None;
+        if decode_only && let Some(bucket) = self.graphs.bucket_for(rows.len()) {
+            return StepPath::Decode(bucket);
         }
-        self.graphs.bucket_for(rows.len())
+        let tokens = rows.iter().map(|r| r.tokens.len()).sum();
+        match self.mixed.bucket_for(tokens) {
+            Some(bucket) => StepPath::Mixed(bucket),
+            None => StepPath::Eager,
+        }
     }
 
     /// Decode steps replayed from a CUDA graph so far.
@@ -619,6 +755,16 @@ impl CudaBackend {
     /// The batch-size buckets with a captured decode graph (empty when graphs are off).
     pub fn graph_buckets(&self) -> &[usize] {
         self.graphs.buckets()
+    }
+
+    /// Steps with prompt tokens whose segments were replayed from graphs so far.
+    pub fn mixed_graph_replays(&self) -> u64 {
+        self.mixed.replays()
+    }
+
+    /// The token-count buckets with captured mixed-step segment graphs (empty when off).
+    pub fn mixed_graph_buckets(&self) -> &[usize] {
+        self.mixed.buckets()
     }
 
     /// Copies made by steps so far.
@@ -747,6 +893,8 @@ impl CudaBackend {
     /// unless `options.measure_products`, the small-M kernel wherever it fits.
     fn choose_small_m_products(&mut self) -> Result<(), BackendError> {
         const REPS: usize = 8;
+        // Layers cycled through per timing: enough that no weight is read from L2 twice.
+        const TIMED_LAYERS: usize = 16;
         let p = self.params.clone();
         let qkv_n = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim;
         let q_width = p.num_q_heads * p.head_dim;
@@ -816,7 +964,7 @@ impl CudaBackend {
                     }
                     self.stream.synchronize().map_err(dev("product timing"))?;
                     let started = Instant::now();
-                    for i in 0..REPS.max(weights.len()) {
+                    for i in 0..REPS.max(weights.len().min(TIMED_LAYERS)) {
                         self.product(small_m, (x, weights[i % weights.len()], out), (m, n, k))?;
                     }
                     self.stream.synchronize().map_err(dev("product timing"))?;
@@ -862,8 +1010,8 @@ impl CudaBackend {
                 plan::FLASH_THREADS as u32,
                 &[
                     Arg::Ptr(self.act.q.ptr()),
-                    Arg::Ptr(self.k_cache[layer].ptr()),
-                    Arg::Ptr(self.v_cache[layer].ptr()),
+                    Arg::Ptr(self.kv.keys(layer)),
+                    Arg::Ptr(self.kv.values(layer)),
                     input(layout.block_tables()),
                     input(layout.max_blocks_word()),
                     input(layout.token_rows()),
@@ -884,8 +1032,8 @@ impl CudaBackend {
             (plan::ATTN_WARPS * 32) as u32,
             &[
                 Arg::Ptr(self.act.q.ptr()),
-                Arg::Ptr(self.k_cache[layer].ptr()),
-                Arg::Ptr(self.v_cache[layer].ptr()),
+                Arg::Ptr(self.kv.keys(layer)),
+                Arg::Ptr(self.kv.values(layer)),
                 input(layout.block_tables()),
                 input(layout.max_blocks_word()),
                 input(layout.token_rows()),
@@ -913,6 +1061,50 @@ impl CudaBackend {
     /// Runs the layers over the packed step, with at most `splits` split-K partitions per token
     /// in attention, and leaves the logits of the sampled rows in `act.logits`.
     fn forward(&mut self, layout: &StepLayout, splits: usize) -> Result<(), BackendError> {
+        let scale = self.attention_scale();
+        self.segment(layout, 0)?;
+        for layer in 0..self.weights.layers.len() {
+            self.attention(layout, layer, splits, scale)?;
+            self.segment(layout, layer + 1)?;
+        }
+        self.logits(layout)
+    }
+
+    /// [`CudaBackend::forward`] of a step padded to `bucket` tokens, replaying the bucket's
+    /// segment graphs between the attention launches.
+    fn forward_mixed(
+        &mut self,
+        layout: &StepLayout,
+        bucket: usize,
+        splits: usize,
+    ) -> Result<(), BackendError> {
+        let scale = self.attention_scale();
+        let replay = |segment: &StepGraph| segment.replay().map_err(dev("replaying a segment"));
+        let segments = self.mixed.segments(bucket)?;
+        let (first, rest) = segments
+            .split_first()
+            .ok_or_else(|| BackendError::Device(format!("no segments for {bucket}-token steps")))?;
+        replay(first)?;
+        for (layer, segment) in rest.iter().enumerate() {
+            self.attention(layout, layer, splits, scale)?;
+            replay(segment)?;
+        }
+        self.mixed.count_replay();
+        self.logits(layout)
+    }
+
+    /// The attention softmax scale, 1/√head_dim.
+    fn attention_scale(&self) -> f32 {
+        1.0 / (self.params.head_dim as f32).sqrt()
+    }
+
+    /// Queues segment `segment` of the forward pass, the launches between two attention
+    /// launches: segment 0 embeds the tokens; segment `l` (from 1) finishes layer `l - 1` after
+    /// its attention (output projection, norm, MLP); every segment below the layer count then
+    /// starts layer `segment` up to its attention (norm, q/k/v product, rotary embedding, cache
+    /// write). A segment reads only the token-indexed inputs, whose offsets depend on the
+    /// step's token count alone, so it can be captured once per token count.
+    fn segment(&mut self, layout: &StepLayout, segment: usize) -> Result<(), BackendError> {
         let p = self.params.clone();
         let t = layout.num_tokens;
         let t32 = to_u32(t, "tokens")?;
@@ -920,60 +1112,31 @@ impl CudaBackend {
         let input = |offset: usize| Arg::Ptr(inputs_base + (offset * 4) as u64);
         let qkv_n = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim;
         let q_width = p.num_q_heads * p.head_dim;
-        let scale = 1.0 / (p.head_dim as f32).sqrt();
         let qkv_warps = (p.num_q_heads + 2 * p.num_kv_heads).min(32) as u32;
+        let layers = self.weights.layers.len();
+        let (normed, delta) = (self.act.normed.ptr(), self.act.delta.ptr());
 
-        self.launch(
-            &self.kernels.embedding,
-            (t32, 1, 1),
-            256,
-            &[
-                Arg::Ptr(self.weights.embed.ptr()),
-                input(layout.tokens()),
-                Arg::Ptr(self.act.residual.ptr()),
-            ],
-        )?;
-        for layer in 0..self.weights.layers.len() {
-            let w: &LayerWeights = &self.weights.layers[layer];
-            let (qkv_w, o_w, gate_up_w, down_w) =
-                (w.qkv.ptr(), w.o_proj.ptr(), w.gate_up.ptr(), w.down.ptr());
-            let delta = if layer == 0 { 0 } else { self.act.delta.ptr() };
+        if segment == 0 {
             self.launch(
-                &self.kernels.add_rmsnorm,
+                &self.kernels.embedding,
                 (t32, 1, 1),
-                plan::RMS_THREADS as u32,
+                256,
                 &[
+                    Arg::Ptr(self.weights.embed.ptr()),
+                    input(layout.tokens()),
                     Arg::Ptr(self.act.residual.ptr()),
-                    Arg::Ptr(delta),
-                    Arg::Ptr(w.input_norm.ptr()),
-                    Arg::Ptr(0),
-                    Arg::Ptr(self.act.normed.ptr()),
                 ],
             )?;
-            let (normed, qkv) = (self.act.normed.ptr(), self.act.qkv.ptr());
-            self.matmul(normed, qkv_w, qkv, (t, qkv_n, p.hidden))?;
-            let w: &LayerWeights = &self.weights.layers[layer];
-            self.launch(
-                &self.kernels.qkv_rope,
-                (t32, 1, 1),
-                32 * qkv_warps,
-                &[
-                    Arg::Ptr(qkv),
-                    Arg::Ptr(w.qkv_bias.as_ref().map_or(0, DeviceBuffer::ptr)),
-                    Arg::Ptr(w.q_norm.as_ref().map_or(0, DeviceBuffer::ptr)),
-                    Arg::Ptr(w.k_norm.as_ref().map_or(0, DeviceBuffer::ptr)),
-                    Arg::Ptr(self.weights.inv_freq.ptr()),
-                    input(layout.positions()),
-                    input(layout.slots()),
-                    Arg::Ptr(self.act.q.ptr()),
-                    Arg::Ptr(self.k_cache[layer].ptr()),
-                    Arg::Ptr(self.v_cache[layer].ptr()),
-                ],
-            )?;
-            self.attention(layout, layer, splits, scale)?;
-            let (attn, delta) = (self.act.attn.ptr(), self.act.delta.ptr());
+        } else {
+            let w: &LayerWeights = &self.weights.layers[segment - 1];
+            let (o_w, post_norm, gate_up_w, down_w) = (
+                w.o_proj.ptr(),
+                w.post_norm.ptr(),
+                w.gate_up.ptr(),
+                w.down.ptr(),
+            );
+            let attn = self.act.attn.ptr();
             self.matmul(attn, o_w, delta, (t, p.hidden, q_width))?;
-            let w: &LayerWeights = &self.weights.layers[layer];
             self.launch(
                 &self.kernels.add_rmsnorm,
                 (t32, 1, 1),
@@ -981,7 +1144,7 @@ impl CudaBackend {
                 &[
                     Arg::Ptr(self.act.residual.ptr()),
                     Arg::Ptr(delta),
-                    Arg::Ptr(w.post_norm.ptr()),
+                    Arg::Ptr(post_norm),
                     Arg::Ptr(0),
                     Arg::Ptr(normed),
                 ],
@@ -1006,32 +1169,82 @@ impl CudaBackend {
             let mlp = self.act.mlp.ptr();
             self.matmul(mlp, down_w, delta, (t, p.hidden, p.intermediate))?;
         }
-        if layout.num_samples > 0 {
-            self.launch(
-                &self.kernels.add_rmsnorm,
-                (to_u32(layout.num_samples, "samples")?, 1, 1),
-                plan::RMS_THREADS as u32,
-                &[
-                    Arg::Ptr(self.act.residual.ptr()),
-                    Arg::Ptr(self.act.delta.ptr()),
-                    Arg::Ptr(self.weights.final_norm.ptr()),
-                    input(layout.sample_tokens()),
-                    Arg::Ptr(self.act.normed.ptr()),
-                ],
-            )?;
-            let (normed, logits, head) = (
-                self.act.normed.ptr(),
-                self.act.logits.ptr(),
-                self.weights.lm_head_ptr(),
-            );
-            self.matmul(
-                normed,
-                head,
-                logits,
-                (layout.num_samples, p.vocab, p.hidden),
-            )?;
+        if segment == layers {
+            return Ok(());
         }
-        Ok(())
+        let layer = segment;
+        let w: &LayerWeights = &self.weights.layers[layer];
+        let (input_norm, qkv_w) = (w.input_norm.ptr(), w.qkv.ptr());
+        // Layer 0 normalises the embeddings alone; later layers add the previous MLP's output.
+        let previous = if layer == 0 { 0 } else { delta };
+        self.launch(
+            &self.kernels.add_rmsnorm,
+            (t32, 1, 1),
+            plan::RMS_THREADS as u32,
+            &[
+                Arg::Ptr(self.act.residual.ptr()),
+                Arg::Ptr(previous),
+                Arg::Ptr(input_norm),
+                Arg::Ptr(0),
+                Arg::Ptr(normed),
+            ],
+        )?;
+        let qkv = self.act.qkv.ptr();
+        self.matmul(normed, qkv_w, qkv, (t, qkv_n, p.hidden))?;
+        let w: &LayerWeights = &self.weights.layers[layer];
+        self.launch(
+            &self.kernels.qkv_rope,
+            (t32, 1, 1),
+            32 * qkv_warps,
+            &[
+                Arg::Ptr(qkv),
+                Arg::Ptr(w.qkv_bias.as_ref().map_or(0, DeviceBuffer::ptr)),
+                Arg::Ptr(w.q_norm.as_ref().map_or(0, DeviceBuffer::ptr)),
+                Arg::Ptr(w.k_norm.as_ref().map_or(0, DeviceBuffer::ptr)),
+                Arg::Ptr(self.weights.inv_freq.ptr()),
+                input(layout.positions()),
+                input(layout.slots()),
+                Arg::Ptr(self.act.q.ptr()),
+                Arg::Ptr(self.kv.keys(layer)),
+                Arg::Ptr(self.kv.values(layer)),
+            ],
+        )
+    }
+
+    /// The final norm and the LM head over the sampled rows, into `act.logits`. The product
+    /// runs for as many rows as the smallest decode-graph bucket that holds them (the extra
+    /// rows' logits are never read), so steps with prompt tokens reuse the product plans the
+    /// decode graphs made at start-up instead of planning a new shape on first use.
+    fn logits(&mut self, layout: &StepLayout) -> Result<(), BackendError> {
+        let samples = layout.num_samples;
+        if samples == 0 {
+            return Ok(());
+        }
+        let inputs_base = self.act.inputs.ptr();
+        self.launch(
+            &self.kernels.add_rmsnorm,
+            (to_u32(samples, "samples")?, 1, 1),
+            plan::RMS_THREADS as u32,
+            &[
+                Arg::Ptr(self.act.residual.ptr()),
+                Arg::Ptr(self.act.delta.ptr()),
+                Arg::Ptr(self.weights.final_norm.ptr()),
+                Arg::Ptr(inputs_base + (layout.sample_tokens() * 4) as u64),
+                Arg::Ptr(self.act.normed.ptr()),
+            ],
+        )?;
+        let rows = self.graphs.bucket_for(samples).unwrap_or(samples);
+        let (normed, logits, head) = (
+            self.act.normed.ptr(),
+            self.act.logits.ptr(),
+            self.weights.lm_head_ptr(),
+        );
+        self.matmul(
+            normed,
+            head,
+            logits,
+            (rows, self.params.vocab, self.params.hidden),
+        )
     }
 
     /// Copies the words `words` of the packed inputs to the same place in the device input
@@ -1066,8 +1279,14 @@ impl CudaBackend {
         self.ctx
             .bind_to_thread()
             .map_err(dev("binding the context"))?;
-        let bucket = self.graph_bucket(rows);
-        let padding = bucket.map_or(0, |b| b - rows.len());
+        let path = self.step_graph(rows);
+        let padding = match path {
+            StepPath::Decode(bucket) => Padding::DecodeRows(bucket - rows.len()),
+            StepPath::Mixed(bucket) => {
+                Padding::Tokens(bucket - rows.iter().map(|r| r.tokens.len()).sum::<usize>())
+            }
+            StepPath::Eager => Padding::None,
+        };
         let mut host = std::mem::take(&mut self.host_inputs);
         let layout = pack_step_with_late_masks(rows, late, padding, &self.limits, &mut host);
         self.host_inputs = host;
@@ -1079,18 +1298,30 @@ impl CudaBackend {
         let queued = Instant::now();
         let bytes = self.copy_inputs(0..layout.late_mask_slots())?;
         self.copies.record_h2d(bytes);
-        match bucket {
-            Some(bucket) => self.graphs.replay(bucket)?,
-            None => {
-                let splits = plan::split_bound(
-                    layout.num_tokens,
-                    self.params.num_kv_heads,
-                    layout.max_context,
-                    self.split_budget,
-                );
-                self.forward(&layout, splits)?;
+        let splits = || {
+            plan::split_bound(
+                layout.num_tokens,
+                self.params.num_kv_heads,
+                layout.max_context,
+                self.split_budget,
+            )
+        };
+        let bucket = match path {
+            StepPath::Decode(bucket) => {
+                self.graphs.replay(bucket)?;
+                Some(bucket)
             }
-        }
+            StepPath::Mixed(bucket) => {
+                let splits = splits();
+                self.forward_mixed(&layout, bucket, splits)?;
+                None
+            }
+            StepPath::Eager => {
+                let splits = splits();
+                self.forward(&layout, splits)?;
+                None
+            }
+        };
         Ok(Some(QueuedStep {
             layout,
             bucket,
@@ -1206,6 +1437,10 @@ impl Backend for CudaBackend {
 
     fn max_rows(&self) -> Option<usize> {
         Some(self.limits.max_rows)
+    }
+
+    fn step_sizes(&self) -> &[usize] {
+        self.mixed.buckets()
     }
 
     fn step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {

@@ -13,6 +13,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
+use std::time::{Duration, Instant};
 
 use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys;
@@ -46,6 +47,8 @@ pub struct Gemm {
     plans: HashMap<Shape, Plan>,
     /// Shapes the small-M kernels computed faster than cuBLASLt at start-up.
     small_m: HashSet<Shape>,
+    /// Host time spent planning new shapes.
+    planning: Duration,
 }
 
 // SAFETY: the handle and descriptors are plain cuBLASLt objects with no thread affinity; the
@@ -65,7 +68,13 @@ impl Gemm {
             workspace: DeviceBuffer::new(WORKSPACE_BYTES)?,
             plans: HashMap::new(),
             small_m: HashSet::new(),
+            planning: Duration::ZERO,
         })
+    }
+
+    /// Host time spent choosing algorithms for new shapes so far.
+    pub fn planning_time(&self) -> Duration {
+        self.planning
     }
 
     /// Number of shapes planned so far.
@@ -75,7 +84,9 @@ impl Gemm {
 
     fn plan(&mut self, shape: Shape) -> Result<&Plan, BackendError> {
         if !self.plans.contains_key(&shape) {
+            let started = Instant::now();
             let plan = self.make_plan(shape)?;
+            self.planning += started.elapsed();
             self.plans.insert(shape, plan);
         }
         self.plans

@@ -22,9 +22,14 @@
 //! that depend on T and S alone, and it reads the table stride from the buffer: a decode step
 //! padded to a fixed T = S can replay a CUDA graph captured once for that size.
 //!
-//! Padding tokens (for decode graphs) have token 0, position 0, slot -1 (the QKV kernel writes no
-//! cache entry), row -1 (attention outputs zero) and are sampled with no alternatives; their
-//! results are never copied back.
+//! The segments of a mixed step between its attention launches read only the token-indexed
+//! arrays, at offsets that depend on T alone: a step padded with unsampled tokens to a fixed T can
+//! replay the segment graphs captured for that size (see `graphs.rs`).
+//!
+//! Padding tokens have token 0, position 0, slot -1 (the QKV kernel writes no cache entry) and row
+//! -1 (attention outputs zero). Those that pad a decode step to its graph's batch size are sampled
+//! with no alternatives, as padding rows; those that pad a mixed step to its graph's token count
+//! are not sampled. Their results are never copied back.
 
 use std::collections::HashMap;
 
@@ -41,8 +46,10 @@ pub struct StepLayout {
     pub num_rows: usize,
     /// Rows that need a next token, padding included (S).
     pub num_samples: usize,
-    /// Padding tokens at the end of the step (each also a sampled row).
+    /// Padding decode rows at the end of the step (one token each, each a sampled row).
     pub padding: usize,
+    /// Padding tokens at the end of the step that no row owns and nothing samples.
+    pub token_padding: usize,
     /// Stride of the block-table array: the longest block table of the step.
     pub max_blocks: usize,
     /// Words of the sampled rows' lists (penalties, biases, masks).
@@ -120,6 +127,17 @@ impl StepLayout {
     pub fn is_empty(&self) -> bool {
         self.num_tokens == 0
     }
+}
+
+/// Padding added to a step so that a captured graph can run it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Padding {
+    /// No padding: the step runs eagerly.
+    None,
+    /// This many padding decode rows (one sampled token each), up to a decode graph's batch size.
+    DecodeRows(usize),
+    /// This many unsampled padding tokens, up to a mixed-step graph's token count.
+    Tokens(usize),
 }
 
 /// Limits a packed step must respect (the sizes of the device buffers).
@@ -350,12 +368,12 @@ fn padding_params() -> [i32; SAMPLE_PARAMS] {
     words
 }
 
-/// Packs a batch into `out`, followed by `padding` padding tokens (each a sampled row), and
+/// Packs a batch into `out`, followed by its `padding` (see [`Padding`]), and
 /// returns its layout. Every index that a kernel will follow is checked here, so a malformed
 /// batch is refused before anything reaches the device.
 pub fn pack_step(
     rows: &[BatchRow<'_>],
-    padding: usize,
+    padding: Padding,
     limits: &StepLimits,
     out: &mut Vec<i32>,
 ) -> Result<StepLayout, BackendError> {
@@ -369,11 +387,17 @@ pub fn pack_step(
 pub fn pack_step_with_late_masks(
     rows: &[BatchRow<'_>],
     late: &[bool],
-    padding: usize,
+    padding: Padding,
     limits: &StepLimits,
     out: &mut Vec<i32>,
 ) -> Result<StepLayout, BackendError> {
-    let num_tokens: usize = rows.iter().map(|r| r.tokens.len()).sum::<usize>() + padding;
+    let (padding, token_padding) = match padding {
+        Padding::None => (0, 0),
+        Padding::DecodeRows(n) => (n, 0),
+        Padding::Tokens(n) => (0, n),
+    };
+    let num_tokens: usize =
+        rows.iter().map(|r| r.tokens.len()).sum::<usize>() + padding + token_padding;
     let num_samples = rows.iter().filter(|r| r.sample.is_some()).count() + padding;
     let max_blocks = rows
         .iter()
@@ -440,6 +464,7 @@ pub fn pack_step_with_late_masks(
         num_rows: rows.len(),
         num_samples,
         padding,
+        token_padding,
         max_blocks,
         list_words: lists.len(),
         num_tiles: tiles.len(),
@@ -529,6 +554,11 @@ pub fn pack_step_with_late_masks(
         out[words..words + SAMPLE_PARAMS].copy_from_slice(&padding_params());
         t += 1;
         s += 1;
+    }
+    for _ in 0..token_padding {
+        out[layout_probe.slots() + t] = -1;
+        out[layout_probe.token_rows() + t] = -1;
+        t += 1;
     }
     Ok(StepLayout {
         max_context,
@@ -641,7 +671,7 @@ mod tests {
             prefill_chunk(),
         ];
         let mut out = Vec::new();
-        let layout = pack_step(&rows, 0, &limits(), &mut out).expect("packs");
+        let layout = pack_step(&rows, Padding::None, &limits(), &mut out).expect("packs");
         assert_eq!(
             (
                 layout.num_tokens,
@@ -689,7 +719,7 @@ mod tests {
             block_table: &[3],
             sample: None,
         }];
-        assert!(pack_step(&short, 0, &limits(), &mut out).is_err());
+        assert!(pack_step(&short, Padding::None, &limits(), &mut out).is_err());
         let far = [BatchRow {
             seq_id: 1,
             tokens: &[5],
@@ -697,7 +727,7 @@ mod tests {
             block_table: &[10],
             sample: None,
         }];
-        assert!(pack_step(&far, 0, &limits(), &mut out).is_err());
+        assert!(pack_step(&far, Padding::None, &limits(), &mut out).is_err());
         let bad_token = [BatchRow {
             seq_id: 1,
             tokens: &[100],
@@ -705,7 +735,7 @@ mod tests {
             block_table: &[1],
             sample: None,
         }];
-        assert!(pack_step(&bad_token, 0, &limits(), &mut out).is_err());
+        assert!(pack_step(&bad_token, Padding::None, &limits(), &mut out).is_err());
         let tokens = [0u32; 65];
         let table = [0u32; 5];
         let long = [BatchRow {
@@ -715,7 +745,7 @@ mod tests {
             block_table: &table,
             sample: None,
         }];
-        assert!(pack_step(&long, 0, &limits(), &mut out).is_err());
+        assert!(pack_step(&long, Padding::None, &limits(), &mut out).is_err());
     }
 
     #[test]
@@ -733,7 +763,7 @@ mod tests {
             },
         ];
         let mut out = Vec::new();
-        let layout = pack_step(&rows, 2, &limits(), &mut out).expect("packs");
+        let layout = pack_step(&rows, Padding::DecodeRows(2), &limits(), &mut out).expect("packs");
         assert_eq!(
             (
                 layout.num_tokens,
@@ -753,7 +783,8 @@ mod tests {
             },
             rows[1],
         ];
-        let short = pack_step(&short_rows, 2, &limits(), &mut other).expect("packs");
+        let short =
+            pack_step(&short_rows, Padding::DecodeRows(2), &limits(), &mut other).expect("packs");
         assert_eq!(short.sample_tokens(), layout.sample_tokens());
         assert_eq!(short.top_n(), layout.top_n());
         assert_eq!(short.block_tables(), layout.block_tables());
@@ -774,7 +805,52 @@ mod tests {
         assert_eq!(&out[layout.top_n()..layout.top_n() + 4], &[2, 2, 0, 0]);
         assert_eq!(&out[layout.block_tables()..], &[3, 7, 2, 0]);
         // Padding past the row limit is refused.
-        assert!(pack_step(&rows, 7, &limits(), &mut out).is_err());
+        assert!(pack_step(&rows, Padding::DecodeRows(7), &limits(), &mut out).is_err());
+    }
+
+    #[test]
+    fn pads_a_mixed_step_with_unsampled_tokens() {
+        let params = SamplingParams::default();
+        let spec = plain_spec(&params, 1);
+        let rows = [second_block_decode(spec), prefill_chunk()];
+        let mut out = Vec::new();
+        let layout = pack_step(&rows, Padding::Tokens(4), &limits(), &mut out).expect("packs");
+        assert_eq!(
+            (
+                layout.num_tokens,
+                layout.num_rows,
+                layout.num_samples,
+                layout.real_samples(),
+                layout.token_padding
+            ),
+            (8, 2, 1, 1, 4)
+        );
+        assert_eq!(
+            &out[layout.tokens()..layout.tokens() + 8],
+            &[5, 1, 2, 3, 0, 0, 0, 0]
+        );
+        assert_eq!(
+            &out[layout.slots()..layout.slots() + 8],
+            &[7 * 16 + 1, 4 * 16, 4 * 16 + 1, 4 * 16 + 2, -1, -1, -1, -1]
+        );
+        assert_eq!(
+            &out[layout.token_rows()..layout.token_rows() + 8],
+            &[0, 1, 1, 1, -1, -1, -1, -1]
+        );
+        // Only the decode row is sampled; the padding is in no prefill tile.
+        assert_eq!(&out[layout.sample_tokens()..layout.top_n()], &[0]);
+        let tiles = &out[layout.tiles()..layout.late_mask_slots()];
+        assert_eq!(tiles, &[0, 1, 1, 2, 3, 1]);
+        // The token-indexed arrays sit where any step of 8 tokens has them.
+        let decode = [second_block_decode(spec)];
+        let other =
+            pack_step(&decode, Padding::Tokens(7), &limits(), &mut Vec::new()).expect("packs");
+        assert_eq!(
+            (other.positions(), other.slots(), other.sample_tokens()),
+            (layout.positions(), layout.slots(), layout.sample_tokens())
+        );
+        // Padding past the token limit is refused.
+        assert!(pack_step(&rows, Padding::Tokens(61), &limits(), &mut out).is_err());
     }
 
     #[test]
@@ -820,7 +896,7 @@ mod tests {
             },
         ];
         let mut out = Vec::new();
-        let layout = pack_step(&rows, 1, &limits(), &mut out).expect("packs");
+        let layout = pack_step(&rows, Padding::DecodeRows(1), &limits(), &mut out).expect("packs");
         let words = |s: usize| {
             let at = layout.sample_params() + s * SAMPLE_PARAMS;
             out[at..at + SAMPLE_PARAMS].to_vec()
@@ -861,7 +937,7 @@ mod tests {
             }),
             ..rows[1]
         }];
-        assert!(pack_step(&bad, 0, &limits(), &mut out).is_err());
+        assert!(pack_step(&bad, Padding::None, &limits(), &mut out).is_err());
     }
 
     #[test]
@@ -905,7 +981,7 @@ mod tests {
             },
         ];
         let mut out = Vec::new();
-        let layout = pack_step(&rows, 1, &limits(), &mut out).expect("packs");
+        let layout = pack_step(&rows, Padding::DecodeRows(1), &limits(), &mut out).expect("packs");
         let words = |s: usize| {
             let at = layout.sample_params() + s * SAMPLE_PARAMS;
             out[at..at + SAMPLE_PARAMS].to_vec()
@@ -981,7 +1057,8 @@ mod tests {
         let late = [true, false, true];
         let mut out = Vec::new();
         let layout =
-            pack_step_with_late_masks(&rows(None), &late, 0, &limits(), &mut out).expect("packs");
+            pack_step_with_late_masks(&rows(None), &late, Padding::None, &limits(), &mut out)
+                .expect("packs");
         assert_eq!((layout.late_masks, layout.mask_words), (2, 4));
         assert!(layout.num_tiles > 0);
         assert_eq!(
@@ -1013,14 +1090,25 @@ mod tests {
         // and the step must be finished with the rows it was started with.
         let mut scratch = Vec::new();
         let early = rows(Some(&LATE_MASK));
-        assert!(pack_step_with_late_masks(&early, &late, 0, &limits(), &mut scratch).is_err());
         assert!(
-            pack_step_with_late_masks(&rows(None), &late[..2], 0, &limits(), &mut scratch).is_err()
+            pack_step_with_late_masks(&early, &late, Padding::None, &limits(), &mut scratch)
+                .is_err()
+        );
+        assert!(
+            pack_step_with_late_masks(
+                &rows(None),
+                &late[..2],
+                Padding::None,
+                &limits(),
+                &mut scratch
+            )
+            .is_err()
         );
         assert!(fill_late_masks(&rows(None)[..2], &late, &layout, &mut out).is_err());
         // Without late rows the layout is pack_step's.
         let mut plain_out = Vec::new();
-        let plain_layout = pack_step(&rows(None), 0, &limits(), &mut plain_out).expect("packs");
+        let plain_layout =
+            pack_step(&rows(None), Padding::None, &limits(), &mut plain_out).expect("packs");
         assert_eq!(plain_layout.late_masks, 0);
         assert_eq!(plain_layout.len(), plain_layout.late_mask_slots());
     }
@@ -1064,7 +1152,7 @@ mod tests {
             (&unsorted, limits()),
             (&too_many, big),
         ] {
-            assert!(pack_step(&[row(params)], 0, &limits, &mut out).is_err());
+            assert!(pack_step(&[row(params)], Padding::None, &limits, &mut out).is_err());
         }
         // At the limit it packs, and the buffer sized by max_words holds every row at the limit
         // with a mask.
@@ -1092,7 +1180,7 @@ mod tests {
             max_words: max_words(big.max_tokens, big.max_rows, 1, 0, big.vocab),
             ..big
         };
-        let layout = pack_step(&rows, 0, &sized, &mut out).expect("fits max_words");
+        let layout = pack_step(&rows, Padding::None, &sized, &mut out).expect("fits max_words");
         assert!(layout.len() <= sized.max_words);
         assert_eq!(
             layout.list_words,

@@ -115,6 +115,40 @@ pub fn bucket_for(buckets: &[usize], rows: usize) -> Option<usize> {
     buckets.iter().copied().find(|&b| b >= rows)
 }
 
+/// Token counts up to which products cost what reading their weights costs on the GPUs this
+/// backend targets (a bf16 product of M rows is bound by its weight reads while M is below the
+/// ratio of the tensor-core rate to the memory bandwidth, about 200 to 300 on Hopper): padding a
+/// step of at most this many tokens costs its products nothing.
+pub const FREE_PADDING_TOKENS: usize = 256;
+
+/// The most tokens a mixed-step graph set is captured for. Capture costs start-up time (about
+/// 15 ms per bucket for an 8B model), and a larger step's GPU time dwarfs its eager launches.
+pub const MAX_MIXED_STEP_TOKENS: usize = 512;
+
+/// The token counts a mixed-step graph set is captured for: every multiple of 16 up to 128, then
+/// four per doubling (a quarter of the octave apart), up to `max_tokens` and
+/// [`MAX_MIXED_STEP_TOKENS`]. The engine fills steps up to one of these counts where it can
+/// ([`crate::engine::Backend::step_sizes`]).
+pub fn mixed_step_buckets(max_tokens: usize) -> Vec<usize> {
+    let max_tokens = max_tokens.min(MAX_MIXED_STEP_TOKENS);
+    let mut buckets: Vec<usize> = (1..=8).map(|k| 16 * k).collect();
+    let mut octave = 128usize;
+    while octave < max_tokens {
+        buckets.extend((1..=4).map(|k| octave + k * octave / 4));
+        octave *= 2;
+    }
+    buckets.retain(|&b| b <= max_tokens);
+    buckets
+}
+
+/// The mixed-step bucket whose graphs serve a step of `tokens` tokens: the smallest that holds
+/// it, unless its padding would cost the products more than an eighth of the step (beyond
+/// [`FREE_PADDING_TOKENS`]), in which case the step runs eagerly.
+pub fn mixed_bucket_for(buckets: &[usize], tokens: usize) -> Option<usize> {
+    let bucket = bucket_for(buckets, tokens)?;
+    (bucket <= FREE_PADDING_TOKENS || bucket - tokens <= tokens / 8).then_some(bucket)
+}
+
 /// The (token, split) partial results the attention buffers hold for a step limit of
 /// `max_tokens` tokens.
 pub fn split_budget(max_tokens: usize) -> usize {
@@ -184,6 +218,38 @@ mod tests {
         );
         assert_eq!(flash_tile_tokens(4, 128, 7), 0, "no bf16 mma before sm_80");
         assert_eq!(FLASH_THREADS, 128);
+    }
+
+    #[test]
+    fn mixed_step_buckets_pad_little() {
+        let buckets = mixed_step_buckets(2048);
+        assert_eq!(buckets.len(), 16);
+        assert_eq!(&buckets[..9], &[16, 32, 48, 64, 80, 96, 112, 128, 160]);
+        assert_eq!(buckets.last(), Some(&MAX_MIXED_STEP_TOKENS));
+        assert_eq!(mixed_step_buckets(384).last(), Some(&384));
+        assert_eq!(mixed_step_buckets(100).last(), Some(&96));
+        assert!(buckets.windows(2).all(|w| w[0] < w[1]));
+        // The padding rule, on the grid continued beyond the cap.
+        let mut all = buckets.clone();
+        all.extend([640, 768, 896, 1024, 1280, 1536, 1792, 2048]);
+        for tokens in 1..=2048 {
+            match mixed_bucket_for(&all, tokens) {
+                Some(b) => assert!(
+                    b >= tokens && (b <= FREE_PADDING_TOKENS || b - tokens <= tokens / 8),
+                    "{tokens} tokens -> {b}"
+                ),
+                None => assert!(tokens > FREE_PADDING_TOKENS, "{tokens} tokens run eagerly"),
+            }
+        }
+        assert_eq!(mixed_bucket_for(&buckets, 2), Some(16));
+        assert_eq!(mixed_bucket_for(&all, 1000), Some(1024));
+        assert_eq!(mixed_bucket_for(&all, 1100), None, "1,280 would pad 16%");
+        assert_eq!(mixed_bucket_for(&all, 2049), None);
+        assert_eq!(
+            mixed_bucket_for(&buckets, 513),
+            None,
+            "beyond the largest bucket"
+        );
     }
 
     #[test]

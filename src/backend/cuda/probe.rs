@@ -54,20 +54,38 @@ pub fn probe() -> Result<usize, CudaUnavailable> {
     Ok(count as usize)
 }
 
-/// Asks the kernel to read the CUDA driver library and this executable into the page cache in
-/// the background (`posix_fadvise(WILLNEED)`), without initialising the driver, so that it may
-/// be called before the GPU may be used. After a cold boot the GPU context would otherwise fault
-/// the driver in from disk page by page once the model is read (on the H200 host the cold
-/// context took 1.1 s without this, 0.87 s with it, 0.33–0.44 s warm). Returns the files
-/// advised.
+/// Loads the CUDA driver, NVRTC and cuBLASLt libraries (dlopen, kept loaded for cudarc) and asks
+/// the kernel to read them and this executable into the page cache in the background
+/// (`posix_fadvise(WILLNEED)`), without initialising the driver or calling any library function,
+/// so that it may be called before the GPU may be used. After a cold boot the GPU context would
+/// otherwise fault the driver in from disk page by page once the model is read (on the H200 host
+/// the cold context took 1.1 s without this, 0.87 s with it, 0.33–0.44 s warm), and the device
+/// probe and the product planner would each load their library on the start-up's critical path.
+/// Returns the files advised.
 pub fn prefetch_driver() -> Vec<PathBuf> {
-    // SAFETY: this only loads libcuda (dlopen, kept loaded by cudarc); no CUDA call is made.
-    let _ = unsafe { cudarc::driver::sys::is_culib_present() };
+    // SAFETY: these only load the libraries (dlopen); `culib` keeps each loaded for cudarc's
+    // later calls and is reached only once its library is known to be present. No CUDA, NVRTC
+    // or cuBLASLt function is called.
+    unsafe {
+        if cudarc::driver::sys::is_culib_present() {
+            cudarc::driver::sys::culib();
+        }
+        if cudarc::nvrtc::sys::is_culib_present() {
+            cudarc::nvrtc::sys::culib();
+        }
+        if cudarc::cublaslt::sys::is_culib_present() {
+            cudarc::cublaslt::sys::culib();
+        }
+    }
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
     let mut files: BTreeSet<PathBuf> = maps
         .lines()
         .filter_map(|line| line.split_whitespace().nth(5))
-        .filter(|path| path.contains("libcuda.so"))
+        .filter(|path| {
+            ["libcuda.so", "libnvrtc", "libcublasLt.so"]
+                .iter()
+                .any(|name| path.contains(name))
+        })
         .map(PathBuf::from)
         .collect();
     if let Ok(exe) = std::fs::read_link("/proc/self/exe") {
