@@ -16,7 +16,7 @@ use super::request::{FinishReason, GenerationEvent, StopReason};
 use super::sampling;
 use super::scheduler::{Scheduled, Scheduler};
 use super::sequence::Sequence;
-use super::step_cost::{self, StepCosts};
+use super::step_cost::StepCosts;
 use super::stop::StopOutcome;
 
 /// What the engine needs to know about the model besides its backend.
@@ -209,31 +209,21 @@ impl Worker {
             self.drop_abandoned();
             self.publish_stats();
             let decoding = self.scheduler.decoding_rows();
-            let plan = self.scheduler.schedule(
-                self.step_costs
-                    .token_budget(decoding, self.scheduler.next_prefill_position()),
-            );
+            let plan = self
+                .scheduler
+                .schedule(self.step_costs.token_budget(decoding));
             if !plan.is_empty() {
-                let (prefill_rows, prefill_tokens, prefill_span) = plan
+                let (prefill_rows, prefill_tokens) = plan
                     .iter()
                     .filter(|s| self.scheduler.running[s.index].pending() > 1)
-                    .fold((0, 0, 0), |(rows, tokens, span), s| {
-                        let start = self.scheduler.running[s.index].num_computed;
-                        (
-                            rows + 1,
-                            tokens + s.num_tokens,
-                            span + step_cost::prefill_span(start, s.num_tokens),
-                        )
+                    .fold((0, 0), |(rows, tokens), s| {
+                        (rows + 1, tokens + s.num_tokens)
                     });
                 let decode_rows = plan.len() - prefill_rows;
                 let started = Instant::now();
                 self.step(&plan);
-                self.step_costs.record(
-                    decode_rows,
-                    prefill_tokens,
-                    prefill_span,
-                    started.elapsed(),
-                );
+                self.step_costs
+                    .record(decode_rows, prefill_tokens, started.elapsed());
             }
             self.publish_stats();
         }

@@ -79,16 +79,6 @@ impl Scheduler {
         self.running.iter().filter(|s| s.pending() == 1).count()
     }
 
-    /// The position at which the next step's first prompt chunk would start: that of the first
-    /// running sequence with prompt tokens left (they get the prefill budget in order), else 0
-    /// for the next admission (before any prefix-cache hit).
-    pub fn next_prefill_position(&self) -> usize {
-        self.running
-            .iter()
-            .find(|s| s.pending() > 1)
-            .map_or(0, |s| s.num_computed)
-    }
-
     /// Plans the next step within `token_budget` tokens (and `max_batched_tokens`). Every running
     /// decode gets its token first; unfinished prefills, then admissions, share what is left.
     pub fn schedule(&mut self, token_budget: usize) -> Vec<Scheduled> {

@@ -5,13 +5,9 @@
 //! every running stream then waits that long for its next token. Instead of a fixed chunk size,
 //! the engine measures what its steps cost on this backend and this model:
 //! - a decode-only step, per bucket of decode rows (1, 2, 3–4, 5–8, ...);
-//! - each prefill token on top of the decode part of a mixed step, in two parts: a cost per
-//!   token and a cost per position it attends to (a decayed least-squares fit of the extra time
-//!   against the chunk's tokens and the sum of their attention spans). A late chunk of a long
-//!   prompt attends to thousands of positions per token and costs several times an early chunk;
-//!   a per-token average learned from short prompts would let its steps overrun the stall limit.
-//!   Until the two parts can be told apart (every chunk so far has the same span per token), the
-//!   ratio of the decayed extra time to the decayed prefill tokens stands in.
+//! - each prefill token on top of the decode part of a mixed step (a ratio estimator: the
+//!   decayed sum of extra time over the decayed sum of prefill tokens, so large and small chunks
+//!   weigh by their size).
 //!
 //! While sequences decode, a step may carry as many prefill tokens as fit in
 //! `(stall_limit - 1) x` the decode-only step time, at least [`MIN_PREFILL_TOKENS`] so that
@@ -46,7 +42,6 @@ pub struct StepCosts {
     decode_seconds: [Option<f64>; BUCKETS],
     extra_seconds: f64,
     extra_tokens: f64,
-    fit: SpanFit,
     stall_limit: f64,
     max_tokens: usize,
     step_sizes: Vec<usize>,
@@ -60,7 +55,6 @@ impl StepCosts {
             decode_seconds: [None; BUCKETS],
             extra_seconds: 0.0,
             extra_tokens: 0.0,
-            fit: SpanFit::default(),
             stall_limit,
             max_tokens,
             step_sizes: Vec::new(),
@@ -77,15 +71,8 @@ impl StepCosts {
     }
 
     /// Records a step of `decode_rows` one-token rows and `prefill_tokens` prompt tokens that
-    /// took `elapsed`; `prefill_span` is the sum over the prompt tokens of the positions each
-    /// attends to ([`prefill_span`]).
-    pub fn record(
-        &mut self,
-        decode_rows: usize,
-        prefill_tokens: usize,
-        prefill_span: usize,
-        elapsed: Duration,
-    ) {
+    /// took `elapsed`.
+    pub fn record(&mut self, decode_rows: usize, prefill_tokens: usize, elapsed: Duration) {
         let seconds = elapsed.as_secs_f64();
         if prefill_tokens == 0 {
             if decode_rows > 0 {
@@ -97,18 +84,15 @@ impl StepCosts {
         // A prefill-only step still pays what a one-row decode step pays (the weights are read
         // once either way); without a decode estimate yet the whole step counts as prefill.
         let base = self.decode_estimate(decode_rows.max(1)).unwrap_or(0.0);
-        let extra = (seconds - base).max(0.0);
-        self.extra_seconds = (1.0 - SMOOTHING) * self.extra_seconds + SMOOTHING * extra;
+        self.extra_seconds =
+            (1.0 - SMOOTHING) * self.extra_seconds + SMOOTHING * (seconds - base).max(0.0);
         self.extra_tokens =
             (1.0 - SMOOTHING) * self.extra_tokens + SMOOTHING * prefill_tokens as f64;
-        self.fit
-            .add(prefill_tokens as f64, prefill_span as f64, extra);
     }
 
-    /// The most tokens the next step may carry when `decode_rows` sequences are decoding and the
-    /// next prompt chunk starts at position `prefill_start`: the decode rows plus the prefill
-    /// tokens the stall limit allows, within the configured maximum.
-    pub fn token_budget(&self, decode_rows: usize, prefill_start: usize) -> usize {
+    /// The most tokens the next step may carry when `decode_rows` sequences are decoding: the
+    /// decode rows plus the prefill tokens the stall limit allows, within the configured maximum.
+    pub fn token_budget(&self, decode_rows: usize) -> usize {
         if decode_rows == 0 || self.stall_limit <= 1.0 {
             return self.max_tokens;
         }
@@ -121,13 +105,10 @@ impl StepCosts {
         ) else {
             return self.max_tokens;
         };
-        let seconds = (self.stall_limit - 1.0) * decode;
-        let allowed = match self.fit.coefficients() {
-            Some((per_token, per_position)) => {
-                chunk_within(seconds, per_token, per_position, prefill_start)
-            }
-            None if per_token > 0.0 => (seconds / per_token).round() as usize,
-            None => self.max_tokens,
+        let allowed = if per_token > 0.0 {
+            ((self.stall_limit - 1.0) * decode / per_token).round() as usize
+        } else {
+            self.max_tokens
         };
         let budget = decode_rows
             .saturating_add(allowed.max(MIN_PREFILL_TOKENS))
@@ -158,63 +139,9 @@ impl StepCosts {
             .map(|(_, seconds)| seconds)
     }
 
-    /// The measured extra time per prefill token of a mixed step, averaged over the chunks seen.
+    /// The measured extra time per prefill token of a mixed step.
     pub fn seconds_per_prefill_token(&self) -> Option<f64> {
         (self.extra_tokens > 0.0).then(|| self.extra_seconds / self.extra_tokens)
-    }
-}
-
-/// The sum over a chunk of `tokens` prompt tokens from position `start` of the positions each
-/// attends to (itself and every earlier one).
-pub fn prefill_span(start: usize, tokens: usize) -> usize {
-    tokens * start + tokens * (tokens + 1) / 2
-}
-
-/// The most prompt tokens from position `start` whose extra time, `per_token` seconds each plus
-/// `per_position` for every position they attend to, fits in `seconds`.
-fn chunk_within(seconds: f64, per_token: f64, per_position: f64, start: usize) -> usize {
-    // n·(per_token + per_position·(start + (n + 1) / 2)) <= seconds, a quadratic in n.
-    let linear = per_token + per_position * (start as f64 + 0.5);
-    let n = if per_position > 0.0 {
-        ((linear * linear + 2.0 * per_position * seconds).sqrt() - linear) / per_position
-    } else {
-        seconds / linear
-    };
-    n.max(0.0).floor() as usize
-}
-
-/// Decayed sums of the least-squares fit `extra ≈ a·tokens + b·span` (no intercept: the decode
-/// part is subtracted before).
-#[derive(Debug, Clone, Default)]
-struct SpanFit {
-    tt: f64,
-    ts: f64,
-    ss: f64,
-    ty: f64,
-    sy: f64,
-}
-
-impl SpanFit {
-    fn add(&mut self, tokens: f64, span: f64, extra: f64) {
-        let keep = 1.0 - SMOOTHING;
-        self.tt = keep * self.tt + SMOOTHING * tokens * tokens;
-        self.ts = keep * self.ts + SMOOTHING * tokens * span;
-        self.ss = keep * self.ss + SMOOTHING * span * span;
-        self.ty = keep * self.ty + SMOOTHING * tokens * extra;
-        self.sy = keep * self.sy + SMOOTHING * span * extra;
-    }
-
-    /// Seconds per prompt token and per attended position, once chunks of different spans per
-    /// token have been seen and both come out non-negative.
-    fn coefficients(&self) -> Option<(f64, f64)> {
-        let det = self.tt * self.ss - self.ts * self.ts;
-        // Chunks with (nearly) one span per token leave the two parts inseparable.
-        if det <= 1e-6 * self.tt * self.ss {
-            return None;
-        }
-        let per_token = (self.ty * self.ss - self.sy * self.ts) / det;
-        let per_position = (self.sy * self.tt - self.ty * self.ts) / det;
-        (per_token > 0.0 && per_position >= 0.0).then_some((per_token, per_position))
     }
 }
 
@@ -234,29 +161,21 @@ mod tests {
     #[test]
     fn an_unmeasured_decode_bucket_gets_one_decode_only_step() {
         let mut costs = StepCosts::new(1.5, 2048);
-        costs.record(0, 1000, prefill_span(0, 1000), ms(20));
-        assert_eq!(costs.token_budget(8, 0), 8, "the 8-row bucket is probed");
-        costs.record(8, 0, prefill_span(0, 0), ms(10));
-        assert!(costs.token_budget(8, 0) > 8, "then prompts join again");
-        assert_eq!(costs.token_budget(16, 0), 16, "a new bucket is probed too");
+        costs.record(0, 1000, ms(20));
+        assert_eq!(costs.token_budget(8), 8, "the 8-row bucket is probed");
+        costs.record(8, 0, ms(10));
+        assert!(costs.token_budget(8) > 8, "then prompts join again");
+        assert_eq!(costs.token_budget(16), 16, "a new bucket is probed too");
     }
 
     #[test]
     fn nothing_measured_or_nothing_decoding_takes_the_maximum() {
         let mut costs = StepCosts::new(1.5, 2048);
-        costs.record(8, 0, prefill_span(0, 0), ms(10));
-        assert_eq!(
-            costs.token_budget(8, 0),
-            2048,
-            "no prefill cost measured yet"
-        );
-        costs.record(8, 1000, prefill_span(0, 1000), ms(30));
-        assert_eq!(costs.token_budget(0, 0), 2048, "nothing decoding");
-        assert_eq!(
-            StepCosts::new(1.0, 2048).token_budget(8, 0),
-            2048,
-            "limit off"
-        );
+        costs.record(8, 0, ms(10));
+        assert_eq!(costs.token_budget(8), 2048, "no prefill cost measured yet");
+        costs.record(8, 1000, ms(30));
+        assert_eq!(costs.token_budget(0), 2048, "nothing decoding");
+        assert_eq!(StepCosts::new(1.0, 2048).token_budget(8), 2048, "limit off");
     }
 
     #[test]
@@ -265,19 +184,19 @@ mod tests {
         // Decode-only steps of 64 rows take 10 ms; 64 rows plus 1000 prompt tokens take 30 ms:
         // 20 us per prefill token.
         for _ in 0..20 {
-            costs.record(64, 0, prefill_span(0, 0), ms(10));
-            costs.record(64, 1000, prefill_span(0, 1000), ms(30));
+            costs.record(64, 0, ms(10));
+            costs.record(64, 1000, ms(30));
         }
         let per_token = costs.seconds_per_prefill_token().expect("measured");
         assert!((per_token - 20e-6).abs() < 1e-9, "{per_token}");
         // Half a decode step (5 ms) of prefill: 250 tokens, plus the 64 decode rows.
-        assert_eq!(costs.token_budget(64, 0), 64 + 250);
+        assert_eq!(costs.token_budget(64), 64 + 250);
         // A looser limit allows more, never beyond the maximum.
         let mut loose = costs.clone();
         loose.stall_limit = 3.0;
-        assert_eq!(loose.token_budget(64, 0), 64 + 1000);
+        assert_eq!(loose.token_budget(64), 64 + 1000);
         loose.stall_limit = 100.0;
-        assert_eq!(loose.token_budget(64, 0), 2048);
+        assert_eq!(loose.token_budget(64), 2048);
     }
 
     #[test]
@@ -285,86 +204,46 @@ mod tests {
         let sizes = [64, 128, 160, 192, 224, 256, 320, 384];
         let mut costs = StepCosts::new(1.5, 2048).with_step_sizes(&sizes);
         for _ in 0..20 {
-            costs.record(64, 0, prefill_span(0, 0), ms(10));
-            costs.record(64, 1000, prefill_span(0, 1000), ms(30));
+            costs.record(64, 0, ms(10));
+            costs.record(64, 1000, ms(30));
         }
         // 64 + 250 = 314 tokens allowed: the step fills the 256-token size.
-        assert_eq!(costs.token_budget(64, 0), 256);
+        assert_eq!(costs.token_budget(64), 256);
         // No size between 100 + 64 and 100 + 250: the budget stands.
         let mut wide = StepCosts::new(1.5, 2048).with_step_sizes(&[128, 512]);
         for _ in 0..20 {
-            wide.record(100, 0, prefill_span(0, 0), ms(10));
-            wide.record(100, 1000, prefill_span(0, 1000), ms(30));
+            wide.record(100, 0, ms(10));
+            wide.record(100, 1000, ms(30));
         }
-        assert_eq!(wide.token_budget(100, 0), 100 + 250);
+        assert_eq!(wide.token_budget(100), 100 + 250);
         // A budget beyond the largest size stands.
         let mut loose = costs.clone();
         loose.stall_limit = 3.0;
-        assert_eq!(loose.token_budget(64, 0), 64 + 1000);
+        assert_eq!(loose.token_budget(64), 64 + 1000);
         // Probes and budgets with nothing decoding are not rounded.
-        assert_eq!(costs.token_budget(0, 0), 2048);
+        assert_eq!(costs.token_budget(0), 2048);
         assert_eq!(
-            costs.token_budget(200, 0),
+            costs.token_budget(200),
             200,
             "an unmeasured bucket is probed"
         );
     }
 
     #[test]
-    fn a_late_chunk_of_a_long_prompt_gets_fewer_tokens() {
-        // Decode-only steps of 64 rows take 10 ms; each prompt token costs 20 us plus 2.5 ns per
-        // position it attends to (at 8,000 positions, twice the cost at the start).
-        let (per_token, per_position) = (20e-6, 2.5e-9);
-        let extra = |start: usize, tokens: usize| {
-            per_token * tokens as f64 + per_position * prefill_span(start, tokens) as f64
-        };
-        let mut costs = StepCosts::new(1.5, 2048);
-        for i in 0..40 {
-            costs.record(64, 0, 0, ms(10));
-            let start = if i % 2 == 0 { 0 } else { 6000 };
-            let step = Duration::from_secs_f64(0.010 + extra(start, 200));
-            costs.record(64, 200, prefill_span(start, 200), step);
-        }
-        let (a, b) = costs.fit.coefficients().expect("two spans seen");
-        assert!(
-            (a - per_token).abs() < 1e-8 && (b - per_position).abs() < 1e-11,
-            "{a} {b}"
-        );
-        // Each budget's prompt tokens fit in half a decode step from where the chunk starts.
-        for start in [0, 1000, 4000, 7800] {
-            let tokens = costs.token_budget(64, start) - 64;
-            assert!(
-                extra(start, tokens) <= 0.005 + 1e-9,
-                "{start}: {tokens} tokens"
-            );
-            assert!(extra(start, tokens + 2) > 0.005, "{start}: {tokens} tokens");
-        }
-        assert!(costs.token_budget(64, 7800) < costs.token_budget(64, 0) * 3 / 4);
-        // Chunks that all attend alike cannot separate the parts: the ratio stands in.
-        let mut alike = StepCosts::new(1.5, 2048);
-        for _ in 0..20 {
-            alike.record(64, 0, 0, ms(10));
-            alike.record(64, 1000, prefill_span(0, 1000), ms(30));
-        }
-        assert!(alike.fit.coefficients().is_none());
-        assert_eq!(alike.token_budget(64, 5000), 64 + 250);
-    }
-
-    #[test]
     fn prompts_always_progress() {
         let mut costs = StepCosts::new(1.1, 2048);
         for _ in 0..20 {
-            costs.record(4, 0, prefill_span(0, 0), ms(1));
-            costs.record(4, 2000, prefill_span(0, 2000), ms(500));
+            costs.record(4, 0, ms(1));
+            costs.record(4, 2000, ms(500));
         }
-        assert_eq!(costs.token_budget(4, 0), 4 + MIN_PREFILL_TOKENS);
+        assert_eq!(costs.token_budget(4), 4 + MIN_PREFILL_TOKENS);
     }
 
     #[test]
     fn decode_times_are_kept_per_bucket_of_rows() {
         let mut costs = StepCosts::new(1.5, 2048);
-        costs.record(1, 0, prefill_span(0, 0), ms(6));
-        costs.record(60, 0, prefill_span(0, 0), ms(11));
+        costs.record(1, 0, ms(6));
+        costs.record(60, 0, ms(11));
         assert_eq!(costs.decode_estimate(1), Some(0.006));
         assert_eq!(costs.decode_estimate(64), Some(0.011));
         assert_eq!(costs.decode_estimate(33), Some(0.011));
