@@ -702,18 +702,7 @@ fn decode_graphs_replay_what_eager_steps_compute() {
         for (i, s) in seqs.iter_mut().take(size).enumerate() {
             s.tokens.push(((step * 31 + i * 7) % 900 + 50) as u32);
         }
-        let rows: Vec<BatchRow<'_>> = seqs
-            .iter()
-            .take(size)
-            .enumerate()
-            .map(|(i, s)| BatchRow {
-                seq_id: i as u64,
-                tokens: &s.tokens[s.tokens.len() - 1..],
-                start_pos: s.tokens.len() - 1,
-                block_table: &s.table,
-                sample: Some(spec(None)),
-            })
-            .collect();
+        let rows = last_token_rows(&seqs[..size]);
         let want = logits(eager.step(&rows).expect("eager decode"));
         let (replays, copies) = (graphed.graph_replays(), graphed.copy_stats());
         let got = logits(graphed.step(&rows).expect("graph decode"));
@@ -799,17 +788,7 @@ fn mixed_step_graphs_replay_what_eager_steps_compute() {
         for (i, s) in seqs.iter_mut().enumerate() {
             s.tokens.push(((step * 37 + i * 11) % 900 + 50) as u32);
         }
-        let mut rows: Vec<BatchRow<'_>> = seqs
-            .iter()
-            .enumerate()
-            .map(|(i, s)| BatchRow {
-                seq_id: i as u64,
-                tokens: &s.tokens[s.tokens.len() - 1..],
-                start_pos: s.tokens.len() - 1,
-                block_table: &s.table,
-                sample: Some(spec(None)),
-            })
-            .collect();
+        let mut rows = last_token_rows(&seqs);
         rows.push(BatchRow {
             seq_id: 9,
             tokens: &long.tokens[start..end],
@@ -826,6 +805,20 @@ fn mixed_step_graphs_replay_what_eager_steps_compute() {
         0,
         "a step with prompt tokens replayed a decode graph"
     );
+}
+
+/// One decode row per sequence: its last token, sampled greedily.
+fn last_token_rows(seqs: &[Seq]) -> Vec<BatchRow<'_>> {
+    seqs.iter()
+        .enumerate()
+        .map(|(i, s)| BatchRow {
+            seq_id: i as u64,
+            tokens: &s.tokens[s.tokens.len() - 1..],
+            start_pos: s.tokens.len() - 1,
+            block_table: &s.table,
+            sample: Some(spec(None)),
+        })
+        .collect()
 }
 
 /// Runs `rows` on both backends and checks that `graphed` replayed its mixed-step graphs with one

@@ -617,12 +617,8 @@ impl CudaBackend {
         let planning_before = self.gemm.planning_time();
         for bucket in plan::graph_buckets(self.limits.max_rows) {
             let started = Instant::now();
-            let mut host = std::mem::take(&mut self.host_inputs);
-            let layout = pack_step(&[], Padding::DecodeRows(bucket), &self.limits, &mut host);
-            self.host_inputs = host;
-            let layout = layout?;
+            let layout = self.copy_padding_step(Padding::DecodeRows(bucket))?;
             let splits = self.decode_graph_splits(bucket);
-            self.copy_inputs(0..layout.len())?;
             self.forward(&layout, splits)?;
             self.stream.synchronize().map_err(dev("graph warm-up"))?;
             let warmed = Instant::now();
@@ -671,11 +667,7 @@ impl CudaBackend {
         let planning_before = self.gemm.planning_time();
         for bucket in plan::mixed_step_buckets(self.limits.max_tokens) {
             let started = Instant::now();
-            let mut host = std::mem::take(&mut self.host_inputs);
-            let layout = pack_step(&[], Padding::Tokens(bucket), &self.limits, &mut host);
-            self.host_inputs = host;
-            let layout = layout?;
-            self.copy_inputs(0..layout.len())?;
+            let layout = self.copy_padding_step(Padding::Tokens(bucket))?;
             self.segment(&layout, 1)?;
             self.stream.synchronize().map_err(dev("graph warm-up"))?;
             took[0] += started.elapsed();
@@ -719,6 +711,17 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Packs a step of nothing but `padding` and copies it to the device (the inputs of a
+    /// graph's warm-up and capture).
+    fn copy_padding_step(&mut self, padding: Padding) -> Result<StepLayout, BackendError> {
+        let mut host = std::mem::take(&mut self.host_inputs);
+        let layout = pack_step(&[], padding, &self.limits, &mut host);
+        self.host_inputs = host;
+        let layout = layout?;
+        self.copy_inputs(0..layout.len())?;
+        Ok(layout)
+    }
+
     /// The split-K bound of the decode graph of `bucket` rows.
     fn decode_graph_splits(&self, bucket: usize) -> usize {
         plan::split_bound(
@@ -737,11 +740,11 @@ impl CudaBackend {
         let decode_only = rows
             .iter()
             .all(|r| r.tokens.len() == 1 && r.sample.is_some());
-        if decode_only && let Some(bucket) = self.graphs.bucket_for(rows.len()) {
+        if decode_only && let Some(bucket) = plan::bucket_for(self.graphs.buckets(), rows.len()) {
             return StepPath::Decode(bucket);
         }
         let tokens = rows.iter().map(|r| r.tokens.len()).sum();
-        match self.mixed.bucket_for(tokens) {
+        match plan::mixed_bucket_for(self.mixed.buckets(), tokens) {
             Some(bucket) => StepPath::Mixed(bucket),
             None => StepPath::Eager,
         }
@@ -1080,7 +1083,7 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         let scale = self.attention_scale();
         let replay = |segment: &StepGraph| segment.replay().map_err(dev("replaying a segment"));
-        let segments = self.mixed.segments(bucket)?;
+        let segments = self.mixed.get(bucket)?;
         let (first, rest) = segments
             .split_first()
             .ok_or_else(|| BackendError::Device(format!("no segments for {bucket}-token steps")))?;
@@ -1137,18 +1140,7 @@ impl CudaBackend {
             );
             let attn = self.act.attn.ptr();
             self.matmul(attn, o_w, delta, (t, p.hidden, q_width))?;
-            self.launch(
-                &self.kernels.add_rmsnorm,
-                (t32, 1, 1),
-                plan::RMS_THREADS as u32,
-                &[
-                    Arg::Ptr(self.act.residual.ptr()),
-                    Arg::Ptr(delta),
-                    Arg::Ptr(post_norm),
-                    Arg::Ptr(0),
-                    Arg::Ptr(normed),
-                ],
-            )?;
+            self.add_rmsnorm(t32, delta, post_norm, 0)?;
             let gate_up = self.act.gate_up.ptr();
             self.matmul(
                 normed,
@@ -1177,18 +1169,7 @@ impl CudaBackend {
         let (input_norm, qkv_w) = (w.input_norm.ptr(), w.qkv.ptr());
         // Layer 0 normalises the embeddings alone; later layers add the previous MLP's output.
         let previous = if layer == 0 { 0 } else { delta };
-        self.launch(
-            &self.kernels.add_rmsnorm,
-            (t32, 1, 1),
-            plan::RMS_THREADS as u32,
-            &[
-                Arg::Ptr(self.act.residual.ptr()),
-                Arg::Ptr(previous),
-                Arg::Ptr(input_norm),
-                Arg::Ptr(0),
-                Arg::Ptr(normed),
-            ],
-        )?;
+        self.add_rmsnorm(t32, previous, input_norm, 0)?;
         let qkv = self.act.qkv.ptr();
         self.matmul(normed, qkv_w, qkv, (t, qkv_n, p.hidden))?;
         let w: &LayerWeights = &self.weights.layers[layer];
@@ -1211,6 +1192,29 @@ impl CudaBackend {
         )
     }
 
+    /// Adds `delta` (unless 0) to the residual stream and writes its RMS norm with `weight` into
+    /// `act.normed`, for `rows` rows: the first ones, or those listed at `row_index` (unless 0).
+    fn add_rmsnorm(
+        &self,
+        rows: u32,
+        delta: u64,
+        weight: u64,
+        row_index: u64,
+    ) -> Result<(), BackendError> {
+        self.launch(
+            &self.kernels.add_rmsnorm,
+            (rows, 1, 1),
+            plan::RMS_THREADS as u32,
+            &[
+                Arg::Ptr(self.act.residual.ptr()),
+                Arg::Ptr(delta),
+                Arg::Ptr(weight),
+                Arg::Ptr(row_index),
+                Arg::Ptr(self.act.normed.ptr()),
+            ],
+        )
+    }
+
     /// The final norm and the LM head over the sampled rows, into `act.logits`. The product
     /// runs for as many rows as the smallest decode-graph bucket that holds them (the extra
     /// rows' logits are never read), so steps with prompt tokens reuse the product plans the
@@ -1220,20 +1224,13 @@ impl CudaBackend {
         if samples == 0 {
             return Ok(());
         }
-        let inputs_base = self.act.inputs.ptr();
-        self.launch(
-            &self.kernels.add_rmsnorm,
-            (to_u32(samples, "samples")?, 1, 1),
-            plan::RMS_THREADS as u32,
-            &[
-                Arg::Ptr(self.act.residual.ptr()),
-                Arg::Ptr(self.act.delta.ptr()),
-                Arg::Ptr(self.weights.final_norm.ptr()),
-                Arg::Ptr(inputs_base + (layout.sample_tokens() * 4) as u64),
-                Arg::Ptr(self.act.normed.ptr()),
-            ],
+        self.add_rmsnorm(
+            to_u32(samples, "samples")?,
+            self.act.delta.ptr(),
+            self.weights.final_norm.ptr(),
+            self.act.inputs.at(layout.sample_tokens() * 4),
         )?;
-        let rows = self.graphs.bucket_for(samples).unwrap_or(samples);
+        let rows = plan::bucket_for(self.graphs.buckets(), samples).unwrap_or(samples);
         let (normed, logits, head) = (
             self.act.normed.ptr(),
             self.act.logits.ptr(),
@@ -1308,7 +1305,11 @@ impl CudaBackend {
         };
         let bucket = match path {
             StepPath::Decode(bucket) => {
-                self.graphs.replay(bucket)?;
+                self.graphs
+                    .get(bucket)?
+                    .replay()
+                    .map_err(dev("replaying the decode graph"))?;
+                self.graphs.count_replay();
                 Some(bucket)
             }
             StepPath::Mixed(bucket) => {

@@ -47,19 +47,29 @@ impl StepGraph {
     }
 }
 
-/// The decode graphs of a backend, ascending by bucket.
-#[derive(Default)]
-pub struct DecodeGraphs {
-    graphs: Vec<StepGraph>,
+/// Graphs captured per bucket (a batch size or a token count), ascending by bucket, and how
+/// often they were replayed.
+pub struct BucketGraphs<T> {
+    graphs: Vec<T>,
     buckets: Vec<usize>,
     replays: u64,
 }
 
-impl DecodeGraphs {
-    /// Adds the graph of the next larger bucket, `bucket` decode rows.
-    pub fn push(&mut self, bucket: usize, graph: StepGraph) {
+impl<T> Default for BucketGraphs<T> {
+    fn default() -> Self {
+        Self {
+            graphs: Vec::new(),
+            buckets: Vec::new(),
+            replays: 0,
+        }
+    }
+}
+
+impl<T> BucketGraphs<T> {
+    /// Adds the graphs of the next larger bucket.
+    pub fn push(&mut self, bucket: usize, graphs: T) {
         self.buckets.push(bucket);
-        self.graphs.push(graph);
+        self.graphs.push(graphs);
     }
 
     /// The buckets captured, ascending.
@@ -67,75 +77,32 @@ impl DecodeGraphs {
         &self.buckets
     }
 
-    /// The bucket that holds `rows` decode rows, if a graph was captured for one.
-    pub fn bucket_for(&self, rows: usize) -> Option<usize> {
-        super::plan::bucket_for(&self.buckets, rows)
-    }
-
-    /// Replays the graph of `bucket` and counts the replay.
-    pub fn replay(&mut self, bucket: usize) -> Result<(), BackendError> {
-        let at = self
-            .buckets
-            .iter()
-            .position(|&b| b == bucket)
-            .ok_or_else(|| BackendError::Device(format!("no decode graph for {bucket} rows")))?;
-        self.graphs[at]
-            .replay()
-            .map_err(|e| BackendError::Device(format!("replaying the decode graph: {e}")))?;
-        self.replays += 1;
-        Ok(())
-    }
-
-    /// Decode steps replayed from a graph so far.
-    pub fn replays(&self) -> u64 {
-        self.replays
-    }
-}
-
-/// The mixed-step segment graphs of a backend, ascending by token-count bucket.
-#[derive(Default)]
-pub struct MixedStepGraphs {
-    segments: Vec<Vec<StepGraph>>,
-    buckets: Vec<usize>,
-    replays: u64,
-}
-
-impl MixedStepGraphs {
-    /// Adds the segments (in forward order) of the next larger bucket, `bucket` tokens.
-    pub fn push(&mut self, bucket: usize, segments: Vec<StepGraph>) {
-        self.buckets.push(bucket);
-        self.segments.push(segments);
-    }
-
-    /// The buckets captured, ascending.
-    pub fn buckets(&self) -> &[usize] {
-        &self.buckets
-    }
-
-    /// The bucket whose segments serve a step of `tokens` tokens (`plan::mixed_bucket_for`).
-    pub fn bucket_for(&self, tokens: usize) -> Option<usize> {
-        super::plan::mixed_bucket_for(&self.buckets, tokens)
-    }
-
-    /// The segments of `bucket`, in forward order.
-    pub fn segments(&self, bucket: usize) -> Result<&[StepGraph], BackendError> {
+    /// The graphs of `bucket`.
+    pub fn get(&self, bucket: usize) -> Result<&T, BackendError> {
         let at = self
             .buckets
             .iter()
             .position(|&b| b == bucket)
             .ok_or_else(|| {
-                BackendError::Device(format!("no mixed-step graphs for {bucket} tokens"))
+                BackendError::Device(format!("no graphs captured for bucket {bucket}"))
             })?;
-        Ok(&self.segments[at])
+        Ok(&self.graphs[at])
     }
 
-    /// Counts a mixed step replayed from the segments.
+    /// Counts a step replayed from these graphs.
     pub fn count_replay(&mut self) {
         self.replays += 1;
     }
 
-    /// Mixed steps whose segments were replayed from graphs so far.
+    /// Steps replayed from these graphs so far.
     pub fn replays(&self) -> u64 {
         self.replays
     }
 }
+
+/// The decode graphs, one whole forward pass per batch-size bucket (`plan::graph_buckets`).
+pub type DecodeGraphs = BucketGraphs<StepGraph>;
+
+/// The mixed-step segment graphs, the segments in forward order per token-count bucket
+/// (`plan::mixed_step_buckets`).
+pub type MixedStepGraphs = BucketGraphs<Vec<StepGraph>>;
