@@ -732,21 +732,24 @@ impl CudaBackend {
         )
     }
 
-    /// How a step runs: replaying its decode bucket's graph when every row decodes one token
-    /// and needs the next, and a graph was captured for that many rows; else replaying the
-    /// segments of its token-count bucket, when one was captured that pads it little; else
-    /// eagerly.
-    fn step_graph(&self, rows: &[BatchRow<'_>]) -> StepPath {
+    /// How a step runs, and the padding that takes: replaying its decode bucket's graph when
+    /// every row decodes one token and needs the next, and a graph was captured for that many
+    /// rows; else replaying the segments of its token-count bucket, when one was captured that
+    /// pads it little; else eagerly.
+    fn step_path(&self, rows: &[BatchRow<'_>]) -> (StepPath, Padding) {
         let decode_only = rows
             .iter()
             .all(|r| r.tokens.len() == 1 && r.sample.is_some());
         if decode_only && let Some(bucket) = plan::bucket_for(self.graphs.buckets(), rows.len()) {
-            return StepPath::Decode(bucket);
+            return (
+                StepPath::Decode(bucket),
+                Padding::DecodeRows(bucket - rows.len()),
+            );
         }
         let tokens = rows.iter().map(|r| r.tokens.len()).sum();
         match plan::mixed_bucket_for(self.mixed.buckets(), tokens) {
-            Some(bucket) => StepPath::Mixed(bucket),
-            None => StepPath::Eager,
+            Some(bucket) => (StepPath::Mixed(bucket), Padding::Tokens(bucket - tokens)),
+            None => (StepPath::Eager, Padding::None),
         }
     }
 
@@ -1276,14 +1279,7 @@ impl CudaBackend {
         self.ctx
             .bind_to_thread()
             .map_err(dev("binding the context"))?;
-        let path = self.step_graph(rows);
-        let padding = match path {
-            StepPath::Decode(bucket) => Padding::DecodeRows(bucket - rows.len()),
-            StepPath::Mixed(bucket) => {
-                Padding::Tokens(bucket - rows.iter().map(|r| r.tokens.len()).sum::<usize>())
-            }
-            StepPath::Eager => Padding::None,
-        };
+        let (path, padding) = self.step_path(rows);
         let mut host = std::mem::take(&mut self.host_inputs);
         let layout = pack_step_with_late_masks(rows, late, padding, &self.limits, &mut host);
         self.host_inputs = host;
@@ -1295,14 +1291,13 @@ impl CudaBackend {
         let queued = Instant::now();
         let bytes = self.copy_inputs(0..layout.late_mask_slots())?;
         self.copies.record_h2d(bytes);
-        let splits = || {
-            plan::split_bound(
-                layout.num_tokens,
-                self.params.num_kv_heads,
-                layout.max_context,
-                self.split_budget,
-            )
-        };
+        // A decode graph's split bound was fixed at capture; the other paths take the step's.
+        let splits = plan::split_bound(
+            layout.num_tokens,
+            self.params.num_kv_heads,
+            layout.max_context,
+            self.split_budget,
+        );
         let bucket = match path {
             StepPath::Decode(bucket) => {
                 self.graphs
@@ -1313,12 +1308,10 @@ impl CudaBackend {
                 Some(bucket)
             }
             StepPath::Mixed(bucket) => {
-                let splits = splits();
                 self.forward_mixed(&layout, bucket, splits)?;
                 None
             }
             StepPath::Eager => {
-                let splits = splits();
                 self.forward(&layout, splits)?;
                 None
             }
