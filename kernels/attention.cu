@@ -30,6 +30,9 @@
 // attention_reduce: grid (T, NUM_Q_HEADS), ATTN_REDUCE_THREADS threads, merges the token's splits
 // (rows of threads walk the splits in parallel, 16-byte loads) and writes bf16
 // [T, NUM_Q_HEADS * HEAD_DIM]. token_row[t] < 0 marks a padding token (its output is zero).
+// With `all_splits` set it merges all `splits` partials of every token instead of the token's own
+// count: prefill_attention (kernels/prefill_attention.cu) splits a tile's keys evenly and writes
+// every split.
 // HEAD_DIM must be a multiple of 8 and at most 256 (the host refuses other shapes).
 
 #define GROUP (NUM_Q_HEADS / NUM_KV_HEADS)
@@ -278,12 +281,13 @@ attention_reduce(const float* __restrict__ part_acc,
                  const float* __restrict__ part_ml,
                  const int* __restrict__ positions,
                  int splits,
+                 int all_splits,
                  bf16* __restrict__ out) {
     await_previous_kernels();
     __shared__ float scratch[32];
     __shared__ __align__(16) float sm_acc[REDUCE_ROWS][HEAD_DIM];
     const size_t head = (size_t)blockIdx.x * NUM_Q_HEADS + blockIdx.y;
-    const int mine = token_splits(attended(positions[blockIdx.x]), splits);
+    const int mine = all_splits ? splits : token_splits(attended(positions[blockIdx.x]), splits);
     const float* ml = part_ml + head * splits * 2;
     // The largest partial maximum and the rescaled total, over the block's threads.
     float big = -INFINITY;

@@ -2,38 +2,53 @@
 // from the paged cache.
 //
 // A tile is up to F_TOKENS consecutive tokens of one sequence (the host packs (first token, count)
-// per tile); grid (tiles, NUM_KV_HEADS), F_WARPS = F_ROWS / 16 warps per block. A block serves the
-// tile's query vectors r = token * GROUP + g (g: the query heads of one KV head), F_ROWS rows of
-// which each warp owns 16, and walks the sequence's keys F_KEYS at a time. The keys and values of
-// each key tile (this KV head's rows of two cache blocks) are copied into shared memory with
-// cp.async, in two stages: the next tile's copy runs while the warps use this one. Rows are padded
-// to HEAD_DIM + 8 bf16 so the ldmatrix reads of eight rows hit eight different banks. Each key and
-// value is thus read once per tile and KV head, for all its query rows. The QKV kernel has already
-// written this step's keys and values, so earlier chunks (chunked prefill) and cached prefix
-// blocks are read exactly like this step's own; slots outside [first position, last position]
-// of the tile's rows are never read (their stage is filled with zeros).
+// per tile); grid (tiles, NUM_KV_HEADS, splits), F_WARPS = F_ROWS / 16 warps per block. A block
+// serves the tile's query vectors r = token * GROUP + g (g: the query heads of one KV head),
+// F_ROWS rows of which each warp owns 16, and walks its share of the sequence's keys F_KEYS at a
+// time. The keys and values of each key tile (this KV head's rows of the cache blocks) are copied
+// into shared memory with cp.async, in two stages: the next tile's copy runs while the warps use
+// this one. Rows are padded to HEAD_DIM + 8 bf16 so the ldmatrix reads of eight rows hit eight
+// different banks. Each key and value is thus read once per tile and KV head, for all its query
+// rows. The QKV kernel has already written this step's keys and values, so earlier chunks
+// (chunked prefill) and cached prefix blocks are read exactly like this step's own; slots outside
+// [first position, last position] of the tile's rows are never read (their stage is filled with
+// zeros).
 //
 // Per warp and key tile (mma.sync m16n8k16, bf16 inputs, fp32 accumulation):
 //   S = Q K^T: the warp's 16 query rows (A fragments, loaded once from global memory) against the
 //       tile's keys (B fragments by ldmatrix from the staged rows);
-//   scores scaled into the log2 domain, masked (causal: key <= the row's position; sliding
-//       window: key > position - SLIDING_WINDOW), online softmax per row (max and sum, exp2);
+//   scores masked (causal: key <= the row's position; sliding window: key > position -
+//       SLIDING_WINDOW) only in key tiles that cross a row's range, online softmax per row over
+//       the raw scores (max and sum), the scale into the log2 domain folded into each exp2's
+//       argument (one FMA);
 //   O += P V: P rounded to bf16 straight from the S accumulators (their fragment layout is the A
-//       layout of the next product), V by ldmatrix.trans.
+//       layout of the next product), V by ldmatrix.trans; O is rescaled only when a maximum of
+//       the warp's rows moved (else every factor is exactly 1).
 // A key tile entirely after a warp's last row position is skipped by that warp (causal skip).
-// At the end the 4 lanes of a row merge their partial sums and the block writes O / sum as bf16 to
-// out [T, NUM_Q_HEADS * HEAD_DIM], like attention_reduce writes.
+// The instructions around the products, not the products, bound this kernel (ncu: 2 issued per
+// cycle, 12 warps per SM at 168 registers): every one saved per key tile counts.
 //
-// F_ROWS comes from the host (src/backend/cuda/plan.rs, FLASH_ROWS). The kernel serves head_dim
-// multiples of 16 up to 128 on sm_80 or newer; for other shapes the host sends prefill through the
-// paged kernel (plan::flash_tile_tokens returns 0) and this entry point is an empty body.
-// Measured on an H100 (docs/benchmarks.md): 64 rows beat 128, two 32-key stages beat one 64-key
-// stage loaded synchronously.
+// Split over the context: with `splits` > 1 (grid z), block z walks only the z-th of `splits`
+// equal runs of the tile's key tiles and writes unnormalised partial results (acc, and max and
+// sum per row, the max in the log2 domain) to part_acc / part_ml at (query head of the token) *
+// splits + z, the layout paged_attention writes; attention_reduce (kernels/attention.cu), told to read all
+// `splits`, merges them. Every block writes all its rows, an empty run as max -inf and sum 0, so
+// a tile needs no split count of its own. This keeps a step whose few tiles attend to a long
+// context (a late chunk of a long prompt) from running as one partial wave. With `splits` = 1
+// the 4 lanes of a row merge their partial sums and the block writes O / sum as bf16 to out
+// [T, NUM_Q_HEADS * HEAD_DIM], like attention_reduce writes.
+//
+// F_ROWS and F_KEYS come from the host (src/backend/cuda/plan.rs: FLASH_ROWS, FLASH_KEYS). The
+// kernel serves head_dim multiples of 16 up to 128 on sm_80 or newer; for other shapes the host
+// sends prefill through the paged kernel (plan::flash_tile_tokens returns 0) and this entry point
+// is an empty body. Measured (docs/benchmarks.md): 64 rows beat 128, two 32-key stages beat one
+// 64-key stage loaded synchronously, two 16-row tiles per warp (the query rows staged in shared
+// memory, each K/V fragment serving both) lost 25% at 8k (at 242 registers only 8 warps fit per
+// SM against 12), and the lazy rescale with boundary-only masks gained 7-19%.
 
 #define F_GROUP (NUM_Q_HEADS / NUM_KV_HEADS)
 #define F_WARPS (F_ROWS / 16)
 #define F_TOKENS (F_ROWS / F_GROUP)
-#define F_KEYS 32
 #define F_STRIDE (HEAD_DIM + 8)
 #define F_DSTEPS (HEAD_DIM / 16)
 #define F_DTILES (HEAD_DIM / 8)
@@ -101,7 +116,10 @@ prefill_attention(const bf16* __restrict__ q,
                   const int* __restrict__ positions,
                   const int* __restrict__ tiles,
                   float scale,
-                  bf16* __restrict__ out) {
+                  int splits,
+                  bf16* __restrict__ out,
+                  float* __restrict__ part_acc,
+                  float* __restrict__ part_ml) {
     await_previous_kernels();
 #if F_SUPPORTED
     // Two stages of keys and values: the next tile is copied while this one is used.
@@ -122,6 +140,11 @@ prefill_attention(const bf16* __restrict__ q,
 #if SLIDING_WINDOW > 0
     first_pos = max(0, positions[t0] + 1 - SLIDING_WINDOW);
 #endif
+    // This block's run of whole key tiles: the blockIdx.z-th of `splits`.
+    const int first_tile = first_pos / F_KEYS;
+    const int per_split = (last_pos / F_KEYS - first_tile + splits) / splits;
+    const int kb_begin = (first_tile + (int)blockIdx.z * per_split) * F_KEYS;
+    const int kb_end = min((first_tile + ((int)blockIdx.z + 1) * per_split) * F_KEYS, last_pos + 1);
 
     // This thread's two rows of the warp's 16 (fragment rows lane / 4 and lane / 4 + 8), their
     // positions (-1: an unused row, every key masked), and the warp's last position.
@@ -133,6 +156,7 @@ prefill_attention(const bf16* __restrict__ q,
     const int pos_b = row_b < rows_used ? positions[t0 + row_b / F_GROUP] : -1;
     const int warp_last_row = min(warp * 16 + 15, rows_used - 1);
     const int warp_last_pos = warp * 16 < rows_used ? positions[t0 + warp_last_row / F_GROUP] : -1;
+    const int warp_first_pos = warp * 16 < rows_used ? positions[t0 + warp * 16 / F_GROUP] : -1;
 
     // Q fragments: rows a and b, dimensions pair and pair + 8 of every 16-dimension step.
     unsigned int qa[F_DSTEPS][4];
@@ -184,13 +208,13 @@ prefill_attention(const bf16* __restrict__ q,
         asm volatile("cp.async.commit_group;");
     };
 
-    int kb = first_pos / F_KEYS * F_KEYS;
-    stage(kb, 0);
-    for (int buf = 0; kb <= last_pos; kb += F_KEYS, buf ^= 1) {
+    int kb = kb_begin;
+    if (kb < kb_end) stage(kb, 0);
+    for (int buf = 0; kb < kb_end; kb += F_KEYS, buf ^= 1) {
         // This tile has landed, and every warp is done with the other stage: refill it.
         asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncthreads();
-        if (kb + F_KEYS <= last_pos) stage(kb + F_KEYS, buf ^ 1);
+        if (kb + F_KEYS < kb_end) stage(kb + F_KEYS, buf ^ 1);
         if (kb > warp_last_pos) continue;  // every key after every row of this warp
         const unsigned int k_stage = ks_stage0 + buf * stage_bytes;
         const unsigned int v_stage = vs_stage0 + buf * stage_bytes;
@@ -211,44 +235,63 @@ prefill_attention(const bf16* __restrict__ q,
             }
         }
 
-        // Mask, scale into the log2 domain, and update the running maxima.
+        // Mask the raw scores where a key of the tile may fall outside a row's range (causal:
+        // key <= the row's position; sliding window: key > position - SLIDING_WINDOW), and
+        // update the running maxima (of raw scores: the scale is positive).
+        bool whole = kb + F_KEYS - 1 <= warp_first_pos;
+#if SLIDING_WINDOW > 0
+        whole = whole && kb > warp_last_pos - SLIDING_WINDOW;
+#endif
+        if (!whole) {
+#pragma unroll
+            for (int n = 0; n < F_KTILES; ++n) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int j = kb + n * 8 + pair + e;
+                    bool ok_a = j <= pos_a;
+                    bool ok_b = j <= pos_b;
+#if SLIDING_WINDOW > 0
+                    ok_a = ok_a && j > pos_a - SLIDING_WINDOW;
+                    ok_b = ok_b && j > pos_b - SLIDING_WINDOW;
+#endif
+                    if (!ok_a) s[n][e] = -INFINITY;
+                    if (!ok_b) s[n][2 + e] = -INFINITY;
+                }
+            }
+        }
         float top_a = m_a, top_b = m_b;
 #pragma unroll
         for (int n = 0; n < F_KTILES; ++n) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int j = kb + n * 8 + pair + e;
-                bool ok_a = j <= pos_a;
-                bool ok_b = j <= pos_b;
-#if SLIDING_WINDOW > 0
-                ok_a = ok_a && j > pos_a - SLIDING_WINDOW;
-                ok_b = ok_b && j > pos_b - SLIDING_WINDOW;
-#endif
-                s[n][e] = ok_a ? s[n][e] * log2_scale : -INFINITY;
-                s[n][2 + e] = ok_b ? s[n][2 + e] * log2_scale : -INFINITY;
-                top_a = fmaxf(top_a, s[n][e]);
-                top_b = fmaxf(top_b, s[n][2 + e]);
-            }
+            top_a = fmaxf(top_a, fmaxf(s[n][0], s[n][1]));
+            top_b = fmaxf(top_b, fmaxf(s[n][2], s[n][3]));
         }
 #pragma unroll
         for (int x = 1; x < 4; x <<= 1) {
             top_a = fmaxf(top_a, __shfl_xor_sync(0xffffffffu, top_a, x));
             top_b = fmaxf(top_b, __shfl_xor_sync(0xffffffffu, top_b, x));
         }
-        const float alpha_a = top_a == -INFINITY ? 1.0f : exp2f(m_a - top_a);
-        const float alpha_b = top_b == -INFINITY ? 1.0f : exp2f(m_b - top_b);
+        // Scaled into the log2 domain only inside the exponentials; a row with no key yet
+        // subtracts 0 (its scores are all -inf, their exponentials 0).
+        const float base_a = top_a == -INFINITY ? 0.0f : top_a * log2_scale;
+        const float base_b = top_b == -INFINITY ? 0.0f : top_b * log2_scale;
+        const float alpha_a = exp2f(fmaf(m_a, log2_scale, -base_a));
+        const float alpha_b = exp2f(fmaf(m_b, log2_scale, -base_b));
+        // The accumulators are rescaled only when a maximum of the warp's rows moved (else every
+        // factor is exactly 1).
+        const bool moved = __any_sync(0xffffffffu, top_a != m_a || top_b != m_b);
         m_a = top_a;
         m_b = top_b;
 
-        // P = exp2(S - max), its row sums, and P as the A fragments of P V (16 keys per step).
+        // P = exp2(S * scale - max), its row sums, and P as the A fragments of P V (16 keys per
+        // step).
         unsigned int p[F_KTILES / 2][4];
         float sum_a = 0.0f, sum_b = 0.0f;
 #pragma unroll
         for (int n = 0; n < F_KTILES; ++n) {
-            const float p0 = s[n][0] == -INFINITY ? 0.0f : exp2f(s[n][0] - top_a);
-            const float p1 = s[n][1] == -INFINITY ? 0.0f : exp2f(s[n][1] - top_a);
-            const float p2 = s[n][2] == -INFINITY ? 0.0f : exp2f(s[n][2] - top_b);
-            const float p3 = s[n][3] == -INFINITY ? 0.0f : exp2f(s[n][3] - top_b);
+            const float p0 = exp2f(fmaf(s[n][0], log2_scale, -base_a));
+            const float p1 = exp2f(fmaf(s[n][1], log2_scale, -base_a));
+            const float p2 = exp2f(fmaf(s[n][2], log2_scale, -base_b));
+            const float p3 = exp2f(fmaf(s[n][3], log2_scale, -base_b));
             sum_a += p0 + p1;
             sum_b += p2 + p3;
             p[n / 2][(n & 1) * 2] = f_pack_bf16(p0, p1);
@@ -256,12 +299,14 @@ prefill_attention(const bf16* __restrict__ q,
         }
         l_a = l_a * alpha_a + sum_a;
         l_b = l_b * alpha_b + sum_b;
+        if (moved) {
 #pragma unroll
-        for (int i = 0; i < F_DTILES; ++i) {
-            o[i][0] *= alpha_a;
-            o[i][1] *= alpha_a;
-            o[i][2] *= alpha_b;
-            o[i][3] *= alpha_b;
+            for (int i = 0; i < F_DTILES; ++i) {
+                o[i][0] *= alpha_a;
+                o[i][1] *= alpha_a;
+                o[i][2] *= alpha_b;
+                o[i][3] *= alpha_b;
+            }
         }
 
         // O += P V, two 8-dimension tiles per ldmatrix.x4.trans.
@@ -278,24 +323,38 @@ prefill_attention(const bf16* __restrict__ q,
         }
     }
 
-    // Merge the row sums of the 4 lanes that share a row, then write O / sum.
+    // Merge the row sums of the 4 lanes that share a row, then write O / sum (one split) or the
+    // unnormalised partial result (several).
 #pragma unroll
     for (int x = 1; x < 4; x <<= 1) {
         l_a += __shfl_xor_sync(0xffffffffu, l_a, x);
         l_b += __shfl_xor_sync(0xffffffffu, l_b, x);
     }
-    const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f;
-    const float inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
-    bf16* out_a = out + ((size_t)(t0 + row_a / F_GROUP) * NUM_Q_HEADS + kvh * F_GROUP + row_a % F_GROUP) * HEAD_DIM;
-    bf16* out_b = out + ((size_t)(t0 + row_b / F_GROUP) * NUM_Q_HEADS + kvh * F_GROUP + row_b % F_GROUP) * HEAD_DIM;
 #pragma unroll
-    for (int i = 0; i < F_DTILES; ++i) {
-        const int d = i * 8 + pair;
-        if (pos_a >= 0) {
-            *reinterpret_cast<unsigned int*>(out_a + d) = f_pack_bf16(o[i][0] * inv_a, o[i][1] * inv_a);
-        }
-        if (pos_b >= 0) {
-            *reinterpret_cast<unsigned int*>(out_b + d) = f_pack_bf16(o[i][2] * inv_b, o[i][3] * inv_b);
+    for (int half = 0; half < 2; ++half) {
+        const int row = half ? row_b : row_a;
+        if ((half ? pos_b : pos_a) < 0) continue;
+        const size_t head = (size_t)(t0 + row / F_GROUP) * NUM_Q_HEADS + kvh * F_GROUP + row % F_GROUP;
+        const float l = half ? l_b : l_a;
+        if (splits == 1) {
+            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+            for (int i = 0; i < F_DTILES; ++i) {
+                *reinterpret_cast<unsigned int*>(out + head * HEAD_DIM + i * 8 + pair) =
+                    f_pack_bf16(o[i][2 * half] * inv, o[i][2 * half + 1] * inv);
+            }
+        } else {
+            const size_t part = head * splits + blockIdx.z;
+#pragma unroll
+            for (int i = 0; i < F_DTILES; ++i) {
+                *reinterpret_cast<float2*>(part_acc + part * HEAD_DIM + i * 8 + pair) =
+                    make_float2(o[i][2 * half], o[i][2 * half + 1]);
+            }
+            if (pair == 0) {
+                const float m = half ? m_b : m_a;
+                part_ml[2 * part] = m == -INFINITY ? m : m * log2_scale;
+                part_ml[2 * part + 1] = l;
+            }
         }
     }
 #endif

@@ -48,7 +48,7 @@ static void launch(const uint16_t* q, const uint16_t* k, const uint16_t* v, cons
     paged_attention<<<dim3(tokens, NUM_KV_HEADS, splits), ATTN_WARPS * 32>>>(
         q, k, v, tables, max_blocks, rows, positions, acc, ml, splits, scale);
     attention_reduce<<<dim3(tokens, NUM_Q_HEADS), ATTN_REDUCE_THREADS>>>(
-        acc, ml, positions, splits, out);
+        acc, ml, positions, splits, /*all_splits=*/0, out);
 }
 
 

@@ -113,6 +113,18 @@ if has attention; then
     note "attention bench $name: rc=$?"
     grep -h '^RESULT' "$A/bench-$name.log" | sed "s/^/$name /" >>"$SUMMARY"
   done
+  # PREFILL_NCU=1: ncu of one launch of the 8k prompt (the bench's 31st launch) per kernel built.
+  if [ "${PREFILL_NCU:-0}" = 1 ]; then
+    for name in prefill-32-8-128-0 prefill-old-32-8-128-0; do
+      [ -x "$A/$name" ] || continue
+      timeout 200 ncu --clock-control none -k prefill_attention --launch-skip 30 --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis "$A/$name" bench >"$A/ncu-$name.txt" 2>&1
+      note "ncu $name: rc=$?"
+      grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Stall|Shared Memory|Executed Ipc|L1/TEX Hit|Bank" "$A/ncu-$name.txt" | head -40 | sed "s/^/  /" >>"$SUMMARY"
+    done
+  fi
+  grep -h -A2 "for prefill_attention" "$A"/prefill-v*.build.log 2>/dev/null | grep -E "Used|spill" >>"$SUMMARY"
 fi
 
 # Small-M products alone (kernels/gemv.cu): tests on fresh random data for M 1..8, then the
@@ -141,17 +153,28 @@ PREFILL_CONFIGS=${PREFILL_CONFIGS:-"8 8 64 0;8 8 128 0;16 8 64 0;16 8 128 0;12 4
 if has prefillattn; then
   A=$OUT/prefillattn
   mkdir -p "$A"
-  prefill_build() { # NAME SOURCE_DIR Q KV HEAD_DIM WINDOW [EXTRA_NVCC_FLAGS]
+  # The launch geometry the backend passes (src/backend/cuda/plan.rs: FLASH_ROWS, FLASH_KEYS; ATTN_*
+  # for attention_reduce), overridable to compare others in one run.
+  REDUCE_GEOMETRY="-DATTN_WARPS=4 -DATTN_MIN_PARTITION=32 -DATTN_REDUCE_THREADS=128"
+  GEOMETRY="-DF_ROWS=${F_ROWS:-64} -DF_KEYS=${F_KEYS:-32} $REDUCE_GEOMETRY"
+  prefill_build() { # NAME SOURCE_DIR Q KV HEAD_DIM WINDOW [EXTRA_NVCC_FLAGS] (HARNESS: another harness)
     nvcc -O3 -arch=sm_90a -std=c++17 -I"$2" -I"$G/kernels" -DNUM_Q_HEADS=$3 -DNUM_KV_HEADS=$4 -DHEAD_DIM=$5 \
       -DSLIDING_WINDOW=$6 -DKV_BLOCK=16 ${7:-} -Xptxas -v \
-      "$G/prefill-check.cu" -lcublas -o "$A/$1" >"$A/$1.build.log" 2>&1 || echo "BUILD FAILED $1: $(grep -m2 error "$A/$1.build.log")" | tee -a "$SUMMARY"
+      "${HARNESS:-$G/prefill-check.cu}" -lcublas -o "$A/$1" >"$A/$1.build.log" 2>&1 || echo "BUILD FAILED $1: $(grep -m2 error "$A/$1.build.log")" | tee -a "$SUMMARY"
   }
   IFS=';' read -ra PREFILL_LIST <<<"$PREFILL_CONFIGS"
   for cfg in "${PREFILL_LIST[@]}"; do
     set -- $cfg
-    prefill_build "prefill-$1-$2-$3-$4" "$G/kernels" "$@" -DF_ROWS=${F_ROWS:-64} &
+    prefill_build "prefill-$1-$2-$3-$4" "$G/kernels" "$@" "$GEOMETRY" &
   done
-  [ -f "$G/prefill-old.cu" ] && { mkdir -p "$A/old" && cp "$G/prefill-old.cu" "$A/old/prefill_attention.cu" && prefill_build prefill-old-32-8-128-0 "$A/old" 32 8 128 0 & }
+  # PREFILL_VARIANTS: more geometries of the 8B heads to bench beside it, e.g. "128 32;64 64" (rows, keys).
+  IFS=';' read -ra VARIANT_LIST <<<"${PREFILL_VARIANTS:-}"
+  for variant in "${VARIANT_LIST[@]}"; do
+    set -- $variant
+    prefill_build "prefill-v$1x$2-32-8-128-0" "$G/kernels" 32 8 128 0 "-DF_ROWS=$1 -DF_KEYS=$2 $REDUCE_GEOMETRY" &
+  done
+  # A previous kernel and its harness (prefill-old.cu, prefill-check-old.cu) for a side-by-side bench.
+  [ -f "$G/prefill-old.cu" ] && { mkdir -p "$A/old" && cp "$G/prefill-old.cu" "$A/old/prefill_attention.cu" && HARNESS="$G/prefill-check-old.cu" prefill_build prefill-old-32-8-128-0 "$A/old" 32 8 128 0 "$GEOMETRY" & }
   wait
   grep -h -A2 "for prefill_attention" "$A"/prefill-32-8-128-0.build.log 2>/dev/null | grep -E "Used|spill" | tee -a "$SUMMARY"
   fails=0
@@ -166,12 +189,24 @@ if has prefillattn; then
     timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$A/$name" test >"$A/sanitizer-$name.log" 2>&1
     note "compute-sanitizer memcheck $name: rc=$? $(grep -E 'ERROR SUMMARY' "$A/sanitizer-$name.log" | tail -1)"
   done
-  for name in prefill-32-8-128-0 prefill-old-32-8-128-0 prefill-64-8-128-0 prefill-32-8-64-0; do
+  for name in prefill-32-8-128-0 prefill-old-32-8-128-0 $(for v in "${VARIANT_LIST[@]}"; do set -- $v; echo "prefill-v$1x$2-32-8-128-0"; done) prefill-64-8-128-0 prefill-32-8-64-0; do
     [ -x "$A/$name" ] || continue
     timeout 240 "$A/$name" bench >"$A/bench-$name.log" 2>&1
     note "prefill bench $name: rc=$?"
     grep -h '^RESULT' "$A/bench-$name.log" | sed "s/^/$name /" >>"$SUMMARY"
   done
+  # PREFILL_NCU=1: ncu of one launch of the 8k prompt (the bench's 31st launch) per kernel built.
+  if [ "${PREFILL_NCU:-0}" = 1 ]; then
+    for name in prefill-32-8-128-0 prefill-old-32-8-128-0; do
+      [ -x "$A/$name" ] || continue
+      timeout 200 ncu --clock-control none -k prefill_attention --launch-skip 30 --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis "$A/$name" bench >"$A/ncu-$name.txt" 2>&1
+      note "ncu $name: rc=$?"
+      grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Stall|Shared Memory|Executed Ipc|L1/TEX Hit|Bank" "$A/ncu-$name.txt" | head -40 | sed "s/^/  /" >>"$SUMMARY"
+    done
+  fi
+  grep -h -A2 "for prefill_attention" "$A"/prefill-v*.build.log 2>/dev/null | grep -E "Used|spill" >>"$SUMMARY"
 fi
 
 M8=/tmp/llama8b
@@ -184,18 +219,22 @@ SPECS=${SPECS:-"1 128 128;1 1024 128;16 128 128;64 128 128;64 1024 128"}
 has quickbench && SPECS="16 128 128"
 if has bench || has quickbench; then
   IFS=';' read -ra SPEC_LIST <<<"$SPECS"
+  # BENCH_BINS: the builds to run every spec with, in turn (default: .gpu/inferno alone), e.g.
+  # "inferno inferno-base" for a side-by-side run of two builds.
   for spec in "${SPEC_LIST[@]}"; do
-    # "batch input output [extra bench flags]", e.g. "64 1000 256 --itl-stall-limit 0"
-    set -- $spec
-    b=$1 i=$2 o=$3
-    shift 3
-    tag=$(echo "$*" | tr -c 'a-z0-9' '_')
-    timeout 240 $RUN "$G/inferno" bench offline --model $M8 --device cuda --batch-size "$b" --input-len "$i" --output-len "$o" \
-      --ignore-eos "$@" --json "$OUT/bench-b$b-i$i$tag.json" >"$OUT/bench-b$b-i$i$tag.log" 2>&1
-    rc=$?
-    cat "$OUT/bench-b$b-i$i$tag.log" >>"$OUT/bench.log"
-    note "inferno offline batch=$b in=$i out=$o $*: rc=$rc $(grep -E '^output throughput' "$OUT/bench-b$b-i$i$tag.log" | tail -1)"
-    grep -E '^(TTFT|ITL) ' "$OUT/bench-b$b-i$i$tag.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+    for bin in ${BENCH_BINS:-inferno}; do
+      # "batch input output [extra bench flags]", e.g. "64 1000 256 --itl-stall-limit 0"
+      set -- $spec
+      b=$1 i=$2 o=$3
+      shift 3
+      tag=$(echo "$bin $*" | tr -c 'a-z0-9' '_')
+      timeout 240 $RUN "$G/$bin" bench offline --model $M8 --device cuda --batch-size "$b" --input-len "$i" --output-len "$o" \
+        --ignore-eos "$@" --json "$OUT/bench-b$b-i$i$tag.json" >"$OUT/bench-b$b-i$i$tag.log" 2>&1
+      rc=$?
+      cat "$OUT/bench-b$b-i$i$tag.log" >>"$OUT/bench.log"
+      note "$bin offline batch=$b in=$i out=$o $*: rc=$rc $(grep -E '^output throughput' "$OUT/bench-b$b-i$i$tag.log" | tail -1)"
+      grep -E '^(TTFT|ITL) ' "$OUT/bench-b$b-i$i$tag.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+    done
   done
   grep -E 'CUDA backend ready|KV cache allocated|kernels ready' "$OUT/bench.log" | head -4 >>"$SUMMARY"
 fi
@@ -264,6 +303,8 @@ if has serve; then
   # running every run of SERVE_RUNS. A variant is "ENV@ENGINE": environment assignments for that
   # server (added to SERVE_ENV) and an [engine] setting (e.g. "@cuda_mixed_graphs = false" or
   # "CUDA_MODULE_LOADING=EAGER@"); an empty variant runs the defaults without a config file.
+  # SERVER_BIN=NAME among a variant's assignments serves with .gpu/NAME instead of .gpu/inferno
+  # (another build, e.g. "SERVER_BIN=inferno-base@", for a side-by-side run).
   SERVE_RUNS=${SERVE_RUNS:-"--concurrency 16 --num-prompts 64 --input-len 128 --output-len 128;--rate 8 --num-prompts 64 --input-len 128 --output-len 128"}
   IFS=';' read -ra SERVE_LIST <<<"$SERVE_RUNS"
   IFS='|' read -ra ENGINE_LIST <<<"${SERVE_ENGINES:-}"
@@ -278,13 +319,17 @@ if has serve; then
       variant_env=${variant%%@*}
       engine=${variant#*@}
     fi
+    server_bin="$G/inferno"
+    for assignment in $variant_env; do
+      [[ $assignment == SERVER_BIN=* ]] && server_bin="$G/${assignment#SERVER_BIN=}"
+    done
     config_args=()
     if [ -n "$engine" ]; then
       printf '[attestation]\nprofile = "development"\n[engine]\n%s\n' "$engine" >"$OUT/serve-engine-$v.toml"
       config_args=(--config "$OUT/serve-engine-$v.toml")
     fi
-    note "serve variant $v: server environment: ${SERVE_ENV:-} ${variant_env:-}; engine: ${engine:-(defaults)}"
-    RUST_LOG=${SERVE_LOG:-warn,inferno::cli::startup=info,inferno::backend=info} $RUN ${SERVE_ENV:-} $variant_env "$G/inferno" serve "${config_args[@]}" --model $M8 --device cuda --listen 127.0.0.1:8443 >"$OUT/serve-$v.log" 2>&1 &
+    note "serve variant $v: $(basename "$server_bin"); server environment: ${SERVE_ENV:-} ${variant_env:-}; engine: ${engine:-(defaults)}"
+    RUST_LOG=${SERVE_LOG:-warn,inferno::cli::startup=info,inferno::backend=info} $RUN ${SERVE_ENV:-} $variant_env "$server_bin" serve "${config_args[@]}" --model $M8 --device cuda --listen 127.0.0.1:8443 >"$OUT/serve-$v.log" 2>&1 &
     SERVER=$!
     for _ in $(seq 1 120); do
       curl -ksf https://127.0.0.1:8443/health >/dev/null 2>&1 && break

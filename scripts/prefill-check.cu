@@ -5,11 +5,14 @@
 //   prefill-check test [SEED]   prefill_attention against a float64 CPU reference: a whole prompt
 //                               of several tiles and key tiles, a chunk at a later start (earlier
 //                               keys from the cache), a one-token prompt, shuffled block tables;
-//                               exits 1 on a mismatch. SEED defaults to a fresh random one.
+//                               as one launch and split 3 and 16 ways over the keys (merged by
+//                               attention_reduce); exits 1 on a mismatch. SEED defaults to a fresh
+//                               random one.
 //   prefill-check bench         the bf16 GEMM rate (cuBLAS, 8192^3) as the ceiling, then the
 //                               kernel's rate on its causal FLOPs (4 * head_dim per query head and
 //                               attended key) for one prompt of 1k, 8k and 32k tokens, as one
-//                               launch and as its last 2048-token chunk.
+//                               launch, as its last 2048-token chunk and as a last 256-token
+//                               chunk, the chunks also split over the keys.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -29,6 +32,7 @@
 #undef INFINITY
 #include "prelude.cuh"
 #include "prefill_attention.cu"
+#include "attention.cu"
 
 
 
@@ -53,11 +57,33 @@ struct Step {
     int num_tiles() const { return (int)tiles.size() / 2; }
 };
 
+// Partial results for `splits` > 1 (the layout the backend's attention buffers have).
+struct Partials {
+    float* acc = nullptr;
+    float* ml = nullptr;
+    Partials(int tokens, int splits) {
+        if (splits <= 1) return;
+        const size_t parts = (size_t)tokens * NUM_Q_HEADS * splits;
+        CHECK(cudaMalloc(&acc, parts * HEAD_DIM * 4));
+        CHECK(cudaMalloc(&ml, parts * 2 * 4));
+    }
+    ~Partials() {
+        cudaFree(acc);
+        cudaFree(ml);
+    }
+};
+
+// One attention launch as the backend makes it: the prefill kernel over the step's tiles, split
+// `splits` ways over each tile's keys, then (split) the reduction of the partial results.
 static void launch(const Step& step, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                    const int* tables, const int* max_blocks, const int* rows, const int* positions,
-                   const int* tiles, float scale, uint16_t* out) {
-    prefill_attention<<<dim3(step.num_tiles(), NUM_KV_HEADS), F_WARPS * 32>>>(
-        q, k, v, tables, max_blocks, rows, positions, tiles, scale, out);
+                   const int* tiles, float scale, int splits, const Partials& parts, uint16_t* out) {
+    prefill_attention<<<dim3(step.num_tiles(), NUM_KV_HEADS, splits), F_WARPS * 32>>>(
+        q, k, v, tables, max_blocks, rows, positions, tiles, scale, splits, out, parts.acc, parts.ml);
+    if (splits > 1) {
+        attention_reduce<<<dim3(step.tokens(), NUM_Q_HEADS), ATTN_REDUCE_THREADS>>>(parts.acc, parts.ml, positions,
+                                                                                 splits, 1, out);
+    }
 }
 
 static int test(uint64_t seed) {
@@ -110,33 +136,39 @@ static int test(uint64_t seed) {
     int* dtiles = upload(step.tiles);
     uint16_t* dout;
     CHECK(cudaMalloc(&dout, ref.size() * 2));
-    CHECK(cudaMemset(dout, 0xff, ref.size() * 2));  // NaN everywhere: every write is checked
-    launch(step, dq, dk, dv, dtables, dmax, drows, dpos, dtiles, scale, dout);
-    CHECK(cudaGetLastError());
-    CHECK(cudaDeviceSynchronize());
-    std::vector<uint16_t> out(ref.size());
-    CHECK(cudaMemcpy(out.data(), dout, out.size() * 2, cudaMemcpyDeviceToHost));
     int failures = 0;
-    double worst = 0.0;
-    for (size_t i = 0; i < out.size(); ++i) {
-        const double got = from_bf16(out[i]);
-        const double err = std::fabs(got - ref[i]);
-        // P is rounded to bf16 before P V (as FlashAttention does): a relative 2^-8 per weight.
-        const double tol = 6e-3 + 1.2e-2 * std::fabs(ref[i]);
-        if (!(err <= tol)) {
-            if (failures < 10) {
-                const size_t t = i / (NUM_Q_HEADS * HEAD_DIM);
-                fprintf(stderr, "MISMATCH token=%zu (row %d pos %d) head=%zu dim=%zu: got %g want %g\n", t,
-                        step.rows[t], step.positions[t], (i / HEAD_DIM) % NUM_Q_HEADS, i % HEAD_DIM, got, ref[i]);
+    // One launch, then the keys split 3 and 16 ways (more splits than some tiles have key tiles).
+    for (int splits : {1, 3, 16}) {
+        Partials parts(tokens, splits);
+        CHECK(cudaMemset(dout, 0xff, ref.size() * 2));  // NaN everywhere: every write is checked
+        launch(step, dq, dk, dv, dtables, dmax, drows, dpos, dtiles, scale, splits, parts, dout);
+        CHECK(cudaGetLastError());
+        CHECK(cudaDeviceSynchronize());
+        std::vector<uint16_t> out(ref.size());
+        CHECK(cudaMemcpy(out.data(), dout, out.size() * 2, cudaMemcpyDeviceToHost));
+        const int before = failures;
+        double worst = 0.0;
+        for (size_t i = 0; i < out.size(); ++i) {
+            const double got = from_bf16(out[i]);
+            const double err = std::fabs(got - ref[i]);
+            // P is rounded to bf16 before P V (as FlashAttention does): a relative 2^-8 per weight.
+            const double tol = 6e-3 + 1.2e-2 * std::fabs(ref[i]);
+            if (!(err <= tol)) {
+                if (failures < 10) {
+                    const size_t t = i / (NUM_Q_HEADS * HEAD_DIM);
+                    fprintf(stderr, "MISMATCH splits=%d token=%zu (row %d pos %d) head=%zu dim=%zu: got %g want %g\n",
+                            splits, t, step.rows[t], step.positions[t], (i / HEAD_DIM) % NUM_Q_HEADS, i % HEAD_DIM,
+                            got, ref[i]);
+                }
+                ++failures;
             }
-            ++failures;
+            if (err == err) worst = std::max(worst, err);
         }
-        if (err == err) worst = std::max(worst, err);
+        printf("  splits %d: max abs error %.2e over %d tokens in %d tiles\n", splits, worst, tokens, step.num_tiles());
+        printf("RESULT prefill test q=%d kv=%d head_dim=%d window=%d splits=%d seed=%llu: %s (%d mismatches)\n",
+               NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, SLIDING_WINDOW, splits, (unsigned long long)seed,
+               failures > before ? "FAIL" : "ok", failures - before);
     }
-    printf("  max abs error %.2e over %d tokens in %d tiles\n", worst, tokens, step.num_tiles());
-    printf("RESULT prefill test q=%d kv=%d head_dim=%d window=%d seed=%llu: %s (%d mismatches)\n",
-           NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, SLIDING_WINDOW, (unsigned long long)seed,
-           failures ? "FAIL" : "ok", failures);
     return failures ? 1 : 0;
 }
 
@@ -196,9 +228,15 @@ static int bench() {
     int* dtables = upload(perm);
     int* dmax = upload(std::vector<int>{max_len / KV_BLOCK});
     const float scale = 1.0f / sqrtf((float)HEAD_DIM);
-    for (int len : {1024, 8192, 32768}) {
-        for (int chunk : {len, 2048}) {
-            if (chunk > len || (chunk == len && len > 8192)) continue;  // 32k as one launch: too much q
+    // (prompt length, tokens in the launch: the prompt's last ones, key splits): whole prompts,
+    // long prompts' last 2,048-token chunks, and the small late chunks a long prompt is cut into
+    // while other sequences decode, as one launch and split over the context.
+    const int cases[][3] = {{1024, 1024, 1}, {8192, 8192, 1}, {8192, 2048, 1},  {8192, 256, 1},
+                            {8192, 256, 4},  {32768, 2048, 1}, {32768, 2048, 2}, {32768, 256, 1},
+                            {32768, 256, 8}};
+    for (const auto& c : cases) {
+        const int len = c[0], chunk = c[1], splits = c[2];
+        {
             Step step;
             step.add(0, len - chunk, chunk);
             double attended = 0.0;
@@ -207,18 +245,21 @@ static int bench() {
             int* drows = upload(step.rows);
             int* dpos = upload(step.positions);
             int* dtiles = upload(step.tiles);
-            for (int i = 0; i < 2; ++i) launch(step, q, k, v, dtables, dmax, drows, dpos, dtiles, scale, out);
+            Partials parts(step.tokens(), splits);
+            for (int i = 0; i < 2; ++i)
+                launch(step, q, k, v, dtables, dmax, drows, dpos, dtiles, scale, splits, parts, out);
             CHECK(cudaGetLastError());
             const int iters = len >= 32768 ? 5 : 20;
             CHECK(cudaEventRecord(e0));
-            for (int i = 0; i < iters; ++i) launch(step, q, k, v, dtables, dmax, drows, dpos, dtiles, scale, out);
+            for (int i = 0; i < iters; ++i)
+                launch(step, q, k, v, dtables, dmax, drows, dpos, dtiles, scale, splits, parts, out);
             CHECK(cudaEventRecord(e1));
             CHECK(cudaEventSynchronize(e1));
             CHECK(cudaEventElapsedTime(&ms, e0, e1));
             const double secs = ms * 1e-3 / iters;
             const double rate = flops / secs;
-            printf("RESULT prefill bench q=%d kv=%d head_dim=%d prompt=%d tokens=%d (from %d): %.3f ms per layer, %.0f TFLOP/s = %.0f%% of GEMM\n",
-                   NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, len, chunk, len - chunk, secs * 1e3, rate / 1e12,
+            printf("RESULT prefill bench q=%d kv=%d head_dim=%d prompt=%d tokens=%d (from %d) splits=%d: %.3f ms per layer, %.0f TFLOP/s = %.0f%% of GEMM\n",
+                   NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, len, chunk, len - chunk, splits, secs * 1e3, rate / 1e12,
                    100.0 * rate / gemm_rate);
             fflush(stdout);
             CHECK(cudaFree(drows));

@@ -1281,7 +1281,9 @@ fn cuda_paged_prefill(model: &Model) -> CudaBackend {
 }
 
 /// The tiled prefill attention kernel gives the logits of the paged split-K kernel: whole
-/// prompts of several tiles and KV blocks, a chunked prefill and a prefix-cache hit.
+/// prompts of several tiles and KV blocks, a chunked prefill, a prefix-cache hit, and a long
+/// prompt whose few tiles split their keys over several blocks (`plan::prefill_splits`) whole
+/// and as a short last chunk.
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn flash_prefill_matches_the_paged_kernel() {
@@ -1329,10 +1331,24 @@ fn flash_prefill_matches_the_paged_kernel() {
         let a = run_chunk(&mut flash, &hit, 64, 84);
         let b = run_chunk(&mut paged, &hit, 64, 84);
         let prefix = max_abs_diff(&a, &b);
+        // Long context: 1,700 tokens in one step, then a 16-token chunk attending to 1,716 keys
+        // (a tile or two: split in two over the keys).
+        let long = Seq::new(prompt(1716, 77), &mut blocks, 1716);
+        let mut split = 0.0f32;
+        for (start, end) in [(0, 1700), (1700, 1716)] {
+            let a = run_chunk(&mut flash, &long, start, end);
+            let b = run_chunk(&mut paged, &long, start, end);
+            split = split.max(max_abs_diff(&a, &b));
+        }
         println!(
-            "RESULT flash prefill vs paged, {name}: whole prompts {worst:.5}, chunked {chunked:.5}, prefix hit {prefix:.5}"
+            "RESULT flash prefill vs paged, {name}: whole prompts {worst:.5}, chunked {chunked:.5}, prefix hit {prefix:.5}, long context split over blocks {split:.5}"
         );
-        for (what, diff) in [("whole", worst), ("chunked", chunked), ("prefix", prefix)] {
+        for (what, diff) in [
+            ("whole", worst),
+            ("chunked", chunked),
+            ("prefix", prefix),
+            ("split", split),
+        ] {
             assert!(
                 diff <= PREFILL_TOLERANCE,
                 "{name} {what}: flash differs by {diff}"

@@ -1006,12 +1006,18 @@ impl CudaBackend {
         let inputs_base = self.act.inputs.ptr();
         let input = |offset: usize| Arg::Ptr(inputs_base + (offset * 4) as u64);
         if layout.num_tiles > 0 {
-            return self.launch(
+            let splits = plan::prefill_splits(
+                layout.num_tiles,
+                p.num_kv_heads,
+                layout.max_context,
+                self.split_budget / layout.num_tokens.max(1),
+            );
+            self.launch(
                 &self.kernels.prefill_attention,
                 (
                     to_u32(layout.num_tiles, "tiles")?,
                     to_u32(p.num_kv_heads, "kv heads")?,
-                    1,
+                    to_u32(splits, "splits")?,
                 ),
                 plan::FLASH_THREADS as u32,
                 &[
@@ -1024,9 +1030,17 @@ impl CudaBackend {
                     input(layout.positions()),
                     input(layout.tiles()),
                     Arg::Float(scale),
+                    Arg::Int(splits as i32),
                     Arg::Ptr(self.act.attn.ptr()),
+                    Arg::Ptr(self.act.part_acc.ptr()),
+                    Arg::Ptr(self.act.part_ml.ptr()),
                 ],
-            );
+            )?;
+            return if splits > 1 {
+                self.reduce_attention(layout, splits, true)
+            } else {
+                Ok(())
+            };
         }
         self.launch(
             &self.kernels.attention,
@@ -1050,15 +1064,32 @@ impl CudaBackend {
                 Arg::Float(scale),
             ],
         )?;
+        self.reduce_attention(layout, splits, false)
+    }
+
+    /// Merges the split partial results of one attention launch into `act.attn`: each token's
+    /// own count of splits (the paged kernel's), or all `splits` (the prefill kernel's).
+    fn reduce_attention(
+        &self,
+        layout: &StepLayout,
+        splits: usize,
+        all_splits: bool,
+    ) -> Result<(), BackendError> {
+        let inputs_base = self.act.inputs.ptr();
         self.launch(
             &self.kernels.attention_reduce,
-            (t32, to_u32(p.num_q_heads, "q heads")?, 1),
+            (
+                to_u32(layout.num_tokens, "tokens")?,
+                to_u32(self.params.num_q_heads, "q heads")?,
+                1,
+            ),
             plan::ATTN_REDUCE_THREADS as u32,
             &[
                 Arg::Ptr(self.act.part_acc.ptr()),
                 Arg::Ptr(self.act.part_ml.ptr()),
-                input(layout.positions()),
+                Arg::Ptr(inputs_base + (layout.positions() * 4) as u64),
                 Arg::Int(splits as i32),
+                Arg::Int(i32::from(all_splits)),
                 Arg::Ptr(self.act.attn.ptr()),
             ],
         )

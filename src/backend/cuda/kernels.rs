@@ -156,6 +156,7 @@ impl KernelParams {
             ("RMS_THREADS", super::plan::RMS_THREADS),
             ("GEMV_WARPS", super::plan::GEMV_WARPS),
             ("F_ROWS", super::plan::FLASH_ROWS),
+            ("F_KEYS", super::plan::FLASH_KEYS),
         ];
         for (name, value) in ints {
             // Writing to a String cannot fail.
@@ -307,6 +308,7 @@ mod tests {
                 super::super::plan::MIN_PARTITION
             ),
             &format!("#define F_ROWS {}\n", super::super::plan::FLASH_ROWS),
+            &format!("#define F_KEYS {}\n", super::super::plan::FLASH_KEYS),
         ] {
             assert!(text.contains(needle), "missing {needle:?} in {text}");
         }

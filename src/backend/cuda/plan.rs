@@ -79,8 +79,33 @@ pub fn split_bound(num_tokens: usize, kv_heads: usize, max_context: usize, budge
 /// holds, 16 per warp. Passed to `kernels/prefill_attention.cu` as `F_ROWS`.
 pub const FLASH_ROWS: usize = 64;
 
+/// Keys per shared-memory stage of the prefill attention kernel. Passed as `F_KEYS`.
+pub const FLASH_KEYS: usize = 32;
+
 /// Threads per block of the prefill attention kernel (one warp per 16 query vectors).
 pub const FLASH_THREADS: usize = FLASH_ROWS / 16 * 32;
+
+/// Keys a split of the prefill attention kernel should walk at least: below that, the merge of
+/// the partial results costs more than the parallelism gains.
+pub const FLASH_SPLIT_KEYS: usize = 1024;
+
+/// Key splits per tile of one prefill attention launch over `tiles` tiles of `kv_heads` KV heads
+/// whose longest context is `max_context`, with room for `room` partial results per token: one
+/// when the tiles alone make `TARGET_BLOCKS` blocks, else enough to make them, no more than
+/// `FLASH_SPLIT_KEYS`-key runs of the longest context and the room allow. A step whose few
+/// tiles attend to a long context (a late chunk of a long prompt) then runs as several waves
+/// instead of one partial wave.
+pub fn prefill_splits(tiles: usize, kv_heads: usize, max_context: usize, room: usize) -> usize {
+    let blocks = tiles.max(1) * kv_heads.max(1);
+    if blocks >= TARGET_BLOCKS {
+        return 1;
+    }
+    TARGET_BLOCKS
+        .div_ceil(blocks)
+        .min(max_context.div_ceil(FLASH_SPLIT_KEYS))
+        .min(room)
+        .max(1)
+}
 
 /// Tokens per prefill-attention tile for `group` query heads per KV head of `head_dim`
 /// dimensions on a device of compute capability `major`; 0 when the tensor-core kernel cannot
@@ -166,6 +191,29 @@ mod tests {
         assert_eq!(kv_blocks(10 * block, 0.5, block), 5);
         assert_eq!(kv_blocks(10 * block, 0.0, block), 0);
         assert_eq!(kv_blocks(10 * block, 1.5, block), 0);
+    }
+
+    #[test]
+    fn prefill_splits_fill_the_device_only_for_long_contexts() {
+        // An 8k prompt in one launch: enough tiles, no split.
+        assert_eq!(prefill_splits(512, 8, 8192, 4), 1);
+        // A short prompt: its context is too short to split.
+        assert_eq!(prefill_splits(4, 8, 128, 64), 1);
+        // A 256-token chunk at 8k: 16 tiles, split to 1k-key runs.
+        assert_eq!(prefill_splits(16, 8, 8192, 16), 8);
+        // The room for partial results bounds it.
+        assert_eq!(prefill_splits(8, 8, 32_768, 4), 4);
+        // Enough blocks to reach the target, no more.
+        assert_eq!(prefill_splits(64, 8, 32_768, 64), 2);
+        for tiles in [1, 3, 17, 200] {
+            for ctx in [1, 900, 5000, 40_000] {
+                for room in [1, 2, 9] {
+                    let splits = prefill_splits(tiles, 8, ctx, room);
+                    assert!((1..=room).contains(&splits));
+                    assert!(splits <= ctx.div_ceil(FLASH_SPLIT_KEYS).max(1));
+                }
+            }
+        }
     }
 
     #[test]
