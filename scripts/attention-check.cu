@@ -100,25 +100,14 @@ static int test(uint64_t seed) {
     for (int splits : {1, 3, 8, split_bound(tokens, max_pos + 1), max_splits}) {
         CHECK(cudaMemset(dout, 0xff, ref.size() * 2));  // NaN everywhere: every write is checked
         launch(dq, dk, dv, dtables, dmax, drows, dpos, dacc, dml, tokens, splits, scale, dout);
-        CHECK(cudaGetLastError());
-        CHECK(cudaDeviceSynchronize());
-        std::vector<uint16_t> out(ref.size());
-        CHECK(cudaMemcpy(out.data(), dout, out.size() * 2, cudaMemcpyDeviceToHost));
+        const std::vector<uint16_t> out = finish_and_download(dout, ref.size());
         double worst = 0.0;
-        for (size_t i = 0; i < out.size(); ++i) {
-            const double got = from_bf16(out[i]);
-            const double err = std::fabs(got - ref[i]);
-            const double tol = 4e-3 + 8e-3 * std::fabs(ref[i]);
-            if (!(err <= tol)) {
-                if (failures < 10) {
-                    const size_t t = i / (NUM_Q_HEADS * HEAD_DIM);
-                    fprintf(stderr, "MISMATCH splits=%d token=%zu (pos %d) head=%zu dim=%zu: got %g want %g\n",
-                            splits, t, pos[t], (i / HEAD_DIM) % NUM_Q_HEADS, i % HEAD_DIM, got, ref[i]);
-                }
-                ++failures;
-            }
-            if (err == err) worst = std::max(worst, err);
-        }
+        failures += count_mismatches(out, ref, 4e-3, 8e-3, 10 - std::min(failures, 10), worst,
+                                     [&](size_t i, double got, double want) {
+            const size_t t = i / (NUM_Q_HEADS * HEAD_DIM);
+            fprintf(stderr, "MISMATCH splits=%d token=%zu (pos %d) head=%zu dim=%zu: got %g want %g\n", splits, t,
+                    pos[t], (i / HEAD_DIM) % NUM_Q_HEADS, i % HEAD_DIM, got, want);
+        });
         printf("  splits=%-3d max abs error %.2e\n", splits, worst);
     }
     printf("RESULT attention test q=%d kv=%d head_dim=%d window=%d seed=%llu: %s (%d mismatches)\n",

@@ -1,11 +1,13 @@
 // Helpers shared by the nvcc-built kernel harnesses in scripts/ (attention-check.cu,
-// gemv-check.cu, prefill-check.cu): error checks, bf16 conversion on the host, uploads, random
-// bf16 fill on the device, and the device copy bandwidth that benchmarks are measured against.
+// gemv-check.cu, prefill-check.cu): error checks, bf16 conversion on the host, uploads and
+// downloads, the comparison with a float64 reference, random bf16 fill on the device, and the
+// device copy bandwidth that benchmarks are measured against.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -44,6 +46,38 @@ static T* upload(const std::vector<T>& host) {
     CHECK(cudaMalloc(&dev, std::max<size_t>(1, host.size()) * sizeof(T)));
     CHECK(cudaMemcpy(dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
     return dev;
+}
+
+// Waits for the launches so far (exits on a launch or execution error) and copies `n` values
+// back from `dev`.
+template <typename T>
+static std::vector<T> finish_and_download(const T* dev, size_t n) {
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    std::vector<T> host(n);
+    CHECK(cudaMemcpy(host.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+}
+
+// Compares a kernel's bf16 output with its float64 reference element by element, within
+// abs_tol + rel_tol * |reference| (NaN never passes). Up to `report` mismatches go to stderr,
+// each described by `describe(index, got, want)`. Returns the number of mismatches and sets
+// `worst` to the largest finite error.
+template <typename Describe>
+static int count_mismatches(const std::vector<uint16_t>& out, const std::vector<double>& ref, double abs_tol,
+                            double rel_tol, int report, double& worst, Describe describe) {
+    int mismatches = 0;
+    worst = 0.0;
+    for (size_t i = 0; i < out.size(); ++i) {
+        const double got = from_bf16(out[i]);
+        const double err = std::fabs(got - ref[i]);
+        if (!(err <= abs_tol + rel_tol * std::fabs(ref[i]))) {
+            if (mismatches < report) describe(i, got, ref[i]);
+            ++mismatches;
+        }
+        if (err == err) worst = std::max(worst, err);
+    }
+    return mismatches;
 }
 
 // Fills n bf16 values with hashed random values of either sign whose exponents are

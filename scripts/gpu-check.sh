@@ -113,18 +113,6 @@ if has attention; then
     note "attention bench $name: rc=$?"
     grep -h '^RESULT' "$A/bench-$name.log" | sed "s/^/$name /" >>"$SUMMARY"
   done
-  # PREFILL_NCU=1: ncu of one launch of the 8k prompt (the bench's 31st launch) per kernel built.
-  if [ "${PREFILL_NCU:-0}" = 1 ]; then
-    for name in prefill-32-8-128-0 prefill-old-32-8-128-0; do
-      [ -x "$A/$name" ] || continue
-      timeout 200 ncu --clock-control none -k prefill_attention --launch-skip 30 --launch-count 1 \
-        --section SpeedOfLight --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
-        --section MemoryWorkloadAnalysis "$A/$name" bench >"$A/ncu-$name.txt" 2>&1
-      note "ncu $name: rc=$?"
-      grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Stall|Shared Memory|Executed Ipc|L1/TEX Hit|Bank" "$A/ncu-$name.txt" | head -40 | sed "s/^/  /" >>"$SUMMARY"
-    done
-  fi
-  grep -h -A2 "for prefill_attention" "$A"/prefill-v*.build.log 2>/dev/null | grep -E "Used|spill" >>"$SUMMARY"
 fi
 
 # Small-M products alone (kernels/gemv.cu): tests on fresh random data for M 1..8, then the
@@ -223,12 +211,15 @@ if has bench || has quickbench; then
   # "inferno inferno-base" for a side-by-side run of two builds.
   for spec in "${SPEC_LIST[@]}"; do
     for bin in ${BENCH_BINS:-inferno}; do
-      # "batch input output [extra bench flags]", e.g. "64 1000 256 --itl-stall-limit 0"
+      # "batch input output [extra bench flags]", e.g. "64 1000 256 --itl-stall-limit 0"; a batch
+      # written cN runs a closed loop of N in flight instead ("c256 1000 1000 --num-prompts 1024").
       set -- $spec
       b=$1 i=$2 o=$3
       shift 3
+      load=(--batch-size "$b")
+      [[ $b == c* ]] && load=(--concurrency "${b#c}")
       tag=$(echo "$bin $*" | tr -c 'a-z0-9' '_')
-      timeout 240 $RUN "$G/$bin" bench offline --model $M8 --device cuda --batch-size "$b" --input-len "$i" --output-len "$o" \
+      timeout 240 $RUN "$G/$bin" bench offline --model $M8 --device cuda "${load[@]}" --input-len "$i" --output-len "$o" \
         --ignore-eos "$@" --json "$OUT/bench-b$b-i$i$tag.json" >"$OUT/bench-b$b-i$i$tag.log" 2>&1
       rc=$?
       cat "$OUT/bench-b$b-i$i$tag.log" >>"$OUT/bench.log"

@@ -142,32 +142,20 @@ static int test(uint64_t seed) {
         Partials parts(tokens, splits);
         CHECK(cudaMemset(dout, 0xff, ref.size() * 2));  // NaN everywhere: every write is checked
         launch(step, dq, dk, dv, dtables, dmax, drows, dpos, dtiles, scale, splits, parts, dout);
-        CHECK(cudaGetLastError());
-        CHECK(cudaDeviceSynchronize());
-        std::vector<uint16_t> out(ref.size());
-        CHECK(cudaMemcpy(out.data(), dout, out.size() * 2, cudaMemcpyDeviceToHost));
-        const int before = failures;
+        const std::vector<uint16_t> out = finish_and_download(dout, ref.size());
         double worst = 0.0;
-        for (size_t i = 0; i < out.size(); ++i) {
-            const double got = from_bf16(out[i]);
-            const double err = std::fabs(got - ref[i]);
-            // P is rounded to bf16 before P V (as FlashAttention does): a relative 2^-8 per weight.
-            const double tol = 6e-3 + 1.2e-2 * std::fabs(ref[i]);
-            if (!(err <= tol)) {
-                if (failures < 10) {
-                    const size_t t = i / (NUM_Q_HEADS * HEAD_DIM);
-                    fprintf(stderr, "MISMATCH splits=%d token=%zu (row %d pos %d) head=%zu dim=%zu: got %g want %g\n",
-                            splits, t, step.rows[t], step.positions[t], (i / HEAD_DIM) % NUM_Q_HEADS, i % HEAD_DIM,
-                            got, ref[i]);
-                }
-                ++failures;
-            }
-            if (err == err) worst = std::max(worst, err);
-        }
+        // P is rounded to bf16 before P V (as FlashAttention does): a relative 2^-8 per weight.
+        const int mismatches = count_mismatches(out, ref, 6e-3, 1.2e-2, 10 - std::min(failures, 10), worst,
+                                                [&](size_t i, double got, double want) {
+            const size_t t = i / (NUM_Q_HEADS * HEAD_DIM);
+            fprintf(stderr, "MISMATCH splits=%d token=%zu (row %d pos %d) head=%zu dim=%zu: got %g want %g\n",
+                    splits, t, step.rows[t], step.positions[t], (i / HEAD_DIM) % NUM_Q_HEADS, i % HEAD_DIM, got, want);
+        });
+        failures += mismatches;
         printf("  splits %d: max abs error %.2e over %d tokens in %d tiles\n", splits, worst, tokens, step.num_tiles());
         printf("RESULT prefill test q=%d kv=%d head_dim=%d window=%d splits=%d seed=%llu: %s (%d mismatches)\n",
                NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, SLIDING_WINDOW, splits, (unsigned long long)seed,
-               failures > before ? "FAIL" : "ok", failures - before);
+               mismatches ? "FAIL" : "ok", mismatches);
     }
     return failures ? 1 : 0;
 }
