@@ -215,7 +215,7 @@ impl Worker {
             if !plan.is_empty() {
                 let (prefill_rows, prefill_tokens) = plan
                     .iter()
-                    .filter(|s| self.scheduler.running[s.index].pending() > 1)
+                    .filter(|s| planned(&self.scheduler, s).pending() > 1)
                     .fold((0, 0), |(rows, tokens), s| {
                         (rows + 1, tokens + s.num_tokens)
                     });
@@ -257,8 +257,7 @@ impl Worker {
     fn drop_abandoned(&mut self) {
         let gone: Vec<u64> = self
             .scheduler
-            .running
-            .iter()
+            .running()
             .chain(&self.scheduler.waiting)
             .filter(|s| s.events.is_closed())
             .map(|s| s.id)
@@ -284,10 +283,10 @@ impl Worker {
             self.record_mask_wait(waiting.elapsed(), started);
         }
         let result = {
-            let running = &self.scheduler.running;
+            let scheduler = &self.scheduler;
             let rows: Vec<BatchRow<'_>> = plan
                 .iter()
-                .map(|s| batch_row(&running[s.index], *s))
+                .map(|s| batch_row(planned(scheduler, s), *s))
                 .collect();
             let specs = sample_specs(&rows);
             let cpu_before = thread_cpu_time();
@@ -335,7 +334,7 @@ impl Worker {
         }
         let sampling_rows: Vec<Scheduled> = plan
             .iter()
-            .filter(|s| self.scheduler.running[s.index].pending() == 0)
+            .filter(|s| planned(&self.scheduler, s).pending() == 0)
             .copied()
             .collect();
         let mut advanced = self.advance_grammars(&sampling_rows, &sampled);
@@ -344,26 +343,30 @@ impl Worker {
         for ((scheduled, token), advanced) in
             sampling_rows.into_iter().zip(sampled).zip(&mut advanced)
         {
-            let mask = self.scheduler.running[scheduled.index].next_mask.take();
+            let mask = planned_mut(&mut self.scheduler, &scheduled)
+                .next_mask
+                .take();
             let progress = match mask {
                 Some(Err(reason)) => Progress::Finished(FinishReason::Error(format!(
                     "constrained decoding failed: {reason}"
                 ))),
-                _ => self.accept(scheduled.index, token, advanced.take()),
+                _ => self.accept(&scheduled, token, advanced.take()),
             };
             match progress {
-                Progress::Continue => continuing.push(scheduled.index),
-                Progress::Finished(reason) => finished.push((scheduled.index, Some(reason))),
-                Progress::Gone => finished.push((scheduled.index, None)),
+                Progress::Continue => continuing.push(scheduled.seq_id),
+                Progress::Finished(reason) => finished.push((scheduled.seq_id, Some(reason))),
+                Progress::Gone => finished.push((scheduled.seq_id, None)),
             }
         }
         // The next masks are computed on the pool while the next step is scheduled and (with a
         // backend that takes masks late) while its forward pass runs.
         self.start_masks(&continuing);
-        finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
-        for (index, reason) in finished {
-            let seq = self.scheduler.remove_running(index);
-            if let Some(reason) = reason {
+        // Rows are in admission order: the latest admitted goes first, so that each removal moves
+        // as few of the others as possible.
+        for (seq_id, reason) in finished.into_iter().rev() {
+            if let Some(seq) = self.scheduler.remove_running(seq_id)
+                && let Some(reason) = reason
+            {
                 finish(seq, reason, &self.model.tokenizer);
             }
         }
@@ -384,22 +387,22 @@ impl Worker {
         // Most steps carry no constrained row: skip building the index for them.
         let constrained = rows.iter().any(|s| {
             self.scheduler
-                .running
-                .get(s.index)
+                .get(s.seq_id)
                 .is_some_and(|seq| seq.constraint.is_some())
         });
         if !constrained {
             return outcomes;
         }
-        let position: std::collections::HashMap<usize, usize> =
-            rows.iter().enumerate().map(|(i, s)| (s.index, i)).collect();
+        let row_of: std::collections::HashMap<u64, usize> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.seq_id, i))
+            .collect();
         let mut work: Vec<(usize, u32, &mut crate::constrain::TokenConstraint)> = self
             .scheduler
-            .running
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(index, seq)| {
-                let at = *position.get(&index)?;
+            .running_mut()
+            .filter_map(|seq| {
+                let at = *row_of.get(&seq.id)?;
                 let token = sampled.get(at)?.token;
                 Some((at, token, seq.constraint.as_mut()?))
             })
@@ -431,13 +434,13 @@ impl Worker {
     /// the backend can take masks late (see `docs/engine.md`, "Constrained decoding"). True when
     /// the backend queued the step and `finish_step` must end it.
     fn start_before_masks(&mut self, plan: &[Scheduled]) -> Result<bool, BackendError> {
-        let running = &self.scheduler.running;
+        let scheduler = &self.scheduler;
         let in_flight = &self.masks.in_flight;
         let mut late = Vec::new();
         let rows: Vec<BatchRow<'_>> = plan
             .iter()
             .map(|s| {
-                let seq = &running[s.index];
+                let seq = planned(scheduler, s);
                 let row = batch_row(seq, *s);
                 if row.sample.is_some() {
                     late.push(
@@ -472,16 +475,16 @@ impl Worker {
         );
     }
 
-    /// Starts computing the next grammar masks of the constrained sequences at `indices` of the
-    /// running list: one job on rayon's pool (one wake-up of the pool per step, not one per row)
-    /// that computes them in parallel; each grammar state travels with the job and comes back,
-    /// with its mask, in [`Worker::collect_masks`].
-    fn start_masks(&mut self, indices: &[usize]) {
-        let jobs: Vec<(u64, crate::constrain::TokenConstraint)> = indices
+    /// Starts computing the next grammar masks of the constrained running sequences `seq_ids`:
+    /// one job on rayon's pool (one wake-up of the pool per step, not one per row) that computes
+    /// them in parallel; each grammar state travels with the job and comes back, with its mask,
+    /// in [`Worker::collect_masks`].
+    fn start_masks(&mut self, seq_ids: &[u64]) {
+        let jobs: Vec<(u64, crate::constrain::TokenConstraint)> = seq_ids
             .iter()
-            .filter_map(|&index| {
-                let seq = &mut self.scheduler.running[index];
-                Some((seq.id, seq.constraint.take()?))
+            .filter_map(|&seq_id| {
+                let seq = self.scheduler.get_mut(seq_id)?;
+                Some((seq_id, seq.constraint.take()?))
             })
             .collect();
         if jobs.is_empty() {
@@ -515,12 +518,11 @@ impl Worker {
             };
             self.masks.in_flight.remove(&job.seq_id);
             let scheduler = &mut self.scheduler;
-            if let Some(seq) = scheduler
-                .running
-                .iter_mut()
-                .chain(scheduler.waiting.iter_mut())
-                .find(|s| s.id == job.seq_id)
-            {
+            let seq = match scheduler.get_mut(job.seq_id) {
+                Some(seq) => Some(seq),
+                None => scheduler.waiting.iter_mut().find(|s| s.id == job.seq_id),
+            };
+            if let Some(seq) = seq {
                 seq.constraint = Some(job.constraint);
                 seq.next_mask = Some(job.mask);
             }
@@ -535,23 +537,20 @@ impl Worker {
     fn prepare_masks(&mut self, plan: &[Scheduled]) -> bool {
         let had_jobs = !self.masks.in_flight.is_empty();
         self.collect_masks();
-        let sampling: HashSet<usize> = plan
+        let sampling: HashSet<u64> = plan
             .iter()
             .filter(|s| {
-                let seq = &self.scheduler.running[s.index];
+                let seq = planned(&self.scheduler, s);
                 seq.num_computed + s.num_tokens == seq.tokens.len()
             })
-            .map(|s| s.index)
+            .map(|s| s.seq_id)
             .collect();
         let mut missing: Vec<&mut Sequence> = self
             .scheduler
-            .running
-            .iter_mut()
-            .enumerate()
-            .filter(|(i, seq)| {
-                sampling.contains(i) && seq.constraint.is_some() && seq.next_mask.is_none()
+            .running_mut()
+            .filter(|seq| {
+                sampling.contains(&seq.id) && seq.constraint.is_some() && seq.next_mask.is_none()
             })
-            .map(|(_, seq)| seq)
             .collect();
         let computed_now = !missing.is_empty();
         use rayon::prelude::*;
@@ -567,11 +566,11 @@ impl Worker {
     fn fail_step(&mut self, plan: &[Scheduled], err: &BackendError) {
         tracing::error!(error = %err, "forward step failed");
         let reason = FinishReason::Error(err.to_string());
-        let mut indices: Vec<usize> = plan.iter().map(|s| s.index).collect();
-        indices.sort_unstable_by_key(|&i| std::cmp::Reverse(i));
-        for index in indices {
-            let seq = self.scheduler.remove_running(index);
-            finish(seq, reason.clone(), &self.model.tokenizer);
+        // Latest admitted first, as in `step`.
+        for scheduled in plan.iter().rev() {
+            if let Some(seq) = self.scheduler.remove_running(scheduled.seq_id) {
+                finish(seq, reason.clone(), &self.model.tokenizer);
+            }
         }
     }
 
@@ -580,12 +579,12 @@ impl Worker {
     /// ([`Worker::advance_grammars`]; None without a grammar).
     fn accept(
         &mut self,
-        index: usize,
+        scheduled: &Scheduled,
         sampled: SampledToken,
         advanced: Option<Result<bool, String>>,
     ) -> Progress {
         let max_context = self.model.max_context;
-        let seq = &mut self.scheduler.running[index];
+        let seq = planned_mut(&mut self.scheduler, scheduled);
         seq.tokens.push(sampled.token);
         let grammar_complete = match advanced {
             Some(Err(reason)) => {
@@ -646,7 +645,7 @@ impl Worker {
         let s = &self.scheduler;
         if let Ok(mut stats) = self.shared.stats.lock() {
             *stats = EngineStats {
-                running: s.running.len(),
+                running: s.num_running(),
                 waiting: s.waiting.len(),
                 kv_blocks_total: s.blocks.num_blocks(),
                 kv_blocks_used: s.blocks.num_held(),
@@ -666,8 +665,7 @@ impl Worker {
     fn cancel_all(&mut self) {
         let ids: Vec<u64> = self
             .scheduler
-            .running
-            .iter()
+            .running()
             .chain(&self.scheduler.waiting)
             .map(|s| s.id)
             .collect();
@@ -691,6 +689,20 @@ fn thread_cpu_time() -> Duration {
         u64::try_from(now.tv_sec).unwrap_or(0),
         u32::try_from(now.tv_nsec).unwrap_or(0),
     )
+}
+
+/// The sequence a row of the current step's plan computes: it runs until the step ends.
+fn planned<'a>(scheduler: &'a Scheduler, scheduled: &Scheduled) -> &'a Sequence {
+    scheduler
+        .get(scheduled.seq_id)
+        .expect("a planned sequence runs until its step ends")
+}
+
+/// [`planned`], for changes that keep the sequence's id.
+fn planned_mut<'a>(scheduler: &'a mut Scheduler, scheduled: &Scheduled) -> &'a mut Sequence {
+    scheduler
+        .get_mut(scheduled.seq_id)
+        .expect("a planned sequence runs until its step ends")
 }
 
 /// The backend's view of one scheduled sequence.

@@ -8,8 +8,12 @@
 //! block and none is free, the most recently admitted sequence is preempted: its blocks are freed
 //! and it goes back to the front of the queue, to be recomputed later. Nothing is dropped for lack
 //! of memory: a request that fits the whole cache on its own always runs eventually.
+//!
+//! A plan names each row by its sequence's id ([`Sequence::id`]), never by a position in the
+//! running list, and the engine reaches running sequences through accessors keyed by that id, so
+//! removing a sequence cannot change what the other rows of a plan refer to.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use ring::digest::{Context, SHA256};
 
@@ -20,8 +24,8 @@ use super::sequence::Sequence;
 /// One sequence's share of the next step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Scheduled {
-    /// Index into [`Scheduler::running`].
-    pub index: usize,
+    /// The running sequence's id ([`Sequence::id`]).
+    pub seq_id: u64,
     /// Tokens to compute, starting at the sequence's `num_computed`.
     pub num_tokens: usize,
 }
@@ -48,7 +52,9 @@ pub struct Scheduler {
     /// Sequences waiting for admission, in order.
     pub waiting: VecDeque<Sequence>,
     /// Admitted sequences, in admission order.
-    pub running: Vec<Sequence>,
+    running: Vec<Sequence>,
+    /// Position in `running` of each admitted sequence, by id.
+    positions: HashMap<u64, usize>,
     /// Identity of the model in the prefix hash chain.
     model_key: [u8; 32],
     /// Counters since start.
@@ -64,6 +70,7 @@ impl Scheduler {
             blocks: BlockManager::new(num_blocks),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            positions: HashMap::new(),
             model_key,
             counters: SchedulerCounters::default(),
         }
@@ -72,6 +79,33 @@ impl Scheduler {
     /// Whether there is nothing to run.
     pub fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    /// The admitted sequences, in admission order.
+    pub fn running(&self) -> impl Iterator<Item = &Sequence> {
+        self.running.iter()
+    }
+
+    /// The admitted sequences, in admission order, for changes that keep their ids.
+    pub fn running_mut(&mut self) -> impl Iterator<Item = &mut Sequence> {
+        self.running.iter_mut()
+    }
+
+    /// How many sequences are admitted.
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// The running sequence with id `seq_id`.
+    pub fn get(&self, seq_id: u64) -> Option<&Sequence> {
+        let position = *self.positions.get(&seq_id)?;
+        Some(&self.running[position])
+    }
+
+    /// The running sequence with id `seq_id`, for changes that keep its id.
+    pub fn get_mut(&mut self, seq_id: u64) -> Option<&mut Sequence> {
+        let position = *self.positions.get(&seq_id)?;
+        Some(&mut self.running[position])
     }
 
     /// Running sequences whose next step is a decode (one token).
@@ -113,7 +147,10 @@ impl Scheduler {
                 break;
             }
             self.grow(index, needed);
-            plan.push(Scheduled { index, num_tokens });
+            plan.push(Scheduled {
+                seq_id: self.running[index].id,
+                num_tokens,
+            });
             if decoding {
                 decode_budget -= num_tokens;
             } else {
@@ -145,10 +182,12 @@ impl Scheduler {
                 break;
             }
             seq.admitted_before = true;
+            let seq_id = seq.id;
+            let index = self.running.len();
+            self.positions.insert(seq_id, index);
             self.running.push(seq);
-            let index = self.running.len() - 1;
             self.grow(index, needed);
-            plan.push(Scheduled { index, num_tokens });
+            plan.push(Scheduled { seq_id, num_tokens });
             budget -= num_tokens;
         }
     }
@@ -181,9 +220,12 @@ impl Scheduler {
     }
 
     /// Records that the planned tokens were computed, and offers newly full blocks to the prefix
-    /// cache.
+    /// cache. A sequence removed since the plan was made has nothing to record.
     pub fn complete(&mut self, scheduled: Scheduled) {
-        let seq = &mut self.running[scheduled.index];
+        let Some(&position) = self.positions.get(&scheduled.seq_id) else {
+            return;
+        };
+        let seq = &mut self.running[position];
         seq.num_computed += scheduled.num_tokens;
         if !self.config.prefix_caching {
             return;
@@ -197,22 +239,32 @@ impl Scheduler {
         }
     }
 
-    /// Removes a running sequence and releases its blocks.
-    pub fn remove_running(&mut self, index: usize) -> Sequence {
-        let mut seq = self.running.remove(index);
+    /// Removes the running sequence with id `seq_id` and releases its blocks; the others keep
+    /// their admission order.
+    pub fn remove_running(&mut self, seq_id: u64) -> Option<Sequence> {
+        let position = self.positions.remove(&seq_id)?;
+        let mut seq = self.running.remove(position);
+        self.index_positions_from(position);
         self.free_blocks(&mut seq);
-        seq
+        Some(seq)
     }
 
     /// Removes a sequence by id from wherever it is, releasing its blocks.
     pub fn remove(&mut self, id: u64) -> Option<Sequence> {
-        if let Some(index) = self.running.iter().position(|s| s.id == id) {
-            return Some(self.remove_running(index));
+        if let Some(seq) = self.remove_running(id) {
+            return Some(seq);
         }
         let index = self.waiting.iter().position(|s| s.id == id)?;
         let mut seq = self.waiting.remove(index)?;
         self.free_blocks(&mut seq);
         Some(seq)
+    }
+
+    /// Records the positions of the running sequences from `start` on, after they moved.
+    fn index_positions_from(&mut self, start: usize) {
+        for (position, seq) in self.running.iter().enumerate().skip(start) {
+            self.positions.insert(seq.id, position);
+        }
     }
 
     fn grow(&mut self, index: usize, needed: usize) {
@@ -227,6 +279,7 @@ impl Scheduler {
 
     fn preempt_last(&mut self) {
         if let Some(mut seq) = self.running.pop() {
+            self.positions.remove(&seq.id);
             self.free_blocks(&mut seq);
             self.counters.preemptions += 1;
             tracing::debug!(request = %seq.request.id, "preempted: KV cache full");
@@ -305,12 +358,13 @@ mod tests {
     }
 
     /// Runs a plan as the engine would: computes the tokens and, for rows whose prompt is done,
-    /// appends a generated token.
+    /// appends a generated token. Rows whose sequence was removed meanwhile are skipped.
     fn complete(s: &mut Scheduler, plan: &[Scheduled]) {
         for p in plan {
             s.complete(*p);
-            let seq = &mut s.running[p.index];
-            if seq.pending() == 0 {
+            if let Some(seq) = s.get_mut(p.seq_id)
+                && seq.pending() == 0
+            {
                 seq.tokens.push(7);
             }
         }
@@ -357,12 +411,54 @@ mod tests {
         assert_eq!(s.decoding_rows(), 2);
         // A long prompt is admitted with a small budget, then comes first in running order.
         s.running.insert(0, sequence(3, 1000));
+        s.index_positions_from(0);
         let plan = s.schedule(2 + 100);
-        let tokens: Vec<(u64, usize)> = plan
-            .iter()
-            .map(|p| (s.running[p.index].id, p.num_tokens))
-            .collect();
+        let tokens: Vec<(u64, usize)> = plan.iter().map(|p| (p.seq_id, p.num_tokens)).collect();
         assert_eq!(tokens, vec![(3, 100), (1, 1), (2, 1)]);
+    }
+
+    #[test]
+    fn plans_name_sequences_by_id_across_a_removal_and_a_preemption() {
+        // Eight blocks of 16 tokens, all taken by the first step's four prompts (1, 2, 2 and 3
+        // blocks).
+        let config = EngineConfig {
+            max_num_seqs: Some(8),
+            max_batched_tokens: 512,
+            prefix_caching: false,
+            ..EngineConfig::default()
+        };
+        let mut s = Scheduler::new(config, 8, [0; 32]);
+        for (id, prompt_len) in [(1, 16), (2, 20), (3, 32), (4, 48)] {
+            s.waiting.push_back(sequence(id, prompt_len));
+        }
+        let plan = s.schedule(usize::MAX);
+        let rows: Vec<(u64, usize)> = plan.iter().map(|p| (p.seq_id, p.num_tokens)).collect();
+        assert_eq!(rows, vec![(1, 16), (2, 20), (3, 32), (4, 48)]);
+        // Sequence 2 goes away from the middle of the running list before the step completes:
+        // the other rows still complete their own sequences.
+        assert_eq!(s.remove(2).map(|seq| seq.id), Some(2));
+        complete(&mut s, &plan);
+        for (id, computed) in [(1, 16), (3, 32), (4, 48)] {
+            let seq = s.get(id).expect("still running");
+            assert_eq!((seq.id, seq.num_computed), (id, computed));
+        }
+        assert!(s.get(2).is_none());
+        // Each decode needs a new block and two are free: the last admitted sequence, 4, is
+        // preempted, and the plan names the two that run.
+        let plan = s.schedule(usize::MAX);
+        let rows: Vec<(u64, usize)> = plan.iter().map(|p| (p.seq_id, p.num_tokens)).collect();
+        assert_eq!(rows, vec![(1, 1), (3, 1)]);
+        assert_eq!(s.counters.preemptions, 1);
+        assert!(s.get(4).is_none());
+        assert_eq!(s.waiting.front().map(|seq| seq.id), Some(4));
+        // Removing the first running sequence does not shift what the other row refers to.
+        let removed = s.remove_running(1).expect("sequence 1 was running");
+        assert_eq!(removed.id, 1);
+        complete(&mut s, &plan);
+        let seq = s.get(3).expect("still running");
+        assert_eq!((seq.num_computed, seq.tokens.len()), (33, 34));
+        let running: Vec<u64> = s.running().map(|seq| seq.id).collect();
+        assert_eq!(running, vec![3]);
     }
 
     #[test]
