@@ -351,8 +351,7 @@ prefill_attention(const bf16* __restrict__ q,
                     make_float2(o[i][2 * half], o[i][2 * half + 1]);
             }
             if (pair == 0) {
-                const float m = half ? m_b : m_a;
-                part_ml[2 * part] = m == -INFINITY ? m : m * log2_scale;
+                part_ml[2 * part] = (half ? m_b : m_a) * log2_scale;  // -inf stays -inf
                 part_ml[2 * part + 1] = l;
             }
         }

@@ -1003,8 +1003,6 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         let p = &self.params;
         let t32 = to_u32(layout.num_tokens, "tokens")?;
-        let inputs_base = self.act.inputs.ptr();
-        let input = |offset: usize| Arg::Ptr(inputs_base + (offset * 4) as u64);
         if layout.num_tiles > 0 {
             let splits = plan::prefill_splits(
                 layout.num_tiles,
@@ -1024,11 +1022,11 @@ impl CudaBackend {
                     Arg::Ptr(self.act.q.ptr()),
                     Arg::Ptr(self.kv.keys(layer)),
                     Arg::Ptr(self.kv.values(layer)),
-                    input(layout.block_tables()),
-                    input(layout.max_blocks_word()),
-                    input(layout.token_rows()),
-                    input(layout.positions()),
-                    input(layout.tiles()),
+                    self.input(layout.block_tables()),
+                    self.input(layout.max_blocks_word()),
+                    self.input(layout.token_rows()),
+                    self.input(layout.positions()),
+                    self.input(layout.tiles()),
                     Arg::Float(scale),
                     Arg::Int(splits as i32),
                     Arg::Ptr(self.act.attn.ptr()),
@@ -1054,10 +1052,10 @@ impl CudaBackend {
                 Arg::Ptr(self.act.q.ptr()),
                 Arg::Ptr(self.kv.keys(layer)),
                 Arg::Ptr(self.kv.values(layer)),
-                input(layout.block_tables()),
-                input(layout.max_blocks_word()),
-                input(layout.token_rows()),
-                input(layout.positions()),
+                self.input(layout.block_tables()),
+                self.input(layout.max_blocks_word()),
+                self.input(layout.token_rows()),
+                self.input(layout.positions()),
                 Arg::Ptr(self.act.part_acc.ptr()),
                 Arg::Ptr(self.act.part_ml.ptr()),
                 Arg::Int(splits as i32),
@@ -1065,6 +1063,11 @@ impl CudaBackend {
             ],
         )?;
         self.reduce_attention(layout, splits, false)
+    }
+
+    /// A kernel argument pointing at word `offset` of the step's packed inputs.
+    fn input(&self, offset: usize) -> Arg {
+        Arg::Ptr(self.act.inputs.ptr() + (offset * 4) as u64)
     }
 
     /// Merges the split partial results of one attention launch into `act.attn`: each token's
@@ -1075,7 +1078,6 @@ impl CudaBackend {
         splits: usize,
         all_splits: bool,
     ) -> Result<(), BackendError> {
-        let inputs_base = self.act.inputs.ptr();
         self.launch(
             &self.kernels.attention_reduce,
             (
@@ -1087,7 +1089,7 @@ impl CudaBackend {
             &[
                 Arg::Ptr(self.act.part_acc.ptr()),
                 Arg::Ptr(self.act.part_ml.ptr()),
-                Arg::Ptr(inputs_base + (layout.positions() * 4) as u64),
+                self.input(layout.positions()),
                 Arg::Int(splits as i32),
                 Arg::Int(i32::from(all_splits)),
                 Arg::Ptr(self.act.attn.ptr()),
@@ -1145,8 +1147,6 @@ impl CudaBackend {
         let p = self.params.clone();
         let t = layout.num_tokens;
         let t32 = to_u32(t, "tokens")?;
-        let inputs_base = self.act.inputs.ptr();
-        let input = |offset: usize| Arg::Ptr(inputs_base + (offset * 4) as u64);
         let qkv_n = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim;
         let q_width = p.num_q_heads * p.head_dim;
         let qkv_warps = (p.num_q_heads + 2 * p.num_kv_heads).min(32) as u32;
@@ -1160,7 +1160,7 @@ impl CudaBackend {
                 256,
                 &[
                     Arg::Ptr(self.weights.embed.ptr()),
-                    input(layout.tokens()),
+                    self.input(layout.tokens()),
                     Arg::Ptr(self.act.residual.ptr()),
                 ],
             )?;
@@ -1217,8 +1217,8 @@ impl CudaBackend {
                 Arg::Ptr(w.q_norm.as_ref().map_or(0, DeviceBuffer::ptr)),
                 Arg::Ptr(w.k_norm.as_ref().map_or(0, DeviceBuffer::ptr)),
                 Arg::Ptr(self.weights.inv_freq.ptr()),
-                input(layout.positions()),
-                input(layout.slots()),
+                self.input(layout.positions()),
+                self.input(layout.slots()),
                 Arg::Ptr(self.act.q.ptr()),
                 Arg::Ptr(self.kv.keys(layer)),
                 Arg::Ptr(self.kv.values(layer)),
