@@ -16,15 +16,11 @@
 // ceil(n / token_splits) positions rounded up to whole KV blocks; blocks with z beyond that
 // return at once and the reduction never reads their slots.
 //
-// Inside a block: a key row is read with 16-byte loads by KEY_LANES lanes (8 bf16 each), so a
-// warp covers KEYS_PER_PASS keys at once and issues ATTN_UNROLL such passes before it uses any
-// of them (KEYS_PER_PASS * ATTN_UNROLL keys of K and V in flight per warp). Each lane keeps the
-// query slice of every head of the group in registers, scores its keys for all heads (a partial
-// dot product reduced over its KEY_LANES lanes), and keeps one online softmax per head and key
-// slot, rescaled once per pass group. Scores are in the log2 domain (q is pre-scaled by
-// scale * log2(e)) so every exponential is one exp2. At the end the key slots of a warp merge by
-// shuffles, the warps merge in shared memory, and the block writes an unnormalised partial
-// result (acc, max, sum) per head and split.
+// Inside a block, each warp walks its share of the partition's keys and keeps an online softmax
+// per query head: on tensor cores (warp_attend_mma: 16 keys per step, the group's heads as the
+// rows of two mma products) where the shape allows, else on CUDA cores (warp_attend_lanes:
+// 16-byte loads spread over lanes, several keys in flight). The warps then merge in shared
+// memory, and the block writes an unnormalised partial result (acc, max, sum) per head and split.
 // The block-table stride (max_blocks) is read from device memory, so a captured launch serves
 // any table length.
 // attention_reduce: grid (T, NUM_Q_HEADS), ATTN_REDUCE_THREADS threads, merges the token's splits
@@ -46,6 +42,19 @@
 #define ATTN_Q_SHARED (GROUP > 4)
 #define KEYS_PER_WARP (KEYS_PER_PASS * ATTN_UNROLL)
 #define LOG2E 1.4426950408889634f
+// The tensor-core path (warp_attend_mma) serves head_dim multiples of 32 up to 128 and groups up
+// to 8 on sm_80 and newer; other shapes take the CUDA-core path (warp_attend_lanes).
+#if HEAD_DIM % 32 == 0 && HEAD_DIM <= 128 && GROUP <= 8 && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
+#define ATTN_MMA 1
+#else
+#define ATTN_MMA 0
+#endif
+#define ATTN_TILE 16                  // keys per warp and step of the tensor-core path
+#define ATTN_K_STEPS (HEAD_DIM / 16)  // k-steps of S = Q K^T
+#define ATTN_K_CHUNKS (HEAD_DIM / 32) // 16-byte loads per lane and key of K
+#define ATTN_V_DIMS (HEAD_DIM / 8)    // 8-dimension column blocks of O; values per lane and key of V
+#define ATTN_V_VEC (ATTN_V_DIMS % 8 == 0 ? 8 : 4)  // values per load of V
+#define ATTN_V_LOADS (ATTN_V_DIMS / ATTN_V_VEC)
 // attention_reduce: ATTN_REDUCE_THREADS threads (from the host) as REDUCE_ROWS rows of
 // REDUCE_LANES threads, each thread 4 dimensions of one split at a time.
 #define REDUCE_LANES (HEAD_DIM / 4)
@@ -65,6 +74,12 @@ __device__ __forceinline__ int token_splits(int n, int splits) {
     return min(splits, max(1, (n + ATTN_MIN_PARTITION - 1) / ATTN_MIN_PARTITION));
 }
 
+// The head dimension that column `col` (0-7) of O's column block `n` holds on the tensor-core
+// path: value loads of lane group g read ATTN_V_VEC dimensions at ATTN_V_VEC * (8 * load + g).
+__device__ __forceinline__ int value_dim(int n, int col) {
+    return ATTN_V_VEC * (8 * (n / ATTN_V_VEC) + col) + n % ATTN_V_VEC;
+}
+
 // Widens 8 bf16 values packed in a 16-byte word.
 __device__ __forceinline__ void unpack8(uint4 w, float* out) {
     const unsigned int u[4] = {w.x, w.y, w.z, w.w};
@@ -75,42 +90,222 @@ __device__ __forceinline__ void unpack8(uint4 w, float* out) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
-paged_attention(const bf16* __restrict__ q,
-                const bf16* __restrict__ k_cache,
-                const bf16* __restrict__ v_cache,
-                const int* __restrict__ block_tables,
-                const int* __restrict__ max_blocks_word,
-                const int* __restrict__ token_row,
-                const int* __restrict__ positions,
-                float* __restrict__ part_acc,
-                float* __restrict__ part_ml,
-                int splits,
-                float scale) {
-    await_previous_kernels();
-    __shared__ float sm_m[ATTN_WARPS][GROUP];
-    __shared__ float sm_l[ATTN_WARPS][GROUP];
-    __shared__ __align__(16) float sm_acc[ATTN_WARPS][GROUP][HEAD_DIM];
+// The cache slot of position `key` of a sequence with block table `table`.
+__device__ __forceinline__ size_t cache_slot(const int* __restrict__ table, int key) {
+    return (size_t)table[key / KV_BLOCK] * KV_BLOCK + key % KV_BLOCK;
+}
 
-    const int t = blockIdx.x;
-    const int kvh = blockIdx.y;
-    const int split = blockIdx.z;
+#if ATTN_MMA
+// Words of one value load (ATTN_V_VEC bf16 values) at `p`.
+__device__ __forceinline__ void load_value_words(const bf16* p, unsigned int* w) {
+#if ATTN_V_VEC == 8
+    const uint4 x = __ldg(reinterpret_cast<const uint4*>(p));
+    w[0] = x.x;
+    w[1] = x.y;
+    w[2] = x.z;
+    w[3] = x.w;
+#else
+    const uint2 x = __ldg(reinterpret_cast<const uint2*>(p));
+    w[0] = x.x;
+    w[1] = x.y;
+#endif
+}
+
+// Lane (g, t)'s key words of the 16-key tile at `base` (see warp_attend_mma): keys base + g and
+// base + 8 + g, 16-byte chunks 4c + t of each; zeros for keys at or after `end`.
+__device__ __forceinline__ void load_key_tile(const bf16* __restrict__ k_cache, const int* __restrict__ table,
+                                              size_t head_offset, int base, int end, int g, int t,
+                                              unsigned int (&kw)[2][ATTN_K_CHUNKS][4]) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int key = base + 8 * j + g;
+        const bool valid = key < end;
+        const bf16* row = k_cache + (valid ? cache_slot(table, key) : 0) * NUM_KV_HEADS * HEAD_DIM + head_offset;
+#pragma unroll
+        for (int c = 0; c < ATTN_K_CHUNKS; ++c) {
+            uint4 w = make_uint4(0, 0, 0, 0);
+            if (valid) w = __ldg(reinterpret_cast<const uint4*>(row + 8 * (4 * c + t)));
+            kw[j][c][0] = w.x;
+            kw[j][c][1] = w.y;
+            kw[j][c][2] = w.z;
+            kw[j][c][3] = w.w;
+        }
+    }
+}
+
+// Lane (g, t)'s value words of the 16-key tile at `base`: keys base + 2t, 2t+1, 2t+8 and 2t+9,
+// value slice g of each ATTN_V_VEC * 8 dimensions; zeros for keys at or after `end`.
+__device__ __forceinline__ void load_value_tile(const bf16* __restrict__ v_cache, const int* __restrict__ table,
+                                                size_t head_offset, int base, int end, int g, int t,
+                                                unsigned int (&vw)[4][ATTN_V_DIMS / 2]) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const int key = base + 2 * t + (r & 1) + 8 * (r >> 1);
+        const bool valid = key < end;
+        const bf16* row = v_cache + (valid ? cache_slot(table, key) : 0) * NUM_KV_HEADS * HEAD_DIM + head_offset;
+#pragma unroll
+        for (int i = 0; i < ATTN_V_LOADS; ++i) {
+            if (valid) {
+                load_value_words(row + ATTN_V_VEC * (8 * i + g), &vw[r][i * ATTN_V_VEC / 2]);
+            } else {
+#pragma unroll
+                for (int w = 0; w < ATTN_V_VEC / 2; ++w) vw[r][i * ATTN_V_VEC / 2 + w] = 0;
+            }
+        }
+    }
+}
+
+// One warp's share of keys [begin, end) on tensor cores, ATTN_TILE keys at a time; writes the
+// warp's unnormalised result (max in the log2 domain, sum, acc) per query head of the group.
+//
+// Thread (g = lane / 4, t = lane % 4). S = Q K^T per 16-key tile as two m16n8k16 products whose
+// rows are the group's query heads (rows from GROUP on, and 8-15, are zero) and whose columns
+// are keys: g names the key of a K load (keys g and 8 + g of the tile) and the head of a row.
+// Head dimensions are permuted freely, the same way for Q and K: lane t's 16-byte loads are
+// chunks 4c + t of the row (c < HEAD_DIM / 32), so a load instruction reads 64 contiguous bytes
+// of a key per four lanes. The S accumulators are the A fragments of O += P V (P rounded to
+// bf16), whose B fragments need two keys' values of one dimension per word: lane (g, t) loads
+// keys 2t, 2t+1, 2t+8 and 2t+9 of the tile, ATTN_V_VEC values at a time from value slice g of
+// each ATTN_V_VEC * 8 dimensions, and pairs them with byte permutes. The output's dimensions
+// follow that order (see `value_dim`). Online softmax per head over the raw scores, the scale
+// folded into each exp2's argument; the accumulators are rescaled only when a maximum moved.
+__device__ __forceinline__ void warp_attend_mma(const bf16* __restrict__ q_group,
+                                                const bf16* __restrict__ k_cache,
+                                                const bf16* __restrict__ v_cache,
+                                                const int* __restrict__ table, int kvh, int begin, int end,
+                                                float scale, float* sm_m, float* sm_l,
+                                                float (*sm_acc)[HEAD_DIM]) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const float log2_scale = scale * LOG2E;
+    const size_t head_offset = (size_t)kvh * HEAD_DIM;
+
+    // Q as A fragments: k-step 2c takes words x and y of chunk c, k-step 2c+1 words z and w.
+    unsigned int qa[ATTN_K_STEPS][2];
+#pragma unroll
+    for (int c = 0; c < ATTN_K_CHUNKS; ++c) {
+        uint4 w = make_uint4(0, 0, 0, 0);
+        if (g < GROUP) w = *reinterpret_cast<const uint4*>(q_group + (size_t)g * HEAD_DIM + 8 * (4 * c + t));
+        qa[2 * c][0] = w.x;
+        qa[2 * c][1] = w.y;
+        qa[2 * c + 1][0] = w.z;
+        qa[2 * c + 1][1] = w.w;
+    }
+
+    float o[ATTN_V_DIMS][2];
+#pragma unroll
+    for (int n = 0; n < ATTN_V_DIMS; ++n) o[n][0] = o[n][1] = 0.0f;
+    float m = -INFINITY;  // of the raw scores of head g
+    float l = 0.0f;       // this lane's keys only; the four lanes of a head add up at the end
+
+    // Tile `base + stride` is loaded while tile `base` is used: its keys once the scores are
+    // computed, its values once they are summed.
+    const int stride = ATTN_WARPS * ATTN_TILE;
+    unsigned int kw[2][ATTN_K_CHUNKS][4];
+    unsigned int vw[4][ATTN_V_DIMS / 2];
+    int base = begin + warp * ATTN_TILE;
+    if (base < end) {
+        load_key_tile(k_cache, table, head_offset, base, end, g, t, kw);
+        load_value_tile(v_cache, table, head_offset, base, end, g, t, vw);
+    }
+    for (; base < end; base += stride) {
+        // S: s[j][e] is the score of head g for key base + 8j + 2t + e.
+        float s[2][2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            s[j][0] = s[j][1] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < ATTN_K_STEPS; ++k) {
+                mma_bf16_upper(s[j], qa[k][0], qa[k][1], kw[j][k / 2][2 * (k & 1)], kw[j][k / 2][2 * (k & 1) + 1]);
+            }
+        }
+        const bool more = base + stride < end;
+        if (more) load_key_tile(k_cache, table, head_offset, base + stride, end, g, t, kw);
+        if (base + ATTN_TILE > end) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    if (base + 8 * j + 2 * t + e >= end) s[j][e] = -INFINITY;
+                }
+            }
+        }
+        // A tile holds at least one valid key, so the maximum is finite.
+        float top = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+        top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
+        top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
+        if (__any_sync(0xffffffffu, top > m)) {
+            const float next = fmaxf(m, top);
+            const float alpha = exp2f((m - next) * log2_scale);  // 0 while m is -inf
+            l *= alpha;
+#pragma unroll
+            for (int n = 0; n < ATTN_V_DIMS; ++n) {
+                o[n][0] *= alpha;
+                o[n][1] *= alpha;
+            }
+            m = next;
+        }
+        const float shift = -m * log2_scale;
+        float p[2][2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                p[j][e] = exp2f(fmaf(s[j][e], log2_scale, shift));
+                l += p[j][e];
+            }
+        }
+        const unsigned int pa_lo = pack_bf16x2(p[0][0], p[0][1]);
+        const unsigned int pa_hi = pack_bf16x2(p[1][0], p[1][1]);
+
+        // O += P V, one 8-dimension column block per step.
+#pragma unroll
+        for (int n = 0; n < ATTN_V_DIMS; ++n) {
+            const int word = (n / ATTN_V_VEC) * (ATTN_V_VEC / 2) + (n % ATTN_V_VEC) / 2;
+            const unsigned int select = (n & 1) ? 0x7632 : 0x5410;
+            const unsigned int b0 = __byte_perm(vw[0][word], vw[1][word], select);
+            const unsigned int b1 = __byte_perm(vw[2][word], vw[3][word], select);
+            mma_bf16_upper(o[n], pa_lo, pa_hi, b0, b1);
+        }
+        if (more) load_value_tile(v_cache, table, head_offset, base + stride, end, g, t, vw);
+    }
+
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (g < GROUP) {
+        if (t == 0) {
+            sm_m[g] = m * log2_scale;
+            sm_l[g] = l;
+        }
+#pragma unroll
+        for (int n = 0; n < ATTN_V_DIMS; ++n) {
+            sm_acc[g][value_dim(n, 2 * t)] = o[n][0];
+            sm_acc[g][value_dim(n, 2 * t + 1)] = o[n][1];
+        }
+    }
+}
+#else
+// One warp's share of keys [begin, end) on CUDA cores; writes the warp's unnormalised result (max
+// in the log2 domain, sum, acc) per query head of the group. A key row is read with 16-byte loads
+// by KEY_LANES lanes (8 values each), so a warp covers KEYS_PER_PASS keys at once and issues
+// ATTN_UNROLL such passes before it uses any of them. Each lane keeps the query slice of every
+// head of the group, scores its keys for all heads (a partial dot product reduced over its
+// KEY_LANES lanes), and keeps one online softmax per head and key slot, rescaled once per pass
+// group; q is pre-scaled by scale * log2(e) so every exponential is one exp2. At the end the key
+// slots of the warp merge by shuffles.
+__device__ __forceinline__ void warp_attend_lanes(const bf16* __restrict__ q_group,
+                                                  const bf16* __restrict__ k_cache,
+                                                  const bf16* __restrict__ v_cache,
+                                                  const int* __restrict__ table, int kvh, int begin, int end,
+                                                  float scale, float* sm_m, float* sm_l,
+                                                  float (*sm_acc)[HEAD_DIM]) {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int sub = lane / KEY_LANES;  // key slot of this lane within a pass
     const int chunk = lane % KEY_LANES;  // which 8 dimensions this lane holds
     const bool active = chunk < CHUNKS;
-    const int row = token_row[t];
-    const int pos = positions[t];
-    const int n = attended(pos);
-    const int mine = token_splits(n, splits);
-    if (split >= mine) return;
-    const int per = (n + mine - 1) / mine;
-    const int partition = (per + KV_BLOCK - 1) / KV_BLOCK * KV_BLOCK;
-    const int max_blocks = *max_blocks_word;
-    const int first = pos + 1 - n;
-    const int begin = first + split * partition;
-    const int end = row < 0 ? begin : min(begin + partition, pos + 1);
 
     // This lane's slice of every query head of the group, scaled into the log2 domain.
 #if ATTN_Q_SHARED
@@ -118,9 +313,7 @@ paged_attention(const bf16* __restrict__ q,
     for (int i = threadIdx.x; i < GROUP * KEY_LANES * ATTN_VEC; i += blockDim.x) {
         const int g = i / (KEY_LANES * ATTN_VEC);
         const int d = i % (KEY_LANES * ATTN_VEC);
-        qs[g][d] = d < HEAD_DIM
-            ? bf16_to_f32(q[((size_t)t * NUM_Q_HEADS + kvh * GROUP + g) * HEAD_DIM + d]) * (scale * LOG2E)
-            : 0.0f;
+        qs[g][d] = d < HEAD_DIM ? bf16_to_f32(q_group[(size_t)g * HEAD_DIM + d]) * (scale * LOG2E) : 0.0f;
     }
     __syncthreads();
 #else
@@ -128,8 +321,7 @@ paged_attention(const bf16* __restrict__ q,
 #pragma unroll
     for (int g = 0; g < GROUP; ++g) {
         if (active) {
-            const uint4 w = *reinterpret_cast<const uint4*>(
-                q + ((size_t)t * NUM_Q_HEADS + kvh * GROUP + g) * HEAD_DIM + chunk * ATTN_VEC);
+            const uint4 w = *reinterpret_cast<const uint4*>(q_group + (size_t)g * HEAD_DIM + chunk * ATTN_VEC);
             unpack8(w, qf[g]);
         } else {
 #pragma unroll
@@ -151,7 +343,6 @@ paged_attention(const bf16* __restrict__ q,
         for (int i = 0; i < ATTN_VEC; ++i) acc[g][i] = 0.0f;
     }
 
-    const int* table = block_tables + (size_t)(row < 0 ? 0 : row) * max_blocks;
     const size_t head_offset = (size_t)kvh * HEAD_DIM + chunk * ATTN_VEC;
     for (int base = begin + warp * KEYS_PER_WARP; base < end; base += ATTN_WARPS * KEYS_PER_WARP) {
         uint4 kw[ATTN_UNROLL];
@@ -165,7 +356,7 @@ paged_attention(const bf16* __restrict__ q,
             kw[u] = make_uint4(0, 0, 0, 0);
             vw[u] = make_uint4(0, 0, 0, 0);
             if (valid[u] && active) {
-                const size_t slot = (size_t)table[j / KV_BLOCK] * KV_BLOCK + (j % KV_BLOCK);
+                const size_t slot = cache_slot(table, j);
                 const size_t offset = slot * NUM_KV_HEADS * HEAD_DIM + head_offset;
                 kw[u] = __ldg(reinterpret_cast<const uint4*>(k_cache + offset));
                 vw[u] = __ldg(reinterpret_cast<const uint4*>(v_cache + offset));
@@ -239,16 +430,58 @@ paged_attention(const bf16* __restrict__ q,
 #pragma unroll
         for (int g = 0; g < GROUP; ++g) {
             if (lane == 0) {
-                sm_m[warp][g] = m[g];
-                sm_l[warp][g] = l[g];
+                sm_m[g] = m[g];
+                sm_l[g] = l[g];
             }
             if (active) {
-                float4* dst = reinterpret_cast<float4*>(&sm_acc[warp][g][chunk * ATTN_VEC]);
+                float4* dst = reinterpret_cast<float4*>(&sm_acc[g][chunk * ATTN_VEC]);
                 dst[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
                 dst[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
             }
         }
     }
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
+paged_attention(const bf16* __restrict__ q,
+                const bf16* __restrict__ k_cache,
+                const bf16* __restrict__ v_cache,
+                const int* __restrict__ block_tables,
+                const int* __restrict__ max_blocks_word,
+                const int* __restrict__ token_row,
+                const int* __restrict__ positions,
+                float* __restrict__ part_acc,
+                float* __restrict__ part_ml,
+                int splits,
+                float scale) {
+    await_previous_kernels();
+    __shared__ float sm_m[ATTN_WARPS][GROUP];
+    __shared__ float sm_l[ATTN_WARPS][GROUP];
+    __shared__ __align__(16) float sm_acc[ATTN_WARPS][GROUP][HEAD_DIM];
+
+    const int t = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int split = blockIdx.z;
+    const int row = token_row[t];
+    const int pos = positions[t];
+    const int n = attended(pos);
+    const int mine = token_splits(n, splits);
+    if (split >= mine) return;
+    const int per = (n + mine - 1) / mine;
+    const int partition = (per + KV_BLOCK - 1) / KV_BLOCK * KV_BLOCK;
+    const int max_blocks = *max_blocks_word;
+    const int first = pos + 1 - n;
+    const int begin = first + split * partition;
+    const int end = row < 0 ? begin : min(begin + partition, pos + 1);
+    const int warp = threadIdx.x >> 5;
+    const bf16* q_group = q + ((size_t)t * NUM_Q_HEADS + kvh * GROUP) * HEAD_DIM;
+    const int* table = block_tables + (size_t)(row < 0 ? 0 : row) * max_blocks;
+#if ATTN_MMA
+    warp_attend_mma(q_group, k_cache, v_cache, table, kvh, begin, end, scale, sm_m[warp], sm_l[warp], sm_acc[warp]);
+#else
+    warp_attend_lanes(q_group, k_cache, v_cache, table, kvh, begin, end, scale, sm_m[warp], sm_l[warp], sm_acc[warp]);
+#endif
     __syncthreads();
 
     for (int i = threadIdx.x; i < GROUP * HEAD_DIM; i += blockDim.x) {

@@ -89,21 +89,6 @@ __device__ __forceinline__ void f_copy16_async(unsigned int dst, const void* src
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 
-// c (16x8 fp32) += a (16x16 bf16, row-major) * b (16x8 bf16, column-major).
-__device__ __forceinline__ void f_mma(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats rounded to bf16 and packed, `lo` in the low half.
-__device__ __forceinline__ unsigned int f_pack_bf16(float lo, float hi) {
-    unsigned int packed;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
-    return packed;
-}
 #endif
 
 extern "C" __global__ void __launch_bounds__(F_WARPS * 32)
@@ -230,8 +215,8 @@ prefill_attention(const bf16* __restrict__ q,
             for (int d = 0; d < F_DSTEPS; ++d) {
                 unsigned int b[4];
                 f_ldmatrix_x4(k_stage + 2 * (key * F_STRIDE + d * 16 + (mat & 1) * 8), b);
-                f_mma(s[n], qa[d], b[0], b[1]);
-                f_mma(s[n + 1], qa[d], b[2], b[3]);
+                mma_bf16(s[n], qa[d], b[0], b[1]);
+                mma_bf16(s[n + 1], qa[d], b[2], b[3]);
             }
         }
 
@@ -294,8 +279,8 @@ prefill_attention(const bf16* __restrict__ q,
             const float p3 = exp2f(fmaf(s[n][3], log2_scale, -base_b));
             sum_a += p0 + p1;
             sum_b += p2 + p3;
-            p[n / 2][(n & 1) * 2] = f_pack_bf16(p0, p1);
-            p[n / 2][(n & 1) * 2 + 1] = f_pack_bf16(p2, p3);
+            p[n / 2][(n & 1) * 2] = pack_bf16x2(p0, p1);
+            p[n / 2][(n & 1) * 2 + 1] = pack_bf16x2(p2, p3);
         }
         l_a = l_a * alpha_a + sum_a;
         l_b = l_b * alpha_b + sum_b;
@@ -317,8 +302,8 @@ prefill_attention(const bf16* __restrict__ q,
             for (int i = 0; i < F_DTILES; i += 2) {
                 unsigned int b[4];
                 f_ldmatrix_x4_trans(v_stage + 2 * (key * F_STRIDE + i * 8 + (mat >> 1) * 8), b);
-                f_mma(o[i], p[k], b[0], b[1]);
-                f_mma(o[i + 1], p[k], b[2], b[3]);
+                mma_bf16(o[i], p[k], b[0], b[1]);
+                mma_bf16(o[i + 1], p[k], b[2], b[3]);
             }
         }
     }
@@ -341,7 +326,7 @@ prefill_attention(const bf16* __restrict__ q,
 #pragma unroll
             for (int i = 0; i < F_DTILES; ++i) {
                 *reinterpret_cast<unsigned int*>(out + head * HEAD_DIM + i * 8 + pair) =
-                    f_pack_bf16(o[i][2 * half] * inv, o[i][2 * half + 1] * inv);
+                    pack_bf16x2(o[i][2 * half] * inv, o[i][2 * half + 1] * inv);
             }
         } else {
             const size_t part = head * splits + blockIdx.z;

@@ -72,3 +72,37 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     __syncthreads();
     return total;
 }
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+// Tensor-core product (mma.sync m16n8k16, bf16 inputs, fp32 accumulation):
+// c (16x8) += a (16x16, row-major) * b (16x8, column-major). Thread (group g = lane / 4,
+// t = lane % 4) holds a[0] = rows g, columns 2t and 2t+1; a[1] = rows g+8; a[2] = row g, columns
+// 2t+8 and 2t+9; a[3] = row g+8 of those; b0 = rows 2t and 2t+1 of column g, b1 = rows 2t+8 and
+// 2t+9; c[0..1] = row g, columns 2t and 2t+1, c[2..3] = row g+8. The lower-indexed element of a
+// pair sits in the low half of its word.
+__device__ __forceinline__ void mma_bf16(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The same product for an `a` whose rows 8-15 are zero: a_lo and a_hi are a[0] and a[2], and only
+// rows 0-7 of c (c[0], c[1]) are kept, so the caller holds no registers for the empty half.
+__device__ __forceinline__ void mma_bf16_upper(float* c, unsigned int a_lo, unsigned int a_hi, unsigned int b0,
+                                               unsigned int b1) {
+    float discarded0, discarded1;
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %5}, "
+        "{%7, %8}, {%0, %1, %9, %9};"
+        : "+f"(c[0]), "+f"(c[1]), "=f"(discarded0), "=f"(discarded1)
+        : "r"(a_lo), "r"(0u), "r"(a_hi), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// Two floats rounded to bf16 and packed, `lo` in the low half.
+__device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
+    unsigned int packed;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
+    return packed;
+}
+#endif

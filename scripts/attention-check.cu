@@ -6,10 +6,11 @@
 //                                 reference: tokens of several context lengths (a padding token
 //                                 included), shuffled block tables, several split bounds; exits 1
 //                                 on a mismatch. SEED defaults to a fresh random one (printed).
-//   attention-check bench         device copy bandwidth, then K/V read bandwidth of the kernel
+//   attention-check bench [TARGET] device copy bandwidth, then K/V read bandwidth of the kernel
 //                                 pair for batch 1/16/64/256 at contexts 1k/4k/16k/32k (every
 //                                 token at the full context, the split bound chosen as the
-//                                 backend's plan::split_bound does; several cache copies cycled so
+//                                 backend's plan::split_bound does, for TARGET blocks per launch
+//                                 when given; several cache copies cycled so
 //                                 no launch reads from L2 what the previous one left there).
 #include <cuda_runtime.h>
 
@@ -34,11 +35,13 @@
 
 static const int ROW_ELEMS = NUM_KV_HEADS * HEAD_DIM;  // elements of one cache slot
 
-// The backend's plan::split_bound with its default budget (plan::split_budget(2048) = 8192).
+// The backend's plan::split_bound with its default budget (plan::split_budget(2048) = 8192) and
+// plan::TARGET_BLOCKS (1024) unless the bench is given another target.
+static int target_blocks = 1024;
 static int split_bound(int tokens, int max_context) {
     const int wanted = std::max(1, (max_context + ATTN_MIN_PARTITION - 1) / ATTN_MIN_PARTITION);
     const int room = std::max(1, 8192 / std::max(1, tokens));
-    const int fill = std::max(1, (1024 + tokens * NUM_KV_HEADS - 1) / (tokens * NUM_KV_HEADS));
+    const int fill = std::max(1, (target_blocks + tokens * NUM_KV_HEADS - 1) / (tokens * NUM_KV_HEADS));
     return std::min(wanted, std::min(room, fill));
 }
 
@@ -187,7 +190,10 @@ static int bench() {
 
 int main(int argc, char** argv) {
     const char* mode = argc > 1 ? argv[1] : "test";
-    if (!strcmp(mode, "bench")) return bench();
+    if (!strcmp(mode, "bench")) {
+        if (argc > 2) target_blocks = atoi(argv[2]);
+        return bench();
+    }
     const uint64_t seed = argc > 2 ? strtoull(argv[2], nullptr, 10) : std::random_device{}();
     return test(seed);
 }

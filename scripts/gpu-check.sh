@@ -11,7 +11,8 @@
 # A/A calibration; .gpu/audit_bench), attention (the decode-attention kernels alone, built with
 # nvcc from .gpu/kernels and .gpu/attention-check.cu: tests on fresh random data for every head
 # configuration below, compute-sanitizer memcheck, and the K/V read bandwidth benchmark; with
-# .gpu/attention-old.cu present, the same benchmark of that kernel for comparison), gemv (the
+# .gpu/attention-old.cu present, the same benchmark of that kernel for comparison; ATTN_TARGETS="N
+# ..." benches the 8B heads again with N blocks per launch as the split target), gemv (the
 # small-M product kernels alone against cuBLASLt, .gpu/gemv-check.cu), prefillattn (the tensor-core
 # prefill-attention kernel alone, .gpu/prefill-check.cu: tests, memcheck, FLOP rate), sealedstart (issue 10:
 # start-up to first token of the 8B-shaped weights, plaintext then a sealed copy with a key file,
@@ -112,6 +113,12 @@ if has attention; then
     timeout 240 "$A/$name" bench >"$A/bench-$name.log" 2>&1
     note "attention bench $name: rc=$?"
     grep -h '^RESULT' "$A/bench-$name.log" | sed "s/^/$name /" >>"$SUMMARY"
+  done
+  # ATTN_TARGETS="N ...": the 8B heads' bench again with N blocks per launch as the split target.
+  for target in ${ATTN_TARGETS:-}; do
+    timeout 240 "$A/attn-32-8-128-0" bench "$target" >"$A/bench-target-$target.log" 2>&1
+    note "attention bench attn-32-8-128-0 with $target target blocks: rc=$?"
+    grep -h '^RESULT' "$A/bench-target-$target.log" | sed "s/^/target-$target /" >>"$SUMMARY"
   done
 fi
 

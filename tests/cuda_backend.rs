@@ -521,34 +521,43 @@ fn device_sampling_matches_host_logits_with_one_copy_each_way() {
     assert_eq!((copies.steps, copies.h2d, copies.d2h), (4, 4, 4));
 }
 
+/// What one greedy request produced: its tokens with their top-5 log-probabilities, and the
+/// prompt tokens served from the prefix cache.
+struct Generated {
+    tokens: Vec<u32>,
+    logprobs: Vec<inferno::engine::TokenLogprob>,
+    cached_tokens: usize,
+}
+
+/// Runs one greedy request of `max_tokens` tokens, asking for the top-5 log-probabilities.
 fn run_request(
     engine: &inferno::engine::EngineHandle,
     id: &str,
     prompt: Vec<u32>,
     max_tokens: usize,
-) -> (Vec<u32>, usize) {
+) -> Generated {
     use inferno::engine::{GenerationEvent, GenerationRequest, StopParams};
     let request = GenerationRequest {
         id: id.to_string(),
         prompt,
-        sampling: SamplingParams {
-            seed: Some(1),
-            ..SamplingParams::default()
-        },
+        sampling: SamplingParams::default(),
         stop: StopParams {
             max_tokens,
             ignore_eos: true,
             ..StopParams::default()
         },
-        logprobs: None,
+        logprobs: Some(5),
         cache_salt: 0,
         constraint: None,
     };
     let mut stream = engine.submit(request).expect("submit");
-    let mut tokens = Vec::new();
+    let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());
     while let Some(event) = stream.blocking_next() {
         match event {
-            GenerationEvent::Token { token, .. } => tokens.push(token),
+            GenerationEvent::Token { token, logprob, .. } => {
+                tokens.push(token);
+                logprobs.push(logprob.expect("logprobs were requested"));
+            }
             GenerationEvent::Finished {
                 reason,
                 cached_tokens,
@@ -558,16 +567,72 @@ fn run_request(
                     !matches!(reason, inferno::engine::FinishReason::Error(_)),
                     "{id}: {reason:?}"
                 );
-                return (tokens, cached_tokens);
+                return Generated {
+                    tokens,
+                    logprobs,
+                    cached_tokens,
+                };
             }
         }
     }
     panic!("{id}: stream ended without Finished");
 }
 
+/// Log-probability difference within which two greedy runs count as numerically equal: the
+/// CUDA backend is not batch-invariant bit for bit (a decode row's products and attention round
+/// differently in a mixed step than alone, up to ~0.03 in a logit), so a near-tie can flip.
+const NEAR_TIE: f32 = 0.1;
+
+/// Checks that `other` is `reference` up to numerics: the same tokens with chosen-token
+/// log-probabilities within `NEAR_TIE` of each other until the first token that differs, and
+/// that token only at a near-tie: in each run, the other run's pick is among the top
+/// candidates within `NEAR_TIE` of its own pick. Returns whether the runs were identical.
+fn same_up_to_a_near_tie(name: &str, reference: &Generated, other: &Generated) -> bool {
+    assert_eq!(
+        reference.tokens.len(),
+        other.tokens.len(),
+        "{name}: lengths"
+    );
+    for (i, (r, o)) in reference.logprobs.iter().zip(&other.logprobs).enumerate() {
+        let (rt, ot) = (reference.tokens[i], other.tokens[i]);
+        if rt == ot {
+            assert!(
+                (r.logprob - o.logprob).abs() <= NEAR_TIE,
+                "{name}: token {i} ({rt}) has log-probability {} here and {} alone",
+                o.logprob,
+                r.logprob
+            );
+            continue;
+        }
+        // The gap between a run's pick and the other run's pick, when the latter is listed.
+        let gap = |lp: &inferno::engine::TokenLogprob, rival: u32| {
+            lp.top
+                .iter()
+                .find(|(token, _)| *token == rival)
+                .map(|(_, logprob)| lp.logprob - logprob)
+        };
+        let (gap_alone, gap_here) = (gap(r, ot), gap(o, rt));
+        assert!(
+            gap_alone.is_some_and(|g| g <= NEAR_TIE) && gap_here.is_some_and(|g| g <= NEAR_TIE),
+            "{name}: token {i} differs ({ot} here, {rt} alone) without a near-tie: top {:?} here, {:?} alone",
+            o.top,
+            r.top
+        );
+        println!(
+            "RESULT {name}: first difference at token {i}, a near-tie (gap {:.4} alone, {:.4} here)",
+            gap_alone.unwrap_or_default(),
+            gap_here.unwrap_or_default()
+        );
+        return false;
+    }
+    true
+}
+
 /// The engine on the CUDA backend with a KV cache too small for all requests at once: the
 /// scheduler must preempt and recompute, and every request still produces the tokens it
-/// produces alone. Re-sending a prompt hits the prefix cache.
+/// produces alone, up to numerics: log-probabilities within `NEAR_TIE`, and a different token
+/// only where the two leading candidates were that close. Re-sending a prompt hits the prefix
+/// cache.
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn engine_on_cuda_preempts_and_hits_the_prefix_cache_without_changing_outputs() {
@@ -604,12 +669,12 @@ fn engine_on_cuda_preempts_and_hits_the_prefix_cache_without_changing_outputs() 
     );
     let engine = Engine::spawn(Box::new(backend), info(), tiny).expect("engine");
     let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(40, 100 + i)).collect();
-    let alone: Vec<Vec<u32>> = prompts
+    let alone: Vec<Generated> = prompts
         .iter()
         .enumerate()
-        .map(|(i, p)| run_request(&engine, &format!("alone-{i}"), p.clone(), 32).0)
+        .map(|(i, p)| run_request(&engine, &format!("alone-{i}"), p.clone(), 32))
         .collect();
-    let together: Vec<(Vec<u32>, usize)> = std::thread::scope(|scope| {
+    let together: Vec<Generated> = std::thread::scope(|scope| {
         let handles: Vec<_> = prompts
             .iter()
             .enumerate()
@@ -628,17 +693,17 @@ fn engine_on_cuda_preempts_and_hits_the_prefix_cache_without_changing_outputs() 
     let same = together
         .iter()
         .zip(&alone)
-        .filter(|((t, _), a)| t == *a)
+        .enumerate()
+        .filter(|(i, (t, a))| same_up_to_a_near_tie(&format!("request {i}"), a, t))
         .count();
-    let cached: usize = together.iter().map(|(_, c)| *c).sum();
+    let cached: usize = together.iter().map(|t| t.cached_tokens).sum();
     println!(
-        "RESULT preemption: {same}/6 outputs identical to solo runs, {cached} prompt tokens from the prefix cache"
+        "RESULT preemption: {same}/6 outputs identical to solo runs (the rest differ only after a near-tie), {cached} prompt tokens from the prefix cache"
     );
     assert!(
         stats.preemptions > 0,
         "the cache of {blocks} blocks never forced a preemption"
     );
-    assert_eq!(same, 6, "outputs changed under preemption");
     assert!(cached > 0, "re-sent prompts did not hit the prefix cache");
     engine.shutdown();
 }
