@@ -74,12 +74,6 @@ __device__ __forceinline__ int token_splits(int n, int splits) {
     return min(splits, max(1, (n + ATTN_MIN_PARTITION - 1) / ATTN_MIN_PARTITION));
 }
 
-// The head dimension that column `col` (0-7) of O's column block `n` holds on the tensor-core
-// path: value loads of lane group g read ATTN_V_VEC dimensions at ATTN_V_VEC * (8 * load + g).
-__device__ __forceinline__ int value_dim(int n, int col) {
-    return ATTN_V_VEC * (8 * (n / ATTN_V_VEC) + col) + n % ATTN_V_VEC;
-}
-
 // Widens 8 bf16 values packed in a 16-byte word.
 __device__ __forceinline__ void unpack8(uint4 w, float* out) {
     const unsigned int u[4] = {w.x, w.y, w.z, w.w};
@@ -96,6 +90,12 @@ __device__ __forceinline__ size_t cache_slot(const int* __restrict__ table, int 
 }
 
 #if ATTN_MMA
+// The head dimension that column `col` (0-7) of O's column block `n` holds on the tensor-core
+// path: value loads of lane group g read ATTN_V_VEC dimensions at ATTN_V_VEC * (8 * load + g).
+__device__ __forceinline__ int value_dim(int n, int col) {
+    return ATTN_V_VEC * (8 * (n / ATTN_V_VEC) + col) + n % ATTN_V_VEC;
+}
+
 // Words of one value load (ATTN_V_VEC bf16 values) at `p`.
 __device__ __forceinline__ void load_value_words(const bf16* p, unsigned int* w) {
 #if ATTN_V_VEC == 8

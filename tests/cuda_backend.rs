@@ -631,8 +631,8 @@ fn same_up_to_a_near_tie(name: &str, reference: &Generated, other: &Generated) -
 /// The engine on the CUDA backend with a KV cache too small for all requests at once: the
 /// scheduler must preempt and recompute, and every request still produces the tokens it
 /// produces alone, up to numerics: log-probabilities within `NEAR_TIE`, and a different token
-/// only where the two leading candidates were that close. Re-sending a prompt hits the prefix
-/// cache.
+/// only at a near-tie (each run's pick within `NEAR_TIE` of the other's, see
+/// `same_up_to_a_near_tie`). Re-sending a prompt hits the prefix cache.
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn engine_on_cuda_preempts_and_hits_the_prefix_cache_without_changing_outputs() {
