@@ -16,7 +16,7 @@ use super::request::{FinishReason, GenerationEvent, StopReason};
 use super::sampling;
 use super::scheduler::{Scheduled, Scheduler};
 use super::sequence::Sequence;
-use super::step_cost::StepCosts;
+use super::step_cost::{DecodeLoad, StepCosts};
 use super::stop::StopOutcome;
 
 /// What the engine needs to know about the model besides its backend.
@@ -208,22 +208,26 @@ impl Worker {
             }
             self.drop_abandoned();
             self.publish_stats();
-            let decoding = self.scheduler.decoding_rows();
+            let decoding = self.scheduler.decode_load();
             let plan = self
                 .scheduler
                 .schedule(self.step_costs.token_budget(decoding));
             if !plan.is_empty() {
-                let (prefill_rows, prefill_tokens) = plan
-                    .iter()
-                    .filter(|s| planned(&self.scheduler, s).pending() > 1)
-                    .fold((0, 0), |(rows, tokens), s| {
-                        (rows + 1, tokens + s.num_tokens)
-                    });
-                let decode_rows = plan.len() - prefill_rows;
+                let mut decode = DecodeLoad::default();
+                let mut prefill_tokens = 0;
+                for scheduled in &plan {
+                    let seq = planned(&self.scheduler, scheduled);
+                    if seq.pending() > 1 {
+                        prefill_tokens += scheduled.num_tokens;
+                    } else {
+                        decode.rows += 1;
+                        decode.kv_tokens += seq.tokens.len();
+                    }
+                }
                 let started = Instant::now();
                 self.step(&plan);
                 self.step_costs
-                    .record(decode_rows, prefill_tokens, started.elapsed());
+                    .record(decode, prefill_tokens, started.elapsed());
             }
             self.publish_stats();
         }

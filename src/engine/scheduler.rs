@@ -20,6 +20,7 @@ use ring::digest::{Context, SHA256};
 use super::block_manager::{BlockHash, BlockManager};
 use super::config::{BLOCK_SIZE, EngineConfig};
 use super::sequence::Sequence;
+use super::step_cost::DecodeLoad;
 
 /// One sequence's share of the next step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +112,23 @@ impl Scheduler {
     /// Running sequences whose next step is a decode (one token).
     pub fn decoding_rows(&self) -> usize {
         self.running.iter().filter(|s| s.pending() == 1).count()
+    }
+
+    /// The decode part of the next step: the running sequences that decode one token, the
+    /// context they attend to, and the rows the batch would hold with the waiting requests
+    /// admitted (within the sequence limit).
+    pub fn decode_load(&self) -> DecodeLoad {
+        let (rows, kv_tokens) = self
+            .running
+            .iter()
+            .filter(|s| s.pending() == 1)
+            .fold((0, 0), |(rows, kv), s| (rows + 1, kv + s.tokens.len()));
+        let wanted = (self.running.len() + self.waiting.len()).min(self.max_num_seqs);
+        DecodeLoad {
+            rows,
+            kv_tokens,
+            target_rows: wanted.max(rows),
+        }
     }
 
     /// Plans the next step within `token_budget` tokens (and `max_batched_tokens`). Every running
@@ -399,6 +417,34 @@ mod tests {
             s.waiting.push_back(sequence(id, 4));
         }
         assert_eq!(s.schedule(usize::MAX).len(), 3);
+    }
+
+    #[test]
+    fn the_decode_load_counts_decoding_rows_their_context_and_the_batch_being_filled() {
+        let config = EngineConfig {
+            max_num_seqs: Some(4),
+            max_batched_tokens: 512,
+            prefix_caching: false,
+            ..EngineConfig::default()
+        };
+        let mut s = Scheduler::new(config, 1024, [0; 32]);
+        s.waiting.push_back(sequence(1, 20));
+        s.waiting.push_back(sequence(2, 30));
+        let plan = s.schedule(usize::MAX);
+        complete(&mut s, &plan);
+        // Two rows decode their 21st and 31st tokens; nothing waits.
+        let load = s.decode_load();
+        assert_eq!((load.rows, load.kv_tokens, load.target_rows), (2, 52, 2));
+        // A prefilling sequence is no decode row, but the batch is filling towards it and the
+        // waiting requests, within the sequence limit of 4.
+        s.waiting.push_back(sequence(3, 600));
+        let plan = s.schedule(2 + 100);
+        complete(&mut s, &plan);
+        for id in 4..=9 {
+            s.waiting.push_back(sequence(id, 4));
+        }
+        let load = s.decode_load();
+        assert_eq!((load.rows, load.kv_tokens, load.target_rows), (2, 54, 4));
     }
 
     #[test]
