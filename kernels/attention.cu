@@ -20,12 +20,16 @@
 // per query head: on tensor cores (warp_attend_mma: 16 keys per step, the group's heads as the
 // rows of two mma products) where the shape allows, else on CUDA cores (warp_attend_lanes:
 // 16-byte loads spread over lanes, several keys in flight). The warps then merge in shared
-// memory, and the block writes an unnormalised partial result (acc, max, sum) per head and split.
+// memory, and the block writes an unnormalised partial result (acc, max, sum) per head and split,
+// or, when the token has a single partition, its normalised output straight to `out` (bf16
+// [T, NUM_Q_HEADS * HEAD_DIM]), the same values attention_reduce would write: a launch whose
+// `splits` is 1 (large batches) then needs no reduction launch at all.
 // The block-table stride (max_blocks) is read from device memory, so a captured launch serves
 // any table length.
 // attention_reduce: grid (T, NUM_Q_HEADS), ATTN_REDUCE_THREADS threads, merges the token's splits
 // (rows of threads walk the splits in parallel, 16-byte loads) and writes bf16
-// [T, NUM_Q_HEADS * HEAD_DIM]. token_row[t] < 0 marks a padding token (its output is zero).
+// [T, NUM_Q_HEADS * HEAD_DIM]; a token with one partition was written by paged_attention and is
+// left alone. token_row[t] < 0 marks a padding token (its output is zero).
 // With `all_splits` set it merges all `splits` partials of every token instead of the token's own
 // count: prefill_attention (kernels/prefill_attention.cu) splits a tile's keys evenly and writes
 // every split.
@@ -454,7 +458,8 @@ paged_attention(const bf16* __restrict__ q,
                 float* __restrict__ part_acc,
                 float* __restrict__ part_ml,
                 int splits,
-                float scale) {
+                float scale,
+                bf16* __restrict__ out) {
     await_previous_kernels();
     __shared__ float sm_m[ATTN_WARPS][GROUP];
     __shared__ float sm_l[ATTN_WARPS][GROUP];
@@ -501,6 +506,12 @@ paged_attention(const bf16* __restrict__ q,
             }
         }
         const size_t head = (size_t)t * NUM_Q_HEADS + kvh * GROUP + g;
+        if (mine == 1) {
+            // As attention_reduce computes it for one partition (its merge factor is exactly 1).
+            const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+            out[head * HEAD_DIM + d] = f32_to_bf16(a * inv);
+            continue;
+        }
         part_acc[(head * splits + split) * HEAD_DIM + d] = a;
         if (d == 0) {
             part_ml[(head * splits + split) * 2] = big;
@@ -521,6 +532,7 @@ attention_reduce(const float* __restrict__ part_acc,
     __shared__ __align__(16) float sm_acc[REDUCE_ROWS][HEAD_DIM];
     const size_t head = (size_t)blockIdx.x * NUM_Q_HEADS + blockIdx.y;
     const int mine = all_splits ? splits : token_splits(attended(positions[blockIdx.x]), splits);
+    if (!all_splits && mine == 1) return;  // paged_attention wrote this token's output
     const float* ml = part_ml + head * splits * 2;
     // The largest partial maximum and the rescaled total, over the block's threads.
     float big = -INFINITY;

@@ -49,9 +49,11 @@ static void launch(const uint16_t* q, const uint16_t* k, const uint16_t* v, cons
                    const int* max_blocks, const int* rows, const int* positions, float* acc,
                    float* ml, int tokens, int splits, float scale, uint16_t* out) {
     paged_attention<<<dim3(tokens, NUM_KV_HEADS, splits), ATTN_WARPS * 32>>>(
-        q, k, v, tables, max_blocks, rows, positions, acc, ml, splits, scale);
-    attention_reduce<<<dim3(tokens, NUM_Q_HEADS), ATTN_REDUCE_THREADS>>>(
-        acc, ml, positions, splits, /*all_splits=*/0, out);
+        q, k, v, tables, max_blocks, rows, positions, acc, ml, splits, scale, out);
+    // As the backend launches it: with one partition per token the kernel wrote the output.
+    if (splits > 1)
+        attention_reduce<<<dim3(tokens, NUM_Q_HEADS), ATTN_REDUCE_THREADS>>>(
+            acc, ml, positions, splits, /*all_splits=*/0, out);
 }
 
 

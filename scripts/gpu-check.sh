@@ -237,15 +237,16 @@ if has bench || has quickbench; then
   grep -E 'CUDA backend ready|KV cache allocated|kernels ready' "$OUT/bench.log" | head -4 >>"$SUMMARY"
 fi
 
-# Where a decode step goes (batch PROFILE_BATCH, default 1; PROFILE_SKIP launches skipped, past
-# the prefill): ncu times every kernel of a range of launches (eager, so each
+# Where a decode step goes (batch PROFILE_BATCH, default 1; PROFILE_OUTPUT tokens each, default
+# 64; PROFILE_FLAGS more bench flags, e.g. "--itl-stall-limit 0"; PROFILE_SKIP launches skipped,
+# past the prefill): ncu times every kernel of a range of launches (eager, so each
 # kernel is its own launch), then the decode steps in it (those with paged_attention and no
 # prefill kernel, from embedding_gather to sample_tokens) are summed per kernel.
 if has profile; then
   timeout 300 $RUN ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --print-units base \
     --launch-skip ${PROFILE_SKIP:-2000} --launch-count ${PROFILE_COUNT:-1400} \
-    "$G/inferno" bench offline --model $M8 --device cuda --batch-size ${PROFILE_BATCH:-1} --input-len 1000 --output-len 64 \
-    --ignore-eos --no-cuda-graphs >"$OUT/profile.csv" 2>"$OUT/profile.log"
+    "$G/inferno" bench offline --model $M8 --device cuda --batch-size ${PROFILE_BATCH:-1} --input-len 1000 --output-len ${PROFILE_OUTPUT:-64} \
+    --ignore-eos --no-cuda-graphs ${PROFILE_FLAGS:-} >"$OUT/profile.csv" 2>"$OUT/profile.log"
   note "ncu batch-${PROFILE_BATCH:-1} decode profile: rc=$?"
   python3 - "$OUT/profile.csv" <<'PY' | tee -a "$SUMMARY"
 import csv, sys, collections

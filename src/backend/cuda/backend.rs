@@ -993,7 +993,8 @@ impl CudaBackend {
     }
 
     /// Attention of one layer into `act.attn`: the tiled prefill kernel when the step carries
-    /// prefill tiles, else the paged split-K kernel and its reduction.
+    /// prefill tiles, else the paged split-K kernel and, when a token may take more than one
+    /// partition, its reduction.
     fn attention(
         &self,
         layout: &StepLayout,
@@ -1060,9 +1061,15 @@ impl CudaBackend {
                 Arg::Ptr(self.act.part_ml.ptr()),
                 Arg::Int(splits as i32),
                 Arg::Float(scale),
+                Arg::Ptr(self.act.attn.ptr()),
             ],
         )?;
-        self.reduce_attention(layout, splits, false)
+        // With one partition per token the kernel wrote the output itself.
+        if splits > 1 {
+            self.reduce_attention(layout, splits, false)
+        } else {
+            Ok(())
+        }
     }
 
     /// A kernel argument pointing at word `offset` of the step's packed inputs.
@@ -1182,14 +1189,18 @@ impl CudaBackend {
                 gate_up,
                 (t, 2 * p.intermediate, p.hidden),
             )?;
+            let per_thread = plan::swiglu_vector(p.intermediate);
             self.launch(
                 &self.kernels.swiglu,
                 (
-                    to_u32(p.intermediate.div_ceil(256), "intermediate")?,
+                    to_u32(
+                        (p.intermediate / per_thread).div_ceil(plan::SWIGLU_THREADS),
+                        "intermediate",
+                    )?,
                     t32,
                     1,
                 ),
-                256,
+                plan::SWIGLU_THREADS as u32,
                 &[Arg::Ptr(gate_up), Arg::Ptr(self.act.mlp.ptr())],
             )?;
             let mlp = self.act.mlp.ptr();

@@ -212,20 +212,22 @@ mod tests {
             unsafe { cudarc::nvrtc::sys::is_culib_present() },
             "libnvrtc is not installed (pip install nvidia-cuda-nvrtc; LD_LIBRARY_PATH)"
         );
+        // The last fields: q/k/v bias, q/k norm, and an MLP width that is not a multiple of 4
+        // (SwiGLU's one-element path).
         let shapes = [
-            (64, 16, 4, 2, false, false),
-            (64, 16, 4, 2, true, false),
-            (64, 16, 4, 2, false, true),
-            (4096, 128, 32, 8, false, false),
+            (64, 16, 4, 2, false, false, 160),
+            (64, 16, 4, 2, true, false, 160),
+            (64, 16, 4, 2, false, true, 162),
+            (4096, 128, 32, 8, false, false, 14_336),
         ];
-        for (hidden, head_dim, q, kv, bias, norm) in shapes {
+        for (hidden, head_dim, q, kv, bias, norm, intermediate) in shapes {
             let params = KernelParams {
                 hidden,
                 head_dim,
                 num_q_heads: q,
                 num_kv_heads: kv,
                 vocab: 128_256,
-                intermediate: 160,
+                intermediate,
                 kv_block: 16,
                 rms_eps: 1e-6,
                 qkv_bias: bias,

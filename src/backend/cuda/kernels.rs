@@ -157,6 +157,7 @@ impl KernelParams {
             ("GEMV_WARPS", super::plan::GEMV_WARPS),
             ("F_ROWS", super::plan::FLASH_ROWS),
             ("F_KEYS", super::plan::FLASH_KEYS),
+            ("SWIGLU_VEC", super::plan::swiglu_vector(self.intermediate)),
         ];
         for (name, value) in ints {
             // Writing to a String cannot fail.

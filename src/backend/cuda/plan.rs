@@ -52,6 +52,16 @@ pub fn small_m_fits(m: usize, n: usize, k: usize) -> bool {
 /// `kernels/attention.cu` as `ATTN_REDUCE_THREADS` (a multiple of 32, at least head_dim / 4).
 pub const ATTN_REDUCE_THREADS: usize = 128;
 
+/// Threads per block of the SwiGLU kernel (`kernels/swiglu.cu`).
+pub const SWIGLU_THREADS: usize = 256;
+
+/// Elements of a row each SwiGLU thread computes for an MLP of width `intermediate`: 4 (16-byte
+/// loads) when the width is a multiple of 4, else 1. Passed to `kernels/swiglu.cu` as
+/// `SWIGLU_VEC`.
+pub fn swiglu_vector(intermediate: usize) -> usize {
+    if intermediate.is_multiple_of(4) { 4 } else { 1 }
+}
+
 /// Attention blocks (tokens × KV heads × splits) a launch aims for: enough to fill every SM of a
 /// large GPU several times over, so a small batch splits its contexts and a large one does not
 /// split more than that needs.
@@ -183,6 +193,13 @@ pub fn split_budget(max_tokens: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn swiglu_threads_take_four_elements_where_the_width_allows() {
+        assert_eq!(swiglu_vector(14_336), 4);
+        assert_eq!(swiglu_vector(160), 4);
+        assert_eq!(swiglu_vector(162), 1);
+    }
 
     #[test]
     fn kv_capacity_follows_the_fraction() {
