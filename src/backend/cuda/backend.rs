@@ -313,25 +313,6 @@ struct QueuedStep {
     late: Vec<bool>,
 }
 
-/// One product of the model as the start-up measurements time it: input, the weights of every
-/// layer (or the LM head's), output, its width and depth, and the most rows it runs with.
-struct TimedProduct {
-    x: u64,
-    weights: Vec<u64>,
-    out: u64,
-    n: usize,
-    k: usize,
-    max_m: usize,
-}
-
-/// How a timed product runs: the small-M kernel, or cuBLASLt by a candidate algorithm (the
-/// kept one when `None`).
-#[derive(Debug, Clone, Copy)]
-enum ProductPath {
-    SmallM,
-    Cublas(Option<usize>),
-}
-
 fn dev<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> BackendError {
     move |e| BackendError::Device(format!("{what}: {e}"))
 }
@@ -593,7 +574,6 @@ impl CudaBackend {
     fn choose_and_capture(&mut self, graphs: bool, mixed: bool) -> Result<(), BackendError> {
         let choose_started = Instant::now();
         self.choose_small_m_products()?;
-        self.tune_products()?;
         self.phases.gemm_selection = choose_started.elapsed();
         tracing::info!(
             choose_ms = self.phases.gemm_selection.as_millis() as u64,
@@ -913,97 +893,6 @@ impl CudaBackend {
         self.gemm.matmul(stream, (x, w, out), (m, n, k))
     }
 
-    /// The model's products as the start-up measurements time them: each layer product over
-    /// every layer's weights (up to the step's token limit), and the LM head (up to the row
-    /// limit).
-    fn timed_products(&self) -> Vec<TimedProduct> {
-        let p = &self.params;
-        let qkv_n = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim;
-        let q_width = p.num_q_heads * p.head_dim;
-        let layers = &self.weights.layers;
-        let per_layer = |f: fn(&LayerWeights) -> u64| layers.iter().map(f).collect::<Vec<u64>>();
-        let max_tokens = self.limits.max_tokens;
-        let layer_product = |x: u64, weights, out: u64, n, k| TimedProduct {
-            x,
-            weights,
-            out,
-            n,
-            k,
-            max_m: max_tokens,
-        };
-        vec![
-            layer_product(
-                self.act.normed.ptr(),
-                per_layer(|w| w.qkv.ptr()),
-                self.act.qkv.ptr(),
-                qkv_n,
-                p.hidden,
-            ),
-            layer_product(
-                self.act.attn.ptr(),
-                per_layer(|w| w.o_proj.ptr()),
-                self.act.delta.ptr(),
-                p.hidden,
-                q_width,
-            ),
-            layer_product(
-                self.act.normed.ptr(),
-                per_layer(|w| w.gate_up.ptr()),
-                self.act.gate_up.ptr(),
-                2 * p.intermediate,
-                p.hidden,
-            ),
-            layer_product(
-                self.act.mlp.ptr(),
-                per_layer(|w| w.down.ptr()),
-                self.act.delta.ptr(),
-                p.hidden,
-                p.intermediate,
-            ),
-            TimedProduct {
-                x: self.act.normed.ptr(),
-                weights: vec![self.weights.lm_head_ptr()],
-                out: self.act.logits.ptr(),
-                n: p.vocab,
-                k: p.hidden,
-                max_m: self.limits.max_rows,
-            },
-        ]
-    }
-
-    /// Wall time of `runs` products of `m` rows by `path`, cycling through the product's
-    /// weights, after `warm_up` untimed ones.
-    fn time_product(
-        &mut self,
-        product: &TimedProduct,
-        m: usize,
-        path: ProductPath,
-        (warm_up, runs): (usize, usize),
-    ) -> Result<Duration, BackendError> {
-        let weights = &product.weights;
-        let dims = (m, product.n, product.k);
-        let run = |backend: &mut Self, i: usize| {
-            let ptrs = (product.x, weights[i % weights.len()], product.out);
-            match path {
-                ProductPath::SmallM => backend.product(true, ptrs, dims),
-                ProductPath::Cublas(candidate) => {
-                    let stream = backend.stream.cu_stream() as cudarc::cublaslt::sys::cudaStream_t;
-                    backend.gemm.matmul_candidate(stream, ptrs, dims, candidate)
-                }
-            }
-        };
-        for i in 0..warm_up {
-            run(self, i)?;
-        }
-        self.stream.synchronize().map_err(dev("product timing"))?;
-        let started = Instant::now();
-        for i in 0..runs {
-            run(self, warm_up + i)?;
-        }
-        self.stream.synchronize().map_err(dev("product timing"))?;
-        Ok(started.elapsed())
-    }
-
     /// Times the small-M kernels against cuBLASLt for every product shape of a decode step of
     /// up to `plan::GEMV_MAX_M` rows, on the model's own weights (cycling through the layers so
     /// the weights come from memory, as in a step), and records the faster path per shape; or,
@@ -1012,25 +901,85 @@ impl CudaBackend {
         const REPS: usize = 8;
         // Layers cycled through per timing: enough that no weight is read from L2 twice.
         const TIMED_LAYERS: usize = 16;
-        let mut kernel_total = Duration::ZERO;
-        let mut best_total = Duration::ZERO;
-        for product in self.timed_products() {
-            let (x, n, k) = (product.x, product.n, product.k);
-            let runs = REPS.max(product.weights.len().min(TIMED_LAYERS));
-            for m in 1..=plan::GEMV_MAX_M.min(product.max_m) {
+        let p = self.params.clone();
+        let qkv_n = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim;
+        let q_width = p.num_q_heads * p.head_dim;
+        let layers = &self.weights.layers;
+        let per_layer = |f: fn(&LayerWeights) -> u64| layers.iter().map(f).collect::<Vec<u64>>();
+        let (normed, attn, mlp) = (
+            self.act.normed.ptr(),
+            self.act.attn.ptr(),
+            self.act.mlp.ptr(),
+        );
+        let products: Vec<(u64, Vec<u64>, u64, usize, usize, usize)> = vec![
+            (
+                normed,
+                per_layer(|w| w.qkv.ptr()),
+                self.act.qkv.ptr(),
+                qkv_n,
+                p.hidden,
+                self.limits.max_tokens,
+            ),
+            (
+                attn,
+                per_layer(|w| w.o_proj.ptr()),
+                self.act.delta.ptr(),
+                p.hidden,
+                q_width,
+                self.limits.max_tokens,
+            ),
+            (
+                normed,
+                per_layer(|w| w.gate_up.ptr()),
+                self.act.gate_up.ptr(),
+                2 * p.intermediate,
+                p.hidden,
+                self.limits.max_tokens,
+            ),
+            (
+                mlp,
+                per_layer(|w| w.down.ptr()),
+                self.act.delta.ptr(),
+                p.hidden,
+                p.intermediate,
+                self.limits.max_tokens,
+            ),
+            (
+                normed,
+                vec![self.weights.lm_head_ptr()],
+                self.act.logits.ptr(),
+                p.vocab,
+                p.hidden,
+                self.limits.max_rows,
+            ),
+        ];
+        let mut kernel_total = std::time::Duration::ZERO;
+        let mut best_total = std::time::Duration::ZERO;
+        for (x, weights, out, n, k, max_m) in products {
+            for m in 1..=plan::GEMV_MAX_M.min(max_m) {
                 let fits = plan::small_m_fits(m, n, k)
-                    && product.weights.iter().all(|w| (w | x).is_multiple_of(16));
+                    && weights.iter().all(|w| (w | x).is_multiple_of(16));
                 if !fits || !self.options.measure_products {
                     self.gemm.record_small_m((m, n, k), fits);
                     continue;
                 }
-                let kernel = self.time_product(&product, m, ProductPath::SmallM, (2, runs))?;
-                let cublas =
-                    self.time_product(&product, m, ProductPath::Cublas(None), (2, runs))?;
-                self.gemm.record_small_m((m, n, k), kernel < cublas);
+                let mut took = [std::time::Duration::ZERO; 2];
+                for (path, small_m) in [(0, true), (1, false)] {
+                    for w in weights.iter().take(2) {
+                        self.product(small_m, (x, *w, out), (m, n, k))?;
+                    }
+                    self.stream.synchronize().map_err(dev("product timing"))?;
+                    let started = Instant::now();
+                    for i in 0..REPS.max(weights.len().min(TIMED_LAYERS)) {
+                        self.product(small_m, (x, weights[i % weights.len()], out), (m, n, k))?;
+                    }
+                    self.stream.synchronize().map_err(dev("product timing"))?;
+                    took[path] = started.elapsed();
+                }
+                self.gemm.record_small_m((m, n, k), took[0] < took[1]);
                 if m == 1 {
-                    kernel_total += kernel;
-                    best_total += kernel.min(cublas);
+                    kernel_total += took[0];
+                    best_total += took[0].min(took[1]);
                 }
             }
         }
@@ -1039,52 +988,6 @@ impl CudaBackend {
             batch1_kernel_us = kernel_total.as_micros() as u64,
             batch1_best_us = best_total.as_micros() as u64,
             "small-M products measured against cuBLASLt"
-        );
-        Ok(())
-    }
-
-    /// Times cuBLASLt's candidate algorithms for every product at each of `plan::TUNED_ROWS`
-    /// rows (within the product's row limit) on the model's own weights, and keeps the fastest
-    /// (see `gemm.rs`). Skipped unless `options.measure_products`, so that two backends on the
-    /// same model compute bit for bit the same.
-    fn tune_products(&mut self) -> Result<(), BackendError> {
-        if !self.options.measure_products {
-            return Ok(());
-        }
-        let (mut shapes, mut changed) = (0, 0);
-        let (mut first_total, mut best_total) = (Duration::ZERO, Duration::ZERO);
-        for product in self.timed_products() {
-            for m in plan::TUNED_ROWS.into_iter().filter(|&m| m <= product.max_m) {
-                let dims = (m, product.n, product.k);
-                let candidates = self.gemm.candidates(dims)?;
-                let mut best: Option<(usize, Duration)> = None;
-                let mut first = Duration::ZERO;
-                for candidate in 0..candidates {
-                    let path = ProductPath::Cublas(Some(candidate));
-                    let took = self.time_product(&product, m, path, (1, plan::TUNING_RUNS))?;
-                    if candidate == 0 {
-                        first = took;
-                    }
-                    if best.is_none_or(|(_, fastest)| took < fastest) {
-                        best = Some((candidate, took));
-                    }
-                }
-                let Some((candidate, took)) = best else {
-                    continue;
-                };
-                self.gemm.keep_candidate(dims, candidate)?;
-                shapes += 1;
-                changed += usize::from(candidate != 0);
-                first_total += first;
-                best_total += took;
-            }
-        }
-        tracing::info!(
-            shapes,
-            changed,
-            heuristic_us = first_total.as_micros() as u64,
-            kept_us = best_total.as_micros() as u64,
-            "cuBLASLt algorithms timed against the heuristic's first choice"
         );
         Ok(())
     }

@@ -7,15 +7,6 @@
 //! `outᵀ (n × m) = op(W) · X` with `W` transposed, so no weight is ever re-laid out. The algorithm
 //! for each shape comes from cuBLASLt's heuristic once and is cached with its descriptors.
 //!
-//! cuBLASLt's first choice is not always its fastest on the shapes a step runs (at 256 rows of the
-//! 8B model its tiles leave the last wave of SMs part-empty). At start-up the backend therefore
-//! times the heuristic's first [`TUNING_CANDIDATES`] algorithms on the model's own weights for
-//! each product at a few row counts (`plan::TUNED_ROWS`) and keeps the fastest with
-//! [`Gemm::keep_candidate`]. A shape planned later (another row count) starts from the algorithm
-//! kept for the nearest tuned row count at or above it (within a factor of two, the last tuned
-//! count for larger shapes), when cuBLASLt confirms that algorithm serves the shape
-//! (`cublasLtMatmulAlgoCheck`) within the workspace; else from the heuristic's first choice.
-//!
 //! Products of at most `plan::GEMV_MAX_M` rows may instead run the small-M kernels of
 //! `kernels/gemv.cu`; which path serves each such shape is measured once at start-up (the backend
 //! times both on the model's own weights) and recorded here with [`Gemm::record_small_m`].
@@ -34,9 +25,6 @@ use super::memory::DeviceBuffer;
 /// Workspace cuBLASLt may use per product.
 const WORKSPACE_BYTES: usize = 32 << 20;
 
-/// Algorithms of cuBLASLt's heuristic timed per tuned shape at start-up.
-pub const TUNING_CANDIDATES: usize = 6;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Shape {
     m: usize,
@@ -50,9 +38,6 @@ struct Plan {
     b: sys::cublasLtMatrixLayout_t,
     d: sys::cublasLtMatrixLayout_t,
     algo: sys::cublasLtMatmulAlgo_t,
-    /// The heuristic's choices for this shape, best first (the first is `algo` unless a tuned
-    /// algorithm was taken).
-    candidates: Vec<sys::cublasLtMatmulAlgo_t>,
 }
 
 /// A cuBLASLt handle, its workspace and the cached plans.
@@ -62,8 +47,6 @@ pub struct Gemm {
     plans: HashMap<Shape, Plan>,
     /// Shapes the small-M kernels computed faster than cuBLASLt at start-up.
     small_m: HashSet<Shape>,
-    /// Algorithms measured fastest at start-up, by product (n, k) and row count.
-    tuned: HashMap<(usize, usize), Vec<(usize, sys::cublasLtMatmulAlgo_t)>>,
     /// Host time spent planning new shapes.
     planning: Duration,
 }
@@ -71,27 +54,6 @@ pub struct Gemm {
 // SAFETY: the handle and descriptors are plain cuBLASLt objects with no thread affinity; the
 // backend that owns this value uses them from one thread at a time.
 unsafe impl Send for Gemm {}
-
-/// The choice kept for the nearest tuned row count at or above `m` and below `2m`, else for the
-/// largest tuned count when it is below `m`.
-fn nearest_tuned<T>(tuned: &[(usize, T)], m: usize) -> Option<&T> {
-    let above = tuned
-        .iter()
-        .filter(|(rows, _)| *rows >= m && *rows < 2 * m)
-        .min_by_key(|(rows, _)| *rows);
-    let beyond = tuned
-        .iter()
-        .max_by_key(|(rows, _)| *rows)
-        .filter(|(rows, _)| *rows < m);
-    above.or(beyond).map(|(_, choice)| choice)
-}
-
-/// A heuristic result for cuBLASLt to fill in.
-fn empty_result() -> sys::cublasLtMatmulHeuristicResult_t {
-    // SAFETY: a plain C struct of integers, floats and integer arrays, for which all-zero bits
-    // are a valid value.
-    unsafe { std::mem::zeroed() }
-}
 
 fn lt_err(what: &str) -> impl Fn(lt::CublasError) -> BackendError + '_ {
     move |e| BackendError::Device(format!("cuBLASLt {what}: {e:?}"))
@@ -106,7 +68,6 @@ impl Gemm {
             workspace: DeviceBuffer::new(WORKSPACE_BYTES)?,
             plans: HashMap::new(),
             small_m: HashSet::new(),
-            tuned: HashMap::new(),
             planning: Duration::ZERO,
         })
     }
@@ -161,8 +122,7 @@ impl Gemm {
         let pref = lt::create_matmul_pref().map_err(lt_err("preference"))?;
         let ws = WORKSPACE_BYTES as u64;
         // SAFETY: `pref` is live; the workspace limit is a u64 as documented. The layouts and
-        // descriptor passed to the heuristic were created above and are live; `results` holds
-        // the TUNING_CANDIDATES entries the call may write, and `returned` is a valid i32.
+        // descriptor passed to the heuristic were created above and are live.
         let heuristic = unsafe {
             lt::set_matmul_pref_attribute(
                 pref,
@@ -171,104 +131,24 @@ impl Gemm {
                 std::mem::size_of::<u64>(),
             )
             .map_err(lt_err("workspace preference"))?;
-            let mut results = [empty_result(); TUNING_CANDIDATES];
-            let mut returned: i32 = 0;
-            let status = sys::cublasLtMatmulAlgoGetHeuristic(
-                self.handle,
-                desc,
-                a,
-                b,
-                d,
-                d,
-                pref,
-                TUNING_CANDIDATES as i32,
-                results.as_mut_ptr(),
-                &mut returned,
-            );
+            let result = lt::get_matmul_algo_heuristic(self.handle, desc, a, b, d, d, pref);
             let _ = lt::destroy_matmul_pref(pref);
-            status.result().map(|()| {
-                results[..returned.clamp(0, TUNING_CANDIDATES as i32) as usize]
-                    .iter()
-                    .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
-                    .map(|r| r.algo)
-                    .collect::<Vec<_>>()
-            })
+            result
         }
-        .map_err(lt_err("heuristic"))?;
-        let Some(&first) = heuristic.first() else {
-            return Err(BackendError::Device(format!(
-                "cuBLASLt has no algorithm for m={} n={} k={}",
+        .map_err(|e| {
+            BackendError::Device(format!(
+                "cuBLASLt has no algorithm for m={} n={} k={}: {e:?}",
                 s.m, s.n, s.k
-            )));
-        };
-        let algo = self
-            .tuned_for(s)
-            .filter(|tuned| self.serves(desc, (a, b, d), tuned))
-            .unwrap_or(first);
+            ))
+        })?;
         tracing::debug!(m = s.m, n = s.n, k = s.k, "planned cuBLASLt product");
         Ok(Plan {
             desc,
             a,
             b,
             d,
-            algo,
-            candidates: heuristic,
+            algo: heuristic.algo,
         })
-    }
-
-    /// The algorithm kept at start-up for the nearest tuned row count at or above `s.m` (within
-    /// a factor of two), or for the largest tuned count when `s.m` is beyond them all.
-    fn tuned_for(&self, s: Shape) -> Option<sys::cublasLtMatmulAlgo_t> {
-        nearest_tuned(self.tuned.get(&(s.n, s.k))?, s.m).copied()
-    }
-
-    /// Whether cuBLASLt confirms that `algo` computes the product described by `desc` and the
-    /// layouts within the workspace.
-    fn serves(
-        &self,
-        desc: sys::cublasLtMatmulDesc_t,
-        (a, b, d): (
-            sys::cublasLtMatrixLayout_t,
-            sys::cublasLtMatrixLayout_t,
-            sys::cublasLtMatrixLayout_t,
-        ),
-        algo: &sys::cublasLtMatmulAlgo_t,
-    ) -> bool {
-        let mut result = empty_result();
-        // SAFETY: the handle, descriptor and layouts are live; `algo` and `result` are valid for
-        // the call's reads and writes.
-        let status = unsafe {
-            sys::cublasLtMatmulAlgoCheck(self.handle, desc, a, b, d, d, algo, &mut result)
-        };
-        status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
-            && result.workspaceSize <= WORKSPACE_BYTES
-    }
-
-    /// Plans `[m, k] x [n, k]^T` and returns how many of cuBLASLt's candidate algorithms
-    /// [`Gemm::matmul_candidate`] can time for it.
-    pub fn candidates(&mut self, (m, n, k): (usize, usize, usize)) -> Result<usize, BackendError> {
-        Ok(self.plan(Shape { m, n, k })?.candidates.len())
-    }
-
-    /// Keeps candidate `candidate` of the shape for its own products and as the starting point
-    /// of shapes planned later near its row count.
-    pub fn keep_candidate(
-        &mut self,
-        (m, n, k): (usize, usize, usize),
-        candidate: usize,
-    ) -> Result<(), BackendError> {
-        let plan = self.plans.get_mut(&Shape { m, n, k }).ok_or_else(|| {
-            BackendError::Device("keeping an algorithm of an unplanned shape".into())
-        })?;
-        let algo = *plan
-            .candidates
-            .get(candidate)
-            .ok_or_else(|| BackendError::Device(format!("no candidate algorithm {candidate}")))?;
-        plan.algo = algo;
-        let tuned = self.tuned.entry((n, k)).or_default();
-        tuned.retain(|(tuned_m, _)| *tuned_m != m);
-        tuned.push((m, algo));
-        Ok(())
     }
 
     /// Records which path serves `[m, k] x [n, k]^T` from now on: the small-M kernel when
@@ -297,20 +177,8 @@ impl Gemm {
     pub fn matmul(
         &mut self,
         stream: sys::cudaStream_t,
-        ptrs: (u64, u64, u64),
-        dims: (usize, usize, usize),
-    ) -> Result<(), BackendError> {
-        self.matmul_candidate(stream, ptrs, dims, None)
-    }
-
-    /// [`Gemm::matmul`] by the shape's candidate algorithm `candidate` (see
-    /// [`Gemm::candidates`]), or by its kept algorithm when `None`.
-    pub fn matmul_candidate(
-        &mut self,
-        stream: sys::cudaStream_t,
         (x, w, out): (u64, u64, u64),
         (m, n, k): (usize, usize, usize),
-        candidate: Option<usize>,
     ) -> Result<(), BackendError> {
         if m == 0 {
             return Ok(());
@@ -318,12 +186,6 @@ impl Gemm {
         let workspace = self.workspace.ptr();
         let handle = self.handle;
         let plan = self.plan(Shape { m, n, k })?;
-        let algo = match candidate {
-            None => plan.algo,
-            Some(i) => *plan.candidates.get(i).ok_or_else(|| {
-                BackendError::Device(format!("no candidate algorithm {i} for m={m} n={n} k={k}"))
-            })?,
-        };
         let alpha: f32 = 1.0;
         let beta: f32 = 0.0;
         // SAFETY: the plan's descriptors are live and match these buffers' shapes and types; the
@@ -344,7 +206,7 @@ impl Gemm {
                 plan.d,
                 out as *mut c_void,
                 plan.d,
-                &algo,
+                &plan.algo,
                 workspace as *mut c_void,
                 WORKSPACE_BYTES,
                 stream,
@@ -367,27 +229,5 @@ impl Drop for Gemm {
         }
         // SAFETY: the handle was created by this value and is destroyed once.
         let _ = unsafe { lt::destroy_handle(self.handle) };
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::nearest_tuned;
-
-    #[test]
-    fn a_shape_starts_from_the_nearest_tuned_row_count_at_or_above_it() {
-        let tuned = [(64, 'a'), (128, 'b'), (256, 'c'), (2048, 'd')];
-        assert_eq!(nearest_tuned(&tuned, 128), Some(&'b'), "its own");
-        assert_eq!(nearest_tuned(&tuned, 100), Some(&'b'));
-        assert_eq!(nearest_tuned(&tuned, 129), Some(&'c'));
-        assert_eq!(
-            nearest_tuned(&tuned, 40),
-            Some(&'a'),
-            "64 is below twice 40"
-        );
-        assert_eq!(nearest_tuned(&tuned, 32), None, "64 is twice 32: too far");
-        assert_eq!(nearest_tuned(&tuned, 700), None, "2048 is too far above");
-        assert_eq!(nearest_tuned(&tuned, 4096), Some(&'d'), "beyond them all");
-        assert_eq!(nearest_tuned::<char>(&[], 256), None);
     }
 }

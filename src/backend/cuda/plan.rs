@@ -52,15 +52,6 @@ pub fn small_m_fits(m: usize, n: usize, k: usize) -> bool {
 /// `kernels/attention.cu` as `ATTN_REDUCE_THREADS` (a multiple of 32, at least head_dim / 4).
 pub const ATTN_REDUCE_THREADS: usize = 128;
 
-/// Row counts at which every layer product's cuBLASLt candidates are timed at start-up (the
-/// LM head's up to the row limit); a product of another row count starts from the algorithm kept
-/// for the nearest of these at or above it (see `gemm.rs`).
-pub const TUNED_ROWS: [usize; 6] = [64, 128, 256, 512, 1024, 2048];
-
-/// Products timed per candidate algorithm when tuning, after one warm-up run (each on another
-/// layer's weights, so none is read from L2).
-pub const TUNING_RUNS: usize = 4;
-
 /// Threads per block of the SwiGLU kernel (`kernels/swiglu.cu`).
 pub const SWIGLU_THREADS: usize = 256;
 
