@@ -375,6 +375,18 @@ mod tests {
         Scheduler::new(config, 1024, [0; 32])
     }
 
+    /// A scheduler of at most `max_num_seqs` sequences over `num_blocks` blocks, 512-token steps
+    /// and no prefix cache.
+    fn limited(max_num_seqs: usize, num_blocks: usize) -> Scheduler {
+        let config = EngineConfig {
+            max_num_seqs: Some(max_num_seqs),
+            max_batched_tokens: 512,
+            prefix_caching: false,
+            ..EngineConfig::default()
+        };
+        Scheduler::new(config, num_blocks, [0; 32])
+    }
+
     /// Runs a plan as the engine would: computes the tokens and, for rows whose prompt is done,
     /// appends a generated token. Rows whose sequence was removed meanwhile are skipped.
     fn complete(s: &mut Scheduler, plan: &[Scheduled]) {
@@ -421,13 +433,7 @@ mod tests {
 
     #[test]
     fn the_decode_load_counts_decoding_rows_their_context_and_the_batch_being_filled() {
-        let config = EngineConfig {
-            max_num_seqs: Some(4),
-            max_batched_tokens: 512,
-            prefix_caching: false,
-            ..EngineConfig::default()
-        };
-        let mut s = Scheduler::new(config, 1024, [0; 32]);
+        let mut s = limited(4, 1024);
         s.waiting.push_back(sequence(1, 20));
         s.waiting.push_back(sequence(2, 30));
         let plan = s.schedule(usize::MAX);
@@ -467,13 +473,7 @@ mod tests {
     fn plans_name_sequences_by_id_across_a_removal_and_a_preemption() {
         // Eight blocks of 16 tokens, all taken by the first step's four prompts (1, 2, 2 and 3
         // blocks).
-        let config = EngineConfig {
-            max_num_seqs: Some(8),
-            max_batched_tokens: 512,
-            prefix_caching: false,
-            ..EngineConfig::default()
-        };
-        let mut s = Scheduler::new(config, 8, [0; 32]);
+        let mut s = limited(8, 8);
         for (id, prompt_len) in [(1, 16), (2, 20), (3, 32), (4, 48)] {
             s.waiting.push_back(sequence(id, prompt_len));
         }

@@ -21,7 +21,8 @@
 //! lowered throughput.
 //!
 //! A decode step's measurement is used only near the context it was measured at: when the running
-//! rows' KV tokens have moved more than [`KV_DRIFT`] from it, or the bucket was never measured,
+//! rows' KV tokens have moved more than [`KV_DRIFT`] from it (and more than [`KV_DRIFT_FLOOR`]
+//! tokens), or the bucket was never measured,
 //! the step carries those rows alone, once, to measure it. Without that probe a freshly started
 //! engine under load would form only mixed steps, never learn what a decode step costs, and give
 //! every step the configured maximum, stalling every stream (the first serving run after a start
@@ -44,6 +45,11 @@ pub const MIN_PREFILL_TOKENS: usize = 64;
 /// How far (a fraction of the measured value) the decoding rows' KV tokens may move from a decode
 /// step's measurement before the step is measured again.
 pub const KV_DRIFT: f64 = 0.2;
+
+/// KV tokens the decoding rows may always move from a measurement: at short contexts the
+/// attention they add is small next to the weights' read, and a few rows' contexts grow by a
+/// fifth within a few steps.
+pub const KV_DRIFT_FLOOR: usize = 2048;
 
 /// Buckets of decode rows: bucket `b` holds `2^(b-1) < rows <= 2^b`.
 const BUCKETS: usize = 20;
@@ -73,10 +79,11 @@ struct DecodeSample {
 }
 
 impl DecodeSample {
-    /// Whether `kv_tokens` is within [`KV_DRIFT`] of this measurement's.
+    /// Whether `kv_tokens` is within [`KV_DRIFT`] of this measurement's, or within
+    /// [`KV_DRIFT_FLOOR`] tokens of it.
     fn holds_for(&self, kv_tokens: usize) -> bool {
-        let measured = self.kv_tokens.max(1) as f64;
-        (kv_tokens as f64 - measured).abs() <= KV_DRIFT * measured
+        let allowed = (KV_DRIFT * self.kv_tokens as f64).max(KV_DRIFT_FLOOR as f64);
+        kv_tokens.abs_diff(self.kv_tokens) as f64 <= allowed
     }
 }
 
@@ -274,6 +281,17 @@ mod tests {
             "beyond it the rows run alone once"
         );
         assert_eq!(costs.token_budget(grown(51_000)), 64, "shrunk contexts too");
+        // A few short contexts may move by the floor before they are measured again.
+        let mut short = StepCosts::new(1.5, 2048);
+        short.record(rows(0), 1000, ms(20));
+        let few = |kv_tokens| DecodeLoad {
+            rows: 4,
+            kv_tokens,
+            target_rows: 4,
+        };
+        short.record(few(400), 0, ms(5));
+        assert!(short.token_budget(few(400 + KV_DRIFT_FLOOR)) > 4);
+        assert_eq!(short.token_budget(few(401 + KV_DRIFT_FLOOR)), 4);
         // The probe replaces the old measurement rather than averaging with it.
         costs.record(grown(96_000), 0, ms(14));
         assert_eq!(costs.decode_estimate(64), Some(0.014));
