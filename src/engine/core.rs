@@ -16,7 +16,7 @@ use super::request::{FinishReason, GenerationEvent, StopReason};
 use super::sampling;
 use super::scheduler::{Scheduled, Scheduler};
 use super::sequence::Sequence;
-use super::step_cost::{DecodeLoad, StepCosts};
+use super::step_cost::StepCosts;
 use super::stop::StopOutcome;
 
 /// What the engine needs to know about the model besides its backend.
@@ -213,17 +213,7 @@ impl Worker {
                 .scheduler
                 .schedule(self.step_costs.token_budget(decoding));
             if !plan.is_empty() {
-                let mut decode = DecodeLoad::default();
-                let mut prefill_tokens = 0;
-                for scheduled in &plan {
-                    let seq = planned(&self.scheduler, scheduled);
-                    if seq.pending() > 1 {
-                        prefill_tokens += scheduled.num_tokens;
-                    } else {
-                        decode.rows += 1;
-                        decode.kv_tokens += seq.tokens.len();
-                    }
-                }
+                let (decode, prefill_tokens) = self.scheduler.plan_load(&plan);
                 let started = Instant::now();
                 self.step(&plan);
                 self.step_costs

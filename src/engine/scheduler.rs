@@ -111,7 +111,10 @@ impl Scheduler {
 
     /// Running sequences whose next step is a decode (one token).
     pub fn decoding_rows(&self) -> usize {
-        self.running.iter().filter(|s| s.pending() == 1).count()
+        self.running
+            .iter()
+            .filter(|s| s.decode_context().is_some())
+            .count()
     }
 
     /// The decode part of the next step: the running sequences that decode one token, the
@@ -121,14 +124,34 @@ impl Scheduler {
         let (rows, kv_tokens) = self
             .running
             .iter()
-            .filter(|s| s.pending() == 1)
-            .fold((0, 0), |(rows, kv), s| (rows + 1, kv + s.tokens.len()));
+            .filter_map(Sequence::decode_context)
+            .fold((0, 0), |(rows, kv), context| (rows + 1, kv + context));
         let wanted = (self.running.len() + self.waiting.len()).min(self.max_num_seqs);
         DecodeLoad {
             rows,
             kv_tokens,
             target_rows: wanted.max(rows),
         }
+    }
+
+    /// What `plan` computes: its decode part (rows and the context they attend to; the target
+    /// rows left at zero) and its prompt tokens.
+    pub fn plan_load(&self, plan: &[Scheduled]) -> (DecodeLoad, usize) {
+        let mut decode = DecodeLoad::default();
+        let mut prefill_tokens = 0;
+        for scheduled in plan {
+            let Some(seq) = self.get(scheduled.seq_id) else {
+                continue;
+            };
+            match seq.decode_context() {
+                Some(context) => {
+                    decode.rows += 1;
+                    decode.kv_tokens += context;
+                }
+                None => prefill_tokens += scheduled.num_tokens,
+            }
+        }
+        (decode, prefill_tokens)
     }
 
     /// Plans the next step within `token_budget` tokens (and `max_batched_tokens`). Every running
@@ -445,6 +468,11 @@ mod tests {
         // waiting requests, within the sequence limit of 4.
         s.waiting.push_back(sequence(3, 600));
         let plan = s.schedule(2 + 100);
+        let (decode, prefill_tokens) = s.plan_load(&plan);
+        assert_eq!(
+            (decode.rows, decode.kv_tokens, prefill_tokens),
+            (2, 52, 100)
+        );
         complete(&mut s, &plan);
         for id in 4..=9 {
             s.waiting.push_back(sequence(id, 4));

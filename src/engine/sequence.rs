@@ -57,6 +57,12 @@ impl Sequence {
         self.tokens.len() - self.num_computed
     }
 
+    /// The positions a decode row of this sequence attends to (its whole context), or `None`
+    /// when the sequence has more than its next token to compute (it is prefilling).
+    pub fn decode_context(&self) -> Option<usize> {
+        (self.pending() == 1).then_some(self.tokens.len())
+    }
+
     /// Blocks needed to hold `positions` tokens.
     pub fn blocks_for(positions: usize) -> usize {
         positions.div_ceil(BLOCK_SIZE)
