@@ -6,27 +6,36 @@
 // serves the tile's query vectors r = token * GROUP + g (g: the query heads of one KV head),
 // F_ROWS rows of which each warp owns 16, and walks its share of the sequence's keys F_KEYS at a
 // time. The keys and values of each key tile (this KV head's rows of the cache blocks) are copied
-// into shared memory with cp.async, in two stages: the next tile's copy runs while the warps use
-// this one. Rows are padded to HEAD_DIM + 8 bf16 so the ldmatrix reads of eight rows hit eight
-// different banks. Each key and value is thus read once per tile and KV head, for all its query
-// rows. The QKV kernel has already written this step's keys and values, so earlier chunks
+// into shared memory with cp.async, in stages: the next tile's copy runs while the warps use
+// this one. Each key and value is thus read once per tile and KV head, for all its query rows. The QKV kernel has already written this step's keys and values, so earlier chunks
 // (chunked prefill) and cached prefix blocks are read exactly like this step's own; slots outside
 // [first position, last position] of the tile's rows are never read (their stage is filled with
 // zeros).
 //
-// Per warp and key tile (mma.sync m16n8k16, bf16 inputs, fp32 accumulation):
-//   S = Q K^T: the warp's 16 query rows (A fragments, loaded once from global memory) against the
-//       tile's keys (B fragments by ldmatrix from the staged rows);
+// Per key tile, in one of two product paths (F_WGMMA from the host), bf16 inputs, fp32 sums:
+//   S = Q K^T: the query rows as A fragments in registers (loaded once from global memory)
+//       against the tile's keys;
 //   scores masked (causal: key <= the row's position; sliding window: key > position -
 //       SLIDING_WINDOW) only in key tiles that cross a row's range, online softmax per row over
 //       the raw scores (max and sum), the scale into the log2 domain folded into each exp2's
 //       argument (one FMA);
 //   O += P V: P rounded to bf16 straight from the S accumulators (their fragment layout is the A
-//       layout of the next product), V by ldmatrix.trans; O is rescaled only when a maximum of
-//       the warp's rows moved (else every factor is exactly 1).
-// A key tile entirely after a warp's last row position is skipped by that warp (causal skip).
-// The instructions around the products, not the products, bound this kernel (ncu: 2 issued per
-// cycle, 12 warps per SM at 168 registers): every one saved per key tile counts.
+//       layout of the next product); O is rescaled only when a maximum of the warp's rows moved
+//       (else every factor is exactly 1).
+// F_WGMMA 0 (mma.sync m16n8k16, sm_80 on): each warp multiplies its 16 rows by B fragments it
+// reads with ldmatrix (ldmatrix.trans for V) from rows padded to HEAD_DIM + 8 bf16, so eight rows'
+// reads hit eight different banks; a key tile entirely after a warp's last row position is skipped
+// by that warp. The instructions around the products bound it (ncu: 2 issued per cycle, 12 warps
+// per SM at 168 registers).
+// F_WGMMA 1 (Hopper wgmma.mma_async m64n128k16 and m64n64k16, sm_90a, HEAD_DIM 64 or 128): each
+// warpgroup (4 warps, 64 rows) issues its products asynchronously, A (Q, then P) from registers
+// and B read by the tensor cores from shared memory; K and V are staged in the 128-byte-swizzled
+// layout those reads expect (K as a K-major B operand, V as an N-major one), F_STAGES stages in
+// dynamic shared memory (F_SHARED bytes). The loop is software-pipelined: tile i's softmax runs
+// while the tensor cores multiply tile i - 1's P by its V. A warpgroup with rows walks every key
+// tile of its block (on one code path, so ptxas keeps the products asynchronous); one without
+// rows only helps stage the tiles. Tiles of at most FS_ROWS query vectors go to the small-tile
+// variant (F_SMALL_VARIANT) instead (src/backend/cuda/inputs.rs: pack_step).
 //
 // Split over the context: with `splits` > 1 (grid z), block z walks only the z-th of `splits`
 // equal runs of the tile's key tiles and writes unnormalised partial results (acc, and max and
@@ -38,13 +47,28 @@
 // the 4 lanes of a row merge their partial sums and the block writes O / sum as bf16 to out
 // [T, NUM_Q_HEADS * HEAD_DIM], like attention_reduce writes.
 //
-// F_ROWS and F_KEYS come from the host (src/backend/cuda/plan.rs: FLASH_ROWS, FLASH_KEYS). The
-// kernel serves head_dim multiples of 16 up to 128 on sm_80 or newer; for other shapes the host
-// sends prefill through the paged kernel (plan::flash_tile_tokens returns 0) and this entry point
-// is an empty body. Measured (docs/benchmarks.md): 64 rows beat 128, two 32-key stages beat one
-// 64-key stage loaded synchronously, two 16-row tiles per warp (the query rows staged in shared
-// memory, each K/V fragment serving both) lost 25% at 8k (at 242 registers only 8 warps fit per
-// SM against 12), and the lazy rescale with boundary-only masks gained 7-19%.
+// F_WGMMA, F_ROWS, F_KEYS and F_SHARED come from the host (src/backend/cuda/plan.rs:
+// flash_geometry). The kernel serves head_dim multiples of 16 up to 128 on sm_80 or newer; for
+// other shapes the host sends prefill through the paged kernel (plan::flash_tile_tokens returns 0)
+// and this entry point is an empty body. Measured for the mma.sync path (docs/benchmarks.md): 64
+// rows beat 128, two 32-key stages beat one 64-key stage loaded synchronously, two 16-row tiles per
+// warp lost 25% at 8k (242 registers), and the lazy rescale with boundary-only masks gained 7-19%.
+
+// The small-tile variant (family prefill_attention_small.cu, this source after
+// `#define F_SMALL_VARIANT`): the mma.sync path in the host's FS_ROWS / FS_KEYS geometry, for
+// tiles of at most FS_ROWS query vectors (a mixed step's decode rows, a chunk's short tail),
+// which several blocks per SM then serve.
+#ifdef F_SMALL_VARIANT
+#undef F_WGMMA
+#undef F_ROWS
+#undef F_KEYS
+#undef F_SHARED
+#define F_WGMMA 0
+#define F_ROWS FS_ROWS
+#define F_KEYS FS_KEYS
+#define F_SHARED 0
+#define prefill_attention prefill_attention_small
+#endif
 
 #define F_GROUP (NUM_Q_HEADS / NUM_KV_HEADS)
 #define F_WARPS (F_ROWS / 16)
@@ -55,7 +79,20 @@
 #define F_KTILES (F_KEYS / 8)
 #define F_CHUNKS (HEAD_DIM / 8)
 #define F_LOG2E 1.4426950408889634f
+#define F_HALF_BYTES (F_KEYS * 128)
+#define F_TILE_BYTES (F_KEYS * HEAD_DIM * 2)
+#define F_STAGES 3
+// Keys per S = Q K^T product of the wgmma path: 128 where the tile allows (half the products, and
+// the A fragments read half as often, as with 64).
+#if F_KEYS % 128 == 0
+#define F_QK_N 128
+#else
+#define F_QK_N 64
+#endif
 
+#if F_WGMMA && (HEAD_DIM % 64 != 0 || F_KEYS % 64 != 0 || F_ROWS % 64 != 0)
+#error "F_WGMMA needs HEAD_DIM, F_KEYS and F_ROWS multiples of 64"
+#endif
 #if HEAD_DIM % 16 == 0 && HEAD_DIM <= 128 && F_GROUP <= F_ROWS && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
 #define F_SUPPORTED 1
 #else
@@ -89,9 +126,166 @@ __device__ __forceinline__ void f_copy16_async(unsigned int dst, const void* src
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 
+#if F_WGMMA
+// Warpgroup products (Hopper wgmma): the accumulators and A fragments a warpgroup's registers
+// hold must not be touched between f_wgmma_fence and f_wgmma_wait except by wgmma itself.
+__device__ __forceinline__ void f_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void f_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void f_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+
+// Orders later uses of N accumulators after the wait that completed them (the compiler sees no
+// other dependency between the asynchronous product and the registers it writes).
+template <int N>
+__device__ __forceinline__ void f_fence_operands(float* d) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// The shared-memory descriptor of a 128-byte-swizzled operand at `address` (1024-byte aligned
+// swizzle atoms of 8 rows of 128 bytes; `stride` bytes between 8-row groups).
+__device__ __forceinline__ unsigned long long f_descriptor(unsigned int address, unsigned int leading,
+                                                           unsigned int stride) {
+    return (unsigned long long)((address & 0x3FFFF) >> 4) | ((unsigned long long)(leading >> 4) << 16) |
+           ((unsigned long long)(stride >> 4) << 32) | (1ull << 62);
+}
+
+// d (64 x 64, fp32, the m64n64 accumulator layout: warp w of the warpgroup holds rows 16w..16w+15
+// as mma.sync m16n8k16's C tiles 0-7) (+)= a (64 x 16 bf16 from registers, mma.sync's A layout per
+// warp) * b (16 x 64 from shared memory, described by `b`; TRANS_B 0: K-major, 1: N-major).
+// `accumulate` 0 overwrites d.
+template <int TRANS_B>
+__device__ __forceinline__ void f_wgmma_64x64(float* d, const unsigned int* a, unsigned long long b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, %37;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B), "r"(accumulate)
+        : "memory");
+}
+
+// The same with N = 128: d holds 64 accumulators (the m64n128 layout: C tiles 0-15 per warp).
+template <int TRANS_B>
+__device__ __forceinline__ void f_wgmma_64x128(float* d, const unsigned int* a, unsigned long long b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %70, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, %69;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B), "r"(accumulate)
+        : "memory");
+}
 #endif
 
-extern "C" __global__ void __launch_bounds__(F_WARPS * 32)
+#endif
+
+
+#if F_SUPPORTED
+// 2^x in one MUFU instruction (results below the smallest normal float flush to 0, which the
+// softmax's probabilities lose nothing by; exp2f without fast math adds a denormal fix-up).
+__device__ __forceinline__ float f_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// One key tile's online softmax for a thread's two rows (a, b): masks the raw scores s where a key
+// of the tile may fall outside a row's range (causal: key <= the row's position; sliding window:
+// key > position - SLIDING_WINDOW), moves the running maxima m (raw scores: the scale is
+// positive) and sums l, and writes P = exp2(S * scale - max) as bf16 A fragments of P V (16 keys
+// each) and the factors alpha that rescale the rows' accumulators. Returns whether a maximum of
+// the warp's rows moved (else every factor is exactly 1 and the caller skips f_rescale).
+__device__ __forceinline__ bool f_online_softmax(float (&s)[F_KTILES][4], unsigned int (&p)[F_KTILES / 2][4],
+                                                 float& m_a, float& m_b, float& l_a, float& l_b, float& alpha_a,
+                                                 float& alpha_b, int kb, int pos_a, int pos_b, int warp_first_pos,
+                                                 int warp_last_pos, int pair, float log2_scale) {
+    bool whole = kb + F_KEYS - 1 <= warp_first_pos;
+#if SLIDING_WINDOW > 0
+    whole = whole && kb > warp_last_pos - SLIDING_WINDOW;
+#endif
+    if (!whole) {
+#pragma unroll
+        for (int n = 0; n < F_KTILES; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int j = kb + n * 8 + pair + e;
+                bool ok_a = j <= pos_a;
+                bool ok_b = j <= pos_b;
+#if SLIDING_WINDOW > 0
+                ok_a = ok_a && j > pos_a - SLIDING_WINDOW;
+                ok_b = ok_b && j > pos_b - SLIDING_WINDOW;
+#endif
+                if (!ok_a) s[n][e] = -INFINITY;
+                if (!ok_b) s[n][2 + e] = -INFINITY;
+            }
+        }
+    }
+    float top_a = m_a, top_b = m_b;
+#pragma unroll
+    for (int n = 0; n < F_KTILES; ++n) {
+        top_a = fmaxf(top_a, fmaxf(s[n][0], s[n][1]));
+        top_b = fmaxf(top_b, fmaxf(s[n][2], s[n][3]));
+    }
+#pragma unroll
+    for (int x = 1; x < 4; x <<= 1) {
+        top_a = fmaxf(top_a, __shfl_xor_sync(0xffffffffu, top_a, x));
+        top_b = fmaxf(top_b, __shfl_xor_sync(0xffffffffu, top_b, x));
+    }
+    // Scaled into the log2 domain only inside the exponentials; a row with no key yet subtracts 0
+    // (its scores are all -inf, their exponentials 0).
+    const float base_a = top_a == -INFINITY ? 0.0f : top_a * log2_scale;
+    const float base_b = top_b == -INFINITY ? 0.0f : top_b * log2_scale;
+    alpha_a = f_exp2(fmaf(m_a, log2_scale, -base_a));
+    alpha_b = f_exp2(fmaf(m_b, log2_scale, -base_b));
+    const bool moved = __any_sync(0xffffffffu, top_a != m_a || top_b != m_b);
+    m_a = top_a;
+    m_b = top_b;
+    float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+    for (int n = 0; n < F_KTILES; ++n) {
+        const float p0 = f_exp2(fmaf(s[n][0], log2_scale, -base_a));
+        const float p1 = f_exp2(fmaf(s[n][1], log2_scale, -base_a));
+        const float p2 = f_exp2(fmaf(s[n][2], log2_scale, -base_b));
+        const float p3 = f_exp2(fmaf(s[n][3], log2_scale, -base_b));
+        sum_a += p0 + p1;
+        sum_b += p2 + p3;
+        p[n / 2][(n & 1) * 2] = pack_bf16x2(p0, p1);
+        p[n / 2][(n & 1) * 2 + 1] = pack_bf16x2(p2, p3);
+    }
+    l_a = l_a * alpha_a + sum_a;
+    l_b = l_b * alpha_b + sum_b;
+    return moved;
+}
+
+// O *= alpha per row (a: fragment elements 0-1, b: 2-3).
+__device__ __forceinline__ void f_rescale(float (&o)[F_DTILES][4], float alpha_a, float alpha_b) {
+#pragma unroll
+    for (int i = 0; i < F_DTILES; ++i) {
+        o[i][0] *= alpha_a;
+        o[i][1] *= alpha_a;
+        o[i][2] *= alpha_b;
+        o[i][3] *= alpha_b;
+    }
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(F_WARPS * 32, 1)
 prefill_attention(const bf16* __restrict__ q,
                   const bf16* __restrict__ k_cache,
                   const bf16* __restrict__ v_cache,
@@ -107,12 +301,11 @@ prefill_attention(const bf16* __restrict__ q,
                   float* __restrict__ part_ml) {
     await_previous_kernels();
 #if F_SUPPORTED
-    // Two stages of keys and values: the next tile is copied while this one is used.
-    __shared__ __align__(16) bf16 ks[2][F_KEYS * F_STRIDE];
-    __shared__ __align__(16) bf16 vs[2][F_KEYS * F_STRIDE];
-
-    const int t0 = tiles[2 * blockIdx.x];
-    const int tokens = min(tiles[2 * blockIdx.x + 1], F_TOKENS);
+    // The last tiles first: a prompt's later tiles attend to more keys, and blocks that start
+    // longest finish the launch with fewer idle SMs.
+    const int tile = gridDim.x - 1 - blockIdx.x;
+    const int t0 = tiles[2 * tile];
+    const int tokens = min(tiles[2 * tile + 1], F_TOKENS);
     const int kvh = blockIdx.y;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -132,7 +325,7 @@ prefill_attention(const bf16* __restrict__ q,
     const int kb_end = min((first_tile + ((int)blockIdx.z + 1) * per_split) * F_KEYS, last_pos + 1);
 
     // This thread's two rows of the warp's 16 (fragment rows lane / 4 and lane / 4 + 8), their
-    // positions (-1: an unused row, every key masked), and the warp's last position.
+    // positions (-1: an unused row, every key masked), and the warp's first and last positions.
     const int quad = lane >> 2;
     const int pair = (lane & 3) * 2;
     const int row_a = warp * 16 + quad;
@@ -164,6 +357,148 @@ prefill_attention(const bf16* __restrict__ q,
     float m_a = -INFINITY, m_b = -INFINITY;
     float l_a = 0.0f, l_b = 0.0f;
     const float log2_scale = scale * F_LOG2E;
+
+#if F_WGMMA
+    // F_STAGES stages, each the tile's keys then its values: per HEAD_DIM / 64 column half, F_KEYS rows
+    // of 128 bytes, the 16-byte chunk c of row r at chunk c ^ (r % 8) (the 128-byte swizzle wgmma
+    // reads), from a 1024-byte aligned base.
+    extern __shared__ __align__(1024) unsigned char f_dynamic[];
+    static_assert(F_STAGES * 2 * F_TILE_BYTES + 1024 <= F_SHARED, "F_SHARED too small for the stages");
+    const unsigned int stage0 = (f_shared_address(f_dynamic) + 1023u) & ~1023u;
+    // Each thread copies one 16-byte chunk of every F_PASS_KEYS-th key: its chunk, its first key
+    // and so its swizzled place in a stage are fixed, and each pass reads one cache block entry.
+    constexpr int F_PASS_KEYS = F_WARPS * 32 / F_CHUNKS;
+    static_assert(F_WARPS * 32 % F_CHUNKS == 0 && F_PASS_KEYS % 8 == 0 && F_KEYS % F_PASS_KEYS == 0,
+                  "a pass must cover whole swizzle atoms and a tile whole passes");
+    const int my_chunk = threadIdx.x % F_CHUNKS;
+    const int my_key = threadIdx.x / F_CHUNKS;
+    const unsigned int my_at =
+        (my_chunk >> 3) * F_HALF_BYTES + my_key * 128 + (((my_chunk & 7) ^ (my_key & 7)) << 4);
+    const bf16* my_k = k_cache + kvh * HEAD_DIM + my_chunk * 8;
+    const bf16* my_v = v_cache + kvh * HEAD_DIM + my_chunk * 8;
+    auto stage = [&](int kb, int buf) {
+        const unsigned int k_stage = stage0 + buf * 2 * F_TILE_BYTES + my_at;
+#pragma unroll
+        for (int pass = 0; pass < F_KEYS / F_PASS_KEYS; ++pass) {
+            const int j = kb + my_key + pass * F_PASS_KEYS;
+            const bool valid = j >= first_pos && j <= last_pos;
+            const size_t row = valid ? ((size_t)table[j / KV_BLOCK] * KV_BLOCK + j % KV_BLOCK) * NUM_KV_HEADS * HEAD_DIM : 0;
+            const unsigned int at = k_stage + pass * F_PASS_KEYS * 128;
+            f_copy16_async(at, my_k + row, valid);
+            f_copy16_async(at + F_TILE_BYTES, my_v + row, valid);
+        }
+        asm volatile("cp.async.commit_group;");
+    };
+
+    // Software pipeline over three stages: in iteration i a warpgroup issues S_i = Q K_i^T and
+    // then O += P_(i-1) V_(i-1), waits for S_i only, and runs tile i's softmax on the CUDA cores
+    // while the tensor cores finish P_(i-1) V_(i-1); O is rescaled once that product is done.
+    // Stage i % F_STAGES holds tile i; at the top of iteration i every warpgroup has finished
+    // with tile i - 2, so tile i + 1 is copied into its stage while tile i is used.
+    auto products_pv = [&](const unsigned int (&pv)[F_KTILES / 2][4], int buf) {
+        const unsigned int v_stage = stage0 + buf * 2 * F_TILE_BYTES + F_TILE_BYTES;
+#pragma unroll
+        for (int k = 0; k < F_KEYS / 16; ++k) {
+            // N-major: the values' rows are keys, 16 per product; 8-key groups 1024 bytes apart,
+            // 64-dimension column halves F_HALF_BYTES apart.
+            const unsigned int at = v_stage + k * 16 * 128;
+#if HEAD_DIM == 128
+            f_wgmma_64x128<1>(&o[0][0], pv[k], f_descriptor(at, F_HALF_BYTES, 1024), 1);
+#else
+            f_wgmma_64x64<1>(&o[0][0], pv[k], f_descriptor(at, 1024, 1024), 1);
+#endif
+        }
+        f_wgmma_commit();
+    };
+    auto finish_pv = [&](unsigned int (&pv)[F_KTILES / 2][4]) {
+        f_wgmma_wait();
+        f_fence_operands<F_DTILES * 4>(&o[0][0]);
+#pragma unroll
+        for (int k = 0; k < F_KEYS / 16; ++k) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(pv[k][e])::"memory");
+        }
+    };
+
+    // Waits for tile i (its stage `buf`), makes it visible to wgmma's reads and, once every
+    // warpgroup is done with tile i - 2, starts copying tile i + 1 into that tile's stage.
+    auto next_tile = [&](int kb, int i) {
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads();
+        if (kb + F_KEYS < kb_end) stage(kb + F_KEYS, (i + 1) % F_STAGES);
+    };
+    // S = Q K^T over tile i: per 64 keys, HEAD_DIM / 16 products over 16 dimensions (K-major: 32
+    // bytes further along the swizzled rows per step, the next column half after four).
+    auto products_qk = [&](float (&s)[F_KTILES][4], int i) {
+        const unsigned int k_stage = stage0 + (i % F_STAGES) * 2 * F_TILE_BYTES;
+        f_wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < F_KEYS / F_QK_N; ++j) {
+#pragma unroll
+            for (int d = 0; d < F_DSTEPS; ++d) {
+                const unsigned int at = k_stage + (d >> 2) * F_HALF_BYTES + j * F_QK_N * 128 + (d & 3) * 32;
+#if F_QK_N == 128
+                f_wgmma_64x128<0>(&s[j * 16][0], qa[d], f_descriptor(at, 16, 1024), d > 0);
+#else
+                f_wgmma_64x64<0>(&s[j * 8][0], qa[d], f_descriptor(at, 16, 1024), d > 0);
+#endif
+            }
+        }
+        f_wgmma_commit();
+    };
+
+    // A warpgroup with rows walks every key tile of the block (a tile after all of its rows is
+    // masked whole), its products on one path so ptxas keeps them asynchronous; a warpgroup
+    // without rows (a tile of few tokens: a decode row of a mixed step) only helps stage the
+    // tiles.
+    const int num_tiles = kb_end > kb_begin ? (kb_end - kb_begin + F_KEYS - 1) / F_KEYS : 0;
+    if ((warp >> 2) * 64 >= rows_used) {
+        if (num_tiles > 0) stage(kb_begin, 0);
+        for (int i = 0; i < num_tiles; ++i) next_tile(kb_begin + i * F_KEYS, i);
+    } else {
+        unsigned int p[F_KTILES / 2][4];  // P of the previous tile, its P V not issued yet
+        if (num_tiles > 0) {
+            stage(kb_begin, 0);
+            next_tile(kb_begin, 0);
+            float s[F_KTILES][4];
+            products_qk(s, 0);
+            f_wgmma_wait();
+            f_fence_operands<F_KTILES * 4>(&s[0][0]);
+            float alpha_a, alpha_b;
+            f_online_softmax(s, p, m_a, m_b, l_a, l_b, alpha_a, alpha_b, kb_begin, pos_a, pos_b, warp_first_pos,
+                             warp_last_pos, pair, log2_scale);
+        }
+        for (int i = 1; i < num_tiles; ++i) {
+            const int kb = kb_begin + i * F_KEYS;
+            next_tile(kb, i);
+            float s[F_KTILES][4];
+            products_qk(s, i);
+            products_pv(p, (i - 1) % F_STAGES);
+            asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // S only
+            f_fence_operands<F_KTILES * 4>(&s[0][0]);
+            unsigned int p_next[F_KTILES / 2][4];
+            float alpha_a, alpha_b;
+            const bool moved = f_online_softmax(s, p_next, m_a, m_b, l_a, l_b, alpha_a, alpha_b, kb, pos_a, pos_b,
+                                                warp_first_pos, warp_last_pos, pair, log2_scale);
+            finish_pv(p);
+            if (moved) f_rescale(o, alpha_a, alpha_b);
+#pragma unroll
+            for (int k = 0; k < F_KEYS / 16; ++k) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) p[k][e] = p_next[k][e];
+            }
+        }
+        if (num_tiles > 0) {
+            f_wgmma_fence();
+            products_pv(p, (num_tiles - 1) % F_STAGES);
+            finish_pv(p);
+        }
+    }
+#else
+    // Two stages of keys and values: the next tile is copied while this one is used.
+    __shared__ __align__(16) bf16 ks[2][F_KEYS * F_STRIDE];
+    __shared__ __align__(16) bf16 vs[2][F_KEYS * F_STRIDE];
 
     // ldmatrix row addresses of this thread: matrix lane / 8, row lane % 8.
     const int mat = lane >> 3;
@@ -220,78 +555,11 @@ prefill_attention(const bf16* __restrict__ q,
             }
         }
 
-        // Mask the raw scores where a key of the tile may fall outside a row's range (causal:
-        // key <= the row's position; sliding window: key > position - SLIDING_WINDOW), and
-        // update the running maxima (of raw scores: the scale is positive).
-        bool whole = kb + F_KEYS - 1 <= warp_first_pos;
-#if SLIDING_WINDOW > 0
-        whole = whole && kb > warp_last_pos - SLIDING_WINDOW;
-#endif
-        if (!whole) {
-#pragma unroll
-            for (int n = 0; n < F_KTILES; ++n) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int j = kb + n * 8 + pair + e;
-                    bool ok_a = j <= pos_a;
-                    bool ok_b = j <= pos_b;
-#if SLIDING_WINDOW > 0
-                    ok_a = ok_a && j > pos_a - SLIDING_WINDOW;
-                    ok_b = ok_b && j > pos_b - SLIDING_WINDOW;
-#endif
-                    if (!ok_a) s[n][e] = -INFINITY;
-                    if (!ok_b) s[n][2 + e] = -INFINITY;
-                }
-            }
-        }
-        float top_a = m_a, top_b = m_b;
-#pragma unroll
-        for (int n = 0; n < F_KTILES; ++n) {
-            top_a = fmaxf(top_a, fmaxf(s[n][0], s[n][1]));
-            top_b = fmaxf(top_b, fmaxf(s[n][2], s[n][3]));
-        }
-#pragma unroll
-        for (int x = 1; x < 4; x <<= 1) {
-            top_a = fmaxf(top_a, __shfl_xor_sync(0xffffffffu, top_a, x));
-            top_b = fmaxf(top_b, __shfl_xor_sync(0xffffffffu, top_b, x));
-        }
-        // Scaled into the log2 domain only inside the exponentials; a row with no key yet
-        // subtracts 0 (its scores are all -inf, their exponentials 0).
-        const float base_a = top_a == -INFINITY ? 0.0f : top_a * log2_scale;
-        const float base_b = top_b == -INFINITY ? 0.0f : top_b * log2_scale;
-        const float alpha_a = exp2f(fmaf(m_a, log2_scale, -base_a));
-        const float alpha_b = exp2f(fmaf(m_b, log2_scale, -base_b));
-        // The accumulators are rescaled only when a maximum of the warp's rows moved (else every
-        // factor is exactly 1).
-        const bool moved = __any_sync(0xffffffffu, top_a != m_a || top_b != m_b);
-        m_a = top_a;
-        m_b = top_b;
-
-        // P = exp2(S * scale - max), its row sums, and P as the A fragments of P V (16 keys per
-        // step).
         unsigned int p[F_KTILES / 2][4];
-        float sum_a = 0.0f, sum_b = 0.0f;
-#pragma unroll
-        for (int n = 0; n < F_KTILES; ++n) {
-            const float p0 = exp2f(fmaf(s[n][0], log2_scale, -base_a));
-            const float p1 = exp2f(fmaf(s[n][1], log2_scale, -base_a));
-            const float p2 = exp2f(fmaf(s[n][2], log2_scale, -base_b));
-            const float p3 = exp2f(fmaf(s[n][3], log2_scale, -base_b));
-            sum_a += p0 + p1;
-            sum_b += p2 + p3;
-            p[n / 2][(n & 1) * 2] = pack_bf16x2(p0, p1);
-            p[n / 2][(n & 1) * 2 + 1] = pack_bf16x2(p2, p3);
-        }
-        l_a = l_a * alpha_a + sum_a;
-        l_b = l_b * alpha_b + sum_b;
-        if (moved) {
-#pragma unroll
-            for (int i = 0; i < F_DTILES; ++i) {
-                o[i][0] *= alpha_a;
-                o[i][1] *= alpha_a;
-                o[i][2] *= alpha_b;
-                o[i][3] *= alpha_b;
-            }
+        float alpha_a, alpha_b;
+        if (f_online_softmax(s, p, m_a, m_b, l_a, l_b, alpha_a, alpha_b, kb, pos_a, pos_b, warp_first_pos,
+                             warp_last_pos, pair, log2_scale)) {
+            f_rescale(o, alpha_a, alpha_b);
         }
 
         // O += P V, two 8-dimension tiles per ldmatrix.x4.trans.
@@ -307,6 +575,7 @@ prefill_attention(const bf16* __restrict__ q,
             }
         }
     }
+#endif
 
     // Merge the row sums of the 4 lanes that share a row, then write O / sum (one split) or the
     // unnormalised partial result (several).

@@ -85,7 +85,7 @@ if has attention; then
   A=$OUT/attention
   mkdir -p "$A"
   attn_build() { # NAME SOURCE_DIR Q KV HEAD_DIM WINDOW
-    nvcc -O3 -arch=sm_90a -std=c++17 -I"$2" -I"$G/kernels" -DNUM_Q_HEADS=$3 -DNUM_KV_HEADS=$4 -DHEAD_DIM=$5 \
+    nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I"$2" -I"$G/kernels" -DNUM_Q_HEADS=$3 -DNUM_KV_HEADS=$4 -DHEAD_DIM=$5 \
       -DSLIDING_WINDOW=$6 -DKV_BLOCK=16 -DATTN_WARPS=4 -DATTN_MIN_PARTITION=32 -DATTN_REDUCE_THREADS=128 -Xptxas -v \
       "$G/attention-check.cu" -o "$A/$1" >"$A/$1.build.log" 2>&1 || echo "BUILD FAILED $1" | tee -a "$SUMMARY"
   }
@@ -148,43 +148,52 @@ PREFILL_CONFIGS=${PREFILL_CONFIGS:-"8 8 64 0;8 8 128 0;16 8 64 0;16 8 128 0;12 4
 if has prefillattn; then
   A=$OUT/prefillattn
   mkdir -p "$A"
-  # The launch geometry the backend passes (src/backend/cuda/plan.rs: FLASH_ROWS, FLASH_KEYS; ATTN_*
-  # for attention_reduce), overridable to compare others in one run.
+  # The launch geometry the backend passes (src/backend/cuda/plan.rs: flash_geometry; ATTN_* for
+  # attention_reduce): on sm_90a, head_dim a multiple of 64 takes the wgmma kernel (128 rows, three
+  # 128-key stages in dynamic shared memory), other head_dims the mma.sync one (64 rows, 32 keys).
   REDUCE_GEOMETRY="-DATTN_WARPS=4 -DATTN_MIN_PARTITION=32 -DATTN_REDUCE_THREADS=128"
-  GEOMETRY="-DF_ROWS=${F_ROWS:-64} -DF_KEYS=${F_KEYS:-32} $REDUCE_GEOMETRY"
+  geometry() { # HEAD_DIM [ROWS KEYS WGMMA]: the defines of that geometry
+    local wg=${4:-$(( $1 % 64 == 0 ? 1 : 0 ))}
+    local rows=${2:-$(( wg ? 128 : 64 ))} keys=${3:-$(( wg ? 128 : 32 ))}
+    echo "-DF_WGMMA=$wg -DF_ROWS=$rows -DF_KEYS=$keys -DF_SHARED=$(( wg ? 3 * 2 * keys * $1 * 2 + 1024 : 0 )) $REDUCE_GEOMETRY"
+  }
   prefill_build() { # NAME SOURCE_DIR Q KV HEAD_DIM WINDOW [EXTRA_NVCC_FLAGS] (HARNESS: another harness)
-    nvcc -O3 -arch=sm_90a -std=c++17 -I"$2" -I"$G/kernels" -DNUM_Q_HEADS=$3 -DNUM_KV_HEADS=$4 -DHEAD_DIM=$5 \
+    nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I"$2" -I"$G/kernels" -DNUM_Q_HEADS=$3 -DNUM_KV_HEADS=$4 -DHEAD_DIM=$5 \
       -DSLIDING_WINDOW=$6 -DKV_BLOCK=16 ${7:-} -Xptxas -v \
       "${HARNESS:-$G/prefill-check.cu}" -lcublas -o "$A/$1" >"$A/$1.build.log" 2>&1 || echo "BUILD FAILED $1: $(grep -m2 error "$A/$1.build.log")" | tee -a "$SUMMARY"
   }
   IFS=';' read -ra PREFILL_LIST <<<"$PREFILL_CONFIGS"
   for cfg in "${PREFILL_LIST[@]}"; do
     set -- $cfg
-    prefill_build "prefill-$1-$2-$3-$4" "$G/kernels" "$@" "$GEOMETRY" &
+    prefill_build "prefill-$1-$2-$3-$4" "$G/kernels" "$@" "$(geometry $3)" &
   done
-  # PREFILL_VARIANTS: more geometries of the 8B heads to bench beside it, e.g. "128 32;64 64" (rows, keys).
+  # The mma.sync kernel on the 8B heads beside the wgmma one, tested and benched.
+  prefill_build prefill-mma-32-8-128-0 "$G/kernels" 32 8 128 0 "$(geometry 128 64 32 0)" &
+  # PREFILL_VARIANTS: more geometries of the 8B heads to bench beside it, e.g. "128 64 1;64 32 0"
+  # (rows, keys, wgmma).
   IFS=';' read -ra VARIANT_LIST <<<"${PREFILL_VARIANTS:-}"
   for variant in "${VARIANT_LIST[@]}"; do
     set -- $variant
-    prefill_build "prefill-v$1x$2-32-8-128-0" "$G/kernels" 32 8 128 0 "-DF_ROWS=$1 -DF_KEYS=$2 $REDUCE_GEOMETRY" &
+    prefill_build "prefill-v$1x$2w$3-32-8-128-0" "$G/kernels" 32 8 128 0 "$(geometry 128 $1 $2 $3)" &
   done
   # A previous kernel and its harness (prefill-old.cu, prefill-check-old.cu) for a side-by-side bench.
-  [ -f "$G/prefill-old.cu" ] && { mkdir -p "$A/old" && cp "$G/prefill-old.cu" "$A/old/prefill_attention.cu" && HARNESS="$G/prefill-check-old.cu" prefill_build prefill-old-32-8-128-0 "$A/old" 32 8 128 0 "$GEOMETRY" & }
+  [ -f "$G/prefill-old.cu" ] && { mkdir -p "$A/old" && cp "$G/prefill-old.cu" "$A/old/prefill_attention.cu" && HARNESS="$G/prefill-check-old.cu" prefill_build prefill-old-32-8-128-0 "$A/old" 32 8 128 0 "$(geometry 128 64 32 0)" & }
   wait
-  grep -h -A2 "for prefill_attention" "$A"/prefill-32-8-128-0.build.log 2>/dev/null | grep -E "Used|spill" | tee -a "$SUMMARY"
+  grep -h -A2 "for prefill_attention" "$A"/prefill-32-8-128-0.build.log "$A"/prefill-mma-32-8-128-0.build.log 2>/dev/null | grep -E "Used|spill" | tee -a "$SUMMARY"
   fails=0
-  for cfg in "${PREFILL_LIST[@]}"; do
+  for cfg in "${PREFILL_LIST[@]}" "32 8 128 0 mma"; do
     set -- $cfg
+    [ -n "${5:-}" ] && set -- "mma-$1" "$2" "$3" "$4"
     "$A/prefill-$1-$2-$3-$4" test >"$A/test-$1-$2-$3-$4.log" 2>&1 || fails=$((fails + 1))
     grep -h '^RESULT' "$A/test-$1-$2-$3-$4.log" >>"$SUMMARY" || echo "prefill test $cfg: no result" | tee -a "$SUMMARY"
     grep -h '^MISMATCH' "$A/test-$1-$2-$3-$4.log" | head -3 >>"$SUMMARY"
   done
   note "prefill attention kernel tests: ${#PREFILL_LIST[@]} configurations, $fails failed"
-  for name in prefill-32-8-128-0 prefill-16-2-64-100 prefill-6-2-16-0; do
+  for name in prefill-32-8-128-0 prefill-16-2-64-100 prefill-6-2-16-0 prefill-mma-32-8-128-0; do
     timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$A/$name" test >"$A/sanitizer-$name.log" 2>&1
     note "compute-sanitizer memcheck $name: rc=$? $(grep -E 'ERROR SUMMARY' "$A/sanitizer-$name.log" | tail -1)"
   done
-  for name in prefill-32-8-128-0 prefill-old-32-8-128-0 $(for v in "${VARIANT_LIST[@]}"; do set -- $v; echo "prefill-v$1x$2-32-8-128-0"; done) prefill-64-8-128-0 prefill-32-8-64-0; do
+  for name in prefill-32-8-128-0 prefill-mma-32-8-128-0 prefill-old-32-8-128-0 $(for v in "${VARIANT_LIST[@]}"; do set -- $v; echo "prefill-v$1x$2w$3-32-8-128-0"; done) prefill-64-8-128-0 prefill-32-8-64-0; do
     [ -x "$A/$name" ] || continue
     timeout 240 "$A/$name" bench >"$A/bench-$name.log" 2>&1
     note "prefill bench $name: rc=$?"
@@ -192,7 +201,7 @@ if has prefillattn; then
   done
   # PREFILL_NCU=1: ncu of one launch of the 8k prompt (the bench's 31st launch) per kernel built.
   if [ "${PREFILL_NCU:-0}" = 1 ]; then
-    for name in prefill-32-8-128-0 prefill-old-32-8-128-0; do
+    for name in prefill-32-8-128-0 prefill-mma-32-8-128-0; do
       [ -x "$A/$name" ] || continue
       timeout 200 ncu --clock-control none -k prefill_attention --launch-skip 30 --launch-count 1 \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \

@@ -29,6 +29,13 @@
 #include "check-common.cuh"
 #include "attention-reference.cuh"
 
+#ifndef F_WGMMA
+#define F_WGMMA 0
+#endif
+#ifndef F_SHARED
+#define F_SHARED 0
+#endif
+
 #undef INFINITY
 #include "prelude.cuh"
 #include "prefill_attention.cu"
@@ -78,7 +85,12 @@ struct Partials {
 static void launch(const Step& step, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                    const int* tables, const int* max_blocks, const int* rows, const int* positions,
                    const int* tiles, float scale, int splits, const Partials& parts, uint16_t* out) {
-    prefill_attention<<<dim3(step.num_tiles(), NUM_KV_HEADS, splits), F_WARPS * 32>>>(
+    static bool opted_in = false;  // shared memory above the default 48 KiB, as the backend sets it
+    if (!opted_in && F_SHARED > 0) {
+        CHECK(cudaFuncSetAttribute(prefill_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, F_SHARED));
+        opted_in = true;
+    }
+    prefill_attention<<<dim3(step.num_tiles(), NUM_KV_HEADS, splits), F_WARPS * 32, F_SHARED>>>(
         q, k, v, tables, max_blocks, rows, positions, tiles, scale, splits, out, parts.acc, parts.ml);
     if (splits > 1) {
         attention_reduce<<<dim3(step.tokens(), NUM_Q_HEADS), ATTN_REDUCE_THREADS>>>(parts.acc, parts.ml, positions,

@@ -46,6 +46,29 @@ fn load(name: &str) -> Model {
     Model::load(&dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()))
 }
 
+/// inferno-tiny's weights read as 2 query heads and 1 KV head of 64 dimensions (the projections
+/// keep their shapes), in a temporary copy: a model whose prefill attention takes the kernel's
+/// Hopper path (head_dim 64 or 128) where the device has it. Its outputs mean nothing; kernels
+/// are compared on it.
+fn tiny_with_head_dim_64() -> (tempfile::TempDir, Model) {
+    let source = fixtures().join("inferno-tiny");
+    let dir = tempfile::tempdir().expect("temporary directory");
+    for entry in std::fs::read_dir(&source).expect("inferno-tiny fixture") {
+        let entry = entry.expect("fixture entry");
+        std::fs::copy(entry.path(), dir.path().join(entry.file_name()))
+            .expect("copying the fixture");
+    }
+    let path = dir.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("config")).expect("config JSON");
+    config["num_attention_heads"] = 2.into();
+    config["num_key_value_heads"] = 1.into();
+    config["head_dim"] = 64.into();
+    std::fs::write(&path, serde_json::to_vec(&config).expect("config JSON")).expect("config");
+    let model = Model::load(dir.path()).expect("loading the reshaped fixture");
+    (dir, model)
+}
+
 /// The inferno-tiny fixture, once a GPU is known to be present.
 fn tiny_on_gpu() -> Model {
     require_gpu();
@@ -1348,14 +1371,27 @@ fn cuda_paged_prefill(model: &Model) -> CudaBackend {
 /// The tiled prefill attention kernel gives the logits of the paged split-K kernel: whole
 /// prompts of several tiles and KV blocks, a chunked prefill, a prefix-cache hit, and a long
 /// prompt whose few tiles split their keys over several blocks (`plan::prefill_splits`) whole
-/// and as a short last chunk.
+/// and as a short last chunk; on the fixtures (head_dim 16 and 32: `mma.sync`) and on
+/// inferno-tiny read with head_dim 64 (warpgroup products on Hopper).
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn flash_prefill_matches_the_paged_kernel() {
     require_gpu();
-    for name in ["inferno-tiny", "tiny-qwen2", "tiny-qwen3"] {
-        let model = load(name);
-        let mut flash = cuda(&model, false);
+    let (_reshaped_dir, reshaped) = tiny_with_head_dim_64();
+    let mut models: Vec<(&str, Model)> = ["inferno-tiny", "tiny-qwen2", "tiny-qwen3"]
+        .into_iter()
+        .map(|name| (name, load(name)))
+        .collect();
+    models.push(("inferno-tiny as head_dim 64", reshaped));
+    for (name, model) in models {
+        // The warpgroup kernel wherever it can serve (on Hopper, head_dim 64), however few the
+        // step's tiles.
+        let options = CudaOptions {
+            sample_on_device: false,
+            warpgroup_prefill_blocks: Some(0),
+            ..CudaOptions::default()
+        };
+        let mut flash = cuda_backend(&model, &engine_config(), options);
         let mut paged = cuda_paged_prefill(&model);
         let mut worst = 0.0f32;
         let mut blocks = Blocks { next: 0 };

@@ -74,6 +74,13 @@ pub struct CudaOptions {
     /// keep the faster per shape. When false, every shape the small-M kernel fits uses it, so
     /// two backends on the same model compute bit for bit the same (tests that compare them).
     pub measure_products: bool,
+    /// Blocks (tiles × KV heads) of full-geometry prefill tiles a step must make before the
+    /// warpgroup prefill kernel takes them (Hopper); a step with fewer cuts every row into
+    /// small tiles for the `mma.sync` variant, which runs several blocks to an SM where the
+    /// warpgroup kernel runs one, in one launch with the step's decode rows. `None`: two waves
+    /// (twice the device's SM count); tests set `Some(0)` to take the warpgroup kernel whenever
+    /// it can.
+    pub warpgroup_prefill_blocks: Option<usize>,
 }
 
 impl Default for CudaOptions {
@@ -83,6 +90,7 @@ impl Default for CudaOptions {
             sample_on_device: true,
             flash_prefill: true,
             measure_products: true,
+            warpgroup_prefill_blocks: None,
         }
     }
 }
@@ -154,6 +162,7 @@ struct Kernels {
     attention: CudaFunction,
     attention_reduce: CudaFunction,
     prefill_attention: CudaFunction,
+    prefill_attention_small: CudaFunction,
     swiglu: CudaFunction,
     sample: CudaFunction,
     /// `gemv[m - 1]` computes products of m rows (`kernels/gemv.cu`).
@@ -175,6 +184,7 @@ impl Kernels {
             attention: get("paged_attention")?,
             attention_reduce: get("attention_reduce")?,
             prefill_attention: get("prefill_attention")?,
+            prefill_attention_small: get("prefill_attention_small")?,
             swiglu: get("swiglu")?,
             sample: get("sample_tokens")?,
             gemv: kernels::GEMV_ENTRIES
@@ -360,10 +370,6 @@ impl CudaBackend {
     ) -> Result<Self, CudaInitError> {
         let started = Instant::now();
         let cfg = &model.config;
-        let params = KernelParams::from_config(cfg);
-        if let Some(why) = params.unsupported() {
-            return Err(CudaInitError::Unsupported(why));
-        }
         let OpenedDevice {
             ctx,
             stream,
@@ -372,6 +378,10 @@ impl CudaBackend {
             name,
             took: t_context,
         } = device;
+        let params = KernelParams::from_config(cfg).for_arch(&arch);
+        if let Some(why) = params.unsupported() {
+            return Err(CudaInitError::Unsupported(why));
+        }
 
         ctx.bind_to_thread()
             .map_err(|e| CudaInitError::Device(e.to_string()))?;
@@ -469,6 +479,18 @@ impl CudaBackend {
         let compiled = compile::compile_all(params, arch)?;
         let t_compile = compile_started.elapsed();
         let kernels = Kernels::take(compile::load_all(ctx, compiled)?)?;
+        if params.flash.shared_bytes > 0 {
+            // Above the default 48 KiB a block must opt in to its dynamic shared memory.
+            kernels
+                .prefill_attention
+                .set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    i32::try_from(params.flash.shared_bytes).unwrap_or(i32::MAX),
+                )
+                .map_err(|e| {
+                    CudaInitError::Device(format!("prefill attention shared memory: {e}"))
+                })?;
+        }
         let t_kernels = compile_started.elapsed();
 
         // Step buffers are sized for the configured sequence limit, or for the cap when it is
@@ -536,6 +558,7 @@ impl CudaBackend {
             total_bytes = total,
             "KV cache allocated"
         );
+        let group = cfg.num_attention_heads / cfg.num_key_value_heads.max(1);
         let limits = StepLimits {
             max_tokens,
             max_rows,
@@ -543,14 +566,32 @@ impl CudaBackend {
             vocab: cfg.vocab_size,
             max_words,
             tile_tokens: if options.flash_prefill {
-                plan::flash_tile_tokens(
-                    cfg.num_attention_heads / cfg.num_key_value_heads.max(1),
-                    cfg.head_dim,
-                    major,
-                )
+                plan::flash_tile_tokens(group, cfg.head_dim, major, params.flash.rows)
             } else {
                 0
             },
+            // Where the main kernel is the warpgroup one, tiles that fit the mma.sync geometry
+            // go to the small-tile variant, and so do all of a step's tiles when its full ones
+            // would not make two waves of blocks (measured: a lone 256-token chunk's tiles in the
+            // warpgroup kernel, launched before the decode rows', cost concurrency 64 5%).
+            small_tile_tokens: if options.flash_prefill && params.flash.wgmma {
+                plan::flash_tile_tokens(group, cfg.head_dim, major, plan::SMALL_FLASH.rows)
+            } else {
+                0
+            },
+            min_big_tiles: match options.warpgroup_prefill_blocks {
+                Some(blocks) => blocks,
+                None => {
+                    2 * usize::try_from(
+                        ctx.attribute(
+                            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                        )
+                        .map_err(|e| CudaInitError::Device(e.to_string()))?,
+                    )
+                    .unwrap_or(0)
+                }
+            }
+            .div_ceil(cfg.num_key_value_heads.max(1)),
         };
         let waiter = StepWaiter::new(stream).map_err(|e| CudaInitError::Device(e.to_string()))?;
         Ok(DeviceParts {
@@ -790,6 +831,19 @@ impl CudaBackend {
         block: u32,
         args: &[Arg],
     ) -> Result<(), BackendError> {
+        self.launch_with_shared(f, grid, block, 0, args)
+    }
+
+    /// [`Self::launch`] with `shared_bytes` of dynamic shared memory per block (the kernel opted
+    /// in at load where that is above 48 KiB).
+    fn launch_with_shared(
+        &self,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared_bytes: u32,
+        args: &[Arg],
+    ) -> Result<(), BackendError> {
         self.ctx
             .bind_to_thread()
             .map_err(dev("binding the CUDA context"))?;
@@ -830,7 +884,7 @@ impl CudaBackend {
             blockDimX: block,
             blockDimY: 1,
             blockDimZ: 1,
-            sharedMemBytes: 0,
+            sharedMemBytes: shared_bytes,
             hStream: self.stream.cu_stream(),
             attrs: &mut attribute,
             numAttrs: u32::from(self.programmatic),
@@ -1011,15 +1065,10 @@ impl CudaBackend {
                 layout.max_context,
                 self.split_budget / layout.num_tokens.max(1),
             );
-            self.launch(
-                &self.kernels.prefill_attention,
-                (
-                    to_u32(layout.num_tiles, "tiles")?,
-                    to_u32(p.num_kv_heads, "kv heads")?,
-                    to_u32(splits, "splits")?,
-                ),
-                plan::FLASH_THREADS as u32,
-                &[
+            // The tiles that need the full geometry, then the small ones (packed last) in the
+            // small-tile variant; one split count for both, so one reduction merges them.
+            let args = |first_tile: usize| {
+                [
                     Arg::Ptr(self.act.q.ptr()),
                     Arg::Ptr(self.kv.keys(layer)),
                     Arg::Ptr(self.kv.values(layer)),
@@ -1027,14 +1076,34 @@ impl CudaBackend {
                     self.input(layout.max_blocks_word()),
                     self.input(layout.token_rows()),
                     self.input(layout.positions()),
-                    self.input(layout.tiles()),
+                    self.input(layout.tiles() + 2 * first_tile),
                     Arg::Float(scale),
                     Arg::Int(splits as i32),
                     Arg::Ptr(self.act.attn.ptr()),
                     Arg::Ptr(self.act.part_acc.ptr()),
                     Arg::Ptr(self.act.part_ml.ptr()),
-                ],
-            )?;
+                ]
+            };
+            let big = layout.num_tiles - layout.num_small_tiles;
+            let kv_heads = to_u32(p.num_kv_heads, "kv heads")?;
+            let z = to_u32(splits, "splits")?;
+            if big > 0 {
+                self.launch_with_shared(
+                    &self.kernels.prefill_attention,
+                    (to_u32(big, "tiles")?, kv_heads, z),
+                    to_u32(p.flash.threads(), "threads")?,
+                    to_u32(p.flash.shared_bytes, "shared bytes")?,
+                    &args(0),
+                )?;
+            }
+            if layout.num_small_tiles > 0 {
+                self.launch(
+                    &self.kernels.prefill_attention_small,
+                    (to_u32(layout.num_small_tiles, "tiles")?, kv_heads, z),
+                    to_u32(plan::SMALL_FLASH.threads(), "threads")?,
+                    &args(big),
+                )?;
+            }
             return if splits > 1 {
                 self.reduce_attention(layout, splits, true)
             } else {

@@ -203,7 +203,8 @@ mod tests {
 
     /// Compiles every family for sm_90a when NVRTC is installed (the GPU machine, or a machine
     /// with the nvidia-cuda-nvrtc wheel on LD_LIBRARY_PATH), at the shapes of all three fixture
-    /// layouts. Ignored by default: it needs NVRTC.
+    /// layouts and the 8B and 1B heads (prefill attention on warpgroup products for head_dim 128
+    /// and 64, on mma.sync for 16). Ignored by default: it needs NVRTC.
     #[test]
     #[ignore = "needs libnvrtc: scripts/test.sh runs it when the nvidia-cuda-nvrtc wheel is there"]
     fn every_family_compiles_for_hopper() {
@@ -219,6 +220,7 @@ mod tests {
             (64, 16, 4, 2, true, false, 160),
             (64, 16, 4, 2, false, true, 162),
             (4096, 128, 32, 8, false, false, 14_336),
+            (2048, 64, 32, 8, false, false, 8192),
         ];
         for (hidden, head_dim, q, kv, bias, norm, intermediate) in shapes {
             let params = KernelParams {
@@ -233,6 +235,7 @@ mod tests {
                 qkv_bias: bias,
                 qk_norm: norm,
                 sliding_window: 0,
+                flash: crate::backend::cuda::plan::flash_geometry(head_dim, "sm_90a"),
             };
             for family in &FAMILIES {
                 match compile_family(family, &params, "sm_90a") {
@@ -269,6 +272,7 @@ mod tests {
             qkv_bias: false,
             qk_norm: false,
             sliding_window: 0,
+            flash: crate::backend::cuda::plan::flash_geometry(16, "sm_90a"),
         };
         let err = compile_family(&broken, &params, "sm_90a").expect_err("must fail");
         let text = err.to_string();

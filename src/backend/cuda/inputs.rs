@@ -13,7 +13,9 @@
 //! `(token, times generated)` pairs), the `logit_bias` list (`(token, bias as float bits)` pairs)
 //! and the grammar mask (`ceil(vocab / 32)` words, bit `t % 32` of word `t / 32` allowing token
 //! `t`), then, for steps with a prefill row, the prefill-attention tiles (`(first token,
-//! count)` pairs: every row's tokens cut into runs of at most `tile_tokens`), and last the *late*
+//! count)` pairs: every row's tokens cut into runs of at most `tile_tokens`, those of at most
+//! `small_tile_tokens` last, or all into runs of `small_tile_tokens` when fewer than
+//! `min_big_tiles` runs would be full), and last the *late*
 //! grammar masks: those of rows whose masks the engine was still computing when the step started
 //! (see `docs/cuda-backend.md`, "Late grammar masks"), one `ceil(vocab / 32)`-word slot per such
 //! row, filled and copied after the forward pass was queued. Biases and the masks known up front
@@ -56,6 +58,9 @@ pub struct StepLayout {
     pub list_words: usize,
     /// Prefill-attention tiles (0: attention runs in the paged split-K kernel).
     pub num_tiles: usize,
+    /// How many of those tiles, the last ones, are small (at most `small_tile_tokens` tokens),
+    /// for the small-tile kernel.
+    pub num_small_tiles: usize,
     /// Longest context any token attends to (for the split-K decision).
     pub max_context: usize,
     /// Sampled rows whose grammar masks come after the forward pass was queued (their slots
@@ -155,6 +160,11 @@ pub struct StepLimits {
     pub max_words: usize,
     /// Tokens per prefill-attention tile (0: no tiles, the paged kernel serves every step).
     pub tile_tokens: usize,
+    /// Tiles of at most this many tokens go to the small-tile kernel (0: none does).
+    pub small_tile_tokens: usize,
+    /// Full tiles a step needs before they are kept: with fewer, every row is cut into small
+    /// tiles instead (when `small_tile_tokens` is not 0).
+    pub min_big_tiles: usize,
 }
 
 /// Words of the grammar mask of a vocabulary of `vocab` tokens.
@@ -441,20 +451,37 @@ pub fn pack_step_with_late_masks(
         }
     }
     let prefill = rows.iter().any(|r| r.tokens.len() > 1);
+    let mut num_small_tiles = 0;
     let tiles: Vec<(usize, usize)> = if prefill && limits.tile_tokens > 0 {
-        let mut first = 0;
-        let mut tiles = Vec::new();
-        for row in rows {
-            let n = row.tokens.len();
-            let mut done = 0;
-            while done < n {
-                let count = limits.tile_tokens.min(n - done);
-                tiles.push((first + done, count));
-                done += count;
+        let cut = |run: usize| {
+            let mut first = 0;
+            let mut tiles = Vec::new();
+            for row in rows {
+                let n = row.tokens.len();
+                let mut done = 0;
+                while done < n {
+                    let count = run.min(n - done);
+                    tiles.push((first + done, count));
+                    done += count;
+                }
+                first += n;
             }
-            first += n;
+            tiles
+        };
+        let small = |&(_, count): &(usize, usize)| count <= limits.small_tile_tokens;
+        let tiles = cut(limits.tile_tokens);
+        if limits.small_tile_tokens > 0
+            && tiles.iter().filter(|t| !small(t)).count() < limits.min_big_tiles
+        {
+            let tiles = cut(limits.small_tile_tokens);
+            num_small_tiles = tiles.len();
+            tiles
+        } else {
+            // The small tiles last, each group in step order.
+            let (big, small): (Vec<_>, Vec<_>) = tiles.into_iter().partition(|t| !small(t));
+            num_small_tiles = small.len();
+            big.into_iter().chain(small).collect()
         }
-        tiles
     } else {
         Vec::new()
     };
@@ -468,6 +495,7 @@ pub fn pack_step_with_late_masks(
         max_blocks,
         list_words: lists.len(),
         num_tiles: tiles.len(),
+        num_small_tiles,
         max_context,
         late_masks: late.iter().filter(|&&l| l).count(),
         mask_words: mask_words(limits.vocab),
@@ -623,6 +651,8 @@ mod tests {
             vocab: 100,
             max_words: 1024,
             tile_tokens: 2,
+            small_tile_tokens: 0,
+            min_big_tiles: 0,
         }
     }
 
@@ -659,6 +689,34 @@ mod tests {
             logprobs: Some(logprobs),
             mask: None,
         }
+    }
+
+    /// With a small-tile kernel, the tiles of at most `small_tile_tokens` tokens (the decode
+    /// token, the chunk's 1-token tail) follow the others, each group in step order; a step with
+    /// fewer full tiles than `min_big_tiles` is cut into small tiles only.
+    #[test]
+    fn packs_small_tiles_last() {
+        let params = SamplingParams::default();
+        let spec = plain_spec(&params, 3);
+        let rows = [second_block_decode(spec), prefill_chunk()];
+        let limits = StepLimits {
+            small_tile_tokens: 1,
+            ..limits()
+        };
+        let mut out = Vec::new();
+        let layout = pack_step(&rows, Padding::None, &limits, &mut out).expect("packs");
+        assert_eq!((layout.num_tiles, layout.num_small_tiles), (3, 2));
+        assert_eq!(&out[layout.tiles()..], &[1, 2, 0, 1, 3, 1]);
+        let without = pack_step(&rows, Padding::None, &self::limits(), &mut out).expect("packs");
+        assert_eq!((without.num_tiles, without.num_small_tiles), (3, 0));
+        // One full tile where two are wanted: every row in small tiles.
+        let few = StepLimits {
+            min_big_tiles: 2,
+            ..limits
+        };
+        let layout = pack_step(&rows, Padding::None, &few, &mut out).expect("packs");
+        assert_eq!((layout.num_tiles, layout.num_small_tiles), (4, 4));
+        assert_eq!(&out[layout.tiles()..], &[0, 1, 1, 1, 2, 1, 3, 1]);
     }
 
     #[test]

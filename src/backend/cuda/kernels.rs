@@ -44,7 +44,7 @@ pub const GEMV_ENTRIES: [&str; super::plan::GEMV_MAX_M] = [
 ];
 
 /// Every family the backend compiles when a model loads.
-pub const FAMILIES: [KernelFamily; 8] = [
+pub const FAMILIES: [KernelFamily; 9] = [
     KernelFamily {
         name: "embedding.cu",
         source: include_str!("../../../kernels/embedding.cu"),
@@ -69,6 +69,14 @@ pub const FAMILIES: [KernelFamily; 8] = [
         name: "prefill_attention.cu",
         source: include_str!("../../../kernels/prefill_attention.cu"),
         entry_points: &["prefill_attention"],
+    },
+    KernelFamily {
+        name: "prefill_attention_small.cu",
+        source: concat!(
+            "#define F_SMALL_VARIANT 1\n",
+            include_str!("../../../kernels/prefill_attention.cu")
+        ),
+        entry_points: &["prefill_attention_small"],
     },
     KernelFamily {
         name: "swiglu.cu",
@@ -112,6 +120,8 @@ pub struct KernelParams {
     pub qk_norm: bool,
     /// Sliding-window span (0: none).
     pub sliding_window: usize,
+    /// The prefill attention kernel's launch geometry on the target architecture.
+    pub flash: super::plan::FlashGeometry,
 }
 
 impl KernelParams {
@@ -129,7 +139,15 @@ impl KernelParams {
             qkv_bias: config.qkv_bias,
             qk_norm: config.qk_norm,
             sliding_window: config.sliding_window.unwrap_or(0),
+            flash: super::plan::flash_geometry(config.head_dim, ""),
         }
+    }
+
+    /// The same parameters for kernels compiled for `arch` (the prefill attention geometry
+    /// depends on it).
+    pub fn for_arch(mut self, arch: &str) -> Self {
+        self.flash = super::plan::flash_geometry(self.head_dim, arch);
+        self
     }
 
     /// The `#define` block prepended to every family. Floats are written with `{:e}` so they
@@ -155,8 +173,12 @@ impl KernelParams {
             ("GEMV_ROWS", super::plan::GEMV_ROWS),
             ("RMS_THREADS", super::plan::RMS_THREADS),
             ("GEMV_WARPS", super::plan::GEMV_WARPS),
-            ("F_ROWS", super::plan::FLASH_ROWS),
-            ("F_KEYS", super::plan::FLASH_KEYS),
+            ("F_WGMMA", usize::from(self.flash.wgmma)),
+            ("F_ROWS", self.flash.rows),
+            ("F_KEYS", self.flash.keys),
+            ("F_SHARED", self.flash.shared_bytes),
+            ("FS_ROWS", super::plan::SMALL_FLASH.rows),
+            ("FS_KEYS", super::plan::SMALL_FLASH.keys),
             ("SWIGLU_VEC", super::plan::swiglu_vector(self.intermediate)),
         ];
         for (name, value) in ints {
@@ -274,6 +296,7 @@ mod tests {
             qkv_bias: false,
             qk_norm: false,
             sliding_window: 0,
+            flash: super::super::plan::flash_geometry(128, ""),
         }
     }
 
@@ -308,8 +331,24 @@ mod tests {
                 "#define ATTN_MIN_PARTITION {}\n",
                 super::super::plan::MIN_PARTITION
             ),
-            &format!("#define F_ROWS {}\n", super::super::plan::FLASH_ROWS),
-            &format!("#define F_KEYS {}\n", super::super::plan::FLASH_KEYS),
+            "#define F_WGMMA 0\n",
+            "#define F_ROWS 64\n",
+            "#define F_KEYS 32\n",
+            "#define F_SHARED 0\n",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in {text}");
+        }
+    }
+
+    /// The prefill geometry for the target architecture reaches the source.
+    #[test]
+    fn defines_carry_the_architecture_s_prefill_geometry() {
+        let text = params().for_arch("sm_90a").defines();
+        for needle in [
+            "#define F_WGMMA 1\n",
+            "#define F_ROWS 128\n",
+            "#define F_KEYS 128\n",
+            "#define F_SHARED 197632\n",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in {text}");
         }
@@ -319,8 +358,10 @@ mod tests {
     fn every_entry_point_is_defined_in_its_source() {
         for family in FAMILIES {
             for entry in family.entry_points {
+                // Defined, or another entry point renamed to it (the small prefill variant).
                 assert!(
-                    family.source.contains(&format!("{entry}(")),
+                    family.source.contains(&format!("{entry}("))
+                        || family.source.contains(&format!(" {entry}\n")),
                     "{} lacks {entry}",
                     family.name
                 );

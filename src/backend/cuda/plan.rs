@@ -85,15 +85,56 @@ pub fn split_bound(num_tokens: usize, kv_heads: usize, max_context: usize, budge
     wanted.min(room).min(fill)
 }
 
-/// Query vectors (tokens × query heads of one KV head) one tile of the prefill attention kernel
-/// holds, 16 per warp. Passed to `kernels/prefill_attention.cu` as `F_ROWS`.
-pub const FLASH_ROWS: usize = 64;
+/// The launch geometry of the prefill attention kernel (`kernels/prefill_attention.cu`), passed
+/// to it as defines, so no constant has to agree by hand between the kernel and the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlashGeometry {
+    /// Whether the products are Hopper warpgroup products (`F_WGMMA`), else `mma.sync`.
+    pub wgmma: bool,
+    /// Query vectors (tokens × query heads of one KV head) one tile holds, 16 per warp
+    /// (`F_ROWS`).
+    pub rows: usize,
+    /// Keys per shared-memory stage (`F_KEYS`).
+    pub keys: usize,
+    /// Dynamic shared memory per block in bytes (`F_SHARED`; 0: the kernel's static arrays).
+    pub shared_bytes: usize,
+}
 
-/// Keys per shared-memory stage of the prefill attention kernel. Passed as `F_KEYS`.
-pub const FLASH_KEYS: usize = 32;
+impl FlashGeometry {
+    /// Threads per block: one warp per 16 query vectors.
+    pub fn threads(&self) -> usize {
+        self.rows / 16 * 32
+    }
+}
 
-/// Threads per block of the prefill attention kernel (one warp per 16 query vectors).
-pub const FLASH_THREADS: usize = FLASH_ROWS / 16 * 32;
+/// The prefill attention kernel's geometry for heads of `head_dim` dimensions compiled for
+/// `arch`: on `sm_90a`, head_dim 64 or 128 takes warpgroup products (two warpgroups of 64 query
+/// vectors, three stages of 128 keys and values each in 128-byte-swizzled dynamic shared memory,
+/// aligned in the kernel to 1024 bytes); elsewhere `mma.sync` with 64 vectors and 32-key stages.
+pub fn flash_geometry(head_dim: usize, arch: &str) -> FlashGeometry {
+    if arch == "sm_90a" && head_dim.is_multiple_of(64) && head_dim <= 128 {
+        let keys = 128;
+        FlashGeometry {
+            wgmma: true,
+            rows: 128,
+            keys,
+            shared_bytes: 3 * 2 * keys * head_dim * 2 + 1024,
+        }
+    } else {
+        SMALL_FLASH
+    }
+}
+
+/// The `mma.sync` geometry: the prefill attention kernel off Hopper, and on Hopper its small-tile
+/// variant (`prefill_attention_small`, `FS_ROWS` and `FS_KEYS`) for tiles of at most 64 query
+/// vectors, whose 128-thread blocks in static shared memory run several to an SM where the
+/// warpgroup kernel's 256 threads and 193 KiB run one.
+pub const SMALL_FLASH: FlashGeometry = FlashGeometry {
+    wgmma: false,
+    rows: 64,
+    keys: 32,
+    shared_bytes: 0,
+};
 
 /// Keys a split of the prefill attention kernel should walk at least: below that, the merge of
 /// the partial results costs more than the parallelism gains.
@@ -117,16 +158,16 @@ pub fn prefill_splits(tiles: usize, kv_heads: usize, max_context: usize, room: u
         .max(1)
 }
 
-/// Tokens per prefill-attention tile for `group` query heads per KV head of `head_dim`
-/// dimensions on a device of compute capability `major`; 0 when the tensor-core kernel cannot
-/// serve the shape (a group larger than a tile, a head_dim that is not a multiple of 16 or above
-/// 128, or a device older than sm_80): the paged kernel then serves prefill too.
-pub fn flash_tile_tokens(group: usize, head_dim: usize, major: i32) -> usize {
+/// Tokens per prefill-attention tile of `rows` query vectors for `group` query heads per KV head
+/// of `head_dim` dimensions on a device of compute capability `major`; 0 when the tensor-core
+/// kernel cannot serve the shape (a group larger than a tile, a head_dim that is not a multiple
+/// of 16 or above 128, or a device older than sm_80): the paged kernel then serves prefill too.
+pub fn flash_tile_tokens(group: usize, head_dim: usize, major: i32, rows: usize) -> usize {
     let served = major >= 8 && head_dim.is_multiple_of(16) && head_dim <= 128;
-    if !served || group == 0 || group > FLASH_ROWS {
+    if !served || group == 0 || group > rows {
         0
     } else {
-        FLASH_ROWS / group
+        rows / group
     }
 }
 
@@ -270,19 +311,54 @@ mod tests {
 
     #[test]
     fn prefill_tiles_fit_the_kernel() {
-        assert_eq!(flash_tile_tokens(4, 128, 9), 16);
-        assert_eq!(flash_tile_tokens(1, 64, 9), 64);
-        assert_eq!(flash_tile_tokens(3, 16, 8), 21);
-        assert_eq!(flash_tile_tokens(7, 128, 9), 9);
-        assert_eq!(flash_tile_tokens(65, 128, 9), 0);
-        assert_eq!(flash_tile_tokens(4, 256, 9), 0, "head_dim above 128");
+        assert_eq!(flash_tile_tokens(4, 128, 9, 64), 16);
+        assert_eq!(flash_tile_tokens(4, 128, 9, 128), 32);
+        assert_eq!(flash_tile_tokens(1, 64, 9, 64), 64);
+        assert_eq!(flash_tile_tokens(3, 16, 8, 64), 21);
+        assert_eq!(flash_tile_tokens(7, 128, 9, 64), 9);
+        assert_eq!(flash_tile_tokens(65, 128, 9, 64), 0);
+        assert_eq!(flash_tile_tokens(65, 128, 9, 128), 1);
+        assert_eq!(flash_tile_tokens(4, 256, 9, 64), 0, "head_dim above 128");
         assert_eq!(
-            flash_tile_tokens(4, 72, 9),
+            flash_tile_tokens(4, 72, 9, 64),
             0,
             "head_dim not a multiple of 16"
         );
-        assert_eq!(flash_tile_tokens(4, 128, 7), 0, "no bf16 mma before sm_80");
-        assert_eq!(FLASH_THREADS, 128);
+        assert_eq!(
+            flash_tile_tokens(4, 128, 7, 64),
+            0,
+            "no bf16 mma before sm_80"
+        );
+    }
+
+    /// Warpgroup products only where they are compiled (sm_90a) and the swizzled 128-byte rows
+    /// hold whole head halves (head_dim 64 or 128); their three stages fit the 227 KiB an SM gives
+    /// a block.
+    #[test]
+    fn flash_geometry_takes_warpgroups_on_hopper_for_whole_head_halves() {
+        let hopper = flash_geometry(128, "sm_90a");
+        assert!(hopper.wgmma);
+        assert_eq!(
+            (hopper.rows, hopper.keys, hopper.threads()),
+            (128, 128, 256)
+        );
+        assert_eq!(hopper.shared_bytes, 193 * 1024);
+        assert!(hopper.shared_bytes <= 227 * 1024);
+        assert!(flash_geometry(64, "sm_90a").wgmma);
+        for (head_dim, arch) in [
+            (96, "sm_90a"),
+            (32, "sm_90a"),
+            (256, "sm_90a"),
+            (128, "sm_89"),
+            (128, "sm_100"),
+        ] {
+            let g = flash_geometry(head_dim, arch);
+            assert!(!g.wgmma, "{head_dim} on {arch}");
+            assert_eq!(
+                (g.rows, g.keys, g.shared_bytes, g.threads()),
+                (64, 32, 0, 128)
+            );
+        }
     }
 
     #[test]
