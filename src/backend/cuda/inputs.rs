@@ -451,39 +451,42 @@ pub fn pack_step_with_late_masks(
         }
     }
     let prefill = rows.iter().any(|r| r.tokens.len() > 1);
-    let mut num_small_tiles = 0;
-    let tiles: Vec<(usize, usize)> = if prefill && limits.tile_tokens > 0 {
-        let cut = |run: usize| {
-            let mut first = 0;
-            let mut tiles = Vec::new();
-            for row in rows {
+    let (tiles, num_small_tiles) = if prefill && limits.tile_tokens > 0 {
+        // Full tiles are those of more than `small_tile_tokens` tokens; with too few of them the
+        // rows are cut into small tiles only.
+        let small = limits.small_tile_tokens;
+        let is_full = |count: usize| count > small;
+        let full_tiles: usize = rows
+            .iter()
+            .map(|row| {
                 let n = row.tokens.len();
-                let mut done = 0;
-                while done < n {
-                    let count = run.min(n - done);
-                    tiles.push((first + done, count));
-                    done += count;
-                }
-                first += n;
-            }
-            tiles
-        };
-        let small = |&(_, count): &(usize, usize)| count <= limits.small_tile_tokens;
-        let tiles = cut(limits.tile_tokens);
-        if limits.small_tile_tokens > 0
-            && tiles.iter().filter(|t| !small(t)).count() < limits.min_big_tiles
-        {
-            let tiles = cut(limits.small_tile_tokens);
-            num_small_tiles = tiles.len();
-            tiles
+                n / limits.tile_tokens * usize::from(is_full(limits.tile_tokens))
+                    + usize::from(is_full(n % limits.tile_tokens))
+            })
+            .sum();
+        let run = if small > 0 && full_tiles < limits.min_big_tiles {
+            small
         } else {
-            // The small tiles last, each group in step order.
-            let (big, small): (Vec<_>, Vec<_>) = tiles.into_iter().partition(|t| !small(t));
-            num_small_tiles = small.len();
-            big.into_iter().chain(small).collect()
+            limits.tile_tokens
+        };
+        let mut first = 0;
+        let mut tiles = Vec::new();
+        for row in rows {
+            let n = row.tokens.len();
+            let mut done = 0;
+            while done < n {
+                let count = run.min(n - done);
+                tiles.push((first + done, count));
+                done += count;
+            }
+            first += n;
         }
+        // The small tiles last, each group in step order.
+        let (full, small): (Vec<_>, Vec<_>) = tiles.into_iter().partition(|&(_, c)| is_full(c));
+        let num_small = small.len();
+        (full.into_iter().chain(small).collect::<Vec<_>>(), num_small)
     } else {
-        Vec::new()
+        (Vec::new(), 0)
     };
     let mut max_context = 0;
     let layout_probe = StepLayout {
