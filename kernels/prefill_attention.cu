@@ -280,7 +280,16 @@ __device__ __forceinline__ void f_rescale(float (&o)[F_DTILES][4], float alpha_a
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(F_WARPS * 32, 1)
+// Blocks per SM the registers are budgeted for: the warpgroup kernel's shared memory fits one;
+// the mma.sync path three (12 warps at up to 170 registers: left to itself ptxas took 203, two
+// blocks per SM, and the bandwidth-bound decode rows of mixed steps ran slower).
+#if F_WGMMA
+#define F_MIN_BLOCKS 1
+#else
+#define F_MIN_BLOCKS 3
+#endif
+
+extern "C" __global__ void __launch_bounds__(F_WARPS * 32, F_MIN_BLOCKS)
 prefill_attention(const bf16* __restrict__ q,
                   const bf16* __restrict__ k_cache,
                   const bf16* __restrict__ v_cache,

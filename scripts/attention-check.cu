@@ -10,8 +10,12 @@
 //                                 pair for batch 1/16/64/256 at contexts 1k/4k/16k/32k (every
 //                                 token at the full context, the split bound chosen as the
 //                                 backend's plan::split_bound does, for TARGET blocks per launch
-//                                 when given; several cache copies cycled so
-//                                 no launch reads from L2 what the previous one left there).
+//                                 when given, else one wave; several cache copies cycled so
+//                                 no launch reads from L2 what the previous one left there),
+//                                 launched eagerly and replayed from a CUDA graph with
+//                                 programmatic dependent launch (as the decode graphs run it),
+//                                 beside the same bytes read by one plain launch in a graph: the
+//                                 ceiling for any kernel that reads them in one launch.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -35,27 +39,102 @@
 
 static const int ROW_ELEMS = NUM_KV_HEADS * HEAD_DIM;  // elements of one cache slot
 
-// The backend's plan::split_bound with its default budget (plan::split_budget(2048) = 8192) and
-// plan::TARGET_BLOCKS (1024) unless the bench is given another target.
-static int target_blocks = 1024;
+// The backend's plan::split_bound with its default budget (plan::split_budget(2048) = 8192),
+// for one wave of blocks (the SM count times the kernel's blocks per SM, as the backend asks the
+// driver) unless the bench is given another target.
+static int target_blocks = 0;
 static int split_bound(int tokens, int max_context) {
     const int wanted = std::max(1, (max_context + ATTN_MIN_PARTITION - 1) / ATTN_MIN_PARTITION);
     const int room = std::max(1, 8192 / std::max(1, tokens));
-    const int fill = std::max(1, (target_blocks + tokens * NUM_KV_HEADS - 1) / (tokens * NUM_KV_HEADS));
+    const int per_split = tokens * NUM_KV_HEADS;
+    const int fill = std::max(1, (target_blocks + per_split / 2) / per_split);
     return std::min(wanted, std::min(room, fill));
+}
+
+// One wave of paged_attention blocks on this device.
+static int resident_blocks() {
+    int sms = 0, per_sm = 0;
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, paged_attention, ATTN_WARPS * 32, 0));
+    return sms * per_sm;
+}
+
+// Launches `kernel` on `stream`, with programmatic dependent launch when `programmatic` is set
+// (as the backend launches every kernel on Hopper).
+template <typename... Params, typename... Args>
+static void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                          bool programmatic, Args... args) {
+    cudaLaunchAttribute attribute = {};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = programmatic ? 1 : 0;
+    CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
 }
 
 static void launch(const uint16_t* q, const uint16_t* k, const uint16_t* v, const int* tables,
                    const int* max_blocks, const int* rows, const int* positions, float* acc,
-                   float* ml, int tokens, int splits, float scale, uint16_t* out) {
-    paged_attention<<<dim3(tokens, NUM_KV_HEADS, splits), ATTN_WARPS * 32>>>(
-        q, k, v, tables, max_blocks, rows, positions, acc, ml, splits, scale, out);
+                   float* ml, int tokens, int splits, float scale, uint16_t* out,
+                   cudaStream_t stream = 0, bool programmatic = false) {
+    launch_kernel(paged_attention, dim3(tokens, NUM_KV_HEADS, splits), dim3(ATTN_WARPS * 32), stream, programmatic,
+                  q, k, v, tables, max_blocks, rows, positions, acc, ml, splits, scale, out);
     // As the backend launches it: with one partition per token the kernel wrote the output.
     if (splits > 1)
-        attention_reduce<<<dim3(tokens, NUM_Q_HEADS), ATTN_REDUCE_THREADS>>>(
-            acc, ml, positions, splits, /*all_splits=*/0, out);
+        launch_kernel(attention_reduce, dim3(tokens, NUM_Q_HEADS), dim3(ATTN_REDUCE_THREADS), stream, programmatic,
+                      acc, ml, positions, splits, /*all_splits=*/0, out);
 }
 
+// The ceiling for one launch that reads `n` 16-byte words of each of `a` and `b` (the K and V a
+// decode launch reads), started as the backend starts a kernel: every SM's share in flight at
+// once, four loads per thread before any is used. `sink` keeps the loads from being removed.
+__global__ void __launch_bounds__(256) read_words(const uint4* __restrict__ a, const uint4* __restrict__ b,
+                                                  size_t n, unsigned int* sink) {
+    await_previous_kernels();
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    unsigned int x = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < 2 * n; i += 4 * stride) {
+        uint4 w[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const size_t j = i + u * stride;
+            w[u] = j < 2 * n ? __ldg(j < n ? a + j : b + (j - n)) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) x ^= w[u].x ^ w[u].y ^ w[u].z ^ w[u].w;
+    }
+    if (x == 0x9e3779b9u) *sink = x;
+}
+
+// Seconds per call of `body(i)` for i in [0, iters), captured as one CUDA graph on `stream`
+// (replayed once to warm up, then timed).
+template <typename Body>
+static double graph_seconds(cudaStream_t stream, int iters, Body body) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < iters; ++i) body(i);
+    CHECK(cudaStreamEndCapture(stream, &graph));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    CHECK(cudaGraphLaunch(exec, stream));
+    CHECK(cudaEventRecord(e0, stream));
+    CHECK(cudaGraphLaunch(exec, stream));
+    CHECK(cudaEventRecord(e1, stream));
+    CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    CHECK(cudaEventDestroy(e0));
+    CHECK(cudaEventDestroy(e1));
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+    return ms * 1e-3 / iters;
+}
 
 static int test(uint64_t seed) {
     std::mt19937_64 rng(seed);
@@ -147,6 +226,13 @@ static int bench() {
     CHECK(cudaMalloc(&out, (size_t)256 * NUM_Q_HEADS * HEAD_DIM * 2));
     fill_random<<<256, 256>>>(q, (size_t)256 * NUM_Q_HEADS * HEAD_DIM, 3, 121);
     const float scale = 1.0f / sqrtf((float)HEAD_DIM);
+    cudaStream_t stream;
+    CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    unsigned int* sink;
+    CHECK(cudaMalloc(&sink, 4));
+    int sms = 0;
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const int read_blocks = 8 * sms;  // 2,048 threads per SM
     for (int batch : batches) {
         for (int ctx : contexts) {
             const size_t layer_tokens = (size_t)batch * ctx;
@@ -177,9 +263,21 @@ static int bench() {
             CHECK(cudaEventSynchronize(e1));
             CHECK(cudaEventElapsedTime(&ms, e0, e1));
             const double secs = ms * 1e-3 / iters;
-            const double bw = layer_bytes / secs;
-            printf("RESULT attention bench q=%d kv=%d head_dim=%d batch=%d context=%d splits=%d: %.1f us, K/V read %.0f GB/s = %.0f%% of copy\n",
-                   NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, batch, ctx, splits, secs * 1e6, bw / 1e9, 100.0 * bw / copy_bw);
+            const double graph_secs = graph_seconds(stream, iters, [&](int i) {
+                const size_t off = (size_t)(i % layers) * layer_tokens * ROW_ELEMS;
+                launch(q, k + off, v + off, dtables, dmax, drows, dpos, acc, ml, batch, splits, scale, out, stream, true);
+            });
+            const size_t words = layer_tokens * ROW_ELEMS * 2 / 16;  // of K, and of V
+            const double read_secs = graph_seconds(stream, iters, [&](int i) {
+                const size_t off = (size_t)(i % layers) * layer_tokens * ROW_ELEMS;
+                launch_kernel(read_words, dim3(read_blocks), dim3(256), stream, true,
+                              reinterpret_cast<const uint4*>(k + off), reinterpret_cast<const uint4*>(v + off), words, sink);
+            });
+            auto share = [&](double s) { return 100.0 * layer_bytes / s / copy_bw; };
+            printf("RESULT attention bench q=%d kv=%d head_dim=%d batch=%d context=%d splits=%d: %.1f us, K/V read %.0f GB/s = %.0f%% of copy; "
+                   "graph %.1f us = %.0f%%; one read launch of the same bytes (graph) %.1f us = %.0f%%\n",
+                   NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, batch, ctx, splits, secs * 1e6, layer_bytes / secs / 1e9, share(secs),
+                   graph_secs * 1e6, share(graph_secs), read_secs * 1e6, share(read_secs));
             fflush(stdout);
             CHECK(cudaFree(dtables));
             CHECK(cudaFree(dmax));
@@ -192,8 +290,10 @@ static int bench() {
 
 int main(int argc, char** argv) {
     const char* mode = argc > 1 ? argv[1] : "test";
+    target_blocks = resident_blocks();
     if (!strcmp(mode, "bench")) {
         if (argc > 2) target_blocks = atoi(argv[2]);
+        printf("RESULT attention bench splits for %d blocks per launch\n", target_blocks);
         return bench();
     }
     const uint64_t seed = argc > 2 ? strtoull(argv[2], nullptr, 10) : std::random_device{}();

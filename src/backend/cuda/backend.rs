@@ -242,6 +242,9 @@ pub struct CudaBackend {
     kv_shape: KvCacheShape,
     limits: StepLimits,
     split_budget: usize,
+    /// Decode attention blocks the device runs at once (SMs × the kernel's blocks per SM): the
+    /// wave `plan::split_bound` sizes its splits for.
+    attention_blocks: usize,
     graph_split_context: usize,
     host_inputs: Vec<i32>,
     options: CudaOptions,
@@ -296,6 +299,7 @@ struct DeviceParts {
     kv_shape: KvCacheShape,
     limits: StepLimits,
     split_budget: usize,
+    attention_blocks: usize,
     graph_split_context: usize,
     max_words: usize,
     waiter: StepWaiter,
@@ -430,6 +434,7 @@ impl CudaBackend {
                 gemm: parts.gemm,
                 limits: parts.limits,
                 split_budget: parts.split_budget,
+                attention_blocks: parts.attention_blocks,
                 graph_split_context: parts.graph_split_context,
                 host_inputs: Vec::with_capacity(parts.max_words),
                 options,
@@ -559,6 +564,15 @@ impl CudaBackend {
             "KV cache allocated"
         );
         let group = cfg.num_attention_heads / cfg.num_key_value_heads.max(1);
+        let sm_count = usize::try_from(
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .map_err(|e| CudaInitError::Device(e.to_string()))?,
+        )
+        .unwrap_or(0);
+        let attention_blocks_per_sm = kernels
+            .attention
+            .occupancy_max_active_blocks_per_multiprocessor((plan::ATTN_WARPS * 32) as u32, 0, None)
+            .map_err(|e| CudaInitError::Device(format!("decode attention occupancy: {e}")))?;
         let limits = StepLimits {
             max_tokens,
             max_rows,
@@ -572,26 +586,18 @@ impl CudaBackend {
             },
             // Where the main kernel is the warpgroup one, tiles that fit the mma.sync geometry
             // go to the small-tile variant, and so do all of a step's tiles when its full ones
-            // would not make two waves of blocks (measured: a lone 256-token chunk's tiles in the
-            // warpgroup kernel, launched before the decode rows', cost concurrency 64 5%).
+            // would not make two waves of blocks, or when it has decode rows (measured: with the
+            // warpgroup launch before the decode rows' small tiles, concurrency 64 served 4-6%
+            // and concurrency 256 12% fewer tokens per second; docs/benchmarks.md).
             small_tile_tokens: if options.flash_prefill && params.flash.wgmma {
                 plan::flash_tile_tokens(group, cfg.head_dim, major, plan::SMALL_FLASH.rows)
             } else {
                 0
             },
-            min_big_tiles: match options.warpgroup_prefill_blocks {
-                Some(blocks) => blocks,
-                None => {
-                    2 * usize::try_from(
-                        ctx.attribute(
-                            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-                        )
-                        .map_err(|e| CudaInitError::Device(e.to_string()))?,
-                    )
-                    .unwrap_or(0)
-                }
-            }
-            .div_ceil(cfg.num_key_value_heads.max(1)),
+            min_big_tiles: options
+                .warpgroup_prefill_blocks
+                .unwrap_or(2 * sm_count)
+                .div_ceil(cfg.num_key_value_heads.max(1)),
         };
         let waiter = StepWaiter::new(stream).map_err(|e| CudaInitError::Device(e.to_string()))?;
         Ok(DeviceParts {
@@ -604,6 +610,7 @@ impl CudaBackend {
             kv_shape,
             limits,
             split_budget,
+            attention_blocks: sm_count * attention_blocks_per_sm as usize,
             graph_split_context: max_context_model.min(plan::GRAPH_SPLIT_CONTEXT),
             max_words,
             waiter,
@@ -770,6 +777,7 @@ impl CudaBackend {
             self.params.num_kv_heads,
             self.graph_split_context,
             self.split_budget,
+            self.attention_blocks,
         )
     }
 
@@ -1408,6 +1416,7 @@ impl CudaBackend {
             self.params.num_kv_heads,
             layout.max_context,
             self.split_budget,
+            self.attention_blocks,
         );
         let bucket = match path {
             StepPath::Decode(bucket) => {

@@ -14,8 +14,8 @@
 //! and the grammar mask (`ceil(vocab / 32)` words, bit `t % 32` of word `t / 32` allowing token
 //! `t`), then, for steps with a prefill row, the prefill-attention tiles (`(first token,
 //! count)` pairs: every row's tokens cut into runs of at most `tile_tokens`, those of at most
-//! `small_tile_tokens` last, or all into runs of `small_tile_tokens` when fewer than
-//! `min_big_tiles` runs would be full), and last the *late*
+//! `small_tile_tokens` last, or all into runs of `small_tile_tokens` when the step has a
+//! one-token row or fewer than `min_big_tiles` runs would be full), and last the *late*
 //! grammar masks: those of rows whose masks the engine was still computing when the step started
 //! (see `docs/cuda-backend.md`, "Late grammar masks"), one `ceil(vocab / 32)`-word slot per such
 //! row, filled and copied after the forward pass was queued. Biases and the masks known up front
@@ -162,8 +162,9 @@ pub struct StepLimits {
     pub tile_tokens: usize,
     /// Tiles of at most this many tokens go to the small-tile kernel (0: none does).
     pub small_tile_tokens: usize,
-    /// Full tiles a step needs before they are kept: with fewer, every row is cut into small
-    /// tiles instead (when `small_tile_tokens` is not 0).
+    /// Full tiles a step needs before they are kept: with fewer, or with a one-token row (a
+    /// decode) in the step, every row is cut into small tiles instead (when `small_tile_tokens`
+    /// is not 0).
     pub min_big_tiles: usize,
 }
 
@@ -452,9 +453,10 @@ pub fn pack_step_with_late_masks(
     }
     let prefill = rows.iter().any(|r| r.tokens.len() > 1);
     let (tiles, num_small_tiles) = if prefill && limits.tile_tokens > 0 {
-        // Full tiles are those of more than `small_tile_tokens` tokens; with too few of them the
-        // rows are cut into small tiles only.
+        // Full tiles are those of more than `small_tile_tokens` tokens. With too few of them, or
+        // beside decode rows (one-token rows), the rows are cut into small tiles only.
         let small = limits.small_tile_tokens;
+        let decodes = rows.iter().any(|r| r.tokens.len() == 1);
         let is_full = |count: usize| count > small;
         let full_tiles: usize = rows
             .iter()
@@ -464,7 +466,7 @@ pub fn pack_step_with_late_masks(
                     + usize::from(is_full(n % limits.tile_tokens))
             })
             .sum();
-        let run = if small > 0 && full_tiles < limits.min_big_tiles {
+        let run = if small > 0 && (decodes || full_tiles < limits.min_big_tiles) {
             small
         } else {
             limits.tile_tokens
@@ -694,32 +696,46 @@ mod tests {
         }
     }
 
-    /// With a small-tile kernel, the tiles of at most `small_tile_tokens` tokens (the decode
-    /// token, the chunk's 1-token tail) follow the others, each group in step order; a step with
-    /// fewer full tiles than `min_big_tiles` is cut into small tiles only.
+    /// With a small-tile kernel, the tiles of at most `small_tile_tokens` tokens (a chunk's
+    /// one-token tail) follow the others, each group in step order; a step with fewer full tiles
+    /// than `min_big_tiles`, or with a decode row, is cut into small tiles only.
     #[test]
     fn packs_small_tiles_last() {
-        let params = SamplingParams::default();
-        let spec = plain_spec(&params, 3);
-        let rows = [second_block_decode(spec), prefill_chunk()];
+        let second_chunk = BatchRow {
+            seq_id: 3,
+            tokens: &[6, 7],
+            start_pos: 0,
+            block_table: &[5],
+            sample: None,
+        };
+        let rows = [prefill_chunk(), second_chunk];
         let limits = StepLimits {
             small_tile_tokens: 1,
             ..limits()
         };
         let mut out = Vec::new();
         let layout = pack_step(&rows, Padding::None, &limits, &mut out).expect("packs");
-        assert_eq!((layout.num_tiles, layout.num_small_tiles), (3, 2));
-        assert_eq!(&out[layout.tiles()..], &[1, 2, 0, 1, 3, 1]);
+        assert_eq!((layout.num_tiles, layout.num_small_tiles), (3, 1));
+        assert_eq!(&out[layout.tiles()..], &[0, 2, 3, 2, 2, 1]);
         let without = pack_step(&rows, Padding::None, &self::limits(), &mut out).expect("packs");
         assert_eq!((without.num_tiles, without.num_small_tiles), (3, 0));
-        // One full tile where two are wanted: every row in small tiles.
+        assert_eq!(&out[without.tiles()..], &[0, 2, 2, 1, 3, 2]);
+        // Two full tiles where three are wanted: every row in small tiles.
         let few = StepLimits {
-            min_big_tiles: 2,
+            min_big_tiles: 3,
             ..limits
         };
         let layout = pack_step(&rows, Padding::None, &few, &mut out).expect("packs");
+        assert_eq!((layout.num_tiles, layout.num_small_tiles), (5, 5));
+        assert_eq!(&out[layout.tiles()..], &[0, 1, 1, 1, 2, 1, 3, 1, 4, 1]);
+        // Beside a decode row, too: the chunk's full tile goes to small tiles as well.
+        let params = SamplingParams::default();
+        let mixed = [second_block_decode(plain_spec(&params, 3)), prefill_chunk()];
+        let layout = pack_step(&mixed, Padding::None, &limits, &mut out).expect("packs");
         assert_eq!((layout.num_tiles, layout.num_small_tiles), (4, 4));
         assert_eq!(&out[layout.tiles()..], &[0, 1, 1, 1, 2, 1, 3, 1]);
+        let without = pack_step(&mixed, Padding::None, &self::limits(), &mut out).expect("packs");
+        assert_eq!((without.num_tiles, without.num_small_tiles), (3, 0));
     }
 
     #[test]

@@ -62,10 +62,9 @@ pub fn swiglu_vector(intermediate: usize) -> usize {
     if intermediate.is_multiple_of(4) { 4 } else { 1 }
 }
 
-/// Attention blocks (tokens × KV heads × splits) a launch aims for: enough to fill every SM of a
-/// large GPU several times over, so a small batch splits its contexts and a large one does not
-/// split more than that needs.
-pub const TARGET_BLOCKS: usize = 1024;
+/// Prefill attention blocks (tiles × KV heads × splits) a launch aims for: enough to fill every
+/// SM of a large GPU several times over, so a step of few tiles over a long context splits it.
+pub const PREFILL_TARGET_BLOCKS: usize = 1024;
 
 /// Longest context the decode graphs' split bound is sized for. Longer contexts still attend
 /// correctly: their partitions grow instead of their number.
@@ -73,15 +72,23 @@ pub const GRAPH_SPLIT_CONTEXT: usize = 16_384;
 
 /// The most split-K partitions per token of one attention launch (grid z and the stride of the
 /// partial buffers) for `num_tokens` query tokens of `kv_heads` KV heads whose longest context is
-/// `max_context`, given room for `budget` (token, split) partial results: enough splits to reach
-/// `TARGET_BLOCKS` blocks, no more than the context needs. Each token then uses
+/// `max_context`, given room for `budget` (token, split) partial results and a device that runs
+/// `resident_blocks` attention blocks at once (SMs × the kernel's blocks per SM): the splits that
+/// come nearest to one wave of blocks, no more than the context needs. One wave of long
+/// partitions beat four waves of short ones for batches up to 64 (batch 1 at 32k context: 77%
+/// of copy bandwidth against 59%, `docs/benchmarks.md`). Each token then uses
 /// `min(bound, ceil(context / MIN_PARTITION))` partitions (see `kernels/attention.cu`).
-pub fn split_bound(num_tokens: usize, kv_heads: usize, max_context: usize, budget: usize) -> usize {
+pub fn split_bound(
+    num_tokens: usize,
+    kv_heads: usize,
+    max_context: usize,
+    budget: usize,
+    resident_blocks: usize,
+) -> usize {
     let wanted = max_context.div_ceil(MIN_PARTITION).max(1);
     let room = (budget / num_tokens.max(1)).max(1);
-    let fill = TARGET_BLOCKS
-        .div_ceil(num_tokens.max(1) * kv_heads.max(1))
-        .max(1);
+    let per_split = num_tokens.max(1) * kv_heads.max(1);
+    let fill = ((resident_blocks + per_split / 2) / per_split).max(1);
     wanted.min(room).min(fill)
 }
 
@@ -142,16 +149,16 @@ pub const FLASH_SPLIT_KEYS: usize = 1024;
 
 /// Key splits per tile of one prefill attention launch over `tiles` tiles of `kv_heads` KV heads
 /// whose longest context is `max_context`, with room for `room` partial results per token: one
-/// when the tiles alone make `TARGET_BLOCKS` blocks, else enough to make them, no more than
+/// when the tiles alone make `PREFILL_TARGET_BLOCKS` blocks, else enough to make them, no more than
 /// `FLASH_SPLIT_KEYS`-key runs of the longest context and the room allow. A step whose few
 /// tiles attend to a long context (a late chunk of a long prompt) then runs as several waves
 /// instead of one partial wave.
 pub fn prefill_splits(tiles: usize, kv_heads: usize, max_context: usize, room: usize) -> usize {
     let blocks = tiles.max(1) * kv_heads.max(1);
-    if blocks >= TARGET_BLOCKS {
+    if blocks >= PREFILL_TARGET_BLOCKS {
         return 1;
     }
-    TARGET_BLOCKS
+    PREFILL_TARGET_BLOCKS
         .div_ceil(blocks)
         .min(max_context.div_ceil(FLASH_SPLIT_KEYS))
         .min(room)
@@ -276,6 +283,8 @@ mod tests {
 
     #[test]
     fn split_bound_stays_within_the_budget() {
+        // An H200's 132 SMs at two decode-attention blocks each.
+        let resident = 264;
         for (tokens, ctx, budget) in [
             (1, 1, 4096),
             (1, 100_000, 4096),
@@ -283,7 +292,7 @@ mod tests {
             (2048, 2048, 8192),
             (4096, 50_000, 4096),
         ] {
-            let bound = split_bound(tokens, 8, ctx, budget);
+            let bound = split_bound(tokens, 8, ctx, budget, resident);
             assert!(bound >= 1);
             assert!(
                 tokens * bound <= budget.max(tokens),
@@ -291,13 +300,17 @@ mod tests {
             );
             assert!(bound <= ctx.div_ceil(MIN_PARTITION).max(1));
         }
-        // Decode over a long context splits; a short one does not.
-        assert!(split_bound(1, 8, 8192, 4096) > 1);
-        assert_eq!(split_bound(8, 8, 20, 4096), 1);
-        // A small batch splits even a moderate context; a large batch does not need to.
-        assert_eq!(split_bound(1, 8, 200, 4096), 7);
-        assert_eq!(split_bound(64, 8, 200, 4096), 2);
-        assert_eq!(split_bound(1024, 8, 8192, 8192), 1);
+        // Decode over a long context splits into one wave of blocks; a short one does not split.
+        assert_eq!(split_bound(1, 8, 32_768, 4096, resident), 33);
+        assert_eq!(split_bound(8, 8, 20, 4096, resident), 1);
+        // A small batch splits even a moderate context; from 33 rows of 8 KV heads the batch
+        // alone comes nearest to a wave.
+        assert_eq!(split_bound(1, 8, 200, 4096, resident), 7);
+        assert_eq!(split_bound(16, 8, 4096, 4096, resident), 2);
+        assert_eq!(split_bound(33, 8, 4096, 4096, resident), 1);
+        assert_eq!(split_bound(1024, 8, 8192, 8192, resident), 1);
+        // A device that runs no block reported still splits as if it ran one.
+        assert_eq!(split_bound(1, 8, 8192, 4096, 0), 1);
     }
 
     #[test]
