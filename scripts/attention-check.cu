@@ -119,21 +119,14 @@ static double graph_seconds(cudaStream_t stream, int iters, Body body) {
     for (int i = 0; i < iters; ++i) body(i);
     CHECK(cudaStreamEndCapture(stream, &graph));
     CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
     CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(e0, stream));
+    CHECK(cudaStreamSynchronize(stream));
+    StreamTimer timer(stream);
     CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(e1, stream));
-    CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    CHECK(cudaEventDestroy(e0));
-    CHECK(cudaEventDestroy(e1));
+    const double secs = timer.seconds();
     CHECK(cudaGraphExecDestroy(exec));
     CHECK(cudaGraphDestroy(graph));
-    return ms * 1e-3 / iters;
+    return secs / iters;
 }
 
 static int test(uint64_t seed) {
@@ -202,10 +195,6 @@ static int test(uint64_t seed) {
 
 static int bench() {
     const double copy_bw = copy_bandwidth();
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
-    float ms = 0;
 
     const std::vector<int> batches = {1, 16, 64, 256};
     const std::vector<int> contexts = {1024, 4096, 16384, 32768};
@@ -257,12 +246,9 @@ static int bench() {
             for (int i = 0; i < layers + 2; ++i) run(i);
             CHECK(cudaGetLastError());
             const int iters = std::max(20, 2 * layers);
-            CHECK(cudaEventRecord(e0));
+            StreamTimer timer;
             for (int i = 0; i < iters; ++i) run(i);
-            CHECK(cudaEventRecord(e1));
-            CHECK(cudaEventSynchronize(e1));
-            CHECK(cudaEventElapsedTime(&ms, e0, e1));
-            const double secs = ms * 1e-3 / iters;
+            const double secs = timer.seconds() / iters;
             const double graph_secs = graph_seconds(stream, iters, [&](int i) {
                 const size_t off = (size_t)(i % layers) * layer_tokens * ROW_ELEMS;
                 launch(q, k + off, v + off, dtables, dmax, drows, dpos, acc, ml, batch, splits, scale, out, stream, true);

@@ -92,6 +92,30 @@ __global__ void fill_random(uint16_t* p, size_t n, uint32_t salt, uint32_t min_e
     }
 }
 
+// Times the work queued on a stream between its construction and `seconds()`, with two CUDA
+// events recorded on that stream.
+struct StreamTimer {
+    cudaStream_t stream;
+    cudaEvent_t begin, end;
+    explicit StreamTimer(cudaStream_t s = 0) : stream(s) {
+        CHECK(cudaEventCreate(&begin));
+        CHECK(cudaEventCreate(&end));
+        CHECK(cudaEventRecord(begin, stream));
+    }
+    // Seconds from construction until the work queued since then has finished.
+    double seconds() {
+        CHECK(cudaEventRecord(end, stream));
+        CHECK(cudaEventSynchronize(end));
+        float ms = 0;
+        CHECK(cudaEventElapsedTime(&ms, begin, end));
+        return ms * 1e-3;
+    }
+    ~StreamTimer() {
+        cudaEventDestroy(begin);
+        cudaEventDestroy(end);
+    }
+};
+
 // Device-to-device copy bandwidth in bytes per second, counting bytes read and written (1 GiB
 // copied 10 times after 3 warm-up copies); printed as a RESULT line.
 static double copy_bandwidth() {
@@ -99,22 +123,14 @@ static double copy_bandwidth() {
     void *a, *b;
     CHECK(cudaMalloc(&a, copy_bytes));
     CHECK(cudaMalloc(&b, copy_bytes));
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
     for (int i = 0; i < 3; ++i) CHECK(cudaMemcpy(b, a, copy_bytes, cudaMemcpyDeviceToDevice));
     const int copies = 10;
-    CHECK(cudaEventRecord(e0));
+    StreamTimer timer;
     for (int i = 0; i < copies; ++i) CHECK(cudaMemcpyAsync(b, a, copy_bytes, cudaMemcpyDeviceToDevice));
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    CHECK(cudaEventDestroy(e0));
-    CHECK(cudaEventDestroy(e1));
+    const double secs = timer.seconds();
     CHECK(cudaFree(a));
     CHECK(cudaFree(b));
-    const double bandwidth = 2.0 * copy_bytes * copies / (ms * 1e-3);
+    const double bandwidth = 2.0 * copy_bytes * copies / secs;
     printf("RESULT copy bandwidth %.0f GB/s (read + write)\n", bandwidth / 1e9);
     return bandwidth;
 }
