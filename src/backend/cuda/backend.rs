@@ -74,12 +74,12 @@ pub struct CudaOptions {
     /// keep the faster per shape. When false, every shape the small-M kernel fits uses it, so
     /// two backends on the same model compute bit for bit the same (tests that compare them).
     pub measure_products: bool,
-    /// Blocks (tiles × KV heads) of full-geometry prefill tiles a step must make before the
-    /// warpgroup prefill kernel takes them (Hopper); a step with fewer cuts every row into
-    /// small tiles for the `mma.sync` variant, which runs several blocks to an SM where the
-    /// warpgroup kernel runs one, in one launch with the step's decode rows. `None`: two waves
-    /// (twice the device's SM count); tests set `Some(0)` to take the warpgroup kernel whenever
-    /// it can.
+    /// Blocks (tiles × KV heads) of full-geometry prefill tiles a step without decode rows must
+    /// make before the warpgroup prefill kernel takes them (Hopper); a step with fewer, or with
+    /// decode rows, cuts every row into small tiles for the `mma.sync` variant, which runs
+    /// several blocks to an SM where the warpgroup kernel runs one, in one launch. `None`: two
+    /// waves (twice the device's SM count); tests set `Some(0)` to take the warpgroup kernel
+    /// whenever it can.
     pub warpgroup_prefill_blocks: Option<usize>,
 }
 
