@@ -6,7 +6,7 @@ use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use inferno_audit::{AuditConfig, AuditSink, CompletionFacts, ContentMode, RequestFacts};
 use inferno_audit::{VerifyOptions, verify};
@@ -111,27 +111,29 @@ fn crash_under_load_loses_no_acknowledged_request() {
             .spawn()
             .expect("spawn child");
         let stdout = child.stdout.take().expect("stdout");
+        let (sender, received) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {
-            let mut ids = Vec::new();
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
                 if let Some(id) = line.strip_prefix("ACK ") {
-                    ids.push(id.to_owned());
+                    let _ = sender.send(id.to_owned());
                 }
             }
-            ids
         });
-        // Let it run under load for a varying time, then SIGKILL it.
-        let deadline = Instant::now() + Duration::from_millis(400 + 150 * round as u64);
-        while Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
+        // Once it acknowledges (its start-up, which recovers the log the previous round tore,
+        // takes longer on a loaded machine), let it run under load for a varying time, then
+        // SIGKILL it.
+        let first = received.recv_timeout(Duration::from_secs(60));
+        if first.is_ok() {
+            std::thread::sleep(Duration::from_millis(200 + 150 * round as u64));
         }
         child.kill().expect("kill -9");
         let _ = child.wait();
-        let ids = reader.join().expect("reader");
+        reader.join().expect("reader");
+        let ids: Vec<String> = first.into_iter().chain(received.try_iter()).collect();
         assert!(
             !ids.is_empty(),
-            "round {round}: the child acknowledged nothing"
+            "round {round}: the child acknowledged nothing in 60 s"
         );
         acknowledged.extend(ids);
     }
