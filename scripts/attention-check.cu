@@ -51,12 +51,18 @@ static int split_bound(int tokens, int max_context) {
     return std::min(wanted, std::min(room, fill));
 }
 
+// The device's SM count.
+static int sm_count() {
+    int sms = 0;
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    return sms;
+}
+
 // One wave of paged_attention blocks on this device.
 static int resident_blocks() {
-    int sms = 0, per_sm = 0;
-    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    int per_sm = 0;
     CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, paged_attention, ATTN_WARPS * 32, 0));
-    return sms * per_sm;
+    return sm_count() * per_sm;
 }
 
 // Launches `kernel` on `stream`, with programmatic dependent launch when `programmatic` is set
@@ -219,9 +225,7 @@ static int bench() {
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     unsigned int* sink;
     CHECK(cudaMalloc(&sink, 4));
-    int sms = 0;
-    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    const int read_blocks = 8 * sms;  // 2,048 threads per SM
+    const int read_blocks = 8 * sm_count();  // 2,048 threads per SM
     for (int batch : batches) {
         for (int ctx : contexts) {
             const size_t layer_tokens = (size_t)batch * ctx;

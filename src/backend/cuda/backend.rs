@@ -772,10 +772,16 @@ impl CudaBackend {
 
     /// The split-K bound of the decode graph of `bucket` rows.
     fn decode_graph_splits(&self, bucket: usize) -> usize {
+        self.split_bound(bucket, self.graph_split_context)
+    }
+
+    /// `plan::split_bound` for `tokens` query tokens whose longest context is `max_context`, on
+    /// this model's KV heads, this backend's partial buffers and this device's wave of blocks.
+    fn split_bound(&self, tokens: usize, max_context: usize) -> usize {
         plan::split_bound(
-            bucket,
+            tokens,
             self.params.num_kv_heads,
-            self.graph_split_context,
+            max_context,
             self.split_budget,
             self.attention_blocks,
         )
@@ -1411,13 +1417,7 @@ impl CudaBackend {
         let bytes = self.copy_inputs(0..layout.late_mask_slots())?;
         self.copies.record_h2d(bytes);
         // A decode graph's split bound was fixed at capture; the other paths take the step's.
-        let splits = plan::split_bound(
-            layout.num_tokens,
-            self.params.num_kv_heads,
-            layout.max_context,
-            self.split_budget,
-            self.attention_blocks,
-        );
+        let splits = self.split_bound(layout.num_tokens, layout.max_context);
         let bucket = match path {
             StepPath::Decode(bucket) => {
                 self.graphs
