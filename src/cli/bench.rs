@@ -58,9 +58,21 @@ struct LoadArgs {
     /// Seed of the random prompts.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Sampling temperature of every request (0: greedy; above 0 draws from the whole
+    /// distribution, as an OpenAI client's default of 1 does).
+    #[arg(long, default_value_t = 0.0, value_parser = temperature)]
+    temperature: f32,
     /// Write the figures to this JSON file.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+/// A sampling temperature: a finite number from 0 to 2, the range the API accepts.
+fn temperature(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(t) if (0.0..=2.0).contains(&t) => Ok(t),
+        _ => Err(format!("{s:?} is not a temperature from 0 to 2")),
+    }
 }
 
 impl LoadArgs {
@@ -191,6 +203,8 @@ struct Report {
     target: String,
     input_len: usize,
     output_len: usize,
+    /// Every request's sampling temperature.
+    temperature: f32,
     concurrency: usize,
     rate: Option<f64>,
     requests: usize,
@@ -248,6 +262,7 @@ impl Report {
             target,
             input_len: load.input_len,
             output_len: load.output_len,
+            temperature: load.temperature,
             concurrency: load.concurrency(),
             rate,
             requests: ok.len(),
@@ -274,6 +289,7 @@ impl Report {
             "input/output tokens       {} / {}",
             self.input_len, self.output_len
         );
+        println!("temperature               {}", self.temperature);
         match self.rate {
             Some(r) => println!("arrivals                  Poisson, {r} req/s"),
             None => println!("concurrency               {}", self.concurrency),
@@ -554,6 +570,7 @@ fn run_one(
         id,
         prompt,
         sampling: SamplingParams {
+            temperature: load.temperature,
             seed: Some(0),
             ..SamplingParams::default()
         },
@@ -641,6 +658,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         input_len: load.input_len,
         shared_prefix_len: args.shared_prefix_len,
         seed: load.seed,
+        temperature: load.temperature,
     });
     let long = args.long_prompt_len.map(|len| {
         let (shared, after) = (shared.clone(), args.long_prompt_after.max(0.0));
@@ -764,6 +782,7 @@ struct Shared {
     input_len: usize,
     shared_prefix_len: usize,
     seed: u64,
+    temperature: f32,
 }
 
 impl Shared {
@@ -821,13 +840,14 @@ async fn stream_request(
         url,
         model,
         key,
+        temperature,
         ..
     } = shared;
     let mut body = serde_json::json!({
         "model": model,
         "prompt": prompt,
         "max_tokens": output_len,
-        "temperature": 0.0,
+        "temperature": temperature,
         "stream": true,
         "stream_options": {"include_usage": true},
     });
@@ -914,6 +934,15 @@ mod tests {
     }
 
     #[test]
+    fn temperature_takes_the_api_range() {
+        assert_eq!(temperature("1"), Ok(1.0));
+        assert_eq!(temperature("0"), Ok(0.0));
+        for bad in ["-0.1", "2.5", "NaN", "warm"] {
+            assert!(temperature(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn batch_size_sets_concurrency_and_count() {
         let load = LoadArgs {
             input_len: 8,
@@ -923,6 +952,7 @@ mod tests {
             num_prompts: None,
             ignore_eos: true,
             seed: 0,
+            temperature: 0.0,
             json: None,
         };
         assert_eq!((load.concurrency(), load.num_prompts()), (16, 16));
@@ -941,6 +971,7 @@ mod tests {
             input_len: 300,
             shared_prefix_len,
             seed: 5,
+            temperature: 0.0,
         };
         let common = |a: &[u32], b: &[u32]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
         let none = shared(0);
