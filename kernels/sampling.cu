@@ -18,12 +18,16 @@
 //      (p descending, id ascending): keep the top_k, then the shortest prefix whose mass reaches
 //      top_p times the total, then those with p >= min_p (the top p is exactly 1), and pick the
 //      first kept token whose running mass exceeds u * kept total, u = uniform(seed, draw_index).
-// Ranked prefixes are found without sorting: a bisection over the bit patterns of p (non-negative
-// floats order like their bits) finds the value group where the running total crosses the
-// threshold, then a scan in id order finds the element within the group. Every sum is a block
-// reduction in a fixed order, so a draw is deterministic and the sums grow monotonically with
-// the set they cover. The sums are not the reference's sequential ones, so a draw can differ from
-// the reference's only where a threshold falls within float rounding of a running total.
+// Ranked prefixes are found without sorting: a search over the bit patterns of p (non-negative
+// floats order like their bits), SEARCH_PROBES bounds per pass over the row, finds the value group
+// where the running total crosses the threshold, then a scan in id order finds the element within
+// the group. Every sum is a block reduction in a fixed order, so a draw is deterministic and the
+// sums grow monotonically with the set they cover.
+// The sums are not the reference's sequential ones, so a draw can differ from the reference's only
+// where a threshold falls within float rounding of a running total.
+// One block reads a row (512 KB for a 128k vocabulary) from L2 in every pass, so each pass keeps
+// SAMPLE_UNROLL loads in flight per thread (for_each_logit); a thread still visits its indices in
+// increasing order, so the sums add the same terms in the same order as a plain strided loop.
 // Everything the host needs lands in one int32 buffer (one device-to-host copy per step). Per row,
 // SAMPLE_STRIDE words: [0] token id, [1] logprob (float bits), then per alternative k:
 // [2 + 2k] id, [3 + 2k] logprob. Per row the host packs SAMPLE_PARAMS parameter words (below);
@@ -49,6 +53,25 @@
 #define P_MASK_AT 15
 #define ONE_BITS 0x3f800000
 #define NO_ID 0x7fffffff
+#define SAMPLE_UNROLL 8
+#define SEARCH_PROBES 15
+
+// Calls visit(i, row[i]) for this thread's indices i = threadIdx.x + j * blockDim.x of a row of
+// VOCAB values, in increasing order, SAMPLE_UNROLL loads ahead. `visit` may write row[i] (each
+// group of loads is issued before any of its visits).
+template <typename Visit>
+__device__ __forceinline__ void for_each_logit(const float* row, Visit visit) {
+    const int stride = blockDim.x;
+    int i = threadIdx.x;
+    for (; i + (SAMPLE_UNROLL - 1) * stride < VOCAB; i += SAMPLE_UNROLL * stride) {
+        float v[SAMPLE_UNROLL];
+#pragma unroll
+        for (int u = 0; u < SAMPLE_UNROLL; ++u) v[u] = row[i + u * stride];
+#pragma unroll
+        for (int u = 0; u < SAMPLE_UNROLL; ++u) visit(i + u * stride, v[u]);
+    }
+    for (; i < VOCAB; i += stride) visit(i, row[i]);
+}
 
 // Whether (v, i) comes before (bv, bi) in the order value descending, id ascending.
 __device__ __forceinline__ bool ranks_before(float v, int i, float bv, int bi) {
@@ -61,14 +84,12 @@ __device__ void block_argmax_after(const float* __restrict__ row, float after_v,
                                    float* sv, int* si, float* out_v, int* out_i) {
     float bv = -INFINITY;
     int bi = NO_ID;
-    for (int i = threadIdx.x; i < VOCAB; i += blockDim.x) {
-        const float v = row[i];
-        if (v != v) continue;
-        if (ranks_before(after_v, after_i, v, i) && ranks_before(v, i, bv, bi)) {
+    for_each_logit(row, [&](int i, float v) {
+        if (v == v && ranks_before(after_v, after_i, v, i) && ranks_before(v, i, bv, bi)) {
             bv = v;
             bi = i;
         }
-    }
+    });
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
@@ -144,53 +165,112 @@ __device__ int block_min_int(int v, int* scratch) {
 // Sum of the kept probabilities (or their count) whose bit patterns are at least `from`.
 __device__ float kept_mass(const float* __restrict__ p, Cut keep, bool count, int from, float* red) {
     float acc = 0.0f;
-    for (int i = threadIdx.x; i < VOCAB; i += blockDim.x) {
-        const float v = p[i];
+    for_each_logit(p, [&](int i, float v) {
         const int b = __float_as_int(v);
         if (b >= from && within(b, i, keep)) acc += count ? 1.0f : v;
-    }
+    });
     return block_sum(acc, red);
 }
 
-// The id of the n-th (1-based, clamped to the group) kept element in id order whose bit pattern
-// is `bits`. Each thread scans one contiguous slice of the vocabulary. `counts` holds
-// blockDim.x + 1 ints of shared memory.
-__device__ int nth_in_group(const float* __restrict__ p, Cut keep, int bits, int n, int* counts) {
-    const int chunk = (VOCAB + blockDim.x - 1) / blockDim.x;
-    const int start = min((int)threadIdx.x * chunk, VOCAB);
-    const int stop = min(start + chunk, VOCAB);
-    int mine = 0;
-    for (int i = start; i < stop; ++i) {
-        const int b = __float_as_int(p[i]);
-        if (b == bits && within(b, i, keep)) ++mine;
+// kept_mass for SEARCH_PROBES lower bounds at once, in one pass: mass[j] equals
+// kept_mass(p, keep, count, from[j], ...) bit for bit (each thread adds the same terms in the same
+// order, and the block adds the warps' sums as block_sum does). `red` holds 32 * SEARCH_PROBES
+// floats of shared memory.
+__device__ void kept_masses(const float* __restrict__ p, Cut keep, bool count, const int* from, float* mass,
+                            float* red) {
+    float acc[SEARCH_PROBES];
+#pragma unroll
+    for (int j = 0; j < SEARCH_PROBES; ++j) acc[j] = 0.0f;
+    // `from` rises with j, so an element below from[0] adds to no sum and one at or above
+    // from[SEARCH_PROBES - 1] to every sum: most elements take one of those two paths.
+    for_each_logit(p, [&](int i, float v) {
+        const int b = __float_as_int(v);
+        if (b < from[0] || !within(b, i, keep)) return;
+        const float add = count ? 1.0f : v;
+        if (b >= from[SEARCH_PROBES - 1]) {
+#pragma unroll
+            for (int j = 0; j < SEARCH_PROBES; ++j) acc[j] += add;
+        } else {
+#pragma unroll
+            for (int j = 0; j < SEARCH_PROBES; ++j) {
+                if (b >= from[j]) acc[j] += add;
+            }
+        }
+    });
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int warps = (blockDim.x + 31) >> 5;
+#pragma unroll
+    for (int j = 0; j < SEARCH_PROBES; ++j) {
+        const float v = warp_sum(acc[j]);
+        if (lane == 0) red[j * 32 + warp] = v;
     }
-    counts[threadIdx.x] = mine;
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < SEARCH_PROBES; ++j) {
+        float total = 0.0f;
+        for (int w = 0; w < warps; ++w) total += red[j * 32 + w];
+        mass[j] = total;
+    }
+    __syncthreads();
+}
+
+// The id of the n-th (1-based, clamped to the group's size) kept element, in id order, whose bit
+// pattern is `bits`; callers pass a group that holds at least one kept element. Warp w scans its
+// own contiguous range of ids 32 at a time (one coalesced load per lane, SAMPLE_UNROLL steps in
+// flight) and counts with ballots. `counts` holds 33 ints of shared memory.
+__device__ int nth_in_group(const float* __restrict__ p, Cut keep, int bits, int n, int* counts) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int warps = (blockDim.x + 31) >> 5;
+    const int span = (VOCAB + warps * 32 - 1) / (warps * 32) * 32;
+    const int begin = min(warp * span, VOCAB);
+    const int end = min(begin + span, VOCAB);
+    auto member = [&](int i) {
+        if (i >= end) return false;
+        const int b = __float_as_int(p[i]);
+        return b == bits && within(b, i, keep);
+    };
+    int mine = 0;
+    for (int base = begin; base < end; base += 32 * SAMPLE_UNROLL) {
+        bool hit[SAMPLE_UNROLL];
+#pragma unroll
+        for (int u = 0; u < SAMPLE_UNROLL; ++u) hit[u] = member(base + 32 * u + lane);
+#pragma unroll
+        for (int u = 0; u < SAMPLE_UNROLL; ++u) mine += __popc(__ballot_sync(0xffffffffu, hit[u]));
+    }
+    if (lane == 0) counts[warp] = mine;
     __syncthreads();
     if (threadIdx.x == 0) {
         int run = 0;
-        for (int t = 0; t < (int)blockDim.x; ++t) {
-            const int c = counts[t];
-            counts[t] = run;
+        for (int w = 0; w < warps; ++w) {
+            const int c = counts[w];
+            counts[w] = run;
             run += c;
         }
-        counts[blockDim.x] = max(1, min(n, run));
+        counts[32] = max(1, min(n, run));
     }
     __syncthreads();
-    const int target = counts[blockDim.x];
-    const int before = counts[threadIdx.x];
+    const int target = counts[32];
+    const int before = counts[warp];
     __syncthreads();
+    // The one warp whose range holds the target walks it again (`before` and `mine` are the same
+    // in every lane, so the warp takes this branch whole).
     if (before < target && target <= before + mine) {
         int seen = before;
-        for (int i = start; i < stop; ++i) {
-            const int b = __float_as_int(p[i]);
-            if (b == bits && within(b, i, keep) && ++seen == target) {
-                counts[blockDim.x] = i;
+        for (int base = begin; base < end; base += 32) {
+            const unsigned int hits = __ballot_sync(0xffffffffu, member(base + lane));
+            const int c = __popc(hits);
+            if (seen + c >= target) {
+                const unsigned int below = hits & ((1u << lane) - 1u);
+                if ((hits >> lane) & 1u && __popc(below) == target - seen - 1) counts[32] = base + lane;
                 break;
             }
+            seen += c;
         }
     }
     __syncthreads();
-    const int id = counts[blockDim.x];
+    const int id = counts[32];
     __syncthreads();
     return id;
 }
@@ -201,22 +281,44 @@ __device__ __forceinline__ bool meets(float total, float threshold, bool inclusi
 
 // The first kept element, in rank order, at which the running total of the probabilities (of
 // ones when `count`) exceeds `threshold` (reaches it when `inclusive`). False when none does.
-__device__ bool find_cut(const float* __restrict__ p, Cut keep, bool count, float threshold,
-                         bool inclusive, float* red, int* counts, Cut* out) {
-    if (!meets(kept_mass(p, keep, count, 0, red), threshold, inclusive)) return false;
+// `whole` is kept_mass(p, keep, count, 0, ...) when the caller has it, else negative.
+// `red` holds 32 * SEARCH_PROBES floats and `counts` 33 ints of shared memory. Out of line: inlined
+// at its three calls it took the kernel past its 64 registers (spills).
+__device__ __noinline__ bool find_cut(const float* __restrict__ p, Cut keep, bool count, float threshold,
+                         bool inclusive, float whole, float* red, int* counts, Cut* out) {
+    if (whole < 0.0f) whole = kept_mass(p, keep, count, 0, red);
+    if (!meets(whole, threshold, inclusive)) return false;
+    // The largest bit pattern `lo` whose kept mass from `lo` up meets the threshold: the mass from
+    // 0 does and the mass above ONE_BITS (every p is at most 1) is 0, which does not. The mass
+    // only falls as `lo` rises, so each pass may cut [lo, hi) at SEARCH_PROBES points and keep the
+    // part where the test changes: 30 bits in 8 passes, the bisection's answer.
     int lo = 0;
     int hi = ONE_BITS + 1;
+    float hi_mass = 0.0f;  // the kept mass from `hi` up
     while (hi - lo > 1) {
-        const int mid = lo + (hi - lo) / 2;
-        if (meets(kept_mass(p, keep, count, mid, red), threshold, inclusive)) {
-            lo = mid;
-        } else {
-            hi = mid;
+        int from[SEARCH_PROBES];
+        float mass[SEARCH_PROBES];
+        const long long span = hi - lo;
+#pragma unroll
+        for (int j = 0; j < SEARCH_PROBES; ++j) from[j] = lo + (int)(span * (j + 1) / (SEARCH_PROBES + 1));
+        kept_masses(p, keep, count, from, mass, red);
+        int next_lo = lo;
+        int next_hi = hi;
+#pragma unroll
+        for (int j = 0; j < SEARCH_PROBES; ++j) {
+            if (!meets(mass[j], threshold, inclusive)) {
+                next_hi = from[j];
+                hi_mass = mass[j];
+                break;
+            }
+            next_lo = from[j];
         }
+        lo = next_lo;
+        hi = next_hi;
     }
     // Every element of the group `lo` adds the same amount; the n-th is the first that meets
-    // the threshold.
-    const float above = kept_mass(p, keep, count, lo + 1, red);
+    // the threshold. `hi` is now lo + 1.
+    const float above = hi_mass;
     const float step = count ? 1.0f : __int_as_float(lo);
     const float need = fminf((threshold - above) / step, (float)VOCAB);
     int n = inclusive ? (int)ceilf(need) : (int)floorf(need) + 1;
@@ -228,10 +330,10 @@ __device__ bool find_cut(const float* __restrict__ p, Cut keep, bool count, floa
 // The last kept element in rank order.
 __device__ Cut last_kept(const float* __restrict__ p, Cut keep, int* iscratch, int* counts) {
     int low = NO_ID;
-    for (int i = threadIdx.x; i < VOCAB; i += blockDim.x) {
-        const int b = __float_as_int(p[i]);
+    for_each_logit(p, [&](int i, float v) {
+        const int b = __float_as_int(v);
         if (within(b, i, keep)) low = min(low, b);
-    }
+    });
     low = block_min_int(low, iscratch);
     Cut c;
     c.bits = low;
@@ -244,9 +346,9 @@ sample_tokens(const float* __restrict__ logits, float* __restrict__ scratch,
               const int* __restrict__ top_n, const int* __restrict__ params,
               const int* __restrict__ lists, int* __restrict__ out) {
     await_previous_kernels();
-    __shared__ float sv[32];
+    __shared__ float sv[32 * SEARCH_PROBES];  // block reductions; find_cut's probes use all of it
     __shared__ int si[32];
-    __shared__ int counts[1025];
+    __shared__ int counts[33];
     const int s = blockIdx.x;
     const float* row = logits + (size_t)s * VOCAB;
     float* p = scratch + (size_t)s * VOCAB;
@@ -258,10 +360,9 @@ sample_tokens(const float* __restrict__ logits, float* __restrict__ scratch,
     int best_i;
     block_argmax_after(row, INFINITY, -1, sv, si, &best_v, &best_i);
     float sum = 0.0f;
-    for (int i = threadIdx.x; i < VOCAB; i += blockDim.x) {
-        const float v = row[i];
+    for_each_logit(row, [&](int, float v) {
         if (v == v) sum += expf(v - best_v);
-    }
+    });
     const float lse = best_v + logf(block_sum(sum, sv));
     const int n_top = min(top_n[s], MAX_TOP_LOGPROBS);
     float prev_v = INFINITY;
@@ -283,15 +384,16 @@ sample_tokens(const float* __restrict__ logits, float* __restrict__ scratch,
     const int bias_len = prm[P_BIAS_LEN];
     const int mask_at = prm[P_MASK_AT];
     int token = best_i;
-    if (penalty_len > 0 || bias_len > 0 || mask_at >= 0 || temperature > 0.0f) {
+    const bool modified = penalty_len > 0 || bias_len > 0 || mask_at >= 0;
+    // The logits step 4 reads: the row itself, or its scratch copy once step 2 has changed it.
+    const float* logits_in = row;
+    if (modified) {
         // 2. Mask, biases and penalties on a scratch copy.
         if (mask_at >= 0) {
             const unsigned int* mask = (const unsigned int*)(lists + mask_at);
-            for (int i = threadIdx.x; i < VOCAB; i += blockDim.x) {
-                p[i] = (mask[i >> 5] >> (i & 31)) & 1u ? row[i] : -INFINITY;
-            }
+            for_each_logit(row, [&](int i, float v) { p[i] = (mask[i >> 5] >> (i & 31)) & 1u ? v : -INFINITY; });
         } else {
-            for (int i = threadIdx.x; i < VOCAB; i += blockDim.x) p[i] = row[i];
+            for_each_logit(row, [&](int i, float v) { p[i] = v; });
         }
         __syncthreads();
         const int* biases = lists + prm[P_BIAS_AT];
@@ -317,61 +419,73 @@ sample_tokens(const float* __restrict__ logits, float* __restrict__ scratch,
             p[tok] = l;
         }
         __syncthreads();
+        logits_in = p;
         if (temperature <= 0.0f) {
             // 3. Greedy over the penalised logits.
             float v;
             block_argmax_after(p, INFINITY, -1, sv, si, &v, &token);
-        } else {
-            // 4. Temperature, the three filters and the draw.
-            float m = -INFINITY;
-            for (int i = threadIdx.x; i < VOCAB; i += blockDim.x) m = fmaxf(m, p[i]);
+        }
+    }
+    if (temperature > 0.0f) {
+        // 4. Temperature, the three filters and the draw. The largest unchanged logit is the
+        // argmax's (both skip NaN).
+        float m = best_v;
+        if (modified) {
+            m = -INFINITY;
+            for_each_logit(p, [&](int, float v) { m = fmaxf(m, v); });
             m = warp_max(m);
             if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = m;
             __syncthreads();
             m = sv[0];
             for (int w = 1; w < (int)((blockDim.x + 31) >> 5); ++w) m = fmaxf(m, sv[w]);
             __syncthreads();
-            const float inv_t = __fdiv_rn(1.0f, temperature);
-            for (int i = threadIdx.x; i < VOCAB; i += blockDim.x) {
-                p[i] = expf(__fmul_rn(__fsub_rn(p[i], m), inv_t));
-            }
-            __syncthreads();
-            Cut keep;
-            keep.bits = 0;
-            keep.id = NO_ID;
-            Cut cut;
-            const int top_k = prm[P_TOP_K];
-            if (top_k > 0 && top_k < VOCAB &&
-                find_cut(p, keep, true, (float)(top_k - 1), false, sv, counts, &cut)) {
-                keep = cut;
-            }
-            const float top_p = __int_as_float(prm[P_TOP_P]);
-            if (top_p < 1.0f) {
-                const Cut all = {0, NO_ID};
-                const float total = kept_mass(p, all, false, 0, sv);
-                if (find_cut(p, keep, false, __fmul_rn(top_p, total), true, sv, counts, &cut)) {
-                    keep = shorter(keep, cut);
-                }
-            }
-            const float min_p = __int_as_float(prm[P_MIN_P]);
-            if (min_p > 0.0f) {
-                // The top probability is exactly 1; the top token always stays.
-                const Cut floor_cut = {__float_as_int(fminf(min_p, 1.0f)), NO_ID};
-                keep = shorter(keep, floor_cut);
-            }
-            const float kept_total = kept_mass(p, keep, false, 0, sv);
-            const unsigned long long seed =
-                ((unsigned long long)(unsigned int)prm[P_SEED_HI] << 32) |
-                (unsigned int)prm[P_SEED_LO];
-            const unsigned long long draw =
-                ((unsigned long long)(unsigned int)prm[P_DRAW_HI] << 32) |
-                (unsigned int)prm[P_DRAW_LO];
-            const float threshold = __fmul_rn(uniform_draw(seed, draw), kept_total);
-            if (find_cut(p, keep, false, threshold, false, sv, counts, &cut)) {
-                token = cut.id;
-            } else {
-                token = last_kept(p, keep, si, counts).id;
-            }
+        }
+        const float inv_t = __fdiv_rn(1.0f, temperature);
+        // The probabilities into the scratch row, and their sum: kept_mass over every element,
+        // the same terms in the same order, so the same float.
+        float sum_p = 0.0f;
+        for_each_logit(logits_in, [&](int i, float v) {
+            const float e = expf(__fmul_rn(__fsub_rn(v, m), inv_t));
+            p[i] = e;
+            sum_p += e;
+        });
+        const float all_total = block_sum(sum_p, sv);
+        Cut keep;
+        keep.bits = 0;
+        keep.id = NO_ID;
+        bool narrowed = false;
+        Cut cut;
+        const int top_k = prm[P_TOP_K];
+        if (top_k > 0 && top_k < VOCAB &&
+            find_cut(p, keep, true, (float)(top_k - 1), false, -1.0f, sv, counts, &cut)) {
+            keep = cut;
+            narrowed = true;
+        }
+        const float top_p = __int_as_float(prm[P_TOP_P]);
+        if (top_p < 1.0f && find_cut(p, keep, false, __fmul_rn(top_p, all_total), true,
+                                     narrowed ? -1.0f : all_total, sv, counts, &cut)) {
+            keep = shorter(keep, cut);
+            narrowed = true;
+        }
+        const float min_p = __int_as_float(prm[P_MIN_P]);
+        if (min_p > 0.0f) {
+            // The top probability is exactly 1; the top token always stays.
+            const Cut floor_cut = {__float_as_int(fminf(min_p, 1.0f)), NO_ID};
+            keep = shorter(keep, floor_cut);
+            narrowed = true;
+        }
+        const float kept_total = narrowed ? kept_mass(p, keep, false, 0, sv) : all_total;
+        const unsigned long long seed =
+            ((unsigned long long)(unsigned int)prm[P_SEED_HI] << 32) |
+            (unsigned int)prm[P_SEED_LO];
+        const unsigned long long draw =
+            ((unsigned long long)(unsigned int)prm[P_DRAW_HI] << 32) |
+            (unsigned int)prm[P_DRAW_LO];
+        const float threshold = __fmul_rn(uniform_draw(seed, draw), kept_total);
+        if (find_cut(p, keep, false, threshold, false, kept_total, sv, counts, &cut)) {
+            token = cut.id;
+        } else {
+            token = last_kept(p, keep, si, counts).id;
         }
     }
     if (threadIdx.x == 0) {
