@@ -51,6 +51,17 @@ fn load(name: &str) -> Model {
 /// Hopper path (head_dim 64 or 128) where the device has it. Its outputs mean nothing; kernels
 /// are compared on it.
 fn tiny_with_head_dim_64() -> (tempfile::TempDir, Model) {
+    let dir = tiny_copy(|config| {
+        config["num_attention_heads"] = 2.into();
+        config["num_key_value_heads"] = 1.into();
+        config["head_dim"] = 64.into();
+    });
+    let model = Model::load(dir.path()).expect("loading the reshaped fixture");
+    (dir, model)
+}
+
+/// A temporary copy of the inferno-tiny fixture whose config.json `edit` has changed.
+fn tiny_copy(edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
     let source = fixtures().join("inferno-tiny");
     let dir = tempfile::tempdir().expect("temporary directory");
     for entry in std::fs::read_dir(&source).expect("inferno-tiny fixture") {
@@ -61,12 +72,9 @@ fn tiny_with_head_dim_64() -> (tempfile::TempDir, Model) {
     let path = dir.path().join("config.json");
     let mut config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&path).expect("config")).expect("config JSON");
-    config["num_attention_heads"] = 2.into();
-    config["num_key_value_heads"] = 1.into();
-    config["head_dim"] = 64.into();
+    edit(&mut config);
     std::fs::write(&path, serde_json::to_vec(&config).expect("config JSON")).expect("config");
-    let model = Model::load(dir.path()).expect("loading the reshaped fixture");
-    (dir, model)
+    dir
 }
 
 /// inferno-tiny with its tied embedding grown to `vocab` rows, in a temporary copy: row `i` is row
@@ -78,14 +86,8 @@ fn tiny_with_head_dim_64() -> (tempfile::TempDir, Model) {
 /// would agree draw for draw. Its outputs mean nothing; the sampler is compared on it at a real
 /// model's vocabulary size.
 fn tiny_with_vocab(vocab: usize) -> (tempfile::TempDir, Model) {
-    let source = fixtures().join("inferno-tiny");
-    let dir = tempfile::tempdir().expect("temporary directory");
-    for entry in std::fs::read_dir(&source).expect("inferno-tiny fixture") {
-        let entry = entry.expect("fixture entry");
-        std::fs::copy(entry.path(), dir.path().join(entry.file_name()))
-            .expect("copying the fixture");
-    }
-    let bytes = std::fs::read(source.join("model.safetensors")).expect("fixture weights");
+    let dir = tiny_copy(|config| config["vocab_size"] = vocab.into());
+    let bytes = std::fs::read(dir.path().join("model.safetensors")).expect("fixture weights");
     let tensors = safetensors::SafeTensors::deserialize(&bytes).expect("fixture weights");
     let embed = tensors
         .tensor("model.embed_tokens.weight")
@@ -94,10 +96,14 @@ fn tiny_with_vocab(vocab: usize) -> (tempfile::TempDir, Model) {
     let grown: Vec<u8> = (0..vocab)
         .flat_map(|i| {
             let row = &embed.data()[(i % rows) * row_bytes..][..row_bytes];
-            let flip = u8::from((i / rows) % 2 == 1);
-            row.iter()
-                .enumerate()
-                .map(move |(b, &byte)| if b % 2 == 0 { byte ^ flip } else { byte })
+            let flip = u8::from(!(i / rows).is_multiple_of(2));
+            row.iter().enumerate().map(move |(b, &byte)| {
+                if b.is_multiple_of(2) {
+                    byte ^ flip
+                } else {
+                    byte
+                }
+            })
         })
         .collect();
     let norm = tensors.tensor("model.norm.weight").expect("final norm");
@@ -129,11 +135,6 @@ fn tiny_with_vocab(vocab: usize) -> (tempfile::TempDir, Model) {
         safetensors::serialize(views, None).expect("serialising the weights"),
     )
     .expect("weights");
-    let path = dir.path().join("config.json");
-    let mut config: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&path).expect("config")).expect("config JSON");
-    config["vocab_size"] = vocab.into();
-    std::fs::write(&path, serde_json::to_vec(&config).expect("config JSON")).expect("config");
     let model = Model::load(dir.path()).expect("loading the grown fixture");
     (dir, model)
 }
