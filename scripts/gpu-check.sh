@@ -23,10 +23,9 @@
 # model agree on constrained greedy outputs, or differ only at a teacher-forced near-tie within
 # 0.1; JSON-schema-constrained vs free throughput at batch 1 and 64 on the 8B-shaped model, every
 # request of both arms 128 tokens long, with the decode time per token and the engine's wait for
-# grammar masks per step; target cost <= 5%), sampler (`inferno generate` on the 8B-shaped model
-# in four sampling modes with each build in BENCH_BINS: whether the builds draw the same tokens),
-# sampling (the sampling kernel alone, .gpu/sampling-check.cu: draws against .gpu/sampling-old.cu,
-# sanitizers, microseconds per launch).
+# grammar masks per step; target cost <= 5%), sampling (the sampling kernel alone,
+# .gpu/sampling-check.cu: its draws against .gpu/sampling-old.cu's byte for byte, sanitizers,
+# microseconds per launch).
 # Logs and JSON are written to a work folder and packed into $OUT/results.tgz (the device tool
 # returns at most 8 files); $OUT/summary.txt is also printed last.
 # Only reads the GPU's state; never changes a GPU setting.
@@ -217,7 +216,7 @@ if has prefillattn; then
 fi
 
 M8=/tmp/llama8b
-if has bench || has quickbench || has peers || has serve || has graphs || has prefill || has sealedstart || has profile || has sampler; then
+if has bench || has quickbench || has peers || has serve || has graphs || has prefill || has sealedstart || has profile; then
   PYTHONUNBUFFERED=1 python3 "$G/make_llama8b.py" $M8 >"$OUT/make8b.log" 2>&1
   note "8B-shaped weights: $(tail -1 "$OUT/make8b.log")"
 fi
@@ -285,35 +284,6 @@ if has sampling; then
     note "sampling bench $b: rc=$?"
     grep -h '^RESULT' "$S/$b-bench.log" | sed "s/^/$b /" >>"$SUMMARY"
   done
-fi
-
-# The device sampler at the 8B-shaped model's 128,256 ids: `inferno generate` draws 64 tokens in
-# several modes with each build in BENCH_BINS; builds whose samplers should agree bit for bit
-# (a change that only reorders how a row is read) must draw the same tokens.
-if has sampler; then
-  modes=("--temperature 0" "--temperature 1" "--temperature 0.7 --top-p 0.9" "--temperature 1.5")
-  for bin in ${BENCH_BINS:-inferno}; do
-    for m in "${!modes[@]}"; do
-      timeout 120 $RUN "$G/$bin" generate --model $M8 --device cuda --raw --prompt "The sampler draws" \
-        --max-tokens 64 --seed 11 ${modes[$m]} --json >"$OUT/sampler-$bin-$m.json" 2>"$OUT/sampler-$bin-$m.log"
-      note "sampler $bin ${modes[$m]}: rc=$?"
-    done
-  done
-  python3 - "$OUT" ${BENCH_BINS:-inferno} <<'PY' | tee -a "$SUMMARY"
-import json, sys
-out, bins = sys.argv[1], sys.argv[2:]
-for m in range(4):
-    runs = {}
-    for b in bins:
-        try:
-            runs[b] = json.load(open(f"{out}/sampler-{b}-{m}.json"))["token_ids"]
-        except (OSError, ValueError, KeyError):
-            runs[b] = None
-    first = runs[bins[0]]
-    same = first is not None and all(r == first for r in runs.values())
-    print(f"RESULT sampler mode {m}: {'same tokens' if same else 'DIFFERENT'} across {' '.join(bins)}; "
-          f"{len(first or [])} tokens, {len(set(first or []))} distinct ids")
-PY
 fi
 
 # Where a decode step goes (batch PROFILE_BATCH, default 1; PROFILE_OUTPUT tokens each, default
