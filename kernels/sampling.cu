@@ -6,18 +6,20 @@
 //      alternatives in the order (logprob descending, id ascending). As in the reference, they
 //      see neither the grammar mask nor the biases nor the penalties: a constrained or biased
 //      row reports the model's own log-probability of the token it was made to take;
-//   2. into the row's scratch copy: the grammar mask (a row with one sets every token whose bit
-//      is clear to -inf: bit t % 32 of word t / 32), then logit_bias (add each (token, bias)
-//      pair; the host packs them sorted without duplicates), then the penalties: repetition
-//      (divide positive, multiply negative logits of every token in the row's penalty list), then
-//      frequency and presence (subtract frequency * count + presence for tokens generated
-//      count > 0 times). The host packs that list as distinct (token, output count) pairs, so no
-//      two threads touch one token. A masked -inf stays -inf through biases and penalties;
+//   2. into the row's scratch copy, when the row has any of them: the grammar mask (a row with
+//      one sets every token whose bit is clear to -inf: bit t % 32 of word t / 32), then
+//      logit_bias (add each (token, bias) pair; the host packs them sorted without duplicates),
+//      then the penalties: repetition (divide positive, multiply negative logits of every token
+//      in the row's penalty list), then frequency and presence (subtract frequency * count +
+//      presence for tokens generated count > 0 times). The host packs that list as distinct
+//      (token, output count) pairs, so no two threads touch one token. A masked -inf stays -inf
+//      through biases and penalties;
 //   3. temperature <= 0: the argmax of the penalised logits (the lower id wins ties);
-//   4. otherwise probabilities p = exp((l - max) / T) in place of the scratch copy, ranked by
-//      (p descending, id ascending): keep the top_k, then the shortest prefix whose mass reaches
-//      top_p times the total, then those with p >= min_p (the top p is exactly 1), and pick the
-//      first kept token whose running mass exceeds u * kept total, u = uniform(seed, draw_index).
+//   4. otherwise probabilities p = exp((l - max) / T) into the scratch row (read from the row
+//      itself when step 2 had nothing to change), ranked by (p descending, id ascending): keep
+//      the top_k, then the shortest prefix whose mass reaches top_p times the total, then those
+//      with p >= min_p (the top p is exactly 1), and pick the first kept token whose running mass
+//      exceeds u * kept total, u = uniform(seed, draw_index).
 // Ranked prefixes are found without sorting: a search over the bit patterns of p (non-negative
 // floats order like their bits), SEARCH_PROBES bounds per pass over the row, finds the value group
 // where the running total crosses the threshold, then a scan in id order finds the element within
