@@ -2,11 +2,12 @@
 // by scripts/gpu-check.sh (stage "sampling") at the 8B model's vocabulary (-DVOCAB=128256), once
 // from .gpu/kernels and, when .gpu/sampling-old.cu is there, once from that earlier kernel:
 //
-//   sampling-check draws FILE   samples fixed rows of logits (near-uniform, peaked, in steps of
-//                               exact ties, peaked under a grammar mask) in seven sampling modes
-//                               with several seeds and logprob counts, and writes every output
-//                               word to FILE: two builds whose draws must agree are compared
-//                               byte for byte (cmp).
+//   sampling-check draws FILE   samples fixed rows of logits in four shapes (near-uniform,
+//                               peaked, peaked in steps of exact ties, sharper still) in seven
+//                               sampling modes (one under a grammar mask, one with penalties and
+//                               biases), three seeds each, some rows with logprobs, and writes
+//                               every output word to FILE: two builds whose draws must agree are
+//                               compared byte for byte (cmp).
 //   sampling-check bench        microseconds per launch for 1, 8, 64 and 256 peaked rows in three
 //                               modes (greedy; temperature 1; temperature 0.8 with top-k, top-p,
 //                               min-p and penalties), launched back to back and timed with events.
