@@ -1,15 +1,28 @@
-// Small-M products for decode: out[m][n] = sum_k x[m][k] * w[n][k] for M <= 8 rows of x (bf16)
-// against a row-major weight w [N, K] (bf16), written as fp32 [M, N] like the cuBLASLt path.
+// Small-M products for decode: sum_k x[m][k] * w[n][k] for M <= 8 rows of x (bf16) against a
+// row-major weight w [N, K] (bf16). Three entry families, eight each (M = 1..8):
+//   gemv_mM           out[m][n] fp32 [M, N], like the cuBLASLt path;
+//   gemv_swiglu_mM    the gate/up product ([2 * INTERMEDIATE, K], gate rows first) with SwiGLU
+//                     applied to its own result: out[m][i] = bf16(silu(gate) * up), [M,
+//                     INTERMEDIATE], so kernels/swiglu.cu does not run;
+//   gemv_qkv_rope_mM  the q/k/v product ([(NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM, K]) with
+//                     kernels/qkv_rope.cu's work (bias, rotary embedding, q out, k and v into
+//                     their cache slots) done on its own result, for models without QK_NORM (a
+//                     per-head norm needs the whole head; the host keeps the separate kernel).
 //
-// gemv_mM (M = 1..8): grid ceil(N / GEMV_ROWS), GEMV_WARPS warps per block (GEMV_ROWS and
-// GEMV_WARPS come from the host, src/backend/cuda/plan.rs). A block owns
-// GEMV_ROWS consecutive weight rows and splits K over its warps (split-K inside the block, so no
-// atomics and no second pass); each lane reads 16 bytes (8 values) of every owned row per step,
-// GEMV_UNROLL steps in flight, and reuses each 16-byte slice of x for all owned rows. Warps merge
-// their partial sums in shared memory. K must be a multiple of 8 (the host checks).
+// Grid: one block per GEMV_ROWS weight rows, GEMV_WARPS warps per block (both from the host,
+// src/backend/cuda/plan.rs). gemv_mM's block owns GEMV_ROWS consecutive rows; the fused entries'
+// blocks own GEMV_PAIRS = GEMV_ROWS / 2 consecutive rows of a first half and the rows a half
+// further on (gate i.. and up i..; head dims d.. and d + HEAD_DIM / 2..), so every pair the
+// epilogue combines is in one block. The block splits K over its warps (split-K inside the
+// block, so no atomics and no second pass); each lane reads 16 bytes (8 values) of every owned
+// row per step, GEMV_UNROLL steps in flight, and reuses each 16-byte slice of x for all owned
+// rows. Warps merge their partial sums in shared memory. K must be a multiple of 8, and for the
+// fused entries INTERMEDIATE and HEAD_DIM / 2 multiples of GEMV_PAIRS (the host checks).
 
 #define GEMV_UNROLL 2
 #define GEMV_STEP (32 * 8)
+#define GEMV_PAIRS (GEMV_ROWS / 2)
+#define GEMV_HALF_HEAD (HEAD_DIM / 2)
 
 __device__ __forceinline__ void gemv_unpack8(uint4 w, float* out) {
     const unsigned int u[4] = {w.x, w.y, w.z, w.w};
@@ -20,16 +33,15 @@ __device__ __forceinline__ void gemv_unpack8(uint4 w, float* out) {
     }
 }
 
+// Each warp's sums of x[m] · rows[r] over its share of K, into partial[warp][m][r]; returns
+// after a barrier, so any thread may then add them up (gemv_total).
 template <int M>
-__device__ __forceinline__ void gemv_body(const bf16* __restrict__ x,
-                                          const bf16* __restrict__ w,
-                                          float* __restrict__ out,
-                                          int n,
-                                          int k) {
-    __shared__ float partial[GEMV_WARPS][M][GEMV_ROWS];
+__device__ __forceinline__ void gemv_partials(const bf16* __restrict__ x,
+                                              const bf16* const (&rows)[GEMV_ROWS],
+                                              int k,
+                                              float (&partial)[GEMV_WARPS][M][GEMV_ROWS]) {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const int row0 = blockIdx.x * GEMV_ROWS;
     // This warp's share of K, in whole steps.
     const int steps = (k + GEMV_STEP - 1) / GEMV_STEP;
     const int per_warp = (steps + GEMV_WARPS - 1) / GEMV_WARPS;
@@ -42,9 +54,6 @@ __device__ __forceinline__ void gemv_body(const bf16* __restrict__ x,
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; ++r) acc[m][r] = 0.0f;
     }
-    const bf16* rows[GEMV_ROWS];
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) rows[r] = w + (size_t)min(row0 + r, n - 1) * k;
     // The weights are constant: start pulling this warp's first slices into L2 while the kernel
     // that writes x may still be running, then wait for it.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -97,46 +106,137 @@ __device__ __forceinline__ void gemv_body(const bf16* __restrict__ x,
         }
     }
     __syncthreads();
+}
+
+// x[m] · rows[r] over all of K, from gemv_partials' sums (always added in warp order).
+template <int M>
+__device__ __forceinline__ float gemv_total(const float (&partial)[GEMV_WARPS][M][GEMV_ROWS], int m, int r) {
+    float total = 0.0f;
+#pragma unroll
+    for (int wi = 0; wi < GEMV_WARPS; ++wi) total += partial[wi][m][r];
+    return total;
+}
+
+template <int M>
+__device__ __forceinline__ void gemv_plain(const bf16* __restrict__ x,
+                                           const bf16* __restrict__ w,
+                                           float* __restrict__ out,
+                                           int n,
+                                           int k) {
+    __shared__ float partial[GEMV_WARPS][M][GEMV_ROWS];
+    const int row0 = blockIdx.x * GEMV_ROWS;
+    const bf16* rows[GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r) rows[r] = w + (size_t)min(row0 + r, n - 1) * k;
+    gemv_partials<M>(x, rows, k, partial);
     for (int i = threadIdx.x; i < M * GEMV_ROWS; i += blockDim.x) {
         const int m = i / GEMV_ROWS;
         const int r = i % GEMV_ROWS;
-        if (row0 + r >= n) continue;
-        float total = 0.0f;
-#pragma unroll
-        for (int wi = 0; wi < GEMV_WARPS; ++wi) total += partial[wi][m][r];
-        out[(size_t)m * n + row0 + r] = total;
+        if (row0 + r < n) out[(size_t)m * n + row0 + r] = gemv_total<M>(partial, m, r);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_m1(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
-    gemv_body<1>(x, w, out, n, k);
+// The rows of a paired block: GEMV_PAIRS rows from `first` and as many from `first + half`.
+__device__ __forceinline__ void gemv_paired_rows(const bf16* __restrict__ w,
+                                                 size_t first,
+                                                 size_t half,
+                                                 int k,
+                                                 const bf16* (&rows)[GEMV_ROWS]) {
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r) {
+        const size_t row = first + (r < GEMV_PAIRS ? r : half + r - GEMV_PAIRS);
+        rows[r] = w + row * k;
+    }
 }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_m2(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
-    gemv_body<2>(x, w, out, n, k);
+
+template <int M>
+__device__ __forceinline__ void gemv_swiglu(const bf16* __restrict__ x,
+                                            const bf16* __restrict__ w,
+                                            bf16* __restrict__ out,
+                                            int k) {
+    __shared__ float partial[GEMV_WARPS][M][GEMV_ROWS];
+    const int i0 = blockIdx.x * GEMV_PAIRS;
+    const bf16* rows[GEMV_ROWS];
+    gemv_paired_rows(w, i0, INTERMEDIATE, k, rows);
+    gemv_partials<M>(x, rows, k, partial);
+    for (int j = threadIdx.x; j < M * GEMV_PAIRS; j += blockDim.x) {
+        const int m = j / GEMV_PAIRS;
+        const int p = j % GEMV_PAIRS;
+        const float gate = gemv_total<M>(partial, m, p);
+        const float up = gemv_total<M>(partial, m, p + GEMV_PAIRS);
+        out[(size_t)m * INTERMEDIATE + i0 + p] = f32_to_bf16(silu_times(gate, up));
+    }
 }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_m3(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
-    gemv_body<3>(x, w, out, n, k);
+
+template <int M>
+__device__ __forceinline__ void gemv_qkv_rope(const bf16* __restrict__ x,
+                                              const bf16* __restrict__ w,
+                                              const bf16* __restrict__ bias,
+                                              const float* __restrict__ inv_freq,
+                                              const int* __restrict__ positions,
+                                              const int* __restrict__ slots,
+                                              bf16* __restrict__ q_out,
+                                              bf16* __restrict__ k_cache,
+                                              bf16* __restrict__ v_cache,
+                                              int k) {
+    __shared__ float partial[GEMV_WARPS][M][GEMV_ROWS];
+    constexpr int blocks_per_head = GEMV_HALF_HEAD / GEMV_PAIRS;
+    const int h = blockIdx.x / blocks_per_head;
+    const int d0 = (blockIdx.x % blocks_per_head) * GEMV_PAIRS;
+    const bf16* rows[GEMV_ROWS];
+    gemv_paired_rows(w, (size_t)h * HEAD_DIM + d0, GEMV_HALF_HEAD, k, rows);
+    gemv_partials<M>(x, rows, k, partial);
+    const bool is_q = h < NUM_Q_HEADS;
+    const bool is_v = h >= NUM_Q_HEADS + NUM_KV_HEADS;
+    for (int j = threadIdx.x; j < M * GEMV_PAIRS; j += blockDim.x) {
+        const int m = j / GEMV_PAIRS;
+        const int d = d0 + j % GEMV_PAIRS;
+        const int slot = slots[m];
+        if (!is_q && slot < 0) continue;
+        float lo = gemv_total<M>(partial, m, j % GEMV_PAIRS);
+        float hi = gemv_total<M>(partial, m, j % GEMV_PAIRS + GEMV_PAIRS);
+#if QKV_BIAS
+        lo += bf16_to_f32(bias[h * HEAD_DIM + d]);
+        hi += bf16_to_f32(bias[h * HEAD_DIM + d + GEMV_HALF_HEAD]);
+#endif
+        if (!is_v) rotate_pair((float)positions[m] * inv_freq[d], lo, hi);
+        bf16* dst;
+        if (is_q) {
+            dst = q_out + ((size_t)m * NUM_Q_HEADS + h) * HEAD_DIM;
+        } else if (!is_v) {
+            dst = k_cache + ((size_t)slot * NUM_KV_HEADS + (h - NUM_Q_HEADS)) * HEAD_DIM;
+        } else {
+            dst = v_cache + ((size_t)slot * NUM_KV_HEADS + (h - NUM_Q_HEADS - NUM_KV_HEADS)) * HEAD_DIM;
+        }
+        dst[d] = f32_to_bf16(lo);
+        dst[d + GEMV_HALF_HEAD] = f32_to_bf16(hi);
+    }
 }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_m4(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
-    gemv_body<4>(x, w, out, n, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_m5(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
-    gemv_body<5>(x, w, out, n, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_m6(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
-    gemv_body<6>(x, w, out, n, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_m7(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
-    gemv_body<7>(x, w, out, n, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_m8(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
-    gemv_body<8>(x, w, out, n, k);
-}
+
+#define GEMV_ENTRIES_FOR(M)                                                                          \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                   \
+        gemv_m##M(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out,   \
+                  int n, int k) {                                                                    \
+        gemv_plain<M>(x, w, out, n, k);                                                              \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                   \
+        gemv_swiglu_m##M(const bf16* __restrict__ x, const bf16* __restrict__ w,                    \
+                         bf16* __restrict__ out, int k) {                                            \
+        gemv_swiglu<M>(x, w, out, k);                                                                \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_qkv_rope_m##M(               \
+        const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ bias,      \
+        const float* __restrict__ inv_freq, const int* __restrict__ positions,                      \
+        const int* __restrict__ slots, bf16* __restrict__ q_out, bf16* __restrict__ k_cache,        \
+        bf16* __restrict__ v_cache, int k) {                                                         \
+        gemv_qkv_rope<M>(x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k);        \
+    }
+
+GEMV_ENTRIES_FOR(1)
+GEMV_ENTRIES_FOR(2)
+GEMV_ENTRIES_FOR(3)
+GEMV_ENTRIES_FOR(4)
+GEMV_ENTRIES_FOR(5)
+GEMV_ENTRIES_FOR(6)
+GEMV_ENTRIES_FOR(7)
+GEMV_ENTRIES_FOR(8)

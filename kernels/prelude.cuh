@@ -40,6 +40,24 @@ __device__ __forceinline__ bf16 f32_to_bf16(float f) {
     return (bf16)(u >> 16);
 }
 
+// SwiGLU of one element: silu(gate) * up, in fp32 (kernels/swiglu.cu, and the small-M product
+// that applies it to its own output, kernels/gemv.cu).
+__device__ __forceinline__ float silu_times(float gate, float up) {
+    return gate / (1.0f + expf(-gate)) * up;
+}
+
+// Rotary embedding of one pair of a head ("rotate half": dims i and i + HEAD_DIM / 2) by `angle`,
+// in place (kernels/qkv_rope.cu, and the small-M product that writes q, k and v itself,
+// kernels/gemv.cu), so both paths round the same way.
+__device__ __forceinline__ void rotate_pair(float angle, float& lo, float& hi) {
+    float s, c;
+    sincosf(angle, &s, &c);
+    const float a = lo;
+    const float b = hi;
+    lo = a * c - b * s;
+    hi = b * c + a * s;
+}
+
 // Sum over the 32 lanes of a warp; every lane receives the result.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

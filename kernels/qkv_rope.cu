@@ -10,6 +10,8 @@
 //      head. slots[t] < 0 marks a padding token: nothing is written.
 // Cache layout per layer: [num_blocks * KV_BLOCK slots][NUM_KV_HEADS][HEAD_DIM] bf16.
 // Grid: one block per token. Block: QKV_WARPS warps; warp w handles heads w, w + QKV_WARPS, ...
+// Where the small-M product serves the q/k/v product of a model without QK_NORM, it does steps 1,
+// 3 and 4 on its own output (gemv_qkv_rope_mM, kernels/gemv.cu) and this kernel does not run.
 
 #define QKV_HEADS (NUM_Q_HEADS + 2 * NUM_KV_HEADS)
 #define QKV_PAIRS (HEAD_DIM / 2)
@@ -85,12 +87,7 @@ extern "C" __global__ void qkv_rope_write(const float* __restrict__ qkv,
             if (i < QKV_PAIRS) {
                 float lo = a[k];
                 float hi = b[k];
-                if (!is_v) {
-                    float s, c;
-                    sincosf(pos * inv_freq[i], &s, &c);
-                    lo = a[k] * c - b[k] * s;
-                    hi = b[k] * c + a[k] * s;
-                }
+                if (!is_v) rotate_pair(pos * inv_freq[i], lo, hi);
                 dst[i] = f32_to_bf16(lo);
                 dst[i + QKV_PAIRS] = f32_to_bf16(hi);
             }

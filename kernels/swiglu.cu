@@ -4,11 +4,9 @@
 // Output: [T, INTERMEDIATE] bf16. Grid: (ceil(INTERMEDIATE / SWIGLU_VEC / blockDim.x), T); each
 // thread computes SWIGLU_VEC consecutive elements of its row. SWIGLU_VEC comes from the host
 // (src/backend/cuda/plan.rs): 4 when INTERMEDIATE is a multiple of 4 (16-byte loads of the gate
-// and up values, one 8-byte store: the kernel is a pure stream of bytes), else 1.
-
-__device__ __forceinline__ float silu_times(float gate, float up) {
-    return gate / (1.0f + expf(-gate)) * up;
-}
+// and up values, one 8-byte store: the kernel is a pure stream of bytes), else 1. Where the
+// small-M product serves the gate/up product, it applies SwiGLU itself (gemv_swiglu_mM,
+// kernels/gemv.cu) and this kernel does not run.
 
 extern "C" __global__ void swiglu(const float* __restrict__ gate_up, bf16* __restrict__ out) {
     await_previous_kernels();

@@ -1,11 +1,15 @@
 // Small-M product kernels (kernels/gemv.cu) against a float64 reference and against cuBLASLt,
-// built with nvcc on the GPU machine by scripts/gpu-check.sh (stage "gemv").
-//   gemv-check test    every M in 1..8 on shapes with ragged N and K, fresh random data; exits 1
-//                      on a mismatch
+// built with nvcc on the GPU machine by scripts/gpu-check.sh (stage "gemv", with Llama-3.1-8B's
+// shapes as defines).
+//   gemv-check test    every M in 1..8 on shapes with ragged N and K, fresh random data; then the
+//                      fused entries (gemv_swiglu_mM, gemv_qkv_rope_mM) against the plain product
+//                      followed by kernels/swiglu.cu or kernels/qkv_rope.cu, byte for byte (same
+//                      sums, same rounding), padding slots included; exits 1 on a mismatch
 //   gemv-check bench   Llama-3.1-8B's decode products for M = 1, 2, 4, 8: the kernel and
 //                      cuBLASLt's heuristic choice (bf16 in, fp32 out, as the backend calls it),
 //                      weight-read bandwidth as a share of the measured copy bandwidth (several
-//                      weight copies cycled so no launch reads them from L2)
+//                      weight copies cycled so no launch reads them from L2); then each fused
+//                      entry against the plain product plus its separate kernel
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -15,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -23,6 +28,8 @@
 #undef INFINITY
 #include "prelude.cuh"
 #include "gemv.cu"
+#include "swiglu.cu"
+#include "qkv_rope.cu"
 
 #define LT(call)                                                                            \
     do {                                                                                    \
@@ -47,6 +54,114 @@ static void gemv(int m, const uint16_t* x, const uint16_t* w, float* out, int n,
         case 7: gemv_m7<<<grid, threads>>>(x, w, out, n, k); break;
         default: gemv_m8<<<grid, threads>>>(x, w, out, n, k); break;
     }
+}
+
+static void gemv_swiglu(int m, const uint16_t* x, const uint16_t* w, uint16_t* out, int k) {
+    const dim3 grid(INTERMEDIATE / GEMV_PAIRS);
+    const int threads = GEMV_WARPS * 32;
+    switch (m) {
+        case 1: gemv_swiglu_m1<<<grid, threads>>>(x, w, out, k); break;
+        case 2: gemv_swiglu_m2<<<grid, threads>>>(x, w, out, k); break;
+        case 3: gemv_swiglu_m3<<<grid, threads>>>(x, w, out, k); break;
+        case 4: gemv_swiglu_m4<<<grid, threads>>>(x, w, out, k); break;
+        case 5: gemv_swiglu_m5<<<grid, threads>>>(x, w, out, k); break;
+        case 6: gemv_swiglu_m6<<<grid, threads>>>(x, w, out, k); break;
+        case 7: gemv_swiglu_m7<<<grid, threads>>>(x, w, out, k); break;
+        default: gemv_swiglu_m8<<<grid, threads>>>(x, w, out, k); break;
+    }
+}
+
+// The caches, q and the per-token inputs of the rope write.
+struct RopeTargets {
+    const float* inv_freq;
+    const int* positions;
+    const int* slots;
+    uint16_t* q;
+    uint16_t* k_cache;
+    uint16_t* v_cache;
+};
+
+static void gemv_qkv_rope(int m, const uint16_t* x, const uint16_t* w, const RopeTargets& t, int k) {
+    const dim3 grid(QKV_HEADS * HEAD_DIM / GEMV_ROWS);
+    const int threads = GEMV_WARPS * 32;
+#define GEMV_ROPE_ARGS x, w, nullptr, t.inv_freq, t.positions, t.slots, t.q, t.k_cache, t.v_cache, k
+    switch (m) {
+        case 1: gemv_qkv_rope_m1<<<grid, threads>>>(GEMV_ROPE_ARGS); break;
+        case 2: gemv_qkv_rope_m2<<<grid, threads>>>(GEMV_ROPE_ARGS); break;
+        case 3: gemv_qkv_rope_m3<<<grid, threads>>>(GEMV_ROPE_ARGS); break;
+        case 4: gemv_qkv_rope_m4<<<grid, threads>>>(GEMV_ROPE_ARGS); break;
+        case 5: gemv_qkv_rope_m5<<<grid, threads>>>(GEMV_ROPE_ARGS); break;
+        case 6: gemv_qkv_rope_m6<<<grid, threads>>>(GEMV_ROPE_ARGS); break;
+        case 7: gemv_qkv_rope_m7<<<grid, threads>>>(GEMV_ROPE_ARGS); break;
+        default: gemv_qkv_rope_m8<<<grid, threads>>>(GEMV_ROPE_ARGS); break;
+    }
+#undef GEMV_ROPE_ARGS
+}
+
+// The unfused paths the backend takes where cuBLASLt serves a product: the plain product into
+// fp32 `scratch`, then the separate kernel.
+static void unfused_swiglu(int m, const uint16_t* x, const uint16_t* w, float* scratch, uint16_t* out, int k) {
+    gemv(m, x, w, scratch, 2 * INTERMEDIATE, k);
+    swiglu<<<dim3((INTERMEDIATE / SWIGLU_VEC + 255) / 256, m), 256>>>(scratch, out);
+}
+
+static void unfused_qkv_rope(int m, const uint16_t* x, const uint16_t* w, float* scratch, const RopeTargets& t, int k) {
+    gemv(m, x, w, scratch, QKV_HEADS * HEAD_DIM, k);
+    qkv_rope_write<<<m, 32 * std::min(QKV_HEADS, 32)>>>(scratch, nullptr, nullptr, nullptr, t.inv_freq, t.positions,
+                                                       t.slots, t.q, t.k_cache, t.v_cache);
+}
+
+// Fused entries against the unfused paths, byte for byte, M = 1..8 at depth k. Returns the number
+// of differing outputs.
+static int test_fused(int k) {
+    std::mt19937_64 rng(std::random_device{}());
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    const size_t qkv_n = (size_t)QKV_HEADS * HEAD_DIM;
+    std::vector<uint16_t> x(8 * (size_t)k), w_gate_up(2 * (size_t)INTERMEDIATE * k), w_qkv(qkv_n * k);
+    for (auto& v : x) v = to_bf16(uni(rng));
+    for (auto& v : w_gate_up) v = to_bf16(uni(rng));
+    for (auto& v : w_qkv) v = to_bf16(uni(rng));
+    std::vector<float> inv_freq(HEAD_DIM / 2);
+    for (int i = 0; i < HEAD_DIM / 2; ++i) inv_freq[i] = std::pow(500000.0f, -2.0f * i / HEAD_DIM);
+    // Eight tokens at scattered positions; token 5's slot marks padding (nothing written).
+    std::vector<int> positions = {0, 1, 17, 1000, 4095, 7, 131071, 33}, slots = {3, 40, 0, 77, 12, -1, 95, 64};
+    const int cache_slots = 96;
+    const size_t cache_len = (size_t)cache_slots * NUM_KV_HEADS * HEAD_DIM;
+    uint16_t *dx = upload(x), *dw_gu = upload(w_gate_up), *dw_qkv = upload(w_qkv);
+    float *dfreq = upload(inv_freq), *scratch;
+    int *dpos = upload(positions), *dslots = upload(slots);
+    CHECK(cudaMalloc(&scratch, 8 * 2 * (size_t)INTERMEDIATE * 4));
+    uint16_t* outs[2][4];  // [unfused, fused][mlp, q, k cache, v cache]
+    const size_t lens[4] = {8 * (size_t)INTERMEDIATE, 8 * (size_t)NUM_Q_HEADS * HEAD_DIM, cache_len, cache_len};
+    for (auto& side : outs) {
+        for (int b = 0; b < 4; ++b) CHECK(cudaMalloc(&side[b], lens[b] * 2));
+    }
+    int differing = 0;
+    for (int m = 1; m <= 8; ++m) {
+        for (auto& side : outs) {
+            for (int b = 0; b < 4; ++b) CHECK(cudaMemset(side[b], 0x5a, lens[b] * 2));
+        }
+        RopeTargets unfused{dfreq, dpos, dslots, outs[0][1], outs[0][2], outs[0][3]};
+        RopeTargets fused{dfreq, dpos, dslots, outs[1][1], outs[1][2], outs[1][3]};
+        unfused_swiglu(m, dx, dw_gu, scratch, outs[0][0], k);
+        gemv_swiglu(m, dx, dw_gu, outs[1][0], k);
+        unfused_qkv_rope(m, dx, dw_qkv, scratch, unfused, k);
+        gemv_qkv_rope(m, dx, dw_qkv, fused, k);
+        const char* names[4] = {"swiglu", "q", "k cache", "v cache"};
+        for (int b = 0; b < 4; ++b) {
+            const auto want = finish_and_download(outs[0][b], lens[b]);
+            const auto got = finish_and_download(outs[1][b], lens[b]);
+            int here = 0;
+            for (size_t i = 0; i < lens[b]; ++i) here += want[i] != got[i];
+            if (here) fprintf(stderr, "MISMATCH fused %s m=%d k=%d: %d of %zu values differ\n", names[b], m, k, here, lens[b]);
+            differing += here;
+        }
+    }
+    for (auto& side : outs) {
+        for (auto* b : side) CHECK(cudaFree(b));
+    }
+    for (void* p : {(void*)dx, (void*)dw_gu, (void*)dw_qkv, (void*)dfreq, (void*)scratch, (void*)dpos, (void*)dslots}) CHECK(cudaFree(p));
+    return differing;
 }
 
 static int test() {
@@ -89,7 +204,11 @@ static int test() {
         CHECK(cudaFree(dout));
     }
     printf("RESULT gemv test (M 1..8, 5 shapes): %s (%d mismatches)\n", failures ? "FAIL" : "ok", failures);
-    return failures ? 1 : 0;
+    int fused_differing = 0;
+    for (int k : {64, 264}) fused_differing += test_fused(k);
+    printf("RESULT gemv fused test (swiglu and qkv rope write against the unfused kernels, M 1..8, K 64 and 264): %s (%d values differ)\n",
+           fused_differing ? "FAIL" : "ok", fused_differing);
+    return failures || fused_differing ? 1 : 0;
 }
 
 
@@ -178,6 +297,55 @@ static int bench() {
             cublasLtMatmulDescDestroy(desc);
         }
         CHECK(cudaFree(w));
+    }
+    // Each fused entry against the plain product plus its separate kernel, on the 8B shapes.
+    {
+        const int k = 4096;
+        const size_t qkv_n = (size_t)QKV_HEADS * HEAD_DIM;
+        const size_t gu_bytes = 2 * (size_t)INTERMEDIATE * k * 2, qkv_bytes = qkv_n * k * 2;
+        const int copies = (int)((512u << 20) / gu_bytes + 1);
+        uint16_t *w_gu, *w_qkv, *mlp, *q, *kc, *vc;
+        float* freq;
+        int *pos, *slots;
+        CHECK(cudaMalloc(&w_gu, gu_bytes * copies));
+        CHECK(cudaMalloc(&w_qkv, qkv_bytes * copies));
+        fill_random<<<4096, 256>>>(w_gu, gu_bytes / 2 * copies, 13, 118);
+        fill_random<<<4096, 256>>>(w_qkv, qkv_bytes / 2 * copies, 17, 118);
+        CHECK(cudaMalloc(&mlp, 8 * (size_t)INTERMEDIATE * 2));
+        CHECK(cudaMalloc(&q, 8 * (size_t)NUM_Q_HEADS * HEAD_DIM * 2));
+        CHECK(cudaMalloc(&kc, 64 * (size_t)NUM_KV_HEADS * HEAD_DIM * 2));
+        CHECK(cudaMalloc(&vc, 64 * (size_t)NUM_KV_HEADS * HEAD_DIM * 2));
+        std::vector<float> inv_freq(HEAD_DIM / 2, 0.01f);
+        std::vector<int> positions = {5, 6, 7, 8, 9, 10, 11, 12}, slot_list = {0, 1, 2, 3, 4, 5, 6, 7};
+        freq = upload(inv_freq);
+        pos = upload(positions);
+        slots = upload(slot_list);
+        const RopeTargets t{freq, pos, slots, q, kc, vc};
+        for (int m : {1, 8}) {
+            const auto gu = [&](int i) { return w_gu + (size_t)(i % copies) * 2 * INTERMEDIATE * k; };
+            const auto qw = [&](int i) { return w_qkv + (size_t)(i % copies) * qkv_n * k; };
+            const std::function<void(int)> runs[4] = {
+                [&](int i) { unfused_swiglu(m, x, gu(i), out, mlp, k); },
+                [&](int i) { gemv_swiglu(m, x, gu(i), mlp, k); },
+                [&](int i) { unfused_qkv_rope(m, x, qw(i), out, t, k); },
+                [&](int i) { gemv_qkv_rope(m, x, qw(i), t, k); },
+            };
+            double us[4];
+            for (int which = 0; which < 4; ++which) {
+                for (int i = 0; i < copies + 2; ++i) runs[which](i);
+                CHECK(cudaGetLastError());
+                const int iters = std::max(20, 2 * copies);
+                CHECK(cudaEventRecord(e0));
+                for (int i = 0; i < iters; ++i) runs[which](i);
+                CHECK(cudaEventRecord(e1));
+                CHECK(cudaEventSynchronize(e1));
+                CHECK(cudaEventElapsedTime(&ms, e0, e1));
+                us[which] = ms * 1e3 / iters;
+            }
+            printf("RESULT gemv fused bench m=%d: gate_up + swiglu %.1f us, gemv_swiglu %.1f us; qkv + rope write %.1f us, gemv_qkv_rope %.1f us\n",
+                   m, us[0], us[1], us[2], us[3]);
+        }
+        for (void* p : {(void*)w_gu, (void*)w_qkv, (void*)mlp, (void*)q, (void*)kc, (void*)vc, (void*)freq, (void*)pos, (void*)slots}) CHECK(cudaFree(p));
     }
     for (int m : {1, 2, 4, 8}) {
         printf("RESULT gemv 8B products per step m=%d (32 layers fused qkv, o, gate_up, down + lm_head, %.2f GB): kernel %.2f ms, cuBLASLt %.2f ms, best per shape %.2f ms = %.0f%% of the weight-read floor %.2f ms\n",

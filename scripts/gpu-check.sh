@@ -129,7 +129,7 @@ fi
 if has gemv; then
   A=$OUT/gemv
   mkdir -p "$A"
-  if nvcc -O3 -arch=sm_90a -std=c++17 -I"$G/kernels" -DGEMV_ROWS=4 -DGEMV_WARPS=4 -Xptxas -v "$G/gemv-check.cu" -lcublasLt -o "$A/gemv-check" >"$A/build.log" 2>&1; then
+  if nvcc -O3 -arch=sm_90a -std=c++17 -I"$G/kernels" -DGEMV_ROWS=4 -DGEMV_WARPS=4 -DHIDDEN=4096 -DHEAD_DIM=128 -DNUM_Q_HEADS=32 -DNUM_KV_HEADS=8 -DINTERMEDIATE=14336 -DQKV_BIAS=0 -DQK_NORM=0 -DRMS_EPS=1e-5f -DSWIGLU_VEC=4 -Xptxas -v "$G/gemv-check.cu" -lcublasLt -o "$A/gemv-check" >"$A/build.log" 2>&1; then
     "$A/gemv-check" test >"$A/test.log" 2>&1
     note "gemv tests: rc=$? $(grep -h '^RESULT' "$A/test.log")"
     timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$A/gemv-check" test >"$A/sanitizer.log" 2>&1

@@ -167,6 +167,10 @@ struct Kernels {
     sample: CudaFunction,
     /// `gemv[m - 1]` computes products of m rows (`kernels/gemv.cu`).
     gemv: Vec<CudaFunction>,
+    /// `gemv_swiglu[m - 1]`: the gate/up product of m rows with SwiGLU applied.
+    gemv_swiglu: Vec<CudaFunction>,
+    /// `gemv_qkv_rope[m - 1]`: the q/k/v product of m rows with the rope write applied.
+    gemv_qkv_rope: Vec<CudaFunction>,
 }
 
 impl Kernels {
@@ -188,6 +192,14 @@ impl Kernels {
             swiglu: get("swiglu")?,
             sample: get("sample_tokens")?,
             gemv: kernels::GEMV_ENTRIES
+                .iter()
+                .map(|name| get(name))
+                .collect::<Result<_, _>>()?,
+            gemv_swiglu: kernels::GEMV_SWIGLU_ENTRIES
+                .iter()
+                .map(|name| get(name))
+                .collect::<Result<_, _>>()?,
+            gemv_qkv_rope: kernels::GEMV_QKV_ROPE_ENTRIES
                 .iter()
                 .map(|name| get(name))
                 .collect::<Result<_, _>>()?,
@@ -931,8 +943,13 @@ impl CudaBackend {
         out: u64,
         dims: (usize, usize, usize),
     ) -> Result<(), BackendError> {
-        let aligned = (x | w).is_multiple_of(16);
-        self.product(aligned && self.gemm.uses_small_m(dims), (x, w, out), dims)
+        self.product(self.takes_small_m(x, w, dims), (x, w, out), dims)
+    }
+
+    /// Whether the product `x[m, k] · w[n, k]ᵀ` goes to the small-M kernels: measured faster
+    /// for the shape at start-up, and x and w 16-byte aligned.
+    fn takes_small_m(&self, x: u64, w: u64, dims: (usize, usize, usize)) -> bool {
+        (x | w).is_multiple_of(16) && self.gemm.uses_small_m(dims)
     }
 
     /// One product by the small-M kernel (`small_m`, which `plan::small_m_fits` must allow and
@@ -1265,28 +1282,44 @@ impl CudaBackend {
             let attn = self.act.attn.ptr();
             self.matmul(attn, o_w, delta, (t, p.hidden, q_width))?;
             self.add_rmsnorm(t32, delta, post_norm, 0)?;
-            let gate_up = self.act.gate_up.ptr();
-            self.matmul(
-                normed,
-                gate_up_w,
-                gate_up,
-                (t, 2 * p.intermediate, p.hidden),
-            )?;
-            let per_thread = plan::swiglu_vector(p.intermediate);
-            self.launch(
-                &self.kernels.swiglu,
-                (
-                    to_u32(
-                        (p.intermediate / per_thread).div_ceil(plan::SWIGLU_THREADS),
-                        "intermediate",
-                    )?,
-                    t32,
-                    1,
-                ),
-                plan::SWIGLU_THREADS as u32,
-                &[Arg::Ptr(gate_up), Arg::Ptr(self.act.mlp.ptr())],
-            )?;
             let mlp = self.act.mlp.ptr();
+            let gate_up_dims = (t, 2 * p.intermediate, p.hidden);
+            if plan::swiglu_fuses(p.intermediate)
+                && self.takes_small_m(normed, gate_up_w, gate_up_dims)
+            {
+                self.launch(
+                    &self.kernels.gemv_swiglu[t - 1],
+                    (
+                        to_u32(p.intermediate / plan::GEMV_PAIRS, "intermediate")?,
+                        1,
+                        1,
+                    ),
+                    (plan::GEMV_WARPS * 32) as u32,
+                    &[
+                        Arg::Ptr(normed),
+                        Arg::Ptr(gate_up_w),
+                        Arg::Ptr(mlp),
+                        Arg::Int(to_u32(p.hidden, "product depth")? as i32),
+                    ],
+                )?;
+            } else {
+                let gate_up = self.act.gate_up.ptr();
+                self.matmul(normed, gate_up_w, gate_up, gate_up_dims)?;
+                let per_thread = plan::swiglu_vector(p.intermediate);
+                self.launch(
+                    &self.kernels.swiglu,
+                    (
+                        to_u32(
+                            (p.intermediate / per_thread).div_ceil(plan::SWIGLU_THREADS),
+                            "intermediate",
+                        )?,
+                        t32,
+                        1,
+                    ),
+                    plan::SWIGLU_THREADS as u32,
+                    &[Arg::Ptr(gate_up), Arg::Ptr(mlp)],
+                )?;
+            }
             self.matmul(mlp, down_w, delta, (t, p.hidden, p.intermediate))?;
         }
         if segment == layers {
@@ -1298,8 +1331,39 @@ impl CudaBackend {
         // Layer 0 normalises the embeddings alone; later layers add the previous MLP's output.
         let previous = if layer == 0 { 0 } else { delta };
         self.add_rmsnorm(t32, previous, input_norm, 0)?;
+        let qkv_dims = (t, qkv_n, p.hidden);
+        let bias = Arg::Ptr(w.qkv_bias.as_ref().map_or(0, DeviceBuffer::ptr));
+        let (inv_freq, positions, slots, q, keys, values) = (
+            Arg::Ptr(self.weights.inv_freq.ptr()),
+            self.input(layout.positions()),
+            self.input(layout.slots()),
+            Arg::Ptr(self.act.q.ptr()),
+            Arg::Ptr(self.kv.keys(layer)),
+            Arg::Ptr(self.kv.values(layer)),
+        );
+        if plan::rope_write_fuses(p.head_dim, p.qk_norm)
+            && self.takes_small_m(normed, qkv_w, qkv_dims)
+        {
+            return self.launch(
+                &self.kernels.gemv_qkv_rope[t - 1],
+                (to_u32(qkv_n / plan::GEMV_ROWS, "product rows")?, 1, 1),
+                (plan::GEMV_WARPS * 32) as u32,
+                &[
+                    Arg::Ptr(normed),
+                    Arg::Ptr(qkv_w),
+                    bias,
+                    inv_freq,
+                    positions,
+                    slots,
+                    q,
+                    keys,
+                    values,
+                    Arg::Int(to_u32(p.hidden, "product depth")? as i32),
+                ],
+            );
+        }
         let qkv = self.act.qkv.ptr();
-        self.matmul(normed, qkv_w, qkv, (t, qkv_n, p.hidden))?;
+        self.matmul(normed, qkv_w, qkv, qkv_dims)?;
         let w: &LayerWeights = &self.weights.layers[layer];
         self.launch(
             &self.kernels.qkv_rope,
@@ -1307,15 +1371,15 @@ impl CudaBackend {
             32 * qkv_warps,
             &[
                 Arg::Ptr(qkv),
-                Arg::Ptr(w.qkv_bias.as_ref().map_or(0, DeviceBuffer::ptr)),
+                bias,
                 Arg::Ptr(w.q_norm.as_ref().map_or(0, DeviceBuffer::ptr)),
                 Arg::Ptr(w.k_norm.as_ref().map_or(0, DeviceBuffer::ptr)),
-                Arg::Ptr(self.weights.inv_freq.ptr()),
-                self.input(layout.positions()),
-                self.input(layout.slots()),
-                Arg::Ptr(self.act.q.ptr()),
-                Arg::Ptr(self.kv.keys(layer)),
-                Arg::Ptr(self.kv.values(layer)),
+                inv_freq,
+                positions,
+                slots,
+                q,
+                keys,
+                values,
             ],
         )
     }

@@ -43,6 +43,44 @@ pub const GEMV_ENTRIES: [&str; super::plan::GEMV_MAX_M] = [
     "gemv_m1", "gemv_m2", "gemv_m3", "gemv_m4", "gemv_m5", "gemv_m6", "gemv_m7", "gemv_m8",
 ];
 
+/// The small-M gate/up products that apply SwiGLU to their own result, `[m - 1]` for m rows.
+pub const GEMV_SWIGLU_ENTRIES: [&str; super::plan::GEMV_MAX_M] = [
+    "gemv_swiglu_m1",
+    "gemv_swiglu_m2",
+    "gemv_swiglu_m3",
+    "gemv_swiglu_m4",
+    "gemv_swiglu_m5",
+    "gemv_swiglu_m6",
+    "gemv_swiglu_m7",
+    "gemv_swiglu_m8",
+];
+
+/// The small-M q/k/v products that add the bias, rotate q and k and write q, k and v themselves,
+/// `[m - 1]` for m rows.
+pub const GEMV_QKV_ROPE_ENTRIES: [&str; super::plan::GEMV_MAX_M] = [
+    "gemv_qkv_rope_m1",
+    "gemv_qkv_rope_m2",
+    "gemv_qkv_rope_m3",
+    "gemv_qkv_rope_m4",
+    "gemv_qkv_rope_m5",
+    "gemv_qkv_rope_m6",
+    "gemv_qkv_rope_m7",
+    "gemv_qkv_rope_m8",
+];
+
+/// Every entry point of `kernels/gemv.cu`.
+const GEMV_FAMILY_ENTRIES: [&str; 3 * super::plan::GEMV_MAX_M] = {
+    let mut all = [""; 3 * super::plan::GEMV_MAX_M];
+    let mut i = 0;
+    while i < super::plan::GEMV_MAX_M {
+        all[i] = GEMV_ENTRIES[i];
+        all[super::plan::GEMV_MAX_M + i] = GEMV_SWIGLU_ENTRIES[i];
+        all[2 * super::plan::GEMV_MAX_M + i] = GEMV_QKV_ROPE_ENTRIES[i];
+        i += 1;
+    }
+    all
+};
+
 /// Every family the backend compiles when a model loads.
 pub const FAMILIES: [KernelFamily; 9] = [
     KernelFamily {
@@ -91,7 +129,7 @@ pub const FAMILIES: [KernelFamily; 9] = [
     KernelFamily {
         name: "gemv.cu",
         source: include_str!("../../../kernels/gemv.cu"),
-        entry_points: &GEMV_ENTRIES,
+        entry_points: &GEMV_FAMILY_ENTRIES,
     },
 ];
 

@@ -48,6 +48,24 @@ pub fn small_m_fits(m: usize, n: usize, k: usize) -> bool {
     (1..=GEMV_MAX_M).contains(&m) && n > 0 && k > 0 && k.is_multiple_of(8)
 }
 
+/// Pairs of weight rows a block of the fused small-M products combines in its epilogue (gate and
+/// up rows, or the two halves of a head's rotary pairs): half of `GEMV_ROWS`.
+pub const GEMV_PAIRS: usize = GEMV_ROWS / 2;
+
+/// Whether the small-M gate/up product can apply SwiGLU itself (`gemv_swiglu_mM`): its blocks
+/// own `GEMV_PAIRS` gate rows and the matching up rows, so the MLP width must be a whole number
+/// of them.
+pub fn swiglu_fuses(intermediate: usize) -> bool {
+    intermediate.is_multiple_of(GEMV_PAIRS)
+}
+
+/// Whether the small-M q/k/v product can do the rope write itself (`gemv_qkv_rope_mM`): its
+/// blocks own `GEMV_PAIRS` rotary pairs of one head, so half a head must be a whole number of
+/// them, and a per-head norm (which needs the whole head first) rules it out.
+pub fn rope_write_fuses(head_dim: usize, qk_norm: bool) -> bool {
+    !qk_norm && head_dim.is_multiple_of(2 * GEMV_PAIRS)
+}
+
 /// Threads per block of the split reduction of the decode attention kernel, passed to
 /// `kernels/attention.cu` as `ATTN_REDUCE_THREADS` (a multiple of 32, at least head_dim / 4).
 pub const ATTN_REDUCE_THREADS: usize = 128;
@@ -320,6 +338,17 @@ mod tests {
         assert!(!small_m_fits(9, 4096, 4096));
         assert!(!small_m_fits(0, 4096, 4096));
         assert!(!small_m_fits(1, 4096, 4100));
+    }
+
+    #[test]
+    fn fused_small_m_products_need_whole_pairs() {
+        assert!(swiglu_fuses(14_336));
+        assert!(swiglu_fuses(160));
+        assert!(!swiglu_fuses(161));
+        assert!(rope_write_fuses(128, false));
+        assert!(rope_write_fuses(16, false));
+        assert!(!rope_write_fuses(128, true));
+        assert!(!rope_write_fuses(6, false));
     }
 
     #[test]
