@@ -213,30 +213,117 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* __restrict__ x,
     }
 }
 
-#define GEMV_ENTRIES_FOR(M)                                                                          \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                   \
-        gemv_m##M(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out,   \
-                  int n, int k) {                                                                    \
-        gemv_plain<M>(x, w, out, n, k);                                                              \
-    }                                                                                                \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                   \
-        gemv_swiglu_m##M(const bf16* __restrict__ x, const bf16* __restrict__ w,                    \
-                         bf16* __restrict__ out, int k) {                                            \
-        gemv_swiglu<M>(x, w, out, k);                                                                \
-    }                                                                                                \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_qkv_rope_m##M(               \
-        const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ bias,      \
-        const float* __restrict__ inv_freq, const int* __restrict__ positions,                      \
-        const int* __restrict__ slots, bf16* __restrict__ q_out, bf16* __restrict__ k_cache,        \
-        bf16* __restrict__ v_cache, int k) {                                                         \
-        gemv_qkv_rope<M>(x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k);        \
-    }
-
-GEMV_ENTRIES_FOR(1)
-GEMV_ENTRIES_FOR(2)
-GEMV_ENTRIES_FOR(3)
-GEMV_ENTRIES_FOR(4)
-GEMV_ENTRIES_FOR(5)
-GEMV_ENTRIES_FOR(6)
-GEMV_ENTRIES_FOR(7)
-GEMV_ENTRIES_FOR(8)
+// The entry points, written out so each name appears in the source (the host checks that every
+// name it loads is defined here).
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_m1(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
+    gemv_plain<1>(x, w, out, n, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_swiglu_m1(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int k) {
+    gemv_swiglu<1>(x, w, out, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_qkv_rope_m1(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ bias,
+                 const float* __restrict__ inv_freq, const int* __restrict__ positions, const int* __restrict__ slots,
+                 bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int k) {
+    gemv_qkv_rope<1>(x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_m2(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
+    gemv_plain<2>(x, w, out, n, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_swiglu_m2(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int k) {
+    gemv_swiglu<2>(x, w, out, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_qkv_rope_m2(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ bias,
+                 const float* __restrict__ inv_freq, const int* __restrict__ positions, const int* __restrict__ slots,
+                 bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int k) {
+    gemv_qkv_rope<2>(x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_m3(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
+    gemv_plain<3>(x, w, out, n, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_swiglu_m3(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int k) {
+    gemv_swiglu<3>(x, w, out, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_qkv_rope_m3(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ bias,
+                 const float* __restrict__ inv_freq, const int* __restrict__ positions, const int* __restrict__ slots,
+                 bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int k) {
+    gemv_qkv_rope<3>(x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_m4(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
+    gemv_plain<4>(x, w, out, n, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_swiglu_m4(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int k) {
+    gemv_swiglu<4>(x, w, out, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_qkv_rope_m4(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ bias,
+                 const float* __restrict__ inv_freq, const int* __restrict__ positions, const int* __restrict__ slots,
+                 bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int k) {
+    gemv_qkv_rope<4>(x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_m5(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
+    gemv_plain<5>(x, w, out, n, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_swiglu_m5(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int k) {
+    gemv_swiglu<5>(x, w, out, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_qkv_rope_m5(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ bias,
+                 const float* __restrict__ inv_freq, const int* __restrict__ positions, const int* __restrict__ slots,
+                 bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int k) {
+    gemv_qkv_rope<5>(x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_m6(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
+    gemv_plain<6>(x, w, out, n, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_swiglu_m6(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int k) {
+    gemv_swiglu<6>(x, w, out, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_qkv_rope_m6(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ bias,
+                 const float* __restrict__ inv_freq, const int* __restrict__ positions, const int* __restrict__ slots,
+                 bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int k) {
+    gemv_qkv_rope<6>(x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_m7(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
+    gemv_plain<7>(x, w, out, n, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_swiglu_m7(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int k) {
+    gemv_swiglu<7>(x, w, out, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_qkv_rope_m7(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ bias,
+                 const float* __restrict__ inv_freq, const int* __restrict__ positions, const int* __restrict__ slots,
+                 bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int k) {
+    gemv_qkv_rope<7>(x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_m8(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
+    gemv_plain<8>(x, w, out, n, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_swiglu_m8(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int k) {
+    gemv_swiglu<8>(x, w, out, k);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_qkv_rope_m8(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ bias,
+                 const float* __restrict__ inv_freq, const int* __restrict__ positions, const int* __restrict__ slots,
+                 bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int k) {
+    gemv_qkv_rope<8>(x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k);
+}

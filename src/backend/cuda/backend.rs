@@ -207,6 +207,18 @@ impl Kernels {
     }
 }
 
+/// What `CudaBackend::choose_small_m_products` times with a product: the product alone, or with
+/// the work a step runs after it (which the small-M path folds into its epilogue).
+#[derive(Debug, Clone, Copy)]
+enum TimedProduct {
+    /// The product alone.
+    Plain,
+    /// The gate/up product and SwiGLU.
+    GateUpSwiglu,
+    /// The q/k/v product and the rope write.
+    QkvRopeWrite,
+}
+
 /// Scratch buffers of one step, sized for the step limits.
 struct Activations {
     inputs: DeviceBuffer,
@@ -981,11 +993,17 @@ impl CudaBackend {
     /// Times the small-M kernels against cuBLASLt for every product shape of a decode step of
     /// up to `plan::GEMV_MAX_M` rows, on the model's own weights (cycling through the layers so
     /// the weights come from memory, as in a step), and records the faster path per shape; or,
-    /// unless `options.measure_products`, the small-M kernel wherever it fits.
+    /// unless `options.measure_products`, the small-M kernel wherever it fits. The gate/up and
+    /// q/k/v products are timed with the work that follows them in a step (SwiGLU, the rope
+    /// write), which the small-M path folds into its epilogue where it can: what is compared is
+    /// what a step would run.
     fn choose_small_m_products(&mut self) -> Result<(), BackendError> {
         const REPS: usize = 8;
         // Layers cycled through per timing: enough that no weight is read from L2 twice.
         const TIMED_LAYERS: usize = 16;
+        // Padding tokens (no cache slot) give the rope write its positions and slots.
+        let max_tokens = plan::GEMV_MAX_M.min(self.limits.max_tokens);
+        let padding = self.copy_padding_step(Padding::Tokens(max_tokens))?;
         let p = self.params.clone();
         let qkv_n = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim;
         let q_width = p.num_q_heads * p.head_dim;
@@ -996,40 +1014,46 @@ impl CudaBackend {
             self.act.attn.ptr(),
             self.act.mlp.ptr(),
         );
-        let products: Vec<(u64, Vec<u64>, u64, usize, usize, usize)> = vec![
+        let max_m = self.limits.max_tokens;
+        let products: Vec<(TimedProduct, u64, Vec<u64>, u64, usize, usize, usize)> = vec![
             (
+                TimedProduct::QkvRopeWrite,
                 normed,
                 per_layer(|w| w.qkv.ptr()),
                 self.act.qkv.ptr(),
                 qkv_n,
                 p.hidden,
-                self.limits.max_tokens,
+                max_tokens,
             ),
             (
+                TimedProduct::Plain,
                 attn,
                 per_layer(|w| w.o_proj.ptr()),
                 self.act.delta.ptr(),
                 p.hidden,
                 q_width,
-                self.limits.max_tokens,
+                max_m,
             ),
             (
+                TimedProduct::GateUpSwiglu,
                 normed,
                 per_layer(|w| w.gate_up.ptr()),
                 self.act.gate_up.ptr(),
                 2 * p.intermediate,
                 p.hidden,
-                self.limits.max_tokens,
+                max_m,
             ),
             (
+                TimedProduct::Plain,
                 mlp,
                 per_layer(|w| w.down.ptr()),
                 self.act.delta.ptr(),
                 p.hidden,
                 p.intermediate,
-                self.limits.max_tokens,
+                max_m,
             ),
             (
+                TimedProduct::Plain,
                 normed,
                 vec![self.weights.lm_head_ptr()],
                 self.act.logits.ptr(),
@@ -1040,7 +1064,7 @@ impl CudaBackend {
         ];
         let mut kernel_total = std::time::Duration::ZERO;
         let mut best_total = std::time::Duration::ZERO;
-        for (x, weights, out, n, k, max_m) in products {
+        for (what, x, weights, out, n, k, max_m) in products {
             for m in 1..=plan::GEMV_MAX_M.min(max_m) {
                 let fits = plan::small_m_fits(m, n, k)
                     && weights.iter().all(|w| (w | x).is_multiple_of(16));
@@ -1048,15 +1072,29 @@ impl CudaBackend {
                     self.gemm.record_small_m((m, n, k), fits);
                     continue;
                 }
+                let run = |backend: &mut Self, small_m: bool, i: usize| {
+                    let layer = i % weights.len();
+                    match what {
+                        TimedProduct::Plain => {
+                            backend.product(small_m, (x, weights[layer], out), (m, n, k))
+                        }
+                        TimedProduct::GateUpSwiglu => {
+                            backend.gate_up_swiglu(small_m, weights[layer], m)
+                        }
+                        TimedProduct::QkvRopeWrite => {
+                            backend.qkv_rope_write(small_m, layer, &padding, m)
+                        }
+                    }
+                };
                 let mut took = [std::time::Duration::ZERO; 2];
                 for (path, small_m) in [(0, true), (1, false)] {
-                    for w in weights.iter().take(2) {
-                        self.product(small_m, (x, *w, out), (m, n, k))?;
+                    for i in 0..2 {
+                        run(self, small_m, i)?;
                     }
                     self.stream.synchronize().map_err(dev("product timing"))?;
                     let started = Instant::now();
                     for i in 0..REPS.max(weights.len().min(TIMED_LAYERS)) {
-                        self.product(small_m, (x, weights[i % weights.len()], out), (m, n, k))?;
+                        run(self, small_m, i)?;
                     }
                     self.stream.synchronize().map_err(dev("product timing"))?;
                     took[path] = started.elapsed();
@@ -1256,7 +1294,6 @@ impl CudaBackend {
         let t32 = to_u32(t, "tokens")?;
         let qkv_n = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim;
         let q_width = p.num_q_heads * p.head_dim;
-        let qkv_warps = (p.num_q_heads + 2 * p.num_kv_heads).min(32) as u32;
         let layers = self.weights.layers.len();
         let (normed, delta) = (self.act.normed.ptr(), self.act.delta.ptr());
 
@@ -1282,44 +1319,10 @@ impl CudaBackend {
             let attn = self.act.attn.ptr();
             self.matmul(attn, o_w, delta, (t, p.hidden, q_width))?;
             self.add_rmsnorm(t32, delta, post_norm, 0)?;
-            let mlp = self.act.mlp.ptr();
             let gate_up_dims = (t, 2 * p.intermediate, p.hidden);
-            if plan::swiglu_fuses(p.intermediate)
-                && self.takes_small_m(normed, gate_up_w, gate_up_dims)
-            {
-                self.launch(
-                    &self.kernels.gemv_swiglu[t - 1],
-                    (
-                        to_u32(p.intermediate / plan::GEMV_PAIRS, "intermediate")?,
-                        1,
-                        1,
-                    ),
-                    (plan::GEMV_WARPS * 32) as u32,
-                    &[
-                        Arg::Ptr(normed),
-                        Arg::Ptr(gate_up_w),
-                        Arg::Ptr(mlp),
-                        Arg::Int(to_u32(p.hidden, "product depth")? as i32),
-                    ],
-                )?;
-            } else {
-                let gate_up = self.act.gate_up.ptr();
-                self.matmul(normed, gate_up_w, gate_up, gate_up_dims)?;
-                let per_thread = plan::swiglu_vector(p.intermediate);
-                self.launch(
-                    &self.kernels.swiglu,
-                    (
-                        to_u32(
-                            (p.intermediate / per_thread).div_ceil(plan::SWIGLU_THREADS),
-                            "intermediate",
-                        )?,
-                        t32,
-                        1,
-                    ),
-                    plan::SWIGLU_THREADS as u32,
-                    &[Arg::Ptr(gate_up), Arg::Ptr(mlp)],
-                )?;
-            }
+            let small_m = self.takes_small_m(normed, gate_up_w, gate_up_dims);
+            self.gate_up_swiglu(small_m, gate_up_w, t)?;
+            let mlp = self.act.mlp.ptr();
             self.matmul(mlp, down_w, delta, (t, p.hidden, p.intermediate))?;
         }
         if segment == layers {
@@ -1331,8 +1334,85 @@ impl CudaBackend {
         // Layer 0 normalises the embeddings alone; later layers add the previous MLP's output.
         let previous = if layer == 0 { 0 } else { delta };
         self.add_rmsnorm(t32, previous, input_norm, 0)?;
-        let qkv_dims = (t, qkv_n, p.hidden);
+        let small_m = self.takes_small_m(normed, qkv_w, (t, qkv_n, p.hidden));
+        self.qkv_rope_write(small_m, layer, layout, t)
+    }
+
+    /// The gate/up product of `t` rows of `act.normed` with SwiGLU applied, into `act.mlp`: by
+    /// the small-M kernels (`small_m`, which `plan::small_m_fits` and 16-byte alignment must
+    /// allow; their SwiGLU entry where `plan::swiglu_fuses`) or by cuBLASLt, then the SwiGLU
+    /// kernel unless the product applied it.
+    fn gate_up_swiglu(
+        &mut self,
+        small_m: bool,
+        gate_up_w: u64,
+        t: usize,
+    ) -> Result<(), BackendError> {
+        let (hidden, intermediate) = (self.params.hidden, self.params.intermediate);
+        let (normed, mlp) = (self.act.normed.ptr(), self.act.mlp.ptr());
+        if small_m && plan::swiglu_fuses(intermediate) {
+            return self.launch(
+                &self.kernels.gemv_swiglu[t - 1],
+                (
+                    to_u32(intermediate / plan::GEMV_PAIRS, "intermediate")?,
+                    1,
+                    1,
+                ),
+                (plan::GEMV_WARPS * 32) as u32,
+                &[
+                    Arg::Ptr(normed),
+                    Arg::Ptr(gate_up_w),
+                    Arg::Ptr(mlp),
+                    Arg::Int(to_u32(hidden, "product depth")? as i32),
+                ],
+            );
+        }
+        let gate_up = self.act.gate_up.ptr();
+        self.product(
+            small_m,
+            (normed, gate_up_w, gate_up),
+            (t, 2 * intermediate, hidden),
+        )?;
+        let per_thread = plan::swiglu_vector(intermediate);
+        self.launch(
+            &self.kernels.swiglu,
+            (
+                to_u32(
+                    (intermediate / per_thread).div_ceil(plan::SWIGLU_THREADS),
+                    "intermediate",
+                )?,
+                to_u32(t, "tokens")?,
+                1,
+            ),
+            plan::SWIGLU_THREADS as u32,
+            &[Arg::Ptr(gate_up), Arg::Ptr(mlp)],
+        )
+    }
+
+    /// The q/k/v product of the first `t` tokens of `layout` (rows of `act.normed`) with layer
+    /// `layer`'s weights, then bias, per-head norm, rotary embedding, q into `act.q` and k and v
+    /// into their cache slots: by the small-M kernels (`small_m`, as for
+    /// [`Self::gate_up_swiglu`]; their rope-write entry where `plan::rope_write_fuses`) or by
+    /// cuBLASLt, then the rope-write kernel unless the product did that work.
+    fn qkv_rope_write(
+        &mut self,
+        small_m: bool,
+        layer: usize,
+        layout: &StepLayout,
+        t: usize,
+    ) -> Result<(), BackendError> {
+        let p = &self.params;
+        let (hidden, head_dim) = (p.hidden, p.head_dim);
+        let heads = p.num_q_heads + 2 * p.num_kv_heads;
+        let fused = small_m && plan::rope_write_fuses(head_dim, p.qk_norm);
+        let normed = self.act.normed.ptr();
+        let w: &LayerWeights = &self.weights.layers[layer];
+        let qkv_w = w.qkv.ptr();
         let bias = Arg::Ptr(w.qkv_bias.as_ref().map_or(0, DeviceBuffer::ptr));
+        let norms = [
+            Arg::Ptr(w.q_norm.as_ref().map_or(0, DeviceBuffer::ptr)),
+            Arg::Ptr(w.k_norm.as_ref().map_or(0, DeviceBuffer::ptr)),
+        ];
         let (inv_freq, positions, slots, q, keys, values) = (
             Arg::Ptr(self.weights.inv_freq.ptr()),
             self.input(layout.positions()),
@@ -1341,12 +1421,14 @@ impl CudaBackend {
             Arg::Ptr(self.kv.keys(layer)),
             Arg::Ptr(self.kv.values(layer)),
         );
-        if plan::rope_write_fuses(p.head_dim, p.qk_norm)
-            && self.takes_small_m(normed, qkv_w, qkv_dims)
-        {
+        if fused {
             return self.launch(
                 &self.kernels.gemv_qkv_rope[t - 1],
-                (to_u32(qkv_n / plan::GEMV_ROWS, "product rows")?, 1, 1),
+                (
+                    to_u32(heads * head_dim / plan::GEMV_ROWS, "product rows")?,
+                    1,
+                    1,
+                ),
                 (plan::GEMV_WARPS * 32) as u32,
                 &[
                     Arg::Ptr(normed),
@@ -1358,22 +1440,22 @@ impl CudaBackend {
                     q,
                     keys,
                     values,
-                    Arg::Int(to_u32(p.hidden, "product depth")? as i32),
+                    Arg::Int(to_u32(hidden, "product depth")? as i32),
                 ],
             );
         }
         let qkv = self.act.qkv.ptr();
-        self.matmul(normed, qkv_w, qkv, qkv_dims)?;
-        let w: &LayerWeights = &self.weights.layers[layer];
+        self.product(small_m, (normed, qkv_w, qkv), (t, heads * head_dim, hidden))?;
+        let [q_norm, k_norm] = norms;
         self.launch(
             &self.kernels.qkv_rope,
-            (t32, 1, 1),
-            32 * qkv_warps,
+            (to_u32(t, "tokens")?, 1, 1),
+            32 * heads.min(32) as u32,
             &[
                 Arg::Ptr(qkv),
                 bias,
-                Arg::Ptr(w.q_norm.as_ref().map_or(0, DeviceBuffer::ptr)),
-                Arg::Ptr(w.k_norm.as_ref().map_or(0, DeviceBuffer::ptr)),
+                q_norm,
+                k_norm,
                 inv_freq,
                 positions,
                 slots,
