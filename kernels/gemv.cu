@@ -200,130 +200,43 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* __restrict__ x,
         hi += bf16_to_f32(bias[h * HEAD_DIM + d + GEMV_HALF_HEAD]);
 #endif
         if (!is_v) rotate_pair((float)positions[m] * inv_freq[d], lo, hi);
-        bf16* dst;
-        if (is_q) {
-            dst = q_out + ((size_t)m * NUM_Q_HEADS + h) * HEAD_DIM;
-        } else if (!is_v) {
-            dst = k_cache + ((size_t)slot * NUM_KV_HEADS + (h - NUM_Q_HEADS)) * HEAD_DIM;
-        } else {
-            dst = v_cache + ((size_t)slot * NUM_KV_HEADS + (h - NUM_Q_HEADS - NUM_KV_HEADS)) * HEAD_DIM;
-        }
+        bf16* dst = qkv_destination(h, m, slot, q_out, k_cache, v_cache);
         dst[d] = f32_to_bf16(lo);
         dst[d + GEMV_HALF_HEAD] = f32_to_bf16(hi);
     }
 }
 
-// The entry points, written out so each name appears in the source (the host checks that every
-// name it loads is defined here).
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_m1(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
-    gemv_plain<1>(x, w, out, n, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_swiglu_m1(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int k) {
-    gemv_swiglu<1>(x, w, out, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_qkv_rope_m1(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ bias,
-                 const float* __restrict__ inv_freq, const int* __restrict__ positions, const int* __restrict__ slots,
-                 bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int k) {
-    gemv_qkv_rope<1>(x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_m2(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
-    gemv_plain<2>(x, w, out, n, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_swiglu_m2(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int k) {
-    gemv_swiglu<2>(x, w, out, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_qkv_rope_m2(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ bias,
-                 const float* __restrict__ inv_freq, const int* __restrict__ positions, const int* __restrict__ slots,
-                 bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int k) {
-    gemv_qkv_rope<2>(x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_m3(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
-    gemv_plain<3>(x, w, out, n, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_swiglu_m3(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int k) {
-    gemv_swiglu<3>(x, w, out, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_qkv_rope_m3(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ bias,
-                 const float* __restrict__ inv_freq, const int* __restrict__ positions, const int* __restrict__ slots,
-                 bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int k) {
-    gemv_qkv_rope<3>(x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_m4(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
-    gemv_plain<4>(x, w, out, n, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_swiglu_m4(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int k) {
-    gemv_swiglu<4>(x, w, out, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_qkv_rope_m4(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ bias,
-                 const float* __restrict__ inv_freq, const int* __restrict__ positions, const int* __restrict__ slots,
-                 bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int k) {
-    gemv_qkv_rope<4>(x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_m5(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
-    gemv_plain<5>(x, w, out, n, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_swiglu_m5(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int k) {
-    gemv_swiglu<5>(x, w, out, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_qkv_rope_m5(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ bias,
-                 const float* __restrict__ inv_freq, const int* __restrict__ positions, const int* __restrict__ slots,
-                 bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int k) {
-    gemv_qkv_rope<5>(x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_m6(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
-    gemv_plain<6>(x, w, out, n, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_swiglu_m6(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int k) {
-    gemv_swiglu<6>(x, w, out, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_qkv_rope_m6(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ bias,
-                 const float* __restrict__ inv_freq, const int* __restrict__ positions, const int* __restrict__ slots,
-                 bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int k) {
-    gemv_qkv_rope<6>(x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_m7(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
-    gemv_plain<7>(x, w, out, n, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_swiglu_m7(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int k) {
-    gemv_swiglu<7>(x, w, out, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_qkv_rope_m7(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ bias,
-                 const float* __restrict__ inv_freq, const int* __restrict__ positions, const int* __restrict__ slots,
-                 bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int k) {
-    gemv_qkv_rope<7>(x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_m8(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int n, int k) {
-    gemv_plain<8>(x, w, out, n, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_swiglu_m8(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int k) {
-    gemv_swiglu<8>(x, w, out, k);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_qkv_rope_m8(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ bias,
-                 const float* __restrict__ inv_freq, const int* __restrict__ positions, const int* __restrict__ slots,
-                 bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int k) {
-    gemv_qkv_rope<8>(x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k);
-}
+// The entry points, one line each so every name appears in the source (the host checks that
+// every name it loads is defined here).
+#define GEMV_PLAIN_PARAMS const bf16 *__restrict__ x, const bf16 *__restrict__ w, float *__restrict__ out, int n, int k
+#define GEMV_SWIGLU_PARAMS const bf16 *__restrict__ x, const bf16 *__restrict__ w, bf16 *__restrict__ out, int k
+#define GEMV_QKV_ROPE_PARAMS                                                                                   \
+    const bf16 *__restrict__ x, const bf16 *__restrict__ w, const bf16 *__restrict__ bias,                     \
+        const float *__restrict__ inv_freq, const int *__restrict__ positions, const int *__restrict__ slots, \
+        bf16 *__restrict__ q_out, bf16 *__restrict__ k_cache, bf16 *__restrict__ v_cache, int k
+#define GEMV_QKV_ROPE_ARGS x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k
+#define GEMV_ENTRY extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+GEMV_ENTRY gemv_m1(GEMV_PLAIN_PARAMS) { gemv_plain<1>(x, w, out, n, k); }
+GEMV_ENTRY gemv_m2(GEMV_PLAIN_PARAMS) { gemv_plain<2>(x, w, out, n, k); }
+GEMV_ENTRY gemv_m3(GEMV_PLAIN_PARAMS) { gemv_plain<3>(x, w, out, n, k); }
+GEMV_ENTRY gemv_m4(GEMV_PLAIN_PARAMS) { gemv_plain<4>(x, w, out, n, k); }
+GEMV_ENTRY gemv_m5(GEMV_PLAIN_PARAMS) { gemv_plain<5>(x, w, out, n, k); }
+GEMV_ENTRY gemv_m6(GEMV_PLAIN_PARAMS) { gemv_plain<6>(x, w, out, n, k); }
+GEMV_ENTRY gemv_m7(GEMV_PLAIN_PARAMS) { gemv_plain<7>(x, w, out, n, k); }
+GEMV_ENTRY gemv_m8(GEMV_PLAIN_PARAMS) { gemv_plain<8>(x, w, out, n, k); }
+GEMV_ENTRY gemv_swiglu_m1(GEMV_SWIGLU_PARAMS) { gemv_swiglu<1>(x, w, out, k); }
+GEMV_ENTRY gemv_swiglu_m2(GEMV_SWIGLU_PARAMS) { gemv_swiglu<2>(x, w, out, k); }
+GEMV_ENTRY gemv_swiglu_m3(GEMV_SWIGLU_PARAMS) { gemv_swiglu<3>(x, w, out, k); }
+GEMV_ENTRY gemv_swiglu_m4(GEMV_SWIGLU_PARAMS) { gemv_swiglu<4>(x, w, out, k); }
+GEMV_ENTRY gemv_swiglu_m5(GEMV_SWIGLU_PARAMS) { gemv_swiglu<5>(x, w, out, k); }
+GEMV_ENTRY gemv_swiglu_m6(GEMV_SWIGLU_PARAMS) { gemv_swiglu<6>(x, w, out, k); }
+GEMV_ENTRY gemv_swiglu_m7(GEMV_SWIGLU_PARAMS) { gemv_swiglu<7>(x, w, out, k); }
+GEMV_ENTRY gemv_swiglu_m8(GEMV_SWIGLU_PARAMS) { gemv_swiglu<8>(x, w, out, k); }
+GEMV_ENTRY gemv_qkv_rope_m1(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<1>(GEMV_QKV_ROPE_ARGS); }
+GEMV_ENTRY gemv_qkv_rope_m2(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<2>(GEMV_QKV_ROPE_ARGS); }
+GEMV_ENTRY gemv_qkv_rope_m3(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<3>(GEMV_QKV_ROPE_ARGS); }
+GEMV_ENTRY gemv_qkv_rope_m4(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<4>(GEMV_QKV_ROPE_ARGS); }
+GEMV_ENTRY gemv_qkv_rope_m5(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<5>(GEMV_QKV_ROPE_ARGS); }
+GEMV_ENTRY gemv_qkv_rope_m6(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<6>(GEMV_QKV_ROPE_ARGS); }
+GEMV_ENTRY gemv_qkv_rope_m7(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<7>(GEMV_QKV_ROPE_ARGS); }
+GEMV_ENTRY gemv_qkv_rope_m8(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<8>(GEMV_QKV_ROPE_ARGS); }

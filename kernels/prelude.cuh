@@ -58,6 +58,19 @@ __device__ __forceinline__ void rotate_pair(float angle, float& lo, float& hi) {
     hi = b * c + a * s;
 }
 
+// Where head h (query heads first, then key heads, then value heads) of token t goes: a query
+// head to q_out [T, NUM_Q_HEADS, HEAD_DIM], a key or value head to cache slot `slot` of its KV
+// head (cache layout [slots][NUM_KV_HEADS][HEAD_DIM]; kernels/qkv_rope.cu and kernels/gemv.cu).
+// The backend defines the head shapes for every family; a test harness built without them (the
+// sampling kernel's) leaves this out.
+#if defined(NUM_Q_HEADS) && defined(NUM_KV_HEADS) && defined(HEAD_DIM)
+__device__ __forceinline__ bf16* qkv_destination(int h, int t, int slot, bf16* q_out, bf16* k_cache, bf16* v_cache) {
+    if (h < NUM_Q_HEADS) return q_out + ((size_t)t * NUM_Q_HEADS + h) * HEAD_DIM;
+    if (h < NUM_Q_HEADS + NUM_KV_HEADS) return k_cache + ((size_t)slot * NUM_KV_HEADS + (h - NUM_Q_HEADS)) * HEAD_DIM;
+    return v_cache + ((size_t)slot * NUM_KV_HEADS + (h - NUM_Q_HEADS - NUM_KV_HEADS)) * HEAD_DIM;
+}
+#endif
+
 // Sum over the 32 lanes of a warp; every lane receives the result.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -73,14 +73,7 @@ extern "C" __global__ void qkv_rope_write(const float* __restrict__ qkv,
             }
         }
 #endif
-        bf16* dst;
-        if (is_q) {
-            dst = q_out + ((size_t)t * NUM_Q_HEADS + h) * HEAD_DIM;
-        } else if (!is_v) {
-            dst = k_cache + ((size_t)slot * NUM_KV_HEADS + (h - NUM_Q_HEADS)) * HEAD_DIM;
-        } else {
-            dst = v_cache + ((size_t)slot * NUM_KV_HEADS + (h - NUM_Q_HEADS - NUM_KV_HEADS)) * HEAD_DIM;
-        }
+        bf16* dst = qkv_destination(h, t, slot, q_out, k_cache, v_cache);
 #pragma unroll
         for (int k = 0; k < QKV_PER_LANE; ++k) {
             const int i = lane + 32 * k;

@@ -211,12 +211,23 @@ impl Kernels {
 /// the work a step runs after it (which the small-M path folds into its epilogue).
 #[derive(Debug, Clone, Copy)]
 enum TimedProduct {
-    /// The product alone.
-    Plain,
+    /// The product alone, into `out`.
+    Plain { out: u64 },
     /// The gate/up product and SwiGLU.
     GateUpSwiglu,
     /// The q/k/v product and the rope write.
     QkvRopeWrite,
+}
+
+/// A product shape `CudaBackend::choose_small_m_products` times: `x[m, k] · w[n, k]ᵀ` for m up
+/// to `max_m`, on each of `weights` (one per layer) in turn.
+struct TimedShape {
+    what: TimedProduct,
+    x: u64,
+    weights: Vec<u64>,
+    n: usize,
+    k: usize,
+    max_m: usize,
 }
 
 /// Scratch buffers of one step, sized for the step limits.
@@ -1015,56 +1026,65 @@ impl CudaBackend {
             self.act.mlp.ptr(),
         );
         let max_m = self.limits.max_tokens;
-        let products: Vec<(TimedProduct, u64, Vec<u64>, u64, usize, usize, usize)> = vec![
-            (
-                TimedProduct::QkvRopeWrite,
-                normed,
-                per_layer(|w| w.qkv.ptr()),
-                self.act.qkv.ptr(),
-                qkv_n,
-                p.hidden,
-                max_tokens,
-            ),
-            (
-                TimedProduct::Plain,
-                attn,
-                per_layer(|w| w.o_proj.ptr()),
-                self.act.delta.ptr(),
-                p.hidden,
-                q_width,
+        let products = vec![
+            TimedShape {
+                what: TimedProduct::QkvRopeWrite,
+                x: normed,
+                weights: per_layer(|w| w.qkv.ptr()),
+                n: qkv_n,
+                k: p.hidden,
+                max_m: max_tokens,
+            },
+            TimedShape {
+                what: TimedProduct::Plain {
+                    out: self.act.delta.ptr(),
+                },
+                x: attn,
+                weights: per_layer(|w| w.o_proj.ptr()),
+                n: p.hidden,
+                k: q_width,
                 max_m,
-            ),
-            (
-                TimedProduct::GateUpSwiglu,
-                normed,
-                per_layer(|w| w.gate_up.ptr()),
-                self.act.gate_up.ptr(),
-                2 * p.intermediate,
-                p.hidden,
+            },
+            TimedShape {
+                what: TimedProduct::GateUpSwiglu,
+                x: normed,
+                weights: per_layer(|w| w.gate_up.ptr()),
+                n: 2 * p.intermediate,
+                k: p.hidden,
                 max_m,
-            ),
-            (
-                TimedProduct::Plain,
-                mlp,
-                per_layer(|w| w.down.ptr()),
-                self.act.delta.ptr(),
-                p.hidden,
-                p.intermediate,
+            },
+            TimedShape {
+                what: TimedProduct::Plain {
+                    out: self.act.delta.ptr(),
+                },
+                x: mlp,
+                weights: per_layer(|w| w.down.ptr()),
+                n: p.hidden,
+                k: p.intermediate,
                 max_m,
-            ),
-            (
-                TimedProduct::Plain,
-                normed,
-                vec![self.weights.lm_head_ptr()],
-                self.act.logits.ptr(),
-                p.vocab,
-                p.hidden,
-                self.limits.max_rows,
-            ),
+            },
+            TimedShape {
+                what: TimedProduct::Plain {
+                    out: self.act.logits.ptr(),
+                },
+                x: normed,
+                weights: vec![self.weights.lm_head_ptr()],
+                n: p.vocab,
+                k: p.hidden,
+                max_m: self.limits.max_rows,
+            },
         ];
         let mut kernel_total = std::time::Duration::ZERO;
         let mut best_total = std::time::Duration::ZERO;
-        for (what, x, weights, out, n, k, max_m) in products {
+        for TimedShape {
+            what,
+            x,
+            weights,
+            n,
+            k,
+            max_m,
+        } in products
+        {
             for m in 1..=plan::GEMV_MAX_M.min(max_m) {
                 let fits = plan::small_m_fits(m, n, k)
                     && weights.iter().all(|w| (w | x).is_multiple_of(16));
@@ -1075,7 +1095,7 @@ impl CudaBackend {
                 let run = |backend: &mut Self, small_m: bool, i: usize| {
                     let layer = i % weights.len();
                     match what {
-                        TimedProduct::Plain => {
+                        TimedProduct::Plain { out } => {
                             backend.product(small_m, (x, weights[layer], out), (m, n, k))
                         }
                         TimedProduct::GateUpSwiglu => {
