@@ -54,18 +54,9 @@ __device__ __forceinline__ void gemv_partials(const bf16* __restrict__ x,
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; ++r) acc[m][r] = 0.0f;
     }
-    // The weights are constant: start pulling this warp's first slices into L2 while the kernel
-    // that writes x may still be running, then wait for it.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; ++u) {
-        const int kk = k_begin + u * GEMV_STEP + lane * 8;
-        if (kk < k_end) {
-#pragma unroll
-            for (int r = 0; r < GEMV_ROWS; ++r) asm volatile("prefetch.global.L2 [%0];" ::"l"(rows[r] + kk));
-        }
-    }
-#endif
+    // No weight is prefetched into L2 before the wait: in a graph with programmatic launch that
+    // made a batch-1 step 8% slower (docs/benchmarks.md, 2026-11-29), so the kernel waits for the
+    // one that writes x first.
     await_previous_kernels();
 
     for (int base = k_begin; base < k_end; base += GEMV_UNROLL * GEMV_STEP) {
