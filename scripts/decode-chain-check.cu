@@ -1,11 +1,11 @@
-// A batch-1 decode step's launch chain on Llama-3.1-8B's shapes, built with nvcc on the GPU
-// machine by scripts/gpu-check.sh (stage "chain"): 32 layers of norm, q/k/v (gemv_qkv_rope_m1),
-// two one-block kernels standing in for attention and its reduction, o (gemv_m1), norm, gate/up
-// with SwiGLU (gemv_swiglu_m1) and down (gemv_m1), each layer on its own weights, captured in a
-// CUDA graph with programmatic dependent launch as the backend runs it. Prints the step time and
-// the weights' read rate with and without the small kernels: how far the small-M kernels are from
-// the copy bandwidth inside a graph, where launch costs are not what a stream-ordered
-// benchmark (gemv-check.cu) sees.
+// A decode step's launch chain (batch CHAIN_M, default 1) on Llama-3.1-8B's shapes, built with
+// nvcc on the GPU machine by scripts/gpu-check.sh (stage "chain", batches 1 and 8): 32 layers of
+// norm, q/k/v (gemv_qkv_rope_mM), two kernels standing in for attention and its reduction (one
+// block per row), o (gemv_mM), norm, gate/up with SwiGLU (gemv_swiglu_mM) and down (gemv_mM),
+// each layer on its own weights, captured in a CUDA graph with programmatic dependent launch as
+// the backend runs it. Prints the step time and the weights' read rate with and without the
+// small kernels: how far the small-M kernels are from the copy bandwidth inside a graph, where
+// launch costs are not what a stream-ordered benchmark (gemv-check.cu) sees.
 #include <cuda_runtime.h>
 #include <cstdio>
 #include <vector>
@@ -14,6 +14,13 @@
 #include "prelude.cuh"
 #include "gemv.cu"
 #include "rmsnorm.cu"
+
+// Rows of x per product (the decode batch): CHAIN_M, 1 unless defined.
+#ifndef CHAIN_M
+#define CHAIN_M 1
+#endif
+#define CHAIN_PASTE(a, b) a##b
+#define CHAIN_ENTRY(a, b) CHAIN_PASTE(a, b)
 
 template <typename... Args>
 static void launch(bool pdl, void (*kernel)(Args...), dim3 grid, int threads, cudaStream_t s, Args... args) {
@@ -40,23 +47,23 @@ int main() {
     uint16_t *normed, *nw, *q, *kc, *vc, *mlp, *attn;
     float* inv_freq;
     int* ints;
-    CHECK(cudaMalloc(&residual, hidden * 4));
-    CHECK(cudaMalloc(&scratch, 2 * (size_t)inter * 4));
-    CHECK(cudaMalloc(&normed, hidden * 2));
-    CHECK(cudaMalloc(&attn, hidden * 2));
+    CHECK(cudaMalloc(&residual, CHAIN_M * hidden * 4));
+    CHECK(cudaMalloc(&scratch, CHAIN_M * 2 * (size_t)inter * 4));
+    CHECK(cudaMalloc(&normed, CHAIN_M * hidden * 2));
+    CHECK(cudaMalloc(&attn, CHAIN_M * hidden * 2));
     CHECK(cudaMalloc(&nw, hidden * 2));
-    CHECK(cudaMalloc(&q, hidden * 2));
+    CHECK(cudaMalloc(&q, CHAIN_M * hidden * 2));
     CHECK(cudaMalloc(&kc, 16 * 1024 * 2));
     CHECK(cudaMalloc(&vc, 16 * 1024 * 2));
-    CHECK(cudaMalloc(&mlp, inter * 2));
+    CHECK(cudaMalloc(&mlp, CHAIN_M * inter * 2));
     CHECK(cudaMalloc(&inv_freq, 64 * 4));
-    CHECK(cudaMalloc(&ints, 2 * 4));
-    CHECK(cudaMemset(residual, 0, hidden * 4));
+    CHECK(cudaMalloc(&ints, 8 * 4));
+    CHECK(cudaMemset(residual, 0, CHAIN_M * hidden * 4));
     CHECK(cudaMemset(inv_freq, 0, 64 * 4));
-    CHECK(cudaMemset(ints, 0, 8));
+    CHECK(cudaMemset(ints, 0, 8 * 4));
     fill_random<<<16, 256>>>(nw, hidden, 3, 121);
-    fill_random<<<16, 256>>>(normed, hidden, 7, 121);
-    fill_random<<<16, 256>>>(attn, hidden, 9, 121);
+    fill_random<<<16, 256>>>(normed, CHAIN_M * hidden, 7, 121);
+    fill_random<<<16, 256>>>(attn, CHAIN_M * hidden, 9, 121);
     CHECK(cudaDeviceSynchronize());
     cudaStream_t s;
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -71,18 +78,18 @@ int main() {
             const uint16_t* w_o = w_qkv + (size_t)qkv_n * hidden;
             const uint16_t* w_gu = w_o + (size_t)hidden * hidden;
             const uint16_t* w_down = w_gu + 2 * (size_t)inter * hidden;
-            if (small) launch(true, add_rmsnorm, dim3(1), RMS_THREADS, s, residual, (const float*)scratch, (const bf16*)nw, (const int*)nullptr, normed);
-            launch(true, gemv_qkv_rope_m1, dim3(qkv_n / GEMV_ROWS), threads, s, (const bf16*)normed, (const bf16*)w_qkv, (const bf16*)nullptr,
+            if (small) launch(true, add_rmsnorm, dim3(CHAIN_M), RMS_THREADS, s, residual, (const float*)scratch, (const bf16*)nw, (const int*)nullptr, normed);
+            launch(true, CHAIN_ENTRY(gemv_qkv_rope_m, CHAIN_M), dim3(qkv_n / GEMV_ROWS), threads, s, (const bf16*)normed, (const bf16*)w_qkv, (const bf16*)nullptr,
                    (const float*)inv_freq, (const int*)ints, (const int*)ints, q, kc, vc, hidden);
             if (small) {
                 // Stand-ins for attention and its reduction (one-block kernels: at batch 1 both are short).
-                launch(true, add_rmsnorm, dim3(1), RMS_THREADS, s, residual, (const float*)nullptr, (const bf16*)nw, (const int*)nullptr, attn);
-                launch(true, add_rmsnorm, dim3(1), RMS_THREADS, s, residual, (const float*)nullptr, (const bf16*)nw, (const int*)nullptr, attn);
+                launch(true, add_rmsnorm, dim3(CHAIN_M), RMS_THREADS, s, residual, (const float*)nullptr, (const bf16*)nw, (const int*)nullptr, attn);
+                launch(true, add_rmsnorm, dim3(CHAIN_M), RMS_THREADS, s, residual, (const float*)nullptr, (const bf16*)nw, (const int*)nullptr, attn);
             }
-            launch(true, gemv_m1, dim3(hidden / GEMV_ROWS), threads, s, (const bf16*)attn, (const bf16*)w_o, scratch, hidden, hidden);
-            if (small) launch(true, add_rmsnorm, dim3(1), RMS_THREADS, s, residual, (const float*)scratch, (const bf16*)nw, (const int*)nullptr, normed);
-            launch(true, gemv_swiglu_m1, dim3(inter / GEMV_PAIRS), threads, s, (const bf16*)normed, (const bf16*)w_gu, mlp, hidden);
-            launch(true, gemv_m1, dim3(hidden / GEMV_ROWS), threads, s, (const bf16*)mlp, (const bf16*)w_down, scratch, hidden, inter);
+            launch(true, CHAIN_ENTRY(gemv_m, CHAIN_M), dim3(hidden / GEMV_ROWS), threads, s, (const bf16*)attn, (const bf16*)w_o, scratch, hidden, hidden);
+            if (small) launch(true, add_rmsnorm, dim3(CHAIN_M), RMS_THREADS, s, residual, (const float*)scratch, (const bf16*)nw, (const int*)nullptr, normed);
+            launch(true, CHAIN_ENTRY(gemv_swiglu_m, CHAIN_M), dim3(inter / GEMV_PAIRS), threads, s, (const bf16*)normed, (const bf16*)w_gu, mlp, hidden);
+            launch(true, CHAIN_ENTRY(gemv_m, CHAIN_M), dim3(hidden / GEMV_ROWS), threads, s, (const bf16*)mlp, (const bf16*)w_down, scratch, hidden, inter);
         }
         CHECK(cudaStreamEndCapture(s, &graph));
         CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -100,8 +107,8 @@ int main() {
         CHECK(cudaEventElapsedTime(&ms, e0, e1));
         const double bytes = (double)per_layer * layers * 2;
         const double rate = bytes / (ms / reps * 1e-3);
-        printf("RESULT decode chain, batch 1, GEMV_ROWS %d, GEMV_WARPS %d, %s: %.3f ms per step (%.2f GB of weights: %.0f GB/s, %.0f%% of copy)\n",
-               GEMV_ROWS, GEMV_WARPS, small ? "with the small kernels" : "products only", ms / reps, bytes / 1e9, rate / 1e9,
+        printf("RESULT decode chain, batch %d, GEMV_ROWS %d, GEMV_WARPS %d, %s: %.3f ms per step (%.2f GB of weights: %.0f GB/s, %.0f%% of copy)\n",
+               CHAIN_M, GEMV_ROWS, GEMV_WARPS, small ? "with the small kernels" : "products only", ms / reps, bytes / 1e9, rate / 1e9,
                100.0 * rate / copy_bw);
         CHECK(cudaGraphExecDestroy(exec));
         CHECK(cudaGraphDestroy(graph));

@@ -25,8 +25,8 @@
 # request of both arms 128 tokens long, with the decode time per token and the engine's wait for
 # grammar masks per step; target cost <= 5%), sampling (the sampling kernel alone,
 # .gpu/sampling-check.cu: its draws against .gpu/sampling-old.cu's byte for byte, sanitizers,
-# microseconds per launch), chain (a batch-1 decode step's small-M kernels in a CUDA graph with
-# programmatic launch, .gpu/decode-chain-check.cu: step time and read rate).
+# microseconds per launch), chain (batch-1 and batch-8 decode steps' small-M kernels in a CUDA graph
+# with programmatic launch, .gpu/decode-chain-check.cu: step time and read rate).
 # Logs and JSON are written to a work folder and packed into $OUT/results.tgz (the device tool
 # returns at most 8 files); $OUT/summary.txt is also printed last.
 # Only reads the GPU's state; never changes a GPU setting.
@@ -143,18 +143,20 @@ if has gemv; then
   fi
 fi
 
-# A batch-1 decode step's launch chain (the small-M kernels and one-block stand-ins for the rest)
-# in a CUDA graph with programmatic launch, .gpu/decode-chain-check.cu: step time and read rate.
+# A decode step's launch chain at batches 1 and 8 (the small-M kernels and stand-ins for the
+# rest) in a CUDA graph with programmatic launch, .gpu/decode-chain-check.cu: step time and read rate.
 if has chain; then
   A=$OUT/chain
   mkdir -p "$A"
-  if nvcc -O3 -arch=sm_90a -std=c++17 -I"$G/kernels" -I"$G" -DGEMV_ROWS=4 -DGEMV_WARPS=4 -DHIDDEN=4096 -DHEAD_DIM=128 -DNUM_Q_HEADS=32 -DNUM_KV_HEADS=8 -DINTERMEDIATE=14336 -DQKV_BIAS=0 -DQK_NORM=0 -DRMS_EPS=1e-5f -DRMS_THREADS=1024 "$G/decode-chain-check.cu" -o "$A/decode-chain-check" >"$A/build.log" 2>&1; then
-    timeout 120 "$A/decode-chain-check" >"$A/run.log" 2>&1
-    note "decode chain: rc=$?"
-    grep -h '^RESULT' "$A/run.log" >>"$SUMMARY"
-  else
-    note "decode-chain-check BUILD FAILED: $(grep -m3 error "$A/build.log")"
-  fi
+  for m in 1 8; do
+    if nvcc -O3 -arch=sm_90a -std=c++17 -I"$G/kernels" -I"$G" -DCHAIN_M=$m -DGEMV_ROWS=4 -DGEMV_WARPS=4 -DHIDDEN=4096 -DHEAD_DIM=128 -DNUM_Q_HEADS=32 -DNUM_KV_HEADS=8 -DINTERMEDIATE=14336 -DQKV_BIAS=0 -DQK_NORM=0 -DRMS_EPS=1e-5f -DRMS_THREADS=1024 "$G/decode-chain-check.cu" -o "$A/decode-chain-check-$m" >"$A/build-$m.log" 2>&1; then
+      timeout 120 "$A/decode-chain-check-$m" >"$A/run-$m.log" 2>&1
+      note "decode chain, batch $m: rc=$?"
+      grep -h '^RESULT' "$A/run-$m.log" >>"$SUMMARY"
+    else
+      note "decode-chain-check BUILD FAILED: $(grep -m3 error "$A/build-$m.log")"
+    fi
+  done
 fi
 
 # Prefill attention alone (kernels/prefill_attention.cu, tensor cores): tests on fresh random data
