@@ -95,16 +95,10 @@ int main() {
         CHECK(cudaGraphInstantiate(&exec, graph, 0));
         for (int i = 0; i < 3; ++i) CHECK(cudaGraphLaunch(exec, s));
         CHECK(cudaStreamSynchronize(s));
-        cudaEvent_t e0, e1;
-        CHECK(cudaEventCreate(&e0));
-        CHECK(cudaEventCreate(&e1));
         const int reps = 20;
-        CHECK(cudaEventRecord(e0, s));
+        StreamTimer timer(s);
         for (int i = 0; i < reps; ++i) CHECK(cudaGraphLaunch(exec, s));
-        CHECK(cudaEventRecord(e1, s));
-        CHECK(cudaEventSynchronize(e1));
-        float ms;
-        CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        const double ms = timer.seconds() * 1e3;
         const double bytes = (double)per_layer * layers * 2;
         const double rate = bytes / (ms / reps * 1e-3);
         printf("RESULT decode chain, batch %d, GEMV_ROWS %d, GEMV_WARPS %d, %s: %.3f ms per step (%.2f GB of weights: %.0f GB/s, %.0f%% of copy)\n",

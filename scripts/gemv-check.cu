@@ -19,7 +19,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <random>
 #include <vector>
 
@@ -41,34 +40,23 @@
     } while (0)
 
 
+// Each entry family indexed by m - 1.
+static void (*const GEMV_PLAIN[8])(const bf16*, const bf16*, float*, int, int) = {
+    gemv_m1, gemv_m2, gemv_m3, gemv_m4, gemv_m5, gemv_m6, gemv_m7, gemv_m8};
+static void (*const GEMV_SWIGLU[8])(const bf16*, const bf16*, bf16*, int) = {
+    gemv_swiglu_m1, gemv_swiglu_m2, gemv_swiglu_m3, gemv_swiglu_m4,
+    gemv_swiglu_m5, gemv_swiglu_m6, gemv_swiglu_m7, gemv_swiglu_m8};
+static void (*const GEMV_QKV_ROPE[8])(const bf16*, const bf16*, const bf16*, const float*, const int*, const int*, bf16*,
+                                      bf16*, bf16*, int) = {
+    gemv_qkv_rope_m1, gemv_qkv_rope_m2, gemv_qkv_rope_m3, gemv_qkv_rope_m4,
+    gemv_qkv_rope_m5, gemv_qkv_rope_m6, gemv_qkv_rope_m7, gemv_qkv_rope_m8};
+
 static void gemv(int m, const uint16_t* x, const uint16_t* w, float* out, int n, int k) {
-    const dim3 grid((n + GEMV_ROWS - 1) / GEMV_ROWS);
-    const int threads = GEMV_WARPS * 32;
-    switch (m) {
-        case 1: gemv_m1<<<grid, threads>>>(x, w, out, n, k); break;
-        case 2: gemv_m2<<<grid, threads>>>(x, w, out, n, k); break;
-        case 3: gemv_m3<<<grid, threads>>>(x, w, out, n, k); break;
-        case 4: gemv_m4<<<grid, threads>>>(x, w, out, n, k); break;
-        case 5: gemv_m5<<<grid, threads>>>(x, w, out, n, k); break;
-        case 6: gemv_m6<<<grid, threads>>>(x, w, out, n, k); break;
-        case 7: gemv_m7<<<grid, threads>>>(x, w, out, n, k); break;
-        default: gemv_m8<<<grid, threads>>>(x, w, out, n, k); break;
-    }
+    GEMV_PLAIN[m - 1]<<<(n + GEMV_ROWS - 1) / GEMV_ROWS, GEMV_WARPS * 32>>>(x, w, out, n, k);
 }
 
 static void gemv_swiglu(int m, const uint16_t* x, const uint16_t* w, uint16_t* out, int k) {
-    const dim3 grid(INTERMEDIATE / GEMV_PAIRS);
-    const int threads = GEMV_WARPS * 32;
-    switch (m) {
-        case 1: gemv_swiglu_m1<<<grid, threads>>>(x, w, out, k); break;
-        case 2: gemv_swiglu_m2<<<grid, threads>>>(x, w, out, k); break;
-        case 3: gemv_swiglu_m3<<<grid, threads>>>(x, w, out, k); break;
-        case 4: gemv_swiglu_m4<<<grid, threads>>>(x, w, out, k); break;
-        case 5: gemv_swiglu_m5<<<grid, threads>>>(x, w, out, k); break;
-        case 6: gemv_swiglu_m6<<<grid, threads>>>(x, w, out, k); break;
-        case 7: gemv_swiglu_m7<<<grid, threads>>>(x, w, out, k); break;
-        default: gemv_swiglu_m8<<<grid, threads>>>(x, w, out, k); break;
-    }
+    GEMV_SWIGLU[m - 1]<<<INTERMEDIATE / GEMV_PAIRS, GEMV_WARPS * 32>>>(x, w, out, k);
 }
 
 // The caches, q and the per-token inputs of the rope write.
@@ -82,20 +70,8 @@ struct RopeTargets {
 };
 
 static void gemv_qkv_rope(int m, const uint16_t* x, const uint16_t* w, const RopeTargets& t, int k) {
-    const dim3 grid(QKV_HEADS * HEAD_DIM / GEMV_ROWS);
-    const int threads = GEMV_WARPS * 32;
-#define GEMV_ROPE_ARGS x, w, nullptr, t.inv_freq, t.positions, t.slots, t.q, t.k_cache, t.v_cache, k
-    switch (m) {
-        case 1: gemv_qkv_rope_m1<<<grid, threads>>>(GEMV_ROPE_ARGS); break;
-        case 2: gemv_qkv_rope_m2<<<grid, threads>>>(GEMV_ROPE_ARGS); break;
-        case 3: gemv_qkv_rope_m3<<<grid, threads>>>(GEMV_ROPE_ARGS); break;
-        case 4: gemv_qkv_rope_m4<<<grid, threads>>>(GEMV_ROPE_ARGS); break;
-        case 5: gemv_qkv_rope_m5<<<grid, threads>>>(GEMV_ROPE_ARGS); break;
-        case 6: gemv_qkv_rope_m6<<<grid, threads>>>(GEMV_ROPE_ARGS); break;
-        case 7: gemv_qkv_rope_m7<<<grid, threads>>>(GEMV_ROPE_ARGS); break;
-        default: gemv_qkv_rope_m8<<<grid, threads>>>(GEMV_ROPE_ARGS); break;
-    }
-#undef GEMV_ROPE_ARGS
+    GEMV_QKV_ROPE[m - 1]<<<QKV_HEADS * HEAD_DIM / GEMV_ROWS, GEMV_WARPS * 32>>>(
+        x, w, nullptr, t.inv_freq, t.positions, t.slots, t.q, t.k_cache, t.v_cache, k);
 }
 
 // The unfused paths the backend takes where cuBLASLt serves a product: the plain product into
@@ -212,11 +188,19 @@ static int test() {
 }
 
 
+// Microseconds per call of run(i) for i = 0, 1, ...: `copies` + 2 warm-up calls (every weight
+// copy once), then at least 20 and at least two passes over the copies, timed with events.
+template <typename Run>
+static double us_per_launch(Run run, int copies) {
+    for (int i = 0; i < copies + 2; ++i) run(i);
+    CHECK(cudaGetLastError());
+    const int iters = std::max(20, 2 * copies);
+    StreamTimer timer;
+    for (int i = 0; i < iters; ++i) run(i);
+    return timer.seconds() * 1e6 / iters;
+}
+
 static int bench() {
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
-    float ms = 0;
     const double copy_bw = copy_bandwidth();
 
     cublasLtHandle_t lt;
@@ -262,18 +246,7 @@ static int bench() {
                                   &heur.algo, workspace, ws_bytes, 0));
             };
             auto run_gemv = [&](int i) { gemv(m, x, w + (size_t)(i % copies) * s.n * s.k, out, s.n, s.k); };
-            double us[2];
-            for (int which = 0; which < 2; ++which) {
-                for (int i = 0; i < copies + 2; ++i) which ? run_lt(i) : run_gemv(i);
-                CHECK(cudaGetLastError());
-                const int iters = std::max(20, 2 * copies);
-                CHECK(cudaEventRecord(e0));
-                for (int i = 0; i < iters; ++i) which ? run_lt(i) : run_gemv(i);
-                CHECK(cudaEventRecord(e1));
-                CHECK(cudaEventSynchronize(e1));
-                CHECK(cudaEventElapsedTime(&ms, e0, e1));
-                us[which] = ms * 1e3 / iters;
-            }
+            const double us[2] = {us_per_launch(run_gemv, copies), us_per_launch(run_lt, copies)};
             printf("RESULT gemv bench %-8s n=%-6d k=%-5d m=%d: kernel %.1f us (%.0f%% of copy), cuBLASLt %.1f us (%.0f%%)\n",
                    s.name, s.n, s.k, m, us[0], 100.0 * wbytes / (us[0] * 1e-6) / copy_bw, us[1],
                    100.0 * wbytes / (us[1] * 1e-6) / copy_bw);
@@ -324,24 +297,12 @@ static int bench() {
         for (int m : {1, 8}) {
             const auto gu = [&](int i) { return w_gu + (size_t)(i % copies) * 2 * INTERMEDIATE * k; };
             const auto qw = [&](int i) { return w_qkv + (size_t)(i % copies) * qkv_n * k; };
-            const std::function<void(int)> runs[4] = {
-                [&](int i) { unfused_swiglu(m, x, gu(i), out, mlp, k); },
-                [&](int i) { gemv_swiglu(m, x, gu(i), mlp, k); },
-                [&](int i) { unfused_qkv_rope(m, x, qw(i), out, t, k); },
-                [&](int i) { gemv_qkv_rope(m, x, qw(i), t, k); },
+            const double us[4] = {
+                us_per_launch([&](int i) { unfused_swiglu(m, x, gu(i), out, mlp, k); }, copies),
+                us_per_launch([&](int i) { gemv_swiglu(m, x, gu(i), mlp, k); }, copies),
+                us_per_launch([&](int i) { unfused_qkv_rope(m, x, qw(i), out, t, k); }, copies),
+                us_per_launch([&](int i) { gemv_qkv_rope(m, x, qw(i), t, k); }, copies),
             };
-            double us[4];
-            for (int which = 0; which < 4; ++which) {
-                for (int i = 0; i < copies + 2; ++i) runs[which](i);
-                CHECK(cudaGetLastError());
-                const int iters = std::max(20, 2 * copies);
-                CHECK(cudaEventRecord(e0));
-                for (int i = 0; i < iters; ++i) runs[which](i);
-                CHECK(cudaEventRecord(e1));
-                CHECK(cudaEventSynchronize(e1));
-                CHECK(cudaEventElapsedTime(&ms, e0, e1));
-                us[which] = ms * 1e3 / iters;
-            }
             printf("RESULT gemv fused bench m=%d: gate_up + swiglu %.1f us, gemv_swiglu %.1f us; qkv + rope write %.1f us, gemv_qkv_rope %.1f us\n",
                    m, us[0], us[1], us[2], us[3]);
         }
