@@ -9,20 +9,54 @@
 //                     their cache slots) done on its own result, for models without QK_NORM (a
 //                     per-head norm needs the whole head; the host keeps the separate kernel).
 //
-// Grid: one block per GEMV_ROWS weight rows, GEMV_WARPS warps per block (both from the host,
-// src/backend/cuda/plan.rs). gemv_mM's block owns GEMV_ROWS consecutive rows; the fused entries'
-// blocks own GEMV_PAIRS = GEMV_ROWS / 2 consecutive rows of a first half and the rows a half
-// further on (gate i.. and up i..; head dims d.. and d + HEAD_DIM / 2..), so every pair the
-// epilogue combines is in one block. The block splits K over its warps (split-K inside the
-// block, so no atomics and no second pass); each lane reads 16 bytes (8 values) of every owned
-// row per step, GEMV_UNROLL steps in flight, and reuses each 16-byte slice of x for all owned
-// rows. Warps merge their partial sums in shared memory. K must be a multiple of 8, and for the
-// fused entries INTERMEDIATE and HEAD_DIM / 2 multiples of GEMV_PAIRS (the host checks).
+// Two paths, by M (GemvShape; all sizes from the host, src/backend/cuda/plan.rs):
+//   M < GEMV_MMA_FROM  CUDA cores: a block of GEMV_WARPS warps owns GEMV_ROWS weight rows; each
+//                      lane reads 16 bytes (8 values) of every owned row per step, GEMV_UNROLL
+//                      steps in flight, and reuses each 16-byte slice of x for all owned rows.
+//   M >= GEMV_MMA_FROM tensor cores (mma.sync, sm_80 or newer; the host passes GEMV_MMA_FROM 9
+//                      where there are none): a block of GEMV_MMA_WARPS warps owns 16 rows, each
+//                      warp streams its share of K through a ring of GEMV_MMA_STAGES
+//                      shared-memory slots (dynamic shared memory, GemvShape::ring_bytes).
+// Either way the block splits K over its warps (split-K inside the block, so no atomics and no
+// second pass) and the warps merge their partial sums in shared memory. gemv_mM's block owns
+// consecutive rows; the fused entries' blocks own `pairs` consecutive rows of a first half and
+// the rows a half further on (gate i.. and up i..; head dims d.. and d + HEAD_DIM / 2..), so
+// every pair the epilogue combines is in one block. K must be a multiple of 8, and for the fused
+// entries INTERMEDIATE and HEAD_DIM / 2 multiples of 8 (the host checks).
 
 #define GEMV_UNROLL 2
 #define GEMV_STEP (32 * 8)
-#define GEMV_PAIRS (GEMV_ROWS / 2)
 #define GEMV_HALF_HEAD (HEAD_DIM / 2)
+#define GEMV_MMA_ROWS 16
+// Rows of a ring slot: the 16 weight rows, then 8 rows of x (rows M.. zero).
+#define GEMV_MMA_SLOT_ROWS (GEMV_MMA_ROWS + 8)
+
+// The block geometry of the M-row entries: which inner loop, how many weight rows and warps a
+// block has, and its dynamic shared memory (plan::gemv_geometry on the host).
+template <int M>
+struct GemvShape {
+    static constexpr bool tensor_cores = M >= GEMV_MMA_FROM;
+    static constexpr int rows = tensor_cores ? GEMV_MMA_ROWS : GEMV_ROWS;
+    static constexpr int pairs = rows / 2;
+    static constexpr int warps = tensor_cores ? GEMV_MMA_WARPS : GEMV_WARPS;
+    static constexpr int ring_bytes =
+        tensor_cores ? warps * GEMV_MMA_STAGES * GEMV_MMA_SLOT_ROWS * (GEMV_MMA_CHUNK + 8) * 2 : 0;
+};
+
+// The weight rows a block owns: row r of the block is row `first + r` of w, or, from r = `split`
+// on, row `first + half + r - split` (a paired block's second half); rows past `last` (the end of
+// a ragged product) read `last` again and are not written.
+struct GemvRows {
+    const bf16* w;
+    size_t first;
+    size_t half;
+    int split;
+    size_t last;
+    __device__ __forceinline__ const bf16* row(int r, int k) const {
+        const size_t index = first + (r < split ? (size_t)r : half + r - split);
+        return w + (index < last ? index : last) * k;
+    }
+};
 
 __device__ __forceinline__ void gemv_unpack8(uint4 w, float* out) {
     const unsigned int u[4] = {w.x, w.y, w.z, w.w};
@@ -33,26 +67,29 @@ __device__ __forceinline__ void gemv_unpack8(uint4 w, float* out) {
     }
 }
 
-// Each warp's sums of x[m] · rows[r] over its share of K, into partial[warp][m][r]; returns
-// after a barrier, so any thread may then add them up (gemv_total).
-template <int M>
-__device__ __forceinline__ void gemv_partials(const bf16* __restrict__ x,
-                                              const bf16* const (&rows)[GEMV_ROWS],
-                                              int k,
-                                              float (&partial)[GEMV_WARPS][M][GEMV_ROWS]) {
+// Each warp's sums of x[m] · rows[r] over its share of K on CUDA cores, into
+// partial[warp][m][r]; returns after a barrier, so any thread may then add them up (gemv_total).
+template <int M, int ROWS, int WARPS>
+__device__ __forceinline__ void gemv_partials_fma(const bf16* __restrict__ x,
+                                                  const GemvRows& block_rows,
+                                                  int k,
+                                                  float (&partial)[WARPS][M][ROWS]) {
+    const bf16* rows[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) rows[r] = block_rows.row(r, k);
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     // This warp's share of K, in whole steps.
     const int steps = (k + GEMV_STEP - 1) / GEMV_STEP;
-    const int per_warp = (steps + GEMV_WARPS - 1) / GEMV_WARPS;
+    const int per_warp = (steps + WARPS - 1) / WARPS;
     const int k_begin = warp * per_warp * GEMV_STEP;
     const int k_end = min(k, k_begin + per_warp * GEMV_STEP);
 
-    float acc[M][GEMV_ROWS];
+    float acc[M][ROWS];
 #pragma unroll
     for (int m = 0; m < M; ++m) {
 #pragma unroll
-        for (int r = 0; r < GEMV_ROWS; ++r) acc[m][r] = 0.0f;
+        for (int r = 0; r < ROWS; ++r) acc[m][r] = 0.0f;
     }
     // No weight is prefetched into L2 before the wait: in a graph with programmatic launch that
     // made a batch-1 step 8% slower (docs/benchmarks.md, 2026-11-29), so the kernel waits for the
@@ -60,12 +97,12 @@ __device__ __forceinline__ void gemv_partials(const bf16* __restrict__ x,
     await_previous_kernels();
 
     for (int base = k_begin; base < k_end; base += GEMV_UNROLL * GEMV_STEP) {
-        uint4 wv[GEMV_UNROLL][GEMV_ROWS];
+        uint4 wv[GEMV_UNROLL][ROWS];
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
             const int kk = base + u * GEMV_STEP + lane * 8;
 #pragma unroll
-            for (int r = 0; r < GEMV_ROWS; ++r) {
+            for (int r = 0; r < ROWS; ++r) {
                 wv[u][r] = kk < k_end ? __ldg(reinterpret_cast<const uint4*>(rows[r] + kk)) : make_uint4(0, 0, 0, 0);
             }
         }
@@ -73,15 +110,15 @@ __device__ __forceinline__ void gemv_partials(const bf16* __restrict__ x,
         for (int u = 0; u < GEMV_UNROLL; ++u) {
             const int kk = base + u * GEMV_STEP + lane * 8;
             if (kk >= k_end) continue;
-            float wf[GEMV_ROWS][8];
+            float wf[ROWS][8];
 #pragma unroll
-            for (int r = 0; r < GEMV_ROWS; ++r) gemv_unpack8(wv[u][r], wf[r]);
+            for (int r = 0; r < ROWS; ++r) gemv_unpack8(wv[u][r], wf[r]);
 #pragma unroll
             for (int m = 0; m < M; ++m) {
                 float xf[8];
                 gemv_unpack8(__ldg(reinterpret_cast<const uint4*>(x + (size_t)m * k + kk)), xf);
 #pragma unroll
-                for (int r = 0; r < GEMV_ROWS; ++r) {
+                for (int r = 0; r < ROWS; ++r) {
 #pragma unroll
                     for (int i = 0; i < 8; ++i) acc[m][r] = fmaf(xf[i], wf[r][i], acc[m][r]);
                 }
@@ -91,7 +128,7 @@ __device__ __forceinline__ void gemv_partials(const bf16* __restrict__ x,
 #pragma unroll
     for (int m = 0; m < M; ++m) {
 #pragma unroll
-        for (int r = 0; r < GEMV_ROWS; ++r) {
+        for (int r = 0; r < ROWS; ++r) {
             const float v = warp_sum(acc[m][r]);
             if (lane == 0) partial[warp][m][r] = v;
         }
@@ -99,12 +136,132 @@ __device__ __forceinline__ void gemv_partials(const bf16* __restrict__ x,
     __syncthreads();
 }
 
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+// The same sums on tensor cores: each warp multiplies the block's 16 weight rows (the A operand of
+// mma.sync m16n8k16) by x's M rows (the 8-column B operand, columns M.. zero) over its share of K,
+// in chunks of GEMV_MMA_CHUNK values. A chunk's weight rows and x rows are copied into the warp's
+// own ring of GEMV_MMA_STAGES shared-memory slots with cp.async (a 16-byte slice per lane,
+// consecutive lanes on consecutive slices of a row, so a load instruction reads whole 128-byte
+// lines), the next chunks' copies in flight while this one is multiplied; both operands' fragments
+// come from the ring with ldmatrix (rows padded by 16 bytes, so the eight rows of a matrix fall in
+// different banks). Two accumulator sets alternate by 16-value step.
+template <int M, int ROWS, int WARPS>
+__device__ __forceinline__ void gemv_partials_mma(const bf16* __restrict__ x,
+                                                  const GemvRows& rows,
+                                                  int k,
+                                                  float (&partial)[WARPS][M][ROWS]) {
+    static_assert(ROWS == 16, "one 16-row tile per block");
+    constexpr int chunk = GEMV_MMA_CHUNK;
+    constexpr int stages = GEMV_MMA_STAGES;
+    static_assert(chunk % 32 == 0, "whole ldmatrix.x4 loads of x");
+    constexpr int pitch = chunk + 8;                     // bf16 per slot row
+    constexpr int slices = chunk / 8;                    // 16-byte slices per row and chunk
+    constexpr int slot_rows = GEMV_MMA_SLOT_ROWS;
+    constexpr int pieces = (ROWS + M) * slices;          // slices copied per chunk
+    extern __shared__ __align__(16) unsigned char gemv_dynamic[];
+    auto& ring = *reinterpret_cast<bf16 (*)[WARPS][stages][slot_rows][pitch]>(gemv_dynamic);
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int g = lane >> 2;
+    const int chunks = (k + chunk - 1) / chunk;
+    const int per_warp = (chunks + WARPS - 1) / WARPS;
+    const int c_begin = min(chunks, warp * per_warp);
+    const int count = min(chunks, c_begin + per_warp) - c_begin;
+    const unsigned int ring_base = shared_address(&ring[warp][0][0][0]);
+    constexpr unsigned int slot_bytes = 2u * slot_rows * pitch;
+    // x's rows M.. stay zero in every slot (B's unused columns).
+    if constexpr (M < 8) {
+        for (int i = lane; i < stages * (8 - M) * slices; i += 32) {
+            const int slot = i / ((8 - M) * slices), rest = i % ((8 - M) * slices);
+            *reinterpret_cast<uint4*>(&ring[warp][slot][ROWS + M + rest / slices][(rest % slices) * 8]) = make_uint4(0, 0, 0, 0);
+        }
+    }
+    // Copies chunk c into slot `slot`: slice p is row p / slices (x's row p / slices - ROWS after
+    // the weight rows), values (p % slices) * 8...
+    const auto copy_chunk = [&](int c, int slot) {
+#pragma unroll
+        for (int p = lane; p < pieces; p += 32) {
+            const int r = p / slices;
+            const int kk = c * chunk + (p % slices) * 8;
+            const bf16* src = r < ROWS ? rows.row(r, k) : x + (size_t)(r - ROWS) * k;
+            const unsigned int dst = ring_base + slot * slot_bytes + 2u * (unsigned int)(r * pitch + (p % slices) * 8);
+            if (r < ROWS) {
+                copy16_async(dst, src + (kk < k ? kk : 0), kk < k);
+            } else {
+                // x is read by every block: through L1, where the SM's other blocks find it.
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src + (kk < k ? kk : 0)), "r"(kk < k ? 16 : 0));
+            }
+        }
+    };
+    // ldmatrix row addresses of this lane within a slot: A, row lane % 16 at values (lane / 16) * 8;
+    // B, x's row lane % 8 at values (lane / 8) * 8 (four 8-value matrices: two 16-value steps).
+    const unsigned int a_offset = 2u * (unsigned int)((lane & 15) * pitch + (lane >> 4) * 8);
+    const unsigned int b_offset = 2u * (unsigned int)((ROWS + (lane & 7)) * pitch + (lane >> 3) * 8);
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    await_previous_kernels();
+
+#pragma unroll
+    for (int s = 0; s < stages - 1; ++s) {
+        if (s < count) copy_chunk(c_begin + s, s);
+        asm volatile("cp.async.commit_group;");
+    }
+    for (int j = 0; j < count; ++j) {
+        if (j + stages - 1 < count) copy_chunk(c_begin + j + stages - 1, (j + stages - 1) % stages);
+        asm volatile("cp.async.commit_group;");
+        asm volatile("cp.async.wait_group %0;" ::"n"(stages - 1) : "memory");
+        __syncwarp();
+        const unsigned int slot = ring_base + (j % stages) * slot_bytes;
+#pragma unroll
+        for (int pair = 0; pair < chunk / 32; ++pair) {
+            unsigned int b[4];
+            ldmatrix_x4(slot + b_offset + 64u * pair, b);
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                unsigned int a[4];
+                ldmatrix_x4(slot + a_offset + 64u * pair + 32u * half, a);
+                mma_bf16(acc[half], a, b[2 * half], b[2 * half + 1]);
+            }
+        }
+        __syncwarp();
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    // Lane (g, t) holds rows g and g + 8 for columns (rows of x) 2t and 2t + 1.
+    const int t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int m = 2 * t + j;
+        if (m < M) {
+            partial[warp][m][g] = acc[0][j] + acc[1][j];
+            partial[warp][m][g + 8] = acc[0][2 + j] + acc[1][2 + j];
+        }
+    }
+    __syncthreads();
+}
+#endif
+
+// Each warp's sums over its share of K for the block's rows, on tensor cores where GemvShape
+// says so and the device has them, on CUDA cores otherwise; returns after a barrier.
+template <int M>
+__device__ __forceinline__ void gemv_partials(const bf16* __restrict__ x,
+                                              const GemvRows& rows,
+                                              int k,
+                                              float (&partial)[GemvShape<M>::warps][M][GemvShape<M>::rows]) {
+    using Shape = GemvShape<M>;
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    if constexpr (Shape::tensor_cores) {
+        gemv_partials_mma<M, Shape::rows, Shape::warps>(x, rows, k, partial);
+        return;
+    }
+#endif
+    gemv_partials_fma<M, Shape::rows, Shape::warps>(x, rows, k, partial);
+}
+
 // x[m] · rows[r] over all of K, from gemv_partials' sums (always added in warp order).
 template <int M>
-__device__ __forceinline__ float gemv_total(const float (&partial)[GEMV_WARPS][M][GEMV_ROWS], int m, int r) {
+__device__ __forceinline__ float gemv_total(const float (&partial)[GemvShape<M>::warps][M][GemvShape<M>::rows], int m, int r) {
     float total = 0.0f;
 #pragma unroll
-    for (int wi = 0; wi < GEMV_WARPS; ++wi) total += partial[wi][m][r];
+    for (int wi = 0; wi < GemvShape<M>::warps; ++wi) total += partial[wi][m][r];
     return total;
 }
 
@@ -114,29 +271,14 @@ __device__ __forceinline__ void gemv_plain(const bf16* __restrict__ x,
                                            float* __restrict__ out,
                                            int n,
                                            int k) {
-    __shared__ float partial[GEMV_WARPS][M][GEMV_ROWS];
-    const int row0 = blockIdx.x * GEMV_ROWS;
-    const bf16* rows[GEMV_ROWS];
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) rows[r] = w + (size_t)min(row0 + r, n - 1) * k;
-    gemv_partials<M>(x, rows, k, partial);
-    for (int i = threadIdx.x; i < M * GEMV_ROWS; i += blockDim.x) {
-        const int m = i / GEMV_ROWS;
-        const int r = i % GEMV_ROWS;
+    constexpr int ROWS = GemvShape<M>::rows;
+    __shared__ float partial[GemvShape<M>::warps][M][ROWS];
+    const int row0 = blockIdx.x * ROWS;
+    gemv_partials<M>(x, GemvRows{w, (size_t)row0, 0, ROWS, (size_t)n - 1}, k, partial);
+    for (int i = threadIdx.x; i < M * ROWS; i += blockDim.x) {
+        const int m = i / ROWS;
+        const int r = i % ROWS;
         if (row0 + r < n) out[(size_t)m * n + row0 + r] = gemv_total<M>(partial, m, r);
-    }
-}
-
-// The rows of a paired block: GEMV_PAIRS rows from `first` and as many from `first + half`.
-__device__ __forceinline__ void gemv_paired_rows(const bf16* __restrict__ w,
-                                                 size_t first,
-                                                 size_t half,
-                                                 int k,
-                                                 const bf16* (&rows)[GEMV_ROWS]) {
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) {
-        const size_t row = first + (r < GEMV_PAIRS ? r : half + r - GEMV_PAIRS);
-        rows[r] = w + row * k;
     }
 }
 
@@ -145,16 +287,16 @@ __device__ __forceinline__ void gemv_swiglu(const bf16* __restrict__ x,
                                             const bf16* __restrict__ w,
                                             bf16* __restrict__ out,
                                             int k) {
-    __shared__ float partial[GEMV_WARPS][M][GEMV_ROWS];
-    const int i0 = blockIdx.x * GEMV_PAIRS;
-    const bf16* rows[GEMV_ROWS];
-    gemv_paired_rows(w, i0, INTERMEDIATE, k, rows);
-    gemv_partials<M>(x, rows, k, partial);
-    for (int j = threadIdx.x; j < M * GEMV_PAIRS; j += blockDim.x) {
-        const int m = j / GEMV_PAIRS;
-        const int p = j % GEMV_PAIRS;
+    constexpr int ROWS = GemvShape<M>::rows;
+    constexpr int PAIRS = GemvShape<M>::pairs;
+    __shared__ float partial[GemvShape<M>::warps][M][ROWS];
+    const int i0 = blockIdx.x * PAIRS;
+    gemv_partials<M>(x, GemvRows{w, (size_t)i0, INTERMEDIATE, PAIRS, ~(size_t)0}, k, partial);
+    for (int j = threadIdx.x; j < M * PAIRS; j += blockDim.x) {
+        const int m = j / PAIRS;
+        const int p = j % PAIRS;
         const float gate = gemv_total<M>(partial, m, p);
-        const float up = gemv_total<M>(partial, m, p + GEMV_PAIRS);
+        const float up = gemv_total<M>(partial, m, p + PAIRS);
         out[(size_t)m * INTERMEDIATE + i0 + p] = f32_to_bf16(silu_times(gate, up));
     }
 }
@@ -170,22 +312,22 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* __restrict__ x,
                                               bf16* __restrict__ k_cache,
                                               bf16* __restrict__ v_cache,
                                               int k) {
-    __shared__ float partial[GEMV_WARPS][M][GEMV_ROWS];
-    constexpr int blocks_per_head = GEMV_HALF_HEAD / GEMV_PAIRS;
+    constexpr int ROWS = GemvShape<M>::rows;
+    constexpr int PAIRS = GemvShape<M>::pairs;
+    __shared__ float partial[GemvShape<M>::warps][M][ROWS];
+    constexpr int blocks_per_head = GEMV_HALF_HEAD / PAIRS;
     const int h = blockIdx.x / blocks_per_head;
-    const int d0 = (blockIdx.x % blocks_per_head) * GEMV_PAIRS;
-    const bf16* rows[GEMV_ROWS];
-    gemv_paired_rows(w, (size_t)h * HEAD_DIM + d0, GEMV_HALF_HEAD, k, rows);
-    gemv_partials<M>(x, rows, k, partial);
+    const int d0 = (blockIdx.x % blocks_per_head) * PAIRS;
+    gemv_partials<M>(x, GemvRows{w, (size_t)h * HEAD_DIM + d0, GEMV_HALF_HEAD, PAIRS, ~(size_t)0}, k, partial);
     const bool is_q = h < NUM_Q_HEADS;
     const bool is_v = h >= NUM_Q_HEADS + NUM_KV_HEADS;
-    for (int j = threadIdx.x; j < M * GEMV_PAIRS; j += blockDim.x) {
-        const int m = j / GEMV_PAIRS;
-        const int d = d0 + j % GEMV_PAIRS;
+    for (int j = threadIdx.x; j < M * PAIRS; j += blockDim.x) {
+        const int m = j / PAIRS;
+        const int d = d0 + j % PAIRS;
         const int slot = slots[m];
         if (!is_q && slot < 0) continue;
-        float lo = gemv_total<M>(partial, m, j % GEMV_PAIRS);
-        float hi = gemv_total<M>(partial, m, j % GEMV_PAIRS + GEMV_PAIRS);
+        float lo = gemv_total<M>(partial, m, j % PAIRS);
+        float hi = gemv_total<M>(partial, m, j % PAIRS + PAIRS);
 #if QKV_BIAS
         lo += bf16_to_f32(bias[h * HEAD_DIM + d]);
         hi += bf16_to_f32(bias[h * HEAD_DIM + d + GEMV_HALF_HEAD]);
@@ -206,28 +348,28 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* __restrict__ x,
         const float *__restrict__ inv_freq, const int *__restrict__ positions, const int *__restrict__ slots, \
         bf16 *__restrict__ q_out, bf16 *__restrict__ k_cache, bf16 *__restrict__ v_cache, int k
 #define GEMV_QKV_ROPE_ARGS x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k
-#define GEMV_ENTRY extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-GEMV_ENTRY gemv_m1(GEMV_PLAIN_PARAMS) { gemv_plain<1>(x, w, out, n, k); }
-GEMV_ENTRY gemv_m2(GEMV_PLAIN_PARAMS) { gemv_plain<2>(x, w, out, n, k); }
-GEMV_ENTRY gemv_m3(GEMV_PLAIN_PARAMS) { gemv_plain<3>(x, w, out, n, k); }
-GEMV_ENTRY gemv_m4(GEMV_PLAIN_PARAMS) { gemv_plain<4>(x, w, out, n, k); }
-GEMV_ENTRY gemv_m5(GEMV_PLAIN_PARAMS) { gemv_plain<5>(x, w, out, n, k); }
-GEMV_ENTRY gemv_m6(GEMV_PLAIN_PARAMS) { gemv_plain<6>(x, w, out, n, k); }
-GEMV_ENTRY gemv_m7(GEMV_PLAIN_PARAMS) { gemv_plain<7>(x, w, out, n, k); }
-GEMV_ENTRY gemv_m8(GEMV_PLAIN_PARAMS) { gemv_plain<8>(x, w, out, n, k); }
-GEMV_ENTRY gemv_swiglu_m1(GEMV_SWIGLU_PARAMS) { gemv_swiglu<1>(x, w, out, k); }
-GEMV_ENTRY gemv_swiglu_m2(GEMV_SWIGLU_PARAMS) { gemv_swiglu<2>(x, w, out, k); }
-GEMV_ENTRY gemv_swiglu_m3(GEMV_SWIGLU_PARAMS) { gemv_swiglu<3>(x, w, out, k); }
-GEMV_ENTRY gemv_swiglu_m4(GEMV_SWIGLU_PARAMS) { gemv_swiglu<4>(x, w, out, k); }
-GEMV_ENTRY gemv_swiglu_m5(GEMV_SWIGLU_PARAMS) { gemv_swiglu<5>(x, w, out, k); }
-GEMV_ENTRY gemv_swiglu_m6(GEMV_SWIGLU_PARAMS) { gemv_swiglu<6>(x, w, out, k); }
-GEMV_ENTRY gemv_swiglu_m7(GEMV_SWIGLU_PARAMS) { gemv_swiglu<7>(x, w, out, k); }
-GEMV_ENTRY gemv_swiglu_m8(GEMV_SWIGLU_PARAMS) { gemv_swiglu<8>(x, w, out, k); }
-GEMV_ENTRY gemv_qkv_rope_m1(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<1>(GEMV_QKV_ROPE_ARGS); }
-GEMV_ENTRY gemv_qkv_rope_m2(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<2>(GEMV_QKV_ROPE_ARGS); }
-GEMV_ENTRY gemv_qkv_rope_m3(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<3>(GEMV_QKV_ROPE_ARGS); }
-GEMV_ENTRY gemv_qkv_rope_m4(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<4>(GEMV_QKV_ROPE_ARGS); }
-GEMV_ENTRY gemv_qkv_rope_m5(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<5>(GEMV_QKV_ROPE_ARGS); }
-GEMV_ENTRY gemv_qkv_rope_m6(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<6>(GEMV_QKV_ROPE_ARGS); }
-GEMV_ENTRY gemv_qkv_rope_m7(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<7>(GEMV_QKV_ROPE_ARGS); }
-GEMV_ENTRY gemv_qkv_rope_m8(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<8>(GEMV_QKV_ROPE_ARGS); }
+#define GEMV_ENTRY(m) extern "C" __global__ void __launch_bounds__(GemvShape<m>::warps * 32)
+GEMV_ENTRY(1) gemv_m1(GEMV_PLAIN_PARAMS) { gemv_plain<1>(x, w, out, n, k); }
+GEMV_ENTRY(2) gemv_m2(GEMV_PLAIN_PARAMS) { gemv_plain<2>(x, w, out, n, k); }
+GEMV_ENTRY(3) gemv_m3(GEMV_PLAIN_PARAMS) { gemv_plain<3>(x, w, out, n, k); }
+GEMV_ENTRY(4) gemv_m4(GEMV_PLAIN_PARAMS) { gemv_plain<4>(x, w, out, n, k); }
+GEMV_ENTRY(5) gemv_m5(GEMV_PLAIN_PARAMS) { gemv_plain<5>(x, w, out, n, k); }
+GEMV_ENTRY(6) gemv_m6(GEMV_PLAIN_PARAMS) { gemv_plain<6>(x, w, out, n, k); }
+GEMV_ENTRY(7) gemv_m7(GEMV_PLAIN_PARAMS) { gemv_plain<7>(x, w, out, n, k); }
+GEMV_ENTRY(8) gemv_m8(GEMV_PLAIN_PARAMS) { gemv_plain<8>(x, w, out, n, k); }
+GEMV_ENTRY(1) gemv_swiglu_m1(GEMV_SWIGLU_PARAMS) { gemv_swiglu<1>(x, w, out, k); }
+GEMV_ENTRY(2) gemv_swiglu_m2(GEMV_SWIGLU_PARAMS) { gemv_swiglu<2>(x, w, out, k); }
+GEMV_ENTRY(3) gemv_swiglu_m3(GEMV_SWIGLU_PARAMS) { gemv_swiglu<3>(x, w, out, k); }
+GEMV_ENTRY(4) gemv_swiglu_m4(GEMV_SWIGLU_PARAMS) { gemv_swiglu<4>(x, w, out, k); }
+GEMV_ENTRY(5) gemv_swiglu_m5(GEMV_SWIGLU_PARAMS) { gemv_swiglu<5>(x, w, out, k); }
+GEMV_ENTRY(6) gemv_swiglu_m6(GEMV_SWIGLU_PARAMS) { gemv_swiglu<6>(x, w, out, k); }
+GEMV_ENTRY(7) gemv_swiglu_m7(GEMV_SWIGLU_PARAMS) { gemv_swiglu<7>(x, w, out, k); }
+GEMV_ENTRY(8) gemv_swiglu_m8(GEMV_SWIGLU_PARAMS) { gemv_swiglu<8>(x, w, out, k); }
+GEMV_ENTRY(1) gemv_qkv_rope_m1(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<1>(GEMV_QKV_ROPE_ARGS); }
+GEMV_ENTRY(2) gemv_qkv_rope_m2(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<2>(GEMV_QKV_ROPE_ARGS); }
+GEMV_ENTRY(3) gemv_qkv_rope_m3(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<3>(GEMV_QKV_ROPE_ARGS); }
+GEMV_ENTRY(4) gemv_qkv_rope_m4(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<4>(GEMV_QKV_ROPE_ARGS); }
+GEMV_ENTRY(5) gemv_qkv_rope_m5(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<5>(GEMV_QKV_ROPE_ARGS); }
+GEMV_ENTRY(6) gemv_qkv_rope_m6(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<6>(GEMV_QKV_ROPE_ARGS); }
+GEMV_ENTRY(7) gemv_qkv_rope_m7(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<7>(GEMV_QKV_ROPE_ARGS); }
+GEMV_ENTRY(8) gemv_qkv_rope_m8(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<8>(GEMV_QKV_ROPE_ARGS); }

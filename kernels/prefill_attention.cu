@@ -100,30 +100,11 @@
 #endif
 
 #if F_SUPPORTED
-// The shared-memory address of a generic pointer into shared memory.
-__device__ __forceinline__ unsigned int f_shared_address(const void* p) {
-    unsigned int address;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(address) : "l"(p));
-    return address;
-}
-
-// Four 8x8 bf16 matrices from shared memory (thread i names row i % 8 of matrix i / 8).
-__device__ __forceinline__ void f_ldmatrix_x4(unsigned int address, unsigned int* r) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(address));
-}
-
-// The same, each matrix transposed.
+// ldmatrix_x4 (prelude.cuh) with each matrix transposed.
 __device__ __forceinline__ void f_ldmatrix_x4_trans(unsigned int address, unsigned int* r) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(address));
-}
-
-// Copies 16 bytes from global to shared memory asynchronously (zeros when `valid` is false).
-__device__ __forceinline__ void f_copy16_async(unsigned int dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 
 #if F_WGMMA
@@ -368,7 +349,7 @@ prefill_attention(const bf16* __restrict__ q,
     // reads), from a 1024-byte aligned base.
     extern __shared__ __align__(1024) unsigned char f_dynamic[];
     static_assert(F_STAGES * 2 * F_TILE_BYTES + 1024 <= F_SHARED, "F_SHARED too small for the stages");
-    const unsigned int stage0 = (f_shared_address(f_dynamic) + 1023u) & ~1023u;
+    const unsigned int stage0 = (shared_address(f_dynamic) + 1023u) & ~1023u;
     // Each thread copies one 16-byte chunk of every F_PASS_KEYS-th key: its chunk, its first key
     // and so its swizzled place in a stage are fixed, and each pass reads one cache block entry.
     constexpr int F_PASS_KEYS = F_WARPS * 32 / F_CHUNKS;
@@ -388,8 +369,8 @@ prefill_attention(const bf16* __restrict__ q,
             const bool valid = j >= first_pos && j <= last_pos;
             const size_t row = valid ? ((size_t)table[j / KV_BLOCK] * KV_BLOCK + j % KV_BLOCK) * NUM_KV_HEADS * HEAD_DIM : 0;
             const unsigned int at = k_stage + pass * F_PASS_KEYS * 128;
-            f_copy16_async(at, my_k + row, valid);
-            f_copy16_async(at + F_TILE_BYTES, my_v + row, valid);
+            copy16_async(at, my_k + row, valid);
+            copy16_async(at + F_TILE_BYTES, my_v + row, valid);
         }
         asm volatile("cp.async.commit_group;");
     };
@@ -507,8 +488,8 @@ prefill_attention(const bf16* __restrict__ q,
     // ldmatrix row addresses of this thread: matrix lane / 8, row lane % 8.
     const int mat = lane >> 3;
     const int mrow = lane & 7;
-    const unsigned int ks_stage0 = f_shared_address(ks[0]);
-    const unsigned int vs_stage0 = f_shared_address(vs[0]);
+    const unsigned int ks_stage0 = shared_address(ks[0]);
+    const unsigned int vs_stage0 = shared_address(vs[0]);
     const unsigned int stage_bytes = F_KEYS * F_STRIDE * 2;
 
     // Starts copying the keys and values of the tile at key `kb` into stage `buf` (zeros outside
@@ -526,8 +507,8 @@ prefill_attention(const bf16* __restrict__ q,
                 offset = (slot * NUM_KV_HEADS + kvh) * HEAD_DIM + chunk * 8;
             }
             const unsigned int at = 2 * (key * F_STRIDE + chunk * 8);
-            f_copy16_async(ks_stage0 + buf * stage_bytes + at, k_cache + offset, valid);
-            f_copy16_async(vs_stage0 + buf * stage_bytes + at, v_cache + offset, valid);
+            copy16_async(ks_stage0 + buf * stage_bytes + at, k_cache + offset, valid);
+            copy16_async(vs_stage0 + buf * stage_bytes + at, v_cache + offset, valid);
         }
         asm volatile("cp.async.commit_group;");
     };
@@ -553,7 +534,7 @@ prefill_attention(const bf16* __restrict__ q,
 #pragma unroll
             for (int d = 0; d < F_DSTEPS; ++d) {
                 unsigned int b[4];
-                f_ldmatrix_x4(k_stage + 2 * (key * F_STRIDE + d * 16 + (mat & 1) * 8), b);
+                ldmatrix_x4(k_stage + 2 * (key * F_STRIDE + d * 16 + (mat & 1) * 8), b);
                 mma_bf16(s[n], qa[d], b[0], b[1]);
                 mma_bf16(s[n + 1], qa[d], b[2], b[3]);
             }

@@ -130,6 +130,25 @@ __device__ __forceinline__ void mma_bf16_upper(float* c, unsigned int a_lo, unsi
         : "r"(a_lo), "r"(0u), "r"(a_hi), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
+// The shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ unsigned int shared_address(const void* p) {
+    unsigned int address;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(address) : "l"(p));
+    return address;
+}
+
+// Four 8x8 bf16 matrices from shared memory (thread i names row i % 8 of matrix i / 8).
+__device__ __forceinline__ void ldmatrix_x4(unsigned int address, unsigned int* r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+}
+
+// Copies 16 bytes from global to shared memory asynchronously (zeros when `valid` is false).
+__device__ __forceinline__ void copy16_async(unsigned int dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+
 // Two floats rounded to bf16 and packed, `lo` in the low half.
 __device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
     unsigned int packed;

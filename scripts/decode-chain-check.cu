@@ -21,10 +21,14 @@
 #endif
 #define CHAIN_PASTE(a, b) a##b
 #define CHAIN_ENTRY(a, b) CHAIN_PASTE(a, b)
+#define CHAIN_STR2(a) #a
+#define CHAIN_STR(a) CHAIN_STR2(a)
 
 template <typename... Args>
-static void launch(bool pdl, void (*kernel)(Args...), dim3 grid, int threads, cudaStream_t s, Args... args) {
+static void launch(bool pdl, void (*kernel)(Args...), dim3 grid, int threads, int smem, cudaStream_t s, Args... args) {
     cudaLaunchConfig_t cfg = {};
+    if (smem > 48 * 1024) CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    cfg.dynamicSmemBytes = smem;
     cfg.gridDim = grid;
     cfg.blockDim = dim3(threads);
     cfg.stream = s;
@@ -67,7 +71,7 @@ int main() {
     CHECK(cudaDeviceSynchronize());
     cudaStream_t s;
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    const int threads = GEMV_WARPS * 32;
+    const int threads = GemvShape<CHAIN_M>::warps * 32, ring = GemvShape<CHAIN_M>::ring_bytes;
     for (int small : {1, 0}) {
         cudaGraph_t graph;
         cudaGraphExec_t exec;
@@ -78,18 +82,18 @@ int main() {
             const uint16_t* w_o = w_qkv + (size_t)qkv_n * hidden;
             const uint16_t* w_gu = w_o + (size_t)hidden * hidden;
             const uint16_t* w_down = w_gu + 2 * (size_t)inter * hidden;
-            if (small) launch(true, add_rmsnorm, dim3(CHAIN_M), RMS_THREADS, s, residual, (const float*)scratch, (const bf16*)nw, (const int*)nullptr, normed);
-            launch(true, CHAIN_ENTRY(gemv_qkv_rope_m, CHAIN_M), dim3(qkv_n / GEMV_ROWS), threads, s, (const bf16*)normed, (const bf16*)w_qkv, (const bf16*)nullptr,
+            if (small) launch(true, add_rmsnorm, dim3(CHAIN_M), RMS_THREADS, 0, s, residual, (const float*)scratch, (const bf16*)nw, (const int*)nullptr, normed);
+            launch(true, CHAIN_ENTRY(gemv_qkv_rope_m, CHAIN_M), dim3(qkv_n / GemvShape<CHAIN_M>::rows), threads, ring, s, (const bf16*)normed, (const bf16*)w_qkv, (const bf16*)nullptr,
                    (const float*)inv_freq, (const int*)ints, (const int*)ints, q, kc, vc, hidden);
             if (small) {
                 // Stand-ins for attention and its reduction (one-block kernels: at batch 1 both are short).
-                launch(true, add_rmsnorm, dim3(CHAIN_M), RMS_THREADS, s, residual, (const float*)nullptr, (const bf16*)nw, (const int*)nullptr, attn);
-                launch(true, add_rmsnorm, dim3(CHAIN_M), RMS_THREADS, s, residual, (const float*)nullptr, (const bf16*)nw, (const int*)nullptr, attn);
+                launch(true, add_rmsnorm, dim3(CHAIN_M), RMS_THREADS, 0, s, residual, (const float*)nullptr, (const bf16*)nw, (const int*)nullptr, attn);
+                launch(true, add_rmsnorm, dim3(CHAIN_M), RMS_THREADS, 0, s, residual, (const float*)nullptr, (const bf16*)nw, (const int*)nullptr, attn);
             }
-            launch(true, CHAIN_ENTRY(gemv_m, CHAIN_M), dim3(hidden / GEMV_ROWS), threads, s, (const bf16*)attn, (const bf16*)w_o, scratch, hidden, hidden);
-            if (small) launch(true, add_rmsnorm, dim3(CHAIN_M), RMS_THREADS, s, residual, (const float*)scratch, (const bf16*)nw, (const int*)nullptr, normed);
-            launch(true, CHAIN_ENTRY(gemv_swiglu_m, CHAIN_M), dim3(inter / GEMV_PAIRS), threads, s, (const bf16*)normed, (const bf16*)w_gu, mlp, hidden);
-            launch(true, CHAIN_ENTRY(gemv_m, CHAIN_M), dim3(hidden / GEMV_ROWS), threads, s, (const bf16*)mlp, (const bf16*)w_down, scratch, hidden, inter);
+            launch(true, CHAIN_ENTRY(gemv_m, CHAIN_M), dim3(hidden / GemvShape<CHAIN_M>::rows), threads, ring, s, (const bf16*)attn, (const bf16*)w_o, scratch, hidden, hidden);
+            if (small) launch(true, add_rmsnorm, dim3(CHAIN_M), RMS_THREADS, 0, s, residual, (const float*)scratch, (const bf16*)nw, (const int*)nullptr, normed);
+            launch(true, CHAIN_ENTRY(gemv_swiglu_m, CHAIN_M), dim3(inter / GemvShape<CHAIN_M>::pairs), threads, ring, s, (const bf16*)normed, (const bf16*)w_gu, mlp, hidden);
+            launch(true, CHAIN_ENTRY(gemv_m, CHAIN_M), dim3(hidden / GemvShape<CHAIN_M>::rows), threads, ring, s, (const bf16*)mlp, (const bf16*)w_down, scratch, hidden, inter);
         }
         CHECK(cudaStreamEndCapture(s, &graph));
         CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -101,8 +105,9 @@ int main() {
         const double ms = timer.seconds() * 1e3;
         const double bytes = (double)per_layer * layers * 2;
         const double rate = bytes / (ms / reps * 1e-3);
-        printf("RESULT decode chain, batch %d, GEMV_ROWS %d, GEMV_WARPS %d, %s: %.3f ms per step (%.2f GB of weights: %.0f GB/s, %.0f%% of copy)\n",
-               CHAIN_M, GEMV_ROWS, GEMV_WARPS, small ? "with the small kernels" : "products only", ms / reps, bytes / 1e9, rate / 1e9,
+        printf("RESULT decode chain, batch %d, %s, %d rows per block, %d warps, %s, %s: %.3f ms per step (%.2f GB of weights: %.0f GB/s, %.0f%% of copy)\n",
+               CHAIN_M, GemvShape<CHAIN_M>::tensor_cores ? "tensor cores" : "CUDA cores", GemvShape<CHAIN_M>::rows, GemvShape<CHAIN_M>::warps,
+               GemvShape<CHAIN_M>::tensor_cores ? "chunk " CHAIN_STR(GEMV_MMA_CHUNK) " x " CHAIN_STR(GEMV_MMA_STAGES) " stages" : "unroll 2", small ? "with the small kernels" : "products only", ms / reps, bytes / 1e9, rate / 1e9,
                100.0 * rate / copy_bw);
         CHECK(cudaGraphExecDestroy(exec));
         CHECK(cudaGraphDestroy(graph));

@@ -51,12 +51,33 @@ static void (*const GEMV_QKV_ROPE[8])(const bf16*, const bf16*, const bf16*, con
     gemv_qkv_rope_m1, gemv_qkv_rope_m2, gemv_qkv_rope_m3, gemv_qkv_rope_m4,
     gemv_qkv_rope_m5, gemv_qkv_rope_m6, gemv_qkv_rope_m7, gemv_qkv_rope_m8};
 
+// The launch geometry of the M-row entries, indexed by m - 1 (GemvShape<M>).
+template <int... Ms>
+struct GemvShapes {
+    static constexpr int rows[8] = {GemvShape<Ms>::rows...};
+    static constexpr int threads[8] = {32 * GemvShape<Ms>::warps...};
+    static constexpr int ring_bytes[8] = {GemvShape<Ms>::ring_bytes...};
+};
+using Shapes = GemvShapes<1, 2, 3, 4, 5, 6, 7, 8>;
+static int gemv_rows(int m) { return Shapes::rows[m - 1]; }
+static int gemv_threads(int m) { return Shapes::threads[m - 1]; }
+static int gemv_smem(int m) { return Shapes::ring_bytes[m - 1]; }
+
+// Lets every entry take its ring (above 48 KiB needs the attribute).
+static void allow_rings() {
+    for (int m = 1; m <= 8; ++m) {
+        CHECK(cudaFuncSetAttribute(GEMV_PLAIN[m - 1], cudaFuncAttributeMaxDynamicSharedMemorySize, gemv_smem(m)));
+        CHECK(cudaFuncSetAttribute(GEMV_SWIGLU[m - 1], cudaFuncAttributeMaxDynamicSharedMemorySize, gemv_smem(m)));
+        CHECK(cudaFuncSetAttribute(GEMV_QKV_ROPE[m - 1], cudaFuncAttributeMaxDynamicSharedMemorySize, gemv_smem(m)));
+    }
+}
+
 static void gemv(int m, const uint16_t* x, const uint16_t* w, float* out, int n, int k) {
-    GEMV_PLAIN[m - 1]<<<(n + GEMV_ROWS - 1) / GEMV_ROWS, GEMV_WARPS * 32>>>(x, w, out, n, k);
+    GEMV_PLAIN[m - 1]<<<(n + gemv_rows(m) - 1) / gemv_rows(m), gemv_threads(m), gemv_smem(m)>>>(x, w, out, n, k);
 }
 
 static void gemv_swiglu(int m, const uint16_t* x, const uint16_t* w, uint16_t* out, int k) {
-    GEMV_SWIGLU[m - 1]<<<INTERMEDIATE / GEMV_PAIRS, GEMV_WARPS * 32>>>(x, w, out, k);
+    GEMV_SWIGLU[m - 1]<<<INTERMEDIATE / (gemv_rows(m) / 2), gemv_threads(m), gemv_smem(m)>>>(x, w, out, k);
 }
 
 // The caches, q and the per-token inputs of the rope write.
@@ -70,7 +91,7 @@ struct RopeTargets {
 };
 
 static void gemv_qkv_rope(int m, const uint16_t* x, const uint16_t* w, const RopeTargets& t, int k) {
-    GEMV_QKV_ROPE[m - 1]<<<QKV_HEADS * HEAD_DIM / GEMV_ROWS, GEMV_WARPS * 32>>>(
+    GEMV_QKV_ROPE[m - 1]<<<QKV_HEADS * HEAD_DIM / gemv_rows(m), gemv_threads(m), gemv_smem(m)>>>(
         x, w, nullptr, t.inv_freq, t.positions, t.slots, t.q, t.k_cache, t.v_cache, k);
 }
 
@@ -318,5 +339,6 @@ static int bench() {
 
 int main(int argc, char** argv) {
     const char* mode = argc > 1 ? argv[1] : "test";
+    allow_rings();
     return !strcmp(mode, "bench") ? bench() : test();
 }

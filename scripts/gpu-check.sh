@@ -25,8 +25,8 @@
 # request of both arms 128 tokens long, with the decode time per token and the engine's wait for
 # grammar masks per step; target cost <= 5%), sampling (the sampling kernel alone,
 # .gpu/sampling-check.cu: its draws against .gpu/sampling-old.cu's byte for byte, sanitizers,
-# microseconds per launch), chain (batch-1 and batch-8 decode steps' small-M kernels in a CUDA graph
-# with programmatic launch, .gpu/decode-chain-check.cu: step time and read rate).
+# microseconds per launch), chain (decode steps' small-M kernels in a CUDA graph with programmatic
+# launch, .gpu/decode-chain-check.cu: step time and read rate; CHAIN_BATCHES, CHAIN_VARIANTS).
 # Logs and JSON are written to a work folder and packed into $OUT/results.tgz (the device tool
 # returns at most 8 files); $OUT/summary.txt is also printed last.
 # Only reads the GPU's state; never changes a GPU setting.
@@ -125,37 +125,64 @@ if has attention; then
   done
 fi
 
-# Small-M products alone (kernels/gemv.cu): tests on fresh random data for M 1..8, then the
-# 8B model's decode products against cuBLASLt's heuristic choice.
+# Small-M products alone (kernels/gemv.cu): tests on fresh random data for M 1..8 with every M on
+# tensor cores (GEMV_MMA_FROM=1) and every M on CUDA cores (9), then the 8B model's decode products
+# against cuBLASLt's heuristic choice in the backend's geometry (GEMV_DEFINES, as plan.rs passes).
+GEMV_DEFINES=${GEMV_DEFINES:-"-DGEMV_ROWS=4 -DGEMV_WARPS=4 -DGEMV_MMA_FROM=2 -DGEMV_MMA_WARPS=8 -DGEMV_MMA_CHUNK=64 -DGEMV_MMA_STAGES=4"}
+SHAPE_DEFINES="-DHIDDEN=4096 -DHEAD_DIM=128 -DNUM_Q_HEADS=32 -DNUM_KV_HEADS=8 -DINTERMEDIATE=14336 -DQKV_BIAS=0 -DQK_NORM=0 -DRMS_EPS=1e-5f -DSWIGLU_VEC=4 -DRMS_THREADS=1024"
 if has gemv; then
   A=$OUT/gemv
   mkdir -p "$A"
-  if nvcc -O3 -arch=sm_90a -std=c++17 -I"$G/kernels" -DGEMV_ROWS=4 -DGEMV_WARPS=4 -DHIDDEN=4096 -DHEAD_DIM=128 -DNUM_Q_HEADS=32 -DNUM_KV_HEADS=8 -DINTERMEDIATE=14336 -DQKV_BIAS=0 -DQK_NORM=0 -DRMS_EPS=1e-5f -DSWIGLU_VEC=4 -Xptxas -v "$G/gemv-check.cu" -lcublasLt -o "$A/gemv-check" >"$A/build.log" 2>&1; then
-    "$A/gemv-check" test >"$A/test.log" 2>&1
-    note "gemv tests: rc=$? $(grep -h '^RESULT' "$A/test.log")"
-    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$A/gemv-check" test >"$A/sanitizer.log" 2>&1
-    note "compute-sanitizer memcheck gemv-check: rc=$? $(grep -E 'ERROR SUMMARY' "$A/sanitizer.log" | tail -1)"
-    timeout 240 "$A/gemv-check" bench >"$A/bench.log" 2>&1
+  built=1
+  for from in 1 9 default; do
+    defines="$GEMV_DEFINES"
+    [ "$from" = default ] || defines="$GEMV_DEFINES -DGEMV_MMA_FROM=$from"
+    # A later -D of the same name wins (nvcc warns).
+    nvcc -O3 -arch=sm_90a -std=c++17 -I"$G/kernels" $defines $SHAPE_DEFINES -Xptxas -v "$G/gemv-check.cu" -lcublasLt -o "$A/gemv-check-$from" >"$A/build-$from.log" 2>&1 &
+  done
+  wait
+  for from in 1 9 default; do
+    [ -x "$A/gemv-check-$from" ] || { built=0; note "gemv-check ($from) BUILD FAILED: $(grep -m3 error "$A/build-$from.log")"; }
+  done
+  if [ $built = 1 ]; then
+    for from in 1 9; do
+      "$A/gemv-check-$from" test >"$A/test-$from.log" 2>&1
+      note "gemv tests, GEMV_MMA_FROM=$from: rc=$? $(grep -h '^RESULT' "$A/test-$from.log")"
+    done
+    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$A/gemv-check-1" test >"$A/sanitizer.log" 2>&1
+    note "compute-sanitizer memcheck gemv-check (tensor cores at every M): rc=$? $(grep -E 'ERROR SUMMARY' "$A/sanitizer.log" | tail -1)"
+    timeout 240 "$A/gemv-check-default" bench >"$A/bench.log" 2>&1
     note "gemv bench: rc=$?"
     grep -h '^RESULT' "$A/bench.log" >>"$SUMMARY"
-  else
-    note "gemv-check BUILD FAILED: $(grep -m3 error "$A/build.log")"
   fi
 fi
 
-# A decode step's launch chain at batches 1 and 8 (the small-M kernels and stand-ins for the
-# rest) in a CUDA graph with programmatic launch, .gpu/decode-chain-check.cu: step time and read rate.
+# A decode step's launch chain (the small-M kernels and stand-ins for the rest) in a CUDA graph with
+# programmatic launch, .gpu/decode-chain-check.cu: step time and read rate, for each batch of
+# CHAIN_BATCHES (default "1 8") and each variant of CHAIN_VARIANTS ("name=defines;...", each added
+# after GEMV_DEFINES; default: the backend's geometry alone).
 if has chain; then
   A=$OUT/chain
   mkdir -p "$A"
-  for m in 1 8; do
-    if nvcc -O3 -arch=sm_90a -std=c++17 -I"$G/kernels" -I"$G" -DCHAIN_M=$m -DGEMV_ROWS=4 -DGEMV_WARPS=4 -DHIDDEN=4096 -DHEAD_DIM=128 -DNUM_Q_HEADS=32 -DNUM_KV_HEADS=8 -DINTERMEDIATE=14336 -DQKV_BIAS=0 -DQK_NORM=0 -DRMS_EPS=1e-5f -DRMS_THREADS=1024 "$G/decode-chain-check.cu" -o "$A/decode-chain-check-$m" >"$A/build-$m.log" 2>&1; then
-      timeout 120 "$A/decode-chain-check-$m" >"$A/run-$m.log" 2>&1
-      note "decode chain, batch $m: rc=$?"
-      grep -h '^RESULT' "$A/run-$m.log" >>"$SUMMARY"
-    else
-      note "decode-chain-check BUILD FAILED: $(grep -m3 error "$A/build-$m.log")"
-    fi
+  IFS=';' read -ra variants <<<"${CHAIN_VARIANTS:-backend=}"
+  for m in ${CHAIN_BATCHES:-1 8}; do
+    for v in "${variants[@]}"; do
+      name=${v%%=*}
+      nvcc -O3 -arch=sm_90a -std=c++17 -I"$G/kernels" -I"$G" -DCHAIN_M=$m $GEMV_DEFINES ${v#*=} $SHAPE_DEFINES "$G/decode-chain-check.cu" -o "$A/chain-$m-$name" >"$A/build-$m-$name.log" 2>&1 &
+    done
+  done
+  wait
+  for m in ${CHAIN_BATCHES:-1 8}; do
+    for v in "${variants[@]}"; do
+      name=${v%%=*}
+      if [ -x "$A/chain-$m-$name" ]; then
+        timeout 120 "$A/chain-$m-$name" >"$A/run-$m-$name.log" 2>&1
+        note "decode chain, batch $m, $name: rc=$?"
+        grep -h '^RESULT' "$A/run-$m-$name.log" | sed "s/^RESULT /RESULT [$name] /" >>"$SUMMARY"
+      else
+        note "decode-chain-check ($name) BUILD FAILED: $(grep -m3 error "$A/build-$m-$name.log")"
+      fi
+    done
   done
 fi
 

@@ -531,6 +531,26 @@ impl CudaBackend {
                     CudaInitError::Device(format!("prefill attention shared memory: {e}"))
                 })?;
         }
+        // The tensor-core small-M entries' rings are above the default 48 KiB too.
+        for m in 1..=plan::GEMV_MAX_M {
+            let shared = params.gemv_geometry(m).shared_bytes;
+            if shared == 0 {
+                continue;
+            }
+            for f in [
+                &kernels.gemv[m - 1],
+                &kernels.gemv_swiglu[m - 1],
+                &kernels.gemv_qkv_rope[m - 1],
+            ] {
+                f.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    i32::try_from(shared).unwrap_or(i32::MAX),
+                )
+                .map_err(|e| {
+                    CudaInitError::Device(format!("small-M product shared memory: {e}"))
+                })?;
+            }
+        }
         let t_kernels = compile_started.elapsed();
 
         // Step buffers are sized for the configured sequence limit, or for the cap when it is
@@ -984,10 +1004,12 @@ impl CudaBackend {
         (m, n, k): (usize, usize, usize),
     ) -> Result<(), BackendError> {
         if small_m {
-            return self.launch(
+            let geometry = self.params.gemv_geometry(m);
+            return self.launch_with_shared(
                 &self.kernels.gemv[m - 1],
-                (to_u32(n.div_ceil(plan::GEMV_ROWS), "product rows")?, 1, 1),
-                (plan::GEMV_WARPS * 32) as u32,
+                (to_u32(n.div_ceil(geometry.rows), "product rows")?, 1, 1),
+                geometry.threads as u32,
+                geometry.shared_bytes as u32,
                 &[
                     Arg::Ptr(x),
                     Arg::Ptr(w),
@@ -1371,14 +1393,16 @@ impl CudaBackend {
         let (hidden, intermediate) = (self.params.hidden, self.params.intermediate);
         let (normed, mlp) = (self.act.normed.ptr(), self.act.mlp.ptr());
         if small_m && plan::swiglu_fuses(intermediate) {
-            return self.launch(
+            let geometry = self.params.gemv_geometry(t);
+            return self.launch_with_shared(
                 &self.kernels.gemv_swiglu[t - 1],
                 (
-                    to_u32(intermediate / plan::GEMV_PAIRS, "intermediate")?,
+                    to_u32(intermediate / (geometry.rows / 2), "intermediate")?,
                     1,
                     1,
                 ),
-                (plan::GEMV_WARPS * 32) as u32,
+                geometry.threads as u32,
+                geometry.shared_bytes as u32,
                 &[
                     Arg::Ptr(normed),
                     Arg::Ptr(gate_up_w),
@@ -1442,14 +1466,16 @@ impl CudaBackend {
             Arg::Ptr(self.kv.values(layer)),
         );
         if fused {
-            return self.launch(
+            let geometry = self.params.gemv_geometry(t);
+            return self.launch_with_shared(
                 &self.kernels.gemv_qkv_rope[t - 1],
                 (
-                    to_u32(heads * head_dim / plan::GEMV_ROWS, "product rows")?,
+                    to_u32(heads * head_dim / geometry.rows, "product rows")?,
                     1,
                     1,
                 ),
-                (plan::GEMV_WARPS * 32) as u32,
+                geometry.threads as u32,
+                geometry.shared_bytes as u32,
                 &[
                     Arg::Ptr(normed),
                     Arg::Ptr(qkv_w),

@@ -236,6 +236,7 @@ mod tests {
                 qk_norm: norm,
                 sliding_window: 0,
                 flash: crate::backend::cuda::plan::flash_geometry(head_dim, "sm_90a"),
+                gemv_tensor_cores: true,
             };
             for family in &FAMILIES {
                 match compile_family(family, &params, "sm_90a") {
@@ -273,6 +274,7 @@ mod tests {
             qk_norm: false,
             sliding_window: 0,
             flash: crate::backend::cuda::plan::flash_geometry(16, "sm_90a"),
+            gemv_tensor_cores: true,
         };
         let err = compile_family(&broken, &params, "sm_90a").expect_err("must fail");
         let text = err.to_string();

@@ -160,6 +160,9 @@ pub struct KernelParams {
     pub sliding_window: usize,
     /// The prefill attention kernel's launch geometry on the target architecture.
     pub flash: super::plan::FlashGeometry,
+    /// Whether the target architecture has the small-M products' tensor-core path
+    /// (`plan::gemv_tensor_cores`).
+    pub gemv_tensor_cores: bool,
 }
 
 impl KernelParams {
@@ -178,14 +181,21 @@ impl KernelParams {
             qk_norm: config.qk_norm,
             sliding_window: config.sliding_window.unwrap_or(0),
             flash: super::plan::flash_geometry(config.head_dim, ""),
+            gemv_tensor_cores: false,
         }
     }
 
-    /// The same parameters for kernels compiled for `arch` (the prefill attention geometry
-    /// depends on it).
+    /// The same parameters for kernels compiled for `arch` (the prefill attention geometry and
+    /// the small-M products' path depend on it).
     pub fn for_arch(mut self, arch: &str) -> Self {
         self.flash = super::plan::flash_geometry(self.head_dim, arch);
+        self.gemv_tensor_cores = super::plan::gemv_tensor_cores(arch);
         self
+    }
+
+    /// The launch geometry of the small-M entries for `m` rows of x.
+    pub fn gemv_geometry(&self, m: usize) -> super::plan::GemvGeometry {
+        super::plan::gemv_geometry(m, super::plan::gemv_mma_from(self.gemv_tensor_cores))
     }
 
     /// The `#define` block prepended to every family. Floats are written with `{:e}` so they
@@ -211,6 +221,13 @@ impl KernelParams {
             ("GEMV_ROWS", super::plan::GEMV_ROWS),
             ("RMS_THREADS", super::plan::RMS_THREADS),
             ("GEMV_WARPS", super::plan::GEMV_WARPS),
+            (
+                "GEMV_MMA_FROM",
+                super::plan::gemv_mma_from(self.gemv_tensor_cores),
+            ),
+            ("GEMV_MMA_WARPS", super::plan::GEMV_MMA_WARPS),
+            ("GEMV_MMA_CHUNK", super::plan::GEMV_MMA_CHUNK),
+            ("GEMV_MMA_STAGES", super::plan::GEMV_MMA_STAGES),
             ("F_WGMMA", usize::from(self.flash.wgmma)),
             ("F_ROWS", self.flash.rows),
             ("F_KEYS", self.flash.keys),
@@ -335,6 +352,7 @@ mod tests {
             qk_norm: false,
             sliding_window: 0,
             flash: super::super::plan::flash_geometry(128, ""),
+            gemv_tensor_cores: true,
         }
     }
 

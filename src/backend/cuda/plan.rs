@@ -48,22 +48,93 @@ pub fn small_m_fits(m: usize, n: usize, k: usize) -> bool {
     (1..=GEMV_MAX_M).contains(&m) && n > 0 && k > 0 && k.is_multiple_of(8)
 }
 
-/// Pairs of weight rows a block of the fused small-M products combines in its epilogue (gate and
-/// up rows, or the two halves of a head's rotary pairs): half of `GEMV_ROWS`.
-pub const GEMV_PAIRS: usize = GEMV_ROWS / 2;
+/// Rows of x from which the small-M products run on tensor cores (`mma.sync` m16n8k16, on sm_80
+/// or newer), passed as `GEMV_MMA_FROM` (one past `GEMV_MAX_M` where the device has none): in a
+/// decode graph they read the weights at 87% of copy bandwidth for 8 rows, where the CUDA-core
+/// loop's 8 multiply-adds per weight held it to 55%; a single row keeps the CUDA-core loop (98%
+/// against 90%; docs/benchmarks.md, 2026-11-29).
+pub const GEMV_MMA_FROM: usize = 2;
+
+/// Warps per block of the tensor-core small-M products (they split K), passed as `GEMV_MMA_WARPS`.
+pub const GEMV_MMA_WARPS: usize = 8;
+
+/// Values of K per chunk a warp of the tensor-core small-M products copies into shared memory at a
+/// time (128 bytes of each row), passed as `GEMV_MMA_CHUNK`.
+pub const GEMV_MMA_CHUNK: usize = 64;
+
+/// Chunks in each warp's shared-memory ring of the tensor-core small-M products (all but one in
+/// flight), passed as `GEMV_MMA_STAGES`.
+pub const GEMV_MMA_STAGES: usize = 4;
+
+/// Weight rows a block of the tensor-core small-M products owns (the m16n8k16 product's 16 rows).
+const GEMV_MMA_ROWS: usize = 16;
+
+/// The rows of x from which the small-M products run on tensor cores, on a device that has them
+/// or not: `GEMV_MMA_FROM`, or one past `GEMV_MAX_M` (never).
+pub fn gemv_mma_from(tensor_cores: bool) -> usize {
+    if tensor_cores {
+        GEMV_MMA_FROM
+    } else {
+        GEMV_MAX_M + 1
+    }
+}
+
+/// Whether kernels compiled for `arch` (`sm_80`, `sm_90a`, ...) have the small-M products'
+/// `mma.sync`: sm_80 or newer.
+pub fn gemv_tensor_cores(arch: &str) -> bool {
+    arch.strip_prefix("sm_")
+        .map(|digits| digits.trim_end_matches('a'))
+        .and_then(|digits| digits.parse::<u32>().ok())
+        .is_some_and(|number| number >= 80)
+}
+
+/// How the small-M entries of `kernels/gemv.cu` for M rows of x are launched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemvGeometry {
+    /// Weight rows a block owns (half of them paired with the other half in the fused entries).
+    pub rows: usize,
+    /// Threads per block.
+    pub threads: usize,
+    /// Dynamic shared memory per block: the tensor-core path's rings (each warp's
+    /// `GEMV_MMA_STAGES` slots of 16 weight rows and 8 rows of x, each `GEMV_MMA_CHUNK` + 8
+    /// values long), as `GemvShape::ring_bytes` in the kernel.
+    pub shared_bytes: usize,
+}
+
+/// The launch geometry of the small-M entries for `m` rows of x (`gemv_mma_from` from the
+/// device).
+pub fn gemv_geometry(m: usize, mma_from: usize) -> GemvGeometry {
+    if m >= mma_from {
+        GemvGeometry {
+            rows: GEMV_MMA_ROWS,
+            threads: GEMV_MMA_WARPS * 32,
+            shared_bytes: GEMV_MMA_WARPS
+                * GEMV_MMA_STAGES
+                * (GEMV_MMA_ROWS + GEMV_MAX_M)
+                * (GEMV_MMA_CHUNK + 8)
+                * 2,
+        }
+    } else {
+        GemvGeometry {
+            rows: GEMV_ROWS,
+            threads: GEMV_WARPS * 32,
+            shared_bytes: 0,
+        }
+    }
+}
 
 /// Whether the small-M gate/up product can apply SwiGLU itself (`gemv_swiglu_mM`): its blocks
-/// own `GEMV_PAIRS` gate rows and the matching up rows, so the MLP width must be a whole number
-/// of them.
+/// own half their rows' worth of gate rows and the matching up rows (2 or 8, by path), so the
+/// MLP width must be a whole number of the larger count.
 pub fn swiglu_fuses(intermediate: usize) -> bool {
-    intermediate.is_multiple_of(GEMV_PAIRS)
+    intermediate.is_multiple_of(GEMV_MMA_ROWS / 2)
 }
 
 /// Whether the small-M q/k/v product can do the rope write itself (`gemv_qkv_rope_mM`): its
-/// blocks own `GEMV_PAIRS` rotary pairs of one head, so half a head must be a whole number of
-/// them, and a per-head norm (which needs the whole head first) rules it out.
+/// blocks own rotary pairs of one head (2 or 8, by path), so half a head must be a whole number
+/// of the larger count, and a per-head norm (which needs the whole head first) rules it out.
 pub fn rope_write_fuses(head_dim: usize, qk_norm: bool) -> bool {
-    !qk_norm && head_dim.is_multiple_of(2 * GEMV_PAIRS)
+    !qk_norm && head_dim.is_multiple_of(GEMV_MMA_ROWS)
 }
 
 /// Threads per block of the split reduction of the decode attention kernel, passed to
@@ -345,10 +416,36 @@ mod tests {
         assert!(swiglu_fuses(14_336));
         assert!(swiglu_fuses(160));
         assert!(!swiglu_fuses(161));
+        // Whole tensor-core blocks of 8 pairs, not only the CUDA-core blocks' 2.
+        assert!(!swiglu_fuses(164));
         assert!(rope_write_fuses(128, false));
         assert!(rope_write_fuses(16, false));
         assert!(!rope_write_fuses(128, true));
         assert!(!rope_write_fuses(6, false));
+        assert!(!rope_write_fuses(8, false));
+    }
+
+    #[test]
+    fn small_m_geometry_follows_the_path() {
+        assert!(gemv_tensor_cores("sm_90a"));
+        assert!(gemv_tensor_cores("sm_80"));
+        assert!(gemv_tensor_cores("sm_120"));
+        assert!(!gemv_tensor_cores("sm_75"));
+        assert!(!gemv_tensor_cores(""));
+        let from = gemv_mma_from(true);
+        let single = gemv_geometry(1, from);
+        assert_eq!(
+            (single.rows, single.threads, single.shared_bytes),
+            (GEMV_ROWS, GEMV_WARPS * 32, 0)
+        );
+        let eight = gemv_geometry(8, from);
+        assert_eq!((eight.rows, eight.threads), (16, GEMV_MMA_WARPS * 32));
+        // 8 warps x 4 slots x 24 rows x 72 values x 2 bytes: above the default 48 KiB, so the
+        // entries opt in at load, and below the 227 KiB a block may have.
+        assert_eq!(eight.shared_bytes, 110_592);
+        assert!(eight.shared_bytes <= 227 * 1024);
+        // Without tensor cores every M takes the CUDA-core geometry.
+        assert_eq!(gemv_geometry(8, gemv_mma_from(false)), single);
     }
 
     #[test]
