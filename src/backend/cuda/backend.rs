@@ -1028,8 +1028,8 @@ impl CudaBackend {
     /// the weights come from memory, as in a step), and records the faster path per shape; or,
     /// unless `options.measure_products`, the small-M kernel wherever it fits. The gate/up and
     /// q/k/v products are timed with the work that follows them in a step (SwiGLU, the rope
-    /// write), which the small-M path folds into its epilogue where it can: what is compared is
-    /// what a step would run.
+    /// write), which the small-M path folds into its epilogue where it can, and in a CUDA graph,
+    /// as decode steps run them: what is compared is what a step would run.
     fn choose_small_m_products(&mut self) -> Result<(), BackendError> {
         const REPS: usize = 8;
         // Layers cycled through per timing: enough that no weight is read from L2 twice.
@@ -1128,18 +1128,10 @@ impl CudaBackend {
                         }
                     }
                 };
+                let reps = REPS.max(weights.len().min(TIMED_LAYERS));
                 let mut took = [std::time::Duration::ZERO; 2];
                 for (path, small_m) in [(0, true), (1, false)] {
-                    for i in 0..2 {
-                        run(self, small_m, i)?;
-                    }
-                    self.stream.synchronize().map_err(dev("product timing"))?;
-                    let started = Instant::now();
-                    for i in 0..REPS.max(weights.len().min(TIMED_LAYERS)) {
-                        run(self, small_m, i)?;
-                    }
-                    self.stream.synchronize().map_err(dev("product timing"))?;
-                    took[path] = started.elapsed();
+                    took[path] = self.time_in_graph(reps, |backend, i| run(backend, small_m, i))?;
                 }
                 self.gemm.record_small_m((m, n, k), took[0] < took[1]);
                 if m == 1 {
@@ -1155,6 +1147,39 @@ impl CudaBackend {
             "small-M products measured against cuBLASLt"
         );
         Ok(())
+    }
+
+    /// Wall time of one replay of `run(self, 0..reps)` captured as a CUDA graph, as decode steps
+    /// launch products (in a graph, with programmatic launch, the gaps between kernels are not a
+    /// stream's). `run` first goes twice eagerly (so cuBLASLt plans outside the capture), and the
+    /// graph is uploaded and replayed once before the timed replay.
+    fn time_in_graph(
+        &mut self,
+        reps: usize,
+        mut run: impl FnMut(&mut Self, usize) -> Result<(), BackendError>,
+    ) -> Result<Duration, BackendError> {
+        for i in 0..2 {
+            run(self, i)?;
+        }
+        self.stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(dev("beginning a product timing capture"))?;
+        let captured = (0..reps).try_for_each(|i| run(self, i));
+        let graph = self
+            .stream
+            .end_capture(CUgraphInstantiate_flags(0))
+            .map_err(dev("ending a product timing capture"));
+        captured?;
+        let graph = graph?.ok_or_else(|| {
+            BackendError::Device("capturing a product timing: empty graph".into())
+        })?;
+        graph.upload().map_err(dev("uploading a product timing"))?;
+        graph.launch().map_err(dev("product timing"))?;
+        self.stream.synchronize().map_err(dev("product timing"))?;
+        let started = Instant::now();
+        graph.launch().map_err(dev("product timing"))?;
+        self.stream.synchronize().map_err(dev("product timing"))?;
+        Ok(started.elapsed())
     }
 
     /// Attention of one layer into `act.attn`: the tiled prefill kernel when the step carries
