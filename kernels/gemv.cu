@@ -176,37 +176,45 @@ __device__ __forceinline__ void gemv_partials_mma(const bf16* __restrict__ x,
             *reinterpret_cast<uint4*>(&ring[warp][slot][ROWS + M + rest / slices][(rest % slices) * 8]) = make_uint4(0, 0, 0, 0);
         }
     }
-    // Copies chunk c into slot `slot`: slice p is row p / slices (x's row p / slices - ROWS after
-    // the weight rows), values (p % slices) * 8...
-    const auto copy_chunk = [&](int c, int slot) {
+    // Copies slices [begin, end) of chunk c into slot `slot`: slice p is row p / slices (x's row
+    // p / slices - ROWS after the weight rows), values (p % slices) * 8...; x through L1, where the
+    // SM's other blocks read the same slices (warp w of every block takes the same share of K).
+    const auto copy_slices = [&](int c, int slot, int begin, int end) {
 #pragma unroll
-        for (int p = lane; p < pieces; p += 32) {
+        for (int p = begin + lane; p < end; p += 32) {
             const int r = p / slices;
             const int kk = c * chunk + (p % slices) * 8;
-            const bf16* src = r < ROWS ? rows.row(r, k) : x + (size_t)(r - ROWS) * k;
             const unsigned int dst = ring_base + slot * slot_bytes + 2u * (unsigned int)(r * pitch + (p % slices) * 8);
+            const int at = kk < k ? kk : 0;
             if (r < ROWS) {
-                copy16_async(dst, src + (kk < k ? kk : 0), kk < k);
+                copy16_async(dst, rows.row(r, k) + at, kk < k);
             } else {
-                // x is read by every block: through L1, where the SM's other blocks find it.
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src + (kk < k ? kk : 0)), "r"(kk < k ? 16 : 0));
+                copy16_async_cached(dst, x + (size_t)(r - ROWS) * k + at, kk < k);
             }
         }
     };
+    constexpr int weight_slices = ROWS * slices;
     // ldmatrix row addresses of this lane within a slot: A, row lane % 16 at values (lane / 16) * 8;
     // B, x's row lane % 8 at values (lane / 8) * 8 (four 8-value matrices: two 16-value steps).
     const unsigned int a_offset = 2u * (unsigned int)((lane & 15) * pitch + (lane >> 4) * 8);
     const unsigned int b_offset = 2u * (unsigned int)((ROWS + (lane & 7)) * pitch + (lane >> 3) * 8);
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-    await_previous_kernels();
-
+    // The first chunks' weights do not depend on the previous kernel: their copies start before
+    // the wait (in a decode graph, 3-4% off a batch-2 or batch-8 step; docs/benchmarks.md,
+    // 2026-11-29), x's after it. The first commit group holds them all, so the first wait waits
+    // for all of them; later groups hold one chunk each.
 #pragma unroll
     for (int s = 0; s < stages - 1; ++s) {
-        if (s < count) copy_chunk(c_begin + s, s);
+        if (s < count) copy_slices(c_begin + s, s, 0, weight_slices);
+    }
+    await_previous_kernels();
+#pragma unroll
+    for (int s = 0; s < stages - 1; ++s) {
+        if (s < count) copy_slices(c_begin + s, s, weight_slices, pieces);
         asm volatile("cp.async.commit_group;");
     }
     for (int j = 0; j < count; ++j) {
-        if (j + stages - 1 < count) copy_chunk(c_begin + j + stages - 1, (j + stages - 1) % stages);
+        if (j + stages - 1 < count) copy_slices(c_begin + j + stages - 1, (j + stages - 1) % stages, 0, pieces);
         asm volatile("cp.async.commit_group;");
         asm volatile("cp.async.wait_group %0;" ::"n"(stages - 1) : "memory");
         __syncwarp();
