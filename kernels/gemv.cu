@@ -176,20 +176,34 @@ __device__ __forceinline__ void gemv_partials_mma(const bf16* __restrict__ x,
             *reinterpret_cast<uint4*>(&ring[warp][slot][ROWS + M + rest / slices][(rest % slices) * 8]) = make_uint4(0, 0, 0, 0);
         }
     }
-    // Copies slices [begin, end) of chunk c into slot `slot`: slice p is row p / slices (x's row
-    // p / slices - ROWS after the weight rows), values (p % slices) * 8...; x through L1, where the
-    // SM's other blocks read the same slices (warp w of every block takes the same share of K).
+    // This lane's slices of every chunk: slice lane + 32 i is row r = (lane + 32 i) / slices (x's
+    // row r - ROWS after the weight rows), values column[i]... of the chunk; its source at chunk 0
+    // and its place in a slot, computed once (the copies of a chunk then only add c * chunk).
+    constexpr int per_lane = (pieces + 31) / 32;
+    const bf16* source[per_lane];
+    unsigned int slot_offset[per_lane];
+    int column[per_lane];
+#pragma unroll
+    for (int i = 0; i < per_lane; ++i) {
+        const int p = min(lane + 32 * i, pieces - 1);
+        const int r = p / slices;
+        column[i] = (p % slices) * 8;
+        source[i] = (r < ROWS ? rows.row(r, k) : x + (size_t)(r - ROWS) * k) + column[i];
+        slot_offset[i] = 2u * (unsigned int)(r * pitch + column[i]);
+    }
+    // Copies this lane's slices among [begin, end) of chunk c into slot `slot` (begin a multiple
+    // of 32); x through L1, where the SM's other blocks read the same slices (warp w of every
+    // block takes the same share of K), the weights past it.
     const auto copy_slices = [&](int c, int slot, int begin, int end) {
 #pragma unroll
-        for (int p = begin + lane; p < end; p += 32) {
-            const int r = p / slices;
-            const int kk = c * chunk + (p % slices) * 8;
-            const unsigned int dst = ring_base + slot * slot_bytes + 2u * (unsigned int)(r * pitch + (p % slices) * 8);
-            const int at = kk < k ? kk : 0;
-            if (r < ROWS) {
-                copy16_async(dst, rows.row(r, k) + at, kk < k);
+        for (int i = begin / 32; i < (end + 31) / 32; ++i) {
+            if (lane + 32 * i >= end) continue;
+            const bool inside = c * chunk + column[i] < k;
+            const unsigned int dst = ring_base + slot * slot_bytes + slot_offset[i];
+            if (32 * i < ROWS * slices) {
+                copy16_async(dst, source[i] + (inside ? c * chunk : 0), inside);
             } else {
-                copy16_async_cached(dst, x + (size_t)(r - ROWS) * k + at, kk < k);
+                copy16_async_cached(dst, source[i] + (inside ? c * chunk : 0), inside);
             }
         }
     };

@@ -202,7 +202,7 @@ static int test(uint64_t seed) {
 static int bench() {
     const double copy_bw = copy_bandwidth();
 
-    const std::vector<int> batches = {1, 16, 64, 256};
+    const std::vector<int> batches = {1, 2, 4, 8, 16, 64, 256};
     const std::vector<int> contexts = {1024, 4096, 16384, 32768};
     const size_t max_tokens = (size_t)256 * 32768;
     const size_t pool_elems = max_tokens * ROW_ELEMS;
