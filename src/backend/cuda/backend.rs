@@ -417,7 +417,14 @@ impl CudaBackend {
             name,
             took: t_context,
         } = device;
-        let params = KernelParams::from_config(cfg).for_arch(&arch);
+        let shared_per_block = usize::try_from(
+            ctx.attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(|e| CudaInitError::Device(format!("shared memory per block: {e}")))?,
+        )
+        .unwrap_or(0);
+        let params = KernelParams::from_config(cfg).for_device(&arch, shared_per_block);
         if let Some(why) = params.unsupported() {
             return Err(CudaInitError::Unsupported(why));
         }

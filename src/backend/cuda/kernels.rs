@@ -185,11 +185,12 @@ impl KernelParams {
         }
     }
 
-    /// The same parameters for kernels compiled for `arch` (the prefill attention geometry and
-    /// the small-M products' path depend on it).
-    pub fn for_arch(mut self, arch: &str) -> Self {
+    /// The same parameters for kernels compiled for `arch` whose blocks may opt into
+    /// `shared_per_block` bytes of shared memory (the prefill attention geometry and the small-M
+    /// products' path depend on them).
+    pub fn for_device(mut self, arch: &str, shared_per_block: usize) -> Self {
         self.flash = super::plan::flash_geometry(self.head_dim, arch);
-        self.gemv_tensor_cores = super::plan::gemv_tensor_cores(arch);
+        self.gemv_tensor_cores = super::plan::gemv_tensor_cores(arch, shared_per_block);
         self
     }
 
@@ -399,7 +400,7 @@ mod tests {
     /// The prefill geometry for the target architecture reaches the source.
     #[test]
     fn defines_carry_the_architecture_s_prefill_geometry() {
-        let text = params().for_arch("sm_90a").defines();
+        let text = params().for_device("sm_90a", 227 * 1024).defines();
         for needle in [
             "#define F_WGMMA 1\n",
             "#define F_ROWS 128\n",

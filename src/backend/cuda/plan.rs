@@ -50,7 +50,7 @@ pub fn small_m_fits(m: usize, n: usize, k: usize) -> bool {
 
 /// Rows of x from which the small-M products run on tensor cores (`mma.sync` m16n8k16, on sm_80
 /// or newer), passed as `GEMV_MMA_FROM` (one past `GEMV_MAX_M` where the device has none): in a
-/// decode graph they read the weights at 87% of copy bandwidth for 8 rows, where the CUDA-core
+/// decode graph they read the weights at 89% of copy bandwidth for 8 rows, where the CUDA-core
 /// loop's 8 multiply-adds per weight held it to 55%; a single row keeps the CUDA-core loop (98%
 /// against 90%; docs/benchmarks.md, 2026-11-29).
 pub const GEMV_MMA_FROM: usize = 2;
@@ -79,13 +79,22 @@ pub fn gemv_mma_from(tensor_cores: bool) -> usize {
     }
 }
 
-/// Whether kernels compiled for `arch` (`sm_80`, `sm_90a`, ...) have the small-M products'
-/// `mma.sync`: sm_80 or newer.
-pub fn gemv_tensor_cores(arch: &str) -> bool {
-    arch.strip_prefix("sm_")
+/// Dynamic shared memory per block of the tensor-core small-M products: each warp's
+/// `GEMV_MMA_STAGES` ring slots of 16 weight rows and 8 rows of x, each `GEMV_MMA_CHUNK` + 8
+/// values long (`GemvShape::ring_bytes` in the kernel).
+pub const GEMV_MMA_SHARED_BYTES: usize =
+    GEMV_MMA_WARPS * GEMV_MMA_STAGES * (GEMV_MMA_ROWS + GEMV_MAX_M) * (GEMV_MMA_CHUNK + 8) * 2;
+
+/// Whether the small-M products can take their tensor-core path on a device whose kernels are
+/// compiled for `arch` (`sm_80`, `sm_90a`, ...) and whose blocks may opt into
+/// `shared_per_block` bytes of shared memory: `mma.sync` needs sm_80 or newer, and the rings
+/// must fit (108 KiB: sm_80 and Hopper allow 163 and 227 KiB, sm_86, sm_89 and sm_120 only 99).
+pub fn gemv_tensor_cores(arch: &str, shared_per_block: usize) -> bool {
+    let sm = arch
+        .strip_prefix("sm_")
         .map(|digits| digits.trim_end_matches('a'))
-        .and_then(|digits| digits.parse::<u32>().ok())
-        .is_some_and(|number| number >= 80)
+        .and_then(|digits| digits.parse::<u32>().ok());
+    sm.is_some_and(|number| number >= 80) && GEMV_MMA_SHARED_BYTES <= shared_per_block
 }
 
 /// How the small-M entries of `kernels/gemv.cu` for M rows of x are launched.
@@ -95,9 +104,7 @@ pub struct GemvGeometry {
     pub rows: usize,
     /// Threads per block.
     pub threads: usize,
-    /// Dynamic shared memory per block: the tensor-core path's rings (each warp's
-    /// `GEMV_MMA_STAGES` slots of 16 weight rows and 8 rows of x, each `GEMV_MMA_CHUNK` + 8
-    /// values long), as `GemvShape::ring_bytes` in the kernel.
+    /// Dynamic shared memory per block (`GEMV_MMA_SHARED_BYTES` on the tensor-core path).
     pub shared_bytes: usize,
 }
 
@@ -108,11 +115,7 @@ pub fn gemv_geometry(m: usize, mma_from: usize) -> GemvGeometry {
         GemvGeometry {
             rows: GEMV_MMA_ROWS,
             threads: GEMV_MMA_WARPS * 32,
-            shared_bytes: GEMV_MMA_WARPS
-                * GEMV_MMA_STAGES
-                * (GEMV_MMA_ROWS + GEMV_MAX_M)
-                * (GEMV_MMA_CHUNK + 8)
-                * 2,
+            shared_bytes: GEMV_MMA_SHARED_BYTES,
         }
     } else {
         GemvGeometry {
@@ -427,11 +430,13 @@ mod tests {
 
     #[test]
     fn small_m_geometry_follows_the_path() {
-        assert!(gemv_tensor_cores("sm_90a"));
-        assert!(gemv_tensor_cores("sm_80"));
-        assert!(gemv_tensor_cores("sm_120"));
-        assert!(!gemv_tensor_cores("sm_75"));
-        assert!(!gemv_tensor_cores(""));
+        const HOPPER: usize = 227 * 1024;
+        assert!(gemv_tensor_cores("sm_90a", HOPPER));
+        assert!(gemv_tensor_cores("sm_80", 163 * 1024));
+        assert!(!gemv_tensor_cores("sm_75", HOPPER));
+        assert!(!gemv_tensor_cores("", HOPPER));
+        // sm_86 and sm_89 blocks may opt into 99 KiB only: the rings do not fit.
+        assert!(!gemv_tensor_cores("sm_89", 99 * 1024));
         let from = gemv_mma_from(true);
         let single = gemv_geometry(1, from);
         assert_eq!(
@@ -441,9 +446,8 @@ mod tests {
         let eight = gemv_geometry(8, from);
         assert_eq!((eight.rows, eight.threads), (16, GEMV_MMA_WARPS * 32));
         // 8 warps x 4 slots x 24 rows x 72 values x 2 bytes: above the default 48 KiB, so the
-        // entries opt in at load, and below the 227 KiB a block may have.
+        // entries opt in at load.
         assert_eq!(eight.shared_bytes, 110_592);
-        assert!(eight.shared_bytes <= 227 * 1024);
         // Without tensor cores every M takes the CUDA-core geometry.
         assert_eq!(gemv_geometry(8, gemv_mma_from(false)), single);
     }
