@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::result as drv;
 use cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaGraph, CudaStream};
 use indicatif::ProgressBar;
 
 use crate::backend::BackendPhases;
@@ -718,6 +718,29 @@ impl CudaBackend {
         self.phases
     }
 
+    /// Records what `record` launches on the stream as a CUDA graph and instantiates it (`what`
+    /// names the graph in an error). Returns the graph and when the recording ended; the time
+    /// after that went to instantiation.
+    fn capture(
+        &mut self,
+        what: impl FnOnce() -> String,
+        record: impl FnOnce(&mut Self) -> Result<(), BackendError>,
+    ) -> Result<(CudaGraph, Instant), BackendError> {
+        self.stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(dev("beginning graph capture"))?;
+        let recorded = record(self);
+        let recorded_at = Instant::now();
+        let graph = self
+            .stream
+            .end_capture(CUgraphInstantiate_flags(0))
+            .map_err(dev("ending graph capture"));
+        recorded?;
+        let graph = graph?
+            .ok_or_else(|| BackendError::Device(format!("capturing {}: empty graph", what())))?;
+        Ok((graph, recorded_at))
+    }
+
     /// Captures the decode forward pass for every batch-size bucket. Each bucket first runs
     /// once eagerly on padding inputs, so cuBLASLt plans its products and every module is
     /// loaded before capture; the graph is then uploaded so its first replay costs no set-up.
@@ -732,20 +755,10 @@ impl CudaBackend {
             self.forward(&layout, splits)?;
             self.stream.synchronize().map_err(dev("graph warm-up"))?;
             let warmed = Instant::now();
-            self.stream
-                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .map_err(dev("beginning graph capture"))?;
-            let captured = self.forward(&layout, splits);
-            let graph = self
-                .stream
-                .end_capture(CUgraphInstantiate_flags(0))
-                .map_err(dev("ending graph capture"));
-            captured?;
-            let graph = graph?.ok_or_else(|| {
-                BackendError::Device(format!(
-                    "capturing the decode step of {bucket} rows: empty graph"
-                ))
-            })?;
+            let (graph, _) = self.capture(
+                || format!("the decode step of {bucket} rows"),
+                |backend| backend.forward(&layout, splits),
+            )?;
             let instantiated = Instant::now();
             let graph = StepGraph::new(graph);
             graph.upload().map_err(dev("uploading a graph"))?;
@@ -784,22 +797,12 @@ impl CudaBackend {
             let mut segments = Vec::with_capacity(layers + 1);
             for segment in 0..=layers {
                 let started = Instant::now();
-                self.stream
-                    .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                    .map_err(dev("beginning graph capture"))?;
-                let captured = self.segment(&layout, segment);
-                let recorded = Instant::now();
-                let graph = self
-                    .stream
-                    .end_capture(CUgraphInstantiate_flags(0))
-                    .map_err(dev("ending graph capture"));
+                let (graph, recorded) = self.capture(
+                    || format!("segment {segment} of a {bucket}-token step"),
+                    |backend| backend.segment(&layout, segment),
+                )?;
                 let instantiated = Instant::now();
-                captured?;
-                let graph = StepGraph::new(graph?.ok_or_else(|| {
-                    BackendError::Device(format!(
-                        "capturing segment {segment} of a {bucket}-token step: empty graph"
-                    ))
-                })?);
+                let graph = StepGraph::new(graph);
                 graph.upload().map_err(dev("uploading a graph"))?;
                 took[1] += recorded - started;
                 took[2] += instantiated - recorded;
@@ -1168,18 +1171,10 @@ impl CudaBackend {
         for i in 0..2 {
             run(self, i)?;
         }
-        self.stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(dev("beginning a product timing capture"))?;
-        let captured = (0..reps).try_for_each(|i| run(self, i));
-        let graph = self
-            .stream
-            .end_capture(CUgraphInstantiate_flags(0))
-            .map_err(dev("ending a product timing capture"));
-        captured?;
-        let graph = graph?.ok_or_else(|| {
-            BackendError::Device("capturing a product timing: empty graph".into())
-        })?;
+        let (graph, _) = self.capture(
+            || "a product timing".to_string(),
+            |backend| (0..reps).try_for_each(|i| run(backend, i)),
+        )?;
         graph.upload().map_err(dev("uploading a product timing"))?;
         graph.launch().map_err(dev("product timing"))?;
         self.stream.synchronize().map_err(dev("product timing"))?;
