@@ -14,7 +14,7 @@
 //                      lane reads 16 bytes (8 values) of every owned row per step, GEMV_UNROLL
 //                      steps in flight, and reuses each 16-byte slice of x for all owned rows.
 //   M >= GEMV_MMA_FROM tensor cores (mma.sync, sm_80 or newer; the host passes GEMV_MMA_FROM 9
-//                      where there are none): a block of GEMV_MMA_WARPS warps owns 16 rows, each
+//                      where there are none or a block cannot have the rings): a block of GEMV_MMA_WARPS warps owns 16 rows, each
 //                      warp streams its share of K through a ring of GEMV_MMA_STAGES
 //                      shared-memory slots (dynamic shared memory, GemvShape::ring_bytes).
 // Either way the block splits K over its warps (split-K inside the block, so no atomics and no
@@ -45,16 +45,17 @@ struct GemvShape {
 
 // The weight rows a block owns: row r of the block is row `first + r` of w, or, from r = `split`
 // on, row `first + half + r - split` (a paired block's second half); rows past `last` (the end of
-// a ragged product) read `last` again and are not written.
+// a ragged product) read `last` again and are not written. Row numbers are ints: in size_t the
+// same arithmetic compiled gemv_m1 to 55 registers instead of 60 and made a batch-1 step 0.7%
+// slower in a graph (docs/benchmarks.md, 2026-11-29).
 struct GemvRows {
     const bf16* w;
-    size_t first;
-    size_t half;
+    int first;
+    int half;
     int split;
-    size_t last;
+    int last;
     __device__ __forceinline__ const bf16* row(int r, int k) const {
-        const size_t index = first + (r < split ? (size_t)r : half + r - split);
-        return w + (index < last ? index : last) * k;
+        return w + (size_t)min(first + (r < split ? r : half + r - split), last) * k;
     }
 };
 
@@ -296,7 +297,7 @@ __device__ __forceinline__ void gemv_plain(const bf16* __restrict__ x,
     constexpr int ROWS = GemvShape<M>::rows;
     __shared__ float partial[GemvShape<M>::warps][M][ROWS];
     const int row0 = blockIdx.x * ROWS;
-    gemv_partials<M>(x, GemvRows{w, (size_t)row0, 0, ROWS, (size_t)n - 1}, k, partial);
+    gemv_partials<M>(x, GemvRows{w, row0, 0, ROWS, n - 1}, k, partial);
     for (int i = threadIdx.x; i < M * ROWS; i += blockDim.x) {
         const int m = i / ROWS;
         const int r = i % ROWS;
@@ -313,7 +314,7 @@ __device__ __forceinline__ void gemv_swiglu(const bf16* __restrict__ x,
     constexpr int PAIRS = GemvShape<M>::pairs;
     __shared__ float partial[GemvShape<M>::warps][M][ROWS];
     const int i0 = blockIdx.x * PAIRS;
-    gemv_partials<M>(x, GemvRows{w, (size_t)i0, INTERMEDIATE, PAIRS, ~(size_t)0}, k, partial);
+    gemv_partials<M>(x, GemvRows{w, i0, INTERMEDIATE, PAIRS, 0x7fffffff}, k, partial);
     for (int j = threadIdx.x; j < M * PAIRS; j += blockDim.x) {
         const int m = j / PAIRS;
         const int p = j % PAIRS;
@@ -340,7 +341,7 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* __restrict__ x,
     constexpr int blocks_per_head = GEMV_HALF_HEAD / PAIRS;
     const int h = blockIdx.x / blocks_per_head;
     const int d0 = (blockIdx.x % blocks_per_head) * PAIRS;
-    gemv_partials<M>(x, GemvRows{w, (size_t)h * HEAD_DIM + d0, GEMV_HALF_HEAD, PAIRS, ~(size_t)0}, k, partial);
+    gemv_partials<M>(x, GemvRows{w, h * HEAD_DIM + d0, GEMV_HALF_HEAD, PAIRS, 0x7fffffff}, k, partial);
     const bool is_q = h < NUM_Q_HEADS;
     const bool is_v = h >= NUM_Q_HEADS + NUM_KV_HEADS;
     for (int j = threadIdx.x; j < M * PAIRS; j += blockDim.x) {
