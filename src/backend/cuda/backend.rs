@@ -1005,6 +1005,26 @@ impl CudaBackend {
         (x | w).is_multiple_of(16) && self.gemm.uses_small_m(dims)
     }
 
+    /// A small-M entry `f` for `m` rows of x over a product of `n` weight rows, in the geometry
+    /// of its path (`plan::gemv_geometry`): one block per `rows` weight rows (the fused entries'
+    /// widths are whole numbers of blocks, `plan::swiglu_fuses` and `plan::rope_write_fuses`).
+    fn launch_small_m(
+        &self,
+        f: &CudaFunction,
+        m: usize,
+        n: usize,
+        args: &[Arg],
+    ) -> Result<(), BackendError> {
+        let geometry = self.params.gemv_geometry(m);
+        self.launch_with_shared(
+            f,
+            (to_u32(n.div_ceil(geometry.rows), "product rows")?, 1, 1),
+            geometry.threads as u32,
+            geometry.shared_bytes as u32,
+            args,
+        )
+    }
+
     /// One product by the small-M kernel (`small_m`, which `plan::small_m_fits` must allow and
     /// whose x and w must be 16-byte aligned) or by cuBLASLt.
     fn product(
@@ -1014,12 +1034,10 @@ impl CudaBackend {
         (m, n, k): (usize, usize, usize),
     ) -> Result<(), BackendError> {
         if small_m {
-            let geometry = self.params.gemv_geometry(m);
-            return self.launch_with_shared(
+            return self.launch_small_m(
                 &self.kernels.gemv[m - 1],
-                (to_u32(n.div_ceil(geometry.rows), "product rows")?, 1, 1),
-                geometry.threads as u32,
-                geometry.shared_bytes as u32,
+                m,
+                n,
                 &[
                     Arg::Ptr(x),
                     Arg::Ptr(w),
@@ -1420,16 +1438,10 @@ impl CudaBackend {
         let (hidden, intermediate) = (self.params.hidden, self.params.intermediate);
         let (normed, mlp) = (self.act.normed.ptr(), self.act.mlp.ptr());
         if small_m && plan::swiglu_fuses(intermediate) {
-            let geometry = self.params.gemv_geometry(t);
-            return self.launch_with_shared(
+            return self.launch_small_m(
                 &self.kernels.gemv_swiglu[t - 1],
-                (
-                    to_u32(intermediate / (geometry.rows / 2), "intermediate")?,
-                    1,
-                    1,
-                ),
-                geometry.threads as u32,
-                geometry.shared_bytes as u32,
+                t,
+                2 * intermediate,
                 &[
                     Arg::Ptr(normed),
                     Arg::Ptr(gate_up_w),
@@ -1493,16 +1505,10 @@ impl CudaBackend {
             Arg::Ptr(self.kv.values(layer)),
         );
         if fused {
-            let geometry = self.params.gemv_geometry(t);
-            return self.launch_with_shared(
+            return self.launch_small_m(
                 &self.kernels.gemv_qkv_rope[t - 1],
-                (
-                    to_u32(heads * head_dim / geometry.rows, "product rows")?,
-                    1,
-                    1,
-                ),
-                geometry.threads as u32,
-                geometry.shared_bytes as u32,
+                t,
+                heads * head_dim,
                 &[
                     Arg::Ptr(normed),
                     Arg::Ptr(qkv_w),
