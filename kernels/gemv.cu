@@ -10,13 +10,15 @@
 //                     per-head norm needs the whole head; the host keeps the separate kernel).
 //
 // Two paths, by M (GemvShape; all sizes from the host, src/backend/cuda/plan.rs):
+//   M >= GEMV_MMA_FROM tensor cores (mma.sync, sm_80 or newer): a block of GEMV_MMA_WARPS warps
+//                      owns 16 rows; each warp streams its share of K's weights through a ring
+//                      of GEMV_MMA_STAGES shared-memory slots (dynamic shared memory,
+//                      GemvShape::ring_bytes) and x's through registers. The host passes
+//                      GEMV_MMA_FROM 1 (every M), or 9 where there are no tensor cores or a
+//                      block cannot have the rings.
 //   M < GEMV_MMA_FROM  CUDA cores: a block of GEMV_WARPS warps owns GEMV_ROWS weight rows; each
 //                      lane reads 16 bytes (8 values) of every owned row per step, GEMV_UNROLL
 //                      steps in flight, and reuses each 16-byte slice of x for all owned rows.
-//   M >= GEMV_MMA_FROM tensor cores (mma.sync, sm_80 or newer; the host passes GEMV_MMA_FROM 9
-//                      where there are none or a block cannot have the rings): a block of GEMV_MMA_WARPS warps owns 16 rows, each
-//                      warp streams its share of K through a ring of GEMV_MMA_STAGES
-//                      shared-memory slots (dynamic shared memory, GemvShape::ring_bytes).
 // Either way the block splits K over its warps (split-K inside the block, so no atomics and no
 // second pass) and the warps merge their partial sums in shared memory. gemv_mM's block owns
 // consecutive rows; the fused entries' blocks own `pairs` consecutive rows of a first half and
@@ -28,8 +30,8 @@
 #define GEMV_STEP (32 * 8)
 #define GEMV_HALF_HEAD (HEAD_DIM / 2)
 #define GEMV_MMA_ROWS 16
-// Rows of a ring slot: the 16 weight rows, then 8 rows of x (rows M.. zero).
-#define GEMV_MMA_SLOT_ROWS (GEMV_MMA_ROWS + 8)
+// Values of K per ring slot of the tensor-core path: 128 bytes of each weight row.
+#define GEMV_MMA_CHUNK 64
 
 // The block geometry of the M-row entries: which inner loop, how many weight rows and warps a
 // block has, and its dynamic shared memory (plan::gemv_geometry on the host).
@@ -39,8 +41,7 @@ struct GemvShape {
     static constexpr int rows = tensor_cores ? GEMV_MMA_ROWS : GEMV_ROWS;
     static constexpr int pairs = rows / 2;
     static constexpr int warps = tensor_cores ? GEMV_MMA_WARPS : GEMV_WARPS;
-    static constexpr int ring_bytes =
-        tensor_cores ? warps * GEMV_MMA_STAGES * GEMV_MMA_SLOT_ROWS * (GEMV_MMA_CHUNK + 8) * 2 : 0;
+    static constexpr int ring_bytes = tensor_cores ? warps * GEMV_MMA_STAGES * GEMV_MMA_ROWS * GEMV_MMA_CHUNK * 2 : 0;
 };
 
 // The weight rows a block owns: row r of the block is row `first + r` of w, or, from r = `split`
@@ -140,12 +141,16 @@ __device__ __forceinline__ void gemv_partials_fma(const bf16* __restrict__ x,
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 // The same sums on tensor cores: each warp multiplies the block's 16 weight rows (the A operand of
 // mma.sync m16n8k16) by x's M rows (the 8-column B operand, columns M.. zero) over its share of K,
-// in chunks of GEMV_MMA_CHUNK values. A chunk's weight rows and x rows are copied into the warp's
-// own ring of GEMV_MMA_STAGES shared-memory slots with cp.async (a 16-byte slice per lane,
-// consecutive lanes on consecutive slices of a row, so a load instruction reads whole 128-byte
-// lines), the next chunks' copies in flight while this one is multiplied; both operands' fragments
-// come from the ring with ldmatrix (rows padded by 16 bytes, so the eight rows of a matrix fall in
-// different banks). Two accumulator sets alternate by 16-value step.
+// in chunks of GEMV_MMA_CHUNK (64) values. The weights stream through the warp's own ring of
+// GEMV_MMA_STAGES shared-memory slots (128 bytes of each row per slot, copied with cp.async, a
+// load instruction reading whole 128-byte lines), x straight into registers as many chunks ahead:
+// the ring holds weights alone, so more of them are in flight per SM (staging x through the ring
+// too held a step at 89% of copy bandwidth for 8 rows, this 95%; docs/benchmarks.md, 2026-11-29).
+// K is permuted within each 32-value group, the same way for both operands: lane (g, t) takes
+// values 8t..8t+7 of the group (one 16-byte word) of weight rows g and g + 8 from the ring and of
+// x's row g from global memory, and the words' halves are its fragments for the group's two
+// k-steps. The odd rows' 64-byte halves are swapped in a slot, so the 16-byte reads of a
+// quarter-warp (rows g and g + 1) hit all 32 banks once; no padding.
 template <int M, int ROWS, int WARPS>
 __device__ __forceinline__ void gemv_partials_mma(const bf16* __restrict__ x,
                                                   const GemvRows& rows,
@@ -154,102 +159,95 @@ __device__ __forceinline__ void gemv_partials_mma(const bf16* __restrict__ x,
     static_assert(ROWS == 16, "one 16-row tile per block");
     constexpr int chunk = GEMV_MMA_CHUNK;
     constexpr int stages = GEMV_MMA_STAGES;
-    static_assert(chunk % 32 == 0, "whole ldmatrix.x4 loads of x");
-    constexpr int pitch = chunk + 8;                     // bf16 per slot row
-    constexpr int slices = chunk / 8;                    // 16-byte slices per row and chunk
-    constexpr int slot_rows = GEMV_MMA_SLOT_ROWS;
-    constexpr int pieces = (ROWS + M) * slices;          // slices copied per chunk
+    constexpr int ahead = stages - 1;                   // chunks in flight while one is used
+    constexpr int slot_bytes = ROWS * chunk * 2;
+    constexpr int per_lane = ROWS * (chunk / 8) / 32;   // 16-byte pieces a lane copies per chunk
     extern __shared__ __align__(16) unsigned char gemv_dynamic[];
-    auto& ring = *reinterpret_cast<bf16 (*)[WARPS][stages][slot_rows][pitch]>(gemv_dynamic);
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2;
+    const int t = lane & 3;
     const int chunks = (k + chunk - 1) / chunk;
     const int per_warp = (chunks + WARPS - 1) / WARPS;
     const int c_begin = min(chunks, warp * per_warp);
     const int count = min(chunks, c_begin + per_warp) - c_begin;
-    const unsigned int ring_base = shared_address(&ring[warp][0][0][0]);
-    constexpr unsigned int slot_bytes = 2u * slot_rows * pitch;
-    // x's rows M.. stay zero in every slot (B's unused columns).
-    if constexpr (M < 8) {
-        for (int i = lane; i < stages * (8 - M) * slices; i += 32) {
-            const int slot = i / ((8 - M) * slices), rest = i % ((8 - M) * slices);
-            *reinterpret_cast<uint4*>(&ring[warp][slot][ROWS + M + rest / slices][(rest % slices) * 8]) = make_uint4(0, 0, 0, 0);
-        }
-    }
-    // This lane's slices of every chunk: slice lane + 32 i is row r = (lane + 32 i) / slices (x's
-    // row r - ROWS after the weight rows), values column[i]... of the chunk; its source at chunk 0
-    // and its place in a slot, computed once (the copies of a chunk then only add c * chunk).
-    constexpr int per_lane = (pieces + 31) / 32;
+    const unsigned char* ring = gemv_dynamic + (size_t)warp * stages * slot_bytes;
+    const unsigned int ring_base = shared_address(ring);
+    // This lane's pieces of a chunk: piece p = lane + 32 i is 16-byte piece p % 8 of row p / 8;
+    // its source at chunk 0 and its place in a slot, computed once.
     const bf16* source[per_lane];
-    unsigned int slot_offset[per_lane];
+    unsigned int place[per_lane];
     int column[per_lane];
 #pragma unroll
     for (int i = 0; i < per_lane; ++i) {
-        const int p = min(lane + 32 * i, pieces - 1);
-        const int r = p / slices;
-        column[i] = (p % slices) * 8;
-        source[i] = (r < ROWS ? rows.row(r, k) : x + (size_t)(r - ROWS) * k) + column[i];
-        slot_offset[i] = 2u * (unsigned int)(r * pitch + column[i]);
+        const int p = lane + 32 * i;
+        const int r = p / 8, piece = p % 8;
+        column[i] = piece * 8;
+        source[i] = rows.row(r, k) + column[i];
+        place[i] = (unsigned int)(r * 128 + (piece ^ ((r & 1) << 2)) * 16);
     }
-    // Copies this lane's slices among [begin, end) of chunk c into slot `slot` (begin a multiple
-    // of 32); x through L1, where the SM's other blocks read the same slices (warp w of every
-    // block takes the same share of K), the weights past it.
-    const auto copy_slices = [&](int c, int slot, int begin, int end) {
+    const auto copy_weights = [&](int c, int slot) {
 #pragma unroll
-        for (int i = begin / 32; i < (end + 31) / 32; ++i) {
-            if (lane + 32 * i >= end) continue;
+        for (int i = 0; i < per_lane; ++i) {
             const bool inside = c * chunk + column[i] < k;
-            const unsigned int dst = ring_base + slot * slot_bytes + slot_offset[i];
-            if (32 * i < ROWS * slices) {
-                copy16_async(dst, source[i] + (inside ? c * chunk : 0), inside);
-            } else {
-                copy16_async_cached(dst, source[i] + (inside ? c * chunk : 0), inside);
-            }
+            copy16_async(ring_base + slot * slot_bytes + place[i], source[i] + (inside ? c * chunk : 0), inside);
         }
     };
-    constexpr int weight_slices = ROWS * slices;
-    // ldmatrix row addresses of this lane within a slot: A, row lane % 16 at values (lane / 16) * 8;
-    // B, x's row lane % 8 at values (lane / 8) * 8 (four 8-value matrices: two 16-value steps).
-    const unsigned int a_offset = 2u * (unsigned int)((lane & 15) * pitch + (lane >> 4) * 8);
-    const unsigned int b_offset = 2u * (unsigned int)((ROWS + (lane & 7)) * pitch + (lane >> 3) * 8);
+    const bf16* x_row = x + (size_t)min(g, M - 1) * k + 8 * t;
+    const auto load_x = [&](int c, uint4 (&words)[2]) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+            const bool inside = g < M && c * chunk + 32 * q + 8 * t < k;
+            words[q] = inside ? __ldg(reinterpret_cast<const uint4*>(x_row + c * chunk + 32 * q)) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    // Lane (g, t)'s word of row g for group 0 (group 1: the other 64-byte half), and of row g + 8.
+    const int read_low = g * 128 + (g & 1) * 64 + 16 * t;
+    const int read_high = read_low + 8 * 128;
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    uint4 xw[stages][2];
     // The first chunks' weights do not depend on the previous kernel: their copies start before
     // the wait (in a decode graph, 3-4% off a batch-2 or batch-8 step; docs/benchmarks.md,
-    // 2026-11-29), x's after it. The first commit group holds them all, so the first wait waits
-    // for all of them; later groups hold one chunk each.
+    // 2026-11-29), x's loads after it. One commit group per chunk.
 #pragma unroll
-    for (int s = 0; s < stages - 1; ++s) {
-        if (s < count) copy_slices(c_begin + s, s, 0, weight_slices);
+    for (int s = 0; s < ahead; ++s) {
+        if (s < count) copy_weights(c_begin + s, s);
+        asm volatile("cp.async.commit_group;");
     }
     await_previous_kernels();
 #pragma unroll
-    for (int s = 0; s < stages - 1; ++s) {
-        if (s < count) copy_slices(c_begin + s, s, weight_slices, pieces);
-        asm volatile("cp.async.commit_group;");
+    for (int s = 0; s < ahead; ++s) {
+        if (s < count) load_x(c_begin + s, xw[s]);
     }
-    for (int j = 0; j < count; ++j) {
-        if (j + stages - 1 < count) copy_slices(c_begin + j + stages - 1, (j + stages - 1) % stages, 0, pieces);
-        asm volatile("cp.async.commit_group;");
-        asm volatile("cp.async.wait_group %0;" ::"n"(stages - 1) : "memory");
-        __syncwarp();
-        const unsigned int slot = ring_base + (j % stages) * slot_bytes;
+    // Unrolled by the ring's length, so slot s and x's words xw[s] are named at compile time.
+    for (int j0 = 0; j0 < count; j0 += stages) {
 #pragma unroll
-        for (int pair = 0; pair < chunk / 32; ++pair) {
-            unsigned int b[4];
-            ldmatrix_x4(slot + b_offset + 64u * pair, b);
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                unsigned int a[4];
-                ldmatrix_x4(slot + a_offset + 64u * pair + 32u * half, a);
-                mma_bf16(acc[half], a, b[2 * half], b[2 * half + 1]);
+        for (int s = 0; s < stages; ++s) {
+            const int j = j0 + s;
+            if (j >= count) break;
+            const int refill = (s + ahead) % stages;  // the slot used one chunk ago
+            if (j + ahead < count) {
+                copy_weights(c_begin + j + ahead, refill);
+                load_x(c_begin + j + ahead, xw[refill]);
             }
+            asm volatile("cp.async.commit_group;");
+            asm volatile("cp.async.wait_group %0;" ::"n"(ahead) : "memory");
+            __syncwarp();
+            const unsigned char* slot = ring + s * slot_bytes;
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                const uint4 low = *reinterpret_cast<const uint4*>(slot + (read_low ^ (q << 6)));
+                const uint4 high = *reinterpret_cast<const uint4*>(slot + (read_high ^ (q << 6)));
+                const unsigned int first[4] = {low.x, high.x, low.y, high.y};
+                mma_bf16(acc[0], first, xw[s][q].x, xw[s][q].y);
+                const unsigned int second[4] = {low.z, high.z, low.w, high.w};
+                mma_bf16(acc[1], second, xw[s][q].z, xw[s][q].w);
+            }
+            __syncwarp();
         }
-        __syncwarp();
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     // Lane (g, t) holds rows g and g + 8 for columns (rows of x) 2t and 2t + 1.
-    const int t = lane & 3;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
         const int m = 2 * t + j;

@@ -129,7 +129,7 @@ fi
 # Small-M products alone (kernels/gemv.cu): tests on fresh random data for M 1..8 with every M on
 # tensor cores (GEMV_MMA_FROM=1) and every M on CUDA cores (9), then the 8B model's decode products
 # against cuBLASLt's heuristic choice in the backend's geometry (GEMV_DEFINES, as plan.rs passes).
-GEMV_DEFINES=${GEMV_DEFINES:-"-DGEMV_ROWS=4 -DGEMV_WARPS=4 -DGEMV_MMA_FROM=2 -DGEMV_MMA_WARPS=8 -DGEMV_MMA_CHUNK=64 -DGEMV_MMA_STAGES=4"}
+GEMV_DEFINES=${GEMV_DEFINES:-"-DGEMV_ROWS=4 -DGEMV_WARPS=4 -DGEMV_MMA_FROM=1 -DGEMV_MMA_WARPS=8 -DGEMV_MMA_STAGES=5"}
 SHAPE_DEFINES="-DHIDDEN=4096 -DHEAD_DIM=128 -DNUM_Q_HEADS=32 -DNUM_KV_HEADS=8 -DINTERMEDIATE=14336 -DQKV_BIAS=0 -DQK_NORM=0 -DRMS_EPS=1e-5f -DSWIGLU_VEC=4 -DRMS_THREADS=1024"
 if has gemv; then
   A=$OUT/gemv
@@ -180,6 +180,16 @@ if has chain; then
         timeout 120 "$A/chain-$m-$name" >"$A/run-$m-$name.log" 2>&1
         note "decode chain, batch $m, $name: rc=$?"
         grep -h '^RESULT' "$A/run-$m-$name.log" | sed "s/^RESULT /RESULT [$name] /" >>"$SUMMARY"
+        # CHAIN_NCU="name ...": for those variants, where the products' bytes come from (DRAM, L2,
+        # L1) and how busy each level is, for one layer's products (ncu profiles each kernel node of
+        # the graph on its own).
+        if [[ " ${CHAIN_NCU:-} " == *" $name "* ]]; then
+          timeout 200 ncu --clock-control none --cache-control none -k regex:gemv --launch-skip 40 --launch-count 4 \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__t_sector_hit_rate.pct,l1tex__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_barrier_per_warp_active.pct \
+            "$A/chain-$m-$name" >"$A/ncu-$m-$name.txt" 2>&1
+          note "ncu decode chain, batch $m, $name: rc=$?"
+          grep -E "gemv_|duration|bytes|throughput|hit_rate|warps_active|stalled" "$A/ncu-$m-$name.txt" | sed "s/^ */  /" >>"$SUMMARY"
+        fi
       else
         note "decode-chain-check ($name) BUILD FAILED: $(grep -m3 error "$A/build-$m-$name.log")"
       fi

@@ -227,7 +227,6 @@ impl KernelParams {
                 super::plan::gemv_mma_from(self.gemv_tensor_cores),
             ),
             ("GEMV_MMA_WARPS", super::plan::GEMV_MMA_WARPS),
-            ("GEMV_MMA_CHUNK", super::plan::GEMV_MMA_CHUNK),
             ("GEMV_MMA_STAGES", super::plan::GEMV_MMA_STAGES),
             ("F_WGMMA", usize::from(self.flash.wgmma)),
             ("F_ROWS", self.flash.rows),

@@ -49,22 +49,23 @@ pub fn small_m_fits(m: usize, n: usize, k: usize) -> bool {
 }
 
 /// Rows of x from which the small-M products run on tensor cores (`mma.sync` m16n8k16, on sm_80
-/// or newer), passed as `GEMV_MMA_FROM` (one past `GEMV_MAX_M` where the device has none): in a
-/// decode graph they read the weights at 89% of copy bandwidth for 8 rows, where the CUDA-core
-/// loop's 8 multiply-adds per weight held it to 55%; a single row keeps the CUDA-core loop (98%
-/// against 90%; docs/benchmarks.md, 2026-11-29).
-pub const GEMV_MMA_FROM: usize = 2;
+/// or newer), passed as `GEMV_MMA_FROM` (one past `GEMV_MAX_M` where the device has none): every
+/// M. With x's fragments in registers and the weights alone in the shared-memory rings, a decode
+/// step's products in a graph read the weights at 100% of copy bandwidth for one row (the
+/// CUDA-core loop: 97%) and 95% for eight (docs/benchmarks.md, 2026-11-29, third session).
+pub const GEMV_MMA_FROM: usize = 1;
 
 /// Warps per block of the tensor-core small-M products (they split K), passed as `GEMV_MMA_WARPS`.
 pub const GEMV_MMA_WARPS: usize = 8;
 
 /// Values of K per chunk a warp of the tensor-core small-M products copies into shared memory at a
-/// time (128 bytes of each row), passed as `GEMV_MMA_CHUNK`.
-pub const GEMV_MMA_CHUNK: usize = 64;
+/// time: 128 bytes of each row (`GEMV_MMA_CHUNK` in `kernels/gemv.cu`, fixed by its layout).
+const GEMV_MMA_CHUNK: usize = 64;
 
 /// Chunks in each warp's shared-memory ring of the tensor-core small-M products (all but one in
-/// flight), passed as `GEMV_MMA_STAGES`.
-pub const GEMV_MMA_STAGES: usize = 4;
+/// flight), passed as `GEMV_MMA_STAGES`: 5 beat 4 and 6 at batches 1 to 8 (docs/benchmarks.md,
+/// 2026-11-29, third session).
+pub const GEMV_MMA_STAGES: usize = 5;
 
 /// Weight rows a block of the tensor-core small-M products owns (the m16n8k16 product's 16 rows).
 const GEMV_MMA_ROWS: usize = 16;
@@ -80,15 +81,15 @@ pub fn gemv_mma_from(tensor_cores: bool) -> usize {
 }
 
 /// Dynamic shared memory per block of the tensor-core small-M products: each warp's
-/// `GEMV_MMA_STAGES` ring slots of 16 weight rows and 8 rows of x, each `GEMV_MMA_CHUNK` + 8
-/// values long (`GemvShape::ring_bytes` in the kernel).
+/// `GEMV_MMA_STAGES` ring slots of 16 weight rows, `GEMV_MMA_CHUNK` values each
+/// (`GemvShape::ring_bytes` in the kernel).
 pub const GEMV_MMA_SHARED_BYTES: usize =
-    GEMV_MMA_WARPS * GEMV_MMA_STAGES * (GEMV_MMA_ROWS + GEMV_MAX_M) * (GEMV_MMA_CHUNK + 8) * 2;
+    GEMV_MMA_WARPS * GEMV_MMA_STAGES * GEMV_MMA_ROWS * GEMV_MMA_CHUNK * 2;
 
 /// Whether the small-M products can take their tensor-core path on a device whose kernels are
 /// compiled for `arch` (`sm_80`, `sm_90a`, ...) and whose blocks may opt into
 /// `shared_per_block` bytes of shared memory: `mma.sync` needs sm_80 or newer, and the rings
-/// must fit (108 KiB: sm_80 and Hopper allow 163 and 227 KiB, sm_86, sm_89 and sm_120 only 99).
+/// must fit (80 KiB: sm_80 and Hopper allow 163 and 227 KiB, sm_86, sm_89 and sm_120 99).
 pub fn gemv_tensor_cores(arch: &str, shared_per_block: usize) -> bool {
     let sm = arch
         .strip_prefix("sm_")
@@ -435,21 +436,24 @@ mod tests {
         assert!(gemv_tensor_cores("sm_80", 163 * 1024));
         assert!(!gemv_tensor_cores("sm_75", HOPPER));
         assert!(!gemv_tensor_cores("", HOPPER));
-        // sm_86 and sm_89 blocks may opt into 99 KiB only: the rings do not fit.
-        assert!(!gemv_tensor_cores("sm_89", 99 * 1024));
+        // sm_86 and sm_89 blocks may opt into 99 KiB: the rings fit; 64 KiB would not.
+        assert!(gemv_tensor_cores("sm_89", 99 * 1024));
+        assert!(!gemv_tensor_cores("sm_89", 64 * 1024));
         let from = gemv_mma_from(true);
         let single = gemv_geometry(1, from);
+        let eight = gemv_geometry(8, from);
+        assert_eq!(single, eight, "every M on tensor cores");
+        assert_eq!((eight.rows, eight.threads), (16, GEMV_MMA_WARPS * 32));
+        // 8 warps x 5 slots x 16 rows x 64 values x 2 bytes: above the default 48 KiB, so the
+        // entries opt in at load.
+        assert_eq!(eight.shared_bytes, 81_920);
+        // Without tensor cores every M takes the CUDA-core geometry.
+        let cuda_cores = gemv_geometry(8, gemv_mma_from(false));
         assert_eq!(
-            (single.rows, single.threads, single.shared_bytes),
+            (cuda_cores.rows, cuda_cores.threads, cuda_cores.shared_bytes),
             (GEMV_ROWS, GEMV_WARPS * 32, 0)
         );
-        let eight = gemv_geometry(8, from);
-        assert_eq!((eight.rows, eight.threads), (16, GEMV_MMA_WARPS * 32));
-        // 8 warps x 4 slots x 24 rows x 72 values x 2 bytes: above the default 48 KiB, so the
-        // entries opt in at load.
-        assert_eq!(eight.shared_bytes, 110_592);
-        // Without tensor cores every M takes the CUDA-core geometry.
-        assert_eq!(gemv_geometry(8, gemv_mma_from(false)), single);
+        assert_eq!(gemv_geometry(1, gemv_mma_from(false)), cuda_cores);
     }
 
     #[test]
