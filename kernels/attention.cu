@@ -24,6 +24,10 @@
 // or, when the token has a single partition, its normalised output straight to `out` (bf16
 // [T, NUM_Q_HEADS * HEAD_DIM]), the same values attention_reduce would write: a launch whose
 // `splits` is 1 (large batches) then needs no reduction launch at all.
+// A launch of at most ATTN_MERGE_SPLITS splits (from the host) merges them itself: the last of a
+// token's blocks to finish (a count per token and KV head in `merge_counts`, zero between
+// launches: that block resets it) reads the others' partials and writes the output, so no
+// reduction launch follows; a launch of more splits leaves them to attention_reduce.
 // The block-table stride (max_blocks) is read from device memory, so a captured launch serves
 // any table length.
 // attention_reduce: grid (T, NUM_Q_HEADS), ATTN_REDUCE_THREADS threads, merges the token's splits
@@ -457,11 +461,13 @@ paged_attention(const bf16* __restrict__ q,
                 const int* __restrict__ positions,
                 float* __restrict__ part_acc,
                 float* __restrict__ part_ml,
+                int* __restrict__ merge_counts,
                 int splits,
                 float scale,
                 bf16* __restrict__ out) {
     await_previous_kernels();
     __shared__ float sm_m[ATTN_WARPS][GROUP];
+    __shared__ int merges_here;
     __shared__ float sm_l[ATTN_WARPS][GROUP];
     __shared__ __align__(16) float sm_acc[ATTN_WARPS][GROUP][HEAD_DIM];
 
@@ -517,6 +523,56 @@ paged_attention(const bf16* __restrict__ q,
             part_ml[(head * splits + split) * 2] = big;
             part_ml[(head * splits + split) * 2 + 1] = total;
         }
+    }
+    if (mine == 1 || splits > ATTN_MERGE_SPLITS) return;
+    // Few splits: the token's last block to finish merges them (attention_reduce's arithmetic),
+    // so no reduction launch follows. Every block publishes its partials, then counts itself in;
+    // the block that brings the count to `mine` resets it for the next launch and merges.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int* count = merge_counts + (size_t)t * NUM_KV_HEADS + kvh;
+        merges_here = atomicAdd(count, 1) == mine - 1;
+        if (merges_here) *count = 0;
+    }
+    __syncthreads();
+    if (!merges_here) return;
+    __threadfence();
+    // One float4 of one head's output per thread; the other blocks' partials are read from L2.
+    for (int i = threadIdx.x; i < GROUP * HEAD_DIM / 4; i += blockDim.x) {
+        const int g = i / (HEAD_DIM / 4);
+        const int c = i % (HEAD_DIM / 4);
+        const size_t head = (size_t)t * NUM_Q_HEADS + kvh * GROUP + g;
+        const float2* ml = reinterpret_cast<const float2*>(part_ml) + head * splits;
+        const float4* acc = reinterpret_cast<const float4*>(part_acc + head * splits * HEAD_DIM) + c;
+        float2 parts[ATTN_MERGE_SPLITS];
+        float big = -INFINITY;
+#pragma unroll
+        for (int s = 0; s < ATTN_MERGE_SPLITS; ++s) {
+            parts[s] = s < mine ? __ldcg(ml + s) : make_float2(-INFINITY, 0.0f);
+            big = fmaxf(big, parts[s].x);
+        }
+        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float total = 0.0f;
+        if (big != -INFINITY) {
+#pragma unroll
+            for (int s = 0; s < ATTN_MERGE_SPLITS; ++s) {
+                if (s >= mine) break;
+                const float f = exp2f(parts[s].x - big);
+                const float4 v = __ldcg(acc + (size_t)s * (HEAD_DIM / 4));
+                total += parts[s].y * f;
+                a.x = fmaf(v.x, f, a.x);
+                a.y = fmaf(v.y, f, a.y);
+                a.z = fmaf(v.z, f, a.z);
+                a.w = fmaf(v.w, f, a.w);
+            }
+        }
+        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+        bf16* o = out + head * HEAD_DIM + 4 * c;
+        o[0] = f32_to_bf16(a.x * inv);
+        o[1] = f32_to_bf16(a.y * inv);
+        o[2] = f32_to_bf16(a.z * inv);
+        o[3] = f32_to_bf16(a.w * inv);
     }
 }
 

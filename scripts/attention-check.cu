@@ -82,14 +82,26 @@ static void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cuda
     CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
 }
 
+// Per token and KV head, the blocks of a launch that have finished (zero between launches; the
+// kernel's merging block resets its count), for up to 256 tokens.
+static int* merge_counts() {
+    static int* counts = nullptr;
+    if (!counts) {
+        CHECK(cudaMalloc(&counts, (size_t)256 * NUM_KV_HEADS * 4));
+        CHECK(cudaMemset(counts, 0, (size_t)256 * NUM_KV_HEADS * 4));
+    }
+    return counts;
+}
+
 static void launch(const uint16_t* q, const uint16_t* k, const uint16_t* v, const int* tables,
                    const int* max_blocks, const int* rows, const int* positions, float* acc,
                    float* ml, int tokens, int splits, float scale, uint16_t* out,
                    cudaStream_t stream = 0, bool programmatic = false) {
     launch_kernel(paged_attention, dim3(tokens, NUM_KV_HEADS, splits), dim3(ATTN_WARPS * 32), stream, programmatic,
-                  q, k, v, tables, max_blocks, rows, positions, acc, ml, splits, scale, out);
-    // As the backend launches it: with one partition per token the kernel wrote the output.
-    if (splits > 1)
+                  q, k, v, tables, max_blocks, rows, positions, acc, ml, merge_counts(), splits, scale, out);
+    // As the backend launches it: with one partition per token, or at most ATTN_MERGE_SPLITS,
+    // the kernel wrote the output.
+    if (splits > ATTN_MERGE_SPLITS)
         launch_kernel(attention_reduce, dim3(tokens, NUM_Q_HEADS), dim3(ATTN_REDUCE_THREADS), stream, programmatic,
                       acc, ml, positions, splits, /*all_splits=*/0, out);
 }
@@ -180,7 +192,7 @@ static int test(uint64_t seed) {
     CHECK(cudaMalloc(&dml, (size_t)tokens * NUM_Q_HEADS * max_splits * 2 * 4));
     CHECK(cudaMalloc(&dout, ref.size() * 2));
     int failures = 0;
-    for (int splits : {1, 3, 8, split_bound(tokens, max_pos + 1), max_splits}) {
+    for (int splits : {1, 3, 8, 9, split_bound(tokens, max_pos + 1), max_splits}) {
         CHECK(cudaMemset(dout, 0xff, ref.size() * 2));  // NaN everywhere: every write is checked
         launch(dq, dk, dv, dtables, dmax, drows, dpos, dacc, dml, tokens, splits, scale, dout);
         const std::vector<uint16_t> out = finish_and_download(dout, ref.size());

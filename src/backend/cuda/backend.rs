@@ -243,6 +243,9 @@ struct Activations {
     mlp: DeviceBuffer,
     part_acc: DeviceBuffer,
     part_ml: DeviceBuffer,
+    /// Per token and KV head, the decode attention blocks that have finished (zero between
+    /// launches; see `kernels/attention.cu`).
+    merge_counts: DeviceBuffer,
     logits: DeviceBuffer,
     sampled: DeviceBuffer,
     probs: DeviceBuffer,
@@ -1284,13 +1287,14 @@ impl CudaBackend {
                 self.input(layout.positions()),
                 Arg::Ptr(self.act.part_acc.ptr()),
                 Arg::Ptr(self.act.part_ml.ptr()),
+                Arg::Ptr(self.act.merge_counts.ptr()),
                 Arg::Int(splits as i32),
                 Arg::Float(scale),
                 Arg::Ptr(self.act.attn.ptr()),
             ],
         )?;
-        // With one partition per token the kernel wrote the output itself.
-        if splits > 1 {
+        // With one partition per token, or few, the kernel wrote the output itself.
+        if splits > plan::ATTN_MERGE_SPLITS {
             self.reduce_attention(layout, splits, false)
         } else {
             Ok(())
@@ -1849,6 +1853,10 @@ impl Activations {
             mlp: DeviceBuffer::new(max_tokens * cfg.intermediate_size * 2)?,
             part_acc: DeviceBuffer::new(partials * d * 4)?,
             part_ml: DeviceBuffer::new(partials * 2 * 4)?,
+            merge_counts: DeviceBuffer::from_bytes(&vec![
+                0;
+                max_tokens * cfg.num_key_value_heads * 4
+            ])?,
             logits: DeviceBuffer::new(max_rows * cfg.vocab_size * 4)?,
             sampled: DeviceBuffer::new(max_rows * SAMPLE_STRIDE * 4)?,
             probs: DeviceBuffer::new(max_rows * cfg.vocab_size * 4)?,

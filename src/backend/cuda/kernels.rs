@@ -219,6 +219,7 @@ impl KernelParams {
             ("ATTN_WARPS", super::plan::ATTN_WARPS),
             ("ATTN_MIN_PARTITION", super::plan::MIN_PARTITION),
             ("ATTN_REDUCE_THREADS", super::plan::ATTN_REDUCE_THREADS),
+            ("ATTN_MERGE_SPLITS", super::plan::ATTN_MERGE_SPLITS),
             ("GEMV_ROWS", super::plan::GEMV_ROWS),
             ("RMS_THREADS", super::plan::RMS_THREADS),
             ("GEMV_WARPS", super::plan::GEMV_WARPS),

@@ -141,6 +141,11 @@ pub fn rope_write_fuses(head_dim: usize, qk_norm: bool) -> bool {
     !qk_norm && head_dim.is_multiple_of(GEMV_MMA_ROWS)
 }
 
+/// The most splits per token a decode attention launch merges itself (the last block of a token to
+/// finish reads the others' partials), passed as `ATTN_MERGE_SPLITS`; a launch of more splits
+/// leaves the merge to `attention_reduce`, whose blocks spread a long merge over more threads.
+pub const ATTN_MERGE_SPLITS: usize = 8;
+
 /// Threads per block of the split reduction of the decode attention kernel, passed to
 /// `kernels/attention.cu` as `ATTN_REDUCE_THREADS` (a multiple of 32, at least head_dim / 4).
 pub const ATTN_REDUCE_THREADS: usize = 128;
