@@ -181,7 +181,7 @@ __device__ __forceinline__ void warp_attend_mma(const bf16* __restrict__ q_group
                                                 const bf16* __restrict__ k_cache,
                                                 const bf16* __restrict__ v_cache,
                                                 const int* __restrict__ table, int kvh, int begin, int end,
-                                                float scale, float* sm_m, float* sm_l,
+                                                int stable_end, float scale, float* sm_m, float* sm_l,
                                                 float (*sm_acc)[HEAD_DIM]) {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -189,6 +189,21 @@ __device__ __forceinline__ void warp_attend_mma(const bf16* __restrict__ q_group
     const int t = lane & 3;
     const float log2_scale = scale * LOG2E;
     const size_t head_offset = (size_t)kvh * HEAD_DIM;
+    // The first tile's keys and values below `stable_end` were written by earlier steps: they are
+    // loaded before the wait for the previous kernel (which writes this step's keys and values),
+    // so their latency overlaps its tail; a tile reaching past `stable_end` is loaded again after.
+    unsigned int kw[2][ATTN_K_CHUNKS][4];
+    unsigned int vw[4][ATTN_V_DIMS / 2];
+    int base = begin + warp * ATTN_TILE;
+    if (base < end) {
+        load_key_tile(k_cache, table, head_offset, base, min(end, stable_end), g, t, kw);
+        load_value_tile(v_cache, table, head_offset, base, min(end, stable_end), g, t, vw);
+    }
+    await_previous_kernels();
+    if (base < end && base + ATTN_TILE > stable_end) {
+        load_key_tile(k_cache, table, head_offset, base, end, g, t, kw);
+        load_value_tile(v_cache, table, head_offset, base, end, g, t, vw);
+    }
 
     // Q as A fragments: k-step 2c takes words x and y of chunk c, k-step 2c+1 words z and w.
     unsigned int qa[ATTN_K_STEPS][2];
@@ -211,13 +226,6 @@ __device__ __forceinline__ void warp_attend_mma(const bf16* __restrict__ q_group
     // Tile `base + stride` is loaded while tile `base` is used: its keys once the scores are
     // computed, its values once they are summed.
     const int stride = ATTN_WARPS * ATTN_TILE;
-    unsigned int kw[2][ATTN_K_CHUNKS][4];
-    unsigned int vw[4][ATTN_V_DIMS / 2];
-    int base = begin + warp * ATTN_TILE;
-    if (base < end) {
-        load_key_tile(k_cache, table, head_offset, base, end, g, t, kw);
-        load_value_tile(v_cache, table, head_offset, base, end, g, t, vw);
-    }
     for (; base < end; base += stride) {
         // S: s[j][e] is the score of head g for key base + 8j + 2t + e.
         float s[2][2];
@@ -465,7 +473,9 @@ paged_attention(const bf16* __restrict__ q,
                 int splits,
                 float scale,
                 bf16* __restrict__ out) {
+#if !ATTN_MMA
     await_previous_kernels();
+#endif
     __shared__ float sm_m[ATTN_WARPS][GROUP];
     __shared__ int merges_here;
     __shared__ float sm_l[ATTN_WARPS][GROUP];
@@ -489,7 +499,13 @@ paged_attention(const bf16* __restrict__ q,
     const bf16* q_group = q + ((size_t)t * NUM_Q_HEADS + kvh * GROUP) * HEAD_DIM;
     const int* table = block_tables + (size_t)(row < 0 ? 0 : row) * max_blocks;
 #if ATTN_MMA
-    warp_attend_mma(q_group, k_cache, v_cache, table, kvh, begin, end, scale, sm_m[warp], sm_l[warp], sm_acc[warp]);
+    // Keys before the first position of the token's row in this step were written by earlier
+    // steps (a row's tokens are consecutive in the step); the tensor-core path loads its first
+    // tile of those before it waits for the previous kernel. The block table, positions and rows
+    // come from the step's inputs, copied before any kernel of the step ran.
+    const int stable_end = (t == 0 || token_row[t - 1] != row) ? pos : first;
+    warp_attend_mma(q_group, k_cache, v_cache, table, kvh, begin, end, stable_end, scale, sm_m[warp], sm_l[warp],
+                    sm_acc[warp]);
 #else
     warp_attend_lanes(q_group, k_cache, v_cache, table, kvh, begin, end, scale, sm_m[warp], sm_l[warp], sm_acc[warp]);
 #endif

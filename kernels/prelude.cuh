@@ -16,7 +16,8 @@ typedef unsigned short bf16;
 // (src/backend/cuda/backend.rs), so each kernel calls this before it touches anything an earlier
 // kernel wrote or reads: it waits until those kernels have finished and their writes are
 // visible, then lets the next kernel's blocks be scheduled while this one runs. Only reads of
-// constant data (weights) may come before it. Without that launch attribute, and on older GPUs,
+// what no kernel of the step writes (weights, the step's inputs, the keys and values of earlier
+// steps) may come before it. Without that launch attribute, and on older GPUs,
 // it does nothing.
 __device__ __forceinline__ void await_previous_kernels() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
