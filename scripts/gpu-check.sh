@@ -26,7 +26,7 @@
 # grammar masks per step; target cost <= 5%), sampling (the sampling kernel alone,
 # .gpu/sampling-check.cu: its draws against .gpu/sampling-old.cu's byte for byte, sanitizers,
 # microseconds per launch), chain (decode steps' small-M kernels in a CUDA graph with programmatic
-# launch, .gpu/decode-chain-check.cu: step time and read rate; CHAIN_BATCHES, CHAIN_VARIANTS).
+# launch, .gpu/decode-chain-check.cu: step time and read rate; CHAIN_BATCHES, CHAIN_VARIANTS, CHAIN_NCU).
 # Logs and JSON are written to a work folder and packed into $OUT/results.tgz (the device tool
 # returns at most 8 files); $OUT/summary.txt is also printed last.
 # Only reads the GPU's state; never changes a GPU setting.
