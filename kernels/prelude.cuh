@@ -151,11 +151,6 @@ __device__ __forceinline__ void copy16_async(unsigned int dst, const void* src, 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 
-// The same through L1, for data the SM's other blocks read too.
-__device__ __forceinline__ void copy16_async_cached(unsigned int dst, const void* src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-
 // Two floats rounded to bf16 and packed, `lo` in the low half.
 __device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
     unsigned int packed;
