@@ -17,7 +17,8 @@
 # prefill-attention kernel alone, .gpu/prefill-check.cu: tests, memcheck, FLOP rate), sealedstart (issue 10:
 # start-up to first token of the 8B-shaped weights, plaintext then a sealed copy with a key file,
 # same run; target sealed <= 1.10x; also read-buffer-bench.c's page-size comparison and, where the
-# page cache can be dropped, a sequential read of the model and a start-up from a cold cache),
+# page cache can be dropped, a sequential read of the model and a start-up from a cold cache;
+# COLD_BINS="inferno inferno-base" starts a second binary beside, warm and cold),
 # profile (ncu: GPU time per kernel of batch-1 decode steps at
 # 1k context, eager launches, grouped by kernel), constrained (CPU and CUDA servers of the embedded
 # model agree on constrained greedy outputs, or differ only at a teacher-forced near-tie within
@@ -538,7 +539,7 @@ if has sealedstart; then
     local t0 t1 log=$1
     shift
     t0=$(date +%s.%N)
-    RUST_LOG=info $RUN "$G/inferno" serve --model "$1" --device cuda --listen 127.0.0.1:8445 \
+    RUST_LOG=info $RUN "${FT_BIN:-$G/inferno}" serve --model "$1" --device cuda --listen 127.0.0.1:8445 \
       --config /tmp/sealed-dev.toml "${@:2}" >"$OUT/$log" 2>&1 &
     local pid=$!
     for _ in $(seq 1 1200); do
@@ -559,9 +560,17 @@ if has sealedstart; then
     sealed+=("$(first_token sealedstart-sealed-$i.log $S8 --model-key-file /tmp/llama8b.key)")
   done
   note "start-up to first token: plaintext ${plain[*]} s, sealed ${sealed[*]} s (ratio of the bests $(python3 -c "print(round(min(${sealed[0]}, ${sealed[1]}) / min(${plain[0]}, ${plain[1]}), 3))"))"
+  # COLD_BINS names more binaries of .gpu (say "inferno inferno-base") to start in turn, warm
+  # here and cold below.
+  for b in ${COLD_BINS:-inferno}; do
+    [ "$b" = inferno ] && continue
+    other=()
+    for i in 1 2; do other+=("$(FT_BIN="$G/$b" first_token sealedstart-plain-$b-$i.log $M8)"); done
+    note "start-up to first token, $b: plaintext ${other[*]} s"
+  done
   for f in "$OUT"/sealedstart-plain-1.log "$OUT"/sealedstart-sealed-1.log; do
     note "$(basename "$f"):"
-    grep -E 'listening|sealed model opened|model loaded|weights uploaded|KV cache allocated|decode graphs captured|sequence limit|engine ready|ready$' "$f" | cut -c1-260 | tee -a "$SUMMARY"
+    grep -E 'listening|platform passed|sealed model opened|model loaded|weights placed|weights uploaded|KV cache allocated|decode graphs captured|sequence limit|engine ready|ready$' "$f" | cut -c1-260 | tee -a "$SUMMARY"
   done
   # From a cold page cache (issue 13 target 2: within 1 s of the disk's sequential read time):
   # the model's files read in order by one reader, then a start-up, each after dropping caches.
@@ -571,14 +580,20 @@ if has sealedstart; then
     t1=$(date +%s.%N)
     seq_read=$(python3 -c "print(round($t1 - $t0, 3))")
     bytes=$(cat $M8/* | wc -c)
-    sync && echo 3 >/proc/sys/vm/drop_caches
-    cold=$(first_token sealedstart-cold.log $M8)
-    note "cold page cache: sequential read of the model ${seq_read} s ($(python3 -c "print(round($bytes / ($t1 - $t0) / 1e9, 2))") GB/s), start-up to first token ${cold} s"
+    note "cold page cache: sequential read of the model ${seq_read} s ($(python3 -c "print(round($bytes / ($t1 - $t0) / 1e9, 2))") GB/s)"
+    for b in ${COLD_BINS:-inferno}; do
+      sync && echo 3 >/proc/sys/vm/drop_caches
+      log=sealedstart-cold.log
+      [ "$b" = inferno ] || log=sealedstart-cold-$b.log
+      cold=$(FT_BIN="$G/$b" first_token $log $M8)
+      note "cold page cache, $b: start-up to first token ${cold} s ($(python3 -c "print(round($cold - $seq_read, 3))") s over the sequential read)"
+      grep -E 'platform passed|weights placed|weights uploaded' "$OUT/$log" | cut -c1-300 | tee -a "$SUMMARY"
+    done
   else
     note "cold page cache: not measured (cannot drop the page cache here)"
   fi
   # The one-line start-up timeline (src/cli/startup.rs) of every timed run, phases in ms.
-  for f in "$OUT"/sealedstart-plain-*.log "$OUT"/sealedstart-sealed-*.log "$OUT"/sealedstart-cold.log; do
+  for f in "$OUT"/sealedstart-plain-*.log "$OUT"/sealedstart-sealed-*.log "$OUT"/sealedstart-cold*.log; do
     note "$(basename "$f" .log) timeline: $(sed 's/\x1b\[[0-9;]*m//g' "$f" | grep -o 'start-up timeline.*' | tail -1)"
   done
 fi

@@ -7,9 +7,9 @@
 use std::path::PathBuf;
 
 use inferno::backend::cpu::CpuBackend;
-use inferno::backend::cuda::{CudaBackend, CudaOptions, probe};
+use inferno::backend::cuda::{CudaBackend, CudaOptions, EarlyUpload, OpenedDevice, probe};
 use inferno::engine::{Backend, BatchRow, EngineConfig, SampleSpec, SamplingParams, StepOutput};
-use inferno::model::Model;
+use inferno::model::{Model, ModelFiles};
 
 /// Logits tolerance against the CPU backend and the fixtures' reference (both compute in fp32 over
 /// the bf16 weights): this backend rounds activations to bf16 between GEMMs (relative error
@@ -428,6 +428,66 @@ fn teacher_forced_logits_match_the_references_and_the_cpu_backend() {
         assert!(
             argmax_checks > 0,
             "{name}: no position had a margin above {MARGIN}"
+        );
+    }
+}
+
+/// `inferno serve`'s start-up path: weights copied to the GPU while the model is read, then
+/// placed on the device, give exactly the logits of the staged upload; with the GPU opened only
+/// after the read, nothing is copied early and everything goes the staged way.
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
+fn weights_copied_while_the_model_is_read_give_the_staged_uploads_logits() {
+    let reference_model = tiny_on_gpu();
+    let mut reference = cuda(&reference_model, false);
+    let seq = Seq::new(prompt(21, 7), &mut Blocks { next: 0 }, 32);
+    let expected = run_chunk(&mut reference, &seq, 0, seq.tokens.len());
+    let dir = fixtures().join("inferno-tiny");
+    let shard_bytes = std::fs::metadata(dir.join("model.safetensors"))
+        .unwrap()
+        .len() as usize;
+    for open_first in [true, false] {
+        let early = std::sync::Arc::new(EarlyUpload::new());
+        let mut opened = OpenedDevice::open(0).expect("opening the GPU");
+        if open_first {
+            opened.copy_early(early.clone());
+        }
+        let files =
+            ModelFiles::read_dir_streaming(&dir, &indicatif::ProgressBar::hidden(), &*early)
+                .expect("reading the fixture");
+        if !open_first {
+            opened.copy_early(early.clone());
+        }
+        let model = Model::from_files(&files, "inferno-tiny".into()).unwrap();
+        let options = CudaOptions {
+            measure_products: false,
+            sample_on_device: false,
+            ..CudaOptions::default()
+        };
+        let mut backend = CudaBackend::on_device(
+            opened,
+            &model,
+            &engine_config(),
+            options,
+            &indicatif::ProgressBar::hidden(),
+        )
+        .unwrap_or_else(|e| panic!("CUDA backend: {e}"));
+        let stats = early.stats();
+        println!("RESULT early upload (GPU open before the read: {open_first}): {stats:?}");
+        if open_first {
+            assert_eq!(
+                stats.bytes, shard_bytes,
+                "every shard block was copied early"
+            );
+            assert!(stats.placed > shard_bytes * 9 / 10, "{stats:?}");
+        } else {
+            assert_eq!((stats.bytes, stats.placed), (0, 0));
+        }
+        let got = run_chunk(&mut backend, &seq, 0, seq.tokens.len());
+        assert_eq!(
+            max_abs_diff(&got, &expected),
+            0.0,
+            "GPU open first: {open_first}"
         );
     }
 }

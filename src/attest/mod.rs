@@ -227,15 +227,21 @@ impl Attester {
         })
     }
 
-    /// The start-up document: policy, software version, the binding and the vTPM AK.
-    fn startup_document(&self, binding: &StartupBinding) -> Result<RuntimeData, AttestationError> {
+    /// The start-up document: policy, software version, the binding (none for the platform
+    /// check) and the vTPM AK.
+    fn startup_document(
+        &self,
+        binding: Option<&StartupBinding>,
+    ) -> Result<RuntimeData, AttestationError> {
         let mut runtime_data = RuntimeData::new(
             self.policy.digest,
             format!("inferno/{}", env!("CARGO_PKG_VERSION")),
         );
-        runtime_data.tls_spki_sha256 = Some(hex::encode(binding.tls_spki_sha256));
-        runtime_data.audit_key = binding.audit_key.map(hex::encode);
-        runtime_data.model_digest = Some(hex::encode(binding.model_digest));
+        if let Some(binding) = binding {
+            runtime_data.tls_spki_sha256 = Some(hex::encode(binding.tls_spki_sha256));
+            runtime_data.audit_key = binding.audit_key.map(hex::encode);
+            runtime_data.model_digest = Some(hex::encode(binding.model_digest));
+        }
         if let Some(tpm) = &self.tpm {
             tpm.bind_ak(&mut runtime_data)?;
         }
@@ -261,15 +267,15 @@ impl Attester {
         })
     }
 
-    /// Start-up evidence, appraised (any rejection is an error), then the GPU set ready.
-    fn startup(
+    /// Evidence over `runtime_data`, appraised (any rejection is an error; `gpu_ready_pending`
+    /// while the GPU's ready state is still to be set).
+    fn collect_passing(
         &mut self,
-        profile: AttestationProfile,
-        binding: &StartupBinding,
-    ) -> Result<StartupAttestation, AttestationError> {
-        let runtime_data = self.startup_document(binding)?;
-        let evidence = self.collect(&runtime_data)?;
-        let appraisal = self.appraise(&evidence, true);
+        runtime_data: &RuntimeData,
+        gpu_ready_pending: bool,
+    ) -> Result<(Evidence, AppraisalReport), AttestationError> {
+        let evidence = self.collect(runtime_data)?;
+        let appraisal = self.appraise(&evidence, gpu_ready_pending);
         if !appraisal.passed() {
             let reasons = appraisal
                 .failures()
@@ -281,7 +287,37 @@ impl Attester {
                 reasons,
             });
         }
+        Ok((evidence, appraisal))
+    }
+
+    /// The platform check: evidence over a document that binds no start-up value (no TLS key,
+    /// audit key or model, so it can never pass for the server's evidence), appraised like the
+    /// start-up evidence, then the GPU set ready.
+    fn check_platform(&mut self) -> Result<(), AttestationError> {
+        let runtime_data = self.startup_document(None)?;
+        let (_, appraisal) = self.collect_passing(&runtime_data, true)?;
         self.gpu.set_ready()?;
+        tracing::info!(
+            policy = %appraisal.policy_name,
+            simulated = appraisal.simulated,
+            "attestation: the platform passed; the GPU may be used before the start-up evidence"
+        );
+        Ok(())
+    }
+
+    /// Start-up evidence, appraised (any rejection is an error), then the GPU set ready unless
+    /// the platform check already did.
+    fn startup(
+        &mut self,
+        profile: AttestationProfile,
+        binding: &StartupBinding,
+        gpu_ready: bool,
+    ) -> Result<StartupAttestation, AttestationError> {
+        let runtime_data = self.startup_document(Some(binding))?;
+        let (evidence, appraisal) = self.collect_passing(&runtime_data, !gpu_ready)?;
+        if !gpu_ready {
+            self.gpu.set_ready()?;
+        }
         let appraisal_sha256 = hex::encode(pki::sha256(
             &serde_json::to_vec(&appraisal).unwrap_or_default(),
         ));
@@ -330,10 +366,42 @@ pub struct AttestationService {
     hardware_requests: Arc<AtomicU64>,
 }
 
+/// Evidence sources opened (and, when asked, the platform checked and the GPU set ready), waiting
+/// for the values the start-up evidence binds; see [`AttestationService::prepare`].
+pub struct PreparedAttestation {
+    bindings: mpsc::Sender<StartupBinding>,
+    started: mpsc::Receiver<Result<Arc<StartupAttestation>, AttestationError>>,
+    challenges: mpsc::Sender<Challenge>,
+    hardware_requests: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for PreparedAttestation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedAttestation")
+            .finish_non_exhaustive()
+    }
+}
+
+impl PreparedAttestation {
+    /// Produces and appraises the start-up evidence binding `binding` (any rejection is an
+    /// error) and keeps the worker for fresh evidence. Blocks until the evidence exists.
+    pub fn start(self, binding: StartupBinding) -> Result<AttestationService, AttestationError> {
+        let exited = || AttestationError::Task("the attestation worker exited".to_owned());
+        self.bindings.send(binding).map_err(|_| exited())?;
+        let startup = self.started.recv().map_err(|_| exited())??;
+        Ok(AttestationService {
+            startup,
+            challenges: self.challenges,
+            hardware_requests: self.hardware_requests,
+        })
+    }
+}
+
 impl AttestationService {
     /// Opens the evidence sources on a worker thread, produces and appraises the start-up
     /// evidence binding `binding` (any rejection is an error) and keeps the worker for fresh
-    /// evidence. Blocks until the start-up evidence exists.
+    /// evidence. Blocks until the start-up evidence exists. [`AttestationService::prepare`]
+    /// and [`PreparedAttestation::start`] split this in two.
     ///
     /// Hardware evidence is used whenever the machine offers it; without hardware, only the
     /// development profile falls back to the simulated TEE. `clock_floor` is the newest time
@@ -344,7 +412,23 @@ impl AttestationService {
         binding: StartupBinding,
         clock_floor: Option<ClockFloor>,
     ) -> Result<Self, AttestationError> {
+        Self::prepare(config, clock_floor, false)?.start(binding)
+    }
+
+    /// Opens the evidence sources on a worker thread, ready for [`PreparedAttestation::start`].
+    /// With `check_platform`, it first appraises the platform (CPU TEE, vTPM, GPU) on evidence
+    /// that binds no start-up value and sets the GPU ready, failing on any rejection: the GPU
+    /// may then be used (weights copied to it while the model is still read, so before its
+    /// digest is known) while nothing is served until the start-up evidence binds the digest.
+    /// Blocks until the sources are open and, with `check_platform`, the check passed.
+    pub fn prepare(
+        config: &AttestationConfig,
+        clock_floor: Option<ClockFloor>,
+        check_platform: bool,
+    ) -> Result<PreparedAttestation, AttestationError> {
         let (challenges, queue) = mpsc::channel::<Challenge>();
+        let (prepared_tx, prepared) = mpsc::channel();
+        let (binding_tx, bindings) = mpsc::channel::<StartupBinding>();
         let (started_tx, started) = mpsc::channel();
         let hardware_requests = Arc::new(AtomicU64::new(0));
         let counter = Arc::clone(&hardware_requests);
@@ -353,11 +437,27 @@ impl AttestationService {
             .name("attestation".to_owned())
             .spawn(move || {
                 let opened = Attester::open(&config, clock_floor).and_then(|mut attester| {
-                    let startup = Arc::new(attester.startup(config.profile, &binding)?);
-                    Ok((attester, startup))
+                    if check_platform {
+                        attester.check_platform()?;
+                    }
+                    Ok(attester)
                 });
-                let (mut attester, startup) = match opened {
-                    Ok(opened) => opened,
+                let mut attester = match opened {
+                    Ok(attester) => attester,
+                    Err(err) => {
+                        let _ = prepared_tx.send(Err(err));
+                        return;
+                    }
+                };
+                if prepared_tx.send(Ok(())).is_err() {
+                    return;
+                }
+                // Dropped unstarted: the worker ends.
+                let Ok(binding) = bindings.recv() else {
+                    return;
+                };
+                let startup = match attester.startup(config.profile, &binding, check_platform) {
+                    Ok(startup) => Arc::new(startup),
                     Err(err) => {
                         let _ = started_tx.send(Err(err));
                         return;
@@ -369,11 +469,12 @@ impl AttestationService {
                 serve_challenges(&mut attester, &startup.runtime_data, &queue, &counter);
             })
             .map_err(|e| AttestationError::Task(e.to_string()))?;
-        let startup = started
+        prepared
             .recv()
             .map_err(|_| AttestationError::Task("the attestation worker exited".to_owned()))??;
-        Ok(Self {
-            startup,
+        Ok(PreparedAttestation {
+            bindings: binding_tx,
+            started,
             challenges,
             hardware_requests,
         })
@@ -629,6 +730,54 @@ mod tests {
         let mut without = doc.clone();
         without.challenge_bindings.clear();
         assert_eq!(&without, &service.startup().runtime_data);
+    }
+
+    #[tokio::test]
+    #[cfg(feature = "simulated-tee")]
+    async fn a_checked_platform_then_binds_the_startup_values() {
+        let prepared =
+            AttestationService::prepare(&AttestationConfig::development(), None, true).unwrap();
+        let service = prepared.start(BINDING).unwrap();
+        let attested = service.startup();
+        assert!(attested.appraisal.passed(), "{}", attested.appraisal);
+        let doc = &attested.runtime_data;
+        assert_eq!(
+            doc.model_digest.as_deref(),
+            Some(hex::encode([5; 32]).as_str())
+        );
+        assert_eq!(
+            doc.tls_spki_sha256.as_deref(),
+            Some(hex::encode([1; 32]).as_str())
+        );
+        assert_eq!(attested.appraisal.claims.runtime_data.as_ref(), Some(doc));
+        let fresh = service.fresh([0xbb; 32]).await.unwrap();
+        assert!(fresh.appraisal.passed(), "{}", fresh.appraisal);
+        assert_eq!(
+            service.hardware_requests(),
+            1,
+            "start-up requests are not counted"
+        );
+    }
+
+    #[test]
+    #[cfg(feature = "simulated-tee")]
+    fn a_rejected_platform_fails_before_anything_is_bound() {
+        let future = time::OffsetDateTime::now_utc() + time::Duration::days(1);
+        let floor = || {
+            Some(ClockFloor::starting_at(
+                future,
+                "the audit log's newest record",
+            ))
+        };
+        let config = AttestationConfig::development();
+        let err = AttestationService::prepare(&config, floor(), true)
+            .expect_err("the platform check fails closed")
+            .to_string();
+        assert!(err.contains("time.clock_floor"), "{err}");
+        let unchecked = AttestationService::prepare(&config, floor(), false)
+            .expect("without the check, nothing is appraised before start");
+        let err = unchecked.start(BINDING).err().unwrap().to_string();
+        assert!(err.contains("time.clock_floor"), "{err}");
     }
 
     #[test]

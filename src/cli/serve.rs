@@ -6,11 +6,12 @@ use indicatif::ProgressBar;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::{setup, startup};
 use crate::attest::StartupAttestation;
-use crate::backend::cuda::{CudaInitError, OpenedDevice};
+use crate::backend::cuda::{CudaInitError, EarlyUpload, OpenedDevice};
 use crate::backend::{self, Device};
 use crate::config::{AttestationConfig, AttestationProfile, Config, ModelKeySource};
 use crate::engine::{Engine, EngineConfig, ModelInfo};
@@ -153,7 +154,10 @@ async fn serve_async(
     );
     // The start-up evidence binds the model digest, so it is known first: a sealed model's
     // manifest states it (opening the model checks every byte against it), a plaintext model is
-    // read and hashed once. The GPU is set ready and used only after that evidence passed.
+    // read and hashed once. While a plaintext model is read for the GPU, the platform is
+    // appraised (evidence binding no start-up value) and, once it passed, the GPU opened and the
+    // weight bytes copied to it as they are hashed; otherwise the GPU is opened only after the
+    // start-up evidence passed. Nothing is served before that evidence binds the digest.
     let sealed_digest = match sealed_model_digest(model_dir.as_deref()) {
         Ok(digest) => digest,
         Err(err) => {
@@ -161,27 +165,48 @@ async fn serve_async(
             return Err(err);
         }
     };
+    let mut early_device = None;
     let plaintext = match sealed_digest {
         Some(_) => None,
         None => {
+            let early = (use_cuda && model_dir.is_some()).then(|| Arc::new(EarlyUpload::new()));
             let dir = model_dir.clone();
             let progress = progress.clone();
             progress.set_message("reading");
-            let read = tokio::task::spawn_blocking(move || read_model(dir.as_deref(), &progress));
-            let model = tokio::select! {
-                model = read => model.context("model loading panicked")?,
+            let sink = early.clone();
+            let read = tokio::task::spawn_blocking(move || {
+                read_model(dir.as_deref(), &progress, sink.as_deref())
+            });
+            let read = async { read.await.context("model loading panicked")? };
+            let open_early = async {
+                let Some(early) = early else {
+                    return Ok(None);
+                };
+                server.check_platform().await?;
+                let mut opened = tokio::task::spawn_blocking(|| {
+                    OpenedDevice::open(backend::cuda::CudaOptions::default().device)
+                })
+                .await
+                .context("opening the GPU panicked")?
+                .map_err(backend::BackendInitError::from)?;
+                opened.copy_early(early);
+                anyhow::Ok(Some(opened))
+            };
+            let loaded = tokio::select! {
+                loaded = async { tokio::try_join!(read, open_early) } => loaded,
                 () = signals.recv() => {
                     tracing::info!("signal received while loading; exiting");
                     server.shutdown().await;
                     return Ok(());
                 }
             };
-            match model {
-                Ok((model, took)) => {
+            match loaded {
+                Ok(((model, took), opened)) => {
                     match &model {
                         ReadModel::Embedded(_) => timeline.parse = took,
                         ReadModel::Files(_) => timeline.read_hash = took,
                     }
+                    early_device = opened;
                     Some(model)
                 }
                 Err(err) => {
@@ -208,12 +233,22 @@ async fn serve_async(
     timeline.attest = attest_started.elapsed();
     server.record_config(config_digest, Some(attestation.policy_sha256().to_owned()));
     // The attestation passed (and set the GPU's ready state): open the GPU on another thread
-    // while the model is opened or parsed.
-    let opening = use_cuda.then(|| {
-        std::thread::spawn(|| {
-            backend::cuda::OpenedDevice::open(backend::cuda::CudaOptions::default().device)
-        })
-    });
+    // while the model is opened or parsed, unless it was opened while the model was read. A
+    // sealed model's chunks are copied to it as they are decrypted once it is open.
+    let sealed_early = (use_cuda && sealed_digest.is_some()).then(|| Arc::new(EarlyUpload::new()));
+    let opening = match early_device {
+        Some(opened) => Some(GpuOpening::Open(opened)),
+        None => use_cuda.then(|| {
+            let early = sealed_early.clone();
+            GpuOpening::Opening(std::thread::spawn(move || {
+                let mut opened = OpenedDevice::open(backend::cuda::CudaOptions::default().device)?;
+                if let Some(early) = early {
+                    opened.copy_early(early);
+                }
+                Ok(opened)
+            }))
+        }),
+    };
     // A sealed model is opened (key released, chunks decrypted and hashed) before anything
     // else touches it; every refusal is final, recorded and stops start-up.
     let open_started = Instant::now();
@@ -224,6 +259,7 @@ async fn serve_async(
         key_source,
         &attestation_config,
         &progress,
+        sealed_early,
     )
     .await
     {
@@ -282,7 +318,8 @@ async fn serve_async(
 /// When `dir` holds a sealed model: obtains its key from `source` (refusing a key file outside
 /// the development profile; asking a key broker with fresh evidence collected under
 /// `attestation`), decrypts it and records the release, or the refusal, in the audit log before
-/// returning. `None` for a plaintext model (then `source` must be absent).
+/// returning; each chunk decrypted goes to `early` as well when given. `None` for a plaintext
+/// model (then `source` must be absent).
 async fn open_sealed_model(
     server: &Server,
     startup: &StartupAttestation,
@@ -290,6 +327,7 @@ async fn open_sealed_model(
     source: Option<ModelKeySource>,
     attestation: &AttestationConfig,
     progress: &ProgressBar,
+    early: Option<Arc<EarlyUpload>>,
 ) -> anyhow::Result<Option<ModelFiles>> {
     let sealed_dir = dir.filter(|d| seal::is_sealed(d)).map(Path::to_path_buf);
     let (dir, source) = match (sealed_dir, source) {
@@ -380,7 +418,10 @@ async fn open_sealed_model(
         move || {
             let started = std::time::Instant::now();
             progress.set_message("decrypting");
-            let (manifest, files) = seal::open_sealed_reporting(&dir, &key, &progress)?;
+            let (manifest, files) = match &early {
+                Some(early) => seal::open_sealed_streaming(&dir, &key, &progress, &**early)?,
+                None => seal::open_sealed_reporting(&dir, &key, &progress)?,
+            };
             drop(key);
             let bytes: u64 = manifest.files.iter().map(|f| f.size).sum();
             let secs = started.elapsed().as_secs_f64();
@@ -510,27 +551,40 @@ enum ReadModel {
     Files(ModelFiles),
 }
 
-/// Reads (and hashes) the model directory, or loads the embedded default model when none is
-/// given, advancing `progress` by the bytes read; returns how long it took.
+/// Reads (and hashes) the model directory, handing each block to `early` when given, or loads
+/// the embedded default model when none is given, advancing `progress` by the bytes read;
+/// returns how long it took.
 fn read_model(
     dir: Option<&Path>,
     progress: &ProgressBar,
+    early: Option<&EarlyUpload>,
 ) -> anyhow::Result<(ReadModel, std::time::Duration)> {
     let started = Instant::now();
     let model = match dir {
         Some(dir) => ReadModel::Files(
-            ModelFiles::read_dir_reporting(dir, progress)
-                .with_context(|| format!("cannot load the model in {}", dir.display()))?,
+            match early {
+                Some(early) => ModelFiles::read_dir_streaming(dir, progress, early),
+                None => ModelFiles::read_dir_reporting(dir, progress),
+            }
+            .with_context(|| format!("cannot load the model in {}", dir.display()))?,
         ),
         None => ReadModel::Embedded(Box::new(setup::load_model(None)?)),
     };
     Ok((model, started.elapsed()))
 }
 
+/// The GPU for the backend: opened while the model was read, or opening on another thread.
+enum GpuOpening {
+    /// Opened (after the platform check) while the model was read.
+    Open(OpenedDevice),
+    /// Opening since the start-up attestation passed.
+    Opening(std::thread::JoinHandle<Result<OpenedDevice, CudaInitError>>),
+}
+
 /// Builds the backend for `device` and starts the engine on the model: the plaintext model read
 /// before attestation, or the opened sealed model, whose digest must be the attested `digest`.
-/// The GPU, when `opening` it started after the attestation, is used once opened. Records the
-/// phases in `timeline`; `progress` counts the bytes uploaded.
+/// The GPU (`opening`: opened while the model was read, or opening since the attestation) is
+/// used once opened. Records the phases in `timeline`; `progress` counts the bytes uploaded.
 #[allow(clippy::too_many_arguments)]
 fn start_engine(
     dir: Option<&Path>,
@@ -542,7 +596,7 @@ fn start_engine(
     served_name: Option<String>,
     mut timeline: startup::Timeline,
     progress: ProgressBar,
-    opening: Option<std::thread::JoinHandle<Result<OpenedDevice, CudaInitError>>>,
+    opening: Option<GpuOpening>,
 ) -> anyhow::Result<(ModelService, String, usize, startup::Timeline)> {
     let model = match (plaintext, sealed, dir) {
         (Some(ReadModel::Embedded(model)), _, _) => *model,
@@ -558,7 +612,8 @@ fn start_engine(
         _ => anyhow::bail!("no model to serve: neither a plaintext nor an opened sealed model"),
     };
     let opened = match opening {
-        Some(opening) => Some(
+        Some(GpuOpening::Open(opened)) => Some(opened),
+        Some(GpuOpening::Opening(opening)) => Some(
             opening
                 .join()
                 .map_err(|_| anyhow::anyhow!("opening the GPU panicked"))?

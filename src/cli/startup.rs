@@ -10,7 +10,8 @@ use crate::backend::BackendPhases;
 
 /// The phases of one start-up, measured as they finish. Phases may overlap (kernel compilation,
 /// the KV cache, the product choice and graph capture run during the upload; the GPU context
-/// opens while the model is parsed), so they need not add up to the total.
+/// opens, and the weights start to reach it, while a plaintext model is read), so they need not
+/// add up to the total.
 #[derive(Debug)]
 pub(crate) struct Timeline {
     started: Instant,

@@ -24,8 +24,21 @@ use super::digest::{DIGEST_BLOCK, FileDigest, ModelDigest, block_hash, file_valu
 use super::error::ModelError;
 
 /// Size of one read block (one parallel task): the digest's block, so each task hashes what
-/// it read.
-const READ_BLOCK: usize = DIGEST_BLOCK;
+/// it read. Every block starts at a multiple of it in its file.
+pub const READ_BLOCK: usize = DIGEST_BLOCK;
+
+/// Receives each block of a model's files right after it was read and checked, from the task
+/// that read it: a plaintext block once hashed ([`ModelFiles::read_dir_streaming`]), a sealed
+/// chunk once decrypted and authenticated (`crate::seal::open_sealed_streaming`). What it is
+/// given are the very bytes the model keeps, so what it copies elsewhere (the CUDA backend
+/// copies weight bytes to the GPU while the rest is still being read) is exactly what the
+/// digest covers. Each byte of each file is handed over once.
+pub trait BlockSink: Sync {
+    /// Called once before any block, with every file's name and length.
+    fn begin(&self, files: &[(&str, usize)]);
+    /// `bytes` of file `file` (an index into `begin`'s list) at byte `offset`.
+    fn block(&self, file: usize, offset: usize, bytes: &[u8]);
+}
 
 /// One file's bytes, held in memory for the life of the model.
 #[derive(Debug)]
@@ -65,6 +78,24 @@ impl ModelFiles {
     /// [`ModelFiles::read_dir`], advancing `progress` by the bytes of each block read (its
     /// length is set to the total first).
     pub fn read_dir_reporting(dir: &Path, progress: &ProgressBar) -> Result<Self, ModelError> {
+        Self::read_dir_inner(dir, progress, None)
+    }
+
+    /// [`ModelFiles::read_dir_reporting`], handing every block to `sink` right after it was
+    /// hashed.
+    pub fn read_dir_streaming(
+        dir: &Path,
+        progress: &ProgressBar,
+        sink: &dyn BlockSink,
+    ) -> Result<Self, ModelError> {
+        Self::read_dir_inner(dir, progress, Some(sink))
+    }
+
+    fn read_dir_inner(
+        dir: &Path,
+        progress: &ProgressBar,
+        sink: Option<&dyn BlockSink>,
+    ) -> Result<Self, ModelError> {
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| ModelError::Io { path, source }
@@ -82,12 +113,20 @@ impl ModelFiles {
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
         progress.set_length(opened.iter().map(|(_, _, _, b)| b.len() as u64).sum());
+        if let Some(sink) = sink {
+            let files: Vec<(&str, usize)> = opened
+                .iter()
+                .map(|(name, _, _, bytes)| (name.as_str(), bytes.len()))
+                .collect();
+            sink.begin(&files);
+        }
         // One task per block of every file, so a few large shards use every core; each task
         // hashes its block right after reading it (while it is in the CPU's caches), from the
         // very buffer the loader parses and the backends upload.
         let values = opened
             .par_iter_mut()
-            .map(|(_, path, file, bytes)| {
+            .enumerate()
+            .map(|(file_index, (_, path, file, bytes))| {
                 let len = bytes.len();
                 let hashes = bytes
                     .as_mut_slice()
@@ -97,6 +136,9 @@ impl ModelFiles {
                         file.read_exact_at(block, (index * READ_BLOCK) as u64)
                             .map_err(io(path))?;
                         let hash = block_hash(block);
+                        if let Some(sink) = sink {
+                            sink.block(file_index, index * READ_BLOCK, block);
+                        }
                         progress.inc(block.len() as u64);
                         Ok(hash)
                     })
@@ -209,5 +251,65 @@ mod tests {
             files.names().collect::<Vec<_>>(),
             ["a.bin", "b.json", "empty"]
         );
+    }
+
+    /// Records what a sink is handed.
+    #[derive(Default)]
+    struct Recorder {
+        files: std::sync::Mutex<Vec<(String, usize)>>,
+        blocks: std::sync::Mutex<Vec<(usize, usize, Vec<u8>)>>,
+    }
+
+    impl BlockSink for Recorder {
+        fn begin(&self, files: &[(&str, usize)]) {
+            let mut seen = self.files.lock().unwrap();
+            assert!(seen.is_empty(), "begin is called once");
+            seen.extend(files.iter().map(|(n, l)| ((*n).to_owned(), *l)));
+        }
+
+        fn block(&self, file: usize, offset: usize, bytes: &[u8]) {
+            assert!(!self.files.lock().unwrap().is_empty(), "begin comes first");
+            self.blocks
+                .lock()
+                .unwrap()
+                .push((file, offset, bytes.to_vec()));
+        }
+    }
+
+    #[test]
+    fn a_streaming_read_hands_every_block_once_with_the_bytes_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let big: Vec<u8> = (0..2 * READ_BLOCK + 999).map(|i| (i % 253) as u8).collect();
+        std::fs::write(dir.path().join("w.safetensors"), &big).unwrap();
+        std::fs::write(dir.path().join("config.json"), b"{}").unwrap();
+        let recorder = Recorder::default();
+        let files =
+            ModelFiles::read_dir_streaming(dir.path(), &ProgressBar::hidden(), &recorder).unwrap();
+        assert_eq!(files.digest(), &ModelDigest::of_dir(dir.path()).unwrap());
+        let names = recorder.files.into_inner().unwrap();
+        assert_eq!(
+            names,
+            [
+                ("config.json".to_owned(), 2),
+                ("w.safetensors".to_owned(), big.len())
+            ]
+        );
+        let mut blocks = recorder.blocks.into_inner().unwrap();
+        blocks.sort_by_key(|(file, offset, _)| (*file, *offset));
+        let layout: Vec<(usize, usize, usize)> =
+            blocks.iter().map(|(f, o, b)| (*f, *o, b.len())).collect();
+        assert_eq!(
+            layout,
+            [
+                (0, 0, 2),
+                (1, 0, READ_BLOCK),
+                (1, READ_BLOCK, READ_BLOCK),
+                (1, 2 * READ_BLOCK, 999)
+            ]
+        );
+        for (file, offset, bytes) in &blocks {
+            let kept = files.get(&names[*file].0).unwrap().as_slice();
+            assert_eq!(&kept[*offset..*offset + bytes.len()], &bytes[..]);
+        }
     }
 }

@@ -24,7 +24,7 @@ pub use config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
 pub use digest::{FileDigest, ModelDigest};
 pub use embedded::EMBEDDED_MODEL_NAME;
 pub use error::ModelError;
-pub use files::{FileBytes, ModelFiles};
+pub use files::{BlockSink, FileBytes, ModelFiles};
 pub use generation::GenerationDefaults;
 pub use tensors::{LayerTensors, TensorLayout, TensorSpec, layout};
 pub use tokenizer_config::SpecialTokens;

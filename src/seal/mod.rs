@@ -34,7 +34,7 @@ pub mod write;
 pub use error::SealError;
 pub use key::ModelKey;
 pub use manifest::{MANIFEST_FILE, Manifest, SEALED_SUFFIX};
-pub use open::{open_sealed, open_sealed_reporting};
+pub use open::{open_sealed, open_sealed_reporting, open_sealed_streaming};
 pub use write::{SealOptions, seal_dir};
 
 /// Creates `path` with mode 0600 (never overwriting an existing file), writes `bytes` and syncs

@@ -2,7 +2,9 @@
 //! into the memory the loader parses and the backends upload from; the per-file values (block
 //! hashes at plaintext offsets, `crate::model::digest`) and the model digest are computed from
 //! those decrypted bytes before anything uses them. No plaintext
-//! is written anywhere but these buffers, which are zeroized when dropped (also on failure).
+//! is written anywhere but these buffers, which are zeroized when dropped (also on failure),
+//! and, with [`open_sealed_streaming`], what the sink copies each authenticated chunk to (the
+//! CUDA backend: the GPU, whose copy becomes weights only once the whole model passed).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -17,7 +19,7 @@ use super::key::ModelKey;
 use super::manifest::{Manifest, SEALED_SUFFIX};
 use crate::model::buffer::HostBuffer;
 use crate::model::digest::file_value_of;
-use crate::model::{FileBytes, ModelFiles};
+use crate::model::{BlockSink, FileBytes, ModelFiles};
 
 /// Decrypts the sealed model in `dir` with `key`. Fails (zeroizing everything decrypted so
 /// far) on a wrong key, a file of the wrong length, a chunk that does not authenticate, or a
@@ -32,6 +34,27 @@ pub fn open_sealed_reporting(
     dir: &Path,
     key: &ModelKey,
     progress: &ProgressBar,
+) -> Result<(Manifest, ModelFiles), SealError> {
+    open_sealed_inner(dir, key, progress, None)
+}
+
+/// [`open_sealed_reporting`], handing each chunk to `sink` right after it was decrypted and
+/// authenticated (before the whole model's digest is checked: a model that then fails the
+/// check is refused, and what the sink did with it is never used).
+pub fn open_sealed_streaming(
+    dir: &Path,
+    key: &ModelKey,
+    progress: &ProgressBar,
+    sink: &dyn BlockSink,
+) -> Result<(Manifest, ModelFiles), SealError> {
+    open_sealed_inner(dir, key, progress, Some(sink))
+}
+
+fn open_sealed_inner(
+    dir: &Path,
+    key: &ModelKey,
+    progress: &ProgressBar,
+    sink: Option<&dyn BlockSink>,
 ) -> Result<(Manifest, ModelFiles), SealError> {
     let (manifest, header_digest) = Manifest::read(dir)?;
     if key.id() != manifest.key_id {
@@ -70,14 +93,26 @@ pub fn open_sealed_reporting(
     }
 
     progress.set_length(manifest.files.iter().map(|f| f.size).sum());
+    if let Some(sink) = sink {
+        let files: Vec<(&str, usize)> = manifest
+            .files
+            .iter()
+            .zip(&sources)
+            .map(|(file, (_, _, _, size))| (file.name.as_str(), *size))
+            .collect();
+        sink.begin(&files);
+    }
     // Decrypt: one task per chunk, each reading its ciphertext straight into its place in the
     // file's plaintext buffer and opening it there.
     let mut buffers = sources
         .iter()
         .map(|(path, _, _, size)| HostBuffer::secret(*size).map_err(SealError::io(path)))
         .collect::<Result<Vec<_>, SealError>>()?;
-    buffers.par_iter_mut().zip(&sources).try_for_each(
-        |(buffer, (path, handle, cipher, size))| {
+    buffers
+        .par_iter_mut()
+        .zip(&sources)
+        .enumerate()
+        .try_for_each(|(file_index, (buffer, (path, handle, cipher, size)))| {
             let chunks = chunk_count(*size as u64, chunk_size);
             let open = |index: u64, plain: &mut [u8]| {
                 let offset = index * (chunk_size + TAG_LEN as u64);
@@ -87,6 +122,9 @@ pub fn open_sealed_reporting(
                     .and_then(|()| handle.read_exact_at(&mut tag, offset + plain.len() as u64))
                     .map_err(SealError::io(path))?;
                 if cipher.open(index, index + 1 == chunks, plain, &tag) {
+                    if let Some(sink) = sink {
+                        sink.block(file_index, (index * chunk_size) as usize, plain);
+                    }
                     progress.inc(plain.len() as u64);
                     Ok(())
                 } else {
@@ -104,8 +142,7 @@ pub fn open_sealed_reporting(
                 .par_chunks_mut(chunk_size as usize)
                 .enumerate()
                 .try_for_each(|(index, plain)| open(index as u64, plain))
-        },
-    )?;
+        })?;
 
     // Hash the decrypted bytes, one task per 16 MiB block of plaintext (the digest's blocks, at
     // plaintext offsets, whatever the chunk size), and compare with the manifest.

@@ -37,7 +37,7 @@ pub use policy::ServerPolicy;
 pub use service::ModelService;
 pub use tls::ServerIdentity;
 
-use crate::attest::{AttestationService, StartupAttestation, StartupBinding};
+use crate::attest::{AttestationService, PreparedAttestation, StartupAttestation, StartupBinding};
 use crate::config::Config;
 
 /// The server could not start.
@@ -124,6 +124,8 @@ pub struct Server {
     policy_digest: String,
     /// What opening the audit log needs, taken by [`Server::attest`].
     pending_audit: std::sync::Mutex<Option<PendingAudit>>,
+    /// The attestation prepared by [`Server::check_platform`], taken by [`Server::attest`].
+    prepared: std::sync::Mutex<Option<PreparedAttestation>>,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
@@ -190,9 +192,20 @@ impl Server {
             identity,
             policy_digest: policy.digest,
             pending_audit: std::sync::Mutex::new(Some(PendingAudit { content, signer })),
+            prepared: std::sync::Mutex::new(None),
             shutdown,
             task,
         })
+    }
+
+    /// The platform check ahead of [`Server::attest`]: opens the evidence sources and appraises
+    /// the platform (CPU TEE, vTPM, GPU) on evidence that binds no start-up value, then sets the
+    /// GPU ready, so the GPU may be used while the model is still read. Nothing is served until
+    /// [`Server::attest`] bound the model digest. Any failure means the GPU must not be used.
+    pub async fn check_platform(&self) -> Result<(), ServerError> {
+        let prepared = prepare_attestation(self.app.config(), true).await?;
+        *self.prepared.lock().unwrap_or_else(|e| e.into_inner()) = Some(prepared);
+        Ok(())
     }
 
     /// Start-up attestation, once the model digest is known: collects and appraises evidence
@@ -217,7 +230,16 @@ impl Server {
             audit_key: pending.signer.as_ref().map(|s| s.verifier().public),
             model_digest,
         };
-        let service = Arc::new(attest_startup(config, binding).await?);
+        let prepared = self
+            .prepared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let prepared = match prepared {
+            Some(prepared) => prepared,
+            None => prepare_attestation(config, false).await?,
+        };
+        let service = Arc::new(attest_startup(prepared, binding).await?);
         let attestation = Arc::clone(service.startup());
         if attestation.policy_sha256() != self.policy_digest {
             return Err(ServerError::PolicyChanged {
@@ -382,23 +404,36 @@ fn content_policy(
         })
 }
 
-/// Collects and appraises the start-up evidence over `binding`, on the attestation worker.
-async fn attest_startup(
+/// Opens the evidence sources on the attestation worker (see [`AttestationService::prepare`];
+/// `check_platform` appraises the platform and sets the GPU ready first), with the audit log's
+/// newest record as the clock floor.
+async fn prepare_attestation(
     config: &Config,
-    binding: StartupBinding,
-) -> Result<AttestationService, ServerError> {
+    check_platform: bool,
+) -> Result<PreparedAttestation, ServerError> {
     let attestation_config = config.attestation.clone();
     let audit_dir = config.audit.as_ref().map(|a| a.dir.clone());
-    let service = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         let newest = match audit_dir {
             Some(dir) => inferno_audit::newest_record_time(&dir)?,
             None => None,
         };
         let floor = newest.map(|t| ClockFloor::starting_at(t, "the audit log's newest record"));
-        AttestationService::start(&attestation_config, binding, floor).map_err(ServerError::from)
+        AttestationService::prepare(&attestation_config, floor, check_platform)
+            .map_err(ServerError::from)
     })
     .await
-    .map_err(|err| crate::attest::AttestationError::Task(err.to_string()))??;
+    .map_err(|err| crate::attest::AttestationError::Task(err.to_string()))?
+}
+
+/// Collects and appraises the start-up evidence over `binding`, on the attestation worker.
+async fn attest_startup(
+    prepared: PreparedAttestation,
+    binding: StartupBinding,
+) -> Result<AttestationService, ServerError> {
+    let service = tokio::task::spawn_blocking(move || prepared.start(binding))
+        .await
+        .map_err(|err| crate::attest::AttestationError::Task(err.to_string()))??;
     if service.startup().appraisal.simulated {
         tracing::warn!("attestation: SIMULATED TEE (development profile), not for production");
     }

@@ -20,6 +20,7 @@ use crate::model::{Model, ModelConfig};
 
 use super::cc;
 use super::compile::{self, KernelError};
+use super::early::EarlyUpload;
 use super::gemm::Gemm;
 use super::graphs::{DecodeGraphs, MixedStepGraphs, StepGraph};
 use super::inputs::{
@@ -106,6 +107,7 @@ pub struct OpenedDevice {
     arch: String,
     name: String,
     took: Duration,
+    early: Option<Arc<EarlyUpload>>,
 }
 
 impl OpenedDevice {
@@ -141,7 +143,15 @@ impl OpenedDevice {
             arch,
             name,
             took: started.elapsed(),
+            early: None,
         })
+    }
+
+    /// Lets `early`, the sink of the model's read, copy the blocks it is handed from now on to
+    /// this GPU; the backend built on this device places the weights from what it copied.
+    pub fn copy_early(&mut self, early: Arc<EarlyUpload>) {
+        early.device_open(self.ctx.clone());
+        self.early = Some(early);
     }
 }
 
@@ -419,6 +429,7 @@ impl CudaBackend {
             arch,
             name,
             took: t_context,
+            early,
         } = device;
         let shared_per_block = usize::try_from(
             ctx.attribute(
@@ -441,6 +452,25 @@ impl CudaBackend {
         // the backend is returned, and before the buffers are freed on an error, so no step
         // ever sees a weight half copied.
         let (weights, pieces) = ModelWeightsOnDevice::allocate(model)?;
+        // Weights whose bytes were copied while the model was read are placed from that copy
+        // now, and its memory freed before the KV cache is sized; the rest is uploaded below.
+        let pieces = match early {
+            Some(early) => {
+                let placing = Instant::now();
+                let (rest, placed) = early.place(pieces, &stream)?;
+                let stats = early.stats();
+                tracing::info!(
+                    copied_while_read = stats.bytes,
+                    copy_ms_summed = stats.copying.as_millis() as u64,
+                    placed_bytes = placed,
+                    place_ms = placing.elapsed().as_millis() as u64,
+                    left_pieces = rest.len(),
+                    "weights placed from the copy made while the model was read"
+                );
+                rest
+            }
+            None => pieces,
+        };
         let upload_ctx = ctx.clone();
         let upload_started = Instant::now();
         std::thread::scope(|scope| {

@@ -7,6 +7,7 @@
 mod backend;
 mod cc;
 mod compile;
+mod early;
 mod gemm;
 mod graphs;
 mod inputs;
@@ -21,5 +22,6 @@ mod weights;
 pub use backend::{CudaBackend, CudaInitError, CudaOptions, OpenedDevice};
 pub use cc::{CcState, read_cc_state};
 pub use compile::KernelError;
+pub use early::{EarlyStats, EarlyUpload};
 pub use inputs::CopyStats;
 pub use probe::{CudaUnavailable, prefetch_driver, probe};
