@@ -432,63 +432,109 @@ fn teacher_forced_logits_match_the_references_and_the_cpu_backend() {
     }
 }
 
-/// `inferno serve`'s start-up path: weights copied to the GPU while the model is read, then
-/// placed on the device, give exactly the logits of the staged upload; with the GPU opened only
-/// after the read, nothing is copied early and everything goes the staged way.
+/// inferno-tiny in a temporary copy whose shard header carries padding metadata, so the tensors
+/// start 600 KiB before the first 16 MiB block boundary and the weights straddle it.
+fn tiny_across_read_blocks() -> tempfile::TempDir {
+    let dir = tiny_copy(|_| {});
+    let path = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).expect("shard");
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value =
+        serde_json::from_slice(&bytes[8..8 + header_len]).expect("shard header");
+    let target = (16 << 20) - (600 << 10);
+    let plain = serde_json::to_vec(&header).unwrap().len();
+    header["__metadata__"] = serde_json::json!({ "pad": "" });
+    let bare = serde_json::to_vec(&header).unwrap().len();
+    assert!(bare > plain);
+    header["__metadata__"]["pad"] = "p".repeat(target - 8 - bare).into();
+    let json = serde_json::to_vec(&header).unwrap();
+    assert_eq!(8 + json.len(), target);
+    let mut out = (json.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&json);
+    out.extend_from_slice(&bytes[8 + header_len..]);
+    std::fs::write(&path, out).expect("padded shard");
+    dir
+}
+
+/// `inferno serve`'s start-up path: weights copied to the GPU as the model is read, then placed
+/// on the device, give exactly the staged upload's logits, whether every block of the shard
+/// arrived early, none did (the GPU opened after the read) or only some (weights straddling a
+/// block boundary are cut there: the copied part placed, the rest uploaded).
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn weights_copied_while_the_model_is_read_give_the_staged_uploads_logits() {
+    use inferno::model::BlockSink;
     let reference_model = tiny_on_gpu();
     let mut reference = cuda(&reference_model, false);
     let seq = Seq::new(prompt(21, 7), &mut Blocks { next: 0 }, 32);
     let expected = run_chunk(&mut reference, &seq, 0, seq.tokens.len());
-    let dir = fixtures().join("inferno-tiny");
-    let shard_bytes = std::fs::metadata(dir.join("model.safetensors"))
-        .unwrap()
-        .len() as usize;
-    for open_first in [true, false] {
+    let dir = tiny_across_read_blocks();
+    let block = inferno::model::files::READ_BLOCK;
+    let hidden = indicatif::ProgressBar::hidden();
+    let options = CudaOptions {
+        measure_products: false,
+        sample_on_device: false,
+        ..CudaOptions::default()
+    };
+    // (what is copied early, whether through the real read)
+    for case in [
+        "read, GPU open first",
+        "read, GPU open after",
+        "only block 1 by hand",
+    ] {
         let early = std::sync::Arc::new(EarlyUpload::new());
         let mut opened = OpenedDevice::open(0).expect("opening the GPU");
-        if open_first {
-            opened.copy_early(early.clone());
-        }
-        let files =
-            ModelFiles::read_dir_streaming(&dir, &indicatif::ProgressBar::hidden(), &*early)
-                .expect("reading the fixture");
-        if !open_first {
-            opened.copy_early(early.clone());
-        }
-        let model = Model::from_files(&files, "inferno-tiny".into()).unwrap();
-        let options = CudaOptions {
-            measure_products: false,
-            sample_on_device: false,
-            ..CudaOptions::default()
+        let files = match case {
+            "read, GPU open first" => {
+                opened.copy_early(early.clone());
+                ModelFiles::read_dir_streaming(dir.path(), &hidden, &*early).unwrap()
+            }
+            "read, GPU open after" => {
+                let files = ModelFiles::read_dir_streaming(dir.path(), &hidden, &*early).unwrap();
+                opened.copy_early(early.clone());
+                files
+            }
+            _ => {
+                let files = ModelFiles::read_dir(dir.path()).unwrap();
+                opened.copy_early(early.clone());
+                let names: Vec<&str> = files.names().collect();
+                let lens: Vec<(&str, usize)> = names
+                    .iter()
+                    .map(|n| (*n, files.get(n).unwrap().as_slice().len()))
+                    .collect();
+                early.begin(&lens);
+                let index = names
+                    .iter()
+                    .position(|n| *n == "model.safetensors")
+                    .unwrap();
+                let shard = files.get("model.safetensors").unwrap().as_slice();
+                early.block(index, block, &shard[block..]);
+                files
+            }
         };
-        let mut backend = CudaBackend::on_device(
-            opened,
-            &model,
-            &engine_config(),
-            options,
-            &indicatif::ProgressBar::hidden(),
-        )
-        .unwrap_or_else(|e| panic!("CUDA backend: {e}"));
+        let model = Model::from_files(&files, "inferno-tiny".into()).unwrap();
+        let mut backend =
+            CudaBackend::on_device(opened, &model, &engine_config(), options, &hidden)
+                .unwrap_or_else(|e| panic!("CUDA backend ({case}): {e}"));
         let stats = early.stats();
-        println!("RESULT early upload (GPU open before the read: {open_first}): {stats:?}");
-        if open_first {
-            assert_eq!(
-                stats.bytes, shard_bytes,
-                "every shard block was copied early"
-            );
-            assert!(stats.placed > shard_bytes * 9 / 10, "{stats:?}");
-        } else {
-            assert_eq!((stats.bytes, stats.placed), (0, 0));
+        println!("RESULT early upload, {case}: {stats:?}");
+        let shard = files.get("model.safetensors").unwrap().as_slice().len();
+        match case {
+            "read, GPU open first" => {
+                assert_eq!(stats.bytes, shard, "every block was copied early");
+                assert!(stats.placed > (shard - block) / 2, "{stats:?}");
+            }
+            "read, GPU open after" => assert_eq!((stats.bytes, stats.placed), (0, 0)),
+            _ => {
+                assert_eq!(stats.bytes, shard - block);
+                assert!(
+                    stats.placed > 0 && stats.placed <= shard - block,
+                    "{stats:?}"
+                );
+            }
         }
         let got = run_chunk(&mut backend, &seq, 0, seq.tokens.len());
-        assert_eq!(
-            max_abs_diff(&got, &expected),
-            0.0,
-            "GPU open first: {open_first}"
-        );
+        assert_eq!(max_abs_diff(&got, &expected), 0.0, "{case}");
     }
 }
 

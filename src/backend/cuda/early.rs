@@ -24,7 +24,7 @@ use crate::model::{BlockSink, DType};
 
 use super::backend::CudaInitError;
 use super::memory::DeviceBuffer;
-use super::upload::Piece;
+use super::upload::{Piece, PinnedBuffer};
 
 /// Device memory left free beyond the image and the weights when deciding whether the image
 /// fits (the context, the kernels and the first step buffers).
@@ -83,12 +83,39 @@ struct ImageFile {
     host_base: AtomicUsize,
 }
 
+/// A page-locked buffer of one block and the stream that copies from it to the image.
+struct Staging {
+    buffer: PinnedBuffer,
+    stream: Arc<CudaStream>,
+}
+
+impl Staging {
+    fn new(context: &Arc<CudaContext>) -> Result<Self, String> {
+        Ok(Self {
+            buffer: PinnedBuffer::new(READ_BLOCK).map_err(|e| e.to_string())?,
+            stream: context
+                .new_stream()
+                .map_err(|e| format!("creating a stream: {e}"))?,
+        })
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        // The buffer is freed right after: no copy from it may still be in flight.
+        let _ = self.stream.synchronize();
+    }
+}
+
 /// The device image of the model's shards, filled as they are read; see the module docs.
 #[derive(Default)]
 pub struct EarlyUpload {
     context: OnceLock<Arc<CudaContext>>,
     /// Indexed as the files the read announced; `None` for files that are not shards.
     files: OnceLock<Vec<Option<ImageFile>>>,
+    /// Staging buffers not in use (as many are made as blocks are copied at once). Declared
+    /// before the image: dropping them waits for their copies into it.
+    staging: Mutex<Vec<Staging>>,
     /// The allocation, made at the first block read after the GPU opened; `None` when there was
     /// no room or it failed (everything then goes the staged way).
     image: Mutex<Option<Option<DeviceBuffer>>>,
@@ -140,19 +167,46 @@ impl EarlyUpload {
         }
     }
 
-    /// The device address of the image's copy of `data`, when `data` lies in a shard's host
-    /// buffer and every block it spans reached the image.
-    pub(super) fn resident(&self, data: &[u8]) -> Option<u64> {
+    /// Cuts `piece` at the image's block boundaries into parts, each with the device address of
+    /// its copy in the image when every block it spans arrived (whole when its bytes are not in
+    /// a shard's host buffer or the cut would split an element).
+    fn split<'m>(&self, piece: Piece<'m>) -> Vec<(Piece<'m>, Option<u64>)> {
         let image = self.image.lock().unwrap_or_else(|e| e.into_inner());
-        let base = image.as_ref()?.as_ref()?.ptr();
-        let start = data.as_ptr() as usize;
-        self.files.get()?.iter().flatten().find_map(|file| {
+        let (Some(Some(image)), Some(files)) = (image.as_ref(), self.files.get()) else {
+            return vec![(piece, None)];
+        };
+        let start = piece.data.as_ptr() as usize;
+        let found = files.iter().flatten().find_map(|file| {
             let host = file.host_base.load(Ordering::Acquire);
             let offset = start.checked_sub(host).filter(|_| host != 0)?;
-            file.blocks
-                .covers(offset, data.len())
-                .then(|| base + (file.at + offset) as u64)
-        })
+            (offset + piece.data.len() <= file.blocks.len).then_some((file, offset))
+        });
+        let Some((file, offset)) = found else {
+            return vec![(piece, None)];
+        };
+        let cuts_elements = offset % 2 != 0;
+        let mut parts = Vec::new();
+        let mut at = 0;
+        while at < piece.data.len() {
+            let end = if cuts_elements {
+                piece.data.len()
+            } else {
+                ((offset + at) / READ_BLOCK + 1) * READ_BLOCK - offset
+            }
+            .min(piece.data.len());
+            let part = Piece {
+                dst: piece.dst + at as u64,
+                dtype: piece.dtype,
+                data: &piece.data[at..end],
+            };
+            let source = file
+                .blocks
+                .covers(offset + at, end - at)
+                .then(|| image.ptr() + (file.at + offset + at) as u64);
+            parts.push((part, source));
+            at = end;
+        }
+        parts
     }
 
     /// Copies every bf16 piece whose bytes are all in the image to its weight on `stream`
@@ -163,18 +217,28 @@ impl EarlyUpload {
         pieces: Vec<Piece<'m>>,
         stream: &CudaStream,
     ) -> Result<(Vec<Piece<'m>>, usize), CudaInitError> {
+        // Every queued copy into the image has landed once its staging stream is synchronised.
+        let staging = std::mem::take(&mut *self.staging.lock().unwrap_or_else(|e| e.into_inner()));
+        for buffer in &staging {
+            buffer
+                .stream
+                .synchronize()
+                .map_err(|e| CudaInitError::Weights(format!("copying while reading: {e}")))?;
+        }
+        drop(staging);
         let mut rest = Vec::with_capacity(pieces.len());
         let mut placed = 0;
-        for piece in pieces {
-            let source = (piece.dtype == DType::BF16)
-                .then(|| self.resident(piece.data))
-                .flatten();
+        let parts = pieces.into_iter().flat_map(|piece| match piece.dtype {
+            DType::BF16 => self.split(piece),
+            DType::F16 | DType::F32 => vec![(piece, None)],
+        });
+        for (piece, source) in parts {
             let Some(source) = source else {
                 rest.push(piece);
                 continue;
             };
             // SAFETY: `source` addresses `piece.data.len()` bytes of the image (every block of
-            // them was copied, checked by `resident`) and `piece.dst` a weight allocated for
+            // them was copied, checked by `split`) and `piece.dst` a weight allocated for
             // the piece's bf16 bytes, which for bf16 are as many; both stay allocated until the
             // stream is synchronised below.
             unsafe {
@@ -272,18 +336,50 @@ impl BlockSink for EarlyUpload {
         if let Err(e) = context.bind_to_thread() {
             return self.stop(format!("binding the context: {e}"));
         }
-        let dst = base + (target.at + offset) as u64;
-        // SAFETY: `dst..dst + bytes.len()` lies in the image, which was allocated for the sum of
-        // the shards' lengths with this file at `target.at` (checked against its length above),
-        // and is freed only by `release` after the read returned; the copy is synchronous, so
-        // `bytes` is not used after this call.
-        if let Err(e) = unsafe { drv::memcpy_htod_sync(dst, bytes) } {
-            return self.stop(format!("copying a block: {e}"));
+        if let Err(e) = self.copy(context, base + (target.at + offset) as u64, bytes) {
+            return self.stop(e);
         }
         target.blocks.mark(offset, bytes.len());
         self.bytes.fetch_add(bytes.len(), Ordering::Relaxed);
         self.copy_nanos
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+}
+
+impl EarlyUpload {
+    /// Queues the copy of `bytes` to `dst` through a staging buffer (a block at a time), so the
+    /// reading task only copies into page-locked memory and goes on reading.
+    fn copy(&self, context: &Arc<CudaContext>, dst: u64, bytes: &[u8]) -> Result<(), String> {
+        let free = self.staging.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut staging = match free {
+            Some(staging) => staging,
+            None => Staging::new(context)?,
+        };
+        for (i, part) in bytes.chunks(READ_BLOCK).enumerate() {
+            staging
+                .stream
+                .synchronize()
+                .map_err(|e| format!("waiting for a copy: {e}"))?;
+            let staged = &mut staging.buffer.as_mut_slice()[..part.len()];
+            staged.copy_from_slice(part);
+            // SAFETY: `dst + i * READ_BLOCK` and the part's length lie in the image (the caller
+            // checked the block against its file's place), which is freed only after every
+            // staging stream was synchronised (`place`); the staging buffer is not written again
+            // before this stream is synchronised (above, or when it is dropped).
+            unsafe {
+                drv::memcpy_htod_async(
+                    dst + (i * READ_BLOCK) as u64,
+                    &*staged,
+                    staging.stream.cu_stream(),
+                )
+            }
+            .map_err(|e| format!("queueing a copy: {e}"))?;
+        }
+        self.staging
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(staging);
+        Ok(())
     }
 }
 
@@ -345,6 +441,14 @@ mod tests {
         early.begin(&[("config.json", 2), ("a.safetensors", 100)]);
         early.block(1, 0, &[0u8; 100]);
         assert_eq!(early.stats(), EarlyStats::default());
-        assert_eq!(early.resident(&[0u8; 4]), None);
+        let data = [0u8; 4];
+        let piece = Piece {
+            dst: 0,
+            dtype: DType::BF16,
+            data: &data,
+        };
+        let parts = early.split(piece);
+        assert_eq!(parts.len(), 1);
+        assert_eq!(parts[0].1, None, "without an image nothing is resident");
     }
 }

@@ -125,13 +125,18 @@ pub fn stage(chunk: &Piece<'_>, staging: &mut [u8]) -> usize {
 }
 
 /// A page-locked host buffer, freed on drop.
-struct PinnedBuffer {
+pub(super) struct PinnedBuffer {
     ptr: *mut u8,
     len: usize,
 }
 
+// SAFETY: the value is the only owner of its page-locked allocation, which any thread may read
+// and write; `&mut self` is needed to write it.
+unsafe impl Send for PinnedBuffer {}
+
 impl PinnedBuffer {
-    fn new(len: usize) -> Result<Self, UploadError> {
+    /// Allocates `len` bytes of page-locked, write-combined host memory (in the current context).
+    pub(super) fn new(len: usize) -> Result<Self, UploadError> {
         // SAFETY: a plain cuMemHostAlloc in the current context (the worker bound it); the
         // pointer is owned by the returned value and freed once in Drop.
         let ptr = unsafe { drv::malloc_host(len, sys::CU_MEMHOSTALLOC_WRITECOMBINED) }
@@ -142,7 +147,8 @@ impl PinnedBuffer {
         })
     }
 
-    fn as_mut_slice(&mut self) -> &mut [u8] {
+    /// The whole buffer; write it only while no copy from it is in flight.
+    pub(super) fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: the allocation holds `len` bytes and this value is its only owner; the caller
         // never writes while a copy from it is in flight (it synchronises the stream first).
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
