@@ -459,7 +459,8 @@ fn tiny_across_read_blocks() -> tempfile::TempDir {
 /// `inferno serve`'s start-up path: weights copied to the GPU as the model is read, then placed
 /// on the device, give exactly the staged upload's logits, whether every block of the shard
 /// arrived early, none did (the GPU opened after the read) or only some (weights straddling a
-/// block boundary are cut there: the copied part placed, the rest uploaded).
+/// block boundary are cut there: the copied part placed, the rest uploaded); kernels prepared
+/// ahead are used for the same shapes and replaced for others.
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn weights_copied_while_the_model_is_read_give_the_staged_uploads_logits() {
@@ -487,11 +488,17 @@ fn weights_copied_while_the_model_is_read_give_the_staged_uploads_logits() {
         let files = match case {
             "read, GPU open first" => {
                 opened.copy_early(early.clone());
+                // Kernels prepared ahead for the same configuration are used.
+                opened.prepare_kernels(&reference_model.config).unwrap();
                 ModelFiles::read_dir_streaming(dir.path(), &hidden, &*early).unwrap()
             }
             "read, GPU open after" => {
                 let files = ModelFiles::read_dir_streaming(dir.path(), &hidden, &*early).unwrap();
                 opened.copy_early(early.clone());
+                // Kernels prepared ahead for other shapes are not: the backend compiles its own.
+                let mut other = reference_model.config.clone();
+                other.intermediate_size *= 2;
+                opened.prepare_kernels(&other).unwrap();
                 files
             }
             _ => {

@@ -183,13 +183,19 @@ async fn serve_async(
                     return Ok(None);
                 };
                 server.check_platform().await?;
-                let mut opened = tokio::task::spawn_blocking(|| {
-                    OpenedDevice::open(backend::cuda::CudaOptions::default().device)
+                let dir = model_dir.clone();
+                let opened = tokio::task::spawn_blocking(move || {
+                    let mut opened =
+                        OpenedDevice::open(backend::cuda::CudaOptions::default().device)?;
+                    opened.copy_early(early);
+                    if let Some(dir) = dir {
+                        prepare_kernels_ahead(&mut opened, &dir);
+                    }
+                    Ok::<_, CudaInitError>(opened)
                 })
                 .await
                 .context("opening the GPU panicked")?
                 .map_err(backend::BackendInitError::from)?;
-                opened.copy_early(early);
                 anyhow::Ok(Some(opened))
             };
             let loaded = tokio::select! {
@@ -237,7 +243,7 @@ async fn serve_async(
     // sealed model's chunks are copied to it as they are decrypted once it is open.
     let sealed_early = (use_cuda && sealed_digest.is_some()).then(|| Arc::new(EarlyUpload::new()));
     let opening = match early_device {
-        Some(opened) => Some(GpuOpening::Open(opened)),
+        Some(opened) => Some(GpuOpening::Open(Box::new(opened))),
         None => use_cuda.then(|| {
             let early = sealed_early.clone();
             GpuOpening::Opening(std::thread::spawn(move || {
@@ -573,10 +579,28 @@ fn read_model(
     Ok((model, started.elapsed()))
 }
 
+/// Compiles and loads the kernels for the `config.json` in `dir` while the model is read. That
+/// file is read here apart from the hashed ones: the backend uses these kernels only if the
+/// hashed configuration asks for the same parameters. Any failure leaves the compilation to the
+/// backend.
+fn prepare_kernels_ahead(opened: &mut OpenedDevice, dir: &Path) {
+    let path = dir.join(crate::model::CONFIG_FILE);
+    let config = std::fs::read(&path)
+        .map_err(|e| e.to_string())
+        .and_then(|bytes| {
+            crate::model::ModelConfig::from_json(&path, &bytes).map_err(|e| e.to_string())
+        });
+    let prepared =
+        config.and_then(|config| opened.prepare_kernels(&config).map_err(|e| e.to_string()));
+    if let Err(why) = prepared {
+        tracing::info!(%why, "kernels not prepared ahead; the backend compiles them");
+    }
+}
+
 /// The GPU for the backend: opened while the model was read, or opening on another thread.
 enum GpuOpening {
     /// Opened (after the platform check) while the model was read.
-    Open(OpenedDevice),
+    Open(Box<OpenedDevice>),
     /// Opening since the start-up attestation passed.
     Opening(std::thread::JoinHandle<Result<OpenedDevice, CudaInitError>>),
 }
@@ -612,7 +636,7 @@ fn start_engine(
         _ => anyhow::bail!("no model to serve: neither a plaintext nor an opened sealed model"),
     };
     let opened = match opening {
-        Some(GpuOpening::Open(opened)) => Some(opened),
+        Some(GpuOpening::Open(opened)) => Some(*opened),
         Some(GpuOpening::Opening(opening)) => Some(
             opening
                 .join()

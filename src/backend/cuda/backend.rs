@@ -108,6 +108,86 @@ pub struct OpenedDevice {
     name: String,
     took: Duration,
     early: Option<Arc<EarlyUpload>>,
+    kernels: Option<LoadedKernels>,
+}
+
+/// The kernels compiled (or taken from the cache) and loaded for one set of parameters.
+struct LoadedKernels {
+    params: KernelParams,
+    kernels: Kernels,
+    /// Compilation (or the cache).
+    compile: Duration,
+    /// Compilation and module loading.
+    ready: Duration,
+}
+
+impl LoadedKernels {
+    /// Compiles and loads every entry point for `params` in `ctx` (bound to this thread), with
+    /// the shared-memory opt-ins the larger ones need.
+    fn load(
+        ctx: &Arc<CudaContext>,
+        params: &KernelParams,
+        arch: &str,
+    ) -> Result<Self, CudaInitError> {
+        let started = Instant::now();
+        let compiled = compile::compile_all(params, arch)?;
+        let compile = started.elapsed();
+        let kernels = Kernels::take(compile::load_all(ctx, compiled)?)?;
+        if params.flash.shared_bytes > 0 {
+            // Above the default 48 KiB a block must opt in to its dynamic shared memory.
+            kernels
+                .prefill_attention
+                .set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    i32::try_from(params.flash.shared_bytes).unwrap_or(i32::MAX),
+                )
+                .map_err(|e| {
+                    CudaInitError::Device(format!("prefill attention shared memory: {e}"))
+                })?;
+        }
+        // The tensor-core small-M entries' rings are above the default 48 KiB too.
+        for m in 1..=plan::GEMV_MAX_M {
+            let shared = params.gemv_geometry(m).shared_bytes;
+            if shared == 0 {
+                continue;
+            }
+            for f in [
+                &kernels.gemv[m - 1],
+                &kernels.gemv_swiglu[m - 1],
+                &kernels.gemv_qkv_rope[m - 1],
+            ] {
+                f.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    i32::try_from(shared).unwrap_or(i32::MAX),
+                )
+                .map_err(|e| {
+                    CudaInitError::Device(format!("small-M product shared memory: {e}"))
+                })?;
+            }
+        }
+        Ok(Self {
+            params: params.clone(),
+            kernels,
+            compile,
+            ready: started.elapsed(),
+        })
+    }
+}
+
+/// The kernel parameters of `cfg` on the device of `ctx` (architecture `arch`).
+fn kernel_params(
+    ctx: &Arc<CudaContext>,
+    cfg: &ModelConfig,
+    arch: &str,
+) -> Result<KernelParams, CudaInitError> {
+    let shared_per_block = usize::try_from(
+        ctx.attribute(
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )
+        .map_err(|e| CudaInitError::Device(format!("shared memory per block: {e}")))?,
+    )
+    .unwrap_or(0);
+    Ok(KernelParams::from_config(cfg).for_device(arch, shared_per_block))
 }
 
 impl OpenedDevice {
@@ -144,7 +224,23 @@ impl OpenedDevice {
             name,
             took: started.elapsed(),
             early: None,
+            kernels: None,
         })
+    }
+
+    /// Compiles and loads the kernels for `config` ahead of the model (from a `config.json`
+    /// read apart from the hashed files, while they are read). The backend built on this device
+    /// uses them only when the model it is given asks for exactly the same kernel parameters,
+    /// and compiles its own otherwise.
+    pub fn prepare_kernels(&mut self, config: &ModelConfig) -> Result<(), CudaInitError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let params = kernel_params(&self.ctx, config, &self.arch)?;
+        if params.unsupported().is_none() {
+            self.kernels = Some(LoadedKernels::load(&self.ctx, &params, &self.arch)?);
+        }
+        Ok(())
     }
 
     /// Lets `early`, the sink of the model's read, copy the blocks it is handed from now on to
@@ -430,15 +526,9 @@ impl CudaBackend {
             name,
             took: t_context,
             early,
+            kernels: early_kernels,
         } = device;
-        let shared_per_block = usize::try_from(
-            ctx.attribute(
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-            )
-            .map_err(|e| CudaInitError::Device(format!("shared memory per block: {e}")))?,
-        )
-        .unwrap_or(0);
-        let params = KernelParams::from_config(cfg).for_device(&arch, shared_per_block);
+        let params = kernel_params(&ctx, cfg, &arch)?;
         if let Some(why) = params.unsupported() {
             return Err(CudaInitError::Unsupported(why));
         }
@@ -483,8 +573,25 @@ impl CudaBackend {
                     Err(CudaInitError::Weights("the upload thread panicked".into()))
                 })
             };
+            // Kernels prepared ahead are used only for exactly these parameters.
+            let early_kernels = early_kernels.filter(|k| {
+                let same = k.params == params;
+                if !same {
+                    tracing::warn!("kernels prepared ahead were for other parameters; compiling");
+                }
+                same
+            });
             let parts = match Self::device_parts(
-                &ctx, &stream, cfg, config, &options, &params, &arch, major, &name,
+                &ctx,
+                &stream,
+                cfg,
+                config,
+                &options,
+                &params,
+                &arch,
+                major,
+                &name,
+                early_kernels,
             ) {
                 Ok(parts) => parts,
                 Err(err) => {
@@ -554,44 +661,18 @@ impl CudaBackend {
         arch: &str,
         major: i32,
         name: &str,
+        loaded: Option<LoadedKernels>,
     ) -> Result<DeviceParts, CudaInitError> {
-        let compile_started = Instant::now();
-        let compiled = compile::compile_all(params, arch)?;
-        let t_compile = compile_started.elapsed();
-        let kernels = Kernels::take(compile::load_all(ctx, compiled)?)?;
-        if params.flash.shared_bytes > 0 {
-            // Above the default 48 KiB a block must opt in to its dynamic shared memory.
-            kernels
-                .prefill_attention
-                .set_attribute(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    i32::try_from(params.flash.shared_bytes).unwrap_or(i32::MAX),
-                )
-                .map_err(|e| {
-                    CudaInitError::Device(format!("prefill attention shared memory: {e}"))
-                })?;
-        }
-        // The tensor-core small-M entries' rings are above the default 48 KiB too.
-        for m in 1..=plan::GEMV_MAX_M {
-            let shared = params.gemv_geometry(m).shared_bytes;
-            if shared == 0 {
-                continue;
-            }
-            for f in [
-                &kernels.gemv[m - 1],
-                &kernels.gemv_swiglu[m - 1],
-                &kernels.gemv_qkv_rope[m - 1],
-            ] {
-                f.set_attribute(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    i32::try_from(shared).unwrap_or(i32::MAX),
-                )
-                .map_err(|e| {
-                    CudaInitError::Device(format!("small-M product shared memory: {e}"))
-                })?;
-            }
-        }
-        let t_kernels = compile_started.elapsed();
+        let loaded = match loaded {
+            Some(loaded) => loaded,
+            None => LoadedKernels::load(ctx, params, arch)?,
+        };
+        let LoadedKernels {
+            kernels,
+            compile: t_compile,
+            ready: t_kernels,
+            ..
+        } = loaded;
 
         // Step buffers are sized for the configured sequence limit, or for the cap when it is
         // derived; the derived limit (below, from the KV blocks) never exceeds that.
