@@ -18,7 +18,8 @@
 # start-up to first token of the 8B-shaped weights, plaintext then a sealed copy with a key file,
 # same run; target sealed <= 1.10x; also read-buffer-bench.c's page-size comparison and, where the
 # page cache can be dropped, a sequential read of the model and a start-up from a cold cache;
-# COLD_BINS="inferno inferno-base" starts a second binary beside, warm and cold),
+# COLD_BINS="inferno inferno-base" starts a second binary beside, warm and cold; COLD_ROUNDS=N
+# repeats the cold start-ups),
 # profile (ncu: GPU time per kernel of batch-1 decode steps at
 # 1k context, eager launches, grouped by kernel), constrained (CPU and CUDA servers of the embedded
 # model agree on constrained greedy outputs, or differ only at a teacher-forced near-tie within
@@ -581,13 +582,17 @@ if has sealedstart; then
     seq_read=$(python3 -c "print(round($t1 - $t0, 3))")
     bytes=$(cat $M8/* | wc -c)
     note "cold page cache: sequential read of the model ${seq_read} s ($(python3 -c "print(round($bytes / ($t1 - $t0) / 1e9, 2))") GB/s)"
-    for b in ${COLD_BINS:-inferno}; do
-      sync && echo 3 >/proc/sys/vm/drop_caches
-      log=sealedstart-cold.log
-      [ "$b" = inferno ] || log=sealedstart-cold-$b.log
-      cold=$(FT_BIN="$G/$b" first_token $log $M8)
-      note "cold page cache, $b: start-up to first token ${cold} s ($(python3 -c "print(round($cold - $seq_read, 3))") s over the sequential read)"
-      grep -E 'platform passed|weights placed|weights uploaded' "$OUT/$log" | cut -c1-300 | tee -a "$SUMMARY"
+    # COLD_ROUNDS (default 1) repeats the cold start-ups, binaries alternating.
+    for r in $(seq 1 "${COLD_ROUNDS:-1}"); do
+      for b in ${COLD_BINS:-inferno}; do
+        sync && echo 3 >/proc/sys/vm/drop_caches
+        log=sealedstart-cold
+        [ "$b" = inferno ] || log=$log-$b
+        [ "$r" = 1 ] || log=$log-r$r
+        cold=$(FT_BIN="$G/$b" first_token $log.log $M8)
+        note "cold page cache, $b, round $r: start-up to first token ${cold} s ($(python3 -c "print(round($cold - $seq_read, 3))") s over the sequential read)"
+        grep -E 'platform passed|weights placed|weights uploaded' "$OUT/$log.log" | cut -c1-300 | tee -a "$SUMMARY"
+      done
     done
   else
     note "cold page cache: not measured (cannot drop the page cache here)"

@@ -109,6 +109,7 @@ pub struct OpenedDevice {
     took: Duration,
     early: Option<Arc<EarlyUpload>>,
     kernels: Option<LoadedKernels>,
+    gemm: Option<Gemm>,
 }
 
 /// The kernels compiled (or taken from the cache) and loaded for one set of parameters.
@@ -225,17 +226,21 @@ impl OpenedDevice {
             took: started.elapsed(),
             early: None,
             kernels: None,
+            gemm: None,
         })
     }
 
-    /// Compiles and loads the kernels for `config` ahead of the model (from a `config.json`
-    /// read apart from the hashed files, while they are read). The backend built on this device
-    /// uses them only when the model it is given asks for exactly the same kernel parameters,
-    /// and compiles its own otherwise.
+    /// Creates the product planner and compiles and loads the kernels for `config` ahead of the
+    /// model (from a `config.json` read apart from the hashed files, while they are read). The
+    /// backend built on this device uses the kernels only when the model it is given asks for
+    /// exactly the same kernel parameters, and compiles its own otherwise.
     pub fn prepare_kernels(&mut self, config: &ModelConfig) -> Result<(), CudaInitError> {
         self.ctx
             .bind_to_thread()
             .map_err(|e| CudaInitError::Device(e.to_string()))?;
+        if self.gemm.is_none() {
+            self.gemm = Some(Gemm::new()?);
+        }
         let params = kernel_params(&self.ctx, config, &self.arch)?;
         if params.unsupported().is_none() {
             self.kernels = Some(LoadedKernels::load(&self.ctx, &params, &self.arch)?);
@@ -527,6 +532,7 @@ impl CudaBackend {
             took: t_context,
             early,
             kernels: early_kernels,
+            gemm: early_gemm,
         } = device;
         let params = kernel_params(&ctx, cfg, &arch)?;
         if let Some(why) = params.unsupported() {
@@ -592,6 +598,7 @@ impl CudaBackend {
                 major,
                 &name,
                 early_kernels,
+                early_gemm,
             ) {
                 Ok(parts) => parts,
                 Err(err) => {
@@ -662,6 +669,7 @@ impl CudaBackend {
         major: i32,
         name: &str,
         loaded: Option<LoadedKernels>,
+        gemm: Option<Gemm>,
     ) -> Result<DeviceParts, CudaInitError> {
         let loaded = match loaded {
             Some(loaded) => loaded,
@@ -684,7 +692,10 @@ impl CudaBackend {
         let max_rows = buffer_rows;
         let split_budget = plan::split_budget(max_tokens);
         let gemm_started = Instant::now();
-        let gemm = Gemm::new()?;
+        let gemm = match gemm {
+            Some(gemm) => gemm,
+            None => Gemm::new()?,
+        };
         let t_gemm = gemm_started.elapsed();
         let max_context_model = cfg.max_position_embeddings.max(1);
         let max_blocks_per_seq = max_context_model.div_ceil(crate::engine::BLOCK_SIZE);

@@ -3,14 +3,16 @@
 //! From a cold page cache the read of the model is bounded by the disk, and the upload after it
 //! (pinned staging, ~20 GB/s) used to add most of a second once the last byte arrived. An
 //! [`EarlyUpload`] is the [`BlockSink`] of the model's read: once the GPU has been opened (only
-//! after the platform's attestation passed), every block of a `.safetensors` file is copied,
-//! right after the reading task hashed it and from the same buffer, into a device image of the
-//! shards. When the backend is built, each bf16 weight whose bytes are all in the image is
-//! copied from there on the device (device-to-device, a few milliseconds for 16 GB) and the image
-//! is freed before the KV cache is sized; every other weight (blocks read before the GPU was
-//! open, other element types, a model with no room for the image) goes the staged way of
-//! `upload.rs`. The image holds hashed bytes only, so what reaches the weights is what the
-//! digest covers, with no second read.
+//! after the platform's attestation passed), every block of a `.safetensors` file is copied, by
+//! the task that read and hashed (or decrypted) it and from the same buffer, through page-locked
+//! staging into a device image of the shards, as long as the read is slow enough for the copies
+//! to hide behind it (a disk-bound read; a read from a warm page cache leaves the weights to the
+//! staged upload). When the backend is built, each bf16 weight is cut at the blocks' boundaries
+//! and every part whose block arrived is copied from the image on the device (a few milliseconds
+//! for 16 GB); the image is freed before the KV cache is sized. Everything else (blocks read
+//! before the GPU was open, other element types, a model with no room for the image) goes the
+//! staged way of `upload.rs`. The image holds checked bytes only, so what reaches the weights is
+//! what the digest covers, with no second read.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -29,6 +31,17 @@ use super::upload::{Piece, PinnedBuffer};
 /// Device memory left free beyond the image and the weights when deciding whether the image
 /// fits (the context, the kernels and the first step buffers).
 const HEADROOM_BYTES: usize = 2 << 30;
+
+/// Blocks are copied early only while the read runs below this rate (bytes per second, since
+/// the read began): then the disk bounds the start-up and the copies hide behind it. Faster, the
+/// page cache is warm and memory bandwidth is what the read and the copies would share: on the
+/// H200 host a warm read of 16 GB (~10 GB/s) took 0.25 s longer with the copies than the staged
+/// upload after it saved (`docs/benchmarks.md`, 2026-11-29 fourth session), so the weights are
+/// left to that upload.
+const COPY_BELOW_BYTES_PER_SEC: f64 = 4e9;
+
+/// The read rate is judged only once this much time has passed since it began.
+const RATE_AFTER: Duration = Duration::from_millis(100);
 
 /// Which parts of one file reached the device image, counted per 16 MiB block (the reader's
 /// blocks; a sealed model's chunks may be smaller or larger).
@@ -121,6 +134,10 @@ pub struct EarlyUpload {
     image: Mutex<Option<Option<DeviceBuffer>>>,
     /// Set on the first failure: nothing more is copied early.
     stopped: AtomicBool,
+    /// When the read began (`begin`).
+    began: OnceLock<Instant>,
+    /// Bytes the read handed over so far, copied or not.
+    seen: AtomicUsize,
     bytes: AtomicUsize,
     copy_nanos: AtomicU64,
     placed: AtomicUsize,
@@ -311,12 +328,17 @@ impl BlockSink for EarlyUpload {
             })
             .collect();
         let _ = self.files.set(files);
+        let _ = self.began.set(Instant::now());
     }
 
     fn block(&self, file: usize, offset: usize, bytes: &[u8]) {
+        let seen = self.seen.fetch_add(bytes.len(), Ordering::Relaxed) + bytes.len();
         let Some(context) = self.context.get() else {
             return;
         };
+        if self.read_is_fast(seen) {
+            return;
+        }
         let Some(Some(target)) = self.files.get().and_then(|files| files.get(file)) else {
             return;
         };
@@ -347,6 +369,15 @@ impl BlockSink for EarlyUpload {
 }
 
 impl EarlyUpload {
+    /// Whether the read, having handed over `seen` bytes, runs faster than early copies pay.
+    fn read_is_fast(&self, seen: usize) -> bool {
+        let Some(began) = self.began.get() else {
+            return false;
+        };
+        let elapsed = began.elapsed();
+        elapsed > RATE_AFTER && seen as f64 / elapsed.as_secs_f64() > COPY_BELOW_BYTES_PER_SEC
+    }
+
     /// Queues the copy of `bytes` to `dst` through a staging buffer (a block at a time), so the
     /// reading task only copies into page-locked memory and goes on reading.
     fn copy(&self, context: &Arc<CudaContext>, dst: u64, bytes: &[u8]) -> Result<(), String> {
