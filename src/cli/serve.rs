@@ -576,7 +576,9 @@ fn read_model(
         ),
         None => ReadModel::Embedded(Box::new(setup::load_model(None)?)),
     };
-    Ok((model, started.elapsed()))
+    let took = started.elapsed();
+    tracing::info!(ms = took.as_millis() as u64, "model read");
+    Ok((model, took))
 }
 
 /// Compiles and loads the kernels for the `config.json` in `dir` while the model is read. That
