@@ -669,6 +669,22 @@ mod tests {
         model_digest: [5; 32],
     };
 
+    /// The start-up document carries every value of `binding`.
+    fn assert_binds(doc: &RuntimeData, binding: &StartupBinding) {
+        assert_eq!(
+            doc.audit_key.as_deref(),
+            binding.audit_key.map(hex::encode).as_deref()
+        );
+        assert_eq!(
+            doc.tls_spki_sha256.as_deref(),
+            Some(hex::encode(binding.tls_spki_sha256).as_str())
+        );
+        assert_eq!(
+            doc.model_digest.as_deref(),
+            Some(hex::encode(binding.model_digest).as_str())
+        );
+    }
+
     fn establish(
         config: &AttestationConfig,
         binding: StartupBinding,
@@ -694,17 +710,12 @@ mod tests {
         assert!(attested.appraisal.simulated);
         assert!(attested.banner_line().contains("SIMULATED TEE"));
         let doc = &attested.runtime_data;
-        assert_eq!(
-            doc.audit_key.as_deref(),
-            Some(hex::encode([9; 32]).as_str())
-        );
-        assert_eq!(
-            doc.tls_spki_sha256.as_deref(),
-            Some(hex::encode([1; 32]).as_str())
-        );
-        assert_eq!(
-            doc.model_digest.as_deref(),
-            Some(hex::encode([5; 32]).as_str())
+        assert_binds(
+            doc,
+            &StartupBinding {
+                audit_key: Some([9; 32]),
+                ..BINDING
+            },
         );
         assert!(doc.challenge_bindings.is_empty());
         assert_eq!(
@@ -741,14 +752,7 @@ mod tests {
         let attested = service.startup();
         assert!(attested.appraisal.passed(), "{}", attested.appraisal);
         let doc = &attested.runtime_data;
-        assert_eq!(
-            doc.model_digest.as_deref(),
-            Some(hex::encode([5; 32]).as_str())
-        );
-        assert_eq!(
-            doc.tls_spki_sha256.as_deref(),
-            Some(hex::encode([1; 32]).as_str())
-        );
+        assert_binds(doc, &BINDING);
         assert_eq!(attested.appraisal.claims.runtime_data.as_ref(), Some(doc));
         let fresh = service.fresh([0xbb; 32]).await.unwrap();
         assert!(fresh.appraisal.passed(), "{}", fresh.appraisal);
