@@ -125,8 +125,7 @@ async fn serve_async(
     // After a cold boot, the driver library and this binary would be faulted in from disk only
     // once the model is read: ask for them in the background (no CUDA call), once the model's
     // read has its thread (from a cold disk the loading holds the dynamic loader's lock for most
-    // of a second, and creating a thread waits for that lock; while the model is read it holds
-    // it for the whole read).
+    // of a second, and creating a thread waits for that lock).
     let prefetch = || {
         if device != Device::Cpu {
             std::thread::spawn(backend::cuda::prefetch_driver);
@@ -185,11 +184,7 @@ async fn serve_async(
             let read = tokio::task::spawn_blocking(move || {
                 read_model(dir.as_deref(), &progress, sink.as_deref())
             });
-            // With the GPU opened beside the read, its thread loads the libraries itself and
-            // prefetches after (a prefetch's loading would hold up the platform check's).
-            if early.is_none() {
-                prefetch();
-            }
+            prefetch();
             let read = async { read.await.context("model loading panicked")? };
             let open_early = async {
                 let Some(early) = early else {
@@ -204,7 +199,6 @@ async fn serve_async(
                     if let Some(dir) = dir {
                         prepare_kernels_ahead(&mut opened, &dir);
                     }
-                    backend::cuda::prefetch_driver();
                     Ok::<_, CudaInitError>(opened)
                 })
                 .await
