@@ -123,14 +123,10 @@ async fn serve_async(
     let served_name = config.server.served_model_name.clone();
     let key_source = config.model.key.clone();
     // After a cold boot, the driver library and this binary would be faulted in from disk only
-    // once the model is read: ask for them in the background (no CUDA call), once the model's
-    // read has its thread (from a cold disk the loading holds the dynamic loader's lock for most
-    // of a second, and creating a thread waits for that lock).
-    let prefetch = || {
-        if device != Device::Cpu {
-            std::thread::spawn(backend::cuda::prefetch_driver);
-        }
-    };
+    // once the model is read: ask for them now, in the background (no CUDA call).
+    if device != Device::Cpu {
+        std::thread::spawn(backend::cuda::prefetch_driver);
+    }
     let mut config = config;
     config.attestation.cuda = match device {
         Device::Cuda => true,
@@ -171,10 +167,7 @@ async fn serve_async(
     };
     let mut early_device = None;
     let plaintext = match sealed_digest {
-        Some(_) => {
-            prefetch();
-            None
-        }
+        Some(_) => None,
         None => {
             let early = (use_cuda && model_dir.is_some()).then(|| Arc::new(EarlyUpload::new()));
             let dir = model_dir.clone();
@@ -184,7 +177,6 @@ async fn serve_async(
             let read = tokio::task::spawn_blocking(move || {
                 read_model(dir.as_deref(), &progress, sink.as_deref())
             });
-            prefetch();
             let read = async { read.await.context("model loading panicked")? };
             let open_early = async {
                 let Some(early) = early else {
