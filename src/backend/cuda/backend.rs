@@ -553,12 +553,12 @@ impl CudaBackend {
         let pieces = match early {
             Some(early) => {
                 let placing = Instant::now();
-                let (rest, placed) = early.place(pieces, &stream)?;
+                let rest = early.place(pieces, &stream)?;
                 let stats = early.stats();
                 tracing::info!(
                     copied_while_read = stats.bytes,
                     copy_ms_summed = stats.copying.as_millis() as u64,
-                    placed_bytes = placed,
+                    placed_bytes = stats.placed,
                     place_ms = placing.elapsed().as_millis() as u64,
                     left_pieces = rest.len(),
                     "weights placed from the copy made while the model was read"

@@ -228,12 +228,12 @@ impl EarlyUpload {
 
     /// Copies every bf16 piece whose bytes are all in the image to its weight on `stream`
     /// (device to device), waits for the copies and frees the image (in the current context);
-    /// returns the pieces left for the staged upload and the bytes placed.
+    /// returns the pieces left for the staged upload (the bytes placed are in [`Self::stats`]).
     pub(super) fn place<'m>(
         &self,
         pieces: Vec<Piece<'m>>,
         stream: &CudaStream,
-    ) -> Result<(Vec<Piece<'m>>, usize), CudaInitError> {
+    ) -> Result<Vec<Piece<'m>>, CudaInitError> {
         // Every queued copy into the image has landed once its staging stream is synchronised.
         let staging = std::mem::take(&mut *self.staging.lock().unwrap_or_else(|e| e.into_inner()));
         for buffer in &staging {
@@ -269,7 +269,7 @@ impl EarlyUpload {
             .map_err(|e| CudaInitError::Weights(format!("placing the weights: {e}")))?;
         *self.image.lock().unwrap_or_else(|e| e.into_inner()) = Some(None);
         self.placed.fetch_add(placed, Ordering::Relaxed);
-        Ok((rest, placed))
+        Ok(rest)
     }
 
     /// Allocates the image on the first call when there is room; its address, if any.
@@ -282,6 +282,50 @@ impl EarlyUpload {
             *image = Some(allocate_image(context, total));
         }
         image.as_ref()?.as_ref().map(DeviceBuffer::ptr)
+    }
+
+    /// Whether the read, having handed over `seen` bytes, runs faster than early copies pay.
+    fn read_is_fast(&self, seen: usize) -> bool {
+        let Some(began) = self.began.get() else {
+            return false;
+        };
+        let elapsed = began.elapsed();
+        elapsed > RATE_AFTER && seen as f64 / elapsed.as_secs_f64() > COPY_BELOW_BYTES_PER_SEC
+    }
+
+    /// Queues the copy of `bytes` to `dst` through a staging buffer (a block at a time), so the
+    /// reading task only copies into page-locked memory and goes on reading.
+    fn copy(&self, context: &Arc<CudaContext>, dst: u64, bytes: &[u8]) -> Result<(), String> {
+        let free = self.staging.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut staging = match free {
+            Some(staging) => staging,
+            None => Staging::new(context)?,
+        };
+        for (i, part) in bytes.chunks(READ_BLOCK).enumerate() {
+            staging
+                .stream
+                .synchronize()
+                .map_err(|e| format!("waiting for a copy: {e}"))?;
+            let staged = &mut staging.buffer.as_mut_slice()[..part.len()];
+            staged.copy_from_slice(part);
+            // SAFETY: `dst + i * READ_BLOCK` and the part's length lie in the image (the caller
+            // checked the block against its file's place), which is freed only after every
+            // staging stream was synchronised (`place`); the staging buffer is not written again
+            // before this stream is synchronised (above, or when it is dropped).
+            unsafe {
+                drv::memcpy_htod_async(
+                    dst + (i * READ_BLOCK) as u64,
+                    &*staged,
+                    staging.stream.cu_stream(),
+                )
+            }
+            .map_err(|e| format!("queueing a copy: {e}"))?;
+        }
+        self.staging
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(staging);
+        Ok(())
     }
 
     fn stop(&self, why: String) {
@@ -365,52 +409,6 @@ impl BlockSink for EarlyUpload {
         self.bytes.fetch_add(bytes.len(), Ordering::Relaxed);
         self.copy_nanos
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    }
-}
-
-impl EarlyUpload {
-    /// Whether the read, having handed over `seen` bytes, runs faster than early copies pay.
-    fn read_is_fast(&self, seen: usize) -> bool {
-        let Some(began) = self.began.get() else {
-            return false;
-        };
-        let elapsed = began.elapsed();
-        elapsed > RATE_AFTER && seen as f64 / elapsed.as_secs_f64() > COPY_BELOW_BYTES_PER_SEC
-    }
-
-    /// Queues the copy of `bytes` to `dst` through a staging buffer (a block at a time), so the
-    /// reading task only copies into page-locked memory and goes on reading.
-    fn copy(&self, context: &Arc<CudaContext>, dst: u64, bytes: &[u8]) -> Result<(), String> {
-        let free = self.staging.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let mut staging = match free {
-            Some(staging) => staging,
-            None => Staging::new(context)?,
-        };
-        for (i, part) in bytes.chunks(READ_BLOCK).enumerate() {
-            staging
-                .stream
-                .synchronize()
-                .map_err(|e| format!("waiting for a copy: {e}"))?;
-            let staged = &mut staging.buffer.as_mut_slice()[..part.len()];
-            staged.copy_from_slice(part);
-            // SAFETY: `dst + i * READ_BLOCK` and the part's length lie in the image (the caller
-            // checked the block against its file's place), which is freed only after every
-            // staging stream was synchronised (`place`); the staging buffer is not written again
-            // before this stream is synchronised (above, or when it is dropped).
-            unsafe {
-                drv::memcpy_htod_async(
-                    dst + (i * READ_BLOCK) as u64,
-                    &*staged,
-                    staging.stream.cu_stream(),
-                )
-            }
-            .map_err(|e| format!("queueing a copy: {e}"))?;
-        }
-        self.staging
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(staging);
-        Ok(())
     }
 }
 
