@@ -19,7 +19,8 @@
 # same run; target sealed <= 1.10x; also read-buffer-bench.c's page-size comparison and, where the
 # page cache can be dropped, a sequential read of the model and a start-up from a cold cache;
 # COLD_BINS="inferno inferno-base" starts a second binary beside, warm and cold; COLD_ROUNDS=N
-# repeats the cold start-ups),
+# repeats the cold start-ups), libload (what the CUDA libraries cost a cold start-up, beside
+# the model's read or not; after sealedstart),
 # profile (ncu: GPU time per kernel of batch-1 decode steps at
 # 1k context, eager launches, grouped by kernel), constrained (CPU and CUDA servers of the embedded
 # model agree on constrained greedy outputs, or differ only at a teacher-forced near-tie within
@@ -600,6 +601,42 @@ if has sealedstart; then
   # The one-line start-up timeline (src/cli/startup.rs) of every timed run, phases in ms.
   for f in "$OUT"/sealedstart-plain-*.log "$OUT"/sealedstart-sealed-*.log "$OUT"/sealedstart-cold*.log; do
     note "$(basename "$f" .log) timeline: $(sed 's/\x1b\[[0-9;]*m//g' "$f" | grep -o 'start-up timeline.*' | tail -1)"
+  done
+fi
+
+# What a cold start-up pays for the CUDA libraries (issue 13 target 2): .gpu/libload-probe.py's
+# dlopen, driver initialisation, context and cuBLASLt handle, each mode after dropping the page
+# cache: alone; after the libraries were read whole (cat); beside eight parallel readers of the
+# model (as the server reads it); beside one sequential reader; beside eight readers after the
+# libraries were read whole. Needs the 8B-shaped model of the sealedstart stage.
+if has libload && [ -d "$M8" ] && sync && echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; then
+  lib_files=()
+  for name in libcuda.so.1 libnvrtc.so.13 libcublasLt.so.13; do
+    for dir in ${LD_LIBRARY_PATH//:/ } /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib; do
+      [ -e "$dir/$name" ] && { lib_files+=("$(readlink -f "$dir/$name")"); break; }
+    done
+  done
+  note "libload: $(for f in "${lib_files[@]}"; do printf '%s %s MB; ' "$(basename "$f")" $(($(stat -c %s "$f") / 1000000)); done)"
+  seconds_since() { python3 -c "import time; print(round(time.time() - $1, 3))"; }
+  for mode in alone libs-read-first beside-8-readers beside-1-reader libs-read-beside-8-readers; do
+    sync && echo 3 >/proc/sys/vm/drop_caches
+    readers=()
+    t0=$(date +%s.%N)
+    case $mode in
+      beside-8-readers | libs-read-beside-8-readers)
+        for f in "$M8"/*.safetensors; do cat "$f" >/dev/null & readers+=($!); done ;;
+      beside-1-reader) cat "$M8"/* >/dev/null & readers+=($!) ;;
+    esac
+    if [[ $mode == libs-read* ]]; then
+      t1=$(date +%s.%N)
+      cat "${lib_files[@]}" >/dev/null
+      note "libload $mode: libraries read whole in $(seconds_since "$t1") s"
+    fi
+    $RUN python3 "$G/libload-probe.py" "$mode" 2>&1 | tee -a "$SUMMARY"
+    if [ ${#readers[@]} -gt 0 ]; then
+      wait "${readers[@]}"
+      note "libload $mode: the model's readers finished $(seconds_since "$t0") s after they started"
+    fi
   done
 fi
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use indicatif::ProgressBar;
 
 use crate::engine::{Backend, EngineConfig};
-use crate::model::Model;
+use crate::model::{Model, ModelTensors};
 
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
@@ -58,16 +58,22 @@ pub fn select(
     model: &Model,
     config: &EngineConfig,
 ) -> Result<Box<dyn Backend>, BackendInitError> {
-    select_reporting(device, model, config, &ProgressBar::hidden(), None)
-        .map(|(backend, _)| backend)
+    select_reporting(
+        device,
+        model.tensors(),
+        config,
+        &ProgressBar::hidden(),
+        None,
+    )
+    .map(|(backend, _)| backend)
 }
 
-/// [`select`], advancing `progress` by the weight bytes uploaded, and returning how long each
-/// phase took. With `opened` (a CUDA device opened beforehand, [`cuda::OpenedDevice`]) the
+/// [`select`] from a model's configuration and weights, advancing `progress` by the weight
+/// bytes uploaded, and returning how long each phase took. With `opened` (a CUDA device opened beforehand, [`cuda::OpenedDevice`]) the
 /// CUDA backend is built on it, whatever `device` says.
 pub fn select_reporting(
     device: Device,
-    model: &Model,
+    model: ModelTensors<'_>,
     config: &EngineConfig,
     progress: &ProgressBar,
     opened: Option<cuda::OpenedDevice>,
@@ -97,7 +103,7 @@ pub fn select_reporting(
         Ok((Box::new(backend), phases))
     } else {
         let started = Instant::now();
-        let backend = cpu::CpuBackend::new(model, config.kv_cache_bytes)?;
+        let backend = cpu::CpuBackend::from_tensors(model, config.kv_cache_bytes)?;
         let phases = BackendPhases {
             weights: started.elapsed(),
             ..BackendPhases::default()

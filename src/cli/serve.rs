@@ -15,7 +15,7 @@ use crate::backend::cuda::{CudaInitError, EarlyUpload, OpenedDevice};
 use crate::backend::{self, Device};
 use crate::config::{AttestationConfig, AttestationProfile, Config, ModelKeySource};
 use crate::engine::{Engine, EngineConfig, ModelInfo};
-use crate::model::{Model, ModelFiles};
+use crate::model::{Model, ModelDigest, ModelFiles, ModelTensors};
 use crate::seal::{self, ModelKey};
 use crate::server::{ModelService, Server};
 
@@ -624,40 +624,60 @@ fn start_engine(
     progress: ProgressBar,
     opening: Option<GpuOpening>,
 ) -> anyhow::Result<(ModelService, String, usize, startup::Timeline)> {
-    let model = match (plaintext, sealed, dir) {
-        (Some(ReadModel::Embedded(model)), _, _) => *model,
+    // Checked before anything of the model is parsed or reaches the device.
+    let check_digest = |actual: &ModelDigest| {
+        if actual.bytes == digest {
+            Ok(())
+        } else {
+            Err(anyhow::anyhow!(
+                "the loaded model's digest {actual} is not the attested digest {}",
+                hex::encode(digest)
+            ))
+        }
+    };
+    // The backend is built from the configuration and the weights while the tokenizer and the
+    // chat template are parsed on another thread.
+    let build = |tensors: ModelTensors<'_>| -> anyhow::Result<_> {
+        let opened = match opening {
+            Some(GpuOpening::Open(opened)) => Some(*opened),
+            Some(GpuOpening::Opening(opening)) => Some(
+                opening
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("opening the GPU panicked"))?
+                    .map_err(backend::BackendInitError::from)?,
+            ),
+            None => None,
+        };
+        progress.set_message("uploading");
+        let built = backend::select_reporting(device, tensors, &engine_config, &progress, opened)?;
+        progress.finish_and_clear();
+        Ok(built)
+    };
+    let (model, built) = match (plaintext, sealed, dir) {
+        (Some(ReadModel::Embedded(model)), _, _) => {
+            check_digest(&model.digest)?;
+            let built = build(model.tensors());
+            (*model, built)
+        }
         (Some(ReadModel::Files(files)), _, Some(dir)) | (None, Some(files), Some(dir)) => {
+            check_digest(files.digest())?;
             let parse_started = Instant::now();
-            let model = Model::from_files(&files, Model::name_of_dir(dir))
+            let mut parsed = None;
+            let (model, built) =
+                Model::from_files_building(&files, Model::name_of_dir(dir), |tensors| {
+                    parsed = Some(parse_started.elapsed());
+                    build(tensors)
+                })
                 .with_context(|| format!("cannot load the model in {}", dir.display()))?;
             // The buffers stay alive (shared) only as long as the model needs them.
             drop(files);
-            timeline.parse = parse_started.elapsed();
-            model
+            // What the backend waited for: the configuration and the weights' headers.
+            timeline.parse = parsed.unwrap_or_default();
+            (model, built)
         }
         _ => anyhow::bail!("no model to serve: neither a plaintext nor an opened sealed model"),
     };
-    let opened = match opening {
-        Some(GpuOpening::Open(opened)) => Some(*opened),
-        Some(GpuOpening::Opening(opening)) => Some(
-            opening
-                .join()
-                .map_err(|_| anyhow::anyhow!("opening the GPU panicked"))?
-                .map_err(backend::BackendInitError::from)?,
-        ),
-        None => None,
-    };
-    if model.digest.bytes != digest {
-        anyhow::bail!(
-            "the loaded model's digest {} is not the attested digest {}",
-            model.digest,
-            hex::encode(digest)
-        );
-    }
-    progress.set_message("uploading");
-    let (backend, phases) =
-        backend::select_reporting(device, &model, &engine_config, &progress, opened)?;
-    progress.finish_and_clear();
+    let (backend, phases) = built?;
     timeline.backend = phases;
     let backend_name = backend.name().to_owned();
     let engine_started = Instant::now();

@@ -75,6 +75,43 @@ impl std::fmt::Debug for Model {
     }
 }
 
+/// What a backend is built from: a model's configuration and its weights.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelTensors<'a> {
+    /// The architecture and shapes.
+    pub config: &'a ModelConfig,
+    /// The weights, validated against the architecture's tensor layout.
+    pub weights: &'a ModelWeights,
+}
+
+/// The parts of a model that turn text into tokens and back, parsed apart from the tensors.
+struct ModelText {
+    tokenizer: tokenizers::Tokenizer,
+    chat_template: Option<ChatTemplate>,
+    generation: GenerationDefaults,
+    special: SpecialTokens,
+}
+
+impl ModelText {
+    /// Parses the tokenizer, its configuration, the chat template and the generation defaults
+    /// from `source`, checking token ids against `vocab_size`.
+    fn load(source: &ModelSource<'_>, vocab_size: usize) -> Result<Self, ModelError> {
+        let tokenizer = load_tokenizer(source, vocab_size)?;
+        let tokenizer_config = match source.read_optional(TOKENIZER_CONFIG_FILE)? {
+            Some(bytes) => TokenizerConfig::from_json(&source.path(TOKENIZER_CONFIG_FILE), &bytes)?,
+            None => TokenizerConfig::default(),
+        };
+        let chat_template = Model::chat_template(source, &tokenizer_config)?;
+        let generation = load_generation(source, vocab_size)?;
+        Ok(Self {
+            tokenizer,
+            chat_template,
+            generation,
+            special: tokenizer_config.special,
+        })
+    }
+}
+
 impl Model {
     /// Loads the Hugging Face model directory `dir`, validating every file, and names the model
     /// after the directory.
@@ -110,20 +147,61 @@ impl Model {
         Self::load_from(ModelSource::Memory(files), name.to_owned())
     }
 
+    /// [`Model::from_files`], running `build` on the model's configuration and weights (a
+    /// backend, for instance) while the tokenizer, the chat template and the generation defaults
+    /// are parsed on another thread. `build` runs only once the configuration and the weights
+    /// are valid; its result is returned beside the model, whose text parts may still have
+    /// failed to parse.
+    pub fn from_files_building<T>(
+        files: &ModelFiles,
+        name: String,
+        build: impl FnOnce(ModelTensors<'_>) -> T,
+    ) -> Result<(Self, T), ModelError> {
+        Self::load_building(ModelSource::Files(files), name, build)
+    }
+
+    /// The configuration and the weights, which is what a backend is built from.
+    pub fn tensors(&self) -> ModelTensors<'_> {
+        ModelTensors {
+            config: &self.config,
+            weights: &self.weights,
+        }
+    }
+
     /// Loads every part of the model from `source`.
     fn load_from(source: ModelSource<'_>, name: String) -> Result<Self, ModelError> {
+        Self::load_building(source, name, |_| ()).map(|(model, ())| model)
+    }
+
+    /// Loads every part of the model from `source`, running `build` on the tensors while the
+    /// text parts are parsed on another thread.
+    fn load_building<T>(
+        source: ModelSource<'_>,
+        name: String,
+        build: impl FnOnce(ModelTensors<'_>) -> T,
+    ) -> Result<(Self, T), ModelError> {
         let config = ModelConfig::from_json(&source.path(CONFIG_FILE), &source.read(CONFIG_FILE)?)?;
         let weights = ModelWeights::open(&source)?;
         layout(&config).validate(&weights)?;
-
-        let tokenizer = load_tokenizer(&source, config.vocab_size)?;
-        let tokenizer_config = match source.read_optional(TOKENIZER_CONFIG_FILE)? {
-            Some(bytes) => TokenizerConfig::from_json(&source.path(TOKENIZER_CONFIG_FILE), &bytes)?,
-            None => TokenizerConfig::default(),
-        };
-        let chat_template = Self::chat_template(&source, &tokenizer_config)?;
-        let generation = load_generation(&source, config.vocab_size)?;
         let digest = ModelDigest::of_source(&source)?;
+
+        let (text, built) = std::thread::scope(|scope| {
+            let text = scope.spawn(|| ModelText::load(&source, config.vocab_size));
+            let built = build(ModelTensors {
+                config: &config,
+                weights: &weights,
+            });
+            let text = text
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (text, built)
+        });
+        let ModelText {
+            tokenizer,
+            chat_template,
+            generation,
+            special,
+        } = text?;
         tracing::info!(
             model = %name,
             source = %source.path("").display(),
@@ -132,16 +210,17 @@ impl Model {
             layers = config.num_hidden_layers,
             "model loaded"
         );
-        Ok(Self {
+        let model = Self {
             config,
             weights,
             tokenizer: Arc::new(tokenizer),
             chat_template,
             generation,
-            special: tokenizer_config.special,
+            special,
             digest,
             name,
-        })
+        };
+        Ok((model, built))
     }
 
     /// Compiles the chat template: `chat_template.jinja` when present, otherwise the one(s) in

@@ -11,7 +11,7 @@ mod math;
 mod weights;
 
 use crate::engine::{BLOCK_SIZE, Backend, BackendError, BatchRow, KvCacheShape, StepOutput};
-use crate::model::{Model, ModelConfig, ModelError};
+use crate::model::{Model, ModelConfig, ModelError, ModelTensors};
 
 use attention::TokenContext;
 use kv_cache::{KvCache, slot};
@@ -45,6 +45,14 @@ pub struct CpuBackend {
 impl CpuBackend {
     /// Converts `model`'s weights and allocates a KV cache of at most `kv_cache_bytes`.
     pub fn new(model: &Model, kv_cache_bytes: u64) -> Result<Self, CpuBackendError> {
+        Self::from_tensors(model.tensors(), kv_cache_bytes)
+    }
+
+    /// [`CpuBackend::new`] from a model's configuration and weights alone.
+    pub fn from_tensors(
+        model: ModelTensors<'_>,
+        kv_cache_bytes: u64,
+    ) -> Result<Self, CpuBackendError> {
         let config = model.config.clone();
         let slot_width = config.num_key_value_heads * config.head_dim;
         let block_bytes =

@@ -1,6 +1,6 @@
 //! The model's weights converted to f32 for the CPU backend.
 
-use crate::model::{Model, ModelError, TensorSpec, layout};
+use crate::model::{ModelError, ModelTensors, TensorSpec, layout};
 
 /// One transformer block's weights, `[out, in]` matrices as in the checkpoint.
 #[derive(Debug)]
@@ -32,8 +32,8 @@ pub struct CpuWeights {
 
 impl CpuWeights {
     /// Converts the model's weights, following the architecture's tensor layout.
-    pub fn load(model: &Model) -> Result<Self, ModelError> {
-        let tensors = layout(&model.config);
+    pub fn load(model: ModelTensors<'_>) -> Result<Self, ModelError> {
+        let tensors = layout(model.config);
         let load = |spec: &TensorSpec| model.weights.to_f32(&spec.name, &spec.shape);
         let layers = tensors
             .layers

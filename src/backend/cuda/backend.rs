@@ -16,7 +16,7 @@ use crate::engine::{
     Backend, BackendError, BatchRow, EngineConfig, KvCacheShape, SampledToken, StepOutput,
     TokenLogprob,
 };
-use crate::model::{Model, ModelConfig};
+use crate::model::{Model, ModelConfig, ModelTensors};
 
 use super::cc;
 use super::compile::{self, KernelError};
@@ -197,7 +197,9 @@ impl OpenedDevice {
     pub fn open(ordinal: usize) -> Result<Self, CudaInitError> {
         let started = Instant::now();
         probe::probe()?;
+        let driver = started.elapsed();
         let ctx = CudaContext::new(ordinal).map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let context = started.elapsed() - driver;
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| CudaInitError::Device(e.to_string()))?;
@@ -217,13 +219,20 @@ impl OpenedDevice {
         let stream = ctx
             .new_stream()
             .map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let took = started.elapsed();
+        tracing::info!(
+            driver_ms = driver.as_millis() as u64,
+            context_ms = context.as_millis() as u64,
+            total_ms = took.as_millis() as u64,
+            "GPU opened (driver loaded and initialised, then the context)"
+        );
         Ok(Self {
             ctx,
             stream,
             major,
             arch,
             name,
-            took: started.elapsed(),
+            took,
             early: None,
             kernels: None,
             gemm: None,
@@ -238,13 +247,20 @@ impl OpenedDevice {
         self.ctx
             .bind_to_thread()
             .map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let started = Instant::now();
         if self.gemm.is_none() {
             self.gemm = Some(Gemm::new()?);
         }
+        let planner = started.elapsed();
         let params = kernel_params(&self.ctx, config, &self.arch)?;
         if params.unsupported().is_none() {
             self.kernels = Some(LoadedKernels::load(&self.ctx, &params, &self.arch)?);
         }
+        tracing::info!(
+            planner_ms = planner.as_millis() as u64,
+            kernels_ms = (started.elapsed() - planner).as_millis() as u64,
+            "product planner and kernels prepared ahead of the model"
+        );
         Ok(())
     }
 
@@ -494,17 +510,18 @@ impl CudaBackend {
         config: &EngineConfig,
         options: CudaOptions,
     ) -> Result<Self, CudaInitError> {
-        Self::new_reporting(model, config, options, &ProgressBar::hidden())
+        Self::new_reporting(model.tensors(), config, options, &ProgressBar::hidden())
     }
 
-    /// [`CudaBackend::new`], advancing `progress` by the weight bytes uploaded.
+    /// [`CudaBackend::new`] from a model's configuration and weights, advancing `progress` by
+    /// the weight bytes uploaded.
     pub fn new_reporting(
-        model: &Model,
+        model: ModelTensors<'_>,
         config: &EngineConfig,
         options: CudaOptions,
         progress: &ProgressBar,
     ) -> Result<Self, CudaInitError> {
-        let params = KernelParams::from_config(&model.config);
+        let params = KernelParams::from_config(model.config);
         if let Some(why) = params.unsupported() {
             return Err(CudaInitError::Unsupported(why));
         }
@@ -516,13 +533,13 @@ impl CudaBackend {
     /// thread while the model was read or parsed); `options.device` is not used.
     pub fn on_device(
         device: OpenedDevice,
-        model: &Model,
+        model: ModelTensors<'_>,
         config: &EngineConfig,
         options: CudaOptions,
         progress: &ProgressBar,
     ) -> Result<Self, CudaInitError> {
         let started = Instant::now();
-        let cfg = &model.config;
+        let cfg = model.config;
         let OpenedDevice {
             ctx,
             stream,

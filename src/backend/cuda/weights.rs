@@ -6,7 +6,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaContext;
 use indicatif::ProgressBar;
 
-use crate::model::Model;
+use crate::model::ModelTensors;
 
 use super::backend::CudaInitError;
 use super::memory::DeviceBuffer;
@@ -61,7 +61,7 @@ pub fn f32_to_bf16(x: f32) -> u16 {
 
 /// Allocates each weight's device buffer and collects the pieces to copy into it.
 struct Uploader<'m> {
-    model: &'m Model,
+    model: ModelTensors<'m>,
     pieces: Vec<Piece<'m>>,
     bytes: usize,
 }
@@ -108,8 +108,8 @@ impl ModelWeightsOnDevice {
     /// Allocates a device buffer for every weight the architecture needs and returns them
     /// with the pieces of the model's bytes to copy into them ([`upload::upload`]), so the copy
     /// can run while other start-up work uses the device.
-    pub fn allocate(model: &Model) -> Result<(Self, Vec<Piece<'_>>), CudaInitError> {
-        let c = &model.config;
+    pub fn allocate(model: ModelTensors<'_>) -> Result<(Self, Vec<Piece<'_>>), CudaInitError> {
+        let c = model.config;
         let (h, d, hq, hkv, inter, v) = (
             c.hidden_size,
             c.head_dim,
