@@ -519,7 +519,7 @@ fn weights_copied_while_the_model_is_read_give_the_staged_uploads_logits() {
         };
         let model = Model::from_files(&files, "inferno-tiny".into()).unwrap();
         let mut backend =
-            CudaBackend::on_device(opened, &model, &engine_config(), options, &hidden)
+            CudaBackend::on_device(opened, model.tensors(), &engine_config(), options, &hidden)
                 .unwrap_or_else(|e| panic!("CUDA backend ({case}): {e}"));
         let stats = early.stats();
         println!("RESULT early upload, {case}: {stats:?}");
