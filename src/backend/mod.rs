@@ -69,8 +69,8 @@ pub fn select(
 }
 
 /// [`select`] from a model's configuration and weights, advancing `progress` by the weight
-/// bytes uploaded, and returning how long each phase took. With `opened` (a CUDA device opened beforehand, [`cuda::OpenedDevice`]) the
-/// CUDA backend is built on it, whatever `device` says.
+/// bytes uploaded, and returning how long each phase took. With `opened` (a CUDA device opened
+/// beforehand, [`cuda::OpenedDevice`]) the CUDA backend is built on it, whatever `device` says.
 pub fn select_reporting(
     device: Device,
     model: ModelTensors<'_>,

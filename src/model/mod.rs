@@ -150,8 +150,8 @@ impl Model {
     /// [`Model::from_files`], running `build` on the model's configuration and weights (a
     /// backend, for instance) while the tokenizer, the chat template and the generation defaults
     /// are parsed on another thread. `build` runs only once the configuration and the weights
-    /// are valid; its result is returned beside the model, whose text parts may still have
-    /// failed to parse.
+    /// are valid; its result is returned beside the model, or dropped when the text parts fail
+    /// to parse (that error is returned).
     pub fn from_files_building<T>(
         files: &ModelFiles,
         name: String,
@@ -331,5 +331,54 @@ mod tests {
         assert_send_sync::<Model>();
         assert_send_sync::<ModelWeights>();
         assert_send_sync::<ChatTemplate>();
+    }
+
+    fn tiny_dir() -> tempfile::TempDir {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/inferno-tiny");
+        let dir = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(&fixture).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn building_beside_the_text_gives_the_tensors_and_the_same_model() {
+        let dir = tiny_dir();
+        let files = ModelFiles::read_dir(dir.path()).unwrap();
+        let plain = Model::from_files(&files, "tiny".into()).unwrap();
+        let (model, seen) = Model::from_files_building(&files, "tiny".into(), |tensors| {
+            (tensors.config.clone(), tensors.weights.names().count())
+        })
+        .unwrap();
+        assert_eq!(seen.0, plain.config);
+        assert_eq!(seen.1, plain.weights.names().count());
+        assert_eq!(model.digest, plain.digest);
+        assert_eq!(model.eos_token_ids(), plain.eos_token_ids());
+        assert_eq!(
+            model
+                .tokenizer
+                .encode("hello world", false)
+                .unwrap()
+                .get_ids(),
+            plain
+                .tokenizer
+                .encode("hello world", false)
+                .unwrap()
+                .get_ids()
+        );
+    }
+
+    #[test]
+    fn a_tokenizer_that_fails_fails_the_load_after_the_build_ran() {
+        let dir = tiny_dir();
+        std::fs::write(dir.path().join(TOKENIZER_FILE), b"{not json").unwrap();
+        let files = ModelFiles::read_dir(dir.path()).unwrap();
+        let mut built = false;
+        let err = Model::from_files_building(&files, "tiny".into(), |_| built = true)
+            .expect_err("a broken tokenizer.json fails the load");
+        assert!(built, "the tensors were valid, so the build ran");
+        assert!(err.to_string().contains(TOKENIZER_FILE), "{err}");
     }
 }
