@@ -572,7 +572,7 @@ if has sealedstart; then
   done
   for f in "$OUT"/sealedstart-plain-1.log "$OUT"/sealedstart-sealed-1.log; do
     note "$(basename "$f"):"
-    grep -E 'listening|platform passed|sealed model opened|model loaded|weights placed|weights uploaded|KV cache allocated|decode graphs captured|sequence limit|engine ready|ready$' "$f" | cut -c1-260 | tee -a "$SUMMARY"
+    grep -E 'listening|platform passed|sealed model opened|model loaded|backend prepared|CUDA backend ready|weights placed|weights uploaded|KV cache allocated|decode graphs captured|sequence limit|engine ready|ready$' "$f" | cut -c1-260 | tee -a "$SUMMARY"
   done
   # From a cold page cache (issue 13 target 2: within 1 s of the disk's sequential read time):
   # the model's files read in order by one reader, then a start-up, each after dropping caches.
@@ -592,7 +592,7 @@ if has sealedstart; then
         [ "$r" = 1 ] || log=$log-r$r
         cold=$(FT_BIN="$G/$b" first_token $log.log $M8)
         note "cold page cache, $b, round $r: start-up to first token ${cold} s ($(python3 -c "print(round($cold - $seq_read, 3))") s over the sequential read)"
-        grep -E 'platform passed|weights placed|weights uploaded' "$OUT/$log.log" | cut -c1-300 | tee -a "$SUMMARY"
+        grep -E 'platform passed|backend prepared|CUDA backend ready|weights placed|weights uploaded' "$OUT/$log.log" | cut -c1-400 | tee -a "$SUMMARY"
       done
     done
   else

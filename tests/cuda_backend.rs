@@ -454,11 +454,11 @@ fn tiny_across_read_blocks() -> tempfile::TempDir {
     dir
 }
 
-/// `inferno serve`'s start-up path: weights copied to the GPU as the model is read, then placed
-/// on the device, give exactly the staged upload's logits, whether every block of the shard
-/// arrived early, none did (the GPU opened after the read) or only some (weights straddling a
-/// block boundary are cut there: the copied part placed, the rest uploaded); kernels prepared
-/// ahead are used for the same shapes and replaced for others.
+/// `inferno serve`'s start-up path: the backend prepared from the configuration before the
+/// weights are read, the weights copied into it as the model is read, gives exactly the staged
+/// upload's logits, whether every block was copied as it arrived, none was (the backend prepared
+/// after the read), one waited for its shard's header and the weights' places and was copied
+/// after them, or the backend was prepared for another configuration (then it is built again).
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn weights_copied_while_the_model_is_read_give_the_staged_uploads_logits() {
@@ -475,33 +475,35 @@ fn weights_copied_while_the_model_is_read_give_the_staged_uploads_logits() {
         sample_on_device: false,
         ..CudaOptions::default()
     };
-    // (what is copied early, whether through the real read)
+    let config = &reference_model.config;
+    let mut other = config.clone();
+    other.intermediate_size *= 2;
     for case in [
-        "read, GPU open first",
-        "read, GPU open after",
-        "only block 1 by hand",
+        "prepared, then read",
+        "read, then prepared",
+        "block 1 before the places, then block 0",
+        "prepared for another configuration",
     ] {
         let early = std::sync::Arc::new(EarlyUpload::new());
         let mut opened = OpenedDevice::open(0).expect("opening the GPU");
         let files = match case {
-            "read, GPU open first" => {
+            "prepared, then read" => {
                 opened.copy_early(early.clone());
-                // Kernels prepared ahead for the same configuration are used.
-                opened.prepare_kernels(&reference_model.config).unwrap();
+                opened
+                    .prepare_backend(config, &engine_config(), options)
+                    .unwrap();
                 ModelFiles::read_dir_streaming(dir.path(), &hidden, &*early).unwrap()
             }
-            "read, GPU open after" => {
+            "read, then prepared" => {
                 let files = ModelFiles::read_dir_streaming(dir.path(), &hidden, &*early).unwrap();
                 opened.copy_early(early.clone());
-                // Kernels prepared ahead for other shapes are not: the backend compiles its own.
-                let mut other = reference_model.config.clone();
-                other.intermediate_size *= 2;
-                opened.prepare_kernels(&other).unwrap();
+                opened
+                    .prepare_backend(config, &engine_config(), options)
+                    .unwrap();
                 files
             }
-            _ => {
+            "block 1 before the places, then block 0" => {
                 let files = ModelFiles::read_dir(dir.path()).unwrap();
-                opened.copy_early(early.clone());
                 let names: Vec<&str> = files.names().collect();
                 let lens: Vec<(&str, usize)> = names
                     .iter()
@@ -514,7 +516,19 @@ fn weights_copied_while_the_model_is_read_give_the_staged_uploads_logits() {
                     .unwrap();
                 let shard = files.get("model.safetensors").unwrap().as_slice();
                 early.block(index, block, &shard[block..]);
+                opened.copy_early(early.clone());
+                opened
+                    .prepare_backend(config, &engine_config(), options)
+                    .unwrap();
+                early.block(index, 0, &shard[..block]);
                 files
+            }
+            _ => {
+                opened.copy_early(early.clone());
+                opened
+                    .prepare_backend(&other, &engine_config(), options)
+                    .unwrap();
+                ModelFiles::read_dir_streaming(dir.path(), &hidden, &*early).unwrap()
             }
         };
         let model = Model::from_files(&files, "inferno-tiny".into()).unwrap();
@@ -523,20 +537,20 @@ fn weights_copied_while_the_model_is_read_give_the_staged_uploads_logits() {
                 .unwrap_or_else(|e| panic!("CUDA backend ({case}): {e}"));
         let stats = early.stats();
         println!("RESULT early upload, {case}: {stats:?}");
-        let shard = files.get("model.safetensors").unwrap().as_slice().len();
+        let shard = files.get("model.safetensors").unwrap().as_slice();
+        let data = shard.len() - 8 - u64::from_le_bytes(shard[..8].try_into().unwrap()) as usize;
         match case {
-            "read, GPU open first" => {
-                assert_eq!(stats.bytes, shard, "every block was copied early");
-                assert!(stats.placed > (shard - block) / 2, "{stats:?}");
+            "prepared, then read" => {
+                assert_eq!(stats.bytes, data, "every weight byte was copied early");
+                assert_eq!(stats.deferred_bytes, 0);
+                assert!(stats.whole_tensors > 0, "{stats:?}");
             }
-            "read, GPU open after" => assert_eq!((stats.bytes, stats.placed), (0, 0)),
-            _ => {
-                assert_eq!(stats.bytes, shard - block);
-                assert!(
-                    stats.placed > 0 && stats.placed <= shard - block,
-                    "{stats:?}"
-                );
+            "read, then prepared" => assert_eq!((stats.bytes, stats.whole_tensors), (0, 0)),
+            "block 1 before the places, then block 0" => {
+                assert_eq!(stats.bytes, data, "{stats:?}");
+                assert_eq!(stats.deferred_bytes, shard.len() - block, "{stats:?}");
             }
+            _ => assert!(stats.bytes > 0 && stats.bytes < data, "{stats:?}"),
         }
         let got = run_chunk(&mut backend, &seq, 0, seq.tokens.len());
         assert_eq!(max_abs_diff(&got, &expected), 0.0, "{case}");

@@ -184,12 +184,15 @@ async fn serve_async(
                 };
                 server.check_platform().await?;
                 let dir = model_dir.clone();
+                let engine = engine_config.clone();
                 let opened = tokio::task::spawn_blocking(move || {
                     let mut opened =
                         OpenedDevice::open(backend::cuda::CudaOptions::default().device)?;
                     opened.copy_early(early);
                     if let Some(dir) = dir {
-                        prepare_kernels_ahead(&mut opened, &dir);
+                        let path = dir.join(crate::model::CONFIG_FILE);
+                        let config = std::fs::read(&path).map_err(|e| e.to_string());
+                        prepare_ahead(&mut opened, &path, config, &engine);
                     }
                     Ok::<_, CudaInitError>(opened)
                 })
@@ -246,10 +249,17 @@ async fn serve_async(
         Some(opened) => Some(GpuOpening::Open(Box::new(opened))),
         None => use_cuda.then(|| {
             let early = sealed_early.clone();
+            let dir = model_dir.clone();
+            let engine = engine_config.clone();
             GpuOpening::Opening(std::thread::spawn(move || {
                 let mut opened = OpenedDevice::open(backend::cuda::CudaOptions::default().device)?;
                 if let Some(early) = early {
-                    opened.copy_early(early);
+                    opened.copy_early(early.clone());
+                    // A sealed model's configuration is known once its chunk was decrypted.
+                    if let (Some(dir), Some(config)) = (dir, early.wait_for_config()) {
+                        let path = dir.join(crate::model::CONFIG_FILE);
+                        prepare_ahead(&mut opened, &path, Ok(config), &engine);
+                    }
                 }
                 Ok(opened)
             }))
@@ -258,17 +268,21 @@ async fn serve_async(
     // A sealed model is opened (key released, chunks decrypted and hashed) before anything
     // else touches it; every refusal is final, recorded and stops start-up.
     let open_started = Instant::now();
-    let sealed = match open_sealed_model(
+    let opened_sealed = open_sealed_model(
         &server,
         &attestation,
         model_dir.as_deref(),
         key_source,
         &attestation_config,
         &progress,
-        sealed_early,
+        sealed_early.clone(),
     )
-    .await
-    {
+    .await;
+    // Whatever happened, the GPU's thread no longer waits for the sealed configuration.
+    if let Some(early) = &sealed_early {
+        early.read_over();
+    }
+    let sealed = match opened_sealed {
         Ok(sealed) => {
             if sealed.is_some() {
                 timeline.read_hash = open_started.elapsed();
@@ -581,21 +595,29 @@ fn read_model(
     Ok((model, took))
 }
 
-/// Compiles and loads the kernels for the `config.json` in `dir` while the model is read. That
-/// file is read here apart from the hashed ones: the backend uses these kernels only if the
-/// hashed configuration asks for the same parameters. Any failure leaves the compilation to the
-/// backend.
-fn prepare_kernels_ahead(opened: &mut OpenedDevice, dir: &Path) {
-    let path = dir.join(crate::model::CONFIG_FILE);
-    let config = std::fs::read(&path)
-        .map_err(|e| e.to_string())
-        .and_then(|bytes| {
-            crate::model::ModelConfig::from_json(&path, &bytes).map_err(|e| e.to_string())
-        });
-    let prepared =
-        config.and_then(|config| opened.prepare_kernels(&config).map_err(|e| e.to_string()));
+/// Prepares on `opened`, ahead of the model, the backend (kernels included) for the configuration
+/// in `config` (the bytes of `path`, read apart from the hashed files while they are read, or a
+/// sealed model's decrypted chunk), for `engine`. What was prepared is used only when the model
+/// turns out to have that configuration; a configuration that cannot be read or a preparation
+/// that fails leaves the work to the backend, after the read.
+fn prepare_ahead(
+    opened: &mut OpenedDevice,
+    path: &Path,
+    config: Result<Vec<u8>, String>,
+    engine: &EngineConfig,
+) {
+    let config = config.and_then(|bytes| {
+        crate::model::ModelConfig::from_json(path, &bytes).map_err(|e| e.to_string())
+    });
+    // The weights' buffers come first (the early copies land in them from then on), then the
+    // kernels and the rest.
+    let prepared = config.and_then(|config| {
+        opened
+            .prepare_backend(&config, engine, backend::cuda::CudaOptions::default())
+            .map_err(|e| e.to_string())
+    });
     if let Err(why) = prepared {
-        tracing::info!(%why, "kernels not prepared ahead; the backend compiles them");
+        tracing::info!(%why, "backend not prepared ahead; it is built after the read");
     }
 }
 

@@ -20,7 +20,7 @@ use crate::model::{Model, ModelConfig, ModelTensors};
 
 use super::cc;
 use super::compile::{self, KernelError};
-use super::early::EarlyUpload;
+use super::early::{CopiedWeights, EarlyStats, EarlyUpload};
 use super::gemm::Gemm;
 use super::graphs::{DecodeGraphs, MixedStepGraphs, StepGraph};
 use super::inputs::{
@@ -31,8 +31,9 @@ use super::kernels::{self, KernelParams, SAMPLE_STRIDE};
 use super::memory::DeviceBuffer;
 use super::plan;
 use super::probe::{self, CudaUnavailable};
+use super::upload::UploadStats;
 use super::wait::StepWaiter;
-use super::weights::{LayerWeights, ModelWeightsOnDevice};
+use super::weights::{LayerWeights, ModelWeightsOnDevice, WeightTargets};
 
 /// Why the CUDA backend could not start.
 #[derive(Debug, thiserror::Error)]
@@ -108,13 +109,23 @@ pub struct OpenedDevice {
     name: String,
     took: Duration,
     early: Option<Arc<EarlyUpload>>,
-    kernels: Option<LoadedKernels>,
-    gemm: Option<Gemm>,
+    prepared: Option<Box<PreparedBackend>>,
+}
+
+/// A backend built from a model's configuration before its weights were read: every buffer,
+/// the KV cache, the product paths and the decode graphs; the weights' contents undefined.
+struct PreparedBackend {
+    backend: CudaBackend,
+    /// Where each tensor goes in its weights.
+    targets: WeightTargets,
+    /// What it was built for: used only for a model, engine and options equal to these.
+    model: ModelConfig,
+    engine: EngineConfig,
+    options: CudaOptions,
 }
 
 /// The kernels compiled (or taken from the cache) and loaded for one set of parameters.
 struct LoadedKernels {
-    params: KernelParams,
     kernels: Kernels,
     /// Compilation (or the cache).
     compile: Duration,
@@ -167,7 +178,6 @@ impl LoadedKernels {
             }
         }
         Ok(Self {
-            params: params.clone(),
             kernels,
             compile,
             ready: started.elapsed(),
@@ -234,41 +244,109 @@ impl OpenedDevice {
             name,
             took,
             early: None,
-            kernels: None,
-            gemm: None,
+            prepared: None,
         })
     }
 
-    /// Creates the product planner and compiles and loads the kernels for `config` ahead of the
-    /// model (from a `config.json` read apart from the hashed files, while they are read). The
-    /// backend built on this device uses the kernels only when the model it is given asks for
-    /// exactly the same kernel parameters, and compiles its own otherwise.
-    pub fn prepare_kernels(&mut self, config: &ModelConfig) -> Result<(), CudaInitError> {
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| CudaInitError::Device(e.to_string()))?;
+    /// Lets `early`, the sink of the model's read, copy the weight bytes it is handed to this
+    /// GPU once [`OpenedDevice::prepare_backend`] allocated the weights; the backend built on
+    /// this device uploads only what it did not copy whole.
+    pub fn copy_early(&mut self, early: Arc<EarlyUpload>) {
+        self.early = Some(early);
+    }
+
+    /// Builds everything of the backend for a model with configuration `model` but the weights'
+    /// contents, ahead of the model (from a `config.json` read apart from the hashed files, while
+    /// they are read): the weights' buffers (from then on the early copies land in them), the
+    /// kernels, the step buffers, the KV cache, the product paths and the decode graphs. The
+    /// backend built on this device uses it only for exactly this configuration, engine
+    /// configuration and options, and builds its own otherwise. On an error nothing is kept.
+    pub fn prepare_backend(
+        &mut self,
+        model: &ModelConfig,
+        engine: &EngineConfig,
+        options: CudaOptions,
+    ) -> Result<(), CudaInitError> {
         let started = Instant::now();
-        if self.gemm.is_none() {
-            self.gemm = Some(Gemm::new()?);
-        }
-        let planner = started.elapsed();
-        let params = kernel_params(&self.ctx, config, &self.arch)?;
-        if params.unsupported().is_none() {
-            self.kernels = Some(LoadedKernels::load(&self.ctx, &params, &self.arch)?);
-        }
+        let prepared = self.build_prepared(model, engine, options)?;
         tracing::info!(
-            planner_ms = planner.as_millis() as u64,
-            kernels_ms = (started.elapsed() - planner).as_millis() as u64,
-            "product planner and kernels prepared ahead of the model"
+            ready_ms = started.elapsed().as_millis() as u64,
+            kv_blocks = prepared.backend.kv_shape.num_blocks,
+            choose_ms = prepared.backend.phases.gemm_selection.as_millis() as u64,
+            capture_ms = prepared.backend.phases.graphs.as_millis() as u64,
+            "backend prepared from the configuration while the model is read"
         );
+        self.prepared = Some(Box::new(prepared));
         Ok(())
     }
 
-    /// Lets `early`, the sink of the model's read, copy the blocks it is handed from now on to
-    /// this GPU; the backend built on this device places the weights from what it copied.
-    pub fn copy_early(&mut self, early: Arc<EarlyUpload>) {
-        early.device_open(self.ctx.clone());
-        self.early = Some(early);
+    /// Stops the early copies and waits for those queued, before the weights they target are
+    /// freed after a failure.
+    fn stop_early(&self) {
+        if let Some(early) = &self.early
+            && let Err(err) = early.finish()
+        {
+            tracing::warn!(error = %err, "waiting for the early copies failed");
+        }
+    }
+
+    fn build_prepared(
+        &mut self,
+        model: &ModelConfig,
+        engine: &EngineConfig,
+        options: CudaOptions,
+    ) -> Result<PreparedBackend, CudaInitError> {
+        let params = kernel_params(&self.ctx, model, &self.arch)?;
+        if let Some(why) = params.unsupported() {
+            return Err(CudaInitError::Unsupported(why));
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let (weights, targets) = ModelWeightsOnDevice::allocate_for(model)?;
+        if let Some(early) = &self.early {
+            early.target(self.ctx.clone(), &targets);
+        }
+        // From here on a failure stops the early copies before the weights are freed.
+        let parts = match CudaBackend::device_parts(
+            &self.ctx,
+            &self.stream,
+            model,
+            engine,
+            &options,
+            &params,
+            &self.arch,
+            self.major,
+            &self.name,
+        ) {
+            Ok(parts) => parts,
+            Err(err) => {
+                self.stop_early();
+                return Err(err);
+            }
+        };
+        let mut backend = CudaBackend::from_parts(
+            self.ctx.clone(),
+            self.stream.clone(),
+            weights,
+            parts,
+            params,
+            engine,
+            options,
+            self.major,
+            self.took,
+        );
+        if let Err(err) = backend.choose_and_capture(engine.cuda_graphs, engine.cuda_mixed_graphs) {
+            self.stop_early();
+            return Err(err.into());
+        }
+        Ok(PreparedBackend {
+            backend,
+            targets,
+            model: model.clone(),
+            engine: engine.clone(),
+            options,
+        })
     }
 }
 
@@ -548,16 +626,27 @@ impl CudaBackend {
             name,
             took: t_context,
             early,
-            kernels: early_kernels,
-            gemm: early_gemm,
+            prepared,
         } = device;
+        ctx.bind_to_thread()
+            .map_err(|e| CudaInitError::Device(e.to_string()))?;
+        // The copies made while the model was read stop here: every one queued has landed
+        // before the weights are used, or freed.
+        let copied = match &early {
+            Some(early) => early.finish()?,
+            None => CopiedWeights::default(),
+        };
+        if let Some(prepared) = prepared {
+            if prepared.model == *cfg && prepared.engine == *config && prepared.options == options {
+                let stats = early.map(|e| e.stats()).unwrap_or_default();
+                return Self::finish_prepared(*prepared, model, &copied, stats, progress, started);
+            }
+            tracing::warn!("the backend prepared ahead was for another configuration; building it");
+        }
         let params = kernel_params(&ctx, cfg, &arch)?;
         if let Some(why) = params.unsupported() {
             return Err(CudaInitError::Unsupported(why));
         }
-
-        ctx.bind_to_thread()
-            .map_err(|e| CudaInitError::Device(e.to_string()))?;
         // Every weight's buffer is allocated first (the KV cache is sized from what is left).
         // The copies into them run on other threads while this one compiles and loads the
         // kernels, allocates the KV cache, chooses the product paths and captures the decode
@@ -565,25 +654,6 @@ impl CudaBackend {
         // the backend is returned, and before the buffers are freed on an error, so no step
         // ever sees a weight half copied.
         let (weights, pieces) = ModelWeightsOnDevice::allocate(model)?;
-        // Weights whose bytes were copied while the model was read are placed from that copy
-        // now, and its memory freed before the KV cache is sized; the rest is uploaded below.
-        let pieces = match early {
-            Some(early) => {
-                let placing = Instant::now();
-                let rest = early.place(pieces, &stream)?;
-                let stats = early.stats();
-                tracing::info!(
-                    copied_while_read = stats.bytes,
-                    copy_ms_summed = stats.copying.as_millis() as u64,
-                    placed_bytes = stats.placed,
-                    place_ms = placing.elapsed().as_millis() as u64,
-                    left_pieces = rest.len(),
-                    "weights placed from the copy made while the model was read"
-                );
-                rest
-            }
-            None => pieces,
-        };
         let upload_ctx = ctx.clone();
         let upload_started = Instant::now();
         std::thread::scope(|scope| {
@@ -596,26 +666,8 @@ impl CudaBackend {
                     Err(CudaInitError::Weights("the upload thread panicked".into()))
                 })
             };
-            // Kernels prepared ahead are used only for exactly these parameters.
-            let early_kernels = early_kernels.filter(|k| {
-                let same = k.params == params;
-                if !same {
-                    tracing::warn!("kernels prepared ahead were for other parameters; compiling");
-                }
-                same
-            });
             let parts = match Self::device_parts(
-                &ctx,
-                &stream,
-                cfg,
-                config,
-                &options,
-                &params,
-                &arch,
-                major,
-                &name,
-                early_kernels,
-                early_gemm,
+                &ctx, &stream, cfg, config, &options, &params, &arch, major, &name,
             ) {
                 Ok(parts) => parts,
                 Err(err) => {
@@ -625,34 +677,9 @@ impl CudaBackend {
                 }
             };
             let parts_compile = parts.compile;
-            let mut backend = Self {
-                graphs: DecodeGraphs::default(),
-                mixed: MixedStepGraphs::default(),
-                waiter: parts.waiter,
-                ctx,
-                stream,
-                kernels: parts.kernels,
-                params,
-                weights,
-                kv: parts.kv,
-                kv_shape: parts.kv_shape,
-                act: parts.act,
-                gemm: parts.gemm,
-                limits: parts.limits,
-                split_budget: parts.split_budget,
-                attention_blocks: parts.attention_blocks,
-                graph_split_context: parts.graph_split_context,
-                host_inputs: Vec::with_capacity(parts.max_words),
-                options,
-                copies: CopyStats::default(),
-                started: None,
-                programmatic: config.programmatic_launch && major >= 9,
-                phases: BackendPhases {
-                    context: t_context,
-                    kernels: parts.kernels_ready,
-                    ..BackendPhases::default()
-                },
-            };
+            let mut backend = Self::from_parts(
+                ctx, stream, weights, parts, params, config, options, major, t_context,
+            );
             let prepared = backend.choose_and_capture(config.cuda_graphs, config.cuda_mixed_graphs);
             let uploaded = finish_upload(uploader);
             prepared?;
@@ -671,6 +698,88 @@ impl CudaBackend {
         })
     }
 
+    /// The backend prepared ahead, with the weights the early copies did not place whole
+    /// uploaded from `model` (which must have the configuration it was prepared for).
+    fn finish_prepared(
+        prepared: PreparedBackend,
+        model: ModelTensors<'_>,
+        copied: &CopiedWeights,
+        early: EarlyStats,
+        progress: &ProgressBar,
+        started: Instant,
+    ) -> Result<Self, CudaInitError> {
+        let PreparedBackend {
+            mut backend,
+            targets,
+            ..
+        } = prepared;
+        let pieces = targets.pieces(model.weights)?;
+        let tensors = pieces.len();
+        let rest: Vec<_> = pieces.into_iter().filter(|p| !copied.covers(p)).collect();
+        let uploaded = if rest.is_empty() {
+            UploadStats::default()
+        } else {
+            ModelWeightsOnDevice::upload(&backend.ctx, &rest, progress)?
+        };
+        backend.phases.weights = uploaded.wall;
+        tracing::info!(
+            copied_while_read = early.bytes,
+            of_it_waiting = early.deferred_bytes,
+            copy_ms_summed = early.copying.as_millis() as u64,
+            tensors,
+            tensors_copied_whole = tensors - rest.len(),
+            uploaded_bytes = uploaded.bytes,
+            upload_ms = uploaded.wall.as_millis() as u64,
+            ready_ms = started.elapsed().as_millis() as u64,
+            "CUDA backend ready (prepared while the model was read; what was not copied then uploaded)"
+        );
+        Ok(backend)
+    }
+
+    /// The backend from its weights and the parts built on the device; the product paths not
+    /// yet chosen, no graph captured.
+    #[allow(clippy::too_many_arguments)]
+    fn from_parts(
+        ctx: Arc<CudaContext>,
+        stream: Arc<CudaStream>,
+        weights: ModelWeightsOnDevice,
+        parts: DeviceParts,
+        params: KernelParams,
+        config: &EngineConfig,
+        options: CudaOptions,
+        major: i32,
+        t_context: Duration,
+    ) -> Self {
+        Self {
+            graphs: DecodeGraphs::default(),
+            mixed: MixedStepGraphs::default(),
+            waiter: parts.waiter,
+            ctx,
+            stream,
+            kernels: parts.kernels,
+            params,
+            weights,
+            kv: parts.kv,
+            kv_shape: parts.kv_shape,
+            act: parts.act,
+            gemm: parts.gemm,
+            limits: parts.limits,
+            split_budget: parts.split_budget,
+            attention_blocks: parts.attention_blocks,
+            graph_split_context: parts.graph_split_context,
+            host_inputs: Vec::with_capacity(parts.max_words),
+            options,
+            copies: CopyStats::default(),
+            started: None,
+            programmatic: config.programmatic_launch && major >= 9,
+            phases: BackendPhases {
+                context: t_context,
+                kernels: parts.kernels_ready,
+                ..BackendPhases::default()
+            },
+        }
+    }
+
     /// Everything of the backend but the weights, built on the device while the weights are
     /// copied: the kernels (compiled, or from the cache, and loaded), the product planner, the
     /// step buffers, the KV cache in what memory is left, the step limits and the step waiter.
@@ -685,19 +794,12 @@ impl CudaBackend {
         arch: &str,
         major: i32,
         name: &str,
-        loaded: Option<LoadedKernels>,
-        gemm: Option<Gemm>,
     ) -> Result<DeviceParts, CudaInitError> {
-        let loaded = match loaded {
-            Some(loaded) => loaded,
-            None => LoadedKernels::load(ctx, params, arch)?,
-        };
         let LoadedKernels {
             kernels,
             compile: t_compile,
             ready: t_kernels,
-            ..
-        } = loaded;
+        } = LoadedKernels::load(ctx, params, arch)?;
 
         // Step buffers are sized for the configured sequence limit, or for the cap when it is
         // derived; the derived limit (below, from the KV blocks) never exceeds that.
@@ -709,10 +811,7 @@ impl CudaBackend {
         let max_rows = buffer_rows;
         let split_budget = plan::split_budget(max_tokens);
         let gemm_started = Instant::now();
-        let gemm = match gemm {
-            Some(gemm) => gemm,
-            None => Gemm::new()?,
-        };
+        let gemm = Gemm::new()?;
         let t_gemm = gemm_started.elapsed();
         let max_context_model = cfg.max_position_embeddings.max(1);
         let max_blocks_per_seq = max_context_model.div_ceil(crate::engine::BLOCK_SIZE);

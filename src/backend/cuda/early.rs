@@ -1,36 +1,40 @@
 //! Weight bytes copied to the GPU while the model is still being read.
 //!
-//! From a cold page cache the read of the model is bounded by the disk, and the upload after it
-//! (pinned staging, ~20 GB/s) used to add most of a second once the last byte arrived. An
-//! [`EarlyUpload`] is the [`BlockSink`] of the model's read: once the GPU has been opened (only
-//! after the platform's attestation passed), every block of a `.safetensors` file is copied, by
-//! the task that read and hashed (or decrypted) it and from the same buffer, through page-locked
-//! staging into a device image of the shards, as long as the read is slow enough for the copies
-//! to hide behind it (a disk-bound read; a read from a warm page cache leaves the weights to the
-//! staged upload). When the backend is built, each bf16 weight is cut at the blocks' boundaries
-//! and every part whose block arrived is copied from the image on the device (a few milliseconds
-//! for 16 GB); the image is freed before the KV cache is sized. Everything else (blocks read
-//! before the GPU was open, other element types, a model with no room for the image) goes the
-//! staged way of `upload.rs`. The image holds checked bytes only, so what reaches the weights is
-//! what the digest covers, with no second read.
+//! From a cold page cache the read of the model is bounded by the disk. Everything the device
+//! needs besides the weights' contents (the weights' buffers, the KV cache, the step buffers,
+//! the product paths and the decode graphs) follows from `config.json` alone, so `inferno serve`
+//! prepares it while the model is read (`OpenedDevice::prepare_backend`, once the platform's
+//! attestation passed). An [`EarlyUpload`] is the [`BlockSink`] of that read: once it knows where
+//! each tensor goes ([`EarlyUpload::target`]) and a shard's header (from the shard's first block),
+//! every block of the shard is copied by the task that read and hashed (or decrypted) it, from
+//! the same buffer, through page-locked staging straight into the bf16 weights it holds. Blocks
+//! that arrived before both were known wait in a list that later reading tasks copy from the
+//! file's buffer, which lives as long as the read. A read from a warm page cache copies nothing
+//! (memory bandwidth is then what the read and the copies would share).
+//!
+//! When the backend is finished, [`EarlyUpload::finish`] stops the copies and waits for every
+//! one queued; a weight counts as copied only when every byte of its range in the shard was, and
+//! its range and device address are the ones the verified model's tensor has, so a header read
+//! early can never put other bytes in a weight than the staged upload would. Everything else
+//! (other element types, bytes that arrived too early or too late) goes the staged way of
+//! `upload.rs`. Nothing on the device is used before the model's digest was checked.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::result as drv;
 use cudarc::driver::{CudaContext, CudaStream};
+use safetensors::Dtype;
+use safetensors::tensor::Metadata;
 
 use crate::model::files::READ_BLOCK;
-use crate::model::{BlockSink, DType};
+use crate::model::{BlockSink, CONFIG_FILE, DType};
 
 use super::backend::CudaInitError;
-use super::memory::DeviceBuffer;
 use super::upload::{Piece, PinnedBuffer};
-
-/// Device memory left free beyond the image and the weights when deciding whether the image
-/// fits (the context, the kernels and the first step buffers).
-const HEADROOM_BYTES: usize = 2 << 30;
+use super::weights::WeightTargets;
 
 /// Blocks are copied early only while the read runs below this rate (bytes per second, since
 /// the read began): then the disk bounds the start-up and the copies hide behind it. Faster, the
@@ -43,60 +47,65 @@ const COPY_BELOW_BYTES_PER_SEC: f64 = 4e9;
 /// The read rate is judged only once this much time has passed since it began.
 const RATE_AFTER: Duration = Duration::from_millis(100);
 
-/// Which parts of one file reached the device image, counted per 16 MiB block (the reader's
-/// blocks; a sealed model's chunks may be smaller or larger).
+/// Blocks waiting for their shard's header or the targets that a reading task copies after
+/// copying its own block.
+const DRAIN_PER_BLOCK: usize = 2;
+
+/// A tensor of a shard, as its header (read from the shard's first block) places it.
+#[derive(Debug, Clone, PartialEq)]
+struct HeaderTensor {
+    name: String,
+    /// Its bytes in the file.
+    start: usize,
+    end: usize,
+    /// Stored as bf16 (the device's type: copied as they are).
+    bf16: bool,
+    shape: Vec<usize>,
+}
+
+/// A tensor of a shard with its place on the device.
 #[derive(Debug)]
-struct CopiedBlocks {
+struct PlacedTensor {
+    start: usize,
+    end: usize,
+    /// Device address its bytes are copied to as they are; 0 when they are not (another element
+    /// type, another shape than expected, or not a weight of the architecture).
+    dst: u64,
+    /// Bytes copied so far (each byte of the file is handed over once).
+    copied: AtomicUsize,
+}
+
+/// One file of the read.
+#[derive(Debug)]
+struct ReadFile {
     len: usize,
-    /// Bytes of each block copied so far.
-    copied: Vec<AtomicUsize>,
-}
-
-impl CopiedBlocks {
-    fn new(len: usize) -> Self {
-        Self {
-            len,
-            copied: (0..len.div_ceil(READ_BLOCK))
-                .map(|_| AtomicUsize::new(0))
-                .collect(),
-        }
-    }
-
-    /// Records `len` bytes at `offset` as copied (each byte is handed over once).
-    fn mark(&self, offset: usize, len: usize) {
-        let mut at = offset;
-        let end = (offset + len).min(self.len);
-        while at < end {
-            let block = at / READ_BLOCK;
-            let upto = ((block + 1) * READ_BLOCK).min(end);
-            self.copied[block].fetch_add(upto - at, Ordering::AcqRel);
-            at = upto;
-        }
-    }
-
-    /// Whether every block overlapping `len` bytes at `offset` was copied whole.
-    fn covers(&self, offset: usize, len: usize) -> bool {
-        if len == 0 || offset + len > self.len {
-            return false;
-        }
-        (offset / READ_BLOCK..=(offset + len - 1) / READ_BLOCK).all(|b| {
-            let size = (self.len - b * READ_BLOCK).min(READ_BLOCK);
-            self.copied[b].load(Ordering::Acquire) == size
-        })
-    }
-}
-
-/// One `.safetensors` file in the image.
-#[derive(Debug)]
-struct ImageFile {
-    /// Its byte offset in the image.
-    at: usize,
-    blocks: CopiedBlocks,
-    /// Address of the file's host buffer (known from its first block), 0 until then.
+    shard: bool,
+    config: bool,
+    /// Address of the file's buffer (known from its first block handed over), 0 until then.
     host_base: AtomicUsize,
+    /// The shard's tensors, from its first block; `None` when the header did not fit in it or
+    /// does not describe this file.
+    header: OnceLock<Option<Vec<HeaderTensor>>>,
+    /// The header's tensors with their device addresses, once both are known.
+    placed: OnceLock<Vec<PlacedTensor>>,
 }
 
-/// A page-locked buffer of one block and the stream that copies from it to the image.
+/// Where the tensors go: set once the weights' buffers were allocated.
+struct Targets {
+    context: Arc<CudaContext>,
+    by_name: HashMap<String, (u64, Vec<usize>)>,
+}
+
+/// A block handed over before its place was known, still in its file's buffer.
+struct Deferred {
+    file: usize,
+    offset: usize,
+    /// Address of the block in the file's buffer.
+    ptr: usize,
+    len: usize,
+}
+
+/// A page-locked buffer of one block and the stream that copies from it to the weights.
 struct Staging {
     buffer: PinnedBuffer,
     stream: Arc<CudaStream>,
@@ -120,33 +129,37 @@ impl Drop for Staging {
     }
 }
 
-/// The device image of the model's shards, filled as they are read; see the module docs.
+/// The model's read, copying weight bytes to the device as they arrive; see the module docs.
 #[derive(Default)]
 pub struct EarlyUpload {
-    context: OnceLock<Arc<CudaContext>>,
-    /// Indexed as the files the read announced; `None` for files that are not shards.
-    files: OnceLock<Vec<Option<ImageFile>>>,
-    /// Staging buffers not in use (as many are made as blocks are copied at once). Declared
-    /// before the image: dropping them waits for their copies into it.
+    /// Indexed as the files the read announced.
+    files: OnceLock<Vec<ReadFile>>,
+    targets: OnceLock<Targets>,
+    deferred: Mutex<Vec<Deferred>>,
+    /// Staging buffers not in use (as many are made as blocks are copied at once).
     staging: Mutex<Vec<Staging>>,
-    /// The allocation, made at the first block read after the GPU opened; `None` when there was
-    /// no room or it failed (everything then goes the staged way).
-    image: Mutex<Option<Option<DeviceBuffer>>>,
-    /// Set on the first failure: nothing more is copied early.
+    /// Held (shared) by every copy from a block until its staging buffer is back in `staging`;
+    /// `finish` takes it exclusively, so no copy is half queued when it waits for them.
+    copying: RwLock<()>,
+    /// Set by `finish` or on the first failure: nothing more is copied.
     stopped: AtomicBool,
+    /// `config.json`'s bytes once handed over whole, or `None` once the read is over without it.
+    config: Mutex<Option<Option<Vec<u8>>>>,
+    config_seen: Condvar,
     /// When the read began (`begin`).
     began: OnceLock<Instant>,
     /// Bytes the read handed over so far, copied or not.
     seen: AtomicUsize,
     bytes: AtomicUsize,
+    deferred_bytes: AtomicUsize,
     copy_nanos: AtomicU64,
-    placed: AtomicUsize,
+    whole: AtomicUsize,
 }
 
 impl std::fmt::Debug for EarlyUpload {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EarlyUpload")
-            .field("device_open", &self.context.get().is_some())
+            .field("targets_known", &self.targets.get().is_some())
             .field("bytes", &self.bytes.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
@@ -155,86 +168,101 @@ impl std::fmt::Debug for EarlyUpload {
 /// What an early upload achieved, for the start-up log.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct EarlyStats {
-    /// Shard bytes copied to the device image while the model was read.
+    /// Weight bytes copied to the device while the model was read.
     pub bytes: usize,
-    /// Time the reading tasks spent copying them, summed.
+    /// Of them, bytes of blocks that had waited for their place to be known.
+    pub deferred_bytes: usize,
+    /// Time the reading tasks spent copying, summed.
     pub copying: Duration,
-    /// Weight bytes placed from the image on the device when the backend was built.
-    pub placed: usize,
+    /// Weights whose every byte was copied (counted by [`EarlyUpload::finish`]).
+    pub whole_tensors: usize,
+}
+
+/// The weights [`EarlyUpload::finish`] found copied whole: per shard, its buffer's address and
+/// length and the copied tensors' ranges and device addresses, sorted.
+#[derive(Debug, Default)]
+pub(super) struct CopiedWeights {
+    files: Vec<(usize, usize, Vec<(usize, usize, u64)>)>,
+}
+
+impl CopiedWeights {
+    /// Whether `piece` is already on the device: bf16 bytes of a shard's buffer whose exact
+    /// range was copied whole to exactly `piece.dst`.
+    pub(super) fn covers(&self, piece: &Piece<'_>) -> bool {
+        if piece.dtype != DType::BF16 || piece.data.is_empty() {
+            return false;
+        }
+        let at = piece.data.as_ptr() as usize;
+        self.files.iter().any(|(base, len, copied)| {
+            let Some(start) = at
+                .checked_sub(*base)
+                .filter(|s| s + piece.data.len() <= *len)
+            else {
+                return false;
+            };
+            copied
+                .binary_search_by_key(&start, |(s, _, _)| *s)
+                .is_ok_and(|i| copied[i] == (start, start + piece.data.len(), piece.dst))
+        })
+    }
 }
 
 impl EarlyUpload {
-    /// A sink that copies nothing until [`EarlyUpload::device_open`].
+    /// A sink that copies nothing until [`EarlyUpload::target`].
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// The GPU is open (and may be used: the platform's attestation passed): blocks read from
-    /// now on are copied to it. Later calls change nothing.
-    pub fn device_open(&self, context: Arc<CudaContext>) {
-        let _ = self.context.set(context);
+    /// The weights' buffers exist (in `context`, on a GPU that may be used: the platform's
+    /// attestation passed) at `targets`: blocks handed over from now on, and those waiting, are
+    /// copied into them. Later calls change nothing.
+    pub(super) fn target(&self, context: Arc<CudaContext>, targets: &WeightTargets) {
+        let by_name = targets
+            .iter()
+            .map(|t| (t.name.clone(), (t.dst, t.shape.clone())))
+            .collect();
+        let _ = self.targets.set(Targets { context, by_name });
+    }
+
+    /// `config.json`'s bytes, waiting until the read handed them over; `None` when it is over
+    /// without them ([`EarlyUpload::read_over`], or every byte handed over).
+    pub fn wait_for_config(&self) -> Option<Vec<u8>> {
+        let mut config = self.config.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(bytes) = config.as_ref() {
+                return bytes.clone();
+            }
+            config = self
+                .config_seen
+                .wait(config)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// The read ended (whether it succeeded or not): nobody waits for `config.json` any more.
+    pub fn read_over(&self) {
+        let mut config = self.config.lock().unwrap_or_else(|e| e.into_inner());
+        if config.is_none() {
+            *config = Some(None);
+        }
+        self.config_seen.notify_all();
     }
 
     /// What was copied so far.
     pub fn stats(&self) -> EarlyStats {
         EarlyStats {
             bytes: self.bytes.load(Ordering::Relaxed),
+            deferred_bytes: self.deferred_bytes.load(Ordering::Relaxed),
             copying: Duration::from_nanos(self.copy_nanos.load(Ordering::Relaxed)),
-            placed: self.placed.load(Ordering::Relaxed),
+            whole_tensors: self.whole.load(Ordering::Relaxed),
         }
     }
 
-    /// Cuts `piece` at the image's block boundaries into parts, each with the device address of
-    /// its copy in the image when every block it spans arrived (whole when its bytes are not in
-    /// a shard's host buffer or the cut would split an element).
-    fn split<'m>(&self, piece: Piece<'m>) -> Vec<(Piece<'m>, Option<u64>)> {
-        let image = self.image.lock().unwrap_or_else(|e| e.into_inner());
-        let (Some(Some(image)), Some(files)) = (image.as_ref(), self.files.get()) else {
-            return vec![(piece, None)];
-        };
-        let start = piece.data.as_ptr() as usize;
-        let found = files.iter().flatten().find_map(|file| {
-            let host = file.host_base.load(Ordering::Acquire);
-            let offset = start.checked_sub(host).filter(|_| host != 0)?;
-            (offset + piece.data.len() <= file.blocks.len).then_some((file, offset))
-        });
-        let Some((file, offset)) = found else {
-            return vec![(piece, None)];
-        };
-        let cuts_elements = offset % 2 != 0;
-        let mut parts = Vec::new();
-        let mut at = 0;
-        while at < piece.data.len() {
-            let end = if cuts_elements {
-                piece.data.len()
-            } else {
-                ((offset + at) / READ_BLOCK + 1) * READ_BLOCK - offset
-            }
-            .min(piece.data.len());
-            let part = Piece {
-                dst: piece.dst + at as u64,
-                dtype: piece.dtype,
-                data: &piece.data[at..end],
-            };
-            let source = file
-                .blocks
-                .covers(offset + at, end - at)
-                .then(|| image.ptr() + (file.at + offset + at) as u64);
-            parts.push((part, source));
-            at = end;
-        }
-        parts
-    }
-
-    /// Copies every bf16 piece whose bytes are all in the image to its weight on `stream`
-    /// (device to device), waits for the copies and frees the image (in the current context);
-    /// returns the pieces left for the staged upload (the bytes placed are in [`Self::stats`]).
-    pub(super) fn place<'m>(
-        &self,
-        pieces: Vec<Piece<'m>>,
-        stream: &CudaStream,
-    ) -> Result<Vec<Piece<'m>>, CudaInitError> {
-        // Every queued copy into the image has landed once its staging stream is synchronised.
+    /// Stops the copies, waits for every one queued (in the current context) and returns the
+    /// weights copied whole. Called before the weights are used or freed.
+    pub(super) fn finish(&self) -> Result<CopiedWeights, CudaInitError> {
+        self.stopped.store(true, Ordering::Release);
+        let _no_copy_in_flight = self.copying.write().unwrap_or_else(|e| e.into_inner());
         let staging = std::mem::take(&mut *self.staging.lock().unwrap_or_else(|e| e.into_inner()));
         for buffer in &staging {
             buffer
@@ -243,45 +271,55 @@ impl EarlyUpload {
                 .map_err(|e| CudaInitError::Weights(format!("copying while reading: {e}")))?;
         }
         drop(staging);
-        let mut rest = Vec::with_capacity(pieces.len());
-        let mut placed = 0;
-        let parts = pieces.into_iter().flat_map(|piece| match piece.dtype {
-            DType::BF16 => self.split(piece),
-            DType::F16 | DType::F32 => vec![(piece, None)],
-        });
-        for (piece, source) in parts {
-            let Some(source) = source else {
-                rest.push(piece);
+        self.deferred
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        let mut copied = CopiedWeights::default();
+        for file in self.files.get().into_iter().flatten() {
+            let (Some(placed), base) = (file.placed.get(), file.host_base.load(Ordering::Acquire))
+            else {
                 continue;
             };
-            // SAFETY: `source` addresses `piece.data.len()` bytes of the image (every block of
-            // them was copied, checked by `split`) and `piece.dst` a weight allocated for
-            // the piece's bf16 bytes, which for bf16 are as many; both stay allocated until the
-            // stream is synchronised below.
-            unsafe {
-                drv::memcpy_dtod_async(piece.dst, source, piece.data.len(), stream.cu_stream())
+            let whole: Vec<(usize, usize, u64)> = placed
+                .iter()
+                .filter(|t| t.dst != 0 && t.copied.load(Ordering::Acquire) == t.end - t.start)
+                .map(|t| (t.start, t.end, t.dst))
+                .collect();
+            if base != 0 && !whole.is_empty() {
+                self.whole.fetch_add(whole.len(), Ordering::Relaxed);
+                copied.files.push((base, file.len, whole));
             }
-            .map_err(|e| CudaInitError::Weights(format!("placing a weight from the image: {e}")))?;
-            placed += piece.data.len();
         }
-        stream
-            .synchronize()
-            .map_err(|e| CudaInitError::Weights(format!("placing the weights: {e}")))?;
-        *self.image.lock().unwrap_or_else(|e| e.into_inner()) = Some(None);
-        self.placed.fetch_add(placed, Ordering::Relaxed);
-        Ok(rest)
+        Ok(copied)
     }
 
-    /// Allocates the image on the first call when there is room; its address, if any.
-    fn image_ptr(&self, context: &Arc<CudaContext>) -> Option<u64> {
-        let mut image = self.image.lock().unwrap_or_else(|e| e.into_inner());
-        if image.is_none() {
-            let total: usize = self.files.get().map_or(0, |files| {
-                files.iter().flatten().map(|f| f.blocks.len).sum()
-            });
-            *image = Some(allocate_image(context, total));
+    /// The tensors of `file` with their device addresses, once its header and the targets are
+    /// both known.
+    fn placed<'a>(&self, file: &'a ReadFile) -> Option<&'a [PlacedTensor]> {
+        if let Some(placed) = file.placed.get() {
+            return Some(placed);
         }
-        image.as_ref()?.as_ref().map(DeviceBuffer::ptr)
+        let header = file.header.get()?.as_ref()?;
+        let targets = self.targets.get()?;
+        let placed = file.placed.get_or_init(|| {
+            header
+                .iter()
+                .map(|t| {
+                    let dst = match targets.by_name.get(&t.name) {
+                        Some((dst, shape)) if t.bf16 && *shape == t.shape => *dst,
+                        _ => 0,
+                    };
+                    PlacedTensor {
+                        start: t.start,
+                        end: t.end,
+                        dst,
+                        copied: AtomicUsize::new(0),
+                    }
+                })
+                .collect()
+        });
+        Some(placed)
     }
 
     /// Whether the read, having handed over `seen` bytes, runs faster than early copies pay.
@@ -293,100 +331,211 @@ impl EarlyUpload {
         elapsed > RATE_AFTER && seen as f64 / elapsed.as_secs_f64() > COPY_BELOW_BYTES_PER_SEC
     }
 
-    /// Queues the copy of `bytes` to `dst` through a staging buffer (a block at a time), so the
-    /// reading task only copies into page-locked memory and goes on reading.
-    fn copy(&self, context: &Arc<CudaContext>, dst: u64, bytes: &[u8]) -> Result<(), String> {
+    /// Copies the weight bytes of `bytes` (at `offset` of a shard whose tensors are `placed`)
+    /// to the device through a staging buffer (a block at a time), so the reading task only
+    /// copies into page-locked memory and goes on reading. Returns the bytes queued.
+    fn copy(
+        &self,
+        context: &Arc<CudaContext>,
+        placed: &[PlacedTensor],
+        offset: usize,
+        bytes: &[u8],
+    ) -> Result<usize, String> {
+        context
+            .bind_to_thread()
+            .map_err(|e| format!("binding the context: {e}"))?;
         let free = self.staging.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut staging = match free {
             Some(staging) => staging,
             None => Staging::new(context)?,
         };
-        for (i, part) in bytes.chunks(READ_BLOCK).enumerate() {
-            staging
-                .stream
-                .synchronize()
-                .map_err(|e| format!("waiting for a copy: {e}"))?;
-            let staged = &mut staging.buffer.as_mut_slice()[..part.len()];
-            staged.copy_from_slice(part);
-            // SAFETY: `dst + i * READ_BLOCK` and the part's length lie in the image (the caller
-            // checked the block against its file's place), which is freed only after every
-            // staging stream was synchronised (`place`); the staging buffer is not written again
-            // before this stream is synchronised (above, or when it is dropped).
-            unsafe {
-                drv::memcpy_htod_async(
-                    dst + (i * READ_BLOCK) as u64,
-                    &*staged,
-                    staging.stream.cu_stream(),
-                )
+        let mut queued = 0;
+        let result = (|| {
+            for (i, part) in bytes.chunks(READ_BLOCK).enumerate() {
+                let (lo, hi) = (
+                    offset + i * READ_BLOCK,
+                    offset + i * READ_BLOCK + part.len(),
+                );
+                let first = placed.partition_point(|t| t.end <= lo);
+                let tensors = placed[first..]
+                    .iter()
+                    .take_while(|t| t.start < hi)
+                    .filter(|t| t.dst != 0);
+                let mut staged: Option<&[u8]> = None;
+                for tensor in tensors {
+                    let (from, to) = (tensor.start.max(lo), tensor.end.min(hi));
+                    if from >= to {
+                        continue;
+                    }
+                    let staged = if let Some(staged) = staged {
+                        staged
+                    } else {
+                        staging
+                            .stream
+                            .synchronize()
+                            .map_err(|e| format!("waiting for a copy: {e}"))?;
+                        let buffer = &mut staging.buffer.as_mut_slice()[..part.len()];
+                        buffer.copy_from_slice(part);
+                        let buffer: &[u8] = buffer;
+                        staged = Some(buffer);
+                        buffer
+                    };
+                    // SAFETY: `tensor.dst` is the start of the tensor's place in a weight's
+                    // buffer, which holds its `end - start` bytes, so `dst + (from - start)`
+                    // has room for `to - from`; the weights are freed only after `finish`
+                    // waited for every staging stream. The staged bytes are not written again
+                    // before this stream is synchronised (above, or when it is dropped).
+                    unsafe {
+                        drv::memcpy_htod_async(
+                            tensor.dst + (from - tensor.start) as u64,
+                            &staged[from - lo..to - lo],
+                            staging.stream.cu_stream(),
+                        )
+                    }
+                    .map_err(|e| format!("queueing a copy: {e}"))?;
+                    tensor.copied.fetch_add(to - from, Ordering::AcqRel);
+                    queued += to - from;
+                }
             }
-            .map_err(|e| format!("queueing a copy: {e}"))?;
-        }
+            Ok(())
+        })();
         self.staging
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(staging);
-        Ok(())
+        result.map(|()| queued)
+    }
+
+    /// Copies `bytes` of `file` at `offset` when its place is known (returning true); false
+    /// when it is not, or copies stopped.
+    fn try_copy(&self, file: &ReadFile, offset: usize, bytes: &[u8]) -> bool {
+        let (Some(targets), Some(placed)) = (self.targets.get(), self.placed(file)) else {
+            return false;
+        };
+        let _copying = self.copying.read().unwrap_or_else(|e| e.into_inner());
+        if self.stopped.load(Ordering::Acquire) {
+            return true;
+        }
+        let started = Instant::now();
+        match self.copy(&targets.context, placed, offset, bytes) {
+            Ok(queued) => {
+                self.bytes.fetch_add(queued, Ordering::Relaxed);
+                self.copy_nanos
+                    .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            }
+            Err(why) => self.stop(why),
+        }
+        true
+    }
+
+    /// Copies up to [`DRAIN_PER_BLOCK`] waiting blocks whose place is known now. Called only
+    /// from [`BlockSink::block`], while the read (which owns the files' buffers) runs.
+    fn drain(&self, files: &[ReadFile]) {
+        for _ in 0..DRAIN_PER_BLOCK {
+            let ready = {
+                let mut deferred = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
+                let at = deferred
+                    .iter()
+                    .position(|d| self.placed(&files[d.file]).is_some());
+                at.map(|at| deferred.swap_remove(at))
+            };
+            let Some(block) = ready else {
+                return;
+            };
+            // SAFETY: `ptr` and `len` are a block the read handed over earlier, in a file's
+            // buffer that the read owns until every task of it returned (this one is one), that
+            // is neither moved nor freed meanwhile, and whose bytes no task writes again (each
+            // block is read once, before it is handed over).
+            let bytes = unsafe { std::slice::from_raw_parts(block.ptr as *const u8, block.len) };
+            let before = self.bytes.load(Ordering::Relaxed);
+            self.try_copy(&files[block.file], block.offset, bytes);
+            let after = self.bytes.load(Ordering::Relaxed);
+            self.deferred_bytes
+                .fetch_add(after.saturating_sub(before), Ordering::Relaxed);
+        }
     }
 
     fn stop(&self, why: String) {
-        if !self.stopped.swap(true, Ordering::Relaxed) {
+        if !self.stopped.swap(true, Ordering::AcqRel) {
             tracing::warn!(%why, "early weight copies stopped; the rest goes the staged way");
         }
     }
+
+    fn config_seen(&self, bytes: Option<Vec<u8>>) {
+        let mut config = self.config.lock().unwrap_or_else(|e| e.into_inner());
+        if config.is_none() {
+            *config = Some(bytes);
+        }
+        self.config_seen.notify_all();
+    }
 }
 
-/// An image of `total` bytes when the device has room for it and the weights beside it.
-fn allocate_image(context: &Arc<CudaContext>, total: usize) -> Option<DeviceBuffer> {
-    if total == 0 || context.bind_to_thread().is_err() {
+/// The tensors a shard's header places, when the whole header is in `first` (the file's first
+/// bytes) and describes a file of `len` bytes; sorted by where they start.
+fn header_tensors(first: &[u8], len: usize) -> Option<Vec<HeaderTensor>> {
+    let n = usize::try_from(u64::from_le_bytes(first.get(..8)?.try_into().ok()?)).ok()?;
+    let data = n.checked_add(8)?;
+    let metadata: Metadata = serde_json::from_slice(first.get(8..data)?).ok()?;
+    if data.checked_add(metadata.data_len())? != len {
         return None;
     }
-    let free = drv::mem_get_info().map(|(free, _)| free).unwrap_or(0);
-    if free < 2 * total + HEADROOM_BYTES {
-        tracing::info!(
-            free_bytes = free,
-            shard_bytes = total,
-            "no room for an early copy of the shards beside the weights; uploading after the read"
-        );
-        return None;
-    }
-    DeviceBuffer::new(total)
-        .inspect_err(|e| tracing::warn!(error = %e, "allocating the early image failed"))
-        .ok()
+    let mut tensors: Vec<HeaderTensor> = metadata
+        .tensors()
+        .into_iter()
+        .map(|(name, info)| HeaderTensor {
+            name,
+            start: data + info.data_offsets.0,
+            end: data + info.data_offsets.1,
+            bf16: info.dtype == Dtype::BF16,
+            shape: info.shape.clone(),
+        })
+        .collect();
+    tensors.sort_by_key(|t| (t.start, t.end));
+    let disjoint = tensors.windows(2).all(|w| w[0].end <= w[1].start);
+    (disjoint && tensors.iter().all(|t| t.start <= t.end && t.end <= len)).then_some(tensors)
 }
 
 impl BlockSink for EarlyUpload {
     fn begin(&self, files: &[(&str, usize)]) {
-        let mut at = 0;
         let files = files
             .iter()
-            .map(|(name, len)| {
-                name.ends_with(".safetensors").then(|| {
-                    let file = ImageFile {
-                        at,
-                        blocks: CopiedBlocks::new(*len),
-                        host_base: AtomicUsize::new(0),
-                    };
-                    at += len;
-                    file
-                })
+            .map(|(name, len)| ReadFile {
+                len: *len,
+                shard: name.ends_with(".safetensors"),
+                config: *name == CONFIG_FILE,
+                host_base: AtomicUsize::new(0),
+                header: OnceLock::new(),
+                placed: OnceLock::new(),
             })
-            .collect();
+            .collect::<Vec<_>>();
+        if !files.iter().any(|f| f.config) {
+            self.config_seen(None);
+        }
         let _ = self.files.set(files);
         let _ = self.began.set(Instant::now());
     }
 
     fn block(&self, file: usize, offset: usize, bytes: &[u8]) {
         let seen = self.seen.fetch_add(bytes.len(), Ordering::Relaxed) + bytes.len();
-        let Some(context) = self.context.get() else {
+        let Some(files) = self.files.get() else {
             return;
         };
-        if self.read_is_fast(seen) {
+        if seen >= files.iter().map(|f| f.len).sum::<usize>() {
+            self.read_over();
+        }
+        let Some(target) = files.get(file) else {
+            return;
+        };
+        if offset
+            .checked_add(bytes.len())
+            .is_none_or(|end| end > target.len)
+        {
             return;
         }
-        let Some(Some(target)) = self.files.get().and_then(|files| files.get(file)) else {
-            return;
-        };
-        if self.stopped.load(Ordering::Relaxed) || offset + bytes.len() > target.blocks.len {
+        if target.config && offset == 0 && bytes.len() == target.len {
+            self.config_seen(Some(bytes.to_vec()));
+        }
+        if !target.shard {
             return;
         }
         let _ = target.host_base.compare_exchange(
@@ -395,20 +544,28 @@ impl BlockSink for EarlyUpload {
             Ordering::AcqRel,
             Ordering::Acquire,
         );
-        let Some(base) = self.image_ptr(context) else {
+        if offset == 0 {
+            let _ = target.header.set(header_tensors(bytes, target.len));
+        }
+        if self.stopped.load(Ordering::Acquire) || self.read_is_fast(seen) {
             return;
-        };
-        let started = Instant::now();
-        if let Err(e) = context.bind_to_thread() {
-            return self.stop(format!("binding the context: {e}"));
         }
-        if let Err(e) = self.copy(context, base + (target.at + offset) as u64, bytes) {
-            return self.stop(e);
+        if !self.try_copy(target, offset, bytes) {
+            let mut deferred = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
+            // Checked again under the lock: a drain that ran since would have missed it.
+            if self.placed(target).is_none() || self.targets.get().is_none() {
+                deferred.push(Deferred {
+                    file,
+                    offset,
+                    ptr: bytes.as_ptr() as usize,
+                    len: bytes.len(),
+                });
+                return;
+            }
+            drop(deferred);
+            self.try_copy(target, offset, bytes);
         }
-        target.blocks.mark(offset, bytes.len());
-        self.bytes.fetch_add(bytes.len(), Ordering::Relaxed);
-        self.copy_nanos
-            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.drain(files);
     }
 }
 
@@ -416,68 +573,123 @@ impl BlockSink for EarlyUpload {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_range_counts_as_copied_only_when_every_block_it_spans_was() {
-        let blocks = CopiedBlocks::new(3 * READ_BLOCK + 10);
-        assert!(!blocks.covers(0, 1));
-        blocks.mark(0, READ_BLOCK);
-        blocks.mark(2 * READ_BLOCK, READ_BLOCK);
-        assert!(blocks.covers(0, READ_BLOCK));
-        assert!(
-            !blocks.covers(READ_BLOCK - 2, 4),
-            "spans block 1, not copied"
-        );
-        assert!(blocks.covers(2 * READ_BLOCK + 5, READ_BLOCK - 5));
-        blocks.mark(READ_BLOCK, READ_BLOCK);
-        assert!(blocks.covers(0, 3 * READ_BLOCK));
-        assert!(
-            !blocks.covers(0, 3 * READ_BLOCK + 1),
-            "the last block was not copied"
-        );
-        blocks.mark(3 * READ_BLOCK, 10);
-        assert!(blocks.covers(0, 3 * READ_BLOCK + 10));
-        assert!(
-            !blocks.covers(0, 3 * READ_BLOCK + 11),
-            "past the end of the file"
-        );
-        assert!(!blocks.covers(5, 0), "an empty range is never resident");
+    /// A safetensors file of a bf16 `[2, 3]` tensor `a` and an f32 `[2]` tensor `b`.
+    fn shard() -> Vec<u8> {
+        use safetensors::tensor::TensorView;
+        let a = vec![1u8; 12];
+        let b = vec![2u8; 8];
+        let tensors = [
+            ("a", TensorView::new(Dtype::BF16, vec![2, 3], &a).unwrap()),
+            ("b", TensorView::new(Dtype::F32, vec![2], &b).unwrap()),
+        ];
+        safetensors::serialize(tensors, None).unwrap()
     }
 
     #[test]
-    fn pieces_of_other_sizes_complete_a_block_only_together() {
-        // A sealed model's chunks: 5 MiB pieces, one straddling the first block's end.
-        let chunk = 5 << 20;
-        let blocks = CopiedBlocks::new(2 * READ_BLOCK);
-        for i in 0..3 {
-            blocks.mark(i * chunk, chunk);
-        }
-        assert!(!blocks.covers(0, 1), "15 of 16 MiB copied");
-        blocks.mark(3 * chunk, chunk);
-        assert!(blocks.covers(0, READ_BLOCK));
-        assert!(!blocks.covers(READ_BLOCK, 1));
-        for i in 4..7 {
-            blocks.mark(i * chunk, chunk);
-        }
-        assert!(
-            blocks.covers(0, 2 * READ_BLOCK),
-            "the last piece is clipped at the end"
-        );
+    fn a_header_in_the_first_block_places_every_tensor() {
+        let bytes = shard();
+        let tensors = header_tensors(&bytes, bytes.len()).expect("a whole header");
+        let data = bytes.len() - 20;
+        assert_eq!(tensors.len(), 2);
+        let a = tensors.iter().find(|t| t.name == "a").unwrap();
+        let b = tensors.iter().find(|t| t.name == "b").unwrap();
+        assert_eq!((a.bf16, a.shape.as_slice()), (true, &[2, 3][..]));
+        assert!(!b.bf16);
+        assert_eq!(&bytes[a.start..a.end], &[1u8; 12]);
+        assert_eq!(&bytes[b.start..b.end], &[2u8; 8]);
+        assert!(tensors.iter().all(|t| t.start >= data));
+        // A header cut by the block, or one describing a file of another length, places nothing.
+        assert_eq!(header_tensors(&bytes[..20], bytes.len()), None);
+        assert_eq!(header_tensors(&bytes, bytes.len() + 1), None);
+        assert_eq!(header_tensors(&bytes[..4], bytes.len()), None);
     }
 
     #[test]
-    fn without_an_open_device_blocks_are_only_announced() {
+    fn before_the_targets_are_known_blocks_wait_and_nothing_is_copied() {
         let early = EarlyUpload::new();
-        early.begin(&[("config.json", 2), ("a.safetensors", 100)]);
-        early.block(1, 0, &[0u8; 100]);
+        let bytes = shard();
+        early.begin(&[("config.json", 2), ("model.safetensors", bytes.len())]);
+        early.block(1, 0, &bytes);
         assert_eq!(early.stats(), EarlyStats::default());
-        let data = [0u8; 4];
+        assert_eq!(early.deferred.lock().unwrap().len(), 1);
+        let copied = early.finish().unwrap();
+        assert!(
+            early.deferred.lock().unwrap().is_empty(),
+            "finish forgets them"
+        );
         let piece = Piece {
-            dst: 0,
+            dst: 0x1000,
             dtype: DType::BF16,
-            data: &data,
+            data: &bytes[8..20],
         };
-        let parts = early.split(piece);
-        assert_eq!(parts.len(), 1);
-        assert_eq!(parts[0].1, None, "without an image nothing is resident");
+        assert!(!copied.covers(&piece));
+    }
+
+    #[test]
+    fn copied_weights_cover_only_their_exact_range_and_address() {
+        let buffer = vec![0u8; 64];
+        let base = buffer.as_ptr() as usize;
+        let copied = CopiedWeights {
+            files: vec![(base, 64, vec![(8, 20, 0x1000), (20, 32, 0x2000)])],
+        };
+        let piece = |range: std::ops::Range<usize>, dst: u64, dtype: DType| Piece {
+            dst,
+            dtype,
+            data: &buffer[range],
+        };
+        assert!(copied.covers(&piece(8..20, 0x1000, DType::BF16)));
+        assert!(copied.covers(&piece(20..32, 0x2000, DType::BF16)));
+        assert!(
+            !copied.covers(&piece(8..20, 0x2000, DType::BF16)),
+            "another address"
+        );
+        assert!(
+            !copied.covers(&piece(8..18, 0x1000, DType::BF16)),
+            "part of it"
+        );
+        assert!(
+            !copied.covers(&piece(8..32, 0x1000, DType::BF16)),
+            "more than it"
+        );
+        assert!(
+            !copied.covers(&piece(8..20, 0x1000, DType::F16)),
+            "not bf16"
+        );
+        let other = vec![0u8; 64];
+        let elsewhere = Piece {
+            dst: 0x1000,
+            dtype: DType::BF16,
+            data: &other[8..20],
+        };
+        assert!(!copied.covers(&elsewhere), "another buffer");
+    }
+
+    #[test]
+    fn the_configuration_is_waited_for_until_the_read_is_over() {
+        let early = Arc::new(EarlyUpload::new());
+        early.begin(&[("config.json", 2), ("model.safetensors", 4)]);
+        let waiter = {
+            let early = early.clone();
+            std::thread::spawn(move || early.wait_for_config())
+        };
+        early.block(0, 0, b"{}");
+        assert_eq!(waiter.join().unwrap(), Some(b"{}".to_vec()));
+
+        let early = Arc::new(EarlyUpload::new());
+        early.begin(&[("config.json", 2)]);
+        let waiter = {
+            let early = early.clone();
+            std::thread::spawn(move || early.wait_for_config())
+        };
+        early.read_over();
+        assert_eq!(
+            waiter.join().unwrap(),
+            None,
+            "a failed read wakes the waiter"
+        );
+
+        let early = EarlyUpload::new();
+        early.begin(&[("model.safetensors", 4)]);
+        assert_eq!(early.wait_for_config(), None, "no config.json in the read");
     }
 }

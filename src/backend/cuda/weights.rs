@@ -6,7 +6,8 @@ use std::sync::Arc;
 use cudarc::driver::CudaContext;
 use indicatif::ProgressBar;
 
-use crate::model::ModelTensors;
+use crate::model::weights::ModelWeights;
+use crate::model::{ModelConfig, ModelTensors};
 
 use super::backend::CudaInitError;
 use super::memory::DeviceBuffer;
@@ -59,16 +60,63 @@ pub fn f32_to_bf16(x: f32) -> u16 {
     (rounded >> 16) as u16
 }
 
-/// Allocates each weight's device buffer and collects the pieces to copy into it.
-struct Uploader<'m> {
-    model: ModelTensors<'m>,
-    pieces: Vec<Piece<'m>>,
+/// Where one of the model's tensors goes on the device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WeightTarget {
+    /// The tensor's name in the shards.
+    pub name: String,
+    /// The shape the architecture expects.
+    pub shape: Vec<usize>,
+    /// Device address of its bf16 copy.
+    pub dst: u64,
+}
+
+/// Every tensor's place in the weights' device buffers, in the order they were allocated.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WeightTargets {
+    tensors: Vec<WeightTarget>,
+}
+
+impl WeightTargets {
+    /// Each tensor's place.
+    pub fn iter(&self) -> impl Iterator<Item = &WeightTarget> {
+        self.tensors.iter()
+    }
+
+    /// The pieces of `weights`' bytes to copy to these places, each tensor checked against its
+    /// expected shape.
+    pub fn pieces<'m>(&self, weights: &'m ModelWeights) -> Result<Vec<Piece<'m>>, CudaInitError> {
+        self.tensors
+            .iter()
+            .map(|target| {
+                let view = weights
+                    .tensor(&target.name)
+                    .map_err(|e| CudaInitError::Weights(e.to_string()))?;
+                if view.shape != target.shape {
+                    return Err(CudaInitError::Weights(format!(
+                        "tensor {} has shape {:?}, expected {:?}",
+                        target.name, view.shape, target.shape
+                    )));
+                }
+                Ok(Piece {
+                    dst: target.dst,
+                    dtype: view.dtype,
+                    data: view.data,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Allocates each weight's device buffer and records where each tensor goes in it.
+#[derive(Default)]
+struct Allocator {
+    targets: Vec<WeightTarget>,
     bytes: usize,
 }
 
-impl<'m> Uploader<'m> {
-    /// Allocates one buffer for the named tensors, checked against their expected shapes, and
-    /// queues them to be copied one after another into it.
+impl Allocator {
+    /// Allocates one buffer for the named tensors of the given shapes, one after another.
     fn stacked(&mut self, parts: &[(String, Vec<usize>)]) -> Result<DeviceBuffer, CudaInitError> {
         let total: usize = parts
             .iter()
@@ -77,21 +125,10 @@ impl<'m> Uploader<'m> {
         let buffer = DeviceBuffer::new(total)?;
         let mut offset = 0;
         for (name, shape) in parts {
-            let view = self
-                .model
-                .weights
-                .tensor(name)
-                .map_err(|e| CudaInitError::Weights(e.to_string()))?;
-            if view.shape != *shape {
-                return Err(CudaInitError::Weights(format!(
-                    "tensor {name} has shape {:?}, expected {shape:?}",
-                    view.shape
-                )));
-            }
-            self.pieces.push(Piece {
+            self.targets.push(WeightTarget {
+                name: name.clone(),
+                shape: shape.clone(),
                 dst: buffer.at(offset),
-                dtype: view.dtype,
-                data: view.data,
             });
             offset += shape.iter().product::<usize>() * 2;
         }
@@ -109,7 +146,15 @@ impl ModelWeightsOnDevice {
     /// with the pieces of the model's bytes to copy into them ([`upload::upload`]), so the copy
     /// can run while other start-up work uses the device.
     pub fn allocate(model: ModelTensors<'_>) -> Result<(Self, Vec<Piece<'_>>), CudaInitError> {
-        let c = model.config;
+        let (weights, targets) = Self::allocate_for(model.config)?;
+        let pieces = targets.pieces(model.weights)?;
+        Ok((weights, pieces))
+    }
+
+    /// Allocates a device buffer for every weight of a model with configuration `c`, contents
+    /// undefined, and returns where each tensor goes: everything the device needs is known from
+    /// the configuration alone, so this can run before the weights are read.
+    pub fn allocate_for(c: &ModelConfig) -> Result<(Self, WeightTargets), CudaInitError> {
         let (h, d, hq, hkv, inter, v) = (
             c.hidden_size,
             c.head_dim,
@@ -118,11 +163,7 @@ impl ModelWeightsOnDevice {
             c.intermediate_size,
             c.vocab_size,
         );
-        let mut up = Uploader {
-            model,
-            pieces: Vec::new(),
-            bytes: 0,
-        };
+        let mut up = Allocator::default();
         let embed = up.one("model.embed_tokens.weight".into(), vec![v, h])?;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
@@ -185,7 +226,12 @@ impl ModelWeightsOnDevice {
             inv_freq,
             bytes: up.bytes,
         };
-        Ok((weights, up.pieces))
+        Ok((
+            weights,
+            WeightTargets {
+                tensors: up.targets,
+            },
+        ))
     }
 
     /// Copies `pieces` (from [`ModelWeightsOnDevice::allocate`]) to the device (see `upload.rs`:
@@ -235,5 +281,37 @@ mod tests {
         assert_eq!(f32_to_bf16(f32::from_bits(0x3f80_8000)), 0x3f80);
         assert_eq!(f32_to_bf16(f32::from_bits(0x3f81_8000)), 0x3f82);
         assert!(f32::from_bits(u32::from(f32_to_bf16(f32::NAN)) << 16).is_nan());
+    }
+
+    #[test]
+    fn targets_take_each_tensors_bytes_and_refuse_another_shape() {
+        let model = crate::model::Model::embedded().unwrap();
+        let embed = model.weights.tensor("model.embed_tokens.weight").unwrap();
+        let norm = model.weights.tensor("model.norm.weight").unwrap();
+        let target = |name: &str, shape: &[usize], dst: u64| WeightTarget {
+            name: name.into(),
+            shape: shape.to_vec(),
+            dst,
+        };
+        let targets = WeightTargets {
+            tensors: vec![
+                target("model.embed_tokens.weight", &embed.shape, 0x10000),
+                target("model.norm.weight", &norm.shape, 0x20000),
+            ],
+        };
+        let pieces = targets.pieces(&model.weights).unwrap();
+        assert_eq!(pieces.len(), 2);
+        assert_eq!((pieces[0].dst, pieces[0].data), (0x10000, embed.data));
+        assert_eq!((pieces[1].dst, pieces[1].data), (0x20000, norm.data));
+
+        let wrong = WeightTargets {
+            tensors: vec![target("model.norm.weight", &[norm.shape[0] + 1], 0x20000)],
+        };
+        let err = wrong.pieces(&model.weights).unwrap_err().to_string();
+        assert!(err.contains("model.norm.weight"), "{err}");
+        let missing = WeightTargets {
+            tensors: vec![target("model.nothing", &[1], 0x20000)],
+        };
+        assert!(missing.pieces(&model.weights).is_err());
     }
 }
