@@ -541,9 +541,10 @@ fn weights_copied_while_the_model_is_read_give_the_staged_uploads_logits() {
         let data = shard.len() - 8 - u64::from_le_bytes(shard[..8].try_into().unwrap()) as usize;
         match case {
             "prepared, then read" => {
+                // Blocks read before their shard's header waited, then were copied.
                 assert_eq!(stats.bytes, data, "every weight byte was copied early");
-                assert_eq!(stats.deferred_bytes, 0);
-                assert!(stats.whole_tensors > 0, "{stats:?}");
+                assert!(stats.deferred_bytes <= data, "{stats:?}");
+                assert_eq!(stats.whole_tensors, model.weights.names().count());
             }
             "read, then prepared" => assert_eq!((stats.bytes, stats.whole_tensors), (0, 0)),
             "block 1 before the places, then block 0" => {

@@ -109,19 +109,28 @@ pub struct OpenedDevice {
     name: String,
     took: Duration,
     early: Option<Arc<EarlyUpload>>,
-    prepared: Option<Box<PreparedBackend>>,
+    preparing: Option<Box<PreparingBackend>>,
 }
 
-/// A backend built from a model's configuration before its weights were read: every buffer,
-/// the KV cache, the product paths and the decode graphs; the weights' contents undefined.
-struct PreparedBackend {
-    backend: CudaBackend,
-    /// Where each tensor goes in its weights.
+/// A backend being built from a model's configuration before its weights were read, on a
+/// thread of its own: every buffer, the KV cache, the product paths and the decode graphs; the
+/// weights' buffers exist from the start, their contents undefined.
+struct PreparingBackend {
+    /// Where each tensor goes in the weights.
     targets: WeightTargets,
-    /// What it was built for: used only for a model, engine and options equal to these.
+    /// What it is built for: used only for a model, engine and options equal to these.
     model: ModelConfig,
     engine: EngineConfig,
     options: CudaOptions,
+    build: std::thread::JoinHandle<Prepared>,
+}
+
+/// How the preparation ended.
+enum Prepared {
+    Ready(CudaBackend),
+    /// The error, and what was built (the weights among it), to be freed only once nothing
+    /// copies into the weights any more.
+    Failed(CudaInitError, Box<dyn Send>),
 }
 
 /// The kernels compiled (or taken from the cache) and loaded for one set of parameters.
@@ -244,7 +253,7 @@ impl OpenedDevice {
             name,
             took,
             early: None,
-            prepared: None,
+            preparing: None,
         })
     }
 
@@ -255,12 +264,13 @@ impl OpenedDevice {
         self.early = Some(early);
     }
 
-    /// Builds everything of the backend for a model with configuration `model` but the weights'
-    /// contents, ahead of the model (from a `config.json` read apart from the hashed files, while
-    /// they are read): the weights' buffers (from then on the early copies land in them), the
-    /// kernels, the step buffers, the KV cache, the product paths and the decode graphs. The
-    /// backend built on this device uses it only for exactly this configuration, engine
-    /// configuration and options, and builds its own otherwise. On an error nothing is kept.
+    /// Starts building everything of the backend for a model with configuration `model` but the
+    /// weights' contents, ahead of the model (from a `config.json` read apart from the hashed
+    /// files, while they are read): the weights' buffers are allocated here (from then on the
+    /// early copies land in them), then a thread of its own compiles and loads the kernels,
+    /// allocates the step buffers and the KV cache, chooses the product paths and captures the
+    /// decode graphs. The backend built on this device uses it only for exactly this
+    /// configuration, engine configuration and options, and builds its own otherwise.
     pub fn prepare_backend(
         &mut self,
         model: &ModelConfig,
@@ -268,34 +278,6 @@ impl OpenedDevice {
         options: CudaOptions,
     ) -> Result<(), CudaInitError> {
         let started = Instant::now();
-        let prepared = self.build_prepared(model, engine, options)?;
-        tracing::info!(
-            ready_ms = started.elapsed().as_millis() as u64,
-            kv_blocks = prepared.backend.kv_shape.num_blocks,
-            choose_ms = prepared.backend.phases.gemm_selection.as_millis() as u64,
-            capture_ms = prepared.backend.phases.graphs.as_millis() as u64,
-            "backend prepared from the configuration while the model is read"
-        );
-        self.prepared = Some(Box::new(prepared));
-        Ok(())
-    }
-
-    /// Stops the early copies and waits for those queued, before the weights they target are
-    /// freed after a failure.
-    fn stop_early(&self) {
-        if let Some(early) = &self.early
-            && let Err(err) = early.finish()
-        {
-            tracing::warn!(error = %err, "waiting for the early copies failed");
-        }
-    }
-
-    fn build_prepared(
-        &mut self,
-        model: &ModelConfig,
-        engine: &EngineConfig,
-        options: CudaOptions,
-    ) -> Result<PreparedBackend, CudaInitError> {
         let params = kernel_params(&self.ctx, model, &self.arch)?;
         if let Some(why) = params.unsupported() {
             return Err(CudaInitError::Unsupported(why));
@@ -304,49 +286,72 @@ impl OpenedDevice {
             .bind_to_thread()
             .map_err(|e| CudaInitError::Device(e.to_string()))?;
         let (weights, targets) = ModelWeightsOnDevice::allocate_for(model)?;
+        let (ctx, stream) = (self.ctx.clone(), self.stream.clone());
+        let (arch, name, major, took) =
+            (self.arch.clone(), self.name.clone(), self.major, self.took);
+        let (model_config, engine_config) = (model.clone(), engine.clone());
+        let build = std::thread::Builder::new()
+            .name("inferno-prepare".into())
+            .spawn(move || {
+                if let Err(e) = ctx.bind_to_thread() {
+                    return Prepared::Failed(
+                        CudaInitError::Device(e.to_string()),
+                        Box::new(weights),
+                    );
+                }
+                let parts = match CudaBackend::device_parts(
+                    &ctx,
+                    &stream,
+                    &model_config,
+                    &engine_config,
+                    &options,
+                    &params,
+                    &arch,
+                    major,
+                    &name,
+                ) {
+                    Ok(parts) => parts,
+                    Err(err) => return Prepared::Failed(err, Box::new(weights)),
+                };
+                let mut backend = CudaBackend::from_parts(
+                    ctx,
+                    stream,
+                    weights,
+                    parts,
+                    params,
+                    &engine_config,
+                    options,
+                    major,
+                    took,
+                );
+                let graphs = (engine_config.cuda_graphs, engine_config.cuda_mixed_graphs);
+                match backend.choose_and_capture(graphs.0, graphs.1) {
+                    Ok(()) => {
+                        tracing::info!(
+                            ready_ms = started.elapsed().as_millis() as u64,
+                            kv_blocks = backend.kv_shape.num_blocks,
+                            choose_ms = backend.phases.gemm_selection.as_millis() as u64,
+                            capture_ms = backend.phases.graphs.as_millis() as u64,
+                            "backend prepared from the configuration while the model is read"
+                        );
+                        Prepared::Ready(backend)
+                    }
+                    Err(err) => Prepared::Failed(err.into(), Box::new(backend)),
+                }
+            })
+            .map_err(|e| CudaInitError::Device(format!("starting the preparation thread: {e}")))?;
+        // Only now: had the thread not started, the weights would already be freed.
         if let Some(early) = &self.early {
             early.target(self.ctx.clone(), &targets);
         }
-        // From here on a failure stops the early copies before the weights are freed.
-        let parts = match CudaBackend::device_parts(
-            &self.ctx,
-            &self.stream,
-            model,
-            engine,
-            &options,
-            &params,
-            &self.arch,
-            self.major,
-            &self.name,
-        ) {
-            Ok(parts) => parts,
-            Err(err) => {
-                self.stop_early();
-                return Err(err);
-            }
-        };
-        let mut backend = CudaBackend::from_parts(
-            self.ctx.clone(),
-            self.stream.clone(),
-            weights,
-            parts,
-            params,
-            engine,
-            options,
-            self.major,
-            self.took,
-        );
-        if let Err(err) = backend.choose_and_capture(engine.cuda_graphs, engine.cuda_mixed_graphs) {
-            self.stop_early();
-            return Err(err.into());
-        }
-        Ok(PreparedBackend {
-            backend,
+        self.preparing = Some(Box::new(PreparingBackend {
             targets,
             model: model.clone(),
             engine: engine.clone(),
             options,
-        })
+            build,
+        }));
+        Ok(())
     }
 }
 
@@ -626,7 +631,7 @@ impl CudaBackend {
             name,
             took: t_context,
             early,
-            prepared,
+            preparing,
         } = device;
         ctx.bind_to_thread()
             .map_err(|e| CudaInitError::Device(e.to_string()))?;
@@ -636,12 +641,19 @@ impl CudaBackend {
             Some(early) => early.finish()?,
             None => CopiedWeights::default(),
         };
-        if let Some(prepared) = prepared {
-            if prepared.model == *cfg && prepared.engine == *config && prepared.options == options {
+        if let Some(preparing) = preparing {
+            if preparing.model == *cfg
+                && preparing.engine == *config
+                && preparing.options == options
+            {
                 let stats = early.map(|e| e.stats()).unwrap_or_default();
-                return Self::finish_prepared(*prepared, model, &copied, stats, progress, started);
+                return Self::finish_prepared(
+                    *preparing, &ctx, model, &copied, stats, progress, started,
+                );
             }
             tracing::warn!("the backend prepared ahead was for another configuration; building it");
+            // Freed once built: nothing copies into its weights any more.
+            drop(preparing.build.join());
         }
         let params = kernel_params(&ctx, cfg, &arch)?;
         if let Some(why) = params.unsupported() {
@@ -698,29 +710,49 @@ impl CudaBackend {
         })
     }
 
-    /// The backend prepared ahead, with the weights the early copies did not place whole
-    /// uploaded from `model` (which must have the configuration it was prepared for).
+    /// The backend prepared ahead (`preparing`, in `ctx`), with the weights the early copies did
+    /// not place whole uploaded from `model` (which has the configuration it was prepared for)
+    /// while its preparation finishes.
     fn finish_prepared(
-        prepared: PreparedBackend,
+        preparing: PreparingBackend,
+        ctx: &Arc<CudaContext>,
         model: ModelTensors<'_>,
         copied: &CopiedWeights,
         early: EarlyStats,
         progress: &ProgressBar,
         started: Instant,
     ) -> Result<Self, CudaInitError> {
-        let PreparedBackend {
-            mut backend,
-            targets,
-            ..
-        } = prepared;
+        let PreparingBackend { targets, build, .. } = preparing;
+        // On an error here the preparation thread keeps its weights until it ends; nothing
+        // copies into them any more.
         let pieces = targets.pieces(model.weights)?;
         let tensors = pieces.len();
         let rest: Vec<_> = pieces.into_iter().filter(|p| !copied.covers(p)).collect();
-        let uploaded = if rest.is_empty() {
-            UploadStats::default()
-        } else {
-            ModelWeightsOnDevice::upload(&backend.ctx, &rest, progress)?
+        let (prepared, uploaded) = std::thread::scope(|scope| {
+            let uploader = scope.spawn(|| {
+                if rest.is_empty() {
+                    Ok(UploadStats::default())
+                } else {
+                    ModelWeightsOnDevice::upload(ctx, &rest, progress)
+                }
+            });
+            let prepared = build.join();
+            let uploaded = uploader.join().unwrap_or_else(|_| {
+                Err(CudaInitError::Weights("the upload thread panicked".into()))
+            });
+            (prepared, uploaded)
+        });
+        // Nothing copies into the weights any more: what the preparation kept may be freed.
+        let mut backend = match prepared {
+            Ok(Prepared::Ready(backend)) => backend,
+            Ok(Prepared::Failed(err, _built)) => return Err(err),
+            Err(_) => {
+                return Err(CudaInitError::Device(
+                    "the preparation thread panicked".into(),
+                ));
+            }
         };
+        let uploaded = uploaded?;
         backend.phases.weights = uploaded.wall;
         tracing::info!(
             copied_while_read = early.bytes,
@@ -731,7 +763,7 @@ impl CudaBackend {
             uploaded_bytes = uploaded.bytes,
             upload_ms = uploaded.wall.as_millis() as u64,
             ready_ms = started.elapsed().as_millis() as u64,
-            "CUDA backend ready (prepared while the model was read; what was not copied then uploaded)"
+            "CUDA backend ready (prepared while the model was read; what was not copied then uploaded beside its end)"
         );
         Ok(backend)
     }
