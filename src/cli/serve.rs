@@ -15,7 +15,7 @@ use crate::backend::cuda::{CudaInitError, EarlyUpload, OpenedDevice};
 use crate::backend::{self, Device};
 use crate::config::{AttestationConfig, AttestationProfile, Config, ModelKeySource};
 use crate::engine::{Engine, EngineConfig, ModelInfo};
-use crate::model::{Model, ModelDigest, ModelFiles, ModelTensors};
+use crate::model::{Model, ModelDigest, ModelFiles, ModelTensors, TextAhead};
 use crate::seal::{self, ModelKey};
 use crate::server::{ModelService, Server};
 
@@ -123,8 +123,13 @@ async fn serve_async(
     let served_name = config.server.served_model_name.clone();
     let key_source = config.model.key.clone();
     // After a cold boot, the driver library and this binary would be faulted in from disk only
-    // once the model is read: ask for them now, in the background (no CUDA call).
+    // once the model is read: ask for them now, in the background (no CUDA call). Loading them
+    // holds the dynamic loader's lock, which creating a thread takes too, so the threads that
+    // read the model (rayon's pool, one thread of the blocking pool) are created first: the
+    // read then starts beside the loading instead of after it.
     if device != Device::Cpu {
+        rayon::current_num_threads();
+        drop(tokio::task::spawn_blocking(|| ()));
         std::thread::spawn(backend::cuda::prefetch_driver);
     }
     let mut config = config;
@@ -166,6 +171,15 @@ async fn serve_async(
         }
     };
     let mut early_device = None;
+    // A plaintext model's tokenizer and chat template are parsed from the files read apart from
+    // the hashed ones while those are read; used only if the hashed files hold the same bytes.
+    let text_ahead = match (&sealed_digest, &model_dir) {
+        (None, Some(dir)) => {
+            let dir = dir.clone();
+            Some(std::thread::spawn(move || TextAhead::parse(&dir)))
+        }
+        _ => None,
+    };
     let plaintext = match sealed_digest {
         Some(_) => None,
         None => {
@@ -298,6 +312,7 @@ async fn serve_async(
         start_engine(
             model_dir.as_deref(),
             plaintext,
+            text_ahead,
             sealed,
             model_digest,
             device,
@@ -632,11 +647,14 @@ enum GpuOpening {
 /// Builds the backend for `device` and starts the engine on the model: the plaintext model read
 /// before attestation, or the opened sealed model, whose digest must be the attested `digest`.
 /// The GPU (`opening`: opened while the model was read, or opening since the attestation) is
-/// used once opened. Records the phases in `timeline`; `progress` counts the bytes uploaded.
+/// used once opened, and the text parts parsed during the read (`text_ahead`) when they were
+/// parsed from the same bytes. Records the phases in `timeline`; `progress` counts the bytes
+/// uploaded.
 #[allow(clippy::too_many_arguments)]
 fn start_engine(
     dir: Option<&Path>,
     plaintext: Option<ReadModel>,
+    text_ahead: Option<std::thread::JoinHandle<Option<TextAhead>>>,
     sealed: Option<ModelFiles>,
     digest: [u8; 32],
     device: Device,
@@ -685,12 +703,16 @@ fn start_engine(
             check_digest(files.digest())?;
             let parse_started = Instant::now();
             let mut parsed = None;
-            let (model, built) =
-                Model::from_files_building(&files, Model::name_of_dir(dir), |tensors| {
+            let (model, built) = Model::from_files_building_ahead(
+                &files,
+                Model::name_of_dir(dir),
+                || text_ahead.and_then(|ahead| ahead.join().ok().flatten()),
+                |tensors| {
                     parsed = Some(parse_started.elapsed());
                     build(tensors)
-                })
-                .with_context(|| format!("cannot load the model in {}", dir.display()))?;
+                },
+            )
+            .with_context(|| format!("cannot load the model in {}", dir.display()))?;
             // The buffers stay alive (shared) only as long as the model needs them.
             drop(files);
             // What the backend waited for: the configuration and the weights' headers.

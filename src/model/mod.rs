@@ -16,8 +16,8 @@ pub mod tensors;
 pub mod tokenizer_config;
 pub mod weights;
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 pub use chat_template::{ChatTemplate, TemplateError};
 pub use config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
@@ -95,7 +95,7 @@ struct ModelText {
 impl ModelText {
     /// Parses the tokenizer, its configuration, the chat template and the generation defaults
     /// from `source`, checking token ids against `vocab_size`.
-    fn load(source: &ModelSource<'_>, vocab_size: usize) -> Result<Self, ModelError> {
+    fn load(source: &TextFiles<'_>, vocab_size: usize) -> Result<Self, ModelError> {
         let tokenizer = load_tokenizer(source, vocab_size)?;
         let tokenizer_config = match source.read_optional(TOKENIZER_CONFIG_FILE)? {
             Some(bytes) => TokenizerConfig::from_json(&source.path(TOKENIZER_CONFIG_FILE), &bytes)?,
@@ -109,6 +109,110 @@ impl ModelText {
             generation,
             special: tokenizer_config.special,
         })
+    }
+}
+
+/// Where the text parts' files are read from: the model's files, or a model directory on disk
+/// (read apart from the hashed files, each file's bytes kept to be compared with them).
+enum TextFiles<'a> {
+    Source(&'a ModelSource<'a>),
+    Disk {
+        dir: &'a Path,
+        read: Mutex<Vec<(String, Option<Vec<u8>>)>>,
+    },
+}
+
+impl TextFiles<'_> {
+    fn path(&self, file: &str) -> PathBuf {
+        match self {
+            Self::Source(source) => source.path(file),
+            Self::Disk { dir, .. } => dir.join(file),
+        }
+    }
+
+    fn read_optional(&self, file: &str) -> Result<Option<Vec<u8>>, ModelError> {
+        match self {
+            Self::Source(source) => source.read_optional(file),
+            Self::Disk { dir, read } => {
+                let path = dir.join(file);
+                let bytes = match std::fs::read(&path) {
+                    Ok(bytes) => Some(bytes),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                    Err(source) => return Err(ModelError::Io { path, source }),
+                };
+                read.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((file.to_owned(), bytes.clone()));
+                Ok(bytes)
+            }
+        }
+    }
+
+    fn read(&self, file: &str) -> Result<Vec<u8>, ModelError> {
+        self.read_optional(file)?
+            .ok_or_else(|| ModelError::MissingFile {
+                path: self.path(file),
+            })
+    }
+}
+
+/// The tokenizer, its configuration, the chat template and the generation defaults of a model
+/// directory, parsed from its files read apart from the hashed ones (while those are read), with
+/// the bytes they were parsed from. [`Model::from_files_building_ahead`] uses them only when the
+/// model's own files hold exactly those bytes (and it has the same vocabulary size): the parse
+/// is a function of them, so the model is the same as if they had been parsed after the read.
+pub struct TextAhead {
+    vocab_size: usize,
+    read: Vec<(String, Option<Vec<u8>>)>,
+    text: Result<ModelText, ModelError>,
+}
+
+impl std::fmt::Debug for TextAhead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextAhead")
+            .field("vocab_size", &self.vocab_size)
+            .field("files", &self.read.len())
+            .field("parsed", &self.text.is_ok())
+            .finish()
+    }
+}
+
+impl TextAhead {
+    /// Reads and parses the text parts of the model directory `dir` (and its `config.json`, for
+    /// the vocabulary size); `None` when the configuration cannot be read.
+    pub fn parse(dir: &Path) -> Option<Self> {
+        let path = dir.join(CONFIG_FILE);
+        let config = std::fs::read(&path).ok()?;
+        let vocab_size = ModelConfig::from_json(&path, &config).ok()?.vocab_size;
+        let files = TextFiles::Disk {
+            dir,
+            read: Mutex::new(Vec::new()),
+        };
+        let text = ModelText::load(&files, vocab_size);
+        let TextFiles::Disk { read, .. } = files else {
+            unreachable!("built as a directory on disk")
+        };
+        Some(Self {
+            vocab_size,
+            read: read.into_inner().unwrap_or_else(|e| e.into_inner()),
+            text,
+        })
+    }
+
+    /// The parse, when `source` holds exactly the bytes it was parsed from and the model has
+    /// this vocabulary size.
+    fn matching(
+        self,
+        source: &ModelSource<'_>,
+        vocab_size: usize,
+    ) -> Option<Result<ModelText, ModelError>> {
+        let same = self.vocab_size == vocab_size
+            && self.read.iter().all(|(name, bytes)| {
+                source
+                    .read_optional(name)
+                    .is_ok_and(|found| found == *bytes)
+            });
+        same.then_some(self.text)
     }
 }
 
@@ -157,7 +261,18 @@ impl Model {
         name: String,
         build: impl FnOnce(ModelTensors<'_>) -> T,
     ) -> Result<(Self, T), ModelError> {
-        Self::load_building(ModelSource::Files(files), name, build)
+        Self::load_building(ModelSource::Files(files), name, || None, build)
+    }
+
+    /// [`Model::from_files_building`], taking the text parts from `ahead` (joined on the text
+    /// parts' thread) when they were parsed from exactly the bytes of `files`.
+    pub fn from_files_building_ahead<T>(
+        files: &ModelFiles,
+        name: String,
+        ahead: impl FnOnce() -> Option<TextAhead> + Send,
+        build: impl FnOnce(ModelTensors<'_>) -> T,
+    ) -> Result<(Self, T), ModelError> {
+        Self::load_building(ModelSource::Files(files), name, ahead, build)
     }
 
     /// The configuration and the weights, which is what a backend is built from.
@@ -170,14 +285,16 @@ impl Model {
 
     /// Loads every part of the model from `source`.
     fn load_from(source: ModelSource<'_>, name: String) -> Result<Self, ModelError> {
-        Self::load_building(source, name, |_| ()).map(|(model, ())| model)
+        Self::load_building(source, name, || None, |_| ()).map(|(model, ())| model)
     }
 
     /// Loads every part of the model from `source`, running `build` on the tensors while the
-    /// text parts are parsed on another thread.
+    /// text parts are parsed on another thread (or taken from `ahead` when it parsed the same
+    /// bytes).
     fn load_building<T>(
         source: ModelSource<'_>,
         name: String,
+        ahead: impl FnOnce() -> Option<TextAhead> + Send,
         build: impl FnOnce(ModelTensors<'_>) -> T,
     ) -> Result<(Self, T), ModelError> {
         let config = ModelConfig::from_json(&source.path(CONFIG_FILE), &source.read(CONFIG_FILE)?)?;
@@ -186,7 +303,13 @@ impl Model {
         let digest = ModelDigest::of_source(&source)?;
 
         let (text, built) = std::thread::scope(|scope| {
-            let text = scope.spawn(|| ModelText::load(&source, config.vocab_size));
+            let text = scope.spawn(|| {
+                let vocab_size = config.vocab_size;
+                match ahead().and_then(|ahead| ahead.matching(&source, vocab_size)) {
+                    Some(text) => text,
+                    None => ModelText::load(&TextFiles::Source(&source), vocab_size),
+                }
+            });
             let built = build(ModelTensors {
                 config: &config,
                 weights: &weights,
@@ -226,7 +349,7 @@ impl Model {
     /// Compiles the chat template: `chat_template.jinja` when present, otherwise the one(s) in
     /// `tokenizer_config.json`.
     fn chat_template(
-        source: &ModelSource<'_>,
+        source: &TextFiles<'_>,
         config: &TokenizerConfig,
     ) -> Result<Option<ChatTemplate>, ModelError> {
         let (path, templates) = match source.read_optional(CHAT_TEMPLATE_FILE)? {
@@ -271,7 +394,7 @@ impl Model {
 
 /// Loads `tokenizer.json` and checks that every token id fits the model's vocabulary.
 fn load_tokenizer(
-    source: &ModelSource<'_>,
+    source: &TextFiles<'_>,
     vocab_size: usize,
 ) -> Result<tokenizers::Tokenizer, ModelError> {
     let path = source.path(TOKENIZER_FILE);
@@ -298,7 +421,7 @@ fn load_tokenizer(
 
 /// Reads `generation_config.json` (all defaults when absent) and checks its EOS ids.
 fn load_generation(
-    source: &ModelSource<'_>,
+    source: &TextFiles<'_>,
     vocab_size: usize,
 ) -> Result<GenerationDefaults, ModelError> {
     let path = source.path(GENERATION_CONFIG_FILE);
@@ -380,5 +503,54 @@ mod tests {
             .expect_err("a broken tokenizer.json fails the load");
         assert!(built, "the tensors were valid, so the build ran");
         assert!(err.to_string().contains(TOKENIZER_FILE), "{err}");
+    }
+
+    #[test]
+    fn text_parsed_ahead_is_used_only_for_the_same_bytes() {
+        let dir = tiny_dir();
+        let files = ModelFiles::read_dir(dir.path()).unwrap();
+        let source = ModelSource::Files(&files);
+        let vocab = Model::from_files(&files, "tiny".into())
+            .unwrap()
+            .config
+            .vocab_size;
+        let ahead = TextAhead::parse(dir.path()).expect("config.json readable");
+        assert!(
+            ahead
+                .read
+                .iter()
+                .any(|(name, bytes)| name == TOKENIZER_FILE && bytes.is_some())
+        );
+        assert!(
+            ahead.read.iter().any(|(_, bytes)| bytes.is_none()),
+            "absent optional files are recorded as absent"
+        );
+        let used = TextAhead::parse(dir.path())
+            .unwrap()
+            .matching(&source, vocab);
+        assert!(matches!(used, Some(Ok(_))), "the same bytes: used");
+        assert!(
+            ahead.matching(&source, vocab + 1).is_none(),
+            "another vocabulary"
+        );
+
+        // A file that changed on disk after the hashed read: the parse is not used, and the
+        // model's text comes from the hashed bytes.
+        let config_path = dir.path().join(TOKENIZER_CONFIG_FILE);
+        let mut changed = std::fs::read(&config_path).unwrap();
+        changed.push(b'\n');
+        std::fs::write(&config_path, changed).unwrap();
+        let stale = TextAhead::parse(dir.path()).unwrap();
+        assert!(stale.text.is_ok());
+        assert!(stale.matching(&source, vocab).is_none());
+
+        // A broken tokenizer parsed ahead is not used for good files either.
+        std::fs::write(dir.path().join(TOKENIZER_FILE), b"{not json").unwrap();
+        let broken = TextAhead::parse(dir.path()).unwrap();
+        assert!(broken.text.is_err());
+        let (model, ()) =
+            Model::from_files_building_ahead(&files, "tiny".into(), || Some(broken), |_| ())
+                .expect("the hashed files' text");
+        assert!(model.tokenizer.encode("hello", false).is_ok());
     }
 }
