@@ -123,13 +123,8 @@ async fn serve_async(
     let served_name = config.server.served_model_name.clone();
     let key_source = config.model.key.clone();
     // After a cold boot, the driver library and this binary would be faulted in from disk only
-    // once the model is read: ask for them now, in the background (no CUDA call). Loading them
-    // holds the dynamic loader's lock, which creating a thread takes too, so the threads that
-    // read the model (rayon's pool, one thread of the blocking pool) are created first: the
-    // read then starts beside the loading instead of after it.
+    // once the model is read: ask for them now, in the background (no CUDA call).
     if device != Device::Cpu {
-        rayon::current_num_threads();
-        drop(tokio::task::spawn_blocking(|| ()));
         std::thread::spawn(backend::cuda::prefetch_driver);
     }
     let mut config = config;
