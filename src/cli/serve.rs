@@ -184,7 +184,12 @@ async fn serve_async(
             progress.set_message("reading");
             let sink = early.clone();
             let read = tokio::task::spawn_blocking(move || {
-                read_model(dir.as_deref(), &progress, sink.as_deref())
+                let read = read_model(dir.as_deref(), &progress, sink.as_deref());
+                // Whatever happened, the backend's preparation no longer waits for the read.
+                if let Some(sink) = &sink {
+                    sink.read_over();
+                }
+                read
             });
             let read = async { read.await.context("model loading panicked")? };
             let open_early = async {

@@ -290,6 +290,7 @@ impl OpenedDevice {
         let (arch, name, major, took) =
             (self.arch.clone(), self.name.clone(), self.major, self.took);
         let (model_config, engine_config) = (model.clone(), engine.clone());
+        let early = self.early.clone();
         let build = std::thread::Builder::new()
             .name("inferno-prepare".into())
             .spawn(move || {
@@ -324,6 +325,11 @@ impl OpenedDevice {
                     major,
                     took,
                 );
+                // Timing the product paths and capturing the graphs use the host's cores,
+                // which a warm read needs: they wait for it, and run beside the upload instead.
+                if let Some(early) = &early {
+                    early.wait_while_read_is_fast();
+                }
                 let graphs = (engine_config.cuda_graphs, engine_config.cuda_mixed_graphs);
                 match backend.choose_and_capture(graphs.0, graphs.1) {
                     Ok(()) => {

@@ -143,6 +143,8 @@ pub struct EarlyUpload {
     copying: RwLock<()>,
     /// Set by `finish` or on the first failure: nothing more is copied.
     stopped: AtomicBool,
+    /// Every byte was handed over, or the read ended otherwise ([`EarlyUpload::read_over`]).
+    over: AtomicBool,
     /// `config.json`'s bytes once handed over whole, or `None` once the read is over without it.
     config: Mutex<Option<Option<Vec<u8>>>>,
     config_seen: Condvar,
@@ -239,13 +241,33 @@ impl EarlyUpload {
         }
     }
 
-    /// The read ended (whether it succeeded or not): nobody waits for `config.json` any more.
+    /// The read ended (whether it succeeded or not): nobody waits for `config.json` or for
+    /// the read any more.
     pub fn read_over(&self) {
+        self.over.store(true, Ordering::Release);
         let mut config = self.config.lock().unwrap_or_else(|e| e.into_inner());
         if config.is_none() {
             *config = Some(None);
         }
         self.config_seen.notify_all();
+    }
+
+    /// Waits while the read runs from a warm page cache (faster than early copies pay, and
+    /// using every core): returns once it is over, or judged bound by the disk, or the copies
+    /// stopped. Work that competes with a warm read for the host's cores, such as timing the
+    /// product paths, waits here and runs beside the upload after it instead.
+    pub(super) fn wait_while_read_is_fast(&self) {
+        const POLL: Duration = Duration::from_millis(5);
+        loop {
+            if self.over.load(Ordering::Acquire) || self.stopped.load(Ordering::Acquire) {
+                return;
+            }
+            let judged = self.began.get().is_some_and(|b| b.elapsed() > RATE_AFTER);
+            if judged && !self.read_is_fast(self.seen.load(Ordering::Relaxed)) {
+                return;
+            }
+            std::thread::sleep(POLL);
+        }
     }
 
     /// What was copied so far.
@@ -662,6 +684,31 @@ mod tests {
             data: &other[8..20],
         };
         assert!(!copied.covers(&elsewhere), "another buffer");
+    }
+
+    #[test]
+    fn the_wait_for_a_warm_read_ends_when_it_is_over_or_disk_bound() {
+        let early = Arc::new(EarlyUpload::new());
+        early.begin(&[("model.safetensors", 1 << 40)]);
+        let waiter = {
+            let early = early.clone();
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                early.wait_while_read_is_fast();
+                started.elapsed()
+            })
+        };
+        // Nothing handed over: judged bound by the disk once the rate is judged.
+        let waited = waiter.join().unwrap();
+        assert!(waited >= RATE_AFTER / 2, "{waited:?}");
+
+        let early = EarlyUpload::new();
+        early.read_over();
+        early.wait_while_read_is_fast();
+
+        let early = EarlyUpload::new();
+        early.finish().unwrap();
+        early.wait_while_read_is_fast();
     }
 
     #[test]
