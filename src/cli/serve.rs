@@ -664,7 +664,8 @@ fn start_engine(
     progress: ProgressBar,
     opening: Option<GpuOpening>,
 ) -> anyhow::Result<(ModelService, String, usize, startup::Timeline)> {
-    // Checked before anything of the model is parsed or reaches the device.
+    // Checked before anything of the model is used (what was parsed or copied during the read
+    // is used only for the bytes this digest covers).
     let check_digest = |actual: &ModelDigest| {
         if actual.bytes == digest {
             Ok(())

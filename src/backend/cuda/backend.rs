@@ -300,6 +300,12 @@ impl OpenedDevice {
                         Box::new(weights),
                     );
                 }
+                // Loading the kernels, timing the product paths and capturing the graphs use
+                // the host's cores, which a warm read needs: they wait for it, and run beside
+                // the upload instead.
+                if let Some(early) = &early {
+                    early.wait_while_read_is_fast();
+                }
                 let parts = match CudaBackend::device_parts(
                     &ctx,
                     &stream,
@@ -325,11 +331,6 @@ impl OpenedDevice {
                     major,
                     took,
                 );
-                // Timing the product paths and capturing the graphs use the host's cores,
-                // which a warm read needs: they wait for it, and run beside the upload instead.
-                if let Some(early) = &early {
-                    early.wait_while_read_is_fast();
-                }
                 let graphs = (engine_config.cuda_graphs, engine_config.cuda_mixed_graphs);
                 match backend.choose_and_capture(graphs.0, graphs.1) {
                     Ok(()) => {
