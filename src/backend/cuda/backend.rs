@@ -127,7 +127,7 @@ struct PreparingBackend {
 
 /// How the preparation ended.
 enum Prepared {
-    Ready(CudaBackend),
+    Ready(Box<CudaBackend>),
     /// The error, and what was built (the weights among it), to be freed only once nothing
     /// copies into the weights any more.
     Failed(CudaInitError, Box<dyn Send>),
@@ -341,7 +341,7 @@ impl OpenedDevice {
                             capture_ms = backend.phases.graphs.as_millis() as u64,
                             "backend prepared from the configuration while the model is read"
                         );
-                        Prepared::Ready(backend)
+                        Prepared::Ready(Box::new(backend))
                     }
                     Err(err) => Prepared::Failed(err.into(), Box::new(backend)),
                 }
@@ -751,7 +751,7 @@ impl CudaBackend {
         });
         // Nothing copies into the weights any more: what the preparation kept may be freed.
         let mut backend = match prepared {
-            Ok(Prepared::Ready(backend)) => backend,
+            Ok(Prepared::Ready(backend)) => *backend,
             Ok(Prepared::Failed(err, _built)) => return Err(err),
             Err(_) => {
                 return Err(CudaInitError::Device(

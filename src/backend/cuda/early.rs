@@ -180,11 +180,20 @@ pub struct EarlyStats {
     pub whole_tensors: usize,
 }
 
-/// The weights [`EarlyUpload::finish`] found copied whole: per shard, its buffer's address and
-/// length and the copied tensors' ranges and device addresses, sorted.
+/// The weights [`EarlyUpload::finish`] found copied whole, per shard.
 #[derive(Debug, Default)]
 pub(super) struct CopiedWeights {
-    files: Vec<(usize, usize, Vec<(usize, usize, u64)>)>,
+    shards: Vec<CopiedShard>,
+}
+
+/// A shard's weights copied whole.
+#[derive(Debug)]
+struct CopiedShard {
+    /// Address of the shard's buffer.
+    base: usize,
+    len: usize,
+    /// Each copied tensor's range in the shard and device address, sorted.
+    tensors: Vec<(usize, usize, u64)>,
 }
 
 impl CopiedWeights {
@@ -195,13 +204,14 @@ impl CopiedWeights {
             return false;
         }
         let at = piece.data.as_ptr() as usize;
-        self.files.iter().any(|(base, len, copied)| {
+        self.shards.iter().any(|shard| {
             let Some(start) = at
-                .checked_sub(*base)
-                .filter(|s| s + piece.data.len() <= *len)
+                .checked_sub(shard.base)
+                .filter(|s| s + piece.data.len() <= shard.len)
             else {
                 return false;
             };
+            let copied = &shard.tensors;
             copied
                 .binary_search_by_key(&start, |(s, _, _)| *s)
                 .is_ok_and(|i| copied[i] == (start, start + piece.data.len(), piece.dst))
@@ -310,7 +320,11 @@ impl EarlyUpload {
                 .collect();
             if base != 0 && !whole.is_empty() {
                 self.whole.fetch_add(whole.len(), Ordering::Relaxed);
-                copied.files.push((base, file.len, whole));
+                copied.shards.push(CopiedShard {
+                    base,
+                    len: file.len,
+                    tensors: whole,
+                });
             }
         }
         Ok(copied)
@@ -652,7 +666,11 @@ mod tests {
         let buffer = vec![0u8; 64];
         let base = buffer.as_ptr() as usize;
         let copied = CopiedWeights {
-            files: vec![(base, 64, vec![(8, 20, 0x1000), (20, 32, 0x2000)])],
+            shards: vec![CopiedShard {
+                base,
+                len: 64,
+                tensors: vec![(8, 20, 0x1000), (20, 32, 0x2000)],
+            }],
         };
         let piece = |range: std::ops::Range<usize>, dst: u64, dtype: DType| Piece {
             dst,
