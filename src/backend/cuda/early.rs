@@ -663,7 +663,7 @@ mod tests {
 
     #[test]
     fn copied_weights_cover_only_their_exact_range_and_address() {
-        let buffer = vec![0u8; 64];
+        let buffer = [0u8; 64];
         let base = buffer.as_ptr() as usize;
         let copied = CopiedWeights {
             shards: vec![CopiedShard {
@@ -695,7 +695,7 @@ mod tests {
             !copied.covers(&piece(8..20, 0x1000, DType::F16)),
             "not bf16"
         );
-        let other = vec![0u8; 64];
+        let other = [0u8; 64];
         let elsewhere = Piece {
             dst: 0x1000,
             dtype: DType::BF16,
