@@ -308,6 +308,7 @@ impl EarlyUpload {
             .unwrap_or_else(|e| e.into_inner())
             .clear();
         let mut copied = CopiedWeights::default();
+        let mut whole_tensors = 0;
         for file in self.files.get().into_iter().flatten() {
             let (Some(placed), base) = (file.placed.get(), file.host_base.load(Ordering::Acquire))
             else {
@@ -319,7 +320,7 @@ impl EarlyUpload {
                 .map(|t| (t.start, t.end, t.dst))
                 .collect();
             if base != 0 && !whole.is_empty() {
-                self.whole.fetch_add(whole.len(), Ordering::Relaxed);
+                whole_tensors += whole.len();
                 copied.shards.push(CopiedShard {
                     base,
                     len: file.len,
@@ -327,6 +328,7 @@ impl EarlyUpload {
                 });
             }
         }
+        self.whole.store(whole_tensors, Ordering::Relaxed);
         Ok(copied)
     }
 
@@ -442,15 +444,15 @@ impl EarlyUpload {
         result.map(|()| queued)
     }
 
-    /// Copies `bytes` of `file` at `offset` when its place is known (returning true); false
-    /// when it is not, or copies stopped.
-    fn try_copy(&self, file: &ReadFile, offset: usize, bytes: &[u8]) -> bool {
+    /// Copies `bytes` of `file` at `offset` when its place is known, returning the bytes
+    /// queued (none once copies stopped); `None` when the place is not known yet.
+    fn try_copy(&self, file: &ReadFile, offset: usize, bytes: &[u8]) -> Option<usize> {
         let (Some(targets), Some(placed)) = (self.targets.get(), self.placed(file)) else {
-            return false;
+            return None;
         };
         let _copying = self.copying.read().unwrap_or_else(|e| e.into_inner());
         if self.stopped.load(Ordering::Acquire) {
-            return true;
+            return Some(0);
         }
         let started = Instant::now();
         match self.copy(&targets.context, placed, offset, bytes) {
@@ -458,10 +460,13 @@ impl EarlyUpload {
                 self.bytes.fetch_add(queued, Ordering::Relaxed);
                 self.copy_nanos
                     .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                Some(queued)
             }
-            Err(why) => self.stop(why),
+            Err(why) => {
+                self.stop(why);
+                Some(0)
+            }
         }
-        true
     }
 
     /// Copies up to [`DRAIN_PER_BLOCK`] waiting blocks whose place is known now. Called only
@@ -483,11 +488,9 @@ impl EarlyUpload {
             // is neither moved nor freed meanwhile, and whose bytes no task writes again (each
             // block is read once, before it is handed over).
             let bytes = unsafe { std::slice::from_raw_parts(block.ptr as *const u8, block.len) };
-            let before = self.bytes.load(Ordering::Relaxed);
-            self.try_copy(&files[block.file], block.offset, bytes);
-            let after = self.bytes.load(Ordering::Relaxed);
+            let queued = self.try_copy(&files[block.file], block.offset, bytes);
             self.deferred_bytes
-                .fetch_add(after.saturating_sub(before), Ordering::Relaxed);
+                .fetch_add(queued.unwrap_or(0), Ordering::Relaxed);
         }
     }
 
@@ -586,10 +589,10 @@ impl BlockSink for EarlyUpload {
         if self.stopped.load(Ordering::Acquire) || self.read_is_fast(seen) {
             return;
         }
-        if !self.try_copy(target, offset, bytes) {
+        if self.try_copy(target, offset, bytes).is_none() {
             let mut deferred = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
             // Checked again under the lock: a drain that ran since would have missed it.
-            if self.placed(target).is_none() || self.targets.get().is_none() {
+            if self.placed(target).is_none() {
                 deferred.push(Deferred {
                     file,
                     offset,
