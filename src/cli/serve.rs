@@ -166,19 +166,29 @@ async fn serve_async(
         }
     };
     let mut early_device = None;
+    // The sink of a plaintext model's read for the GPU.
+    let early = (use_cuda && sealed_digest.is_none() && model_dir.is_some())
+        .then(|| Arc::new(EarlyUpload::new()));
     // A plaintext model's tokenizer and chat template are parsed from the files read apart from
-    // the hashed ones while those are read; used only if the hashed files hold the same bytes.
+    // the hashed ones; used only if the hashed files hold the same bytes. Beside a read that
+    // the disk bounds, or after a read from a warm page cache (beside it, the parse made it
+    // 0.18 s longer: `docs/benchmarks.md`, 2026-11-30).
     let text_ahead = match (&sealed_digest, &model_dir) {
         (None, Some(dir)) => {
             let dir = dir.clone();
-            Some(std::thread::spawn(move || TextAhead::parse(&dir)))
+            let read = early.clone();
+            Some(std::thread::spawn(move || {
+                if let Some(read) = read {
+                    read.wait_while_read_is_fast();
+                }
+                TextAhead::parse(&dir)
+            }))
         }
         _ => None,
     };
     let plaintext = match sealed_digest {
         Some(_) => None,
         None => {
-            let early = (use_cuda && model_dir.is_some()).then(|| Arc::new(EarlyUpload::new()));
             let dir = model_dir.clone();
             let progress = progress.clone();
             progress.set_message("reading");

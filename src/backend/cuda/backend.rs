@@ -19,6 +19,7 @@ use crate::engine::{
 use crate::model::{Model, ModelConfig, ModelTensors};
 
 use super::cc;
+use super::choices::{ChoiceStore, ChosenShape};
 use super::compile::{self, KernelError};
 use super::early::{CopiedWeights, EarlyStats, EarlyUpload};
 use super::gemm::Gemm;
@@ -269,7 +270,10 @@ impl OpenedDevice {
     /// files, while they are read): the weights' buffers are allocated here (from then on the
     /// early copies land in them), then a thread of its own compiles and loads the kernels,
     /// allocates the step buffers and the KV cache, chooses the product paths and captures the
-    /// decode graphs. The backend built on this device uses it only for exactly this
+    /// decode graphs. With an early upload ([`OpenedDevice::copy_early`]) whose read began, all
+    /// of it waits first while that read runs from a warm page cache, and so does this call:
+    /// such a read copies nothing early and needs the host's cores and memory system, so the
+    /// work runs beside the upload after it instead. The backend built on this device uses it only for exactly this
     /// configuration, engine configuration and options, and builds its own otherwise.
     pub fn prepare_backend(
         &mut self,
@@ -282,6 +286,10 @@ impl OpenedDevice {
         if let Some(why) = params.unsupported() {
             return Err(CudaInitError::Unsupported(why));
         }
+        // A read that has not begun is not waited for: the weights are ready when it does.
+        if let Some(early) = self.early.as_ref().filter(|early| early.read_began()) {
+            early.wait_while_read_is_fast();
+        }
         self.ctx
             .bind_to_thread()
             .map_err(|e| CudaInitError::Device(e.to_string()))?;
@@ -290,7 +298,6 @@ impl OpenedDevice {
         let (arch, name, major, took) =
             (self.arch.clone(), self.name.clone(), self.major, self.took);
         let (model_config, engine_config) = (model.clone(), engine.clone());
-        let early = self.early.clone();
         let build = std::thread::Builder::new()
             .name("inferno-prepare".into())
             .spawn(move || {
@@ -299,12 +306,6 @@ impl OpenedDevice {
                         CudaInitError::Device(e.to_string()),
                         Box::new(weights),
                     );
-                }
-                // Loading the kernels, timing the product paths and capturing the graphs use
-                // the host's cores, which a warm read needs: they wait for it, and run beside
-                // the upload instead.
-                if let Some(early) = &early {
-                    early.wait_while_read_is_fast();
                 }
                 let parts = match CudaBackend::device_parts(
                     &ctx,
@@ -436,6 +437,52 @@ enum TimedProduct {
     QkvRopeWrite,
 }
 
+impl TimedProduct {
+    /// Its name in the stored choices.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Plain { .. } => "plain",
+            Self::GateUpSwiglu => "gate_up_swiglu",
+            Self::QkvRopeWrite => "qkv_rope_write",
+        }
+    }
+}
+
+/// Where the small-M product choices are stored in the kernel cache `dir`, keyed by everything
+/// they depend on: the GPU (`name`), its driver, cuBLASLt, every kernel family's cache key (its
+/// source with the model's shapes, `arch` and NVRTC's version) and whether kernels launch with
+/// programmatic dependent launch.
+fn product_choice_store(
+    dir: &std::path::Path,
+    name: &str,
+    arch: &str,
+    params: &KernelParams,
+    programmatic: bool,
+) -> Result<ChoiceStore, CudaInitError> {
+    let mut driver = 0;
+    // SAFETY: `driver` is a valid place for the one integer the call writes.
+    let status = unsafe { sys::cuDriverGetVersion(&mut driver) };
+    if status != sys::CUresult::CUDA_SUCCESS {
+        return Err(CudaInitError::Device(format!(
+            "reading the driver's version: {status:?}"
+        )));
+    }
+    let nvrtc = compile::nvrtc_version()?;
+    let mut parts = vec![
+        name.to_string(),
+        format!("driver {driver}"),
+        format!("cublasLt {}", Gemm::library_version()),
+        format!("programmatic launch {programmatic}"),
+    ];
+    parts.extend(
+        kernels::FAMILIES
+            .iter()
+            .map(|family| kernels::cache_key(family, params, arch, nvrtc)),
+    );
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    Ok(ChoiceStore::new(dir, &parts))
+}
+
 /// A product shape `CudaBackend::choose_small_m_products` times: `x[m, k] · w[n, k]ᵀ` for m up
 /// to `max_m`, on each of `weights` (one per layer) in turn.
 struct TimedShape {
@@ -511,6 +558,9 @@ pub struct CudaBackend {
     programmatic: bool,
     /// How long each start-up phase took.
     phases: BackendPhases,
+    /// Where the small-M product choices for this GPU, its libraries and kernels are stored
+    /// (none without a kernel cache directory).
+    choices: Option<ChoiceStore>,
 }
 
 /// The paged KV cache in one allocation: every layer's keys, then every layer's values, each
@@ -558,6 +608,7 @@ struct DeviceParts {
     graph_split_context: usize,
     max_words: usize,
     waiter: StepWaiter,
+    choices: Option<ChoiceStore>,
 }
 
 /// How a step's forward pass runs.
@@ -816,6 +867,7 @@ impl CudaBackend {
                 kernels: parts.kernels_ready,
                 ..BackendPhases::default()
             },
+            choices: parts.choices,
         }
     }
 
@@ -942,6 +994,12 @@ impl CudaBackend {
                 .div_ceil(cfg.num_key_value_heads.max(1)),
         };
         let waiter = StepWaiter::new(stream).map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let programmatic = config.programmatic_launch && major >= 9;
+        let choices = kernels::cache_dir().and_then(|dir| {
+            product_choice_store(&dir, name, arch, params, programmatic)
+                .inspect_err(|e| tracing::warn!(error = %e, "product choices not stored"))
+                .ok()
+        });
         Ok(DeviceParts {
             kernels,
             compile: t_compile,
@@ -956,6 +1014,7 @@ impl CudaBackend {
             graph_split_context: max_context_model.min(plan::GRAPH_SPLIT_CONTEXT),
             max_words,
             waiter,
+            choices,
         })
     }
 
@@ -1334,7 +1393,9 @@ impl CudaBackend {
     /// Times the small-M kernels against cuBLASLt for every product shape of a decode step of
     /// up to `plan::GEMV_MAX_M` rows, on the model's own weights (cycling through the layers so
     /// the weights come from memory, as in a step), and records the faster path per shape; or,
-    /// unless `options.measure_products`, the small-M kernel wherever it fits. The gate/up and
+    /// unless `options.measure_products`, the small-M kernel wherever it fits. Shapes whose
+    /// choice is stored for this GPU, its libraries and kernels (`choices.rs`) are not timed
+    /// again; the choices are stored when any was. The gate/up and
     /// q/k/v products are timed with the work that follows them in a step (SwiGLU, the rope
     /// write), which the small-M path folds into its epilogue where it can, and in a CUDA graph,
     /// as decode steps run them: what is compared is what a step would run.
@@ -1404,6 +1465,13 @@ impl CudaBackend {
                 max_m: self.limits.max_rows,
             },
         ];
+        let measure = self.options.measure_products;
+        let stored = match (&self.choices, measure) {
+            (Some(store), true) => store.load(),
+            _ => HashMap::new(),
+        };
+        let mut chosen = Vec::new();
+        let mut timed = 0;
         let mut kernel_total = std::time::Duration::ZERO;
         let mut best_total = std::time::Duration::ZERO;
         for TimedShape {
@@ -1418,8 +1486,19 @@ impl CudaBackend {
             for m in 1..=plan::GEMV_MAX_M.min(max_m) {
                 let fits = plan::small_m_fits(m, n, k)
                     && weights.iter().all(|w| (w | x).is_multiple_of(16));
-                if !fits || !self.options.measure_products {
+                if !fits || !measure {
                     self.gemm.record_small_m((m, n, k), fits);
+                    continue;
+                }
+                let shape = ChosenShape {
+                    product: what.name().to_string(),
+                    m,
+                    n,
+                    k,
+                };
+                if let Some(&kernel_faster) = stored.get(&shape) {
+                    self.gemm.record_small_m((m, n, k), kernel_faster);
+                    chosen.push((shape, kernel_faster));
                     continue;
                 }
                 let run = |backend: &mut Self, small_m: bool, i: usize| {
@@ -1442,17 +1521,27 @@ impl CudaBackend {
                     took[path] = self.time_in_graph(reps, |backend, i| run(backend, small_m, i))?;
                 }
                 self.gemm.record_small_m((m, n, k), took[0] < took[1]);
+                chosen.push((shape, took[0] < took[1]));
+                timed += 1;
                 if m == 1 {
                     kernel_total += took[0];
                     best_total += took[0].min(took[1]);
                 }
             }
         }
+        if timed > 0
+            && let Some(store) = &self.choices
+            && let Err(e) = store.save(&chosen)
+        {
+            tracing::warn!(error = %e, "could not store the product choices");
+        }
         tracing::info!(
             small_m_shapes = self.gemm.small_m_shapes(),
+            timed,
+            stored = chosen.len() - timed,
             batch1_kernel_us = kernel_total.as_micros() as u64,
             batch1_best_us = best_total.as_micros() as u64,
-            "small-M products measured against cuBLASLt"
+            "small-M products measured against cuBLASLt (timed ones; the others as stored)"
         );
         Ok(())
     }

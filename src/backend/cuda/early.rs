@@ -262,11 +262,13 @@ impl EarlyUpload {
         self.config_seen.notify_all();
     }
 
-    /// Waits while the read runs from a warm page cache (faster than early copies pay, and
-    /// using every core): returns once it is over, or judged bound by the disk, or the copies
-    /// stopped. Work that competes with a warm read for the host's cores, such as timing the
-    /// product paths, waits here and runs beside the upload after it instead.
-    pub(super) fn wait_while_read_is_fast(&self) {
+    /// Waits while the read has not begun or runs from a warm page cache (faster than early
+    /// copies pay, and using every core): returns once it is over ([`EarlyUpload::read_over`]),
+    /// or judged bound by the disk, or the copies stopped. Work that competes with a warm read
+    /// for the host's cores and memory (allocating the weights, timing the product paths,
+    /// parsing the tokenizer) waits here and runs after it instead; from a cold page cache it
+    /// runs beside the read, which the disk bounds.
+    pub fn wait_while_read_is_fast(&self) {
         const POLL: Duration = Duration::from_millis(5);
         loop {
             if self.over.load(Ordering::Acquire) || self.stopped.load(Ordering::Acquire) {
@@ -278,6 +280,11 @@ impl EarlyUpload {
             }
             std::thread::sleep(POLL);
         }
+    }
+
+    /// Whether the read handed over its list of files ([`BlockSink::begin`]).
+    pub(super) fn read_began(&self) -> bool {
+        self.began.get().is_some()
     }
 
     /// What was copied so far.
@@ -724,12 +731,16 @@ mod tests {
         assert!(waited >= RATE_AFTER / 2, "{waited:?}");
 
         let early = EarlyUpload::new();
+        early.begin(&[("model.safetensors", 1 << 40)]);
         early.read_over();
         early.wait_while_read_is_fast();
 
         let early = EarlyUpload::new();
+        early.begin(&[("model.safetensors", 1 << 40)]);
         early.finish().unwrap();
         early.wait_while_read_is_fast();
+
+        assert!(!EarlyUpload::new().read_began());
     }
 
     #[test]

@@ -60,6 +60,12 @@ fn lt_err(what: &str) -> impl Fn(lt::CublasError) -> BackendError + '_ {
 }
 
 impl Gemm {
+    /// The cuBLASLt library's version (`cublasLtGetVersion`).
+    pub fn library_version() -> usize {
+        // SAFETY: takes no arguments and only reads the loaded library's version constant.
+        unsafe { sys::cublasLtGetVersion() }
+    }
+
     /// Creates the handle and its workspace.
     pub fn new() -> Result<Self, BackendError> {
         let handle = lt::create_handle().map_err(lt_err("create"))?;

@@ -6,6 +6,7 @@
 
 mod backend;
 mod cc;
+mod choices;
 mod compile;
 mod early;
 mod gemm;
