@@ -18,8 +18,8 @@
 # start-up to first token of the 8B-shaped weights, plaintext then a sealed copy with a key file,
 # same run; target sealed <= 1.10x; also read-buffer-bench.c's page-size comparison and, where the
 # page cache can be dropped, a sequential read of the model and a start-up from a cold cache;
-# COLD_BINS="inferno inferno-base" starts a second binary beside, warm and cold; COLD_ROUNDS=N
-# repeats the cold start-ups), libload (what the CUDA libraries cost a cold start-up, beside
+# COLD_BINS="inferno inferno-base" starts a second binary beside, warm and cold; WARM_RUNS=N
+# and COLD_ROUNDS=N repeat the warm and the cold start-ups), libload (what the CUDA libraries cost a cold start-up, beside
 # the model's read or not; after sealedstart),
 # profile (ncu: GPU time per kernel of batch-1 decode steps at
 # 1k context, eager launches, grouped by kernel), constrained (CPU and CUDA servers of the embedded
@@ -556,19 +556,22 @@ if has sealedstart; then
   }
   warm=$(first_token sealedstart-warmup.log $M8)
   note "start-up to first token, warm-up (kernel cache): plaintext ${warm} s"
-  plain=(); sealed=()
-  for i in 1 2; do
+  # COLD_BINS names more binaries of .gpu (say "inferno inferno-base") to start in turn, warm
+  # here (WARM_RUNS rounds, default 2, binaries alternating) and cold below.
+  plain=(); sealed=(); declare -A other=()
+  for i in $(seq 1 "${WARM_RUNS:-2}"); do
     plain+=("$(first_token sealedstart-plain-$i.log $M8)")
     sealed+=("$(first_token sealedstart-sealed-$i.log $S8 --model-key-file /tmp/llama8b.key)")
+    for b in ${COLD_BINS:-inferno}; do
+      [ "$b" = inferno ] && continue
+      other[$b]+=" $(FT_BIN="$G/$b" first_token sealedstart-plain-$b-$i.log $M8)"
+    done
   done
-  note "start-up to first token: plaintext ${plain[*]} s, sealed ${sealed[*]} s (ratio of the bests $(python3 -c "print(round(min(${sealed[0]}, ${sealed[1]}) / min(${plain[0]}, ${plain[1]}), 3))"))"
-  # COLD_BINS names more binaries of .gpu (say "inferno inferno-base") to start in turn, warm
-  # here and cold below.
+  best() { python3 -c "import sys; print(min(float(x) for x in sys.argv[1:]))" "$@"; }
+  note "start-up to first token: plaintext ${plain[*]} s, sealed ${sealed[*]} s (ratio of the bests $(python3 -c "print(round($(best "${sealed[@]}") / $(best "${plain[@]}"), 3))"))"
   for b in ${COLD_BINS:-inferno}; do
     [ "$b" = inferno ] && continue
-    other=()
-    for i in 1 2; do other+=("$(FT_BIN="$G/$b" first_token sealedstart-plain-$b-$i.log $M8)"); done
-    note "start-up to first token, $b: plaintext ${other[*]} s"
+    note "start-up to first token, $b: plaintext${other[$b]} s"
   done
   for f in "$OUT"/sealedstart-plain-1.log "$OUT"/sealedstart-sealed-1.log; do
     note "$(basename "$f"):"
