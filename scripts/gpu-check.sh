@@ -578,23 +578,26 @@ if has sealedstart; then
     grep -E 'listening|platform passed|sealed model opened|model loaded|backend prepared|CUDA backend ready|weights placed|weights uploaded|KV cache allocated|decode graphs captured|sequence limit|engine ready|ready$' "$f" | cut -c1-260 | tee -a "$SUMMARY"
   done
   # From a cold page cache (issue 13 target 2: within 1 s of the disk's sequential read time):
-  # the model's files read in order by one reader, then a start-up, each after dropping caches.
+  # the model's files read in order by one reader, then the start-ups, each after dropping caches.
+  # The disk's rate drifts by several percent within a call, so every round first times its own
+  # sequential read and its start-ups are compared with that.
   if sync && echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; then
-    t0=$(date +%s.%N)
-    cat $M8/* >/dev/null
-    t1=$(date +%s.%N)
-    seq_read=$(python3 -c "print(round($t1 - $t0, 3))")
-    bytes=$(cat $M8/* | wc -c)
-    note "cold page cache: sequential read of the model ${seq_read} s ($(python3 -c "print(round($bytes / ($t1 - $t0) / 1e9, 2))") GB/s)"
+    bytes=$(stat -c %s $M8/* | awk '{s += $1} END {print s}')
     # COLD_ROUNDS (default 1) repeats the cold start-ups, binaries alternating.
     for r in $(seq 1 "${COLD_ROUNDS:-1}"); do
+      sync && echo 3 >/proc/sys/vm/drop_caches
+      t0=$(date +%s.%N)
+      cat $M8/* >/dev/null
+      t1=$(date +%s.%N)
+      seq_read=$(python3 -c "print(round($t1 - $t0, 3))")
+      note "cold page cache, round $r: sequential read of the model ${seq_read} s ($(python3 -c "print(round($bytes / ($t1 - $t0) / 1e9, 2))") GB/s)"
       for b in ${COLD_BINS:-inferno}; do
         sync && echo 3 >/proc/sys/vm/drop_caches
         log=sealedstart-cold
         [ "$b" = inferno ] || log=$log-$b
         [ "$r" = 1 ] || log=$log-r$r
         cold=$(FT_BIN="$G/$b" first_token $log.log $M8)
-        note "cold page cache, $b, round $r: start-up to first token ${cold} s ($(python3 -c "print(round($cold - $seq_read, 3))") s over the sequential read)"
+        note "cold page cache, $b, round $r: start-up to first token ${cold} s ($(python3 -c "print(round($cold - $seq_read, 3))") s over the round's sequential read)"
         grep -E 'platform passed|backend prepared|CUDA backend ready|weights placed|weights uploaded' "$OUT/$log.log" | cut -c1-400 | tee -a "$SUMMARY"
       done
     done
