@@ -273,8 +273,9 @@ impl OpenedDevice {
     /// decode graphs. With an early upload ([`OpenedDevice::copy_early`]) whose read began, all
     /// of it waits first while that read runs from a warm page cache, and so does this call:
     /// such a read copies nothing early and needs the host's cores and memory system, so the
-    /// work runs beside the upload after it instead. The backend built on this device uses it only for exactly this
-    /// configuration, engine configuration and options, and builds its own otherwise.
+    /// work runs beside the upload after it instead. The backend built on this device uses it
+    /// only for exactly this configuration, engine configuration and options, and builds its
+    /// own otherwise.
     pub fn prepare_backend(
         &mut self,
         model: &ModelConfig,
@@ -1395,10 +1396,10 @@ impl CudaBackend {
     /// the weights come from memory, as in a step), and records the faster path per shape; or,
     /// unless `options.measure_products`, the small-M kernel wherever it fits. Shapes whose
     /// choice is stored for this GPU, its libraries and kernels (`choices.rs`) are not timed
-    /// again; the choices are stored when any was. The gate/up and
-    /// q/k/v products are timed with the work that follows them in a step (SwiGLU, the rope
-    /// write), which the small-M path folds into its epilogue where it can, and in a CUDA graph,
-    /// as decode steps run them: what is compared is what a step would run.
+    /// again; the choices are stored when any was. The gate/up and q/k/v products are timed
+    /// with the work that follows them in a step (SwiGLU, the rope write), which the small-M
+    /// path folds into its epilogue where it can, and in a CUDA graph, as decode steps run
+    /// them: what is compared is what a step would run.
     fn choose_small_m_products(&mut self) -> Result<(), BackendError> {
         const REPS: usize = 8;
         // Layers cycled through per timing: enough that no weight is read from L2 twice.

@@ -27,8 +27,11 @@ const FORMAT: u32 = 1;
 pub(super) struct ChosenShape {
     /// The product (`qkv_rope_write`, `gate_up_swiglu` or `plain`).
     pub product: String,
+    /// Rows of x (the decode step's rows, 1 to 8).
     pub m: usize,
+    /// Rows of the weight (the product's outputs per row of x).
     pub n: usize,
+    /// The depth both share.
     pub k: usize,
 }
 
