@@ -137,6 +137,8 @@ enum Prepared {
 /// The kernels compiled (or taken from the cache) and loaded for one set of parameters.
 struct LoadedKernels {
     kernels: Kernels,
+    /// Every family's cache key, in `kernels::FAMILIES` order.
+    cache_keys: Vec<String>,
     /// Compilation (or the cache).
     compile: Duration,
     /// Compilation and module loading.
@@ -154,6 +156,7 @@ impl LoadedKernels {
         let started = Instant::now();
         let compiled = compile::compile_all(params, arch)?;
         let compile = started.elapsed();
+        let cache_keys = compiled.iter().map(|c| c.key.clone()).collect();
         let kernels = Kernels::take(compile::load_all(ctx, compiled)?)?;
         if params.flash.shared_bytes > 0 {
             // Above the default 48 KiB a block must opt in to its dynamic shared memory.
@@ -189,6 +192,7 @@ impl LoadedKernels {
         }
         Ok(Self {
             kernels,
+            cache_keys,
             compile,
             ready: started.elapsed(),
         })
@@ -450,14 +454,13 @@ impl TimedProduct {
 }
 
 /// Where the small-M product choices are stored in the kernel cache `dir`, keyed by everything
-/// they depend on: the GPU (`name`), its driver, cuBLASLt, every kernel family's cache key (its
-/// source with the model's shapes, `arch` and NVRTC's version) and whether kernels launch with
-/// programmatic dependent launch.
+/// they depend on: the GPU (`name`), its driver, cuBLASLt, the kernels (`kernel_keys`, the
+/// families' cache keys: source with the model's shapes, architecture and NVRTC's version) and
+/// whether kernels launch with programmatic dependent launch.
 fn product_choice_store(
     dir: &std::path::Path,
     name: &str,
-    arch: &str,
-    params: &KernelParams,
+    kernel_keys: &[String],
     programmatic: bool,
 ) -> Result<ChoiceStore, CudaInitError> {
     let mut driver = 0;
@@ -468,18 +471,13 @@ fn product_choice_store(
             "reading the driver's version: {status:?}"
         )));
     }
-    let nvrtc = compile::nvrtc_version()?;
     let mut parts = vec![
         name.to_string(),
         format!("driver {driver}"),
         format!("cublasLt {}", Gemm::library_version()),
         format!("programmatic launch {programmatic}"),
     ];
-    parts.extend(
-        kernels::FAMILIES
-            .iter()
-            .map(|family| kernels::cache_key(family, params, arch, nvrtc)),
-    );
+    parts.extend(kernel_keys.iter().cloned());
     let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
     Ok(ChoiceStore::new(dir, &parts))
 }
@@ -889,6 +887,7 @@ impl CudaBackend {
     ) -> Result<DeviceParts, CudaInitError> {
         let LoadedKernels {
             kernels,
+            cache_keys,
             compile: t_compile,
             ready: t_kernels,
         } = LoadedKernels::load(ctx, params, arch)?;
@@ -997,7 +996,7 @@ impl CudaBackend {
         let waiter = StepWaiter::new(stream).map_err(|e| CudaInitError::Device(e.to_string()))?;
         let programmatic = config.programmatic_launch && major >= 9;
         let choices = kernels::cache_dir().and_then(|dir| {
-            product_choice_store(&dir, name, arch, params, programmatic)
+            product_choice_store(&dir, name, &cache_keys, programmatic)
                 .inspect_err(|e| tracing::warn!(error = %e, "product choices not stored"))
                 .ok()
         });

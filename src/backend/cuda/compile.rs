@@ -50,6 +50,8 @@ pub struct CompiledFamily {
     pub cubin: Vec<u8>,
     /// Whether it was read from the on-disk cache.
     pub cached: bool,
+    /// Its cache key (`kernels::cache_key`: source, shapes, architecture, NVRTC version).
+    pub key: String,
 }
 
 /// The NVRTC version.
@@ -135,7 +137,7 @@ pub fn compile_all(params: &KernelParams, arch: &str) -> Result<Vec<CompiledFami
                 scope.spawn(move || {
                     let key = kernels::cache_key(family, params, arch, version);
                     if let Some(cubin) = dir.as_deref().and_then(|d| kernels::read_cached(d, &key)) {
-                        return Ok(CompiledFamily { family: *family, cubin, cached: true });
+                        return Ok(CompiledFamily { family: *family, cubin, cached: true, key });
                     }
                     let cubin = compile_family(family, params, arch)?;
                     if let Some(dir) = dir.as_deref()
@@ -143,7 +145,7 @@ pub fn compile_all(params: &KernelParams, arch: &str) -> Result<Vec<CompiledFami
                     {
                         tracing::warn!(kernel = family.name, error = %e, "could not write the kernel cache");
                     }
-                    Ok(CompiledFamily { family: *family, cubin, cached: false })
+                    Ok(CompiledFamily { family: *family, cubin, cached: false, key })
                 })
             })
             .collect();
