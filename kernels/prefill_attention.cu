@@ -2,19 +2,21 @@
 // from the paged cache.
 //
 // A tile is up to F_TOKENS consecutive tokens of one sequence (the host packs (first token, count)
-// per tile); grid (tiles, NUM_KV_HEADS, splits), F_WARPS = F_ROWS / 16 warps per block. A block
+// per tile); grid (tiles, NUM_KV_HEADS, splits), F_WARPS = F_ROWS / 16 warps per block (and a
+// producer warpgroup in the F_WGMMA path). A block
 // serves the tile's query vectors r = token * GROUP + g (g: the query heads of one KV head),
 // F_ROWS rows of which each warp owns 16, and walks its share of the sequence's keys F_KEYS at a
 // time. The keys and values of each key tile (this KV head's rows of the cache blocks) are copied
 // into shared memory with cp.async, in stages: the next tile's copy runs while the warps use
-// this one. Each key and value is thus read once per tile and KV head, for all its query rows. The QKV kernel has already written this step's keys and values, so earlier chunks
+// this one. Each key and value is thus read once per tile and KV head, for all its query rows.
+// The QKV kernel has already written this step's keys and values, so earlier chunks
 // (chunked prefill) and cached prefix blocks are read exactly like this step's own; slots outside
 // [first position, last position] of the tile's rows are never read (their stage is filled with
 // zeros).
 //
 // Per key tile, in one of two product paths (F_WGMMA from the host), bf16 inputs, fp32 sums:
-//   S = Q K^T: the query rows as A fragments in registers (loaded once from global memory)
-//       against the tile's keys;
+//   S = Q K^T: the query rows (loaded once from global memory: A fragments in registers, or
+//       in shared memory in the F_WGMMA path) against the tile's keys;
 //   scores masked (causal: key <= the row's position; sliding window: key > position -
 //       SLIDING_WINDOW) only in key tiles that cross a row's range, online softmax per row over
 //       the raw scores (max and sum), the scale into the log2 domain folded into each exp2's
@@ -27,15 +29,20 @@
 // reads hit eight different banks; a key tile entirely after a warp's last row position is skipped
 // by that warp. The instructions around the products bound it (ncu: 2 issued per cycle, 12 warps
 // per SM at 168 registers).
-// F_WGMMA 1 (Hopper wgmma.mma_async m64n128k16 and m64n64k16, sm_90a, HEAD_DIM 64 or 128): each
-// warpgroup (4 warps, 64 rows) issues its products asynchronously, A (Q, then P) from registers
-// and B read by the tensor cores from shared memory; K and V are staged in the 128-byte-swizzled
-// layout those reads expect (K as a K-major B operand, V as an N-major one), F_STAGES stages in
-// dynamic shared memory (F_SHARED bytes). The loop is software-pipelined: tile i's softmax runs
-// while the tensor cores multiply tile i - 1's P by its V. A warpgroup with rows walks every key
-// tile of its block (on one code path, so ptxas keeps the products asynchronous); one without
-// rows only helps stage the tiles. Tiles of at most FS_ROWS query vectors go to the small-tile
-// variant (F_SMALL_VARIANT) instead (src/backend/cuda/inputs.rs: pack_step).
+// F_WGMMA 1 (Hopper wgmma.mma_async m64n128k16 and m64n64k16, sm_90a, HEAD_DIM 64 or 128): a
+// block is two consumer warpgroups (64 rows each) and a producer warpgroup (F_THREADS). The
+// producer copies each key tile into one of F_STAGES stages of dynamic shared memory (F_SHARED
+// bytes, in the 128-byte-swizzled layout wgmma reads: K as a K-major B operand, V as an N-major
+// one) once every consumer warp has released that stage, and the copies' completion arrives on
+// the stage's mbarrier; consumers wait on it, so no block barrier per tile holds the two
+// warpgroups in step. Each consumer warpgroup issues its products asynchronously, S = Q K^T with
+// Q from shared memory (staged once, so it takes no registers) and O += P V with P from
+// registers, in a software pipeline: tile i's softmax runs while the tensor cores multiply tile
+// i - 1's P by its V. A warpgroup without rows returns at once. Tiles of at most FS_ROWS query
+// vectors go to the small-tile variant (F_SMALL_VARIANT) instead (src/backend/cuda/inputs.rs:
+// pack_step). ptxas serialises every product of the kernel (C7513, C7512) when an instruction
+// writes a register an unfinished product reads or the registers run short; the pipeline is
+// written so that neither happens (checked on the ptxas of CUDA 13.0, docs/benchmarks.md).
 //
 // Split over the context: with `splits` > 1 (grid z), block z walks only the z-th of `splits`
 // equal runs of the tile's key tiles and writes unnormalised partial results (acc, and max and
@@ -82,6 +89,12 @@
 #define F_HALF_BYTES (F_KEYS * 128)
 #define F_TILE_BYTES (F_KEYS * HEAD_DIM * 2)
 #define F_STAGES 3
+// Bytes of one warpgroup's 64 query rows in shared memory.
+#define F_Q_BYTES (64 * HEAD_DIM * 2)
+// Registers per thread of the producer warpgroup and of the consumers (setmaxnreg): 128 x 24 +
+// 256 x 240 fit the 64K registers of the SM the block has to itself.
+#define F_PRODUCER_REGS 24
+#define F_CONSUMER_REGS 240
 // Keys per S = Q K^T product of the wgmma path: 128 where the tile allows (half the products, and
 // the A fragments read half as often, as with 64).
 #if F_KEYS % 128 == 0
@@ -122,6 +135,35 @@ __device__ __forceinline__ void f_fence_operands(float* d) {
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The same for N 32-bit registers (the A fragments a product reads).
+template <int N>
+__device__ __forceinline__ void f_fence_registers(unsigned int* r) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// An mbarrier in shared memory, its phases completed by `count` arrivals each.
+__device__ __forceinline__ void f_barrier_init(unsigned long long* bar, unsigned int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count) : "memory");
+}
+
+// Waits until the phase of `parity` (0 for a barrier's 1st, 3rd, ... phase) has completed.
+__device__ __forceinline__ void f_barrier_wait(unsigned long long* bar, unsigned int parity) {
+    unsigned int done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(shared_address(bar)), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+// One arrival on `bar`.
+__device__ __forceinline__ void f_barrier_arrive(unsigned long long* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
+}
+
 // The shared-memory descriptor of a 128-byte-swizzled operand at `address` (1024-byte aligned
 // swizzle atoms of 8 rows of 128 bytes; `stride` bytes between 8-row groups).
 __device__ __forceinline__ unsigned long long f_descriptor(unsigned int address, unsigned int leading,
@@ -149,6 +191,34 @@ __device__ __forceinline__ void f_wgmma_64x64(float* d, const unsigned int* a, u
         "{%32, %33, %34, %35}, %36, p, 1, 1, %37;\n}\n"
         : F_ACC8(0), F_ACC8(8), F_ACC8(16), F_ACC8(24)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B), "r"(accumulate)
+        : "memory");
+}
+
+// d (64 x 64) (+)= a (64 x 16 from shared memory, K-major, described by `a`) * b (16 x 64, K-major).
+__device__ __forceinline__ void f_wgmma_64x64_ss(float* d, unsigned long long a, unsigned long long b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : F_ACC8(0), F_ACC8(8), F_ACC8(16), F_ACC8(24)
+        : "l"(a), "l"(b), "r"(accumulate)
+        : "memory");
+}
+
+// The same with N = 128 (d: 64 accumulators).
+__device__ __forceinline__ void f_wgmma_64x128_ss(float* d, unsigned long long a, unsigned long long b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n}\n"
+        : F_ACC8(0), F_ACC8(8), F_ACC8(16), F_ACC8(24), F_ACC8(32), F_ACC8(40), F_ACC8(48), F_ACC8(56)
+        : "l"(a), "l"(b), "r"(accumulate)
         : "memory");
 }
 
@@ -270,7 +340,14 @@ __device__ __forceinline__ void f_rescale(float (&o)[F_DTILES][4], float alpha_a
 #define F_MIN_BLOCKS 3
 #endif
 
-extern "C" __global__ void __launch_bounds__(F_WARPS * 32, F_MIN_BLOCKS)
+// The warpgroup kernel's block adds a producer warpgroup to its F_WARPS consumer warps.
+#if F_WGMMA
+#define F_THREADS (F_WARPS * 32 + 128)
+#else
+#define F_THREADS (F_WARPS * 32)
+#endif
+
+extern "C" __global__ void __launch_bounds__(F_THREADS, F_MIN_BLOCKS)
 prefill_attention(const bf16* __restrict__ q,
                   const bf16* __restrict__ k_cache,
                   const bf16* __restrict__ v_cache,
@@ -309,6 +386,65 @@ prefill_attention(const bf16* __restrict__ q,
     const int kb_begin = (first_tile + (int)blockIdx.z * per_split) * F_KEYS;
     const int kb_end = min((first_tile + ((int)blockIdx.z + 1) * per_split) * F_KEYS, last_pos + 1);
 
+#if F_WGMMA
+    // Warp specialisation: the last warpgroup produces, the F_WARPS warps before it consume.
+    // Stage b's `full` barrier completes when the producer's copies of a tile into it have all
+    // landed (each producer thread's cp.async arrives on its own); its `empty` barrier when every
+    // consumer warp is done reading that tile. The producer runs up to F_STAGES tiles ahead and
+    // never waits for a consumer except for a stage to come free, so the two consumer warpgroups
+    // are not held in step by a block barrier per tile.
+    extern __shared__ __align__(1024) unsigned char f_dynamic[];
+    static_assert(F_STAGES * 2 * F_TILE_BYTES + 2 * F_Q_BYTES + 1024 <= F_SHARED, "F_SHARED too small for the stages");
+    const unsigned int stage0 = (shared_address(f_dynamic) + 1023u) & ~1023u;
+    __shared__ __align__(8) unsigned long long f_full[F_STAGES], f_empty[F_STAGES];
+    const int consumer_warps = rows_used > 64 ? F_WARPS : 4;  // a warpgroup without rows leaves
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int b = 0; b < F_STAGES; ++b) {
+            f_barrier_init(&f_full[b], 128);
+            f_barrier_init(&f_empty[b], consumer_warps);
+        }
+    }
+    __syncthreads();
+    const int num_tiles = kb_end > kb_begin ? (kb_end - kb_begin + F_KEYS - 1) / F_KEYS : 0;
+    if (warp >= F_WARPS) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(F_PRODUCER_REGS));
+        // Each producer thread copies one 16-byte chunk of every F_PASS_KEYS-th key of a tile,
+        // keys and values: its chunk, its first key and so its swizzled place in a stage are
+        // fixed; zeros outside [first_pos, last_pos].
+        constexpr int F_PASS_KEYS = 128 / F_CHUNKS;
+        static_assert(128 % F_CHUNKS == 0 && F_PASS_KEYS % 8 == 0 && F_KEYS % F_PASS_KEYS == 0,
+                      "a pass must cover whole swizzle atoms and a tile whole passes");
+        const int producer = threadIdx.x - F_WARPS * 32;
+        const int my_chunk = producer % F_CHUNKS;
+        const int my_key = producer / F_CHUNKS;
+        const unsigned int my_at =
+            (my_chunk >> 3) * F_HALF_BYTES + my_key * 128 + (((my_chunk & 7) ^ (my_key & 7)) << 4);
+        const bf16* my_k = k_cache + kvh * HEAD_DIM + my_chunk * 8;
+        const bf16* my_v = v_cache + kvh * HEAD_DIM + my_chunk * 8;
+        for (int t = 0; t < num_tiles; ++t) {
+            const int buf = t % F_STAGES;
+            if (t >= F_STAGES) f_barrier_wait(&f_empty[buf], (t / F_STAGES - 1) & 1);
+            const int kb = kb_begin + t * F_KEYS;
+            const unsigned int k_stage = stage0 + buf * 2 * F_TILE_BYTES + my_at;
+#pragma unroll 4
+            for (int pass = 0; pass < F_KEYS / F_PASS_KEYS; ++pass) {
+                const int j = kb + my_key + pass * F_PASS_KEYS;
+                const bool valid = j >= first_pos && j <= last_pos;
+                const size_t row =
+                    valid ? ((size_t)table[j / KV_BLOCK] * KV_BLOCK + j % KV_BLOCK) * NUM_KV_HEADS * HEAD_DIM : 0;
+                const unsigned int at = k_stage + pass * F_PASS_KEYS * 128;
+                copy16_async(at, my_k + row, valid);
+                copy16_async(at + F_TILE_BYTES, my_v + row, valid);
+            }
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(shared_address(&f_full[buf]))
+                         : "memory");
+        }
+        return;  // the consumers wait for every copy before the block ends
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(F_CONSUMER_REGS));
+    if ((warp >> 2) * 64 >= rows_used) return;
+#endif
     // This thread's two rows of the warp's 16 (fragment rows lane / 4 and lane / 4 + 8), their
     // positions (-1: an unused row, every key masked), and the warp's first and last positions.
     const int quad = lane >> 2;
@@ -321,6 +457,32 @@ prefill_attention(const bf16* __restrict__ q,
     const int warp_last_pos = warp * 16 < rows_used ? positions[t0 + warp_last_row / F_GROUP] : -1;
     const int warp_first_pos = warp * 16 < rows_used ? positions[t0 + warp * 16 / F_GROUP] : -1;
 
+#if F_WGMMA
+    // The warpgroup's 64 query rows in shared memory, in the layout of a K-major A operand (the
+    // keys' layout: per 64-dimension column half, 64 rows of 128 bytes, 128-byte swizzle); zeros
+    // for rows past rows_used. Read there by every S = Q K^T product, they take no registers.
+    const unsigned int q_stage = stage0 + F_STAGES * 2 * F_TILE_BYTES + (warp >> 2) * F_Q_BYTES;
+    {
+        const int thread = threadIdx.x & 127;
+#pragma unroll
+        for (int k = 0; k < F_CHUNKS / 2; ++k) {
+            const int id = thread + 128 * k;
+            const int row = id / F_CHUNKS;
+            const int chunk = id % F_CHUNKS;
+            const int r = (warp >> 2) * 64 + row;  // the block's row
+            uint4 value = make_uint4(0u, 0u, 0u, 0u);
+            if (r < rows_used)
+                value = *reinterpret_cast<const uint4*>(
+                    q + ((size_t)(t0 + r / F_GROUP) * NUM_Q_HEADS + kvh * F_GROUP + r % F_GROUP) * HEAD_DIM + chunk * 8);
+            const unsigned int at = q_stage + (chunk >> 3) * (64 * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(at), "r"(value.x), "r"(value.y), "r"(value.z),
+                         "r"(value.w)
+                         : "memory");
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // st.shared's writes, wgmma's reads
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + (warp >> 2)) : "memory");
+    }
+#else
     // Q fragments: rows a and b, dimensions pair and pair + 8 of every 16-dimension step.
     unsigned int qa[F_DSTEPS][4];
     {
@@ -335,6 +497,7 @@ prefill_attention(const bf16* __restrict__ q,
             qa[s][3] = pos_b >= 0 ? *reinterpret_cast<const unsigned int*>(qrow_b + d + 8) : 0u;
         }
     }
+#endif
 
     float o[F_DTILES][4];
 #pragma unroll
@@ -344,48 +507,50 @@ prefill_attention(const bf16* __restrict__ q,
     const float log2_scale = scale * F_LOG2E;
 
 #if F_WGMMA
-    // F_STAGES stages, each the tile's keys then its values: per HEAD_DIM / 64 column half, F_KEYS rows
-    // of 128 bytes, the 16-byte chunk c of row r at chunk c ^ (r % 8) (the 128-byte swizzle wgmma
-    // reads), from a 1024-byte aligned base.
-    extern __shared__ __align__(1024) unsigned char f_dynamic[];
-    static_assert(F_STAGES * 2 * F_TILE_BYTES + 1024 <= F_SHARED, "F_SHARED too small for the stages");
-    const unsigned int stage0 = (shared_address(f_dynamic) + 1023u) & ~1023u;
-    // Each thread copies one 16-byte chunk of every F_PASS_KEYS-th key: its chunk, its first key
-    // and so its swizzled place in a stage are fixed, and each pass reads one cache block entry.
-    constexpr int F_PASS_KEYS = F_WARPS * 32 / F_CHUNKS;
-    static_assert(F_WARPS * 32 % F_CHUNKS == 0 && F_PASS_KEYS % 8 == 0 && F_KEYS % F_PASS_KEYS == 0,
-                  "a pass must cover whole swizzle atoms and a tile whole passes");
-    const int my_chunk = threadIdx.x % F_CHUNKS;
-    const int my_key = threadIdx.x / F_CHUNKS;
-    const unsigned int my_at =
-        (my_chunk >> 3) * F_HALF_BYTES + my_key * 128 + (((my_chunk & 7) ^ (my_key & 7)) << 4);
-    const bf16* my_k = k_cache + kvh * HEAD_DIM + my_chunk * 8;
-    const bf16* my_v = v_cache + kvh * HEAD_DIM + my_chunk * 8;
-    auto stage = [&](int kb, int buf) {
-        const unsigned int k_stage = stage0 + buf * 2 * F_TILE_BYTES + my_at;
-#pragma unroll
-        for (int pass = 0; pass < F_KEYS / F_PASS_KEYS; ++pass) {
-            const int j = kb + my_key + pass * F_PASS_KEYS;
-            const bool valid = j >= first_pos && j <= last_pos;
-            const size_t row = valid ? ((size_t)table[j / KV_BLOCK] * KV_BLOCK + j % KV_BLOCK) * NUM_KV_HEADS * HEAD_DIM : 0;
-            const unsigned int at = k_stage + pass * F_PASS_KEYS * 128;
-            copy16_async(at, my_k + row, valid);
-            copy16_async(at + F_TILE_BYTES, my_v + row, valid);
-        }
-        asm volatile("cp.async.commit_group;");
+    // F_STAGES stages, each the tile's keys then its values: per HEAD_DIM / 64 column half, F_KEYS
+    // rows of 128 bytes, the 16-byte chunk c of row r at chunk c ^ (r % 8) (the 128-byte swizzle
+    // wgmma reads), from a 1024-byte aligned base.
+    //
+    // Software pipeline: in iteration i a warpgroup issues S_i = Q K_i^T and then O += P_(i-1)
+    // V_(i-1), waits for S_i only, and runs tile i's softmax on the CUDA cores while the tensor
+    // cores finish P_(i-1) V_(i-1); O is rescaled once that product is done, and tile i - 1's
+    // stage released. P alternates between two register sets (pa, pb) so that no instruction
+    // writes a register an unfinished product reads: a copy of the new P into the old one's
+    // registers made ptxas serialize every product of the kernel (C7513).
+    auto await_tile = [&](int i) {
+        f_barrier_wait(&f_full[i % F_STAGES], (i / F_STAGES) & 1);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async's writes, wgmma's reads
     };
-
-    // Software pipeline over three stages: in iteration i a warpgroup issues S_i = Q K_i^T and
-    // then O += P_(i-1) V_(i-1), waits for S_i only, and runs tile i's softmax on the CUDA cores
-    // while the tensor cores finish P_(i-1) V_(i-1); O is rescaled once that product is done.
-    // Stage i % F_STAGES holds tile i; at the top of iteration i every warpgroup has finished
-    // with tile i - 2, so tile i + 1 is copied into its stage while tile i is used.
-    auto products_pv = [&](const unsigned int (&pv)[F_KTILES / 2][4], int buf) {
-        const unsigned int v_stage = stage0 + buf * 2 * F_TILE_BYTES + F_TILE_BYTES;
+    auto release_tile = [&](int i) {
+        __syncwarp();
+        if (lane == 0) f_barrier_arrive(&f_empty[i % F_STAGES]);
+    };
+    // S = Q K^T over tile i: per F_QK_N keys, HEAD_DIM / 16 products over 16 dimensions (K-major:
+    // 32 bytes further along the swizzled rows per step, the next column half after four).
+    auto products_qk = [&](float (&s)[F_KTILES][4], int i) {
+        const unsigned int k_stage = stage0 + (i % F_STAGES) * 2 * F_TILE_BYTES;
+        f_wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < F_KEYS / F_QK_N; ++j) {
+#pragma unroll
+            for (int d = 0; d < F_DSTEPS; ++d) {
+                const unsigned int at = k_stage + (d >> 2) * F_HALF_BYTES + j * F_QK_N * 128 + (d & 3) * 32;
+                const unsigned long long a = f_descriptor(q_stage + (d >> 2) * (64 * 128) + (d & 3) * 32, 16, 1024);
+#if F_QK_N == 128
+                f_wgmma_64x128_ss(&s[j * 16][0], a, f_descriptor(at, 16, 1024), d > 0);
+#else
+                f_wgmma_64x64_ss(&s[j * 8][0], a, f_descriptor(at, 16, 1024), d > 0);
+#endif
+            }
+        }
+        f_wgmma_commit();
+    };
+    // O += P V over tile i (N-major: the values' rows are keys, 16 per product; 8-key groups 1024
+    // bytes apart, 64-dimension column halves F_HALF_BYTES apart).
+    auto products_pv = [&](const unsigned int (&pv)[F_KTILES / 2][4], int i) {
+        const unsigned int v_stage = stage0 + (i % F_STAGES) * 2 * F_TILE_BYTES + F_TILE_BYTES;
 #pragma unroll
         for (int k = 0; k < F_KEYS / 16; ++k) {
-            // N-major: the values' rows are keys, 16 per product; 8-key groups 1024 bytes apart,
-            // 64-dimension column halves F_HALF_BYTES apart.
             const unsigned int at = v_stage + k * 16 * 128;
 #if HEAD_DIM == 128
             f_wgmma_64x128<1>(&o[0][0], pv[k], f_descriptor(at, F_HALF_BYTES, 1024), 1);
@@ -395,89 +560,58 @@ prefill_attention(const bf16* __restrict__ q,
         }
         f_wgmma_commit();
     };
+    // Waits for every product; O and the P it read may be touched again.
     auto finish_pv = [&](unsigned int (&pv)[F_KTILES / 2][4]) {
         f_wgmma_wait();
         f_fence_operands<F_DTILES * 4>(&o[0][0]);
-#pragma unroll
-        for (int k = 0; k < F_KEYS / 16; ++k) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(pv[k][e])::"memory");
-        }
+        f_fence_registers<F_KTILES * 2>(&pv[0][0]);
+    };
+    // Iteration i >= 1: P_(i-1) in `prev`, tile i's P into `next`.
+    auto iteration = [&](int i, unsigned int (&prev)[F_KTILES / 2][4], unsigned int (&next)[F_KTILES / 2][4]) {
+        const int kb = kb_begin + i * F_KEYS;
+        float s[F_KTILES][4];
+        await_tile(i);
+        products_qk(s, i);
+        products_pv(prev, i - 1);
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // S only
+        f_fence_operands<F_KTILES * 4>(&s[0][0]);
+        float alpha_a, alpha_b;
+        const bool moved = f_online_softmax(s, next, m_a, m_b, l_a, l_b, alpha_a, alpha_b, kb, pos_a, pos_b,
+                                            warp_first_pos, warp_last_pos, pair, log2_scale);
+        // A branch on the sums the softmax ends with (never taken: sums are not negative) keeps
+        // ptxas from scheduling the wait below ahead of the softmax, which would leave nothing to
+        // overlap with P V.
+        if (l_a + l_b < 0.0f) asm volatile("nanosleep.u32 0;");
+        finish_pv(prev);
+        release_tile(i - 1);
+        if (moved) f_rescale(o, alpha_a, alpha_b);
     };
 
-    // Waits for tile i (its stage `buf`), makes it visible to wgmma's reads and, once every
-    // warpgroup is done with tile i - 2, starts copying tile i + 1 into that tile's stage.
-    auto next_tile = [&](int kb, int i) {
-        asm volatile("cp.async.wait_group 0;" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        __syncthreads();
-        if (kb + F_KEYS < kb_end) stage(kb + F_KEYS, (i + 1) % F_STAGES);
-    };
-    // S = Q K^T over tile i: per 64 keys, HEAD_DIM / 16 products over 16 dimensions (K-major: 32
-    // bytes further along the swizzled rows per step, the next column half after four).
-    auto products_qk = [&](float (&s)[F_KTILES][4], int i) {
-        const unsigned int k_stage = stage0 + (i % F_STAGES) * 2 * F_TILE_BYTES;
-        f_wgmma_fence();
-#pragma unroll
-        for (int j = 0; j < F_KEYS / F_QK_N; ++j) {
-#pragma unroll
-            for (int d = 0; d < F_DSTEPS; ++d) {
-                const unsigned int at = k_stage + (d >> 2) * F_HALF_BYTES + j * F_QK_N * 128 + (d & 3) * 32;
-#if F_QK_N == 128
-                f_wgmma_64x128<0>(&s[j * 16][0], qa[d], f_descriptor(at, 16, 1024), d > 0);
-#else
-                f_wgmma_64x64<0>(&s[j * 8][0], qa[d], f_descriptor(at, 16, 1024), d > 0);
-#endif
-            }
+    unsigned int pa[F_KTILES / 2][4], pb[F_KTILES / 2][4];
+    if (num_tiles > 0) {
+        float s[F_KTILES][4];
+        await_tile(0);
+        products_qk(s, 0);
+        f_wgmma_wait();
+        f_fence_operands<F_KTILES * 4>(&s[0][0]);
+        float alpha_a, alpha_b;
+        f_online_softmax(s, pa, m_a, m_b, l_a, l_b, alpha_a, alpha_b, kb_begin, pos_a, pos_b, warp_first_pos,
+                         warp_last_pos, pair, log2_scale);
+        int i = 1;
+        for (; i + 1 < num_tiles; i += 2) {
+            iteration(i, pa, pb);
+            iteration(i + 1, pb, pa);
         }
-        f_wgmma_commit();
-    };
-
-    // A warpgroup with rows walks every key tile of the block (a tile after all of its rows is
-    // masked whole), its products on one path so ptxas keeps them asynchronous; a warpgroup
-    // without rows (a tile of few tokens: a decode row of a mixed step) only helps stage the
-    // tiles.
-    const int num_tiles = kb_end > kb_begin ? (kb_end - kb_begin + F_KEYS - 1) / F_KEYS : 0;
-    if ((warp >> 2) * 64 >= rows_used) {
-        if (num_tiles > 0) stage(kb_begin, 0);
-        for (int i = 0; i < num_tiles; ++i) next_tile(kb_begin + i * F_KEYS, i);
-    } else {
-        unsigned int p[F_KTILES / 2][4];  // P of the previous tile, its P V not issued yet
-        if (num_tiles > 0) {
-            stage(kb_begin, 0);
-            next_tile(kb_begin, 0);
-            float s[F_KTILES][4];
-            products_qk(s, 0);
-            f_wgmma_wait();
-            f_fence_operands<F_KTILES * 4>(&s[0][0]);
-            float alpha_a, alpha_b;
-            f_online_softmax(s, p, m_a, m_b, l_a, l_b, alpha_a, alpha_b, kb_begin, pos_a, pos_b, warp_first_pos,
-                             warp_last_pos, pair, log2_scale);
-        }
-        for (int i = 1; i < num_tiles; ++i) {
-            const int kb = kb_begin + i * F_KEYS;
-            next_tile(kb, i);
-            float s[F_KTILES][4];
-            products_qk(s, i);
-            products_pv(p, (i - 1) % F_STAGES);
-            asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // S only
-            f_fence_operands<F_KTILES * 4>(&s[0][0]);
-            unsigned int p_next[F_KTILES / 2][4];
-            float alpha_a, alpha_b;
-            const bool moved = f_online_softmax(s, p_next, m_a, m_b, l_a, l_b, alpha_a, alpha_b, kb, pos_a, pos_b,
-                                                warp_first_pos, warp_last_pos, pair, log2_scale);
-            finish_pv(p);
-            if (moved) f_rescale(o, alpha_a, alpha_b);
-#pragma unroll
-            for (int k = 0; k < F_KEYS / 16; ++k) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) p[k][e] = p_next[k][e];
-            }
-        }
-        if (num_tiles > 0) {
+        // The last tile's P V, from whichever set holds it.
+        if (i < num_tiles) {
+            iteration(i, pa, pb);
             f_wgmma_fence();
-            products_pv(p, (num_tiles - 1) % F_STAGES);
-            finish_pv(p);
+            products_pv(pb, num_tiles - 1);
+            finish_pv(pb);
+        } else {
+            f_wgmma_fence();
+            products_pv(pa, num_tiles - 1);
+            finish_pv(pa);
         }
     }
 #else

@@ -209,13 +209,14 @@ if has prefillattn; then
   A=$OUT/prefillattn
   mkdir -p "$A"
   # The launch geometry the backend passes (src/backend/cuda/plan.rs: flash_geometry; ATTN_* for
-  # attention_reduce): on sm_90a, head_dim a multiple of 64 takes the wgmma kernel (128 rows, three
-  # 128-key stages in dynamic shared memory), other head_dims the mma.sync one (64 rows, 32 keys).
+  # attention_reduce): on sm_90a, head_dim a multiple of 64 takes the wgmma kernel (128 rows in two
+  # consumer warpgroups and a producer warpgroup, three 128-key stages and the query rows in
+  # dynamic shared memory), other head_dims the mma.sync one (64 rows, 32 keys).
   REDUCE_GEOMETRY="-DATTN_WARPS=4 -DATTN_MIN_PARTITION=32 -DATTN_REDUCE_THREADS=128 -DATTN_MERGE_SPLITS=8"
   geometry() { # HEAD_DIM [ROWS KEYS WGMMA]: the defines of that geometry
     local wg=${4:-$(( $1 % 64 == 0 ? 1 : 0 ))}
     local rows=${2:-$(( wg ? 128 : 64 ))} keys=${3:-$(( wg ? 128 : 32 ))}
-    echo "-DF_WGMMA=$wg -DF_ROWS=$rows -DF_KEYS=$keys -DF_SHARED=$(( wg ? 3 * 2 * keys * $1 * 2 + 1024 : 0 )) $REDUCE_GEOMETRY"
+    echo "-DF_WGMMA=$wg -DF_ROWS=$rows -DF_KEYS=$keys -DF_SHARED=$(( wg ? 3 * 2 * keys * $1 * 2 + rows * $1 * 2 + 1024 : 0 )) $REDUCE_GEOMETRY"
   }
   prefill_build() { # NAME SOURCE_DIR Q KV HEAD_DIM WINDOW [EXTRA_NVCC_FLAGS] (HARNESS: another harness)
     nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I"$2" -I"$G/kernels" -DNUM_Q_HEADS=$3 -DNUM_KV_HEADS=$4 -DHEAD_DIM=$5 \
@@ -236,8 +237,20 @@ if has prefillattn; then
     set -- $variant
     prefill_build "prefill-v$1x$2w$3-32-8-128-0" "$G/kernels" 32 8 128 0 "$(geometry 128 $1 $2 $3)" &
   done
-  # A previous kernel and its harness (prefill-old.cu, prefill-check-old.cu) for a side-by-side bench.
-  [ -f "$G/prefill-old.cu" ] && { mkdir -p "$A/old" && cp "$G/prefill-old.cu" "$A/old/prefill_attention.cu" && HARNESS="$G/prefill-check-old.cu" prefill_build prefill-old-32-8-128-0 "$A/old" 32 8 128 0 "$(geometry 128 64 32 0)" & }
+  # PREFILL_DEFINES: named builds of the kernel with extra defines (an experiment behind an #if),
+  # each tested on PREFILL_DEFINE_CONFIGS, memchecked and benched (8B heads) beside the default,
+  # e.g. "a:-DEXPERIMENT=1;b:-DEXPERIMENT=2".
+  IFS=';' read -ra DEFINE_LIST <<<"${PREFILL_DEFINES:-}"
+  IFS=';' read -ra DEFINE_CONFIGS <<<"${PREFILL_DEFINE_CONFIGS:-32 8 128 0;64 8 128 0;16 2 64 100;8 8 64 0}"
+  for named in "${DEFINE_LIST[@]}"; do
+    for cfg in "${DEFINE_CONFIGS[@]}"; do
+      set -- $cfg
+      prefill_build "prefill-${named%%:*}-$1-$2-$3-$4" "$G/kernels" "$@" "$(geometry $3) ${named#*:}" &
+    done
+  done
+  # A previous kernel and its harness (prefill-old.cu, prefill-check-old.cu) for a side-by-side bench,
+  # in PREFILL_OLD_GEOMETRY ("rows keys wgmma"; default the mma.sync one, "64 32 0").
+  [ -f "$G/prefill-old.cu" ] && { mkdir -p "$A/old" && cp "$G/prefill-old.cu" "$A/old/prefill_attention.cu" && HARNESS="$G/prefill-check-old.cu" prefill_build prefill-old-32-8-128-0 "$A/old" 32 8 128 0 "$(geometry 128 ${PREFILL_OLD_GEOMETRY:-64 32 0})" & }
   wait
   grep -h -A2 "for prefill_attention" "$A"/prefill-32-8-128-0.build.log "$A"/prefill-mma-32-8-128-0.build.log 2>/dev/null | grep -E "Used|spill" | tee -a "$SUMMARY"
   fails=0
@@ -249,28 +262,75 @@ if has prefillattn; then
     grep -h '^MISMATCH' "$A/test-$1-$2-$3-$4.log" | head -3 >>"$SUMMARY"
   done
   note "prefill attention kernel tests: ${#PREFILL_LIST[@]} configurations, $fails failed"
+  for named in "${DEFINE_LIST[@]}"; do
+    for cfg in "${DEFINE_CONFIGS[@]}"; do
+      set -- $cfg
+      name="prefill-${named%%:*}-$1-$2-$3-$4"
+      "$A/$name" test >"$A/test-$name.log" 2>&1
+      note "prefill test $name: rc=$? $(grep -h '^RESULT' "$A/test-$name.log" | tr '\n' ' ')"
+      grep -h '^MISMATCH' "$A/test-$name.log" | head -3 >>"$SUMMARY"
+    done
+    name="prefill-${named%%:*}-32-8-128-0"
+    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$A/$name" test >"$A/sanitizer-$name.log" 2>&1
+    note "compute-sanitizer memcheck $name: rc=$? $(grep -E 'ERROR SUMMARY' "$A/sanitizer-$name.log" | tail -1)"
+  done
   for name in prefill-32-8-128-0 prefill-16-2-64-100 prefill-6-2-16-0 prefill-mma-32-8-128-0; do
     timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$A/$name" test >"$A/sanitizer-$name.log" 2>&1
     note "compute-sanitizer memcheck $name: rc=$? $(grep -E 'ERROR SUMMARY' "$A/sanitizer-$name.log" | tail -1)"
   done
-  for name in prefill-32-8-128-0 prefill-mma-32-8-128-0 prefill-old-32-8-128-0 $(for v in "${VARIANT_LIST[@]}"; do set -- $v; echo "prefill-v$1x$2w$3-32-8-128-0"; done) prefill-64-8-128-0 prefill-32-8-64-0; do
+  # PREFILL_BENCH_ROUNDS=N: every build benched N times, in turns (the clock drifts within a call).
+  for round in $(seq 1 "${PREFILL_BENCH_ROUNDS:-1}"); do
+  for name in prefill-32-8-128-0 $(for named in "${DEFINE_LIST[@]}"; do echo "prefill-${named%%:*}-32-8-128-0"; done) prefill-mma-32-8-128-0 prefill-old-32-8-128-0 $(for v in "${VARIANT_LIST[@]}"; do set -- $v; echo "prefill-v$1x$2w$3-32-8-128-0"; done) prefill-64-8-128-0 prefill-32-8-64-0; do
     [ -x "$A/$name" ] || continue
-    timeout 240 "$A/$name" bench >"$A/bench-$name.log" 2>&1
-    note "prefill bench $name: rc=$?"
-    grep -h '^RESULT' "$A/bench-$name.log" | sed "s/^/$name /" >>"$SUMMARY"
+    timeout 240 "$A/$name" bench >"$A/bench-$name-$round.log" 2>&1
+    note "prefill bench $name (round $round): rc=$?"
+    grep -h '^RESULT' "$A/bench-$name-$round.log" | sed "s/^/$name r$round /" >>"$SUMMARY"
   done
-  # PREFILL_NCU=1: ncu of one launch of the 8k prompt (the bench's 31st launch) per kernel built.
+  done
+  # PREFILL_NCU=1: ncu of one launch of the 8k prompt (the bench's 31st launch) per kernel built
+  # (PREFILL_NCU_NAMES: which builds; PREFILL_NCU_EXTRA: more ncu flags), its pipes' use first.
   if [ "${PREFILL_NCU:-0}" = 1 ]; then
-    for name in prefill-32-8-128-0 prefill-mma-32-8-128-0; do
+    for name in ${PREFILL_NCU_NAMES:-prefill-32-8-128-0 prefill-mma-32-8-128-0}; do
       [ -x "$A/$name" ] || continue
+      timeout 100 ncu --clock-control none -k prefill_attention --launch-skip 30 --launch-count 1 \
+        --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active \
+        "$A/$name" bench >"$A/ncu-pipes-$name.txt" 2>&1
+      grep -E "sm__|smsp__|ERR" "$A/ncu-pipes-$name.txt" | sed "s/^/  $name /" >>"$SUMMARY"
       timeout 200 ncu --clock-control none -k prefill_attention --launch-skip 30 --launch-count 1 \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
-        --section MemoryWorkloadAnalysis "$A/$name" bench >"$A/ncu-$name.txt" 2>&1
+        --section MemoryWorkloadAnalysis ${PREFILL_NCU_EXTRA:-} "$A/$name" bench >"$A/ncu-$name.txt" 2>&1
       note "ncu $name: rc=$?"
+      # PREFILL_NCU_SASS=1: the 40 SASS instructions with the most stall samples, and their reasons.
+      if [ "${PREFILL_NCU_SASS:-0}" = 1 ]; then
+        timeout 200 ncu --clock-control none -k prefill_attention --launch-skip 30 --launch-count 1 --section SourceCounters \
+          --section WarpStateStats -f -o "$A/sass-$name" "$A/$name" bench >/dev/null 2>&1
+        ncu -i "$A/sass-$name.ncu-rep" --page source --csv --print-source sass >"$A/sass-$name.csv" 2>&1
+        python3 - "$A/sass-$name.csv" <<'PY' >>"$SUMMARY" 2>&1
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+head = next(i for i, r in enumerate(rows) if "Source" in r)
+names = rows[head]
+col = lambda key: next(i for i, n in enumerate(names) if n.startswith(key))
+src, samples = col("Source"), col("Warp Stall Sampling (All")
+stall_cols = [i for i, n in enumerate(names) if n.startswith("stall_") and "Not Issued" not in n]
+body = [r for r in rows[head + 1:] if len(r) == len(names)]
+num = lambda v: float(v.replace(",", "") or 0)
+total = sum(num(r[samples]) for r in body)
+print(f"  SASS hot spots ({total:.0f} samples)")
+for r in sorted(body, key=lambda r: -num(r[samples]))[:40]:
+    top = sorted(((num(r[i]), names[i]) for i in stall_cols), reverse=True)[:3]
+    print(f"  {100 * num(r[samples]) / total:5.1f}% {r[src][:70]:70s} " + " ".join(f"{n[6:]}={v:.0f}" for v, n in top if v))
+PY
+      fi
       grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Stall|Shared Memory|Executed Ipc|L1/TEX Hit|Bank" "$A/ncu-$name.txt" | head -40 | sed "s/^/  /" >>"$SUMMARY"
     done
   fi
-  grep -h -A2 "for prefill_attention" "$A"/prefill-v*.build.log 2>/dev/null | grep -E "Used|spill" >>"$SUMMARY"
+  grep -h -A2 "for prefill_attention" "$A"/prefill-v*.build.log $(for named in "${DEFINE_LIST[@]}"; do echo "$A/prefill-${named%%:*}-32-8-128-0.build.log"; done) 2>/dev/null | grep -E "Used|spill" >>"$SUMMARY"
+  # ptxas serialises every wgmma of a kernel it cannot keep asynchronous (C7510-C7520): a silent
+  # halving of the warpgroup kernel's rate, so each build that reports it is named.
+  for log in "$A"/prefill-*.build.log; do
+    grep -q "wgmma.mma_async instructions are serialized" "$log" && note "ptxas serialised the products: $(basename "$log" .build.log): $(grep -o 'C75[0-9]*' "$log" | sort -u | tr '\n' ' ')"
+  done
 fi
 
 M8=/tmp/llama8b

@@ -90,7 +90,7 @@ static void launch(const Step& step, const uint16_t* q, const uint16_t* k, const
         CHECK(cudaFuncSetAttribute(prefill_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, F_SHARED));
         opted_in = true;
     }
-    prefill_attention<<<dim3(step.num_tiles(), NUM_KV_HEADS, splits), F_WARPS * 32, F_SHARED>>>(
+    prefill_attention<<<dim3(step.num_tiles(), NUM_KV_HEADS, splits), F_THREADS, F_SHARED>>>(
         q, k, v, tables, max_blocks, rows, positions, tiles, scale, splits, out, parts.acc, parts.ml);
     if (splits > 1) {
         attention_reduce<<<dim3(step.tokens(), NUM_Q_HEADS), ATTN_REDUCE_THREADS>>>(parts.acc, parts.ml, positions,

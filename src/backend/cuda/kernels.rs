@@ -405,7 +405,7 @@ mod tests {
             "#define F_WGMMA 1\n",
             "#define F_ROWS 128\n",
             "#define F_KEYS 128\n",
-            "#define F_SHARED 197632\n",
+            "#define F_SHARED 230400\n",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in {text}");
         }

@@ -206,24 +206,26 @@ pub struct FlashGeometry {
 }
 
 impl FlashGeometry {
-    /// Threads per block: one warp per 16 query vectors.
+    /// Threads per block: one warp per 16 query vectors, and with warpgroup products a
+    /// producer warpgroup that copies the keys and values into shared memory.
     pub fn threads(&self) -> usize {
-        self.rows / 16 * 32
+        self.rows / 16 * 32 + if self.wgmma { 128 } else { 0 }
     }
 }
 
 /// The prefill attention kernel's geometry for heads of `head_dim` dimensions compiled for
-/// `arch`: on `sm_90a`, head_dim 64 or 128 takes warpgroup products (two warpgroups of 64 query
-/// vectors, three stages of 128 keys and values each in 128-byte-swizzled dynamic shared memory,
-/// aligned in the kernel to 1024 bytes); elsewhere `mma.sync` with 64 vectors and 32-key stages.
+/// `arch`: on `sm_90a`, head_dim 64 or 128 takes warpgroup products (two consumer warpgroups of
+/// 64 query vectors and a producer warpgroup; three stages of 128 keys and values each and the
+/// query vectors, in 128-byte-swizzled dynamic shared memory aligned in the kernel to 1024
+/// bytes); elsewhere `mma.sync` with 64 vectors and 32-key stages.
 pub fn flash_geometry(head_dim: usize, arch: &str) -> FlashGeometry {
     if arch == "sm_90a" && head_dim.is_multiple_of(64) && head_dim <= 128 {
-        let keys = 128;
+        let (rows, keys) = (128, 128);
         FlashGeometry {
             wgmma: true,
-            rows: 128,
+            rows,
             keys,
-            shared_bytes: 3 * 2 * keys * head_dim * 2 + 1024,
+            shared_bytes: 3 * 2 * keys * head_dim * 2 + rows * head_dim * 2 + 1024,
         }
     } else {
         SMALL_FLASH
@@ -233,7 +235,7 @@ pub fn flash_geometry(head_dim: usize, arch: &str) -> FlashGeometry {
 /// The `mma.sync` geometry: the prefill attention kernel off Hopper, and on Hopper its small-tile
 /// variant (`prefill_attention_small`, `FS_ROWS` and `FS_KEYS`) for tiles of at most 64 query
 /// vectors, whose 128-thread blocks in static shared memory run several to an SM where the
-/// warpgroup kernel's 256 threads and 193 KiB run one.
+/// warpgroup kernel's 384 threads and 225 KiB run one.
 pub const SMALL_FLASH: FlashGeometry = FlashGeometry {
     wgmma: false,
     rows: 64,
@@ -484,18 +486,19 @@ mod tests {
     }
 
     /// Warpgroup products only where they are compiled (sm_90a) and the swizzled 128-byte rows
-    /// hold whole head halves (head_dim 64 or 128); their three stages fit the 227 KiB an SM gives
-    /// a block.
+    /// hold whole head halves (head_dim 64 or 128); their three stages and the query vectors,
+    /// with the kernel's 1 KiB of static shared memory (its barriers, aligned), fit the 227 KiB an
+    /// SM gives a block.
     #[test]
     fn flash_geometry_takes_warpgroups_on_hopper_for_whole_head_halves() {
         let hopper = flash_geometry(128, "sm_90a");
         assert!(hopper.wgmma);
         assert_eq!(
             (hopper.rows, hopper.keys, hopper.threads()),
-            (128, 128, 256)
+            (128, 128, 384)
         );
-        assert_eq!(hopper.shared_bytes, 193 * 1024);
-        assert!(hopper.shared_bytes <= 227 * 1024);
+        assert_eq!(hopper.shared_bytes, 225 * 1024);
+        assert!(hopper.shared_bytes + 1024 <= 227 * 1024);
         assert!(flash_geometry(64, "sm_90a").wgmma);
         for (head_dim, arch) in [
             (96, "sm_90a"),
