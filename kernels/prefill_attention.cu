@@ -178,19 +178,16 @@ __device__ __forceinline__ unsigned long long f_descriptor(unsigned int address,
         "+f"(d[I + 6]), "+f"(d[I + 7])
 
 // d (64 x 64, fp32, the m64n64 accumulator layout: warp w of the warpgroup holds rows 16w..16w+15
-// as mma.sync m16n8k16's C tiles 0-7) (+)= a (64 x 16 bf16 from registers, mma.sync's A layout per
-// warp) * b (16 x 64 from shared memory, described by `b`; TRANS_B 0: K-major, 1: N-major).
-// `accumulate` 0 overwrites d.
-template <int TRANS_B>
-__device__ __forceinline__ void f_wgmma_64x64(float* d, const unsigned int* a, unsigned long long b, int accumulate) {
+// as mma.sync m16n8k16's C tiles 0-7) += a (64 x 16 bf16 from registers, mma.sync's A layout per
+// warp) * b (16 x 64 from shared memory, N-major, described by `b`): O += P V.
+__device__ __forceinline__ void f_wgmma_64x64_rs(float* d, const unsigned int* a, unsigned long long b) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, %37;\n}\n"
+        "{%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
         : F_ACC8(0), F_ACC8(8), F_ACC8(16), F_ACC8(24)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B), "r"(accumulate)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
         : "memory");
 }
 
@@ -223,18 +220,16 @@ __device__ __forceinline__ void f_wgmma_64x128_ss(float* d, unsigned long long a
 }
 
 // The same with N = 128: d holds 64 accumulators (the m64n128 layout: C tiles 0-15 per warp).
-template <int TRANS_B>
-__device__ __forceinline__ void f_wgmma_64x128(float* d, const unsigned int* a, unsigned long long b, int accumulate) {
+__device__ __forceinline__ void f_wgmma_64x128_rs(float* d, const unsigned int* a, unsigned long long b) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %70, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, p, 1, 1, %69;\n}\n"
+        "{%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
         : F_ACC8(0), F_ACC8(8), F_ACC8(16), F_ACC8(24), F_ACC8(32), F_ACC8(40), F_ACC8(48), F_ACC8(56)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B), "r"(accumulate)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
         : "memory");
 }
 #endif
@@ -341,8 +336,9 @@ __device__ __forceinline__ void f_rescale(float (&o)[F_DTILES][4], float alpha_a
 #endif
 
 // The warpgroup kernel's block adds a producer warpgroup to its F_WARPS consumer warps.
+#define F_WARPGROUP 128  // threads per warpgroup
 #if F_WGMMA
-#define F_THREADS (F_WARPS * 32 + 128)
+#define F_THREADS (F_WARPS * 32 + F_WARPGROUP)
 #else
 #define F_THREADS (F_WARPS * 32)
 #endif
@@ -401,7 +397,7 @@ prefill_attention(const bf16* __restrict__ q,
     if (threadIdx.x == 0) {
 #pragma unroll
         for (int b = 0; b < F_STAGES; ++b) {
-            f_barrier_init(&f_full[b], 128);
+            f_barrier_init(&f_full[b], F_WARPGROUP);
             f_barrier_init(&f_empty[b], consumer_warps);
         }
     }
@@ -412,8 +408,8 @@ prefill_attention(const bf16* __restrict__ q,
         // Each producer thread copies one 16-byte chunk of every F_PASS_KEYS-th key of a tile,
         // keys and values: its chunk, its first key and so its swizzled place in a stage are
         // fixed; zeros outside [first_pos, last_pos].
-        constexpr int F_PASS_KEYS = 128 / F_CHUNKS;
-        static_assert(128 % F_CHUNKS == 0 && F_PASS_KEYS % 8 == 0 && F_KEYS % F_PASS_KEYS == 0,
+        constexpr int F_PASS_KEYS = F_WARPGROUP / F_CHUNKS;
+        static_assert(F_WARPGROUP % F_CHUNKS == 0 && F_PASS_KEYS % 8 == 0 && F_KEYS % F_PASS_KEYS == 0,
                       "a pass must cover whole swizzle atoms and a tile whole passes");
         const int producer = threadIdx.x - F_WARPS * 32;
         const int my_chunk = producer % F_CHUNKS;
@@ -463,10 +459,10 @@ prefill_attention(const bf16* __restrict__ q,
     // for rows past rows_used. Read there by every S = Q K^T product, they take no registers.
     const unsigned int q_stage = stage0 + F_STAGES * 2 * F_TILE_BYTES + (warp >> 2) * F_Q_BYTES;
     {
-        const int thread = threadIdx.x & 127;
+        const int thread = threadIdx.x % F_WARPGROUP;
 #pragma unroll
         for (int k = 0; k < F_CHUNKS / 2; ++k) {
-            const int id = thread + 128 * k;
+            const int id = thread + F_WARPGROUP * k;
             const int row = id / F_CHUNKS;
             const int chunk = id % F_CHUNKS;
             const int r = (warp >> 2) * 64 + row;  // the block's row
@@ -553,9 +549,9 @@ prefill_attention(const bf16* __restrict__ q,
         for (int k = 0; k < F_KEYS / 16; ++k) {
             const unsigned int at = v_stage + k * 16 * 128;
 #if HEAD_DIM == 128
-            f_wgmma_64x128<1>(&o[0][0], pv[k], f_descriptor(at, F_HALF_BYTES, 1024), 1);
+            f_wgmma_64x128_rs(&o[0][0], pv[k], f_descriptor(at, F_HALF_BYTES, 1024));
 #else
-            f_wgmma_64x64<1>(&o[0][0], pv[k], f_descriptor(at, 1024, 1024), 1);
+            f_wgmma_64x64_rs(&o[0][0], pv[k], f_descriptor(at, 1024, 1024));
 #endif
         }
         f_wgmma_commit();
@@ -602,16 +598,18 @@ prefill_attention(const bf16* __restrict__ q,
             iteration(i, pa, pb);
             iteration(i + 1, pb, pa);
         }
-        // The last tile's P V, from whichever set holds it.
+        // The last tile's P V, from whichever set holds it (each branch names its set, so both
+        // stay in registers).
+        auto last_pv = [&](unsigned int (&last)[F_KTILES / 2][4]) {
+            f_wgmma_fence();
+            products_pv(last, num_tiles - 1);
+            finish_pv(last);
+        };
         if (i < num_tiles) {
             iteration(i, pa, pb);
-            f_wgmma_fence();
-            products_pv(pb, num_tiles - 1);
-            finish_pv(pb);
+            last_pv(pb);
         } else {
-            f_wgmma_fence();
-            products_pv(pa, num_tiles - 1);
-            finish_pv(pa);
+            last_pv(pa);
         }
     }
 #else

@@ -292,14 +292,13 @@ if has prefillattn; then
   if [ "${PREFILL_NCU:-0}" = 1 ]; then
     for name in ${PREFILL_NCU_NAMES:-prefill-32-8-128-0 prefill-mma-32-8-128-0}; do
       [ -x "$A/$name" ] || continue
-      timeout 100 ncu --clock-control none -k prefill_attention --launch-skip 30 --launch-count 1 \
-        --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active \
-        "$A/$name" bench >"$A/ncu-pipes-$name.txt" 2>&1
-      grep -E "sm__|smsp__|ERR" "$A/ncu-pipes-$name.txt" | sed "s/^/  $name /" >>"$SUMMARY"
       timeout 200 ncu --clock-control none -k prefill_attention --launch-skip 30 --launch-count 1 \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
-        --section MemoryWorkloadAnalysis ${PREFILL_NCU_EXTRA:-} "$A/$name" bench >"$A/ncu-$name.txt" 2>&1
+        --section MemoryWorkloadAnalysis ${PREFILL_NCU_EXTRA:-} \
+        --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active \
+        "$A/$name" bench >"$A/ncu-$name.txt" 2>&1
       note "ncu $name: rc=$?"
+      grep -E "^ +(sm__|smsp__)" "$A/ncu-$name.txt" | sed "s/^/  $name /" >>"$SUMMARY"
       # PREFILL_NCU_SASS=1: the 40 SASS instructions with the most stall samples, and their reasons.
       if [ "${PREFILL_NCU_SASS:-0}" = 1 ]; then
         timeout 200 ncu --clock-control none -k prefill_attention --launch-skip 30 --launch-count 1 --section SourceCounters \
