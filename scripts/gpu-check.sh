@@ -22,7 +22,8 @@
 # and COLD_ROUNDS=N repeat the warm and the cold start-ups), libload (what the CUDA libraries cost a cold start-up, beside
 # the model's read or not; after sealedstart),
 # profile (ncu: GPU time per kernel of batch-1 decode steps at
-# 1k context, eager launches, grouped by kernel), constrained (CPU and CUDA servers of the embedded
+# 1k context, eager launches, grouped by kernel; and of the steps that carry prompt tokens beside
+# decode rows, when PROFILE_LOAD's load forms them), constrained (CPU and CUDA servers of the embedded
 # model agree on constrained greedy outputs, or differ only at a teacher-forced near-tie within
 # 0.1; JSON-schema-constrained vs free throughput at batch 1 and 64 on the 8B-shaped model, every
 # request of both arms 128 tokens long, with the decode time per token and the engine's wait for
@@ -359,7 +360,7 @@ if has bench || has quickbench; then
       rc=$?
       cat "$OUT/bench-b$b-i$i$tag.log" >>"$OUT/bench.log"
       note "$bin offline batch=$b in=$i out=$o $*: rc=$rc $(grep -E '^output throughput' "$OUT/bench-b$b-i$i$tag.log" | tail -1)"
-      grep -E '^(TTFT|ITL) ' "$OUT/bench-b$b-i$i$tag.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+      grep -E '^(TTFT|ITL|engine steps) ' "$OUT/bench-b$b-i$i$tag.log" | sed 's/^/    /' | tee -a "$SUMMARY"
     done
   done
   grep -E 'CUDA backend ready|KV cache allocated|kernels ready' "$OUT/bench.log" | head -4 >>"$SUMMARY"
@@ -403,41 +404,56 @@ if has sampling; then
   done
 fi
 
-# Where a decode step goes (batch PROFILE_BATCH, default 1; PROFILE_OUTPUT tokens each, default
-# 64; PROFILE_FLAGS more bench flags, e.g. "--itl-stall-limit 0"; PROFILE_SKIP launches skipped,
-# past the prefill): ncu times every kernel of a range of launches (eager, so each
-# kernel is its own launch), then the decode steps in it (those with paged_attention and no
-# prefill kernel, from embedding_gather to sample_tokens) are summed per kernel.
+# Where a step goes (PROFILE_LOAD: the bench's load, default batch PROFILE_BATCH (1) of 1,000-token
+# prompts and PROFILE_OUTPUT (64) output tokens; PROFILE_FLAGS more bench flags, e.g.
+# "--itl-stall-limit 0"; PROFILE_SKIP launches skipped, past the prefill or into a steady state):
+# ncu times every kernel of a range of launches (eager, so each kernel is its own launch), then
+# the whole steps in it (from embedding_gather to sample_tokens) are summed per kernel: decode
+# steps (paged_attention, no prefill kernel) and steps with a prefill kernel apart (their grids
+# printed: tiles x KV heads x splits).
 if has profile; then
-  timeout 300 $RUN ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --print-units base \
+  timeout 400 $RUN ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --print-units base \
     --launch-skip ${PROFILE_SKIP:-2000} --launch-count ${PROFILE_COUNT:-1400} \
-    "$G/inferno" bench offline --model $M8 --device cuda --batch-size ${PROFILE_BATCH:-1} --input-len 1000 --output-len ${PROFILE_OUTPUT:-64} \
+    "$G/inferno" bench offline --model $M8 --device cuda \
+    ${PROFILE_LOAD:---batch-size ${PROFILE_BATCH:-1} --input-len 1000 --output-len ${PROFILE_OUTPUT:-64}} \
     --ignore-eos --no-cuda-graphs ${PROFILE_FLAGS:-} >"$OUT/profile.csv" 2>"$OUT/profile.log"
-  note "ncu batch-${PROFILE_BATCH:-1} decode profile: rc=$?"
+  note "ncu profile (${PROFILE_LOAD:-batch ${PROFILE_BATCH:-1}}): rc=$?"
   python3 - "$OUT/profile.csv" <<'PY' | tee -a "$SUMMARY"
 import csv, sys, collections
-rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))
-        if r.get("Metric Name") == "gpu__time_duration.sum"]
-kernels = [(r["Kernel Name"].split("(")[0], float(r["Metric Value"].replace(",", "")) / 1e3) for r in rows]  # ns -> us
+launches = {}  # launch ID -> [name, grid, {metric: value}]
+for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"')):
+    launch = launches.setdefault(r["ID"], [r["Kernel Name"].split("(")[0], r.get("Grid Size", ""), {}])
+    launch[2][r["Metric Name"]] = float(r["Metric Value"].replace(",", ""))
 steps, current = [], []
-for name, us in kernels:
+for name, grid, m in launches.values():
     if name == "embedding_gather" and current:
         steps.append(current)
         current = []
-    current.append((name, us))
-decode = [s for s in steps if any(n == "paged_attention" for n, _ in s)
-          and not any("prefill" in n for n, _ in s) and s[-1][0] == "sample_tokens"]
-if not decode:
-    sys.exit("no whole decode step in the profiled range")
-per = collections.defaultdict(lambda: [0, 0.0])
-for s in decode:
-    for n, us in s:
-        per[n][0] += 1
-        per[n][1] += us
-total = sum(v[1] for v in per.values()) / len(decode)
-print(f"RESULT profile: {len(decode)} decode steps, {len(decode[0])} kernels and {total:.0f} us of kernel time per step")
-for n, (calls, us) in sorted(per.items(), key=lambda kv: -kv[1][1]):
-    print(f"RESULT profile   {n[:60]:60s} {calls / len(decode):6.1f} per step {us / calls:8.2f} us each {us / len(decode):8.1f} us per step")
+    # (name, microseconds, grid, DRAM bytes read)
+    current.append((name, m.get("gpu__time_duration.sum", 0.0) / 1e3, grid, m.get("dram__bytes_read.sum", 0.0)))
+whole = [s for s in steps if s[-1][0] == "sample_tokens"]
+kinds = {
+    "decode": [s for s in whole if any(n == "paged_attention" for n, *_ in s) and not any("prefill" in n for n, *_ in s)],
+    "mixed": [s for s in whole if any("prefill" in n for n, *_ in s)],
+}
+if not any(kinds.values()):
+    sys.exit("no whole step in the profiled range")
+for kind, chosen in kinds.items():
+    if not chosen:
+        continue
+    per = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for s in chosen:
+        for n, us, _, read in s:
+            per[n][0] += 1
+            per[n][1] += us
+            per[n][2] += read
+    total = sum(v[1] for v in per.values()) / len(chosen)
+    grids = sorted({g for s in chosen for n, _, g, _ in s if "prefill" in n})
+    print(f"RESULT profile: {len(chosen)} {kind} steps, {len(chosen[0])} kernels and {total:.0f} us of kernel time per step"
+          + (f"; prefill grids {' '.join(grids)}" if grids else ""))
+    for n, (calls, us, read) in sorted(per.items(), key=lambda kv: -kv[1][1]):
+        print(f"RESULT profile   {kind:6s} {n[:54]:54s} {calls / len(chosen):6.1f} per step {us / calls:8.2f} us each {us / len(chosen):8.1f} us per step"
+              f" {read / us / 1e3 if us else 0:6.0f} GB/s read")
 PY
 fi
 

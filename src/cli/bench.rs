@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::backend::{self, Device};
 use crate::engine::{
-    BLOCK_SIZE, Backend, BackendError, BatchRow, Engine, EngineConfig, EngineHandle,
+    BLOCK_SIZE, Backend, BackendError, BatchRow, Engine, EngineConfig, EngineHandle, EngineStats,
     GenerationEvent, GenerationRequest, KvCacheShape, ModelInfo, SamplingParams, StepOutput,
     StopParams,
 };
@@ -224,9 +224,11 @@ struct Report {
     server_threads: Vec<super::thread_cpu::GroupCpu>,
     /// The long prompt sent mid-run, if any: prompt tokens, TTFT and end-to-end time.
     long_prompt: Option<LongPrompt>,
-    /// The engine thread's CPU over the run split by the server's `/metrics`: its host work
-    /// and its time inside backend steps (`bench serve` only).
+    /// The engine thread's CPU over the run, split into its host work and its time inside
+    /// backend steps (`bench serve`: from the server's `/metrics`).
     engine_split: Vec<super::thread_cpu::GroupCpu>,
+    /// Engine steps over the run (`bench offline` only).
+    engine_steps: Option<u64>,
 }
 
 /// Timings of the long prompt sent while a serving run was under way.
@@ -280,6 +282,7 @@ impl Report {
             server_threads: Vec::new(),
             long_prompt: None,
             engine_split: Vec::new(),
+            engine_steps: None,
         }
     }
 
@@ -344,6 +347,16 @@ impl Report {
                 part.ms_per_output_token.unwrap_or(0.0),
                 part.cores,
                 part.seconds
+            );
+        }
+        if let Some(steps) = self.engine_steps.filter(|&n| n > 0) {
+            println!(
+                "engine steps              {steps}: {:.3} ms each, {:.3} ms of it host work",
+                self.duration_s * 1e3 / steps as f64,
+                self.engine_split
+                    .iter()
+                    .find(|part| part.group == HOST_WORK)
+                    .map_or(0.0, |host| host.seconds * 1e3 / steps as f64)
             );
         }
         if let Some(long) = &self.long_prompt {
@@ -460,50 +473,61 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
     let engine = Engine::spawn(Box::new(backend), info, config)?;
     let prompts = random_prompts(load, model.config.vocab_size);
 
+    // Each request is a task on one runtime thread, as the server's streams are tasks: with a
+    // thread per request the engine thread woke a thread per token, and its host work at 256
+    // rows on the H200 was 1.41 ms per step instead of 0.92 (`docs/benchmarks.md`).
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
     // Warm-up: one short request, so start-up work stays out of the figures.
     let warm = LoadArgs {
         output_len: 4,
         ..load.clone()
     };
-    run_one(&engine, "warmup".into(), prompts[0].clone(), &warm)?;
+    runtime.block_on(run_one(&engine, "warmup".into(), prompts[0].clone(), &warm))?;
 
     let cpu_before = cpu_seconds(None);
+    let engine_before = engine.stats();
     let started = Instant::now();
-    let next = AtomicUsize::new(0);
+    let next = Arc::new(AtomicUsize::new(0));
     let prompts = Arc::new(prompts);
-    let timings: Vec<RequestTiming> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..concurrency)
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut mine = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(prompt) = prompts.get(i) else { break };
-                        mine.push(
-                            run_one(&engine, format!("bench-{i}"), prompt.clone(), load)
-                                .unwrap_or_else(|e| RequestTiming {
-                                    failed: Some(e.to_string()),
-                                    ..Default::default()
-                                }),
-                        );
-                    }
-                    mine
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|w| w.join().unwrap_or_default())
-            .collect()
+    let timings: Vec<RequestTiming> = runtime.block_on(async {
+        let mut workers = tokio::task::JoinSet::new();
+        for _ in 0..concurrency {
+            let (engine, next, prompts, load) =
+                (engine.clone(), next.clone(), prompts.clone(), load.clone());
+            workers.spawn(async move {
+                let mut mine = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(prompt) = prompts.get(i) else { break };
+                    mine.push(
+                        run_one(&engine, format!("bench-{i}"), prompt.clone(), &load)
+                            .await
+                            .unwrap_or_else(|e| RequestTiming {
+                                failed: Some(e.to_string()),
+                                ..Default::default()
+                            }),
+                    );
+                }
+                mine
+            });
+        }
+        let mut all = Vec::new();
+        while let Some(done) = workers.join_next().await {
+            all.extend(done.unwrap_or_default());
+        }
+        all
     });
     let duration = started.elapsed().as_secs_f64();
     let cpu = cpu_before.zip(cpu_seconds(None)).map(|(a, b)| b - a);
+    let engine_after = engine.stats();
     engine.shutdown();
     // Leaving while the engine thread still frees device memory races the driver's exit handlers.
     if dropped.recv_timeout(Duration::from_secs(60)).is_err() {
         tracing::warn!("the engine did not release its backend within 60 s");
     }
-    let report = Report::new("offline", target, load, None, &timings, duration, cpu);
+    let mut report = Report::new("offline", target, load, None, &timings, duration, cpu);
+    report.engine_split = engine_split(&engine_before, &engine_after, &report);
+    report.engine_steps = Some(engine_after.steps - engine_before.steps);
     finish(&report, load.json.as_ref())
 }
 
@@ -559,7 +583,7 @@ impl Drop for SignalOnDrop {
     }
 }
 
-fn run_one(
+async fn run_one(
     engine: &EngineHandle,
     id: String,
     prompt: Vec<u32>,
@@ -592,7 +616,7 @@ fn run_one(
         ..Default::default()
     };
     let mut last = None::<Instant>;
-    while let Some(event) = stream.blocking_next() {
+    while let Some(event) = stream.next().await {
         match event {
             GenerationEvent::Token { .. } => {
                 let now = Instant::now();
@@ -730,14 +754,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
             super::thread_cpu::per_group(&groups, duration, report.total_output_tokens);
     }
     if let Some((before, after)) = engine_before.zip(engine_after) {
-        let parts = [
-            ("engine host work", after.0 - before.0),
-            ("engine backend steps", after.1 - before.1),
-        ]
-        .into_iter()
-        .collect();
-        report.engine_split =
-            super::thread_cpu::per_group(&parts, duration, report.total_output_tokens);
+        report.engine_split = split_engine_cpu(before, after, &report);
     }
     if let Some(long) = long {
         let (after, timing) = long.await?;
@@ -759,6 +776,40 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         });
     }
     finish(&report, load.json.as_ref())
+}
+
+/// The name of the engine thread's host work among its CPU parts.
+const HOST_WORK: &str = "engine host work";
+
+/// The engine thread's CPU between two readings of (host work, inside backend steps) seconds, per
+/// part, over `report`'s run.
+fn split_engine_cpu(
+    before: (f64, f64),
+    after: (f64, f64),
+    report: &Report,
+) -> Vec<super::thread_cpu::GroupCpu> {
+    let parts = [
+        (HOST_WORK, after.0 - before.0),
+        ("engine backend steps", after.1 - before.1),
+    ]
+    .into_iter()
+    .collect();
+    super::thread_cpu::per_group(&parts, report.duration_s, report.total_output_tokens)
+}
+
+/// [`split_engine_cpu`] from two snapshots of an engine in this process.
+fn engine_split(
+    before: &EngineStats,
+    after: &EngineStats,
+    report: &Report,
+) -> Vec<super::thread_cpu::GroupCpu> {
+    let host = |s: &EngineStats| {
+        (
+            s.thread_cpu_seconds - s.backend_cpu_seconds,
+            s.backend_cpu_seconds,
+        )
+    };
+    split_engine_cpu(host(before), host(after), report)
 }
 
 /// The engine thread's CPU seconds (host work, inside backend steps) from the server's
