@@ -431,7 +431,7 @@ for name, grid, m in launches.values():
         current = []
     # (name, microseconds, grid, DRAM bytes read)
     current.append((name, m.get("gpu__time_duration.sum", 0.0) / 1e3, grid, m.get("dram__bytes_read.sum", 0.0)))
-whole = [s for s in steps if s[-1][0] == "sample_tokens"]
+whole = [s for s in steps if s[0][0] == "embedding_gather" and s[-1][0] == "sample_tokens"]
 kinds = {
     "decode": [s for s in whole if any(n == "paged_attention" for n, *_ in s) and not any("prefill" in n for n, *_ in s)],
     "mixed": [s for s in whole if any("prefill" in n for n, *_ in s)],
