@@ -526,7 +526,9 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
         tracing::warn!("the engine did not release its backend within 60 s");
     }
     let mut report = Report::new("offline", target, load, None, &timings, duration, cpu);
-    report.engine_split = engine_split(&engine_before, &engine_after, &report);
+    let cpu_parts = |s: &EngineStats| (s.host_work_seconds(), s.backend_cpu_seconds);
+    report.engine_split =
+        split_engine_cpu(cpu_parts(&engine_before), cpu_parts(&engine_after), &report);
     report.engine_steps = Some(engine_after.steps - engine_before.steps);
     finish(&report, load.json.as_ref())
 }
@@ -795,21 +797,6 @@ fn split_engine_cpu(
     .into_iter()
     .collect();
     super::thread_cpu::per_group(&parts, report.duration_s, report.total_output_tokens)
-}
-
-/// [`split_engine_cpu`] from two snapshots of an engine in this process.
-fn engine_split(
-    before: &EngineStats,
-    after: &EngineStats,
-    report: &Report,
-) -> Vec<super::thread_cpu::GroupCpu> {
-    let host = |s: &EngineStats| {
-        (
-            s.thread_cpu_seconds - s.backend_cpu_seconds,
-            s.backend_cpu_seconds,
-        )
-    };
-    split_engine_cpu(host(before), host(after), report)
 }
 
 /// The engine thread's CPU seconds (host work, inside backend steps) from the server's

@@ -79,6 +79,14 @@ pub struct EngineStats {
     pub grammar_mask_wait_us: u64,
 }
 
+impl EngineStats {
+    /// The engine thread's CPU seconds outside backend steps since start: its host work
+    /// (scheduling, row building, detokenization, stop strings, events).
+    pub fn host_work_seconds(&self) -> f64 {
+        (self.thread_cpu_seconds - self.backend_cpu_seconds).max(0.0)
+    }
+}
+
 /// Messages from handles to the engine thread.
 #[derive(Debug)]
 pub(super) enum Command {

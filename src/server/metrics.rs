@@ -315,7 +315,7 @@ impl Metrics {
             hits.max(stats.prefix_cache_hits),
         );
         drop(seen);
-        let host = (stats.thread_cpu_seconds - stats.backend_cpu_seconds).max(0.0);
+        let host = stats.host_work_seconds();
         let mut seen = self
             .engine_cpu_seen
             .lock()
