@@ -1505,8 +1505,9 @@ fn device_sampler_applies_masks_and_logit_bias_like_the_reference() {
                 (1, 1, 1),
                 "{name}: {copies:?}"
             );
-            // The same step with the masks arriving after the forward pass was queued (the
-            // engine computes them meanwhile): the same tokens and logprobs, one extra small
+            // The same step started before its masks were ready (the engine computes them, and
+            // streams the previous tokens, while the forward pass runs): a device-sampling
+            // backend starts every step; the same tokens and logprobs, one extra small
             // host-to-device copy for the late masks, none when no row has a mask.
             let late: Vec<bool> = specs.iter().map(|s| s.mask.is_some()).collect();
             let early: Vec<SampleSpec<'_>> = specs
@@ -1517,19 +1518,15 @@ fn device_sampler_applies_masks_and_logit_bias_like_the_reference() {
             let started = device
                 .start_step(&decode_rows(&seqs, &early), &late)
                 .expect("start a step");
-            assert_eq!(started, late.contains(&true), "{name}");
-            let late_got = if started {
-                device.finish_step(&rows).expect("finish a step")
-            } else {
-                device.step(&rows).expect("device decode")
-            };
-            let StepOutput::Sampled(late_got) = late_got else {
+            assert!(started, "{name}: the step was not started");
+            let StepOutput::Sampled(late_got) = device.finish_step(&rows).expect("finish a step")
+            else {
                 panic!("{name}: expected sampled tokens");
             };
             let copies = device.copy_stats().since(&before);
             assert_eq!(
                 (copies.steps, copies.h2d, copies.d2h),
-                (1, 1 + u64::from(started), 1),
+                (1, 1 + u64::from(late.contains(&true)), 1),
                 "{name}, late masks: {copies:?}"
             );
             assert_eq!(late_got, got, "{name}: late masks changed the draws");

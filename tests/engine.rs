@@ -410,8 +410,12 @@ struct SamplerLog {
     masked: usize,
     /// Rows of constrained requests sampled without one.
     unmasked_constrained: usize,
-    /// Steps started before their masks were ready (`start_step`).
+    /// Steps started before their masks were ready (`start_step` with a late row).
     started_early: usize,
+    /// Steps started (`start_step`, late rows or not).
+    started: usize,
+    /// Rows sampled.
+    sampled: usize,
     /// Sampled rows flagged as getting their mask late.
     late_rows: usize,
     /// Rows flagged late that carried a mask at the start anyway, or free rows flagged late.
@@ -420,8 +424,9 @@ struct SamplerLog {
 
 /// A backend that samples "on its device" (with the reference sampler, so outputs compare
 /// exactly) and records the grammar masks it received, as the CUDA backend does. With `late`, it
-/// takes masks late as the CUDA backend does: `start_step` runs the forward pass, `finish_step`
-/// samples with the masks that arrived meanwhile.
+/// starts steps as the CUDA backend does: `start_step` runs the forward pass, `finish_step`
+/// samples with the masks that arrived meanwhile (the engine streams the previous step's tokens
+/// in between).
 struct DeviceSampler {
     inner: inferno::backend::cpu::CpuBackend,
     log: std::sync::Arc<std::sync::Mutex<SamplerLog>>,
@@ -462,6 +467,7 @@ impl DeviceSampler {
     ) -> inferno::engine::StepOutput {
         let sampling: Vec<_> = rows.iter().filter(|r| r.sample.is_some()).collect();
         let mut log = self.log.lock().expect("lock");
+        log.sampled += sampling.len();
         let mut tokens = Vec::new();
         for (row, logits) in sampling.iter().zip(logits) {
             let spec = row.sample.expect("a sampling row");
@@ -503,7 +509,8 @@ impl inferno::engine::Backend for DeviceSampler {
         assert_eq!(sampling.len(), late.len(), "one flag per sampled row");
         {
             let mut log = self.log.lock().expect("lock");
-            log.started_early += 1;
+            log.started += 1;
+            log.started_early += usize::from(late.contains(&true));
             for (row, &late) in sampling.iter().zip(late) {
                 log.late_rows += usize::from(late);
                 let has_mask = row.sample.is_some_and(|s| s.mask.is_some());
@@ -522,6 +529,80 @@ impl inferno::engine::Backend for DeviceSampler {
     ) -> Result<inferno::engine::StepOutput, inferno::engine::BackendError> {
         let logits = self.started.take().expect("finish_step after start_step");
         Ok(self.sample(rows, logits))
+    }
+}
+
+/// A backend that starts steps (as the CUDA backend does) has the previous step's tokens
+/// streamed while its forward pass runs. Nothing a caller sees changes: text, tokens and finish
+/// reasons (EOS, a stop string, a stop token, `max_tokens`, seeded sampling) are exactly the host
+/// engine's. A stop string is found one step late, so its sequence drew exactly one more token,
+/// which is dropped; without started steps every drawn token is one of the outputs.
+#[test]
+fn streaming_while_the_next_step_runs_changes_no_output() {
+    let model = model();
+    let info = inferno::engine::ModelInfo::of(&model);
+    let prompt = prompts()[0].clone(); // "What is confidential computing?"
+    // Without the prefix cache: which request reuses another's blocks depends on timing.
+    let config = || EngineConfig {
+        prefix_caching: false,
+        ..EngineConfig::default()
+    };
+    let host = engine(&model, config());
+    let mut eos = greedy(&prompt, 100);
+    eos.stop.ignore_eos = false;
+    let natural = run(&host, eos.clone());
+    // A token of the greedy continuation not seen before it, as a stop token that ends it early.
+    let at = (1..natural.tokens.len())
+        .find(|&i| !natural.tokens[..i].contains(&natural.tokens[i]))
+        .expect("a token that does not occur before it");
+    let stop_token = natural.tokens[at];
+    let requests = || {
+        let mut stop_string = greedy(&prompt, 100);
+        stop_string.stop.stop_strings = vec![" data in".into()];
+        let mut by_token = eos.clone();
+        by_token.stop.stop_token_ids = vec![stop_token];
+        let mut sampled = greedy(&prompts()[1], 40);
+        sampled.sampling = SamplingParams {
+            temperature: 0.8,
+            seed: Some(7),
+            ..SamplingParams::default()
+        };
+        vec![
+            eos.clone(),
+            stop_string,
+            by_token,
+            greedy(&prompt, 3),
+            sampled,
+        ]
+    };
+    let want = run_all(&host, requests());
+    host.shutdown();
+    assert_eq!(
+        want[1].reason,
+        FinishReason::Stop(Some(StopReason::String(" data in".into())))
+    );
+    assert_eq!(
+        want[2].reason,
+        FinishReason::Stop(Some(StopReason::TokenId(stop_token)))
+    );
+
+    for starts_steps in [false, true] {
+        let backend = DeviceSampler::new(&model, &config(), starts_steps);
+        let log = backend.log.clone();
+        let device = inferno::engine::Engine::spawn(Box::new(backend), info.clone(), config())
+            .expect("engine");
+        let got = run_all(&device, requests());
+        device.shutdown();
+        assert_eq!(got, want, "starts steps: {starts_steps}");
+        let log = log.lock().expect("lock");
+        let outputs: usize = got.iter().map(|o| o.completion_tokens).sum();
+        let dropped = usize::from(starts_steps);
+        assert_eq!(
+            log.sampled,
+            outputs + dropped,
+            "starts steps: {starts_steps}"
+        );
+        assert_eq!(log.started > 0, starts_steps, "{log:?}");
     }
 }
 

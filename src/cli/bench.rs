@@ -545,6 +545,12 @@ impl SignalOnDrop {
             .as_deref()
             .ok_or_else(|| BackendError::Device("backend already released".into()))
     }
+
+    fn inner_mut(&mut self) -> Result<&mut (dyn Backend + 'static), BackendError> {
+        self.inner
+            .as_deref_mut()
+            .ok_or_else(|| BackendError::Device("backend already released".into()))
+    }
 }
 
 impl Backend for SignalOnDrop {
@@ -571,10 +577,15 @@ impl Backend for SignalOnDrop {
     }
 
     fn step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {
-        match self.inner.as_deref_mut() {
-            Some(b) => b.step(rows),
-            None => Err(BackendError::Device("backend already released".into())),
-        }
+        self.inner_mut()?.step(rows)
+    }
+
+    fn start_step(&mut self, rows: &[BatchRow<'_>], late: &[bool]) -> Result<bool, BackendError> {
+        self.inner_mut()?.start_step(rows, late)
+    }
+
+    fn finish_step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {
+        self.inner_mut()?.finish_step(rows)
     }
 }
 

@@ -119,12 +119,13 @@ pub trait Backend: Send {
     /// before attention reads them.
     fn step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError>;
 
-    /// Starts a step whose grammar masks are still being computed, so that the forward pass runs
-    /// while they are: `late[i]` says that the i-th sampled row (in row order) gets its mask
-    /// only in [`Backend::finish_step`] (it carries none here). Returns false, having done
-    /// nothing, when the backend takes every mask up front (the default: the engine then waits
-    /// for the masks and calls [`Backend::step`]); true when the step was queued and must be
-    /// finished by `finish_step` before anything else is asked of the backend.
+    /// Starts a step and returns before it ends, so that the engine works while its forward
+    /// pass runs: it streams the previous step's tokens and waits for grammar masks still being
+    /// computed. `late[i]` says that the i-th sampled row (in row order) gets its mask only in
+    /// [`Backend::finish_step`] (it carries none here). Returns false, having done nothing, when
+    /// the backend runs steps whole (the default: the engine then finishes its own work first
+    /// and calls [`Backend::step`]); true when the step was queued and must be finished by
+    /// `finish_step` before anything else is asked of the backend.
     fn start_step(&mut self, rows: &[BatchRow<'_>], late: &[bool]) -> Result<bool, BackendError> {
         let _ = (rows, late);
         Ok(false)

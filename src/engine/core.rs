@@ -100,6 +100,7 @@ impl Engine {
             backend_cpu: Duration::ZERO,
             masks: MaskJobs::new(),
             mask_wait: MaskWait::default(),
+            unstreamed: Unstreamed::default(),
         };
         let thread = std::thread::Builder::new()
             .name("inferno-engine".into())
@@ -126,6 +127,8 @@ struct Worker {
     mask_wait: MaskWait,
     /// Measured step costs, which size the prefill share of each step.
     step_costs: StepCosts,
+    /// The last step's tokens whose text is still to be streamed.
+    unstreamed: Unstreamed,
 }
 
 /// Constrained rows from which a step advances their grammars on rayon's pool rather than on
@@ -174,12 +177,50 @@ fn compute_mask(
         .unwrap_or_else(|_| Err("the grammar mask computation panicked".to_owned()))
 }
 
-/// How a sampled token changed its sequence.
-enum Progress {
+/// What a sampled token did to its sequence, before its text is known.
+enum Accepted {
+    /// The sequence goes on; the token's text is still to be streamed.
     Continue,
-    Finished(FinishReason),
+    /// The token ends the sequence; with `streamed`, its text is streamed first.
+    Finished {
+        reason: FinishReason,
+        streamed: bool,
+    },
+}
+
+/// What streaming a token's text did to its sequence.
+enum Streamed {
+    /// The text (what the stop matcher released of it) went to the caller.
+    Sent,
+    /// The text completed this stop string: the output ends before it.
+    Stopped(String),
+    /// The token could not be detokenized.
+    Failed(FinishReason),
+    /// The caller went away.
     Gone,
 }
+
+/// Tokens a step sampled whose text has not been streamed yet. A backend that starts steps
+/// ([`Backend::start_step`]) streams them while the next step runs (see `docs/engine.md`,
+/// "Streaming while the next step runs"); otherwise they are streamed as soon as the step ends.
+#[derive(Default)]
+struct Unstreamed {
+    /// Tokens of sequences that go on (still scheduled, or preempted since).
+    running: Vec<(u64, SampledToken)>,
+    /// Sequences a token ended, out of the scheduler already (their blocks released): the token
+    /// to stream first when its text belongs to the output, and why they end.
+    ended: Vec<(Sequence, Option<SampledToken>, FinishReason)>,
+}
+
+impl Unstreamed {
+    fn is_empty(&self) -> bool {
+        self.running.is_empty() && self.ended.is_empty()
+    }
+}
+
+/// Sequences whose streamed text ended them while they were still scheduled: removed once the
+/// step in flight has ended (its token for them is dropped); no reason when the caller went away.
+type EndedByText = Vec<(u64, Option<FinishReason>)>;
 
 impl Worker {
     fn run(&mut self) {
@@ -190,6 +231,8 @@ impl Worker {
         );
         loop {
             if self.scheduler.is_idle() {
+                // The last step's tokens go out before the engine sleeps.
+                self.stream_now();
                 match self.receiver.recv() {
                     Ok(command) => {
                         if !self.handle(command) {
@@ -212,7 +255,9 @@ impl Worker {
             let plan = self
                 .scheduler
                 .schedule(self.step_costs.token_budget(decoding));
-            if !plan.is_empty() {
+            if plan.is_empty() {
+                self.stream_now();
+            } else {
                 let (decode, prefill_tokens) = self.scheduler.plan_load(&plan);
                 let started = Instant::now();
                 self.step(&plan);
@@ -262,15 +307,18 @@ impl Worker {
     }
 
     fn step(&mut self, plan: &[Scheduled]) {
-        // The forward pass needs no mask: a backend that samples on the device queues it now and
-        // takes the masks that are still being computed once they are ready.
-        let started = match self.start_before_masks(plan) {
+        // The forward pass needs neither the masks nor the previous tokens' text: a backend that
+        // samples on the device queues it now, takes the masks that are still being computed
+        // once they are ready, and runs while the previous step's tokens are streamed.
+        let started = match self.start_step(plan) {
             Ok(started) => started,
             Err(err) => {
                 self.steps += 1;
+                self.stream_now();
                 return self.fail_step(plan, &err);
             }
         };
+        let ended_by_text = self.stream_unstreamed();
         let waiting = Instant::now();
         let constrained = self.prepare_masks(plan);
         if constrained {
@@ -321,7 +369,10 @@ impl Worker {
         self.steps += 1;
         let sampled = match result {
             Ok(sampled) => sampled,
-            Err(err) => return self.fail_step(plan, &err),
+            Err(err) => {
+                self.end_by_text(ended_by_text);
+                return self.fail_step(plan, &err);
+            }
         };
         for scheduled in plan {
             self.scheduler.complete(*scheduled);
@@ -337,28 +388,103 @@ impl Worker {
         for ((scheduled, token), advanced) in
             sampling_rows.into_iter().zip(sampled).zip(&mut advanced)
         {
+            // The text of this sequence's previous token ended it while this step ran: the
+            // token this step drew for it is dropped.
+            if ended_by_text.iter().any(|(id, _)| *id == scheduled.seq_id) {
+                continue;
+            }
             let mask = planned_mut(&mut self.scheduler, &scheduled)
                 .next_mask
                 .take();
-            let progress = match mask {
-                Some(Err(reason)) => Progress::Finished(FinishReason::Error(format!(
-                    "constrained decoding failed: {reason}"
-                ))),
-                _ => self.accept(&scheduled, token, advanced.take()),
+            let accepted = match mask {
+                Some(Err(reason)) => Accepted::Finished {
+                    reason: FinishReason::Error(format!("constrained decoding failed: {reason}")),
+                    streamed: false,
+                },
+                _ => self.accept(&scheduled, token.token, advanced.take()),
             };
-            match progress {
-                Progress::Continue => continuing.push(scheduled.seq_id),
-                Progress::Finished(reason) => finished.push((scheduled.seq_id, Some(reason))),
-                Progress::Gone => finished.push((scheduled.seq_id, None)),
+            match accepted {
+                Accepted::Continue => {
+                    continuing.push(scheduled.seq_id);
+                    self.unstreamed.running.push((scheduled.seq_id, token));
+                }
+                Accepted::Finished { reason, streamed } => {
+                    finished.push((scheduled.seq_id, reason, streamed.then_some(token)));
+                }
             }
+        }
+        self.end_by_text(ended_by_text);
+        // Rows are in admission order: the latest admitted goes first, so that each removal moves
+        // as few of the others as possible.
+        for (seq_id, reason, token) in finished.into_iter().rev() {
+            if let Some(seq) = self.scheduler.remove_running(seq_id) {
+                self.unstreamed.ended.push((seq, token, reason));
+            }
+        }
+        // Without a started step there is nothing to stream beside: stream at once, before the
+        // next step is scheduled (a stop string then ends its sequence before it runs again).
+        if !started {
+            let ended_now = self.stream_unstreamed();
+            continuing.retain(|seq_id| ended_now.iter().all(|(id, _)| id != seq_id));
+            self.end_by_text(ended_now);
         }
         // The next masks are computed on the pool while the next step is scheduled and (with a
         // backend that takes masks late) while its forward pass runs.
         self.start_masks(&continuing);
-        // Rows are in admission order: the latest admitted goes first, so that each removal moves
-        // as few of the others as possible.
-        for (seq_id, reason) in finished.into_iter().rev() {
-            if let Some(seq) = self.scheduler.remove_running(seq_id)
+    }
+
+    /// Streams the text of the tokens not streamed yet and ends the sequences it ends, now (no
+    /// step is in flight).
+    fn stream_now(&mut self) {
+        let ended = self.stream_unstreamed();
+        self.end_by_text(ended);
+    }
+
+    /// Streams the text of the tokens not streamed yet, in the order they were sampled, and ends
+    /// the sequences that a token had ended. Returns the still scheduled sequences the text
+    /// ended (a stop string, a detokenization error, a caller gone), for
+    /// [`Worker::end_by_text`] once no step that computes them is in flight.
+    fn stream_unstreamed(&mut self) -> EndedByText {
+        if self.unstreamed.is_empty() {
+            return Vec::new();
+        }
+        let Unstreamed { running, ended } = std::mem::take(&mut self.unstreamed);
+        let tokenizer = &self.model.tokenizer;
+        let mut ended_by_text = Vec::new();
+        for (seq_id, token) in running {
+            // Cancelled meanwhile: nothing to stream.
+            let Some(seq) = self.scheduler.find_mut(seq_id) else {
+                continue;
+            };
+            let reason = match stream_token(seq, token, tokenizer) {
+                Streamed::Sent => continue,
+                Streamed::Stopped(matched) => {
+                    Some(FinishReason::Stop(Some(StopReason::String(matched))))
+                }
+                Streamed::Failed(reason) => Some(reason),
+                Streamed::Gone => None,
+            };
+            ended_by_text.push((seq_id, reason));
+        }
+        for (mut seq, token, reason) in ended {
+            // As the checks of a running sequence's token: a stop string in its text comes first.
+            let reason = match token.map(|token| stream_token(&mut seq, token, tokenizer)) {
+                None | Some(Streamed::Sent) => reason,
+                Some(Streamed::Stopped(matched)) => {
+                    FinishReason::Stop(Some(StopReason::String(matched)))
+                }
+                Some(Streamed::Failed(reason)) => reason,
+                Some(Streamed::Gone) => continue,
+            };
+            finish(seq, reason, tokenizer);
+        }
+        ended_by_text
+    }
+
+    /// Removes the sequences their text ended and sends their final events.
+    fn end_by_text(&mut self, ended: EndedByText) {
+        for (seq_id, reason) in ended {
+            if let Some(seq) = self.scheduler.remove(seq_id)
                 && let Some(reason) = reason
             {
                 finish(seq, reason, &self.model.tokenizer);
@@ -423,11 +549,13 @@ impl Worker {
         outcomes
     }
 
-    /// Starts the step on the backend before its grammar masks are ready, when some sampled
-    /// row's mask is still being computed (or not started: a first token after the prompt) and
-    /// the backend can take masks late (see `docs/engine.md`, "Constrained decoding"). True when
-    /// the backend queued the step and `finish_step` must end it.
-    fn start_before_masks(&mut self, plan: &[Scheduled]) -> Result<bool, BackendError> {
+    /// Offers the step to the backend before its grammar masks are ready and before the previous
+    /// step's tokens are streamed: a sampled row's mask may still be being computed (or not
+    /// started: a first token after the prompt), and a backend that takes masks late gets it in
+    /// `finish_step` (see `docs/engine.md`, "Constrained decoding"). True when the backend queued
+    /// the step and `finish_step` must end it; false when it declined (it runs whole in
+    /// `Backend::step`).
+    fn start_step(&mut self, plan: &[Scheduled]) -> Result<bool, BackendError> {
         let scheduler = &self.scheduler;
         let in_flight = &self.masks.in_flight;
         let mut late = Vec::new();
@@ -445,9 +573,6 @@ impl Worker {
                 row
             })
             .collect();
-        if !late.contains(&true) {
-            return Ok(false);
-        }
         let cpu_before = thread_cpu_time();
         let started = self.backend.start_step(&rows, &late);
         self.backend_cpu += thread_cpu_time().saturating_sub(cpu_before);
@@ -511,12 +636,7 @@ impl Worker {
                 break;
             };
             self.masks.in_flight.remove(&job.seq_id);
-            let scheduler = &mut self.scheduler;
-            let seq = match scheduler.get_mut(job.seq_id) {
-                Some(seq) => Some(seq),
-                None => scheduler.waiting.iter_mut().find(|s| s.id == job.seq_id),
-            };
-            if let Some(seq) = seq {
+            if let Some(seq) = self.scheduler.find_mut(job.seq_id) {
                 seq.constraint = Some(job.constraint);
                 seq.next_mask = Some(job.mask);
             }
@@ -568,21 +688,26 @@ impl Worker {
         }
     }
 
-    /// Appends a sampled token to its sequence, streams its text and checks the stop conditions.
+    /// Appends a sampled token to its sequence and checks the stop conditions that do not
+    /// depend on its text (those that do are checked when it is streamed, [`stream_token`]).
     /// `advanced` is the outcome of advancing the row's grammar past the token
     /// ([`Worker::advance_grammars`]; None without a grammar).
     fn accept(
         &mut self,
         scheduled: &Scheduled,
-        sampled: SampledToken,
+        token: u32,
         advanced: Option<Result<bool, String>>,
-    ) -> Progress {
+    ) -> Accepted {
         let max_context = self.model.max_context;
         let seq = planned_mut(&mut self.scheduler, scheduled);
-        seq.tokens.push(sampled.token);
+        seq.tokens.push(token);
+        let ended = |reason| Accepted::Finished {
+            reason,
+            streamed: false,
+        };
         let grammar_complete = match advanced {
             Some(Err(reason)) => {
-                return Progress::Finished(FinishReason::Error(format!(
+                return ended(FinishReason::Error(format!(
                     "constrained decoding failed: {reason}"
                 )));
             }
@@ -590,48 +715,24 @@ impl Worker {
             None => false,
         };
         let stop = &seq.request.stop;
-        // As vLLM: EOS first (no stop reason), then the request's stop tokens.
-        if !stop.ignore_eos && self.eos.contains(&sampled.token) {
-            return Progress::Finished(FinishReason::Stop(None));
+        // As vLLM: EOS first (no stop reason), then the request's stop tokens; neither is text.
+        if !stop.ignore_eos && self.eos.contains(&token) {
+            return ended(FinishReason::Stop(None));
         }
-        if stop.stop_token_ids.contains(&sampled.token) {
-            return Progress::Finished(FinishReason::Stop(Some(StopReason::TokenId(
-                sampled.token,
-            ))));
+        if stop.stop_token_ids.contains(&token) {
+            return ended(FinishReason::Stop(Some(StopReason::TokenId(token))));
         }
-        let delta = match seq.decoder.push(&self.model.tokenizer, sampled.token) {
-            Ok(delta) => delta,
-            Err(err) => {
-                return Progress::Finished(FinishReason::Error(format!(
-                    "detokenization failed: {err}"
-                )));
-            }
-        };
-        let (text, stopped) = match seq.stop.push_owned(delta) {
-            StopOutcome::Continue(text) => (text, None),
-            StopOutcome::Stopped { emitted, matched } => (emitted, Some(matched)),
-        };
-        let event = GenerationEvent::Token {
-            token: sampled.token,
-            text,
-            logprob: sampled.logprob,
-        };
-        if seq.events.send(event).is_err() {
-            return Progress::Gone;
-        }
-        if let Some(matched) = stopped {
-            // Whatever follows the stop string is never emitted.
-            seq.decoder = IncrementalDecoder::new();
-            Progress::Finished(FinishReason::Stop(Some(StopReason::String(matched))))
-        } else if grammar_complete {
+        let reason = if grammar_complete {
             // Only the end of the sequence may follow a complete grammar.
-            Progress::Finished(FinishReason::Stop(None))
-        } else if seq.output().len() >= seq.request.stop.max_tokens
-            || seq.tokens.len() >= max_context
-        {
-            Progress::Finished(FinishReason::Length)
+            FinishReason::Stop(None)
+        } else if seq.output().len() >= stop.max_tokens || seq.tokens.len() >= max_context {
+            FinishReason::Length
         } else {
-            Progress::Continue
+            return Accepted::Continue;
+        };
+        Accepted::Finished {
+            reason,
+            streamed: true,
         }
     }
 
@@ -657,6 +758,7 @@ impl Worker {
     }
 
     fn cancel_all(&mut self) {
+        self.stream_now();
         let ids: Vec<u64> = self
             .scheduler
             .running()
@@ -727,6 +829,37 @@ fn batch_row(seq: &Sequence, scheduled: Scheduled) -> BatchRow<'_> {
 
 fn sample_specs<'a>(rows: &[BatchRow<'a>]) -> Vec<SampleSpec<'a>> {
     rows.iter().filter_map(|r| r.sample).collect()
+}
+
+/// Turns a sampled token into text and sends it: what the incremental decoder completes, less
+/// what the stop matcher holds back.
+fn stream_token(seq: &mut Sequence, token: SampledToken, tokenizer: &Tokenizer) -> Streamed {
+    let delta = match seq.decoder.push(tokenizer, token.token) {
+        Ok(delta) => delta,
+        Err(err) => {
+            return Streamed::Failed(FinishReason::Error(format!("detokenization failed: {err}")));
+        }
+    };
+    let (text, stopped) = match seq.stop.push_owned(delta) {
+        StopOutcome::Continue(text) => (text, None),
+        StopOutcome::Stopped { emitted, matched } => (emitted, Some(matched)),
+    };
+    let event = GenerationEvent::Token {
+        token: token.token,
+        text,
+        logprob: token.logprob,
+    };
+    if seq.events.send(event).is_err() {
+        return Streamed::Gone;
+    }
+    match stopped {
+        Some(matched) => {
+            // Whatever follows the stop string is never emitted.
+            seq.decoder = IncrementalDecoder::new();
+            Streamed::Stopped(matched)
+        }
+        None => Streamed::Sent,
+    }
 }
 
 /// Sends the final event of a sequence (its blocks are already released), with whatever text the

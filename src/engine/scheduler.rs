@@ -109,6 +109,15 @@ impl Scheduler {
         Some(&mut self.running[position])
     }
 
+    /// The sequence with id `seq_id`, running or waiting (a preempted one waits), for changes
+    /// that keep its id.
+    pub fn find_mut(&mut self, seq_id: u64) -> Option<&mut Sequence> {
+        match self.positions.get(&seq_id) {
+            Some(&position) => Some(&mut self.running[position]),
+            None => self.waiting.iter_mut().find(|s| s.id == seq_id),
+        }
+    }
+
     /// Running sequences whose next step is a decode (one token).
     pub fn decoding_rows(&self) -> usize {
         self.running

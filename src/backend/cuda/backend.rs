@@ -550,7 +550,7 @@ pub struct CudaBackend {
     host_inputs: Vec<i32>,
     options: CudaOptions,
     copies: CopyStats,
-    /// The step queued by `start_step`, waiting for its late grammar masks.
+    /// The step queued by `start_step`, waiting for `finish_step` (and its late grammar masks).
     started: Option<QueuedStep>,
     /// Launch kernels with programmatic dependent launch (the configuration allows it and the
     /// device has compute capability 9.0 or later).
@@ -2164,10 +2164,10 @@ impl Backend for CudaBackend {
         }
     }
 
-    /// Queues the forward pass at once when the device samples (it applies the masks); with
-    /// host sampling the engine applies them, so there is nothing to start early.
+    /// Queues the step when the device samples (it applies the masks, late ones included);
+    /// with host sampling the engine needs the logits, and the step runs whole.
     fn start_step(&mut self, rows: &[BatchRow<'_>], late: &[bool]) -> Result<bool, BackendError> {
-        if !self.options.sample_on_device || rows.is_empty() || !late.contains(&true) {
+        if !self.options.sample_on_device || rows.is_empty() {
             return Ok(false);
         }
         if self.started.is_some() {
@@ -2176,7 +2176,7 @@ impl Backend for CudaBackend {
             ));
         }
         self.started = self.queue_step(rows, late)?;
-        Ok(true)
+        Ok(self.started.is_some())
     }
 
     fn finish_step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {
