@@ -48,6 +48,15 @@ fn offline_bench_runs_every_request_and_reports_the_engine_steps() {
         .iter()
         .filter_map(|part| part["group"].as_str())
         .collect();
+    // The device waits for the engine between steps for part of the run, never all of it.
+    let gaps = report["engine_step_gaps_s"]
+        .as_f64()
+        .expect("step gaps reported");
+    let duration = report["duration_s"].as_f64().expect("duration reported");
+    assert!(
+        gaps > 0.0 && gaps < duration,
+        "{gaps} s of gaps in {duration} s"
+    );
     assert!(parts.contains(&"engine host work"), "{parts:?}");
     assert!(parts.contains(&"engine backend steps"), "{parts:?}");
     assert!(

@@ -229,6 +229,9 @@ struct Report {
     engine_split: Vec<super::thread_cpu::GroupCpu>,
     /// Engine steps over the run (`bench offline` only).
     engine_steps: Option<u64>,
+    /// Wall-clock seconds the device waited for the engine thread between steps over the run
+    /// (`EngineStats::step_gap_seconds`; `bench offline` only).
+    engine_step_gaps_s: Option<f64>,
 }
 
 /// Timings of the long prompt sent while a serving run was under way.
@@ -283,6 +286,7 @@ impl Report {
             long_prompt: None,
             engine_split: Vec::new(),
             engine_steps: None,
+            engine_step_gaps_s: None,
         }
     }
 
@@ -351,12 +355,14 @@ impl Report {
         }
         if let Some(steps) = self.engine_steps.filter(|&n| n > 0) {
             println!(
-                "engine steps              {steps}: {:.3} ms each, {:.3} ms of it host work",
+                "engine steps              {steps}: {:.3} ms each, host work {:.3} ms per step, \
+                 {:.3} ms between steps",
                 self.duration_s * 1e3 / steps as f64,
                 self.engine_split
                     .iter()
                     .find(|part| part.group == HOST_WORK)
-                    .map_or(0.0, |host| host.seconds * 1e3 / steps as f64)
+                    .map_or(0.0, |host| host.seconds * 1e3 / steps as f64),
+                self.engine_step_gaps_s.unwrap_or(0.0) * 1e3 / steps as f64
             );
         }
         if let Some(long) = &self.long_prompt {
@@ -530,6 +536,8 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
     report.engine_split =
         split_engine_cpu(cpu_parts(&engine_before), cpu_parts(&engine_after), &report);
     report.engine_steps = Some(engine_after.steps - engine_before.steps);
+    report.engine_step_gaps_s =
+        Some(engine_after.step_gap_seconds - engine_before.step_gap_seconds);
     finish(&report, load.json.as_ref())
 }
 

@@ -101,6 +101,8 @@ impl Engine {
             masks: MaskJobs::new(),
             mask_wait: MaskWait::default(),
             unstreamed: Unstreamed::default(),
+            last_step_end: None,
+            step_gaps: Duration::ZERO,
         };
         let thread = std::thread::Builder::new()
             .name("inferno-engine".into())
@@ -129,6 +131,10 @@ struct Worker {
     step_costs: StepCosts,
     /// The last step's tokens whose text is still to be streamed.
     unstreamed: Unstreamed,
+    /// When the last step's results came back, while the next one follows without a pause.
+    last_step_end: Option<Instant>,
+    /// Sum of the gaps between steps (`EngineStats::step_gap_seconds`).
+    step_gaps: Duration,
 }
 
 /// Constrained rows from which a step advances their grammars on rayon's pool rather than on
@@ -233,6 +239,7 @@ impl Worker {
             if self.scheduler.is_idle() {
                 // The last step's tokens go out before the engine sleeps.
                 self.stream_now();
+                self.last_step_end = None;
                 match self.receiver.recv() {
                     Ok(command) => {
                         if !self.handle(command) {
@@ -257,6 +264,7 @@ impl Worker {
                 .schedule(self.step_costs.token_budget(decoding));
             if plan.is_empty() {
                 self.stream_now();
+                self.last_step_end = None;
             } else {
                 let (decode, prefill_tokens) = self.scheduler.plan_load(&plan);
                 let started = Instant::now();
@@ -307,6 +315,9 @@ impl Worker {
     }
 
     fn step(&mut self, plan: &[Scheduled]) {
+        if let Some(end) = self.last_step_end.take() {
+            self.step_gaps += end.elapsed();
+        }
         // The forward pass needs neither the masks nor the previous tokens' text: a backend that
         // samples on the device queues it now, takes the masks that are still being computed
         // once they are ready, and runs while the previous step's tokens are streamed.
@@ -338,6 +349,7 @@ impl Worker {
                 self.backend.step(&rows)
             };
             self.backend_cpu += thread_cpu_time().saturating_sub(cpu_before);
+            self.last_step_end = Some(Instant::now());
             output.and_then(|output| {
                 let sampled: Vec<SampledToken> = match output {
                     StepOutput::Sampled(tokens) => tokens,
@@ -753,6 +765,7 @@ impl Worker {
                 grammar_mask_steps: self.mask_wait.steps,
                 grammar_mask_overlapped_steps: self.mask_wait.overlapped_steps,
                 grammar_mask_wait_us: self.mask_wait.micros,
+                step_gap_seconds: self.step_gaps.as_secs_f64(),
             };
         }
     }

@@ -77,6 +77,12 @@ pub struct EngineStats {
     pub grammar_mask_overlapped_steps: u64,
     /// Microseconds the engine thread waited for grammar masks in those steps, since start.
     pub grammar_mask_wait_us: u64,
+    /// Wall-clock seconds between a step's results and the next step's hand-over to the backend,
+    /// over steps that followed one another without a pause for lack of work, since start: how
+    /// long the device waited for the engine thread (scheduling and building the next rows; the
+    /// backend's own packing and launch are not included). With a backend that starts steps, the
+    /// previous tokens are streamed during the step, not in this gap.
+    pub step_gap_seconds: f64,
 }
 
 impl EngineStats {
