@@ -17,10 +17,10 @@
 //! `small_tile_tokens` last, or all into runs of `small_tile_tokens` when the step has a
 //! one-token row or fewer than `min_big_tiles` runs would be full), and last the *late*
 //! grammar masks: those of rows whose masks the engine was still computing when the step started
-//! (see `docs/cuda-backend.md`, "Late grammar masks"), one `ceil(vocab / 32)`-word slot per such
-//! row, filled and copied after the forward pass was queued. Biases and the masks known up front
-//! travel in the step's one host-to-device copy; late masks in a second, small one, made only by
-//! steps that have them. The forward pass reads only what precedes the block tables at offsets
+//! (see `docs/cuda-backend.md`, "Started steps and late grammar masks"), one
+//! `ceil(vocab / 32)`-word slot per such row, filled and copied after the forward pass was
+//! queued. Biases and the masks known up front travel in the step's one host-to-device copy;
+//! late masks in a second, small one, made only by steps that have them. The forward pass reads only what precedes the block tables at offsets
 //! that depend on T and S alone, and it reads the table stride from the buffer: a decode step
 //! padded to a fixed T = S can replay a CUDA graph captured once for that size.
 //!
