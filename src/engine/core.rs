@@ -10,7 +10,7 @@ use tokenizers::Tokenizer;
 
 use super::backend::{Backend, BackendError, BatchRow, SampleSpec, SampledToken, StepOutput};
 use super::config::EngineConfig;
-use super::detokenize::IncrementalDecoder;
+use super::detokenize::{Detokenizer, IncrementalDecoder};
 use super::handle::{Command, EngineHandle, EngineStats, Shared};
 use super::request::{FinishReason, GenerationEvent, StopReason};
 use super::sampling;
@@ -87,7 +87,11 @@ impl Engine {
             thread: Mutex::new(None),
         });
         let (commands, receiver) = mpsc::channel();
-        let mut worker = Worker {
+        let worker_shared = shared.clone();
+        let worker = move || Worker {
+            // Built on the engine thread: the byte table of a large vocabulary takes milliseconds
+            // that start-up need not wait for.
+            detokenizer: Detokenizer::new(model.tokenizer.clone()),
             step_costs: StepCosts::new(config.itl_stall_limit, config.max_batched_tokens)
                 .with_step_sizes(backend.step_sizes()),
             scheduler: Scheduler::new(config, kv_cache.num_blocks, model.digest),
@@ -95,7 +99,7 @@ impl Engine {
             model,
             backend,
             receiver,
-            shared: shared.clone(),
+            shared: worker_shared,
             steps: 0,
             backend_cpu: Duration::ZERO,
             masks: MaskJobs::new(),
@@ -106,7 +110,7 @@ impl Engine {
         };
         let thread = std::thread::Builder::new()
             .name("inferno-engine".into())
-            .spawn(move || worker.run())?;
+            .spawn(move || worker().run())?;
         if let Ok(mut slot) = shared.thread.lock() {
             *slot = Some(thread);
         }
@@ -115,6 +119,8 @@ impl Engine {
 }
 
 struct Worker {
+    /// Turns sampled tokens into text.
+    detokenizer: Detokenizer,
     backend: Box<dyn Backend>,
     scheduler: Scheduler,
     model: ModelInfo,
@@ -233,6 +239,7 @@ impl Worker {
         tracing::info!(
             backend = self.backend.name(),
             kv_tokens = self.shared.kv_cache.capacity_tokens(),
+            byte_level_detokenizer = self.detokenizer.is_byte_level(),
             "engine started"
         );
         loop {
@@ -284,7 +291,7 @@ impl Worker {
             Command::Submit(seq) => {
                 self.shared.queued.fetch_sub(1, Ordering::SeqCst);
                 if seq.request.stop.max_tokens == 0 {
-                    finish(*seq, FinishReason::Length, &self.model.tokenizer);
+                    finish(*seq, FinishReason::Length, &self.detokenizer);
                 } else {
                     self.scheduler.waiting.push_back(*seq);
                 }
@@ -461,14 +468,14 @@ impl Worker {
             return Vec::new();
         }
         let Unstreamed { running, ended } = std::mem::take(&mut self.unstreamed);
-        let tokenizer = &self.model.tokenizer;
+        let detokenizer = &self.detokenizer;
         let mut ended_by_text = Vec::new();
         for (seq_id, token) in running {
             // Cancelled meanwhile: nothing to stream.
             let Some(seq) = self.scheduler.find_mut(seq_id) else {
                 continue;
             };
-            let reason = match stream_token(seq, token, tokenizer) {
+            let reason = match stream_token(seq, token, detokenizer) {
                 Streamed::Sent => continue,
                 Streamed::Stopped(matched) => {
                     Some(FinishReason::Stop(Some(StopReason::String(matched))))
@@ -480,7 +487,7 @@ impl Worker {
         }
         for (mut seq, token, reason) in ended {
             // As the checks of a running sequence's token: a stop string in its text comes first.
-            let reason = match token.map(|token| stream_token(&mut seq, token, tokenizer)) {
+            let reason = match token.map(|token| stream_token(&mut seq, token, detokenizer)) {
                 None | Some(Streamed::Sent) => reason,
                 Some(Streamed::Stopped(matched)) => {
                     FinishReason::Stop(Some(StopReason::String(matched)))
@@ -488,7 +495,7 @@ impl Worker {
                 Some(Streamed::Failed(reason)) => reason,
                 Some(Streamed::Gone) => continue,
             };
-            finish(seq, reason, tokenizer);
+            finish(seq, reason, detokenizer);
         }
         ended_by_text
     }
@@ -499,7 +506,7 @@ impl Worker {
             if let Some(seq) = self.scheduler.remove(seq_id)
                 && let Some(reason) = reason
             {
-                finish(seq, reason, &self.model.tokenizer);
+                finish(seq, reason, &self.detokenizer);
             }
         }
     }
@@ -695,7 +702,7 @@ impl Worker {
         // Latest admitted first, as in `step`.
         for scheduled in plan.iter().rev() {
             if let Some(seq) = self.scheduler.remove_running(scheduled.seq_id) {
-                finish(seq, reason.clone(), &self.model.tokenizer);
+                finish(seq, reason.clone(), &self.detokenizer);
             }
         }
     }
@@ -780,12 +787,12 @@ impl Worker {
             .collect();
         for id in ids {
             if let Some(seq) = self.scheduler.remove(id) {
-                finish(seq, FinishReason::Cancelled, &self.model.tokenizer);
+                finish(seq, FinishReason::Cancelled, &self.detokenizer);
             }
         }
         while let Ok(command) = self.receiver.try_recv() {
             if let Command::Submit(seq) = command {
-                finish(*seq, FinishReason::Cancelled, &self.model.tokenizer);
+                finish(*seq, FinishReason::Cancelled, &self.detokenizer);
             }
         }
     }
@@ -846,8 +853,8 @@ fn sample_specs<'a>(rows: &[BatchRow<'a>]) -> Vec<SampleSpec<'a>> {
 
 /// Turns a sampled token into text and sends it: what the incremental decoder completes, less
 /// what the stop matcher holds back.
-fn stream_token(seq: &mut Sequence, token: SampledToken, tokenizer: &Tokenizer) -> Streamed {
-    let delta = match seq.decoder.push(tokenizer, token.token) {
+fn stream_token(seq: &mut Sequence, token: SampledToken, detokenizer: &Detokenizer) -> Streamed {
+    let delta = match seq.decoder.push(detokenizer, token.token) {
         Ok(delta) => delta,
         Err(err) => {
             return Streamed::Failed(FinishReason::Error(format!("detokenization failed: {err}")));
@@ -877,8 +884,8 @@ fn stream_token(seq: &mut Sequence, token: SampledToken, tokenizer: &Tokenizer) 
 
 /// Sends the final event of a sequence (its blocks are already released), with whatever text the
 /// decoder and the stop matcher still held.
-fn finish(mut seq: Sequence, reason: FinishReason, tokenizer: &Tokenizer) {
-    let tail = seq.decoder.finish(tokenizer).unwrap_or_default();
+fn finish(mut seq: Sequence, reason: FinishReason, detokenizer: &Detokenizer) {
+    let tail = seq.decoder.finish(detokenizer).unwrap_or_default();
     let (text, reason) = match seq.stop.push(&tail) {
         StopOutcome::Continue(text) => (text + &seq.stop.flush(), reason),
         // The decoder's last bytes completed a stop string: that string ended the output
