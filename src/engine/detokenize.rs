@@ -6,9 +6,9 @@
 //! difference, and only once it no longer ends in an incomplete character (which decoding
 //! renders as U+FFFD). When the tokenizer's decoder is byte-level alone (Llama 3, Qwen, GPT-2
 //! style), decoding a run of tokens is reading the concatenation of their bytes as UTF-8:
-//! [`TokenBytes`] holds every token's bytes, and the decoder appends them and releases the
-//! complete characters without calling the tokenizer (two window decodes per token cost the
-//! engine thread about as much as the rest of its work between steps at 256 rows).
+//! a table holds every token's bytes, and the decoder appends them and releases the complete
+//! characters without calling the tokenizer (0.07 µs a token against 1.17 µs for the two window
+//! decodes, Llama 3's tokenizer, development profile).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -100,16 +100,16 @@ fn byte_level_chars() -> Vec<Option<u8>> {
 
 /// What the incremental decoder decodes with: the tokenizer and, where its decoder is
 /// byte-level alone, each token's bytes.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Detokenizer {
     tokenizer: Arc<Tokenizer>,
-    bytes: Option<Arc<TokenBytes>>,
+    bytes: Option<TokenBytes>,
 }
 
 impl Detokenizer {
     /// The detokenizer of `tokenizer`, with its byte table when it has one.
     pub fn new(tokenizer: Arc<Tokenizer>) -> Self {
-        let bytes = TokenBytes::of(&tokenizer).map(Arc::new);
+        let bytes = TokenBytes::of(&tokenizer);
         Self { tokenizer, bytes }
     }
 
