@@ -549,15 +549,11 @@ struct SignalOnDrop {
 
 impl SignalOnDrop {
     fn inner(&self) -> Result<&dyn Backend, BackendError> {
-        self.inner
-            .as_deref()
-            .ok_or_else(|| BackendError::Device("backend already released".into()))
+        self.inner.as_deref().ok_or_else(released)
     }
 
     fn inner_mut(&mut self) -> Result<&mut (dyn Backend + 'static), BackendError> {
-        self.inner
-            .as_deref_mut()
-            .ok_or_else(|| BackendError::Device("backend already released".into()))
+        self.inner.as_deref_mut().ok_or_else(released)
     }
 }
 
@@ -595,6 +591,11 @@ impl Backend for SignalOnDrop {
     fn finish_step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {
         self.inner_mut()?.finish_step(rows)
     }
+}
+
+/// The error of a call on a [`SignalOnDrop`] whose backend was dropped.
+fn released() -> BackendError {
+    BackendError::Device("backend already released".into())
 }
 
 impl Drop for SignalOnDrop {

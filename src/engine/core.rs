@@ -204,12 +204,9 @@ enum Accepted {
 enum Streamed {
     /// The text (what the stop matcher released of it) went to the caller.
     Sent,
-    /// The text completed this stop string: the output ends before it.
-    Stopped(String),
-    /// The token could not be detokenized.
-    Failed(FinishReason),
-    /// The caller went away.
-    Gone,
+    /// The sequence ends here: its text completed a stop string (the output ends before it) or
+    /// could not be decoded; no reason when the caller went away.
+    Ended(Option<FinishReason>),
 }
 
 /// Tokens a step sampled whose text has not been streamed yet. A backend that starts steps
@@ -246,7 +243,6 @@ impl Worker {
             if self.scheduler.is_idle() {
                 // The last step's tokens go out before the engine sleeps.
                 self.stream_now();
-                self.last_step_end = None;
                 match self.receiver.recv() {
                     Ok(command) => {
                         if !self.handle(command) {
@@ -271,7 +267,6 @@ impl Worker {
                 .schedule(self.step_costs.token_budget(decoding));
             if plan.is_empty() {
                 self.stream_now();
-                self.last_step_end = None;
             } else {
                 let (decode, prefill_tokens) = self.scheduler.plan_load(&plan);
                 let started = Instant::now();
@@ -452,11 +447,13 @@ impl Worker {
         self.start_masks(&continuing);
     }
 
-    /// Streams the text of the tokens not streamed yet and ends the sequences it ends, now (no
-    /// step is in flight).
+    /// Streams the text of the tokens not streamed yet and ends the sequences it ends, now: no
+    /// step is in flight, and none follows the last one at once (the wait until the next is not a
+    /// gap between steps).
     fn stream_now(&mut self) {
         let ended = self.stream_unstreamed();
         self.end_by_text(ended);
+        self.last_step_end = None;
     }
 
     /// Streams the text of the tokens not streamed yet, in the order they were sampled, and ends
@@ -475,25 +472,16 @@ impl Worker {
             let Some(seq) = self.scheduler.find_mut(seq_id) else {
                 continue;
             };
-            let reason = match stream_token(seq, token, detokenizer) {
-                Streamed::Sent => continue,
-                Streamed::Stopped(matched) => {
-                    Some(FinishReason::Stop(Some(StopReason::String(matched))))
-                }
-                Streamed::Failed(reason) => Some(reason),
-                Streamed::Gone => None,
-            };
-            ended_by_text.push((seq_id, reason));
+            if let Streamed::Ended(reason) = stream_token(seq, token, detokenizer) {
+                ended_by_text.push((seq_id, reason));
+            }
         }
         for (mut seq, token, reason) in ended {
             // As the checks of a running sequence's token: a stop string in its text comes first.
             let reason = match token.map(|token| stream_token(&mut seq, token, detokenizer)) {
                 None | Some(Streamed::Sent) => reason,
-                Some(Streamed::Stopped(matched)) => {
-                    FinishReason::Stop(Some(StopReason::String(matched)))
-                }
-                Some(Streamed::Failed(reason)) => reason,
-                Some(Streamed::Gone) => continue,
+                Some(Streamed::Ended(Some(reason))) => reason,
+                Some(Streamed::Ended(None)) => continue,
             };
             finish(seq, reason, detokenizer);
         }
@@ -857,7 +845,9 @@ fn stream_token(seq: &mut Sequence, token: SampledToken, detokenizer: &Detokeniz
     let delta = match seq.decoder.push(detokenizer, token.token) {
         Ok(delta) => delta,
         Err(err) => {
-            return Streamed::Failed(FinishReason::Error(format!("detokenization failed: {err}")));
+            return Streamed::Ended(Some(FinishReason::Error(format!(
+                "detokenization failed: {err}"
+            ))));
         }
     };
     let (text, stopped) = match seq.stop.push_owned(delta) {
@@ -870,13 +860,13 @@ fn stream_token(seq: &mut Sequence, token: SampledToken, detokenizer: &Detokeniz
         logprob: token.logprob,
     };
     if seq.events.send(event).is_err() {
-        return Streamed::Gone;
+        return Streamed::Ended(None);
     }
     match stopped {
         Some(matched) => {
             // Whatever follows the stop string is never emitted.
             seq.decoder = IncrementalDecoder::new();
-            Streamed::Stopped(matched)
+            Streamed::Ended(Some(FinishReason::Stop(Some(StopReason::String(matched)))))
         }
         None => Streamed::Sent,
     }
