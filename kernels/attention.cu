@@ -554,29 +554,26 @@ paged_attention(const bf16* __restrict__ q,
     __syncthreads();
     if (!merges_here) return;
     __threadfence();
-    // One float4 of one head's output per thread; the other blocks' partials are read from L2.
+    // One float4 of one head's output per thread; the other blocks' partials are read from L2,
+    // eight splits' loads in flight at a time: a pass for the largest maximum, then the sums.
     for (int i = threadIdx.x; i < GROUP * HEAD_DIM / 4; i += blockDim.x) {
         const int g = i / (HEAD_DIM / 4);
         const int c = i % (HEAD_DIM / 4);
         const size_t head = (size_t)t * NUM_Q_HEADS + kvh * GROUP + g;
         const float2* ml = reinterpret_cast<const float2*>(part_ml) + head * splits;
         const float4* acc = reinterpret_cast<const float4*>(part_acc + head * splits * HEAD_DIM) + c;
-        float2 parts[ATTN_MERGE_SPLITS];
         float big = -INFINITY;
-#pragma unroll
-        for (int s = 0; s < ATTN_MERGE_SPLITS; ++s) {
-            parts[s] = s < mine ? __ldcg(ml + s) : make_float2(-INFINITY, 0.0f);
-            big = fmaxf(big, parts[s].x);
-        }
+#pragma unroll 8
+        for (int s = 0; s < mine; ++s) big = fmaxf(big, __ldcg(ml + s).x);
         float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         float total = 0.0f;
         if (big != -INFINITY) {
-#pragma unroll
-            for (int s = 0; s < ATTN_MERGE_SPLITS; ++s) {
-                if (s >= mine) break;
-                const float f = exp2f(parts[s].x - big);
+#pragma unroll 8
+            for (int s = 0; s < mine; ++s) {
+                const float2 part = __ldcg(ml + s);
+                const float f = exp2f(part.x - big);
                 const float4 v = __ldcg(acc + (size_t)s * (HEAD_DIM / 4));
-                total += parts[s].y * f;
+                total += part.y * f;
                 a.x = fmaf(v.x, f, a.x);
                 a.y = fmaf(v.y, f, a.y);
                 a.z = fmaf(v.z, f, a.z);

@@ -47,7 +47,7 @@ static int split_bound(int tokens, int max_context) {
     const int wanted = std::max(1, (max_context + ATTN_MIN_PARTITION - 1) / ATTN_MIN_PARTITION);
     const int room = std::max(1, 8192 / std::max(1, tokens));
     const int per_split = tokens * NUM_KV_HEADS;
-    const int fill = std::max(1, (target_blocks + per_split / 2) / per_split);
+    const int fill = std::max(1, target_blocks / per_split);
     return std::min(wanted, std::min(room, fill));
 }
 
@@ -214,7 +214,7 @@ static int test(uint64_t seed) {
 static int bench() {
     const double copy_bw = copy_bandwidth();
 
-    const std::vector<int> batches = {1, 2, 4, 8, 16, 64, 256};
+    const std::vector<int> batches = {1, 2, 4, 6, 8, 16, 20, 64, 256};
     const std::vector<int> contexts = {1024, 4096, 16384, 32768};
     const size_t max_tokens = (size_t)256 * 32768;
     const size_t pool_elems = max_tokens * ROW_ELEMS;

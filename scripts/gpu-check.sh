@@ -91,11 +91,19 @@ ATTN_CONFIGS=${ATTN_CONFIGS:-"8 8 64 0;8 8 128 0;16 8 64 0;16 8 128 0;12 4 128 0
 if has attention; then
   A=$OUT/attention
   mkdir -p "$A"
-  attn_build() { # NAME SOURCE_DIR Q KV HEAD_DIM WINDOW
+  # The backend's defines (src/backend/cuda/plan.rs); ATTN_VARIANTS="NAME:DEFINES;..." builds the
+  # 8B heads again with DEFINES instead (say "-DATTN_MERGE_SPLITS=64"), tested
+  # and benched beside as attn-NAME-32-8-128-0.
+  ATTN_DEFINES="-DATTN_MERGE_SPLITS=8"
+  attn_build() { # NAME SOURCE_DIR Q KV HEAD_DIM WINDOW [DEFINES]
     nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I"$2" -I"$G/kernels" -DNUM_Q_HEADS=$3 -DNUM_KV_HEADS=$4 -DHEAD_DIM=$5 \
-      -DSLIDING_WINDOW=$6 -DKV_BLOCK=16 -DATTN_WARPS=4 -DATTN_MIN_PARTITION=32 -DATTN_REDUCE_THREADS=128 -DATTN_MERGE_SPLITS=8 -Xptxas -v \
+      -DSLIDING_WINDOW=$6 -DKV_BLOCK=16 -DATTN_WARPS=4 -DATTN_MIN_PARTITION=32 -DATTN_REDUCE_THREADS=128 ${7:-$ATTN_DEFINES} -Xptxas -v \
       "$G/attention-check.cu" -o "$A/$1" >"$A/$1.build.log" 2>&1 || echo "BUILD FAILED $1" | tee -a "$SUMMARY"
   }
+  IFS=';' read -ra ATTN_VARIANT_LIST <<<"${ATTN_VARIANTS:-}"
+  for named in "${ATTN_VARIANT_LIST[@]}"; do
+    attn_build "attn-${named%%:*}-32-8-128-0" "$G/kernels" 32 8 128 0 "${named#*:}" &
+  done
   IFS=';' read -ra ATTN_LIST <<<"$ATTN_CONFIGS"
   for cfg in "${ATTN_LIST[@]}"; do
     set -- $cfg
@@ -104,6 +112,12 @@ if has attention; then
   [ -f "$G/attention-old.cu" ] && { mkdir -p "$A/old" && cp "$G/attention-old.cu" "$A/old/attention.cu" && attn_build attn-old-32-8-128-0 "$A/old" 32 8 128 0 & }
   wait
   grep -h -A2 "for paged_attention" "$A"/attn-32-8-128-0.build.log "$A"/attn-16-2-128-0.build.log 2>/dev/null | grep -E "Used|spill" | tee -a "$SUMMARY"
+  for named in "${ATTN_VARIANT_LIST[@]}"; do
+    name="attn-${named%%:*}-32-8-128-0"
+    grep -h -A2 "for paged_attention" "$A/$name.build.log" | grep -E "Used|spill" | sed "s/^/$name /" | tee -a "$SUMMARY"
+    "$A/$name" test >"$A/test-$name.log" 2>&1
+    note "attention test $name: rc=$? $(grep -h '^RESULT' "$A/test-$name.log")"
+  done
   fails=0
   for cfg in "${ATTN_LIST[@]}"; do
     set -- $cfg
@@ -116,7 +130,7 @@ if has attention; then
     timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$A/$name" test >"$A/sanitizer-$name.log" 2>&1
     note "compute-sanitizer memcheck $name: rc=$? $(grep -E 'ERROR SUMMARY' "$A/sanitizer-$name.log" | tail -1)"
   done
-  for name in attn-32-8-128-0 attn-old-32-8-128-0 attn-64-8-128-0; do
+  for name in attn-32-8-128-0 attn-old-32-8-128-0 $(for named in "${ATTN_VARIANT_LIST[@]}"; do echo "attn-${named%%:*}-32-8-128-0"; done) attn-64-8-128-0; do
     [ -x "$A/$name" ] || continue
     timeout 240 "$A/$name" bench >"$A/bench-$name.log" 2>&1
     note "attention bench $name: rc=$?"

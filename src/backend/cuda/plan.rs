@@ -171,10 +171,12 @@ pub const GRAPH_SPLIT_CONTEXT: usize = 16_384;
 /// The most split-K partitions per token of one attention launch (grid z and the stride of the
 /// partial buffers) for `num_tokens` query tokens of `kv_heads` KV heads whose longest context is
 /// `max_context`, given room for `budget` (token, split) partial results and a device that runs
-/// `resident_blocks` attention blocks at once (SMs × the kernel's blocks per SM): the splits that
-/// come nearest to one wave of blocks, no more than the context needs. One wave of long
-/// partitions beat four waves of short ones for batches up to 64 (batch 1 at 32k context: 77%
-/// of copy bandwidth against 59%, `docs/benchmarks.md`). Each token then uses
+/// `resident_blocks` attention blocks at once (SMs × the kernel's blocks per SM): the most splits
+/// whose blocks still fit one wave, no more than the context needs. One wave of long partitions
+/// beat four waves of short ones for batches up to 64 (batch 1 at 32k context: 77% of copy
+/// bandwidth against 59%), and a launch a few blocks past one wave runs those blocks' whole
+/// partitions in a second (batch 2 at 32k: 17 splits, 272 blocks on 264 slots, 59%;
+/// `docs/benchmarks.md`). Each token then uses
 /// `min(bound, ceil(context / MIN_PARTITION))` partitions (see `kernels/attention.cu`).
 pub fn split_bound(
     num_tokens: usize,
@@ -186,7 +188,7 @@ pub fn split_bound(
     let wanted = max_context.div_ceil(MIN_PARTITION).max(1);
     let room = (budget / num_tokens.max(1)).max(1);
     let per_split = num_tokens.max(1) * kv_heads.max(1);
-    let fill = ((resident_blocks + per_split / 2) / per_split).max(1);
+    let fill = (resident_blocks / per_split).max(1);
     wanted.min(room).min(fill)
 }
 
@@ -404,10 +406,23 @@ mod tests {
         assert_eq!(split_bound(1, 8, 32_768, 4096, resident), 33);
         assert_eq!(split_bound(8, 8, 20, 4096, resident), 1);
         // A small batch splits even a moderate context; from 33 rows of 8 KV heads the batch
-        // alone comes nearest to a wave.
+        // alone fills a wave.
         assert_eq!(split_bound(1, 8, 200, 4096, resident), 7);
         assert_eq!(split_bound(16, 8, 4096, 4096, resident), 2);
         assert_eq!(split_bound(33, 8, 4096, 4096, resident), 1);
+        // Never a few blocks past one wave: 2 rows take 16 splits (256 blocks), not 17 (272).
+        for tokens in 1..=33 {
+            let bound = split_bound(tokens, 8, 32_768, 8192, resident);
+            assert!(
+                tokens * 8 * bound <= resident,
+                "{tokens} rows: {bound} splits"
+            );
+            assert!(
+                tokens * 8 * (bound + 1) > resident,
+                "{tokens} rows: {bound} splits"
+            );
+        }
+        assert_eq!(split_bound(2, 8, 32_768, 8192, resident), 16);
         assert_eq!(split_bound(1024, 8, 8192, 8192, resident), 1);
         // A device that runs no block reported still splits as if it ran one.
         assert_eq!(split_bound(1, 8, 8192, 4096, 0), 1);
