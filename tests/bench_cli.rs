@@ -38,6 +38,12 @@ fn offline_bench_runs_every_request_and_reports_the_engine_steps() {
     assert_eq!(report["requests"], 10, "{report}");
     assert_eq!(report["failed"], 0, "{report}");
     assert_eq!(report["total_output_tokens"], 60, "{report}");
+    // An offline run is a batch job: no stall limit unless asked for.
+    assert_eq!(report["itl_stall_limit"], 0.0, "{report}");
+    assert!(
+        stdout.contains("ITL stall limit           none"),
+        "{stdout}"
+    );
     // At most four requests in a step, one token each: at least 15 steps; every step samples a
     // token for some request (an 8-token prompt is never cut into chunks): at most 60.
     let steps = report["engine_steps"].as_u64().expect("steps reported");
