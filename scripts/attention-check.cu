@@ -7,7 +7,7 @@
 //                                 included), shuffled block tables, several split bounds; exits 1
 //                                 on a mismatch. SEED defaults to a fresh random one (printed).
 //   attention-check bench [TARGET] device copy bandwidth, then K/V read bandwidth of the kernel
-//                                 pair for batch 1/16/64/256 at contexts 1k/4k/16k/32k (every
+//                                 pair for batches 1 to 256 at contexts 1k/4k/16k/32k (every
 //                                 token at the full context, the split bound chosen as the
 //                                 backend's plan::split_bound does, for TARGET blocks per launch
 //                                 when given, else one wave; several cache copies cycled so

@@ -12,7 +12,8 @@
 # nvcc from .gpu/kernels and .gpu/attention-check.cu: tests on fresh random data for every head
 # configuration below, compute-sanitizer memcheck, and the K/V read bandwidth benchmark; with
 # .gpu/attention-old.cu present, the same benchmark of that kernel for comparison; ATTN_TARGETS="N
-# ..." benches the 8B heads again with N blocks per launch as the split target), gemv (the
+# ..." benches the 8B heads again with N blocks per launch as the split target; ATTN_VARIANTS="NAME:DEFINES;..."
+# builds, tests and benches them with other defines), gemv (the
 # small-M product kernels alone against cuBLASLt, .gpu/gemv-check.cu), prefillattn (the tensor-core
 # prefill-attention kernel alone, .gpu/prefill-check.cu: tests, memcheck, FLOP rate), sealedstart (issue 10:
 # start-up to first token of the 8B-shaped weights, plaintext then a sealed copy with a key file,
