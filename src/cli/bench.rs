@@ -102,8 +102,8 @@ struct OfflineArgs {
     #[arg(long)]
     max_batched_tokens: Option<usize>,
     /// The engine's `itl_stall_limit` (a step carrying prompt chunks takes at most this many
-    /// decode steps' time while sequences decode; 1.0 or less: no limit). Default for an offline
-    /// run: no limit (`OFFLINE_ITL_STALL_LIMIT`); pass 1.5 to measure the serving default.
+    /// decode steps' time while sequences decode; 1.0 or less: no limit). Default: no limit (an
+    /// offline run is a batch job; no client waits on a stream); 1.5 is the serving default.
     #[arg(long)]
     itl_stall_limit: Option<f64>,
     /// Run every decode step eagerly instead of replaying CUDA graphs (for A/B comparisons).
