@@ -6,11 +6,13 @@
 //                                 reference: tokens of several context lengths (a padding token
 //                                 included), shuffled block tables, several split bounds; exits 1
 //                                 on a mismatch. SEED defaults to a fresh random one (printed).
-//   attention-check bench [TARGET] device copy bandwidth, then K/V read bandwidth of the kernel
+//   attention-check bench [TARGET [BATCH [CONTEXT]]]
+//                                 device copy bandwidth, then K/V read bandwidth of the kernel
 //                                 pair for batches 1 to 256 at contexts 1k/4k/16k/32k (every
 //                                 token at the full context, the split bound chosen as the
 //                                 backend's plan::split_bound does, for TARGET blocks per launch
-//                                 when given, else one wave; several cache copies cycled so
+//                                 when given and above 0, else one wave; only BATCH rows and
+//                                 CONTEXT positions when given; several cache copies cycled so
 //                                 no launch reads from L2 what the previous one left there),
 //                                 launched eagerly and replayed from a CUDA graph with
 //                                 programmatic dependent launch (as the decode graphs run it),
@@ -211,11 +213,13 @@ static int test(uint64_t seed) {
     return failures ? 1 : 0;
 }
 
-static int bench() {
+static int bench(int only_batch, int only_context) {
     const double copy_bw = copy_bandwidth();
 
-    const std::vector<int> batches = {1, 2, 4, 6, 8, 16, 20, 64, 256};
-    const std::vector<int> contexts = {1024, 4096, 16384, 32768};
+    std::vector<int> batches = {1, 2, 4, 6, 8, 16, 20, 64, 256};
+    std::vector<int> contexts = {1024, 4096, 16384, 32768};
+    if (only_batch > 0) batches = {only_batch};
+    if (only_context > 0) contexts = {only_context};
     const size_t max_tokens = (size_t)256 * 32768;
     const size_t pool_elems = max_tokens * ROW_ELEMS;
     uint16_t *k, *v;
@@ -294,9 +298,9 @@ int main(int argc, char** argv) {
     const char* mode = argc > 1 ? argv[1] : "test";
     target_blocks = resident_blocks();
     if (!strcmp(mode, "bench")) {
-        if (argc > 2) target_blocks = atoi(argv[2]);
+        if (argc > 2 && atoi(argv[2]) > 0) target_blocks = atoi(argv[2]);
         printf("RESULT attention bench splits for %d blocks per launch\n", target_blocks);
-        return bench();
+        return bench(argc > 3 ? atoi(argv[3]) : 0, argc > 4 ? atoi(argv[4]) : 0);
     }
     const uint64_t seed = argc > 2 ? strtoull(argv[2], nullptr, 10) : std::random_device{}();
     return test(seed);

@@ -13,7 +13,7 @@
 # configuration below, compute-sanitizer memcheck, and the K/V read bandwidth benchmark; with
 # .gpu/attention-old.cu present, the same benchmark of that kernel for comparison; ATTN_TARGETS="N
 # ..." benches the 8B heads again with N blocks per launch as the split target; ATTN_VARIANTS="NAME:DEFINES;..."
-# builds, tests and benches them with other defines), gemv (the
+# builds, tests and benches them with other defines; ATTN_NCU="BATCH CONTEXT;..." profiles them), gemv (the
 # small-M product kernels alone against cuBLASLt, .gpu/gemv-check.cu), prefillattn (the tensor-core
 # prefill-attention kernel alone, .gpu/prefill-check.cu: tests, memcheck, FLOP rate), sealedstart (issue 10:
 # start-up to first token of the 8B-shaped weights, plaintext then a sealed copy with a key file,
@@ -136,6 +136,21 @@ if has attention; then
     timeout 240 "$A/$name" bench >"$A/bench-$name.log" 2>&1
     note "attention bench $name: rc=$?"
     grep -h '^RESULT' "$A/bench-$name.log" | sed "s/^/$name /" >>"$SUMMARY"
+  done
+  # ATTN_NCU="BATCH CONTEXT;...": ncu of the 8B heads' eager launches at that batch and context
+  # (kernel alone, clocks free): duration, DRAM throughput, occupancy, warp stalls, and the spread
+  # of active cycles over SMs (a wave's tail).
+  IFS=';' read -ra ATTN_NCU_LIST <<<"${ATTN_NCU:-}"
+  for spec in "${ATTN_NCU_LIST[@]}"; do
+    set -- $spec
+    timeout 200 ncu --clock-control none -k regex:"paged_attention|attention_reduce" --launch-skip 10 --launch-count 2 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section SchedulerStats \
+      --metrics sm__cycles_active.min,sm__cycles_active.max,sm__cycles_active.avg,sm__cycles_elapsed.avg \
+      "$A/attn-32-8-128-0" bench 0 "$1" "$2" >"$A/ncu-attn-$1-$2.txt" 2>&1
+    note "ncu attention batch $1 context $2: rc=$?"
+    grep -E "^  [a-z_]+\(|  Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|sm__cycles|No Eligible|Warp Cycles Per Issued|Grid Size|Waves Per SM" \
+      "$A/ncu-attn-$1-$2.txt" | sed "s/^/  /" >>"$SUMMARY"
   done
   # ATTN_TARGETS="N ...": the 8B heads' bench again with N blocks per launch as the split target.
   for target in ${ATTN_TARGETS:-}; do
