@@ -102,8 +102,10 @@ if has attention; then
       "$G/attention-check.cu" -o "$A/$1" >"$A/$1.build.log" 2>&1 || echo "BUILD FAILED $1" | tee -a "$SUMMARY"
   }
   IFS=';' read -ra ATTN_VARIANT_LIST <<<"${ATTN_VARIANTS:-}"
+  ATTN_VARIANT_NAMES=()
   for named in "${ATTN_VARIANT_LIST[@]}"; do
-    attn_build "attn-${named%%:*}-32-8-128-0" "$G/kernels" 32 8 128 0 "${named#*:}" &
+    ATTN_VARIANT_NAMES+=("attn-${named%%:*}-32-8-128-0")
+    attn_build "${ATTN_VARIANT_NAMES[-1]}" "$G/kernels" 32 8 128 0 "${named#*:}" &
   done
   IFS=';' read -ra ATTN_LIST <<<"$ATTN_CONFIGS"
   for cfg in "${ATTN_LIST[@]}"; do
@@ -113,8 +115,7 @@ if has attention; then
   [ -f "$G/attention-old.cu" ] && { mkdir -p "$A/old" && cp "$G/attention-old.cu" "$A/old/attention.cu" && attn_build attn-old-32-8-128-0 "$A/old" 32 8 128 0 & }
   wait
   grep -h -A2 "for paged_attention" "$A"/attn-32-8-128-0.build.log "$A"/attn-16-2-128-0.build.log 2>/dev/null | grep -E "Used|spill" | tee -a "$SUMMARY"
-  for named in "${ATTN_VARIANT_LIST[@]}"; do
-    name="attn-${named%%:*}-32-8-128-0"
+  for name in "${ATTN_VARIANT_NAMES[@]}"; do
     grep -h -A2 "for paged_attention" "$A/$name.build.log" | grep -E "Used|spill" | sed "s/^/$name /" | tee -a "$SUMMARY"
     "$A/$name" test >"$A/test-$name.log" 2>&1
     note "attention test $name: rc=$? $(grep -h '^RESULT' "$A/test-$name.log")"
@@ -131,7 +132,7 @@ if has attention; then
     timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$A/$name" test >"$A/sanitizer-$name.log" 2>&1
     note "compute-sanitizer memcheck $name: rc=$? $(grep -E 'ERROR SUMMARY' "$A/sanitizer-$name.log" | tail -1)"
   done
-  for name in attn-32-8-128-0 attn-old-32-8-128-0 $(for named in "${ATTN_VARIANT_LIST[@]}"; do echo "attn-${named%%:*}-32-8-128-0"; done) attn-64-8-128-0; do
+  for name in attn-32-8-128-0 attn-old-32-8-128-0 "${ATTN_VARIANT_NAMES[@]}" attn-64-8-128-0; do
     [ -x "$A/$name" ] || continue
     timeout 240 "$A/$name" bench >"$A/bench-$name.log" 2>&1
     note "attention bench $name: rc=$?"

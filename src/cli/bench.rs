@@ -15,7 +15,7 @@ use crate::backend::{self, Device};
 use crate::engine::{
     BLOCK_SIZE, Backend, BackendError, BatchRow, Engine, EngineConfig, EngineHandle, EngineStats,
     GenerationEvent, GenerationRequest, KvCacheShape, ModelInfo, SamplingParams, StepOutput,
-    StopParams,
+    StopParams, itl_stall_limit_in_force,
 };
 use crate::model::Model;
 
@@ -301,11 +301,9 @@ impl Report {
             self.input_len, self.output_len
         );
         println!("temperature               {}", self.temperature);
-        match self.itl_stall_limit {
-            Some(limit) if limit > 1.0 => {
-                println!("ITL stall limit           {limit}x a decode step")
-            }
-            Some(_) => println!("ITL stall limit           none"),
+        match self.itl_stall_limit.map(itl_stall_limit_in_force) {
+            Some(Some(limit)) => println!("ITL stall limit           {limit}x a decode step"),
+            Some(None) => println!("ITL stall limit           none"),
             None => {}
         }
         match self.rate {

@@ -13,6 +13,11 @@ pub const MAX_NUM_SEQS_CAP: usize = 256;
 /// make the scheduler preempt.
 pub const DERIVE_BLOCKS_PER_SEQ: usize = 16;
 
+/// An `itl_stall_limit` as the scheduler applies it: `None` (no limit) when it is 1.0 or less.
+pub fn itl_stall_limit_in_force(limit: f64) -> Option<f64> {
+    (limit > 1.0).then_some(limit)
+}
+
 /// The default `max_num_seqs` for a KV cache of `num_blocks` blocks when the backend's per-step
 /// buffers hold at most `backend_rows` rows (`None`: no such limit): the KV cache's blocks divided
 /// by [`DERIVE_BLOCKS_PER_SEQ`], at most [`MAX_NUM_SEQS_CAP`] and `backend_rows`, at least 1.

@@ -22,6 +22,7 @@ pub use backend::{
 };
 pub use config::{
     BLOCK_SIZE, DERIVE_BLOCKS_PER_SEQ, EngineConfig, MAX_NUM_SEQS_CAP, derive_max_num_seqs,
+    itl_stall_limit_in_force,
 };
 pub use core::{Engine, EngineError, ModelInfo};
 pub use handle::{EngineHandle, EngineStats, GenerationStream, SubmitError};

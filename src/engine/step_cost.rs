@@ -93,7 +93,8 @@ pub struct StepCosts {
     decode: [Option<DecodeSample>; BUCKETS],
     extra_seconds: f64,
     extra_tokens: f64,
-    stall_limit: f64,
+    /// `None`: no limit.
+    stall_limit: Option<f64>,
     max_tokens: usize,
     step_sizes: Vec<usize>,
 }
@@ -107,7 +108,7 @@ impl StepCosts {
             decode: [None; BUCKETS],
             extra_seconds: 0.0,
             extra_tokens: 0.0,
-            stall_limit,
+            stall_limit: super::config::itl_stall_limit_in_force(stall_limit),
             max_tokens,
             step_sizes: Vec::new(),
         }
@@ -156,9 +157,9 @@ impl StepCosts {
     /// plus the prefill tokens the stall limit allows, within the configured maximum.
     pub fn token_budget(&self, decode: DecodeLoad) -> usize {
         let rows = decode.rows;
-        if rows == 0 || self.stall_limit <= 1.0 {
+        let Some(stall_limit) = self.stall_limit.filter(|_| rows > 0) else {
             return self.max_tokens;
-        }
+        };
         let Some(measured) = self.decode[bucket(rows)] else {
             return rows;
         };
@@ -170,7 +171,7 @@ impl StepCosts {
         };
         let reference = self.reference_seconds(measured, decode);
         let allowed = if per_token > 0.0 {
-            ((self.stall_limit - 1.0) * reference / per_token).round() as usize
+            ((stall_limit - 1.0) * reference / per_token).round() as usize
         } else {
             self.max_tokens
         };
@@ -331,9 +332,9 @@ mod tests {
         assert_eq!(costs.token_budget(rows(64)), 64 + 250);
         // A looser limit allows more, never beyond the maximum.
         let mut loose = costs.clone();
-        loose.stall_limit = 3.0;
+        loose.stall_limit = Some(3.0);
         assert_eq!(loose.token_budget(rows(64)), 64 + 1000);
-        loose.stall_limit = 100.0;
+        loose.stall_limit = Some(100.0);
         assert_eq!(loose.token_budget(rows(64)), 2048);
     }
 
@@ -381,7 +382,7 @@ mod tests {
         assert_eq!(wide.token_budget(rows(100)), 100 + 250);
         // A budget beyond the largest size stands.
         let mut loose = costs.clone();
-        loose.stall_limit = 3.0;
+        loose.stall_limit = Some(3.0);
         assert_eq!(loose.token_budget(rows(64)), 64 + 1000);
         // Probes and budgets with nothing decoding are not rounded.
         assert_eq!(costs.token_budget(rows(0)), 2048);
