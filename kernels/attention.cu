@@ -6,9 +6,10 @@
 // table. The QKV kernel has already written this step's keys and values, so a prefill chunk sees
 // both earlier chunks and cached prefix blocks, and a decode token sees its whole context.
 //
-// paged_attention: grid (T, NUM_KV_HEADS, splits), ATTN_WARPS warps per block (ATTN_WARPS and
-// ATTN_MIN_PARTITION come from the host, src/backend/cuda/plan.rs). A block serves all GROUP
-// query heads of one KV head, so each key and value row is read once for the whole group.
+// paged_attention: grid (T, NUM_KV_HEADS, splits), ATTN_WARPS warps per block (ATTN_WARPS,
+// ATTN_DEPTH and ATTN_MIN_PARTITION come from the host, src/backend/cuda/plan.rs). A block serves
+// all GROUP query heads of one KV head, so each key and value row is read once for the whole
+// group.
 // Split-K over long contexts: the host fixes `splits`, the most partitions per token (grid z,
 // and the stride of the partial buffers), so a launch can be captured once in a CUDA graph and
 // replayed for any context. Each token derives its own partition from the n positions it attends
@@ -163,6 +164,78 @@ __device__ __forceinline__ void load_value_tile(const bf16* __restrict__ v_cache
     }
 }
 
+// One 16-key tile of warp_attend_mma's loop at `base`: S = Q K^T from the tile's key words kw,
+// which are then reloaded with tile `next` (when it starts before `end`), the online softmax,
+// O += P V from the value words vw, which are then reloaded with tile `next` likewise. So each
+// stage of registers is refilled as soon as its words are used.
+__device__ __forceinline__ void attend_tile(const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+                                            const int* __restrict__ table, size_t head_offset, int base,
+                                            int next, int end, int g, int t, float log2_scale,
+                                            const unsigned int (&qa)[ATTN_K_STEPS][2],
+                                            unsigned int (&kw)[2][ATTN_K_CHUNKS][4],
+                                            unsigned int (&vw)[4][ATTN_V_DIMS / 2], float (&o)[ATTN_V_DIMS][2],
+                                            float& m, float& l) {
+    // S: s[j][e] is the score of head g for key base + 8j + 2t + e.
+    float s[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        s[j][0] = s[j][1] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < ATTN_K_STEPS; ++k) {
+            mma_bf16_upper(s[j], qa[k][0], qa[k][1], kw[j][k / 2][2 * (k & 1)], kw[j][k / 2][2 * (k & 1) + 1]);
+        }
+    }
+    const bool more = next < end;
+    if (more) load_key_tile(k_cache, table, head_offset, next, end, g, t, kw);
+    if (base + ATTN_TILE > end) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                if (base + 8 * j + 2 * t + e >= end) s[j][e] = -INFINITY;
+            }
+        }
+    }
+    // A tile holds at least one valid key, so the maximum is finite.
+    float top = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+    top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
+    top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
+    if (__any_sync(0xffffffffu, top > m)) {
+        const float raised = fmaxf(m, top);
+        const float alpha = exp2f((m - raised) * log2_scale);  // 0 while m is -inf
+        l *= alpha;
+#pragma unroll
+        for (int n = 0; n < ATTN_V_DIMS; ++n) {
+            o[n][0] *= alpha;
+            o[n][1] *= alpha;
+        }
+        m = raised;
+    }
+    const float shift = -m * log2_scale;
+    float p[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            p[j][e] = exp2f(fmaf(s[j][e], log2_scale, shift));
+            l += p[j][e];
+        }
+    }
+    const unsigned int pa_lo = pack_bf16x2(p[0][0], p[0][1]);
+    const unsigned int pa_hi = pack_bf16x2(p[1][0], p[1][1]);
+
+    // O += P V, one 8-dimension column block per step.
+#pragma unroll
+    for (int n = 0; n < ATTN_V_DIMS; ++n) {
+        const int word = (n / ATTN_V_VEC) * (ATTN_V_VEC / 2) + (n % ATTN_V_VEC) / 2;
+        const unsigned int select = (n & 1) ? 0x7632 : 0x5410;
+        const unsigned int b0 = __byte_perm(vw[0][word], vw[1][word], select);
+        const unsigned int b1 = __byte_perm(vw[2][word], vw[3][word], select);
+        mma_bf16_upper(o[n], pa_lo, pa_hi, b0, b1);
+    }
+    if (more) load_value_tile(v_cache, table, head_offset, next, end, g, t, vw);
+}
+
 // One warp's share of keys [begin, end) on tensor cores, ATTN_TILE keys at a time; writes the
 // warp's unnormalised result (max in the log2 domain, sum, acc) per query head of the group.
 //
@@ -177,6 +250,9 @@ __device__ __forceinline__ void load_value_tile(const bf16* __restrict__ v_cache
 // each ATTN_V_VEC * 8 dimensions, and pairs them with byte permutes. The output's dimensions
 // follow that order (see `value_dim`). Online softmax per head over the raw scores, the scale
 // folded into each exp2's argument; the accumulators are rescaled only when a maximum moved.
+// The warp keeps ATTN_DEPTH tiles' key and value words in flight (stages of registers, refilled
+// by attend_tile as soon as they are used), so its first loads and every later one overlap the
+// products of the tiles before them.
 __device__ __forceinline__ void warp_attend_mma(const bf16* __restrict__ q_group,
                                                 const bf16* __restrict__ k_cache,
                                                 const bf16* __restrict__ v_cache,
@@ -189,20 +265,29 @@ __device__ __forceinline__ void warp_attend_mma(const bf16* __restrict__ q_group
     const int t = lane & 3;
     const float log2_scale = scale * LOG2E;
     const size_t head_offset = (size_t)kvh * HEAD_DIM;
-    // The first tile's keys and values below `stable_end` were written by earlier steps: they are
+    const int stride = ATTN_WARPS * ATTN_TILE;
+    // The first tiles' keys and values below `stable_end` were written by earlier steps: they are
     // loaded before the wait for the previous kernel (which writes this step's keys and values),
     // so their latency overlaps its tail; a tile reaching past `stable_end` is loaded again after.
-    unsigned int kw[2][ATTN_K_CHUNKS][4];
-    unsigned int vw[4][ATTN_V_DIMS / 2];
-    int base = begin + warp * ATTN_TILE;
-    if (base < end) {
-        load_key_tile(k_cache, table, head_offset, base, min(end, stable_end), g, t, kw);
-        load_value_tile(v_cache, table, head_offset, base, min(end, stable_end), g, t, vw);
+    unsigned int kw[ATTN_DEPTH][2][ATTN_K_CHUNKS][4];
+    unsigned int vw[ATTN_DEPTH][4][ATTN_V_DIMS / 2];
+    const int first_base = begin + warp * ATTN_TILE;
+#pragma unroll
+    for (int stage = 0; stage < ATTN_DEPTH; ++stage) {
+        const int base = first_base + stage * stride;
+        if (base < end) {
+            load_key_tile(k_cache, table, head_offset, base, min(end, stable_end), g, t, kw[stage]);
+            load_value_tile(v_cache, table, head_offset, base, min(end, stable_end), g, t, vw[stage]);
+        }
     }
     await_previous_kernels();
-    if (base < end && base + ATTN_TILE > stable_end) {
-        load_key_tile(k_cache, table, head_offset, base, end, g, t, kw);
-        load_value_tile(v_cache, table, head_offset, base, end, g, t, vw);
+#pragma unroll
+    for (int stage = 0; stage < ATTN_DEPTH; ++stage) {
+        const int base = first_base + stage * stride;
+        if (base < end && base + ATTN_TILE > stable_end) {
+            load_key_tile(k_cache, table, head_offset, base, end, g, t, kw[stage]);
+            load_value_tile(v_cache, table, head_offset, base, end, g, t, vw[stage]);
+        }
     }
 
     // Q as A fragments: k-step 2c takes words x and y of chunk c, k-step 2c+1 words z and w.
@@ -223,69 +308,16 @@ __device__ __forceinline__ void warp_attend_mma(const bf16* __restrict__ q_group
     float m = -INFINITY;  // of the raw scores of head g
     float l = 0.0f;       // this lane's keys only; the four lanes of a head add up at the end
 
-    // Tile `base + stride` is loaded while tile `base` is used: its keys once the scores are
-    // computed, its values once they are summed.
-    const int stride = ATTN_WARPS * ATTN_TILE;
-    for (; base < end; base += stride) {
-        // S: s[j][e] is the score of head g for key base + 8j + 2t + e.
-        float s[2][2];
+    // Stage s holds tile base + s * stride; once used it is refilled with the tile ATTN_DEPTH
+    // strides on.
+    for (int base = first_base; base < end; base += ATTN_DEPTH * stride) {
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            s[j][0] = s[j][1] = 0.0f;
-#pragma unroll
-            for (int k = 0; k < ATTN_K_STEPS; ++k) {
-                mma_bf16_upper(s[j], qa[k][0], qa[k][1], kw[j][k / 2][2 * (k & 1)], kw[j][k / 2][2 * (k & 1) + 1]);
-            }
+        for (int stage = 0; stage < ATTN_DEPTH; ++stage) {
+            const int tile = base + stage * stride;
+            if (tile >= end) break;
+            attend_tile(k_cache, v_cache, table, head_offset, tile, tile + ATTN_DEPTH * stride, end, g, t,
+                        log2_scale, qa, kw[stage], vw[stage], o, m, l);
         }
-        const bool more = base + stride < end;
-        if (more) load_key_tile(k_cache, table, head_offset, base + stride, end, g, t, kw);
-        if (base + ATTN_TILE > end) {
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    if (base + 8 * j + 2 * t + e >= end) s[j][e] = -INFINITY;
-                }
-            }
-        }
-        // A tile holds at least one valid key, so the maximum is finite.
-        float top = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
-        top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
-        top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
-        if (__any_sync(0xffffffffu, top > m)) {
-            const float next = fmaxf(m, top);
-            const float alpha = exp2f((m - next) * log2_scale);  // 0 while m is -inf
-            l *= alpha;
-#pragma unroll
-            for (int n = 0; n < ATTN_V_DIMS; ++n) {
-                o[n][0] *= alpha;
-                o[n][1] *= alpha;
-            }
-            m = next;
-        }
-        const float shift = -m * log2_scale;
-        float p[2][2];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                p[j][e] = exp2f(fmaf(s[j][e], log2_scale, shift));
-                l += p[j][e];
-            }
-        }
-        const unsigned int pa_lo = pack_bf16x2(p[0][0], p[0][1]);
-        const unsigned int pa_hi = pack_bf16x2(p[1][0], p[1][1]);
-
-        // O += P V, one 8-dimension column block per step.
-#pragma unroll
-        for (int n = 0; n < ATTN_V_DIMS; ++n) {
-            const int word = (n / ATTN_V_VEC) * (ATTN_V_VEC / 2) + (n % ATTN_V_VEC) / 2;
-            const unsigned int select = (n & 1) ? 0x7632 : 0x5410;
-            const unsigned int b0 = __byte_perm(vw[0][word], vw[1][word], select);
-            const unsigned int b1 = __byte_perm(vw[2][word], vw[3][word], select);
-            mma_bf16_upper(o[n], pa_lo, pa_hi, b0, b1);
-        }
-        if (more) load_value_tile(v_cache, table, head_offset, base + stride, end, g, t, vw);
     }
 
     l += __shfl_xor_sync(0xffffffffu, l, 1);

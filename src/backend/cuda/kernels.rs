@@ -217,6 +217,7 @@ impl KernelParams {
             ("MAX_TOP_LOGPROBS", MAX_TOP_LOGPROBS),
             ("SAMPLE_PARAMS", SAMPLE_PARAMS),
             ("ATTN_WARPS", super::plan::ATTN_WARPS),
+            ("ATTN_DEPTH", super::plan::ATTN_DEPTH),
             ("ATTN_MIN_PARTITION", super::plan::MIN_PARTITION),
             ("ATTN_REDUCE_THREADS", super::plan::ATTN_REDUCE_THREADS),
             ("ATTN_MERGE_SPLITS", super::plan::ATTN_MERGE_SPLITS),
@@ -384,6 +385,7 @@ mod tests {
             "#define RMS_EPS 1e-5f\n",
             "#define QK_NORM 0\n",
             &format!("#define ATTN_WARPS {}\n", super::super::plan::ATTN_WARPS),
+            &format!("#define ATTN_DEPTH {}\n", super::super::plan::ATTN_DEPTH),
             &format!(
                 "#define ATTN_MIN_PARTITION {}\n",
                 super::super::plan::MIN_PARTITION
