@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::result as drv;
 use cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaContext, CudaFunction, CudaGraph, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaGraph, CudaStream, DriverError};
 use indicatif::ProgressBar;
 
 use crate::backend::BackendPhases;
@@ -29,6 +29,11 @@ use super::inputs::{
     pack_step_with_late_masks,
 };
 use super::kernels::{self, KernelParams, SAMPLE_STRIDE};
+use super::launch::{
+    AddRmsnorm, AttentionReduce, Bf16, DevicePtr, EmbeddingGather, Gemv, GemvQkvRope, GemvSwiglu,
+    Kernel, KernelArgs, LaunchShape, PagedAttention, PrefillAttention, QkvRopeWrite, SampleTokens,
+    Swiglu,
+};
 use super::memory::DeviceBuffer;
 use super::plan;
 use super::probe::{self, CudaUnavailable};
@@ -162,10 +167,7 @@ impl LoadedKernels {
             // Above the default 48 KiB a block must opt in to its dynamic shared memory.
             kernels
                 .prefill_attention
-                .set_attribute(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    i32::try_from(params.flash.shared_bytes).unwrap_or(i32::MAX),
-                )
+                .allow_dynamic_shared(params.flash.shared_bytes)
                 .map_err(|e| {
                     CudaInitError::Device(format!("prefill attention shared memory: {e}"))
                 })?;
@@ -176,19 +178,14 @@ impl LoadedKernels {
             if shared == 0 {
                 continue;
             }
-            for f in [
-                &kernels.gemv[m - 1],
-                &kernels.gemv_swiglu[m - 1],
-                &kernels.gemv_qkv_rope[m - 1],
-            ] {
-                f.set_attribute(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    i32::try_from(shared).unwrap_or(i32::MAX),
-                )
-                .map_err(|e| {
+            let opted_in = |result: Result<(), DriverError>| {
+                result.map_err(|e| {
                     CudaInitError::Device(format!("small-M product shared memory: {e}"))
-                })?;
-            }
+                })
+            };
+            opted_in(kernels.gemv[m - 1].allow_dynamic_shared(shared))?;
+            opted_in(kernels.gemv_swiglu[m - 1].allow_dynamic_shared(shared))?;
+            opted_in(kernels.gemv_qkv_rope[m - 1].allow_dynamic_shared(shared))?;
         }
         Ok(Self {
             kernels,
@@ -379,55 +376,52 @@ impl std::fmt::Debug for OpenedDevice {
 
 /// The entry points the forward pass launches.
 struct Kernels {
-    embedding: CudaFunction,
-    add_rmsnorm: CudaFunction,
-    qkv_rope: CudaFunction,
-    attention: CudaFunction,
-    attention_reduce: CudaFunction,
-    prefill_attention: CudaFunction,
-    prefill_attention_small: CudaFunction,
-    swiglu: CudaFunction,
-    sample: CudaFunction,
+    embedding: Kernel<EmbeddingGather>,
+    add_rmsnorm: Kernel<AddRmsnorm>,
+    qkv_rope: Kernel<QkvRopeWrite>,
+    attention: Kernel<PagedAttention>,
+    attention_reduce: Kernel<AttentionReduce>,
+    prefill_attention: Kernel<PrefillAttention>,
+    prefill_attention_small: Kernel<PrefillAttention>,
+    swiglu: Kernel<Swiglu>,
+    sample: Kernel<SampleTokens>,
     /// `gemv[m - 1]` computes products of m rows (`kernels/gemv.cu`).
-    gemv: Vec<CudaFunction>,
+    gemv: Vec<Kernel<Gemv>>,
     /// `gemv_swiglu[m - 1]`: the gate/up product of m rows with SwiGLU applied.
-    gemv_swiglu: Vec<CudaFunction>,
+    gemv_swiglu: Vec<Kernel<GemvSwiglu>>,
     /// `gemv_qkv_rope[m - 1]`: the q/k/v product of m rows with the rope write applied.
-    gemv_qkv_rope: Vec<CudaFunction>,
+    gemv_qkv_rope: Vec<Kernel<GemvQkvRope>>,
 }
 
 impl Kernels {
     fn take(mut map: HashMap<&'static str, CudaFunction>) -> Result<Self, KernelError> {
-        let mut get = |name: &'static str| {
-            map.remove(name).ok_or_else(|| KernelError::Load {
-                kernel: name.to_string(),
-                message: "entry point missing".into(),
-            })
-        };
+        let map = &mut map;
         Ok(Self {
-            embedding: get("embedding_gather")?,
-            add_rmsnorm: get("add_rmsnorm")?,
-            qkv_rope: get("qkv_rope_write")?,
-            attention: get("paged_attention")?,
-            attention_reduce: get("attention_reduce")?,
-            prefill_attention: get("prefill_attention")?,
-            prefill_attention_small: get("prefill_attention_small")?,
-            swiglu: get("swiglu")?,
-            sample: get("sample_tokens")?,
-            gemv: kernels::GEMV_ENTRIES
-                .iter()
-                .map(|name| get(name))
-                .collect::<Result<_, _>>()?,
-            gemv_swiglu: kernels::GEMV_SWIGLU_ENTRIES
-                .iter()
-                .map(|name| get(name))
-                .collect::<Result<_, _>>()?,
-            gemv_qkv_rope: kernels::GEMV_QKV_ROPE_ENTRIES
-                .iter()
-                .map(|name| get(name))
-                .collect::<Result<_, _>>()?,
+            embedding: Kernel::take(map, "embedding_gather")?,
+            add_rmsnorm: Kernel::take(map, "add_rmsnorm")?,
+            qkv_rope: Kernel::take(map, "qkv_rope_write")?,
+            attention: Kernel::take(map, "paged_attention")?,
+            attention_reduce: Kernel::take(map, "attention_reduce")?,
+            prefill_attention: Kernel::take(map, "prefill_attention")?,
+            prefill_attention_small: Kernel::take(map, "prefill_attention_small")?,
+            swiglu: Kernel::take(map, "swiglu")?,
+            sample: Kernel::take(map, "sample_tokens")?,
+            gemv: take_each(map, &kernels::GEMV_ENTRIES)?,
+            gemv_swiglu: take_each(map, &kernels::GEMV_SWIGLU_ENTRIES)?,
+            gemv_qkv_rope: take_each(map, &kernels::GEMV_QKV_ROPE_ENTRIES)?,
         })
     }
+}
+
+/// The entry points `entries`, in order, out of the loaded `map`.
+fn take_each<A: KernelArgs>(
+    map: &mut HashMap<&'static str, CudaFunction>,
+    entries: &[&'static str],
+) -> Result<Vec<Kernel<A>>, KernelError> {
+    entries
+        .iter()
+        .map(|entry| Kernel::take(map, entry))
+        .collect()
 }
 
 /// What `CudaBackend::choose_small_m_products` times with a product: the product alone, or with
@@ -435,7 +429,7 @@ impl Kernels {
 #[derive(Debug, Clone, Copy)]
 enum TimedProduct {
     /// The product alone, into `out`.
-    Plain { out: u64 },
+    Plain { out: DevicePtr<f32> },
     /// The gate/up product and SwiGLU.
     GateUpSwiglu,
     /// The q/k/v product and the rope write.
@@ -486,8 +480,8 @@ fn product_choice_store(
 /// to `max_m`, on each of `weights` (one per layer) in turn.
 struct TimedShape {
     what: TimedProduct,
-    x: u64,
-    weights: Vec<u64>,
+    x: DevicePtr<Bf16>,
+    weights: Vec<DevicePtr<Bf16>>,
     n: usize,
     k: usize,
     max_m: usize,
@@ -512,16 +506,6 @@ struct Activations {
     logits: DeviceBuffer,
     sampled: DeviceBuffer,
     probs: DeviceBuffer,
-}
-
-/// The most arguments any kernel takes (the launch keeps their slots on the stack).
-const MAX_KERNEL_ARGS: usize = 16;
-
-/// A kernel argument: a device pointer, an int or a float.
-enum Arg {
-    Ptr(u64),
-    Int(i32),
-    Float(f32),
 }
 
 /// The CUDA backend.
@@ -580,13 +564,14 @@ impl KvCache {
     }
 
     /// The keys of `layer`.
-    fn keys(&self, layer: usize) -> u64 {
-        self.buffer.at(layer * self.layer_bytes)
+    fn keys(&self, layer: usize) -> DevicePtr<Bf16> {
+        self.buffer.device_ptr_at(layer * self.layer_bytes)
     }
 
     /// The values of `layer`.
-    fn values(&self, layer: usize) -> u64 {
-        self.buffer.at((self.layers + layer) * self.layer_bytes)
+    fn values(&self, layer: usize) -> DevicePtr<Bf16> {
+        self.buffer
+            .device_ptr_at((self.layers + layer) * self.layer_bytes)
     }
 }
 
@@ -965,7 +950,7 @@ impl CudaBackend {
         .unwrap_or(0);
         let attention_blocks_per_sm = kernels
             .attention
-            .occupancy_max_active_blocks_per_multiprocessor((plan::ATTN_WARPS * 32) as u32, 0, None)
+            .max_active_blocks_per_sm((plan::ATTN_WARPS * 32) as u32)
             .map_err(|e| CudaInitError::Device(format!("decode attention occupancy: {e}")))?;
         let limits = StepLimits {
             max_tokens,
@@ -1242,97 +1227,24 @@ impl CudaBackend {
         self.gemm.planned_shapes()
     }
 
-    fn launch(
+    /// Queues `kernel` on the backend's stream in `shape` with `args`, with programmatic
+    /// dependent launch where the backend uses it ([`Kernel::launch`]).
+    fn launch<A: KernelArgs>(
         &self,
-        f: &CudaFunction,
-        grid: (u32, u32, u32),
-        block: u32,
-        args: &[Arg],
+        kernel: &Kernel<A>,
+        shape: LaunchShape,
+        args: A,
     ) -> Result<(), BackendError> {
-        self.launch_with_shared(f, grid, block, 0, args)
-    }
-
-    /// [`Self::launch`] with `shared_bytes` of dynamic shared memory per block (the kernel opted
-    /// in at load where that is above 48 KiB).
-    fn launch_with_shared(
-        &self,
-        f: &CudaFunction,
-        grid: (u32, u32, u32),
-        block: u32,
-        shared_bytes: u32,
-        args: &[Arg],
-    ) -> Result<(), BackendError> {
-        self.ctx
-            .bind_to_thread()
-            .map_err(dev("binding the CUDA context"))?;
-        // Each argument in an 8-byte slot, as the driver reads it: pointers whole, i32 and f32 in
-        // the first four bytes. On the stack: a step launches hundreds of kernels.
-        if args.len() > MAX_KERNEL_ARGS {
-            return Err(BackendError::Device(format!(
-                "a kernel launch with {} arguments (at most {MAX_KERNEL_ARGS})",
-                args.len()
-            )));
-        }
-        let mut slots = [[0u8; 8]; MAX_KERNEL_ARGS];
-        for (slot, arg) in slots.iter_mut().zip(args) {
-            match arg {
-                Arg::Ptr(p) => *slot = p.to_ne_bytes(),
-                Arg::Int(i) => slot[..4].copy_from_slice(&i.to_ne_bytes()),
-                Arg::Float(x) => slot[..4].copy_from_slice(&x.to_ne_bytes()),
-            }
-        }
-        let mut params = [std::ptr::null_mut::<std::ffi::c_void>(); MAX_KERNEL_ARGS];
-        for (param, slot) in params.iter_mut().zip(slots.iter_mut()) {
-            *param = slot.as_mut_ptr().cast();
-        }
-        // The kernel may be scheduled while the previous kernel in the stream finishes: every
-        // kernel waits on the device (`await_previous_kernels` in kernels/prelude.cuh) before it
-        // reads what an earlier one wrote.
-        let mut attribute = sys::CUlaunchAttribute {
-            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-            pad: [0; 4],
-            value: sys::CUlaunchAttributeValue {
-                programmaticStreamSerializationAllowed: 1,
-            },
-        };
-        let config = sys::CUlaunchConfig {
-            gridDimX: grid.0,
-            gridDimY: grid.1,
-            gridDimZ: grid.2,
-            blockDimX: block,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: shared_bytes,
-            hStream: self.stream.cu_stream(),
-            attrs: &mut attribute,
-            numAttrs: u32::from(self.programmatic),
-        };
-        // SAFETY: `f` is a live function of a module loaded in this backend's context, and the
-        // stream belongs to that context. Every kernel's parameter list matches `args` in order
-        // and type (pointers are 64-bit device addresses, ints are i32, floats f32), and `params`
-        // points at one slot per argument that outlives the call (the driver copies them before
-        // it returns). Every pointer addresses a buffer sized for the step limits that
-        // `pack_step` enforced, and every index a kernel follows was validated by `pack_step`.
-        // The attribute is read only when `numAttrs` is 1.
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &config,
-                f.cu_function(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
-        .map_err(dev("kernel launch"))
+        kernel.launch(&self.stream, self.programmatic, shape, &args)
     }
 
     /// `out[m, n] = x[m, k] · w[n, k]ᵀ` (bf16 in, fp32 out) by whichever path was measured
     /// faster for the shape at start-up.
     fn matmul(
         &mut self,
-        x: u64,
-        w: u64,
-        out: u64,
+        x: DevicePtr<Bf16>,
+        w: DevicePtr<Bf16>,
+        out: DevicePtr<f32>,
         dims: (usize, usize, usize),
     ) -> Result<(), BackendError> {
         self.product(self.takes_small_m(x, w, dims), (x, w, out), dims)
@@ -1340,28 +1252,26 @@ impl CudaBackend {
 
     /// Whether the product `x[m, k] · w[n, k]ᵀ` goes to the small-M kernels: measured faster
     /// for the shape at start-up, and x and w 16-byte aligned.
-    fn takes_small_m(&self, x: u64, w: u64, dims: (usize, usize, usize)) -> bool {
-        (x | w).is_multiple_of(16) && self.gemm.uses_small_m(dims)
+    fn takes_small_m(
+        &self,
+        x: DevicePtr<Bf16>,
+        w: DevicePtr<Bf16>,
+        dims: (usize, usize, usize),
+    ) -> bool {
+        (x.addr() | w.addr()).is_multiple_of(16) && self.gemm.uses_small_m(dims)
     }
 
-    /// A small-M entry `f` for `m` rows of x over a product of `n` weight rows, in the geometry
-    /// of its path (`plan::gemv_geometry`): one block per `rows` weight rows (the fused entries'
-    /// widths are whole numbers of blocks, `plan::swiglu_fuses` and `plan::rope_write_fuses`).
-    fn launch_small_m(
-        &self,
-        f: &CudaFunction,
-        m: usize,
-        n: usize,
-        args: &[Arg],
-    ) -> Result<(), BackendError> {
+    /// The launch of a small-M entry for `m` rows of x over a product of `n` weight rows, in the
+    /// geometry of its path (`plan::gemv_geometry`): one block per `rows` weight rows (the fused
+    /// entries' widths are whole numbers of blocks, `plan::swiglu_fuses` and
+    /// `plan::rope_write_fuses`).
+    fn small_m_shape(&self, m: usize, n: usize) -> Result<LaunchShape, BackendError> {
         let geometry = self.params.gemv_geometry(m);
-        self.launch_with_shared(
-            f,
+        Ok(LaunchShape::new(
             (to_u32(n.div_ceil(geometry.rows), "product rows")?, 1, 1),
             geometry.threads as u32,
-            geometry.shared_bytes as u32,
-            args,
         )
+        .with_shared(geometry.shared_bytes as u32))
     }
 
     /// One product by the small-M kernel (`small_m`, which `plan::small_m_fits` must allow and
@@ -1369,25 +1279,25 @@ impl CudaBackend {
     fn product(
         &mut self,
         small_m: bool,
-        (x, w, out): (u64, u64, u64),
+        (x, w, out): (DevicePtr<Bf16>, DevicePtr<Bf16>, DevicePtr<f32>),
         (m, n, k): (usize, usize, usize),
     ) -> Result<(), BackendError> {
         if small_m {
-            return self.launch_small_m(
+            return self.launch(
                 &self.kernels.gemv[m - 1],
-                m,
-                n,
-                &[
-                    Arg::Ptr(x),
-                    Arg::Ptr(w),
-                    Arg::Ptr(out),
-                    Arg::Int(to_u32(n, "product rows")? as i32),
-                    Arg::Int(to_u32(k, "product depth")? as i32),
-                ],
+                self.small_m_shape(m, n)?,
+                Gemv {
+                    x,
+                    w,
+                    out,
+                    n: to_u32(n, "product rows")? as i32,
+                    k: to_u32(k, "product depth")? as i32,
+                },
             );
         }
         let stream = self.stream.cu_stream() as cudarc::cublaslt::sys::cudaStream_t;
-        self.gemm.matmul(stream, (x, w, out), (m, n, k))
+        self.gemm
+            .matmul(stream, (x.addr(), w.addr(), out.addr()), (m, n, k))
     }
 
     /// Times the small-M kernels against cuBLASLt for every product shape of a decode step of
@@ -1410,28 +1320,28 @@ impl CudaBackend {
         let qkv_n = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim;
         let q_width = p.num_q_heads * p.head_dim;
         let layers = &self.weights.layers;
-        let per_layer = |f: fn(&LayerWeights) -> u64| layers.iter().map(f).collect::<Vec<u64>>();
+        let per_layer = |f: fn(&LayerWeights) -> DevicePtr<Bf16>| layers.iter().map(f).collect();
         let (normed, attn, mlp) = (
-            self.act.normed.ptr(),
-            self.act.attn.ptr(),
-            self.act.mlp.ptr(),
+            self.act.normed.device_ptr(),
+            self.act.attn.device_ptr(),
+            self.act.mlp.device_ptr(),
         );
         let max_m = self.limits.max_tokens;
         let products = vec![
             TimedShape {
                 what: TimedProduct::QkvRopeWrite,
                 x: normed,
-                weights: per_layer(|w| w.qkv.ptr()),
+                weights: per_layer(|w| w.qkv.device_ptr()),
                 n: qkv_n,
                 k: p.hidden,
                 max_m: max_tokens,
             },
             TimedShape {
                 what: TimedProduct::Plain {
-                    out: self.act.delta.ptr(),
+                    out: self.act.delta.device_ptr(),
                 },
                 x: attn,
-                weights: per_layer(|w| w.o_proj.ptr()),
+                weights: per_layer(|w| w.o_proj.device_ptr()),
                 n: p.hidden,
                 k: q_width,
                 max_m,
@@ -1439,27 +1349,27 @@ impl CudaBackend {
             TimedShape {
                 what: TimedProduct::GateUpSwiglu,
                 x: normed,
-                weights: per_layer(|w| w.gate_up.ptr()),
+                weights: per_layer(|w| w.gate_up.device_ptr()),
                 n: 2 * p.intermediate,
                 k: p.hidden,
                 max_m,
             },
             TimedShape {
                 what: TimedProduct::Plain {
-                    out: self.act.delta.ptr(),
+                    out: self.act.delta.device_ptr(),
                 },
                 x: mlp,
-                weights: per_layer(|w| w.down.ptr()),
+                weights: per_layer(|w| w.down.device_ptr()),
                 n: p.hidden,
                 k: p.intermediate,
                 max_m,
             },
             TimedShape {
                 what: TimedProduct::Plain {
-                    out: self.act.logits.ptr(),
+                    out: self.act.logits.device_ptr(),
                 },
                 x: normed,
-                weights: vec![self.weights.lm_head_ptr()],
+                weights: vec![DevicePtr::new(self.weights.lm_head_ptr())],
                 n: p.vocab,
                 k: p.hidden,
                 max_m: self.limits.max_rows,
@@ -1485,7 +1395,9 @@ impl CudaBackend {
         {
             for m in 1..=plan::GEMV_MAX_M.min(max_m) {
                 let fits = plan::small_m_fits(m, n, k)
-                    && weights.iter().all(|w| (w | x).is_multiple_of(16));
+                    && weights
+                        .iter()
+                        .all(|w| (w.addr() | x.addr()).is_multiple_of(16));
                 if !fits || !measure {
                     self.gemm.record_small_m((m, n, k), fits);
                     continue;
@@ -1592,41 +1504,43 @@ impl CudaBackend {
             );
             // The tiles that need the full geometry, then the small ones (packed last) in the
             // small-tile variant; one split count for both, so one reduction merges them.
-            let args = |first_tile: usize| {
-                [
-                    Arg::Ptr(self.act.q.ptr()),
-                    Arg::Ptr(self.kv.keys(layer)),
-                    Arg::Ptr(self.kv.values(layer)),
-                    self.input(layout.block_tables()),
-                    self.input(layout.max_blocks_word()),
-                    self.input(layout.token_rows()),
-                    self.input(layout.positions()),
-                    self.input(layout.tiles() + 2 * first_tile),
-                    Arg::Float(scale),
-                    Arg::Int(splits as i32),
-                    Arg::Ptr(self.act.attn.ptr()),
-                    Arg::Ptr(self.act.part_acc.ptr()),
-                    Arg::Ptr(self.act.part_ml.ptr()),
-                ]
+            let args = |first_tile: usize| PrefillAttention {
+                q: self.act.q.device_ptr(),
+                k_cache: self.kv.keys(layer),
+                v_cache: self.kv.values(layer),
+                block_tables: self.input(layout.block_tables()),
+                max_blocks_word: self.input(layout.max_blocks_word()),
+                token_row: self.input(layout.token_rows()),
+                positions: self.input(layout.positions()),
+                tiles: self.input(layout.tiles() + 2 * first_tile),
+                scale,
+                splits: splits as i32,
+                out: self.act.attn.device_ptr(),
+                part_acc: self.act.part_acc.device_ptr(),
+                part_ml: self.act.part_ml.device_ptr(),
             };
             let big = layout.num_tiles - layout.num_small_tiles;
             let kv_heads = to_u32(p.num_kv_heads, "kv heads")?;
             let z = to_u32(splits, "splits")?;
             if big > 0 {
-                self.launch_with_shared(
+                self.launch(
                     &self.kernels.prefill_attention,
-                    (to_u32(big, "tiles")?, kv_heads, z),
-                    to_u32(p.flash.threads(), "threads")?,
-                    to_u32(p.flash.shared_bytes, "shared bytes")?,
-                    &args(0),
+                    LaunchShape::new(
+                        (to_u32(big, "tiles")?, kv_heads, z),
+                        to_u32(p.flash.threads(), "threads")?,
+                    )
+                    .with_shared(to_u32(p.flash.shared_bytes, "shared bytes")?),
+                    args(0),
                 )?;
             }
             if layout.num_small_tiles > 0 {
                 self.launch(
                     &self.kernels.prefill_attention_small,
-                    (to_u32(layout.num_small_tiles, "tiles")?, kv_heads, z),
-                    to_u32(plan::SMALL_FLASH.threads(), "threads")?,
-                    &args(big),
+                    LaunchShape::new(
+                        (to_u32(layout.num_small_tiles, "tiles")?, kv_heads, z),
+                        to_u32(plan::SMALL_FLASH.threads(), "threads")?,
+                    ),
+                    args(big),
                 )?;
             }
             return if splits > 1 {
@@ -1637,27 +1551,29 @@ impl CudaBackend {
         }
         self.launch(
             &self.kernels.attention,
-            (
-                t32,
-                to_u32(p.num_kv_heads, "kv heads")?,
-                to_u32(splits, "splits")?,
+            LaunchShape::new(
+                (
+                    t32,
+                    to_u32(p.num_kv_heads, "kv heads")?,
+                    to_u32(splits, "splits")?,
+                ),
+                (plan::ATTN_WARPS * 32) as u32,
             ),
-            (plan::ATTN_WARPS * 32) as u32,
-            &[
-                Arg::Ptr(self.act.q.ptr()),
-                Arg::Ptr(self.kv.keys(layer)),
-                Arg::Ptr(self.kv.values(layer)),
-                self.input(layout.block_tables()),
-                self.input(layout.max_blocks_word()),
-                self.input(layout.token_rows()),
-                self.input(layout.positions()),
-                Arg::Ptr(self.act.part_acc.ptr()),
-                Arg::Ptr(self.act.part_ml.ptr()),
-                Arg::Ptr(self.act.merge_counts.ptr()),
-                Arg::Int(splits as i32),
-                Arg::Float(scale),
-                Arg::Ptr(self.act.attn.ptr()),
-            ],
+            PagedAttention {
+                q: self.act.q.device_ptr(),
+                k_cache: self.kv.keys(layer),
+                v_cache: self.kv.values(layer),
+                block_tables: self.input(layout.block_tables()),
+                max_blocks_word: self.input(layout.max_blocks_word()),
+                token_row: self.input(layout.token_rows()),
+                positions: self.input(layout.positions()),
+                part_acc: self.act.part_acc.device_ptr(),
+                part_ml: self.act.part_ml.device_ptr(),
+                merge_counts: self.act.merge_counts.device_ptr(),
+                splits: splits as i32,
+                scale,
+                out: self.act.attn.device_ptr(),
+            },
         )?;
         // With one partition per token, or few, the kernel wrote the output itself.
         if splits > plan::ATTN_MERGE_SPLITS {
@@ -1667,9 +1583,9 @@ impl CudaBackend {
         }
     }
 
-    /// A kernel argument pointing at word `offset` of the step's packed inputs.
-    fn input(&self, offset: usize) -> Arg {
-        Arg::Ptr(self.act.inputs.ptr() + (offset * 4) as u64)
+    /// Word `offset` of the step's packed inputs on the device.
+    fn input(&self, offset: usize) -> DevicePtr<i32> {
+        self.act.inputs.device_ptr_at(offset * 4)
     }
 
     /// Merges the split partial results of one attention launch into `act.attn`: each token's
@@ -1682,20 +1598,22 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         self.launch(
             &self.kernels.attention_reduce,
-            (
-                to_u32(layout.num_tokens, "tokens")?,
-                to_u32(self.params.num_q_heads, "q heads")?,
-                1,
+            LaunchShape::new(
+                (
+                    to_u32(layout.num_tokens, "tokens")?,
+                    to_u32(self.params.num_q_heads, "q heads")?,
+                    1,
+                ),
+                plan::ATTN_REDUCE_THREADS as u32,
             ),
-            plan::ATTN_REDUCE_THREADS as u32,
-            &[
-                Arg::Ptr(self.act.part_acc.ptr()),
-                Arg::Ptr(self.act.part_ml.ptr()),
-                self.input(layout.positions()),
-                Arg::Int(splits as i32),
-                Arg::Int(i32::from(all_splits)),
-                Arg::Ptr(self.act.attn.ptr()),
-            ],
+            AttentionReduce {
+                part_acc: self.act.part_acc.device_ptr(),
+                part_ml: self.act.part_ml.device_ptr(),
+                positions: self.input(layout.positions()),
+                splits: splits as i32,
+                all_splits: i32::from(all_splits),
+                out: self.act.attn.device_ptr(),
+            },
         )
     }
 
@@ -1752,34 +1670,33 @@ impl CudaBackend {
         let qkv_n = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim;
         let q_width = p.num_q_heads * p.head_dim;
         let layers = self.weights.layers.len();
-        let (normed, delta) = (self.act.normed.ptr(), self.act.delta.ptr());
+        let (normed, delta) = (self.act.normed.device_ptr(), self.act.delta.device_ptr());
 
         if segment == 0 {
             self.launch(
                 &self.kernels.embedding,
-                (t32, 1, 1),
-                256,
-                &[
-                    Arg::Ptr(self.weights.embed.ptr()),
-                    self.input(layout.tokens()),
-                    Arg::Ptr(self.act.residual.ptr()),
-                ],
+                LaunchShape::new((t32, 1, 1), 256),
+                EmbeddingGather {
+                    table: self.weights.embed.device_ptr(),
+                    tokens: self.input(layout.tokens()),
+                    residual: self.act.residual.device_ptr(),
+                },
             )?;
         } else {
             let w: &LayerWeights = &self.weights.layers[segment - 1];
             let (o_w, post_norm, gate_up_w, down_w) = (
-                w.o_proj.ptr(),
-                w.post_norm.ptr(),
-                w.gate_up.ptr(),
-                w.down.ptr(),
+                w.o_proj.device_ptr(),
+                w.post_norm.device_ptr(),
+                w.gate_up.device_ptr(),
+                w.down.device_ptr(),
             );
-            let attn = self.act.attn.ptr();
+            let attn = self.act.attn.device_ptr();
             self.matmul(attn, o_w, delta, (t, p.hidden, q_width))?;
-            self.add_rmsnorm(t32, delta, post_norm, 0)?;
+            self.add_rmsnorm(t32, Some(delta), post_norm, None)?;
             let gate_up_dims = (t, 2 * p.intermediate, p.hidden);
             let small_m = self.takes_small_m(normed, gate_up_w, gate_up_dims);
             self.gate_up_swiglu(small_m, gate_up_w, t)?;
-            let mlp = self.act.mlp.ptr();
+            let mlp = self.act.mlp.device_ptr();
             self.matmul(mlp, down_w, delta, (t, p.hidden, p.intermediate))?;
         }
         if segment == layers {
@@ -1787,10 +1704,10 @@ impl CudaBackend {
         }
         let layer = segment;
         let w: &LayerWeights = &self.weights.layers[layer];
-        let (input_norm, qkv_w) = (w.input_norm.ptr(), w.qkv.ptr());
+        let (input_norm, qkv_w) = (w.input_norm.device_ptr(), w.qkv.device_ptr());
         // Layer 0 normalises the embeddings alone; later layers add the previous MLP's output.
-        let previous = if layer == 0 { 0 } else { delta };
-        self.add_rmsnorm(t32, previous, input_norm, 0)?;
+        let previous = (layer > 0).then_some(delta);
+        self.add_rmsnorm(t32, previous, input_norm, None)?;
         let small_m = self.takes_small_m(normed, qkv_w, (t, qkv_n, p.hidden));
         self.qkv_rope_write(small_m, layer, layout, t)
     }
@@ -1802,25 +1719,24 @@ impl CudaBackend {
     fn gate_up_swiglu(
         &mut self,
         small_m: bool,
-        gate_up_w: u64,
+        gate_up_w: DevicePtr<Bf16>,
         t: usize,
     ) -> Result<(), BackendError> {
         let (hidden, intermediate) = (self.params.hidden, self.params.intermediate);
-        let (normed, mlp) = (self.act.normed.ptr(), self.act.mlp.ptr());
+        let (normed, mlp) = (self.act.normed.device_ptr(), self.act.mlp.device_ptr());
         if small_m && plan::swiglu_fuses(intermediate) {
-            return self.launch_small_m(
+            return self.launch(
                 &self.kernels.gemv_swiglu[t - 1],
-                t,
-                2 * intermediate,
-                &[
-                    Arg::Ptr(normed),
-                    Arg::Ptr(gate_up_w),
-                    Arg::Ptr(mlp),
-                    Arg::Int(to_u32(hidden, "product depth")? as i32),
-                ],
+                self.small_m_shape(t, 2 * intermediate)?,
+                GemvSwiglu {
+                    x: normed,
+                    w: gate_up_w,
+                    out: mlp,
+                    k: to_u32(hidden, "product depth")? as i32,
+                },
             );
         }
-        let gate_up = self.act.gate_up.ptr();
+        let gate_up = self.act.gate_up.device_ptr();
         self.product(
             small_m,
             (normed, gate_up_w, gate_up),
@@ -1829,16 +1745,18 @@ impl CudaBackend {
         let per_thread = plan::swiglu_vector(intermediate);
         self.launch(
             &self.kernels.swiglu,
-            (
-                to_u32(
-                    (intermediate / per_thread).div_ceil(plan::SWIGLU_THREADS),
-                    "intermediate",
-                )?,
-                to_u32(t, "tokens")?,
-                1,
+            LaunchShape::new(
+                (
+                    to_u32(
+                        (intermediate / per_thread).div_ceil(plan::SWIGLU_THREADS),
+                        "intermediate",
+                    )?,
+                    to_u32(t, "tokens")?,
+                    1,
+                ),
+                plan::SWIGLU_THREADS as u32,
             ),
-            plan::SWIGLU_THREADS as u32,
-            &[Arg::Ptr(gate_up), Arg::Ptr(mlp)],
+            Swiglu { gate_up, out: mlp },
         )
     }
 
@@ -1858,83 +1776,79 @@ impl CudaBackend {
         let (hidden, head_dim) = (p.hidden, p.head_dim);
         let heads = p.num_q_heads + 2 * p.num_kv_heads;
         let fused = small_m && plan::rope_write_fuses(head_dim, p.qk_norm);
-        let normed = self.act.normed.ptr();
+        let normed = self.act.normed.device_ptr();
         let w: &LayerWeights = &self.weights.layers[layer];
-        let qkv_w = w.qkv.ptr();
-        let bias = Arg::Ptr(w.qkv_bias.as_ref().map_or(0, DeviceBuffer::ptr));
-        let norms = [
-            Arg::Ptr(w.q_norm.as_ref().map_or(0, DeviceBuffer::ptr)),
-            Arg::Ptr(w.k_norm.as_ref().map_or(0, DeviceBuffer::ptr)),
-        ];
-        let (inv_freq, positions, slots, q, keys, values) = (
-            Arg::Ptr(self.weights.inv_freq.ptr()),
+        let qkv_w = w.qkv.device_ptr();
+        let bias = w.qkv_bias.as_ref().map(DeviceBuffer::device_ptr);
+        let (q_norm, k_norm) = (
+            w.q_norm.as_ref().map(DeviceBuffer::device_ptr),
+            w.k_norm.as_ref().map(DeviceBuffer::device_ptr),
+        );
+        let (inv_freq, positions, slots, q_out, k_cache, v_cache) = (
+            self.weights.inv_freq.device_ptr(),
             self.input(layout.positions()),
             self.input(layout.slots()),
-            Arg::Ptr(self.act.q.ptr()),
-            Arg::Ptr(self.kv.keys(layer)),
-            Arg::Ptr(self.kv.values(layer)),
+            self.act.q.device_ptr(),
+            self.kv.keys(layer),
+            self.kv.values(layer),
         );
         if fused {
-            return self.launch_small_m(
+            return self.launch(
                 &self.kernels.gemv_qkv_rope[t - 1],
-                t,
-                heads * head_dim,
-                &[
-                    Arg::Ptr(normed),
-                    Arg::Ptr(qkv_w),
+                self.small_m_shape(t, heads * head_dim)?,
+                GemvQkvRope {
+                    x: normed,
+                    w: qkv_w,
                     bias,
                     inv_freq,
                     positions,
                     slots,
-                    q,
-                    keys,
-                    values,
-                    Arg::Int(to_u32(hidden, "product depth")? as i32),
-                ],
+                    q_out,
+                    k_cache,
+                    v_cache,
+                    k: to_u32(hidden, "product depth")? as i32,
+                },
             );
         }
-        let qkv = self.act.qkv.ptr();
+        let qkv = self.act.qkv.device_ptr();
         self.product(small_m, (normed, qkv_w, qkv), (t, heads * head_dim, hidden))?;
-        let [q_norm, k_norm] = norms;
         self.launch(
             &self.kernels.qkv_rope,
-            (to_u32(t, "tokens")?, 1, 1),
-            32 * heads.min(32) as u32,
-            &[
-                Arg::Ptr(qkv),
+            LaunchShape::new((to_u32(t, "tokens")?, 1, 1), 32 * heads.min(32) as u32),
+            QkvRopeWrite {
+                qkv,
                 bias,
                 q_norm,
                 k_norm,
                 inv_freq,
                 positions,
                 slots,
-                q,
-                keys,
-                values,
-            ],
+                q_out,
+                k_cache,
+                v_cache,
+            },
         )
     }
 
-    /// Adds `delta` (unless 0) to the residual stream and writes its RMS norm with `weight` into
-    /// `act.normed`, for `rows` rows: the first ones, or those listed at `row_index` (unless 0).
+    /// Adds `delta` (if any) to the residual stream and writes its RMS norm with `weight` into
+    /// `act.normed`, for `rows` rows: the first ones, or those listed at `row_index` (if given).
     fn add_rmsnorm(
         &self,
         rows: u32,
-        delta: u64,
-        weight: u64,
-        row_index: u64,
+        delta: Option<DevicePtr<f32>>,
+        weight: DevicePtr<Bf16>,
+        row_index: Option<DevicePtr<i32>>,
     ) -> Result<(), BackendError> {
         self.launch(
             &self.kernels.add_rmsnorm,
-            (rows, 1, 1),
-            plan::RMS_THREADS as u32,
-            &[
-                Arg::Ptr(self.act.residual.ptr()),
-                Arg::Ptr(delta),
-                Arg::Ptr(weight),
-                Arg::Ptr(row_index),
-                Arg::Ptr(self.act.normed.ptr()),
-            ],
+            LaunchShape::new((rows, 1, 1), plan::RMS_THREADS as u32),
+            AddRmsnorm {
+                residual: self.act.residual.device_ptr(),
+                delta,
+                weight,
+                rows: row_index,
+                out: self.act.normed.device_ptr(),
+            },
         )
     }
 
@@ -1949,15 +1863,15 @@ impl CudaBackend {
         }
         self.add_rmsnorm(
             to_u32(samples, "samples")?,
-            self.act.delta.ptr(),
-            self.weights.final_norm.ptr(),
-            self.act.inputs.at(layout.sample_tokens() * 4),
+            Some(self.act.delta.device_ptr()),
+            self.weights.final_norm.device_ptr(),
+            Some(self.input(layout.sample_tokens())),
         )?;
         let rows = plan::bucket_for(self.graphs.buckets(), samples).unwrap_or(samples);
         let (normed, logits, head) = (
-            self.act.normed.ptr(),
-            self.act.logits.ptr(),
-            self.weights.lm_head_ptr(),
+            self.act.normed.device_ptr(),
+            self.act.logits.device_ptr(),
+            DevicePtr::new(self.weights.lm_head_ptr()),
         );
         self.matmul(
             normed,
@@ -2078,16 +1992,15 @@ impl CudaBackend {
         }
         self.launch(
             &self.kernels.sample,
-            (to_u32(s, "samples")?, 1, 1),
-            1024,
-            &[
-                Arg::Ptr(self.act.logits.ptr()),
-                Arg::Ptr(self.act.probs.ptr()),
-                Arg::Ptr(self.act.inputs.at(layout.top_n() * 4)),
-                Arg::Ptr(self.act.inputs.at(layout.sample_params() * 4)),
-                Arg::Ptr(self.act.inputs.at(layout.lists() * 4)),
-                Arg::Ptr(self.act.sampled.ptr()),
-            ],
+            LaunchShape::new((to_u32(s, "samples")?, 1, 1), 1024),
+            SampleTokens {
+                logits: self.act.logits.device_ptr(),
+                scratch: self.act.probs.device_ptr(),
+                top_n: self.input(layout.top_n()),
+                params: self.input(layout.sample_params()),
+                lists: self.input(layout.lists()),
+                out: self.act.sampled.device_ptr(),
+            },
         )?;
         self.settle(bucket, queued)?;
         let words: Vec<i32> = self.download(self.act.sampled.ptr(), s * SAMPLE_STRIDE)?;

@@ -7,6 +7,7 @@
 use cudarc::driver::result as drv;
 use cudarc::driver::sys::CUdeviceptr;
 
+use super::launch::DevicePtr;
 use crate::engine::BackendError;
 
 /// A device allocation freed on drop.
@@ -57,6 +58,17 @@ impl DeviceBuffer {
     /// The device address `offset` bytes in.
     pub fn at(&self, offset: usize) -> u64 {
         self.ptr + offset as u64
+    }
+
+    /// The device address, as a kernel argument addressing elements of type `T`.
+    pub fn device_ptr<T>(&self) -> DevicePtr<T> {
+        DevicePtr::new(self.ptr)
+    }
+
+    /// The device address `offset` bytes in, as a kernel argument addressing elements of type
+    /// `T`.
+    pub fn device_ptr_at<T>(&self, offset: usize) -> DevicePtr<T> {
+        DevicePtr::new(self.at(offset))
     }
 }
 

@@ -13,6 +13,7 @@ mod gemm;
 mod graphs;
 mod inputs;
 mod kernels;
+mod launch;
 mod memory;
 mod plan;
 mod probe;
