@@ -31,8 +31,8 @@ use super::inputs::{
 use super::kernels::{self, KernelParams, SAMPLE_STRIDE};
 use super::launch::{
     AddRmsnorm, AttentionReduce, Bf16, DevicePtr, EmbeddingGather, Gemv, GemvQkvRope, GemvSwiglu,
-    Kernel, KernelArgs, LaunchShape, PagedAttention, PrefillAttention, QkvRopeWrite, SampleTokens,
-    Swiglu,
+    Kernel, KernelArgs, LaunchShape, PagedAttention, PagedReads, PrefillAttention, QkvRopeWrite,
+    RopeWrites, SampleTokens, Swiglu,
 };
 use super::memory::DeviceBuffer;
 use super::plan;
@@ -1505,13 +1505,7 @@ impl CudaBackend {
             // The tiles that need the full geometry, then the small ones (packed last) in the
             // small-tile variant; one split count for both, so one reduction merges them.
             let args = |first_tile: usize| PrefillAttention {
-                q: self.act.q.device_ptr(),
-                k_cache: self.kv.keys(layer),
-                v_cache: self.kv.values(layer),
-                block_tables: self.input(layout.block_tables()),
-                max_blocks_word: self.input(layout.max_blocks_word()),
-                token_row: self.input(layout.token_rows()),
-                positions: self.input(layout.positions()),
+                reads: self.paged_reads(layer, layout),
                 tiles: self.input(layout.tiles() + 2 * first_tile),
                 scale,
                 splits: splits as i32,
@@ -1560,13 +1554,7 @@ impl CudaBackend {
                 (plan::ATTN_WARPS * 32) as u32,
             ),
             PagedAttention {
-                q: self.act.q.device_ptr(),
-                k_cache: self.kv.keys(layer),
-                v_cache: self.kv.values(layer),
-                block_tables: self.input(layout.block_tables()),
-                max_blocks_word: self.input(layout.max_blocks_word()),
-                token_row: self.input(layout.token_rows()),
-                positions: self.input(layout.positions()),
+                reads: self.paged_reads(layer, layout),
                 part_acc: self.act.part_acc.device_ptr(),
                 part_ml: self.act.part_ml.device_ptr(),
                 merge_counts: self.act.merge_counts.device_ptr(),
@@ -1580,6 +1568,19 @@ impl CudaBackend {
             self.reduce_attention(layout, splits, false)
         } else {
             Ok(())
+        }
+    }
+
+    /// What both attention kernels read for `layer` in the step of `layout`.
+    fn paged_reads(&self, layer: usize, layout: &StepLayout) -> PagedReads {
+        PagedReads {
+            q: self.act.q.device_ptr(),
+            k_cache: self.kv.keys(layer),
+            v_cache: self.kv.values(layer),
+            block_tables: self.input(layout.block_tables()),
+            max_blocks_word: self.input(layout.max_blocks_word()),
+            token_row: self.input(layout.token_rows()),
+            positions: self.input(layout.positions()),
         }
     }
 
@@ -1784,14 +1785,14 @@ impl CudaBackend {
             w.q_norm.as_ref().map(DeviceBuffer::device_ptr),
             w.k_norm.as_ref().map(DeviceBuffer::device_ptr),
         );
-        let (inv_freq, positions, slots, q_out, k_cache, v_cache) = (
-            self.weights.inv_freq.device_ptr(),
-            self.input(layout.positions()),
-            self.input(layout.slots()),
-            self.act.q.device_ptr(),
-            self.kv.keys(layer),
-            self.kv.values(layer),
-        );
+        let writes = RopeWrites {
+            inv_freq: self.weights.inv_freq.device_ptr(),
+            positions: self.input(layout.positions()),
+            slots: self.input(layout.slots()),
+            q_out: self.act.q.device_ptr(),
+            k_cache: self.kv.keys(layer),
+            v_cache: self.kv.values(layer),
+        };
         if fused {
             return self.launch(
                 &self.kernels.gemv_qkv_rope[t - 1],
@@ -1800,12 +1801,7 @@ impl CudaBackend {
                     x: normed,
                     w: qkv_w,
                     bias,
-                    inv_freq,
-                    positions,
-                    slots,
-                    q_out,
-                    k_cache,
-                    v_cache,
+                    writes,
                     k: to_u32(hidden, "product depth")? as i32,
                 },
             );
@@ -1820,12 +1816,7 @@ impl CudaBackend {
                 bias,
                 q_norm,
                 k_norm,
-                inv_freq,
-                positions,
-                slots,
-                q_out,
-                k_cache,
-                v_cache,
+                writes,
             },
         )
     }

@@ -78,47 +78,58 @@ impl<T> DevicePtr<T> {
     }
 }
 
-/// A value a kernel takes in one parameter slot.
-pub trait KernelArg: Copy {
-    /// The parameter's type as the CUDA source spells it (without `const` and `__restrict__`).
-    const CUDA_TYPE: &'static str;
+/// One kernel parameter: its name and its type as the CUDA source spells it (without `const` and
+/// `__restrict__`).
+pub type Parameter = (&'static str, &'static str);
 
-    /// The value's slot.
-    fn slot(self) -> Slot;
+/// A value a kernel takes in one or more consecutive parameter slots.
+pub trait KernelArg: Copy {
+    /// The parameters the value fills, in order; an empty name stands for the name of the field
+    /// of the argument struct that holds the value.
+    const PARAMETERS: &'static [Parameter];
+
+    /// Writes the value's slots at `slots[*at..]` and moves `at` past them.
+    fn write_slots(self, slots: &mut [Slot], at: &mut usize);
 }
 
 impl<T: Element> KernelArg for DevicePtr<T> {
-    const CUDA_TYPE: &'static str = T::CUDA_POINTER;
+    const PARAMETERS: &'static [Parameter] = &[("", T::CUDA_POINTER)];
 
-    fn slot(self) -> Slot {
-        self.addr.to_ne_bytes()
+    fn write_slots(self, slots: &mut [Slot], at: &mut usize) {
+        put(slots, at, self.addr.to_ne_bytes());
     }
 }
 
 /// An optional pointer: `None` is the null pointer, which the kernel takes as "absent" (no bias,
 /// no norm, no delta, every row).
 impl<T: Element> KernelArg for Option<DevicePtr<T>> {
-    const CUDA_TYPE: &'static str = T::CUDA_POINTER;
+    const PARAMETERS: &'static [Parameter] = &[("", T::CUDA_POINTER)];
 
-    fn slot(self) -> Slot {
-        self.map_or(0, DevicePtr::addr).to_ne_bytes()
+    fn write_slots(self, slots: &mut [Slot], at: &mut usize) {
+        put(slots, at, self.map_or(0, DevicePtr::addr).to_ne_bytes());
     }
 }
 
 impl KernelArg for i32 {
-    const CUDA_TYPE: &'static str = "int";
+    const PARAMETERS: &'static [Parameter] = &[("", "int")];
 
-    fn slot(self) -> Slot {
-        four_byte_slot(self.to_ne_bytes())
+    fn write_slots(self, slots: &mut [Slot], at: &mut usize) {
+        put(slots, at, four_byte_slot(self.to_ne_bytes()));
     }
 }
 
 impl KernelArg for f32 {
-    const CUDA_TYPE: &'static str = "float";
+    const PARAMETERS: &'static [Parameter] = &[("", "float")];
 
-    fn slot(self) -> Slot {
-        four_byte_slot(self.to_ne_bytes())
+    fn write_slots(self, slots: &mut [Slot], at: &mut usize) {
+        put(slots, at, four_byte_slot(self.to_ne_bytes()));
     }
+}
+
+/// Writes `slot` at `slots[*at]` and moves `at` on.
+fn put(slots: &mut [Slot], at: &mut usize, slot: Slot) {
+    slots[*at] = slot;
+    *at += 1;
 }
 
 /// The slot of a four-byte value: its bytes first, then zeros.
@@ -128,19 +139,124 @@ fn four_byte_slot(bytes: [u8; 4]) -> Slot {
     slot
 }
 
+/// Defines a group of parameters that several kernels take in the same run: a struct whose
+/// fields are the parameters, in order, and whose [`KernelArg`] fills one slot per field.
+macro_rules! kernel_arg_group {
+    (
+        $(#[$doc:meta])*
+        $name:ident {
+            $($(#[$field_doc:meta])* $field:ident: $ty:ty,)*
+        }
+    ) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy)]
+        pub struct $name {
+            $($(#[$field_doc])* pub $field: $ty,)*
+        }
+
+        impl KernelArg for $name {
+            const PARAMETERS: &'static [Parameter] =
+                &[$((stringify!($field), <$ty as KernelArg>::PARAMETERS[0].1)),*];
+
+            fn write_slots(self, slots: &mut [Slot], at: &mut usize) {
+                $(self.$field.write_slots(slots, at);)*
+            }
+        }
+    };
+}
+
+kernel_arg_group! {
+    /// The reads both attention kernels begin with, in their order: the step's queries, the
+    /// layer's cache, the rows' block tables, and each step token's row and position.
+    PagedReads {
+        /// The queries, [tokens, q heads, head_dim].
+        q: DevicePtr<Bf16>,
+        /// The layer's key cache.
+        k_cache: DevicePtr<Bf16>,
+        /// The layer's value cache.
+        v_cache: DevicePtr<Bf16>,
+        /// The rows' block tables in the packed inputs.
+        block_tables: DevicePtr<i32>,
+        /// The word holding the block tables' stride.
+        max_blocks_word: DevicePtr<i32>,
+        /// Each token's row.
+        token_row: DevicePtr<i32>,
+        /// Each token's position.
+        positions: DevicePtr<i32>,
+    }
+}
+
+kernel_arg_group! {
+    /// What both q/k/v epilogues (`qkv_rope_write` and the fused small-M products) take, in
+    /// their order: the rotary frequencies, each token's position and cache slot, and where q,
+    /// k and v go.
+    RopeWrites {
+        /// The rotary inverse frequencies, [head_dim / 2].
+        inv_freq: DevicePtr<f32>,
+        /// Each token's position.
+        positions: DevicePtr<i32>,
+        /// Each token's cache slot (negative: padding, nothing written).
+        slots: DevicePtr<i32>,
+        /// The rotated queries, [tokens, q heads, head_dim].
+        q_out: DevicePtr<Bf16>,
+        /// The layer's key cache.
+        k_cache: DevicePtr<Bf16>,
+        /// The layer's value cache.
+        v_cache: DevicePtr<Bf16>,
+    }
+}
+
+/// A kernel's parameters in signature order (at most [`MAX_KERNEL_ARGS`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Parameters {
+    list: [Parameter; MAX_KERNEL_ARGS],
+    count: usize,
+}
+
+impl Parameters {
+    /// No parameters.
+    const NONE: Self = Self {
+        list: [("", ""); MAX_KERNEL_ARGS],
+        count: 0,
+    };
+
+    /// These parameters followed by those of the value in field `field` (its unnamed one takes
+    /// the field's name); at compile time, a kernel with more than `MAX_KERNEL_ARGS` fails.
+    const fn then(mut self, field: &'static str, value: &'static [Parameter]) -> Self {
+        let mut i = 0;
+        while i < value.len() {
+            assert!(
+                self.count < MAX_KERNEL_ARGS,
+                "a kernel with more parameters than MAX_KERNEL_ARGS"
+            );
+            let (name, cuda_type) = value[i];
+            self.list[self.count] = (if name.is_empty() { field } else { name }, cuda_type);
+            self.count += 1;
+            i += 1;
+        }
+        self
+    }
+
+    /// The parameters.
+    pub fn as_slice(&self) -> &[Parameter] {
+        &self.list[..self.count]
+    }
+}
+
 /// The arguments of one or more kernel entry points that share a signature.
 pub trait KernelArgs {
     /// The entry points that take these arguments.
     const ENTRY_POINTS: &'static [&'static str];
     /// Each parameter's name and CUDA type, in signature order.
-    const PARAMETERS: &'static [(&'static str, &'static str)];
+    const PARAMETERS: Parameters;
 
     /// The arguments' slots in signature order (the slots after them are unused).
     fn slots(&self) -> [Slot; MAX_KERNEL_ARGS];
 }
 
-/// Defines an argument struct per signature: its fields are the parameters, in order, and
-/// [`KernelArgs`] packs them in that order and lists their names and types.
+/// Defines an argument struct per signature: its fields are the parameters (or, for a group such
+/// as [`PagedReads`], a run of them), in order, and [`KernelArgs`] packs them in that order and
+/// lists their names and types.
 macro_rules! kernel_args {
     ($(
         $(#[$doc:meta])*
@@ -156,21 +272,19 @@ macro_rules! kernel_args {
 
         impl KernelArgs for $name {
             const ENTRY_POINTS: &'static [&'static str] = $entries;
-            const PARAMETERS: &'static [(&'static str, &'static str)] =
-                &[$((stringify!($field), <$ty as KernelArg>::CUDA_TYPE)),*];
+            const PARAMETERS: Parameters =
+                Parameters::NONE$(.then(stringify!($field), <$ty as KernelArg>::PARAMETERS))*;
 
             fn slots(&self) -> [Slot; MAX_KERNEL_ARGS] {
                 let mut slots = [[0; 8]; MAX_KERNEL_ARGS];
-                let args = [$(self.$field.slot()),*];
-                slots[..args.len()].copy_from_slice(&args);
+                let mut at = 0;
+                $(self.$field.write_slots(&mut slots, &mut at);)*
                 slots
             }
         }
 
-        const _: () = assert!(
-            <$name as KernelArgs>::PARAMETERS.len() <= MAX_KERNEL_ARGS,
-            "a kernel with more parameters than MAX_KERNEL_ARGS"
-        );
+        // Evaluates the parameter list, and with it its bound, when the crate compiles.
+        const _: Parameters = <$name as KernelArgs>::PARAMETERS;
     )*};
 }
 
@@ -209,36 +323,14 @@ kernel_args! {
         q_norm: Option<DevicePtr<Bf16>>,
         /// The per-head RMSNorm weight of k (`None` for models without one).
         k_norm: Option<DevicePtr<Bf16>>,
-        /// The rotary inverse frequencies, [head_dim / 2].
-        inv_freq: DevicePtr<f32>,
-        /// Each token's position.
-        positions: DevicePtr<i32>,
-        /// Each token's cache slot (negative: padding, nothing written).
-        slots: DevicePtr<i32>,
-        /// The rotated queries, [tokens, q heads, head_dim].
-        q_out: DevicePtr<Bf16>,
-        /// The layer's key cache.
-        k_cache: DevicePtr<Bf16>,
-        /// The layer's value cache.
-        v_cache: DevicePtr<Bf16>,
+        /// The rotary frequencies, positions and slots, and where q, k and v go.
+        writes: RopeWrites,
     }
 
     /// The arguments of `paged_attention` (`kernels/attention.cu`).
     PagedAttention for &["paged_attention"] => {
-        /// The queries, [tokens, q heads, head_dim].
-        q: DevicePtr<Bf16>,
-        /// The layer's key cache.
-        k_cache: DevicePtr<Bf16>,
-        /// The layer's value cache.
-        v_cache: DevicePtr<Bf16>,
-        /// The rows' block tables in the packed inputs.
-        block_tables: DevicePtr<i32>,
-        /// The word holding the block tables' stride.
-        max_blocks_word: DevicePtr<i32>,
-        /// Each token's row.
-        token_row: DevicePtr<i32>,
-        /// Each token's position.
-        positions: DevicePtr<i32>,
+        /// The queries, the layer's cache, the block tables, rows and positions.
+        reads: PagedReads,
         /// The split partial outputs.
         part_acc: DevicePtr<f32>,
         /// The split partial maxima and sums.
@@ -273,20 +365,8 @@ kernel_args! {
     /// The arguments of `prefill_attention` and `prefill_attention_small`
     /// (`kernels/prefill_attention.cu`).
     PrefillAttention for &["prefill_attention", "prefill_attention_small"] => {
-        /// The queries, [tokens, q heads, head_dim].
-        q: DevicePtr<Bf16>,
-        /// The layer's key cache.
-        k_cache: DevicePtr<Bf16>,
-        /// The layer's value cache.
-        v_cache: DevicePtr<Bf16>,
-        /// The rows' block tables in the packed inputs.
-        block_tables: DevicePtr<i32>,
-        /// The word holding the block tables' stride.
-        max_blocks_word: DevicePtr<i32>,
-        /// Each token's row.
-        token_row: DevicePtr<i32>,
-        /// Each token's position.
-        positions: DevicePtr<i32>,
+        /// The queries, the layer's cache, the block tables, rows and positions.
+        reads: PagedReads,
         /// The launch's tiles, (first token, count) pairs.
         tiles: DevicePtr<i32>,
         /// The softmax scale.
@@ -361,18 +441,8 @@ kernel_args! {
         w: DevicePtr<Bf16>,
         /// The q/k/v bias (`None` for models without one).
         bias: Option<DevicePtr<Bf16>>,
-        /// The rotary inverse frequencies, [head_dim / 2].
-        inv_freq: DevicePtr<f32>,
-        /// Each token's position.
-        positions: DevicePtr<i32>,
-        /// Each token's cache slot (negative: padding, nothing written).
-        slots: DevicePtr<i32>,
-        /// The rotated queries, [m, q heads, head_dim].
-        q_out: DevicePtr<Bf16>,
-        /// The layer's key cache.
-        k_cache: DevicePtr<Bf16>,
-        /// The layer's value cache.
-        v_cache: DevicePtr<Bf16>,
+        /// The rotary frequencies, positions and slots, and where q, k and v go.
+        writes: RopeWrites,
         /// The product's depth.
         k: i32,
     }
@@ -479,7 +549,8 @@ impl<A: KernelArgs> Kernel<A> {
             .map_err(|e| BackendError::Device(format!("binding the CUDA context: {e}")))?;
         let mut slots = args.slots();
         let mut params = [std::ptr::null_mut::<std::ffi::c_void>(); MAX_KERNEL_ARGS];
-        for (param, slot) in params.iter_mut().zip(&mut slots[..A::PARAMETERS.len()]) {
+        let count = A::PARAMETERS.as_slice().len();
+        for (param, slot) in params.iter_mut().zip(&mut slots[..count]) {
             *param = slot.as_mut_ptr().cast();
         }
         let mut attribute = sys::CUlaunchAttribute {
@@ -528,10 +599,7 @@ mod tests {
     use super::*;
 
     /// An argument struct's entry points and parameters.
-    type Launcher = (
-        &'static [&'static str],
-        &'static [(&'static str, &'static str)],
-    );
+    type Launcher = (&'static [&'static str], Parameters);
 
     /// Every argument struct.
     const LAUNCHERS: [Launcher; 11] = [
@@ -627,6 +695,7 @@ mod tests {
     fn launchers_match_kernel_signatures() {
         for (entries, parameters) in LAUNCHERS {
             let expected: Vec<(String, String)> = parameters
+                .as_slice()
                 .iter()
                 .map(|&(name, ty)| (name.to_string(), ty.to_string()))
                 .collect();
@@ -687,23 +756,31 @@ mod tests {
         let splits = reduce.slots()[3];
         assert_eq!(splits[..4], (-3i32).to_ne_bytes());
         assert_eq!(splits[4..], [0; 4]);
-        let scale = PagedAttention {
-            q: DevicePtr::new(0),
-            k_cache: DevicePtr::new(0),
-            v_cache: DevicePtr::new(0),
-            block_tables: DevicePtr::new(0),
-            max_blocks_word: DevicePtr::new(0),
-            token_row: DevicePtr::new(0),
-            positions: DevicePtr::new(0),
-            part_acc: DevicePtr::new(0),
-            part_ml: DevicePtr::new(0),
-            merge_counts: DevicePtr::new(0),
+        let attention = PagedAttention {
+            reads: PagedReads {
+                q: DevicePtr::new(1),
+                k_cache: DevicePtr::new(2),
+                v_cache: DevicePtr::new(3),
+                block_tables: DevicePtr::new(4),
+                max_blocks_word: DevicePtr::new(5),
+                token_row: DevicePtr::new(6),
+                positions: DevicePtr::new(7),
+            },
+            part_acc: DevicePtr::new(8),
+            part_ml: DevicePtr::new(9),
+            merge_counts: DevicePtr::new(10),
             splits: 2,
             scale: 0.125,
-            out: DevicePtr::new(0),
+            out: DevicePtr::new(13),
         }
-        .slots()[11];
-        assert_eq!(scale[..4], 0.125f32.to_ne_bytes());
-        assert_eq!(scale[4..], [0; 4]);
+        .slots();
+        let pointers: Vec<u64> = attention[..10]
+            .iter()
+            .map(|slot| u64::from_ne_bytes(*slot))
+            .collect();
+        assert_eq!(pointers, (1..=10).collect::<Vec<u64>>());
+        assert_eq!(attention[11][..4], 0.125f32.to_ne_bytes());
+        assert_eq!(attention[11][4..], [0; 4]);
+        assert_eq!(u64::from_ne_bytes(attention[12]), 13);
     }
 }
