@@ -31,7 +31,8 @@ pub const ATTN_WARPS: usize = 4;
 /// 16-key tiles of keys and values each warp of the decode attention kernel's tensor-core path
 /// keeps in flight, passed to `kernels/attention.cu` as `ATTN_DEPTH`. Two fill the 255 registers
 /// of a thread without spilling at head_dim 128 and read K and V 2–4 points of copy bandwidth
-/// faster than one at batches 16–256 (three spill; `docs/benchmarks.md`).
+/// faster than one at batches 64 and 256, up to 2 at batch 16 and none at 1–8 (three spill;
+/// `docs/benchmarks.md`).
 pub const ATTN_DEPTH: usize = 2;
 
 /// Threads per block of the residual-add + RMSNorm kernel (one block per row), passed to
