@@ -140,7 +140,8 @@ fn four_byte_slot(bytes: [u8; 4]) -> Slot {
 }
 
 /// Defines a group of parameters that several kernels take in the same run: a struct whose
-/// fields are the parameters, in order, and whose [`KernelArg`] fills one slot per field.
+/// fields are the parameters, in order, each a one-slot value (a pointer or a scalar, not another
+/// group), and whose [`KernelArg`] fills one slot per field.
 macro_rules! kernel_arg_group {
     (
         $(#[$doc:meta])*
