@@ -86,6 +86,10 @@ if has sanitizer; then
   note "compute-sanitizer memcheck (tests matching ${SANITIZE_FILTER:-device_sampling}): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
 fi
 
+# The decode-attention kernel's defines from src/backend/cuda/plan.rs (ATTN_WARPS, ATTN_DEPTH,
+# MIN_PARTITION, ATTN_REDUCE_THREADS), for the decode and prefill harnesses alike.
+ATTN_GEOMETRY="-DATTN_WARPS=4 -DATTN_DEPTH=2 -DATTN_MIN_PARTITION=32 -DATTN_REDUCE_THREADS=128"
+
 # Decode attention alone: one binary per head configuration "q_heads kv_heads head_dim window"
 # (GQA groups 1 to 8, head_dim 64 and 128, sliding windows, and the fixtures' 16 and 32).
 ATTN_CONFIGS=${ATTN_CONFIGS:-"8 8 64 0;8 8 128 0;16 8 64 0;16 8 128 0;12 4 128 0;32 8 64 0;32 8 128 0;20 4 128 0;24 4 64 0;28 4 128 0;16 2 64 0;16 2 128 0;64 8 128 0;32 8 128 300;16 2 64 100;4 2 96 0;4 2 256 0;4 2 16 0;4 2 32 0"}
@@ -98,7 +102,7 @@ if has attention; then
   ATTN_DEFINES="-DATTN_MERGE_SPLITS=8"
   attn_build() { # NAME SOURCE_DIR Q KV HEAD_DIM WINDOW [DEFINES]
     nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I"$2" -I"$G/kernels" -DNUM_Q_HEADS=$3 -DNUM_KV_HEADS=$4 -DHEAD_DIM=$5 \
-      -DSLIDING_WINDOW=$6 -DKV_BLOCK=16 -DATTN_WARPS=4 -DATTN_DEPTH=2 -DATTN_MIN_PARTITION=32 -DATTN_REDUCE_THREADS=128 ${7:-$ATTN_DEFINES} -Xptxas -v \
+      -DSLIDING_WINDOW=$6 -DKV_BLOCK=16 $ATTN_GEOMETRY ${7:-$ATTN_DEFINES} -Xptxas -v \
       "$G/attention-check.cu" -o "$A/$1" >"$A/$1.build.log" 2>&1 || echo "BUILD FAILED $1" | tee -a "$SUMMARY"
   }
   IFS=';' read -ra ATTN_VARIANT_LIST <<<"${ATTN_VARIANTS:-}"
@@ -244,7 +248,7 @@ if has prefillattn; then
   # attention_reduce): on sm_90a, head_dim a multiple of 64 takes the wgmma kernel (128 rows in two
   # consumer warpgroups and a producer warpgroup, three 128-key stages and the query rows in
   # dynamic shared memory), other head_dims the mma.sync one (64 rows, 32 keys).
-  REDUCE_GEOMETRY="-DATTN_WARPS=4 -DATTN_DEPTH=2 -DATTN_MIN_PARTITION=32 -DATTN_REDUCE_THREADS=128 -DATTN_MERGE_SPLITS=8"
+  REDUCE_GEOMETRY="$ATTN_GEOMETRY -DATTN_MERGE_SPLITS=8"
   geometry() { # HEAD_DIM [ROWS KEYS WGMMA]: the defines of that geometry
     local wg=${4:-$(( $1 % 64 == 0 ? 1 : 0 ))}
     local rows=${2:-$(( wg ? 128 : 64 ))} keys=${3:-$(( wg ? 128 : 32 ))}

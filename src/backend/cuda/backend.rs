@@ -1369,7 +1369,7 @@ impl CudaBackend {
                     out: self.act.logits.device_ptr(),
                 },
                 x: normed,
-                weights: vec![DevicePtr::new(self.weights.lm_head_ptr())],
+                weights: vec![self.weights.lm_head_ptr()],
                 n: p.vocab,
                 k: p.hidden,
                 max_m: self.limits.max_rows,
@@ -1862,7 +1862,7 @@ impl CudaBackend {
         let (normed, logits, head) = (
             self.act.normed.device_ptr(),
             self.act.logits.device_ptr(),
-            DevicePtr::new(self.weights.lm_head_ptr()),
+            self.weights.lm_head_ptr(),
         );
         self.matmul(
             normed,

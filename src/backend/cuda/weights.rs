@@ -10,6 +10,7 @@ use crate::model::weights::ModelWeights;
 use crate::model::{ModelConfig, ModelTensors};
 
 use super::backend::CudaInitError;
+use super::launch::{Bf16, DevicePtr};
 use super::memory::DeviceBuffer;
 use super::upload::{self, Piece, UploadStats};
 
@@ -260,8 +261,8 @@ impl ModelWeightsOnDevice {
     }
 
     /// The LM head's address (the embeddings when tied).
-    pub fn lm_head_ptr(&self) -> u64 {
-        self.lm_head.as_ref().unwrap_or(&self.embed).ptr()
+    pub fn lm_head_ptr(&self) -> DevicePtr<Bf16> {
+        self.lm_head.as_ref().unwrap_or(&self.embed).device_ptr()
     }
 
     /// Bytes uploaded.
