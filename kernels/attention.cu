@@ -575,41 +575,52 @@ paged_attention(const bf16* __restrict__ q,
     if (mine == 1 || splits > ATTN_MERGE_SPLITS) return;
     // Few splits: the token's last block to finish merges them (attention_reduce's arithmetic),
     // so no reduction launch follows. Every block publishes its partials, then counts itself in;
-    // the block that brings the count to `mine` resets it for the next launch and merges.
-    __threadfence();
+    // the block that brings the count to `mine` resets it for the next launch and merges. The
+    // count's add is a release for the block's partial stores (ordered before it by the barrier)
+    // and an acquire for the merging block's loads of the others' (ordered after it likewise), so
+    // no separate fence waits on either side.
     __syncthreads();
     if (threadIdx.x == 0) {
         int* count = merge_counts + (size_t)t * NUM_KV_HEADS + kvh;
-        merges_here = atomicAdd(count, 1) == mine - 1;
+        int before;
+        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(count) : "memory");
+        merges_here = before == mine - 1;
         if (merges_here) *count = 0;
     }
     __syncthreads();
     if (!merges_here) return;
-    __threadfence();
-    // One float4 of one head's output per thread; the other blocks' partials are read from L2,
-    // eight splits' loads in flight at a time: a pass for the largest maximum, then the sums.
+    // One float4 of one head's output per thread: every split's partials are loaded from L2 at
+    // once (one round trip), then merged.
     for (int i = threadIdx.x; i < GROUP * HEAD_DIM / 4; i += blockDim.x) {
         const int g = i / (HEAD_DIM / 4);
         const int c = i % (HEAD_DIM / 4);
         const size_t head = (size_t)t * NUM_Q_HEADS + kvh * GROUP + g;
         const float2* ml = reinterpret_cast<const float2*>(part_ml) + head * splits;
         const float4* acc = reinterpret_cast<const float4*>(part_acc + head * splits * HEAD_DIM) + c;
+        float2 parts[ATTN_MERGE_SPLITS];
+        float4 values[ATTN_MERGE_SPLITS];
         float big = -INFINITY;
-#pragma unroll 8
-        for (int s = 0; s < mine; ++s) big = fmaxf(big, __ldcg(ml + s).x);
+#pragma unroll
+        for (int s = 0; s < ATTN_MERGE_SPLITS; ++s) {
+            if (s < mine) {
+                parts[s] = __ldcg(ml + s);
+                values[s] = __ldcg(acc + (size_t)s * (HEAD_DIM / 4));
+                big = fmaxf(big, parts[s].x);
+            }
+        }
         float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         float total = 0.0f;
         if (big != -INFINITY) {
-#pragma unroll 8
-            for (int s = 0; s < mine; ++s) {
-                const float2 part = __ldcg(ml + s);
-                const float f = exp2f(part.x - big);
-                const float4 v = __ldcg(acc + (size_t)s * (HEAD_DIM / 4));
-                total += part.y * f;
-                a.x = fmaf(v.x, f, a.x);
-                a.y = fmaf(v.y, f, a.y);
-                a.z = fmaf(v.z, f, a.z);
-                a.w = fmaf(v.w, f, a.w);
+#pragma unroll
+            for (int s = 0; s < ATTN_MERGE_SPLITS; ++s) {
+                if (s < mine) {
+                    const float f = exp2f(parts[s].x - big);
+                    total += parts[s].y * f;
+                    a.x = fmaf(values[s].x, f, a.x);
+                    a.y = fmaf(values[s].y, f, a.y);
+                    a.z = fmaf(values[s].z, f, a.z);
+                    a.w = fmaf(values[s].w, f, a.w);
+                }
             }
         }
         const float inv = total > 0.0f ? 1.0f / total : 0.0f;
@@ -628,6 +639,9 @@ attention_reduce(const float* __restrict__ part_acc,
                  int splits,
                  int all_splits,
                  bf16* __restrict__ out) {
+    // Few blocks, launched while paged_attention runs: the next kernel may take the SMs that
+    // paged_attention frees before this launch has finished waiting for it.
+    start_next_kernels();
     await_previous_kernels();
     __shared__ float scratch[32];
     __shared__ __align__(16) float sm_acc[REDUCE_ROWS][HEAD_DIM];

@@ -26,6 +26,16 @@ __device__ __forceinline__ void await_previous_kernels() {
 #endif
 }
 
+// Lets the next kernel's blocks be scheduled before this one has waited for the previous kernels
+// (await_previous_kernels does the same after its wait): for a kernel of few blocks, whose next
+// kernel should start on the SMs the previous kernel frees. The next kernel still waits for this
+// one to finish before it reads anything this one writes.
+__device__ __forceinline__ void start_next_kernels() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Widens a bf16 bit pattern to float (exact).
 __device__ __forceinline__ float bf16_to_f32(bf16 v) {
     return __uint_as_float(((unsigned int)v) << 16);
