@@ -13,27 +13,26 @@ typedef unsigned short bf16;
 
 // Programmatic dependent launch (compute capability 9.0 and later). The host launches every
 // kernel so that it may be scheduled before the previous kernel in the stream has finished
-// (src/backend/cuda/backend.rs), so each kernel calls this before it touches anything an earlier
-// kernel wrote or reads: it waits until those kernels have finished and their writes are
-// visible, then lets the next kernel's blocks be scheduled while this one runs. Only reads of
-// what no kernel of the step writes (weights, the step's inputs, the keys and values of earlier
-// steps) may come before it. Without that launch attribute, and on older GPUs,
-// it does nothing.
-__device__ __forceinline__ void await_previous_kernels() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// Lets the next kernel's blocks be scheduled before this one has waited for the previous kernels
-// (await_previous_kernels does the same after its wait): for a kernel of few blocks, whose next
-// kernel should start on the SMs the previous kernel frees. The next kernel still waits for this
-// one to finish before it reads anything this one writes.
+// (src/backend/cuda/backend.rs). start_next_kernels lets the next kernel's blocks be scheduled
+// while this one runs; the next kernel still waits for this one to finish before it reads
+// anything this one writes. Without that launch attribute, and on older GPUs, it does nothing.
 __device__ __forceinline__ void start_next_kernels() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// Each kernel calls this before it touches anything an earlier kernel wrote or reads: it waits
+// until those kernels have finished and their writes are visible, then starts the next kernels.
+// Only reads of what no kernel of the step writes (weights, the step's inputs, the keys and
+// values of earlier steps) may come before it. A kernel of few blocks may call
+// start_next_kernels before it (attention_reduce), so the next kernel's blocks take the SMs the
+// previous kernel frees while this one still waits.
+__device__ __forceinline__ void await_previous_kernels() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    start_next_kernels();
 }
 
 // Widens a bf16 bit pattern to float (exact).
