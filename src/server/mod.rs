@@ -229,6 +229,7 @@ impl Server {
             tls_spki_sha256: self.identity.spki_sha256(),
             audit_key: pending.signer.as_ref().map(|s| s.verifier().public),
             model_digest,
+            quantized_at_load: config.model.quantization,
         };
         let prepared = self
             .prepared
