@@ -626,3 +626,75 @@ impl Summary {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inferno_audit::RECORD_VERSION;
+
+    fn at(index: u64, seconds: i64, body: RecordBody) -> Record {
+        Record {
+            v: RECORD_VERSION,
+            index,
+            time: OffsetDateTime::from_unix_timestamp(1_800_000_000 + seconds).expect("time"),
+            body,
+        }
+    }
+
+    fn stop(index: u64, seconds: i64) -> Record {
+        at(
+            index,
+            seconds,
+            RecordBody::Event(SecurityEvent::Stopped { reason: "x".into() }),
+        )
+    }
+
+    fn start(index: u64, seconds: i64) -> Record {
+        at(
+            index,
+            seconds,
+            RecordBody::Event(SecurityEvent::Started {
+                software_version: "v".into(),
+                checkpoint_key: "k".into(),
+                evidence: Vec::new(),
+            }),
+        )
+    }
+
+    #[test]
+    fn gaps_are_long_waits_restarts_and_the_unsigned_tail() {
+        // Run 1: records 0..4 signed at 2 and 4 (the second after 90 s); run 2 starts at 6 and
+        // signs run 1's unsigned record 4..5 with its own; 8..9 are never signed.
+        let records = vec![
+            start(0, 0),
+            stop(1, 1),
+            stop(2, 2),
+            stop(3, 92),
+            stop(4, 93),
+            stop(5, 94),
+            start(6, 3600),
+            stop(7, 3601),
+            stop(8, 3700),
+            stop(9, 3701),
+        ];
+        let gaps = gaps(&records, 0, &[2, 4, 8], 60);
+        let kinds: Vec<(&str, u64, i64)> = gaps
+            .iter()
+            .map(|g| (g.kind.as_str(), g.records, g.seconds))
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                ("no checkpoint while records were written", 2, 90),
+                (
+                    "a run ended without signing its last records; the next start signed them",
+                    4,
+                    3601 - 93
+                ),
+                ("records after the last checkpoint, not signed", 2, 1),
+            ]
+        );
+        // Under the threshold, and with every record signed: no gap.
+        assert!(super::gaps(&records[..4], 0, &[2, 4], 120).is_empty());
+    }
+}
