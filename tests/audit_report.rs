@@ -91,6 +91,12 @@ fn verify_prints_a_summary_and_json() {
             .expect("violation")
             .contains("has no checkpoints.log")
     );
+    // The report of such a log leads with the violation, and exits 1 as verify does.
+    let page = tmp.path().join("violation.html");
+    let out = audit(&["report", d, "--out", page.to_str().expect("utf8")]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let html = std::fs::read_to_string(&page).expect("report");
+    assert!(html.contains("data-verdict=\"VIOLATION\""), "{html}");
 }
 
 fn json_lines(text: &str) -> Vec<serde_json::Value> {
