@@ -301,3 +301,37 @@ fn a_sealed_fp8_model_loads_like_the_plaintext() {
     std::fs::write(&weights, bytes).unwrap();
     assert_ne!(ModelDigest::of_dir(&copy).unwrap(), reference);
 }
+
+/// An FP8 KV cache on the CPU: keys and values rounded to E4M3 as they are written (scale 1.0
+/// without checkpoint scales). The logits move, and the predictions stay the bf16 cache's.
+#[test]
+fn an_fp8_kv_cache_rounds_keys_and_values() {
+    use inferno::engine::KvCacheDtype;
+    let model = Model::load(&committed_fixture("inferno-tiny")).unwrap();
+    let tokens = &golden(&committed_fixture("inferno-tiny"))[0].input_ids;
+    let mut plain = CpuBackend::new(&model, 16 << 20).unwrap();
+    let mut fp8 = CpuBackend::new(&model, 16 << 20)
+        .unwrap()
+        .with_kv_cache_dtype(KvCacheDtype::Fp8, model.tensors())
+        .unwrap();
+    let (a, b) = (
+        logits_per_position(&mut plain, tokens),
+        logits_per_position(&mut fp8, tokens),
+    );
+    // The first position attends to itself only, whose value row is rounded too.
+    let mut max_err = 0f32;
+    let mut agree = 0;
+    for (x, y) in a.iter().zip(&b) {
+        agree += usize::from(argmax(x) == argmax(y));
+        for (p, q) in x.iter().zip(y) {
+            max_err = max_err.max((p - q).abs());
+        }
+    }
+    eprintln!(
+        "fp8 KV cache: top-1 agreement {agree}/{}, max |logit diff| {max_err:.4}",
+        a.len()
+    );
+    assert!(max_err > 0.0, "the FP8 cache must round something");
+    assert!(max_err < 1.0, "{max_err}");
+    assert!(agree * 100 >= a.len() * 90, "{agree} of {}", a.len());
+}

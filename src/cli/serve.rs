@@ -39,6 +39,9 @@ pub struct ServeArgs {
     /// scales). The model digest stays that of the files as read.
     #[arg(long, value_enum, value_name = "FORMAT")]
     quantization: Option<crate::model::QuantizeAtLoad>,
+    /// The KV cache's element type, overriding `[engine] kv_cache_dtype`: `auto` or `fp8`.
+    #[arg(long, value_enum, value_name = "DTYPE")]
+    kv_cache_dtype: Option<crate::engine::KvCacheDtype>,
     /// Switch to this unprivileged user once the listening socket, keys and audit log are open,
     /// overriding `server.user`.
     #[arg(long, value_name = "NAME")]
@@ -78,6 +81,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(quantization) = args.quantization {
         config.model.quantization = Some(quantization);
+    }
+    if let Some(dtype) = args.kv_cache_dtype {
+        config.engine.kv_cache_dtype = dtype;
     }
     if let Some(user) = args.user {
         config.server.user = Some(user);
