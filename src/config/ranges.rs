@@ -187,7 +187,7 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         key: "audit.segment_max_bytes",
-        min: Bound::Int(1 << 16),
+        min: Bound::Int(4096),
         max: Bound::Int(64 * GIB),
         value: |c| c.audit.as_ref().and_then(|a| int(a.segment_max_bytes)),
     },
@@ -260,8 +260,10 @@ mod tests {
 
     #[test]
     fn the_defaults_are_within_every_range() {
-        let mut config = Config::default();
-        config.audit = Some(inferno_audit::AuditConfig::default());
+        let mut config = Config {
+            audit: Some(inferno_audit::AuditConfig::default()),
+            ..Config::default()
+        };
         config.engine.max_num_seqs = Some(256);
         config.server.max_model_len = Some(8192);
         config.model.key = Some(ModelKeySource::Broker {

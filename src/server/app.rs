@@ -561,8 +561,10 @@ mod tests {
             sha256: hash("k-alice"),
         };
         let app = |metrics: crate::config::MetricsConfig| {
-            let mut config = Config::default();
-            config.metrics = metrics;
+            let config = Config {
+                metrics,
+                ..Config::default()
+            };
             App::new(
                 config,
                 Authenticator::new(std::slice::from_ref(&api_key)).unwrap(),

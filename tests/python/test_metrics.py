@@ -138,7 +138,7 @@ def _complete(port: int):
         port,
         "/v1/completions",
         {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
-        b'{"model": "inferno-tiny", "prompt": "Once", "max_tokens": 3, "temperature": 0}',
+        b'{"model": "inferno-tiny", "prompt": "Once", "max_tokens": 3, "ignore_eos": true, "temperature": 0}',
     )
     assert status == 200
 
