@@ -28,3 +28,4 @@ pub mod keybroker;
 pub mod model;
 pub mod seal;
 pub mod server;
+pub mod startup;

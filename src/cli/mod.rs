@@ -11,8 +11,6 @@ mod seal;
 mod serve;
 mod serve_flags;
 mod setup;
-mod shutdown;
-mod startup;
 mod thread_cpu;
 mod verify;
 
