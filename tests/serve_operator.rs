@@ -359,6 +359,25 @@ async fn a_second_signal_forces_the_exit() {
         .await
         .unwrap();
     assert_eq!(stalled.status(), reqwest::StatusCode::OK);
+    // The audit log's gauges (no API keys: the loopback development server's /metrics is open).
+    let metrics = client()
+        .get(format!("{}/metrics", served.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let gauge = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("{name} ")))
+            .and_then(|value| value.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+    };
+    assert_eq!(gauge("inferno:audit_enabled"), 1.0);
+    assert_eq!(gauge("inferno:audit_fail_closed"), 0.0);
+    assert!(gauge("inferno:audit_records") >= 1.0, "{metrics}");
     served.signal("TERM");
     served.wait_for_log("finishing in-flight requests", Duration::from_secs(10));
     std::thread::sleep(Duration::from_millis(300));

@@ -77,9 +77,18 @@ pub fn metrics(app: &App, headers: &http::HeaderMap, per_principal: bool) -> Res
     );
     let service = app.service();
     let stats = service.map(|service| (service.name().to_owned(), service.engine().stats()));
+    let audit = app.audit();
     let state = ServerState {
-        audit_enabled: app.audit().is_some(),
-        audit_failed: app.audit().is_some_and(|sink| sink.failure().is_some()),
+        audit_enabled: audit.is_some(),
+        audit_failed: audit.is_some_and(|sink| sink.failure().is_some()),
+        audit_records: audit.map_or(0, |sink| sink.log().durable_size()),
+        // A checkpoint's second line is the number of records it covers.
+        audit_checkpoint: audit
+            .and_then(|sink| sink.latest_checkpoint())
+            .and_then(|text| {
+                let covered = text.lines().nth(1)?.trim().parse().ok()?;
+                Some((covered, text))
+            }),
     };
     let engine = &app.config().engine;
     let text = app.metrics().render(

@@ -109,12 +109,17 @@ fn token_histogram() -> Histogram {
 }
 
 /// The state of the audit log and the attestation, as `/metrics` shows it.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct ServerState {
     /// Whether an audit log is configured and open.
     pub audit_enabled: bool,
     /// Whether the audit log has failed, so every `/v1` request is refused (fail closed).
     pub audit_failed: bool,
+    /// The audit log's durable records.
+    pub audit_records: u64,
+    /// The records its latest signed checkpoint covers, and that checkpoint's text (its age is
+    /// counted from the first scrape that saw it).
+    pub audit_checkpoint: Option<(u64, String)>,
 }
 
 /// All metrics of the server.
@@ -149,6 +154,11 @@ pub struct Metrics {
     grammar_mask_wait: Family<ModelLabel, FloatGauge>,
     audit_enabled: Gauge,
     audit_fail_closed: Gauge,
+    audit_records: Gauge,
+    audit_records_behind: Gauge,
+    audit_checkpoint_age: FloatGauge,
+    /// The latest checkpoint seen at a scrape and when it was first seen.
+    audit_checkpoint_seen: Mutex<Option<(String, Instant)>>,
     attestation_verdict: Gauge,
     attestation_age: FloatGauge,
     /// When the start-up evidence passed its appraisal.
@@ -206,6 +216,9 @@ impl Metrics {
         let grammar_mask_wait = Family::default();
         let audit_enabled = Gauge::default();
         let audit_fail_closed = Gauge::default();
+        let audit_records = Gauge::default();
+        let audit_records_behind = Gauge::default();
+        let audit_checkpoint_age = FloatGauge::default();
         let attestation_verdict = Gauge::default();
         let attestation_age = FloatGauge::default();
         let build_info = Family::<BuildLabel, Gauge>::default();
@@ -341,6 +354,21 @@ impl Metrics {
             audit_fail_closed.clone(),
         );
         registry.register(
+            "inferno:audit_records",
+            "Durable records in the audit log",
+            audit_records.clone(),
+        );
+        registry.register(
+            "inferno:audit_records_behind_checkpoint",
+            "Durable audit records that no signed checkpoint covers yet",
+            audit_records_behind.clone(),
+        );
+        registry.register(
+            "inferno:audit_checkpoint_age_seconds",
+            "Seconds since the latest signed audit checkpoint was first seen (at a scrape)",
+            audit_checkpoint_age.clone(),
+        );
+        registry.register(
             "inferno:attestation_verdict",
             "1 once the start-up evidence passed the server policy (0 before)",
             attestation_verdict.clone(),
@@ -390,6 +418,10 @@ impl Metrics {
             grammar_mask_wait,
             audit_enabled,
             audit_fail_closed,
+            audit_records,
+            audit_records_behind,
+            audit_checkpoint_age,
+            audit_checkpoint_seen: Mutex::new(None),
             attestation_verdict,
             attestation_age,
             attested_at: OnceLock::new(),
@@ -483,8 +515,7 @@ impl Metrics {
         if let Some((model, stats, config)) = engine {
             self.observe_engine(model, stats, config);
         }
-        self.audit_enabled.set(i64::from(state.audit_enabled));
-        self.audit_fail_closed.set(i64::from(state.audit_failed));
+        self.observe_audit(&state);
         self.attestation_verdict
             .set(i64::from(self.attested_at.get().is_some()));
         self.attestation_age.set(
@@ -510,6 +541,30 @@ impl Metrics {
             Format::OpenMetrics => out,
             Format::Text => format::to_text(&out),
         }
+    }
+
+    fn observe_audit(&self, state: &ServerState) {
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.audit_enabled.set(i64::from(state.audit_enabled));
+        self.audit_fail_closed.set(i64::from(state.audit_failed));
+        self.audit_records.set(count(state.audit_records));
+        let Some((covered, text)) = &state.audit_checkpoint else {
+            return;
+        };
+        self.audit_records_behind
+            .set(count(state.audit_records.saturating_sub(*covered)));
+        let mut seen = self
+            .audit_checkpoint_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let since = match &*seen {
+            Some((seen_text, at)) if seen_text == text => *at,
+            _ => {
+                *seen = Some((text.clone(), Instant::now()));
+                Instant::now()
+            }
+        };
+        self.audit_checkpoint_age.set(since.elapsed().as_secs_f64());
     }
 
     fn observe_engine(&self, model: &str, stats: &EngineStats, config: &EngineConfig) {
@@ -802,9 +857,16 @@ mod tests {
         let state = ServerState {
             audit_enabled: true,
             audit_failed: true,
+            audit_records: 12,
+            audit_checkpoint: Some((10, "origin\n10\nroot\n".to_owned())),
         };
         let text = metrics.render(None, state, Format::Text, false);
         assert_eq!(value(&text, "inferno:audit_fail_closed "), 1.0);
+        assert_eq!(value(&text, "inferno:audit_records "), 12.0);
+        assert_eq!(
+            value(&text, "inferno:audit_records_behind_checkpoint "),
+            2.0
+        );
         assert_eq!(value(&text, "inferno:attestation_verdict "), 0.0);
         metrics.record_attested();
         let text = metrics.render(None, ServerState::default(), Format::Text, false);

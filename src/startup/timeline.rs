@@ -97,38 +97,42 @@ pub(crate) fn progress_bar() -> ProgressBar {
 /// How often a hidden progress bar's state is logged while a phase runs.
 pub(crate) const PROGRESS_LOG_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Logs the state of a hidden progress bar until it finishes or is dropped.
+/// Logs the state of a hidden progress bar until it finishes or is dropped (then with the state
+/// last seen: a bar dropped within one poll of its last change is still reported).
 fn log_progress(bar: &indicatif::WeakProgressBar) {
+    let log = |what: &str, phase: &str, (done, total): (u64, u64), elapsed: Duration| {
+        tracing::info!(
+            phase,
+            bytes = done,
+            total_bytes = total,
+            percent = (done * 100).checked_div(total).unwrap_or(0),
+            elapsed_ms = elapsed.as_millis() as u64,
+            "start-up progress: {what}"
+        );
+    };
     let mut phase = String::new();
+    let mut bytes = (0, 0);
     let mut last_line = Instant::now();
     let mut phase_started = Instant::now();
     while let Some(bar) = bar.upgrade() {
         let message = bar.message();
-        let (done, total) = (bar.position(), bar.length().unwrap_or(0));
-        let log = |what: &str, phase: &str, elapsed: Duration| {
-            tracing::info!(
-                phase,
-                bytes = done,
-                total_bytes = total,
-                percent = (done * 100).checked_div(total).unwrap_or(0),
-                elapsed_ms = elapsed.as_millis() as u64,
-                "start-up progress: {what}"
-            );
-        };
+        bytes = (bar.position(), bar.length().unwrap_or(0));
         if bar.is_finished() {
-            log("finished", &message, phase_started.elapsed());
+            log("finished", &message, bytes, phase_started.elapsed());
             return;
         }
         if message != phase && !message.is_empty() {
             phase = message;
             phase_started = Instant::now();
             last_line = Instant::now();
-            log("started", &phase, Duration::ZERO);
+            log("started", &phase, bytes, Duration::ZERO);
         } else if !phase.is_empty() && last_line.elapsed() >= PROGRESS_LOG_INTERVAL {
             last_line = Instant::now();
-            log("running", &phase, phase_started.elapsed());
+            log("running", &phase, bytes, phase_started.elapsed());
         }
         drop(bar);
         std::thread::sleep(Duration::from_millis(50));
     }
+    let phase = if phase.is_empty() { "loading" } else { &phase };
+    log("finished", phase, bytes, phase_started.elapsed());
 }
