@@ -316,8 +316,10 @@ pub enum ConfigError {
         message: String,
     },
     /// A value is out of range or inconsistent with another.
-    #[error("invalid config: {field}: {message}")]
+    #[error("invalid config{}: {field}: {message}", in_file(path.as_deref()))]
     Invalid {
+        /// The file, when the configuration was read from one.
+        path: Option<PathBuf>,
         /// The dotted key, e.g. `auth.keys[1].sha256`.
         field: String,
         /// What is wrong with it.
@@ -335,6 +337,11 @@ impl Config {
         let config = Self::parse(&text).map_err(|err| match err {
             ConfigError::Parse { message, .. } => ConfigError::Parse {
                 path: path.to_path_buf(),
+                message,
+            },
+            ConfigError::Invalid { field, message, .. } => ConfigError::Invalid {
+                path: Some(path.to_path_buf()),
+                field,
                 message,
             },
             other => other,
@@ -365,6 +372,7 @@ impl Config {
     /// Checks ranges and cross-field consistency.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |field: &str, message: &str| ConfigError::Invalid {
+            path: None,
             field: field.to_owned(),
             message: message.to_owned(),
         };
@@ -411,6 +419,12 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// ` file F` for an error in a configuration file, or nothing.
+fn in_file(path: Option<&Path>) -> String {
+    path.map(|path| format!(" file {}", path.display()))
+        .unwrap_or_default()
 }
 
 /// ` (line L)` for a parser error span, or nothing.
@@ -575,6 +589,9 @@ mod tests {
         std::fs::write(&path, "nonsense = 1\n").unwrap();
         let err = Config::load(&path).unwrap_err();
         assert!(err.to_string().contains("bad.toml"), "{err}");
+        std::fs::write(&path, "[limits]\nmax_n = 0\n").unwrap();
+        let err = Config::load(&path).unwrap_err();
+        assert!(err.to_string().contains("bad.toml: limits.max_n"), "{err}");
         let missing = Config::load(&dir.path().join("absent.toml")).unwrap_err();
         assert!(missing.to_string().contains("absent.toml"), "{missing}");
     }

@@ -57,6 +57,7 @@ impl Setting {
         };
         if value.is_nan() || value < self.min.value() || value > self.max.value() {
             return Err(ConfigError::Invalid {
+                path: None,
                 field: self.key.to_owned(),
                 message: format!("{value} is out of range: allowed {}", self.range()),
             });
