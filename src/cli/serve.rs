@@ -46,11 +46,14 @@ pub struct ServeArgs {
     /// overriding `server.user`.
     #[arg(long, value_name = "NAME")]
     user: Option<String>,
+    /// The flags that override other settings of the file.
+    #[command(flatten)]
+    overrides: super::serve_flags::ServeOverrides,
 }
 
 /// Runs `inferno serve`.
 pub fn run(args: ServeArgs) -> ExitCode {
-    super::init_tracing();
+    super::init_tracing_as(args.overrides.log_format);
     match serve(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => super::fail(&err),
@@ -88,6 +91,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(user) = args.user {
         config.server.user = Some(user);
     }
+    args.overrides.apply(&mut config)?;
     let production = config.attestation.profile == AttestationProfile::Production;
     if production {
         // Before any thread or secret exists: every thread inherits it.
@@ -126,7 +130,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 fn refuse_unaudited(config: &Config) -> anyhow::Result<()> {
     if config.audit.is_none() {
         anyhow::bail!(
-            "the production profile refuses to serve without an audit log: add an [audit] table to the configuration (docs/audit-log.md)"
+            "the production profile refuses to serve without an audit log: add an [audit] table to the configuration (docs/audit-log.md); a configuration without [attestation] profile = \"development\" runs the production profile (docs/configuration.md)"
         );
     }
     Ok(())
