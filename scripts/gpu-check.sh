@@ -58,6 +58,8 @@ PATH=/usr/local/cuda/bin:$PATH
 # libxmlsec1/libxml2 and their dependencies, carried by gpu-pack.sh, for our binaries only.
 mkdir -p /tmp/inferno-lib
 [ -f "$G/lib.tar.xz" ] && tar -xJf "$G/lib.tar.xz" -C /tmp/inferno-lib
+# The binaries travel xz-compressed (gpu-pack.sh).
+[ -f "$G/bins.tar.xz" ] && tar -xJf "$G/bins.tar.xz" -C "$G"
 RUN="env LD_LIBRARY_PATH=/tmp/inferno-lib/lib:$LD_LIBRARY_PATH"
 note "commit: $(git rev-parse --short HEAD 2>/dev/null || echo '?') (lead checkout) + .gpu binaries built from $(cat "$G/BUILD_COMMIT" 2>/dev/null || echo '?')"
 

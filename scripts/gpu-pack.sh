@@ -50,4 +50,8 @@ ldd "$DEST/inferno" | awk '$3 ~ /^\// {print $3}' |
   while read -r lib; do cp -L "$lib" "$LIBTMP/lib/"; done
 tar -cJf "$DEST/lib.tar.xz" -C "$LIBTMP" lib
 rm -rf "$LIBTMP"
+# The device tool carries at most 64 MiB: the binaries travel xz-compressed (gpu-check.sh unpacks
+# them), with any other build beside them (e.g. inferno-base for BENCH_BINS="inferno inferno-base").
+bins=$(cd "$DEST" && ls inferno* unit_tests cuda_backend audit_bench 2>/dev/null | grep -v '\.tar\.xz$' || true)
+tar -cJf "$DEST/bins.tar.xz" -C "$DEST" $bins && (cd "$DEST" && rm -f $bins)
 du -sh "$DEST"
