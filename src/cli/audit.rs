@@ -532,7 +532,8 @@ fn export(a: &ExportArgs) -> anyhow::Result<()> {
     let records = read_records(&a.dir)?;
     let mut out: Box<dyn std::io::Write> = match &a.output {
         Some(p) => Box::new(std::io::BufWriter::new(
-            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+            crate::seal::create_new_file(p, 0o600)
+                .with_context(|| format!("creating {}", p.display()))?,
         )),
         None => Box::new(std::io::stdout().lock()),
     };
