@@ -43,6 +43,9 @@ pub struct Config {
 pub struct ModelSection {
     /// `[model.key]`: the key source of a sealed model (`--model-key-file` overrides it).
     pub key: Option<ModelKeySource>,
+    /// `quantization = "fp8"`: serve a 16-bit checkpoint's projections in FP8, quantized at
+    /// load (`--quantization` overrides it); a checkpoint already in FP8 keeps its own scheme.
+    pub quantization: Option<crate::model::QuantizeAtLoad>,
 }
 
 /// Where the key of a sealed model comes from (`docs/sealed-model.md`).

@@ -30,3 +30,4 @@ pub mod model;
 pub mod netlimits;
 pub mod seal;
 pub mod server;
+pub mod startup;

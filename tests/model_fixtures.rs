@@ -70,7 +70,8 @@ fn tiny_qwen2_with_biases_and_untied_head() {
     let model = Model::load(&dir).unwrap();
     let c = &model.config;
     assert_eq!(c.architecture, Architecture::Qwen2);
-    assert!(c.qkv_bias && !c.qk_norm && !c.tie_word_embeddings);
+    let attention = model.definition().attention().clone();
+    assert!(attention.qkv_bias && attention.qk_norm.is_none() && !c.tie_word_embeddings);
     assert_eq!(c.rope.theta, 1_000_000.0);
     assert_eq!(c.rope.scaling, RopeScaling::None);
     assert_eq!(c.head_dim, 16);
@@ -94,7 +95,8 @@ fn tiny_qwen3_with_qk_norm_and_jinja_template() {
     let model = Model::load(&dir).unwrap();
     let c = &model.config;
     assert_eq!(c.architecture, Architecture::Qwen3);
-    assert!(c.qk_norm && !c.qkv_bias);
+    let attention = model.definition().attention().clone();
+    assert!(attention.qk_norm.is_some() && !attention.qkv_bias);
     assert_eq!(
         (c.hidden_size / c.num_attention_heads, c.head_dim),
         (16, 32)

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use inferno::model::{self, DType, Model, ModelConfig, ModelDigest, ModelError};
+use inferno::model::{self, DType, Model, ModelConfig, ModelDefinition, ModelDigest, ModelError};
 use safetensors::Dtype;
 use serde_json::json;
 
@@ -43,6 +43,27 @@ struct Tensor {
 }
 
 impl Tensor {
+    /// An FP8 E4M3 tensor of small finite values that differ with `seed`.
+    fn fp8(shape: &[usize], seed: usize) -> Self {
+        let n: usize = shape.iter().product();
+        // Codes 0x30..0x3f and their negatives: magnitudes 0.5 to about 1.9.
+        let data = (0..n)
+            .map(|i| {
+                let sign = if (seed + i).is_multiple_of(3) {
+                    0x80
+                } else {
+                    0
+                };
+                (0x30 + ((seed + i) % 16) as u8) | sign
+            })
+            .collect();
+        Self {
+            dtype: Dtype::F8_E4M3,
+            shape: shape.to_vec(),
+            data,
+        }
+    }
+
     /// An f32 tensor whose elements are `seed, seed + 1, ...`.
     fn f32(shape: &[usize], seed: f32) -> Self {
         let n: usize = shape.iter().product();
@@ -61,11 +82,18 @@ impl Tensor {
 fn tensors_for(config: &serde_json::Value) -> BTreeMap<String, Tensor> {
     let parsed =
         ModelConfig::from_json(Path::new("config.json"), config.to_string().as_bytes()).unwrap();
-    model::layout(&parsed)
+    model::layout(&ModelDefinition::of(&parsed), parsed.quantization.as_ref())
         .all()
         .into_iter()
         .enumerate()
-        .map(|(i, spec)| (spec.name.clone(), Tensor::f32(&spec.shape, i as f32)))
+        .map(|(i, spec)| {
+            let tensor = if spec.fp8 {
+                Tensor::fp8(&spec.shape, i)
+            } else {
+                Tensor::f32(&spec.shape, i as f32)
+            };
+            (spec.name.clone(), tensor)
+        })
         .collect()
 }
 

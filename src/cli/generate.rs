@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::backend::Device;
 use crate::engine::{EngineConfig, GenerationEvent, GenerationRequest, SamplingParams, StopParams};
-use crate::model::Model;
+use crate::model::{Model, QuantizeAtLoad};
 
 /// Arguments of `inferno generate`.
 #[derive(Debug, clap::Args)]
@@ -41,6 +41,9 @@ pub struct GenerateArgs {
     /// Where the model runs.
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     device: Device,
+    /// Quantize a 16-bit checkpoint's projections when loading it (`fp8`).
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    quantization: Option<QuantizeAtLoad>,
     /// Print one JSON object with the text and the token ids instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -55,7 +58,10 @@ pub fn run(args: GenerateArgs) -> ExitCode {
 }
 
 fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
-    let model = super::setup::load_model(args.model.as_deref())?;
+    let mut model = super::setup::load_model(args.model.as_deref())?;
+    if let Some(quantize) = args.quantization {
+        quantize.apply(&mut model.config);
+    }
     let prompt = tokenize(&model, args)?;
     let engine = super::setup::start_engine(&model, args.device, &EngineConfig::default())?;
     let request = GenerationRequest {
@@ -167,6 +173,7 @@ mod tests {
             seed: None,
             stop: vec![],
             device: Device::Cpu,
+            quantization: None,
             json: false,
         };
         assert_eq!(sampling(&model, &args).temperature, 0.0);

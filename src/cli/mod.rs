@@ -10,7 +10,6 @@ mod proxy;
 mod seal;
 mod serve;
 mod setup;
-mod startup;
 mod thread_cpu;
 mod verify;
 

@@ -6,6 +6,7 @@ use serde_json::Value;
 
 use super::error::ModelError;
 use super::json::{JsonObject, parse_object};
+use super::quantization::Quantization;
 
 /// The model families the engine runs. All are decoder-only transformers with RMSNorm, rotary
 /// position embeddings, grouped-query attention and a SwiGLU MLP; they differ in the details
@@ -83,16 +84,17 @@ pub struct ModelConfig {
     pub rope: RopeConfig,
     /// Whether the LM head reuses the embedding matrix.
     pub tie_word_embeddings: bool,
-    /// Whether q, k and v projections carry a bias (Qwen2, or `attention_bias`).
-    pub qkv_bias: bool,
-    /// Whether q and k get a per-head RMSNorm before RoPE (Qwen3).
-    pub qk_norm: bool,
+    /// `attention_bias`: whether the q, k and v projections carry a bias where the architecture
+    /// does not imply one (the model definition decides, `definition.rs`).
+    pub attention_bias: bool,
     /// Sliding-window attention span, when the model uses one.
     pub sliding_window: Option<usize>,
     /// Beginning-of-sequence token, if the config names one.
     pub bos_token_id: Option<u32>,
     /// End-of-sequence tokens named by the config.
     pub eos_token_ids: Vec<u32>,
+    /// How the checkpoint stores its projections (`quantization_config`); `None`: 16-bit.
+    pub quantization: Option<Quantization>,
 }
 
 impl Architecture {
@@ -356,12 +358,20 @@ impl ModelConfig {
             rms_norm_eps: rms_norm_eps as f32,
             rope: RopeConfig::from_config(&config)?,
             tie_word_embeddings: config.opt_bool("tie_word_embeddings")?.unwrap_or(false),
-            qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
-            qk_norm: architecture == Architecture::Qwen3,
+            attention_bias,
             sliding_window,
             bos_token_id,
             eos_token_ids,
+            quantization: Quantization::from_config(&config)?,
         })
+    }
+
+    /// The format the projections are served in, in words: `unquantized` (their 16- or 32-bit
+    /// values as stored), or the FP8 scheme ([`Quantization::describe`]).
+    pub fn served_format(&self) -> String {
+        self.quantization
+            .as_ref()
+            .map_or_else(|| "unquantized".to_owned(), Quantization::describe)
     }
 
     /// The architecture named by `architectures[0]`, or implied by `model_type`.
@@ -433,7 +443,7 @@ mod tests {
         assert_eq!(c.eos_token_ids, vec![1, 2, 3]);
         assert_eq!(c.bos_token_id, Some(0));
         assert_eq!(c.rms_norm_eps, 1e-5);
-        assert!(c.tie_word_embeddings && !c.qkv_bias && !c.qk_norm);
+        assert!(c.tie_word_embeddings && !c.attention_bias);
     }
 
     #[test]
@@ -466,7 +476,6 @@ mod tests {
             r#", "sliding_window": 4096, "use_sliding_window": false"#,
         ))
         .unwrap();
-        assert!(qwen2.qkv_bias && !qwen2.qk_norm);
         assert_eq!(qwen2.sliding_window, None);
 
         let qwen3 = parse(&config(
@@ -474,7 +483,6 @@ mod tests {
             r#", "head_dim": 32, "attention_bias": false"#,
         ))
         .unwrap();
-        assert!(qwen3.qk_norm && !qwen3.qkv_bias);
         assert_eq!(qwen3.head_dim, 32);
 
         let mistral = parse(&config("MistralForCausalLM", r#", "sliding_window": 4096"#)).unwrap();

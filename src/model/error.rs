@@ -96,8 +96,9 @@ pub enum ModelError {
         /// The shape stored in the file.
         actual: Vec<usize>,
     },
-    /// A tensor is stored in a dtype other than bf16, f16 or f32.
-    #[error("tensor `{name}` in {}: unsupported dtype {dtype} (expected BF16, F16 or F32)", path.display())]
+    /// A tensor is stored in a dtype the engine does not read, or not in the one the model's
+    /// `quantization_config` implies for it.
+    #[error("tensor `{name}` in {}: dtype {dtype} (expected {expected})", path.display())]
     TensorDtype {
         /// The tensor's name.
         name: String,
@@ -105,6 +106,8 @@ pub enum ModelError {
         path: PathBuf,
         /// The dtype stored in the file.
         dtype: String,
+        /// What was expected.
+        expected: &'static str,
     },
     /// `tokenizer.json` could not be loaded by the tokenizers crate.
     #[error("{}: cannot load tokenizer: {reason}", path.display())]

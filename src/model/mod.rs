@@ -5,12 +5,15 @@
 pub mod buffer;
 pub mod chat_template;
 pub mod config;
+pub mod definition;
 pub mod digest;
 mod embedded;
 pub mod error;
 pub mod files;
+pub mod fp8;
 pub mod generation;
 mod json;
+pub mod quantization;
 mod source;
 pub mod tensors;
 pub mod tokenizer_config;
@@ -21,12 +24,16 @@ use std::sync::{Arc, Mutex};
 
 pub use chat_template::{ChatTemplate, TemplateError};
 pub use config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
+pub use definition::{
+    AttentionDefinition, LayerDefinition, LmHead, MlpDefinition, ModelDefinition, Norm,
+};
 pub use digest::{FileDigest, ModelDigest};
 pub use embedded::EMBEDDED_MODEL_NAME;
 pub use error::ModelError;
 pub use files::{BlockSink, FileBytes, ModelFiles};
 pub use generation::GenerationDefaults;
-pub use tensors::{LayerTensors, TensorLayout, TensorSpec, layout};
+pub use quantization::{Quantization, QuantizationMethod, QuantizeAtLoad};
+pub use tensors::{Fp8Tensors, LayerTensors, LinearTensors, TensorLayout, TensorSpec, layout};
 pub use tokenizer_config::SpecialTokens;
 pub use weights::{DType, ModelWeights, TensorView};
 
@@ -82,6 +89,13 @@ pub struct ModelTensors<'a> {
     pub config: &'a ModelConfig,
     /// The weights, validated against the architecture's tensor layout.
     pub weights: &'a ModelWeights,
+}
+
+impl ModelTensors<'_> {
+    /// What the model's layers compute, as its architecture declares it.
+    pub fn definition(&self) -> ModelDefinition {
+        ModelDefinition::of(self.config)
+    }
 }
 
 /// The parts of a model that turn text into tokens and back, parsed apart from the tensors.
@@ -275,6 +289,11 @@ impl Model {
         Self::load_building(ModelSource::Files(files), name, ahead, build)
     }
 
+    /// What the model's layers compute, as its architecture declares it.
+    pub fn definition(&self) -> ModelDefinition {
+        ModelDefinition::of(&self.config)
+    }
+
     /// The configuration and the weights, which is what a backend is built from.
     pub fn tensors(&self) -> ModelTensors<'_> {
         ModelTensors {
@@ -299,7 +318,7 @@ impl Model {
     ) -> Result<(Self, T), ModelError> {
         let config = ModelConfig::from_json(&source.path(CONFIG_FILE), &source.read(CONFIG_FILE)?)?;
         let weights = ModelWeights::open(&source)?;
-        layout(&config).validate(&weights)?;
+        layout(&ModelDefinition::of(&config), config.quantization.as_ref()).validate(&weights)?;
         let digest = ModelDigest::of_source(&source)?;
 
         let (text, built) = std::thread::scope(|scope| {

@@ -1,9 +1,11 @@
-//! The tensors each supported architecture needs: their Hugging Face names and the shapes the
-//! configuration implies. Every backend fetches weights through this layout, and loading
-//! validates the weights files against it.
+//! The weight-name mapping: the tensors a model definition needs, with their Hugging Face names
+//! and the shapes the definition implies. Every backend fetches weights through this layout, and
+//! loading validates the weights files against it.
 
-use super::config::ModelConfig;
+use super::definition::{LmHead, MlpDefinition, ModelDefinition};
 use super::error::ModelError;
+use super::fp8::{ActivationScale, WeightScale};
+use super::quantization::Quantization;
 use super::weights::ModelWeights;
 
 /// The name and expected shape of one tensor.
@@ -13,68 +15,129 @@ pub struct TensorSpec {
     pub name: String,
     /// Its dimensions, outermost first (`[out, in]` for projections).
     pub shape: Vec<usize>,
+    /// Whether it is stored in FP8 E4M3 (an FP8 projection's values); otherwise in bf16, f16 or
+    /// f32.
+    pub fp8: bool,
 }
 
 impl TensorSpec {
-    /// A spec for `name` with `shape`.
+    /// A spec for the 16- or 32-bit tensor `name` with `shape`.
     fn new(name: String, shape: &[usize]) -> Self {
         Self {
             name,
             shape: shape.to_vec(),
+            fp8: false,
         }
     }
 }
 
+/// The scales of an FP8 projection, and how its input is quantized.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fp8Tensors {
+    /// The weight scales: in the checkpoint (`weight_scale`, `weight_scale_inv`), or `None` when
+    /// the projection is quantized at load.
+    pub scale: Option<TensorSpec>,
+    /// The layout of the weight scales.
+    pub weights: WeightScale,
+    /// The static input scale (`input_scale`), when the scheme has one.
+    pub input_scale: Option<TensorSpec>,
+    /// How the product's input is quantized.
+    pub activations: ActivationScale,
+}
+
+/// A linear projection `y = x · Wᵀ`: its `[out, in]` weight and, in FP8, its scales.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinearTensors {
+    /// The weight matrix.
+    pub weight: TensorSpec,
+    /// How it is quantized, when in FP8.
+    pub fp8: Option<Fp8Tensors>,
+}
+
+impl LinearTensors {
+    /// The projection `module` (e.g. `model.layers.0.self_attn.q_proj`) of shape `[out, in]`,
+    /// stored as `quantization` says.
+    fn new(module: &str, out: usize, inp: usize, quantization: Option<&Quantization>) -> Self {
+        let mut weight = TensorSpec::new(format!("{module}.weight"), &[out, inp]);
+        let fp8 = quantization.filter(|q| q.quantizes(module)).map(|q| {
+            let in_checkpoint = q.in_checkpoint();
+            weight.fp8 = in_checkpoint;
+            Fp8Tensors {
+                scale: in_checkpoint.then(|| {
+                    TensorSpec::new(q.scale_tensor(module), &q.weights.scale_shape(out, inp))
+                }),
+                weights: q.weights,
+                input_scale: q
+                    .input_scale_tensor(module)
+                    .filter(|_| in_checkpoint)
+                    .map(|name| TensorSpec::new(name, &[1])),
+                activations: q.activations,
+            }
+        });
+        Self { weight, fp8 }
+    }
+
+    /// The projection's tensors in the checkpoint.
+    pub fn all(&self) -> Vec<&TensorSpec> {
+        let mut specs = vec![&self.weight];
+        if let Some(fp8) = &self.fp8 {
+            specs.extend(fp8.scale.iter().chain(&fp8.input_scale));
+        }
+        specs
+    }
+}
+
 /// The tensors of one transformer block.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LayerTensors {
     /// RMSNorm weight before attention, `[hidden]`.
     pub input_norm: TensorSpec,
     /// Query projection, `[heads * head_dim, hidden]`.
-    pub q_proj: TensorSpec,
+    pub q_proj: LinearTensors,
     /// Key projection, `[kv_heads * head_dim, hidden]`.
-    pub k_proj: TensorSpec,
+    pub k_proj: LinearTensors,
     /// Value projection, `[kv_heads * head_dim, hidden]`.
-    pub v_proj: TensorSpec,
+    pub v_proj: LinearTensors,
     /// Query, key and value biases (Qwen2, or `attention_bias`).
     pub qkv_bias: Option<[TensorSpec; 3]>,
     /// Per-head RMSNorm weights for queries and keys, `[head_dim]` each (Qwen3).
     pub qk_norm: Option<[TensorSpec; 2]>,
     /// Attention output projection, `[hidden, heads * head_dim]`.
-    pub o_proj: TensorSpec,
+    pub o_proj: LinearTensors,
     /// RMSNorm weight before the MLP, `[hidden]`.
     pub post_attention_norm: TensorSpec,
     /// MLP gate projection, `[intermediate, hidden]`.
-    pub gate_proj: TensorSpec,
+    pub gate_proj: LinearTensors,
     /// MLP up projection, `[intermediate, hidden]`.
-    pub up_proj: TensorSpec,
+    pub up_proj: LinearTensors,
     /// MLP down projection, `[hidden, intermediate]`.
-    pub down_proj: TensorSpec,
+    pub down_proj: LinearTensors,
 }
 
 impl LayerTensors {
     /// Every tensor of the block.
     pub fn all(&self) -> Vec<&TensorSpec> {
-        let mut specs = vec![&self.input_norm, &self.q_proj, &self.k_proj, &self.v_proj];
+        let mut specs = vec![&self.input_norm];
+        for projection in [&self.q_proj, &self.k_proj, &self.v_proj] {
+            specs.extend(projection.all());
+        }
         if let Some(biases) = &self.qkv_bias {
             specs.extend(biases);
         }
         if let Some(norms) = &self.qk_norm {
             specs.extend(norms);
         }
-        specs.extend([
-            &self.o_proj,
-            &self.post_attention_norm,
-            &self.gate_proj,
-            &self.up_proj,
-            &self.down_proj,
-        ]);
+        specs.extend(self.o_proj.all());
+        specs.push(&self.post_attention_norm);
+        for projection in [&self.gate_proj, &self.up_proj, &self.down_proj] {
+            specs.extend(projection.all());
+        }
         specs
     }
 }
 
 /// Every tensor a model needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TensorLayout {
     /// Token embeddings, `[vocab, hidden]`.
     pub embed_tokens: TensorSpec,
@@ -83,8 +146,8 @@ pub struct TensorLayout {
     /// Final RMSNorm weight, `[hidden]`.
     pub final_norm: TensorSpec,
     /// The LM head, `[vocab, hidden]`: `lm_head.weight`, or the embedding matrix itself when the
-    /// embeddings are tied (then its name equals `embed_tokens.name`).
-    pub lm_head: TensorSpec,
+    /// embeddings are tied (then its weight's name equals `embed_tokens.name`).
+    pub lm_head: LinearTensors,
 }
 
 impl TensorLayout {
@@ -95,68 +158,90 @@ impl TensorLayout {
             specs.extend(layer.all());
         }
         specs.push(&self.final_norm);
-        if self.lm_head.name != self.embed_tokens.name {
-            specs.push(&self.lm_head);
+        if !self.lm_head_tied() {
+            specs.extend(self.lm_head.all());
         }
         specs
     }
 
-    /// Checks that `weights` holds every tensor with the expected shape and an accepted dtype.
+    /// Whether the LM head is the embedding matrix.
+    pub fn lm_head_tied(&self) -> bool {
+        self.lm_head.weight.name == self.embed_tokens.name
+    }
+
+    /// Checks that `weights` holds every tensor with the expected shape, FP8 exactly where the
+    /// quantization says so and an accepted 16- or 32-bit float type elsewhere.
     pub fn validate(&self, weights: &ModelWeights) -> Result<(), ModelError> {
         for spec in self.all() {
-            weights.check(&spec.name, &spec.shape)?;
+            weights.check_spec(spec)?;
         }
         Ok(())
     }
 }
 
-/// The tensor layout `config` implies. All four architectures share the Llama naming scheme;
-/// they differ in the optional biases and q/k norms.
-pub fn layout(config: &ModelConfig) -> TensorLayout {
-    let hidden = config.hidden_size;
-    let q_dim = config.num_attention_heads * config.head_dim;
-    let kv_dim = config.num_key_value_heads * config.head_dim;
-    let inter = config.intermediate_size;
-    let layers = (0..config.num_hidden_layers)
-        .map(|i| {
+/// The tensor layout `definition` implies, with its projections stored as `quantization` says
+/// (16-bit without one). All four architectures share the Llama naming scheme; a layer's optional
+/// tensors (biases, q/k norms) follow what its definition declares.
+pub fn layout(definition: &ModelDefinition, quantization: Option<&Quantization>) -> TensorLayout {
+    let hidden = definition.hidden;
+    let layers = definition
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(i, layer)| {
             let name = |suffix: &str| format!("model.layers.{i}.{suffix}");
+            let linear = |module: &str, out: usize, inp: usize| {
+                LinearTensors::new(
+                    &format!("model.layers.{i}.{module}"),
+                    out,
+                    inp,
+                    quantization,
+                )
+            };
+            let attention = &layer.attention;
+            let (q_dim, kv_dim) = (attention.q_width(), attention.kv_width());
+            let MlpDefinition::SwiGlu {
+                intermediate: inter,
+            } = layer.mlp;
             LayerTensors {
                 input_norm: TensorSpec::new(name("input_layernorm.weight"), &[hidden]),
-                q_proj: TensorSpec::new(name("self_attn.q_proj.weight"), &[q_dim, hidden]),
-                k_proj: TensorSpec::new(name("self_attn.k_proj.weight"), &[kv_dim, hidden]),
-                v_proj: TensorSpec::new(name("self_attn.v_proj.weight"), &[kv_dim, hidden]),
-                qkv_bias: config.qkv_bias.then(|| {
+                q_proj: linear("self_attn.q_proj", q_dim, hidden),
+                k_proj: linear("self_attn.k_proj", kv_dim, hidden),
+                v_proj: linear("self_attn.v_proj", kv_dim, hidden),
+                qkv_bias: attention.qkv_bias.then(|| {
                     [
                         TensorSpec::new(name("self_attn.q_proj.bias"), &[q_dim]),
                         TensorSpec::new(name("self_attn.k_proj.bias"), &[kv_dim]),
                         TensorSpec::new(name("self_attn.v_proj.bias"), &[kv_dim]),
                     ]
                 }),
-                qk_norm: config.qk_norm.then(|| {
+                qk_norm: attention.qk_norm.map(|_| {
                     [
-                        TensorSpec::new(name("self_attn.q_norm.weight"), &[config.head_dim]),
-                        TensorSpec::new(name("self_attn.k_norm.weight"), &[config.head_dim]),
+                        TensorSpec::new(name("self_attn.q_norm.weight"), &[attention.head_dim]),
+                        TensorSpec::new(name("self_attn.k_norm.weight"), &[attention.head_dim]),
                     ]
                 }),
-                o_proj: TensorSpec::new(name("self_attn.o_proj.weight"), &[hidden, q_dim]),
+                o_proj: linear("self_attn.o_proj", hidden, q_dim),
                 post_attention_norm: TensorSpec::new(
                     name("post_attention_layernorm.weight"),
                     &[hidden],
                 ),
-                gate_proj: TensorSpec::new(name("mlp.gate_proj.weight"), &[inter, hidden]),
-                up_proj: TensorSpec::new(name("mlp.up_proj.weight"), &[inter, hidden]),
-                down_proj: TensorSpec::new(name("mlp.down_proj.weight"), &[hidden, inter]),
+                gate_proj: linear("mlp.gate_proj", inter, hidden),
+                up_proj: linear("mlp.up_proj", inter, hidden),
+                down_proj: linear("mlp.down_proj", hidden, inter),
             }
         })
         .collect();
     let embed_tokens = TensorSpec::new(
         "model.embed_tokens.weight".into(),
-        &[config.vocab_size, hidden],
+        &[definition.vocab, hidden],
     );
-    let lm_head = if config.tie_word_embeddings {
-        embed_tokens.clone()
-    } else {
-        TensorSpec::new("lm_head.weight".into(), &[config.vocab_size, hidden])
+    let lm_head = match definition.lm_head {
+        LmHead::TiedToEmbeddings => LinearTensors {
+            weight: embed_tokens.clone(),
+            fp8: None,
+        },
+        LmHead::Separate => LinearTensors::new("lm_head", definition.vocab, hidden, quantization),
     };
     TensorLayout {
         embed_tokens,
@@ -171,6 +256,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
+    use crate::model::ModelConfig;
 
     fn config(arch: &str, extra: &str) -> ModelConfig {
         let json = format!(
@@ -181,25 +267,35 @@ mod tests {
         ModelConfig::from_json(Path::new("config.json"), json.as_bytes()).unwrap()
     }
 
+    fn layout_of(config: &ModelConfig) -> TensorLayout {
+        layout(&ModelDefinition::of(config), config.quantization.as_ref())
+    }
+
     fn names(layout: &TensorLayout) -> Vec<&str> {
         layout.all().into_iter().map(|s| s.name.as_str()).collect()
     }
 
     #[test]
     fn llama_layout_names_and_shapes() {
-        let l = layout(&config("LlamaForCausalLM", ""));
+        let l = layout_of(&config("LlamaForCausalLM", ""));
         assert_eq!(l.all().len(), 1 + 2 * 9 + 1 + 1);
         assert_eq!(l.embed_tokens.shape, vec![11, 32]);
-        assert_eq!(l.lm_head.name, "lm_head.weight");
+        assert_eq!(l.lm_head.weight.name, "lm_head.weight");
         let layer = &l.layers[1];
-        assert_eq!(layer.q_proj.name, "model.layers.1.self_attn.q_proj.weight");
-        assert_eq!(layer.q_proj.shape, vec![32, 32]);
-        assert_eq!(layer.k_proj.shape, vec![16, 32]);
-        assert_eq!(layer.v_proj.shape, vec![16, 32]);
-        assert_eq!(layer.o_proj.shape, vec![32, 32]);
-        assert_eq!(layer.gate_proj.shape, vec![48, 32]);
-        assert_eq!(layer.down_proj.name, "model.layers.1.mlp.down_proj.weight");
-        assert_eq!(layer.down_proj.shape, vec![32, 48]);
+        assert_eq!(
+            layer.q_proj.weight.name,
+            "model.layers.1.self_attn.q_proj.weight"
+        );
+        assert_eq!(layer.q_proj.weight.shape, vec![32, 32]);
+        assert_eq!(layer.k_proj.weight.shape, vec![16, 32]);
+        assert_eq!(layer.v_proj.weight.shape, vec![16, 32]);
+        assert_eq!(layer.o_proj.weight.shape, vec![32, 32]);
+        assert_eq!(layer.gate_proj.weight.shape, vec![48, 32]);
+        assert_eq!(
+            layer.down_proj.weight.name,
+            "model.layers.1.mlp.down_proj.weight"
+        );
+        assert_eq!(layer.down_proj.weight.shape, vec![32, 48]);
         assert_eq!(
             layer.post_attention_norm.name,
             "model.layers.1.post_attention_layernorm.weight"
@@ -209,18 +305,19 @@ mod tests {
 
     #[test]
     fn tied_embeddings_share_the_matrix() {
-        let l = layout(&config(
+        let l = layout_of(&config(
             "MistralForCausalLM",
             r#", "tie_word_embeddings": true"#,
         ));
-        assert_eq!(l.lm_head, l.embed_tokens);
+        assert_eq!(l.lm_head.weight, l.embed_tokens);
+        assert!(l.lm_head_tied());
         assert!(!names(&l).contains(&"lm_head.weight"));
         assert_eq!(l.all().len(), 1 + 2 * 9 + 1);
     }
 
     #[test]
     fn qwen_variants_add_biases_and_norms() {
-        let qwen2 = layout(&config("Qwen2ForCausalLM", ""));
+        let qwen2 = layout_of(&config("Qwen2ForCausalLM", ""));
         let biases = qwen2.layers[0].qkv_bias.as_ref().unwrap();
         assert_eq!(biases[0].name, "model.layers.0.self_attn.q_proj.bias");
         assert_eq!(
@@ -229,13 +326,51 @@ mod tests {
         );
 
         // Qwen3 with an explicit head_dim that differs from hidden / heads.
-        let qwen3 = layout(&config("Qwen3ForCausalLM", r#", "head_dim": 16"#));
+        let qwen3 = layout_of(&config("Qwen3ForCausalLM", r#", "head_dim": 16"#));
         let layer = &qwen3.layers[0];
         let norms = layer.qk_norm.as_ref().unwrap();
         assert_eq!(norms[1].name, "model.layers.0.self_attn.k_norm.weight");
         assert_eq!(norms[1].shape, vec![16]);
-        assert_eq!(layer.q_proj.shape, vec![64, 32]);
-        assert_eq!(layer.o_proj.shape, vec![32, 64]);
+        assert_eq!(layer.q_proj.weight.shape, vec![64, 32]);
+        assert_eq!(layer.o_proj.weight.shape, vec![32, 64]);
         assert!(layer.qkv_bias.is_none());
+    }
+
+    /// An FP8 checkpoint's layout: FP8 values and scales for every projection but the ignored
+    /// LM head, 16-bit everything else.
+    #[test]
+    fn fp8_projections_carry_their_scales() {
+        let config = config(
+            "LlamaForCausalLM",
+            r#", "quantization_config": {"quant_method": "compressed-tensors",
+                "config_groups": {"g": {"targets": ["Linear"],
+                  "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                  "input_activations": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": false}}},
+                "ignore": ["lm_head"]}"#,
+        );
+        let l = layout_of(&config);
+        let q = &l.layers[0].q_proj;
+        assert!(q.weight.fp8);
+        let fp8 = q.fp8.as_ref().unwrap();
+        let scale = fp8.scale.as_ref().unwrap();
+        assert_eq!(scale.name, "model.layers.0.self_attn.q_proj.weight_scale");
+        assert_eq!(scale.shape, vec![32, 1]);
+        assert!(!scale.fp8);
+        assert_eq!(
+            fp8.input_scale.as_ref().unwrap().name,
+            "model.layers.0.self_attn.q_proj.input_scale"
+        );
+        assert!(l.lm_head.fp8.is_none() && !l.lm_head.weight.fp8);
+        assert!(!l.layers[0].input_norm.fp8);
+        // Each of the 7 projections adds a weight scale and an input scale.
+        assert_eq!(l.all().len(), 1 + 2 * (9 + 14) + 1 + 1);
+
+        // Quantized at load: the same projections, no scale tensors in the checkpoint.
+        let mut plain = config.clone();
+        plain.quantization = Some(Quantization::fp8_at_load());
+        let l = layout_of(&plain);
+        let q = &l.layers[1].down_proj;
+        assert!(!q.weight.fp8 && q.fp8.as_ref().unwrap().scale.is_none());
+        assert_eq!(l.all().len(), 1 + 2 * 9 + 1 + 1);
     }
 }

@@ -26,12 +26,15 @@ pub enum DType {
     F16,
     /// IEEE single precision.
     F32,
+    /// FP8 E4M3 (`float8_e4m3fn`): the values of an FP8 projection, scaled by its scale tensor.
+    F8E4M3,
 }
 
 impl DType {
     /// Size of one element in bytes.
     pub fn size(self) -> usize {
         match self {
+            Self::F8E4M3 => 1,
             Self::BF16 | Self::F16 => 2,
             Self::F32 => 4,
         }
@@ -43,6 +46,7 @@ impl DType {
             Dtype::BF16 => Some(Self::BF16),
             Dtype::F16 => Some(Self::F16),
             Dtype::F32 => Some(Self::F32),
+            Dtype::F8_E4M3 => Some(Self::F8E4M3),
             _ => None,
         }
     }
@@ -60,9 +64,14 @@ pub struct TensorView<'a> {
 }
 
 impl TensorView<'_> {
-    /// The elements converted to f32 (exact for every accepted dtype).
+    /// The elements converted to f32 (exact for every accepted dtype; FP8 values unscaled).
     pub fn to_f32(&self) -> Vec<f32> {
         match self.dtype {
+            DType::F8E4M3 => self
+                .data
+                .iter()
+                .map(|&b| super::fp8::e4m3_to_f32(b))
+                .collect(),
             DType::F32 => self
                 .data
                 .chunks_exact(4)
@@ -229,12 +238,31 @@ impl ModelWeights {
                 name: name.to_owned(),
                 path: shard.path.clone(),
                 dtype: format!("{:?}", entry.dtype),
+                expected: "BF16, F16, F32 or F8_E4M3",
             })?;
         Ok(TensorView {
             dtype,
             shape: entry.shape.clone(),
             data: &shard.bytes.as_slice()[entry.range.clone()],
         })
+    }
+
+    /// Checks that `spec`'s tensor exists with its shape, in FP8 exactly when the spec says so.
+    pub fn check_spec(&self, spec: &super::TensorSpec) -> Result<TensorView<'_>, ModelError> {
+        let view = self.check(&spec.name, &spec.shape)?;
+        if (view.dtype == DType::F8E4M3) != spec.fp8 {
+            return Err(ModelError::TensorDtype {
+                name: spec.name.clone(),
+                path: self.file_of(&spec.name),
+                dtype: format!("{:?}", view.dtype),
+                expected: if spec.fp8 {
+                    "F8_E4M3, as the quantization_config declares"
+                } else {
+                    "BF16, F16 or F32"
+                },
+            });
+        }
+        Ok(view)
     }
 
     /// Checks that `name` exists with `expected_shape`.
@@ -258,6 +286,27 @@ impl ModelWeights {
     /// The tensor `name`, checked against `expected_shape` and converted to f32.
     pub fn to_f32(&self, name: &str, expected_shape: &[usize]) -> Result<Vec<f32>, ModelError> {
         Ok(self.check(name, expected_shape)?.to_f32())
+    }
+
+    /// The `[out, in]` matrix of the projection `spec` in f32, checked against its layout: its
+    /// values as stored; for an FP8 projection in the checkpoint its E4M3 values times their
+    /// scales; for one quantized at load the values an FP8 copy of the stored matrix holds.
+    pub fn linear_f32(&self, spec: &super::LinearTensors) -> Result<Vec<f32>, ModelError> {
+        let (out, inp) = (spec.weight.shape[0], spec.weight.shape[1]);
+        let values = self.check_spec(&spec.weight)?.to_f32();
+        let Some(fp8) = &spec.fp8 else {
+            return Ok(values);
+        };
+        Ok(match &fp8.scale {
+            Some(scale) => {
+                let scales = self.check_spec(scale)?.to_f32();
+                fp8.weights.dequantize(&values, &scales, inp)
+            }
+            None => {
+                let (values, scales) = fp8.weights.quantize(&values, out, inp);
+                fp8.weights.dequantize(&values, &scales, inp)
+            }
+        })
     }
 
     /// The file holding `name` (for error messages).

@@ -88,6 +88,7 @@ fn model_card(service: &ModelService) -> ModelCard {
         owned_by: "inferno",
         max_model_len: service.max_context(),
         digest: service.digest().to_owned(),
+        weight_format: service.weight_format().to_owned(),
     }
 }
 

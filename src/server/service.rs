@@ -42,6 +42,7 @@ pub struct ModelService {
     chat_template: Option<ChatTemplate>,
     name: String,
     digest: String,
+    weight_format: String,
     max_context: usize,
     defaults: SamplingParams,
     created: u64,
@@ -87,6 +88,7 @@ impl ModelService {
             max_context: engine.max_context(),
             name: served_name.unwrap_or_else(|| model.name.clone()),
             digest: model.digest.to_string(),
+            weight_format: model.config.served_format(),
             special_text: SpecialTokenText::prepare(&model.tokenizer),
             tokenizer: model.tokenizer,
             chat_template: model.chat_template,
@@ -104,6 +106,11 @@ impl ModelService {
     /// The model digest (hex SHA-256).
     pub fn digest(&self) -> &str {
         &self.digest
+    }
+
+    /// The format the weights are served in (`ModelConfig::served_format`).
+    pub fn weight_format(&self) -> &str {
+        &self.weight_format
     }
 
     /// Context length in tokens.

@@ -3,6 +3,7 @@
 use rayon::prelude::*;
 
 use super::kv_cache::{LayerCache, slot};
+use crate::model::AttentionDefinition;
 
 /// Where one token of the batch sits: its position and its sequence's block table.
 #[derive(Debug, Clone, Copy)]
@@ -11,20 +12,25 @@ pub struct TokenContext<'a> {
     pub block_table: &'a [u32],
 }
 
-/// Attention of every token's query heads over the cached keys and values of positions
-/// `0..=position` of its sequence. `queries` is `[tokens, heads * head_dim]`; the result has the
+/// Attention as `definition` declares it, of every token's query heads over the cached keys and
+/// values of positions `0..=position` of its sequence (only the last `sliding_window` of them
+/// where the definition limits it). `queries` is `[tokens, heads * head_dim]`; the result has the
 /// same shape. Query head `h` reads KV head `h / (heads / kv_heads)`.
 pub fn attend(
     queries: &[f32],
     cache: &LayerCache,
     contexts: &[TokenContext<'_>],
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
+    definition: &AttentionDefinition,
 ) -> Vec<f32> {
+    let (heads, kv_heads, head_dim) = (
+        definition.num_heads,
+        definition.num_kv_heads,
+        definition.head_dim,
+    );
     let group = heads / kv_heads;
     let slot_width = kv_heads * head_dim;
-    let scale = 1.0 / (head_dim as f32).sqrt();
+    let scale = definition.scale();
+    let window = definition.sliding_window.unwrap_or(usize::MAX);
     let mut out = vec![0.0f32; queries.len()];
     out.par_chunks_mut(head_dim)
         .enumerate()
@@ -33,7 +39,8 @@ pub fn attend(
             let ctx = contexts[t];
             let q = &queries[i * head_dim..(i + 1) * head_dim];
             let kv_offset = (h / group) * head_dim;
-            let slots: Vec<usize> = (0..=ctx.position)
+            let first = (ctx.position + 1).saturating_sub(window);
+            let slots: Vec<usize> = (first..=ctx.position)
                 .map(|p| slot(ctx.block_table, p))
                 .collect();
             let scores: Vec<f32> = slots

@@ -1,5 +1,6 @@
 //! The CPU reference backend: a straightforward f32 forward pass over the paged KV cache,
-//! multi-threaded with rayon.
+//! multi-threaded with rayon, executing the model definition (`model/definition.rs`) operation by
+//! operation.
 //!
 //! It is the oracle the CUDA backend is tested against and the default for small models on
 //! machines without a GPU. Weights are converted to f32 once at load; every step computes in f32,
@@ -11,7 +12,7 @@ mod math;
 mod weights;
 
 use crate::engine::{BLOCK_SIZE, Backend, BackendError, BatchRow, KvCacheShape, StepOutput};
-use crate::model::{Model, ModelConfig, ModelError, ModelTensors};
+use crate::model::{MlpDefinition, Model, ModelDefinition, ModelError, ModelTensors, Norm};
 
 use attention::TokenContext;
 use kv_cache::{KvCache, slot};
@@ -36,7 +37,7 @@ pub enum CpuBackendError {
 /// The f32 reference forward pass.
 #[derive(Debug)]
 pub struct CpuBackend {
-    config: ModelConfig,
+    definition: ModelDefinition,
     weights: CpuWeights,
     inv_freqs: Vec<f32>,
     cache: KvCache,
@@ -53,10 +54,11 @@ impl CpuBackend {
         model: ModelTensors<'_>,
         kv_cache_bytes: u64,
     ) -> Result<Self, CpuBackendError> {
-        let config = model.config.clone();
-        let slot_width = config.num_key_value_heads * config.head_dim;
-        let block_bytes =
-            KvCache::bytes_per_token(config.num_hidden_layers, slot_width) * BLOCK_SIZE;
+        let definition = model.definition();
+        let attention = definition.attention();
+        let slot_width = attention.kv_width();
+        let layers = definition.layers.len();
+        let block_bytes = KvCache::bytes_per_token(layers, slot_width) * BLOCK_SIZE;
         let num_blocks = (kv_cache_bytes / block_bytes as u64) as usize;
         if num_blocks == 0 {
             return Err(CpuBackendError::CacheTooSmall {
@@ -64,11 +66,11 @@ impl CpuBackend {
                 block: block_bytes,
             });
         }
-        let weights = CpuWeights::load(model)?;
-        let inv_freqs = config.rope.inv_freqs(config.head_dim);
-        let cache = KvCache::new(config.num_hidden_layers, slot_width, num_blocks);
+        let weights = CpuWeights::load(model, &definition, model.config.quantization.as_ref())?;
+        let inv_freqs = attention.rope.inv_freqs(attention.head_dim);
+        let cache = KvCache::new(layers, slot_width, num_blocks);
         Ok(Self {
-            config,
+            definition,
             weights,
             inv_freqs,
             cache,
@@ -100,7 +102,7 @@ impl CpuBackend {
             if let Some(&token) = row
                 .tokens
                 .iter()
-                .find(|&&t| t as usize >= self.config.vocab_size)
+                .find(|&&t| t as usize >= self.definition.vocab)
             {
                 return Err(BackendError::InvalidBatch(format!(
                     "token {token} is outside the vocabulary"
@@ -110,7 +112,8 @@ impl CpuBackend {
         Ok(())
     }
 
-    /// One transformer block over the batch's hidden states, in place.
+    /// One transformer block over the batch's hidden states, in place, as its definition
+    /// declares it.
     fn layer(
         &mut self,
         index: usize,
@@ -118,28 +121,26 @@ impl CpuBackend {
         contexts: &[TokenContext<'_>],
         slots: &[usize],
     ) {
-        let cfg = &self.config;
+        let layer = &self.definition.layers[index];
         let w: &LayerWeights = &self.weights.layers[index];
-        let (dim, tokens) = (cfg.hidden_size, contexts.len());
-        let (heads, kv_heads, head_dim) = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        );
-        let (q_dim, kv_dim) = (heads * head_dim, kv_heads * head_dim);
+        let (dim, tokens) = (self.definition.hidden, contexts.len());
+        let attention = &layer.attention;
+        let head_dim = attention.head_dim;
+        let (q_dim, kv_dim) = (attention.q_width(), attention.kv_width());
 
-        let x = math::rms_norm(hidden, &w.input_norm, cfg.rms_norm_eps);
-        let mut q = math::matmul(&x, &w.q_proj, tokens, dim, q_dim);
-        let mut k = math::matmul(&x, &w.k_proj, tokens, dim, kv_dim);
-        let mut v = math::matmul(&x, &w.v_proj, tokens, dim, kv_dim);
+        let x = norm(layer.input_norm, hidden, &w.input_norm);
+        let mut q = w.q_proj.apply(&x, tokens);
+        let mut k = w.k_proj.apply(&x, tokens);
+        let v = w.v_proj.apply(&x, tokens);
+        let mut v = v;
         if let Some([qb, kb, vb]) = &w.qkv_bias {
             math::add_bias(&mut q, qb);
             math::add_bias(&mut k, kb);
             math::add_bias(&mut v, vb);
         }
-        if let Some([qn, kn]) = &w.qk_norm {
-            q = math::rms_norm(&q, qn, cfg.rms_norm_eps);
-            k = math::rms_norm(&k, kn, cfg.rms_norm_eps);
+        if let (Some(kind), Some([qn, kn])) = (attention.qk_norm, &w.qk_norm) {
+            q = norm(kind, &q, qn);
+            k = norm(kind, &k, kn);
         }
         for (t, ctx) in contexts.iter().enumerate() {
             math::rope(
@@ -162,18 +163,26 @@ impl CpuBackend {
             cache.values[s * kv_dim..(s + 1) * kv_dim]
                 .copy_from_slice(&v[t * kv_dim..(t + 1) * kv_dim]);
         }
-        let attn = attention::attend(&q, cache, contexts, heads, kv_heads, head_dim);
-        math::add_assign(hidden, &math::matmul(&attn, &w.o_proj, tokens, q_dim, dim));
+        let attn = attention::attend(&q, cache, contexts, attention);
+        math::add_assign(hidden, &w.o_proj.apply(&attn, tokens));
 
-        let x = math::rms_norm(hidden, &w.post_attention_norm, cfg.rms_norm_eps);
-        let inter = cfg.intermediate_size;
-        let mut gate = math::matmul(&x, &w.gate_proj, tokens, dim, inter);
-        let up = math::matmul(&x, &w.up_proj, tokens, dim, inter);
-        math::swiglu(&mut gate, &up);
-        math::add_assign(
-            hidden,
-            &math::matmul(&gate, &w.down_proj, tokens, inter, dim),
-        );
+        let x = norm(layer.post_attention_norm, hidden, &w.post_attention_norm);
+        match layer.mlp {
+            MlpDefinition::SwiGlu { .. } => {
+                let mut gate = w.gate_proj.apply(&x, tokens);
+                let up = w.up_proj.apply(&x, tokens);
+                math::swiglu(&mut gate, &up);
+                math::add_assign(hidden, &w.down_proj.apply(&gate, tokens));
+            }
+        }
+        debug_assert_eq!(hidden.len(), tokens * dim);
+    }
+}
+
+/// The norm `kind` of each row of `x` (rows as wide as `weight`).
+fn norm(kind: Norm, x: &[f32], weight: &[f32]) -> Vec<f32> {
+    match kind {
+        Norm::Rms { eps } => math::rms_norm(x, weight, eps),
     }
 }
 
@@ -191,7 +200,7 @@ impl Backend for CpuBackend {
 
     fn step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {
         self.validate(rows)?;
-        let dim = self.config.hidden_size;
+        let dim = self.definition.hidden;
         let mut contexts = Vec::new();
         let mut slots = Vec::new();
         let mut hidden = Vec::new();
@@ -205,28 +214,25 @@ impl Backend for CpuBackend {
                 });
                 slots.push(slot(row.block_table, position));
                 let t = token as usize;
-                hidden.extend_from_slice(&self.weights.embed_tokens[t * dim..(t + 1) * dim]);
+                hidden.extend_from_slice(&self.weights.embed_tokens.weight[t * dim..(t + 1) * dim]);
             }
             if row.sample.is_some() {
                 last_of_sampling_rows.push(contexts.len() - 1);
             }
         }
-        for index in 0..self.config.num_hidden_layers {
+        for index in 0..self.definition.layers.len() {
             self.layer(index, &mut hidden, &contexts, &slots);
         }
         let last: Vec<f32> = last_of_sampling_rows
             .iter()
             .flat_map(|&t| hidden[t * dim..(t + 1) * dim].iter().copied())
             .collect();
-        let normed = math::rms_norm(&last, &self.weights.final_norm, self.config.rms_norm_eps);
-        let vocab = self.config.vocab_size;
-        let logits = math::matmul(
-            &normed,
-            self.weights.lm_head(),
-            last_of_sampling_rows.len(),
-            dim,
-            vocab,
-        );
+        let normed = norm(self.definition.final_norm, &last, &self.weights.final_norm);
+        let vocab = self.definition.vocab;
+        let logits = self
+            .weights
+            .lm_head()
+            .apply(&normed, last_of_sampling_rows.len());
         Ok(StepOutput::Logits(
             logits.chunks(vocab).map(<[f32]>::to_vec).collect(),
         ))

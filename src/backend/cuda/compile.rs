@@ -237,6 +237,7 @@ mod tests {
                 qkv_bias: bias,
                 qk_norm: norm,
                 sliding_window: 0,
+                uniform_layers: true,
                 flash: crate::backend::cuda::plan::flash_geometry(head_dim, "sm_90a"),
                 gemv_tensor_cores: true,
             };
@@ -275,6 +276,7 @@ mod tests {
             qkv_bias: false,
             qk_norm: false,
             sliding_window: 0,
+            uniform_layers: true,
             flash: crate::backend::cuda::plan::flash_geometry(16, "sm_90a"),
             gemv_tensor_cores: true,
         };

@@ -32,7 +32,7 @@ use safetensors::tensor::Metadata;
 use crate::model::files::READ_BLOCK;
 use crate::model::{BlockSink, CONFIG_FILE, DType};
 
-use super::backend::CudaInitError;
+use super::error::CudaInitError;
 use super::upload::{Piece, PinnedBuffer};
 use super::weights::WeightTargets;
 

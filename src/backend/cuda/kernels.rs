@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use ring::digest;
 
-use crate::model::ModelConfig;
+use crate::model::{MlpDefinition, ModelDefinition, Norm};
 
 /// The prelude prepended to every family (bf16 helpers, warp and block reductions).
 const PRELUDE: &str = include_str!("../../../kernels/prelude.cuh");
@@ -158,6 +158,9 @@ pub struct KernelParams {
     pub qk_norm: bool,
     /// Sliding-window span (0: none).
     pub sliding_window: usize,
+    /// Whether every layer of the definition is the first one's (the kernels are compiled for
+    /// one layer).
+    pub uniform_layers: bool,
     /// The prefill attention kernel's launch geometry on the target architecture.
     pub flash: super::plan::FlashGeometry,
     /// Whether the target architecture has the small-M products' tensor-core path
@@ -166,21 +169,28 @@ pub struct KernelParams {
 }
 
 impl KernelParams {
-    /// The parameters of a model.
-    pub fn from_config(config: &ModelConfig) -> Self {
+    /// The parameters of the kernels that execute `definition`: its first layer's, which every
+    /// layer shares in the architectures declared so far ([`KernelParams::unsupported`] refuses a
+    /// definition whose layers differ).
+    pub fn from_definition(definition: &ModelDefinition) -> Self {
+        let layer = &definition.layers[0];
+        let attention = &layer.attention;
+        let Norm::Rms { eps } = layer.input_norm;
+        let MlpDefinition::SwiGlu { intermediate } = layer.mlp;
         Self {
-            hidden: config.hidden_size,
-            head_dim: config.head_dim,
-            num_q_heads: config.num_attention_heads,
-            num_kv_heads: config.num_key_value_heads,
-            vocab: config.vocab_size,
-            intermediate: config.intermediate_size,
+            hidden: definition.hidden,
+            head_dim: attention.head_dim,
+            num_q_heads: attention.num_heads,
+            num_kv_heads: attention.num_kv_heads,
+            vocab: definition.vocab,
+            intermediate,
             kv_block: crate::engine::BLOCK_SIZE,
-            rms_eps: config.rms_norm_eps,
-            qkv_bias: config.qkv_bias,
-            qk_norm: config.qk_norm,
-            sliding_window: config.sliding_window.unwrap_or(0),
-            flash: super::plan::flash_geometry(config.head_dim, ""),
+            rms_eps: eps,
+            qkv_bias: attention.qkv_bias,
+            qk_norm: attention.qk_norm.is_some(),
+            sliding_window: attention.sliding_window.unwrap_or(0),
+            uniform_layers: definition.layers.iter().all(|l| l == layer),
+            flash: super::plan::flash_geometry(attention.head_dim, ""),
             gemv_tensor_cores: false,
         }
     }
@@ -248,6 +258,9 @@ impl KernelParams {
 
     /// Shapes the kernels cannot serve, as a message naming the limit.
     pub fn unsupported(&self) -> Option<String> {
+        if !self.uniform_layers {
+            return Some("its layers differ from one another".into());
+        }
         if self.num_kv_heads == 0 || !self.num_q_heads.is_multiple_of(self.num_kv_heads) {
             return Some(format!(
                 "{} query heads are not a multiple of {} KV heads",
@@ -353,6 +366,7 @@ mod tests {
             qkv_bias: false,
             qk_norm: false,
             sliding_window: 0,
+            uniform_layers: true,
             flash: super::super::plan::flash_geometry(128, ""),
             gemv_tensor_cores: true,
         }

@@ -74,6 +74,7 @@ pub struct UploadStats {
 /// Bytes of one element of `dtype` in the shards.
 fn source_width(dtype: DType) -> usize {
     match dtype {
+        DType::F8E4M3 => 1,
         DType::BF16 | DType::F16 => 2,
         DType::F32 => 4,
     }
@@ -113,6 +114,14 @@ pub fn stage(chunk: &Piece<'_>, staging: &mut [u8]) -> usize {
                 out.copy_from_slice(&v.to_le_bytes());
             }
             chunk.data.len()
+        }
+        // FP8 values widen exactly (every E4M3 value is a bf16 value); scales are tensors apart.
+        DType::F8E4M3 => {
+            for (out, &c) in staging.chunks_exact_mut(2).zip(chunk.data) {
+                let v = f32_to_bf16(crate::model::fp8::e4m3_to_f32(c));
+                out.copy_from_slice(&v.to_le_bytes());
+            }
+            chunk.data.len() * 2
         }
         DType::F32 => {
             for (out, c) in staging.chunks_exact_mut(2).zip(chunk.data.chunks_exact(4)) {

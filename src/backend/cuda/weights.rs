@@ -7,9 +7,9 @@ use cudarc::driver::CudaContext;
 use indicatif::ProgressBar;
 
 use crate::model::weights::ModelWeights;
-use crate::model::{ModelConfig, ModelTensors};
+use crate::model::{LmHead, ModelConfig, ModelDefinition, ModelTensors, TensorSpec, layout};
 
-use super::backend::CudaInitError;
+use super::error::CudaInitError;
 use super::launch::{Bf16, DevicePtr};
 use super::memory::DeviceBuffer;
 use super::upload::{self, Piece, UploadStats};
@@ -117,28 +117,29 @@ struct Allocator {
 }
 
 impl Allocator {
-    /// Allocates one buffer for the named tensors of the given shapes, one after another.
-    fn stacked(&mut self, parts: &[(String, Vec<usize>)]) -> Result<DeviceBuffer, CudaInitError> {
+    /// Allocates one bf16 buffer for the tensors `parts`, one after another.
+    fn stacked(&mut self, parts: &[&TensorSpec]) -> Result<DeviceBuffer, CudaInitError> {
         let total: usize = parts
             .iter()
-            .map(|(_, shape)| shape.iter().product::<usize>() * 2)
+            .map(|spec| spec.shape.iter().product::<usize>() * 2)
             .sum();
         let buffer = DeviceBuffer::new(total)?;
         let mut offset = 0;
-        for (name, shape) in parts {
+        for spec in parts {
             self.targets.push(WeightTarget {
-                name: name.clone(),
-                shape: shape.clone(),
+                name: spec.name.clone(),
+                shape: spec.shape.clone(),
                 dst: buffer.at(offset),
             });
-            offset += shape.iter().product::<usize>() * 2;
+            offset += spec.shape.iter().product::<usize>() * 2;
         }
         self.bytes += total;
         Ok(buffer)
     }
 
-    fn one(&mut self, name: String, shape: Vec<usize>) -> Result<DeviceBuffer, CudaInitError> {
-        self.stacked(&[(name, shape)])
+    /// Allocates one bf16 buffer for the tensor `spec`.
+    fn one(&mut self, spec: &TensorSpec) -> Result<DeviceBuffer, CudaInitError> {
+        self.stacked(&[spec])
     }
 }
 
@@ -154,67 +155,51 @@ impl ModelWeightsOnDevice {
 
     /// Allocates a device buffer for every weight of a model with configuration `c`, contents
     /// undefined, and returns where each tensor goes: everything the device needs is known from
-    /// the configuration alone, so this can run before the weights are read.
+    /// the configuration alone, so this can run before the weights are read. The tensors are
+    /// those of the model definition's layout; q/k/v and gate/up are stacked into one buffer
+    /// each.
     pub fn allocate_for(c: &ModelConfig) -> Result<(Self, WeightTargets), CudaInitError> {
-        let (h, d, hq, hkv, inter, v) = (
-            c.hidden_size,
-            c.head_dim,
-            c.num_attention_heads,
-            c.num_key_value_heads,
-            c.intermediate_size,
-            c.vocab_size,
-        );
+        if let Some(quantization) = &c.quantization {
+            return Err(CudaInitError::Unsupported(format!(
+                "its weights are {}, which the CUDA backend does not serve yet (the CPU backend does: --device cpu)",
+                quantization.describe()
+            )));
+        }
+        let definition = ModelDefinition::of(c);
+        let tensors = layout(&definition, None);
         let mut up = Allocator::default();
-        let embed = up.one("model.embed_tokens.weight".into(), vec![v, h])?;
-        let mut layers = Vec::with_capacity(c.num_hidden_layers);
-        for i in 0..c.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            let qkv = up.stacked(&[
-                (format!("{p}.self_attn.q_proj.weight"), vec![hq * d, h]),
-                (format!("{p}.self_attn.k_proj.weight"), vec![hkv * d, h]),
-                (format!("{p}.self_attn.v_proj.weight"), vec![hkv * d, h]),
-            ])?;
-            let qkv_bias = if c.qkv_bias {
-                Some(up.stacked(&[
-                    (format!("{p}.self_attn.q_proj.bias"), vec![hq * d]),
-                    (format!("{p}.self_attn.k_proj.bias"), vec![hkv * d]),
-                    (format!("{p}.self_attn.v_proj.bias"), vec![hkv * d]),
-                ])?)
-            } else {
-                None
+        let embed = up.one(&tensors.embed_tokens)?;
+        let mut layers = Vec::with_capacity(tensors.layers.len());
+        for l in &tensors.layers {
+            let qkv_bias = match &l.qkv_bias {
+                Some([q, k, v]) => Some(up.stacked(&[q, k, v])?),
+                None => None,
             };
-            let (q_norm, k_norm) = if c.qk_norm {
-                (
-                    Some(up.one(format!("{p}.self_attn.q_norm.weight"), vec![d])?),
-                    Some(up.one(format!("{p}.self_attn.k_norm.weight"), vec![d])?),
-                )
-            } else {
-                (None, None)
+            let (q_norm, k_norm) = match &l.qk_norm {
+                Some([q, k]) => (Some(up.one(q)?), Some(up.one(k)?)),
+                None => (None, None),
             };
             layers.push(LayerWeights {
-                input_norm: up.one(format!("{p}.input_layernorm.weight"), vec![h])?,
-                qkv,
+                input_norm: up.one(&l.input_norm)?,
+                qkv: up.stacked(&[&l.q_proj.weight, &l.k_proj.weight, &l.v_proj.weight])?,
                 qkv_bias,
                 q_norm,
                 k_norm,
-                o_proj: up.one(format!("{p}.self_attn.o_proj.weight"), vec![h, hq * d])?,
-                post_norm: up.one(format!("{p}.post_attention_layernorm.weight"), vec![h])?,
-                gate_up: up.stacked(&[
-                    (format!("{p}.mlp.gate_proj.weight"), vec![inter, h]),
-                    (format!("{p}.mlp.up_proj.weight"), vec![inter, h]),
-                ])?,
-                down: up.one(format!("{p}.mlp.down_proj.weight"), vec![h, inter])?,
+                o_proj: up.one(&l.o_proj.weight)?,
+                post_norm: up.one(&l.post_attention_norm)?,
+                gate_up: up.stacked(&[&l.gate_proj.weight, &l.up_proj.weight])?,
+                down: up.one(&l.down_proj.weight)?,
             });
         }
-        let final_norm = up.one("model.norm.weight".into(), vec![h])?;
-        let lm_head = if c.tie_word_embeddings {
-            None
-        } else {
-            Some(up.one("lm_head.weight".into(), vec![v, h])?)
+        let final_norm = up.one(&tensors.final_norm)?;
+        let lm_head = match definition.lm_head {
+            LmHead::TiedToEmbeddings => None,
+            LmHead::Separate => Some(up.one(&tensors.lm_head.weight)?),
         };
-        let inv: Vec<u8> = c
+        let attention = definition.attention();
+        let inv: Vec<u8> = attention
             .rope
-            .inv_freqs(d)
+            .inv_freqs(attention.head_dim)
             .iter()
             .flat_map(|f| f.to_le_bytes())
             .collect();

@@ -283,6 +283,9 @@ pub struct ModelCard {
     pub max_model_len: usize,
     /// SHA-256 model digest (identifies the exact weights).
     pub digest: String,
+    /// The format the weights are served in: `unquantized`, or the FP8 scheme (quantized at
+    /// load, or as the checkpoint stores it).
+    pub weight_format: String,
 }
 
 /// The `/v1/models` body.

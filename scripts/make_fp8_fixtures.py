@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Builds the FP8 model fixtures under tests/fixtures/fp8/ from tests/fixtures/inferno-tiny.
+
+One directory per published FP8 form, each with that publisher's ``quantization_config`` shape
+and tensor names, quantized here from inferno-tiny's bf16 weights (a trained Llama layout):
+
+- ``compressed-tensors-dynamic``: RedHatAI's ``*-FP8-dynamic``: per-channel ``weight_scale``
+  [out, 1], dynamic per-token activations, ``lm_head`` ignored;
+- ``compressed-tensors-static``: RedHatAI's ``*-FP8``: per-tensor ``weight_scale`` [1] and static
+  ``input_scale`` [1] (a calibration needs a forward pass; this writes a fixed 8.0 / 448, which
+  maps inputs up to 8.0 in magnitude onto E4M3's range);
+- ``fbgemm``: Meta's ``fbgemm_fp8``: per-channel ``weight_scale`` [out, 1], dynamic per-token
+  activations capped at ``activation_scale_ub``;
+- ``block``: Qwen3's and DeepSeek's ``fp8`` with ``weight_block_size`` [128, 128]:
+  ``weight_scale_inv`` [ceil(out/128), ceil(in/128)] (the scale the values are multiplied by,
+  despite its name, as those checkpoints store it).
+
+Each directory gets ``expected.json``: for every quantized projection of layer 0, the sum of its
+dequantized weights and its first 8 values, computed here with numpy so that the loader is
+checked against an implementation of its own.
+
+Needs numpy only:
+
+    python3 scripts/make_fp8_fixtures.py
+"""
+
+import json
+import os
+import shutil
+import struct
+
+import numpy as np
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures")
+SOURCE = os.path.join(ROOT, "inferno-tiny")
+OUT = os.path.join(ROOT, "fp8")
+E4M3_MAX = 448.0
+PROJECTIONS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+
+
+def e4m3_table():
+    """The value of every E4M3 code (NaN for the two NaN codes)."""
+    values = np.zeros(256, dtype=np.float64)
+    for code in range(256):
+        sign = -1.0 if code & 0x80 else 1.0
+        exponent, mantissa = (code >> 3) & 0x0F, code & 0x07
+        if exponent == 0x0F and mantissa == 0x07:
+            values[code] = np.nan
+        elif exponent == 0:
+            values[code] = sign * mantissa / 8.0 * 2.0 ** -6
+        else:
+            values[code] = sign * (1.0 + mantissa / 8.0) * 2.0 ** (exponent - 7)
+    return values
+
+
+TABLE = e4m3_table()
+POSITIVE = TABLE[:127]  # codes 0..126, increasing
+
+
+def to_e4m3(x):
+    """Nearest E4M3 code (ties to the even code), saturating at +-448."""
+    x = np.asarray(x, dtype=np.float64)
+    magnitude = np.minimum(np.abs(x), E4M3_MAX)
+    upper = np.clip(np.searchsorted(POSITIVE, magnitude, side="left"), 1, 126)
+    below, above = POSITIVE[upper - 1], POSITIVE[upper]
+    to_below, to_above = magnitude - below, above - magnitude
+    pick_below = (to_below < to_above) | ((to_below == to_above) & ((upper - 1) % 2 == 0))
+    code = np.where(pick_below, upper - 1, upper)
+    code = np.where(magnitude <= 0, 0, code)
+    return (code | np.where(np.signbit(x), 0x80, 0)).astype(np.uint8)
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(size))
+        data = f.read()
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        raw = np.frombuffer(data[start:end], dtype="<u2")
+        assert info["dtype"] == "BF16", name
+        tensors[name] = (raw.astype(np.uint32) << 16).view(np.float32).reshape(info["shape"])
+    return tensors
+
+
+def write_safetensors(path, tensors):
+    """``{name: (dtype, shape, bytes)}``."""
+    header, offset, blobs = {}, 0, []
+    for name in sorted(tensors):
+        dtype, shape, data = tensors[name]
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        blobs.append(data)
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with open(path, "wb") as out:
+        out.write(struct.pack("<Q", len(encoded)))
+        out.write(encoded)
+        for blob in blobs:
+            out.write(blob)
+
+
+def bf16(values):
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2").tobytes()
+
+
+def quantize(weight, layout):
+    """E4M3 codes, f32 scales and the dequantized matrix of an [out, in] matrix, with scales per
+    'tensor', per 'channel' or per (rows, cols) block: each the largest magnitude it covers over
+    448, at least 1 / (448 * 512)."""
+    out, inp = weight.shape
+    if layout == "tensor":
+        scales = np.array([np.abs(weight).max()])
+        expanded = np.full(weight.shape, 1.0)
+    elif layout == "channel":
+        scales = np.abs(weight).max(axis=1, keepdims=True)
+    else:
+        rows, cols = layout
+        grid = (-(-out // rows), -(-inp // cols))
+        scales = np.zeros(grid)
+        for i in range(grid[0]):
+            for j in range(grid[1]):
+                scales[i, j] = np.abs(weight[i * rows:(i + 1) * rows, j * cols:(j + 1) * cols]).max()
+    scales = np.maximum(scales / E4M3_MAX, 1.0 / (E4M3_MAX * 512.0)).astype(np.float32)
+    if layout == "tensor":
+        expanded = np.full(weight.shape, scales[0])
+    elif layout == "channel":
+        expanded = np.broadcast_to(scales, weight.shape)
+    else:
+        expanded = np.repeat(np.repeat(scales, rows, axis=0), cols, axis=1)[:out, :inp]
+    codes = to_e4m3(weight / expanded)
+    return codes, scales, TABLE[codes] * expanded
+
+
+FORMATS = {
+    "compressed-tensors-dynamic": {
+        "layout": "channel",
+        "scale_name": "weight_scale",
+        "input_scale": False,
+        "config": {
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "quantization_status": "compressed",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": {"num_bits": 8, "type": "float", "strategy": "channel",
+                                "symmetric": True, "dynamic": False, "observer": "minmax"},
+                    "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                                          "symmetric": True, "dynamic": True, "observer": None},
+                    "output_activations": None,
+                }
+            },
+            "ignore": ["lm_head"],
+            "kv_cache_scheme": None,
+        },
+    },
+    "compressed-tensors-static": {
+        "layout": "tensor",
+        "scale_name": "weight_scale",
+        "input_scale": True,
+        "config": {
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "quantization_status": "compressed",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": {"num_bits": 8, "type": "float", "strategy": "tensor",
+                                "symmetric": True, "dynamic": False, "observer": "minmax"},
+                    "input_activations": {"num_bits": 8, "type": "float", "strategy": "tensor",
+                                          "symmetric": True, "dynamic": False, "observer": "minmax"},
+                    "output_activations": None,
+                }
+            },
+            "ignore": ["lm_head"],
+            "kv_cache_scheme": None,
+        },
+    },
+    "fbgemm": {
+        "layout": "channel",
+        "scale_name": "weight_scale",
+        "input_scale": False,
+        "config": {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+                   "modules_to_not_convert": ["lm_head"]},
+    },
+    "block": {
+        "layout": (128, 128),
+        "scale_name": "weight_scale_inv",
+        "input_scale": False,
+        "config": {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                   "weight_block_size": [128, 128]},
+    },
+}
+
+# The static input scale written for every projection: inputs up to 8.0 in magnitude map to 448.
+STATIC_INPUT_SCALE = 8.0 / E4M3_MAX
+
+
+def main():
+    weights = read_safetensors(os.path.join(SOURCE, "model.safetensors"))
+    with open(os.path.join(SOURCE, "config.json")) as f:
+        config = json.load(f)
+    for name, form in FORMATS.items():
+        out = os.path.join(OUT, name)
+        os.makedirs(out, exist_ok=True)
+        tensors, expected = {}, {}
+        for tensor, values in weights.items():
+            module = tensor.rsplit(".", 1)[0]
+            if tensor.endswith(".weight") and any(module.endswith(p) for p in PROJECTIONS):
+                codes, scales, dequantized = quantize(values, form["layout"])
+                tensors[tensor] = ("F8_E4M3", values.shape, codes.tobytes())
+                tensors[f"{module}.{form['scale_name']}"] = ("F32", scales.shape, scales.astype("<f4").tobytes())
+                if form["input_scale"]:
+                    tensors[f"{module}.input_scale"] = ("F32", (1,), np.array([STATIC_INPUT_SCALE], dtype="<f4").tobytes())
+                if module.startswith("model.layers.0."):
+                    expected[tensor] = {
+                        "sum": float(dequantized.sum()),
+                        "first": [float(v) for v in dequantized.reshape(-1)[:8]],
+                    }
+            else:
+                tensors[tensor] = ("BF16", values.shape, bf16(values))
+        write_safetensors(os.path.join(out, "model.safetensors"), tensors)
+        quantized = dict(config, quantization_config=form["config"])
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump(quantized, f, indent=2)
+        with open(os.path.join(out, "expected.json"), "w") as f:
+            json.dump(expected, f, indent=1)
+        for file in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]:
+            shutil.copy(os.path.join(SOURCE, file), os.path.join(out, file))
+        print(name, len(tensors), "tensors")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,415 @@
+//! The forward pass: the model definition's layers as kernel launches and products on the
+//! backend's stream, segment by segment between the attention launches.
+
+use crate::engine::BackendError;
+use crate::model::MlpDefinition;
+
+use crate::backend::cuda::graphs::StepGraph;
+use crate::backend::cuda::inputs::StepLayout;
+use crate::backend::cuda::launch::{
+    AddRmsnorm, AttentionReduce, Bf16, DevicePtr, EmbeddingGather, GemvQkvRope, GemvSwiglu,
+    LaunchShape, PagedAttention, PagedReads, PrefillAttention, QkvRopeWrite, RopeWrites, Swiglu,
+};
+use crate::backend::cuda::memory::DeviceBuffer;
+use crate::backend::cuda::plan;
+use crate::backend::cuda::weights::LayerWeights;
+
+use super::{CudaBackend, dev, to_u32};
+
+impl CudaBackend {
+    /// Runs the layers over the packed step, with at most `splits` split-K partitions per token
+    /// in attention, and leaves the logits of the sampled rows in `act.logits`.
+    pub(super) fn forward(
+        &mut self,
+        layout: &StepLayout,
+        splits: usize,
+    ) -> Result<(), BackendError> {
+        let scale = self.attention_scale();
+        self.segment(layout, 0)?;
+        for layer in 0..self.weights.layers.len() {
+            self.attention(layout, layer, splits, scale)?;
+            self.segment(layout, layer + 1)?;
+        }
+        self.logits(layout)
+    }
+
+    /// [`CudaBackend::forward`] of a step padded to `bucket` tokens, replaying the bucket's
+    /// segment graphs between the attention launches.
+    pub(super) fn forward_mixed(
+        &mut self,
+        layout: &StepLayout,
+        bucket: usize,
+        splits: usize,
+    ) -> Result<(), BackendError> {
+        let scale = self.attention_scale();
+        let replay = |segment: &StepGraph| segment.replay().map_err(dev("replaying a segment"));
+        let segments = self.mixed.get(bucket)?;
+        let (first, rest) = segments
+            .split_first()
+            .ok_or_else(|| BackendError::Device(format!("no segments for {bucket}-token steps")))?;
+        replay(first)?;
+        for (layer, segment) in rest.iter().enumerate() {
+            self.attention(layout, layer, splits, scale)?;
+            replay(segment)?;
+        }
+        self.mixed.count_replay();
+        self.logits(layout)
+    }
+
+    /// The attention softmax scale, 1/√head_dim.
+    fn attention_scale(&self) -> f32 {
+        1.0 / (self.params.head_dim as f32).sqrt()
+    }
+
+    /// Queues segment `segment` of the forward pass, the launches between two attention
+    /// launches: segment 0 embeds the tokens; segment `l` (from 1) finishes layer `l - 1` after
+    /// its attention (output projection, norm, MLP); every segment below the layer count then
+    /// starts layer `segment` up to its attention (norm, q/k/v product, rotary embedding, cache
+    /// write). A segment reads only the token-indexed inputs, whose offsets depend on the
+    /// step's token count alone, so it can be captured once per token count.
+    pub(super) fn segment(
+        &mut self,
+        layout: &StepLayout,
+        segment: usize,
+    ) -> Result<(), BackendError> {
+        let p = self.params.clone();
+        let t = layout.num_tokens;
+        let t32 = to_u32(t, "tokens")?;
+        let qkv_n = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim;
+        let q_width = p.num_q_heads * p.head_dim;
+        let layers = self.weights.layers.len();
+        let (normed, delta) = (self.act.normed.device_ptr(), self.act.delta.device_ptr());
+
+        if segment == 0 {
+            self.launch(
+                &self.kernels.embedding,
+                LaunchShape::new((t32, 1, 1), 256),
+                EmbeddingGather {
+                    table: self.weights.embed.device_ptr(),
+                    tokens: self.input(layout.tokens()),
+                    residual: self.act.residual.device_ptr(),
+                },
+            )?;
+        } else {
+            let w: &LayerWeights = &self.weights.layers[segment - 1];
+            let (o_w, post_norm, gate_up_w, down_w) = (
+                w.o_proj.device_ptr(),
+                w.post_norm.device_ptr(),
+                w.gate_up.device_ptr(),
+                w.down.device_ptr(),
+            );
+            let attn = self.act.attn.device_ptr();
+            self.matmul(attn, o_w, delta, (t, p.hidden, q_width))?;
+            self.add_rmsnorm(t32, Some(delta), post_norm, None)?;
+            match self.definition.layers[segment - 1].mlp {
+                MlpDefinition::SwiGlu { intermediate } => {
+                    let gate_up_dims = (t, 2 * intermediate, p.hidden);
+                    let small_m = self.takes_small_m(normed, gate_up_w, gate_up_dims);
+                    self.gate_up_swiglu(small_m, gate_up_w, t)?;
+                    let mlp = self.act.mlp.device_ptr();
+                    self.matmul(mlp, down_w, delta, (t, p.hidden, intermediate))?;
+                }
+            }
+        }
+        if segment == layers {
+            return Ok(());
+        }
+        let layer = segment;
+        let w: &LayerWeights = &self.weights.layers[layer];
+        let (input_norm, qkv_w) = (w.input_norm.device_ptr(), w.qkv.device_ptr());
+        // Layer 0 normalises the embeddings alone; later layers add the previous MLP's output.
+        let previous = (layer > 0).then_some(delta);
+        self.add_rmsnorm(t32, previous, input_norm, None)?;
+        let small_m = self.takes_small_m(normed, qkv_w, (t, qkv_n, p.hidden));
+        self.qkv_rope_write(small_m, layer, layout, t)
+    }
+
+    /// The gate/up product of `t` rows of `act.normed` with SwiGLU applied, into `act.mlp`: by
+    /// the small-M kernels (`small_m`, which `plan::small_m_fits` and 16-byte alignment must
+    /// allow; their SwiGLU entry where `plan::swiglu_fuses`) or by cuBLASLt, then the SwiGLU
+    /// kernel unless the product applied it.
+    pub(super) fn gate_up_swiglu(
+        &mut self,
+        small_m: bool,
+        gate_up_w: DevicePtr<Bf16>,
+        t: usize,
+    ) -> Result<(), BackendError> {
+        let (hidden, intermediate) = (self.params.hidden, self.params.intermediate);
+        let (normed, mlp) = (self.act.normed.device_ptr(), self.act.mlp.device_ptr());
+        if small_m && plan::swiglu_fuses(intermediate) {
+            return self.launch(
+                &self.kernels.gemv_swiglu[t - 1],
+                self.small_m_shape(t, 2 * intermediate)?,
+                GemvSwiglu {
+                    x: normed,
+                    w: gate_up_w,
+                    out: mlp,
+                    k: to_u32(hidden, "product depth")? as i32,
+                },
+            );
+        }
+        let gate_up = self.act.gate_up.device_ptr();
+        self.product(
+            small_m,
+            (normed, gate_up_w, gate_up),
+            (t, 2 * intermediate, hidden),
+        )?;
+        let per_thread = plan::swiglu_vector(intermediate);
+        self.launch(
+            &self.kernels.swiglu,
+            LaunchShape::new(
+                (
+                    to_u32(
+                        (intermediate / per_thread).div_ceil(plan::SWIGLU_THREADS),
+                        "intermediate",
+                    )?,
+                    to_u32(t, "tokens")?,
+                    1,
+                ),
+                plan::SWIGLU_THREADS as u32,
+            ),
+            Swiglu { gate_up, out: mlp },
+        )
+    }
+
+    /// The q/k/v product of the first `t` tokens of `layout` (rows of `act.normed`) with layer
+    /// `layer`'s weights, then bias, per-head norm, rotary embedding, q into `act.q` and k and v
+    /// into their cache slots: by the small-M kernels (`small_m`, as for
+    /// [`Self::gate_up_swiglu`]; their rope-write entry where `plan::rope_write_fuses`) or by
+    /// cuBLASLt, then the rope-write kernel unless the product did that work.
+    pub(super) fn qkv_rope_write(
+        &mut self,
+        small_m: bool,
+        layer: usize,
+        layout: &StepLayout,
+        t: usize,
+    ) -> Result<(), BackendError> {
+        let p = &self.params;
+        let (hidden, head_dim) = (p.hidden, p.head_dim);
+        let heads = p.num_q_heads + 2 * p.num_kv_heads;
+        let fused = small_m && plan::rope_write_fuses(head_dim, p.qk_norm);
+        let normed = self.act.normed.device_ptr();
+        let w: &LayerWeights = &self.weights.layers[layer];
+        let qkv_w = w.qkv.device_ptr();
+        let bias = w.qkv_bias.as_ref().map(DeviceBuffer::device_ptr);
+        let (q_norm, k_norm) = (
+            w.q_norm.as_ref().map(DeviceBuffer::device_ptr),
+            w.k_norm.as_ref().map(DeviceBuffer::device_ptr),
+        );
+        let writes = RopeWrites {
+            inv_freq: self.weights.inv_freq.device_ptr(),
+            positions: self.input(layout.positions()),
+            slots: self.input(layout.slots()),
+            q_out: self.act.q.device_ptr(),
+            k_cache: self.kv.keys(layer),
+            v_cache: self.kv.values(layer),
+        };
+        if fused {
+            return self.launch(
+                &self.kernels.gemv_qkv_rope[t - 1],
+                self.small_m_shape(t, heads * head_dim)?,
+                GemvQkvRope {
+                    x: normed,
+                    w: qkv_w,
+                    bias,
+                    writes,
+                    k: to_u32(hidden, "product depth")? as i32,
+                },
+            );
+        }
+        let qkv = self.act.qkv.device_ptr();
+        self.product(small_m, (normed, qkv_w, qkv), (t, heads * head_dim, hidden))?;
+        self.launch(
+            &self.kernels.qkv_rope,
+            LaunchShape::new((to_u32(t, "tokens")?, 1, 1), 32 * heads.min(32) as u32),
+            QkvRopeWrite {
+                qkv,
+                bias,
+                q_norm,
+                k_norm,
+                writes,
+            },
+        )
+    }
+
+    /// Adds `delta` (if any) to the residual stream and writes its RMS norm with `weight` into
+    /// `act.normed`, for `rows` rows: the first ones, or those listed at `row_index` (if given).
+    pub(super) fn add_rmsnorm(
+        &self,
+        rows: u32,
+        delta: Option<DevicePtr<f32>>,
+        weight: DevicePtr<Bf16>,
+        row_index: Option<DevicePtr<i32>>,
+    ) -> Result<(), BackendError> {
+        self.launch(
+            &self.kernels.add_rmsnorm,
+            LaunchShape::new((rows, 1, 1), plan::RMS_THREADS as u32),
+            AddRmsnorm {
+                residual: self.act.residual.device_ptr(),
+                delta,
+                weight,
+                rows: row_index,
+                out: self.act.normed.device_ptr(),
+            },
+        )
+    }
+
+    /// The final norm and the LM head over the sampled rows, into `act.logits`. The product
+    /// runs for as many rows as the smallest decode-graph bucket that holds them (the extra
+    /// rows' logits are never read), so steps with prompt tokens reuse the product plans the
+    /// decode graphs made at start-up instead of planning a new shape on first use.
+    pub(super) fn logits(&mut self, layout: &StepLayout) -> Result<(), BackendError> {
+        let samples = layout.num_samples;
+        if samples == 0 {
+            return Ok(());
+        }
+        self.add_rmsnorm(
+            to_u32(samples, "samples")?,
+            Some(self.act.delta.device_ptr()),
+            self.weights.final_norm.device_ptr(),
+            Some(self.input(layout.sample_tokens())),
+        )?;
+        let rows = plan::bucket_for(self.graphs.buckets(), samples).unwrap_or(samples);
+        let (normed, logits, head) = (
+            self.act.normed.device_ptr(),
+            self.act.logits.device_ptr(),
+            self.weights.lm_head_ptr(),
+        );
+        self.matmul(
+            normed,
+            head,
+            logits,
+            (rows, self.params.vocab, self.params.hidden),
+        )
+    }
+
+    /// Attention of one layer into `act.attn`: the tiled prefill kernel when the step carries
+    /// prefill tiles, else the paged split-K kernel and, when a token may take more than one
+    /// partition, its reduction.
+    pub(super) fn attention(
+        &self,
+        layout: &StepLayout,
+        layer: usize,
+        splits: usize,
+        scale: f32,
+    ) -> Result<(), BackendError> {
+        let p = &self.params;
+        let t32 = to_u32(layout.num_tokens, "tokens")?;
+        if layout.num_tiles > 0 {
+            let splits = plan::prefill_splits(
+                layout.num_tiles,
+                p.num_kv_heads,
+                layout.max_context,
+                self.split_budget / layout.num_tokens.max(1),
+            );
+            // The tiles that need the full geometry, then the small ones (packed last) in the
+            // small-tile variant; one split count for both, so one reduction merges them.
+            let args = |first_tile: usize| PrefillAttention {
+                reads: self.paged_reads(layer, layout),
+                tiles: self.input(layout.tiles() + 2 * first_tile),
+                scale,
+                splits: splits as i32,
+                out: self.act.attn.device_ptr(),
+                part_acc: self.act.part_acc.device_ptr(),
+                part_ml: self.act.part_ml.device_ptr(),
+            };
+            let big = layout.num_tiles - layout.num_small_tiles;
+            let kv_heads = to_u32(p.num_kv_heads, "kv heads")?;
+            let z = to_u32(splits, "splits")?;
+            if big > 0 {
+                self.launch(
+                    &self.kernels.prefill_attention,
+                    LaunchShape::new(
+                        (to_u32(big, "tiles")?, kv_heads, z),
+                        to_u32(p.flash.threads(), "threads")?,
+                    )
+                    .with_shared(to_u32(p.flash.shared_bytes, "shared bytes")?),
+                    args(0),
+                )?;
+            }
+            if layout.num_small_tiles > 0 {
+                self.launch(
+                    &self.kernels.prefill_attention_small,
+                    LaunchShape::new(
+                        (to_u32(layout.num_small_tiles, "tiles")?, kv_heads, z),
+                        to_u32(plan::SMALL_FLASH.threads(), "threads")?,
+                    ),
+                    args(big),
+                )?;
+            }
+            return if splits > 1 {
+                self.reduce_attention(layout, splits, true)
+            } else {
+                Ok(())
+            };
+        }
+        self.launch(
+            &self.kernels.attention,
+            LaunchShape::new(
+                (
+                    t32,
+                    to_u32(p.num_kv_heads, "kv heads")?,
+                    to_u32(splits, "splits")?,
+                ),
+                (plan::ATTN_WARPS * 32) as u32,
+            ),
+            PagedAttention {
+                reads: self.paged_reads(layer, layout),
+                part_acc: self.act.part_acc.device_ptr(),
+                part_ml: self.act.part_ml.device_ptr(),
+                merge_counts: self.act.merge_counts.device_ptr(),
+                splits: splits as i32,
+                scale,
+                out: self.act.attn.device_ptr(),
+            },
+        )?;
+        // With one partition per token, or few, the kernel wrote the output itself.
+        if splits > plan::ATTN_MERGE_SPLITS {
+            self.reduce_attention(layout, splits, false)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// What both attention kernels read for `layer` in the step of `layout`.
+    fn paged_reads(&self, layer: usize, layout: &StepLayout) -> PagedReads {
+        PagedReads {
+            q: self.act.q.device_ptr(),
+            k_cache: self.kv.keys(layer),
+            v_cache: self.kv.values(layer),
+            block_tables: self.input(layout.block_tables()),
+            max_blocks_word: self.input(layout.max_blocks_word()),
+            token_row: self.input(layout.token_rows()),
+            positions: self.input(layout.positions()),
+        }
+    }
+
+    /// Merges the split partial results of one attention launch into `act.attn`: each token's
+    /// own count of splits (the paged kernel's), or all `splits` (the prefill kernel's).
+    fn reduce_attention(
+        &self,
+        layout: &StepLayout,
+        splits: usize,
+        all_splits: bool,
+    ) -> Result<(), BackendError> {
+        self.launch(
+            &self.kernels.attention_reduce,
+            LaunchShape::new(
+                (
+                    to_u32(layout.num_tokens, "tokens")?,
+                    to_u32(self.params.num_q_heads, "q heads")?,
+                    1,
+                ),
+                plan::ATTN_REDUCE_THREADS as u32,
+            ),
+            AttentionReduce {
+                part_acc: self.act.part_acc.device_ptr(),
+                part_ml: self.act.part_ml.device_ptr(),
+                positions: self.input(layout.positions()),
+                splits: splits as i32,
+                all_splits: i32::from(all_splits),
+                out: self.act.attn.device_ptr(),
+            },
+        )
+    }
+}

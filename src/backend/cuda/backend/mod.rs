@@ -1,0 +1,277 @@
+//! The CUDA implementation of [`Backend`]: weights, KV cache and activations on the GPU, decode
+//! steps replayed from CUDA graphs (other steps run eagerly), sampling (every mode of the
+//! engine's reference sampler) and logprobs on the device.
+//!
+//! The backend is split by job: `device` opens the GPU and prepares ahead of the model, `setup`
+//! builds the backend beside the weight upload, `products` chooses and runs the matrix products,
+//! `capture` records the CUDA graphs, `forward` runs the model definition's layers and `step`
+//! queues steps and samples.
+
+mod capture;
+mod device;
+mod forward;
+mod products;
+mod setup;
+mod step;
+
+pub use device::OpenedDevice;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::driver::{CudaContext, CudaStream};
+
+use crate::backend::BackendPhases;
+use crate::engine::{BackendError, KvCacheShape};
+use crate::model::ModelDefinition;
+
+use super::choices::ChoiceStore;
+use super::gemm::Gemm;
+use super::graphs::{DecodeGraphs, MixedStepGraphs};
+use super::inputs::{CopyStats, StepLimits};
+use super::kernels::KernelParams;
+use super::launch::{
+    AddRmsnorm, AttentionReduce, Bf16, DevicePtr, EmbeddingGather, Gemv, GemvQkvRope, GemvSwiglu,
+    Kernel, KernelArgs, LaunchShape, PagedAttention, PrefillAttention, QkvRopeWrite, SampleTokens,
+    Swiglu,
+};
+use super::memory::DeviceBuffer;
+use super::wait::StepWaiter;
+use super::weights::ModelWeightsOnDevice;
+use step::QueuedStep;
+
+/// Options of the CUDA backend beyond the engine configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaOptions {
+    /// The GPU to use.
+    pub device: usize,
+    /// Sample every row on the GPU and return only ids and logprobs. When false (tests that
+    /// compare logits), every step returns raw logits.
+    pub sample_on_device: bool,
+    /// Run prefill attention in the tiled prefill kernel (`kernels/prefill_attention.cu`). When
+    /// false, the paged split-K kernel serves prefill too (tests compare the two).
+    pub flash_prefill: bool,
+    /// Time the small-M kernel against cuBLASLt for every decode product shape at start-up and
+    /// keep the faster per shape. When false, every shape the small-M kernel fits uses it, so
+    /// two backends on the same model compute bit for bit the same (tests that compare them).
+    pub measure_products: bool,
+    /// Blocks (tiles × KV heads) of full-geometry prefill tiles a step without decode rows must
+    /// make before the warpgroup prefill kernel takes them (Hopper); a step with fewer, or with
+    /// decode rows, cuts every row into small tiles for the `mma.sync` variant, which runs
+    /// several blocks to an SM where the warpgroup kernel runs one, in one launch. `None`: two
+    /// waves (twice the device's SM count); tests set `Some(0)` to take the warpgroup kernel
+    /// whenever it can.
+    pub warpgroup_prefill_blocks: Option<usize>,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        Self {
+            device: 0,
+            sample_on_device: true,
+            flash_prefill: true,
+            measure_products: true,
+            warpgroup_prefill_blocks: None,
+        }
+    }
+}
+
+/// The entry points the forward pass launches.
+struct Kernels {
+    embedding: Kernel<EmbeddingGather>,
+    add_rmsnorm: Kernel<AddRmsnorm>,
+    qkv_rope: Kernel<QkvRopeWrite>,
+    attention: Kernel<PagedAttention>,
+    attention_reduce: Kernel<AttentionReduce>,
+    prefill_attention: Kernel<PrefillAttention>,
+    prefill_attention_small: Kernel<PrefillAttention>,
+    swiglu: Kernel<Swiglu>,
+    sample: Kernel<SampleTokens>,
+    /// `gemv[m - 1]` computes products of m rows (`kernels/gemv.cu`).
+    gemv: Vec<Kernel<Gemv>>,
+    /// `gemv_swiglu[m - 1]`: the gate/up product of m rows with SwiGLU applied.
+    gemv_swiglu: Vec<Kernel<GemvSwiglu>>,
+    /// `gemv_qkv_rope[m - 1]`: the q/k/v product of m rows with the rope write applied.
+    gemv_qkv_rope: Vec<Kernel<GemvQkvRope>>,
+}
+
+/// Scratch buffers of one step, sized for the step limits.
+struct Activations {
+    inputs: DeviceBuffer,
+    residual: DeviceBuffer,
+    normed: DeviceBuffer,
+    qkv: DeviceBuffer,
+    q: DeviceBuffer,
+    attn: DeviceBuffer,
+    delta: DeviceBuffer,
+    gate_up: DeviceBuffer,
+    mlp: DeviceBuffer,
+    part_acc: DeviceBuffer,
+    part_ml: DeviceBuffer,
+    /// Per token and KV head, the decode attention blocks that have finished (zero between
+    /// launches; see `kernels/attention.cu`).
+    merge_counts: DeviceBuffer,
+    logits: DeviceBuffer,
+    sampled: DeviceBuffer,
+    probs: DeviceBuffer,
+}
+
+/// The CUDA backend.
+///
+/// Fields drop in declaration order: device buffers and the cuBLASLt handle first, then the
+/// kernels, the stream and last the context they all live in.
+pub struct CudaBackend {
+    /// What the model's layers compute: the forward pass launches what it declares.
+    definition: ModelDefinition,
+    graphs: DecodeGraphs,
+    mixed: MixedStepGraphs,
+    waiter: StepWaiter,
+    weights: ModelWeightsOnDevice,
+    kv: KvCache,
+    act: Activations,
+    gemm: Gemm,
+    kernels: Kernels,
+    stream: Arc<CudaStream>,
+    ctx: Arc<CudaContext>,
+    params: KernelParams,
+    kv_shape: KvCacheShape,
+    limits: StepLimits,
+    split_budget: usize,
+    /// Decode attention blocks the device runs at once (SMs × the kernel's blocks per SM): the
+    /// wave `plan::split_bound` sizes its splits for.
+    attention_blocks: usize,
+    graph_split_context: usize,
+    host_inputs: Vec<i32>,
+    options: CudaOptions,
+    copies: CopyStats,
+    /// The step queued by `start_step`, waiting for `finish_step` (and its late grammar masks).
+    started: Option<QueuedStep>,
+    /// Launch kernels with programmatic dependent launch (the configuration allows it and the
+    /// device has compute capability 9.0 or later).
+    programmatic: bool,
+    /// How long each start-up phase took.
+    phases: BackendPhases,
+    /// Where the small-M product choices for this GPU, its libraries and kernels are stored
+    /// (none without a kernel cache directory).
+    choices: Option<ChoiceStore>,
+}
+
+/// The paged KV cache in one allocation: every layer's keys, then every layer's values, each
+/// layer's `[blocks, block size, kv heads, head dim]` bf16.
+struct KvCache {
+    buffer: DeviceBuffer,
+    layers: usize,
+    layer_bytes: usize,
+}
+
+impl KvCache {
+    fn new(layers: usize, layer_bytes: usize) -> Result<Self, BackendError> {
+        Ok(Self {
+            buffer: DeviceBuffer::new(2 * layers * layer_bytes)?,
+            layers,
+            layer_bytes,
+        })
+    }
+
+    /// The keys of `layer`.
+    fn keys(&self, layer: usize) -> DevicePtr<Bf16> {
+        self.buffer.device_ptr_at(layer * self.layer_bytes)
+    }
+
+    /// The values of `layer`.
+    fn values(&self, layer: usize) -> DevicePtr<Bf16> {
+        self.buffer
+            .device_ptr_at((self.layers + layer) * self.layer_bytes)
+    }
+}
+
+/// What [`CudaBackend::device_parts`] builds while the weights are copied.
+struct DeviceParts {
+    kernels: Kernels,
+    /// Kernel compilation (or the cache).
+    compile: Duration,
+    /// Compilation and module loading.
+    kernels_ready: Duration,
+    gemm: Gemm,
+    act: Activations,
+    kv: KvCache,
+    kv_shape: KvCacheShape,
+    limits: StepLimits,
+    split_budget: usize,
+    attention_blocks: usize,
+    graph_split_context: usize,
+    max_words: usize,
+    waiter: StepWaiter,
+    choices: Option<ChoiceStore>,
+}
+
+fn dev<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> BackendError {
+    move |e| BackendError::Device(format!("{what}: {e}"))
+}
+
+fn to_u32(value: usize, what: &str) -> Result<u32, BackendError> {
+    u32::try_from(value).map_err(|_| {
+        BackendError::InvalidBatch(format!("{what} {value} overflows a launch dimension"))
+    })
+}
+
+impl CudaBackend {
+    /// How long each start-up phase took (kernel compilation overlapped the upload).
+    pub fn startup_phases(&self) -> BackendPhases {
+        self.phases
+    }
+
+    /// Decode steps replayed from a CUDA graph so far.
+    pub fn graph_replays(&self) -> u64 {
+        self.graphs.replays()
+    }
+
+    /// The batch-size buckets with a captured decode graph (empty when graphs are off).
+    pub fn graph_buckets(&self) -> &[usize] {
+        self.graphs.buckets()
+    }
+
+    /// Steps with prompt tokens whose segments were replayed from graphs so far.
+    pub fn mixed_graph_replays(&self) -> u64 {
+        self.mixed.replays()
+    }
+
+    /// The token-count buckets with captured mixed-step segment graphs (empty when off).
+    pub fn mixed_graph_buckets(&self) -> &[usize] {
+        self.mixed.buckets()
+    }
+
+    /// Copies made by steps so far.
+    pub fn copy_stats(&self) -> CopyStats {
+        self.copies
+    }
+
+    /// Distinct GEMM shapes planned so far (each with its cached algorithm).
+    pub fn planned_gemm_shapes(&self) -> usize {
+        self.gemm.planned_shapes()
+    }
+
+    /// Queues `kernel` on the backend's stream in `shape` with `args`, with programmatic
+    /// dependent launch where the backend uses it ([`Kernel::launch`]).
+    fn launch<A: KernelArgs>(
+        &self,
+        kernel: &Kernel<A>,
+        shape: LaunchShape,
+        args: A,
+    ) -> Result<(), BackendError> {
+        kernel.launch(&self.stream, self.programmatic, shape, &args)
+    }
+
+    /// Word `offset` of the step's packed inputs on the device.
+    fn input(&self, offset: usize) -> DevicePtr<i32> {
+        self.act.inputs.device_ptr_at(offset * 4)
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // Buffers are freed by their own Drop; they need this context current on this thread.
+        let _ = self.ctx.bind_to_thread();
+        let _ = self.stream.synchronize();
+    }
+}

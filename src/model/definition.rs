@@ -1,0 +1,251 @@
+//! The model definition: what each layer of a supported architecture computes, declared once.
+//!
+//! Every backend executes this declaration rather than a layer of its own: the CPU backend
+//! interprets it operation by operation, the CUDA backend chooses its kernels from it. Adding an
+//! architecture means declaring its layer in [`ModelDefinition::of`], naming its tensors in
+//! `tensors.rs`, and adding kernels only where an operation is new (`docs/engine.md`, "Adding an
+//! architecture").
+
+use super::config::{Architecture, ModelConfig, RopeConfig};
+
+/// A normalisation of the residual stream or of a head.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Norm {
+    /// RMSNorm with a learned per-channel weight: `x / sqrt(mean(x²) + eps) * weight`.
+    Rms {
+        /// The epsilon added to the mean square.
+        eps: f32,
+    },
+}
+
+/// What a layer's attention computes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttentionDefinition {
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than the query heads).
+    pub num_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Whether the q, k and v projections add a bias.
+    pub qkv_bias: bool,
+    /// The per-head norm applied to q and k before the rotary embedding, if any.
+    pub qk_norm: Option<Norm>,
+    /// How far back a query attends (in tokens, itself included), if limited.
+    pub sliding_window: Option<usize>,
+    /// The rotary position embedding.
+    pub rope: RopeConfig,
+}
+
+impl AttentionDefinition {
+    /// Width of the concatenated query heads.
+    pub fn q_width(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    /// Width of the concatenated key (or value) heads.
+    pub fn kv_width(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// The softmax scale, 1/√head_dim.
+    pub fn scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+}
+
+/// What a layer's MLP computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MlpDefinition {
+    /// `down(silu(gate(x)) * up(x))`, no biases.
+    SwiGlu {
+        /// Width of the gate and up projections.
+        intermediate: usize,
+    },
+}
+
+/// One transformer block: `h += attention(norm(h)); h += mlp(norm(h))`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerDefinition {
+    /// The norm before attention.
+    pub input_norm: Norm,
+    /// The attention.
+    pub attention: AttentionDefinition,
+    /// The norm before the MLP.
+    pub post_attention_norm: Norm,
+    /// The MLP.
+    pub mlp: MlpDefinition,
+}
+
+/// Where the logits come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LmHead {
+    /// The embedding matrix, reused.
+    TiedToEmbeddings,
+    /// A matrix of its own.
+    Separate,
+}
+
+/// A whole decoder-only model: token embeddings, the blocks, a final norm and the LM head.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelDefinition {
+    /// The architecture declared.
+    pub architecture: Architecture,
+    /// Width of the residual stream.
+    pub hidden: usize,
+    /// Rows of the embedding and LM-head matrices.
+    pub vocab: usize,
+    /// The blocks, in order.
+    pub layers: Vec<LayerDefinition>,
+    /// The norm after the last block.
+    pub final_norm: Norm,
+    /// The LM head.
+    pub lm_head: LmHead,
+}
+
+impl ModelDefinition {
+    /// The definition `config` declares. This match is the one place where an architecture says
+    /// what its layers compute; the shapes come from the configuration.
+    pub fn of(config: &ModelConfig) -> Self {
+        let norm = Norm::Rms {
+            eps: config.rms_norm_eps,
+        };
+        let attention = AttentionDefinition {
+            num_heads: config.num_attention_heads,
+            num_kv_heads: config.num_key_value_heads,
+            head_dim: config.head_dim,
+            qkv_bias: config.attention_bias,
+            qk_norm: None,
+            sliding_window: config.sliding_window,
+            rope: config.rope.clone(),
+        };
+        let attention = match config.architecture {
+            // Llama 2 and 3.x; Mistral is the same layer with its window (parsed per family).
+            Architecture::Llama | Architecture::Mistral => attention,
+            // Qwen2: q, k and v always carry a bias.
+            Architecture::Qwen2 => AttentionDefinition {
+                qkv_bias: true,
+                ..attention
+            },
+            // Qwen3: a per-head RMSNorm on q and k before the rotary embedding.
+            Architecture::Qwen3 => AttentionDefinition {
+                qk_norm: Some(norm),
+                ..attention
+            },
+        };
+        let layer = LayerDefinition {
+            input_norm: norm,
+            attention,
+            post_attention_norm: norm,
+            mlp: MlpDefinition::SwiGlu {
+                intermediate: config.intermediate_size,
+            },
+        };
+        Self {
+            architecture: config.architecture,
+            hidden: config.hidden_size,
+            vocab: config.vocab_size,
+            layers: vec![layer; config.num_hidden_layers],
+            final_norm: norm,
+            lm_head: if config.tie_word_embeddings {
+                LmHead::TiedToEmbeddings
+            } else {
+                LmHead::Separate
+            },
+        }
+    }
+
+    /// The attention of the first layer: the one every layer shares in the architectures
+    /// declared so far (the CUDA kernels are compiled for one attention geometry).
+    pub fn attention(&self) -> &AttentionDefinition {
+        &self.layers[0].attention
+    }
+
+    /// Whether every layer has the same attention (what the CUDA backend's kernels assume).
+    pub fn uniform_attention(&self) -> bool {
+        self.layers
+            .iter()
+            .all(|l| l.attention == self.layers[0].attention)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn definition(arch: &str, extra: &str) -> ModelDefinition {
+        let json = format!(
+            r#"{{"architectures": ["{arch}"], "hidden_size": 32, "intermediate_size": 48,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "vocab_size": 11, "max_position_embeddings": 64, "rms_norm_eps": 1e-5{extra}}}"#
+        );
+        let config = ModelConfig::from_json(Path::new("config.json"), json.as_bytes()).unwrap();
+        ModelDefinition::of(&config)
+    }
+
+    /// The declaration table, one row per architecture: what each layer computes.
+    #[test]
+    fn every_architecture_declares_its_layer() {
+        let norm = Norm::Rms { eps: 1e-5 };
+        // (architecture, extra config, q/k/v bias, q/k norm, sliding window)
+        let table: [(&str, &str, bool, bool, Option<usize>); 7] = [
+            ("LlamaForCausalLM", "", false, false, None),
+            (
+                "LlamaForCausalLM",
+                r#", "attention_bias": true"#,
+                true,
+                false,
+                None,
+            ),
+            (
+                "MistralForCausalLM",
+                r#", "sliding_window": 16"#,
+                false,
+                false,
+                Some(16),
+            ),
+            (
+                "MistralForCausalLM",
+                r#", "sliding_window": null"#,
+                false,
+                false,
+                None,
+            ),
+            ("Qwen2ForCausalLM", "", true, false, None),
+            (
+                "Qwen2ForCausalLM",
+                r#", "use_sliding_window": true, "sliding_window": 8"#,
+                true,
+                false,
+                Some(8),
+            ),
+            ("Qwen3ForCausalLM", "", false, true, None),
+        ];
+        for (arch, extra, bias, qk_norm, window) in table {
+            let d = definition(arch, extra);
+            assert_eq!(d.layers.len(), 2, "{arch}{extra}");
+            assert!(d.uniform_attention());
+            for layer in &d.layers {
+                assert_eq!(layer.input_norm, norm);
+                assert_eq!(layer.post_attention_norm, norm);
+                assert_eq!(layer.mlp, MlpDefinition::SwiGlu { intermediate: 48 });
+                let a = &layer.attention;
+                assert_eq!(a.qkv_bias, bias, "{arch}{extra}: bias");
+                assert_eq!(a.qk_norm.is_some(), qk_norm, "{arch}{extra}: q/k norm");
+                assert_eq!(a.sliding_window, window, "{arch}{extra}: window");
+                assert_eq!((a.num_heads, a.num_kv_heads, a.head_dim), (4, 2, 8));
+                assert_eq!((a.q_width(), a.kv_width()), (32, 16));
+            }
+            assert_eq!(d.final_norm, norm);
+            assert_eq!(d.lm_head, LmHead::Separate);
+        }
+    }
+
+    #[test]
+    fn tied_embeddings_are_declared() {
+        let d = definition("Qwen3ForCausalLM", r#", "tie_word_embeddings": true"#);
+        assert_eq!(d.lm_head, LmHead::TiedToEmbeddings);
+    }
+}
