@@ -160,3 +160,44 @@ fn the_key_broker_survives_descriptor_exhaustion_and_cuts_slow_clients() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// Issue 47, minor: a proxy listening beyond loopback warns that the hop to it is plain HTTP;
+/// on loopback it does not.
+#[test]
+fn the_proxy_warns_when_it_listens_beyond_loopback() {
+    let policy = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/client-development.toml");
+    let banner = |listen: &str| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
+            .args([
+                "proxy",
+                "--listen",
+                listen,
+                "--upstream",
+                "https://127.0.0.1:9",
+            ])
+            .arg("--policy")
+            .arg(&policy)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn proxy");
+        let stderr = child.stderr.take().expect("stderr");
+        let mut seen = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            seen.push_str(&line);
+            seen.push('\n');
+            if line.trim().starts_with("listening:") {
+                break;
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        seen
+    };
+    let open = banner("0.0.0.0:0");
+    assert!(open.contains("not a loopback address"), "{open}");
+    let local = banner("127.0.0.1:0");
+    assert!(local.contains("listening:"), "{local}");
+    assert!(!local.contains("not a loopback address"), "{local}");
+}
