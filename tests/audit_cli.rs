@@ -123,6 +123,52 @@ fn verify_reports_intact_violation_and_usage_errors() {
 }
 
 #[test]
+fn verify_calls_a_directory_without_a_log_a_violation() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("log");
+    write_log(&dir, 2, 1 << 20, None);
+    // A copy whose segments and checkpoints were deleted.
+    let wiped = tmp.path().join("wiped");
+    std::fs::create_dir(&wiped).expect("mkdir");
+    for entry in std::fs::read_dir(&dir).expect("dir") {
+        let path = entry.expect("entry").path();
+        let name = path.file_name().expect("name").to_owned();
+        let ext = path.extension().and_then(|e| e.to_str());
+        if ext != Some("seg") && name != "checkpoints.log" {
+            std::fs::copy(&path, wiped.join(name)).expect("copy");
+        }
+    }
+    let out = inferno(&["verify", wiped.to_str().expect("utf8")]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let text = stdout(&out);
+    assert!(text.starts_with("VIOLATION: "), "{text}");
+    assert!(text.contains("is not an audit log"), "{text}");
+    assert!(
+        text.contains("no segment files (*.seg) and no checkpoints.log"),
+        "{text}"
+    );
+
+    // A model directory.
+    let model = tmp.path().join("model");
+    std::fs::create_dir(&model).expect("mkdir");
+    std::fs::write(model.join("config.json"), "{}").expect("write");
+    std::fs::write(model.join("tokenizer.json"), "{}").expect("write");
+    let out = inferno(&["verify", model.to_str().expect("utf8")]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stdout(&out).contains("is not an audit log"));
+
+    // Checkpoints deleted, segments kept.
+    std::fs::remove_file(dir.join("checkpoints.log")).expect("rm");
+    let out = inferno(&["verify", dir.to_str().expect("utf8")]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("has no checkpoints.log"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
 fn show_filters_and_export_formats() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("log");

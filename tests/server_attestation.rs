@@ -72,6 +72,7 @@ const BINDING: StartupBinding = StartupBinding {
     tls_spki_sha256: [1; 32],
     audit_key: None,
     model_digest: [5; 32],
+    quantized_at_load: None,
 };
 
 /// Starts a server and attests it with the embedded model's digest; the error, if either fails.

@@ -103,6 +103,11 @@ pub struct RuntimeData {
     pub model_digest: Option<String>,
     /// SHA-256 of the exact bytes of the server policy file, hex.
     pub policy_sha256: String,
+    /// The format the server quantizes a 16-bit checkpoint's projections to when it loads it
+    /// (`fp8`), when it does: the weights it computes with then differ from the files
+    /// `model_digest` covers (a checkpoint's own format is part of those files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantized_at_load: Option<String>,
     /// The version string of the serving software.
     pub software_version: String,
     /// SHA-256 of the DER SubjectPublicKeyInfo of the server's TLS key, hex.
@@ -124,6 +129,7 @@ impl RuntimeData {
             key_release_x25519: None,
             model_digest: None,
             policy_sha256: hex::encode(policy_sha256),
+            quantized_at_load: None,
             software_version: software_version.into(),
             tls_spki_sha256: None,
             tpm_ak_sha256: None,
@@ -187,6 +193,14 @@ impl RuntimeData {
             32..=32,
         )?;
         check_hex("model_digest", self.model_digest.as_deref(), 32..=32)?;
+        if let Some(format) = &self.quantized_at_load
+            && !matches!(format.as_str(), "fp8")
+        {
+            return Err(RuntimeDataError::Field {
+                field: "quantized_at_load",
+                reason: format!("unknown format `{format}` (fp8)"),
+            });
+        }
         check_hex("tls_spki_sha256", self.tls_spki_sha256.as_deref(), 32..=32)?;
         check_hex("tpm_ak_sha256", self.tpm_ak_sha256.as_deref(), 32..=32)?;
         for binding in &self.challenge_bindings {
@@ -419,6 +433,17 @@ mod tests {
             bad_model.validate(),
             Err(RuntimeDataError::Field {
                 field: "model_digest",
+                ..
+            })
+        ));
+        let mut quantized = sample();
+        quantized.quantized_at_load = Some("fp8".into());
+        quantized.validate().unwrap();
+        quantized.quantized_at_load = Some("int3".into());
+        assert!(matches!(
+            quantized.validate(),
+            Err(RuntimeDataError::Field {
+                field: "quantized_at_load",
                 ..
             })
         ));

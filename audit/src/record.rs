@@ -185,9 +185,10 @@ pub enum SecurityEvent {
         /// The content policy in force (`none`, `hmac`, `encrypted`).
         content_mode: String,
     },
-    /// The GPU changed readiness (confidential-computing mode, attestation, engine warm-up).
+    /// The GPU changed readiness (confidential-computing mode, attestation, engine warm-up), or
+    /// the model started serving on the CPU backend (then `ready` is false: no GPU serves).
     GpuReady {
-        /// Whether the GPU is ready to serve.
+        /// Whether a GPU is ready to serve.
         ready: bool,
         /// Details.
         detail: String,
@@ -213,6 +214,19 @@ pub enum SecurityEvent {
 }
 
 impl SecurityEvent {
+    /// Every event name, as stored in the `event` field.
+    pub const NAMES: [&'static str; 9] = [
+        "started",
+        "stopped",
+        "signing_key_changed",
+        "appraisal",
+        "key_release",
+        "policy_config",
+        "gpu_ready",
+        "certificate_rotated",
+        "recovery",
+    ];
+
     /// The event's name as stored in the `event` field.
     pub fn name(&self) -> &'static str {
         match self {

@@ -109,9 +109,53 @@ pub struct VerifyOptions {
     pub witness_keys: Vec<VerifierKey>,
 }
 
-/// Verifies the log in `dir`.
+/// What a directory lacks to be a log: its segments, its checkpoints file, or both. A log
+/// the writer created always has both (its first segment and a signed checkpoint).
+fn missing_files(dir: &Path) -> Option<Violation> {
+    let segments = match crate::segment::list_segments(dir) {
+        Ok(s) => s,
+        Err(e) => {
+            return Some(Violation {
+                location: None,
+                index: None,
+                reason: format!("cannot list {}: {e}", dir.display()),
+            });
+        }
+    };
+    let checkpoints = dir.join(crate::scan::CHECKPOINTS_FILE);
+    let missing = match (segments.is_empty(), checkpoints.exists()) {
+        (true, false) => format!(
+            "{} is not an audit log: it has no segment files (*.seg) and no {}",
+            dir.display(),
+            crate::scan::CHECKPOINTS_FILE
+        ),
+        (true, true) => format!(
+            "{} has no segment files (*.seg): the log's records are missing",
+            dir.display()
+        ),
+        (false, false) => format!(
+            "{} has no {}: the log's checkpoints file is missing, so no signed checkpoint covers it",
+            dir.display(),
+            crate::scan::CHECKPOINTS_FILE
+        ),
+        (false, true) => return None,
+    };
+    Some(Violation {
+        location: None,
+        index: None,
+        reason: missing,
+    })
+}
+
+/// Verifies the log in `dir`. A directory without segments, without a checkpoints file or
+/// without a signed checkpoint is a violation: only a log the writer created and signed is
+/// intact, even when it holds no record.
 pub fn verify(dir: &Path, options: &VerifyOptions) -> Report {
     let mut report = Report::default();
+    if let Some(v) = missing_files(dir) {
+        report.violation = Some(v);
+        return report;
+    }
     let mut history = KeyHistory::new();
     let mut requests: BTreeMap<String, u64> = BTreeMap::new();
     let mut starts = Vec::new();
@@ -232,6 +276,12 @@ pub fn verify(dir: &Path, options: &VerifyOptions) -> Report {
             report.checkpoints_pruned += 1;
             continue;
         }
+        if cp.size == 0 && history.is_empty() && anchor_key.is_none() {
+            // A checkpoint of the empty tree, before any start event named a key: its root is
+            // checked below; no key can be known to check its signature against.
+            notes.push((stored.location.clone(), cp));
+            continue;
+        }
         let key = key_for_size(&history, anchor_key.as_deref(), cp.size)
             .ok_or_else(|| {
                 fail(format!(
@@ -285,15 +335,19 @@ pub fn verify(dir: &Path, options: &VerifyOptions) -> Report {
         report.checkpoints_checked += 1;
         report.checkpointed_size = cp.size;
     }
-    if report.checkpoints_checked == 0 && log.size() > log.prefix.size() {
+    if report.checkpoints_checked == 0 {
+        let reason = if ckpts.checkpoints.is_empty() {
+            "holds no signed checkpoint: nothing signed covers the log (the writer signs one at every start)"
+        } else {
+            "no signed checkpoint covers the log's kept records (the writer signs one at every start)"
+        };
         report.violation = Some(Violation {
             location: Some(Location {
                 file: dir.join(crate::scan::CHECKPOINTS_FILE),
                 offset: 0,
             }),
             index: None,
-            reason: "no signed checkpoint covers the log (the writer signs one at every start)"
-                .into(),
+            reason: reason.into(),
         });
         return report;
     }
@@ -333,4 +387,107 @@ fn check_trusted(
     let view = crate::merkle::TreeView::new(&log.prefix, &log.leaves);
     crate::recovery::check_against_log(text, log.origin.as_deref(), &view, history, anchor_key)
         .map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::merkle::empty_root;
+    use crate::note::{Checkpoint, NoteSigner};
+    use crate::scan::{CHECKPOINTS_FILE, checkpoints_header};
+    use crate::segment::{SegmentHeader, segment_path};
+
+    const ORIGIN: &str = "verify.test/log";
+
+    fn empty_segment(dir: &Path) {
+        let header = SegmentHeader {
+            segment: 0,
+            first_index: 0,
+            prev_crc: 0,
+            origin: ORIGIN.into(),
+        };
+        std::fs::write(segment_path(dir, 0), header.encode()).expect("segment");
+    }
+
+    fn checkpoints(dir: &Path, notes: &[String]) {
+        let mut bytes = checkpoints_header();
+        let mut chain = 0;
+        for note in notes {
+            chain = crate::frame::encode_frame(chain, note.as_bytes(), &mut bytes);
+        }
+        std::fs::write(dir.join(CHECKPOINTS_FILE), bytes).expect("checkpoints");
+    }
+
+    fn empty_checkpoint() -> String {
+        NoteSigner::generate(ORIGIN)
+            .expect("signer")
+            .sign_checkpoint(&Checkpoint {
+                origin: ORIGIN.into(),
+                size: 0,
+                root: empty_root(),
+            })
+            .render()
+    }
+
+    fn violation(dir: &Path) -> String {
+        let report = verify(dir, &VerifyOptions::default());
+        assert!(!report.intact(), "{}", report.verdict());
+        report.verdict()
+    }
+
+    #[test]
+    fn a_directory_without_a_log_is_a_violation() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let v = violation(tmp.path());
+        assert!(v.contains("is not an audit log"), "{v}");
+        assert!(
+            v.contains("no segment files") && v.contains(CHECKPOINTS_FILE),
+            "{v}"
+        );
+
+        // A model directory: files, none of them a log's.
+        std::fs::write(tmp.path().join("config.json"), "{}").expect("write");
+        std::fs::write(tmp.path().join("model.safetensors"), [0u8; 64]).expect("write");
+        assert!(violation(tmp.path()).contains("is not an audit log"));
+    }
+
+    #[test]
+    fn missing_segments_checkpoints_or_signatures_are_named() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        checkpoints(tmp.path(), &[empty_checkpoint()]);
+        let v = violation(tmp.path());
+        assert!(v.contains("no segment files (*.seg)"), "{v}");
+
+        let tmp = tempfile::tempdir().expect("tempdir");
+        empty_segment(tmp.path());
+        let v = violation(tmp.path());
+        assert!(v.contains(&format!("has no {CHECKPOINTS_FILE}")), "{v}");
+
+        // Both files, but the checkpoints file holds nothing signed.
+        checkpoints(tmp.path(), &[]);
+        let v = violation(tmp.path());
+        assert!(v.contains("holds no signed checkpoint"), "{v}");
+    }
+
+    #[test]
+    fn an_empty_log_with_a_signed_empty_checkpoint_is_intact() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        empty_segment(tmp.path());
+        checkpoints(tmp.path(), &[empty_checkpoint()]);
+        let report = verify(tmp.path(), &VerifyOptions::default());
+        assert!(report.intact(), "{}", report.verdict());
+        assert_eq!((report.size, report.checkpoints_checked), (0, 1));
+
+        // The same checkpoint claiming a root other than the empty tree's is not.
+        let bad = NoteSigner::generate(ORIGIN)
+            .expect("signer")
+            .sign_checkpoint(&Checkpoint {
+                origin: ORIGIN.into(),
+                size: 0,
+                root: [7; 32],
+            })
+            .render();
+        checkpoints(tmp.path(), &[bad]);
+        assert!(violation(tmp.path()).contains("root hash at size 0"));
+    }
 }

@@ -147,6 +147,8 @@ pub struct StartupBinding {
     pub audit_key: Option<[u8; 32]>,
     /// The served model's digest (`crate::model::ModelDigest::bytes`).
     pub model_digest: [u8; 32],
+    /// The format the projections are quantized to at load, if they are.
+    pub quantized_at_load: Option<crate::model::QuantizeAtLoad>,
 }
 
 /// The server's evidence, its runtime-data document and the appraisal that admitted it.
@@ -241,6 +243,7 @@ impl Attester {
             runtime_data.tls_spki_sha256 = Some(hex::encode(binding.tls_spki_sha256));
             runtime_data.audit_key = binding.audit_key.map(hex::encode);
             runtime_data.model_digest = Some(hex::encode(binding.model_digest));
+            runtime_data.quantized_at_load = binding.quantized_at_load.map(|q| q.name().into());
         }
         if let Some(tpm) = &self.tpm {
             tpm.bind_ak(&mut runtime_data)?;
@@ -667,6 +670,7 @@ mod tests {
         tls_spki_sha256: [1; 32],
         audit_key: None,
         model_digest: [5; 32],
+        quantized_at_load: Some(crate::model::QuantizeAtLoad::Fp8),
     };
 
     /// The start-up document carries every value of `binding`.
@@ -682,6 +686,10 @@ mod tests {
         assert_eq!(
             doc.model_digest.as_deref(),
             Some(hex::encode(binding.model_digest).as_str())
+        );
+        assert_eq!(
+            doc.quantized_at_load.as_deref(),
+            binding.quantized_at_load.map(|q| q.name())
         );
     }
 

@@ -6,7 +6,6 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
 use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
 
 use inferno_attestation::bundle::CollateralBundle;
 use inferno_attestation::policy::LoadedPolicy;
@@ -14,13 +13,16 @@ use inferno_attestation::policy::LoadedPolicy;
 use inferno_audit::merkle::{TreeView, verify_consistency, verify_inclusion};
 use inferno_audit::note::{ALG_COSIGNATURE_V1, Checkpoint, NoteSigner, SignedNote, VerifierKey};
 use inferno_audit::{
-    ConsistencyProof, ContentMode, ContentPolicy, InclusionProof, Record, RecordBody,
-    SecurityEvent, VerifyOptions, add_checkpoint, load_tree, prune, read_key_file,
+    ConsistencyProof, InclusionProof, Record, VerifyOptions, add_checkpoint, load_tree, prune,
     stored_checkpoints, verify,
 };
 
 use crate::attest::binding::{BindingInput, check_start_events};
 
+mod pack;
+mod records;
+mod report;
+mod summary;
 mod witness_http;
 
 /// Arguments of `inferno audit`.
@@ -35,9 +37,9 @@ enum AuditCommand {
     /// Check every frame, hash, checkpoint signature and root; exit 0 intact, 1 violation.
     Verify(VerifyArgs),
     /// Print records (JSON lines), filtered.
-    Show(ShowArgs),
+    Show(records::ShowArgs),
     /// Export all records as JSON lines or CSV.
-    Export(ExportArgs),
+    Export(records::ExportArgs),
     /// Export, then remove old segments (a signed checkpoint keeps the rest verifiable).
     Prune(PruneArgs),
     /// Print the latest signed checkpoint.
@@ -46,6 +48,11 @@ enum AuditCommand {
     Prove(ProveArgs),
     /// Print a consistency proof between two tree sizes.
     Consistency(ConsistencyArgs),
+    /// Verify the log and write a self-contained HTML report for a compliance officer.
+    Report(report::ReportArgs),
+    /// Verify the log and pack it with its transcript, report, policies and a README for an
+    /// external auditor (a tar file).
+    EvidencePack(pack::PackArgs),
     /// Check a receipt (the body of `GET /v1/audit/proof`) offline against the audit key.
     Receipt(ReceiptArgs),
     /// Countersign checkpoints as a witness.
@@ -54,7 +61,8 @@ enum AuditCommand {
 
 #[derive(Debug, clap::Args)]
 struct ReceiptArgs {
-    /// The receipt file: the JSON body `GET /v1/audit/proof?index=N` answered.
+    /// The receipt file: the JSON body `GET /v1/audit/proof?index=N` answered, or the output of
+    /// `inferno audit prove`.
     receipt: PathBuf,
     /// The audit key (note verifier key) the start-up evidence binds (`/v1/attestation`'s
     /// runtime data, `audit_key`).
@@ -63,6 +71,10 @@ struct ReceiptArgs {
     /// The leaf hash the response's `inferno-audit-leaf` header carried (hex).
     #[arg(long)]
     leaf: Option<String>,
+    /// The record itself, as one line of `inferno audit export --format jsonl` (the stored
+    /// bytes its leaf hash covers), checked against a `prove` output's leaf.
+    #[arg(long)]
+    record: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -75,6 +87,17 @@ struct DirArg {
 struct VerifyArgs {
     /// The log directory.
     dir: PathBuf,
+    #[command(flatten)]
+    inputs: VerifyInputs,
+    /// Print the verdict and summary as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// What verification takes besides the log directory (shared by `verify`, `report` and
+/// `evidence-pack`).
+#[derive(Debug, Clone, clap::Args)]
+struct VerifyInputs {
     /// A checkpoint (e.g. witness-cosigned) that the log must contain.
     #[arg(long)]
     trusted_checkpoint: Option<PathBuf>,
@@ -87,48 +110,43 @@ struct VerifyArgs {
     /// The collateral bundle for appraising the evidence of start events.
     #[arg(long, requires = "policy")]
     collateral: Option<PathBuf>,
+    /// Report a gap where records waited this many seconds or more for a checkpoint.
+    #[arg(long, default_value_t = summary::DEFAULT_GAP_SECONDS)]
+    gap_seconds: u64,
 }
 
-#[derive(Debug, clap::Args)]
-struct ShowArgs {
-    /// The log directory.
-    dir: PathBuf,
-    /// Only records at or after this time (RFC 3339).
-    #[arg(long)]
-    since: Option<String>,
-    /// Only records before this time (RFC 3339).
-    #[arg(long)]
-    until: Option<String>,
-    /// Only request records of this principal (API key id) and their completions.
-    #[arg(long)]
-    principal: Option<String>,
-    /// Only records of this request id.
-    #[arg(long)]
-    request_id: Option<String>,
-    /// Only records of this kind: `request`, `completion` or an event name (e.g. `started`).
-    #[arg(long)]
-    event_type: Option<String>,
-    /// A content key file: decrypt encrypted prompts and completions.
-    #[arg(long)]
-    decrypt_key: Option<PathBuf>,
+impl VerifyInputs {
+    /// The command-line flags that give these inputs again.
+    fn flags(&self) -> Vec<String> {
+        let mut flags = Vec::new();
+        let mut push = |flag: &str, value: String| {
+            flags.push(flag.to_owned());
+            flags.push(value);
+        };
+        if let Some(p) = &self.trusted_checkpoint {
+            push("--trusted-checkpoint", p.display().to_string());
+        }
+        for k in &self.witness_key {
+            push("--witness-key", k.clone());
+        }
+        if let Some(p) = &self.policy {
+            push("--policy", p.display().to_string());
+        }
+        if let Some(p) = &self.collateral {
+            push("--collateral", p.display().to_string());
+        }
+        if self.gap_seconds != summary::DEFAULT_GAP_SECONDS {
+            push("--gap-seconds", self.gap_seconds.to_string());
+        }
+        flags
+    }
 }
 
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-enum ExportFormat {
-    Jsonl,
-    Csv,
-}
-
-#[derive(Debug, clap::Args)]
-struct ExportArgs {
-    /// The log directory.
-    dir: PathBuf,
-    /// The output format.
-    #[arg(long, value_enum)]
-    format: ExportFormat,
-    /// Write to this file instead of standard output.
-    #[arg(long, short)]
-    output: Option<PathBuf>,
+/// A verified (or not) log: its summary and records.
+struct Checked {
+    summary: summary::Summary,
+    records: Vec<Record>,
+    failed: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -232,6 +250,8 @@ struct CosignArgs {
 pub fn run(args: AuditArgs) -> ExitCode {
     match args.command {
         AuditCommand::Verify(a) => run_verify(&a),
+        AuditCommand::Report(a) => verdict_exit(report::run(&a)),
+        AuditCommand::EvidencePack(a) => verdict_exit(pack::run(&a)),
         other => match run_other(other) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => super::fail(&e),
@@ -239,11 +259,23 @@ pub fn run(args: AuditArgs) -> ExitCode {
     }
 }
 
+/// Exit 0 for an intact log, 1 for a violation, 2 for a usage error (as `verify`).
+fn verdict_exit(outcome: anyhow::Result<bool>) -> ExitCode {
+    match outcome {
+        Ok(false) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn run_other(command: AuditCommand) -> anyhow::Result<()> {
     match command {
-        AuditCommand::Verify(_) => Ok(()),
-        AuditCommand::Show(a) => show(&a),
-        AuditCommand::Export(a) => export(&a),
+        AuditCommand::Verify(_) | AuditCommand::Report(_) | AuditCommand::EvidencePack(_) => Ok(()),
+        AuditCommand::Show(a) => records::show(&a),
+        AuditCommand::Export(a) => records::export(&a),
         AuditCommand::Prune(a) => {
             require_dir(&a.dir)?;
             let outcome = prune(&a.dir, a.keep_segments, &a.export)?;
@@ -281,6 +313,15 @@ fn run_other(command: AuditCommand) -> anyhow::Result<()> {
 fn receipt(a: &ReceiptArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&a.receipt)
         .with_context(|| format!("cannot read {}", a.receipt.display()))?;
+    if text.starts_with("inferno-audit-inclusion/") {
+        return check_prove_output(a, &text)
+            .with_context(|| format!("proof {} rejected", a.receipt.display()));
+    }
+    if a.record.is_some() {
+        bail!(
+            "--record checks the output of `inferno audit prove`; a server receipt carries its record"
+        );
+    }
     let receipt: crate::server::receipt::ProofResponse = serde_json::from_str(&text)
         .with_context(|| format!("{} is not a receipt", a.receipt.display()))?;
     let verified = crate::server::receipt::verify(&receipt, &a.key, a.leaf.as_deref())
@@ -298,6 +339,78 @@ fn receipt(a: &ReceiptArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Checks the output of `inferno audit prove` offline: the checkpoint's signature by `--key`,
+/// then the leaf's inclusion at the checkpoint's size and root (and the record's bytes, or
+/// `--leaf`, against the proven leaf).
+fn check_prove_output(a: &ReceiptArgs, text: &str) -> anyhow::Result<()> {
+    let (proof_text, note_text) = text
+        .split_once("\n\n")
+        .context("no signed checkpoint after the inclusion proof")?;
+    let proof = InclusionProof::parse(&format!("{proof_text}\n"))?;
+    let note = SignedNote::parse(note_text)?;
+    let key = VerifierKey::parse(&a.key).context("--key")?;
+    key.verify(&note)
+        .with_context(|| format!("the checkpoint is not signed by {}", key.name))?;
+    let cp = note.checkpoint()?;
+    if cp.size != proof.size {
+        bail!(
+            "the proof is for tree size {} but the checkpoint signs size {}",
+            proof.size,
+            cp.size
+        );
+    }
+    verify_inclusion(
+        proof.index,
+        proof.size,
+        &proof.leaf,
+        &proof.hashes,
+        &cp.root,
+    )
+    .context("the inclusion proof does not lead to the checkpoint's root")?;
+    if let Some(leaf) = &a.leaf
+        && !leaf.eq_ignore_ascii_case(&hex::encode(proof.leaf))
+    {
+        bail!(
+            "--leaf {leaf} is not the proven leaf {}",
+            hex::encode(proof.leaf)
+        );
+    }
+    let mut record_checked = false;
+    if let Some(path) = &a.record {
+        let bytes =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let line = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
+        if inferno_audit::merkle::leaf_hash(line) != proof.leaf {
+            bail!(
+                "the record in {} does not hash to the proven leaf",
+                path.display()
+            );
+        }
+        let record = Record::decode(line).context("--record is not an audit record")?;
+        if record.index != proof.index {
+            bail!(
+                "the record says index {}, the proof is for {}",
+                record.index,
+                proof.index
+            );
+        }
+        record_checked = true;
+    }
+    println!(
+        "proof verified: record {} is in the log {:?} at its checkpoint of {} records signed by {}{}",
+        proof.index,
+        cp.origin,
+        cp.size,
+        key.name,
+        if record_checked {
+            "; the record matches its leaf hash"
+        } else {
+            " (no record given: only its leaf hash is proven)"
+        }
+    );
+    Ok(())
+}
+
 fn require_dir(dir: &Path) -> anyhow::Result<()> {
     if !dir.is_dir() {
         bail!("{} is not a directory", dir.display());
@@ -306,31 +419,60 @@ fn require_dir(dir: &Path) -> anyhow::Result<()> {
 }
 
 fn run_verify(a: &VerifyArgs) -> ExitCode {
-    let usage = |msg: String| {
-        eprintln!("error: {msg}");
-        ExitCode::from(2)
+    let checked = match verify_with(&a.dir, &a.inputs) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
     };
-    if !a.dir.is_dir() {
-        return usage(format!("{} is not a directory", a.dir.display()));
+    let summary = &checked.summary;
+    if a.json {
+        match serde_json::to_string_pretty(summary) {
+            Ok(j) => println!("{j}"),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        if let Some(line) = &summary.attested {
+            println!("{line}");
+        }
+        println!("{}", summary.verdict_line);
+        if !checked.failed {
+            for id in &summary.incomplete_requests {
+                println!("incomplete: request {id} has no completion record");
+            }
+            print!("{}", summary.render_text());
+        }
     }
-    let binding = match load_binding_inputs(a) {
-        Ok(b) => b,
-        Err(e) => return usage(format!("{e:#}")),
-    };
+    if checked.failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Verifies the log in `dir` (and the key bindings, when a policy and collateral are given)
+/// and summarises it. An error is a usage error (bad argument, unreadable input file).
+fn verify_with(dir: &Path, inputs: &VerifyInputs) -> anyhow::Result<Checked> {
+    if !dir.is_dir() {
+        bail!("{} is not a directory", dir.display());
+    }
+    let binding = load_binding_inputs(inputs)?;
     let mut options = VerifyOptions::default();
-    if let Some(path) = &a.trusted_checkpoint {
-        match std::fs::read_to_string(path) {
-            Ok(t) => options.trusted_checkpoint = Some(t),
-            Err(e) => return usage(format!("{}: {e}", path.display())),
-        }
+    if let Some(path) = &inputs.trusted_checkpoint {
+        options.trusted_checkpoint =
+            Some(std::fs::read_to_string(path).with_context(|| path.display().to_string())?);
     }
-    for k in &a.witness_key {
-        match VerifierKey::parse(k) {
-            Ok(k) => options.witness_keys.push(k),
-            Err(e) => return usage(format!("--witness-key {k:?}: {e}")),
-        }
+    for k in &inputs.witness_key {
+        options
+            .witness_keys
+            .push(VerifierKey::parse(k).with_context(|| format!("--witness-key {k:?}"))?);
     }
-    let report = verify(&a.dir, &options);
+    let mut report = verify(dir, &options);
+    let mut attested = None;
     if let (true, Some((policy, collateral))) = (report.intact(), &binding) {
         let input = BindingInput {
             policy,
@@ -338,28 +480,50 @@ fn run_verify(a: &VerifyArgs) -> ExitCode {
             now: OffsetDateTime::now_utc(),
         };
         match check_start_events(&report.starts, &input) {
-            Ok(n) => println!(
-                "ATTESTED: {n} checkpoint keys bound to evidence that passes policy {:?}",
-                policy.policy.name
-            ),
+            Ok(n) => {
+                attested = Some(format!(
+                    "ATTESTED: {n} checkpoint keys bound to evidence that passes policy {:?}",
+                    policy.policy.name
+                ));
+            }
             Err(reason) => {
-                println!("VIOLATION: {reason}");
-                return ExitCode::FAILURE;
+                report.violation = Some(inferno_audit::Violation {
+                    location: None,
+                    index: None,
+                    reason,
+                });
             }
         }
     }
-    println!("{}", report.verdict());
-    if !report.intact() {
-        return ExitCode::FAILURE;
-    }
-    for id in &report.incomplete {
-        println!("incomplete: request {id} has no completion record");
-    }
-    ExitCode::SUCCESS
+    let records: Vec<Record> = if report.intact() {
+        inferno_audit::read_records(dir)
+            .map(|rs| rs.into_iter().map(|r| r.record).collect())
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let summary = summary::summarize(
+        dir,
+        &summary::SummaryInput {
+            report: &report,
+            records: &records,
+            trusted_checkpoint: options.trusted_checkpoint.as_deref(),
+            witness_keys: &options.witness_keys,
+            attested,
+            gap_seconds: inputs.gap_seconds,
+        },
+    );
+    Ok(Checked {
+        summary,
+        records,
+        failed: !report.intact(),
+    })
 }
 
 /// Loads `--policy` and `--collateral` (clap requires both or neither).
-fn load_binding_inputs(a: &VerifyArgs) -> anyhow::Result<Option<(LoadedPolicy, CollateralBundle)>> {
+fn load_binding_inputs(
+    a: &VerifyInputs,
+) -> anyhow::Result<Option<(LoadedPolicy, CollateralBundle)>> {
     let (Some(policy), Some(collateral)) = (&a.policy, &a.collateral) else {
         return Ok(None);
     };
@@ -368,193 +532,6 @@ fn load_binding_inputs(a: &VerifyArgs) -> anyhow::Result<Option<(LoadedPolicy, C
     let collateral = CollateralBundle::from_file(collateral)
         .with_context(|| format!("--collateral {}", collateral.display()))?;
     Ok(Some((policy, collateral)))
-}
-
-/// Reads every intact record of a log.
-fn read_records(dir: &Path) -> anyhow::Result<Vec<(Record, Vec<u8>)>> {
-    require_dir(dir)?;
-    let records = inferno_audit::read_records(dir)
-        .map_err(|e| anyhow::anyhow!("{e} (run `inferno audit verify`)"))?;
-    Ok(records.into_iter().map(|r| (r.record, r.payload)).collect())
-}
-
-fn parse_time(s: &Option<String>, flag: &str) -> anyhow::Result<Option<OffsetDateTime>> {
-    s.as_deref()
-        .map(|t| {
-            OffsetDateTime::parse(t, &Rfc3339)
-                .with_context(|| format!("{flag} {t:?} is not RFC 3339"))
-        })
-        .transpose()
-}
-
-fn show(a: &ShowArgs) -> anyhow::Result<()> {
-    let since = parse_time(&a.since, "--since")?;
-    let until = parse_time(&a.until, "--until")?;
-    let decrypt = match &a.decrypt_key {
-        Some(p) => {
-            let key = read_key_file(p)?;
-            Some(ContentPolicy::new(ContentMode::Encrypted, Some(&key))?)
-        }
-        None => None,
-    };
-    let records = read_records(&a.dir)?;
-    let principal_requests: std::collections::HashSet<String> = match &a.principal {
-        Some(p) => records
-            .iter()
-            .filter_map(|(r, _)| match &r.body {
-                RecordBody::Request(q) if &q.principal == p => Some(q.request_id.clone()),
-                _ => None,
-            })
-            .collect(),
-        None => Default::default(),
-    };
-    let mut stdout = std::io::stdout().lock();
-    for (record, _) in records {
-        if since.is_some_and(|s| record.time < s) || until.is_some_and(|u| record.time >= u) {
-            continue;
-        }
-        if a.principal.is_some()
-            && !record
-                .body
-                .request_id()
-                .is_some_and(|id| principal_requests.contains(id))
-        {
-            continue;
-        }
-        if a.request_id
-            .as_deref()
-            .is_some_and(|id| record.body.request_id() != Some(id))
-        {
-            continue;
-        }
-        if a.event_type
-            .as_deref()
-            .is_some_and(|t| record.body.kind() != t)
-        {
-            continue;
-        }
-        let mut value = serde_json::to_value(&record)?;
-        if let Some(policy) = &decrypt {
-            add_plaintext(policy, &record, &mut value)?;
-        }
-        writeln!(stdout, "{value}")?;
-    }
-    Ok(())
-}
-
-fn add_plaintext(
-    policy: &ContentPolicy,
-    record: &Record,
-    value: &mut serde_json::Value,
-) -> anyhow::Result<()> {
-    let (label, id, content) = match &record.body {
-        RecordBody::Request(r) => ("prompt", &r.request_id, &r.prompt),
-        RecordBody::Completion(c) => ("completion", &c.request_id, &c.completion),
-        RecordBody::Event(_) => return Ok(()),
-    };
-    if let Some(text) = policy
-        .open(label, id, content)
-        .with_context(|| format!("record {}", record.index))?
-    {
-        value[label]["plaintext"] = serde_json::Value::String(text.to_string());
-    }
-    Ok(())
-}
-
-const CSV_COLUMNS: [&str; 14] = [
-    "index",
-    "time",
-    "type",
-    "event",
-    "request_id",
-    "principal",
-    "endpoint",
-    "model_digest",
-    "prompt_tokens",
-    "completion_tokens",
-    "finish_reason",
-    "status",
-    "latency_ms",
-    "details",
-];
-
-fn csv_row(record: &Record) -> anyhow::Result<Vec<String>> {
-    let time = record.time.format(&Rfc3339)?;
-    let mut row = vec![record.index.to_string(), time];
-    let empty = String::new;
-    match &record.body {
-        RecordBody::Request(r) => row.extend([
-            "request".into(),
-            empty(),
-            r.request_id.clone(),
-            r.principal.clone(),
-            r.endpoint.clone(),
-            r.model_digest.clone(),
-            empty(),
-            empty(),
-            empty(),
-            r.status.map(|s| s.to_string()).unwrap_or_default(),
-            empty(),
-            serde_json::to_string(&r.prompt)?,
-        ]),
-        RecordBody::Completion(c) => row.extend([
-            "completion".into(),
-            empty(),
-            c.request_id.clone(),
-            empty(),
-            empty(),
-            empty(),
-            c.prompt_tokens.to_string(),
-            c.completion_tokens.to_string(),
-            c.finish_reason.clone().unwrap_or_default(),
-            c.status.to_string(),
-            c.latency_ms.to_string(),
-            serde_json::to_string(&c.completion)?,
-        ]),
-        RecordBody::Event(e) => {
-            row.extend(["event".into(), e.name().into()]);
-            row.extend(std::iter::repeat_with(empty).take(9));
-            row.push(event_details(e)?);
-        }
-    }
-    Ok(row)
-}
-
-fn event_details(e: &SecurityEvent) -> anyhow::Result<String> {
-    let mut v = serde_json::to_value(e)?;
-    if let Some(map) = v.as_object_mut() {
-        map.remove("event");
-    }
-    Ok(v.to_string())
-}
-
-fn export(a: &ExportArgs) -> anyhow::Result<()> {
-    let records = read_records(&a.dir)?;
-    let mut out: Box<dyn std::io::Write> = match &a.output {
-        Some(p) => Box::new(std::io::BufWriter::new(
-            crate::seal::create_new_file(p, 0o600)
-                .with_context(|| format!("creating {}", p.display()))?,
-        )),
-        None => Box::new(std::io::stdout().lock()),
-    };
-    match a.format {
-        ExportFormat::Jsonl => {
-            for (_, raw) in &records {
-                out.write_all(raw)?;
-                out.write_all(b"\n")?;
-            }
-        }
-        ExportFormat::Csv => {
-            let mut w = csv::Writer::from_writer(&mut out);
-            w.write_record(CSV_COLUMNS)?;
-            for (record, _) in &records {
-                w.write_record(csv_row(record)?)?;
-            }
-            w.flush()?;
-        }
-    }
-    out.flush()?;
-    Ok(())
 }
 
 fn latest_checkpoint(dir: &Path) -> anyhow::Result<(SignedNote, Checkpoint)> {

@@ -84,6 +84,7 @@ impl Engine {
             max_context: model.max_context,
             vocab_size: model.vocab_size,
             max_waiting: config.max_waiting,
+            backend: backend.name().to_owned(),
             thread: Mutex::new(None),
         });
         let (commands, receiver) = mpsc::channel();

@@ -112,6 +112,8 @@ pub(super) struct Shared {
     pub max_context: usize,
     pub vocab_size: usize,
     pub max_waiting: usize,
+    /// The backend's short name ([`super::Backend::name`]).
+    pub backend: String,
     /// The engine thread, joined by the first `shutdown`.
     pub thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -190,6 +192,11 @@ impl EngineHandle {
     /// The KV cache geometry.
     pub fn kv_cache(&self) -> KvCacheShape {
         self.shared.kv_cache
+    }
+
+    /// The short name of the backend the engine runs on (`cpu`, `cuda`).
+    pub fn backend(&self) -> &str {
+        &self.shared.backend
     }
 
     /// The longest sequence (prompt plus completion) the engine accepts.

@@ -31,6 +31,13 @@ pub enum QuantizeAtLoad {
 }
 
 impl QuantizeAtLoad {
+    /// Its name in the configuration and in the evidence.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fp8 => "fp8",
+        }
+    }
+
     /// The scheme the projections are served in: a checkpoint already in FP8 keeps its own.
     pub fn apply(self, config: &mut super::ModelConfig) {
         match self {

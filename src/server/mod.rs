@@ -230,6 +230,7 @@ impl Server {
             tls_spki_sha256: self.identity.spki_sha256(),
             audit_key: pending.signer.as_ref().map(|s| s.verifier().public),
             model_digest,
+            quantized_at_load: config.model.quantization,
         };
         let prepared = self
             .prepared
@@ -290,15 +291,9 @@ impl Server {
     /// template.
     pub fn set_model(&self, mut service: ModelService) {
         service.set_tool_call_format(self.app.config().server.tool_call_parser);
-        let detail = format!("model {} ({}) loaded", service.name(), service.digest());
+        let event = model_loaded_event(&service);
         self.app.set_service(Arc::new(service));
-        audit::record_event(
-            &self.app,
-            inferno_audit::SecurityEvent::GpuReady {
-                ready: true,
-                detail,
-            },
-        );
+        audit::record_event(&self.app, event);
     }
 
     /// Records the digests of the configuration file and policy in force in the audit log.
@@ -357,6 +352,32 @@ impl Server {
             tracing::error!(error = %err, "audit: final checkpoint failed");
         }
     }
+}
+
+/// The `gpu_ready` event of a model that starts serving: ready only when its engine runs on a
+/// GPU backend; on the CPU backend it records that no GPU serves.
+fn model_loaded_event(service: &ModelService) -> inferno_audit::SecurityEvent {
+    let backend = service.engine().backend();
+    let (ready, detail) = if backend == "cpu" {
+        (
+            false,
+            format!(
+                "no GPU: model {} ({}) serves on the CPU backend",
+                service.name(),
+                service.digest()
+            ),
+        )
+    } else {
+        (
+            true,
+            format!(
+                "model {} ({}) loaded on the {backend} backend",
+                service.name(),
+                service.digest()
+            ),
+        )
+    };
+    inferno_audit::SecurityEvent::GpuReady { ready, detail }
 }
 
 /// The audit content policy that `policy` asks for, with the configured key; `None` without
