@@ -75,12 +75,8 @@ fn fresh_evidence_binds_a_new_challenge_and_refuses_bad_or_replayed_nonces() {
 fn fresh_evidence_is_rate_limited_with_retry_after() {
     let harness = start(2);
     runtime().block_on(async {
-        // One client, one connection: the budget is per connection (or per API key).
-        let client = harness
-            .client_builder()
-            .http1_only()
-            .build()
-            .expect("client");
+        // One client, one HTTP/2 connection: the budget is per connection (or per API key).
+        let client = harness.client();
         for i in 0..2u8 {
             assert_eq!(
                 challenge_on(&client, &harness, None, i + 10).await,
@@ -124,12 +120,10 @@ async fn challenge_on(
 fn one_client_spending_its_challenge_budget_leaves_the_others_theirs() {
     let harness = start(2);
     runtime().block_on(async {
-        // One connection (reqwest keeps it alive) spends its burst.
-        let flooder = harness
-            .client_builder()
-            .http1_only()
-            .build()
-            .expect("client");
+        // One connection spends its burst.
+        // HTTP/2 (by ALPN): every request shares the one connection, with no race between a
+        // response's end and the next request's checkout of a pooled HTTP/1.1 connection.
+        let flooder = harness.client();
         for nonce in 0..2 {
             assert_eq!(
                 challenge_on(&flooder, &harness, None, nonce).await,
