@@ -1,6 +1,8 @@
 //! Sets `cfg(shared_vectors)` when `../shared/attestation-vectors` (beside the repository)
 //! exists, and `cfg(shared_fixture)` when `../shared/fixtures/tiny-llama3` does: the tests on
 //! that data are ignored without it (listed as ignored, with the reason), never counted as passed.
+//! Likewise `cfg(real_tokenizers)` when `scripts/fetch_real_tokenizers.sh` has put the real Qwen3
+//! and Llama 3.1 tokenizers in `tests/real-tokenizers/`.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -16,5 +18,14 @@ fn main() {
             println!("cargo:rustc-cfg={cfg}");
             println!("cargo:rerun-if-changed={}", dir.display());
         }
+    }
+    println!("cargo:rustc-check-cfg=cfg(real_tokenizers)");
+    let real = std::path::Path::new(&manifest).join("tests/real-tokenizers");
+    println!("cargo:rerun-if-changed={}", real.display());
+    if ["qwen3", "llama3_1"]
+        .iter()
+        .all(|name| real.join(name).join("tokenizer.json").is_file())
+    {
+        println!("cargo:rustc-cfg=real_tokenizers");
     }
 }

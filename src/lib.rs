@@ -11,6 +11,7 @@
 //! - [`server`]: the OpenAI-compatible HTTPS API;
 //! - [`attest`]: start-up attestation of the server (evidence binding its keys and policy);
 //! - [`harden`]: hardening of the serving process (no dumps or ptrace, locked keys, user drop);
+//! - [`netlimits`]: the accept loop and timeouts of the plain-HTTP listeners (proxy, key broker);
 //! - [`cli`]: the `inferno` command line.
 //!
 //! The append-only, tamper-evident audit log is its own crate, `inferno-audit` (`audit/`).
@@ -26,6 +27,7 @@ pub mod engine;
 pub mod harden;
 pub mod keybroker;
 pub mod model;
+pub mod netlimits;
 pub mod seal;
 pub mod server;
 pub mod startup;

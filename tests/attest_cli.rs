@@ -180,6 +180,35 @@ fn gce_quote_verifies_under_its_own_nonce_through_the_cli() {
     assert_eq!(code, Some(1), "{report:#}");
     assert_eq!(failed(&report), ["tpm.ak_certificate"], "{report:#}");
 
+    // Issue 47: the policy pins the AK's public key (`[tpm] ak_public_keys`, SHA-256 of its
+    // SubjectPublicKeyInfo): trusted without a certificate chain; another pinned key is not.
+    let ak = gce().tpm.unwrap().ak.key().unwrap().spki_sha256().unwrap();
+    let pinned = |key: &str, name: &str| {
+        let text = std::fs::read_to_string(&policy).unwrap().replacen(
+            "pcrs = [0, 1, 2, 3, 4, 5, 6, 7]\n",
+            &format!("pcrs = [0, 1, 2, 3, 4, 5, 6, 7]\nak_public_keys = [\"{key}\"]\n"),
+            1,
+        );
+        let path = work.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let (code, report) = verify(
+        &evidence,
+        &pinned(&hex::encode(ak), "pinned.toml"),
+        &[&now[..], &["--nonce", "9009"]].concat(),
+    );
+    assert_eq!(code, Some(0), "{report:#}");
+    let (_, reason) = check(&report, "tpm.ak_certificate");
+    assert!(reason.contains("pins this AK"), "{reason}");
+    let (code, report) = verify(
+        &evidence,
+        &pinned(&"00".repeat(32), "other-pin.toml"),
+        &[&now[..], &["--nonce", "9009"]].concat(),
+    );
+    assert_eq!(code, Some(1), "{report:#}");
+    assert_eq!(failed(&report), ["tpm.ak_certificate"], "{report:#}");
+
     // No nonce at all: standalone evidence cannot be fresh.
     let (code, report) = verify(
         &evidence,
@@ -371,6 +400,8 @@ fn tdx_quote_as_hex_text_verifies() {
 }
 
 /// A protected-PCIe set of simulated GPUs (one hierarchy, distinct devices), judged as a set.
+/// The members share one FWID, as real GPUs with the same firmware do (issue 47): devices are
+/// told apart by their certificates' keys.
 #[test]
 fn simulated_gpu_set_is_appraised_as_a_set() {
     let work = tempfile::tempdir().unwrap();

@@ -215,6 +215,11 @@ fn show_filters_and_export_formats() {
         csv_path.to_str().expect("utf8"),
     ]);
     assert_eq!(csv.status.code(), Some(0));
+    // Issue 47: the export holds request metadata; it is private whatever the umask.
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&csv_path).expect("csv").permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
     let text = std::fs::read_to_string(&csv_path).expect("csv");
     let mut rows = text.lines();
     assert!(

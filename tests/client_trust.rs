@@ -695,6 +695,97 @@ fn the_proxy_streams_from_a_verified_upstream_refuses_a_swapped_certificate_and_
     assert_eq!(upstream.forwarded.lock().unwrap().len(), 2);
 }
 
+/// Issue 47, defect 1: concurrent first requests through a new proxy all succeed, and the
+/// proxy's upstream connections share one verification (one challenge) while they present the
+/// same certificate; a connection presenting another certificate is verified again.
+#[test]
+fn concurrent_first_requests_through_a_new_proxy_share_one_verification() {
+    let rt = runtime();
+    let upstream = rt.block_on(AttestedUpstream::start());
+    upstream
+        .hold
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let proxy = Proxy::start(&format!("https://{}", upstream.addr));
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client");
+    let statuses: Vec<u16> = rt.block_on(async {
+        let requests = (0..24).map(|_| {
+            let request = http
+                .post(format!("{}/v1/chat/completions", proxy.base))
+                .json(&serde_json::json!({"model": "m", "messages": []}));
+            async move {
+                let response = request.send().await.expect("the proxy answers");
+                let status = response.status().as_u16();
+                let _ = response.bytes().await;
+                status
+            }
+        });
+        futures_util::future::join_all(requests).await
+    });
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    // Every request closed its upstream connection, so 24 were opened; one was challenged.
+    assert_eq!(upstream.forwarded.lock().unwrap().len(), 24);
+    assert_eq!(
+        upstream
+            .challenges
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+    // Another certificate is verified in full (and refused); the genuine one again passes,
+    // after a new verification because the failed one replaced the cached one.
+    let ask = || {
+        let request = http
+            .post(format!("{}/v1/chat/completions", proxy.base))
+            .json(&serde_json::json!({"model": "m", "messages": []}));
+        rt.block_on(async move {
+            let response = request.send().await.expect("the proxy answers");
+            let status = response.status().as_u16();
+            let _ = response.bytes().await;
+            status
+        })
+    };
+    upstream.set_genuine(false);
+    assert_eq!(ask(), 502);
+    assert_eq!(
+        upstream
+            .challenges
+            .load(std::sync::atomic::Ordering::SeqCst),
+        2
+    );
+    upstream.set_genuine(true);
+    assert_eq!(ask(), 200);
+    assert_eq!(
+        upstream
+            .challenges
+            .load(std::sync::atomic::Ordering::SeqCst),
+        3
+    );
+}
+
+/// Issue 47, defect 1: 24 concurrent first requests through a new proxy to the real server
+/// (default challenge budget, burst 16) all succeed.
+#[test]
+fn concurrent_first_requests_through_a_new_proxy_to_the_server_all_succeed() {
+    let served = Served::start();
+    let rt = runtime();
+    let proxy = Proxy::start(&served.base);
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("client");
+    let statuses: Vec<u16> = rt.block_on(async {
+        let requests = (0..24).map(|_| {
+            let request = http.get(format!("{}/v1/models", proxy.base)).send();
+            async move { request.await.expect("the proxy answers").status().as_u16() }
+        });
+        futures_util::future::join_all(requests).await
+    });
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+}
+
 /// The model digest the test upstream's evidence names.
 const UPSTREAM_MODEL: &str = "1111111111111111111111111111111111111111111111111111111111111111";
 
@@ -709,7 +800,11 @@ struct AttestedUpstream {
     addr: SocketAddr,
     genuine: Arc<std::sync::atomic::AtomicBool>,
     release: Arc<tokio::sync::Notify>,
+    /// Whether the second event waits for `release` (otherwise it follows at once).
+    hold: Arc<std::sync::atomic::AtomicBool>,
     forwarded: Arc<Mutex<Vec<String>>>,
+    /// How many `POST /v1/attestation` challenges were answered.
+    challenges: Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -736,10 +831,14 @@ impl AttestedUpstream {
         let genuine = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let release = Arc::new(tokio::sync::Notify::new());
         let forwarded = Arc::new(Mutex::new(Vec::new()));
-        let (use_genuine, gate, seen) = (
+        let hold = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let challenges = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (use_genuine, gate, seen, holding, answered) = (
             Arc::clone(&genuine),
             Arc::clone(&release),
             Arc::clone(&forwarded),
+            Arc::clone(&hold),
+            Arc::clone(&challenges),
         );
         let task = tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
@@ -749,6 +848,7 @@ impl AttestedUpstream {
                     swapped_acceptor.clone()
                 };
                 let (startup, gate, seen) = (startup.clone(), Arc::clone(&gate), Arc::clone(&seen));
+                let (holding, answered) = (Arc::clone(&holding), Arc::clone(&answered));
                 tokio::spawn(async move {
                     let Ok(mut tls) = acceptor.accept(tcp).await else {
                         return;
@@ -757,6 +857,7 @@ impl AttestedUpstream {
                     while let Some((head, body)) = read_request_head(&mut tls).await {
                         let request_line = head.lines().next().unwrap_or_default().to_owned();
                         if request_line == "POST /v1/attestation HTTP/1.1" {
+                            answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                             let nonce = attestation_nonce(&body);
                             let mut exporter = [0u8; 32];
                             tls.get_ref()
@@ -794,7 +895,9 @@ impl AttestedUpstream {
                             .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\nb\r\ndata: one\n\n\r\n")
                             .await;
                         let _ = tls.flush().await;
-                        gate.notified().await;
+                        if holding.load(std::sync::atomic::Ordering::SeqCst) {
+                            gate.notified().await;
+                        }
                         let _ = tls.write_all(b"b\r\ndata: two\n\n\r\n0\r\n\r\n").await;
                         let _ = tls.shutdown().await;
                         return;
@@ -806,7 +909,9 @@ impl AttestedUpstream {
             addr,
             genuine,
             release,
+            hold,
             forwarded,
+            challenges,
             task,
         }
     }

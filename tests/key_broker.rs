@@ -142,11 +142,13 @@ impl InProcess {
         }
     }
 
-    /// Stops serving and closes the audit log; returns its key-release events.
+    /// Stops serving, writes the counted refusals and closes the audit log; returns its
+    /// key-release events.
     fn stop(mut self) -> Vec<(bool, String)> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+        self.runtime.block_on(self.broker.flush_refusals());
         self.runtime
             .block_on(self.broker.audit().shutdown("test over"))
             .unwrap();
@@ -408,7 +410,150 @@ fn a_replayed_or_stale_challenge_is_refused() {
     assert_eq!(released, [true, false, false, false], "{releases:?}");
 }
 
+/// Issue 47, defect 3: one client flooding challenges and junk attestations neither blocks an
+/// appliance from another address nor costs a durable record each; its refusals are one
+/// aggregated record naming the address and the count.
+#[test]
+fn a_flood_from_one_client_neither_blocks_an_appliance_nor_writes_a_record_each() {
+    use inferno::keybroker::server::MAX_SESSIONS_PER_CLIENT;
+    let work = tempfile::tempdir().unwrap();
+    let (broker, _, manifest) = releasing_broker(work.path(), Duration::from_secs(60));
+    let flooder = reqwest::Client::builder()
+        .local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap();
+    broker.runtime.block_on(async {
+        let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+        for _ in 0..1100 {
+            let status = flooder
+                .post(format!("{}{AUTH_PATH}", broker.url))
+                .json(&AuthRequest {
+                    version: PROTOCOL_VERSION.into(),
+                    tee: "sev-snp".into(),
+                    model_id: MODEL_ID.into(),
+                    key_id: manifest.key_id.clone(),
+                })
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16();
+            *statuses.entry(status).or_default() += 1;
+        }
+        assert_eq!(
+            statuses,
+            [
+                (200, MAX_SESSIONS_PER_CLIENT),
+                (429, 1100 - MAX_SESSIONS_PER_CLIENT)
+            ]
+            .into(),
+        );
+        let junk = AttestRequest {
+            session: "0".repeat(32),
+            tee_pubkey: "00".repeat(32),
+            evidence: serde_json::json!({}),
+            wrapped_key: manifest.wrapped_key.clone().unwrap(),
+        };
+        for _ in 0..90 {
+            let (status, body) = attest(&flooder, &broker.url, &junk).await;
+            assert_eq!(status, 401, "{body}");
+        }
+        // The appliance, from another address, starts at its first attempt.
+        request_key(
+            &broker.url,
+            &key_request(&manifest),
+            &base_runtime_data(),
+            0,
+            simulated_evidence,
+        )
+        .await
+        .expect("the broker releases the key despite the flood");
+    });
+    let releases = broker.stop();
+    assert_eq!(releases.len(), 2, "{releases:?}");
+    assert!(releases[0].0, "{releases:?}");
+    let (released, reason) = &releases[1];
+    assert!(!released);
+    let refusals = 1100 - MAX_SESSIONS_PER_CLIENT + 90;
+    assert!(
+        reason.starts_with(&format!("{refusals} refusals from 127.0.0.2 in the last")),
+        "{reason}"
+    );
+}
+
 // ---- the command line: `inferno keybroker`, `inferno seal --recipient`, `inferno serve` ----
+
+/// Issue 47, defect 9: the README's key-broker commands and release policy, word for word but
+/// for the host's paths (`/srv/kbs` is a temporary directory), the listen address (a free
+/// loopback port) and the placeholders in angle brackets: the broker starts under
+/// `appraisal = "production"`, and its audit log verifies.
+#[test]
+fn the_readme_key_broker_commands_start_and_verify() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let section = readme
+        .split("### Serving a sealed model through the key broker")
+        .nth(1)
+        .expect("the README's key-broker section");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .unwrap()
+        .split("```")
+        .next()
+        .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let root = work.path().join("srv/kbs");
+    std::fs::create_dir_all(&root).unwrap();
+    let here = |line: &str| {
+        line.replace("/srv/kbs", root.to_str().unwrap())
+            .replace("0.0.0.0:8700", "127.0.0.1:0")
+    };
+    let policy: String = block
+        .lines()
+        .filter_map(|line| line.strip_prefix("#   "))
+        .map(|line| {
+            line.replace("<key id>", &"ab".repeat(16))
+                .replace("<launch measurement>", &"cd".repeat(48))
+                .replace(
+                    "<SHA-256 of the appliance's server policy>",
+                    &"ef".repeat(32),
+                )
+                + "\n"
+        })
+        .collect();
+    assert!(
+        policy.starts_with("appraisal = \"production\"\n"),
+        "{policy}"
+    );
+    std::fs::write(root.join("release.toml"), &policy).unwrap();
+    std::fs::write(
+        root.join("bundle.json"),
+        inferno_attestation::bundle::CollateralBundle::empty("2026-01-01T00:00:00Z".into())
+            .to_json(),
+    )
+    .unwrap();
+    let command = |prefix: &str| {
+        let line = block
+            .lines()
+            .find(|line| line.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no `{prefix}` line"));
+        let line = here(line);
+        line.split_whitespace()
+            .skip(1)
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let broker = command("inferno keybroker ");
+    let broker: Vec<&str> = broker.iter().map(String::as_str).collect();
+    let (child, banner) = spawn_until_listening(&broker);
+    assert!(banner.contains("models:      llama"), "{banner}");
+    terminate(child);
+    let verify = command("inferno audit verify ");
+    let verify: Vec<&str> = verify.iter().map(String::as_str).collect();
+    let (code, stdout, stderr) = inferno(&verify);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+}
 
 /// The arguments of `inferno serve` on `sealed` through the broker at `url`.
 fn broker_serve_args<'a>(sealed: &'a Path, config: &'a Path, url: &'a str) -> Vec<&'a str> {

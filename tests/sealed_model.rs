@@ -412,3 +412,122 @@ fn serve_on_cuda_opens_the_gpu_beside_the_sealed_model_or_fails_in_one_line() {
         "the key was released before the GPU was used: {releases:?}"
     );
 }
+
+/// Runs `inferno ARGS` under `umask 000`: exit code and standard error.
+fn inferno_umask_000(args: &[&str]) -> (Option<i32>, String) {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("umask 000 && exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_inferno"))
+        .args(args)
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Issue 47, defect 4: `inferno seal` never writes through a link planted in its output
+/// directory, and its outputs have their modes by intent, not by the umask.
+#[test]
+fn seal_never_writes_through_a_planted_link_and_sets_its_modes_whatever_the_umask() {
+    let work = tempfile::tempdir().unwrap();
+    let plain = committed_fixture("inferno-tiny");
+    let seal_into = |out: &Path| {
+        inferno_umask_000(&[
+            "seal",
+            "--model",
+            plain.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--key-file",
+            work.path().join("model.key").to_str().unwrap(),
+        ])
+    };
+
+    // A link at the manifest's temporary name: refused in one line, the target untouched, no
+    // manifest left behind.
+    let planted = work.path().join("planted");
+    std::fs::create_dir(&planted).unwrap();
+    let victim = work.path().join("victim");
+    std::fs::write(&victim, "precious").unwrap();
+    let manifest = inferno::seal::MANIFEST_FILE;
+    std::os::unix::fs::symlink(&victim, planted.join(format!(".{manifest}.tmp"))).unwrap();
+    let (code, stderr) = seal_into(&planted);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    assert!(planted.join(manifest).symlink_metadata().is_err());
+
+    // A fresh output directory under umask 000: 0700, the outputs 0644, the key file 0600.
+    let fresh = work.path().join("fresh");
+    let (code, stderr) = seal_into(&fresh);
+    assert_eq!(code, Some(0), "{stderr}");
+    let mode = |path: &Path| {
+        std::fs::symlink_metadata(path)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode(&fresh), 0o700);
+    for entry in std::fs::read_dir(&fresh).unwrap() {
+        let path = entry.unwrap().path();
+        assert!(
+            std::fs::symlink_metadata(&path).unwrap().is_file(),
+            "{path:?}"
+        );
+        assert_eq!(mode(&path), 0o644, "{path:?}");
+    }
+    assert_eq!(mode(&work.path().join("model.key")), 0o600);
+}
+
+/// Makes a FIFO at `path` (0600).
+fn mkfifo(path: &Path) {
+    let status = std::process::Command::new("mkfifo")
+        .args(["-m", "600"])
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// Runs `work` on a thread; its result, or a panic when it is still running after 10 s (it
+/// waits for a FIFO's writer).
+fn within_10s<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(work());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(10))
+        .expect("refused at once instead of waiting for a FIFO's writer")
+}
+
+/// Issue 47, defect 5: a FIFO as a sealed chunk file, a key file or a model's text file is
+/// refused before it is opened for reading, instead of waiting forever for a writer.
+#[test]
+fn fifos_are_refused_instead_of_hanging_the_load() {
+    let (work, sealed, key) = sealed_fixture();
+    std::fs::remove_file(weights(&sealed)).unwrap();
+    mkfifo(&weights(&sealed));
+    let err = within_10s(move || open_sealed(&sealed, &key).map(drop).unwrap_err());
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+
+    let key_fifo = work.path().join("fifo.key");
+    mkfifo(&key_fifo);
+    let err = within_10s(move || ModelKey::read_or_create(&key_fifo).map(drop).unwrap_err());
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+
+    let plain = work.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    for entry in std::fs::read_dir(committed_fixture("inferno-tiny")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), plain.join(entry.file_name())).unwrap();
+    }
+    std::fs::remove_file(plain.join("tokenizer.json")).unwrap();
+    mkfifo(&plain.join("tokenizer.json"));
+    let ahead = within_10s(move || inferno::model::TextAhead::parse(&plain).is_some());
+    assert!(ahead, "config.json is a regular file and parses");
+}

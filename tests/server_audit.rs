@@ -573,3 +573,53 @@ async fn requests_the_http_parser_refuses_are_audited() {
         .collect();
     assert_eq!(statuses, [400, 431]);
 }
+
+/// Issue 47, defect 6: a non-streamed request whose client goes away mid-generation gets a
+/// completion record saying `client_disconnected` (as a stream does), not only its request
+/// record, which `audit verify` would list as incomplete.
+#[tokio::test]
+async fn an_abandoned_non_streamed_request_is_recorded_as_client_disconnected() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let harness = Harness::start(audited_config(tmp.path()), true);
+    let impatient = harness
+        .client_builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .expect("client");
+    let sent = impatient
+        .post(harness.url("/v1/chat/completions"))
+        .bearer_auth(ALICE)
+        .header("x-request-id", "abandoned")
+        .json(&json!({
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Tell me everything."}],
+            "n": 16,
+            "max_tokens": 1900,
+            "ignore_eos": true,
+        }))
+        .send()
+        .await;
+    assert!(sent.is_err(), "the request finished within 0.5 s: {sent:?}");
+    drop(impatient);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop(harness).await;
+    let records = records(tmp.path());
+    let (requests, completions) = records_of(&records, "abandoned");
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!(
+        completions, 1,
+        "no completion record for the abandoned request"
+    );
+    let completion = records
+        .iter()
+        .find_map(|r| match &r.body {
+            RecordBody::Completion(c) if c.request_id == requests[0].request_id => Some(c),
+            _ => None,
+        })
+        .expect("completion record");
+    assert_eq!(
+        completion.finish_reason.as_deref(),
+        Some("client_disconnected")
+    );
+    assert_eq!(completion.status, 499);
+}

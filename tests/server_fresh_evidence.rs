@@ -75,17 +75,123 @@ fn fresh_evidence_binds_a_new_challenge_and_refuses_bad_or_replayed_nonces() {
 fn fresh_evidence_is_rate_limited_with_retry_after() {
     let harness = start(2);
     runtime().block_on(async {
+        // One client, one HTTP/2 connection: the budget is per connection (or per API key).
+        let client = harness.client();
         for i in 0..2u8 {
-            let response = challenge(&harness, &hex::encode([i + 10; 32])).await;
             assert_eq!(
-                response.status(),
+                challenge_on(&client, &harness, None, i + 10).await,
                 StatusCode::OK,
                 "challenge {i} of the burst"
             );
         }
-        let limited = challenge(&harness, &hex::encode([99u8; 32])).await;
+        let limited = client
+            .post(harness.url("/v1/attestation"))
+            .json(&json!({ "nonce": hex::encode([99u8; 32]) }))
+            .send()
+            .await
+            .expect("challenge request");
         assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
         assert!(limited.headers().contains_key("retry-after"));
+    });
+}
+
+async fn challenge_on(
+    client: &reqwest::Client,
+    harness: &Harness,
+    key: Option<&str>,
+    nonce: u8,
+) -> StatusCode {
+    let mut request = client
+        .post(harness.url("/v1/attestation"))
+        .json(&json!({ "nonce": hex::encode([nonce; 32]) }));
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    let response = request.send().await.expect("challenge request");
+    let status = response.status();
+    // Read to the end, so that the connection goes back to the client's pool.
+    let _ = response.bytes().await;
+    status
+}
+
+/// Issue 47, defect 1: the budget is per client (TLS connection, or API key when one is sent),
+/// so one client flooding challenges leaves everyone else's budget whole.
+#[test]
+fn one_client_spending_its_challenge_budget_leaves_the_others_theirs() {
+    let harness = start(2);
+    runtime().block_on(async {
+        // One connection spends its burst.
+        // HTTP/2 (by ALPN): every request shares the one connection, with no race between a
+        // response's end and the next request's checkout of a pooled HTTP/1.1 connection.
+        let flooder = harness.client();
+        for nonce in 0..2 {
+            assert_eq!(
+                challenge_on(&flooder, &harness, None, nonce).await,
+                StatusCode::OK
+            );
+        }
+        assert_eq!(
+            challenge_on(&flooder, &harness, None, 2).await,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        // Other connections still get fresh evidence.
+        for nonce in 10..13 {
+            let other = harness.client();
+            assert_eq!(
+                challenge_on(&other, &harness, None, nonce).await,
+                StatusCode::OK
+            );
+        }
+        // A key's budget follows the key across connections; another key keeps its own.
+        for nonce in 20..22 {
+            assert_eq!(
+                challenge_on(
+                    &harness.client(),
+                    &harness,
+                    Some(server_support::ALICE),
+                    nonce
+                )
+                .await,
+                StatusCode::OK
+            );
+        }
+        assert_eq!(
+            challenge_on(&harness.client(), &harness, Some(server_support::ALICE), 22).await,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_eq!(
+            challenge_on(&harness.client(), &harness, Some(server_support::BOB), 23).await,
+            StatusCode::OK
+        );
+    });
+}
+
+/// Issue 47, minor: only the documented JSON object is a challenge (not an array holding the
+/// nonce, nor a `text/plain` body).
+#[test]
+fn a_challenge_is_only_the_documented_json_object() {
+    let harness = start(16);
+    runtime().block_on(async {
+        let nonce = hex::encode([0x77; 32]);
+        let array = harness
+            .client()
+            .post(harness.url("/v1/attestation"))
+            .json(&json!([nonce]))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(array.status(), StatusCode::BAD_REQUEST);
+        let plain = harness
+            .client()
+            .post(harness.url("/v1/attestation"))
+            .header("content-type", "text/plain")
+            .body(json!({ "nonce": nonce }).to_string())
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(plain.status(), StatusCode::BAD_REQUEST);
+        // The refusals did not use the nonce.
+        assert_eq!(challenge(&harness, &nonce).await.status(), StatusCode::OK);
     });
 }
 

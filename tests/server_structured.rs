@@ -267,6 +267,42 @@ async fn invalid_constraints_are_a_400_naming_the_field() {
     assert_eq!(error["param"], "functions");
 }
 
+/// Issue 47, defect 8: costly constraints are refused before they are compiled, with a 400
+/// naming the field and no parser state; an invalid `guided_json` names `guided_json`.
+#[tokio::test]
+async fn costly_constraints_are_refused_before_compiling_naming_the_field() {
+    // Over the 1,024-choice limit (the whole body within the harness's 256 KiB).
+    let choices: Vec<String> = (0..2_000).map(|i| format!("choice number {i}")).collect();
+    for (field, value) in [
+        ("guided_regex", json!("([a-z]{0,200}[0-9]{0,200}){0,200}")),
+        ("guided_choice", json!(choices)),
+        (
+            "guided_grammar",
+            json!(format!("start: \"{}\"", "a".repeat(70_000))),
+        ),
+        ("guided_json", json!({"type": "no-such-type"})),
+    ] {
+        let mut body = json!({"model": MODEL, "messages": messages(), "max_tokens": 5});
+        body[field] = value;
+        let started = std::time::Instant::now();
+        let response = server()
+            .post("/v1/chat/completions", ALICE, &body)
+            .send()
+            .await
+            .expect("request");
+        let error = expect_error(response, StatusCode::BAD_REQUEST).await;
+        assert_eq!(error["param"], field, "{error}");
+        let message = error["message"].as_str().expect("message");
+        assert!(!message.contains('\n'), "{message}");
+        assert!(message.len() < 400, "{message}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "{field} took {:?}",
+            started.elapsed()
+        );
+    }
+}
+
 fn weather_tool() -> Value {
     json!({"type": "function", "function": {
         "name": "get_weather",

@@ -213,6 +213,11 @@ pub struct TpmPolicy {
     /// values (32 bytes). Each PCR listed must be among `pcrs`. Empty: any values.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pcr_values: BTreeMap<String, Vec<String>>,
+    /// Attestation keys trusted by their public key: SHA-256 (hex) of each AK's DER
+    /// SubjectPublicKeyInfo. Standalone vTPM evidence (no CPU evidence) whose AK is listed needs
+    /// no AK certificate chain to a `--tpm-root`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ak_public_keys: Vec<String>,
 }
 
 /// The default `[tpm] pcrs`: 0–7, firmware code and configuration, option ROMs, boot loader and
@@ -239,6 +244,9 @@ impl TpmPolicy {
         sorted.dedup();
         if sorted.len() != self.pcrs.len() {
             return Err(field("tpm.pcrs", "lists a PCR twice"));
+        }
+        for key in &self.ak_public_keys {
+            check_hex("tpm.ak_public_keys", key, 32)?;
         }
         for (key, values) in &self.pcr_values {
             let name = format!("tpm.pcr_values.{key}");

@@ -3,7 +3,7 @@
 //! then the connection handed back.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -137,6 +137,39 @@ pub struct VerifiedConnection {
     pub report: TrustReport,
 }
 
+/// One server's last verification, for [`Client::connect_cached`] to reuse on later connections
+/// that present the same certificate within a bounded age.
+pub struct VerificationCache {
+    max_age: Duration,
+    entry: tokio::sync::Mutex<Option<CachedVerification>>,
+}
+
+struct CachedVerification {
+    certificate: Vec<u8>,
+    report: TrustReport,
+    verified: Instant,
+}
+
+impl CachedVerification {
+    fn new(certificate: Vec<u8>, report: &TrustReport) -> Self {
+        Self {
+            certificate,
+            report: report.clone(),
+            verified: Instant::now(),
+        }
+    }
+}
+
+impl VerificationCache {
+    /// An empty cache whose verifications are reused for at most `max_age`.
+    pub fn new(max_age: Duration) -> Self {
+        Self {
+            max_age,
+            entry: tokio::sync::Mutex::new(None),
+        }
+    }
+}
+
 /// Connects to servers and verifies each connection against one client policy.
 #[derive(Clone)]
 pub struct Client {
@@ -163,23 +196,8 @@ impl Client {
     /// Connects, verifies the server with a fresh random nonce, and hands back the connection
     /// only when every check passes.
     pub async fn connect(&self, target: &Target) -> Result<VerifiedConnection, ClientError> {
-        let mut nonce = [0u8; NONCE_LEN];
-        SystemRandom::new()
-            .fill(&mut nonce)
-            .map_err(|_| ClientError::Connect {
-                target: target.to_string(),
-                reason: "the system random number generator failed".to_owned(),
-            })?;
-        let (observed, stream) = self.exchange(target, &nonce).await?;
-        let report = self.appraise(&observed);
-        if report.trusted() {
-            Ok(VerifiedConnection { stream, report })
-        } else {
-            Err(ClientError::Rejected {
-                target: target.to_string(),
-                report: Box::new(report),
-            })
-        }
+        let (stream, certificate) = self.open(target).await?;
+        self.verify_opened(target, stream, &certificate).await
     }
 
     /// Judges an observation with this client's policy and collateral, now.
@@ -204,6 +222,85 @@ impl Client {
         if !(MIN_CHALLENGE_NONCE..=MAX_CHALLENGE_NONCE).contains(&nonce.len()) {
             return Err(ClientError::Nonce(nonce.len()));
         }
+        let (stream, certificate) = self.open(target).await?;
+        self.challenge(target, stream, certificate, nonce).await
+    }
+
+    /// Connects with a [`VerificationCache`]: when the cache holds a verification of the same
+    /// server certificate younger than its maximum age, the new connection is trusted on it
+    /// without a new challenge (the TLS handshake proved the server holds that certificate's
+    /// key, which the verification bound to the attested instance); otherwise the connection is
+    /// verified in full and the cache updated. Concurrent callers that find the cache empty wait
+    /// for one verification instead of each spending a challenge.
+    pub async fn connect_cached(
+        &self,
+        target: &Target,
+        cache: &VerificationCache,
+    ) -> Result<VerifiedConnection, ClientError> {
+        let reusable = {
+            let mut entry = cache.entry.lock().await;
+            match entry
+                .as_ref()
+                .filter(|cached| cached.verified.elapsed() < cache.max_age)
+            {
+                Some(cached) => (cached.certificate.clone(), cached.report.clone()),
+                None => {
+                    // Verified while holding the lock: the callers queued behind reuse it.
+                    let (stream, certificate) = self.open(target).await?;
+                    let connection = self.verify_opened(target, stream, &certificate).await?;
+                    *entry = Some(CachedVerification::new(certificate, &connection.report));
+                    return Ok(connection);
+                }
+            }
+        };
+        let (stream, certificate) = self.open(target).await?;
+        if certificate == reusable.0 {
+            return Ok(VerifiedConnection {
+                stream,
+                report: reusable.1,
+            });
+        }
+        // Another certificate: this connection is verified in full, and replaces the entry only
+        // when it passes (a failed one leaves nothing to reuse).
+        let mut entry = cache.entry.lock().await;
+        let verified = self.verify_opened(target, stream, &certificate).await;
+        *entry = verified
+            .as_ref()
+            .ok()
+            .map(|connection| CachedVerification::new(certificate, &connection.report));
+        verified
+    }
+
+    /// Challenges an opened connection with a fresh random nonce and appraises it.
+    async fn verify_opened(
+        &self,
+        target: &Target,
+        stream: TlsStream<TcpStream>,
+        certificate: &[u8],
+    ) -> Result<VerifiedConnection, ClientError> {
+        let mut nonce = [0u8; NONCE_LEN];
+        SystemRandom::new()
+            .fill(&mut nonce)
+            .map_err(|_| ClientError::Connect {
+                target: target.to_string(),
+                reason: "the system random number generator failed".to_owned(),
+            })?;
+        let (observed, stream) = self
+            .challenge(target, stream, certificate.to_vec(), &nonce)
+            .await?;
+        let report = self.appraise(&observed);
+        if report.trusted() {
+            Ok(VerifiedConnection { stream, report })
+        } else {
+            Err(ClientError::Rejected {
+                target: target.to_string(),
+                report: Box::new(report),
+            })
+        }
+    }
+
+    /// A TLS session with the server and its leaf certificate (DER); nothing sent yet.
+    async fn open(&self, target: &Target) -> Result<(TlsStream<TcpStream>, Vec<u8>), ClientError> {
         let connect_err = |reason: String| ClientError::Connect {
             target: target.to_string(),
             reason,
@@ -212,15 +309,32 @@ impl Client {
             .await
             .map_err(|_| connect_err(format!("no TLS session within {CONNECT_TIMEOUT:?}")))?
             .map_err(connect_err)?;
-        let (_, session) = stream.get_ref();
-        let certificate = session
+        let certificate = stream
+            .get_ref()
+            .1
             .peer_certificates()
             .and_then(|chain| chain.first())
             .ok_or_else(|| connect_err("the server presented no certificate".to_owned()))?
             .to_vec();
-        let exporter = session
+        Ok((stream, certificate))
+    }
+
+    /// Reads the connection's exporter and asks for fresh evidence with `nonce` on it.
+    async fn challenge(
+        &self,
+        target: &Target,
+        stream: TlsStream<TcpStream>,
+        certificate: Vec<u8>,
+        nonce: &[u8],
+    ) -> Result<(Observation, TlsStream<TcpStream>), ClientError> {
+        let exporter = stream
+            .get_ref()
+            .1
             .export_keying_material(vec![0u8; TLS_EXPORTER_LEN], TLS_EXPORTER_LABEL, None)
-            .map_err(|e| connect_err(format!("no TLS exporter: {e}")))?;
+            .map_err(|e| ClientError::Connect {
+                target: target.to_string(),
+                reason: format!("no TLS exporter: {e}"),
+            })?;
         let attestation_err = |reason: String| ClientError::Attestation {
             target: target.to_string(),
             reason,

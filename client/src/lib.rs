@@ -3,7 +3,8 @@
 //! both against a client policy, and only then hand the connection back.
 //!
 //! - [`policy`]: the client policy (TOML) of reference values and requirements;
-//! - [`Client`]: connects and verifies ([`Client::connect`]);
+//! - [`Client`]: connects and verifies ([`Client::connect`]), or reuses a recent verification of
+//!   the same certificate ([`Client::connect_cached`]);
 //! - [`appraise_connection`]: the checks on what one connection observed, each by name;
 //! - [`TrustReport`]: the outcome.
 //!
@@ -20,5 +21,5 @@ mod tls;
 
 pub use appraisal::{Observation, TrustReport, appraise_connection};
 pub use certificate::{CertificateClaims, read_certificate};
-pub use connect::{Client, ClientError, NONCE_LEN, Target, VerifiedConnection};
+pub use connect::{Client, ClientError, NONCE_LEN, Target, VerificationCache, VerifiedConnection};
 pub use inferno_attestation::report::{Check, Verdict};

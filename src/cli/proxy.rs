@@ -1,11 +1,16 @@
 //! `inferno proxy --listen 127.0.0.1:PORT --upstream https://HOST:PORT --policy CLIENT.toml`:
-//! a local plain-HTTP OpenAI endpoint for unmodified clients. Every upstream TLS connection is
-//! verified (certificate evidence, fresh evidence bound to that connection, client policy) before
-//! a byte of a request is forwarded on it; a new connection, and so a changed certificate, is
-//! verified again. When verification fails the proxy answers 502 with the reason as OpenAI error
-//! JSON, and it serves again as soon as a verification passes. Bodies stream through unbuffered,
-//! and each response names what was verified in `inferno-verified-measurement` and
-//! `inferno-verified-model`.
+//! a local plain-HTTP OpenAI endpoint for unmodified clients. No byte of a request is forwarded
+//! on an upstream TLS connection before it is verified: the first connection in full
+//! (certificate evidence, fresh evidence bound to that connection, client policy); later ones
+//! reuse that verification while they present the same certificate and it is younger than
+//! `--reverify-after` (concurrent first requests wait for one verification instead of each
+//! spending one of the server's attestation challenges), and a connection presenting another
+//! certificate is verified in full again. When verification fails the proxy answers 502 with
+//! the reason as OpenAI error JSON, and it serves again as soon as a verification passes. Bodies
+//! stream through unbuffered, and each response names what was verified in
+//! `inferno-verified-measurement` and `inferno-verified-model`. Downstream connections are
+//! bounded, cut when their headers are slow or they idle (`crate::netlimits`), and running out
+//! of file descriptors backs off instead of exiting.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -22,8 +27,13 @@ use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use inferno_client::{Client, ClientError, Target};
+use inferno_client::{Client, ClientError, Target, VerificationCache};
 use tokio::net::TcpListener;
+
+use crate::netlimits::{self, Acceptor};
+
+/// How many downstream connections are served at once; more wait to be accepted.
+const MAX_CONNECTIONS: usize = 1024;
 
 /// The response header naming the verified launch measurement.
 pub const VERIFIED_MEASUREMENT_HEADER: &str = "inferno-verified-measurement";
@@ -57,6 +67,11 @@ pub struct ProxyArgs {
     /// An offline collateral bundle (`inferno attest bundle`) for the vendor chains.
     #[arg(long)]
     collateral: Option<PathBuf>,
+    /// How long (seconds) one verification is reused for new upstream connections presenting
+    /// the same certificate; after that, and on any other certificate, a connection is verified
+    /// again in full.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    reverify_after: u64,
 }
 
 /// Runs `inferno proxy` until interrupted.
@@ -75,7 +90,14 @@ pub fn run(args: ProxyArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(err) => return super::fail(&err.into()),
     };
-    match runtime.block_on(serve(args.listen, Upstream::new(client, target))) {
+    if !args.listen.ip().is_loopback() {
+        tracing::warn!(
+            listen = %args.listen,
+            "not a loopback address: the hop from clients to this proxy is plain HTTP, unencrypted and unauthenticated"
+        );
+    }
+    let cache = VerificationCache::new(std::time::Duration::from_secs(args.reverify_after));
+    match runtime.block_on(serve(args.listen, Upstream::new(client, target, cache))) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => super::fail(&err),
     }
@@ -92,19 +114,22 @@ async fn serve(listen: SocketAddr, upstream: Arc<Upstream>) -> anyhow::Result<()
         upstream.client.policy().policy.name
     );
     eprintln!("listening: http://{local}");
+    let acceptor = Acceptor::new(listener, MAX_CONNECTIONS);
     loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => accepted.context("accepting a connection")?,
+        let accepted = tokio::select! {
+            accepted = acceptor.accept() => accepted,
             _ = tokio::signal::ctrl_c() => return Ok(()),
         };
         let upstream = Arc::clone(&upstream);
         tokio::spawn(async move {
+            let _permit = accepted.permit;
+            let peer = accepted.peer;
             let service = hyper::service::service_fn(move |request| {
                 let upstream = Arc::clone(&upstream);
                 async move { Ok::<_, std::convert::Infallible>(upstream.forward(request).await) }
             });
-            if let Err(err) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
+            if let Err(err) = netlimits::http1_builder()
+                .serve_connection(TokioIo::new(accepted.stream), service)
                 .await
             {
                 tracing::debug!(%peer, error = %err, "downstream connection ended with an error");
@@ -122,18 +147,20 @@ struct Pooled {
     model: HeaderValue,
 }
 
-/// The upstream server and its verified idle connections.
+/// The upstream server, its last verification and its verified idle connections.
 struct Upstream {
     client: Client,
     target: Target,
+    verified: VerificationCache,
     idle: Mutex<Vec<Pooled>>,
 }
 
 impl Upstream {
-    fn new(client: Client, target: Target) -> Arc<Self> {
+    fn new(client: Client, target: Target, verified: VerificationCache) -> Arc<Self> {
         Arc::new(Self {
             client,
             target,
+            verified,
             idle: Mutex::new(Vec::new()),
         })
     }
@@ -193,7 +220,8 @@ impl Upstream {
         Ok(Request::from_parts(parts, body))
     }
 
-    /// An idle verified connection, or a new one verified now.
+    /// An idle verified connection, or a new one verified now (or covered by the last
+    /// verification of the same certificate).
     async fn acquire(&self) -> Result<Pooled, ClientError> {
         loop {
             let candidate = self.idle.lock().ok().and_then(|mut idle| idle.pop());
@@ -202,7 +230,10 @@ impl Upstream {
                 return Ok(pooled);
             }
         }
-        let connection = self.client.connect(&self.target).await?;
+        let connection = self
+            .client
+            .connect_cached(&self.target, &self.verified)
+            .await?;
         let report = &connection.report;
         tracing::info!(
             upstream = %self.target,

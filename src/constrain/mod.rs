@@ -8,6 +8,8 @@
 //! the next one; the mask travels with that step to the sampler (on the device with the CUDA
 //! backend; see `docs/engine.md`, "Constrained decoding").
 
+pub mod limits;
+
 use std::sync::Arc;
 
 use llguidance::api::TopLevelGrammar;
@@ -195,9 +197,10 @@ impl GrammarCompiler {
 
     /// Compiles `spec` once; the result is cloned for each choice of the request.
     pub fn compile(&self, spec: &ConstraintSpec) -> Result<CompiledConstraint, ConstraintError> {
+        // The engine's first line says what is wrong; what follows can be its internal state.
         let invalid = |reason: String| ConstraintError::Invalid {
             kind: spec.kind.as_str(),
-            reason,
+            reason: first_line(&reason),
         };
         let parser = self
             .factory
@@ -213,6 +216,15 @@ impl GrammarCompiler {
             kind: spec.kind,
             digest: spec.digest(),
         })
+    }
+}
+
+/// The first line of `text`, at most 300 characters.
+fn first_line(text: &str) -> String {
+    let line = text.lines().next().unwrap_or_default();
+    match line.char_indices().nth(300) {
+        Some((end, _)) => format!("{}…", &line[..end]),
+        None => line.to_owned(),
     }
 }
 
@@ -258,6 +270,21 @@ impl CompiledConstraint {
     }
 }
 
+/// The start of every error of a constraint while generating: the server answers it as a 400
+/// naming the constraint's field.
+pub const CONSTRAINT_FAILURE: &str = "constrained decoding failed";
+
+/// What a client is told when the grammar engine fails while generating. Its own message holds
+/// the parser's internal state, which is logged at debug level and never sent.
+const ENGINE_LIMIT: &str = "the output could not follow the constraint: its grammar exceeded the \
+     parser's limits; simplify the constraint";
+
+/// Logs the grammar engine's own error (internal state included) and gives the client's version.
+fn engine_failure(err: impl std::fmt::Display) -> String {
+    tracing::debug!(error = %err, "constraint: the grammar engine failed");
+    ENGINE_LIMIT.to_owned()
+}
+
 /// One choice's position in its grammar.
 pub struct TokenConstraint {
     matcher: Matcher,
@@ -281,10 +308,7 @@ pub fn is_allowed(mask: &[u32], token: u32) -> bool {
 impl TokenConstraint {
     /// The tokens allowed next (only the end-of-sequence tokens once the grammar is complete).
     pub fn mask(&mut self) -> Result<TokenMask, String> {
-        let mask = self
-            .matcher
-            .compute_mask_or_eos()
-            .map_err(|err| err.to_string())?;
+        let mask = self.matcher.compute_mask_or_eos().map_err(engine_failure)?;
         if mask.is_zero() {
             return Err("the grammar allows no token here".to_owned());
         }
@@ -293,9 +317,7 @@ impl TokenConstraint {
 
     /// Advances past the sampled `token`.
     pub fn advance(&mut self, token: u32) -> Result<(), String> {
-        self.matcher
-            .consume_token(token)
-            .map_err(|err| err.to_string())
+        self.matcher.consume_token(token).map_err(engine_failure)
     }
 
     /// True once the grammar is complete and only the end of the sequence may follow.

@@ -413,7 +413,10 @@ impl Worker {
                 .take();
             let accepted = match mask {
                 Some(Err(reason)) => Accepted::Finished {
-                    reason: FinishReason::Error(format!("constrained decoding failed: {reason}")),
+                    reason: FinishReason::Error(format!(
+                        "{}: {reason}",
+                        crate::constrain::CONSTRAINT_FAILURE
+                    )),
                     streamed: false,
                 },
                 _ => self.accept(&scheduled, token.token, advanced.take()),
@@ -716,7 +719,8 @@ impl Worker {
         let grammar_complete = match advanced {
             Some(Err(reason)) => {
                 return ended(FinishReason::Error(format!(
-                    "constrained decoding failed: {reason}"
+                    "{}: {reason}",
+                    crate::constrain::CONSTRAINT_FAILURE
                 )));
             }
             Some(Ok(complete)) => complete,

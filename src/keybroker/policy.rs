@@ -14,6 +14,11 @@
 //! model_digests = ["56...78"]      # optional: model digests the appliance must attest
 //! ```
 //!
+//! `"production"` is the embedded production policy with the image's reference values
+//! (`policy/reference-values.toml`, embedded too). Whatever the appraisal policy, a GPU section
+//! is not required of the evidence: the appliance asks for the key with its CPU TEE's evidence
+//! before it opens its GPU.
+//!
 //! `key_ids`, `measurements` and `server_policies` must be non-empty: a rule that names no
 //! measurement or no server policy would release to anything, so it is refused when the policy
 //! is read. `model_digests`, when present, must be non-empty too.
@@ -24,6 +29,9 @@ use inferno_attestation::bundle::CollateralBundle;
 use inferno_attestation::policy::LoadedPolicy;
 use inferno_attestation::report::AppraisalReport;
 use serde::Deserialize;
+
+/// The reference values the embedded production policy names (`policy/reference-values.toml`).
+const PRODUCTION_REFERENCE_VALUES: &[u8] = include_bytes!("../../policy/reference-values.toml");
 
 /// The release policy file could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -83,16 +91,24 @@ impl ReleasePolicy {
             path: path.to_path_buf(),
             reason,
         };
-        let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+        let bytes = crate::model::files::read_regular(path).map_err(|e| bad(e.to_string()))?;
         let text = std::str::from_utf8(&bytes).map_err(|e| bad(e.to_string()))?;
         let file: PolicyFile = toml::from_str(text).map_err(|e| bad(one_line(&e.to_string())))?;
         let base = path.parent().unwrap_or(Path::new("."));
-        let appraisal = match file.appraisal.as_str() {
+        let mut appraisal = match file.appraisal.as_str() {
             "development" => LoadedPolicy::from_bytes(crate::attest::DEVELOPMENT_POLICY),
-            "production" => LoadedPolicy::from_bytes(crate::attest::PRODUCTION_POLICY),
+            // The embedded production policy names the image's reference values, embedded too.
+            "production" => LoadedPolicy::with_reference_values(
+                crate::attest::PRODUCTION_POLICY,
+                PRODUCTION_REFERENCE_VALUES,
+            ),
             other => LoadedPolicy::from_file(&base.join(other)),
         }
         .map_err(|e| bad(format!("appraisal policy {:?}: {e}", file.appraisal)))?;
+        // The appliance asks for the key with its CPU TEE's evidence, before its GPU is opened:
+        // a GPU section is appraised when present, never required (the appliance attests its
+        // GPU itself, under its own policy, before it serves).
+        appraisal.policy.gpu.required = false;
         let collateral = file
             .collateral
             .map(|c| CollateralBundle::from_file(&base.join(c)))

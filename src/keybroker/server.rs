@@ -1,9 +1,19 @@
 //! `inferno keybroker`: the HTTP server side of the key-release exchange
-//! ([`super::protocol`]). Every release and every refusal is durable in the broker's own audit
-//! log before the answer leaves.
+//! ([`super::protocol`]). Every release, and every refusal of an attestation that answers a
+//! live challenge, is durable in the broker's own audit log before the answer leaves. Requests
+//! refused before that point (unknown sessions, malformed bodies, challenge limits) are counted
+//! per client address and written as one record per address and window ("N refusals from ADDR
+//! in the last 60 s"), so junk costs no durable write each and is not silent either.
+//!
+//! Limits against one client starving the others: at most [`MAX_SESSIONS_PER_CLIENT`]
+//! outstanding challenges per client address and [`MAX_SESSIONS`] in all; once more than half
+//! of those are taken, new challenges live at most [`PRESSURE_CHALLENGE_TTL`]. Connections are
+//! bounded and cut when slow or idle, and running out of file descriptors backs off
+//! (`crate::netlimits`).
 
 use std::collections::HashMap;
-use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+use std::net::IpAddr;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -25,6 +35,7 @@ use super::protocol::{
     ATTEST_PATH, AUTH_PATH, AttestRequest, AuthRequest, AuthResponse, ErrorBody, ErrorDetail,
     MAX_REQUEST_BYTES, NONCE_LEN, PROTOCOL_VERSION, RELEASE_INFO, ReleaseResponse,
 };
+use crate::netlimits::{self, Acceptor};
 use crate::seal::recipient::{self, RecipientKey, RecipientSecret};
 
 /// The broker's private key file in `--keys DIR` (raw 32 bytes, mode 0600).
@@ -35,6 +46,19 @@ pub const PUBLIC_FILE: &str = "broker.pub";
 pub const DEFAULT_CHALLENGE_TTL: Duration = Duration::from_secs(60);
 /// The most outstanding challenges; more are refused (503) until some expire or are used.
 pub const MAX_SESSIONS: usize = 1024;
+/// The most outstanding challenges of one client address; more are refused (429).
+pub const MAX_SESSIONS_PER_CLIENT: usize = 8;
+/// The lifetime of a challenge issued while more than half of [`MAX_SESSIONS`] are outstanding.
+pub const PRESSURE_CHALLENGE_TTL: Duration = Duration::from_secs(10);
+/// How often the counted refusals are written to the audit log (one record per address).
+pub const DEFAULT_REFUSAL_WINDOW: Duration = Duration::from_secs(60);
+/// How many client addresses the refusal counts name; refusals from more addresses in one
+/// window are counted together.
+const MAX_TALLIED_ADDRESSES: usize = 1024;
+/// How long a client may take to send a request body.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many connections the broker serves at once.
+const MAX_CONNECTIONS: usize = 1024;
 
 /// Reads the broker's key pair from `dir`, or creates it (the directory 0700, the secret 0600)
 /// when absent. Returns the pair and whether it was created.
@@ -56,7 +80,7 @@ pub fn load_or_create_keys(
                 secret_path.display()
             );
         }
-        let mut bytes = std::fs::read(&secret_path)
+        let mut bytes = crate::model::files::read_regular(&secret_path)
             .with_context(|| format!("cannot read {}", secret_path.display()))?;
         let secret = RecipientSecret::from_bytes(&bytes)
             .map_err(|e| anyhow::anyhow!("{}: {e}", secret_path.display()));
@@ -65,16 +89,17 @@ pub fn load_or_create_keys(
         let public = secret.public();
         return Ok((secret, public, false));
     }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
+    crate::seal::create_private_dir(dir)
         .with_context(|| format!("cannot create {}", dir.display()))?;
     let (secret, public) = RecipientSecret::generate();
     crate::seal::write_private_file(&secret_path, &secret.to_bytes())
         .with_context(|| format!("cannot create {}", secret_path.display()))?;
-    std::fs::write(&public_path, format!("{}\n", public.to_hex()))
-        .with_context(|| format!("cannot write {}", public_path.display()))?;
+    crate::seal::write_new_file(
+        &public_path,
+        format!("{}\n", public.to_hex()).as_bytes(),
+        0o644,
+    )
+    .with_context(|| format!("cannot write {}", public_path.display()))?;
     Ok((secret, public, true))
 }
 
@@ -82,6 +107,16 @@ struct Session {
     nonce: [u8; NONCE_LEN],
     request: AuthRequest,
     issued: Instant,
+    ttl: Duration,
+    client: IpAddr,
+}
+
+/// Refusals counted since the last audit record of them: per client address, with the last
+/// reason, plus those from addresses beyond [`MAX_TALLIED_ADDRESSES`].
+#[derive(Default)]
+struct RefusalTally {
+    by_address: HashMap<IpAddr, (u64, String)>,
+    others: u64,
 }
 
 /// The key broker: its key pair, release policy, audit log and outstanding challenges.
@@ -92,6 +127,8 @@ pub struct Broker {
     audit: AuditSink,
     sessions: Mutex<HashMap<String, Session>>,
     challenge_ttl: Duration,
+    refusals: Mutex<RefusalTally>,
+    refusal_window: Duration,
 }
 
 impl std::fmt::Debug for Broker {
@@ -141,6 +178,65 @@ impl Broker {
             audit,
             sessions: Mutex::new(HashMap::new()),
             challenge_ttl,
+            refusals: Mutex::new(RefusalTally::default()),
+            refusal_window: DEFAULT_REFUSAL_WINDOW,
+        }
+    }
+
+    /// The same broker writing its refusal counts every `window` instead of every
+    /// [`DEFAULT_REFUSAL_WINDOW`].
+    pub fn with_refusal_window(mut self, window: Duration) -> Self {
+        self.refusal_window = window.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Counts a refusal of `client` for the next aggregated audit record.
+    fn tally(&self, client: IpAddr, reason: &str) {
+        let mut tally = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
+        let tracked = tally.by_address.len() < MAX_TALLIED_ADDRESSES
+            || tally.by_address.contains_key(&client);
+        if tracked {
+            let entry = tally.by_address.entry(client).or_default();
+            entry.0 += 1;
+            reason.clone_into(&mut entry.1);
+        } else {
+            tally.others += 1;
+        }
+    }
+
+    /// Writes the refusals counted since the last call to the audit log: one record per client
+    /// address ("N refusals from ADDR in the last ..."), and one for the addresses beyond the
+    /// tracked ones.
+    pub async fn flush_refusals(&self) {
+        let tally = std::mem::take(&mut *self.refusals.lock().unwrap_or_else(|p| p.into_inner()));
+        let window = self.refusal_window.as_secs_f64();
+        let mut lines: Vec<String> = tally
+            .by_address
+            .into_iter()
+            .map(|(client, (count, last))| {
+                format!("{count} refusals from {client} in the last {window:.0} s (last: {last})")
+            })
+            .collect();
+        if tally.others > 0 {
+            lines.push(format!(
+                "{} refusals from further addresses in the last {window:.0} s",
+                tally.others
+            ));
+        }
+        lines.sort();
+        for reason in lines {
+            tracing::warn!(%reason, "key broker refusals");
+            let written = self
+                .audit
+                .event(SecurityEvent::KeyRelease {
+                    key_id: "unknown".to_owned(),
+                    released: false,
+                    reason,
+                })
+                .await;
+            if let Err(err) = written {
+                tracing::error!(error = %err, "the audit record of refusals failed");
+            }
         }
     }
 
@@ -154,7 +250,7 @@ impl Broker {
         &self.audit
     }
 
-    fn auth(&self, request: AuthRequest) -> Result<AuthResponse, Refusal> {
+    fn auth(&self, client: IpAddr, request: AuthRequest) -> Result<AuthResponse, Refusal> {
         let invalid = |m: String| Refusal::new(StatusCode::BAD_REQUEST, "invalid_request", m);
         if request.version != PROTOCOL_VERSION {
             return Err(invalid(format!(
@@ -185,8 +281,16 @@ impl Broker {
             })?;
         let session = hex::encode(session);
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        let ttl = self.challenge_ttl;
-        sessions.retain(|_, s| s.issued.elapsed() <= ttl);
+        sessions.retain(|_, s| s.issued.elapsed() <= s.ttl);
+        if sessions.values().filter(|s| s.client == client).count() >= MAX_SESSIONS_PER_CLIENT {
+            return Err(Refusal::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "busy",
+                format!(
+                    "this client has {MAX_SESSIONS_PER_CLIENT} outstanding challenges; answer or let them expire first"
+                ),
+            ));
+        }
         if sessions.len() >= MAX_SESSIONS {
             return Err(Refusal::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -194,12 +298,19 @@ impl Broker {
                 "too many outstanding challenges; retry later",
             ));
         }
+        let ttl = if sessions.len() >= MAX_SESSIONS / 2 {
+            self.challenge_ttl.min(PRESSURE_CHALLENGE_TTL)
+        } else {
+            self.challenge_ttl
+        };
         sessions.insert(
             session.clone(),
             Session {
                 nonce,
                 request,
                 issued: Instant::now(),
+                ttl,
+                client,
             },
         );
         Ok(AuthResponse {
@@ -293,38 +404,40 @@ impl Broker {
         ))
     }
 
-    async fn attest(&self, request: AttestRequest) -> Result<ReleaseResponse, Refusal> {
+    /// Answers an attestation; the flag says whether the outcome is in the audit log (it is for
+    /// every request that answered a live challenge).
+    async fn attest(&self, request: AttestRequest) -> (Result<ReleaseResponse, Refusal>, bool) {
         let session = self
             .sessions
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&request.session);
-        let (key_id, subject) = match &session {
-            Some(s) => (
-                s.request.key_id.clone(),
-                format!("model {:?} session {}", s.request.model_id, request.session),
-            ),
-            None => (
-                "unknown".to_owned(),
-                format!("session {:?}", request.session),
-            ),
-        };
-        let outcome = match session {
-            None => Err(Refusal::new(
+        // Without a live challenge nothing was appraised: the caller counts such refusals.
+        let Some(session) = session else {
+            let refusal = Refusal::new(
                 StatusCode::UNAUTHORIZED,
                 "invalid_session",
                 "unknown or already used session: a challenge answers one attestation only",
-            )),
-            Some(s) if s.issued.elapsed() > self.challenge_ttl => Err(Refusal::new(
+            );
+            return (Err(refusal), false);
+        };
+        let key_id = session.request.key_id.clone();
+        let subject = format!(
+            "model {:?} session {}",
+            session.request.model_id, request.session
+        );
+        let outcome = if session.issued.elapsed() > session.ttl {
+            Err(Refusal::new(
                 StatusCode::UNAUTHORIZED,
                 "invalid_session",
                 format!(
                     "the challenge expired ({} s old, valid for {} s)",
-                    s.issued.elapsed().as_secs(),
-                    self.challenge_ttl.as_secs()
+                    session.issued.elapsed().as_secs(),
+                    session.ttl.as_secs()
                 ),
-            )),
-            Some(s) => self.judge(s, &request),
+            ))
+        } else {
+            self.judge(session, &request)
         };
         let (released, reason) = match &outcome {
             Ok((_, allowed)) => (true, format!("{subject}: released: {allowed}")),
@@ -339,7 +452,7 @@ impl Broker {
             })
             .await;
         tracing::info!(released, %reason, "key release");
-        match (outcome, record) {
+        let reply = match (outcome, record) {
             (Ok((response, _)), Ok(_)) => Ok(response),
             (Ok(_), Err(err)) => Err(Refusal::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -351,7 +464,8 @@ impl Broker {
                 tracing::error!(error = %err, "the audit record of a refusal failed");
                 Err(refusal)
             }
-        }
+        };
+        (reply, true)
     }
 }
 
@@ -382,9 +496,19 @@ async fn read_json<T: serde::de::DeserializeOwned>(
     request: Request<Incoming>,
 ) -> Result<T, Refusal> {
     let invalid = |m: String| Refusal::new(StatusCode::BAD_REQUEST, "invalid_request", m);
-    let body = Limited::new(request.into_body(), MAX_REQUEST_BYTES)
-        .collect()
-        .await
+    let collected = tokio::time::timeout(
+        BODY_READ_TIMEOUT,
+        Limited::new(request.into_body(), MAX_REQUEST_BYTES).collect(),
+    )
+    .await
+    .map_err(|_| {
+        Refusal::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request",
+            format!("the body did not arrive within {BODY_READ_TIMEOUT:?}"),
+        )
+    })?;
+    let body = collected
         .map_err(|_| {
             Refusal::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -396,80 +520,111 @@ async fn read_json<T: serde::de::DeserializeOwned>(
     serde_json::from_slice(&body).map_err(|e| invalid(format!("malformed JSON: {e}")))
 }
 
+/// A reply, and whether a refusal in it is already in the audit log (otherwise it is counted
+/// for the aggregated record).
 async fn handle(
     broker: Arc<Broker>,
+    client: IpAddr,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
-    let path = request.uri().path().to_owned();
-    if path != AUTH_PATH && path != ATTEST_PATH {
-        return Ok(refusal_reply(Refusal::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request",
-            format!("no such endpoint {path}"),
-        )));
+    let (reply, audited) = answer(&broker, client, request).await;
+    if let Err(refusal) = &reply
+        && !audited
+    {
+        broker.tally(client, &refusal.message);
     }
-    if request.method() != Method::POST {
-        return Ok(refusal_reply(Refusal::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "invalid_request",
-            "use POST",
-        )));
-    }
-    let reply = if path == AUTH_PATH {
-        match read_json::<AuthRequest>(request).await {
-            Ok(auth) => broker.auth(auth).map(|r| serde_json::to_vec(&r)),
-            Err(refusal) => Err(refusal),
-        }
-    } else {
-        match read_json::<AttestRequest>(request).await {
-            Ok(attest) => {
-                let broker = Arc::clone(&broker);
-                // Appraisal verifies signatures: off the async workers.
-                let judged = tokio::task::spawn_blocking(move || {
-                    tokio::runtime::Handle::current().block_on(broker.attest(attest))
-                })
-                .await;
-                match judged {
-                    Ok(result) => result.map(|r| serde_json::to_vec(&r)),
-                    Err(e) => Err(Refusal::new(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "internal",
-                        format!("the attestation task failed: {e}"),
-                    )),
-                }
-            }
-            Err(refusal) => Err(refusal),
-        }
-    };
     Ok(match reply {
-        Ok(Ok(body)) => json_reply(StatusCode::OK, body),
-        Ok(Err(e)) => refusal_reply(Refusal::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            e.to_string(),
-        )),
+        Ok(body) => json_reply(StatusCode::OK, body),
         Err(refusal) => refusal_reply(refusal),
     })
 }
 
+async fn answer(
+    broker: &Arc<Broker>,
+    client: IpAddr,
+    request: Request<Incoming>,
+) -> (Result<Vec<u8>, Refusal>, bool) {
+    let path = request.uri().path().to_owned();
+    if path != AUTH_PATH && path != ATTEST_PATH {
+        let refusal = Refusal::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request",
+            format!("no such endpoint {path}"),
+        );
+        return (Err(refusal), false);
+    }
+    if request.method() != Method::POST {
+        let refusal = Refusal::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request",
+            "use POST",
+        );
+        return (Err(refusal), false);
+    }
+    let internal = |e: String| Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e);
+    if path == AUTH_PATH {
+        let reply = read_json::<AuthRequest>(request)
+            .await
+            .and_then(|auth| broker.auth(client, auth))
+            .and_then(|r| serde_json::to_vec(&r).map_err(|e| internal(e.to_string())));
+        return (reply, false);
+    }
+    let attest = match read_json::<AttestRequest>(request).await {
+        Ok(attest) => attest,
+        Err(refusal) => return (Err(refusal), false),
+    };
+    let judging = Arc::clone(broker);
+    // Appraisal verifies signatures: off the async workers.
+    let judged = tokio::task::spawn_blocking(move || {
+        tokio::runtime::Handle::current().block_on(judging.attest(attest))
+    })
+    .await;
+    match judged {
+        Ok((result, audited)) => (
+            result.and_then(|r| serde_json::to_vec(&r).map_err(|e| internal(e.to_string()))),
+            audited,
+        ),
+        Err(e) => (
+            Err(internal(format!("the attestation task failed: {e}"))),
+            false,
+        ),
+    }
+}
+
 /// Serves `broker` on `listener` until `shutdown` resolves (connections in flight are dropped;
-/// every answer already sent was audited first).
+/// every answer already sent was audited first, and the refusals counted since the last
+/// aggregated record are written before this returns).
 pub async fn serve(
     listener: TcpListener,
     broker: Arc<Broker>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
     tokio::pin!(shutdown);
+    let acceptor = Acceptor::new(listener, MAX_CONNECTIONS);
+    let mut flush = tokio::time::interval(broker.refusal_window);
+    flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    flush.tick().await;
     loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => accepted?,
-            () = &mut shutdown => return Ok(()),
+        let accepted = tokio::select! {
+            accepted = acceptor.accept() => accepted,
+            _ = flush.tick() => {
+                broker.flush_refusals().await;
+                continue;
+            }
+            () = &mut shutdown => {
+                broker.flush_refusals().await;
+                return Ok(());
+            }
         };
         let broker = Arc::clone(&broker);
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |r| handle(Arc::clone(&broker), r));
-            if let Err(err) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
+            let _permit = accepted.permit;
+            let peer = accepted.peer;
+            let client = peer.ip();
+            let service =
+                hyper::service::service_fn(move |r| handle(Arc::clone(&broker), client, r));
+            if let Err(err) = netlimits::http1_builder()
+                .serve_connection(TokioIo::new(accepted.stream), service)
                 .await
             {
                 tracing::debug!(%peer, error = %err, "key broker connection ended");

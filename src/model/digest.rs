@@ -6,7 +6,6 @@
 //! name. `docs/model-loading.md` gives the exact definition and a coreutils recipe.
 
 use std::fmt;
-use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
@@ -136,7 +135,7 @@ impl ModelDigest {
                     path: path.clone(),
                     source,
                 };
-                let mut file = File::open(&path).map_err(io)?;
+                let mut file = super::files::open_regular(&path).map_err(io)?;
                 let (_, value) = stream_file_value(&mut file, |_| {}).map_err(io)?;
                 Ok(FileDigest { name, value })
             })

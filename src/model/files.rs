@@ -103,7 +103,7 @@ impl ModelFiles {
         let mut opened = list_files(dir)?
             .into_iter()
             .map(|(name, path)| {
-                let file = File::open(&path).map_err(io(&path))?;
+                let file = open_regular(&path).map_err(io(&path))?;
                 let len = file.metadata().map_err(io(&path))?.len();
                 let len = usize::try_from(len)
                     .map_err(|_| io(&path)(std::io::Error::other("too large for this machine")))?;
@@ -200,6 +200,34 @@ impl ModelFiles {
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.files.keys().map(String::as_str)
     }
+}
+
+/// Opens `path` for reading only if it is a regular file (after following links). The open
+/// itself does not block (`O_NONBLOCK`: a FIFO, which would wait for a writer forever, opens at
+/// once) and anything but a regular file is refused with an `InvalidInput` error before a byte
+/// is read. `O_NONBLOCK` has no effect on reading a regular file.
+pub fn open_regular(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file (a FIFO, device or directory); refusing to read it",
+        ));
+    }
+    Ok(file)
+}
+
+/// Reads the whole of `path`, which must be a regular file ([`open_regular`]).
+pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut file = open_regular(path)?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// The regular files directly inside `dir`, as (name, path), with names usable in the digest.

@@ -149,7 +149,7 @@ impl TextFiles<'_> {
             Self::Source(source) => source.read_optional(file),
             Self::Disk { dir, read } => {
                 let path = dir.join(file);
-                let bytes = match std::fs::read(&path) {
+                let bytes = match files::read_regular(&path) {
                     Ok(bytes) => Some(bytes),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
                     Err(source) => return Err(ModelError::Io { path, source }),
@@ -196,7 +196,7 @@ impl TextAhead {
     /// the vocabulary size); `None` when the configuration cannot be read.
     pub fn parse(dir: &Path) -> Option<Self> {
         let path = dir.join(CONFIG_FILE);
-        let config = std::fs::read(&path).ok()?;
+        let config = files::read_regular(&path).ok()?;
         let vocab_size = ModelConfig::from_json(&path, &config).ok()?.vocab_size;
         let files = TextFiles::Disk {
             dir,

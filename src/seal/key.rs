@@ -64,7 +64,7 @@ impl ModelKey {
                 "mode {mode:04o} lets others read it; it must be 0600"
             )));
         }
-        let mut bytes = std::fs::read(path).map_err(SealError::io(path))?;
+        let mut bytes = crate::model::files::read_regular(path).map_err(SealError::io(path))?;
         let result = <[u8; KEY_LEN]>::try_from(bytes.as_slice())
             .map(Self)
             .map_err(|_| bad(format!("{} bytes, expected {KEY_LEN}", bytes.len())));

@@ -131,7 +131,7 @@ impl Manifest {
                 reason: format!("longer than {MAX_MANIFEST_LEN} bytes"),
             });
         }
-        let bytes = std::fs::read(&path).map_err(SealError::io(&path))?;
+        let bytes = crate::model::files::read_regular(&path).map_err(SealError::io(&path))?;
         Self::parse(&path, &bytes)
     }
 

@@ -37,16 +37,45 @@ pub use manifest::{MANIFEST_FILE, Manifest, SEALED_SUFFIX};
 pub use open::{open_sealed, open_sealed_reporting, open_sealed_streaming};
 pub use write::{SealOptions, seal_dir};
 
-/// Creates `path` with mode 0600 (never overwriting an existing file), writes `bytes` and syncs
-/// them: how every file holding a key or a sealed key blob is written.
-pub fn write_private_file(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut file = std::fs::OpenOptions::new()
+/// Creates `path` for writing with exactly `mode`, whatever the umask: never an existing file,
+/// and never through a symbolic link (`O_CREAT | O_EXCL | O_NOFOLLOW`), so a link planted at
+/// the name makes this fail instead of writing to the link's target.
+pub fn create_new_file(path: &std::path::Path, mode: u32) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o600)
+        .mode(mode)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(path)?;
+    file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    Ok(file)
+}
+
+/// Creates the directory `dir` (and missing parents) with mode 0700 whatever the umask; an
+/// existing directory is kept as it is.
+pub fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// Creates `path` with mode 0600 (never overwriting an existing file, never through a link),
+/// writes `bytes` and syncs them: how every file holding a key or a sealed key blob is written.
+pub fn write_private_file(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_new_file(path, bytes, 0o600)
+}
+
+/// Creates `path` with exactly `mode` as [`create_new_file`] does, writes `bytes` and syncs them.
+pub fn write_new_file(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut file = create_new_file(path, mode)?;
     file.write_all(bytes)?;
     file.sync_all()
 }
@@ -67,7 +96,7 @@ fn read_json_blob<T: serde::de::DeserializeOwned>(
     version: u32,
     header: impl Fn(&T) -> (&str, u32),
 ) -> Result<T, String> {
-    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    let bytes = crate::model::files::read_regular(path).map_err(|e| e.to_string())?;
     let blob: T = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
     let (found_format, found_version) = header(&blob);
     if found_format != format || found_version != version {

@@ -6,7 +6,6 @@
 //! and, with [`open_sealed_streaming`], what the sink copies each authenticated chunk to (the
 //! CUDA backend: the GPU, whose copy becomes weights only once the whole model passed).
 
-use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
@@ -69,7 +68,7 @@ fn open_sealed_inner(
     let mut sources = Vec::with_capacity(manifest.files.len());
     for file in &manifest.files {
         let path = dir.join(format!("{}{SEALED_SUFFIX}", file.name));
-        let handle = File::open(&path).map_err(SealError::io(&path))?;
+        let handle = crate::model::files::open_regular(&path).map_err(SealError::io(&path))?;
         let actual = handle.metadata().map_err(SealError::io(&path))?.len();
         let expected = sealed_len(file.size, chunk_size);
         if actual != expected {

@@ -49,8 +49,13 @@ impl Default for SealOptions {
     }
 }
 
-/// Seals every regular file directly inside `model` into `out` (created if absent; existing
-/// sealed files or manifest are never overwritten) under `key`. Returns the manifest written.
+/// The mode of every file `inferno seal` writes: ciphertext and the manifest, not secret, but
+/// not writable by others (the output directory itself is created 0700).
+pub const SEALED_FILE_MODE: u32 = 0o644;
+
+/// Seals every regular file directly inside `model` into `out` (created 0700 if absent; existing
+/// sealed files or manifest are never overwritten, and no output is written through a symbolic
+/// link) under `key`. Returns the manifest written.
 pub fn seal_dir(
     model: &Path,
     out: &Path,
@@ -70,9 +75,9 @@ pub fn seal_dir(
             reason: "the model directory holds no files".into(),
         });
     }
-    std::fs::create_dir_all(out).map_err(SealError::io(out))?;
+    super::create_private_dir(out).map_err(SealError::io(out))?;
     let manifest_path = out.join(MANIFEST_FILE);
-    if manifest_path.exists() {
+    if manifest_path.symlink_metadata().is_ok() {
         return Err(SealError::Exists {
             path: manifest_path,
         });
@@ -89,7 +94,7 @@ pub fn seal_dir(
     let files = inputs
         .par_iter()
         .map(|(name, path)| {
-            let mut file = File::open(path).map_err(SealError::io(path))?;
+            let mut file = crate::model::files::open_regular(path).map_err(SealError::io(path))?;
             let (size, digest) =
                 stream_file_value(&mut file, |n| bar.inc(n as u64)).map_err(SealError::io(path))?;
             Ok(SealedFile {
@@ -133,23 +138,23 @@ pub fn seal_dir(
         .zip(&inputs)
         .map(|(file, (_, input))| {
             let out_path = out.join(format!("{}{SEALED_SUFFIX}", file.name));
-            let output = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&out_path)
-                .map_err(|e| match e.kind() {
-                    std::io::ErrorKind::AlreadyExists => SealError::Exists {
-                        path: out_path.clone(),
-                    },
-                    _ => SealError::Io {
-                        path: out_path.clone(),
-                        source: e,
-                    },
+            let output =
+                super::create_new_file(&out_path, SEALED_FILE_MODE).map_err(|e| {
+                    match e.kind() {
+                        std::io::ErrorKind::AlreadyExists => SealError::Exists {
+                            path: out_path.clone(),
+                        },
+                        _ => SealError::Io {
+                            path: out_path.clone(),
+                            source: e,
+                        },
+                    }
                 })?;
             output
                 .set_len(sealed_len(file.size, manifest.chunk_size))
                 .map_err(SealError::io(&out_path))?;
-            let input_file = File::open(input).map_err(SealError::io(input))?;
+            let input_file =
+                crate::model::files::open_regular(input).map_err(SealError::io(input))?;
             Ok(SealJob {
                 cipher: FileCipher::new(key, &salt, header_digest, &file.name),
                 input: input.clone(),
@@ -200,10 +205,13 @@ pub fn seal_dir(
     }
 
     let tmp = out.join(format!(".{MANIFEST_FILE}.tmp"));
-    std::fs::write(&tmp, &manifest_bytes).map_err(SealError::io(&tmp))?;
-    File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(SealError::io(&tmp))?;
+    super::write_new_file(&tmp, &manifest_bytes, SEALED_FILE_MODE).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => SealError::Exists { path: tmp.clone() },
+        _ => SealError::Io {
+            path: tmp.clone(),
+            source: e,
+        },
+    })?;
     std::fs::rename(&tmp, &manifest_path).map_err(SealError::io(&manifest_path))?;
     File::open(out)
         .and_then(|d| d.sync_all())

@@ -185,6 +185,15 @@ impl App {
         &self.challenges
     }
 
+    /// The principal whose attestation-challenge budget a request is charged to: the holder of
+    /// the valid API key it sends, if any.
+    pub(super) fn challenge_principal(&self, headers: &http::HeaderMap) -> Option<String> {
+        if !self.auth.has_keys() || !headers.contains_key(header::AUTHORIZATION) {
+            return None;
+        }
+        self.auth.authenticate(headers).ok().map(|p| p.0)
+    }
+
     /// The audit log, once open (configured with `[audit]`, opened after attestation).
     pub fn audit(&self) -> Option<&Arc<AuditSink>> {
         self.audit.get()

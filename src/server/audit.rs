@@ -163,6 +163,65 @@ pub fn record_completion(
     );
 }
 
+/// The status recorded for a request whose client went away before its response (nginx's
+/// "client closed request"; no response was sent).
+pub const CLIENT_CLOSED_REQUEST: u16 = 499;
+
+/// Records a non-streamed request as `client_disconnected` when dropped before [`disarm`]: the
+/// handler's future is dropped when its client goes away mid-generation.
+///
+/// [`disarm`]: AbandonedGuard::disarm
+pub struct AbandonedGuard<'a> {
+    app: &'a App,
+    ctx: &'a RequestContext,
+    prompt_tokens: usize,
+    armed: bool,
+}
+
+impl<'a> AbandonedGuard<'a> {
+    /// A guard for the request of `ctx` with `prompt_tokens` prompt tokens.
+    pub fn new(app: &'a App, ctx: &'a RequestContext, prompt_tokens: usize) -> Self {
+        Self {
+            app,
+            ctx,
+            prompt_tokens,
+            armed: true,
+        }
+    }
+
+    /// The request reached its end: the handler records it.
+    pub fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for AbandonedGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Some(sink) = self.app.audit() else {
+            return;
+        };
+        tracing::info!(
+            request_id = %self.ctx.request_id,
+            "the client went away before its response"
+        );
+        submit_completion(
+            sink,
+            CompletionFacts {
+                request_id: self.ctx.request_id.clone(),
+                prompt_tokens: self.prompt_tokens as u64,
+                completion_tokens: 0,
+                finish_reason: Some("client_disconnected".into()),
+                status: CLIENT_CLOSED_REQUEST,
+                latency_ms: latency_ms(self.ctx),
+                completion: None,
+            },
+        );
+    }
+}
+
 fn sink_keeps_content(sink: &AuditSink) -> bool {
     sink.content_mode() != ContentMode::None
 }

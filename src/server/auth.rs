@@ -46,13 +46,28 @@ pub struct Authenticator {
     keys: Vec<(String, [u8; 32])>,
 }
 
-/// A configured hash is not 64 hex digits.
+/// A configured key cannot be used.
 #[derive(Debug, thiserror::Error)]
-#[error("auth.keys: the hash of key {name:?} is not 64 hex digits")]
-pub struct BadKeyHash {
-    /// The key's name.
-    pub name: String,
+pub enum BadKeyHash {
+    /// Its hash is not 64 hex digits.
+    #[error("auth.keys: the hash of key {name:?} is not 64 hex digits")]
+    Hash {
+        /// The key's name.
+        name: String,
+    },
+    /// Its name is one the audit log gives callers without a valid key ([`ANONYMOUS`],
+    /// [`INVALID_KEY`]): its holder would share their records (`/v1/audit/proof`).
+    #[error(
+        "auth.keys: the key name {name:?} is reserved for callers without a valid key; choose another"
+    )]
+    Reserved {
+        /// The key's name.
+        name: String,
+    },
 }
+
+/// The principal names no key may have.
+pub const RESERVED_NAMES: [&str; 2] = [ANONYMOUS, INVALID_KEY];
 
 impl Authenticator {
     /// Decodes the configured key hashes.
@@ -60,8 +75,16 @@ impl Authenticator {
         let keys = entries
             .iter()
             .map(|entry| {
+                if RESERVED_NAMES
+                    .iter()
+                    .any(|reserved| reserved.eq_ignore_ascii_case(entry.name.trim()))
+                {
+                    return Err(BadKeyHash::Reserved {
+                        name: entry.name.clone(),
+                    });
+                }
                 let mut hash = [0u8; 32];
-                hex::decode_to_slice(&entry.sha256, &mut hash).map_err(|_| BadKeyHash {
+                hex::decode_to_slice(&entry.sha256, &mut hash).map_err(|_| BadKeyHash::Hash {
                     name: entry.name.clone(),
                 })?;
                 Ok((entry.name.clone(), hash))
@@ -222,6 +245,16 @@ mod tests {
             sha256: "zz".repeat(32),
         };
         assert!(Authenticator::new(&[bad]).is_err());
+    }
+
+    #[test]
+    fn the_audit_logs_own_caller_names_are_reserved() {
+        for name in ["anonymous", "Anonymous", "invalid-key"] {
+            let err = Authenticator::new(&[entry(name, "k")]).unwrap_err();
+            assert!(matches!(err, BadKeyHash::Reserved { .. }), "{name}: {err}");
+            assert!(err.to_string().contains("reserved"), "{err}");
+        }
+        assert!(Authenticator::new(&[entry("anon", "k")]).is_ok());
     }
 
     #[test]

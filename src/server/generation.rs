@@ -64,6 +64,24 @@ pub struct Job {
     pub tool_calls: Option<ToolCalls>,
 }
 
+impl Job {
+    /// The error a choice's generation ended with: a constraint the output could not follow is
+    /// the request's (a 400 naming the constraint's field, with no parser state); anything else
+    /// is the server's.
+    pub fn failure(&self, message: &str) -> ApiError {
+        if message.starts_with(crate::constrain::CONSTRAINT_FAILURE) {
+            let param = if self.options.constraint.is_some() {
+                self.options.constraint_param
+            } else {
+                "tool_choice"
+            };
+            ApiError::invalid_param(param, message)
+        } else {
+            ApiError::internal(message)
+        }
+    }
+}
+
 /// Tool-call parsing of a chat request.
 #[derive(Debug, Clone, Copy)]
 pub struct ToolCalls {
@@ -402,7 +420,7 @@ pub async fn complete(
     let mut usage = Usage::default();
     for result in &results {
         if let FinishReason::Error(message) = &result.reason {
-            return Err(ApiError::internal(message.clone()));
+            return Err(job.failure(message));
         }
         metrics.record_generation(service.name(), &result.state.timing);
         usage.add(
@@ -959,7 +977,7 @@ impl Forwarder {
                     );
                     let chunk = match &reason {
                         FinishReason::Error(message) => {
-                            Some(error_event(&ApiError::internal(message.clone())))
+                            Some(error_event(&self.job.failure(message)))
                         }
                         reason => match &self.writer.tool_calls {
                             Some(parsing) if parsing.enforced && state.tool_call_sent => {

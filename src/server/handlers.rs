@@ -20,7 +20,6 @@ use super::openai::request::{
 use super::openai::response::{ModelCard, ModelList};
 use super::openai::tools::tool_constraint;
 use super::service::{ChatPolicy, ModelService};
-use crate::constrain::ConstraintKind;
 use serde_json::Value;
 
 fn json_response(status: StatusCode, json: String) -> Response<Body> {
@@ -299,12 +298,7 @@ async fn chat_job(
 
 /// The request field a constraint came from, for the error of an invalid one.
 fn constraint_param(options: &GenerationOptions) -> &'static str {
-    match options.constraint.as_ref().map(|spec| spec.kind) {
-        Some(ConstraintKind::Regex) => "guided_regex",
-        Some(ConstraintKind::Choice) => "guided_choice",
-        Some(ConstraintKind::Grammar) => "guided_grammar",
-        _ => "response_format",
-    }
+    options.constraint_param
 }
 
 /// Tokenizes and length-checks a completion request off the async threads.
@@ -460,8 +454,12 @@ pub async fn generate(
         super::receipt::add_headers(&mut response, receipt);
         Ok(response)
     } else {
+        // A client that goes away drops this future: the guard then records the request as
+        // `client_disconnected`, as a stream's end is.
+        let abandoned = audit::AbandonedGuard::new(app, ctx, prompt_tokens);
         let generation = generation::complete(&service, app.metrics(), job, retry_after);
         let (recorded, completed) = tokio::join!(durable, generation);
+        abandoned.disarm();
         let receipt = recorded.map_err(Failed)?;
         let completed = completed.map_err(failed)?;
         let usage = completed.usage;

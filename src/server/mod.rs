@@ -10,6 +10,7 @@ mod attestation;
 mod audit;
 pub mod auth;
 pub mod body;
+mod content_tokens;
 pub mod error;
 mod generation;
 mod handlers;
@@ -94,7 +95,7 @@ pub enum ServerError {
         /// The digest bound into the evidence.
         attested: String,
     },
-    /// A configured key hash is malformed.
+    /// A configured key is malformed, or its name is reserved.
     #[error(transparent)]
     BadKey(#[from] auth::BadKeyHash),
     /// The certificate or key could not be loaded.

@@ -2,9 +2,9 @@
 
 use std::sync::{Arc, OnceLock};
 
-use aho_corasick::{AhoCorasick, MatchKind};
 use serde_json::{Map, Value};
 
+use super::content_tokens::SpecialTokenText;
 use super::error::ApiError;
 use super::openai::tools::ToolCallFormat;
 use crate::config::ServerConfig;
@@ -32,118 +32,6 @@ impl From<&ServerConfig> for ChatPolicy {
     }
 }
 
-/// The tokenizer's special tokens, and a copy of the tokenizer that reads their text as plain
-/// text: what keeps special-token text inside chat messages from becoming control tokens.
-struct SpecialTokenText {
-    /// Finds any special token's text (leftmost-longest).
-    finder: AhoCorasick,
-    /// The id of each pattern of `finder`.
-    ids: Vec<u32>,
-    /// The tokenizer with special-token matching off.
-    plain: tokenizers::Tokenizer,
-}
-
-impl SpecialTokenText {
-    /// Starts building the special-token text of `tokenizer` on another thread (if no thread
-    /// can be started, the first use builds it).
-    fn prepare(tokenizer: &Arc<tokenizers::Tokenizer>) -> Arc<OnceLock<Option<Self>>> {
-        let cell = Arc::new(OnceLock::new());
-        let (filled, tokenizer) = (cell.clone(), tokenizer.clone());
-        let _ = std::thread::Builder::new()
-            .name("special-tokens".into())
-            .spawn(move || {
-                filled.get_or_init(|| Self::new(&tokenizer));
-            });
-        cell
-    }
-
-    fn new(tokenizer: &tokenizers::Tokenizer) -> Option<Self> {
-        let mut specials: Vec<(String, u32)> = tokenizer
-            .get_added_tokens_decoder()
-            .into_iter()
-            .filter(|(_, token)| token.special && !token.content.is_empty())
-            .map(|(id, token)| (token.content, id))
-            .collect();
-        if specials.is_empty() {
-            return None;
-        }
-        specials.sort();
-        let finder = AhoCorasick::builder()
-            .match_kind(MatchKind::LeftmostLongest)
-            .build(specials.iter().map(|(text, _)| text))
-            .ok()?;
-        let mut plain = tokenizer.clone();
-        plain.set_encode_special_tokens(true);
-        Some(Self {
-            finder,
-            ids: specials.into_iter().map(|(_, id)| id).collect(),
-            plain,
-        })
-    }
-
-    /// Replaces special-token text in every string of `value` by as many `x` bytes; whether
-    /// there was any.
-    fn neutralize(&self, value: &mut Value) -> bool {
-        match value {
-            Value::String(text) if self.finder.is_match(text.as_str()) => {
-                let mut out = String::with_capacity(text.len());
-                let mut at = 0;
-                for found in self.finder.find_iter(text.as_str()) {
-                    out.push_str(&text[at..found.start()]);
-                    out.extend(std::iter::repeat_n('x', found.len()));
-                    at = found.end();
-                }
-                out.push_str(&text[at..]);
-                *text = out;
-                true
-            }
-            Value::Array(items) => items
-                .iter_mut()
-                .fold(false, |any, item| self.neutralize(item) | any),
-            Value::Object(map) => map
-                .values_mut()
-                .fold(false, |any, item| self.neutralize(item) | any),
-            _ => false,
-        }
-    }
-
-    /// Tokenizes `text` rendered by the template, where `reference` is the same rendering with
-    /// the request's special-token text neutralized (same length): special tokens found in
-    /// `reference` are the template's own and become control tokens; everything else,
-    /// special-token text of the request included, is tokenized as plain text.
-    fn encode(&self, text: &str, reference: &str) -> Result<Vec<u32>, ApiError> {
-        let entangled = || {
-            ApiError::invalid_param(
-                "messages",
-                "special-token text in the messages cannot be told apart from the chat \
-                 template's own special tokens; remove it",
-            )
-        };
-        if text.len() != reference.len() {
-            return Err(entangled());
-        }
-        let plain = |segment: &str| {
-            self.plain
-                .encode(segment, false)
-                .map(|encoding| encoding.get_ids().to_vec())
-                .map_err(|err| ApiError::internal(format!("tokenization failed: {err}")))
-        };
-        let mut ids = Vec::new();
-        let mut at = 0;
-        for found in self.finder.find_iter(reference) {
-            let range = found.start()..found.end();
-            if text.as_bytes().get(range.clone()) != reference.as_bytes().get(range.clone()) {
-                return Err(entangled());
-            }
-            ids.extend(plain(text.get(at..found.start()).ok_or_else(entangled)?)?);
-            ids.push(self.ids[found.pattern().as_usize()]);
-            at = found.end();
-        }
-        ids.extend(plain(text.get(at..).ok_or_else(entangled)?)?);
-        Ok(ids)
-    }
-}
-
 /// Everything the handlers need from the model once it is loaded.
 pub struct ModelService {
     engine: EngineHandle,
@@ -162,6 +50,8 @@ pub struct ModelService {
     vocab_size: usize,
     /// The tokenizer prepared for llguidance, built on the first constrained request.
     grammars: OnceLock<Result<GrammarCompiler, String>>,
+    /// The constraint compilations allowed at once ([`compile_slots`]).
+    compiling: Slots,
     tool_call_format: Option<ToolCallFormat>,
 }
 
@@ -193,6 +83,7 @@ impl ModelService {
             eos_token_ids: model.eos_token_ids(),
             vocab_size: model.config.vocab_size,
             grammars: OnceLock::new(),
+            compiling: Slots::new(compile_slots()),
             tool_call_format,
             max_context: engine.max_context(),
             name: served_name.unwrap_or_else(|| model.name.clone()),
@@ -259,12 +150,17 @@ impl ModelService {
     }
 
     /// Compiles a request's constraint against the model's tokenizer (a 400 when the schema,
-    /// regular expression or grammar is invalid). Blocking: call it off the async threads.
+    /// regular expression or grammar is invalid). At most [`compile_slots`] compile at once, so
+    /// costly grammars cannot take every core from plain requests; one more waits for a slot up
+    /// to [`COMPILE_WAIT`], then is refused (HTTP 429). Blocking: call it off the async threads.
     pub fn compile_constraint(
         &self,
         spec: &ConstraintSpec,
         param: &str,
     ) -> Result<CompiledConstraint, ApiError> {
+        let _slot = self.compiling.acquire(COMPILE_WAIT).ok_or_else(|| {
+            ApiError::rate_limited("too many constraints are being compiled; retry shortly", 1)
+        })?;
         let compiler = self
             .grammars
             .get_or_init(|| {
@@ -303,8 +199,9 @@ impl ModelService {
 
     /// Renders a conversation with the chat template and tokenizes it (the template supplies the
     /// special tokens). Under the default `policy`, roles are limited to those the template
-    /// knows, and special-token text inside the request (message content, tools, arguments)
-    /// is tokenized as plain text: only the template's own special tokens are control tokens.
+    /// knows, and added-token text inside the request (message content, tools, arguments;
+    /// special tokens and the added tokens that are not special alike) is tokenized as plain
+    /// text: only the template's own markup becomes those tokens.
     pub fn chat_prompt(
         &self,
         messages: &[Value],
@@ -318,51 +215,23 @@ impl ModelService {
                 "this model has no chat template; use /v1/completions instead",
             )
         })?;
-        let template_error = |err: crate::model::chat_template::TemplateError| match &err {
-            crate::model::chat_template::TemplateError::UnknownRole { index, .. } => {
-                ApiError::invalid_param(format!("messages[{index}].role"), err.to_string())
-            }
-            _ => ApiError::invalid_param("messages", err.to_string()),
-        };
         if !policy.any_role {
-            template.check_roles(messages).map_err(template_error)?;
+            template
+                .check_roles(messages)
+                .map_err(super::content_tokens::template_error)?;
         }
-        let text = template
-            .render(messages, tools, add_generation_prompt, extra)
-            .map_err(template_error)?;
-        let Some(special_text) = self
+        let special_text = self
             .special_text
             .get_or_init(|| SpecialTokenText::new(&self.tokenizer))
             .as_ref()
-            .filter(|_| !policy.special_tokens_in_content)
-        else {
-            return self.encode(&text, false);
+            .filter(|_| !policy.special_tokens_in_content);
+        let conversation = super::content_tokens::Conversation {
+            messages,
+            tools,
+            add_generation_prompt,
+            extra,
         };
-        let mut neutral_messages = Value::Array(messages.to_vec());
-        let mut neutral_tools = tools.cloned().unwrap_or(Value::Null);
-        let mut neutral_extra = Value::Object(extra.clone());
-        let found = special_text.neutralize(&mut neutral_messages)
-            | special_text.neutralize(&mut neutral_tools)
-            | special_text.neutralize(&mut neutral_extra);
-        if !found {
-            return self.encode(&text, false);
-        }
-        let (Value::Array(neutral_messages), Value::Object(neutral_extra)) =
-            (neutral_messages, neutral_extra)
-        else {
-            return Err(ApiError::internal(
-                "neutralizing the request changed its shape",
-            ));
-        };
-        let reference = template
-            .render(
-                &neutral_messages,
-                tools.map(|_| &neutral_tools),
-                add_generation_prompt,
-                &neutral_extra,
-            )
-            .map_err(template_error)?;
-        special_text.encode(&text, &reference)
+        super::content_tokens::encode_chat(template, &self.tokenizer, special_text, &conversation)
     }
 
     /// Tokenizes text; `add_special_tokens` adds the tokenizer's BOS (plain completions).
@@ -422,6 +291,53 @@ impl ModelService {
     }
 }
 
+/// How many constraints compile at once: half the cores, at least one.
+pub fn compile_slots() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+}
+
+/// How long a constraint waits for a compile slot before it is refused.
+pub const COMPILE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A counting semaphore for blocking threads (the compilations run on Tokio's blocking pool).
+struct Slots {
+    free: std::sync::Mutex<usize>,
+    freed: std::sync::Condvar,
+}
+
+/// A taken slot of [`Slots`], given back when dropped.
+struct Slot<'a>(&'a Slots);
+
+impl Slots {
+    fn new(count: usize) -> Self {
+        Self {
+            free: std::sync::Mutex::new(count),
+            freed: std::sync::Condvar::new(),
+        }
+    }
+
+    /// A slot, waiting at most `wait` for one; `None` when none freed in time.
+    fn acquire(&self, wait: std::time::Duration) -> Option<Slot<'_>> {
+        let free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut free, _) = self
+            .freed
+            .wait_timeout_while(free, wait, |free| *free == 0)
+            .unwrap_or_else(|e| e.into_inner());
+        if *free == 0 {
+            return None;
+        }
+        *free -= 1;
+        Some(Slot(self))
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.0.freed.notify_one();
+    }
+}
+
 /// Maps an engine refusal to its HTTP error.
 fn submit_error(err: SubmitError, retry_after: u64) -> ApiError {
     match err {
@@ -436,5 +352,27 @@ fn submit_error(err: SubmitError, retry_after: u64) -> ApiError {
         }
         SubmitError::StopStrings(_) => ApiError::invalid_param("stop", err.to_string()),
         SubmitError::Stopped => ApiError::unavailable("the engine has stopped"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compile_slots_are_bounded_and_given_back() {
+        let slots = Slots::new(1);
+        let first = slots
+            .acquire(std::time::Duration::ZERO)
+            .expect("a free slot");
+        assert!(
+            slots
+                .acquire(std::time::Duration::from_millis(20))
+                .is_none(),
+            "only one slot"
+        );
+        drop(first);
+        assert!(slots.acquire(std::time::Duration::ZERO).is_some());
+        assert!(compile_slots() >= 1);
     }
 }

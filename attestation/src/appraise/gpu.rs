@@ -233,8 +233,8 @@ fn appraise_one(
     if all { result.into_result().ok() } else { None }
 }
 
-/// A protected-PCIe set: every GPU verified, no device twice, one driver and VBIOS across
-/// the set.
+/// A protected-PCIe set: every GPU verified, no device twice (by its leaf certificate's key),
+/// one driver and VBIOS across the set.
 fn check_set(count: usize, verified: &[GpuClaims], checks: &mut CheckList) {
     if verified.len() != count {
         return checks.fail(
@@ -245,13 +245,18 @@ fn check_set(count: usize, verified: &[GpuClaims], checks: &mut CheckList) {
             ),
         );
     }
-    let mut devices: Vec<&str> = verified.iter().map(|c| c.fwid.as_str()).collect();
+    // A device is its leaf certificate's key: the FWID is the firmware's measurement, the same
+    // on every GPU that runs the same firmware.
+    let mut devices: Vec<&str> = verified
+        .iter()
+        .map(|c| c.device_identity.as_str())
+        .collect();
     devices.sort_unstable();
     devices.dedup();
-    if devices.len() != count {
+    if devices.len() != count || devices.contains(&"") {
         return checks.fail(
             "gpu.set",
-            "the set holds the same GPU (FWID) more than once",
+            "the set holds the same GPU (device certificate key) more than once",
         );
     }
     let first = &verified[0];

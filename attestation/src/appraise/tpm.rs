@@ -250,13 +250,33 @@ fn check_ak_binding(
     }
 }
 
-/// `tpm.ak_certificate` (standalone evidence): the AK certificate certifies this AK and
-/// chains through the supplied intermediates to one of the caller's roots at `now`.
+/// `tpm.ak_certificate` (standalone evidence): the policy pins this AK's public key
+/// (`[tpm] ak_public_keys`), or the AK certificate certifies this AK and chains through the
+/// supplied intermediates to one of the caller's roots at `now`.
 fn check_ak_certificate(
     input: &Sections<'_>,
     evidence: &TpmEvidence,
     checks: &mut CheckList,
 ) -> bool {
+    let pinned = input
+        .policy
+        .policy
+        .tpm
+        .as_ref()
+        .map(|tpm| tpm.ak_public_keys.as_slice())
+        .unwrap_or_default();
+    if !pinned.is_empty()
+        && let Ok(ak) = evidence.ak.key().and_then(|k| k.spki_sha256())
+    {
+        let ak = hex::encode(ak);
+        if pinned.iter().any(|key| key.eq_ignore_ascii_case(&ak)) {
+            checks.pass(
+                "tpm.ak_certificate",
+                format!("the policy pins this AK's public key ([tpm] ak_public_keys: {ak})"),
+            );
+            return true;
+        }
+    }
     let Some((leaf, intermediates)) = input.tpm_ak_certs.split_first() else {
         checks.fail(
             "tpm.ak_certificate",

@@ -160,8 +160,9 @@ impl SimulatedGpu {
     }
 
     /// GPU number `device` of a simulated protected-PCIe set: the root and ICA come from
-    /// `seed` (one hierarchy for the set), the device key and FWID from `seed` and `device`.
-    /// Device 0 is [`SimulatedGpu::new`]'s GPU.
+    /// `seed` (one hierarchy for the set), the device key from `seed` and `device`. The FWID,
+    /// a firmware measurement, is the same for every member, as on real GPUs that run the same
+    /// firmware. Device 0 is [`SimulatedGpu::new`]'s GPU.
     pub fn set_member(
         seed: &[u8],
         device: u8,
@@ -170,11 +171,10 @@ impl SimulatedGpu {
         let root_key = derive_key(seed, "root")?;
         let ica_key = derive_key(seed, "ica")?;
         let mut fwid = [0u8; 48];
+        fwid.copy_from_slice(&sha384(&[seed, b"fwid"]));
         let device_key = if device == 0 {
-            fwid.copy_from_slice(&sha384(&[seed, b"fwid"]));
             derive_key(seed, "device")?
         } else {
-            fwid.copy_from_slice(&sha384(&[seed, b"fwid", &[device]]));
             derive_key(seed, &format!("device {device}"))?
         };
         let root_name = name("CN=Inferno Simulated GPU Root CA,O=Inferno (simulated)")?;

