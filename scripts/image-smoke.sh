@@ -28,6 +28,11 @@ port=${SMOKE_PORT:-18443}
 key=inferno-smoke-test-key
 # The inferno binary that appraises the server's evidence on the host.
 inferno=${SMOKE_INFERNO:-${CARGO_TARGET_DIR:-$here/target}/debug/inferno}
+# Checked before the (minutes-long) boot rather than when first needed.
+[ -x "$inferno" ] ||
+    { echo "FAIL: no inferno binary at $inferno: run 'cargo build --locked' or set SMOKE_INFERNO" >&2; exit 1; }
+[ -f "$images/inferno-development.qcow2" ] ||
+    { echo "FAIL: no $images/inferno-development.qcow2: run IMAGE_PROFILE=development image/build $images" >&2; exit 1; }
 work=${SMOKE_WORK:-$(mktemp -d)}
 mkdir -p "$work"
 serial="$work/serial.log"

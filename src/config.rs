@@ -12,6 +12,8 @@ use serde::Deserialize;
 
 use crate::engine::EngineConfig;
 
+pub mod ranges;
+
 /// The whole configuration file.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -162,6 +164,9 @@ pub struct ServerConfig {
     /// The model id served in `/v1/models` and expected in requests; the model's own name when
     /// absent.
     pub served_model_name: Option<String>,
+    /// The longest context (prompt plus completion) served, in tokens; the model's own when
+    /// absent or larger.
+    pub max_model_len: Option<usize>,
     /// Seconds that in-flight requests get to finish after SIGTERM or SIGINT.
     pub shutdown_grace_secs: u64,
     /// The model's tool-call format (`llama3_json`, `hermes` or `mistral`); detected from the
@@ -184,6 +189,7 @@ impl Default for ServerConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8443)),
             served_model_name: None,
+            max_model_len: None,
             shutdown_grace_secs: 30,
             tool_call_parser: None,
             chat_special_tokens_in_content: false,
@@ -277,12 +283,17 @@ impl LimitsConfig {
     }
 }
 
-/// The `[metrics]` table.
+/// The `[metrics]` table: who may read `/metrics`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetricsConfig {
-    /// Serve `/metrics` without an API key.
+    /// Serve `/metrics` without any key (its per-principal series excepted).
     pub public: bool,
+    /// Hex SHA-256 of the scrape key (`printf %s "$KEY" | sha256sum`): a bearer token that reads
+    /// every series, the per-principal ones included. Absent: in the production profile only
+    /// `public` opens `/metrics`; in the development profile API keys read it too (without the
+    /// per-principal series).
+    pub key_sha256: Option<String>,
 }
 
 /// The configuration file could not be used.
@@ -305,8 +316,10 @@ pub enum ConfigError {
         message: String,
     },
     /// A value is out of range or inconsistent with another.
-    #[error("invalid config: {field}: {message}")]
+    #[error("invalid config{}: {field}: {message}", in_file(path.as_deref()))]
     Invalid {
+        /// The file, when the configuration was read from one.
+        path: Option<PathBuf>,
         /// The dotted key, e.g. `auth.keys[1].sha256`.
         field: String,
         /// What is wrong with it.
@@ -326,6 +339,11 @@ impl Config {
                 path: path.to_path_buf(),
                 message,
             },
+            ConfigError::Invalid { field, message, .. } => ConfigError::Invalid {
+                path: Some(path.to_path_buf()),
+                field,
+                message,
+            },
             other => other,
         })?;
         Ok(config)
@@ -333,9 +351,19 @@ impl Config {
 
     /// Parses and validates configuration text.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|err| ConfigError::Parse {
-            path: PathBuf::from("<inline>"),
-            message: err.message().to_owned() + &span_suffix(text, err.span()),
+        let parse_error = |err: toml::de::Error, path: Option<String>| {
+            let key = path.map_or_else(String::new, |path| format!("{path}: "));
+            ConfigError::Parse {
+                path: PathBuf::from("<inline>"),
+                message: key + err.message() + &span_suffix(text, err.span()),
+            }
+        };
+        let deserializer = toml::Deserializer::parse(text).map_err(|err| parse_error(err, None))?;
+        let config: Config = serde_path_to_error::deserialize(deserializer).map_err(|err| {
+            // The dotted key whose value is wrong (`.` when the error is the document's).
+            let path = err.path().to_string();
+            let path = (path != ".").then_some(path);
+            parse_error(err.into_inner(), path)
         })?;
         config.validate()?;
         Ok(config)
@@ -344,6 +372,7 @@ impl Config {
     /// Checks ranges and cross-field consistency.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |field: &str, message: &str| ConfigError::Invalid {
+            path: None,
             field: field.to_owned(),
             message: message.to_owned(),
         };
@@ -374,31 +403,15 @@ impl Config {
                 ));
             }
         }
-        let limits = &self.limits;
-        for (field, value) in [
-            ("limits.max_body_bytes", limits.max_body_bytes),
-            ("limits.max_connections", limits.max_connections),
-            ("limits.max_completion_tokens", limits.max_completion_tokens),
-            ("limits.max_n", limits.max_n),
-        ] {
-            if value == 0 {
-                return Err(invalid(field, "must be at least 1"));
-            }
+        if let Some(hash) = &self.metrics.key_sha256
+            && (hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return Err(invalid(
+                "metrics.key_sha256",
+                "must be 64 hex digits (the SHA-256 of the scrape key)",
+            ));
         }
-        for (field, value) in [
-            (
-                "limits.header_read_timeout_secs",
-                limits.header_read_timeout_secs,
-            ),
-            (
-                "limits.body_read_timeout_secs",
-                limits.body_read_timeout_secs,
-            ),
-        ] {
-            if value == 0 {
-                return Err(invalid(field, "must be at least 1 second"));
-            }
-        }
+        ranges::check(self)?;
         if let Some(name) = &self.server.served_model_name
             && name.trim().is_empty()
         {
@@ -406,6 +419,12 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// ` file F` for an error in a configuration file, or nothing.
+fn in_file(path: Option<&Path>) -> String {
+    path.map(|path| format!(" file {}", path.display()))
+        .unwrap_or_default()
 }
 
 /// ` (line L)` for a parser error span, or nothing.
@@ -438,9 +457,15 @@ mod tests {
     }
 
     #[test]
-    fn example_file_parses_and_states_the_defaults() {
+    fn example_file_parses_and_states_the_defaults_but_the_profile() {
         let text = include_str!("../inferno.example.toml");
-        assert_eq!(Config::parse(text).unwrap(), Config::default());
+        let config = Config::parse(text).unwrap();
+        assert_eq!(config.attestation.profile, AttestationProfile::Development);
+        let expected = Config {
+            attestation: AttestationConfig::development(),
+            ..Config::default()
+        };
+        assert_eq!(config, expected);
     }
 
     #[test]
@@ -507,9 +532,25 @@ mod tests {
     }
 
     #[test]
-    fn wrong_type_is_rejected() {
+    fn wrong_type_is_rejected_with_its_key() {
         let err = Config::parse("[limits]\nmax_n = \"four\"\n").unwrap_err();
         assert!(matches!(err, ConfigError::Parse { .. }), "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains("limits.max_n: "), "{msg}");
+        assert!(msg.contains("line 2"), "{msg}");
+        let err = Config::parse("[engine]\nmax_batched_tokens = -1\n").unwrap_err();
+        assert!(
+            err.to_string().contains("engine.max_batched_tokens"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_metrics_key_is_a_hash() {
+        let config = Config::parse(&format!("[metrics]\nkey_sha256 = \"{HASH}\"\n")).unwrap();
+        assert_eq!(config.metrics.key_sha256.as_deref(), Some(HASH));
+        let err = Config::parse("[metrics]\nkey_sha256 = \"secret\"\n").unwrap_err();
+        assert!(err.to_string().contains("metrics.key_sha256"), "{err}");
     }
 
     #[test]
@@ -548,6 +589,9 @@ mod tests {
         std::fs::write(&path, "nonsense = 1\n").unwrap();
         let err = Config::load(&path).unwrap_err();
         assert!(err.to_string().contains("bad.toml"), "{err}");
+        std::fs::write(&path, "[limits]\nmax_n = 0\n").unwrap();
+        let err = Config::load(&path).unwrap_err();
+        assert!(err.to_string().contains("bad.toml: limits.max_n"), "{err}");
         let missing = Config::load(&dir.path().join("absent.toml")).unwrap_err();
         assert!(missing.to_string().contains("absent.toml"), "{missing}");
     }

@@ -248,3 +248,90 @@ fn a_projection_stored_in_the_wrong_dtype_is_refused() {
         ModelDefinition::of(&bf16.config)
     );
 }
+
+/// A sealed FP8 model opens to the plaintext's digest (which covers the scales) and computes
+/// what the plaintext computes.
+#[test]
+fn a_sealed_fp8_model_loads_like_the_plaintext() {
+    use inferno::model::ModelDigest;
+    use inferno::seal::manifest::MIN_CHUNK_SIZE;
+    use inferno::seal::{ModelKey, SealOptions, open_sealed, seal_dir};
+
+    let plain = fp8_fixture("block");
+    let work = tempfile::tempdir().unwrap();
+    let key = ModelKey::generate().unwrap();
+    let options = SealOptions {
+        chunk_size: MIN_CHUNK_SIZE,
+        ..SealOptions::default()
+    };
+    seal_dir(&plain, &work.path().join("sealed"), &key, &options).expect("sealing works");
+    let (manifest, files) = open_sealed(&work.path().join("sealed"), &key).expect("it opens");
+    let reference = ModelDigest::of_dir(&plain).unwrap();
+    assert_eq!(manifest.model_digest, reference.hex);
+    let sealed = Model::from_files(&files, "sealed".into()).expect("the sealed model loads");
+    drop(files);
+    assert_eq!(sealed.digest, reference);
+    assert_eq!(
+        sealed.config.quantization.as_ref().map(|q| q.method),
+        Some(QuantizationMethod::Fp8)
+    );
+    let plaintext = Model::load(&plain).unwrap();
+    let tokens = &golden(&committed_fixture("inferno-tiny"))[0].input_ids;
+    let mut a = CpuBackend::new(&sealed, 16 << 20).unwrap();
+    let mut b = CpuBackend::new(&plaintext, 16 << 20).unwrap();
+    assert_eq!(
+        logits_per_position(&mut a, tokens),
+        logits_per_position(&mut b, tokens)
+    );
+
+    // The digest covers the scales: a different scale is a different model.
+    let copy = work.path().join("copy");
+    std::fs::create_dir(&copy).unwrap();
+    for entry in std::fs::read_dir(&plain).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, copy.join(path.file_name().unwrap())).unwrap();
+    }
+    let weights = copy.join("model.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let meta: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header]).unwrap();
+    let scale = &meta["model.layers.0.self_attn.q_proj.weight_scale_inv"]["data_offsets"];
+    let at = 8 + header + scale[0].as_u64().unwrap() as usize;
+    bytes[at + 3] ^= 0x01;
+    std::fs::write(&weights, bytes).unwrap();
+    assert_ne!(ModelDigest::of_dir(&copy).unwrap(), reference);
+}
+
+/// An FP8 KV cache on the CPU: keys and values rounded to E4M3 as they are written (scale 1.0
+/// without checkpoint scales). The logits move, and the predictions stay the bf16 cache's.
+#[test]
+fn an_fp8_kv_cache_rounds_keys_and_values() {
+    use inferno::engine::KvCacheDtype;
+    let model = Model::load(&committed_fixture("inferno-tiny")).unwrap();
+    let tokens = &golden(&committed_fixture("inferno-tiny"))[0].input_ids;
+    let mut plain = CpuBackend::new(&model, 16 << 20).unwrap();
+    let mut fp8 = CpuBackend::new(&model, 16 << 20)
+        .unwrap()
+        .with_kv_cache_dtype(KvCacheDtype::Fp8, model.tensors())
+        .unwrap();
+    let (a, b) = (
+        logits_per_position(&mut plain, tokens),
+        logits_per_position(&mut fp8, tokens),
+    );
+    // The first position attends to itself only, whose value row is rounded too.
+    let mut max_err = 0f32;
+    let mut agree = 0;
+    for (x, y) in a.iter().zip(&b) {
+        agree += usize::from(argmax(x) == argmax(y));
+        for (p, q) in x.iter().zip(y) {
+            max_err = max_err.max((p - q).abs());
+        }
+    }
+    eprintln!(
+        "fp8 KV cache: top-1 agreement {agree}/{}, max |logit diff| {max_err:.4}",
+        a.len()
+    );
+    assert!(max_err > 0.0, "the FP8 cache must round something");
+    assert!(max_err < 1.0, "{max_err}");
+    assert!(agree * 100 >= a.len() * 90, "{agree} of {}", a.len());
+}

@@ -407,10 +407,12 @@ async fn health_metrics_and_request_ids() {
         "vllm:time_to_first_token_seconds_bucket{",
         "vllm:inter_token_latency_seconds_bucket{",
         "vllm:e2e_request_latency_seconds_bucket{",
-        "principal=\"bob\"",
+        "inferno:api_requests_total{",
     ] {
         assert!(text.contains(name), "missing {name} in\n{text}");
     }
+    // Another principal's name is not shown to an API key (only to the scrape key).
+    assert!(!text.contains("principal="), "{text}");
 }
 
 #[tokio::test]

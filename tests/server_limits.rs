@@ -218,6 +218,49 @@ async fn shutdown_cuts_off_requests_after_the_grace_period() {
 }
 
 #[tokio::test]
+async fn the_scrape_key_reads_the_per_principal_series() {
+    let mut config = base_config();
+    config.metrics.key_sha256 = Some(server_support::key_entry("scrape", "scrape-key").sha256);
+    let server = Harness::start(config, true);
+    let answered = server
+        .post(
+            "/v1/completions",
+            server_support::ALICE,
+            &serde_json::json!({"model": inferno::model::EMBEDDED_MODEL_NAME, "prompt": "x",
+                                "max_tokens": 1}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answered.status(), reqwest::StatusCode::OK);
+    let scrape = |key: Option<&'static str>| {
+        let mut request = server
+            .client()
+            .get(server.url("/metrics"))
+            .header("accept", "application/openmetrics-text; version=1.0.0");
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        request.send()
+    };
+    let full = scrape(Some("scrape-key")).await.unwrap();
+    assert_eq!(full.status(), reqwest::StatusCode::OK);
+    assert_eq!(
+        full.headers()["content-type"],
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    let text = full.text().await.unwrap();
+    assert!(text.contains("principal=\"alice\""), "{text}");
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    // In the development profile an API key still reads the rest.
+    let partial = scrape(Some(server_support::ALICE)).await.unwrap();
+    assert_eq!(partial.status(), reqwest::StatusCode::OK);
+    assert!(!partial.text().await.unwrap().contains("principal="));
+    let refused = scrape(None).await.unwrap();
+    assert_eq!(refused.status(), reqwest::StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
 async fn public_metrics_need_no_key() {
     let mut config = base_config();
     config.metrics.public = true;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
 
-use crate::engine::{Backend, EngineConfig};
+use crate::engine::{Backend, EngineConfig, KvCacheDtype};
 use crate::model::{Model, ModelTensors};
 
 /// Where the model runs.
@@ -94,6 +94,11 @@ pub fn select_reporting(
             },
         };
     if use_cuda {
+        if config.kv_cache_dtype != KvCacheDtype::Auto {
+            return Err(BackendInitError::Cuda(cuda::CudaInitError::Unsupported(
+                "an FP8 KV cache is not served by the CUDA backend yet (the CPU backend serves it: --device cpu)".into(),
+            )));
+        }
         let options = cuda::CudaOptions::default();
         let backend = match opened {
             Some(opened) => cuda::CudaBackend::on_device(opened, model, config, options, progress)?,
@@ -103,7 +108,8 @@ pub fn select_reporting(
         Ok((Box::new(backend), phases))
     } else {
         let started = Instant::now();
-        let backend = cpu::CpuBackend::from_tensors(model, config.kv_cache_bytes)?;
+        let backend = cpu::CpuBackend::from_tensors(model, config.kv_cache_bytes)?
+            .with_kv_cache_dtype(config.kv_cache_dtype, model)?;
         let phases = BackendPhases {
             weights: started.elapsed(),
             ..BackendPhases::default()
@@ -140,5 +146,23 @@ mod tests {
         assert!(err.starts_with("CUDA backend: "), "{err}");
         let auto = select(Device::Auto, &model, &config).expect("auto falls back to the CPU");
         assert_eq!(auto.name(), "cpu");
+    }
+
+    /// The CUDA backend refuses an FP8 KV cache in one line before it touches the device; the
+    /// CPU backend serves it.
+    #[test]
+    fn an_fp8_kv_cache_is_refused_by_cuda_and_served_by_the_cpu() {
+        let model = Model::embedded().expect("embedded model");
+        let config = EngineConfig {
+            kv_cache_dtype: crate::engine::KvCacheDtype::Fp8,
+            ..EngineConfig::default()
+        };
+        let err = match select(Device::Cuda, &model, &config) {
+            Ok(_) => panic!("the CUDA backend took an FP8 KV cache"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("FP8 KV cache") && !err.contains('\n'), "{err}");
+        let cpu = select(Device::Cpu, &model, &config).expect("the CPU serves it");
+        assert_eq!(cpu.name(), "cpu");
     }
 }

@@ -210,6 +210,9 @@ struct Report {
     rate: Option<f64>,
     requests: usize,
     failed: usize,
+    /// The causes of the failed requests, each once, most frequent first, with their counts.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    failures: Vec<(String, usize)>,
     duration_s: f64,
     request_throughput: f64,
     output_token_throughput: f64,
@@ -275,6 +278,7 @@ impl Report {
             rate,
             requests: ok.len(),
             failed: timings.len() - ok.len(),
+            failures: failure_causes(timings),
             duration_s: duration,
             request_throughput: ok.len() as f64 / duration,
             output_token_throughput: total as f64 / duration,
@@ -314,6 +318,9 @@ impl Report {
             "requests (failed)         {} ({})",
             self.requests, self.failed
         );
+        for (cause, count) in &self.failures {
+            println!("  failed ({count:>4})           {cause}");
+        }
         println!("duration                  {:.2} s", self.duration_s);
         println!(
             "request throughput        {:.3} req/s",
@@ -438,14 +445,38 @@ fn finish(report: &Report, json: Option<&PathBuf>) -> anyhow::Result<()> {
         std::fs::write(path, serde_json::to_vec_pretty(report)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    if report.failed > 0 {
+    if let Some((cause, count)) = report.failures.first() {
         bail!(
-            "{} of {} requests failed",
+            "{} of {} requests failed; {count} with: {cause}{}",
             report.failed,
-            report.failed + report.requests
+            report.failed + report.requests,
+            trust_hint(cause),
         );
     }
     Ok(())
+}
+
+/// The distinct causes among `timings`' failures with their counts, most frequent first.
+fn failure_causes(timings: &[RequestTiming]) -> Vec<(String, usize)> {
+    let mut causes: Vec<(String, usize)> = Vec::new();
+    for cause in timings.iter().filter_map(|t| t.failed.as_deref()) {
+        match causes.iter_mut().find(|(c, _)| c == cause) {
+            Some((_, count)) => *count += 1,
+            None => causes.push((cause.to_owned(), 1)),
+        }
+    }
+    causes.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
+    causes
+}
+
+/// What to do about a failure that is the server's certificate not being trusted.
+fn trust_hint(cause: &str) -> &'static str {
+    if cause.contains("certificate") || cause.contains("UnknownIssuer") {
+        " (the server's certificate is not trusted: pass it with --ca-cert FILE, or --insecure \
+         for a self-signed development server)"
+    } else {
+        ""
+    }
 }
 
 /// `bench offline`'s ITL stall limit unless `--itl-stall-limit` is given: none. An offline run is

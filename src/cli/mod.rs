@@ -9,6 +9,7 @@ mod keybroker;
 mod proxy;
 mod seal;
 mod serve;
+mod serve_flags;
 mod setup;
 mod thread_cpu;
 mod verify;
@@ -65,17 +66,78 @@ pub fn main() -> ExitCode {
 
 /// Prints a one-line error cause (with its chain) and returns exit status 1.
 pub(crate) fn fail(err: &anyhow::Error) -> ExitCode {
-    eprintln!("error: {err:#}");
+    eprintln!("error: {}", one_line(err));
     ExitCode::FAILURE
 }
 
-/// Logs to stderr under `RUST_LOG` (default `info`). A second initialisation (tests in one
-/// process) keeps the first subscriber.
+/// The error and its causes on one line, `: `-separated, each cause once: a cause whose text
+/// an outer message already includes (an error that prints its source) is not repeated.
+fn one_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines; coloured only when stderr is a terminal (and `NO_COLOR` is unset).
+    #[default]
+    Text,
+    /// One JSON object a line (`timestamp`, `level`, `target`, `message` and the fields), for
+    /// log shippers.
+    Json,
+}
+
+/// Logs to stderr as text under `RUST_LOG` (default `info`).
 fn init_tracing() {
+    init_tracing_as(LogFormat::Text);
+}
+
+/// Logs to stderr in `format` under `RUST_LOG` (default `info`); ANSI colours only on a
+/// terminal. A second initialisation (tests in one process) keeps the first subscriber.
+fn init_tracing_as(format: LogFormat) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .try_init();
+        .with_ansi(ansi);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_printed_by_its_parent_is_not_repeated() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file (os error 2)");
+        #[derive(Debug, thiserror::Error)]
+        #[error("cannot read p.toml: {source}")]
+        struct Read {
+            source: std::io::Error,
+        }
+        let err = anyhow::Error::new(Read { source: io }).context("cannot start");
+        assert_eq!(
+            one_line(&err),
+            "cannot start: cannot read p.toml: No such file (os error 2)"
+        );
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(one_line(&plain), "outer: inner");
+    }
 }

@@ -39,15 +39,21 @@ pub struct ServeArgs {
     /// scales). The model digest stays that of the files as read.
     #[arg(long, value_enum, value_name = "FORMAT")]
     quantization: Option<crate::model::QuantizeAtLoad>,
+    /// The KV cache's element type, overriding `[engine] kv_cache_dtype`: `auto` or `fp8`.
+    #[arg(long, value_enum, value_name = "DTYPE")]
+    kv_cache_dtype: Option<crate::engine::KvCacheDtype>,
     /// Switch to this unprivileged user once the listening socket, keys and audit log are open,
     /// overriding `server.user`.
     #[arg(long, value_name = "NAME")]
     user: Option<String>,
+    /// The flags that override other settings of the file.
+    #[command(flatten)]
+    overrides: super::serve_flags::ServeOverrides,
 }
 
 /// Runs `inferno serve`.
 pub fn run(args: ServeArgs) -> ExitCode {
-    super::init_tracing();
+    super::init_tracing_as(args.overrides.log_format);
     match serve(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => super::fail(&err),
@@ -79,9 +85,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(quantization) = args.quantization {
         config.model.quantization = Some(quantization);
     }
+    if let Some(dtype) = args.kv_cache_dtype {
+        config.engine.kv_cache_dtype = dtype;
+    }
     if let Some(user) = args.user {
         config.server.user = Some(user);
     }
+    args.overrides.apply(&mut config)?;
     let production = config.attestation.profile == AttestationProfile::Production;
     if production {
         // Before any thread or secret exists: every thread inherits it.
@@ -120,7 +130,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 fn refuse_unaudited(config: &Config) -> anyhow::Result<()> {
     if config.audit.is_none() {
         anyhow::bail!(
-            "the production profile refuses to serve without an audit log: add an [audit] table to the configuration (docs/audit-log.md)"
+            "the production profile refuses to serve without an audit log: add an [audit] table to the configuration (docs/audit-log.md); a configuration without [attestation] profile = \"development\" runs the production profile (docs/configuration.md)"
         );
     }
     Ok(())

@@ -28,6 +28,17 @@ pub fn derive_max_num_seqs(num_blocks: usize, backend_rows: Option<usize>) -> us
         .max(1)
 }
 
+/// The element type of the KV cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum KvCacheDtype {
+    /// The backend's own type.
+    #[default]
+    Auto,
+    /// FP8 E4M3, scaled per layer and per tensor (keys, values).
+    Fp8,
+}
+
 /// Scheduling and cache settings. Every field has a default.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -61,6 +72,10 @@ pub struct EngineConfig {
     /// its attention launches from graphs captured at start-up for token-count buckets (the
     /// CUDA backend; `false` runs such steps eagerly, for A/B comparisons).
     pub cuda_mixed_graphs: bool,
+    /// The KV cache's element type: `auto` (the backend's own: f32 on the CPU, bf16 on the GPU)
+    /// or `fp8` (E4M3 with per-tensor k and v scales from the checkpoint where present, else
+    /// 1.0; `--kv-cache-dtype`).
+    pub kv_cache_dtype: KvCacheDtype,
     /// Launch every CUDA kernel with programmatic dependent launch, so it is scheduled while the
     /// previous kernel finishes and waits on the device for its results (the CUDA backend on
     /// compute capability 9.0 and later; `false` launches in plain stream order, for A/B
@@ -99,6 +114,7 @@ impl Default for EngineConfig {
             share_prefix_cache: false,
             cuda_graphs: true,
             cuda_mixed_graphs: true,
+            kv_cache_dtype: KvCacheDtype::Auto,
             programmatic_launch: true,
         }
     }

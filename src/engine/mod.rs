@@ -21,8 +21,8 @@ pub use backend::{
     Backend, BackendError, BatchRow, KvCacheShape, SampleSpec, SampledToken, StepOutput,
 };
 pub use config::{
-    BLOCK_SIZE, DERIVE_BLOCKS_PER_SEQ, EngineConfig, MAX_NUM_SEQS_CAP, derive_max_num_seqs,
-    itl_stall_limit_in_force,
+    BLOCK_SIZE, DERIVE_BLOCKS_PER_SEQ, EngineConfig, KvCacheDtype, MAX_NUM_SEQS_CAP,
+    derive_max_num_seqs, itl_stall_limit_in_force,
 };
 pub use core::{Engine, EngineError, ModelInfo};
 pub use handle::{EngineHandle, EngineStats, GenerationStream, SubmitError};

@@ -170,6 +170,8 @@ impl App {
     pub fn set_attestation(&self, attestation: Arc<crate::attest::AttestationService>) {
         if self.attestation.set(attestation).is_err() {
             tracing::warn!("the attestation service was already set");
+        } else {
+            self.metrics.record_attested();
         }
     }
 
@@ -249,6 +251,31 @@ impl App {
         }
     }
 
+    /// Whether the caller may read `/metrics`, and with the per-principal series (`true`: the
+    /// scrape key) or without (`false`). The scrape key (`[metrics] key_sha256`) reads all;
+    /// `[metrics] public` opens the rest to anyone; the development profile also lets API keys
+    /// read it. Otherwise the production profile has no `/metrics` (404).
+    fn metrics_view(&self, headers: &http::HeaderMap) -> Result<bool, ApiError> {
+        let settings = &self.config.metrics;
+        if let Some(hash) = &settings.key_sha256
+            && super::auth::presents_key(headers, hash)
+        {
+            return Ok(true);
+        }
+        if settings.public {
+            return Ok(false);
+        }
+        if self.config.attestation.profile == crate::config::AttestationProfile::Development {
+            return self.auth.authenticate(headers).map(|_| false);
+        }
+        if settings.key_sha256.is_some() {
+            return Err(ApiError::unauthorized(
+                "/metrics needs the scrape key ([metrics] key_sha256) as `Authorization: Bearer <key>`",
+            ));
+        }
+        Err(ApiError::route_not_found("/metrics"))
+    }
+
     /// Serves one request. Never fails: errors become OpenAI-style error responses. Every
     /// request to a `/v1/` path gets an audit record before its response: accepted generation
     /// requests in the handler, every other one (refusals included) here.
@@ -265,6 +292,14 @@ impl App {
         let path = request.uri().path().to_owned();
         let api = path.starts_with("/v1/");
         let routed = self.route(request, &ctx).await;
+        // A server-side failure's cause, logged with the request below (clients see only the
+        // message, which is safe to show).
+        let server_error = routed
+            .result
+            .as_ref()
+            .err()
+            .filter(|err| err.status.is_server_error())
+            .map(|err| err.message.clone());
         let mut response = routed.result.unwrap_or_else(ApiError::into_response);
         if api && !routed.recorded {
             let recorded = match super::audit::check_available(&self) {
@@ -307,16 +342,42 @@ impl App {
             self.metrics
                 .record_request(model, principal_name, &path_label(&path), status);
         }
-        tracing::info!(
-            request_id = %ctx.request_id,
-            client_request_id = ?ctx.client_request_id,
-            principal = principal_name,
-            %method,
-            path = %path_label(&path),
-            status,
-            elapsed_ms = ctx.arrived.elapsed().as_millis() as u64,
-            "request"
-        );
+        let elapsed_ms = ctx.arrived.elapsed().as_millis() as u64;
+        let path = path_label(&path);
+        match server_error {
+            Some(cause) if status == 500 => tracing::error!(
+                request_id = %ctx.request_id,
+                client_request_id = ?ctx.client_request_id,
+                principal = principal_name,
+                %method,
+                %path,
+                status,
+                elapsed_ms,
+                %cause,
+                "request failed"
+            ),
+            Some(cause) => tracing::warn!(
+                request_id = %ctx.request_id,
+                client_request_id = ?ctx.client_request_id,
+                principal = principal_name,
+                %method,
+                %path,
+                status,
+                elapsed_ms,
+                %cause,
+                "request refused"
+            ),
+            None => tracing::info!(
+                request_id = %ctx.request_id,
+                client_request_id = ?ctx.client_request_id,
+                principal = principal_name,
+                %method,
+                %path,
+                status,
+                elapsed_ms,
+                "request"
+            ),
+        }
         Ok(response)
     }
 
@@ -355,8 +416,11 @@ impl App {
                     result: super::attestation::fresh(self, request).await,
                 };
             }
-            Route::Metrics if self.config.metrics.public => {
-                return unauthenticated(Ok(handlers::metrics(self)));
+            Route::Metrics => {
+                let result = self
+                    .metrics_view(request.headers())
+                    .map(|per_principal| handlers::metrics(self, request.headers(), per_principal));
+                return unauthenticated(result);
             }
             _ => {}
         }
@@ -377,7 +441,11 @@ impl App {
                     Err(handlers::GenerateError::Refused(err)) => (false, Err(err)),
                 }
             }
-            Route::Metrics => (false, Ok(handlers::metrics(self))),
+            Route::Metrics => (
+                false,
+                self.metrics_view(request.headers())
+                    .map(|per_principal| handlers::metrics(self, request.headers(), per_principal)),
+            ),
             Route::Models => (false, handlers::models(self)),
             Route::Model => (
                 false,
@@ -482,6 +550,49 @@ mod tests {
         config.engine.share_prefix_cache = true;
         let shared = App::new(config, Authenticator::new(&[]).unwrap());
         assert_eq!(shared.cache_salt(&alice), shared.cache_salt(&bob));
+    }
+
+    #[test]
+    fn production_metrics_are_off_unless_a_scrape_key_or_public_opens_them() {
+        let hash =
+            |key: &str| hex::encode(ring::digest::digest(&ring::digest::SHA256, key.as_bytes()));
+        let api_key = crate::config::ApiKeyEntry {
+            name: "alice".to_owned(),
+            sha256: hash("k-alice"),
+        };
+        let app = |metrics: crate::config::MetricsConfig| {
+            let config = Config {
+                metrics,
+                ..Config::default()
+            };
+            App::new(
+                config,
+                Authenticator::new(std::slice::from_ref(&api_key)).unwrap(),
+            )
+        };
+        let bearer = |key: &str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(
+                header::AUTHORIZATION,
+                format!("Bearer {key}").parse().unwrap(),
+            );
+            headers
+        };
+        let off = app(crate::config::MetricsConfig::default());
+        let err = off.metrics_view(&bearer("k-alice")).unwrap_err();
+        assert_eq!(err.status, http::StatusCode::NOT_FOUND);
+        let keyed = app(crate::config::MetricsConfig {
+            public: false,
+            key_sha256: Some(hash("scrape")),
+        });
+        assert!(keyed.metrics_view(&bearer("scrape")).unwrap());
+        let err = keyed.metrics_view(&bearer("k-alice")).unwrap_err();
+        assert_eq!(err.status, http::StatusCode::UNAUTHORIZED);
+        let public = app(crate::config::MetricsConfig {
+            public: true,
+            key_sha256: None,
+        });
+        assert!(!public.metrics_view(&http::HeaderMap::new()).unwrap());
     }
 
     #[test]

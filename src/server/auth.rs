@@ -122,6 +122,25 @@ impl Authenticator {
     }
 }
 
+/// Whether `headers` present, as `Authorization: Bearer <key>`, the key whose SHA-256 is
+/// `sha256_hex` (the `/metrics` scrape key). Compared in constant time.
+pub fn presents_key(headers: &HeaderMap, sha256_hex: &str) -> bool {
+    let mut expected = [0u8; 32];
+    if hex::decode_to_slice(sha256_hex, &mut expected).is_err() {
+        return false;
+    }
+    let Some(key) = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(bearer_token)
+    else {
+        return false;
+    };
+    let mut presented = Zeroizing::new([0u8; 32]);
+    presented.copy_from_slice(digest::digest(&digest::SHA256, key.as_bytes()).as_ref());
+    bool::from(expected.ct_eq(&*presented))
+}
+
 /// The token of a `Bearer <token>` header value (the scheme is case-insensitive).
 fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, token) = value.trim().split_once(' ')?;
@@ -185,6 +204,15 @@ mod tests {
             auth.authenticate(&HeaderMap::new()).unwrap().name(),
             ANONYMOUS
         );
+    }
+
+    #[test]
+    fn the_scrape_key_is_matched_by_its_hash() {
+        let hash = hex::encode(digest::digest(&digest::SHA256, b"scrape"));
+        assert!(presents_key(&headers("Bearer scrape"), &hash));
+        assert!(!presents_key(&headers("Bearer other"), &hash));
+        assert!(!presents_key(&HeaderMap::new(), &hash));
+        assert!(!presents_key(&headers("Bearer scrape"), "not hex"));
     }
 
     #[test]

@@ -12,6 +12,7 @@ use super::auth::Principal;
 use super::body::{Body, full, read_limited, require_json};
 use super::error::ApiError;
 use super::generation::{self, ApiKind, Job, ToolCalls};
+use super::metrics::{Format, ServerState};
 use super::openai::request::{
     GenerationOptions, Prompt, TokenizeRequest, ToolChoice, parse_chat, parse_completion,
     parse_detokenize, parse_tokenize,
@@ -66,17 +67,42 @@ pub fn health(app: &App) -> Response<Body> {
     response
 }
 
-/// `GET /metrics`: Prometheus text exposition.
-pub fn metrics(app: &App) -> Response<Body> {
+/// `GET /metrics`: OpenMetrics or the Prometheus 0.0.4 text format, as the `Accept` header of
+/// `headers` asks; `per_principal` adds the per-principal series (the scrape key's view).
+pub fn metrics(app: &App, headers: &http::HeaderMap, per_principal: bool) -> Response<Body> {
+    let format = Format::negotiate(
+        headers
+            .get(header::ACCEPT)
+            .and_then(|value| value.to_str().ok()),
+    );
     let service = app.service();
     let stats = service.map(|service| (service.name().to_owned(), service.engine().stats()));
-    let text = app
-        .metrics()
-        .render(stats.as_ref().map(|(name, stats)| (name.as_str(), stats)));
+    let audit = app.audit();
+    let state = ServerState {
+        audit_enabled: audit.is_some(),
+        audit_failed: audit.is_some_and(|sink| sink.failure().is_some()),
+        audit_records: audit.map_or(0, |sink| sink.log().durable_size()),
+        // A checkpoint's second line is the number of records it covers.
+        audit_checkpoint: audit
+            .and_then(|sink| sink.latest_checkpoint())
+            .and_then(|text| {
+                let covered = text.lines().nth(1)?.trim().parse().ok()?;
+                Some((covered, text))
+            }),
+    };
+    let engine = &app.config().engine;
+    let text = app.metrics().render(
+        stats
+            .as_ref()
+            .map(|(name, stats)| (name.as_str(), stats, engine)),
+        state,
+        format,
+        per_principal,
+    );
     let mut response = Response::new(full(text));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        HeaderValue::from_static(format.content_type()),
     );
     response
 }

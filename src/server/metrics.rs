@@ -1,12 +1,17 @@
-//! Prometheus metrics in text format, under vLLM's metric names so existing dashboards work.
+//! Prometheus metrics under vLLM's metric names so existing dashboards work, served as
+//! OpenMetrics or as the 0.0.4 text format as the scraper's `Accept` header asks ([`Format`]).
 //!
-//! Engine gauges and the prefix-cache counters are refreshed from [`EngineStats`] at scrape time;
-//! token counters, latency histograms and per-principal request counts are recorded by the
-//! handlers as requests finish.
+//! Engine gauges and counters are refreshed from [`EngineStats`] at scrape time; token counters,
+//! latency histograms and request counts are recorded by the handlers as requests finish. The
+//! per-principal request counter lives in a registry of its own, rendered only for the scrape
+//! key (`[metrics] key_sha256`): other scrapers do not learn the principals' names.
 
-use std::sync::Mutex;
+mod format;
+mod process;
+
 use std::sync::atomic::AtomicU64;
-use std::time::Duration;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -15,7 +20,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::engine::EngineStats;
+pub use format::Format;
+
+use crate::engine::{EngineConfig, EngineStats};
 
 /// The `model_name` label every vLLM metric carries.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -23,9 +30,17 @@ struct ModelLabel {
     model_name: String,
 }
 
-/// Labels of the per-principal request counter.
+/// Labels of the request counter.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabel {
+    model_name: String,
+    endpoint: String,
+    status: String,
+}
+
+/// Labels of the per-principal request counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PrincipalRequestLabel {
     model_name: String,
     principal: String,
     endpoint: String,
@@ -46,7 +61,23 @@ struct FinishLabel {
     finished_reason: String,
 }
 
+/// Labels of `vllm:cache_config_info` (vLLM's names).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheConfigLabel {
+    block_size: String,
+    num_gpu_blocks: String,
+    gpu_memory_utilization: String,
+    enable_prefix_caching: String,
+}
+
+/// Labels of `inferno:build_info`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabel {
+    version: &'static str,
+}
+
 type HistogramFamily = Family<ModelLabel, Histogram, fn() -> Histogram>;
+type FloatGauge = Gauge<f64, AtomicU64>;
 
 fn latency_histogram() -> Histogram {
     Histogram::new([
@@ -62,29 +93,90 @@ fn request_histogram() -> Histogram {
     ])
 }
 
+/// Token counts: 1, 2, 5, 10, 20, 50, ... up to 1,000,000 (vLLM's 1-2-5 buckets).
+fn token_histogram() -> Histogram {
+    let mut buckets = Vec::new();
+    let mut decade = 1.0;
+    while decade <= 1e6 {
+        for step in [1.0, 2.0, 5.0] {
+            if step * decade <= 1e6 {
+                buckets.push(step * decade);
+            }
+        }
+        decade *= 10.0;
+    }
+    Histogram::new(buckets)
+}
+
+/// The state of the audit log and the attestation, as `/metrics` shows it.
+#[derive(Debug, Clone, Default)]
+pub struct ServerState {
+    /// Whether an audit log is configured and open.
+    pub audit_enabled: bool,
+    /// Whether the audit log has failed, so every `/v1` request is refused (fail closed).
+    pub audit_failed: bool,
+    /// The audit log's durable records.
+    pub audit_records: u64,
+    /// The records its latest signed checkpoint covers, and that checkpoint's text (its age is
+    /// counted from the first scrape that saw it).
+    pub audit_checkpoint: Option<(u64, String)>,
+}
+
 /// All metrics of the server.
 pub struct Metrics {
+    /// What every scraper may read.
     registry: Registry,
+    /// What only the scrape key reads: the per-principal series.
+    private: Registry,
     running: Family<ModelLabel, Gauge>,
     waiting: Family<ModelLabel, Gauge>,
-    kv_usage: Family<ModelLabel, Gauge<f64, AtomicU64>>,
+    kv_usage: Family<ModelLabel, FloatGauge>,
     prefix_queries: Family<ModelLabel, Counter>,
     prefix_hits: Family<ModelLabel, Counter>,
+    preemptions: Family<ModelLabel, Counter>,
+    engine_steps: Family<ModelLabel, Counter>,
     prompt_tokens: Family<ModelLabel, Counter>,
     generation_tokens: Family<ModelLabel, Counter>,
+    request_prompt_tokens: HistogramFamily,
+    request_generation_tokens: HistogramFamily,
     ttft: HistogramFamily,
     itl: HistogramFamily,
+    tpot: HistogramFamily,
+    decode_time: HistogramFamily,
     e2e: HistogramFamily,
     finished: Family<FinishLabel, Counter>,
     requests: Family<RequestLabel, Counter>,
+    requests_by_principal: Family<PrincipalRequestLabel, Counter>,
     engine_cpu: Family<EngineCpuLabel, Counter<f64, AtomicU64>>,
-    /// Engine thread CPU seconds already folded into `engine_cpu`: (backend step, host).
-    engine_cpu_seen: Mutex<(f64, f64)>,
+    cache_config: Family<CacheConfigLabel, Gauge>,
     grammar_mask_steps: Family<ModelLabel, Gauge>,
     grammar_mask_overlapped_steps: Family<ModelLabel, Gauge>,
-    grammar_mask_wait: Family<ModelLabel, Gauge<f64, AtomicU64>>,
-    /// Engine prefix-cache totals already folded into the counters: (queries, hits).
-    prefix_seen: Mutex<(u64, u64)>,
+    grammar_mask_wait: Family<ModelLabel, FloatGauge>,
+    audit_enabled: Gauge,
+    audit_fail_closed: Gauge,
+    audit_records: Gauge,
+    audit_records_behind: Gauge,
+    audit_checkpoint_age: FloatGauge,
+    /// The latest checkpoint seen at a scrape and when it was first seen.
+    audit_checkpoint_seen: Mutex<Option<(String, Instant)>>,
+    attestation_verdict: Gauge,
+    attestation_age: FloatGauge,
+    /// When the start-up evidence passed its appraisal.
+    attested_at: OnceLock<Instant>,
+    process: process::ProcessMetrics,
+    /// Engine totals already folded into the counters.
+    engine_seen: Mutex<EngineSeen>,
+}
+
+/// Engine totals already folded into the counters that follow them.
+#[derive(Debug, Default)]
+struct EngineSeen {
+    prefix_queries: u64,
+    prefix_hits: u64,
+    preemptions: u64,
+    steps: u64,
+    backend_cpu: f64,
+    host_cpu: f64,
 }
 
 impl Default for Metrics {
@@ -97,28 +189,44 @@ impl Metrics {
     /// Registers every metric.
     pub fn new() -> Self {
         let mut registry = Registry::default();
+        let mut private = Registry::default();
         let running = Family::default();
         let waiting = Family::default();
         let kv_usage = Family::default();
         let prefix_queries = Family::default();
         let prefix_hits = Family::default();
+        let preemptions = Family::default();
+        let engine_steps = Family::default();
         let prompt_tokens = Family::default();
         let generation_tokens = Family::default();
+        let request_prompt_tokens = HistogramFamily::new_with_constructor(token_histogram);
+        let request_generation_tokens = HistogramFamily::new_with_constructor(token_histogram);
         let ttft = HistogramFamily::new_with_constructor(latency_histogram);
         let itl = HistogramFamily::new_with_constructor(latency_histogram);
+        let tpot = HistogramFamily::new_with_constructor(latency_histogram);
+        let decode_time = HistogramFamily::new_with_constructor(request_histogram);
         let e2e = HistogramFamily::new_with_constructor(request_histogram);
         let finished = Family::default();
         let requests = Family::default();
+        let requests_by_principal = Family::default();
         let engine_cpu = Family::default();
-        registry.register(
-            "inferno:engine_thread_cpu_seconds",
-            "CPU time of the engine thread: inside the backend's steps (part=backend_step) and \
-             the engine's own host work (part=host)",
-            engine_cpu.clone(),
-        );
+        let cache_config = Family::default();
         let grammar_mask_steps = Family::default();
         let grammar_mask_overlapped_steps = Family::default();
         let grammar_mask_wait = Family::default();
+        let audit_enabled = Gauge::default();
+        let audit_fail_closed = Gauge::default();
+        let audit_records = Gauge::default();
+        let audit_records_behind = Gauge::default();
+        let audit_checkpoint_age = FloatGauge::default();
+        let attestation_verdict = Gauge::default();
+        let attestation_age = FloatGauge::default();
+        let build_info = Family::<BuildLabel, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabel {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
         registry.register(
             "vllm:num_requests_running",
             "Number of requests in the running set of the engine",
@@ -145,6 +253,16 @@ impl Metrics {
             prefix_hits.clone(),
         );
         registry.register(
+            "vllm:num_preemptions",
+            "Sequences preempted (and later recomputed)",
+            preemptions.clone(),
+        );
+        registry.register(
+            "vllm:cache_config_info",
+            "The KV cache's configuration (value 1; the labels carry it)",
+            cache_config.clone(),
+        );
+        registry.register(
             "vllm:prompt_tokens",
             "Prompt tokens processed",
             prompt_tokens.clone(),
@@ -155,6 +273,16 @@ impl Metrics {
             generation_tokens.clone(),
         );
         registry.register(
+            "vllm:request_prompt_tokens",
+            "Prompt tokens of each finished request",
+            request_prompt_tokens.clone(),
+        );
+        registry.register(
+            "vllm:request_generation_tokens",
+            "Tokens generated for each finished request",
+            request_generation_tokens.clone(),
+        );
+        registry.register(
             "vllm:time_to_first_token_seconds",
             "Time from request arrival to its first token",
             ttft.clone(),
@@ -163,6 +291,16 @@ impl Metrics {
             "vllm:inter_token_latency_seconds",
             "Time between consecutive tokens of a request",
             itl.clone(),
+        );
+        registry.register(
+            "vllm:time_per_output_token_seconds",
+            "Mean time per output token after the first, per request",
+            tpot.clone(),
+        );
+        registry.register(
+            "vllm:request_decode_time_seconds",
+            "Time from a request's first token to its last",
+            decode_time.clone(),
         );
         registry.register(
             "vllm:e2e_request_latency_seconds",
@@ -176,8 +314,19 @@ impl Metrics {
         );
         registry.register(
             "inferno:api_requests",
-            "API requests answered, by principal, endpoint and HTTP status",
+            "API requests answered, by endpoint and HTTP status",
             requests.clone(),
+        );
+        registry.register(
+            "inferno:engine_steps",
+            "Forward steps the engine ran",
+            engine_steps.clone(),
+        );
+        registry.register(
+            "inferno:engine_thread_cpu_seconds",
+            "CPU time of the engine thread: inside the backend's steps (part=backend_step) \
+                 and the engine's own host work (part=host)",
+            engine_cpu.clone(),
         );
         registry.register(
             "inferno:grammar_mask_steps",
@@ -194,26 +343,90 @@ impl Metrics {
             "Time the engine waited for grammar masks in those steps, since start",
             grammar_mask_wait.clone(),
         );
+        registry.register(
+            "inferno:audit_enabled",
+            "1 when an audit log is configured and open",
+            audit_enabled.clone(),
+        );
+        registry.register(
+            "inferno:audit_fail_closed",
+            "1 while the audit log cannot be written and every /v1 request is refused",
+            audit_fail_closed.clone(),
+        );
+        registry.register(
+            "inferno:audit_records",
+            "Durable records in the audit log",
+            audit_records.clone(),
+        );
+        registry.register(
+            "inferno:audit_records_behind_checkpoint",
+            "Durable audit records that no signed checkpoint covers yet",
+            audit_records_behind.clone(),
+        );
+        registry.register(
+            "inferno:audit_checkpoint_age_seconds",
+            "Seconds since the latest signed audit checkpoint was first seen (at a scrape)",
+            audit_checkpoint_age.clone(),
+        );
+        registry.register(
+            "inferno:attestation_verdict",
+            "1 once the start-up evidence passed the server policy (0 before)",
+            attestation_verdict.clone(),
+        );
+        registry.register(
+            "inferno:attestation_evidence_age_seconds",
+            "Seconds since the start-up evidence passed the server policy",
+            attestation_age.clone(),
+        );
+        registry.register(
+            "inferno:build_info",
+            "The server's version (value 1; the labels carry it)",
+            build_info,
+        );
+        private.register(
+            "inferno:api_requests_by_principal",
+            "API requests answered, by principal, endpoint and HTTP status (scrape key only)",
+            requests_by_principal.clone(),
+        );
+        let process = process::ProcessMetrics::register(&mut registry);
         Self {
             registry,
+            private,
             running,
             waiting,
             kv_usage,
             prefix_queries,
             prefix_hits,
+            preemptions,
+            engine_steps,
             prompt_tokens,
             generation_tokens,
+            request_prompt_tokens,
+            request_generation_tokens,
             ttft,
             itl,
+            tpot,
+            decode_time,
             e2e,
             finished,
             requests,
+            requests_by_principal,
+            engine_cpu,
+            cache_config,
             grammar_mask_steps,
             grammar_mask_overlapped_steps,
             grammar_mask_wait,
-            prefix_seen: Mutex::new((0, 0)),
-            engine_cpu,
-            engine_cpu_seen: Mutex::new((0.0, 0.0)),
+            audit_enabled,
+            audit_fail_closed,
+            audit_records,
+            audit_records_behind,
+            audit_checkpoint_age,
+            audit_checkpoint_seen: Mutex::new(None),
+            attestation_verdict,
+            attestation_age,
+            attested_at: OnceLock::new(),
+            process,
+            engine_seen: Mutex::new(EngineSeen::default()),
         }
     }
 
@@ -228,11 +441,23 @@ impl Metrics {
         self.requests
             .get_or_create(&RequestLabel {
                 model_name: model.to_owned(),
+                endpoint: endpoint.to_owned(),
+                status: status.to_string(),
+            })
+            .inc();
+        self.requests_by_principal
+            .get_or_create(&PrincipalRequestLabel {
+                model_name: model.to_owned(),
                 principal: principal.to_owned(),
                 endpoint: endpoint.to_owned(),
                 status: status.to_string(),
             })
             .inc();
+    }
+
+    /// Records that the start-up evidence passed (the verdict and the evidence's age follow).
+    pub fn record_attested(&self) {
+        let _ = self.attested_at.set(Instant::now());
     }
 
     /// Records a finished generation (one choice).
@@ -244,8 +469,21 @@ impl Metrics {
         self.generation_tokens
             .get_or_create(&label)
             .inc_by(timing.completion_tokens as u64);
+        self.request_prompt_tokens
+            .get_or_create(&label)
+            .observe(timing.prompt_tokens as f64);
+        self.request_generation_tokens
+            .get_or_create(&label)
+            .observe(timing.completion_tokens as f64);
         if let Some(ttft) = timing.time_to_first_token {
             self.ttft.get_or_create(&label).observe(ttft.as_secs_f64());
+            let decode = timing.end_to_end.saturating_sub(ttft).as_secs_f64();
+            self.decode_time.get_or_create(&label).observe(decode);
+            if timing.completion_tokens > 1 {
+                self.tpot
+                    .get_or_create(&label)
+                    .observe(decode / (timing.completion_tokens - 1) as f64);
+            }
         }
         let itl = self.itl.get_or_create(&label);
         for gap in &timing.inter_token {
@@ -263,33 +501,96 @@ impl Metrics {
             .inc();
     }
 
-    /// Refreshes the engine gauges and counters and renders the text exposition.
-    pub fn render(&self, engine: Option<(&str, &EngineStats)>) -> String {
-        if let Some((model, stats)) = engine {
-            self.observe_engine(model, stats);
+    /// Refreshes the gauges and counters that follow the engine (`engine`: the served model's
+    /// name, its statistics and the engine configuration), the server's state and the process,
+    /// then renders the exposition in `format`; `per_principal` adds the per-principal series
+    /// (the scrape key's view).
+    pub fn render(
+        &self,
+        engine: Option<(&str, &EngineStats, &EngineConfig)>,
+        state: ServerState,
+        format: Format,
+        per_principal: bool,
+    ) -> String {
+        if let Some((model, stats, config)) = engine {
+            self.observe_engine(model, stats, config);
         }
+        self.observe_audit(&state);
+        self.attestation_verdict
+            .set(i64::from(self.attested_at.get().is_some()));
+        self.attestation_age.set(
+            self.attested_at
+                .get()
+                .map_or(0.0, |at| at.elapsed().as_secs_f64()),
+        );
+        self.process.observe();
         let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+        let encoded = prometheus_client::encoding::text::encode_registry(&mut out, &self.registry)
+            .and_then(|()| {
+                if per_principal {
+                    prometheus_client::encoding::text::encode_registry(&mut out, &self.private)
+                } else {
+                    Ok(())
+                }
+            })
+            .and_then(|()| prometheus_client::encoding::text::encode_eof(&mut out));
+        if encoded.is_err() {
             tracing::error!("failed to encode metrics");
         }
-        out
+        match format {
+            Format::OpenMetrics => out,
+            Format::Text => format::to_text(&out),
+        }
     }
 
-    fn observe_engine(&self, model: &str, stats: &EngineStats) {
+    fn observe_audit(&self, state: &ServerState) {
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.audit_enabled.set(i64::from(state.audit_enabled));
+        self.audit_fail_closed.set(i64::from(state.audit_failed));
+        self.audit_records.set(count(state.audit_records));
+        let Some((covered, text)) = &state.audit_checkpoint else {
+            return;
+        };
+        self.audit_records_behind
+            .set(count(state.audit_records.saturating_sub(*covered)));
+        let mut seen = self
+            .audit_checkpoint_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let since = match &*seen {
+            Some((seen_text, at)) if seen_text == text => *at,
+            _ => {
+                *seen = Some((text.clone(), Instant::now()));
+                Instant::now()
+            }
+        };
+        self.audit_checkpoint_age.set(since.elapsed().as_secs_f64());
+    }
+
+    fn observe_engine(&self, model: &str, stats: &EngineStats, config: &EngineConfig) {
         let label = Self::label(model);
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         self.running
             .get_or_create(&label)
-            .set(i64::try_from(stats.running).unwrap_or(i64::MAX));
+            .set(count(stats.running as u64));
         self.waiting
             .get_or_create(&label)
-            .set(i64::try_from(stats.waiting).unwrap_or(i64::MAX));
+            .set(count(stats.waiting as u64));
         let usage = if stats.kv_blocks_total == 0 {
             0.0
         } else {
             stats.kv_blocks_used as f64 / stats.kv_blocks_total as f64
         };
         self.kv_usage.get_or_create(&label).set(usage);
-        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.cache_config.clear();
+        self.cache_config
+            .get_or_create(&CacheConfigLabel {
+                block_size: crate::engine::BLOCK_SIZE.to_string(),
+                num_gpu_blocks: stats.kv_blocks_total.to_string(),
+                gpu_memory_utilization: config.gpu_memory_fraction.to_string(),
+                enable_prefix_caching: config.prefix_caching.to_string(),
+            })
+            .set(1);
         self.grammar_mask_steps
             .get_or_create(&label)
             .set(count(stats.grammar_mask_steps));
@@ -299,43 +600,47 @@ impl Metrics {
         self.grammar_mask_wait
             .get_or_create(&label)
             .set(stats.grammar_mask_wait_us as f64 / 1e6);
-        let mut seen = self
-            .prefix_seen
+        let mut guard = self
+            .engine_seen
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (queries, hits) = *seen;
-        self.prefix_queries
-            .get_or_create(&label)
-            .inc_by(stats.prefix_cache_queries.saturating_sub(queries));
-        self.prefix_hits
-            .get_or_create(&label)
-            .inc_by(stats.prefix_cache_hits.saturating_sub(hits));
-        *seen = (
-            queries.max(stats.prefix_cache_queries),
-            hits.max(stats.prefix_cache_hits),
-        );
-        drop(seen);
+        let seen = &mut *guard;
+        for (counter, total, earlier) in [
+            (
+                &self.prefix_queries,
+                stats.prefix_cache_queries,
+                &mut seen.prefix_queries,
+            ),
+            (
+                &self.prefix_hits,
+                stats.prefix_cache_hits,
+                &mut seen.prefix_hits,
+            ),
+            (&self.preemptions, stats.preemptions, &mut seen.preemptions),
+            (&self.engine_steps, stats.steps, &mut seen.steps),
+        ] {
+            counter
+                .get_or_create(&label)
+                .inc_by(total.saturating_sub(*earlier));
+            *earlier = (*earlier).max(total);
+        }
         let host = stats.host_work_seconds();
-        let mut seen = self
-            .engine_cpu_seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (backend_seen, host_seen) = *seen;
         for (part, total, earlier) in [
-            ("backend_step", stats.backend_cpu_seconds, backend_seen),
-            ("host", host, host_seen),
+            (
+                "backend_step",
+                stats.backend_cpu_seconds,
+                &mut seen.backend_cpu,
+            ),
+            ("host", host, &mut seen.host_cpu),
         ] {
             self.engine_cpu
                 .get_or_create(&EngineCpuLabel {
                     model_name: model.to_owned(),
                     part,
                 })
-                .inc_by((total - earlier).max(0.0));
+                .inc_by((total - *earlier).max(0.0));
+            *earlier = earlier.max(total);
         }
-        *seen = (
-            backend_seen.max(stats.backend_cpu_seconds),
-            host_seen.max(host),
-        );
     }
 }
 
@@ -368,6 +673,15 @@ mod tests {
             .unwrap_or_else(|| panic!("no line starting with {prefix} in\n{text}"))
     }
 
+    fn render(metrics: &Metrics, stats: &EngineStats) -> String {
+        metrics.render(
+            Some(("m", stats, &EngineConfig::default())),
+            ServerState::default(),
+            Format::Text,
+            false,
+        )
+    }
+
     #[test]
     fn renders_vllm_names_with_model_label() {
         let metrics = Metrics::new();
@@ -380,7 +694,7 @@ mod tests {
             prefix_cache_hits: 40,
             ..EngineStats::default()
         };
-        let text = metrics.render(Some(("m", &stats)));
+        let text = render(&metrics, &stats);
         assert_eq!(
             value(&text, "vllm:num_requests_running{model_name=\"m\"}"),
             2.0
@@ -411,10 +725,10 @@ mod tests {
             backend_cpu_seconds: 1.5,
             ..EngineStats::default()
         };
-        metrics.render(Some(("m", &stats)));
+        render(&metrics, &stats);
         stats.thread_cpu_seconds = 3.0;
         stats.backend_cpu_seconds = 2.25;
-        let text = metrics.render(Some(("m", &stats)));
+        let text = render(&metrics, &stats);
         let cpu = |part: &str| {
             value(
                 &text,
@@ -435,10 +749,10 @@ mod tests {
             prefix_cache_hits: 5,
             ..EngineStats::default()
         };
-        metrics.render(Some(("m", &stats)));
+        render(&metrics, &stats);
         stats.prefix_cache_queries = 25;
         stats.prefix_cache_hits = 6;
-        let text = metrics.render(Some(("m", &stats)));
+        let text = render(&metrics, &stats);
         assert_eq!(
             value(&text, "vllm:prefix_cache_queries_total{model_name=\"m\"}"),
             25.0
@@ -465,7 +779,7 @@ mod tests {
         );
         metrics.record_request("m", "alice", "/v1/completions", 200);
         metrics.record_request("m", "alice", "/v1/completions", 200);
-        let text = metrics.render(None);
+        let text = metrics.render(None, ServerState::default(), Format::Text, true);
         assert_eq!(
             value(&text, "vllm:prompt_tokens_total{model_name=\"m\"}"),
             7.0
@@ -491,5 +805,78 @@ mod tests {
         assert!(text.contains("principal=\"alice\""), "{text}");
         assert!(text.contains("inferno:api_requests_total{"), "{text}");
         assert!(text.contains("finished_reason=\"stop\""), "{text}");
+        assert_eq!(
+            value(
+                &text,
+                "vllm:time_per_output_token_seconds_count{model_name=\"m\"}"
+            ),
+            1.0
+        );
+        assert_eq!(
+            value(
+                &text,
+                "vllm:request_prompt_tokens_bucket{le=\"10.0\",model_name=\"m\"}"
+            ),
+            1.0
+        );
+    }
+
+    #[test]
+    fn principals_are_shown_only_to_the_scrape_key() {
+        let metrics = Metrics::new();
+        metrics.record_request("m", "alice", "/v1/completions", 200);
+        let public = metrics.render(None, ServerState::default(), Format::OpenMetrics, false);
+        assert!(!public.contains("alice"), "{public}");
+        assert!(public.contains("inferno:api_requests_total{"), "{public}");
+        let private = metrics.render(None, ServerState::default(), Format::OpenMetrics, true);
+        assert!(private.contains("principal=\"alice\""), "{private}");
+        assert!(private.ends_with("# EOF\n"), "{private}");
+        assert_eq!(private.matches("# EOF").count(), 1, "{private}");
+    }
+
+    #[test]
+    fn the_text_format_names_counters_as_their_samples() {
+        let metrics = Metrics::new();
+        metrics.record_request("m", "alice", "/v1/completions", 200);
+        let text = metrics.render(None, ServerState::default(), Format::Text, false);
+        assert!(
+            text.contains("# TYPE inferno:api_requests_total counter\n"),
+            "{text}"
+        );
+        assert!(!text.contains("# EOF"), "{text}");
+        let openmetrics = metrics.render(None, ServerState::default(), Format::OpenMetrics, false);
+        assert!(
+            openmetrics.contains("# TYPE inferno:api_requests counter\n"),
+            "{openmetrics}"
+        );
+    }
+
+    #[test]
+    fn server_state_process_and_build_series_are_rendered() {
+        let metrics = Metrics::new();
+        let state = ServerState {
+            audit_enabled: true,
+            audit_failed: true,
+            audit_records: 12,
+            audit_checkpoint: Some((10, "origin\n10\nroot\n".to_owned())),
+        };
+        let text = metrics.render(None, state, Format::Text, false);
+        assert_eq!(value(&text, "inferno:audit_fail_closed "), 1.0);
+        assert_eq!(value(&text, "inferno:audit_records "), 12.0);
+        assert_eq!(
+            value(&text, "inferno:audit_records_behind_checkpoint "),
+            2.0
+        );
+        assert_eq!(value(&text, "inferno:attestation_verdict "), 0.0);
+        metrics.record_attested();
+        let text = metrics.render(None, ServerState::default(), Format::Text, false);
+        assert_eq!(value(&text, "inferno:audit_fail_closed "), 0.0);
+        assert_eq!(value(&text, "inferno:attestation_verdict "), 1.0);
+        assert!(
+            value(&text, "process_resident_memory_bytes ") > 0.0,
+            "{text}"
+        );
+        assert!(value(&text, "process_open_fds ") > 0.0, "{text}");
+        assert!(text.contains("inferno:build_info{version="), "{text}");
     }
 }

@@ -287,9 +287,10 @@ impl Server {
 
     /// Hands over the loaded model; the server becomes ready.
     /// The configured `server.tool_call_parser` overrides the format detected from the chat
-    /// template.
+    /// template; `server.max_model_len` caps the context served.
     pub fn set_model(&self, mut service: ModelService) {
         service.set_tool_call_format(self.app.config().server.tool_call_parser);
+        service.limit_context(self.app.config().server.max_model_len);
         let event = model_loaded_event(&service);
         self.app.set_service(Arc::new(service));
         audit::record_event(&self.app, event);

@@ -227,6 +227,14 @@ impl ModelService {
         self.max_context
     }
 
+    /// Serves at most `tokens` of context (the `server.max_model_len` setting); a larger limit
+    /// than the model's own changes nothing.
+    pub fn limit_context(&mut self, tokens: Option<usize>) {
+        if let Some(tokens) = tokens {
+            self.max_context = self.max_context.min(tokens);
+        }
+    }
+
     /// Unix time the model was loaded.
     pub fn created(&self) -> u64 {
         self.created

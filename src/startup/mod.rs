@@ -6,6 +6,8 @@
 
 mod model;
 mod sealed;
+mod settings;
+mod shutdown;
 mod timeline;
 
 use std::path::PathBuf;
@@ -268,13 +270,15 @@ pub async fn serve(
         }
     };
     // The banner says "ready": print it only once requests reach the model.
-    let banner = banner(&server, &attestation, &service, &backend_name, kv_tokens);
     server.set_model(service);
+    let service = server.app().service().context("the model was just set")?;
+    let banner = banner(&server, &attestation, service, &backend_name, kv_tokens)
+        + &settings::banner_lines(&server, service);
     timeline.log();
     eprintln!("{banner}");
     signals.recv().await;
     tracing::info!("shutdown signal received; finishing in-flight requests");
-    server.shutdown().await;
+    shutdown::drain_or_force(server, signals.recv()).await;
     tracing::info!("stopped");
     Ok(())
 }

@@ -69,11 +69,19 @@ impl Timeline {
     }
 }
 
-/// A byte-count progress bar on stderr when stderr is a terminal; hidden otherwise, so that
-/// logs and pipes never carry it.
+/// A byte-count progress bar on stderr when stderr is a terminal. Otherwise (systemd, a pipe)
+/// the bar is hidden and a thread logs its progress instead: a line when a phase starts
+/// (`reading`, `decrypting`, `uploading`: the upload includes the kernels' compilation), every
+/// [`PROGRESS_LOG_INTERVAL`] while it runs, and one when the bar finishes.
 pub(crate) fn progress_bar() -> ProgressBar {
     if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
+        let bar = ProgressBar::hidden();
+        let weak = bar.downgrade();
+        std::thread::Builder::new()
+            .name("progress-log".to_owned())
+            .spawn(move || log_progress(&weak))
+            .ok();
+        return bar;
     }
     let bar = ProgressBar::new(0);
     bar.set_style(
@@ -84,4 +92,47 @@ pub(crate) fn progress_bar() -> ProgressBar {
         .progress_chars("=> "),
     );
     bar
+}
+
+/// How often a hidden progress bar's state is logged while a phase runs.
+pub(crate) const PROGRESS_LOG_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Logs the state of a hidden progress bar until it finishes or is dropped (then with the state
+/// last seen: a bar dropped within one poll of its last change is still reported).
+fn log_progress(bar: &indicatif::WeakProgressBar) {
+    let log = |what: &str, phase: &str, (done, total): (u64, u64), elapsed: Duration| {
+        tracing::info!(
+            phase,
+            bytes = done,
+            total_bytes = total,
+            percent = (done * 100).checked_div(total).unwrap_or(0),
+            elapsed_ms = elapsed.as_millis() as u64,
+            "start-up progress: {what}"
+        );
+    };
+    let mut phase = String::new();
+    let mut bytes = (0, 0);
+    let mut last_line = Instant::now();
+    let mut phase_started = Instant::now();
+    while let Some(bar) = bar.upgrade() {
+        let message = bar.message();
+        bytes = (bar.position(), bar.length().unwrap_or(0));
+        if bar.is_finished() {
+            log("finished", &message, bytes, phase_started.elapsed());
+            return;
+        }
+        if message != phase && !message.is_empty() {
+            phase = message;
+            phase_started = Instant::now();
+            last_line = Instant::now();
+            log("started", &phase, bytes, Duration::ZERO);
+        } else if !phase.is_empty() && last_line.elapsed() >= PROGRESS_LOG_INTERVAL {
+            last_line = Instant::now();
+            log("running", &phase, bytes, phase_started.elapsed());
+        }
+        drop(bar);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let phase = if phase.is_empty() { "loading" } else { &phase };
+    log("finished", phase, bytes, phase_started.elapsed());
 }

@@ -11,7 +11,10 @@ mod kv_cache;
 mod math;
 mod weights;
 
-use crate::engine::{BLOCK_SIZE, Backend, BackendError, BatchRow, KvCacheShape, StepOutput};
+use crate::engine::{
+    BLOCK_SIZE, Backend, BackendError, BatchRow, KvCacheDtype, KvCacheShape, StepOutput,
+};
+use crate::model::fp8::round_to_e4m3;
 use crate::model::{MlpDefinition, Model, ModelDefinition, ModelError, ModelTensors, Norm};
 
 use attention::TokenContext;
@@ -41,6 +44,9 @@ pub struct CpuBackend {
     weights: CpuWeights,
     inv_freqs: Vec<f32>,
     cache: KvCache,
+    /// With an FP8 KV cache, each layer's key and value scales: what the cache holds is every
+    /// key and value rounded to E4M3 at its scale.
+    fp8_kv_scales: Option<Vec<[f32; 2]>>,
 }
 
 impl CpuBackend {
@@ -74,7 +80,42 @@ impl CpuBackend {
             weights,
             inv_freqs,
             cache,
+            fp8_kv_scales: None,
         })
+    }
+
+    /// The same backend with its KV cache of `dtype`: for `fp8`, keys and values are rounded to
+    /// E4M3 as they are written, at the checkpoint's per-layer `self_attn.k_scale` and
+    /// `v_scale` where it has them, else 1.0 (what an FP8 cache on the GPU stores).
+    pub fn with_kv_cache_dtype(
+        mut self,
+        dtype: KvCacheDtype,
+        model: ModelTensors<'_>,
+    ) -> Result<Self, CpuBackendError> {
+        self.fp8_kv_scales = match dtype {
+            KvCacheDtype::Auto => None,
+            KvCacheDtype::Fp8 => Some(
+                (0..self.definition.layers.len())
+                    .map(|i| {
+                        let scale = |name: &str| -> Result<f32, ModelError> {
+                            let name = format!("model.layers.{i}.self_attn.{name}");
+                            if model.weights.names().all(|n| n != name) {
+                                return Ok(1.0);
+                            }
+                            Ok(model
+                                .weights
+                                .tensor(&name)?
+                                .to_f32()
+                                .first()
+                                .copied()
+                                .unwrap_or(1.0))
+                        };
+                        Ok([scale("k_scale")?, scale("v_scale")?])
+                    })
+                    .collect::<Result<_, ModelError>>()?,
+            ),
+        };
+        Ok(self)
     }
 
     /// Checks token ids, positions and block tables before touching memory.
@@ -155,6 +196,13 @@ impl CpuBackend {
                 ctx.position,
                 &self.inv_freqs,
             );
+        }
+        if let Some(scales) = &self.fp8_kv_scales {
+            let [k_scale, v_scale] = scales[index];
+            k.iter_mut()
+                .for_each(|x| *x = round_to_e4m3(*x / k_scale) * k_scale);
+            v.iter_mut()
+                .for_each(|x| *x = round_to_e4m3(*x / v_scale) * v_scale);
         }
         let cache = &mut self.cache.layers[index];
         for (t, &s) in slots.iter().enumerate() {
