@@ -306,6 +306,26 @@ def test_agent_loop_sends_the_call_back_with_content_null(server, model_id):
     assert final.usage.prompt_tokens > first.usage.prompt_tokens
 
 
+def test_fields_that_change_nothing_are_accepted_and_named(server, model_id):
+    raw = server.client().chat.completions.with_raw_response.create(
+        model=model_id,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        store=False,
+        metadata={"run": "1"},
+        user="u-1",
+        extra_body={"prompt_cache_key": "k", "safety_identifier": "s"},
+    )
+    assert raw.parse().choices[0].message.content is not None
+    named = raw.headers["inferno-ignored-fields"].split(", ")
+    assert set(named) == {"store", "metadata", "user", "prompt_cache_key", "safety_identifier"}
+    with pytest.raises(openai.BadRequestError) as raised:
+        server.client().chat.completions.create(
+            model=model_id, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, store=True
+        )
+    assert raised.value.param == "store"
+
+
 def test_unsupported_field_names_itself(server, model_id):
     with pytest.raises(openai.BadRequestError) as raised:
         server.client().chat.completions.create(
