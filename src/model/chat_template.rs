@@ -192,7 +192,7 @@ impl ChatTemplate {
         ctx.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
         ctx.insert(
             "messages".to_owned(),
-            serde_json::Value::Array(messages.to_vec()),
+            serde_json::Value::Array(messages.iter().map(with_assistant_content).collect()),
         );
         ctx.insert(
             "tools".to_owned(),
@@ -217,6 +217,24 @@ impl ChatTemplate {
             .render(Value::from(minijinja::value::Serde(&ctx)))
             .map_err(template_error)
     }
+}
+
+/// An assistant message whose `content` is null or absent (OpenAI's form for a message that
+/// only carries `tool_calls`) gets an empty content: published templates test or split the
+/// content as a string (Qwen3's `'</think>' in message.content`), and an empty string renders
+/// as the templates that check for a missing content do.
+fn with_assistant_content(message: &serde_json::Value) -> serde_json::Value {
+    let mut message = message.clone();
+    if let Some(object) = message.as_object_mut()
+        && object.get("role").and_then(|r| r.as_str()) == Some("assistant")
+        && object.get("content").is_none_or(serde_json::Value::is_null)
+    {
+        object.insert(
+            "content".to_owned(),
+            serde_json::Value::String(String::new()),
+        );
+    }
+    message
 }
 
 /// Maps a minijinja error to [`TemplateError`], recovering `raise_exception` messages.

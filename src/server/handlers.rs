@@ -424,6 +424,7 @@ pub async fn generate(
         );
     }
     let prompt_tokens = job.prompts.iter().map(|(prompt, _)| prompt.len()).sum();
+    let ignored = job.options.ignored.join(", ");
     let retry_after = limits.retry_after_secs;
     let failed = |err: ApiError| {
         audit::record_completion(app, ctx, (prompt_tokens, 0), err.status, None);
@@ -451,6 +452,7 @@ pub async fn generate(
             HeaderValue::from_static("text/event-stream"),
         );
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        add_ignored_header(&mut response, &ignored);
         super::receipt::add_headers(&mut response, receipt);
         Ok(response)
     } else {
@@ -480,7 +482,21 @@ pub async fn generate(
             "generation finished"
         );
         let mut response = json_response(StatusCode::OK, completed.json);
+        add_ignored_header(&mut response, &ignored);
         super::receipt::add_headers(&mut response, receipt);
         Ok(response)
+    }
+}
+
+/// Names the request's accepted-but-ignored fields (comma-separated) in the
+/// `inferno-ignored-fields` header, when there are any.
+fn add_ignored_header(response: &mut Response<Body>, ignored: &str) {
+    if let Ok(value) = HeaderValue::from_str(ignored)
+        && !ignored.is_empty()
+    {
+        response.headers_mut().insert(
+            http::HeaderName::from_static(crate::server::openai::request::IGNORED_FIELDS_HEADER),
+            value,
+        );
     }
 }

@@ -272,6 +272,60 @@ def test_required_tool_call_with_pydantic_tool(server, model_id):
     assert isinstance(call.function.parsed_arguments, GetWeather)
 
 
+def test_agent_loop_sends_the_call_back_with_content_null(server, model_id):
+    """The SDK's standard tool loop: a required call, the assistant's message sent back with
+    `content: None` beside the tool's result, then a final answer."""
+    client = server.client()
+    tools = [openai.pydantic_function_tool(GetWeather)]
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    first = client.chat.completions.create(
+        model=model_id,
+        messages=messages,
+        tools=tools,
+        tool_choice="required",
+        max_tokens=120,
+        temperature=1.0,
+        seed=3,
+    )
+    message = first.choices[0].message
+    assert first.choices[0].finish_reason == "tool_calls"
+    assert message.content is None
+    call = message.tool_calls[0]
+    messages.append(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [call.model_dump()],
+        }
+    )
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"})
+    final = client.chat.completions.create(
+        model=model_id, messages=messages, tools=tools, max_tokens=16, temperature=0.0
+    )
+    assert final.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert final.usage.prompt_tokens > first.usage.prompt_tokens
+
+
+def test_fields_that_change_nothing_are_accepted_and_named(server, model_id):
+    raw = server.client().chat.completions.with_raw_response.create(
+        model=model_id,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        store=False,
+        metadata={"run": "1"},
+        user="u-1",
+        extra_body={"prompt_cache_key": "k", "safety_identifier": "s"},
+    )
+    assert raw.parse().choices[0].message.content is not None
+    named = raw.headers["inferno-ignored-fields"].split(", ")
+    assert set(named) == {"store", "metadata", "user", "prompt_cache_key", "safety_identifier"}
+    with pytest.raises(openai.BadRequestError) as raised:
+        server.client().chat.completions.create(
+            model=model_id, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, store=True
+        )
+    assert raised.value.param == "store"
+
+
 def test_unsupported_field_names_itself(server, model_id):
     with pytest.raises(openai.BadRequestError) as raised:
         server.client().chat.completions.create(

@@ -3,7 +3,8 @@
 //! Bodies are parsed into a JSON value first (malformed JSON is a 400), then each known field is
 //! read with its path so that a field of the wrong type names itself in the error's `param`.
 //! Every field the server does not implement, known to OpenAI or not, is refused with a 400 that
-//! names it: no field silently changes nothing.
+//! names it; the fields that change nothing about the output ([`IGNORED_FIELDS`]) are accepted
+//! and named in a response header.
 
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -38,8 +39,19 @@ const COMMON_FIELDS: &[&str] = &[
     "guided_regex",
     "guided_choice",
     "guided_grammar",
-    "user",
 ];
+/// Fields both endpoints accept and ignore: labels and service hints that change nothing about
+/// the output (`store` only as `false`). They are named in the `inferno-ignored-fields` header.
+pub const IGNORED_FIELDS: &[&str] = &[
+    "user",
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "store",
+];
+/// The response header naming the request's ignored fields.
+pub const IGNORED_FIELDS_HEADER: &str = "inferno-ignored-fields";
 /// Fields only `/v1/chat/completions` implements.
 const CHAT_FIELDS: &[&str] = &[
     "messages",
@@ -123,10 +135,6 @@ struct CommonFields {
     guided_choice: Option<Vec<String>>,
     #[serde(default)]
     guided_grammar: Option<String>,
-    #[serde(default)]
-    #[allow(dead_code)]
-    // Accepted for compatibility; an end-user label with no effect on output.
-    user: Option<String>,
 }
 
 /// Fields only `/v1/chat/completions` has.
@@ -189,6 +197,8 @@ pub struct GenerationOptions {
     /// The request field `constraint` came from (`response_format`, `guided_json`, ...), which
     /// its errors name.
     pub constraint_param: &'static str,
+    /// The request's fields from [`IGNORED_FIELDS`], in that order.
+    pub ignored: Vec<&'static str>,
 }
 
 impl GenerationOptions {
@@ -277,8 +287,33 @@ pub enum ToolChoice {
 
 /// Refuses every field that neither both endpoints nor this one (`endpoint`) implement.
 fn refuse_unknown(value: &Value, endpoint: &[&str]) -> Result<(), ApiError> {
-    let known: Vec<&str> = COMMON_FIELDS.iter().chain(endpoint).copied().collect();
+    let known: Vec<&str> = COMMON_FIELDS
+        .iter()
+        .chain(endpoint)
+        .chain(IGNORED_FIELDS)
+        .copied()
+        .collect();
     refuse_fields(value, &known)
+}
+
+/// The fields of `value` that [`IGNORED_FIELDS`] lists; `store: true` is refused, since the
+/// server keeps nothing a later request could use.
+fn ignored_fields(value: &Value) -> Result<Vec<&'static str>, ApiError> {
+    match value.get("store") {
+        None | Some(Value::Null | Value::Bool(false)) => {}
+        Some(Value::Bool(true)) => {
+            return Err(ApiError::invalid_param(
+                "store",
+                "store: true is not supported: this server keeps no responses",
+            ));
+        }
+        Some(_) => return Err(ApiError::invalid_param("store", "store must be a boolean")),
+    }
+    Ok(IGNORED_FIELDS
+        .iter()
+        .copied()
+        .filter(|field| value.get(*field).is_some())
+        .collect())
 }
 
 /// Reads `logit_bias`: distinct token ids (as strings) to biases within ±100, at most
@@ -665,6 +700,7 @@ fn common_options(
         include_usage,
         constraint,
         constraint_param,
+        ignored: Vec::new(),
     })
 }
 
@@ -747,7 +783,8 @@ pub fn parse_chat(
         (false, _) => None,
     };
     let max_tokens = chat.max_completion_tokens.or(common.max_tokens);
-    let options = common_options(common, max_tokens, logprobs, defaults, limits)?;
+    let mut options = common_options(common, max_tokens, logprobs, defaults, limits)?;
+    options.ignored = ignored_fields(&value)?;
     let messages = chat
         .messages
         .into_iter()
@@ -978,6 +1015,7 @@ pub fn parse_completion(
             Some("top_logprobs") => err.with_param("logprobs"),
             _ => err,
         })?;
+    options.ignored = ignored_fields(&value)?;
     if options.max_tokens.is_none() {
         // OpenAI's legacy completions endpoint defaults to 16 tokens.
         options.max_tokens = Some(16.min(limits.max_completion_tokens));
@@ -1207,6 +1245,18 @@ mod tests {
         let err = completion(r#"{"model":"m","prompt":"a","best_of":3}"#).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("best_of"));
         assert!(completion(r#"{"model":"m","prompt":"a","best_of":1,"user":"u"}"#).is_ok());
+        let ignored = completion(
+            r#"{"model":"m","prompt":"a","store":false,"metadata":{"k":"v"},"service_tier":"auto","prompt_cache_key":"p","safety_identifier":"s","user":"u"}"#,
+        )
+        .unwrap();
+        assert_eq!(ignored.options.ignored, IGNORED_FIELDS);
+        let chat_ignored =
+            chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"store":false}"#)
+                .unwrap();
+        assert_eq!(chat_ignored.options.ignored, ["store"]);
+        let err = chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"store":true}"#)
+            .unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("store"));
     }
 
     #[test]
