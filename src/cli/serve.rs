@@ -118,12 +118,17 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    runtime.block_on(crate::startup::serve(
+    let served = runtime.block_on(crate::startup::serve(
         config,
         config_digest,
         args.model,
         args.device,
-    ))
+    ));
+    // The server has shut down (its audit log signed). A model read or a backend build still
+    // running on a blocking thread (a signal arrived while loading) is not waited for: dropping
+    // the runtime would wait for it to finish, which for a large model on a slow disk is minutes.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    served
 }
 
 /// The production profile serves nothing unaudited: without an `[audit]` table it does not start.
