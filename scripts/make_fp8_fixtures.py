@@ -19,7 +19,7 @@ Each directory gets ``expected.json``: for every quantized projection of layer 0
 dequantized weights and its first 8 values, computed here with numpy so that the loader is
 checked against an implementation of its own.
 
-Needs numpy only:
+Needs numpy only (and scripts/safetensors_io.py):
 
     python3 scripts/make_fp8_fixtures.py
 """
@@ -27,9 +27,10 @@ Needs numpy only:
 import json
 import os
 import shutil
-import struct
 
 import numpy as np
+
+import safetensors_io
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures")
 SOURCE = os.path.join(ROOT, "inferno-tiny")
@@ -71,44 +72,6 @@ def to_e4m3(x):
     return (code | np.where(np.signbit(x), 0x80, 0)).astype(np.uint8)
 
 
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        size = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(size))
-        data = f.read()
-    tensors = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = info["data_offsets"]
-        raw = np.frombuffer(data[start:end], dtype="<u2")
-        assert info["dtype"] == "BF16", name
-        tensors[name] = (raw.astype(np.uint32) << 16).view(np.float32).reshape(info["shape"])
-    return tensors
-
-
-def write_safetensors(path, tensors):
-    """``{name: (dtype, shape, bytes)}``."""
-    header, offset, blobs = {}, 0, []
-    for name in sorted(tensors):
-        dtype, shape, data = tensors[name]
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
-        offset += len(data)
-        blobs.append(data)
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    with open(path, "wb") as out:
-        out.write(struct.pack("<Q", len(encoded)))
-        out.write(encoded)
-        for blob in blobs:
-            out.write(blob)
-
-
-def bf16(values):
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2").tobytes()
-
-
 def quantize(weight, layout):
     """E4M3 codes, f32 scales and the dequantized matrix of an [out, in] matrix, with scales per
     'tensor', per 'channel' or per (rows, cols) block: each the largest magnitude it covers over
@@ -137,50 +100,38 @@ def quantize(weight, layout):
     return codes, scales, TABLE[codes] * expanded
 
 
+def compressed_tensors(weight_strategy, input_activations):
+    """A compressed-tensors float-quantized config as llm-compressor writes it."""
+    weights = {"num_bits": 8, "type": "float", "strategy": weight_strategy, "symmetric": True,
+               "dynamic": False, "observer": "minmax"}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
+                                      "input_activations": input_activations,
+                                      "output_activations": None}},
+        "ignore": ["lm_head"],
+        "kv_cache_scheme": None,
+    }
+
+
 FORMATS = {
     "compressed-tensors-dynamic": {
         "layout": "channel",
         "scale_name": "weight_scale",
         "input_scale": False,
-        "config": {
-            "quant_method": "compressed-tensors",
-            "format": "float-quantized",
-            "quantization_status": "compressed",
-            "config_groups": {
-                "group_0": {
-                    "targets": ["Linear"],
-                    "weights": {"num_bits": 8, "type": "float", "strategy": "channel",
-                                "symmetric": True, "dynamic": False, "observer": "minmax"},
-                    "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
-                                          "symmetric": True, "dynamic": True, "observer": None},
-                    "output_activations": None,
-                }
-            },
-            "ignore": ["lm_head"],
-            "kv_cache_scheme": None,
-        },
+        "config": compressed_tensors("channel", {
+            "num_bits": 8, "type": "float", "strategy": "token", "symmetric": True, "dynamic": True,
+            "observer": None}),
     },
     "compressed-tensors-static": {
         "layout": "tensor",
         "scale_name": "weight_scale",
         "input_scale": True,
-        "config": {
-            "quant_method": "compressed-tensors",
-            "format": "float-quantized",
-            "quantization_status": "compressed",
-            "config_groups": {
-                "group_0": {
-                    "targets": ["Linear"],
-                    "weights": {"num_bits": 8, "type": "float", "strategy": "tensor",
-                                "symmetric": True, "dynamic": False, "observer": "minmax"},
-                    "input_activations": {"num_bits": 8, "type": "float", "strategy": "tensor",
-                                          "symmetric": True, "dynamic": False, "observer": "minmax"},
-                    "output_activations": None,
-                }
-            },
-            "ignore": ["lm_head"],
-            "kv_cache_scheme": None,
-        },
+        "config": compressed_tensors("tensor", {
+            "num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True, "dynamic": False,
+            "observer": "minmax"}),
     },
     "fbgemm": {
         "layout": "channel",
@@ -203,7 +154,7 @@ STATIC_INPUT_SCALE = 8.0 / E4M3_MAX
 
 
 def main():
-    weights = read_safetensors(os.path.join(SOURCE, "model.safetensors"))
+    weights = safetensors_io.read_bf16(os.path.join(SOURCE, "model.safetensors"))
     with open(os.path.join(SOURCE, "config.json")) as f:
         config = json.load(f)
     for name, form in FORMATS.items():
@@ -224,8 +175,8 @@ def main():
                         "first": [float(v) for v in dequantized.reshape(-1)[:8]],
                     }
             else:
-                tensors[tensor] = ("BF16", values.shape, bf16(values))
-        write_safetensors(os.path.join(out, "model.safetensors"), tensors)
+                tensors[tensor] = ("BF16", values.shape, safetensors_io.bf16_bytes(values))
+        safetensors_io.write(os.path.join(out, "model.safetensors"), tensors)
         quantized = dict(config, quantization_config=form["config"])
         with open(os.path.join(out, "config.json"), "w") as f:
             json.dump(quantized, f, indent=2)

@@ -10,7 +10,9 @@ use inferno::engine::{
     BLOCK_SIZE, Backend, BatchRow, EngineConfig, SampleSpec, SamplingParams, StepOutput,
 };
 use inferno::model::Model;
-use support::{committed_fixture, engine, golden, greedy, run, shared_fixture};
+use support::{
+    committed_fixture, engine, golden, greedy, logits_per_position, run, shared_fixture,
+};
 
 const LOGIT_TOLERANCE: f32 = 1e-3;
 
@@ -115,31 +117,11 @@ fn per_position_argmax_matches_when_decoding_token_by_token() {
     let dir = committed_fixture("inferno-tiny");
     let model = Model::load(&dir).expect("fixture loads");
     let mut backend = CpuBackend::new(&model, 16 << 20).expect("backend builds");
-    let params = SamplingParams::default();
     for case in golden(&dir).iter().filter(|c| c.input_ids.len() <= 64) {
-        let blocks: Vec<u32> = (0..case.input_ids.len().div_ceil(BLOCK_SIZE) as u32).collect();
-        for (pos, want) in case.per_position_argmax.iter().enumerate() {
-            let spec = SampleSpec {
-                params: &params,
-                seed: 0,
-                draw_index: 0,
-                prompt: &[],
-                output: &[],
-                logprobs: None,
-                mask: None,
-            };
-            let row = BatchRow {
-                seq_id: 1,
-                tokens: &case.input_ids[pos..=pos],
-                start_pos: pos,
-                block_table: &blocks[..(pos + 1).div_ceil(BLOCK_SIZE)],
-                sample: Some(spec),
-            };
-            let StepOutput::Logits(rows) = backend.step(&[row]).expect("step runs") else {
-                panic!("logits expected")
-            };
+        let logits = logits_per_position(&mut backend, &case.input_ids);
+        for (pos, (row, want)) in logits.iter().zip(&case.per_position_argmax).enumerate() {
             assert_eq!(
-                inferno::engine::sampling::argmax(&rows[0]),
+                inferno::engine::sampling::argmax(row),
                 *want,
                 "position {pos}"
             );

@@ -8,12 +8,11 @@ mod support;
 use std::path::Path;
 
 use inferno::backend::cpu::CpuBackend;
-use inferno::engine::{BLOCK_SIZE, Backend, BatchRow, SampleSpec, SamplingParams, StepOutput};
 use inferno::model::{
     Model, ModelDefinition, QuantizationMethod, QuantizeAtLoad, fp8::ActivationScale, layout,
 };
 use serde::Deserialize;
-use support::{committed_fixture, golden};
+use support::{committed_fixture, golden, logits_per_position};
 
 /// The four published forms and the method each declares.
 const FORMATS: [(&str, QuantizationMethod); 4] = [
@@ -38,36 +37,6 @@ fn fp8_fixture(name: &str) -> std::path::PathBuf {
 struct Expected {
     sum: f64,
     first: Vec<f32>,
-}
-
-/// The logits at every position of `tokens`, decoding one token per step.
-fn logits_per_position(backend: &mut CpuBackend, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let blocks: Vec<u32> = (0..tokens.len().div_ceil(BLOCK_SIZE) as u32).collect();
-    let params = SamplingParams::default();
-    (0..tokens.len())
-        .map(|pos| {
-            let spec = SampleSpec {
-                params: &params,
-                seed: 0,
-                draw_index: 0,
-                prompt: &[],
-                output: &[],
-                logprobs: None,
-                mask: None,
-            };
-            let row = BatchRow {
-                seq_id: 1,
-                tokens: &tokens[pos..=pos],
-                start_pos: pos,
-                block_table: &blocks[..(pos + 1).div_ceil(BLOCK_SIZE)],
-                sample: Some(spec),
-            };
-            match backend.step(&[row]).expect("step runs") {
-                StepOutput::Logits(mut rows) => rows.remove(0),
-                StepOutput::Sampled(_) => panic!("the CPU backend returns logits"),
-            }
-        })
-        .collect()
 }
 
 fn argmax(row: &[f32]) -> usize {

@@ -19,9 +19,8 @@ mod support;
 use std::path::PathBuf;
 
 use inferno::backend::cpu::CpuBackend;
-use inferno::engine::{BLOCK_SIZE, Backend, BatchRow, SampleSpec, SamplingParams, StepOutput};
 use inferno::model::{Model, QuantizeAtLoad};
-use support::committed_fixture;
+use support::{committed_fixture, logits_per_position};
 
 /// Tokens of the text scored (the first of them is only context).
 const TOKENS: usize = 256;
@@ -47,39 +46,21 @@ fn text_tokens(model: &Model) -> Vec<u32> {
 /// token per step.
 fn perplexity(model: &Model, tokens: &[u32]) -> f64 {
     let mut backend = CpuBackend::new(model, 64 << 20).expect("backend builds");
-    let blocks: Vec<u32> = (0..tokens.len().div_ceil(BLOCK_SIZE) as u32).collect();
-    let params = SamplingParams::default();
-    let mut nll = 0f64;
-    for pos in 0..tokens.len() - 1 {
-        let spec = SampleSpec {
-            params: &params,
-            seed: 0,
-            draw_index: 0,
-            prompt: &[],
-            output: &[],
-            logprobs: None,
-            mask: None,
-        };
-        let row = BatchRow {
-            seq_id: 1,
-            tokens: &tokens[pos..=pos],
-            start_pos: pos,
-            block_table: &blocks[..(pos + 1).div_ceil(BLOCK_SIZE)],
-            sample: Some(spec),
-        };
-        let StepOutput::Logits(rows) = backend.step(&[row]).expect("step runs") else {
-            panic!("the CPU backend returns logits")
-        };
-        let logits = &rows[0];
-        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let log_sum = logits
-            .iter()
-            .map(|&l| f64::from(l - max).exp())
-            .sum::<f64>()
-            .ln()
-            + f64::from(max);
-        nll += log_sum - f64::from(logits[tokens[pos + 1] as usize]);
-    }
+    let logits = logits_per_position(&mut backend, &tokens[..tokens.len() - 1]);
+    let nll: f64 = logits
+        .iter()
+        .zip(&tokens[1..])
+        .map(|(row, &next)| {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let log_sum = row
+                .iter()
+                .map(|&l| f64::from(l - max).exp())
+                .sum::<f64>()
+                .ln()
+                + f64::from(max);
+            log_sum - f64::from(row[next as usize])
+        })
+        .sum();
     (nll / (tokens.len() - 1) as f64).exp()
 }
 

@@ -62,6 +62,38 @@ pub fn golden(dir: &Path) -> Vec<GoldenCase> {
         .cases
 }
 
+/// The logits at every position of `tokens` on a fresh sequence of `backend`, decoding one token
+/// per step (the decode path).
+pub fn logits_per_position(backend: &mut CpuBackend, tokens: &[u32]) -> Vec<Vec<f32>> {
+    use inferno::engine::{BLOCK_SIZE, Backend, BatchRow, SampleSpec, StepOutput};
+    let blocks: Vec<u32> = (0..tokens.len().div_ceil(BLOCK_SIZE) as u32).collect();
+    let params = SamplingParams::default();
+    (0..tokens.len())
+        .map(|pos| {
+            let spec = SampleSpec {
+                params: &params,
+                seed: 0,
+                draw_index: 0,
+                prompt: &[],
+                output: &[],
+                logprobs: None,
+                mask: None,
+            };
+            let row = BatchRow {
+                seq_id: 1,
+                tokens: &tokens[pos..=pos],
+                start_pos: pos,
+                block_table: &blocks[..(pos + 1).div_ceil(BLOCK_SIZE)],
+                sample: Some(spec),
+            };
+            match backend.step(&[row]).expect("step runs") {
+                StepOutput::Logits(mut rows) => rows.remove(0),
+                StepOutput::Sampled(_) => panic!("the CPU backend returns logits"),
+            }
+        })
+        .collect()
+}
+
 /// Starts an engine on the CPU backend.
 pub fn engine(model: &Model, config: EngineConfig) -> EngineHandle {
     let backend = CpuBackend::new(model, config.kv_cache_bytes).expect("CPU backend builds");
