@@ -388,6 +388,36 @@ mod tests {
         assert_ne!(base, cache_key(family, &other, "sm_90a", (13, 0)));
     }
 
+    /// The parameters come from the model definition, and a definition whose layers differ (which
+    /// the kernels, compiled for one layer, cannot run) is refused in one line.
+    #[test]
+    fn parameters_follow_the_definition_and_refuse_differing_layers() {
+        let json = r#"{"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64,
+            "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 100,
+            "max_position_embeddings": 512, "rms_norm_eps": 1e-5}"#;
+        let config =
+            crate::model::ModelConfig::from_json(Path::new("config.json"), json.as_bytes())
+                .unwrap();
+        let mut definition = ModelDefinition::of(&config);
+        let p = KernelParams::from_definition(&definition);
+        assert_eq!(
+            (p.hidden, p.head_dim, p.num_q_heads, p.num_kv_heads),
+            (64, 32, 4, 2)
+        );
+        assert_eq!((p.intermediate, p.vocab, p.rms_eps), (160, 100, 1e-5));
+        assert!(p.qk_norm && !p.qkv_bias && p.uniform_layers);
+        assert_eq!(p.unsupported(), None);
+        definition.layers[1].attention.sliding_window = Some(128);
+        let refused = KernelParams::from_definition(&definition)
+            .unsupported()
+            .unwrap();
+        assert!(
+            refused.contains("layers differ") && !refused.contains('\n'),
+            "{refused}"
+        );
+    }
+
     #[test]
     fn defines_carry_every_shape() {
         let text = params().defines();
