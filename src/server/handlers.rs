@@ -13,11 +13,9 @@ use super::body::{Body, full, read_limited, require_json};
 use super::error::ApiError;
 use super::generation::{self, ApiKind, Job, ToolCalls};
 use super::metrics::{Format, ServerState};
-use super::openai::request::{
-    GenerationOptions, Prompt, TokenizeRequest, ToolChoice, parse_chat, parse_completion,
-    parse_detokenize, parse_tokenize,
-};
+use super::openai::request::{GenerationOptions, Prompt, ToolChoice, parse_chat, parse_completion};
 use super::openai::response::{ModelCard, ModelList};
+use super::openai::tokenize::{TokenizeRequest, parse_detokenize, parse_tokenize};
 use super::openai::tools::tool_constraint;
 use super::service::{ChatPolicy, ModelService};
 use serde_json::Value;

@@ -2,4 +2,5 @@
 
 pub mod request;
 pub mod response;
+pub mod tokenize;
 pub mod tools;

@@ -531,7 +531,7 @@ pub struct CompletionRequest {
 }
 
 /// Parses a body into a JSON object.
-fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
+pub(super) fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|err| ApiError::invalid_request(format!("the body is not valid JSON: {err}")))?;
     if !value.is_object() {
@@ -541,7 +541,7 @@ fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
 }
 
 /// Reads typed fields out of a JSON object, naming the offending field on a type error.
-fn fields<T: DeserializeOwned>(value: &Value) -> Result<T, ApiError> {
+pub(super) fn fields<T: DeserializeOwned>(value: &Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|err| {
         let path = err.path().to_string();
         let inner = err.into_inner();
@@ -705,7 +705,10 @@ fn common_options(
 }
 
 /// Flattens a message's `content` to a string: text parts are joined, other parts refused.
-fn normalize_message(index: usize, mut message: Map<String, Value>) -> Result<Value, ApiError> {
+pub(super) fn normalize_message(
+    index: usize,
+    mut message: Map<String, Value>,
+) -> Result<Value, ApiError> {
     let param = format!("messages[{index}]");
     match message.get("role") {
         Some(Value::String(role)) if !role.is_empty() => {}
@@ -834,106 +837,8 @@ pub fn parse_chat(
     })
 }
 
-/// A `/tokenize` body (vLLM's shape): a prompt, or chat messages rendered by the template.
-#[derive(Debug, Clone, PartialEq)]
-pub enum TokenizeRequest {
-    /// `{"prompt": …, "add_special_tokens": …}`.
-    Prompt {
-        /// The text.
-        prompt: String,
-        /// Add the tokenizer's BOS (default true).
-        add_special_tokens: bool,
-    },
-    /// `{"messages": …, "add_generation_prompt": …, "tools": …, "chat_template_kwargs": …}`.
-    Chat {
-        /// Messages with text content flattened, ready for the template.
-        messages: Vec<Value>,
-        /// Tool definitions passed to the template.
-        tools: Option<Value>,
-        /// End with the assistant turn's header (default true).
-        add_generation_prompt: bool,
-        /// Extra template variables.
-        template_kwargs: Map<String, Value>,
-    },
-}
-
-/// Fields of a `/tokenize` body.
-#[derive(Debug, Deserialize)]
-struct TokenizeFields {
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(default)]
-    prompt: Option<String>,
-    #[serde(default)]
-    add_special_tokens: Option<bool>,
-    #[serde(default)]
-    messages: Option<Vec<Map<String, Value>>>,
-    #[serde(default)]
-    tools: Option<Vec<Value>>,
-    #[serde(default)]
-    add_generation_prompt: Option<bool>,
-    #[serde(default)]
-    chat_template_kwargs: Option<Map<String, Value>>,
-}
-
-/// Parses a `/tokenize` body; returns the requested model (if named) and the request.
-pub fn parse_tokenize(body: &[u8]) -> Result<(Option<String>, TokenizeRequest), ApiError> {
-    let value = parse_object(body)?;
-    let allowed = [
-        "model",
-        "prompt",
-        "add_special_tokens",
-        "messages",
-        "tools",
-        "add_generation_prompt",
-        "chat_template_kwargs",
-    ];
-    refuse_fields(&value, &allowed)?;
-    let fields: TokenizeFields = fields(&value)?;
-    let request = match (fields.prompt, fields.messages) {
-        (Some(prompt), None) => TokenizeRequest::Prompt {
-            prompt,
-            add_special_tokens: fields.add_special_tokens.unwrap_or(true),
-        },
-        (None, Some(messages)) => TokenizeRequest::Chat {
-            messages: messages
-                .into_iter()
-                .enumerate()
-                .map(|(index, message)| normalize_message(index, message))
-                .collect::<Result<_, _>>()?,
-            tools: fields
-                .tools
-                .filter(|tools| !tools.is_empty())
-                .map(Value::Array),
-            add_generation_prompt: fields.add_generation_prompt.unwrap_or(true),
-            template_kwargs: fields.chat_template_kwargs.unwrap_or_default(),
-        },
-        _ => {
-            return Err(ApiError::invalid_param(
-                "prompt",
-                "a tokenize request has either prompt or messages",
-            ));
-        }
-    };
-    Ok((fields.model, request))
-}
-
-/// Parses a `/detokenize` body `{"model": …, "tokens": […]}`.
-pub fn parse_detokenize(body: &[u8]) -> Result<(Option<String>, Vec<u32>), ApiError> {
-    #[derive(Deserialize)]
-    struct DetokenizeFields {
-        #[serde(default)]
-        model: Option<String>,
-        tokens: Vec<u32>,
-    }
-    let value = parse_object(body)?;
-    refuse_fields(&value, &["model", "tokens"])?;
-    let fields: DetokenizeFields = fields(&value)?;
-    Ok((fields.model, fields.tokens))
-}
-
 /// Refuses every field of `value` outside `allowed`, naming it.
-fn refuse_fields(value: &Value, allowed: &[&str]) -> Result<(), ApiError> {
+pub(super) fn refuse_fields(value: &Value, allowed: &[&str]) -> Result<(), ApiError> {
     if let Some(key) = value
         .as_object()
         .and_then(|object| object.keys().find(|key| !allowed.contains(&key.as_str())))
@@ -1362,30 +1267,5 @@ mod tests {
         let err = choice(r#","tool_choice":"required","response_format":{"type":"json_object"}"#)
             .unwrap_err();
         assert_eq!(err.param.as_deref(), Some("tool_choice"));
-    }
-
-    #[test]
-    fn tokenize_bodies() {
-        let (model, request) = parse_tokenize(br#"{"model":"m","prompt":"hi"}"#).unwrap();
-        assert_eq!(model.as_deref(), Some("m"));
-        assert_eq!(
-            request,
-            TokenizeRequest::Prompt {
-                prompt: "hi".into(),
-                add_special_tokens: true
-            }
-        );
-        assert!(matches!(
-            parse_tokenize(br#"{"messages":[{"role":"user","content":"x"}]}"#)
-                .unwrap()
-                .1,
-            TokenizeRequest::Chat { .. }
-        ));
-        let err = parse_tokenize(br#"{"prompt":"a","extra":1}"#).unwrap_err();
-        assert_eq!(err.param.as_deref(), Some("extra"));
-        assert_eq!(
-            parse_detokenize(br#"{"tokens":[1,2]}"#).unwrap().1,
-            vec![1, 2]
-        );
     }
 }
