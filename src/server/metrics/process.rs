@@ -39,26 +39,30 @@ impl ProcessMetrics {
             "Total user and system CPU time spent in seconds",
             metrics.cpu_seconds.clone(),
         );
-        registry.register(
-            "process_resident_memory_bytes",
-            "Resident memory size in bytes",
-            metrics.resident_bytes.clone(),
-        );
-        registry.register(
-            "process_virtual_memory_bytes",
-            "Virtual memory size in bytes",
-            metrics.virtual_bytes.clone(),
-        );
-        registry.register(
-            "process_open_fds",
-            "Number of open file descriptors",
-            metrics.open_fds.clone(),
-        );
-        registry.register(
-            "process_max_fds",
-            "Maximum number of open file descriptors",
-            metrics.max_fds.clone(),
-        );
+        for (name, help, gauge) in [
+            (
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes",
+                &metrics.resident_bytes,
+            ),
+            (
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes",
+                &metrics.virtual_bytes,
+            ),
+            (
+                "process_open_fds",
+                "Number of open file descriptors",
+                &metrics.open_fds,
+            ),
+            (
+                "process_max_fds",
+                "Maximum number of open file descriptors",
+                &metrics.max_fds,
+            ),
+        ] {
+            registry.register(name, help, gauge.clone());
+        }
         registry.register(
             "process_start_time_seconds",
             "Start time of the server since the Unix epoch in seconds",
