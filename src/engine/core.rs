@@ -324,7 +324,18 @@ impl Worker {
         // The forward pass needs neither the masks nor the previous tokens' text: a backend that
         // samples on the device queues it now, takes the masks that are still being computed
         // once they are ready, and runs while the previous step's tokens are streamed.
-        let started = match self.start_step(plan) {
+        // Embedding rows that end their prompt here need the hidden states: the step runs
+        // whole, through `Backend::step_with_hidden`.
+        let hidden_rows: Vec<usize> = plan
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| {
+                let seq = planned(&self.scheduler, s);
+                seq.embed && seq.num_computed + s.num_tokens == seq.tokens.len()
+            })
+            .map(|(index, _)| index)
+            .collect();
+        let started = match self.start_step_unless(plan, !hidden_rows.is_empty()) {
             Ok(started) => started,
             Err(err) => {
                 self.steps += 1;
@@ -347,13 +358,22 @@ impl Worker {
             let specs = sample_specs(&rows);
             let cpu_before = thread_cpu_time();
             let output = if started {
-                self.backend.finish_step(&rows)
+                self.backend
+                    .finish_step(&rows)
+                    .map(|output| (output, Vec::new()))
             } else {
-                self.backend.step(&rows)
+                self.backend.step_with_hidden(&rows, &hidden_rows)
             };
             self.backend_cpu += thread_cpu_time().saturating_sub(cpu_before);
             self.last_step_end = Some(Instant::now());
-            output.and_then(|output| {
+            output.and_then(|(output, states)| {
+                if states.len() != hidden_rows.len() {
+                    return Err(BackendError::InvalidBatch(format!(
+                        "the backend returned {} hidden states for {} rows",
+                        states.len(),
+                        hidden_rows.len()
+                    )));
+                }
                 let sampled: Vec<SampledToken> = match output {
                     StepOutput::Sampled(tokens) => tokens,
                     StepOutput::Logits(rows) => rows
@@ -378,12 +398,12 @@ impl Worker {
                         "the sampler chose a token outside the grammar mask".into(),
                     ));
                 }
-                Ok(sampled)
+                Ok((sampled, states))
             })
         };
         self.steps += 1;
-        let sampled = match result {
-            Ok(sampled) => sampled,
+        let (sampled, states) = match result {
+            Ok(result) => result,
             Err(err) => {
                 self.end_by_text(ended_by_text);
                 return self.fail_step(plan, &err);
@@ -392,9 +412,23 @@ impl Worker {
         for scheduled in plan {
             self.scheduler.complete(*scheduled);
         }
+        // An embedding request ends with its prompt: its state goes out, nothing is sampled.
+        for (&row, state) in hidden_rows.iter().zip(states) {
+            let seq_id = plan[row].seq_id;
+            if let Some(seq) = self.scheduler.remove_running(seq_id) {
+                let _ = seq.events.send(GenerationEvent::Hidden { state });
+                self.unstreamed
+                    .ended
+                    .push((seq, None, FinishReason::Stop(None)));
+            }
+        }
         let sampling_rows: Vec<Scheduled> = plan
             .iter()
-            .filter(|s| planned(&self.scheduler, s).pending() == 0)
+            .filter(|s| {
+                self.scheduler
+                    .get(s.seq_id)
+                    .is_some_and(|seq| !seq.embed && seq.pending() == 0)
+            })
             .copied()
             .collect();
         let mut advanced = self.advance_grammars(&sampling_rows, &sampled);
@@ -566,6 +600,13 @@ impl Worker {
     /// `finish_step` (see `docs/engine.md`, "Constrained decoding"). True when the backend queued
     /// the step and `finish_step` must end it; false when it declined (it runs whole in
     /// `Backend::step`).
+    fn start_step_unless(&mut self, plan: &[Scheduled], whole: bool) -> Result<bool, BackendError> {
+        if whole {
+            return Ok(false);
+        }
+        self.start_step(plan)
+    }
+
     fn start_step(&mut self, plan: &[Scheduled]) -> Result<bool, BackendError> {
         let scheduler = &self.scheduler;
         let in_flight = &self.masks.in_flight;
@@ -818,7 +859,7 @@ fn planned_mut<'a>(scheduler: &'a mut Scheduler, scheduled: &Scheduled) -> &'a m
 fn batch_row(seq: &Sequence, scheduled: Scheduled) -> BatchRow<'_> {
     let start = seq.num_computed;
     let end = start + scheduled.num_tokens;
-    let sample = (end == seq.tokens.len()).then(|| SampleSpec {
+    let sample = (end == seq.tokens.len() && !seq.embed).then(|| SampleSpec {
         params: &seq.request.sampling,
         seed: seq.seed,
         draw_index: seq.output().len() as u64,

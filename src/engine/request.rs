@@ -160,6 +160,13 @@ pub enum GenerationEvent {
         /// Present when the request asked for logprobs.
         logprob: Option<TokenLogprob>,
     },
+    /// The final hidden state (after the model's final norm) of an embedding request's last
+    /// prompt token, sent just before its `Finished` event
+    /// ([`crate::engine::EngineHandle::submit_embedding`]).
+    Hidden {
+        /// One value per hidden dimension.
+        state: Vec<f32>,
+    },
     /// The last event of every request.
     Finished {
         /// Why it ended.

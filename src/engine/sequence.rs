@@ -44,6 +44,9 @@ pub struct Sequence {
     /// The allowed-token mask for the next sampled token (or why it could not be computed),
     /// computed after the previous token was accepted and consumed when the next one is.
     pub next_mask: Option<Result<TokenMask, String>>,
+    /// An embedding request: its last prompt token's hidden state is returned and nothing is
+    /// generated.
+    pub embed: bool,
 }
 
 impl Sequence {
@@ -95,6 +98,7 @@ impl Sequence {
             admitted_before: false,
             constraint: request.constraint.as_ref().map(|c| c.start()),
             next_mask: None,
+            embed: false,
             request,
         }
     }
