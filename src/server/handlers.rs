@@ -381,8 +381,9 @@ pub enum GenerateError {
     Failed(ApiError),
 }
 
-/// `POST /v1/chat/completions`, `POST /v1/completions` and `POST /v1/responses` (run as the
-/// chat request it stands for, its result rewritten).
+/// `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses` (run as the
+/// chat request it stands for, its result rewritten) and `POST /v1/embeddings` (its body
+/// handed to `super::embeddings`).
 ///
 /// The request record is handed to the log before the engine sees the job, and awaited before
 /// any response byte: the fsync overlaps generation instead of preceding it.

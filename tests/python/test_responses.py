@@ -9,13 +9,13 @@ holds it, so the tests force tool calls and schemas and check their shape.
 import json
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import openai
 import pydantic
 import pytest
 
-from test_openai_client import RunningServer
+from test_openai_client import API_KEY, RunningServer
 
 
 @pytest.fixture(scope="module")
@@ -209,3 +209,45 @@ def test_ignored_fields_are_named(server, model_id):
     assert set(raw.headers["inferno-ignored-fields"].split(", ")) == {"store", "metadata", "user"}
     body = json.loads(raw.http_response.text)
     assert body["store"] is False
+
+
+def test_the_agents_sdk_runs_its_tool_loop(server, model_id):
+    """The OpenAI Agents SDK's Responses model: a required call of a function tool, the tool's
+    result sent back as `function_call_output`, then (tool choice reset to auto) a final
+    answer. The tiny model's answer is noise; the loop's shape is what is checked."""
+    import ssl
+
+    import agents
+
+    agents.set_tracing_disabled(True)
+    calls = []
+
+    @agents.function_tool
+    def get_weather(
+        city: Annotated[str, pydantic.Field(max_length=8)], unit: Literal["c", "f"]
+    ) -> str:
+        """The weather in a city."""
+        calls.append((city, unit))
+        return "18 C, sunny"
+
+    context = ssl.create_default_context(cafile=str(server.cert_path))
+    client = openai.AsyncOpenAI(
+        base_url=f"https://localhost:{server.port}/v1",
+        api_key=API_KEY,
+        http_client=openai.DefaultAsyncHttpxClient(verify=context, timeout=60),
+        max_retries=0,
+    )
+    agent = agents.Agent(
+        name="weather",
+        instructions="Answer with the weather.",
+        tools=[get_weather],
+        model=agents.OpenAIResponsesModel(model=model_id, openai_client=client),
+        model_settings=agents.ModelSettings(tool_choice="required", max_tokens=400, temperature=0.0),
+    )
+    result = agents.Runner.run_sync(agent, "Weather in Paris?", max_turns=4)
+    assert len(calls) == 1
+    kinds = [item.type for item in result.new_items]
+    assert kinds[:2] == ["tool_call_item", "tool_call_output_item"]
+    assert len(result.raw_responses) == 2
+    assert result.raw_responses[1].usage.input_tokens > result.raw_responses[0].usage.input_tokens
+    assert isinstance(result.final_output, str)
