@@ -61,6 +61,7 @@ def _forced_call(client, model_id, **extra):
         input="Weather in Paris?",
         tools=[WEATHER_TOOL],
         tool_choice={"type": "function", "name": "get_weather"},
+        parallel_tool_calls=False,
         max_output_tokens=120,
         temperature=1.0,
         store=False,
@@ -110,6 +111,8 @@ def test_streamed_function_call_matches_the_events(server, model_id):
         input="Weather in Paris?",
         tools=[WEATHER_TOOL],
         tool_choice="required",
+        # One call, whose bounded arguments end well before the limit (several calls might not).
+        parallel_tool_calls=False,
         max_output_tokens=120,
         temperature=1.0,
     ) as stream:
