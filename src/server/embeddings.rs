@@ -40,6 +40,7 @@ pub(super) async fn embeddings(
                 "this model is not an embedding model (its directory has no sentence-transformers modules.json)",
             )
         })?;
+        check_dimensions(pooling, for_job.hidden_size(), request.dimensions)?;
         let prompts = request
             .inputs
             .iter()
@@ -122,8 +123,6 @@ pub(super) async fn embeddings(
     let pooling = service
         .pooling()
         .ok_or_else(|| failed(ApiError::internal("the model lost its pooling")))?;
-    let hidden = states.first().map_or(0, Vec::len);
-    check_dimensions(pooling, hidden, request.dimensions).map_err(failed)?;
     let vectors: Vec<Vec<f32>> = states
         .into_iter()
         .map(|state| pool(state, pooling, request.dimensions))

@@ -58,6 +58,8 @@ pub struct ModelService {
     reasoning_format: Option<ReasoningFormat>,
     /// How embeddings are pooled (sentence-transformers embedding models only).
     pooling: Option<Pooling>,
+    /// The width of the model's hidden state (an embedding's full size).
+    hidden_size: usize,
 }
 
 impl ModelService {
@@ -93,6 +95,7 @@ impl ModelService {
         Self {
             reasoning_format,
             pooling: model.pooling.clone(),
+            hidden_size: model.config.hidden_size,
             eos_token_ids: model.eos_token_ids(),
             vocab_size: model.config.vocab_size,
             grammars: OnceLock::new(),
@@ -178,6 +181,11 @@ impl ModelService {
     /// How embeddings are pooled; `None` for a model that is not an embedding model.
     pub fn pooling(&self) -> Option<&Pooling> {
         self.pooling.as_ref()
+    }
+
+    /// The width of the model's hidden state: the full size of its embeddings.
+    pub fn hidden_size(&self) -> usize {
+        self.hidden_size
     }
 
     /// Compiles a request's constraint against the model's tokenizer (a 400 when the schema,
