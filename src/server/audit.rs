@@ -22,6 +22,9 @@ use tokio::sync::oneshot;
 
 use inferno_audit::{Appended, AuditSink, CompletionFacts, ContentMode, RequestFacts};
 
+/// The audit record's `transport` of a request sealed in Oblivious HTTP.
+pub const OHTTP_TRANSPORT: &str = "ohttp";
+
 fn endpoint(kind: ApiKind) -> &'static str {
     match kind {
         ApiKind::Chat => "/v1/chat/completions",
@@ -89,6 +92,7 @@ pub fn record_request(
             prompt: &prompt,
             status: None,
             constraint: request.constraint,
+            transport: request.ctx.ohttp.then_some(OHTTP_TRANSPORT),
         })
     });
     let request_id = request.ctx.request_id.clone();
@@ -128,6 +132,7 @@ pub async fn record_answered(
         prompt: "",
         status: Some(status.as_u16()),
         constraint: None,
+        transport: ctx.ohttp.then_some(OHTTP_TRANSPORT),
     });
     pending.await.map(Some).map_err(|err| {
         tracing::error!(error = %err, request_id = %ctx.request_id, "audit: request record failed");
