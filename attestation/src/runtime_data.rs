@@ -503,11 +503,11 @@ mod tests {
                 ..
             })
         ));
-        let mut v3 = sample();
-        v3.version = 3;
+        let mut v4 = sample();
+        v4.version = 4;
         assert!(matches!(
-            v3.validate(),
-            Err(RuntimeDataError::Version { found: 3 })
+            v4.validate(),
+            Err(RuntimeDataError::Version { found: 4 })
         ));
     }
 
