@@ -7,7 +7,8 @@
 # Usage: bash .gpu/gpu-check.sh [STAGES]   (default: "env unit correctness sanitizer attention bench peers")
 # Other stages: quickbench (one offline run), graphs (offline batch 1/16/64 with decode graphs on
 # and off, side by side), prefill (offline batch 16, input 1024 and 2048, 16 output tokens: TTFT),
-# serve (bench serve over HTTPS), auditbench (the audit log's serving cost, CPU backend, with the
+# serve (bench serve over HTTPS), ohttp (the same load over attested TLS and over Oblivious HTTP,
+# each through its local proxy, side by side, with the server's CPU per output token), auditbench (the audit log's serving cost, CPU backend, with the
 # A/A calibration; .gpu/audit_bench), attention (the decode-attention kernels alone, built with
 # nvcc from .gpu/kernels and .gpu/attention-check.cu: tests on fresh random data for every head
 # configuration below, compute-sanitizer memcheck, and the K/V read bandwidth benchmark; with
@@ -371,7 +372,7 @@ PY
 fi
 
 M8=/tmp/llama8b
-if has bench || has quickbench || has peers || has serve || has graphs || has prefill || has sealedstart || has profile; then
+if has bench || has quickbench || has peers || has serve || has ohttp || has graphs || has prefill || has sealedstart || has profile; then
   PYTHONUNBUFFERED=1 python3 "$G/make_llama8b.py" $M8 >"$OUT/make8b.log" 2>&1
   note "8B-shaped weights: $(tail -1 "$OUT/make8b.log")"
 fi
@@ -573,6 +574,43 @@ if has serve; then
     kill -TERM $SERVER 2>/dev/null
     wait $SERVER 2>/dev/null
   done
+fi
+
+# Oblivious HTTP (issue 50): the same load over attested TLS and over OHTTP in one run, each
+# through its local proxy (`inferno proxy` and `inferno proxy --ohttp`) against one server of the
+# 8B-shaped model: concurrency 64, 1000 prompt and 256 output tokens, TLS and OHTTP alternating
+# (OHTTP_ROUNDS times each). Output throughput and TTFT side by side, and the server's CPU time
+# per output token: the difference is the gateway's sealing cost per streamed token. Targets:
+# OHTTP costs <= 3% of output throughput and <= 1 ms of TTFT; <= 0.05 ms CPU per token.
+if has ohttp; then
+  OHTTP_LOAD=${OHTTP_LOAD:-"--concurrency 64 --num-prompts 256 --input-len 1000 --output-len 256"}
+  RUST_LOG=${SERVE_LOG:-warn} $RUN "$G/inferno" serve --model $M8 --device cuda --listen 127.0.0.1:8443 >"$OUT/ohttp-serve.log" 2>&1 &
+  SERVER=$!
+  for _ in $(seq 1 180); do
+    curl -ksf https://127.0.0.1:8443/health >/dev/null 2>&1 && break
+    sleep 1
+  done
+  RUST_LOG=warn $RUN "$G/inferno" proxy --listen 127.0.0.1:8081 --upstream https://127.0.0.1:8443 \
+    --policy policy/client-development.toml >"$OUT/ohttp-proxy-tls.log" 2>&1 &
+  PROXY_TLS=$!
+  RUST_LOG=warn $RUN "$G/inferno" proxy --ohttp --listen 127.0.0.1:8082 --upstream https://127.0.0.1:8443 \
+    --policy policy/client-development.toml >"$OUT/ohttp-proxy-ohttp.log" 2>&1 &
+  PROXY_OHTTP=$!
+  sleep 2
+  for round in $(seq 1 "${OHTTP_ROUNDS:-2}"); do
+    for path in tls:8081 ohttp:8082; do
+      name=${path%%:*}
+      port=${path##*:}
+      timeout 300 $RUN "$G/inferno" bench serve --url http://127.0.0.1:$port --model llama8b \
+        $OHTTP_LOAD --ignore-eos --seed $((round * 10 + port)) --server-pid $SERVER \
+        --json "$OUT/ohttp-$name-$round.json" >"$OUT/ohttp-$name-$round.log" 2>&1
+      rc=$?
+      note "ohttp round $round over $name: rc=$rc $(grep -E '^output throughput' "$OUT/ohttp-$name-$round.log" | tail -1)"
+      grep -E '^TTFT |^CPU ' "$OUT/ohttp-$name-$round.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+    done
+  done
+  kill -TERM $PROXY_TLS $PROXY_OHTTP $SERVER 2>/dev/null
+  wait $PROXY_TLS $PROXY_OHTTP $SERVER 2>/dev/null
 fi
 
 # Constrained decoding (issue 16). Grammar masks and logit_bias are applied by the device

@@ -56,6 +56,7 @@ fn audit_writer_throughput() {
                                 prompt: &prompt,
                                 status: None,
                                 constraint: None,
+                                transport: None,
                             })
                             .await
                             .expect("request record");

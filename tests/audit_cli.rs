@@ -61,6 +61,7 @@ fn write_log(dir: &Path, n: usize, segment_max_bytes: u64, content: Option<&Cont
                 prompt,
                 status: None,
                 constraint: None,
+                transport: None,
             }))
             .await
             .expect("append");

@@ -65,6 +65,7 @@ fn crash_child() {
                             prompt: "hello",
                             status: None,
                             constraint: None,
+                            transport: None,
                         };
                         if sink.request(facts).await.is_err() {
                             return;

@@ -73,6 +73,7 @@ const BINDING: StartupBinding = StartupBinding {
     audit_key: None,
     model_digest: [5; 32],
     quantized_at_load: None,
+    ohttp_key_config_sha256: None,
 };
 
 /// Starts a server and attests it with the embedded model's digest; the error, if either fails.

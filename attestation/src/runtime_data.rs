@@ -8,8 +8,12 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256, Sha512};
 
-/// The schema version this crate produces. Decoding also accepts [`RUNTIME_DATA_VERSION_1`].
-pub const RUNTIME_DATA_VERSION: u32 = 2;
+/// The schema version this crate produces. Decoding also accepts [`RUNTIME_DATA_VERSION_2`]
+/// and [`RUNTIME_DATA_VERSION_1`].
+pub const RUNTIME_DATA_VERSION: u32 = 3;
+
+/// The schema version before `ohttp_key_config_sha256`, still accepted when decoding.
+pub const RUNTIME_DATA_VERSION_2: u32 = 2;
 
 /// The previous schema version, still accepted when decoding (old audit logs carry it).
 pub const RUNTIME_DATA_VERSION_1: u32 = 1;
@@ -50,6 +54,18 @@ pub fn challenge_binding(nonce: &[u8], exporter: &[u8]) -> [u8; 32] {
     hash.finalize().into()
 }
 
+/// The challenge binding of a client nonce sent inside an Oblivious HTTP request (RFC 9458):
+/// SHA-256( nonce ‖ key_id ‖ public_key ), where `key_id` and `public_key` are those of the
+/// gateway key configuration the request was encapsulated to. Only the holder of that key's
+/// private half can read the nonce, so evidence carrying this binding was requested by it.
+pub fn ohttp_challenge_binding(nonce: &[u8], key_id: u8, public_key: &[u8]) -> [u8; 32] {
+    let mut hash = Sha256::new();
+    hash.update(nonce);
+    hash.update([key_id]);
+    hash.update(public_key);
+    hash.finalize().into()
+}
+
 /// Errors when decoding a runtime-data document.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeDataError {
@@ -58,7 +74,7 @@ pub enum RuntimeDataError {
     Json(#[from] serde_json::Error),
     /// The document declares a version this crate does not know.
     #[error(
-        "runtime-data document version {found} is not supported (expected {RUNTIME_DATA_VERSION_1} or {RUNTIME_DATA_VERSION})"
+        "runtime-data document version {found} is not supported (expected {RUNTIME_DATA_VERSION_1} to {RUNTIME_DATA_VERSION})"
     )]
     Version {
         /// The version found in the document.
@@ -79,7 +95,7 @@ pub enum RuntimeDataError {
     },
 }
 
-/// The runtime-data document, version 2 (version 1 documents decode into it unchanged).
+/// The runtime-data document, version 3 (version 1 and 2 documents decode into it unchanged).
 ///
 /// Fields are declared in sorted order: serde serialises struct fields in declaration order,
 /// which makes [`RuntimeData::to_canonical_bytes`] emit sorted keys.
@@ -101,6 +117,10 @@ pub struct RuntimeData {
     /// `/v1/models` returns), 32 bytes hex.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_digest: Option<String>,
+    /// SHA-256 of the server's Oblivious HTTP key configuration (RFC 9458 §3, the single
+    /// encoded configuration that `/.well-known/ohttp-gateway` lists), hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ohttp_key_config_sha256: Option<String>,
     /// SHA-256 of the exact bytes of the server policy file, hex.
     pub policy_sha256: String,
     /// The format the server quantizes a 16-bit checkpoint's projections to when it loads it
@@ -128,6 +148,7 @@ impl RuntimeData {
             challenge_bindings: Vec::new(),
             key_release_x25519: None,
             model_digest: None,
+            ohttp_key_config_sha256: None,
             policy_sha256: hex::encode(policy_sha256),
             quantized_at_load: None,
             software_version: software_version.into(),
@@ -169,11 +190,23 @@ impl RuntimeData {
     pub fn validate(&self) -> Result<(), RuntimeDataError> {
         match self.version {
             RUNTIME_DATA_VERSION => {}
+            RUNTIME_DATA_VERSION_2 => {
+                if self.ohttp_key_config_sha256.is_some() {
+                    return Err(RuntimeDataError::Field {
+                        field: "ohttp_key_config_sha256",
+                        reason: "not part of a version 2 document".into(),
+                    });
+                }
+            }
             RUNTIME_DATA_VERSION_1 => {
                 for (field, present) in [
                     ("challenge_bindings", !self.challenge_bindings.is_empty()),
                     ("key_release_x25519", self.key_release_x25519.is_some()),
                     ("model_digest", self.model_digest.is_some()),
+                    (
+                        "ohttp_key_config_sha256",
+                        self.ohttp_key_config_sha256.is_some(),
+                    ),
                 ] {
                     if present {
                         return Err(RuntimeDataError::Field {
@@ -193,6 +226,11 @@ impl RuntimeData {
             32..=32,
         )?;
         check_hex("model_digest", self.model_digest.as_deref(), 32..=32)?;
+        check_hex(
+            "ohttp_key_config_sha256",
+            self.ohttp_key_config_sha256.as_deref(),
+            32..=32,
+        )?;
         if let Some(format) = &self.quantized_at_load
             && !matches!(format.as_str(), "fp8")
         {
@@ -304,6 +342,7 @@ mod tests {
         doc.audit_key = Some(hex::encode([2; 32]));
         doc.model_digest = Some(hex::encode([3; 32]));
         doc.key_release_x25519 = Some(hex::encode([4; 32]));
+        doc.ohttp_key_config_sha256 = Some(hex::encode([6; 32]));
         doc.set_challenge_bindings([[9; 32], [5; 32]]).unwrap();
         doc
     }
@@ -317,9 +356,9 @@ mod tests {
         let mut sorted = keys.clone();
         sorted.sort();
         assert_eq!(keys, sorted);
-        assert_eq!(keys.len(), 8, "every field but tpm_ak_sha256: {value}");
+        assert_eq!(keys.len(), 9, "every field but tpm_ak_sha256: {value}");
         assert!(!bytes.contains(&b' '));
-        assert_eq!(value["version"], 2);
+        assert_eq!(value["version"], RUNTIME_DATA_VERSION);
         assert_eq!(RuntimeData::from_canonical_bytes(&bytes).unwrap(), doc);
     }
 
@@ -387,6 +426,23 @@ mod tests {
     }
 
     #[test]
+    fn version_2_documents_decode_without_the_ohttp_key_config() {
+        let v2 = br#"{"policy_sha256":"0707070707070707070707070707070707070707070707070707070707070707","software_version":"x","version":2}"#;
+        let doc = RuntimeData::from_canonical_bytes(v2).unwrap();
+        assert_eq!(doc.version, RUNTIME_DATA_VERSION_2);
+        assert_eq!(doc.to_canonical_bytes(), v2);
+        let mut mixed = doc;
+        mixed.ohttp_key_config_sha256 = Some(hex::encode([6; 32]));
+        assert!(matches!(
+            mixed.validate(),
+            Err(RuntimeDataError::Field {
+                field: "ohttp_key_config_sha256",
+                ..
+            })
+        ));
+    }
+
+    #[test]
     fn version_1_documents_still_decode() {
         let v1 = br#"{"audit_key":"0202020202020202020202020202020202020202020202020202020202020202","policy_sha256":"0707070707070707070707070707070707070707070707070707070707070707","software_version":"inferno/0.1.0","tls_spki_sha256":"0101010101010101010101010101010101010101010101010101010101010101","version":1}"#;
         let doc = RuntimeData::from_canonical_bytes(v1).unwrap();
@@ -447,11 +503,11 @@ mod tests {
                 ..
             })
         ));
-        let mut v3 = sample();
-        v3.version = 3;
+        let mut v4 = sample();
+        v4.version = 4;
         assert!(matches!(
-            v3.validate(),
-            Err(RuntimeDataError::Version { found: 3 })
+            v4.validate(),
+            Err(RuntimeDataError::Version { found: 4 })
         ));
     }
 

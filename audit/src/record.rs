@@ -90,6 +90,10 @@ pub struct RequestRecord {
     /// The grammar a constrained request followed (structured output, enforced tool call).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub constraint: Option<ConstraintNote>,
+    /// How the request reached the server when not directly over its TLS connection: `ohttp`
+    /// for a request sealed in Oblivious HTTP (RFC 9458). Absent for TLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
 }
 
 /// How a request's output was constrained: the kind and the grammar's digest, never the

@@ -34,6 +34,8 @@ pub struct RequestFacts<'a> {
     pub status: Option<u16>,
     /// The constraint's kind and grammar digest, for a constrained generation request.
     pub constraint: Option<(&'a str, &'a str)>,
+    /// `Some("ohttp")` for a request sealed in Oblivious HTTP; `None` over TLS.
+    pub transport: Option<&'a str>,
 }
 
 /// What the server knows about a request when it has answered it.
@@ -153,6 +155,7 @@ impl AuditSink {
                         kind: kind.to_owned(),
                         grammar_digest: digest.to_owned(),
                     }),
+                    transport: facts.transport.map(str::to_owned),
                 }))
         });
         async move { append?.await }

@@ -199,7 +199,7 @@ pub fn appraise_connection(
     }
 }
 
-fn appraisal_outcome(
+pub(crate) fn appraisal_outcome(
     certificate: Option<&AppraisalReport>,
     fresh: &AppraisalReport,
 ) -> Result<String, String> {
@@ -307,7 +307,11 @@ fn same_instance(
     }
 }
 
-fn allow_list(what: &str, value: Option<&str>, list: Option<&[String]>) -> Result<String, String> {
+pub(crate) fn allow_list(
+    what: &str,
+    value: Option<&str>,
+    list: Option<&[String]>,
+) -> Result<String, String> {
     let value = value.ok_or_else(|| format!("the verified start-up evidence names no {what}"))?;
     match list {
         None => Ok(format!(
@@ -324,7 +328,7 @@ fn allow_list(what: &str, value: Option<&str>, list: Option<&[String]>) -> Resul
 }
 
 /// The launch measurement a verified appraisal reports: SEV-SNP MEASUREMENT or TDX MRTD.
-fn measurement_of(report: &AppraisalReport) -> Option<String> {
+pub(crate) fn measurement_of(report: &AppraisalReport) -> Option<String> {
     if let Some(snp) = &report.claims.sev_snp {
         return Some(snp.measurement.to_ascii_lowercase());
     }
@@ -335,7 +339,7 @@ fn measurement_of(report: &AppraisalReport) -> Option<String> {
         .map(|tdx| tdx.mrtd.to_ascii_lowercase())
 }
 
-fn measurement_outcome(
+pub(crate) fn measurement_outcome(
     certificate: Option<String>,
     fresh: Option<String>,
     policy: &LoadedClientPolicy,
@@ -355,7 +359,7 @@ fn measurement_outcome(
     )
 }
 
-fn min_tcb_outcome(
+pub(crate) fn min_tcb_outcome(
     report: &AppraisalReport,
     policy: &LoadedClientPolicy,
 ) -> Result<String, String> {
@@ -407,7 +411,10 @@ fn min_tcb_outcome(
     }
 }
 
-fn gpu_outcome(report: &AppraisalReport, policy: &LoadedClientPolicy) -> Result<String, String> {
+pub(crate) fn gpu_outcome(
+    report: &AppraisalReport,
+    policy: &LoadedClientPolicy,
+) -> Result<String, String> {
     let required = policy.policy.gpu.required;
     match (&report.claims.gpu, required) {
         (Some(gpu), _) => Ok(format!(

@@ -69,6 +69,15 @@ pub enum ClientError {
         /// The full appraisal.
         report: Box<TrustReport>,
     },
+    /// An Oblivious HTTP exchange failed: the path refused or altered it, or the gateway could
+    /// not open it.
+    #[error("{target}: {reason}")]
+    Ohttp {
+        /// The gateway and its path.
+        target: String,
+        /// The cause.
+        reason: String,
+    },
 }
 
 /// A server address: `https://HOST:PORT`.

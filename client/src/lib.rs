@@ -6,7 +6,10 @@
 //! - [`Client`]: connects and verifies ([`Client::connect`]), or reuses a recent verification of
 //!   the same certificate ([`Client::connect_cached`]);
 //! - [`appraise_connection`]: the checks on what one connection observed, each by name;
-//! - [`TrustReport`]: the outcome.
+//! - [`TrustReport`]: the outcome;
+//! - [`ohttp`]: the same trust through Oblivious HTTP (RFC 9458), for servers behind a
+//!   TLS-terminating gateway or an Oblivious relay: the evidence names the key that every
+//!   request is then sealed to.
 //!
 //! `docs/client.md` describes the exchange and every check; `docs/attestation-protocol.md` is
 //! the wire protocol.
@@ -16,6 +19,7 @@
 mod appraisal;
 mod certificate;
 mod connect;
+pub mod ohttp;
 pub mod policy;
 mod tls;
 

@@ -53,6 +53,23 @@ impl ServerCertVerifier for EvidenceCertVerifier {
     }
 }
 
+/// The TLS configuration of the path to an Oblivious HTTP gateway (a load balancer or relay):
+/// TLS 1.2 or 1.3, ALPN as the HTTP client sets it, any certificate with a valid handshake
+/// signature. What crosses it is sealed to the attested key; its certificate adds nothing to
+/// that trust.
+pub(crate) fn path_config() -> ClientConfig {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = Arc::new(EvidenceCertVerifier {
+        algorithms: provider.signature_verification_algorithms,
+    });
+    ClientConfig::builder_with_provider(Arc::clone(&provider) as Arc<CryptoProvider>)
+        .with_safe_default_protocol_versions()
+        .expect("the ring provider supports the default TLS versions")
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth()
+}
+
 /// The client configuration every verified connection uses.
 pub(crate) fn client_config() -> Arc<ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());

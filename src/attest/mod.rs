@@ -149,6 +149,8 @@ pub struct StartupBinding {
     pub model_digest: [u8; 32],
     /// The format the projections are quantized to at load, if they are.
     pub quantized_at_load: Option<crate::model::QuantizeAtLoad>,
+    /// SHA-256 of the Oblivious HTTP key configuration the gateway serves, when it runs.
+    pub ohttp_key_config_sha256: Option<[u8; 32]>,
 }
 
 /// The server's evidence, its runtime-data document and the appraisal that admitted it.
@@ -244,6 +246,7 @@ impl Attester {
             runtime_data.audit_key = binding.audit_key.map(hex::encode);
             runtime_data.model_digest = Some(hex::encode(binding.model_digest));
             runtime_data.quantized_at_load = binding.quantized_at_load.map(|q| q.name().into());
+            runtime_data.ohttp_key_config_sha256 = binding.ohttp_key_config_sha256.map(hex::encode);
         }
         if let Some(tpm) = &self.tpm {
             tpm.bind_ak(&mut runtime_data)?;
@@ -671,6 +674,7 @@ mod tests {
         audit_key: None,
         model_digest: [5; 32],
         quantized_at_load: Some(crate::model::QuantizeAtLoad::Fp8),
+        ohttp_key_config_sha256: Some([6; 32]),
     };
 
     /// The start-up document carries every value of `binding`.
@@ -690,6 +694,10 @@ mod tests {
         assert_eq!(
             doc.quantized_at_load.as_deref(),
             binding.quantized_at_load.map(|q| q.name())
+        );
+        assert_eq!(
+            doc.ohttp_key_config_sha256.as_deref(),
+            binding.ohttp_key_config_sha256.map(hex::encode).as_deref()
         );
     }
 

@@ -11,6 +11,9 @@
 //! `inferno-verified-measurement` and `inferno-verified-model`. Downstream connections are
 //! bounded, cut when their headers are slow or they idle (`crate::netlimits`), and running out
 //! of file descriptors backs off instead of exiting.
+//!
+//! With `--ohttp` (`sealed`) every request is sealed to the attested Oblivious HTTP
+//! key instead, so the server may sit behind a TLS-terminating gateway or an Oblivious relay.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -23,7 +26,7 @@ use anyhow::Context as _;
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
@@ -31,6 +34,8 @@ use inferno_client::{Client, ClientError, Target, VerificationCache};
 use tokio::net::TcpListener;
 
 use crate::netlimits::{self, Acceptor};
+
+mod sealed;
 
 /// How many downstream connections are served at once; more wait to be accepted.
 const MAX_CONNECTIONS: usize = 1024;
@@ -72,11 +77,22 @@ pub struct ProxyArgs {
     /// again in full.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     reverify_after: u64,
+    /// Seal every request with Oblivious HTTP (RFC 9458) to the gateway key the server's
+    /// evidence names; `--upstream` may then be a TLS-terminating gateway (`https://` or
+    /// `http://` origin) in front of the server.
+    #[arg(long)]
+    ohttp: bool,
+    /// An Oblivious relay resource that forwards the sealed requests (with `--ohttp`).
+    #[arg(long, requires = "ohttp")]
+    relay: Option<String>,
 }
 
 /// Runs `inferno proxy` until interrupted.
 pub fn run(args: ProxyArgs) -> ExitCode {
     super::init_tracing();
+    if args.ohttp {
+        return sealed::run(&args);
+    }
     let prepared = super::verify::load_client(&args.policy, args.collateral.as_deref())
         .and_then(|client| Ok((client, Target::parse(&args.upstream)?)));
     let (client, target) = match prepared {
@@ -90,29 +106,47 @@ pub fn run(args: ProxyArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(err) => return super::fail(&err.into()),
     };
-    if !args.listen.ip().is_loopback() {
-        tracing::warn!(
-            listen = %args.listen,
-            "not a loopback address: the hop from clients to this proxy is plain HTTP, unencrypted and unauthenticated"
-        );
-    }
+    warn_off_loopback(args.listen);
     let cache = VerificationCache::new(std::time::Duration::from_secs(args.reverify_after));
-    match runtime.block_on(serve(args.listen, Upstream::new(client, target, cache))) {
+    let upstream = Upstream::new(client, target, cache);
+    let banner = format!(
+        "upstream: {} (client policy {:?})",
+        upstream.target,
+        upstream.client.policy().policy.name
+    );
+    match runtime.block_on(serve(args.listen, banner, upstream, Upstream::forward)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => super::fail(&err),
     }
 }
 
-async fn serve(listen: SocketAddr, upstream: Arc<Upstream>) -> anyhow::Result<()> {
+/// Warns when the proxy's plain-HTTP side is not on loopback.
+fn warn_off_loopback(listen: SocketAddr) {
+    if !listen.ip().is_loopback() {
+        tracing::warn!(
+            %listen,
+            "not a loopback address: the hop from clients to this proxy is plain HTTP, unencrypted and unauthenticated"
+        );
+    }
+}
+
+/// Serves plain HTTP on `listen`, answering every request with `forward(upstream, request)`.
+async fn serve<U, F, Fut>(
+    listen: SocketAddr,
+    banner: String,
+    upstream: Arc<U>,
+    forward: F,
+) -> anyhow::Result<()>
+where
+    U: Send + Sync + 'static,
+    F: Fn(Arc<U>, Request<Incoming>) -> Fut + Copy + Send + Sync + 'static,
+    Fut: Future<Output = Response<ProxyBody>> + Send + 'static,
+{
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let local = listener.local_addr()?;
-    eprintln!(
-        "upstream: {} (client policy {:?})",
-        upstream.target,
-        upstream.client.policy().policy.name
-    );
+    eprintln!("{banner}");
     eprintln!("listening: http://{local}");
     let acceptor = Acceptor::new(listener, MAX_CONNECTIONS);
     loop {
@@ -126,7 +160,7 @@ async fn serve(listen: SocketAddr, upstream: Arc<Upstream>) -> anyhow::Result<()
             let peer = accepted.peer;
             let service = hyper::service::service_fn(move |request| {
                 let upstream = Arc::clone(&upstream);
-                async move { Ok::<_, std::convert::Infallible>(upstream.forward(request).await) }
+                async move { Ok::<_, std::convert::Infallible>(forward(upstream, request).await) }
             });
             if let Err(err) = netlimits::http1_builder()
                 .serve_connection(TokioIo::new(accepted.stream), service)
@@ -138,7 +172,8 @@ async fn serve(listen: SocketAddr, upstream: Arc<Upstream>) -> anyhow::Result<()
     }
 }
 
-type ProxyBody = BoxBody<Bytes, hyper::Error>;
+/// The body of every answer: the upstream's, passed through, or the proxy's own.
+type ProxyBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 /// One verified upstream connection, idle or in use.
 struct Pooled {
@@ -294,7 +329,7 @@ impl Upstream {
             inner: body,
             release: Some((pooled, self)),
         };
-        Response::from_parts(parts, body.boxed())
+        Response::from_parts(parts, body.map_err(Into::into).boxed_unsync())
     }
 }
 
@@ -357,9 +392,9 @@ fn verification_failure(err: &ClientError) -> Response<ProxyBody> {
     tracing::warn!(error = %err, "upstream not verified; answering 502");
     // A server that answers no usable evidence is as unverified as one whose evidence fails.
     let code = match err {
-        ClientError::Rejected { .. } | ClientError::Attestation { .. } => {
-            "upstream_verification_failed"
-        }
+        ClientError::Rejected { .. }
+        | ClientError::Attestation { .. }
+        | ClientError::Ohttp { .. } => "upstream_verification_failed",
         _ => "upstream_unreachable",
     };
     error_response(
@@ -382,7 +417,7 @@ fn error_response(status: StatusCode, code: &str, message: &str) -> Response<Pro
     let mut response = Response::new(
         Full::new(Bytes::from(body))
             .map_err(|never| match never {})
-            .boxed(),
+            .boxed_unsync(),
     );
     *response.status_mut() = status;
     response.headers_mut().insert(

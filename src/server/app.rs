@@ -5,17 +5,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use http::{HeaderValue, Method, Request, Response, header};
-use hyper::body::Incoming;
-
 use super::auth::{Authenticator, Principal};
-use super::body::Body;
+use super::body::{Body, RequestBody};
 use super::endpoint::Endpoint;
 use super::error::ApiError;
 use super::handlers;
 use super::metrics::Metrics;
 use super::service::ModelService;
 use crate::config::Config;
+use http::{HeaderValue, Method, Request, Response, header};
 use inferno_audit::AuditSink;
 
 /// The request-id header: on a request, the client's own id; on every response, the id the
@@ -37,6 +35,9 @@ pub struct RequestContext {
     pub client_request_id: Option<String>,
     /// When the request arrived.
     pub arrived: Instant,
+    /// Whether the request came sealed in an Oblivious HTTP message (`POST /v1/ohttp`): its
+    /// audit records say so.
+    pub ohttp: bool,
 }
 
 /// State shared by every connection.
@@ -48,6 +49,7 @@ pub struct App {
     audit: OnceLock<Arc<AuditSink>>,
     attestation: OnceLock<Arc<crate::attest::AttestationService>>,
     challenges: super::attestation::ChallengeGate,
+    ohttp: Option<super::ohttp::Gateway>,
     content_in_logs: bool,
     /// Whether the last look at the audit log found it failed (logged once per change).
     audit_failed: AtomicBool,
@@ -82,6 +84,8 @@ enum Route {
     Tokenize,
     Detokenize,
     Version,
+    Ohttp,
+    OhttpKeys,
 }
 
 impl Route {
@@ -100,6 +104,8 @@ impl Route {
             "/tokenize" => Some(Self::Tokenize),
             "/detokenize" => Some(Self::Detokenize),
             "/version" => Some(Self::Version),
+            super::ohttp::GATEWAY_PATH => Some(Self::Ohttp),
+            super::ohttp::KEYS_PATH => Some(Self::OhttpKeys),
             _ if model_id(path).is_some() => Some(Self::Model),
             _ => None,
         }
@@ -113,13 +119,15 @@ impl Route {
             | Self::Model
             | Self::AuditCheckpoint
             | Self::AuditProof
-            | Self::Version => method == Method::GET || method == Method::HEAD,
+            | Self::Version
+            | Self::OhttpKeys => method == Method::GET || method == Method::HEAD,
             Self::Chat
             | Self::Completions
             | Self::Responses
             | Self::Embeddings
             | Self::Tokenize
-            | Self::Detokenize => method == Method::POST,
+            | Self::Detokenize
+            | Self::Ohttp => method == Method::POST,
             Self::Attestation => {
                 method == Method::GET || method == Method::HEAD || method == Method::POST
             }
@@ -133,7 +141,8 @@ impl Route {
             | Self::Responses
             | Self::Embeddings
             | Self::Tokenize
-            | Self::Detokenize => "POST",
+            | Self::Detokenize
+            | Self::Ohttp => "POST",
             Self::Attestation => "GET, HEAD, POST",
             _ => "GET, HEAD",
         }
@@ -149,6 +158,7 @@ impl App {
             auth,
             metrics: Arc::new(Metrics::new()),
             challenges,
+            ohttp: None,
             service: OnceLock::new(),
             audit: OnceLock::new(),
             attestation: OnceLock::new(),
@@ -162,6 +172,18 @@ impl App {
     pub fn with_content_in_logs(mut self, allowed: bool) -> Self {
         self.content_in_logs = allowed;
         self
+    }
+
+    /// Serves the Oblivious HTTP gateway (`POST /v1/ohttp`, `GET /.well-known/ohttp-gateway`)
+    /// with `gateway`'s key configuration.
+    pub fn with_ohttp(mut self, gateway: super::ohttp::Gateway) -> Self {
+        self.ohttp = Some(gateway);
+        self
+    }
+
+    /// The Oblivious HTTP gateway, when it runs.
+    pub fn ohttp(&self) -> Option<&super::ohttp::Gateway> {
+        self.ohttp.as_ref()
     }
 
     /// Whether the policy lets prompts and completions appear in logs.
@@ -299,15 +321,23 @@ impl App {
 
     /// Serves one request. Never fails: errors become OpenAI-style error responses. Every
     /// request to a `/v1/` path gets an audit record before its response: accepted generation
-    /// requests in the handler, every other one (refusals included) here.
-    pub async fn handle(
+    /// requests in the handler, every other one (refusals included) here. A request that
+    /// carries the [`super::ohttp::Sealed`] extension came out of an Oblivious HTTP message.
+    pub async fn handle<B>(
         self: Arc<Self>,
-        request: Request<Incoming>,
-    ) -> Result<Response<Body>, Infallible> {
+        request: Request<B>,
+    ) -> Result<Response<Body>, Infallible>
+    where
+        B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: std::fmt::Display,
+    {
+        let request = request.map(super::body::request_body);
         let ctx = RequestContext {
             request_id: uuid::Uuid::new_v4().to_string(),
             client_request_id: client_request_id(&request),
             arrived: Instant::now(),
+            ohttp: request.extensions().get::<super::ohttp::Sealed>().is_some()
+                || request.uri().path() == super::ohttp::GATEWAY_PATH,
         };
         let method = request.method().clone();
         let path = request.uri().path().to_owned();
@@ -405,7 +435,11 @@ impl App {
         Ok(response)
     }
 
-    async fn route(self: &Arc<Self>, request: Request<Incoming>, ctx: &RequestContext) -> Routed {
+    async fn route(
+        self: &Arc<Self>,
+        request: Request<RequestBody>,
+        ctx: &RequestContext,
+    ) -> Routed {
         let unauthenticated = |result| Routed {
             principal: None,
             caller: self.auth.audit_name(request.headers()),
@@ -427,6 +461,17 @@ impl App {
         match route {
             Route::Health => return unauthenticated(Ok(handlers::health(self))),
             Route::Version => return unauthenticated(Ok(handlers::version())),
+            Route::OhttpKeys => return unauthenticated(super::ohttp::key_configs(self)),
+            Route::Ohttp => {
+                let caller = self.auth.audit_name(request.headers());
+                let (recorded, result) = super::ohttp::gateway(self, request).await;
+                return Routed {
+                    principal: None,
+                    caller,
+                    recorded,
+                    result,
+                };
+            }
             Route::AuditCheckpoint => return unauthenticated(super::audit::checkpoint(self)),
             Route::Attestation if request.method() != Method::POST => {
                 return unauthenticated(super::attestation::document(self));
@@ -486,6 +531,11 @@ impl App {
                 super::receipt::proof(self, request.uri().query(), principal.name()).await,
             ),
             Route::Attestation => (false, super::attestation::document(self)),
+            Route::OhttpKeys => (false, super::ohttp::key_configs(self)),
+            Route::Ohttp => (
+                false,
+                Err(ApiError::route_not_found(super::ohttp::GATEWAY_PATH)),
+            ),
         };
         Routed {
             caller: principal.name().to_owned(),

@@ -15,14 +15,14 @@ use std::time::Instant;
 
 use http::{HeaderValue, Request, Response, header};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use inferno_attestation::runtime_data::{
     MAX_CHALLENGE_NONCE, MIN_CHALLENGE_NONCE, TLS_EXPORTER_LEN, challenge_binding,
+    ohttp_challenge_binding,
 };
 use sha2::{Digest, Sha256};
 
 use super::app::App;
-use super::body::{Body, full};
+use super::body::{Body, RequestBody, full};
 use super::error::ApiError;
 use crate::config::AttestationConfig;
 
@@ -45,26 +45,38 @@ pub fn document(app: &App) -> Result<Response<Body>, ApiError> {
     Ok(json(attestation.startup().to_json()))
 }
 
-/// `POST /v1/attestation`: fresh evidence bound to the caller's nonce and TLS connection.
-pub async fn fresh(app: &App, request: Request<Incoming>) -> Result<Response<Body>, ApiError> {
-    let exporter = request
-        .extensions()
-        .get::<ConnectionExporter>()
-        .copied()
-        .ok_or_else(|| {
-            ApiError::invalid_request(
+/// `POST /v1/attestation`: fresh evidence bound to the caller's nonce and its channel: the TLS
+/// connection's exporter, or, for a request sealed in Oblivious HTTP, the gateway key it was
+/// sealed to.
+pub async fn fresh(app: &App, request: Request<RequestBody>) -> Result<Response<Body>, ApiError> {
+    let sealed = request.extensions().get::<super::ohttp::Sealed>().cloned();
+    let exporter = request.extensions().get::<ConnectionExporter>().copied();
+    let channel = match (sealed, exporter) {
+        (Some(sealed), _) => Channel::Sealed(sealed),
+        (None, Some(exporter)) => Channel::Tls(exporter),
+        (None, None) => {
+            return Err(ApiError::invalid_request(
                 "fresh evidence is bound to the TLS connection's exporter value; this connection has no TLS",
-            )
-        })?;
+            ));
+        }
+    };
     let attestation = app
         .attestation()
         .cloned()
         .ok_or_else(|| ApiError::unavailable("the server has not attested yet"))?;
     let principal = app.challenge_principal(request.headers());
-    let client = ChallengeClient::of(principal.as_deref(), &exporter);
+    let client = match &channel {
+        Channel::Sealed(sealed) => ChallengeClient::sealed(principal.as_deref(), sealed.client),
+        Channel::Tls(exporter) => ChallengeClient::of(principal.as_deref(), exporter),
+    };
     let nonce = read_nonce(request).await?;
     app.challenges().admit(&client, &nonce)?;
-    let binding = challenge_binding(&nonce, &exporter.0);
+    let binding = match &channel {
+        Channel::Sealed(sealed) => {
+            ohttp_challenge_binding(&nonce, sealed.key_id, &sealed.public_key)
+        }
+        Channel::Tls(exporter) => challenge_binding(&nonce, &exporter.0),
+    };
     let fresh = attestation.fresh(binding).await.map_err(|err| {
         tracing::error!(error = %err, "attestation: fresh evidence failed");
         ApiError::unavailable("fresh evidence could not be produced")
@@ -72,7 +84,15 @@ pub async fn fresh(app: &App, request: Request<Incoming>) -> Result<Response<Bod
     Ok(json(fresh.to_json()))
 }
 
-async fn read_nonce(request: Request<Incoming>) -> Result<Vec<u8>, ApiError> {
+/// What a challenge is bound to besides its nonce.
+enum Channel {
+    /// The TLS connection it arrived on.
+    Tls(ConnectionExporter),
+    /// The Oblivious HTTP gateway key it was sealed to.
+    Sealed(super::ohttp::Sealed),
+}
+
+async fn read_nonce(request: Request<RequestBody>) -> Result<Vec<u8>, ApiError> {
     let json_body = request
         .headers()
         .get(header::CONTENT_TYPE)
@@ -153,6 +173,16 @@ impl ChallengeClient {
         match principal {
             Some(name) => Self::Principal(name.to_owned()),
             None => Self::Connection(Sha256::digest(exporter.0).into()),
+        }
+    }
+
+    /// The client of a request sealed in Oblivious HTTP: the principal when it sent a valid
+    /// key inside, else the outer connection the gateway received it on (`connection`: that
+    /// connection's id, see [`super::ohttp::Sealed::client`]).
+    pub fn sealed(principal: Option<&str>, connection: [u8; 32]) -> Self {
+        match principal {
+            Some(name) => Self::Principal(name.to_owned()),
+            None => Self::Connection(connection),
         }
     }
 }

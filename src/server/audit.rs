@@ -23,6 +23,9 @@ use tokio::sync::oneshot;
 
 use inferno_audit::{Appended, AuditSink, CompletionFacts, ContentMode, RequestFacts};
 
+/// The audit record's `transport` of a request sealed in Oblivious HTTP.
+pub const OHTTP_TRANSPORT: &str = "ohttp";
+
 fn latency_ms(ctx: &RequestContext) -> u64 {
     u64::try_from(ctx.arrived.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
@@ -83,6 +86,7 @@ pub fn record_request(
             prompt: &prompt,
             status: None,
             constraint: request.constraint,
+            transport: request.ctx.ohttp.then_some(OHTTP_TRANSPORT),
         })
     });
     let request_id = request.ctx.request_id.clone();
@@ -122,6 +126,7 @@ pub async fn record_answered(
         prompt: "",
         status: Some(status.as_u16()),
         constraint: None,
+        transport: ctx.ohttp.then_some(OHTTP_TRANSPORT),
     });
     pending.await.map(Some).map_err(|err| {
         tracing::error!(error = %err, request_id = %ctx.request_id, "audit: request record failed");

@@ -13,6 +13,25 @@ use super::error::ApiError;
 /// Every response body: a complete buffer or a stream of server-sent events.
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
+/// Every request body the router reads: a connection's, or one unwrapped from an Oblivious HTTP
+/// message (`src/server/ohttp/`), which the router serves in-process.
+pub type RequestBody = UnsyncBoxBody<Bytes, BodyError>;
+
+/// A request body could not be read (the connection failed mid-body).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BodyError(pub String);
+
+/// `body` as a [`RequestBody`].
+pub fn request_body<B>(body: B) -> RequestBody
+where
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: std::fmt::Display,
+{
+    body.map_err(|err| BodyError(err.to_string()))
+        .boxed_unsync()
+}
+
 /// A body holding `data` in full.
 pub fn full(data: impl Into<Bytes>) -> Body {
     Full::new(data.into()).boxed_unsync()

@@ -4,12 +4,11 @@
 use std::sync::Arc;
 
 use http::{HeaderValue, Response, StatusCode, header};
-use hyper::body::Incoming;
 
 use super::app::{App, RequestContext};
 use super::audit;
 use super::auth::Principal;
-use super::body::{Body, full, read_limited, require_json};
+use super::body::{Body, RequestBody, full, read_limited, require_json};
 use super::endpoint::Endpoint;
 use super::error::ApiError;
 use super::generation::{self, ApiKind, Job, ToolCalls};
@@ -153,7 +152,7 @@ pub fn version() -> Response<Body> {
 /// `{"count", "max_model_len", "tokens"}`.
 pub async fn tokenize(
     app: &App,
-    request: http::Request<Incoming>,
+    request: http::Request<RequestBody>,
 ) -> Result<Response<Body>, ApiError> {
     let service = app.ready_service()?;
     let body = read_body(app, request).await?;
@@ -198,7 +197,7 @@ pub async fn tokenize(
 /// `POST /detokenize` (vLLM's shape): `{"tokens"}` to `{"prompt"}`.
 pub async fn detokenize(
     app: &App,
-    request: http::Request<Incoming>,
+    request: http::Request<RequestBody>,
 ) -> Result<Response<Body>, ApiError> {
     let service = app.ready_service()?;
     let body = read_body(app, request).await?;
@@ -214,7 +213,10 @@ pub async fn detokenize(
 }
 
 /// Reads a request body within the configured limits.
-async fn read_body(app: &App, request: http::Request<Incoming>) -> Result<bytes::Bytes, ApiError> {
+async fn read_body(
+    app: &App,
+    request: http::Request<RequestBody>,
+) -> Result<bytes::Bytes, ApiError> {
     let limits = &app.config().limits;
     let (parts, body) = request.into_parts();
     read_limited(
@@ -392,7 +394,7 @@ pub async fn generate(
     endpoint: Endpoint,
     principal: &Principal,
     ctx: &RequestContext,
-    request: http::Request<Incoming>,
+    request: http::Request<RequestBody>,
 ) -> Result<Response<Body>, GenerateError> {
     use GenerateError::{Failed, Refused};
     let service = app.ready_service().map_err(Refused)?;

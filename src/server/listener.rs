@@ -155,6 +155,7 @@ async fn record_parser_refusal(app: &App, status: http::StatusCode) {
         request_id: uuid::Uuid::new_v4().to_string(),
         client_request_id: None,
         arrived: std::time::Instant::now(),
+        ohttp: false,
     };
     if let Err(err) =
         super::audit::record_answered(app, &ctx, "anonymous", UNPARSED_ENDPOINT, status).await

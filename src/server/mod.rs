@@ -18,6 +18,7 @@ mod generation;
 mod handlers;
 mod listener;
 pub mod metrics;
+pub mod ohttp;
 pub mod openai;
 pub mod policy;
 pub mod receipt;
@@ -103,6 +104,9 @@ pub enum ServerError {
     /// The certificate or key could not be loaded.
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
+    /// The Oblivious HTTP key configuration could not be made.
+    #[error(transparent)]
+    Ohttp(#[from] ohttp::KeyConfigError),
     /// The audit log could not be opened (or is inconsistent with its witness).
     #[error(transparent)]
     Audit(#[from] inferno_audit::AuditError),
@@ -179,7 +183,12 @@ impl Server {
             source,
         })?;
         let grace = config.server.shutdown_grace();
-        let app = Arc::new(App::new(config, auth).with_content_in_logs(policy.content_in_logs));
+        let gateway = ohttp::Gateway::generate()?;
+        let app = Arc::new(
+            App::new(config, auth)
+                .with_content_in_logs(policy.content_in_logs)
+                .with_ohttp(gateway),
+        );
         let (shutdown, shutdown_rx) = watch::channel(false);
         let acceptor = TlsAcceptor::from(identity.config());
         let task = tokio::spawn(listener::run(
@@ -233,6 +242,7 @@ impl Server {
             audit_key: pending.signer.as_ref().map(|s| s.verifier().public),
             model_digest,
             quantized_at_load: config.model.quantization,
+            ohttp_key_config_sha256: self.app.ohttp().map(|gateway| gateway.key().digest()),
         };
         let prepared = self
             .prepared

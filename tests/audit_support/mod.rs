@@ -97,6 +97,7 @@ pub fn write_log(dir: &Path) {
                 prompt,
                 status: refused.then_some(*status),
                 constraint: None,
+                transport: None,
             }))
             .await
             .expect("append");

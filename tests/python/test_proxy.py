@@ -23,7 +23,7 @@ PROXY_TIMEOUT_S = 60
 class RunningProxy:
     """An `inferno proxy` subprocess in front of a server."""
 
-    def __init__(self, upstream_port: int):
+    def __init__(self, upstream_port: int, extra_args: tuple[str, ...] = ()):
         self.process = subprocess.Popen(
             [
                 str(_binary()),
@@ -34,6 +34,7 @@ class RunningProxy:
                 f"https://127.0.0.1:{upstream_port}",
                 "--policy",
                 str(REPO / "policy" / "client-development.toml"),
+                *extra_args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -49,6 +49,7 @@ pub fn request(id: &str) -> RecordBody {
         prompt: SealedContent::None,
         status: None,
         constraint: None,
+        transport: None,
     })
 }
 

@@ -1,0 +1,161 @@
+//! Judging a gateway reached over Oblivious HTTP: no TLS channel reaches the server, so the
+//! fresh evidence alone speaks for it. It must pass the client policy, name the key
+//! configuration the client seals to (`ohttp.key_config`) and answer the nonce the client sent
+//! sealed to that key (`ohttp.challenge`).
+
+use inferno_attestation::bundle::CollateralBundle;
+use inferno_attestation::evidence::Evidence;
+use inferno_attestation::pki;
+use inferno_attestation::report::{AppraisalReport, CheckList, Verdict};
+use inferno_attestation::runtime_data::{RuntimeData, ohttp_challenge_binding};
+use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
+
+use crate::appraisal::{
+    TrustReport, allow_list, gpu_outcome, measurement_of, measurement_outcome, min_tcb_outcome,
+};
+use crate::policy::LoadedClientPolicy;
+
+/// What a client observed of a gateway: the inputs of [`appraise_gateway`].
+#[derive(Debug, Clone)]
+pub struct GatewayObservation {
+    /// The encoded key configuration (RFC 9458 §3.1) the client seals its requests to.
+    pub key_config: Vec<u8>,
+    /// The nonce the client sent, sealed to that configuration, in `POST /v1/attestation`.
+    pub nonce: Vec<u8>,
+    /// The evidence envelope the sealed answer carried.
+    pub fresh_evidence: Evidence,
+}
+
+/// Judges a gateway observation against a client policy at `now`. Never fails: every problem
+/// is a failed check.
+pub fn appraise_gateway(
+    observed: &GatewayObservation,
+    policy: &LoadedClientPolicy,
+    collateral: Option<&CollateralBundle>,
+    now: OffsetDateTime,
+) -> TrustReport {
+    let mut checks = CheckList::default();
+    let fresh_appraisal =
+        inferno_attestation::appraise::appraise(&inferno_attestation::appraise::AppraisalInput {
+            evidence: &observed.fresh_evidence,
+            policy: &policy.appraisal,
+            collateral,
+            now,
+            clock_floor: None,
+            gpu_ready_pending: false,
+        });
+    checks.record("evidence.appraisal", appraisal_outcome(&fresh_appraisal));
+    let fresh = fresh_appraisal.claims.runtime_data.as_ref();
+    checks.record("ohttp.key_config", key_config_outcome(observed, fresh));
+    checks.record("ohttp.challenge", challenge_outcome(observed, fresh));
+
+    let server_policy = fresh.map(|d| d.policy_sha256.clone());
+    let model = fresh.and_then(|d| d.model_digest.clone());
+    checks.record(
+        "policy.server_policy_digest",
+        allow_list(
+            "server policy SHA-256",
+            server_policy.as_deref(),
+            policy.policy.server_policy_sha256.as_deref(),
+        ),
+    );
+    checks.record(
+        "policy.model_digest",
+        allow_list(
+            "model digest",
+            model.as_deref(),
+            policy.policy.model_digests.as_deref(),
+        ),
+    );
+    let measurement = measurement_of(&fresh_appraisal);
+    checks.record(
+        "policy.measurement",
+        measurement_outcome(None, measurement.clone(), policy),
+    );
+    checks.record("policy.min_tcb", min_tcb_outcome(&fresh_appraisal, policy));
+    checks.record("policy.gpu", gpu_outcome(&fresh_appraisal, policy));
+    let verdict = if checks.all_passed() {
+        Verdict::Pass
+    } else {
+        Verdict::Reject
+    };
+    TrustReport {
+        verdict,
+        simulated: fresh_appraisal.simulated,
+        policy_name: policy.policy.name.clone(),
+        policy_sha256: hex::encode(policy.digest),
+        now: pki::rfc3339(now),
+        checks: checks.into_checks(),
+        measurement,
+        model_digest: model,
+        server_policy_sha256: server_policy,
+        certificate_appraisal: None,
+        fresh_appraisal,
+    }
+}
+
+fn appraisal_outcome(fresh: &AppraisalReport) -> Result<String, String> {
+    if fresh.passed() {
+        Ok(format!(
+            "fresh evidence: all {} checks pass{}",
+            fresh.checks.len(),
+            if fresh.simulated {
+                " (SIMULATED TEE: test keys, no hardware protection)"
+            } else {
+                ""
+            }
+        ))
+    } else {
+        Err(format!(
+            "fresh evidence: {}",
+            fresh
+                .failures()
+                .map(|c| format!("{} ({})", c.id, c.reason))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    }
+}
+
+fn key_config_outcome(
+    observed: &GatewayObservation,
+    fresh: Option<&RuntimeData>,
+) -> Result<String, String> {
+    let doc = fresh.ok_or("no verified runtime data in the fresh evidence")?;
+    let ours = hex::encode(Sha256::digest(&observed.key_config));
+    match &doc.ohttp_key_config_sha256 {
+        Some(bound) if *bound == ours => Ok(format!(
+            "the evidence binds key configuration SHA-256 {bound}, the configuration requests are sealed to"
+        )),
+        Some(bound) => Err(format!(
+            "the evidence binds key configuration SHA-256 {bound}, but the configuration served has {ours}: it is not the attested gateway's key"
+        )),
+        None => Err("the evidence binds no Oblivious HTTP key configuration".to_owned()),
+    }
+}
+
+fn challenge_outcome(
+    observed: &GatewayObservation,
+    fresh: Option<&RuntimeData>,
+) -> Result<String, String> {
+    let doc = fresh.ok_or("no verified runtime data in the fresh evidence")?;
+    let (key_id, public_key) = key_id_and_public_key(&observed.key_config)
+        .ok_or("the key configuration is too short to hold a key id and an X25519 key")?;
+    let binding = hex::encode(ohttp_challenge_binding(&observed.nonce, key_id, public_key));
+    let count = doc.challenge_bindings.len();
+    if doc.challenge_bindings.contains(&binding) {
+        Ok(format!(
+            "SHA-256(nonce ‖ key id ‖ public key) = {binding} is among the fresh evidence's {count} challenge binding(s)"
+        ))
+    } else {
+        Err(format!(
+            "SHA-256(nonce ‖ key id ‖ public key) = {binding} is not among the fresh evidence's {count} challenge binding(s): the evidence answers another nonce or was requested under another key"
+        ))
+    }
+}
+
+/// The key id and the X25519 public key of an encoded key configuration.
+pub(crate) fn key_id_and_public_key(config: &[u8]) -> Option<(u8, &[u8])> {
+    Some((*config.first()?, config.get(3..35)?))
+}
