@@ -61,12 +61,23 @@ impl Harness {
             .expect("server start-up thread")
     }
 
+    /// Starts a server serving `model` (instead of the embedded one) on the CPU backend.
+    pub fn start_serving(config: Config, model: Model) -> Harness {
+        std::thread::spawn(move || Self::start_model(config, model, true))
+            .join()
+            .expect("server start-up thread")
+    }
+
     fn start_blocking(config: Config, load_model: bool) -> Harness {
+        let model = Model::embedded().expect("embedded model loads");
+        Self::start_model(config, model, load_model)
+    }
+
+    fn start_model(config: Config, model: Model, load_model: bool) -> Harness {
         let engine_config = config.engine.clone();
         let server = runtime()
             .block_on(Server::start(config))
             .expect("server starts");
-        let model = Model::embedded().expect("embedded model loads");
         runtime()
             .block_on(server.attest(model.digest.bytes))
             .expect("start-up attestation");
