@@ -290,3 +290,70 @@ fn experts_quantized_to_fp8_at_load_agree_with_bf16() {
     eprintln!("FP8 experts: top-1 agreement {agreement:.3} over {total} positions");
     assert!(agreement >= 0.75, "{agreement}");
 }
+
+/// What `scripts/make_fp8_fixtures.py` computed with numpy for one projection.
+#[derive(Deserialize)]
+struct Expected {
+    sum: f64,
+    first: Vec<f32>,
+}
+
+/// FP8 experts as their families publish them (`tests/fixtures/fp8/moe-*`, made by
+/// `scripts/make_fp8_fixtures.py` from the MoE fixtures): every expert's values and scales load
+/// into the fused tensors, layer 0's dequantized experts equal numpy's, the router stays 16-bit,
+/// and the model predicts what its bf16 source predicts at most positions.
+#[test]
+fn published_fp8_experts_load_and_agree_with_bf16() {
+    for (form, source) in [
+        ("moe-qwen3-block", "tiny-qwen3-moe"),
+        ("moe-mixtral-static", "tiny-mixtral"),
+    ] {
+        let dir = committed_fixture("fp8").join(form);
+        let model = Model::load(&dir).unwrap_or_else(|e| panic!("{form}: {e}"));
+        let tensors = layout(&model.definition(), model.config.quantization.as_ref());
+        let MlpTensors::Moe(moe) = &tensors.layers[0].mlp else {
+            panic!("{form}: layer 0 is sparse");
+        };
+        assert!(moe.router.fp8.is_none() && !moe.router.weight.fp8, "{form}");
+        let expected: std::collections::BTreeMap<String, Expected> =
+            serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
+        // Layer 0: q, k, v, o and 8 experts × 3 projections.
+        assert_eq!(expected.len(), 4 + 8 * 3, "{form}");
+        for fused in moe.projections() {
+            let values = model.weights.fused_experts_f32(fused).unwrap();
+            let size = fused.shape[1] * fused.shape[2];
+            for (e, expert) in fused.experts.iter().enumerate() {
+                assert!(expert.weight.fp8 && expert.fp8.as_ref().unwrap().scale.is_some());
+                let want = &expected[&expert.weight.name];
+                let got = &values[e * size..(e + 1) * size];
+                for (g, w) in got.iter().zip(&want.first) {
+                    assert!((g - w).abs() <= 1e-6 * w.abs(), "{}", expert.weight.name);
+                }
+                let sum: f64 = got.iter().map(|&v| f64::from(v)).sum();
+                assert!(
+                    (sum - want.sum).abs() <= 1e-4 * want.sum.abs().max(1.0),
+                    "{}: {sum} != {}",
+                    expert.weight.name,
+                    want.sum
+                );
+            }
+        }
+        let reference = load(source);
+        let mut a = CpuBackend::new(&model, 16 << 20).unwrap();
+        let mut b = CpuBackend::new(&reference, 16 << 20).unwrap();
+        let (mut agree, mut total) = (0, 0);
+        for case in golden(&committed_fixture(source)) {
+            let x = logits_per_position(&mut a, &case.input_ids);
+            let y = logits_per_position(&mut b, &case.input_ids);
+            for (p, q) in x.iter().zip(&y) {
+                agree += usize::from(
+                    inferno::engine::sampling::argmax(p) == inferno::engine::sampling::argmax(q),
+                );
+                total += 1;
+            }
+        }
+        let agreement = agree as f64 / total as f64;
+        eprintln!("{form}: top-1 agreement with bf16 {agreement:.3} over {total} positions");
+        assert!(agreement >= 0.75, "{form}: {agreement}");
+    }
+}
