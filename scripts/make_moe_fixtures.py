@@ -7,7 +7,9 @@ families, saved by transformers (per-expert tensor names, as published checkpoin
 - ``tiny-qwen3-moe``: ``Qwen3MoeForCausalLM``, 8 experts, top 2, ``norm_topk_prob``, per-head
   q/k norm, ``mlp_only_layers`` [1] (layer 1 keeps a dense MLP);
 - ``tiny-mixtral``: ``MixtralForCausalLM``, 8 experts, top 2, ``sliding_window`` 24 (shorter than
-  the long case's prompt).
+  the long case's prompt);
+- ``tiny-qwen2-moe``: ``Qwen2MoeForCausalLM``, 8 experts, top 2, no renormalisation, a shared
+  expert of width 48 with its sigmoid gate, q/k/v biases.
 
 In every sparse layer the router rows of experts 2 and 5 are equal, so those experts tie for every
 token; where they tie at the boundary of the top 2, which one transformers chooses is
@@ -24,19 +26,24 @@ expert counts and k on both of the CPU kernel's paths (``k * 64 <= n`` or not).
 The tokenizer is the dense fixtures' (read from ``tests/fixtures/tiny-qwen3``). Needs torch,
 transformers (5.x) and safetensors:
 
-    python3 scripts/make_moe_fixtures.py
+    python3 scripts/make_moe_fixtures.py [FIXTURE...]
+
+(with fixture names, only those are rebuilt, and topk_ties.json is left as it is).
 """
 
 import json
 import os
 import random
 import shutil
+import sys
 
 import torch
 from transformers import (
     MixtralConfig,
     MixtralForCausalLM,
     PreTrainedTokenizerFast,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
 )
@@ -205,8 +212,23 @@ def main():
                 rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
             ),
         ),
+        (
+            "tiny-qwen2-moe",
+            Qwen2MoeForCausalLM,
+            Qwen2MoeConfig(
+                vocab_size=1024, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                shared_expert_intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False,
+                max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                initializer_range=0.1, bos_token_id=None, eos_token_id=eos,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            ),
+        ),
     ]
+    only = sys.argv[1:]
     for name, cls, cfg in specs:
+        if only and name not in only:
+            continue
         print(f"== {name}", flush=True)
         torch.manual_seed(4444)
         model = cls(cfg)
@@ -225,7 +247,8 @@ def main():
             print(f"  {case['kind']:4} {len(case['input_ids']):4} tok  min margin "
                   f"{min(case['greedy_margins']):.4f}  {case['greedy_text'][:60]!r}", flush=True)
         print("  files:", sorted(os.listdir(out)), flush=True)
-    topk_ties()
+    if not only:
+        topk_ties()
 
 
 if __name__ == "__main__":

@@ -117,6 +117,11 @@ fn committed_qwen3_moe_fixture_matches_transformers() {
 }
 
 #[test]
+fn committed_qwen2_moe_fixture_matches_transformers() {
+    check_fixture(&committed_fixture("tiny-qwen2-moe"));
+}
+
+#[test]
 fn committed_mixtral_fixture_matches_transformers() {
     check_fixture(&committed_fixture("tiny-mixtral"));
 }

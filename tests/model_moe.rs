@@ -1,4 +1,4 @@
-//! Mixture-of-experts models (`tests/fixtures/tiny-qwen3-moe`, `tiny-mixtral`, made by
+//! Mixture-of-experts models (`tests/fixtures/tiny-qwen3-moe`, `tiny-qwen2-moe`, `tiny-mixtral`, made by
 //! `scripts/make_moe_fixtures.py`): the definition each config declares, the per-expert tensor
 //! names fused into one tensor per projection, the refusals, FP8 experts, and the CPU backend's
 //! teacher-forced logits against transformers at every position.
@@ -31,6 +31,7 @@ fn moe(num_experts: usize, expert_intermediate: usize, renormalize: bool) -> Mlp
             top_k: 2,
             renormalize,
         },
+        shared_expert: None,
     })
 }
 
@@ -59,6 +60,42 @@ fn mixtral_declares_experts_in_every_layer_and_its_window() {
     assert!(d.layers.iter().all(|l| l.mlp == moe(8, 48, true)));
     assert!(d.layers.iter().all(|l| l.attention.qk_norm.is_none()));
     assert_eq!(d.attention().sliding_window, Some(24));
+}
+
+/// Qwen2-MoE: every layer sparse, no renormalisation, a gated shared expert, q/k/v biases; its
+/// shared expert's tensors are named and shaped.
+#[test]
+fn qwen2_moe_declares_a_shared_expert() {
+    let model = load("tiny-qwen2-moe");
+    let d = model.definition();
+    let want = MlpDefinition::Moe(MoeDefinition {
+        num_experts: 8,
+        expert_intermediate: 32,
+        routing: Routing::SoftmaxTopK {
+            top_k: 2,
+            renormalize: false,
+        },
+        shared_expert: Some(48),
+    });
+    assert!(d.layers.iter().all(|l| l.mlp == want));
+    assert!(d.layers.iter().all(|l| l.attention.qkv_bias));
+    let tensors = layout(&d, None);
+    let MlpTensors::Moe(moe) = &tensors.layers[1].mlp else {
+        panic!("layer 1 is sparse");
+    };
+    let (shared, gate) = moe.shared_expert.as_ref().expect("a shared expert");
+    assert_eq!(
+        shared.down_proj.weight.name,
+        "model.layers.1.mlp.shared_expert.down_proj.weight"
+    );
+    assert_eq!(shared.down_proj.weight.shape, vec![64, 48]);
+    assert_eq!(
+        gate.weight.name,
+        "model.layers.1.mlp.shared_expert_gate.weight"
+    );
+    assert_eq!(gate.weight.shape, vec![1, 64]);
+    let names = tensors.all().len();
+    assert_eq!(names, model.weights.names().count());
 }
 
 /// Each architecture's per-expert names, and the fused `[experts, out, in]` tensor holding expert
@@ -224,7 +261,7 @@ struct Golden {
 /// experts were decided by a tie.
 #[test]
 fn teacher_forced_logits_match_transformers_at_every_position() {
-    for name in ["tiny-qwen3-moe", "tiny-mixtral"] {
+    for name in ["tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral"] {
         let dir = committed_fixture(name);
         let golden: Golden =
             serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap())

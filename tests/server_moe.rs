@@ -1,5 +1,5 @@
 //! Mixture-of-experts models through the OpenAI API: the real server over TLS with the tiny
-//! Qwen3-MoE and Mixtral fixtures on the CPU backend, greedy, against transformers' greedy
+//! Qwen3-MoE, Qwen2-MoE and Mixtral fixtures on the CPU backend, greedy, against transformers' greedy
 //! continuations of the ten golden prompts (`scripts/make_moe_fixtures.py`).
 
 mod server_support;
@@ -65,6 +65,11 @@ async fn greedy_through_the_api(name: &str) {
 #[tokio::test]
 async fn qwen3_moe_greedy_outputs_equal_transformers() {
     greedy_through_the_api("tiny-qwen3-moe").await;
+}
+
+#[tokio::test]
+async fn qwen2_moe_greedy_outputs_equal_transformers() {
+    greedy_through_the_api("tiny-qwen2-moe").await;
 }
 
 #[tokio::test]

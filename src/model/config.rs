@@ -24,6 +24,9 @@ pub enum Architecture {
     Qwen3,
     /// `Qwen3MoeForCausalLM` (Qwen3's attention; a mixture of experts in the sparse layers).
     Qwen3Moe,
+    /// `Qwen2MoeForCausalLM` (Qwen2's attention; a mixture of experts with a gated shared
+    /// expert in the sparse layers).
+    Qwen2Moe,
     /// `MixtralForCausalLM` (Mistral's attention; a mixture of experts in every layer).
     Mixtral,
 }
@@ -113,6 +116,7 @@ impl Architecture {
             "Qwen2ForCausalLM" => Some(Self::Qwen2),
             "Qwen3ForCausalLM" => Some(Self::Qwen3),
             "Qwen3MoeForCausalLM" => Some(Self::Qwen3Moe),
+            "Qwen2MoeForCausalLM" => Some(Self::Qwen2Moe),
             "MixtralForCausalLM" => Some(Self::Mixtral),
             _ => None,
         }
@@ -127,6 +131,7 @@ impl Architecture {
             "qwen2" => Some(Self::Qwen2),
             "qwen3" => Some(Self::Qwen3),
             "qwen3_moe" => Some(Self::Qwen3Moe),
+            "qwen2_moe" => Some(Self::Qwen2Moe),
             "mixtral" => Some(Self::Mixtral),
             _ => None,
         }
@@ -140,6 +145,7 @@ impl Architecture {
             Self::Qwen2 => "Qwen2ForCausalLM",
             Self::Qwen3 => "Qwen3ForCausalLM",
             Self::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Self::Qwen2Moe => "Qwen2MoeForCausalLM",
             Self::Mixtral => "MixtralForCausalLM",
         }
     }
@@ -333,7 +339,10 @@ impl ModelConfig {
         let sliding_window = match architecture {
             Architecture::Llama => None,
             Architecture::Mistral | Architecture::Mixtral => config.opt_usize("sliding_window")?,
-            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe => {
+            Architecture::Qwen2
+            | Architecture::Qwen3
+            | Architecture::Qwen2Moe
+            | Architecture::Qwen3Moe => {
                 if config.opt_bool("use_sliding_window")?.unwrap_or(false) {
                     Some(config.positive("sliding_window")?)
                 } else {

@@ -77,6 +77,10 @@ pub struct MoeDefinition {
     pub expert_intermediate: usize,
     /// How router logits become the chosen experts and their weights.
     pub routing: Routing,
+    /// The width of a shared expert every token uses besides its routed ones, if any
+    /// (Qwen2-MoE): a SwiGLU whose output is scaled by `sigmoid(shared_expert_gate · x)` (a
+    /// `[1, hidden]` projection) and added to the routed experts' sum.
+    pub shared_expert: Option<usize>,
 }
 
 /// How a token's router logits choose its experts and weigh their outputs.
@@ -161,8 +165,8 @@ impl ModelDefinition {
             // Llama 2 and 3.x; Mistral is the same layer with its window (parsed per family), and
             // Mixtral is Mistral's attention with experts.
             Architecture::Llama | Architecture::Mistral | Architecture::Mixtral => attention,
-            // Qwen2: q, k and v always carry a bias.
-            Architecture::Qwen2 => AttentionDefinition {
+            // Qwen2: q, k and v always carry a bias; Qwen2-MoE has the same attention.
+            Architecture::Qwen2 | Architecture::Qwen2Moe => AttentionDefinition {
                 qkv_bias: true,
                 ..attention
             },
@@ -187,6 +191,7 @@ impl ModelDefinition {
                     top_k: moe.top_k,
                     renormalize: moe.renormalize,
                 },
+                shared_expert: moe.shared_expert_intermediate,
             }),
             _ => dense,
         };
@@ -312,13 +317,20 @@ mod tests {
                 num_experts: 4,
                 expert_intermediate: 16,
                 routing: routing(renormalize),
+                shared_expert: None,
             })
         };
         let dense = MlpDefinition::SwiGlu { intermediate: 48 };
         let experts =
             r#", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16"#;
+        let shared = MlpDefinition::Moe(MoeDefinition {
+            num_experts: 4,
+            expert_intermediate: 16,
+            routing: routing(false),
+            shared_expert: Some(24),
+        });
         // (architecture, extra config, the MLP of each of 4 layers)
-        let table: [(&str, String, [MlpDefinition; 4]); 4] = [
+        let table: [(&str, String, [MlpDefinition; 4]); 5] = [
             (
                 "Qwen3MoeForCausalLM",
                 experts.to_owned(),
@@ -333,6 +345,13 @@ mod tests {
                 "Qwen3MoeForCausalLM",
                 format!(r#"{experts}, "mlp_only_layers": [0, 3]"#),
                 [dense, moe(false), moe(false), dense],
+            ),
+            (
+                "Qwen2MoeForCausalLM",
+                format!(
+                    r#"{experts}, "shared_expert_intermediate_size": 24, "mlp_only_layers": [2]"#
+                ),
+                [shared, shared, dense, shared],
             ),
             (
                 "MixtralForCausalLM",
@@ -350,6 +369,7 @@ mod tests {
                 d.attention().qk_norm.is_some(),
                 arch == "Qwen3MoeForCausalLM"
             );
+            assert_eq!(d.attention().qkv_bias, arch == "Qwen2MoeForCausalLM");
         }
     }
 

@@ -44,7 +44,7 @@ pub enum ModelError {
     #[error(
         "{}: unsupported architecture `{architecture}` (supported: LlamaForCausalLM, \
          MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, \
-         MixtralForCausalLM)",
+         Qwen2MoeForCausalLM, MixtralForCausalLM)",
         path.display()
     )]
     UnknownArchitecture {

@@ -33,6 +33,9 @@ pub struct MoeConfig {
     pub sparse_step: usize,
     /// Layers that keep a dense MLP whatever the step (`mlp_only_layers`).
     pub dense_layers: Vec<usize>,
+    /// Width of the shared expert every token uses (`shared_expert_intermediate_size`,
+    /// Qwen2-MoE), if any.
+    pub shared_expert_intermediate: Option<usize>,
 }
 
 impl MoeConfig {
@@ -59,6 +62,23 @@ impl MoeConfig {
                 renormalize: config.opt_bool("norm_topk_prob")?.unwrap_or(false),
                 sparse_step: config.opt_usize("decoder_sparse_step")?.unwrap_or(1),
                 dense_layers: layer_list(config, "mlp_only_layers")?,
+                shared_expert_intermediate: None,
+            },
+            // transformers' Qwen2MoeConfig defaults: 60 experts, top 4, no renormalisation, a
+            // shared expert of width 5632, every layer sparse.
+            Architecture::Qwen2Moe => Self {
+                num_experts: config.opt_usize("num_experts")?.unwrap_or(60),
+                top_k: config.opt_usize("num_experts_per_tok")?.unwrap_or(4),
+                expert_intermediate: config.positive("moe_intermediate_size")?,
+                renormalize: config.opt_bool("norm_topk_prob")?.unwrap_or(false),
+                sparse_step: config.opt_usize("decoder_sparse_step")?.unwrap_or(1),
+                dense_layers: layer_list(config, "mlp_only_layers")?,
+                shared_expert_intermediate: Some(
+                    config
+                        .opt_usize("shared_expert_intermediate_size")?
+                        .unwrap_or(5632),
+                )
+                .filter(|&width| width > 0),
             },
             // Mixtral: 8 experts, top 2, the top-2 weights always renormalised, every layer
             // sparse.
@@ -69,6 +89,7 @@ impl MoeConfig {
                 renormalize: true,
                 sparse_step: 1,
                 dense_layers: Vec::new(),
+                shared_expert_intermediate: None,
             },
         };
         moe.check(architecture, config)?;

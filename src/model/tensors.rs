@@ -168,6 +168,9 @@ pub struct MoeTensors {
     pub up_proj: FusedExperts,
     /// Every expert's down projection, fused `[num_experts, hidden, intermediate]`.
     pub down_proj: FusedExperts,
+    /// The shared expert's projections (`{module}.shared_expert.{gate,up,down}_proj`) and its
+    /// gate (`{module}.shared_expert_gate`, `[1, hidden]`, 16-bit like the router), if any.
+    pub shared_expert: Option<(SwiGluTensors, LinearTensors)>,
 }
 
 impl MoeTensors {
@@ -246,6 +249,12 @@ impl LayerTensors {
                     for expert in &fused.experts {
                         specs.extend(expert.all());
                     }
+                }
+                if let Some((shared, gate)) = &moe.shared_expert {
+                    for projection in shared.projections() {
+                        specs.extend(projection.all());
+                    }
+                    specs.extend(gate.all());
                 }
             }
         }
@@ -357,6 +366,23 @@ pub fn layout(definition: &ModelDefinition, quantization: Option<&Quantization>)
                         gate_proj: fused(gate, [inter, hidden]),
                         up_proj: fused(up, [inter, hidden]),
                         down_proj: fused(down, [hidden, inter]),
+                        shared_expert: moe.shared_expert.map(|width| {
+                            (
+                                SwiGluTensors::new(
+                                    &format!("{module}.shared_expert"),
+                                    ["gate_proj", "up_proj", "down_proj"],
+                                    hidden,
+                                    width,
+                                    quantization,
+                                ),
+                                LinearTensors::new(
+                                    &format!("{module}.shared_expert_gate"),
+                                    1,
+                                    hidden,
+                                    None,
+                                ),
+                            )
+                        }),
                     }))
                 }
             };
@@ -428,6 +454,7 @@ pub fn expert_names(architecture: Architecture) -> ExpertNames {
         | Architecture::Mistral
         | Architecture::Qwen2
         | Architecture::Qwen3
+        | Architecture::Qwen2Moe
         | Architecture::Qwen3Moe => ExpertNames {
             module: "mlp",
             projections: ["gate_proj", "up_proj", "down_proj"],

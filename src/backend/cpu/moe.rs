@@ -1,6 +1,7 @@
 //! The mixture-of-experts MLP on the CPU, as transformers computes it: the router's logits, the
 //! routing rule per token, each chosen expert's SwiGLU over the tokens routed to it, and the
-//! routing-weighted sum of their outputs, added in expert order.
+//! routing-weighted sum of their outputs, added in expert order; then, with a shared expert, its
+//! output scaled by the sigmoid of its gate.
 
 use crate::model::{MoeDefinition, Routing};
 
@@ -63,6 +64,19 @@ pub fn apply(
         for (&(t, weight), row) in rows.iter().zip(y.chunks(hidden)) {
             for (o, v) in out[t * hidden..(t + 1) * hidden].iter_mut().zip(row) {
                 *o += v * weight;
+            }
+        }
+    }
+    if let Some(([gate_proj, up_proj, down_proj], shared_gate)) = &w.shared_expert {
+        let mut gate = gate_proj.apply(x, tokens);
+        let up = up_proj.apply(x, tokens);
+        math::swiglu(&mut gate, &up);
+        let y = down_proj.apply(&gate, tokens);
+        let scales = shared_gate.apply(x, tokens);
+        for ((row, shared), &scale) in out.chunks_mut(hidden).zip(y.chunks(hidden)).zip(&scales) {
+            let scale = 1.0 / (1.0 + (-scale).exp());
+            for (o, v) in row.iter_mut().zip(shared) {
+                *o += scale * v;
             }
         }
     }

@@ -98,6 +98,8 @@ pub struct MoeWeights {
     pub up_proj: ExpertLinear,
     /// Every expert's down projection.
     pub down_proj: ExpertLinear,
+    /// The shared expert (gate, up, down) and its `[1, hidden]` gate, if any.
+    pub shared_expert: Option<([Linear; 3], Linear)>,
 }
 
 /// A layer's MLP weights.
@@ -113,7 +115,7 @@ pub enum MlpWeights {
         down_proj: Linear,
     },
     /// A mixture of experts.
-    Moe(MoeWeights),
+    Moe(Box<MoeWeights>),
 }
 
 /// One transformer block's weights.
@@ -222,12 +224,23 @@ impl CpuWeights {
                             up_proj: linear(&mlp.up_proj)?,
                             down_proj: linear(&mlp.down_proj)?,
                         },
-                        MlpTensors::Moe(moe) => MlpWeights::Moe(MoeWeights {
+                        MlpTensors::Moe(moe) => MlpWeights::Moe(Box::new(MoeWeights {
                             router: linear(&moe.router)?,
                             gate_proj: experts(&moe.gate_proj)?,
                             up_proj: experts(&moe.up_proj)?,
                             down_proj: experts(&moe.down_proj)?,
-                        }),
+                            shared_expert: match &moe.shared_expert {
+                                Some((shared, gate)) => Some((
+                                    [
+                                        linear(&shared.gate_proj)?,
+                                        linear(&shared.up_proj)?,
+                                        linear(&shared.down_proj)?,
+                                    ],
+                                    linear(gate)?,
+                                )),
+                                None => None,
+                            },
+                        })),
                     },
                 })
             })
