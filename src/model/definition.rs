@@ -87,8 +87,8 @@ pub struct MoeDefinition {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Routing {
     /// Softmax over all experts' logits (in f32), then the `top_k` largest probabilities, ties
-    /// going to the lower expert index (what `torch.topk` returns for the expert counts served:
-    /// `docs/engine.md`, "The MoE path"); with `renormalize`, the k weights divided by their sum.
+    /// decided as `torch.topk` decides them on the CPU (`docs/engine.md`, "The MoE path"); with
+    /// `renormalize`, the k weights divided by their sum.
     SoftmaxTopK {
         /// Experts per token.
         top_k: usize,
