@@ -17,6 +17,7 @@ use super::sampling;
 use super::scheduler::{Scheduled, Scheduler};
 use super::sequence::Sequence;
 use super::step_cost::StepCosts;
+use super::step_tokens::StepTokens;
 use super::stop::StopOutcome;
 
 /// What the engine needs to know about the model besides its backend.
@@ -108,6 +109,7 @@ impl Engine {
             unstreamed: Unstreamed::default(),
             last_step_end: None,
             step_gaps: Duration::ZERO,
+            step_tokens: StepTokens::default(),
         };
         let thread = std::thread::Builder::new()
             .name("inferno-engine".into())
@@ -142,6 +144,8 @@ struct Worker {
     last_step_end: Option<Instant>,
     /// Sum of the gaps between steps (`EngineStats::step_gap_seconds`).
     step_gaps: Duration,
+    /// The tokens of each step, as a histogram.
+    step_tokens: StepTokens,
 }
 
 /// Constrained rows from which a step advances their grammars on rayon's pool rather than on
@@ -318,6 +322,8 @@ impl Worker {
     }
 
     fn step(&mut self, plan: &[Scheduled]) {
+        self.step_tokens
+            .observe(plan.iter().map(|s| s.num_tokens).sum());
         if let Some(end) = self.last_step_end.take() {
             self.step_gaps += end.elapsed();
         }
@@ -766,6 +772,7 @@ impl Worker {
                 grammar_mask_overlapped_steps: self.mask_wait.overlapped_steps,
                 grammar_mask_wait_us: self.mask_wait.micros,
                 step_gap_seconds: self.step_gaps.as_secs_f64(),
+                step_tokens: self.step_tokens.clone(),
             };
         }
     }
@@ -899,6 +906,7 @@ fn finish(mut seq: Sequence, reason: FinishReason, detokenizer: &Detokenizer) {
         prompt_tokens: seq.request.prompt.len(),
         completion_tokens: seq.output().len(),
         cached_tokens: seq.cached_tokens,
+        scheduled_at: seq.first_scheduled,
     };
     let _ = seq.events.send(event);
 }

@@ -83,6 +83,8 @@ pub struct EngineStats {
     /// backend's own packing and launch are not included). With a backend that starts steps, the
     /// previous tokens are streamed during the step, not in this gap.
     pub step_gap_seconds: f64,
+    /// The tokens of each step (prompt and generated), as a histogram since start.
+    pub step_tokens: super::step_tokens::StepTokens,
 }
 
 impl EngineStats {

@@ -172,5 +172,7 @@ pub enum GenerationEvent {
         completion_tokens: usize,
         /// Prompt tokens served from the prefix cache.
         cached_tokens: usize,
+        /// When the scheduler first admitted the request (`None`: never scheduled).
+        scheduled_at: Option<std::time::Instant>,
     },
 }
