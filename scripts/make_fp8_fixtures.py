@@ -15,6 +15,16 @@ and tensor names, quantized here from inferno-tiny's bf16 weights (a trained Lla
   ``weight_scale_inv`` [ceil(out/128), ceil(in/128)] (the scale the values are multiplied by,
   despite its name, as those checkpoints store it).
 
+Two more directories hold mixtures of experts in the forms their families publish, quantized from
+the MoE fixtures (``scripts/make_moe_fixtures.py``); every expert's projections are FP8 with
+scales of their own, the router stays bf16:
+
+- ``moe-qwen3-block``: Qwen3-30B-A3B-FP8's ``fp8`` with ``weight_block_size`` [128, 128] and
+  ``modules_to_not_convert`` naming the LM head and the routers, from ``tiny-qwen3-moe``;
+- ``moe-mixtral-static``: RedHatAI's Mixtral ``*-FP8``: compressed-tensors per-tensor weight and
+  static input scales per expert, the router ignored (``re:.*block_sparse_moe[.]gate$``), from
+  ``tiny-mixtral``.
+
 Each directory gets ``expected.json``: for every quantized projection of layer 0, the sum of its
 dequantized weights and its first 8 values, computed here with numpy so that the loader is
 checked against an implementation of its own.
@@ -26,6 +36,7 @@ Needs numpy only (and scripts/safetensors_io.py):
 
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -153,38 +164,65 @@ FORMATS = {
 STATIC_INPUT_SCALE = 8.0 / E4M3_MAX
 
 
+# The MoE forms: (directory, source fixture, form); their configs add the publisher's ignore list
+# (Qwen's names the LM head and each sparse layer's router: tiny-qwen3-moe's layers 0 and 2).
+MOE_FORMS = [
+    ("moe-qwen3-block", "tiny-qwen3-moe", dict(
+        FORMATS["block"],
+        config=dict(FORMATS["block"]["config"], modules_to_not_convert=[
+            "lm_head", "model.layers.0.mlp.gate", "model.layers.2.mlp.gate"]))),
+    ("moe-mixtral-static", "tiny-mixtral", dict(
+        FORMATS["compressed-tensors-static"],
+        config=dict(FORMATS["compressed-tensors-static"]["config"],
+                    ignore=["lm_head", "re:.*block_sparse_moe[.]gate$"]))),
+]
+EXPERT_PROJECTION = re.compile(r"experts\.\d+\.(gate_proj|up_proj|down_proj|w1|w2|w3)$")
+
+
+def is_projection(module):
+    """Whether `module` is a quantized projection: attention, a dense MLP's or an expert's."""
+    return any(module.endswith(p) for p in PROJECTIONS) or EXPERT_PROJECTION.search(module)
+
+
 def main():
-    weights = safetensors_io.read_bf16(os.path.join(SOURCE, "model.safetensors"))
-    with open(os.path.join(SOURCE, "config.json")) as f:
+    forms = [(name, SOURCE, form) for name, form in FORMATS.items()]
+    forms += [(name, os.path.join(ROOT, source), form) for name, source, form in MOE_FORMS]
+    for name, source, form in forms:
+        write_form(name, source, form)
+
+
+def write_form(name, source, form):
+    """Quantizes the fixture `source` into the FP8 form `form`, in tests/fixtures/fp8/`name`."""
+    weights = safetensors_io.read_bf16(os.path.join(source, "model.safetensors"))
+    with open(os.path.join(source, "config.json")) as f:
         config = json.load(f)
-    for name, form in FORMATS.items():
-        out = os.path.join(OUT, name)
-        os.makedirs(out, exist_ok=True)
-        tensors, expected = {}, {}
-        for tensor, values in weights.items():
-            module = tensor.rsplit(".", 1)[0]
-            if tensor.endswith(".weight") and any(module.endswith(p) for p in PROJECTIONS):
-                codes, scales, dequantized = quantize(values, form["layout"])
-                tensors[tensor] = ("F8_E4M3", values.shape, codes.tobytes())
-                tensors[f"{module}.{form['scale_name']}"] = ("F32", scales.shape, scales.astype("<f4").tobytes())
-                if form["input_scale"]:
-                    tensors[f"{module}.input_scale"] = ("F32", (1,), np.array([STATIC_INPUT_SCALE], dtype="<f4").tobytes())
-                if module.startswith("model.layers.0."):
-                    expected[tensor] = {
-                        "sum": float(dequantized.sum()),
-                        "first": [float(v) for v in dequantized.reshape(-1)[:8]],
-                    }
-            else:
-                tensors[tensor] = ("BF16", values.shape, safetensors_io.bf16_bytes(values))
-        safetensors_io.write(os.path.join(out, "model.safetensors"), tensors)
-        quantized = dict(config, quantization_config=form["config"])
-        with open(os.path.join(out, "config.json"), "w") as f:
-            json.dump(quantized, f, indent=2)
-        with open(os.path.join(out, "expected.json"), "w") as f:
-            json.dump(expected, f, indent=1)
-        for file in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]:
-            shutil.copy(os.path.join(SOURCE, file), os.path.join(out, file))
-        print(name, len(tensors), "tensors")
+    out = os.path.join(OUT, name)
+    os.makedirs(out, exist_ok=True)
+    tensors, expected = {}, {}
+    for tensor, values in weights.items():
+        module = tensor.rsplit(".", 1)[0]
+        if tensor.endswith(".weight") and is_projection(module):
+            codes, scales, dequantized = quantize(values, form["layout"])
+            tensors[tensor] = ("F8_E4M3", values.shape, codes.tobytes())
+            tensors[f"{module}.{form['scale_name']}"] = ("F32", scales.shape, scales.astype("<f4").tobytes())
+            if form["input_scale"]:
+                tensors[f"{module}.input_scale"] = ("F32", (1,), np.array([STATIC_INPUT_SCALE], dtype="<f4").tobytes())
+            if module.startswith("model.layers.0."):
+                expected[tensor] = {
+                    "sum": float(dequantized.sum()),
+                    "first": [float(v) for v in dequantized.reshape(-1)[:8]],
+                }
+        else:
+            tensors[tensor] = ("BF16", values.shape, safetensors_io.bf16_bytes(values))
+    safetensors_io.write(os.path.join(out, "model.safetensors"), tensors)
+    quantized = dict(config, quantization_config=form["config"])
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(quantized, f, indent=2)
+    with open(os.path.join(out, "expected.json"), "w") as f:
+        json.dump(expected, f, indent=1)
+    for file in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]:
+        shutil.copy(os.path.join(source, file), os.path.join(out, file))
+    print(name, len(tensors), "tensors")
 
 
 if __name__ == "__main__":

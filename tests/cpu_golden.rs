@@ -111,6 +111,21 @@ fn committed_qwen3_fixture_matches_transformers() {
     check_fixture(&committed_fixture("tiny-qwen3"));
 }
 
+#[test]
+fn committed_qwen3_moe_fixture_matches_transformers() {
+    check_fixture(&committed_fixture("tiny-qwen3-moe"));
+}
+
+#[test]
+fn committed_qwen2_moe_fixture_matches_transformers() {
+    check_fixture(&committed_fixture("tiny-qwen2-moe"));
+}
+
+#[test]
+fn committed_mixtral_fixture_matches_transformers() {
+    check_fixture(&committed_fixture("tiny-mixtral"));
+}
+
 /// Decoding one token per step (the decode path) gives the reference argmax at every position.
 #[test]
 fn per_position_argmax_matches_when_decoding_token_by_token() {

@@ -75,7 +75,8 @@ fn every_published_form_loads_with_its_scales() {
         // The LM head (tied to the embeddings here) stays 16-bit; every projection is FP8.
         assert!(tensors.lm_head.fp8.is_none());
         for layer in &tensors.layers {
-            for projection in [&layer.q_proj, &layer.down_proj] {
+            let mlp = layer.mlp.dense().expect("a dense MLP");
+            for projection in [&layer.q_proj, &mlp.down_proj] {
                 assert!(projection.weight.fp8, "{name}: {}", projection.weight.name);
                 assert!(projection.fp8.as_ref().unwrap().scale.is_some());
             }
@@ -99,14 +100,15 @@ fn dequantized_weights_match_an_independent_implementation() {
         assert_eq!(expected.len(), 7, "{name}: every projection of layer 0");
         let tensors = layout(&model.definition(), model.config.quantization.as_ref());
         let layer = &tensors.layers[0];
+        let mlp = layer.mlp.dense().expect("a dense MLP");
         for projection in [
             &layer.q_proj,
             &layer.k_proj,
             &layer.v_proj,
             &layer.o_proj,
-            &layer.gate_proj,
-            &layer.up_proj,
-            &layer.down_proj,
+            &mlp.gate_proj,
+            &mlp.up_proj,
+            &mlp.down_proj,
         ] {
             let want = &expected[&projection.weight.name];
             let got = model.weights.linear_f32(projection).unwrap();

@@ -6,11 +6,12 @@ use serde_json::Value;
 
 use super::error::ModelError;
 use super::json::{JsonObject, parse_object};
+use super::moe::MoeConfig;
 use super::quantization::Quantization;
 
 /// The model families the engine runs. All are decoder-only transformers with RMSNorm, rotary
-/// position embeddings, grouped-query attention and a SwiGLU MLP; they differ in the details
-/// named on each variant.
+/// position embeddings, grouped-query attention and SwiGLU MLPs (dense, or a mixture of SwiGLU
+/// experts); they differ in the details named on each variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
     /// `LlamaForCausalLM` (Llama 2 and 3.x, including llama3 rope scaling).
@@ -21,6 +22,13 @@ pub enum Architecture {
     Qwen2,
     /// `Qwen3ForCausalLM` (per-head RMSNorm on q and k, explicit `head_dim`).
     Qwen3,
+    /// `Qwen3MoeForCausalLM` (Qwen3's attention; a mixture of experts in the sparse layers).
+    Qwen3Moe,
+    /// `Qwen2MoeForCausalLM` (Qwen2's attention; a mixture of experts with a gated shared
+    /// expert in the sparse layers).
+    Qwen2Moe,
+    /// `MixtralForCausalLM` (Mistral's attention; a mixture of experts in every layer).
+    Mixtral,
 }
 
 /// Rotary position embedding settings, normalised from either the legacy form (`rope_theta` and
@@ -95,6 +103,8 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// How the checkpoint stores its projections (`quantization_config`); `None`: 16-bit.
     pub quantization: Option<Quantization>,
+    /// The experts of a mixture-of-experts architecture; `None` for a dense one.
+    pub moe: Option<MoeConfig>,
 }
 
 impl Architecture {
@@ -105,6 +115,9 @@ impl Architecture {
             "MistralForCausalLM" => Some(Self::Mistral),
             "Qwen2ForCausalLM" => Some(Self::Qwen2),
             "Qwen3ForCausalLM" => Some(Self::Qwen3),
+            "Qwen3MoeForCausalLM" => Some(Self::Qwen3Moe),
+            "Qwen2MoeForCausalLM" => Some(Self::Qwen2Moe),
+            "MixtralForCausalLM" => Some(Self::Mixtral),
             _ => None,
         }
     }
@@ -117,6 +130,9 @@ impl Architecture {
             "mistral" => Some(Self::Mistral),
             "qwen2" => Some(Self::Qwen2),
             "qwen3" => Some(Self::Qwen3),
+            "qwen3_moe" => Some(Self::Qwen3Moe),
+            "qwen2_moe" => Some(Self::Qwen2Moe),
+            "mixtral" => Some(Self::Mixtral),
             _ => None,
         }
     }
@@ -128,6 +144,9 @@ impl Architecture {
             Self::Mistral => "MistralForCausalLM",
             Self::Qwen2 => "Qwen2ForCausalLM",
             Self::Qwen3 => "Qwen3ForCausalLM",
+            Self::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Self::Qwen2Moe => "Qwen2MoeForCausalLM",
+            Self::Mixtral => "MixtralForCausalLM",
         }
     }
 }
@@ -319,8 +338,11 @@ impl ModelConfig {
         let attention_bias = config.opt_bool("attention_bias")?.unwrap_or(false);
         let sliding_window = match architecture {
             Architecture::Llama => None,
-            Architecture::Mistral => config.opt_usize("sliding_window")?,
-            Architecture::Qwen2 | Architecture::Qwen3 => {
+            Architecture::Mistral | Architecture::Mixtral => config.opt_usize("sliding_window")?,
+            Architecture::Qwen2
+            | Architecture::Qwen3
+            | Architecture::Qwen2Moe
+            | Architecture::Qwen3Moe => {
                 if config.opt_bool("use_sliding_window")?.unwrap_or(false) {
                     Some(config.positive("sliding_window")?)
                 } else {
@@ -363,6 +385,7 @@ impl ModelConfig {
             bos_token_id,
             eos_token_ids,
             quantization: Quantization::from_config(&config)?,
+            moe: MoeConfig::from_config(architecture, &config)?,
         })
     }
 

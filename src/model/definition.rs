@@ -62,6 +62,48 @@ pub enum MlpDefinition {
         /// Width of the gate and up projections.
         intermediate: usize,
     },
+    /// A mixture of SwiGLU experts: a router scores every expert per token, and the token's
+    /// output is the routing-weighted sum of its chosen experts' outputs.
+    Moe(MoeDefinition),
+}
+
+/// A mixture-of-experts MLP: the router, the experts and the routing rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeDefinition {
+    /// Experts in the layer; the router is a `[num_experts, hidden]` projection without bias.
+    pub num_experts: usize,
+    /// Width of each expert's gate and up projections (every expert is a SwiGLU MLP of this
+    /// width, without biases).
+    pub expert_intermediate: usize,
+    /// How router logits become the chosen experts and their weights.
+    pub routing: Routing,
+    /// The width of a shared expert every token uses besides its routed ones, if any
+    /// (Qwen2-MoE): a SwiGLU whose output is scaled by `sigmoid(shared_expert_gate · x)` (a
+    /// `[1, hidden]` projection) and added to the routed experts' sum.
+    pub shared_expert: Option<usize>,
+}
+
+/// How a token's router logits choose its experts and weigh their outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routing {
+    /// Softmax over all experts' logits (in f32), then the `top_k` largest probabilities, ties
+    /// decided as `torch.topk` decides them on the CPU (`docs/engine.md`, "The MoE path"); with
+    /// `renormalize`, the k weights divided by their sum.
+    SoftmaxTopK {
+        /// Experts per token.
+        top_k: usize,
+        /// Whether the chosen weights are renormalised to sum to one.
+        renormalize: bool,
+    },
+}
+
+impl Routing {
+    /// Experts each token uses.
+    pub fn top_k(&self) -> usize {
+        match *self {
+            Self::SoftmaxTopK { top_k, .. } => top_k,
+        }
+    }
 }
 
 /// One transformer block: `h += attention(norm(h)); h += mlp(norm(h))`.
@@ -120,32 +162,52 @@ impl ModelDefinition {
             rope: config.rope.clone(),
         };
         let attention = match config.architecture {
-            // Llama 2 and 3.x; Mistral is the same layer with its window (parsed per family).
-            Architecture::Llama | Architecture::Mistral => attention,
-            // Qwen2: q, k and v always carry a bias.
-            Architecture::Qwen2 => AttentionDefinition {
+            // Llama 2 and 3.x; Mistral is the same layer with its window (parsed per family), and
+            // Mixtral is Mistral's attention with experts.
+            Architecture::Llama | Architecture::Mistral | Architecture::Mixtral => attention,
+            // Qwen2: q, k and v always carry a bias; Qwen2-MoE has the same attention.
+            Architecture::Qwen2 | Architecture::Qwen2Moe => AttentionDefinition {
                 qkv_bias: true,
                 ..attention
             },
-            // Qwen3: a per-head RMSNorm on q and k before the rotary embedding.
-            Architecture::Qwen3 => AttentionDefinition {
+            // Qwen3: a per-head RMSNorm on q and k before the rotary embedding; Qwen3-MoE has
+            // the same attention.
+            Architecture::Qwen3 | Architecture::Qwen3Moe => AttentionDefinition {
                 qk_norm: Some(norm),
                 ..attention
             },
         };
-        let layer = LayerDefinition {
-            input_norm: norm,
-            attention,
-            post_attention_norm: norm,
-            mlp: MlpDefinition::SwiGlu {
-                intermediate: config.intermediate_size,
-            },
+        let dense = MlpDefinition::SwiGlu {
+            intermediate: config.intermediate_size,
         };
+        // Qwen3-MoE and Mixtral: softmax then top-k, renormalised as configured
+        // (`norm_topk_prob`; always for Mixtral); a layer is sparse as `decoder_sparse_step` and
+        // `mlp_only_layers` say (every layer for Mixtral).
+        let mlp = |index: usize| match &config.moe {
+            Some(moe) if moe.is_sparse(index) => MlpDefinition::Moe(MoeDefinition {
+                num_experts: moe.num_experts,
+                expert_intermediate: moe.expert_intermediate,
+                routing: Routing::SoftmaxTopK {
+                    top_k: moe.top_k,
+                    renormalize: moe.renormalize,
+                },
+                shared_expert: moe.shared_expert_intermediate,
+            }),
+            _ => dense,
+        };
+        let layers = (0..config.num_hidden_layers)
+            .map(|index| LayerDefinition {
+                input_norm: norm,
+                attention: attention.clone(),
+                post_attention_norm: norm,
+                mlp: mlp(index),
+            })
+            .collect();
         Self {
             architecture: config.architecture,
             hidden: config.hidden_size,
             vocab: config.vocab_size,
-            layers: vec![layer; config.num_hidden_layers],
+            layers,
             final_norm: norm,
             lm_head: if config.tie_word_embeddings {
                 LmHead::TiedToEmbeddings
@@ -240,6 +302,74 @@ mod tests {
             }
             assert_eq!(d.final_norm, norm);
             assert_eq!(d.lm_head, LmHead::Separate);
+        }
+    }
+
+    /// The mixture-of-experts architectures: the MLP each layer declares.
+    #[test]
+    fn mixtures_of_experts_declare_their_routing() {
+        let routing = |renormalize| Routing::SoftmaxTopK {
+            top_k: 2,
+            renormalize,
+        };
+        let moe = |renormalize| {
+            MlpDefinition::Moe(MoeDefinition {
+                num_experts: 4,
+                expert_intermediate: 16,
+                routing: routing(renormalize),
+                shared_expert: None,
+            })
+        };
+        let dense = MlpDefinition::SwiGlu { intermediate: 48 };
+        let experts =
+            r#", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16"#;
+        let shared = MlpDefinition::Moe(MoeDefinition {
+            num_experts: 4,
+            expert_intermediate: 16,
+            routing: routing(false),
+            shared_expert: Some(24),
+        });
+        // (architecture, extra config, the MLP of each of 4 layers)
+        let table: [(&str, String, [MlpDefinition; 4]); 5] = [
+            (
+                "Qwen3MoeForCausalLM",
+                experts.to_owned(),
+                [moe(false), moe(false), moe(false), moe(false)],
+            ),
+            (
+                "Qwen3MoeForCausalLM",
+                format!(r#"{experts}, "norm_topk_prob": true, "decoder_sparse_step": 2"#),
+                [dense, moe(true), dense, moe(true)],
+            ),
+            (
+                "Qwen3MoeForCausalLM",
+                format!(r#"{experts}, "mlp_only_layers": [0, 3]"#),
+                [dense, moe(false), moe(false), dense],
+            ),
+            (
+                "Qwen2MoeForCausalLM",
+                format!(
+                    r#"{experts}, "shared_expert_intermediate_size": 24, "mlp_only_layers": [2]"#
+                ),
+                [shared, shared, dense, shared],
+            ),
+            (
+                "MixtralForCausalLM",
+                r#", "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 16"#
+                    .to_owned(),
+                [moe(true), moe(true), moe(true), moe(true)],
+            ),
+        ];
+        for (arch, extra, mlps) in table {
+            let d = definition(arch, &format!(r#", "num_hidden_layers": 4{extra}"#));
+            let got: Vec<MlpDefinition> = d.layers.iter().map(|l| l.mlp).collect();
+            assert_eq!(got, mlps, "{arch}{extra}");
+            assert_eq!(routing(true).top_k(), 2);
+            assert_eq!(
+                d.attention().qk_norm.is_some(),
+                arch == "Qwen3MoeForCausalLM"
+            );
+            assert_eq!(d.attention().qkv_bias, arch == "Qwen2MoeForCausalLM");
         }
     }
 

@@ -43,7 +43,8 @@ pub enum ModelError {
     /// `config.json` names an architecture this engine does not run.
     #[error(
         "{}: unsupported architecture `{architecture}` (supported: LlamaForCausalLM, \
-         MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)",
+         MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, \
+         Qwen2MoeForCausalLM, MixtralForCausalLM)",
         path.display()
     )]
     UnknownArchitecture {

@@ -13,6 +13,7 @@ pub mod files;
 pub mod fp8;
 pub mod generation;
 mod json;
+pub mod moe;
 pub mod pooling;
 pub mod quantization;
 mod source;
@@ -26,7 +27,8 @@ use std::sync::{Arc, Mutex};
 pub use chat_template::{ChatTemplate, TemplateError};
 pub use config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
 pub use definition::{
-    AttentionDefinition, LayerDefinition, LmHead, MlpDefinition, ModelDefinition, Norm,
+    AttentionDefinition, LayerDefinition, LmHead, MlpDefinition, ModelDefinition, MoeDefinition,
+    Norm, Routing,
 };
 pub use digest::{FileDigest, ModelDigest};
 pub use embedded::EMBEDDED_MODEL_NAME;
@@ -34,7 +36,10 @@ pub use error::ModelError;
 pub use files::{BlockSink, FileBytes, ModelFiles};
 pub use generation::GenerationDefaults;
 pub use quantization::{Quantization, QuantizationMethod, QuantizeAtLoad};
-pub use tensors::{Fp8Tensors, LayerTensors, LinearTensors, TensorLayout, TensorSpec, layout};
+pub use tensors::{
+    ExpertNames, Fp8Tensors, FusedExperts, LayerTensors, LinearTensors, MlpTensors, MoeTensors,
+    SwiGluTensors, TensorLayout, TensorSpec, expert_names, layout,
+};
 pub use tokenizer_config::SpecialTokens;
 pub use weights::{DType, ModelWeights, TensorView};
 

@@ -2,6 +2,7 @@
 //! and the shapes the definition implies. Every backend fetches weights through this layout, and
 //! loading validates the weights files against it.
 
+use super::config::Architecture;
 use super::definition::{LmHead, MlpDefinition, ModelDefinition};
 use super::error::ModelError;
 use super::fp8::{ActivationScale, WeightScale};
@@ -87,6 +88,117 @@ impl LinearTensors {
     }
 }
 
+/// A dense SwiGLU MLP's projections (a dense layer's MLP, or one expert).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SwiGluTensors {
+    /// Gate projection, `[intermediate, hidden]`.
+    pub gate_proj: LinearTensors,
+    /// Up projection, `[intermediate, hidden]`.
+    pub up_proj: LinearTensors,
+    /// Down projection, `[hidden, intermediate]`.
+    pub down_proj: LinearTensors,
+}
+
+impl SwiGluTensors {
+    /// The three projections of the module `prefix` named `[gate, up, down]`, of width `inter`.
+    fn new(
+        prefix: &str,
+        [gate, up, down]: [&str; 3],
+        hidden: usize,
+        inter: usize,
+        quantization: Option<&Quantization>,
+    ) -> Self {
+        let linear = |name: &str, out, inp| {
+            LinearTensors::new(&format!("{prefix}.{name}"), out, inp, quantization)
+        };
+        Self {
+            gate_proj: linear(gate, inter, hidden),
+            up_proj: linear(up, inter, hidden),
+            down_proj: linear(down, hidden, inter),
+        }
+    }
+
+    /// The three projections, gate, up and down.
+    pub fn projections(&self) -> [&LinearTensors; 3] {
+        [&self.gate_proj, &self.up_proj, &self.down_proj]
+    }
+}
+
+/// One projection of every expert, as the checkpoint names it (one tensor per expert) and as it
+/// is held once loaded: fused in expert order into one contiguous `[num_experts, out, in]`
+/// tensor, expert `e`'s matrix at element offset `e · out · in`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FusedExperts {
+    /// Each expert's projection in the checkpoint, in expert order.
+    pub experts: Vec<LinearTensors>,
+    /// The fused shape, `[num_experts, out, in]`.
+    pub shape: [usize; 3],
+}
+
+impl FusedExperts {
+    /// The projection `name` of each expert `e` of `experts` (`{experts}.{e}.{name}`), each
+    /// `[out, in]`.
+    fn new(
+        experts: &str,
+        name: &str,
+        count: usize,
+        [out, inp]: [usize; 2],
+        quantization: Option<&Quantization>,
+    ) -> Self {
+        Self {
+            experts: (0..count)
+                .map(|e| {
+                    LinearTensors::new(&format!("{experts}.{e}.{name}"), out, inp, quantization)
+                })
+                .collect(),
+            shape: [count, out, inp],
+        }
+    }
+}
+
+/// A mixture-of-experts MLP's tensors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeTensors {
+    /// The router, `[num_experts, hidden]`. Always 16-bit: FP8 checkpoints keep it unquantized
+    /// (the FP8 schemes apply to the experts), and quantizing at load leaves it as stored.
+    pub router: LinearTensors,
+    /// Every expert's gate projection, fused `[num_experts, intermediate, hidden]`.
+    pub gate_proj: FusedExperts,
+    /// Every expert's up projection, fused `[num_experts, intermediate, hidden]`.
+    pub up_proj: FusedExperts,
+    /// Every expert's down projection, fused `[num_experts, hidden, intermediate]`.
+    pub down_proj: FusedExperts,
+    /// The shared expert's projections (`{module}.shared_expert.{gate,up,down}_proj`) and its
+    /// gate (`{module}.shared_expert_gate`, `[1, hidden]`, 16-bit like the router), if any.
+    pub shared_expert: Option<(SwiGluTensors, LinearTensors)>,
+}
+
+impl MoeTensors {
+    /// The three fused projections, gate, up and down.
+    pub fn projections(&self) -> [&FusedExperts; 3] {
+        [&self.gate_proj, &self.up_proj, &self.down_proj]
+    }
+}
+
+/// The tensors of a layer's MLP, as its definition declares it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MlpTensors {
+    /// A dense SwiGLU MLP.
+    Dense(Box<SwiGluTensors>),
+    /// A mixture of experts.
+    Moe(Box<MoeTensors>),
+}
+
+impl MlpTensors {
+    /// The dense MLP's projections, or `None` for a mixture of experts.
+    pub fn dense(&self) -> Option<&SwiGluTensors> {
+        match self {
+            Self::Dense(mlp) => Some(mlp),
+            Self::Moe(_) => None,
+        }
+    }
+}
+
 /// The tensors of one transformer block.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerTensors {
@@ -106,12 +218,8 @@ pub struct LayerTensors {
     pub o_proj: LinearTensors,
     /// RMSNorm weight before the MLP, `[hidden]`.
     pub post_attention_norm: TensorSpec,
-    /// MLP gate projection, `[intermediate, hidden]`.
-    pub gate_proj: LinearTensors,
-    /// MLP up projection, `[intermediate, hidden]`.
-    pub up_proj: LinearTensors,
-    /// MLP down projection, `[hidden, intermediate]`.
-    pub down_proj: LinearTensors,
+    /// The MLP: dense, or a mixture of experts.
+    pub mlp: MlpTensors,
 }
 
 impl LayerTensors {
@@ -129,8 +237,26 @@ impl LayerTensors {
         }
         specs.extend(self.o_proj.all());
         specs.push(&self.post_attention_norm);
-        for projection in [&self.gate_proj, &self.up_proj, &self.down_proj] {
-            specs.extend(projection.all());
+        match &self.mlp {
+            MlpTensors::Dense(mlp) => {
+                for projection in mlp.projections() {
+                    specs.extend(projection.all());
+                }
+            }
+            MlpTensors::Moe(moe) => {
+                specs.extend(moe.router.all());
+                for fused in moe.projections() {
+                    for expert in &fused.experts {
+                        specs.extend(expert.all());
+                    }
+                }
+                if let Some((shared, gate)) = &moe.shared_expert {
+                    for projection in shared.projections() {
+                        specs.extend(projection.all());
+                    }
+                    specs.extend(gate.all());
+                }
+            }
         }
         specs
     }
@@ -164,6 +290,16 @@ impl TensorLayout {
         specs
     }
 
+    /// The values of every tensor, each counted once (the tied LM head with the embeddings):
+    /// what is resident once loaded, every expert of a mixture included, whichever experts a
+    /// token uses.
+    pub fn parameters(&self) -> usize {
+        self.all()
+            .iter()
+            .map(|spec| spec.shape.iter().product::<usize>())
+            .sum()
+    }
+
     /// Whether the LM head is the embedding matrix.
     pub fn lm_head_tied(&self) -> bool {
         self.lm_head.weight.name == self.embed_tokens.name
@@ -180,8 +316,9 @@ impl TensorLayout {
 }
 
 /// The tensor layout `definition` implies, with its projections stored as `quantization` says
-/// (16-bit without one). All four architectures share the Llama naming scheme; a layer's optional
-/// tensors (biases, q/k norms) follow what its definition declares.
+/// (16-bit without one). Every architecture shares the Llama naming scheme; a layer's optional
+/// tensors (biases, q/k norms) follow what its definition declares, and a mixture of experts is
+/// named as its architecture names it ([`expert_names`]).
 pub fn layout(definition: &ModelDefinition, quantization: Option<&Quantization>) -> TensorLayout {
     let hidden = definition.hidden;
     let layers = definition
@@ -200,9 +337,55 @@ pub fn layout(definition: &ModelDefinition, quantization: Option<&Quantization>)
             };
             let attention = &layer.attention;
             let (q_dim, kv_dim) = (attention.q_width(), attention.kv_width());
-            let MlpDefinition::SwiGlu {
-                intermediate: inter,
-            } = layer.mlp;
+            let mlp = match layer.mlp {
+                MlpDefinition::SwiGlu { intermediate } => {
+                    MlpTensors::Dense(Box::new(SwiGluTensors::new(
+                        &format!("model.layers.{i}.mlp"),
+                        ["gate_proj", "up_proj", "down_proj"],
+                        hidden,
+                        intermediate,
+                        quantization,
+                    )))
+                }
+                MlpDefinition::Moe(moe) => {
+                    let names = expert_names(definition.architecture);
+                    let module = format!("model.layers.{i}.{}", names.module);
+                    let experts = format!("{module}.experts");
+                    let fused = |name: &str, shape: [usize; 2]| {
+                        FusedExperts::new(&experts, name, moe.num_experts, shape, quantization)
+                    };
+                    let [gate, up, down] = names.projections;
+                    let inter = moe.expert_intermediate;
+                    MlpTensors::Moe(Box::new(MoeTensors {
+                        router: LinearTensors::new(
+                            &format!("{module}.gate"),
+                            moe.num_experts,
+                            hidden,
+                            None,
+                        ),
+                        gate_proj: fused(gate, [inter, hidden]),
+                        up_proj: fused(up, [inter, hidden]),
+                        down_proj: fused(down, [hidden, inter]),
+                        shared_expert: moe.shared_expert.map(|width| {
+                            (
+                                SwiGluTensors::new(
+                                    &format!("{module}.shared_expert"),
+                                    ["gate_proj", "up_proj", "down_proj"],
+                                    hidden,
+                                    width,
+                                    quantization,
+                                ),
+                                LinearTensors::new(
+                                    &format!("{module}.shared_expert_gate"),
+                                    1,
+                                    hidden,
+                                    None,
+                                ),
+                            )
+                        }),
+                    }))
+                }
+            };
             LayerTensors {
                 input_norm: TensorSpec::new(name("input_layernorm.weight"), &[hidden]),
                 q_proj: linear("self_attn.q_proj", q_dim, hidden),
@@ -226,9 +409,7 @@ pub fn layout(definition: &ModelDefinition, quantization: Option<&Quantization>)
                     name("post_attention_layernorm.weight"),
                     &[hidden],
                 ),
-                gate_proj: linear("mlp.gate_proj", inter, hidden),
-                up_proj: linear("mlp.up_proj", inter, hidden),
-                down_proj: linear("mlp.down_proj", hidden, inter),
+                mlp,
             }
         })
         .collect();
@@ -248,6 +429,36 @@ pub fn layout(definition: &ModelDefinition, quantization: Option<&Quantization>)
         layers,
         final_norm: TensorSpec::new("model.norm.weight".into(), &[hidden]),
         lm_head,
+    }
+}
+
+/// How an architecture names a mixture of experts' tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertNames {
+    /// The MLP module under `model.layers.{i}`; its router is `{module}.gate` and expert `e` is
+    /// `{module}.experts.{e}`.
+    pub module: &'static str,
+    /// The expert's gate, up and down projections.
+    pub projections: [&'static str; 3],
+}
+
+/// The expert tensor names of `architecture`: Qwen3-MoE's `mlp.experts.{e}.gate_proj` /
+/// `up_proj` / `down_proj`, Mixtral's `block_sparse_moe.experts.{e}.w1` / `w3` / `w2`.
+pub fn expert_names(architecture: Architecture) -> ExpertNames {
+    match architecture {
+        Architecture::Mixtral => ExpertNames {
+            module: "block_sparse_moe",
+            projections: ["w1", "w3", "w2"],
+        },
+        Architecture::Llama
+        | Architecture::Mistral
+        | Architecture::Qwen2
+        | Architecture::Qwen3
+        | Architecture::Qwen2Moe
+        | Architecture::Qwen3Moe => ExpertNames {
+            module: "mlp",
+            projections: ["gate_proj", "up_proj", "down_proj"],
+        },
     }
 }
 
@@ -290,12 +501,13 @@ mod tests {
         assert_eq!(layer.k_proj.weight.shape, vec![16, 32]);
         assert_eq!(layer.v_proj.weight.shape, vec![16, 32]);
         assert_eq!(layer.o_proj.weight.shape, vec![32, 32]);
-        assert_eq!(layer.gate_proj.weight.shape, vec![48, 32]);
+        let mlp = layer.mlp.dense().unwrap();
+        assert_eq!(mlp.gate_proj.weight.shape, vec![48, 32]);
         assert_eq!(
-            layer.down_proj.weight.name,
+            mlp.down_proj.weight.name,
             "model.layers.1.mlp.down_proj.weight"
         );
-        assert_eq!(layer.down_proj.weight.shape, vec![32, 48]);
+        assert_eq!(mlp.down_proj.weight.shape, vec![32, 48]);
         assert_eq!(
             layer.post_attention_norm.name,
             "model.layers.1.post_attention_layernorm.weight"
@@ -369,7 +581,7 @@ mod tests {
         let mut plain = config.clone();
         plain.quantization = Some(Quantization::fp8_at_load());
         let l = layout_of(&plain);
-        let q = &l.layers[1].down_proj;
+        let q = &l.layers[1].mlp.dense().unwrap().down_proj;
         assert!(!q.weight.fp8 && q.fp8.as_ref().unwrap().scale.is_none());
         assert_eq!(l.all().len(), 1 + 2 * 9 + 1 + 1);
     }

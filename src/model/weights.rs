@@ -309,6 +309,17 @@ impl ModelWeights {
         })
     }
 
+    /// One projection of every expert in f32, fused in expert order into one contiguous
+    /// `[num_experts, out, in]` tensor: each expert's matrix as [`ModelWeights::linear_f32`]
+    /// gives it (dequantized when in FP8), checked against its layout.
+    pub fn fused_experts_f32(&self, fused: &super::FusedExperts) -> Result<Vec<f32>, ModelError> {
+        let mut values = Vec::with_capacity(fused.shape.iter().product());
+        for expert in &fused.experts {
+            values.extend(self.linear_f32(expert)?);
+        }
+        Ok(values)
+    }
+
     /// The file holding `name` (for error messages).
     fn file_of(&self, name: &str) -> PathBuf {
         self.tensors

@@ -72,6 +72,13 @@ impl Harness {
             .expect("server start-up thread")
     }
 
+    /// Starts a server serving `model` (instead of the embedded one) on the CPU backend.
+    pub fn start_serving(config: Config, model: Model) -> Harness {
+        std::thread::spawn(move || Self::start_blocking(config, model, true))
+            .join()
+            .expect("server start-up thread")
+    }
+
     fn start_blocking(config: Config, model: Model, load_model: bool) -> Harness {
         let engine_config = config.engine.clone();
         let server = runtime()

@@ -9,6 +9,8 @@
 mod attention;
 mod kv_cache;
 mod math;
+mod moe;
+mod topk;
 mod weights;
 
 use crate::engine::{
@@ -19,7 +21,7 @@ use crate::model::{MlpDefinition, Model, ModelDefinition, ModelError, ModelTenso
 
 use attention::TokenContext;
 use kv_cache::{KvCache, slot};
-use weights::{CpuWeights, LayerWeights};
+use weights::{CpuWeights, LayerWeights, MlpWeights};
 
 /// The CPU backend could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -215,13 +217,24 @@ impl CpuBackend {
         math::add_assign(hidden, &w.o_proj.apply(&attn, tokens));
 
         let x = norm(layer.post_attention_norm, hidden, &w.post_attention_norm);
-        match layer.mlp {
-            MlpDefinition::SwiGlu { .. } => {
-                let mut gate = w.gate_proj.apply(&x, tokens);
-                let up = w.up_proj.apply(&x, tokens);
+        match (&layer.mlp, &w.mlp) {
+            (
+                MlpDefinition::SwiGlu { .. },
+                MlpWeights::Dense {
+                    gate_proj,
+                    up_proj,
+                    down_proj,
+                },
+            ) => {
+                let mut gate = gate_proj.apply(&x, tokens);
+                let up = up_proj.apply(&x, tokens);
                 math::swiglu(&mut gate, &up);
-                math::add_assign(hidden, &w.down_proj.apply(&gate, tokens));
+                math::add_assign(hidden, &down_proj.apply(&gate, tokens));
             }
+            (MlpDefinition::Moe(definition), MlpWeights::Moe(experts)) => {
+                math::add_assign(hidden, &moe::apply(definition, experts, &x, tokens, dim));
+            }
+            _ => unreachable!("the weights are loaded from the definition's layout"),
         }
         debug_assert_eq!(hidden.len(), tokens * dim);
     }

@@ -5,7 +5,8 @@
 
 use crate::model::fp8::ActivationScale;
 use crate::model::{
-    LinearTensors, ModelDefinition, ModelError, ModelTensors, Quantization, TensorSpec, layout,
+    FusedExperts, LinearTensors, MlpTensors, ModelDefinition, ModelError, ModelTensors,
+    Quantization, TensorSpec, layout,
 };
 
 use super::math;
@@ -29,14 +30,92 @@ pub struct Linear {
 impl Linear {
     /// `x · Wᵀ` for `tokens` rows of `x`, its input first rounded as an FP8 product would.
     pub fn apply(&self, x: &[f32], tokens: usize) -> Vec<f32> {
-        if self.activations == ActivationScale::None {
-            return math::matmul(x, &self.weight, tokens, self.inp, self.out);
-        }
-        let mut rounded = x.to_vec();
-        self.activations
-            .apply(&mut rounded, tokens, self.input_scale);
-        math::matmul(&rounded, &self.weight, tokens, self.inp, self.out)
+        product(
+            x,
+            &self.weight,
+            [tokens, self.inp, self.out],
+            self.activations,
+            self.input_scale,
+        )
     }
+}
+
+/// `x · Wᵀ` for `tokens` rows of `x` and the `[out, in]` matrix `weight`, the input first
+/// rounded to FP8 as `activations` says (at `input_scale` when static).
+pub fn product(
+    x: &[f32],
+    weight: &[f32],
+    [tokens, inp, out]: [usize; 3],
+    activations: ActivationScale,
+    input_scale: Option<f32>,
+) -> Vec<f32> {
+    if activations == ActivationScale::None {
+        return math::matmul(x, weight, tokens, inp, out);
+    }
+    let mut rounded = x.to_vec();
+    activations.apply(&mut rounded, tokens, input_scale);
+    math::matmul(&rounded, weight, tokens, inp, out)
+}
+
+/// One projection of every expert, fused: `[num_experts, out, in]` in f32 (dequantized when
+/// stored in FP8), expert `e`'s matrix at `e · out · in`.
+#[derive(Debug)]
+pub struct ExpertLinear {
+    /// The fused matrices, row-major `[num_experts, out, in]`.
+    pub weight: Vec<f32>,
+    /// Input features.
+    pub inp: usize,
+    /// Output features.
+    pub out: usize,
+    /// How the input is rounded to FP8 before the product (`None` for 16-bit experts).
+    pub activations: ActivationScale,
+    /// Each expert's static input scale, when the scheme has them.
+    pub input_scales: Vec<Option<f32>>,
+}
+
+impl ExpertLinear {
+    /// `x · W_eᵀ` for `tokens` rows of `x` and expert `e`.
+    pub fn apply(&self, e: usize, x: &[f32], tokens: usize) -> Vec<f32> {
+        let size = self.out * self.inp;
+        product(
+            x,
+            &self.weight[e * size..(e + 1) * size],
+            [tokens, self.inp, self.out],
+            self.activations,
+            self.input_scales[e],
+        )
+    }
+}
+
+/// A mixture of experts' weights: the router and the experts' fused projections.
+#[derive(Debug)]
+pub struct MoeWeights {
+    /// The router, `[num_experts, hidden]`.
+    pub router: Linear,
+    /// Every expert's gate projection.
+    pub gate_proj: ExpertLinear,
+    /// Every expert's up projection.
+    pub up_proj: ExpertLinear,
+    /// Every expert's down projection.
+    pub down_proj: ExpertLinear,
+    /// The shared expert (gate, up, down) and its `[1, hidden]` gate, if any.
+    pub shared_expert: Option<([Linear; 3], Linear)>,
+}
+
+/// A layer's MLP weights.
+#[derive(Debug)]
+pub enum MlpWeights {
+    /// A dense SwiGLU MLP: gate, up and down.
+    Dense {
+        /// Gate projection.
+        gate_proj: Linear,
+        /// Up projection.
+        up_proj: Linear,
+        /// Down projection.
+        down_proj: Linear,
+    },
+    /// A mixture of experts.
+    Moe(Box<MoeWeights>),
 }
 
 /// One transformer block's weights.
@@ -52,9 +131,8 @@ pub struct LayerWeights {
     pub qk_norm: Option<[Vec<f32>; 2]>,
     pub o_proj: Linear,
     pub post_attention_norm: Vec<f32>,
-    pub gate_proj: Linear,
-    pub up_proj: Linear,
-    pub down_proj: Linear,
+    /// The MLP's weights, as the definition declares it.
+    pub mlp: MlpWeights,
 }
 
 /// Every weight of the model in f32.
@@ -77,9 +155,13 @@ impl CpuWeights {
         quantization: Option<&Quantization>,
     ) -> Result<Self, ModelError> {
         let tensors = layout(definition, quantization);
+        tracing::debug!(
+            parameters = tensors.parameters(),
+            "converting the weights to f32 (every expert of a mixture is resident)"
+        );
         let load = |spec: &TensorSpec| model.weights.to_f32(&spec.name, &spec.shape);
-        let linear = |spec: &LinearTensors| -> Result<Linear, ModelError> {
-            let (activations, input_scale) = match &spec.fp8 {
+        let scheme = |spec: &LinearTensors| -> Result<(ActivationScale, Option<f32>), ModelError> {
+            Ok(match &spec.fp8 {
                 None => (ActivationScale::None, None),
                 Some(fp8) => (
                     fp8.activations,
@@ -88,13 +170,33 @@ impl CpuWeights {
                         None => None,
                     },
                 ),
-            };
+            })
+        };
+        let linear = |spec: &LinearTensors| -> Result<Linear, ModelError> {
+            let (activations, input_scale) = scheme(spec)?;
             Ok(Linear {
                 weight: model.weights.linear_f32(spec)?,
                 inp: spec.weight.shape[1],
                 out: spec.weight.shape[0],
                 activations,
                 input_scale,
+            })
+        };
+        let experts = |fused: &FusedExperts| -> Result<ExpertLinear, ModelError> {
+            let schemes = fused
+                .experts
+                .iter()
+                .map(scheme)
+                .collect::<Result<Vec<_>, ModelError>>()?;
+            let [_, out, inp] = fused.shape;
+            Ok(ExpertLinear {
+                weight: model.weights.fused_experts_f32(fused)?,
+                inp,
+                out,
+                activations: schemes
+                    .first()
+                    .map_or(ActivationScale::None, |&(activations, _)| activations),
+                input_scales: schemes.into_iter().map(|(_, scale)| scale).collect(),
             })
         };
         let layers = tensors
@@ -116,9 +218,30 @@ impl CpuWeights {
                     },
                     o_proj: linear(&l.o_proj)?,
                     post_attention_norm: load(&l.post_attention_norm)?,
-                    gate_proj: linear(&l.gate_proj)?,
-                    up_proj: linear(&l.up_proj)?,
-                    down_proj: linear(&l.down_proj)?,
+                    mlp: match &l.mlp {
+                        MlpTensors::Dense(mlp) => MlpWeights::Dense {
+                            gate_proj: linear(&mlp.gate_proj)?,
+                            up_proj: linear(&mlp.up_proj)?,
+                            down_proj: linear(&mlp.down_proj)?,
+                        },
+                        MlpTensors::Moe(moe) => MlpWeights::Moe(Box::new(MoeWeights {
+                            router: linear(&moe.router)?,
+                            gate_proj: experts(&moe.gate_proj)?,
+                            up_proj: experts(&moe.up_proj)?,
+                            down_proj: experts(&moe.down_proj)?,
+                            shared_expert: match &moe.shared_expert {
+                                Some((shared, gate)) => Some((
+                                    [
+                                        linear(&shared.gate_proj)?,
+                                        linear(&shared.up_proj)?,
+                                        linear(&shared.down_proj)?,
+                                    ],
+                                    linear(gate)?,
+                                )),
+                                None => None,
+                            },
+                        })),
+                    },
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;

@@ -238,6 +238,7 @@ mod tests {
                 qk_norm: norm,
                 sliding_window: 0,
                 uniform_layers: true,
+                mixture_of_experts: false,
                 flash: crate::backend::cuda::plan::flash_geometry(head_dim, "sm_90a"),
                 gemv_tensor_cores: true,
             };
@@ -277,6 +278,7 @@ mod tests {
             qk_norm: false,
             sliding_window: 0,
             uniform_layers: true,
+            mixture_of_experts: false,
             flash: crate::backend::cuda::plan::flash_geometry(16, "sm_90a"),
             gemv_tensor_cores: true,
         };

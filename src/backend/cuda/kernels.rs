@@ -133,6 +133,11 @@ pub const FAMILIES: [KernelFamily; 9] = [
     },
 ];
 
+/// Why a mixture-of-experts model is refused: its routing, device-side permutation and grouped
+/// expert products are a later step (`docs/engine.md`, "The MoE path").
+pub const MOE_UNSUPPORTED: &str =
+    "its mixture-of-experts MLP has no GPU kernels yet (the CPU backend serves it: --device cpu)";
+
 /// The model shapes every kernel is specialised on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KernelParams {
@@ -161,6 +166,9 @@ pub struct KernelParams {
     /// Whether every layer of the definition is the first one's (the kernels are compiled for
     /// one layer).
     pub uniform_layers: bool,
+    /// Whether a layer's MLP is a mixture of experts (refused until the MoE kernels exist:
+    /// `docs/engine.md`, "The MoE path").
+    pub mixture_of_experts: bool,
     /// The prefill attention kernel's launch geometry on the target architecture.
     pub flash: super::plan::FlashGeometry,
     /// Whether the target architecture has the small-M products' tensor-core path
@@ -176,7 +184,10 @@ impl KernelParams {
         let layer = &definition.layers[0];
         let attention = &layer.attention;
         let Norm::Rms { eps } = layer.input_norm;
-        let MlpDefinition::SwiGlu { intermediate } = layer.mlp;
+        let intermediate = match layer.mlp {
+            MlpDefinition::SwiGlu { intermediate } => intermediate,
+            MlpDefinition::Moe(moe) => moe.expert_intermediate,
+        };
         Self {
             hidden: definition.hidden,
             head_dim: attention.head_dim,
@@ -190,6 +201,10 @@ impl KernelParams {
             qk_norm: attention.qk_norm.is_some(),
             sliding_window: attention.sliding_window.unwrap_or(0),
             uniform_layers: definition.layers.iter().all(|l| l == layer),
+            mixture_of_experts: definition
+                .layers
+                .iter()
+                .any(|l| matches!(l.mlp, MlpDefinition::Moe(_))),
             flash: super::plan::flash_geometry(attention.head_dim, ""),
             gemv_tensor_cores: false,
         }
@@ -258,6 +273,9 @@ impl KernelParams {
 
     /// Shapes the kernels cannot serve, as a message naming the limit.
     pub fn unsupported(&self) -> Option<String> {
+        if self.mixture_of_experts {
+            return Some(MOE_UNSUPPORTED.into());
+        }
         if !self.uniform_layers {
             return Some("its layers differ from one another".into());
         }
@@ -367,6 +385,7 @@ mod tests {
             qk_norm: false,
             sliding_window: 0,
             uniform_layers: true,
+            mixture_of_experts: false,
             flash: super::super::plan::flash_geometry(128, ""),
             gemv_tensor_cores: true,
         }
@@ -386,6 +405,24 @@ mod tests {
         let mut other = params();
         other.rms_eps = 1e-6;
         assert_ne!(base, cache_key(family, &other, "sm_90a", (13, 0)));
+    }
+
+    /// A mixture of experts is refused in one line, before anything is compiled or uploaded.
+    #[test]
+    fn a_mixture_of_experts_is_refused() {
+        let json = r#"{"architectures": ["MixtralForCausalLM"], "hidden_size": 64,
+            "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "vocab_size": 100, "max_position_embeddings": 512}"#;
+        let config =
+            crate::model::ModelConfig::from_json(Path::new("config.json"), json.as_bytes())
+                .unwrap();
+        let p = KernelParams::from_definition(&ModelDefinition::of(&config));
+        assert!(p.mixture_of_experts && p.uniform_layers);
+        let refused = p.unsupported().unwrap();
+        assert!(
+            refused.contains("mixture-of-experts") && !refused.contains('\n'),
+            "{refused}"
+        );
     }
 
     /// The parameters come from the model definition, and a definition whose layers differ (which

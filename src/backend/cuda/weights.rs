@@ -171,6 +171,9 @@ impl ModelWeightsOnDevice {
         let embed = up.one(&tensors.embed_tokens)?;
         let mut layers = Vec::with_capacity(tensors.layers.len());
         for l in &tensors.layers {
+            let mlp = l.mlp.dense().ok_or_else(|| {
+                CudaInitError::Unsupported(super::kernels::MOE_UNSUPPORTED.into())
+            })?;
             let qkv_bias = match &l.qkv_bias {
                 Some([q, k, v]) => Some(up.stacked(&[q, k, v])?),
                 None => None,
@@ -187,8 +190,8 @@ impl ModelWeightsOnDevice {
                 k_norm,
                 o_proj: up.one(&l.o_proj.weight)?,
                 post_norm: up.one(&l.post_attention_norm)?,
-                gate_up: up.stacked(&[&l.gate_proj.weight, &l.up_proj.weight])?,
-                down: up.one(&l.down_proj.weight)?,
+                gate_up: up.stacked(&[&mlp.gate_proj.weight, &mlp.up_proj.weight])?,
+                down: up.one(&mlp.down_proj.weight)?,
             });
         }
         let final_norm = up.one(&tensors.final_norm)?;

@@ -109,6 +109,8 @@ impl CudaBackend {
                     let mlp = self.act.mlp.device_ptr();
                     self.matmul(mlp, down_w, delta, (t, p.hidden, intermediate))?;
                 }
+                // `KernelParams::unsupported` refuses a mixture of experts before any upload.
+                MlpDefinition::Moe(_) => unreachable!("the CUDA backend refuses MoE models"),
             }
         }
         if segment == layers {

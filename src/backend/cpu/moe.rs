@@ -1,0 +1,116 @@
+//! The mixture-of-experts MLP on the CPU, as transformers computes it: the router's logits, the
+//! routing rule per token, each chosen expert's SwiGLU over the tokens routed to it, and the
+//! routing-weighted sum of their outputs, added in expert order; then, with a shared expert, its
+//! output scaled by the sigmoid of its gate.
+
+use crate::model::{MoeDefinition, Routing};
+
+use super::math;
+use super::topk::topk;
+use super::weights::MoeWeights;
+
+/// The experts a token uses, each with its weight, in the order `torch.topk` returns them.
+pub fn route(logits: &[f32], routing: Routing) -> Vec<(usize, f32)> {
+    match routing {
+        Routing::SoftmaxTopK { top_k, renormalize } => {
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let exps: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+            let sum: f32 = exps.iter().sum();
+            let probs: Vec<f32> = exps.iter().map(|&e| e / sum).collect();
+            let chosen = topk(&probs, top_k);
+            let total: f32 = chosen.iter().map(|&e| probs[e]).sum();
+            chosen
+                .into_iter()
+                .map(|e| {
+                    let weight = if renormalize {
+                        probs[e] / total
+                    } else {
+                        probs[e]
+                    };
+                    (e, weight)
+                })
+                .collect()
+        }
+    }
+}
+
+/// The mixture's output for `tokens` rows of `x` (each `hidden` wide).
+pub fn apply(
+    moe: &MoeDefinition,
+    w: &MoeWeights,
+    x: &[f32],
+    tokens: usize,
+    hidden: usize,
+) -> Vec<f32> {
+    let logits = w.router.apply(x, tokens);
+    // For each expert, the tokens routed to it and their weights, in token order.
+    let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); moe.num_experts];
+    for (t, row) in logits.chunks(moe.num_experts).enumerate() {
+        for (e, weight) in route(row, moe.routing) {
+            routed[e].push((t, weight));
+        }
+    }
+    let mut out = vec![0.0f32; tokens * hidden];
+    for (e, rows) in routed.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
+        let n = rows.len();
+        let gathered: Vec<f32> = rows
+            .iter()
+            .flat_map(|&(t, _)| x[t * hidden..(t + 1) * hidden].iter().copied())
+            .collect();
+        let mut gate = w.gate_proj.apply(e, &gathered, n);
+        let up = w.up_proj.apply(e, &gathered, n);
+        math::swiglu(&mut gate, &up);
+        let y = w.down_proj.apply(e, &gate, n);
+        for (&(t, weight), row) in rows.iter().zip(y.chunks(hidden)) {
+            for (o, v) in out[t * hidden..(t + 1) * hidden].iter_mut().zip(row) {
+                *o += v * weight;
+            }
+        }
+    }
+    if let Some(([gate_proj, up_proj, down_proj], shared_gate)) = &w.shared_expert {
+        let mut gate = gate_proj.apply(x, tokens);
+        let up = up_proj.apply(x, tokens);
+        math::swiglu(&mut gate, &up);
+        let y = down_proj.apply(&gate, tokens);
+        let scales = shared_gate.apply(x, tokens);
+        for ((row, shared), &scale) in out.chunks_mut(hidden).zip(y.chunks(hidden)).zip(&scales) {
+            let scale = 1.0 / (1.0 + (-scale).exp());
+            for (o, v) in row.iter_mut().zip(shared) {
+                *o += scale * v;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn softmax_then_top_k_with_and_without_renormalisation() {
+        let logits = [1.0f32, 3.0, 2.0, 0.0];
+        let exps: Vec<f32> = logits.iter().map(|l| (l - 3.0f32).exp()).collect();
+        let sum: f32 = exps.iter().sum();
+        let plain = route(
+            &logits,
+            Routing::SoftmaxTopK {
+                top_k: 2,
+                renormalize: false,
+            },
+        );
+        assert_eq!(plain.iter().map(|r| r.0).collect::<Vec<_>>(), vec![1, 2]);
+        assert!((plain[0].1 - exps[1] / sum).abs() < 1e-7);
+        assert!((plain[1].1 - exps[2] / sum).abs() < 1e-7);
+        let renormalised = route(
+            &logits,
+            Routing::SoftmaxTopK {
+                top_k: 2,
+                renormalize: true,
+            },
+        );
+        let total: f32 = renormalised.iter().map(|r| r.1).sum();
+        assert!((total - 1.0).abs() < 1e-6);
+        assert!((renormalised[0].1 / renormalised[1].1 - 1.0f32.exp()).abs() < 1e-5);
+    }
+}
