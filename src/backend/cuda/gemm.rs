@@ -7,6 +7,9 @@
 //! `outᵀ (n × m) = op(W) · X` with `W` transposed, so no weight is ever re-laid out. The algorithm
 //! for each shape comes from cuBLASLt's heuristic once and is cached with its descriptors.
 //!
+//! FP8 products (`Gemm::matmul_fp8`) take E4M3 weights and inputs with one f32 scale per weight
+//! row and per input row (cuBLASLt's outer-vector scaling, CUDA 12.9 and later), fp32 out.
+//!
 //! Products of at most `plan::GEMV_MAX_M` rows may instead run the small-M kernels of
 //! `kernels/gemv.cu`; which path serves each such shape is measured once at start-up (the backend
 //! times both on the model's own weights) and recorded here with [`Gemm::record_small_m`].
@@ -45,6 +48,8 @@ pub struct Gemm {
     handle: sys::cublasLtHandle_t,
     workspace: DeviceBuffer,
     plans: HashMap<Shape, Plan>,
+    /// The FP8 products' plans.
+    fp8_plans: HashMap<Shape, Plan>,
     /// Shapes the small-M kernels computed faster than cuBLASLt at start-up.
     small_m: HashSet<Shape>,
     /// Host time spent planning new shapes.
@@ -73,6 +78,7 @@ impl Gemm {
             handle,
             workspace: DeviceBuffer::new(WORKSPACE_BYTES)?,
             plans: HashMap::new(),
+            fp8_plans: HashMap::new(),
             small_m: HashSet::new(),
             planning: Duration::ZERO,
         })
@@ -88,20 +94,34 @@ impl Gemm {
         self.plans.len()
     }
 
-    fn plan(&mut self, shape: Shape) -> Result<&Plan, BackendError> {
-        if !self.plans.contains_key(&shape) {
+    fn plan(&mut self, shape: Shape, fp8: bool) -> Result<&Plan, BackendError> {
+        let cached = if fp8 {
+            self.fp8_plans.contains_key(&shape)
+        } else {
+            self.plans.contains_key(&shape)
+        };
+        if !cached {
             let started = Instant::now();
-            let plan = self.make_plan(shape)?;
+            let plan = self.make_plan(shape, fp8)?;
             self.planning += started.elapsed();
-            self.plans.insert(shape, plan);
+            if fp8 {
+                self.fp8_plans.insert(shape, plan);
+            } else {
+                self.plans.insert(shape, plan);
+            }
         }
-        self.plans
+        let plans = if fp8 { &self.fp8_plans } else { &self.plans };
+        plans
             .get(&shape)
             .ok_or_else(|| BackendError::Device("cuBLASLt plan vanished".into()))
     }
 
-    fn make_plan(&self, s: Shape) -> Result<Plan, BackendError> {
-        let bf16 = sys::cudaDataType::CUDA_R_16BF;
+    fn make_plan(&self, s: Shape, fp8: bool) -> Result<Plan, BackendError> {
+        let bf16 = if fp8 {
+            sys::cudaDataType::CUDA_R_8F_E4M3
+        } else {
+            sys::cudaDataType::CUDA_R_16BF
+        };
         let out_type = sys::cudaDataType::CUDA_R_32F;
         let desc = lt::create_matmul_desc(
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
@@ -119,6 +139,25 @@ impl Gemm {
             )
         }
         .map_err(lt_err("transpose"))?;
+        if fp8 {
+            let outer_vector =
+                sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as i32;
+            for attribute in [
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+            ] {
+                // SAFETY: `desc` is live; a scale mode is an int32 as cuBLASLt documents.
+                unsafe {
+                    lt::set_matmul_desc_attribute(
+                        desc,
+                        attribute,
+                        (&outer_vector) as *const i32 as *const c_void,
+                        std::mem::size_of::<i32>(),
+                    )
+                }
+                .map_err(lt_err("scale mode"))?;
+            }
+        }
         let a = lt::create_matrix_layout(bf16, s.k as u64, s.n as u64, s.k as i64)
             .map_err(lt_err("layout A"))?;
         let b = lt::create_matrix_layout(bf16, s.k as u64, s.m as u64, s.k as i64)
@@ -147,7 +186,7 @@ impl Gemm {
                 s.m, s.n, s.k
             ))
         })?;
-        tracing::debug!(m = s.m, n = s.n, k = s.k, "planned cuBLASLt product");
+        tracing::debug!(m = s.m, n = s.n, k = s.k, fp8, "planned cuBLASLt product");
         Ok(Plan {
             desc,
             a,
@@ -191,7 +230,7 @@ impl Gemm {
         }
         let workspace = self.workspace.ptr();
         let handle = self.handle;
-        let plan = self.plan(Shape { m, n, k })?;
+        let plan = self.plan(Shape { m, n, k }, false)?;
         let alpha: f32 = 1.0;
         let beta: f32 = 0.0;
         // SAFETY: the plan's descriptors are live and match these buffers' shapes and types; the
@@ -222,9 +261,76 @@ impl Gemm {
     }
 }
 
+impl Gemm {
+    /// `out[m, n] = (x[m, k] · w[n, k]ᵀ) · x_scales[m] · w_scales[n]` on `stream`, with `x` and
+    /// `w` E4M3, the scales f32 and `out` fp32. Pointers are device addresses of buffers of at
+    /// least those sizes (the caller's contract). An error (no algorithm for the shape, the
+    /// library too old for outer-vector scales) leaves nothing queued.
+    pub fn matmul_fp8(
+        &mut self,
+        stream: sys::cudaStream_t,
+        (x, x_scales, w, w_scales, out): (u64, u64, u64, u64, u64),
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<(), BackendError> {
+        if m == 0 {
+            return Ok(());
+        }
+        let workspace = self.workspace.ptr();
+        let handle = self.handle;
+        let plan = self.plan(Shape { m, n, k }, true)?;
+        for (attribute, pointer) in [
+            (
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                w_scales,
+            ),
+            (
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                x_scales,
+            ),
+        ] {
+            // SAFETY: the plan's descriptor is live; a scale pointer is a device address, passed
+            // as a pointer-sized value as cuBLASLt documents.
+            unsafe {
+                lt::set_matmul_desc_attribute(
+                    plan.desc,
+                    attribute,
+                    (&pointer) as *const u64 as *const c_void,
+                    std::mem::size_of::<u64>(),
+                )
+            }
+            .map_err(lt_err("scale pointer"))?;
+        }
+        let alpha: f32 = 1.0;
+        let beta: f32 = 0.0;
+        // SAFETY: as in `matmul`: the plan's descriptors are live and match these buffers'
+        // shapes and types (E4M3 A and B, fp32 D; the scale vectors hold n and m floats).
+        unsafe {
+            lt::matmul(
+                handle,
+                plan.desc,
+                (&alpha) as *const f32 as *const c_void,
+                (&beta) as *const f32 as *const c_void,
+                w as *const c_void,
+                plan.a,
+                x as *const c_void,
+                plan.b,
+                out as *const c_void,
+                plan.d,
+                out as *mut c_void,
+                plan.d,
+                &plan.algo,
+                workspace as *mut c_void,
+                WORKSPACE_BYTES,
+                stream,
+            )
+        }
+        .map_err(|e| BackendError::Device(format!("cuBLASLt FP8 matmul m={m} n={n} k={k}: {e:?}")))
+    }
+}
+
 impl Drop for Gemm {
     fn drop(&mut self) {
-        for plan in self.plans.values() {
+        for plan in self.plans.values().chain(self.fp8_plans.values()) {
             // SAFETY: each object was created by this value and is destroyed once.
             unsafe {
                 let _ = lt::destroy_matrix_layout(plan.a);
