@@ -129,6 +129,8 @@ __device__ __forceinline__ void fp8_gemv(const bf16* __restrict__ x, const e4m3*
     for (int r = 0; r < FP8_WARP_ROWS; ++r)
 #pragma unroll
         for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
+    // Unrolled so that several steps' weight loads are in flight per lane.
+#pragma unroll 4
     for (int k0 = lane * 16; k0 < k; k0 += 32 * 16) {
         uint4 wv[FP8_WARP_ROWS];
 #pragma unroll
