@@ -413,6 +413,20 @@ fi
 # with the batch-1 inter-token latency set against the FP8 weight-read floor (the bytes a decode
 # step reads: every projection in E4M3, the LM head in bf16, at the 3.0 TB/s copy rate).
 if has fp8; then
+  F=$OUT/fp8
+  mkdir -p "$F"
+  # The kernels alone (.gpu/fp8-check.cu): tests, memcheck, the decode products' read rate.
+  nvcc -O3 -arch=sm_90a -std=c++17 -I"$G/kernels" -I"$G" $SHAPE_DEFINES -Xptxas -v "$G/fp8-check.cu" -o "$F/fp8-check" >"$F/build.log" 2>&1 ||
+    note "fp8-check BUILD FAILED: $(grep -m3 error "$F/build.log")"
+  if [ -x "$F/fp8-check" ]; then
+    "$F/fp8-check" test >"$F/test.log" 2>&1
+    note "fp8 kernel tests: rc=$? $(grep -h '^RESULT' "$F/test.log" | tr '\n' ' ')"
+    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$F/fp8-check" test >"$F/sanitizer.log" 2>&1
+    note "compute-sanitizer memcheck fp8-check: rc=$? $(grep -E 'ERROR SUMMARY' "$F/sanitizer.log" | tail -1)"
+    timeout 120 "$F/fp8-check" bench >"$F/bench.log" 2>&1
+    note "fp8 kernel bench: rc=$?"
+    grep -h '^RESULT' "$F/bench.log" >>"$SUMMARY"
+  fi
   $RUN "$G/cuda_fp8" --include-ignored --test-threads=1 --nocapture >"$OUT/fp8.log" 2>&1
   note "fp8 correctness (tests/cuda_fp8.rs): rc=$? $(grep -E '^test result' "$OUT/fp8.log")"
   grep -E '^RESULT|panicked' "$OUT/fp8.log" | head -20 | tee -a "$SUMMARY"
