@@ -31,8 +31,17 @@ fn fixtures() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
 }
 
-/// The FP8 models: each published form, and each bf16 fixture quantized at load.
+/// The FP8 models: each published form, and each bf16 fixture quantized at load; only those
+/// whose names contain one of `INFERNO_FP8_MODELS`' comma-separated parts, when it is set (the
+/// GPU script's compute-sanitizer run takes two).
 fn fp8_models() -> Vec<(String, Model)> {
+    let only: Option<Vec<String>> = std::env::var("INFERNO_FP8_MODELS")
+        .ok()
+        .map(|v| v.split(',').map(str::to_string).collect());
+    let wanted = |name: &str| {
+        only.as_ref()
+            .is_none_or(|parts| parts.iter().any(|p| name.contains(p.as_str())))
+    };
     let load = |name: &str| {
         let dir = fixtures().join(name);
         Model::load(&dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()))
@@ -44,9 +53,17 @@ fn fp8_models() -> Vec<(String, Model)> {
         "block",
     ]
     .iter()
-    .map(|form| (format!("fp8/{form}"), load(&format!("fp8/{form}"))))
+    .map(|form| format!("fp8/{form}"))
+    .filter(|name| wanted(name))
+    .map(|name| {
+        let model = load(&name);
+        (name, model)
+    })
     .collect();
     for name in ["inferno-tiny", "tiny-qwen2", "tiny-qwen3"] {
+        if !wanted(name) {
+            continue;
+        }
         let mut model = load(name);
         QuantizeAtLoad::Fp8.apply(&mut model.config);
         models.push((format!("{name} (fp8 at load)"), model));
