@@ -10,7 +10,10 @@
 //                           scale(n, k) in fp32, the weights read once as E4M3 and widened in
 //                           registers;
 //   fp8_dequantize_weight   a projection widened to bf16 (scales applied), for the products that
-//                           cuBLASLt's FP8 path does not take (block scales, weight-only FP8).
+//                           cuBLASLt's FP8 path does not take (block scales, weight-only FP8);
+//   fp8_add_rmsnorm         kernels/rmsnorm.cu's residual add and RMSNorm with its output row also
+//                           quantized per token (or by a static scale) for the FP8 product that
+//                           reads it, so no fp8_quantize_input launch runs before q/k/v and gate/up.
 // E4M3 rounding here is bit for bit the host's (f32_to_e4m3_fast): nearest, ties to even,
 // saturating at +-448.
 
@@ -216,6 +219,72 @@ extern "C" __global__ void fp8_dequantize_weight(const e4m3* __restrict__ w, con
         dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
         dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
     }
+}
+
+#define FP8_RMS_SLOTS ((HIDDEN + RMS_THREADS - 1) / RMS_THREADS)
+
+// add_rmsnorm (kernels/rmsnorm.cu, without its row list: every row) whose bf16 output row is also
+// quantized as fp8_quantize_input quantizes it with group 0 (the same values, the same rounding):
+// codes into xq, codes times the scale into xd, the row's scale into scales[row]. One block of
+// RMS_THREADS threads per row.
+extern "C" __global__ void __launch_bounds__(RMS_THREADS)
+fp8_add_rmsnorm(float* __restrict__ residual, const float* __restrict__ delta, const bf16* __restrict__ weight,
+                bf16* __restrict__ out, float upper_bound, float static_scale, e4m3* __restrict__ xq,
+                bf16* __restrict__ xd, float* __restrict__ scales) {
+    float w[FP8_RMS_SLOTS];
+#pragma unroll
+    for (int k = 0; k < FP8_RMS_SLOTS; ++k) {
+        const int i = threadIdx.x + k * RMS_THREADS;
+        w[k] = i < HIDDEN ? bf16_to_f32(weight[i]) : 0.0f;
+    }
+    await_previous_kernels();
+    __shared__ float scratch[32];
+    const int r = blockIdx.x;
+    float* x = residual + (size_t)r * HIDDEN;
+    float v[FP8_RMS_SLOTS];
+    float sumsq = 0.0f;
+#pragma unroll
+    for (int k = 0; k < FP8_RMS_SLOTS; ++k) {
+        const int i = threadIdx.x + k * RMS_THREADS;
+        v[k] = 0.0f;
+        if (i < HIDDEN) {
+            v[k] = x[i];
+            if (delta) {
+                v[k] += delta[(size_t)r * HIDDEN + i];
+                x[i] = v[k];
+            }
+        }
+        sumsq += v[k] * v[k];
+    }
+    const float inv = rsqrtf(block_sum(sumsq, scratch) / (float)HIDDEN + RMS_EPS);
+    const size_t row = (size_t)r * HIDDEN;
+    float amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < FP8_RMS_SLOTS; ++k) {
+        const int i = threadIdx.x + k * RMS_THREADS;
+        if (i < HIDDEN) {
+            const bf16 y = f32_to_bf16(v[k] * inv * w[k]);
+            out[row + i] = y;
+            v[k] = bf16_to_f32(y);
+            amax = fmaxf(amax, fabsf(v[k]));
+        }
+    }
+    float scale = static_scale;
+    if (scale <= 0.0f) {
+        amax = fp8_block_max(amax, scratch);
+        if (upper_bound > 0.0f) amax = fminf(amax, upper_bound);
+        scale = fmaxf(amax / FP8_MAX, FP8_MIN_SCALE);
+    }
+#pragma unroll
+    for (int k = 0; k < FP8_RMS_SLOTS; ++k) {
+        const int i = threadIdx.x + k * RMS_THREADS;
+        if (i < HIDDEN) {
+            const unsigned int code = f32_to_e4m3(v[k] / scale);
+            xq[row + i] = (e4m3)code;
+            xd[row + i] = f32_to_bf16(e4m3_to_f32(code) * scale);
+        }
+    }
+    if (threadIdx.x == 0) scales[r] = scale;
 }
 
 // The small-M entry points, one line each so every name appears in the source.

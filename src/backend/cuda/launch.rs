@@ -498,6 +498,28 @@ kernel_args! {
         group: i32,
     }
 
+    /// The arguments of `fp8_add_rmsnorm` (`kernels/fp8.cu`).
+    Fp8AddRmsnorm for &["fp8_add_rmsnorm"] => {
+        /// The residual stream, [rows, hidden], to which `delta` is added.
+        residual: DevicePtr<f32>,
+        /// What is added to the residual stream first (`None`: nothing).
+        delta: Option<DevicePtr<f32>>,
+        /// The norm's weight, [hidden].
+        weight: DevicePtr<Bf16>,
+        /// The normalised rows, [rows, hidden].
+        out: DevicePtr<Bf16>,
+        /// The cap on a row's largest magnitude (0: none).
+        upper_bound: f32,
+        /// The static scale (0: dynamic).
+        static_scale: f32,
+        /// The E4M3 codes, [rows, hidden].
+        xq: DevicePtr<E4m3>,
+        /// The codes times their scales in bf16, [rows, hidden].
+        xd: DevicePtr<Bf16>,
+        /// The scales, [rows].
+        scales: DevicePtr<f32>,
+    }
+
     /// The arguments of `fp8_dequantize_weight` (`kernels/fp8.cu`).
     Fp8DequantizeWeight for &["fp8_dequantize_weight"] => {
         /// The E4M3 weights, [n, k].
@@ -671,7 +693,7 @@ mod tests {
     type Launcher = (&'static [&'static str], Parameters);
 
     /// Every argument struct.
-    const LAUNCHERS: [Launcher; 14] = [
+    const LAUNCHERS: [Launcher; 15] = [
         launcher::<EmbeddingGather>(),
         launcher::<AddRmsnorm>(),
         launcher::<QkvRopeWrite>(),
@@ -686,6 +708,7 @@ mod tests {
         launcher::<Fp8QuantizeInput>(),
         launcher::<Fp8Gemv>(),
         launcher::<Fp8DequantizeWeight>(),
+        launcher::<Fp8AddRmsnorm>(),
     ];
 
     const fn launcher<A: KernelArgs>() -> Launcher {

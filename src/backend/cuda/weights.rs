@@ -49,6 +49,12 @@ pub struct Fp8Operand {
 }
 
 impl Fp8Operand {
+    /// Whether the RMSNorm before the product quantizes its input (`fp8_add_rmsnorm`): an input
+    /// quantized with one scale per token, dynamic or static.
+    pub fn norm_quantizes(&self) -> bool {
+        self.input.is_some_and(|i| i.per_token())
+    }
+
     /// Whether cuBLASLt's FP8 product with outer-vector scales can compute it: one scale per
     /// weight row and one per token.
     pub fn takes_scaled_gemm(&self) -> bool {

@@ -7,8 +7,9 @@ use crate::model::MlpDefinition;
 use crate::backend::cuda::graphs::StepGraph;
 use crate::backend::cuda::inputs::StepLayout;
 use crate::backend::cuda::launch::{
-    AddRmsnorm, AttentionReduce, Bf16, DevicePtr, EmbeddingGather, GemvQkvRope, GemvSwiglu,
-    LaunchShape, PagedAttention, PagedReads, PrefillAttention, QkvRopeWrite, RopeWrites, Swiglu,
+    AddRmsnorm, AttentionReduce, Bf16, DevicePtr, EmbeddingGather, Fp8AddRmsnorm, GemvQkvRope,
+    GemvSwiglu, LaunchShape, PagedAttention, PagedReads, PrefillAttention, QkvRopeWrite,
+    RopeWrites, Swiglu,
 };
 use crate::backend::cuda::memory::DeviceBuffer;
 use crate::backend::cuda::plan;
@@ -100,7 +101,7 @@ impl CudaBackend {
             );
             let attn = self.act.attn.device_ptr();
             self.project(attn, o_w, delta, (t, p.hidden, q_width))?;
-            self.add_rmsnorm(t32, Some(delta), post_norm, None)?;
+            self.norm_before(t32, Some(delta), post_norm, gate_up_w)?;
             match self.definition.layers[segment - 1].mlp {
                 MlpDefinition::SwiGlu { intermediate } => {
                     let gate_up_dims = (t, 2 * intermediate, p.hidden);
@@ -111,7 +112,8 @@ impl CudaBackend {
                         }
                         Operand::Fp8(gate_up_w) => {
                             let gate_up = self.act.gate_up.device_ptr();
-                            self.fp8_product(normed, gate_up_w, gate_up, gate_up_dims)?;
+                            let quantized = gate_up_w.norm_quantizes();
+                            self.fp8_product(normed, gate_up_w, gate_up, gate_up_dims, quantized)?;
                             self.swiglu(t)?;
                         }
                     }
@@ -126,9 +128,10 @@ impl CudaBackend {
         let layer = segment;
         let w: &LayerWeights = &self.weights.layers[layer];
         let (input_norm, qkv_w) = (w.input_norm.device_ptr(), w.qkv.bf16());
+        let qkv_operand = w.qkv.operand();
         // Layer 0 normalises the embeddings alone; later layers add the previous MLP's output.
         let previous = (layer > 0).then_some(delta);
-        self.add_rmsnorm(t32, previous, input_norm, None)?;
+        self.norm_before(t32, previous, input_norm, qkv_operand)?;
         let small_m =
             qkv_w.is_some_and(|qkv_w| self.takes_small_m(normed, qkv_w, (t, qkv_n, p.hidden)));
         self.qkv_rope_write(small_m, layer, layout, t)
@@ -238,7 +241,9 @@ impl CudaBackend {
         let dims = (t, heads * head_dim, hidden);
         match qkv_w {
             Operand::Bf16(qkv_w) => self.product(small_m, (normed, qkv_w, qkv), dims)?,
-            Operand::Fp8(qkv_w) => self.fp8_product(normed, qkv_w, qkv, dims)?,
+            Operand::Fp8(qkv_w) => {
+                self.fp8_product(normed, qkv_w, qkv, dims, qkv_w.norm_quantizes())?
+            }
         }
         self.launch(
             &self.kernels.qkv_rope,
@@ -249,6 +254,40 @@ impl CudaBackend {
                 q_norm,
                 k_norm,
                 writes,
+            },
+        )
+    }
+
+    /// [`Self::add_rmsnorm`] of the first `rows` rows before the product with `next`: for an FP8
+    /// projection whose input is quantized per token (`Fp8Operand::norm_quantizes`), the fused
+    /// kernel that also leaves the quantized input in the FP8 scratch buffers, which the product
+    /// then reads (`fp8_product` with `quantized`).
+    fn norm_before(
+        &self,
+        rows: u32,
+        delta: Option<DevicePtr<f32>>,
+        weight: DevicePtr<Bf16>,
+        next: Operand,
+    ) -> Result<(), BackendError> {
+        let (Operand::Fp8(w), Some(scratch)) = (next, self.act.fp8.as_ref()) else {
+            return self.add_rmsnorm(rows, delta, weight, None);
+        };
+        let Some(input) = w.input.filter(|_| w.norm_quantizes()) else {
+            return self.add_rmsnorm(rows, delta, weight, None);
+        };
+        self.launch(
+            &self.kernels.fp8_add_rmsnorm,
+            LaunchShape::new((rows, 1, 1), plan::RMS_THREADS as u32),
+            Fp8AddRmsnorm {
+                residual: self.act.residual.device_ptr(),
+                delta,
+                weight,
+                out: self.act.normed.device_ptr(),
+                upper_bound: input.upper_bound,
+                static_scale: input.static_scale,
+                xq: scratch.codes.device_ptr(),
+                xd: scratch.values.device_ptr(),
+                scales: scratch.scales.device_ptr(),
             },
         )
     }

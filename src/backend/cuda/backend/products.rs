@@ -108,7 +108,7 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         match w {
             Operand::Bf16(w) => self.matmul(x, w, out, dims),
-            Operand::Fp8(w) => self.fp8_product(x, w, out, dims),
+            Operand::Fp8(w) => self.fp8_product(x, w, out, dims, false),
         }
     }
 
@@ -116,13 +116,15 @@ impl CudaBackend {
     /// projection's scheme says (`fp8_quantize_input`); then, for at most `plan::GEMV_MAX_M`
     /// rows, the FP8 small-M kernel; for more, cuBLASLt's FP8 product with outer-vector scales
     /// where the scales allow it (per weight row and per token), else the weights widened to bf16
-    /// into a scratch buffer and the bf16 product.
+    /// into a scratch buffer and the bf16 product. With `quantized`, the norm that wrote `x`
+    /// (`fp8_add_rmsnorm`) has already left the quantized input in the scratch buffers.
     pub(super) fn fp8_product(
         &mut self,
         x: DevicePtr<Bf16>,
         w: Fp8Operand,
         out: DevicePtr<f32>,
         (m, n, k): (usize, usize, usize),
+        quantized: bool,
     ) -> Result<(), BackendError> {
         if m == 0 {
             return Ok(());
@@ -143,6 +145,7 @@ impl CudaBackend {
         let groups = to_u32(w.groups, "scale groups")? as i32;
         let group = to_u32(w.group, "scale group")? as i32;
         let input = match w.input {
+            Some(_) if quantized => values,
             Some(q) => {
                 self.launch(
                     &self.kernels.fp8_quantize,
