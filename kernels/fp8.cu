@@ -11,6 +11,7 @@
 //                           registers;
 //   fp8_dequantize_weight   a projection widened to bf16 (scales applied), for the products that
 //                           cuBLASLt's FP8 path does not take (block scales, weight-only FP8);
+//   fp8_scale_output        the scales applied to cuBLASLt's FP8 product of the codes;
 //   fp8_add_rmsnorm         kernels/rmsnorm.cu's residual add and RMSNorm with its output row also
 //                           quantized per token (or by a static scale) for the FP8 product that
 //                           reads it, so no fp8_quantize_input launch runs before q/k/v and gate/up.
@@ -285,6 +286,26 @@ fp8_add_rmsnorm(float* __restrict__ residual, const float* __restrict__ delta, c
         }
     }
     if (threadIdx.x == 0) scales[r] = scale;
+}
+
+// out[i][j] *= x_scales[i] * w_scales[j] over an [m, n] fp32 product of unscaled codes (cuBLASLt's
+// FP8 product): each thread 4 consecutive outputs per step, the grid striding. n must be a
+// multiple of 4.
+extern "C" __global__ void fp8_scale_output(float* __restrict__ out, const float* __restrict__ x_scales,
+                                            const float* __restrict__ w_scales, int m, int n) {
+    await_previous_kernels();
+    const size_t quads = (size_t)m * n / 4;
+    for (size_t q = (size_t)blockIdx.x * blockDim.x + threadIdx.x; q < quads; q += (size_t)gridDim.x * blockDim.x) {
+        const size_t i = q * 4 / n;
+        const int j = (int)(q * 4 % n);
+        float4 v = reinterpret_cast<float4*>(out)[q];
+        const float s = x_scales[i];
+        v.x *= s * w_scales[j];
+        v.y *= s * w_scales[j + 1];
+        v.z *= s * w_scales[j + 2];
+        v.w *= s * w_scales[j + 3];
+        reinterpret_cast<float4*>(out)[q] = v;
+    }
 }
 
 // The small-M entry points, one line each so every name appears in the source.

@@ -114,8 +114,8 @@ static int test() {
     }
     // Products and widening on ragged shapes, per-row and per-group scales.
     for (const int group : {0, 128}) {
-        const int n = 77, kk = 400 - 400 % 16;  // 384 wide: 3 groups of 128
-        const int groups = group ? kk / group : 1;
+        const int n = 77, kk = 400;  // 4 groups of 128, the last partial
+        const int groups = group ? (kk + group - 1) / group : 1;
         std::vector<uint8_t> w(n * kk);
         for (auto& b : w) { b = (uint8_t)(rng() & 0xff); if ((b & 0x7f) == 0x7f) b = 0x38; }
         std::vector<float> s(n * groups);

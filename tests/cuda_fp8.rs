@@ -31,10 +31,11 @@ fn fixtures() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
 }
 
-/// The FP8 models: each published form, and each bf16 fixture quantized at load; only those
+/// The FP8 models (with the 16-bit model they were quantized from, where it is at hand): each
+/// published form, and each bf16 fixture quantized at load; only those
 /// whose names contain one of `INFERNO_FP8_MODELS`' comma-separated parts, when it is set (the
 /// GPU script's compute-sanitizer run takes two).
-fn fp8_models() -> Vec<(String, Model)> {
+fn fp8_models() -> Vec<(String, Model, Option<Model>)> {
     let only: Option<Vec<String>> = std::env::var("INFERNO_FP8_MODELS")
         .ok()
         .map(|v| v.split(',').map(str::to_string).collect());
@@ -46,7 +47,7 @@ fn fp8_models() -> Vec<(String, Model)> {
         let dir = fixtures().join(name);
         Model::load(&dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()))
     };
-    let mut models: Vec<(String, Model)> = [
+    let mut models: Vec<(String, Model, Option<Model>)> = [
         "compressed-tensors-dynamic",
         "compressed-tensors-static",
         "fbgemm",
@@ -57,7 +58,7 @@ fn fp8_models() -> Vec<(String, Model)> {
     .filter(|name| wanted(name))
     .map(|name| {
         let model = load(&name);
-        (name, model)
+        (name, model, None)
     })
     .collect();
     for name in ["inferno-tiny", "tiny-qwen2", "tiny-qwen3"] {
@@ -66,7 +67,7 @@ fn fp8_models() -> Vec<(String, Model)> {
         }
         let mut model = load(name);
         QuantizeAtLoad::Fp8.apply(&mut model.config);
-        models.push((format!("{name} (fp8 at load)"), model));
+        models.push((format!("{name} (fp8 at load)"), model, Some(load(name))));
     }
     models
 }
@@ -164,7 +165,7 @@ fn fp8_teacher_forced_logits_match_the_cpu_reference() {
     }
     let mut failures = Vec::new();
     let positions = positions();
-    for (name, model) in fp8_models() {
+    for (name, model, unquantized) in fp8_models() {
         let seq = tokens(model.config.vocab_size, positions);
         let table: Vec<u32> = (0..positions.div_ceil(16) as u32).collect();
         let mut gpu = cuda(&model);
@@ -182,6 +183,21 @@ fn fp8_teacher_forced_logits_match_the_cpu_reference() {
         for end in (64..=positions).step_by(64) {
             let g = run_chunk(&mut gpu, &seq, &table, 0, end);
             worst_prefill = worst_prefill.max(max_abs_diff(&g, &reference[end - 1]));
+        }
+        // How far FP8 itself moves the logits, on the CPU and on the GPU: beside the bound above,
+        // the scale of the quantization noise the comparison sees.
+        if let Some(bf16) = unquantized {
+            let mut cpu16 = CpuBackend::new(&bf16, 64 << 20).expect("CPU backend");
+            let (mut cpu_shift, mut gpu_shift) = (0.0f32, 0.0f32);
+            for (pos, c) in reference.iter().enumerate().take(128) {
+                let u = run_chunk(&mut cpu16, &seq, &table, pos, pos + 1);
+                cpu_shift = cpu_shift.max(max_abs_diff(c, &u));
+                let g = run_chunk(&mut gpu, &seq, &table, pos, pos + 1);
+                gpu_shift = gpu_shift.max(max_abs_diff(&g, &u));
+            }
+            println!(
+                "RESULT {name}: over 128 positions, max|cpu fp8 - cpu bf16| {cpu_shift:.4}, max|cuda fp8 - cpu bf16| {gpu_shift:.4}"
+            );
         }
         let agreement = agree as f64 / positions as f64;
         println!(

@@ -7,8 +7,9 @@
 //! `outᵀ (n × m) = op(W) · X` with `W` transposed, so no weight is ever re-laid out. The algorithm
 //! for each shape comes from cuBLASLt's heuristic once and is cached with its descriptors.
 //!
-//! FP8 products (`Gemm::matmul_fp8`) take E4M3 weights and inputs with one f32 scale per weight
-//! row and per input row (cuBLASLt's outer-vector scaling, CUDA 12.9 and later), fp32 out.
+//! FP8 products (`Gemm::matmul_fp8`) multiply E4M3 weights and inputs unscaled, fp32 out; the
+//! caller applies the per-row and per-token scales (cuBLASLt 13 on an H100 refused outer-vector
+//! scale modes with fp32 output: `CUBLAS_STATUS_INVALID_VALUE`).
 //!
 //! Products of at most `plan::GEMV_MAX_M` rows may instead run the small-M kernels of
 //! `kernels/gemv.cu`; which path serves each such shape is measured once at start-up (the backend
@@ -139,25 +140,6 @@ impl Gemm {
             )
         }
         .map_err(lt_err("transpose"))?;
-        if fp8 {
-            let outer_vector =
-                sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as i32;
-            for attribute in [
-                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
-                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
-            ] {
-                // SAFETY: `desc` is live; a scale mode is an int32 as cuBLASLt documents.
-                unsafe {
-                    lt::set_matmul_desc_attribute(
-                        desc,
-                        attribute,
-                        (&outer_vector) as *const i32 as *const c_void,
-                        std::mem::size_of::<i32>(),
-                    )
-                }
-                .map_err(lt_err("scale mode"))?;
-            }
-        }
         let a = lt::create_matrix_layout(bf16, s.k as u64, s.n as u64, s.k as i64)
             .map_err(lt_err("layout A"))?;
         let b = lt::create_matrix_layout(bf16, s.k as u64, s.m as u64, s.k as i64)
@@ -262,14 +244,13 @@ impl Gemm {
 }
 
 impl Gemm {
-    /// `out[m, n] = (x[m, k] · w[n, k]ᵀ) · x_scales[m] · w_scales[n]` on `stream`, with `x` and
-    /// `w` E4M3, the scales f32 and `out` fp32. Pointers are device addresses of buffers of at
-    /// least those sizes (the caller's contract). An error (no algorithm for the shape, the
-    /// library too old for outer-vector scales) leaves nothing queued.
+    /// `out[m, n] = x[m, k] · w[n, k]ᵀ` on `stream`, with `x` and `w` E4M3 codes (unscaled) and
+    /// `out` fp32. Pointers are device addresses of buffers of at least those sizes (the caller's
+    /// contract). An error (no algorithm for the shape) leaves nothing queued.
     pub fn matmul_fp8(
         &mut self,
         stream: sys::cudaStream_t,
-        (x, x_scales, w, w_scales, out): (u64, u64, u64, u64, u64),
+        (x, w, out): (u64, u64, u64),
         (m, n, k): (usize, usize, usize),
     ) -> Result<(), BackendError> {
         if m == 0 {
@@ -278,32 +259,10 @@ impl Gemm {
         let workspace = self.workspace.ptr();
         let handle = self.handle;
         let plan = self.plan(Shape { m, n, k }, true)?;
-        for (attribute, pointer) in [
-            (
-                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                w_scales,
-            ),
-            (
-                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                x_scales,
-            ),
-        ] {
-            // SAFETY: the plan's descriptor is live; a scale pointer is a device address, passed
-            // as a pointer-sized value as cuBLASLt documents.
-            unsafe {
-                lt::set_matmul_desc_attribute(
-                    plan.desc,
-                    attribute,
-                    (&pointer) as *const u64 as *const c_void,
-                    std::mem::size_of::<u64>(),
-                )
-            }
-            .map_err(lt_err("scale pointer"))?;
-        }
         let alpha: f32 = 1.0;
         let beta: f32 = 0.0;
         // SAFETY: as in `matmul`: the plan's descriptors are live and match these buffers'
-        // shapes and types (E4M3 A and B, fp32 D; the scale vectors hold n and m floats).
+        // shapes and types (E4M3 A and B, fp32 D).
         unsafe {
             lt::matmul(
                 handle,

@@ -95,13 +95,14 @@ pub const FP8_GEMV_ENTRIES: [&str; super::plan::GEMV_MAX_M] = [
 ];
 
 /// Every entry point of `kernels/fp8.cu`.
-const FP8_FAMILY_ENTRIES: [&str; super::plan::GEMV_MAX_M + 3] = {
-    let mut all = ["fp8_quantize_input"; super::plan::GEMV_MAX_M + 3];
+const FP8_FAMILY_ENTRIES: [&str; super::plan::GEMV_MAX_M + 4] = {
+    let mut all = ["fp8_quantize_input"; super::plan::GEMV_MAX_M + 4];
     all[1] = "fp8_dequantize_weight";
     all[2] = "fp8_add_rmsnorm";
+    all[3] = "fp8_scale_output";
     let mut i = 0;
     while i < super::plan::GEMV_MAX_M {
-        all[3 + i] = FP8_GEMV_ENTRIES[i];
+        all[4 + i] = FP8_GEMV_ENTRIES[i];
         i += 1;
     }
     all

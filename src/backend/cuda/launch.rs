@@ -520,6 +520,20 @@ kernel_args! {
         scales: DevicePtr<f32>,
     }
 
+    /// The arguments of `fp8_scale_output` (`kernels/fp8.cu`).
+    Fp8ScaleOutput for &["fp8_scale_output"] => {
+        /// The product of the codes, [m, n] fp32, scaled in place.
+        out: DevicePtr<f32>,
+        /// The input's scales, [m].
+        x_scales: DevicePtr<f32>,
+        /// The weights' scales, [n].
+        w_scales: DevicePtr<f32>,
+        /// Rows.
+        m: i32,
+        /// Columns (a multiple of 4).
+        n: i32,
+    }
+
     /// The arguments of `fp8_dequantize_weight` (`kernels/fp8.cu`).
     Fp8DequantizeWeight for &["fp8_dequantize_weight"] => {
         /// The E4M3 weights, [n, k].
@@ -693,7 +707,7 @@ mod tests {
     type Launcher = (&'static [&'static str], Parameters);
 
     /// Every argument struct.
-    const LAUNCHERS: [Launcher; 15] = [
+    const LAUNCHERS: [Launcher; 16] = [
         launcher::<EmbeddingGather>(),
         launcher::<AddRmsnorm>(),
         launcher::<QkvRopeWrite>(),
@@ -709,6 +723,7 @@ mod tests {
         launcher::<Fp8Gemv>(),
         launcher::<Fp8DequantizeWeight>(),
         launcher::<Fp8AddRmsnorm>(),
+        launcher::<Fp8ScaleOutput>(),
     ];
 
     const fn launcher<A: KernelArgs>() -> Launcher {

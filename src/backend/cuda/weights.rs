@@ -55,10 +55,10 @@ impl Fp8Operand {
         self.input.is_some_and(|i| i.per_token())
     }
 
-    /// Whether cuBLASLt's FP8 product with outer-vector scales can compute it: one scale per
-    /// weight row and one per token.
-    pub fn takes_scaled_gemm(&self) -> bool {
-        self.groups == 1 && self.input.is_some_and(|i| i.per_token())
+    /// Whether cuBLASLt's FP8 product of the codes, scaled after, can compute it: one scale per
+    /// weight row and one per token, and rows in multiples of 4 (`fp8_scale_output`).
+    pub fn takes_scaled_gemm(&self, n: usize) -> bool {
+        self.groups == 1 && self.input.is_some_and(|i| i.per_token()) && n.is_multiple_of(4)
     }
 }
 

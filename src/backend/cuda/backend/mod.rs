@@ -32,8 +32,9 @@ use super::inputs::{CopyStats, StepLimits};
 use super::kernels::KernelParams;
 use super::launch::{
     AddRmsnorm, AttentionReduce, Bf16, DevicePtr, EmbeddingGather, Fp8AddRmsnorm,
-    Fp8DequantizeWeight, Fp8Gemv, Fp8QuantizeInput, Gemv, GemvQkvRope, GemvSwiglu, Kernel,
-    KernelArgs, LaunchShape, PagedAttention, PrefillAttention, QkvRopeWrite, SampleTokens, Swiglu,
+    Fp8DequantizeWeight, Fp8Gemv, Fp8QuantizeInput, Fp8ScaleOutput, Gemv, GemvQkvRope, GemvSwiglu,
+    Kernel, KernelArgs, LaunchShape, PagedAttention, PrefillAttention, QkvRopeWrite, SampleTokens,
+    Swiglu,
 };
 use super::memory::DeviceBuffer;
 use super::wait::StepWaiter;
@@ -97,6 +98,8 @@ struct Kernels {
     fp8_quantize: Kernel<Fp8QuantizeInput>,
     /// An FP8 projection widened to bf16.
     fp8_dequantize: Kernel<Fp8DequantizeWeight>,
+    /// The scales applied to cuBLASLt's FP8 product of the codes.
+    fp8_scale_output: Kernel<Fp8ScaleOutput>,
     /// The residual add and RMSNorm with the output quantized for an FP8 product.
     fp8_add_rmsnorm: Kernel<Fp8AddRmsnorm>,
     /// `fp8_gemv[m - 1]`: FP8 products of m rows.

@@ -14,7 +14,8 @@ use crate::backend::cuda::fp8::{GEMV_ROWS_PER_BLOCK, GEMV_THREADS, QUANT_THREADS
 use crate::backend::cuda::gemm::Gemm;
 use crate::backend::cuda::inputs::Padding;
 use crate::backend::cuda::launch::{
-    Bf16, DevicePtr, Fp8DequantizeWeight, Fp8Gemv, Fp8QuantizeInput, Gemv, LaunchShape,
+    Bf16, DevicePtr, Fp8DequantizeWeight, Fp8Gemv, Fp8QuantizeInput, Fp8ScaleOutput, Gemv,
+    LaunchShape,
 };
 use crate::backend::cuda::plan;
 use crate::backend::cuda::weights::{Fp8Operand, LayerWeights, Operand};
@@ -114,8 +115,9 @@ impl CudaBackend {
 
     /// `out[m, n] = x[m, k] · w[n, k]ᵀ` with FP8 weights: the input quantized first as the
     /// projection's scheme says (`fp8_quantize_input`); then, for at most `plan::GEMV_MAX_M`
-    /// rows, the FP8 small-M kernel; for more, cuBLASLt's FP8 product with outer-vector scales
-    /// where the scales allow it (per weight row and per token), else the weights widened to bf16
+    /// rows, the FP8 small-M kernel; for more, cuBLASLt's FP8 product of the codes and then the
+    /// scales applied to its output (`fp8_scale_output`) where the scales allow it (per weight
+    /// row and per token), else the weights widened to bf16
     /// into a scratch buffer and the bf16 product. With `quantized`, the norm that wrote `x`
     /// (`fp8_add_rmsnorm`) has already left the quantized input in the scratch buffers.
     pub(super) fn fp8_product(
@@ -196,16 +198,29 @@ impl CudaBackend {
             );
         }
         let stream = self.stream.cu_stream() as cudarc::cublaslt::sys::cudaStream_t;
-        if w.takes_scaled_gemm() && self.fp8_gemm {
-            let pointers = (
-                codes.addr(),
-                scales.addr(),
-                w.values.addr(),
-                w.scales.addr(),
-                out.addr(),
-            );
+        if w.takes_scaled_gemm(n) && self.fp8_gemm {
+            let pointers = (codes.addr(), w.values.addr(), out.addr());
             match self.gemm.matmul_fp8(stream, pointers, (m, n, k)) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    return self.launch(
+                        &self.kernels.fp8_scale_output,
+                        LaunchShape::new(
+                            (
+                                to_u32((m * n).div_ceil(4 * 256).min(65_535), "outputs")?,
+                                1,
+                                1,
+                            ),
+                            256,
+                        ),
+                        Fp8ScaleOutput {
+                            out,
+                            x_scales: scales,
+                            w_scales: w.scales,
+                            m: to_u32(m, "tokens")? as i32,
+                            n: n32,
+                        },
+                    );
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "cuBLASLt's FP8 product is not available; FP8 weights are widened to bf16 for products of more than 8 rows");
                     self.fp8_gemm = false;
