@@ -62,5 +62,5 @@ elif [ "${CI:-}" = true ]; then
   echo "error: the openai and pytest Python packages are required in CI" >&2
   exit 1
 else
-  echo "SKIPPED: tests/python needs the openai and pytest packages (pip install openai pytest prometheus-client)"
+  echo "SKIPPED: tests/python needs the openai and pytest packages (pip install openai openai-agents pytest prometheus-client)"
 fi

@@ -172,6 +172,9 @@ pub struct ServerConfig {
     /// The model's tool-call format (`llama3_json`, `hermes` or `mistral`); detected from the
     /// chat template when absent.
     pub tool_call_parser: Option<crate::server::openai::tools::ToolCallFormat>,
+    /// The model's reasoning format (`qwen3` or `deepseek_r1`): its `<think>` block is returned
+    /// as `reasoning_content`; detected from the chat template when absent.
+    pub reasoning_parser: Option<crate::server::openai::reasoning::ReasoningFormat>,
     /// Tokenize special-token text inside chat messages (`<|eot_id|>` typed by a user) as the
     /// control token it spells. Off by default: such text is tokenized as plain text, so a
     /// message cannot forge the conversation's structure.
@@ -192,6 +195,7 @@ impl Default for ServerConfig {
             max_model_len: None,
             shutdown_grace_secs: 30,
             tool_call_parser: None,
+            reasoning_parser: None,
             chat_special_tokens_in_content: false,
             chat_any_role: false,
             user: None,

@@ -777,6 +777,7 @@ fn run_request(
                 tokens.push(token);
                 logprobs.push(logprob.expect("logprobs were requested"));
             }
+            GenerationEvent::Hidden { .. } => {}
             GenerationEvent::Finished {
                 reason,
                 cached_tokens,

@@ -307,6 +307,116 @@ async fn a_constrained_request_is_recorded_with_its_kind_and_grammar_digest() {
     assert!(!raw.contains("\"enum\""), "the schema leaked into a record");
 }
 
+#[tokio::test]
+async fn responses_and_embeddings_are_recorded_with_their_endpoint() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("audit");
+    let server = Harness::start(audited_config(&dir), true);
+    let schema = json!({
+        "type": "object",
+        "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+        "required": ["answer"]
+    });
+    let responses = [
+        (
+            "responses-schema",
+            json!({"model": MODEL, "input": "Is the sky blue?", "max_output_tokens": 16,
+                "text": {"format": {"type": "json_schema", "name": "answer", "schema": schema}}}),
+        ),
+        (
+            "responses-stream",
+            json!({"model": MODEL, "input": "Hi", "max_output_tokens": 4, "stream": true}),
+        ),
+    ];
+    for (id, body) in &responses {
+        let response = server
+            .post("/v1/responses", ALICE, body)
+            .header("x-request-id", *id)
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(response.status(), StatusCode::OK, "{id}");
+        response.text().await.expect("body");
+    }
+    // The embedded model is generative: its embeddings request is a recorded refusal.
+    let refused = server
+        .post(
+            "/v1/embeddings",
+            ALICE,
+            &json!({"model": MODEL, "input": "x"}),
+        )
+        .header("x-request-id", "embeddings-refused")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+    stop(server).await;
+
+    let embedder_dir = tmp.path().join("audit-embeddings");
+    let embedder = Harness::start_model(
+        audited_config(&embedder_dir),
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-qwen3-embedding"),
+    );
+    let response = embedder
+        .post(
+            "/v1/embeddings",
+            ALICE,
+            &json!({"model": "tiny-qwen3-embedding", "input": ["a", "bc"]}),
+        )
+        .header("x-request-id", "embeddings")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::OK);
+    stop(embedder).await;
+
+    let records = records(&dir);
+    let (schema_requests, completions) = records_of(&records, "responses-schema");
+    assert_eq!(completions, 1);
+    assert_eq!(schema_requests[0].endpoint, "/v1/responses");
+    let spec = ConstraintSpec {
+        kind: ConstraintKind::JsonSchema,
+        source: ConstraintSource::JsonSchema(schema),
+    };
+    assert_eq!(
+        schema_requests[0].constraint,
+        Some(ConstraintNote {
+            kind: "json_schema".into(),
+            grammar_digest: spec.digest(),
+        })
+    );
+    let (stream_requests, completions) = records_of(&records, "responses-stream");
+    assert_eq!(
+        (
+            stream_requests[0].endpoint.as_str(),
+            stream_requests[0].stream
+        ),
+        ("/v1/responses", true)
+    );
+    assert_eq!(completions, 1);
+    assert_refusal(
+        &records,
+        "embeddings-refused",
+        400,
+        "alice",
+        "/v1/embeddings",
+    );
+    let records = self::records(&embedder_dir);
+    let (requests, completions) = records_of(&records, "embeddings");
+    assert_eq!(requests[0].endpoint, "/v1/embeddings");
+    assert_eq!(completions, 1);
+    let completion = records
+        .iter()
+        .find_map(|r| match &r.body {
+            RecordBody::Completion(c) if c.request_id == requests[0].request_id => Some(c.clone()),
+            _ => None,
+        })
+        .expect("a completion record");
+    assert_eq!(completion.completion_tokens, 0);
+    assert!(completion.prompt_tokens >= 4, "{completion:?}");
+    assert_eq!(completion.finish_reason.as_deref(), Some("stop"));
+}
+
 /// The development policy with `edit` applied, written to `dir/policy.toml`.
 fn development_policy_with(dir: &Path, from: &str, to: &str) -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/development.toml");

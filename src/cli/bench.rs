@@ -710,6 +710,7 @@ async fn run_one(
                 last = Some(now);
                 timing.output_tokens += 1;
             }
+            GenerationEvent::Hidden { .. } => {}
             GenerationEvent::Finished { reason, .. } => {
                 if let crate::engine::FinishReason::Error(e) = reason {
                     bail!("request failed: {e}");

@@ -86,6 +86,7 @@ fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
                 ids.push(token);
                 text
             }
+            GenerationEvent::Hidden { .. } => String::new(),
             GenerationEvent::Finished {
                 reason, text: tail, ..
             } => {

@@ -35,6 +35,14 @@ pub struct ServeOverrides {
     /// `server.max_model_len`; at most the model's own.
     #[arg(long, value_name = "TOKENS")]
     max_model_len: Option<usize>,
+    /// The model's tool-call format (`llama3_json`, `hermes`, `mistral`), overriding
+    /// `server.tool_call_parser`.
+    #[arg(long, value_name = "FORMAT")]
+    tool_call_parser: Option<String>,
+    /// The model's reasoning format (`qwen3`, `deepseek_r1`), overriding
+    /// `server.reasoning_parser`.
+    #[arg(long, value_name = "FORMAT")]
+    reasoning_parser: Option<String>,
     /// Fraction of free GPU memory for the KV cache, overriding `engine.gpu_memory_fraction`.
     #[arg(long, value_name = "FRACTION")]
     gpu_memory_utilization: Option<f64>,
@@ -81,6 +89,12 @@ impl ServeOverrides {
         if let Some(tokens) = self.max_model_len {
             config.server.max_model_len = Some(tokens);
         }
+        if let Some(name) = &self.tool_call_parser {
+            config.server.tool_call_parser = Some(named("--tool-call-parser", name)?);
+        }
+        if let Some(name) = &self.reasoning_parser {
+            config.server.reasoning_parser = Some(named("--reasoning-parser", name)?);
+        }
         if let Some(fraction) = self.gpu_memory_utilization {
             config.engine.gpu_memory_fraction = fraction;
         }
@@ -89,4 +103,10 @@ impl ServeOverrides {
             .context("the configuration with the command-line flags applied")?;
         Ok(())
     }
+}
+
+/// Reads a format name as the configuration file spells it.
+fn named<T: serde::de::DeserializeOwned>(flag: &str, name: &str) -> anyhow::Result<T> {
+    serde_json::from_value(serde_json::Value::String(name.to_owned()))
+        .map_err(|err| anyhow::anyhow!("{flag} {name:?}: {err}"))
 }

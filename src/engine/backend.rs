@@ -131,6 +131,24 @@ pub trait Backend: Send {
         Ok(false)
     }
 
+    /// Runs one forward step as [`Backend::step`] does, and also returns the final hidden state
+    /// (after the model's final norm) of the last token of each row listed in `hidden` (row
+    /// indices, ascending), in that order: embedding requests pool it. Rows listed there carry
+    /// no [`SampleSpec`]. The default refuses a non-empty list.
+    fn step_with_hidden(
+        &mut self,
+        rows: &[BatchRow<'_>],
+        hidden: &[usize],
+    ) -> Result<(StepOutput, Vec<Vec<f32>>), BackendError> {
+        if !hidden.is_empty() {
+            return Err(BackendError::InvalidBatch(format!(
+                "the {} backend cannot return hidden states",
+                self.name()
+            )));
+        }
+        Ok((self.step(rows)?, Vec::new()))
+    }
+
     /// Finishes the step that [`Backend::start_step`] queued: `rows` are the same rows, now with
     /// the late rows' masks (a late row left without one, because its grammar failed, is sampled
     /// unmasked; the engine ends it after the step). Same result as [`Backend::step`].

@@ -17,6 +17,7 @@ use super::sampling;
 use super::scheduler::{Scheduled, Scheduler};
 use super::sequence::Sequence;
 use super::step_cost::StepCosts;
+use super::step_tokens::StepTokens;
 use super::stop::StopOutcome;
 
 /// What the engine needs to know about the model besides its backend.
@@ -108,6 +109,7 @@ impl Engine {
             unstreamed: Unstreamed::default(),
             last_step_end: None,
             step_gaps: Duration::ZERO,
+            step_tokens: StepTokens::default(),
         };
         let thread = std::thread::Builder::new()
             .name("inferno-engine".into())
@@ -142,6 +144,8 @@ struct Worker {
     last_step_end: Option<Instant>,
     /// Sum of the gaps between steps (`EngineStats::step_gap_seconds`).
     step_gaps: Duration,
+    /// The tokens of each step, as a histogram.
+    step_tokens: StepTokens,
 }
 
 /// Constrained rows from which a step advances their grammars on rayon's pool rather than on
@@ -318,13 +322,26 @@ impl Worker {
     }
 
     fn step(&mut self, plan: &[Scheduled]) {
+        self.step_tokens
+            .observe(plan.iter().map(|s| s.num_tokens).sum());
         if let Some(end) = self.last_step_end.take() {
             self.step_gaps += end.elapsed();
         }
         // The forward pass needs neither the masks nor the previous tokens' text: a backend that
         // samples on the device queues it now, takes the masks that are still being computed
         // once they are ready, and runs while the previous step's tokens are streamed.
-        let started = match self.start_step(plan) {
+        // Embedding rows that end their prompt here need the hidden states: the step runs
+        // whole, through `Backend::step_with_hidden`.
+        let hidden_rows: Vec<usize> = plan
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| {
+                let seq = planned(&self.scheduler, s);
+                seq.embed && seq.num_computed + s.num_tokens == seq.tokens.len()
+            })
+            .map(|(index, _)| index)
+            .collect();
+        let started = match self.start_step_unless(plan, !hidden_rows.is_empty()) {
             Ok(started) => started,
             Err(err) => {
                 self.steps += 1;
@@ -347,13 +364,22 @@ impl Worker {
             let specs = sample_specs(&rows);
             let cpu_before = thread_cpu_time();
             let output = if started {
-                self.backend.finish_step(&rows)
+                self.backend
+                    .finish_step(&rows)
+                    .map(|output| (output, Vec::new()))
             } else {
-                self.backend.step(&rows)
+                self.backend.step_with_hidden(&rows, &hidden_rows)
             };
             self.backend_cpu += thread_cpu_time().saturating_sub(cpu_before);
             self.last_step_end = Some(Instant::now());
-            output.and_then(|output| {
+            output.and_then(|(output, states)| {
+                if states.len() != hidden_rows.len() {
+                    return Err(BackendError::InvalidBatch(format!(
+                        "the backend returned {} hidden states for {} rows",
+                        states.len(),
+                        hidden_rows.len()
+                    )));
+                }
                 let sampled: Vec<SampledToken> = match output {
                     StepOutput::Sampled(tokens) => tokens,
                     StepOutput::Logits(rows) => rows
@@ -378,12 +404,12 @@ impl Worker {
                         "the sampler chose a token outside the grammar mask".into(),
                     ));
                 }
-                Ok(sampled)
+                Ok((sampled, states))
             })
         };
         self.steps += 1;
-        let sampled = match result {
-            Ok(sampled) => sampled,
+        let (sampled, states) = match result {
+            Ok(result) => result,
             Err(err) => {
                 self.end_by_text(ended_by_text);
                 return self.fail_step(plan, &err);
@@ -392,9 +418,23 @@ impl Worker {
         for scheduled in plan {
             self.scheduler.complete(*scheduled);
         }
+        // An embedding request ends with its prompt: its state goes out, nothing is sampled.
+        for (&row, state) in hidden_rows.iter().zip(states) {
+            let seq_id = plan[row].seq_id;
+            if let Some(seq) = self.scheduler.remove_running(seq_id) {
+                let _ = seq.events.send(GenerationEvent::Hidden { state });
+                self.unstreamed
+                    .ended
+                    .push((seq, None, FinishReason::Stop(None)));
+            }
+        }
         let sampling_rows: Vec<Scheduled> = plan
             .iter()
-            .filter(|s| planned(&self.scheduler, s).pending() == 0)
+            .filter(|s| {
+                self.scheduler
+                    .get(s.seq_id)
+                    .is_some_and(|seq| !seq.embed && seq.pending() == 0)
+            })
             .copied()
             .collect();
         let mut advanced = self.advance_grammars(&sampling_rows, &sampled);
@@ -566,6 +606,13 @@ impl Worker {
     /// `finish_step` (see `docs/engine.md`, "Constrained decoding"). True when the backend queued
     /// the step and `finish_step` must end it; false when it declined (it runs whole in
     /// `Backend::step`).
+    fn start_step_unless(&mut self, plan: &[Scheduled], whole: bool) -> Result<bool, BackendError> {
+        if whole {
+            return Ok(false);
+        }
+        self.start_step(plan)
+    }
+
     fn start_step(&mut self, plan: &[Scheduled]) -> Result<bool, BackendError> {
         let scheduler = &self.scheduler;
         let in_flight = &self.masks.in_flight;
@@ -766,6 +813,7 @@ impl Worker {
                 grammar_mask_overlapped_steps: self.mask_wait.overlapped_steps,
                 grammar_mask_wait_us: self.mask_wait.micros,
                 step_gap_seconds: self.step_gaps.as_secs_f64(),
+                step_tokens: self.step_tokens.clone(),
             };
         }
     }
@@ -818,7 +866,7 @@ fn planned_mut<'a>(scheduler: &'a mut Scheduler, scheduled: &Scheduled) -> &'a m
 fn batch_row(seq: &Sequence, scheduled: Scheduled) -> BatchRow<'_> {
     let start = seq.num_computed;
     let end = start + scheduled.num_tokens;
-    let sample = (end == seq.tokens.len()).then(|| SampleSpec {
+    let sample = (end == seq.tokens.len() && !seq.embed).then(|| SampleSpec {
         params: &seq.request.sampling,
         seed: seq.seed,
         draw_index: seq.output().len() as u64,
@@ -899,6 +947,7 @@ fn finish(mut seq: Sequence, reason: FinishReason, detokenizer: &Detokenizer) {
         prompt_tokens: seq.request.prompt.len(),
         completion_tokens: seq.output().len(),
         cached_tokens: seq.cached_tokens,
+        scheduled_at: seq.first_scheduled,
     };
     let _ = seq.events.send(event);
 }

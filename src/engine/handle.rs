@@ -83,6 +83,8 @@ pub struct EngineStats {
     /// backend's own packing and launch are not included). With a backend that starts steps, the
     /// previous tokens are streamed during the step, not in this gap.
     pub step_gap_seconds: f64,
+    /// The tokens of each step (prompt and generated), as a histogram since start.
+    pub step_tokens: super::step_tokens::StepTokens,
 }
 
 impl EngineStats {
@@ -129,6 +131,25 @@ impl EngineHandle {
     /// Queues a request. Its events stream back on the returned stream; dropping the stream
     /// cancels the request and frees its KV blocks.
     pub fn submit(&self, request: GenerationRequest) -> Result<GenerationStream, SubmitError> {
+        self.submit_sequence(request, false)
+    }
+
+    /// Queues an embedding request: the prompt is computed in the same steps as other
+    /// requests, and the stream carries the final hidden state of its last token
+    /// ([`GenerationEvent::Hidden`]) then `Finished` with no output. Sampling, stop and
+    /// constraint settings are not used; `stop.max_tokens` must be at least 1.
+    pub fn submit_embedding(
+        &self,
+        request: GenerationRequest,
+    ) -> Result<GenerationStream, SubmitError> {
+        self.submit_sequence(request, true)
+    }
+
+    fn submit_sequence(
+        &self,
+        request: GenerationRequest,
+        embed: bool,
+    ) -> Result<GenerationStream, SubmitError> {
         let shared = &self.shared;
         if request.prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
@@ -164,7 +185,8 @@ impl EngineHandle {
         }
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
-        let seq = super::sequence::Sequence::new(id, request, stop, events);
+        let mut seq = super::sequence::Sequence::new(id, request, stop, events);
+        seq.embed = embed;
         if self.commands.send(Command::Submit(Box::new(seq))).is_err() {
             shared.queued.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::Stopped);
@@ -245,7 +267,7 @@ impl GenerationStream {
     fn observe(&mut self, event: Option<GenerationEvent>) -> Option<GenerationEvent> {
         match &event {
             Some(GenerationEvent::Finished { .. }) | None => self.finished = true,
-            Some(GenerationEvent::Token { .. }) => {}
+            Some(GenerationEvent::Token { .. } | GenerationEvent::Hidden { .. }) => {}
         }
         event
     }

@@ -15,6 +15,7 @@ pub mod sampling;
 mod scheduler;
 mod sequence;
 mod step_cost;
+pub mod step_tokens;
 mod stop;
 
 pub use backend::{

@@ -160,6 +160,13 @@ pub enum GenerationEvent {
         /// Present when the request asked for logprobs.
         logprob: Option<TokenLogprob>,
     },
+    /// The final hidden state (after the model's final norm) of an embedding request's last
+    /// prompt token, sent just before its `Finished` event
+    /// ([`crate::engine::EngineHandle::submit_embedding`]).
+    Hidden {
+        /// One value per hidden dimension.
+        state: Vec<f32>,
+    },
     /// The last event of every request.
     Finished {
         /// Why it ended.
@@ -172,5 +179,7 @@ pub enum GenerationEvent {
         completion_tokens: usize,
         /// Prompt tokens served from the prefix cache.
         cached_tokens: usize,
+        /// When the scheduler first admitted the request (`None`: never scheduled).
+        scheduled_at: Option<std::time::Instant>,
     },
 }

@@ -38,12 +38,17 @@ pub struct Sequence {
     pub events: UnboundedSender<GenerationEvent>,
     /// Whether the sequence has been admitted at least once (prefix-cache statistics count once).
     pub admitted_before: bool,
+    /// When the scheduler first admitted it (queue time ends, prefill begins).
+    pub first_scheduled: Option<std::time::Instant>,
     /// The request's grammar state, advanced with every generated token. The engine takes it
     /// out while a worker thread computes its next mask.
     pub constraint: Option<TokenConstraint>,
     /// The allowed-token mask for the next sampled token (or why it could not be computed),
     /// computed after the previous token was accepted and consumed when the next one is.
     pub next_mask: Option<Result<TokenMask, String>>,
+    /// An embedding request: its last prompt token's hidden state is returned and nothing is
+    /// generated.
+    pub embed: bool,
 }
 
 impl Sequence {
@@ -93,8 +98,10 @@ impl Sequence {
             stop,
             events,
             admitted_before: false,
+            first_scheduled: None,
             constraint: request.constraint.as_ref().map(|c| c.start()),
             next_mask: None,
+            embed: false,
             request,
         }
     }

@@ -13,6 +13,7 @@ pub mod files;
 pub mod fp8;
 pub mod generation;
 mod json;
+pub mod pooling;
 pub mod quantization;
 mod source;
 pub mod tensors;
@@ -69,6 +70,8 @@ pub struct Model {
     pub digest: ModelDigest,
     /// The served model id (the directory name by default).
     pub name: String,
+    /// How embeddings are pooled, for a sentence-transformers embedding model.
+    pub pooling: Option<pooling::Pooling>,
 }
 
 impl std::fmt::Debug for Model {
@@ -316,7 +319,9 @@ impl Model {
         ahead: impl FnOnce() -> Option<TextAhead> + Send,
         build: impl FnOnce(ModelTensors<'_>) -> T,
     ) -> Result<(Self, T), ModelError> {
-        let config = ModelConfig::from_json(&source.path(CONFIG_FILE), &source.read(CONFIG_FILE)?)?;
+        let config_bytes = source.read(CONFIG_FILE)?;
+        let config = ModelConfig::from_json(&source.path(CONFIG_FILE), &config_bytes)?;
+        let pooling = pooling::Pooling::load(&source, &config_bytes)?;
         let weights = ModelWeights::open(&source)?;
         layout(&ModelDefinition::of(&config), config.quantization.as_ref()).validate(&weights)?;
         let digest = ModelDigest::of_source(&source)?;
@@ -361,6 +366,7 @@ impl Model {
             special,
             digest,
             name,
+            pooling,
         };
         Ok((model, built))
     }

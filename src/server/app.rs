@@ -10,8 +10,8 @@ use hyper::body::Incoming;
 
 use super::auth::{Authenticator, Principal};
 use super::body::Body;
+use super::endpoint::Endpoint;
 use super::error::ApiError;
-use super::generation::ApiKind;
 use super::handlers;
 use super::metrics::Metrics;
 use super::service::ModelService;
@@ -74,6 +74,8 @@ enum Route {
     Model,
     Chat,
     Completions,
+    Responses,
+    Embeddings,
     AuditCheckpoint,
     AuditProof,
     Attestation,
@@ -90,6 +92,8 @@ impl Route {
             "/v1/models" => Some(Self::Models),
             "/v1/chat/completions" => Some(Self::Chat),
             "/v1/completions" => Some(Self::Completions),
+            "/v1/responses" => Some(Self::Responses),
+            "/v1/embeddings" => Some(Self::Embeddings),
             "/v1/audit/checkpoint" => Some(Self::AuditCheckpoint),
             "/v1/audit/proof" => Some(Self::AuditProof),
             "/v1/attestation" => Some(Self::Attestation),
@@ -110,9 +114,12 @@ impl Route {
             | Self::AuditCheckpoint
             | Self::AuditProof
             | Self::Version => method == Method::GET || method == Method::HEAD,
-            Self::Chat | Self::Completions | Self::Tokenize | Self::Detokenize => {
-                method == Method::POST
-            }
+            Self::Chat
+            | Self::Completions
+            | Self::Responses
+            | Self::Embeddings
+            | Self::Tokenize
+            | Self::Detokenize => method == Method::POST,
             Self::Attestation => {
                 method == Method::GET || method == Method::HEAD || method == Method::POST
             }
@@ -121,7 +128,12 @@ impl Route {
 
     fn allow(self) -> &'static str {
         match self {
-            Self::Chat | Self::Completions => "POST",
+            Self::Chat
+            | Self::Completions
+            | Self::Responses
+            | Self::Embeddings
+            | Self::Tokenize
+            | Self::Detokenize => "POST",
             Self::Attestation => "GET, HEAD, POST",
             _ => "GET, HEAD",
         }
@@ -308,7 +320,10 @@ impl App {
             .as_ref()
             .err()
             .filter(|err| err.status.is_server_error())
-            .map(|err| err.message.clone());
+            .map(|err| match &err.cause {
+                Some(cause) => format!("{}: {cause}", err.message),
+                None => err.message.clone(),
+            });
         let mut response = routed.result.unwrap_or_else(ApiError::into_response);
         if api && !routed.recorded {
             let recorded = match super::audit::check_available(&self) {
@@ -438,13 +453,14 @@ impl App {
             Err(err) => return unauthenticated(Err(err)),
         };
         let (recorded, result) = match route {
-            Route::Chat | Route::Completions => {
-                let kind = if route == Route::Chat {
-                    ApiKind::Chat
-                } else {
-                    ApiKind::Completion
+            Route::Chat | Route::Completions | Route::Responses | Route::Embeddings => {
+                let endpoint = match route {
+                    Route::Chat => Endpoint::Chat,
+                    Route::Responses => Endpoint::Responses,
+                    Route::Embeddings => Endpoint::Embeddings,
+                    _ => Endpoint::Completions,
                 };
-                match handlers::generate(self, kind, &principal, ctx, request).await {
+                match handlers::generate(self, endpoint, &principal, ctx, request).await {
                     Ok(response) => (true, Ok(response)),
                     Err(handlers::GenerateError::Failed(err)) => (true, Err(err)),
                     Err(handlers::GenerateError::Refused(err)) => (false, Err(err)),
@@ -612,6 +628,10 @@ mod tests {
         );
         assert!(Route::Chat.allows(&Method::POST));
         assert!(!Route::Chat.allows(&Method::GET));
+        assert_eq!(Route::from_path("/v1/responses"), Some(Route::Responses));
+        assert!(Route::Responses.allows(&Method::POST));
+        assert_eq!(Route::Responses.allow(), "POST");
+        assert_eq!(Route::Tokenize.allow(), "POST");
         assert!(Route::Attestation.allows(&Method::POST));
         assert!(Route::Models.allows(&Method::HEAD));
         assert_eq!(Route::Attestation.allow(), "GET, HEAD, POST");

@@ -15,19 +15,13 @@ use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use super::app::{App, RequestContext};
 use super::auth::Principal;
 use super::body::{Body, full};
+use super::endpoint::Endpoint;
 use super::error::ApiError;
-use super::generation::{ApiKind, StreamAccounting};
+use super::generation::StreamAccounting;
 use super::openai::response::Usage;
 use tokio::sync::oneshot;
 
 use inferno_audit::{Appended, AuditSink, CompletionFacts, ContentMode, RequestFacts};
-
-fn endpoint(kind: ApiKind) -> &'static str {
-    match kind {
-        ApiKind::Chat => "/v1/chat/completions",
-        ApiKind::Completion => "/v1/completions",
-    }
-}
 
 fn latency_ms(ctx: &RequestContext) -> u64 {
     u64::try_from(ctx.arrived.elapsed().as_millis()).unwrap_or(u64::MAX)
@@ -59,8 +53,8 @@ pub struct RequestAudit<'a> {
     pub ctx: &'a RequestContext,
     /// The caller.
     pub principal: &'a Principal,
-    /// Which API.
-    pub kind: ApiKind,
+    /// Which endpoint.
+    pub endpoint: Endpoint,
     /// Whether the response is streamed.
     pub stream: bool,
     /// The served model's digest.
@@ -83,7 +77,7 @@ pub fn record_request(
             request_id: &request.ctx.request_id,
             client_request_id: request.ctx.client_request_id.as_deref(),
             principal: request.principal.name(),
-            endpoint: endpoint(request.kind),
+            endpoint: request.endpoint.path(),
             model_digest: request.model_digest,
             stream: request.stream,
             prompt: &prompt,
@@ -276,18 +270,30 @@ struct AuditedStream {
 }
 
 impl AuditedStream {
-    /// Notes the finish reason carried by one server-sent event.
+    /// Notes the finish reason carried by the server-sent events of one chunk (chat and
+    /// completion chunks, or the Responses API's typed events).
     fn observe(&mut self, chunk: &Bytes) {
         if let Some(text) = &mut self.text {
             text.extend_from_slice(chunk);
         }
-        let Some(json) = chunk.strip_prefix(b"data: ") else {
-            return;
-        };
+        for line in chunk.split(|byte| *byte == b'\n') {
+            if let Some(json) = line.strip_prefix(b"data: ") {
+                self.observe_event(json);
+            }
+        }
+    }
+
+    fn observe_event(&mut self, json: &[u8]) {
         // Most events carry one token and nothing the record needs: skip parsing them.
-        let interesting = [&b"\"finish_reason\":\""[..], b"\"error\""]
-            .iter()
-            .any(|needle| json.windows(needle.len()).any(|w| w == *needle));
+        let interesting = [
+            &b"\"finish_reason\":\""[..],
+            b"\"error\"",
+            b"\"response.completed\"",
+            b"\"response.incomplete\"",
+            b"\"response.failed\"",
+        ]
+        .iter()
+        .any(|needle| json.windows(needle.len()).any(|w| w == *needle));
         if !interesting {
             return;
         }
@@ -302,6 +308,23 @@ impl AuditedStream {
             .filter_map(|c| c["finish_reason"].as_str())
             .next_back()
         {
+            self.finish_reason = Some(reason.to_owned());
+        }
+        let response_reason = match event["type"].as_str() {
+            Some("response.failed") => Some("error"),
+            Some("response.incomplete") => Some("length"),
+            Some("response.completed") => {
+                let output = event["response"]["output"].as_array().into_iter().flatten();
+                let mut kinds = output.filter_map(|item| item["type"].as_str());
+                Some(if kinds.any(|kind| kind == "function_call") {
+                    "tool_calls"
+                } else {
+                    "stop"
+                })
+            }
+            _ => None,
+        };
+        if let Some(reason) = response_reason {
             self.finish_reason = Some(reason.to_owned());
         }
     }

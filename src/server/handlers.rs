@@ -10,17 +10,21 @@ use super::app::{App, RequestContext};
 use super::audit;
 use super::auth::Principal;
 use super::body::{Body, full, read_limited, require_json};
+use super::endpoint::Endpoint;
 use super::error::ApiError;
 use super::generation::{self, ApiKind, Job, ToolCalls};
 use super::metrics::{Format, ServerState};
 use super::openai::request::{GenerationOptions, Prompt, ToolChoice, parse_chat, parse_completion};
 use super::openai::response::{ModelCard, ModelList};
+use super::openai::responses::output::{ResponseShell, from_chat};
+use super::openai::responses::request::{parse_responses, responses_error};
+use super::openai::responses::stream::responses_stream;
 use super::openai::tokenize::{TokenizeRequest, parse_detokenize, parse_tokenize};
 use super::openai::tools::tool_constraint;
 use super::service::{ChatPolicy, ModelService};
 use serde_json::Value;
 
-fn json_response(status: StatusCode, json: String) -> Response<Body> {
+pub(super) fn json_response(status: StatusCode, json: String) -> Response<Body> {
     let mut response = Response::new(full(json));
     *response.status_mut() = status;
     response.headers_mut().insert(
@@ -234,7 +238,7 @@ async fn chat_job(
     let limits = app.config().limits.clone();
     let chat_policy = ChatPolicy::from(&app.config().server);
     let service_for_job = Arc::clone(service);
-    let (options, prompt, constraint, tool_calls) = tokio::task::spawn_blocking(move || {
+    let (options, prompt, constraint, tool_calls, reasoning) = tokio::task::spawn_blocking(move || {
         let request = parse_chat(&body, service_for_job.defaults(), &limits)?;
         service_for_job.check_model(&request.options.model)?;
         service_for_job.check_logit_bias(&request.options.sampling.logit_bias)?;
@@ -276,7 +280,11 @@ async fn chat_job(
             parallel: request.parallel_tool_calls,
             enforced,
         });
-        Ok::<_, ApiError>((request.options, prompt, constraint, tool_calls))
+        // A grammar holds the whole output, so it has no reasoning block to split off.
+        let reasoning = service_for_job
+            .reasoning_format()
+            .filter(|_| constraint.is_none());
+        Ok::<_, ApiError>((request.options, prompt, constraint, tool_calls, reasoning))
     })
     .await
     .map_err(|err| ApiError::internal(format!("request preparation failed: {err}")))??;
@@ -291,6 +299,7 @@ async fn chat_job(
         arrived: ctx.arrived,
         constraint,
         tool_calls,
+        reasoning,
     })
 }
 
@@ -358,6 +367,7 @@ async fn completion_job(
         arrived: ctx.arrived,
         constraint,
         tool_calls: None,
+        reasoning: None,
     })
 }
 
@@ -371,13 +381,15 @@ pub enum GenerateError {
     Failed(ApiError),
 }
 
-/// `POST /v1/chat/completions` and `POST /v1/completions`.
+/// `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses` (run as the
+/// chat request it stands for, its result rewritten) and `POST /v1/embeddings` (its body
+/// handed to `super::embeddings`).
 ///
 /// The request record is handed to the log before the engine sees the job, and awaited before
 /// any response byte: the fsync overlaps generation instead of preceding it.
 pub async fn generate(
     app: &Arc<App>,
-    kind: ApiKind,
+    endpoint: Endpoint,
     principal: &Principal,
     ctx: &RequestContext,
     request: http::Request<Incoming>,
@@ -397,15 +409,27 @@ pub async fn generate(
     .map_err(Refused)?;
     audit::check_available(app).map_err(Refused)?;
     let received = body.clone();
-    let job = match kind {
-        ApiKind::Chat => chat_job(app, &service, principal, ctx, body).await,
-        ApiKind::Completion => completion_job(app, &service, principal, ctx, body).await,
+    let mut shell = None;
+    let job = match endpoint {
+        Endpoint::Chat => chat_job(app, &service, principal, ctx, body).await,
+        Endpoint::Completions => completion_job(app, &service, principal, ctx, body).await,
+        Endpoint::Responses => {
+            let request = parse_responses(&body).map_err(Refused)?;
+            shell = Some(ResponseShell::new(service.name().to_owned(), request.echo));
+            let chat = bytes::Bytes::from(request.chat.to_string());
+            chat_job(app, &service, principal, ctx, chat)
+                .await
+                .map_err(responses_error)
+        }
+        Endpoint::Embeddings => {
+            return super::embeddings::embeddings(app, principal, ctx, body, received).await;
+        }
     }
     .map_err(Refused)?;
     let request = audit::RequestAudit {
         ctx,
         principal,
-        kind,
+        endpoint,
         stream: job.options.stream,
         model_digest: service.digest(),
         constraint: job
@@ -442,6 +466,10 @@ pub async fn generate(
         // Prefill runs while the request record becomes durable; no byte leaves before.
         let receipt = durable.await.map_err(Failed)?;
         let body = started.map_err(failed)?;
+        let body = match shell {
+            Some(shell) => responses_stream(shell, body),
+            None => body,
+        };
         let body = audit::audited_stream(app, ctx, prompt_tokens, usage_rx, accounting, body);
         let mut response = Response::new(body);
         let headers = response.headers_mut();
@@ -461,7 +489,10 @@ pub async fn generate(
         let (recorded, completed) = tokio::join!(durable, generation);
         abandoned.disarm();
         let receipt = recorded.map_err(Failed)?;
-        let completed = completed.map_err(failed)?;
+        let mut completed = completed.map_err(failed)?;
+        if let Some(shell) = &shell {
+            completed.json = from_chat(shell, &completed.json).map_err(failed)?;
+        }
         let usage = completed.usage;
         let tokens = (usage.prompt_tokens, usage.completion_tokens);
         let finished = (completed.json.as_str(), completed.finish_reason);
@@ -488,7 +519,7 @@ pub async fn generate(
 
 /// Names the request's accepted-but-ignored fields (comma-separated) in the
 /// `inferno-ignored-fields` header, when there are any.
-fn add_ignored_header(response: &mut Response<Body>, ignored: &str) {
+pub(super) fn add_ignored_header(response: &mut Response<Body>, ignored: &str) {
     if let Ok(value) = HeaderValue::from_str(ignored)
         && !ignored.is_empty()
     {

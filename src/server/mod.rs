@@ -11,6 +11,8 @@ mod audit;
 pub mod auth;
 pub mod body;
 mod content_tokens;
+mod embeddings;
+mod endpoint;
 pub mod error;
 mod generation;
 mod handlers;
@@ -288,9 +290,11 @@ impl Server {
 
     /// Hands over the loaded model; the server becomes ready.
     /// The configured `server.tool_call_parser` overrides the format detected from the chat
-    /// template; `server.max_model_len` caps the context served.
+    /// template, `server.reasoning_parser` the reasoning format; `server.max_model_len` caps the
+    /// context served.
     pub fn set_model(&self, mut service: ModelService) {
         service.set_tool_call_format(self.app.config().server.tool_call_parser);
+        service.set_reasoning_format(self.app.config().server.reasoning_parser);
         service.limit_context(self.app.config().server.max_model_len);
         let event = model_loaded_event(&service);
         self.app.set_service(Arc::new(service));

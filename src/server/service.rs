@@ -6,12 +6,14 @@ use serde_json::{Map, Value};
 
 use super::content_tokens::SpecialTokenText;
 use super::error::ApiError;
+use super::openai::reasoning::ReasoningFormat;
 use super::openai::tools::ToolCallFormat;
 use crate::config::ServerConfig;
 use crate::constrain::{CompiledConstraint, ConstraintSpec, GrammarCompiler};
 use crate::engine::{
     EngineHandle, GenerationRequest, GenerationStream, SamplingParams, SubmitError,
 };
+use crate::model::pooling::Pooling;
 use crate::model::{ChatTemplate, Model};
 
 /// How chat messages may use the template's vocabulary (the `[server]` table's `chat_*` keys).
@@ -53,6 +55,11 @@ pub struct ModelService {
     /// The constraint compilations allowed at once ([`compile_slots`]).
     compiling: Slots,
     tool_call_format: Option<ToolCallFormat>,
+    reasoning_format: Option<ReasoningFormat>,
+    /// How embeddings are pooled (sentence-transformers embedding models only).
+    pooling: Option<Pooling>,
+    /// The width of the model's hidden state (an embedding's full size).
+    hidden_size: usize,
 }
 
 impl ModelService {
@@ -79,7 +86,16 @@ impl ModelService {
                 .iter()
                 .find_map(|source| ToolCallFormat::detect(source))
         });
+        let reasoning_format = model.chat_template.as_ref().and_then(|template| {
+            template
+                .sources()
+                .iter()
+                .find_map(|source| ReasoningFormat::detect(source))
+        });
         Self {
+            reasoning_format,
+            pooling: model.pooling.clone(),
+            hidden_size: model.config.hidden_size,
             eos_token_ids: model.eos_token_ids(),
             vocab_size: model.config.vocab_size,
             grammars: OnceLock::new(),
@@ -147,6 +163,29 @@ impl ModelService {
         if format.is_some() {
             self.tool_call_format = format;
         }
+    }
+
+    /// How the model writes its reasoning: detected from its chat template, unless the
+    /// configuration overrides it.
+    pub fn reasoning_format(&self) -> Option<ReasoningFormat> {
+        self.reasoning_format
+    }
+
+    /// Overrides the detected reasoning format (the `server.reasoning_parser` setting).
+    pub fn set_reasoning_format(&mut self, format: Option<ReasoningFormat>) {
+        if format.is_some() {
+            self.reasoning_format = format;
+        }
+    }
+
+    /// How embeddings are pooled; `None` for a model that is not an embedding model.
+    pub fn pooling(&self) -> Option<&Pooling> {
+        self.pooling.as_ref()
+    }
+
+    /// The width of the model's hidden state: the full size of its embeddings.
+    pub fn hidden_size(&self) -> usize {
+        self.hidden_size
     }
 
     /// Compiles a request's constraint against the model's tokenizer (a 400 when the schema,
@@ -286,6 +325,30 @@ impl ModelService {
                 self.engine
                     .submit(request)
                     .map_err(|err| submit_error(err, retry_after))
+            })
+            .collect()
+    }
+
+    /// Queues embedding requests (their streams carry the final hidden state); a queue too full
+    /// for all of them is a 429.
+    pub fn submit_embeddings(
+        &self,
+        requests: Vec<GenerationRequest>,
+        retry_after: u64,
+    ) -> Result<Vec<GenerationStream>, ApiError> {
+        requests
+            .into_iter()
+            .map(|request| {
+                self.engine
+                    .submit_embedding(request)
+                    .map_err(|err| match err {
+                        SubmitError::TooLong { .. } => {
+                            let mut api = ApiError::invalid_param("input", err.to_string());
+                            api.code = Some("context_length_exceeded");
+                            api
+                        }
+                        err => submit_error(err, retry_after),
+                    })
             })
             .collect()
     }

@@ -1,5 +1,5 @@
 //! The banner lines that state the settings an operator chose: authentication, the audit log,
-//! the tool-call parser and who may read `/metrics`.
+//! the tool-call and reasoning parsers and who may read `/metrics`.
 
 use crate::server::openai::tools::ToolCallFormat;
 use crate::server::{ModelService, Server};
@@ -26,6 +26,11 @@ pub(super) fn banner_lines(server: &Server, service: &ModelService) -> String {
         (None, Some(format)) => format!("{} (detected from the chat template)", parser(format)),
         (None, None) => "none".to_owned(),
     };
+    let reasoning = match (config.server.reasoning_parser, service.reasoning_format()) {
+        (Some(format), _) => format!("{} (configured)", format.name()),
+        (None, Some(format)) => format!("{} (detected from the chat template)", format.name()),
+        (None, None) => "none".to_owned(),
+    };
     let metrics = &config.metrics;
     let metrics = match (metrics.key_sha256.is_some(), metrics.public) {
         (true, true) => "public; the scrape key adds per-principal series",
@@ -37,6 +42,6 @@ pub(super) fn banner_lines(server: &Server, service: &ModelService) -> String {
         },
     };
     format!(
-        "\n  auth:        {auth}\n  audit:       {audit}\n  tool parser: {tools}\n  metrics:     {metrics}"
+        "\n  auth:        {auth}\n  audit:       {audit}\n  tool parser: {tools}\n  reasoning:   {reasoning}\n  metrics:     {metrics}"
     )
 }

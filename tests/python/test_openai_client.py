@@ -36,7 +36,7 @@ def _binary() -> Path:
 class RunningServer:
     """An `inferno serve` subprocess and what a client needs to reach it."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, args: tuple[str, ...] = ()):
         config = workdir / "inferno.toml"
         key_hash = hashlib.sha256(API_KEY.encode()).hexdigest()
         config.write_text(
@@ -46,7 +46,7 @@ class RunningServer:
             f'[[auth.keys]]\nname = "python"\nsha256 = "{key_hash}"\n'
         )
         self.process = subprocess.Popen(
-            [str(_binary()), "serve", "--config", str(config), "--device", "cpu"],
+            [str(_binary()), "serve", "--config", str(config), "--device", "cpu", *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

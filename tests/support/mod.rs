@@ -142,6 +142,7 @@ pub fn collect(mut stream: inferno::engine::GenerationStream) -> Outcome {
                 outcome.tokens.push(token);
                 outcome.text.push_str(&text);
             }
+            GenerationEvent::Hidden { .. } => {}
             GenerationEvent::Finished {
                 reason,
                 text,

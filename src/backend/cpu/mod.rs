@@ -247,12 +247,27 @@ impl Backend for CpuBackend {
     }
 
     fn step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {
+        self.step_with_hidden(rows, &[]).map(|(output, _)| output)
+    }
+
+    fn step_with_hidden(
+        &mut self,
+        rows: &[BatchRow<'_>],
+        hidden_rows: &[usize],
+    ) -> Result<(StepOutput, Vec<Vec<f32>>), BackendError> {
         self.validate(rows)?;
+        if let Some(&row) = hidden_rows.iter().find(|&&row| row >= rows.len()) {
+            return Err(BackendError::InvalidBatch(format!(
+                "hidden state asked of row {row} of a step of {} rows",
+                rows.len()
+            )));
+        }
         let dim = self.definition.hidden;
         let mut contexts = Vec::new();
         let mut slots = Vec::new();
         let mut hidden = Vec::new();
         let mut last_of_sampling_rows = Vec::new();
+        let mut last_of_rows = Vec::new();
         for row in rows {
             for (i, &token) in row.tokens.iter().enumerate() {
                 let position = row.start_pos + i;
@@ -264,6 +279,7 @@ impl Backend for CpuBackend {
                 let t = token as usize;
                 hidden.extend_from_slice(&self.weights.embed_tokens.weight[t * dim..(t + 1) * dim]);
             }
+            last_of_rows.push(contexts.len().wrapping_sub(1));
             if row.sample.is_some() {
                 last_of_sampling_rows.push(contexts.len() - 1);
             }
@@ -271,18 +287,22 @@ impl Backend for CpuBackend {
         for index in 0..self.definition.layers.len() {
             self.layer(index, &mut hidden, &contexts, &slots);
         }
-        let last: Vec<f32> = last_of_sampling_rows
-            .iter()
-            .flat_map(|&t| hidden[t * dim..(t + 1) * dim].iter().copied())
-            .collect();
-        let normed = norm(self.definition.final_norm, &last, &self.weights.final_norm);
+        let final_norm = |tokens: &mut dyn Iterator<Item = usize>| {
+            let last: Vec<f32> = tokens
+                .flat_map(|t| hidden[t * dim..(t + 1) * dim].iter().copied())
+                .collect();
+            norm(self.definition.final_norm, &last, &self.weights.final_norm)
+        };
+        let normed = final_norm(&mut last_of_sampling_rows.iter().copied());
+        let states = final_norm(&mut hidden_rows.iter().map(|&row| last_of_rows[row]));
         let vocab = self.definition.vocab;
         let logits = self
             .weights
             .lm_head()
             .apply(&normed, last_of_sampling_rows.len());
-        Ok(StepOutput::Logits(
-            logits.chunks(vocab).map(<[f32]>::to_vec).collect(),
+        Ok((
+            StepOutput::Logits(logits.chunks(vocab).map(<[f32]>::to_vec).collect()),
+            states.chunks(dim).map(<[f32]>::to_vec).collect(),
         ))
     }
 }

@@ -1,6 +1,9 @@
 //! The OpenAI wire format: request parsing and validation, and response bodies.
 
+pub mod embeddings;
+pub mod reasoning;
 pub mod request;
 pub mod response;
+pub mod responses;
 pub mod tokenize;
 pub mod tools;

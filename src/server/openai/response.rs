@@ -87,6 +87,9 @@ pub struct AssistantMessage {
     pub role: &'static str,
     /// The generated text (`null` when the message is only tool calls).
     pub content: Option<String>,
+    /// The model's reasoning (a reasoning model's `<think>` block), when it wrote one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// The tool calls parsed out of the output.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
@@ -196,6 +199,9 @@ pub struct Delta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// New reasoning text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// Tool calls.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallDelta>>,
@@ -324,6 +330,7 @@ mod tests {
                 delta: Delta {
                     role: None,
                     content: Some("hi".into()),
+                    reasoning_content: None,
                     tool_calls: None,
                 },
                 logprobs: None,

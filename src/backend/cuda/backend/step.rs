@@ -14,6 +14,7 @@ use crate::backend::cuda::inputs::{
 };
 use crate::backend::cuda::kernels::{self, SAMPLE_STRIDE};
 use crate::backend::cuda::launch::{LaunchShape, SampleTokens};
+use crate::backend::cuda::memory::DeviceBuffer;
 use crate::backend::cuda::plan;
 
 use super::{CudaBackend, dev, to_u32};
@@ -259,6 +260,63 @@ impl Backend for CudaBackend {
             Some(step) => self.finish_queued(step, rows),
             None => Ok(StepOutput::Logits(Vec::new())),
         }
+    }
+
+    /// Queues the step, then the final norm of the hidden rows' last tokens (into `act.normed`,
+    /// after the LM head read it: the stream runs in order), and downloads those rows (bf16,
+    /// the precision the LM head reads) before sampling.
+    fn step_with_hidden(
+        &mut self,
+        rows: &[BatchRow<'_>],
+        hidden: &[usize],
+    ) -> Result<(StepOutput, Vec<Vec<f32>>), BackendError> {
+        if hidden.is_empty() {
+            return Ok((self.step(rows)?, Vec::new()));
+        }
+        if self.started.is_some() {
+            return Err(BackendError::InvalidBatch(
+                "a started step was not finished".into(),
+            ));
+        }
+        let mut last_tokens = Vec::with_capacity(hidden.len());
+        for &row in hidden {
+            let end: usize = rows
+                .get(..=row)
+                .ok_or_else(|| {
+                    BackendError::InvalidBatch(format!(
+                        "hidden state asked of row {row} of a step of {} rows",
+                        rows.len()
+                    ))
+                })?
+                .iter()
+                .map(|r| r.tokens.len())
+                .sum();
+            last_tokens.push(to_u32(end.saturating_sub(1), "token index")? as i32);
+        }
+        let step = self
+            .queue_step(rows, &[])?
+            .ok_or_else(|| BackendError::InvalidBatch("a step without tokens".into()))?;
+        let bytes: Vec<u8> = last_tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        // Kept alive until `download` below synchronises the stream.
+        let index = DeviceBuffer::from_bytes(&bytes)?;
+        self.add_rmsnorm(
+            to_u32(hidden.len(), "hidden rows")?,
+            Some(self.act.delta.device_ptr()),
+            self.weights.final_norm.device_ptr(),
+            Some(index.device_ptr()),
+        )?;
+        let width = self.params.hidden;
+        let normed: Vec<u16> = self.download(self.act.normed.ptr(), hidden.len() * width)?;
+        drop(index);
+        let states = normed
+            .chunks_exact(width)
+            .map(|row| {
+                row.iter()
+                    .map(|&bits| f32::from_bits(u32::from(bits) << 16))
+                    .collect()
+            })
+            .collect();
+        Ok((self.finish_queued(step, rows)?, states))
     }
 
     /// Queues the step when the device samples (it applies the masks, late ones included);

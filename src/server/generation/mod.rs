@@ -3,6 +3,9 @@
 //! events. Dropping a [`GenerationStream`] cancels its request, so a client that goes away
 //! frees its KV blocks as soon as its response body is dropped.
 
+mod choice;
+mod chunks;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,20 +21,18 @@ use tokio::sync::{mpsc, oneshot};
 use super::body::Body;
 use super::error::ApiError;
 use super::metrics::{GenerationTiming, Metrics};
+use super::openai::reasoning::{ReasoningFormat, ReasoningSplitter};
 use super::openai::request::GenerationOptions;
-use super::openai::response::{
-    AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatLogprobs,
-    ChatTokenLogprob, Completion, CompletionChoice, CompletionLogprobs, Delta, FunctionCall,
-    FunctionDelta, ToolCall, ToolCallDelta, TopLogprob, Usage,
-};
-use super::openai::tools::{
-    ToolCallFormat, ToolCallStreamer, ToolCallUpdate, enforced_tool_calls, parse_tool_calls,
-};
+use super::openai::response::{ChatChoice, ChatCompletion, Completion, CompletionChoice, Usage};
+use super::openai::tools::ToolCallStreamer;
 use super::service::ModelService;
 use crate::constrain::CompiledConstraint;
 use crate::engine::{
     FinishReason, GenerationEvent, GenerationRequest, GenerationStream, StopParams, TokenLogprob,
 };
+pub use choice::ToolCalls;
+use choice::{assistant_message, chat_logprobs, completion_logprobs};
+use chunks::{ChunkWriter, error_event};
 
 /// Which API shape the response takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +63,9 @@ pub struct Job {
     pub constraint: Option<CompiledConstraint>,
     /// How to read tool calls out of the output, when the request offers tools.
     pub tool_calls: Option<ToolCalls>,
+    /// How to split the model's reasoning off its answer (chat requests of a reasoning model
+    /// whose output no grammar holds).
+    pub reasoning: Option<ReasoningFormat>,
 }
 
 impl Job {
@@ -79,87 +83,6 @@ impl Job {
         } else {
             ApiError::internal(message)
         }
-    }
-}
-
-/// Tool-call parsing of a chat request.
-#[derive(Debug, Clone, Copy)]
-pub struct ToolCalls {
-    /// The model's tool-call format.
-    pub format: ToolCallFormat,
-    /// Whether several calls may be returned (`parallel_tool_calls`); otherwise the first counts.
-    pub parallel: bool,
-    /// Whether the grammar enforces the calls (`tool_choice` `required` or a named function):
-    /// the output is then calls only, and a stream sends them as they are generated.
-    pub enforced: bool,
-}
-
-impl ToolCalls {
-    /// Splits a choice's output into content and tool calls (`None` when it calls no tool).
-    /// Enforced calls keep their arguments as generated (what a stream sent), a call cut off by
-    /// the length limit included.
-    fn parse(&self, text: &str) -> Option<(Option<String>, Vec<ToolCall>)> {
-        let (content, mut calls) = if self.enforced {
-            (None, enforced_tool_calls(self.format, text, self.parallel)?)
-        } else {
-            parse_tool_calls(self.format, text)?
-        };
-        if !self.parallel {
-            calls.truncate(1);
-        }
-        let calls = calls
-            .into_iter()
-            .map(|call| ToolCall {
-                id: new_call_id(),
-                kind: "function",
-                function: FunctionCall {
-                    name: call.name,
-                    arguments: call.arguments,
-                },
-            })
-            .collect();
-        Some((content, calls))
-    }
-}
-
-/// A new tool-call id.
-fn new_call_id() -> String {
-    format!("call_{}", uuid::Uuid::new_v4().simple())
-}
-
-/// The assistant message of a finished choice and its finish reason (`tool_calls` when the
-/// output is parsed as tool calls, `length` when enforced calls were cut off).
-fn assistant_message(
-    text: String,
-    reason: &FinishReason,
-    tool_calls: Option<&ToolCalls>,
-) -> (AssistantMessage, &'static str) {
-    match tool_calls.and_then(|parsing| parsing.parse(&text)) {
-        Some((content, calls)) => (
-            AssistantMessage {
-                role: "assistant",
-                content,
-                tool_calls: calls,
-            },
-            tool_calls_finish(reason),
-        ),
-        None => (
-            AssistantMessage {
-                role: "assistant",
-                content: Some(text),
-                tool_calls: Vec::new(),
-            },
-            reason.as_openai_str(),
-        ),
-    }
-}
-
-/// The finish reason of a choice that called tools: `length` when the limit cut it off (only
-/// enforced calls are returned then), else `tool_calls`.
-fn tool_calls_finish(reason: &FinishReason) -> &'static str {
-    match reason {
-        FinishReason::Length => reason.as_openai_str(),
-        _ => "tool_calls",
     }
 }
 
@@ -239,6 +162,10 @@ struct ChoiceState {
     tool_stream: Option<ToolCallStreamer>,
     /// Whether a tool-call delta was sent.
     tool_call_sent: bool,
+    /// Splits reasoning off the answer as tokens arrive (streamed reasoning models only).
+    reasoning: Option<ReasoningSplitter>,
+    /// The answer after the reasoning, so far (with `reasoning`).
+    answer: String,
 }
 
 impl ChoiceState {
@@ -261,9 +188,10 @@ impl ChoiceState {
         &mut self,
         arrived: Instant,
         reason: &FinishReason,
-        prompt_tokens: usize,
-        completion_tokens: usize,
+        (prompt_tokens, completion_tokens): (usize, usize),
+        scheduled_at: Option<Instant>,
     ) {
+        self.timing.scheduled_after = scheduled_at.map(|t| t.saturating_duration_since(arrived));
         self.timing.prompt_tokens = prompt_tokens;
         self.timing.completion_tokens = completion_tokens;
         self.timing.time_to_first_token = self.first_token.map(|t| t - arrived);
@@ -293,58 +221,6 @@ struct ChoiceResult {
     cached_tokens: usize,
 }
 
-fn chat_logprobs(service: &ModelService, tokens: &[(u32, TokenLogprob)]) -> ChatLogprobs {
-    ChatLogprobs {
-        content: tokens
-            .iter()
-            .map(|(token, logprob)| {
-                let text = service.token_text(*token);
-                ChatTokenLogprob {
-                    bytes: text.as_bytes().to_vec(),
-                    token: text,
-                    logprob: logprob.logprob,
-                    top_logprobs: logprob
-                        .top
-                        .iter()
-                        .map(|(id, lp)| {
-                            let text = service.token_text(*id);
-                            TopLogprob {
-                                bytes: text.as_bytes().to_vec(),
-                                token: text,
-                                logprob: *lp,
-                            }
-                        })
-                        .collect(),
-                }
-            })
-            .collect(),
-    }
-}
-
-fn completion_logprobs(
-    service: &ModelService,
-    tokens: &[(u32, TokenLogprob)],
-    start_offset: usize,
-) -> CompletionLogprobs {
-    let mut out = CompletionLogprobs::default();
-    let mut offset = start_offset;
-    for (token, logprob) in tokens {
-        let text = service.token_text(*token);
-        out.text_offset.push(offset);
-        offset += text.len();
-        out.tokens.push(text);
-        out.token_logprobs.push(logprob.logprob);
-        out.top_logprobs.push(
-            logprob
-                .top
-                .iter()
-                .map(|(id, lp)| (service.token_text(*id), serde_json::Value::from(*lp)))
-                .collect(),
-        );
-    }
-    out
-}
-
 /// Reads one choice's events to the end.
 async fn collect_choice(
     index: usize,
@@ -359,15 +235,18 @@ async fn collect_choice(
                 text,
                 logprob,
             } => state.on_token(token, &text, logprob),
+            GenerationEvent::Hidden { .. } => {}
             GenerationEvent::Finished {
                 reason,
                 text,
                 prompt_tokens,
                 completion_tokens,
                 cached_tokens,
+                scheduled_at,
             } => {
                 state.text.push_str(&text);
-                state.on_finish(arrived, &reason, prompt_tokens, completion_tokens);
+                let tokens = (prompt_tokens, completion_tokens);
+                state.on_finish(arrived, &reason, tokens, scheduled_at);
                 return ChoiceResult {
                     index,
                     state,
@@ -448,6 +327,7 @@ pub async fn complete(
                         result.state.text,
                         &result.reason,
                         job.tool_calls.as_ref(),
+                        job.reasoning,
                     );
                     ChatChoice {
                         index: result.index,
@@ -485,268 +365,6 @@ pub async fn complete(
             usage,
             finish_reason,
         })
-}
-
-/// Builds the SSE chunks of one job.
-struct ChunkWriter {
-    service: Arc<ModelService>,
-    id: String,
-    kind: ApiKind,
-    created: u64,
-    logprobs: bool,
-    tool_calls: Option<ToolCalls>,
-    /// Each choice's text-only chunk, serialized once (`None`: could not be split).
-    text_templates: HashMap<usize, Option<TextTemplate>>,
-}
-
-/// The text placeholder a template is serialized with, as JSON writes it (quotes included).
-const PLACEHOLDER_JSON: &str = "\"\\u0000\"";
-
-/// A serialized server-sent event whose only varying part is one string field, split around
-/// it: the chunk of each new token is the part before, the token's text as a JSON string, and
-/// the part after (byte for byte what serializing the whole chunk gives, without building it).
-#[derive(Debug, Clone, PartialEq)]
-struct TextTemplate {
-    before: String,
-    after: String,
-}
-
-impl TextTemplate {
-    /// Splits `event` (serialized with the text `"\u{0}"`) around the placeholder; `None` unless
-    /// it occurs exactly once.
-    fn split(event: &str) -> Option<Self> {
-        let mut found = event.match_indices(PLACEHOLDER_JSON);
-        let (at, _) = found.next()?;
-        if found.next().is_some() {
-            return None;
-        }
-        Some(Self {
-            before: event[..at].to_owned(),
-            after: event[at + PLACEHOLDER_JSON.len()..].to_owned(),
-        })
-    }
-
-    /// The event carrying `text`.
-    fn render(&self, text: &str) -> Bytes {
-        let mut out = Vec::with_capacity(self.before.len() + self.after.len() + text.len() + 8);
-        out.extend_from_slice(self.before.as_bytes());
-        // Writing a string into a vector cannot fail.
-        let _ = serde_json::to_writer(&mut out, text);
-        out.extend_from_slice(self.after.as_bytes());
-        Bytes::from(out)
-    }
-}
-
-impl ChunkWriter {
-    fn event<T: serde::Serialize>(value: &T) -> Bytes {
-        match serde_json::to_string(value) {
-            Ok(json) => Bytes::from(format!("data: {json}\n\n")),
-            Err(err) => error_event(&ApiError::internal(format!("encoding failed: {err}"))),
-        }
-    }
-
-    /// The chunk carrying only new text for choice `index`, from its template.
-    fn text_only(&mut self, index: usize, text: &str) -> Bytes {
-        if !self.text_templates.contains_key(&index) {
-            let event = self.content(index, "\u{0}".to_owned(), &[], 0, None);
-            let template = event
-                .as_deref()
-                .and_then(|bytes| std::str::from_utf8(bytes).ok())
-                .and_then(TextTemplate::split);
-            self.text_templates.insert(index, template);
-        }
-        match self.text_templates.get(&index) {
-            Some(Some(template)) => template.render(text),
-            _ => self
-                .content(index, text.to_owned(), &[], 0, None)
-                .unwrap_or_default(),
-        }
-    }
-
-    fn chat_chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> Bytes {
-        Self::event(&ChatChunk {
-            id: self.id.clone(),
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: self.service.name().to_owned(),
-            choices,
-            usage,
-        })
-    }
-
-    fn completion_chunk(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> Bytes {
-        Self::event(&Completion {
-            id: self.id.clone(),
-            object: "text_completion",
-            created: self.created,
-            model: self.service.name().to_owned(),
-            choices,
-            usage,
-        })
-    }
-
-    /// The opening chunk of a chat choice (announces the role).
-    fn role(&self, index: usize) -> Option<Bytes> {
-        (self.kind == ApiKind::Chat).then(|| {
-            self.chat_chunk(
-                vec![ChatChunkChoice {
-                    index,
-                    delta: Delta {
-                        role: Some("assistant"),
-                        content: Some(String::new()),
-                        tool_calls: None,
-                    },
-                    logprobs: None,
-                    finish_reason: None,
-                    stop_reason: None,
-                }],
-                None,
-            )
-        })
-    }
-
-    /// A chunk carrying new text (and its tokens' logprobs), or the choice's last chunk.
-    fn content(
-        &self,
-        index: usize,
-        text: String,
-        tokens: &[(u32, TokenLogprob)],
-        text_offset: usize,
-        finish: Option<&FinishReason>,
-    ) -> Option<Bytes> {
-        if text.is_empty() && tokens.is_empty() && finish.is_none() {
-            return None;
-        }
-        let stop_reason = finish.and_then(FinishReason::stop_reason).cloned();
-        let finish = finish.map(FinishReason::as_openai_str);
-        Some(match self.kind {
-            ApiKind::Chat => self.chat_chunk(
-                vec![ChatChunkChoice {
-                    index,
-                    delta: Delta {
-                        role: None,
-                        content: (!text.is_empty()).then_some(text),
-                        tool_calls: None,
-                    },
-                    logprobs: (self.logprobs && !tokens.is_empty())
-                        .then(|| chat_logprobs(&self.service, tokens)),
-                    finish_reason: finish,
-                    stop_reason,
-                }],
-                None,
-            ),
-            ApiKind::Completion => self.completion_chunk(
-                vec![CompletionChoice {
-                    index,
-                    logprobs: (self.logprobs && !tokens.is_empty())
-                        .then(|| completion_logprobs(&self.service, tokens, text_offset)),
-                    text,
-                    finish_reason: finish,
-                    stop_reason,
-                }],
-                None,
-            ),
-        })
-    }
-
-    /// The last chunk of a chat choice whose output was held back for tool-call parsing: its
-    /// tool calls (or its whole text, when it called no tool) with the finish reason.
-    fn held_back(
-        &self,
-        parsing: &ToolCalls,
-        index: usize,
-        text: String,
-        tokens: &[(u32, TokenLogprob)],
-        reason: &FinishReason,
-    ) -> Bytes {
-        let (message, finish) = assistant_message(text, reason, Some(parsing));
-        let tool_calls = (!message.tool_calls.is_empty()).then(|| {
-            message
-                .tool_calls
-                .into_iter()
-                .enumerate()
-                .map(|(index, call)| ToolCallDelta::whole(index, call))
-                .collect()
-        });
-        self.chat_chunk(
-            vec![ChatChunkChoice {
-                index,
-                delta: Delta {
-                    role: None,
-                    content: message.content.filter(|text| !text.is_empty()),
-                    tool_calls,
-                },
-                logprobs: (self.logprobs && !tokens.is_empty())
-                    .then(|| chat_logprobs(&self.service, tokens)),
-                finish_reason: Some(finish),
-                stop_reason: reason.stop_reason().cloned(),
-            }],
-            None,
-        )
-    }
-
-    /// A chunk with the tool-call pieces of an enforced choice generated since the last one;
-    /// the choice's last chunk also carries its finish reason and every token's logprobs.
-    fn tool_call_deltas(
-        &self,
-        index: usize,
-        updates: Vec<ToolCallUpdate>,
-        tokens: &[(u32, TokenLogprob)],
-        finish: Option<&FinishReason>,
-    ) -> Option<Bytes> {
-        if updates.is_empty() && finish.is_none() {
-            return None;
-        }
-        let deltas: Vec<ToolCallDelta> = updates
-            .into_iter()
-            .map(|update| match update {
-                ToolCallUpdate::Start { index, name } => ToolCallDelta {
-                    index,
-                    id: Some(new_call_id()),
-                    kind: Some("function"),
-                    function: FunctionDelta {
-                        name: Some(name),
-                        arguments: String::new(),
-                    },
-                },
-                ToolCallUpdate::Arguments { index, fragment } => ToolCallDelta {
-                    index,
-                    id: None,
-                    kind: None,
-                    function: FunctionDelta {
-                        name: None,
-                        arguments: fragment,
-                    },
-                },
-            })
-            .collect();
-        Some(self.chat_chunk(
-            vec![ChatChunkChoice {
-                index,
-                delta: Delta {
-                    role: None,
-                    content: None,
-                    tool_calls: (!deltas.is_empty()).then_some(deltas),
-                },
-                logprobs: (finish.is_some() && self.logprobs && !tokens.is_empty())
-                    .then(|| chat_logprobs(&self.service, tokens)),
-                finish_reason: finish.map(tool_calls_finish),
-                stop_reason: finish.and_then(FinishReason::stop_reason).cloned(),
-            }],
-            None,
-        ))
-    }
-
-    fn usage(&self, usage: Usage) -> Bytes {
-        match self.kind {
-            ApiKind::Chat => self.chat_chunk(Vec::new(), Some(usage)),
-            ApiKind::Completion => self.completion_chunk(Vec::new(), Some(usage)),
-        }
-    }
-}
-
-fn error_event(err: &ApiError) -> Bytes {
-    Bytes::from(format!("data: {}\n\n", err.to_json()))
 }
 
 /// Submits a job and returns a streaming body of server-sent events ending with
@@ -838,8 +456,13 @@ struct Forwarder {
 
 impl Forwarder {
     async fn run(mut self, streams: Vec<GenerationStream>) {
-        let mut states: Vec<ChoiceState> =
-            (0..streams.len()).map(|_| ChoiceState::default()).collect();
+        let reasoning = self.job.reasoning;
+        let mut states: Vec<ChoiceState> = (0..streams.len())
+            .map(|_| ChoiceState {
+                reasoning: reasoning.map(ReasoningSplitter::new),
+                ..ChoiceState::default()
+            })
+            .collect();
         let outcome = self.forward(merge(streams), &mut states).await;
         // Dropping the engine streams (above, with the merged stream) cancelled what was left.
         if let Err(cut) = outcome {
@@ -930,7 +553,17 @@ impl Forwarder {
                         .unwrap_or_default();
                     state.on_token(token, &text, logprob);
                     self.accounting.generated.fetch_add(1, Ordering::AcqRel);
-                    if let Some(parsing) = &self.writer.tool_calls {
+                    if let Some(splitter) = &mut state.reasoning {
+                        // Reasoning streams as it comes; the answer too unless tool calls
+                        // may be in it (then it is held back like any auto tool output).
+                        let (thought, answer) = splitter.push(&text);
+                        state.answer.push_str(&answer);
+                        let answer = match self.writer.tool_calls {
+                            Some(_) => String::new(),
+                            None => answer,
+                        };
+                        (self.writer.split_delta(index, thought, answer, &tokens), 1)
+                    } else if let Some(parsing) = &self.writer.tool_calls {
                         if parsing.enforced {
                             // The grammar makes the output calls: send them as they grow.
                             let streamer = state.tool_stream.get_or_insert_with(|| {
@@ -953,12 +586,14 @@ impl Forwarder {
                         (chunk, 1)
                     }
                 }
+                GenerationEvent::Hidden { .. } => (None, 0),
                 GenerationEvent::Finished {
                     reason,
                     text,
                     prompt_tokens,
                     completion_tokens,
                     cached_tokens,
+                    scheduled_at,
                 } => {
                     // Tokens that produced no event of their own (EOS, a stop token).
                     let unseen = completion_tokens.saturating_sub(state.generated) as u64;
@@ -966,7 +601,8 @@ impl Forwarder {
                         .generated
                         .fetch_add(unseen, Ordering::AcqRel);
                     state.text.push_str(&text);
-                    state.on_finish(self.job.arrived, &reason, prompt_tokens, completion_tokens);
+                    let tokens = (prompt_tokens, completion_tokens);
+                    state.on_finish(self.job.arrived, &reason, tokens, scheduled_at);
                     self.metrics
                         .record_generation(self.writer.service.name(), &state.timing);
                     usage.add(
@@ -975,6 +611,20 @@ impl Forwarder {
                         cached_tokens,
                         index % n == 0,
                     );
+                    // The rest of a reasoning model's output: its last reasoning, and the
+                    // answer that the finishing chunk below carries.
+                    let (thought, text) = match &mut state.reasoning {
+                        Some(splitter) => {
+                            let (mut thought, mut answer) = splitter.push(&text);
+                            let (last_thought, last_answer) = splitter.finish();
+                            thought.push_str(&last_thought);
+                            answer.push_str(&last_answer);
+                            state.answer.push_str(&answer);
+                            (thought, answer)
+                        }
+                        None => (String::new(), text),
+                    };
+                    let lead = self.writer.split_delta(index, thought, String::new(), &[]);
                     let chunk = match &reason {
                         FinishReason::Error(message) => {
                             Some(error_event(&self.job.failure(message)))
@@ -997,12 +647,19 @@ impl Forwarder {
                             Some(parsing) => Some(self.writer.held_back(
                                 parsing,
                                 index,
-                                state.text.clone(),
+                                match state.reasoning {
+                                    Some(_) => state.answer.clone(),
+                                    None => state.text.clone(),
+                                },
                                 &state.tokens,
                                 reason,
                             )),
                             None => self.writer.content(index, text, &[], 0, Some(reason)),
                         },
+                    };
+                    let chunk = match (lead, chunk) {
+                        (Some(lead), Some(chunk)) => Some(Bytes::from([lead, chunk].concat())),
+                        (lead, chunk) => chunk.or(lead),
                     };
                     (chunk, unseen)
                 }
@@ -1022,75 +679,5 @@ impl Forwarder {
         }
         self.queue(Bytes::from_static(b"data: [DONE]\n\n"), carried)?;
         self.drain().await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn completion_chunk(model: &str, text: &str) -> Bytes {
-        ChunkWriter::event(&Completion {
-            id: "cmpl-1".into(),
-            object: "text_completion",
-            created: 7,
-            model: model.into(),
-            choices: vec![CompletionChoice {
-                index: 3,
-                text: text.into(),
-                logprobs: None,
-                finish_reason: None,
-                stop_reason: None,
-            }],
-            usage: None,
-        })
-    }
-
-    fn chat_chunk(text: &str) -> Bytes {
-        ChunkWriter::event(&ChatChunk {
-            id: "chatcmpl-1".into(),
-            object: "chat.completion.chunk",
-            created: 7,
-            model: "m".into(),
-            choices: vec![ChatChunkChoice {
-                index: 0,
-                delta: Delta {
-                    role: None,
-                    content: Some(text.into()),
-                    tool_calls: None,
-                },
-                logprobs: None,
-                finish_reason: None,
-                stop_reason: None,
-            }],
-            usage: None,
-        })
-    }
-
-    fn template(event: &Bytes) -> Option<TextTemplate> {
-        TextTemplate::split(std::str::from_utf8(event).expect("UTF-8"))
-    }
-
-    proptest! {
-        /// A rendered template is byte for byte the chunk serialized whole, whatever the text
-        /// (quotes, backslashes, control characters, non-ASCII, the placeholder itself).
-        #[test]
-        fn templated_chunks_equal_serialized_ones(text in "(\\PC|[\"\\\\\u{0}-\u{1f}\u{7f}]){0,24}") {
-            let completion = template(&completion_chunk("m", "\u{0}")).expect("splits");
-            prop_assert_eq!(completion.render(&text), completion_chunk("m", &text));
-            let chat = template(&chat_chunk("\u{0}")).expect("splits");
-            prop_assert_eq!(chat.render(&text), chat_chunk(&text));
-        }
-    }
-
-    #[test]
-    fn a_placeholder_found_twice_gives_no_template() {
-        // A model name that contains the placeholder's characters makes the split ambiguous.
-        assert!(template(&completion_chunk("\u{0}", "\u{0}")).is_none());
-        assert!(template(&completion_chunk("m", "none")).is_none());
-        let split = template(&completion_chunk("m", "\u{0}")).expect("splits");
-        assert!(split.before.starts_with("data: {\"id\":\"cmpl-1\""));
-        assert!(split.after.ends_with("}\n\n"));
     }
 }
