@@ -117,6 +117,12 @@ struct OfflineArgs {
     /// (for A/B comparisons).
     #[arg(long)]
     no_programmatic_launch: bool,
+    /// Quantize a 16-bit checkpoint's projections when loading it (`fp8`).
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    quantization: Option<crate::model::QuantizeAtLoad>,
+    /// The KV cache's element type: `auto` or `fp8`.
+    #[arg(long, value_enum, value_name = "DTYPE")]
+    kv_cache_dtype: Option<crate::engine::KvCacheDtype>,
     #[command(flatten)]
     load: LoadArgs,
 }
@@ -490,8 +496,11 @@ const OFFLINE_ITL_STALL_LIMIT: f64 = 0.0;
 
 fn offline(args: OfflineArgs) -> anyhow::Result<()> {
     let load = &args.load;
-    let model =
+    let mut model =
         Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    if let Some(quantize) = args.quantization {
+        quantize.apply(&mut model.config);
+    }
     let concurrency = load.concurrency();
     let defaults = EngineConfig::default();
     let config = EngineConfig {
@@ -509,6 +518,7 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
         cuda_graphs: !args.no_cuda_graphs,
         cuda_mixed_graphs: !args.no_mixed_graphs,
         programmatic_launch: !args.no_programmatic_launch,
+        kv_cache_dtype: args.kv_cache_dtype.unwrap_or(defaults.kv_cache_dtype),
         ..defaults
     };
     let (dropped_tx, dropped) = std::sync::mpsc::channel();

@@ -7,6 +7,10 @@
 //! `outᵀ (n × m) = op(W) · X` with `W` transposed, so no weight is ever re-laid out. The algorithm
 //! for each shape comes from cuBLASLt's heuristic once and is cached with its descriptors.
 //!
+//! FP8 products (`Gemm::matmul_fp8`) multiply E4M3 weights and inputs unscaled, fp32 out; the
+//! caller applies the per-row and per-token scales (cuBLASLt 13 on an H100 refused outer-vector
+//! scale modes with fp32 output: `CUBLAS_STATUS_INVALID_VALUE`).
+//!
 //! Products of at most `plan::GEMV_MAX_M` rows may instead run the small-M kernels of
 //! `kernels/gemv.cu`; which path serves each such shape is measured once at start-up (the backend
 //! times both on the model's own weights) and recorded here with [`Gemm::record_small_m`].
@@ -45,6 +49,8 @@ pub struct Gemm {
     handle: sys::cublasLtHandle_t,
     workspace: DeviceBuffer,
     plans: HashMap<Shape, Plan>,
+    /// The FP8 products' plans.
+    fp8_plans: HashMap<Shape, Plan>,
     /// Shapes the small-M kernels computed faster than cuBLASLt at start-up.
     small_m: HashSet<Shape>,
     /// Host time spent planning new shapes.
@@ -73,6 +79,7 @@ impl Gemm {
             handle,
             workspace: DeviceBuffer::new(WORKSPACE_BYTES)?,
             plans: HashMap::new(),
+            fp8_plans: HashMap::new(),
             small_m: HashSet::new(),
             planning: Duration::ZERO,
         })
@@ -88,20 +95,34 @@ impl Gemm {
         self.plans.len()
     }
 
-    fn plan(&mut self, shape: Shape) -> Result<&Plan, BackendError> {
-        if !self.plans.contains_key(&shape) {
+    fn plan(&mut self, shape: Shape, fp8: bool) -> Result<&Plan, BackendError> {
+        let cached = if fp8 {
+            self.fp8_plans.contains_key(&shape)
+        } else {
+            self.plans.contains_key(&shape)
+        };
+        if !cached {
             let started = Instant::now();
-            let plan = self.make_plan(shape)?;
+            let plan = self.make_plan(shape, fp8)?;
             self.planning += started.elapsed();
-            self.plans.insert(shape, plan);
+            if fp8 {
+                self.fp8_plans.insert(shape, plan);
+            } else {
+                self.plans.insert(shape, plan);
+            }
         }
-        self.plans
+        let plans = if fp8 { &self.fp8_plans } else { &self.plans };
+        plans
             .get(&shape)
             .ok_or_else(|| BackendError::Device("cuBLASLt plan vanished".into()))
     }
 
-    fn make_plan(&self, s: Shape) -> Result<Plan, BackendError> {
-        let bf16 = sys::cudaDataType::CUDA_R_16BF;
+    fn make_plan(&self, s: Shape, fp8: bool) -> Result<Plan, BackendError> {
+        let bf16 = if fp8 {
+            sys::cudaDataType::CUDA_R_8F_E4M3
+        } else {
+            sys::cudaDataType::CUDA_R_16BF
+        };
         let out_type = sys::cudaDataType::CUDA_R_32F;
         let desc = lt::create_matmul_desc(
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
@@ -147,7 +168,7 @@ impl Gemm {
                 s.m, s.n, s.k
             ))
         })?;
-        tracing::debug!(m = s.m, n = s.n, k = s.k, "planned cuBLASLt product");
+        tracing::debug!(m = s.m, n = s.n, k = s.k, fp8, "planned cuBLASLt product");
         Ok(Plan {
             desc,
             a,
@@ -191,7 +212,7 @@ impl Gemm {
         }
         let workspace = self.workspace.ptr();
         let handle = self.handle;
-        let plan = self.plan(Shape { m, n, k })?;
+        let plan = self.plan(Shape { m, n, k }, false)?;
         let alpha: f32 = 1.0;
         let beta: f32 = 0.0;
         // SAFETY: the plan's descriptors are live and match these buffers' shapes and types; the
@@ -222,9 +243,53 @@ impl Gemm {
     }
 }
 
+impl Gemm {
+    /// `out[m, n] = x[m, k] · w[n, k]ᵀ` on `stream`, with `x` and `w` E4M3 codes (unscaled) and
+    /// `out` fp32. Pointers are device addresses of buffers of at least those sizes (the caller's
+    /// contract). An error (no algorithm for the shape) leaves nothing queued.
+    pub fn matmul_fp8(
+        &mut self,
+        stream: sys::cudaStream_t,
+        (x, w, out): (u64, u64, u64),
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<(), BackendError> {
+        if m == 0 {
+            return Ok(());
+        }
+        let workspace = self.workspace.ptr();
+        let handle = self.handle;
+        let plan = self.plan(Shape { m, n, k }, true)?;
+        let alpha: f32 = 1.0;
+        let beta: f32 = 0.0;
+        // SAFETY: as in `matmul`: the plan's descriptors are live and match these buffers'
+        // shapes and types (E4M3 A and B, fp32 D).
+        unsafe {
+            lt::matmul(
+                handle,
+                plan.desc,
+                (&alpha) as *const f32 as *const c_void,
+                (&beta) as *const f32 as *const c_void,
+                w as *const c_void,
+                plan.a,
+                x as *const c_void,
+                plan.b,
+                out as *const c_void,
+                plan.d,
+                out as *mut c_void,
+                plan.d,
+                &plan.algo,
+                workspace as *mut c_void,
+                WORKSPACE_BYTES,
+                stream,
+            )
+        }
+        .map_err(|e| BackendError::Device(format!("cuBLASLt FP8 matmul m={m} n={n} k={k}: {e:?}")))
+    }
+}
+
 impl Drop for Gemm {
     fn drop(&mut self) {
-        for plan in self.plans.values() {
+        for plan in self.plans.values().chain(self.fp8_plans.values()) {
             // SAFETY: each object was created by this value and is destroyed once.
             unsafe {
                 let _ = lt::destroy_matrix_layout(plan.a);

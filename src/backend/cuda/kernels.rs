@@ -81,8 +81,35 @@ const GEMV_FAMILY_ENTRIES: [&str; 3 * super::plan::GEMV_MAX_M] = {
     all
 };
 
+/// The FP8 small-M product kernels, `FP8_GEMV_ENTRIES[m - 1]` for m rows of x (see
+/// `kernels/fp8.cu`).
+pub const FP8_GEMV_ENTRIES: [&str; super::plan::GEMV_MAX_M] = [
+    "fp8_gemv_m1",
+    "fp8_gemv_m2",
+    "fp8_gemv_m3",
+    "fp8_gemv_m4",
+    "fp8_gemv_m5",
+    "fp8_gemv_m6",
+    "fp8_gemv_m7",
+    "fp8_gemv_m8",
+];
+
+/// Every entry point of `kernels/fp8.cu`.
+const FP8_FAMILY_ENTRIES: [&str; super::plan::GEMV_MAX_M + 4] = {
+    let mut all = ["fp8_quantize_input"; super::plan::GEMV_MAX_M + 4];
+    all[1] = "fp8_dequantize_weight";
+    all[2] = "fp8_add_rmsnorm";
+    all[3] = "fp8_scale_output";
+    let mut i = 0;
+    while i < super::plan::GEMV_MAX_M {
+        all[4 + i] = FP8_GEMV_ENTRIES[i];
+        i += 1;
+    }
+    all
+};
+
 /// Every family the backend compiles when a model loads.
-pub const FAMILIES: [KernelFamily; 9] = [
+pub const FAMILIES: [KernelFamily; 10] = [
     KernelFamily {
         name: "embedding.cu",
         source: include_str!("../../../kernels/embedding.cu"),
@@ -130,6 +157,11 @@ pub const FAMILIES: [KernelFamily; 9] = [
         name: "gemv.cu",
         source: include_str!("../../../kernels/gemv.cu"),
         entry_points: &GEMV_FAMILY_ENTRIES,
+    },
+    KernelFamily {
+        name: "fp8.cu",
+        source: include_str!("../../../kernels/fp8.cu"),
+        entry_points: &FP8_FAMILY_ENTRIES,
     },
 ];
 

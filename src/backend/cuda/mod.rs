@@ -10,6 +10,7 @@ mod choices;
 mod compile;
 mod early;
 mod error;
+mod fp8;
 mod gemm;
 mod graphs;
 mod inputs;

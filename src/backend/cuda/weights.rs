@@ -1,5 +1,7 @@
-//! Uploading a model's weights to the GPU in bf16, with the q/k/v and gate/up projections fused
-//! into one matrix each (so a layer runs four GEMMs).
+//! Uploading a model's weights to the GPU, with the q/k/v and gate/up projections fused into one
+//! matrix each (so a layer runs four GEMMs): bf16 (f16/f32 converted), or, for a model whose
+//! projections are FP8 (in the checkpoint, or quantized at load), E4M3 values with their scales
+//! (`fp8.rs`).
 
 use std::sync::Arc;
 
@@ -7,19 +9,113 @@ use cudarc::driver::CudaContext;
 use indicatif::ProgressBar;
 
 use crate::model::weights::ModelWeights;
-use crate::model::{LmHead, ModelConfig, ModelDefinition, ModelTensors, TensorSpec, layout};
+use crate::model::{
+    LinearTensors, LmHead, ModelConfig, ModelDefinition, ModelTensors, TensorSpec, layout,
+};
 
 use super::error::CudaInitError;
-use super::launch::{Bf16, DevicePtr};
+use super::fp8::{DeviceScales, InputQuantization, quantize_per_channel};
+use super::launch::{Bf16, DevicePtr, E4m3};
 use super::memory::DeviceBuffer;
 use super::upload::{self, Piece, UploadStats};
+
+/// An FP8 projection on the device: E4M3 values, their scales, and how its input is quantized.
+pub struct Fp8Projection {
+    /// The `[out, in]` E4M3 values.
+    pub values: DeviceBuffer,
+    /// The `[out, groups]` f32 scales.
+    pub scales: DeviceBuffer,
+    /// Scales per row.
+    pub groups: usize,
+    /// Input columns per scale.
+    pub group: usize,
+    /// How the product's input is quantized; `None`: it stays bf16 (weight-only FP8).
+    pub input: Option<InputQuantization>,
+}
+
+/// What a product needs of an FP8 projection: its addresses and layout.
+#[derive(Debug, Clone, Copy)]
+pub struct Fp8Operand {
+    /// The `[out, in]` E4M3 values.
+    pub values: DevicePtr<E4m3>,
+    /// The `[out, groups]` f32 scales.
+    pub scales: DevicePtr<f32>,
+    /// Scales per row.
+    pub groups: usize,
+    /// Input columns per scale.
+    pub group: usize,
+    /// How the product's input is quantized; `None`: it stays bf16.
+    pub input: Option<InputQuantization>,
+}
+
+impl Fp8Operand {
+    /// Whether the RMSNorm before the product quantizes its input (`fp8_add_rmsnorm`): an input
+    /// quantized with one scale per token, dynamic or static.
+    pub fn norm_quantizes(&self) -> bool {
+        self.input.is_some_and(|i| i.per_token())
+    }
+
+    /// Whether cuBLASLt's FP8 product of the codes, scaled after, can compute it: one scale per
+    /// weight row and one per token, and rows in multiples of 4 (`fp8_scale_output`).
+    pub fn takes_scaled_gemm(&self, n: usize) -> bool {
+        self.groups == 1 && self.input.is_some_and(|i| i.per_token()) && n.is_multiple_of(4)
+    }
+}
+
+impl Fp8Projection {
+    /// What a product needs of it.
+    pub fn operand(&self) -> Fp8Operand {
+        Fp8Operand {
+            values: self.values.device_ptr(),
+            scales: self.scales.device_ptr(),
+            groups: self.groups,
+            group: self.group,
+            input: self.input,
+        }
+    }
+}
+
+/// A projection's weights as a product takes them.
+#[derive(Debug, Clone, Copy)]
+pub enum Operand {
+    /// bf16 weights.
+    Bf16(DevicePtr<Bf16>),
+    /// FP8 weights and their scales.
+    Fp8(Fp8Operand),
+}
+
+/// A projection's weights on the device.
+pub enum Projection {
+    /// bf16 values.
+    Bf16(DeviceBuffer),
+    /// E4M3 values and scales.
+    Fp8(Fp8Projection),
+}
+
+impl Projection {
+    /// The bf16 weights' address, when the projection is in bf16.
+    pub fn bf16(&self) -> Option<DevicePtr<Bf16>> {
+        match self {
+            Self::Bf16(buffer) => Some(buffer.device_ptr()),
+            Self::Fp8(_) => None,
+        }
+    }
+
+    /// The projection as a product takes it.
+    pub fn operand(&self) -> Operand {
+        match self {
+            Self::Bf16(buffer) => Operand::Bf16(buffer.device_ptr()),
+            Self::Fp8(fp8) => Operand::Fp8(fp8.operand()),
+        }
+    }
+}
 
 /// One transformer block's weights on the device.
 pub struct LayerWeights {
     /// RMSNorm before attention, `[hidden]`.
     pub input_norm: DeviceBuffer,
     /// q, k and v projections stacked, `[(q_heads + 2 kv_heads) * head_dim, hidden]`.
-    pub qkv: DeviceBuffer,
+    pub qkv: Projection,
     /// Their biases stacked (Qwen2).
     pub qkv_bias: Option<DeviceBuffer>,
     /// Per-head RMSNorm weights of q (Qwen3), `[head_dim]`.
@@ -27,13 +123,13 @@ pub struct LayerWeights {
     /// Per-head RMSNorm weights of k (Qwen3), `[head_dim]`.
     pub k_norm: Option<DeviceBuffer>,
     /// Output projection, `[hidden, q_heads * head_dim]`.
-    pub o_proj: DeviceBuffer,
+    pub o_proj: Projection,
     /// RMSNorm before the MLP, `[hidden]`.
     pub post_norm: DeviceBuffer,
     /// Gate and up projections stacked, `[2 * intermediate, hidden]`.
-    pub gate_up: DeviceBuffer,
+    pub gate_up: Projection,
     /// Down projection, `[hidden, intermediate]`.
-    pub down: DeviceBuffer,
+    pub down: Projection,
 }
 
 /// Every weight of a model on the device.
@@ -141,6 +237,116 @@ impl Allocator {
     fn one(&mut self, spec: &TensorSpec) -> Result<DeviceBuffer, CudaInitError> {
         self.stacked(&[spec])
     }
+
+    /// The projections `parts` stacked: in FP8, built from `weights` and copied now, when they
+    /// are FP8 in the layout and `weights` are at hand; otherwise a bf16 buffer to upload into.
+    fn projection(
+        &mut self,
+        parts: &[&LinearTensors],
+        weights: Option<&ModelWeights>,
+    ) -> Result<Projection, CudaInitError> {
+        let fp8 = parts.iter().filter(|p| p.fp8.is_some()).count();
+        if fp8 == 0 {
+            let specs: Vec<&TensorSpec> = parts.iter().map(|p| &p.weight).collect();
+            return Ok(Projection::Bf16(self.stacked(&specs)?));
+        }
+        let names = || {
+            parts
+                .iter()
+                .map(|p| p.weight.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let Some(weights) = weights else {
+            return Err(CudaInitError::Unsupported(format!(
+                "FP8 projections ({}) are built from the weights, not ahead of them",
+                names()
+            )));
+        };
+        if fp8 != parts.len() {
+            return Err(CudaInitError::Unsupported(format!(
+                "the stacked projections {} mix FP8 and 16-bit weights",
+                names()
+            )));
+        }
+        let projection = fp8_projection(parts, weights)?;
+        self.bytes += parts
+            .iter()
+            .map(|p| p.weight.shape.iter().product::<usize>())
+            .sum::<usize>()
+            + projection.groups * 4 * parts.iter().map(|p| p.weight.shape[0]).sum::<usize>();
+        Ok(Projection::Fp8(projection))
+    }
+}
+
+/// The FP8 projections `parts` (each FP8 in the layout) stacked row after row on the device: a
+/// checkpoint's E4M3 values as they are with their scales in the device layout, or a 16-bit
+/// checkpoint's weights quantized per channel here.
+fn fp8_projection(
+    parts: &[&LinearTensors],
+    weights: &ModelWeights,
+) -> Result<Fp8Projection, CudaInitError> {
+    let err = |e: crate::model::ModelError| CudaInitError::Weights(e.to_string());
+    let mut values = Vec::new();
+    let mut scales = Vec::new();
+    let mut input_scale: Option<f32> = None;
+    let mut scheme = None;
+    for part in parts {
+        let fp8 = part.fp8.as_ref().ok_or_else(|| {
+            CudaInitError::Weights(format!("{} is not an FP8 projection", part.weight.name))
+        })?;
+        let (out, inp) = (part.weight.shape[0], part.weight.shape[1]);
+        if !inp.is_multiple_of(16) {
+            return Err(CudaInitError::Unsupported(format!(
+                "the FP8 projection {} is {inp} columns wide; the FP8 kernels need a multiple of 16",
+                part.weight.name
+            )));
+        }
+        let view = weights.check_spec(&part.weight).map_err(err)?;
+        match &fp8.scale {
+            Some(scale) => {
+                let checkpoint = weights.check_spec(scale).map_err(err)?.to_f32();
+                let layout = DeviceScales::from_checkpoint(fp8.weights, &checkpoint, out, inp);
+                if layout.groups > 1 && !layout.group.is_multiple_of(16) {
+                    return Err(CudaInitError::Unsupported(format!(
+                        "the FP8 projection {} has scale blocks {} columns wide; the FP8 kernels need a multiple of 16",
+                        part.weight.name, layout.group
+                    )));
+                }
+                values.extend_from_slice(view.data);
+                scales.push(layout);
+            }
+            None => {
+                let (codes, row_scales) = quantize_per_channel(&view, out, inp);
+                values.extend_from_slice(&codes);
+                scales.push(DeviceScales {
+                    scales: row_scales,
+                    groups: 1,
+                    group: inp,
+                });
+            }
+        }
+        if let Some(spec) = &fp8.input_scale {
+            let s = weights.check_spec(spec).map_err(err)?.to_f32()[0];
+            input_scale = Some(input_scale.map_or(s, |m: f32| m.max(s)));
+        }
+        scheme = Some(fp8.activations);
+    }
+    let stacked = DeviceScales::stack(&scales).ok_or_else(|| {
+        CudaInitError::Unsupported("stacked FP8 projections with different scale layouts".into())
+    })?;
+    let scale_bytes: Vec<u8> = stacked
+        .scales
+        .iter()
+        .flat_map(|s| s.to_le_bytes())
+        .collect();
+    Ok(Fp8Projection {
+        values: DeviceBuffer::from_bytes(&values)?,
+        scales: DeviceBuffer::from_bytes(&scale_bytes)?,
+        groups: stacked.groups,
+        group: stacked.group,
+        input: scheme.and_then(|s| InputQuantization::of(s, input_scale)),
+    })
 }
 
 impl ModelWeightsOnDevice {
@@ -148,7 +354,7 @@ impl ModelWeightsOnDevice {
     /// with the pieces of the model's bytes to copy into them ([`upload::upload`]), so the copy
     /// can run while other start-up work uses the device.
     pub fn allocate(model: ModelTensors<'_>) -> Result<(Self, Vec<Piece<'_>>), CudaInitError> {
-        let (weights, targets) = Self::allocate_for(model.config)?;
+        let (weights, targets) = Self::build(model.config, Some(model.weights))?;
         let pieces = targets.pieces(model.weights)?;
         Ok((weights, pieces))
     }
@@ -157,16 +363,27 @@ impl ModelWeightsOnDevice {
     /// undefined, and returns where each tensor goes: everything the device needs is known from
     /// the configuration alone, so this can run before the weights are read. The tensors are
     /// those of the model definition's layout; q/k/v and gate/up are stacked into one buffer
-    /// each.
+    /// each. A model with FP8 projections is refused: those are built from the weights
+    /// ([`ModelWeightsOnDevice::allocate`]).
     pub fn allocate_for(c: &ModelConfig) -> Result<(Self, WeightTargets), CudaInitError> {
-        if let Some(quantization) = &c.quantization {
+        Self::build(c, None)
+    }
+
+    /// The weights' buffers: FP8 projections built and copied from `weights` now (they must be
+    /// given when the model has any), every other tensor allocated in bf16 with its place in
+    /// the returned targets.
+    fn build(
+        c: &ModelConfig,
+        weights: Option<&ModelWeights>,
+    ) -> Result<(Self, WeightTargets), CudaInitError> {
+        if let (None, Some(quantization)) = (weights, &c.quantization) {
             return Err(CudaInitError::Unsupported(format!(
-                "its weights are {}, which the CUDA backend does not serve yet (the CPU backend does: --device cpu)",
+                "its weights are {}: FP8 projections are built from the weights, not ahead of them",
                 quantization.describe()
             )));
         }
         let definition = ModelDefinition::of(c);
-        let tensors = layout(&definition, None);
+        let tensors = layout(&definition, c.quantization.as_ref());
         let mut up = Allocator::default();
         let embed = up.one(&tensors.embed_tokens)?;
         let mut layers = Vec::with_capacity(tensors.layers.len());
@@ -184,19 +401,37 @@ impl ModelWeightsOnDevice {
             };
             layers.push(LayerWeights {
                 input_norm: up.one(&l.input_norm)?,
-                qkv: up.stacked(&[&l.q_proj.weight, &l.k_proj.weight, &l.v_proj.weight])?,
+                qkv: up.projection(&[&l.q_proj, &l.k_proj, &l.v_proj], weights)?,
                 qkv_bias,
                 q_norm,
                 k_norm,
-                o_proj: up.one(&l.o_proj.weight)?,
+                o_proj: up.projection(&[&l.o_proj], weights)?,
                 post_norm: up.one(&l.post_attention_norm)?,
-                gate_up: up.stacked(&[&mlp.gate_proj.weight, &mlp.up_proj.weight])?,
-                down: up.one(&mlp.down_proj.weight)?,
+                gate_up: up.projection(&[&mlp.gate_proj, &mlp.up_proj], weights)?,
+                down: up.projection(&[&mlp.down_proj], weights)?,
             });
         }
         let final_norm = up.one(&tensors.final_norm)?;
         let lm_head = match definition.lm_head {
             LmHead::TiedToEmbeddings => None,
+            LmHead::Separate if tensors.lm_head.fp8.is_some() => {
+                // An FP8 LM head is widened to bf16 here (its scales applied): the head's
+                // product runs in bf16.
+                let Some(weights) = weights else {
+                    return Err(CudaInitError::Unsupported(
+                        "an FP8 LM head is built from the weights, not ahead of them".into(),
+                    ));
+                };
+                let values = weights
+                    .linear_f32(&tensors.lm_head)
+                    .map_err(|e| CudaInitError::Weights(e.to_string()))?;
+                let bytes: Vec<u8> = values
+                    .iter()
+                    .flat_map(|v| f32_to_bf16(*v).to_le_bytes())
+                    .collect();
+                up.bytes += bytes.len();
+                Some(DeviceBuffer::from_bytes(&bytes)?)
+            }
             LmHead::Separate => Some(up.one(&tensors.lm_head.weight)?),
         };
         let attention = definition.attention();
@@ -270,6 +505,19 @@ mod tests {
         assert_eq!(f32_to_bf16(f32::from_bits(0x3f80_8000)), 0x3f80);
         assert_eq!(f32_to_bf16(f32::from_bits(0x3f81_8000)), 0x3f82);
         assert!(f32::from_bits(u32::from(f32_to_bf16(f32::NAN)) << 16).is_nan());
+    }
+
+    /// A configuration with FP8 projections is not allocated ahead of its weights (before
+    /// anything touches the device): its projections are built from the weights.
+    #[test]
+    fn fp8_configurations_are_not_allocated_ahead_of_the_weights() {
+        let mut config = crate::model::Model::embedded().unwrap().config.clone();
+        config.quantization = Some(crate::model::Quantization::fp8_at_load());
+        let err = match ModelWeightsOnDevice::allocate_for(&config) {
+            Ok(_) => panic!("FP8 weights allocated ahead of the weights"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("fp8") && !err.contains('\n'), "{err}");
     }
 
     #[test]

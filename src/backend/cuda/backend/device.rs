@@ -311,6 +311,11 @@ impl Kernels {
             gemv: take_each(map, &kernels::GEMV_ENTRIES)?,
             gemv_swiglu: take_each(map, &kernels::GEMV_SWIGLU_ENTRIES)?,
             gemv_qkv_rope: take_each(map, &kernels::GEMV_QKV_ROPE_ENTRIES)?,
+            fp8_quantize: Kernel::take(map, "fp8_quantize_input")?,
+            fp8_dequantize: Kernel::take(map, "fp8_dequantize_weight")?,
+            fp8_add_rmsnorm: Kernel::take(map, "fp8_add_rmsnorm")?,
+            fp8_scale_output: Kernel::take(map, "fp8_scale_output")?,
+            fp8_gemv: take_each(map, &kernels::FP8_GEMV_ENTRIES)?,
         })
     }
 }

@@ -7,12 +7,13 @@ use crate::model::MlpDefinition;
 use crate::backend::cuda::graphs::StepGraph;
 use crate::backend::cuda::inputs::StepLayout;
 use crate::backend::cuda::launch::{
-    AddRmsnorm, AttentionReduce, Bf16, DevicePtr, EmbeddingGather, GemvQkvRope, GemvSwiglu,
-    LaunchShape, PagedAttention, PagedReads, PrefillAttention, QkvRopeWrite, RopeWrites, Swiglu,
+    AddRmsnorm, AttentionReduce, Bf16, DevicePtr, EmbeddingGather, Fp8AddRmsnorm, GemvQkvRope,
+    GemvSwiglu, LaunchShape, PagedAttention, PagedReads, PrefillAttention, QkvRopeWrite,
+    RopeWrites, Swiglu,
 };
 use crate::backend::cuda::memory::DeviceBuffer;
 use crate::backend::cuda::plan;
-use crate::backend::cuda::weights::LayerWeights;
+use crate::backend::cuda::weights::{LayerWeights, Operand};
 
 use super::{CudaBackend, dev, to_u32};
 
@@ -93,21 +94,31 @@ impl CudaBackend {
         } else {
             let w: &LayerWeights = &self.weights.layers[segment - 1];
             let (o_w, post_norm, gate_up_w, down_w) = (
-                w.o_proj.device_ptr(),
+                w.o_proj.operand(),
                 w.post_norm.device_ptr(),
-                w.gate_up.device_ptr(),
-                w.down.device_ptr(),
+                w.gate_up.operand(),
+                w.down.operand(),
             );
             let attn = self.act.attn.device_ptr();
-            self.matmul(attn, o_w, delta, (t, p.hidden, q_width))?;
-            self.add_rmsnorm(t32, Some(delta), post_norm, None)?;
+            self.project(attn, o_w, delta, (t, p.hidden, q_width))?;
+            self.norm_before(t32, Some(delta), post_norm, gate_up_w)?;
             match self.definition.layers[segment - 1].mlp {
                 MlpDefinition::SwiGlu { intermediate } => {
                     let gate_up_dims = (t, 2 * intermediate, p.hidden);
-                    let small_m = self.takes_small_m(normed, gate_up_w, gate_up_dims);
-                    self.gate_up_swiglu(small_m, gate_up_w, t)?;
+                    match gate_up_w {
+                        Operand::Bf16(gate_up_w) => {
+                            let small_m = self.takes_small_m(normed, gate_up_w, gate_up_dims);
+                            self.gate_up_swiglu(small_m, gate_up_w, t)?;
+                        }
+                        Operand::Fp8(gate_up_w) => {
+                            let gate_up = self.act.gate_up.device_ptr();
+                            let quantized = gate_up_w.norm_quantizes();
+                            self.fp8_product(normed, gate_up_w, gate_up, gate_up_dims, quantized)?;
+                            self.swiglu(t)?;
+                        }
+                    }
                     let mlp = self.act.mlp.device_ptr();
-                    self.matmul(mlp, down_w, delta, (t, p.hidden, intermediate))?;
+                    self.project(mlp, down_w, delta, (t, p.hidden, intermediate))?;
                 }
                 // `KernelParams::unsupported` refuses a mixture of experts before any upload.
                 MlpDefinition::Moe(_) => unreachable!("the CUDA backend refuses MoE models"),
@@ -118,11 +129,13 @@ impl CudaBackend {
         }
         let layer = segment;
         let w: &LayerWeights = &self.weights.layers[layer];
-        let (input_norm, qkv_w) = (w.input_norm.device_ptr(), w.qkv.device_ptr());
+        let (input_norm, qkv_w) = (w.input_norm.device_ptr(), w.qkv.bf16());
+        let qkv_operand = w.qkv.operand();
         // Layer 0 normalises the embeddings alone; later layers add the previous MLP's output.
         let previous = (layer > 0).then_some(delta);
-        self.add_rmsnorm(t32, previous, input_norm, None)?;
-        let small_m = self.takes_small_m(normed, qkv_w, (t, qkv_n, p.hidden));
+        self.norm_before(t32, previous, input_norm, qkv_operand)?;
+        let small_m =
+            qkv_w.is_some_and(|qkv_w| self.takes_small_m(normed, qkv_w, (t, qkv_n, p.hidden)));
         self.qkv_rope_write(small_m, layer, layout, t)
     }
 
@@ -156,6 +169,13 @@ impl CudaBackend {
             (normed, gate_up_w, gate_up),
             (t, 2 * intermediate, hidden),
         )?;
+        self.swiglu(t)
+    }
+
+    /// SwiGLU over the gate/up product of `t` rows in `act.gate_up`, into `act.mlp`.
+    fn swiglu(&self, t: usize) -> Result<(), BackendError> {
+        let intermediate = self.params.intermediate;
+        let (gate_up, mlp) = (self.act.gate_up.device_ptr(), self.act.mlp.device_ptr());
         let per_thread = plan::swiglu_vector(intermediate);
         self.launch(
             &self.kernels.swiglu,
@@ -192,7 +212,7 @@ impl CudaBackend {
         let fused = small_m && plan::rope_write_fuses(head_dim, p.qk_norm);
         let normed = self.act.normed.device_ptr();
         let w: &LayerWeights = &self.weights.layers[layer];
-        let qkv_w = w.qkv.device_ptr();
+        let qkv_w = w.qkv.operand();
         let bias = w.qkv_bias.as_ref().map(DeviceBuffer::device_ptr);
         let (q_norm, k_norm) = (
             w.q_norm.as_ref().map(DeviceBuffer::device_ptr),
@@ -206,7 +226,7 @@ impl CudaBackend {
             k_cache: self.kv.keys(layer),
             v_cache: self.kv.values(layer),
         };
-        if fused {
+        if let (true, Operand::Bf16(qkv_w)) = (fused, qkv_w) {
             return self.launch(
                 &self.kernels.gemv_qkv_rope[t - 1],
                 self.small_m_shape(t, heads * head_dim)?,
@@ -220,7 +240,13 @@ impl CudaBackend {
             );
         }
         let qkv = self.act.qkv.device_ptr();
-        self.product(small_m, (normed, qkv_w, qkv), (t, heads * head_dim, hidden))?;
+        let dims = (t, heads * head_dim, hidden);
+        match qkv_w {
+            Operand::Bf16(qkv_w) => self.product(small_m, (normed, qkv_w, qkv), dims)?,
+            Operand::Fp8(qkv_w) => {
+                self.fp8_product(normed, qkv_w, qkv, dims, qkv_w.norm_quantizes())?
+            }
+        }
         self.launch(
             &self.kernels.qkv_rope,
             LaunchShape::new((to_u32(t, "tokens")?, 1, 1), 32 * heads.min(32) as u32),
@@ -230,6 +256,40 @@ impl CudaBackend {
                 q_norm,
                 k_norm,
                 writes,
+            },
+        )
+    }
+
+    /// [`Self::add_rmsnorm`] of the first `rows` rows before the product with `next`: for an FP8
+    /// projection whose input is quantized per token (`Fp8Operand::norm_quantizes`), the fused
+    /// kernel that also leaves the quantized input in the FP8 scratch buffers, which the product
+    /// then reads (`fp8_product` with `quantized`).
+    fn norm_before(
+        &self,
+        rows: u32,
+        delta: Option<DevicePtr<f32>>,
+        weight: DevicePtr<Bf16>,
+        next: Operand,
+    ) -> Result<(), BackendError> {
+        let (Operand::Fp8(w), Some(scratch)) = (next, self.act.fp8.as_ref()) else {
+            return self.add_rmsnorm(rows, delta, weight, None);
+        };
+        let Some(input) = w.input.filter(|_| w.norm_quantizes()) else {
+            return self.add_rmsnorm(rows, delta, weight, None);
+        };
+        self.launch(
+            &self.kernels.fp8_add_rmsnorm,
+            LaunchShape::new((rows, 1, 1), plan::RMS_THREADS as u32),
+            Fp8AddRmsnorm {
+                residual: self.act.residual.device_ptr(),
+                delta,
+                weight,
+                out: self.act.normed.device_ptr(),
+                upper_bound: input.upper_bound,
+                static_scale: input.static_scale,
+                xq: scratch.codes.device_ptr(),
+                xd: scratch.values.device_ptr(),
+                scales: scratch.scales.device_ptr(),
             },
         )
     }

@@ -31,7 +31,8 @@ use super::graphs::{DecodeGraphs, MixedStepGraphs};
 use super::inputs::{CopyStats, StepLimits};
 use super::kernels::KernelParams;
 use super::launch::{
-    AddRmsnorm, AttentionReduce, Bf16, DevicePtr, EmbeddingGather, Gemv, GemvQkvRope, GemvSwiglu,
+    AddRmsnorm, AttentionReduce, Bf16, DevicePtr, EmbeddingGather, Fp8AddRmsnorm,
+    Fp8DequantizeWeight, Fp8Gemv, Fp8QuantizeInput, Fp8ScaleOutput, Gemv, GemvQkvRope, GemvSwiglu,
     Kernel, KernelArgs, LaunchShape, PagedAttention, PrefillAttention, QkvRopeWrite, SampleTokens,
     Swiglu,
 };
@@ -93,6 +94,16 @@ struct Kernels {
     gemv_swiglu: Vec<Kernel<GemvSwiglu>>,
     /// `gemv_qkv_rope[m - 1]`: the q/k/v product of m rows with the rope write applied.
     gemv_qkv_rope: Vec<Kernel<GemvQkvRope>>,
+    /// A product's input quantized to FP8 (`kernels/fp8.cu`).
+    fp8_quantize: Kernel<Fp8QuantizeInput>,
+    /// An FP8 projection widened to bf16.
+    fp8_dequantize: Kernel<Fp8DequantizeWeight>,
+    /// The scales applied to cuBLASLt's FP8 product of the codes.
+    fp8_scale_output: Kernel<Fp8ScaleOutput>,
+    /// The residual add and RMSNorm with the output quantized for an FP8 product.
+    fp8_add_rmsnorm: Kernel<Fp8AddRmsnorm>,
+    /// `fp8_gemv[m - 1]`: FP8 products of m rows.
+    fp8_gemv: Vec<Kernel<Fp8Gemv>>,
 }
 
 /// Scratch buffers of one step, sized for the step limits.
@@ -114,6 +125,21 @@ struct Activations {
     logits: DeviceBuffer,
     sampled: DeviceBuffer,
     probs: DeviceBuffer,
+    /// The FP8 products' buffers, for a model with FP8 projections.
+    fp8: Option<Fp8Scratch>,
+}
+
+/// The FP8 products' buffers (`products.rs`).
+struct Fp8Scratch {
+    /// A product's input quantized: E4M3 codes, [tokens, width].
+    codes: DeviceBuffer,
+    /// The same codes times their scales in bf16, [tokens, width].
+    values: DeviceBuffer,
+    /// Their scales, [tokens, groups].
+    scales: DeviceBuffer,
+    /// The largest FP8 projection widened to bf16 (the products cuBLASLt's FP8 path does not
+    /// take).
+    weights: DeviceBuffer,
 }
 
 /// The CUDA backend.
@@ -149,6 +175,9 @@ pub struct CudaBackend {
     /// Launch kernels with programmatic dependent launch (the configuration allows it and the
     /// device has compute capability 9.0 or later).
     programmatic: bool,
+    /// Whether cuBLASLt's FP8 product serves the FP8 products of more than 8 rows (cleared the
+    /// first time it fails; they are then widened to bf16).
+    fp8_gemm: bool,
     /// How long each start-up phase took.
     phases: BackendPhases,
     /// Where the small-M product choices for this GPU, its libraries and kernels are stored

@@ -10,11 +10,15 @@ use crate::engine::BackendError;
 
 use crate::backend::cuda::choices::{ChoiceStore, ChosenShape};
 use crate::backend::cuda::error::CudaInitError;
+use crate::backend::cuda::fp8::{GEMV_ROWS_PER_BLOCK, GEMV_THREADS, QUANT_THREADS};
 use crate::backend::cuda::gemm::Gemm;
 use crate::backend::cuda::inputs::Padding;
-use crate::backend::cuda::launch::{Bf16, DevicePtr, Gemv, LaunchShape};
+use crate::backend::cuda::launch::{
+    Bf16, DevicePtr, Fp8DequantizeWeight, Fp8Gemv, Fp8QuantizeInput, Fp8ScaleOutput, Gemv,
+    LaunchShape,
+};
 use crate::backend::cuda::plan;
-use crate::backend::cuda::weights::LayerWeights;
+use crate::backend::cuda::weights::{Fp8Operand, LayerWeights, Operand};
 
 use super::{CudaBackend, dev, to_u32};
 
@@ -94,6 +98,159 @@ impl CudaBackend {
         self.product(self.takes_small_m(x, w, dims), (x, w, out), dims)
     }
 
+    /// `out[m, n] = x[m, k] · w[n, k]ᵀ` for a projection in either format: bf16 by
+    /// [`Self::matmul`], FP8 by [`Self::fp8_product`].
+    pub(super) fn project(
+        &mut self,
+        x: DevicePtr<Bf16>,
+        w: Operand,
+        out: DevicePtr<f32>,
+        dims: (usize, usize, usize),
+    ) -> Result<(), BackendError> {
+        match w {
+            Operand::Bf16(w) => self.matmul(x, w, out, dims),
+            Operand::Fp8(w) => self.fp8_product(x, w, out, dims, false),
+        }
+    }
+
+    /// `out[m, n] = x[m, k] · w[n, k]ᵀ` with FP8 weights: the input quantized first as the
+    /// projection's scheme says (`fp8_quantize_input`); then, for at most `plan::GEMV_MAX_M`
+    /// rows, the FP8 small-M kernel; for more, cuBLASLt's FP8 product of the codes and then the
+    /// scales applied to its output (`fp8_scale_output`) where the scales allow it (per weight
+    /// row and per token), else the weights widened to bf16
+    /// into a scratch buffer and the bf16 product. With `quantized`, the norm that wrote `x`
+    /// (`fp8_add_rmsnorm`) has already left the quantized input in the scratch buffers.
+    pub(super) fn fp8_product(
+        &mut self,
+        x: DevicePtr<Bf16>,
+        w: Fp8Operand,
+        out: DevicePtr<f32>,
+        (m, n, k): (usize, usize, usize),
+        quantized: bool,
+    ) -> Result<(), BackendError> {
+        if m == 0 {
+            return Ok(());
+        }
+        let scratch = self
+            .act
+            .fp8
+            .as_ref()
+            .ok_or_else(|| BackendError::Device("an FP8 product without its buffers".into()))?;
+        let (codes, values, scales, widened) = (
+            scratch.codes.device_ptr(),
+            scratch.values.device_ptr(),
+            scratch.scales.device_ptr(),
+            scratch.weights.device_ptr(),
+        );
+        let k32 = to_u32(k, "product depth")? as i32;
+        let n32 = to_u32(n, "product rows")? as i32;
+        let groups = to_u32(w.groups, "scale groups")? as i32;
+        let group = to_u32(w.group, "scale group")? as i32;
+        let input = match w.input {
+            Some(_) if quantized => values,
+            Some(q) => {
+                self.launch(
+                    &self.kernels.fp8_quantize,
+                    LaunchShape::new(
+                        (
+                            to_u32(m, "tokens")?,
+                            to_u32(q.groups(k), "input groups")?,
+                            1,
+                        ),
+                        QUANT_THREADS,
+                    ),
+                    Fp8QuantizeInput {
+                        x,
+                        k: k32,
+                        group: to_u32(q.group, "input group")? as i32,
+                        upper_bound: q.upper_bound,
+                        static_scale: q.static_scale,
+                        xq: codes,
+                        xd: values,
+                        scales,
+                    },
+                )?;
+                values
+            }
+            None => x,
+        };
+        if m <= plan::GEMV_MAX_M {
+            return self.launch(
+                &self.kernels.fp8_gemv[m - 1],
+                LaunchShape::new(
+                    (
+                        to_u32(n.div_ceil(GEMV_ROWS_PER_BLOCK), "product rows")?,
+                        1,
+                        1,
+                    ),
+                    GEMV_THREADS,
+                ),
+                Fp8Gemv {
+                    x: input,
+                    w: w.values,
+                    scales: w.scales,
+                    out,
+                    n: n32,
+                    k: k32,
+                    groups,
+                    group,
+                },
+            );
+        }
+        let stream = self.stream.cu_stream() as cudarc::cublaslt::sys::cudaStream_t;
+        if w.takes_scaled_gemm(n) && self.fp8_gemm {
+            let pointers = (codes.addr(), w.values.addr(), out.addr());
+            match self.gemm.matmul_fp8(stream, pointers, (m, n, k)) {
+                Ok(()) => {
+                    return self.launch(
+                        &self.kernels.fp8_scale_output,
+                        LaunchShape::new(
+                            (
+                                to_u32((m * n).div_ceil(4 * 256).min(65_535), "outputs")?,
+                                1,
+                                1,
+                            ),
+                            256,
+                        ),
+                        Fp8ScaleOutput {
+                            out,
+                            x_scales: scales,
+                            w_scales: w.scales,
+                            m: to_u32(m, "tokens")? as i32,
+                            n: n32,
+                        },
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cuBLASLt's FP8 product is not available; FP8 weights are widened to bf16 for products of more than 8 rows");
+                    self.fp8_gemm = false;
+                }
+            }
+        }
+        let chunks = n * k / 16;
+        self.launch(
+            &self.kernels.fp8_dequantize,
+            LaunchShape::new(
+                (to_u32(chunks.div_ceil(256).min(65_535), "chunks")?, 1, 1),
+                256,
+            ),
+            Fp8DequantizeWeight {
+                w: w.values,
+                scales: w.scales,
+                n: n32,
+                k: k32,
+                groups,
+                group,
+                out: widened,
+            },
+        )?;
+        self.gemm.matmul(
+            stream,
+            (input.addr(), widened.addr(), out.addr()),
+            (m, n, k),
+        )
+    }
+
     /// Whether the product `x[m, k] · w[n, k]ᵀ` goes to the small-M kernels: measured faster
     /// for the shape at start-up, and x and w 16-byte aligned.
     pub(super) fn takes_small_m(
@@ -164,7 +321,10 @@ impl CudaBackend {
         let qkv_n = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim;
         let q_width = p.num_q_heads * p.head_dim;
         let layers = &self.weights.layers;
-        let per_layer = |f: fn(&LayerWeights) -> DevicePtr<Bf16>| layers.iter().map(f).collect();
+        // FP8 projections are not timed: their small-M kernel serves every product it fits.
+        let per_layer = |f: fn(&LayerWeights) -> Option<DevicePtr<Bf16>>| -> Vec<DevicePtr<Bf16>> {
+            layers.iter().filter_map(f).collect()
+        };
         let (normed, attn, mlp) = (
             self.act.normed.device_ptr(),
             self.act.attn.device_ptr(),
@@ -175,7 +335,7 @@ impl CudaBackend {
             TimedShape {
                 what: TimedProduct::QkvRopeWrite,
                 x: normed,
-                weights: per_layer(|w| w.qkv.device_ptr()),
+                weights: per_layer(|w| w.qkv.bf16()),
                 n: qkv_n,
                 k: p.hidden,
                 max_m: max_tokens,
@@ -185,7 +345,7 @@ impl CudaBackend {
                     out: self.act.delta.device_ptr(),
                 },
                 x: attn,
-                weights: per_layer(|w| w.o_proj.device_ptr()),
+                weights: per_layer(|w| w.o_proj.bf16()),
                 n: p.hidden,
                 k: q_width,
                 max_m,
@@ -193,7 +353,7 @@ impl CudaBackend {
             TimedShape {
                 what: TimedProduct::GateUpSwiglu,
                 x: normed,
-                weights: per_layer(|w| w.gate_up.device_ptr()),
+                weights: per_layer(|w| w.gate_up.bf16()),
                 n: 2 * p.intermediate,
                 k: p.hidden,
                 max_m,
@@ -203,7 +363,7 @@ impl CudaBackend {
                     out: self.act.delta.device_ptr(),
                 },
                 x: mlp,
-                weights: per_layer(|w| w.down.device_ptr()),
+                weights: per_layer(|w| w.down.bf16()),
                 n: p.hidden,
                 k: p.intermediate,
                 max_m,
@@ -237,6 +397,9 @@ impl CudaBackend {
             max_m,
         } in products
         {
+            if weights.is_empty() {
+                continue;
+            }
             for m in 1..=plan::GEMV_MAX_M.min(max_m) {
                 let fits = plan::small_m_fits(m, n, k)
                     && weights

@@ -26,7 +26,7 @@ use crate::backend::cuda::weights::ModelWeightsOnDevice;
 
 use super::device::{LoadedKernels, OpenedDevice, Prepared, PreparingBackend, kernel_params};
 use super::products::product_choice_store;
-use super::{Activations, CudaBackend, CudaOptions, DeviceParts, KvCache};
+use super::{Activations, CudaBackend, CudaOptions, DeviceParts, Fp8Scratch, KvCache};
 
 impl CudaBackend {
     /// Uploads the model, compiles the kernels (in parallel with the upload), sizes the KV cache
@@ -258,6 +258,7 @@ impl CudaBackend {
             copies: CopyStats::default(),
             started: None,
             programmatic: config.programmatic_launch && major >= 9,
+            fp8_gemm: true,
             phases: BackendPhases {
                 context: t_context,
                 kernels: parts.kernels_ready,
@@ -447,6 +448,32 @@ impl Activations {
             logits: DeviceBuffer::new(max_rows * cfg.vocab_size * 4)?,
             sampled: DeviceBuffer::new(max_rows * SAMPLE_STRIDE * 4)?,
             probs: DeviceBuffer::new(max_rows * cfg.vocab_size * 4)?,
+            fp8: match cfg.quantization {
+                Some(_) => Some(Fp8Scratch::new(cfg, max_tokens)?),
+                None => None,
+            },
+        })
+    }
+}
+
+impl Fp8Scratch {
+    /// Buffers for the FP8 products of up to `max_tokens` rows of a model with configuration
+    /// `cfg`.
+    fn new(cfg: &ModelConfig, max_tokens: usize) -> Result<Self, BackendError> {
+        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+        let q_width = cfg.num_attention_heads * d;
+        let qkv_width = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d;
+        let inter = cfg.intermediate_size;
+        let widest = h.max(q_width).max(inter);
+        let largest = [qkv_width * h, h * q_width, 2 * inter * h, h * inter]
+            .into_iter()
+            .max()
+            .unwrap_or(0);
+        Ok(Self {
+            codes: DeviceBuffer::new(max_tokens * widest)?,
+            values: DeviceBuffer::new(max_tokens * widest * 2)?,
+            scales: DeviceBuffer::new(max_tokens * widest.div_ceil(16) * 4)?,
+            weights: DeviceBuffer::new(largest * 2)?,
         })
     }
 }

@@ -1,0 +1,324 @@
+// FP8 E4M3 projections (src/backend/cuda/fp8.rs has the host side). A projection on the device is
+// its [N, K] E4M3 bytes and an f32 scale per row and group of `group` input columns (`groups` per
+// row; 1 for per-tensor and per-channel scales). Three jobs:
+//   fp8_quantize_input      a product's bf16 input [T, K] quantized as the checkpoint's scheme says
+//                           (per token, per token and group, or a static scale): the E4M3 codes
+//                           (cuBLASLt's FP8 product reads them), their scales, and the dequantized
+//                           values in bf16 (what the small-M kernel and the fallback read), so
+//                           every path multiplies the same rounded inputs;
+//   fp8_gemv_mM             products of M <= 8 rows (decode): out[m][n] = sum_k x[m][k] w[n][k] *
+//                           scale(n, k) in fp32, the weights read once as E4M3 and widened in
+//                           registers;
+//   fp8_dequantize_weight   a projection widened to bf16 (scales applied), for the products that
+//                           cuBLASLt's FP8 path does not take (block scales, weight-only FP8);
+//   fp8_scale_output        the scales applied to cuBLASLt's FP8 product of the codes;
+//   fp8_add_rmsnorm         kernels/rmsnorm.cu's residual add and RMSNorm with its output row also
+//                           quantized per token (or by a static scale) for the FP8 product that
+//                           reads it, so no fp8_quantize_input launch runs before q/k/v and gate/up.
+// E4M3 rounding here is bit for bit the host's (f32_to_e4m3_fast): nearest, ties to even,
+// saturating at +-448.
+
+typedef unsigned char e4m3;
+
+#define FP8_MAX 448.0f
+// The smallest dynamic scale (model::fp8::MIN_DYNAMIC_SCALE): 1 / (448 * 512).
+#define FP8_MIN_SCALE (1.0f / (448.0f * 512.0f))
+// Threads of fp8_quantize_input's blocks.
+#define FP8_QUANT_THREADS 256
+// Weight rows per warp of the small-M kernel, warps per block.
+#define FP8_WARP_ROWS 2
+#define FP8_GEMV_WARPS 8
+
+// Rounds v to an E4M3 code (see the file comment).
+__device__ __forceinline__ unsigned int f32_to_e4m3(float v) {
+    const unsigned int u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fu;
+    const unsigned int sign = (u >> 24) & 0x80u;
+    const float a = fabsf(v);
+    if (a >= FP8_MAX) return sign | 0x7eu;
+    if (a < 0.015625f) return sign | (unsigned int)__float2int_rn(a * 512.0f);
+    const unsigned int b = __float_as_uint(a);
+    const unsigned int mantissa = (b >> 20) & 7u;
+    const unsigned int rest = b & 0xfffffu;
+    unsigned int code = (((b >> 23) - 120u) << 3) | mantissa;
+    if (rest > 0x80000u || (rest == 0x80000u && (mantissa & 1u))) code += 1u;
+    return sign | code;
+}
+
+// Widens an E4M3 code to float (exact; NaN codes are never written by the quantizers).
+__device__ __forceinline__ float e4m3_to_f32(unsigned int code) {
+    const unsigned int sign = (code & 0x80u) << 24;
+    const unsigned int em = code & 0x7fu;
+    const float magnitude = em >= 8u ? __uint_as_float((em + (120u << 3)) << 20) : (float)em * 0.001953125f;
+    return __uint_as_float(__float_as_uint(magnitude) | sign);
+}
+
+// Widens two E4M3 codes (the low byte first) to floats: one conversion instruction where the
+// GPU has it (sm_89 and newer), else bit arithmetic.
+__device__ __forceinline__ void e4m3x2_to_f32(unsigned int pair, float& lo, float& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    unsigned int halves;
+    unsigned short packed = (unsigned short)pair;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(packed));
+    unsigned short l = (unsigned short)(halves & 0xffffu), h = (unsigned short)(halves >> 16);
+    asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(l));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(h));
+#else
+    lo = e4m3_to_f32(pair & 0xffu);
+    hi = e4m3_to_f32((pair >> 8) & 0xffu);
+#endif
+}
+
+// Largest value over the block (every thread receives it); `scratch` holds 32 floats.
+__device__ __forceinline__ float fp8_block_max(float v, float* scratch) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    v = warp_max(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float m = 0.0f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) m = fmaxf(m, scratch[w]);
+    __syncthreads();
+    return m;
+}
+
+// One block per (token, group): grid (T, groups), FP8_QUANT_THREADS threads. group 0: the whole
+// row is one group. upper_bound > 0 caps the largest magnitude a dynamic scale is computed from;
+// static_scale > 0 replaces the dynamic scale. Writes xq [T, K] codes, xd [T, K] bf16 values
+// (code * scale, rounded to bf16) and scales [T, groups].
+extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS)
+fp8_quantize_input(const bf16* __restrict__ x, int k, int group, float upper_bound, float static_scale,
+                   e4m3* __restrict__ xq, bf16* __restrict__ xd, float* __restrict__ scales) {
+    __shared__ float scratch[32];
+    await_previous_kernels();
+    const int t = blockIdx.x;
+    const int g = blockIdx.y;
+    const int width = group > 0 ? group : k;
+    const int first = g * width;
+    const int last = min(first + width, k);
+    const bf16* row = x + (size_t)t * k;
+    float scale = static_scale;
+    if (scale <= 0.0f) {
+        float amax = 0.0f;
+        for (int i = first + threadIdx.x; i < last; i += blockDim.x) amax = fmaxf(amax, fabsf(bf16_to_f32(row[i])));
+        amax = fp8_block_max(amax, scratch);
+        if (upper_bound > 0.0f) amax = fminf(amax, upper_bound);
+        scale = fmaxf(amax / FP8_MAX, FP8_MIN_SCALE);
+    }
+    for (int i = first + threadIdx.x; i < last; i += blockDim.x) {
+        const unsigned int code = f32_to_e4m3(bf16_to_f32(row[i]) / scale);
+        xq[(size_t)t * k + i] = (e4m3)code;
+        xd[(size_t)t * k + i] = f32_to_bf16(e4m3_to_f32(code) * scale);
+    }
+    if (threadIdx.x == 0) scales[(size_t)t * gridDim.y + g] = scale;
+}
+
+// out[m][n] = sum_k x[m][k] * w[n][k] * scales[n][k / group] for M rows of x, FP8_WARP_ROWS
+// weight rows per warp: each lane reads 16 weight bytes of each of its rows per step (a warp
+// covers 512 columns per step), widens them and multiplies them with the matching 16 values of
+// each x row (bf16, 16-byte loads); a row's partial sums are scaled per 16-column step when the
+// row has several groups (group is a multiple of 16), else once at the end; the lanes' sums merge
+// by shuffles. K must be a multiple of 16 (the host checks).
+template <int M>
+__device__ __forceinline__ void fp8_gemv(const bf16* __restrict__ x, const e4m3* __restrict__ w,
+                                         const float* __restrict__ scales, float* __restrict__ out, int n, int k,
+                                         int groups, int group) {
+    await_previous_kernels();
+    const int lane = threadIdx.x & 31;
+    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int row0 = warp * FP8_WARP_ROWS;
+    if (row0 >= n) return;
+    float acc[FP8_WARP_ROWS][M];
+#pragma unroll
+    for (int r = 0; r < FP8_WARP_ROWS; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
+    // Unrolled so that several steps' weight loads are in flight per lane.
+#pragma unroll 4
+    for (int k0 = lane * 16; k0 < k; k0 += 32 * 16) {
+        uint4 wv[FP8_WARP_ROWS];
+#pragma unroll
+        for (int r = 0; r < FP8_WARP_ROWS; ++r) {
+            const int row = min(row0 + r, n - 1);
+            wv[r] = *reinterpret_cast<const uint4*>(w + (size_t)row * k + k0);
+        }
+        float part[FP8_WARP_ROWS][M];
+#pragma unroll
+        for (int r = 0; r < FP8_WARP_ROWS; ++r)
+#pragma unroll
+            for (int m = 0; m < M; ++m) part[r][m] = 0.0f;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float wf[FP8_WARP_ROWS][8];
+#pragma unroll
+            for (int r = 0; r < FP8_WARP_ROWS; ++r) {
+                const unsigned int w0 = half ? wv[r].z : wv[r].x;
+                const unsigned int w1 = half ? wv[r].w : wv[r].y;
+                e4m3x2_to_f32(w0, wf[r][0], wf[r][1]);
+                e4m3x2_to_f32(w0 >> 16, wf[r][2], wf[r][3]);
+                e4m3x2_to_f32(w1, wf[r][4], wf[r][5]);
+                e4m3x2_to_f32(w1 >> 16, wf[r][6], wf[r][7]);
+            }
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+                const uint4 xv = *reinterpret_cast<const uint4*>(x + (size_t)m * k + k0 + half * 8);
+                const unsigned int words[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float lo = __uint_as_float(words[j] << 16);
+                    const float hi = __uint_as_float(words[j] & 0xffff0000u);
+#pragma unroll
+                    for (int r = 0; r < FP8_WARP_ROWS; ++r) {
+                        part[r][m] = fmaf(lo, wf[r][2 * j], part[r][m]);
+                        part[r][m] = fmaf(hi, wf[r][2 * j + 1], part[r][m]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < FP8_WARP_ROWS; ++r) {
+            const int row = min(row0 + r, n - 1);
+            const float s = groups > 1 ? scales[(size_t)row * groups + k0 / group] : 1.0f;
+#pragma unroll
+            for (int m = 0; m < M; ++m) acc[r][m] = fmaf(part[r][m], s, acc[r][m]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < FP8_WARP_ROWS; ++r) {
+        const int row = row0 + r;
+        const float s = groups > 1 ? 1.0f : scales[min(row, n - 1)];
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            const float sum = warp_sum(acc[r][m]);
+            if (lane == 0 && row < n) out[(size_t)m * n + row] = sum * s;
+        }
+    }
+}
+
+// w [n, k] widened to bf16 with its scales into out [n, k]: each thread 16 columns of a row per
+// step, the grid striding over the matrix. K must be a multiple of 16.
+extern "C" __global__ void fp8_dequantize_weight(const e4m3* __restrict__ w, const float* __restrict__ scales,
+                                                 int n, int k, int groups, int group, bf16* __restrict__ out) {
+    await_previous_kernels();
+    const size_t chunks = (size_t)n * (k / 16);
+    for (size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += (size_t)gridDim.x * blockDim.x) {
+        const size_t row = c / (k / 16);
+        const int col = (int)(c % (k / 16)) * 16;
+        const float s = scales[row * groups + (groups > 1 ? col / group : 0)];
+        const uint4 wv = *reinterpret_cast<const uint4*>(w + row * k + col);
+        const unsigned int words[4] = {wv.x, wv.y, wv.z, wv.w};
+        unsigned int packed[8];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float a, b, c2, d;
+            e4m3x2_to_f32(words[j], a, b);
+            e4m3x2_to_f32(words[j] >> 16, c2, d);
+            packed[2 * j] = (unsigned int)f32_to_bf16(a * s) | ((unsigned int)f32_to_bf16(b * s) << 16);
+            packed[2 * j + 1] = (unsigned int)f32_to_bf16(c2 * s) | ((unsigned int)f32_to_bf16(d * s) << 16);
+        }
+        uint4* dst = reinterpret_cast<uint4*>(out + row * k + col);
+        dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+    }
+}
+
+#define FP8_RMS_SLOTS ((HIDDEN + RMS_THREADS - 1) / RMS_THREADS)
+
+// add_rmsnorm (kernels/rmsnorm.cu, without its row list: every row) whose bf16 output row is also
+// quantized as fp8_quantize_input quantizes it with group 0 (the same values, the same rounding):
+// codes into xq, codes times the scale into xd, the row's scale into scales[row]. One block of
+// RMS_THREADS threads per row.
+extern "C" __global__ void __launch_bounds__(RMS_THREADS)
+fp8_add_rmsnorm(float* __restrict__ residual, const float* __restrict__ delta, const bf16* __restrict__ weight,
+                bf16* __restrict__ out, float upper_bound, float static_scale, e4m3* __restrict__ xq,
+                bf16* __restrict__ xd, float* __restrict__ scales) {
+    float w[FP8_RMS_SLOTS];
+#pragma unroll
+    for (int k = 0; k < FP8_RMS_SLOTS; ++k) {
+        const int i = threadIdx.x + k * RMS_THREADS;
+        w[k] = i < HIDDEN ? bf16_to_f32(weight[i]) : 0.0f;
+    }
+    await_previous_kernels();
+    __shared__ float scratch[32];
+    const int r = blockIdx.x;
+    float* x = residual + (size_t)r * HIDDEN;
+    float v[FP8_RMS_SLOTS];
+    float sumsq = 0.0f;
+#pragma unroll
+    for (int k = 0; k < FP8_RMS_SLOTS; ++k) {
+        const int i = threadIdx.x + k * RMS_THREADS;
+        v[k] = 0.0f;
+        if (i < HIDDEN) {
+            v[k] = x[i];
+            if (delta) {
+                v[k] += delta[(size_t)r * HIDDEN + i];
+                x[i] = v[k];
+            }
+        }
+        sumsq += v[k] * v[k];
+    }
+    const float inv = rsqrtf(block_sum(sumsq, scratch) / (float)HIDDEN + RMS_EPS);
+    const size_t row = (size_t)r * HIDDEN;
+    float amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < FP8_RMS_SLOTS; ++k) {
+        const int i = threadIdx.x + k * RMS_THREADS;
+        if (i < HIDDEN) {
+            const bf16 y = f32_to_bf16(v[k] * inv * w[k]);
+            out[row + i] = y;
+            v[k] = bf16_to_f32(y);
+            amax = fmaxf(amax, fabsf(v[k]));
+        }
+    }
+    float scale = static_scale;
+    if (scale <= 0.0f) {
+        amax = fp8_block_max(amax, scratch);
+        if (upper_bound > 0.0f) amax = fminf(amax, upper_bound);
+        scale = fmaxf(amax / FP8_MAX, FP8_MIN_SCALE);
+    }
+#pragma unroll
+    for (int k = 0; k < FP8_RMS_SLOTS; ++k) {
+        const int i = threadIdx.x + k * RMS_THREADS;
+        if (i < HIDDEN) {
+            const unsigned int code = f32_to_e4m3(v[k] / scale);
+            xq[row + i] = (e4m3)code;
+            xd[row + i] = f32_to_bf16(e4m3_to_f32(code) * scale);
+        }
+    }
+    if (threadIdx.x == 0) scales[r] = scale;
+}
+
+// out[i][j] *= x_scales[i] * w_scales[j] over an [m, n] fp32 product of unscaled codes (cuBLASLt's
+// FP8 product): each thread 4 consecutive outputs per step, the grid striding. n must be a
+// multiple of 4.
+extern "C" __global__ void fp8_scale_output(float* __restrict__ out, const float* __restrict__ x_scales,
+                                            const float* __restrict__ w_scales, int m, int n) {
+    await_previous_kernels();
+    const size_t quads = (size_t)m * n / 4;
+    for (size_t q = (size_t)blockIdx.x * blockDim.x + threadIdx.x; q < quads; q += (size_t)gridDim.x * blockDim.x) {
+        const size_t i = q * 4 / n;
+        const int j = (int)(q * 4 % n);
+        float4 v = reinterpret_cast<float4*>(out)[q];
+        const float s = x_scales[i];
+        v.x *= s * w_scales[j];
+        v.y *= s * w_scales[j + 1];
+        v.z *= s * w_scales[j + 2];
+        v.w *= s * w_scales[j + 3];
+        reinterpret_cast<float4*>(out)[q] = v;
+    }
+}
+
+// The small-M entry points, one line each so every name appears in the source.
+#define FP8_GEMV_PARAMS                                                                                  \
+    const bf16 *__restrict__ x, const e4m3 *__restrict__ w, const float *__restrict__ scales,             \
+        float *__restrict__ out, int n, int k, int groups, int group
+#define FP8_GEMV_ARGS x, w, scales, out, n, k, groups, group
+#define FP8_GEMV_ENTRY extern "C" __global__ void __launch_bounds__(FP8_GEMV_WARPS * 32)
+FP8_GEMV_ENTRY fp8_gemv_m1(FP8_GEMV_PARAMS) { fp8_gemv<1>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_m2(FP8_GEMV_PARAMS) { fp8_gemv<2>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_m3(FP8_GEMV_PARAMS) { fp8_gemv<3>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_m4(FP8_GEMV_PARAMS) { fp8_gemv<4>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_m5(FP8_GEMV_PARAMS) { fp8_gemv<5>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_m6(FP8_GEMV_PARAMS) { fp8_gemv<6>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_m7(FP8_GEMV_PARAMS) { fp8_gemv<7>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_m8(FP8_GEMV_PARAMS) { fp8_gemv<8>(FP8_GEMV_ARGS); }

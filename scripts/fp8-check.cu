@@ -1,0 +1,194 @@
+// The FP8 kernels (kernels/fp8.cu) alone, built with nvcc on the GPU machine by
+// scripts/gpu-check.sh (stage "fp8", with Llama-3.1-8B's shapes as defines).
+//   fp8-check test    fp8_quantize_input against a host reference of the same rounding (every
+//                     code and scale exact, per token, per 128-column group, capped, static), then
+//                     fp8_gemv_mM for every M in 1..8 and fp8_dequantize_weight against a float64
+//                     reference on ragged shapes with per-row and per-group scales; exits 1 on a
+//                     mismatch
+//   fp8-check bench   Llama-3.1-8B's decode products for M = 1, 2, 4, 8: weight-read bandwidth of
+//                     fp8_gemv_mM as a share of the measured copy bandwidth (several weight copies
+//                     cycled so no launch reads them from L2)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "check-common.cuh"
+
+#undef INFINITY
+#include "prelude.cuh"
+#include "fp8.cu"
+
+// The host's rounding (src/backend/cuda/fp8.rs, f32_to_e4m3_fast).
+static uint8_t host_e4m3(float x) {
+    if (std::isnan(x)) return 0x7f;
+    uint32_t bits;
+    memcpy(&bits, &x, 4);
+    const uint8_t sign = (bits >> 24) & 0x80;
+    const float a = std::fabs(x);
+    if (a >= 448.0f) return sign | 0x7e;
+    if (a < 0.015625f) return sign | (uint8_t)std::nearbyint(a * 512.0f);
+    memcpy(&bits, &a, 4);
+    const uint32_t mantissa = (bits >> 20) & 7, rest = bits & 0xfffff;
+    uint32_t code = (((bits >> 23) - 120) << 3) | mantissa;
+    if (rest > 0x80000 || (rest == 0x80000 && (mantissa & 1))) code += 1;
+    return sign | (uint8_t)code;
+}
+
+static double host_value(uint8_t code) {
+    const int e = (code >> 3) & 15, m = code & 7;
+    const double magnitude = e == 0 ? m / 8.0 * std::ldexp(1.0, -6) : (1 + m / 8.0) * std::ldexp(1.0, e - 7);
+    return code & 0x80 ? -magnitude : magnitude;
+}
+
+template <int M>
+static void launch_gemv(const uint16_t* x, const uint8_t* w, const float* s, float* out, int n, int k, int groups,
+                        int group, cudaStream_t stream = 0) {
+    const int blocks = (n + FP8_WARP_ROWS * FP8_GEMV_WARPS - 1) / (FP8_WARP_ROWS * FP8_GEMV_WARPS);
+    switch (M) {
+#define CASE(m) \
+    case m:     \
+        fp8_gemv_m##m<<<blocks, FP8_GEMV_WARPS * 32, 0, stream>>>(x, w, s, out, n, k, groups, group); break;
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+    }
+}
+
+static void gemv_any(int m, const uint16_t* x, const uint8_t* w, const float* s, float* out, int n, int k, int groups,
+                     int group, cudaStream_t stream = 0) {
+    switch (m) {
+        case 1: launch_gemv<1>(x, w, s, out, n, k, groups, group, stream); break;
+        case 2: launch_gemv<2>(x, w, s, out, n, k, groups, group, stream); break;
+        case 3: launch_gemv<3>(x, w, s, out, n, k, groups, group, stream); break;
+        case 4: launch_gemv<4>(x, w, s, out, n, k, groups, group, stream); break;
+        case 5: launch_gemv<5>(x, w, s, out, n, k, groups, group, stream); break;
+        case 6: launch_gemv<6>(x, w, s, out, n, k, groups, group, stream); break;
+        case 7: launch_gemv<7>(x, w, s, out, n, k, groups, group, stream); break;
+        default: launch_gemv<8>(x, w, s, out, n, k, groups, group, stream); break;
+    }
+}
+
+static int test() {
+    std::mt19937 rng(43);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    int failures = 0;
+    // The input quantization: per token, per 128-column group, capped, static.
+    const int t = 5, k = 384;
+    std::vector<uint16_t> x(t * k);
+    for (auto& v : x) v = to_bf16(normal(rng) * (rng() % 4 == 0 ? 30.0f : 1.0f));
+    x[3] = to_bf16(0.0f);
+    const uint16_t* dx = upload(x);
+    struct Case { int group; float ub, fixed; const char* name; };
+    for (const Case c : {Case{0, 0, 0, "per token"}, Case{128, 0, 0, "per group"}, Case{0, 20.0f, 0, "capped"},
+                         Case{0, 0, 0.07f, "static"}}) {
+        const int groups = c.group ? k / c.group : 1;
+        uint8_t* q; uint16_t* d; float* s;
+        CHECK(cudaMalloc(&q, t * k)); CHECK(cudaMalloc(&d, t * k * 2)); CHECK(cudaMalloc(&s, t * groups * 4));
+        fp8_quantize_input<<<dim3(t, groups), FP8_QUANT_THREADS>>>(dx, k, c.group, c.ub, c.fixed, q, d, s);
+        const auto codes = finish_and_download(q, t * k);
+        const auto deq = finish_and_download(d, t * k);
+        const auto scales = finish_and_download(s, t * groups);
+        int bad = 0;
+        for (int r = 0; r < t; ++r)
+            for (int g = 0; g < groups; ++g) {
+                const int width = k / groups;
+                float amax = 0;
+                for (int i = g * width; i < (g + 1) * width; ++i) amax = std::max(amax, std::fabs(from_bf16(x[r * k + i])));
+                if (c.ub > 0) amax = std::min(amax, c.ub);
+                const float scale = c.fixed > 0 ? c.fixed : std::max(amax / 448.0f, 1.0f / (448.0f * 512.0f));
+                if (scales[r * groups + g] != scale) ++bad;
+                for (int i = g * width; i < (g + 1) * width; ++i) {
+                    const uint8_t want = host_e4m3(from_bf16(x[r * k + i]) / scale);
+                    if (codes[r * k + i] != want || deq[r * k + i] != to_bf16((float)host_value(want) * scale)) ++bad;
+                }
+            }
+        printf("RESULT quantize %s: %d mismatches\n", c.name, bad);
+        failures += bad;
+        CHECK(cudaFree(q)); CHECK(cudaFree(d)); CHECK(cudaFree(s));
+    }
+    // Products and widening on ragged shapes, per-row and per-group scales.
+    for (const int group : {0, 128}) {
+        const int n = 77, kk = 400;  // 4 groups of 128, the last partial
+        const int groups = group ? (kk + group - 1) / group : 1;
+        std::vector<uint8_t> w(n * kk);
+        for (auto& b : w) { b = (uint8_t)(rng() & 0xff); if ((b & 0x7f) == 0x7f) b = 0x38; }
+        std::vector<float> s(n * groups);
+        for (auto& v : s) v = 0.001f + (rng() % 1000) * 1e-5f;
+        const uint8_t* dw = upload(w);
+        const float* ds = upload(s);
+        for (int m = 1; m <= 8; ++m) {
+            std::vector<uint16_t> xm(m * kk);
+            for (auto& v : xm) v = to_bf16(normal(rng));
+            const uint16_t* dxm = upload(xm);
+            float* out; CHECK(cudaMalloc(&out, m * n * 4));
+            gemv_any(m, dxm, dw, ds, out, n, kk, groups, group ? group : kk);
+            const auto got = finish_and_download(out, m * n);
+            int bad = 0; double worst = 0;
+            for (int r = 0; r < m; ++r)
+                for (int j = 0; j < n; ++j) {
+                    double want = 0, norm = 0;
+                    for (int i = 0; i < kk; ++i) {
+                        const double p = from_bf16(xm[r * kk + i]) * host_value(w[j * kk + i]) * s[j * groups + (group ? i / group : 0)];
+                        want += p; norm += std::fabs(p);
+                    }
+                    const double err = std::fabs(got[r * n + j] - want);
+                    worst = std::max(worst, err / (norm + 1e-30));
+                    if (!(err <= 1e-4 * norm + 1e-6)) ++bad;
+                }
+            if (bad) printf("RESULT fp8_gemv_m%d groups %d: %d mismatches (worst %.2e of the absolute sum)\n", m, groups, bad, worst);
+            failures += bad;
+            CHECK(cudaFree(out)); CHECK(cudaFree((void*)dxm));
+        }
+        uint16_t* wide; CHECK(cudaMalloc(&wide, n * kk * 2));
+        fp8_dequantize_weight<<<64, 256>>>(dw, ds, n, kk, groups, group ? group : kk, wide);
+        const auto widened = finish_and_download(wide, n * kk);
+        int bad = 0;
+        for (int j = 0; j < n; ++j)
+            for (int i = 0; i < kk; ++i)
+                if (widened[j * kk + i] != to_bf16((float)host_value(w[j * kk + i]) * s[j * groups + (group ? i / group : 0)])) ++bad;
+        printf("RESULT fp8_gemv m1..8 and fp8_dequantize_weight, %d group(s) per row: %s (widening %d mismatches)\n", groups,
+               failures ? "FAILED" : "ok", bad);
+        failures += bad;
+        CHECK(cudaFree(wide)); CHECK(cudaFree((void*)dw)); CHECK(cudaFree((void*)ds));
+    }
+    printf("RESULT fp8 tests: %s\n", failures ? "FAILED" : "all passed");
+    return failures ? 1 : 0;
+}
+
+static int bench() {
+    const double copy = copy_bandwidth();
+    struct Shape { const char* name; int n, k; };
+    const Shape shapes[] = {{"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
+    const int copies = 8, reps = 40;
+    for (const Shape& sh : shapes) {
+        const size_t bytes = (size_t)sh.n * sh.k;
+        std::vector<uint8_t*> w(copies);
+        for (auto& p : w) { CHECK(cudaMalloc(&p, bytes)); CHECK(cudaMemset(p, 0x34, bytes)); }
+        float* s; CHECK(cudaMalloc(&s, sh.n * 4)); CHECK(cudaMemset(s, 0, sh.n * 4));
+        uint16_t* x; CHECK(cudaMalloc(&x, 8 * sh.k * 2)); CHECK(cudaMemset(x, 0, 8 * sh.k * 2));
+        float* out; CHECK(cudaMalloc(&out, 8 * sh.n * 4));
+        for (const int m : {1, 2, 4, 8}) {
+            for (int i = 0; i < copies; ++i) gemv_any(m, x, w[i], s, out, sh.n, sh.k, 1, sh.k);
+            StreamTimer timer;
+            for (int i = 0; i < reps; ++i) gemv_any(m, x, w[i % copies], s, out, sh.n, sh.k, 1, sh.k);
+            const double secs = timer.seconds() / reps;
+            printf("RESULT fp8_gemv %s n=%d k=%d m=%d: %.2f us, %.0f GB/s weights, %.0f%% of copy bandwidth\n", sh.name,
+                   sh.n, sh.k, m, secs * 1e6, bytes / secs / 1e9, 100.0 * bytes / secs / copy);
+        }
+        for (auto p : w) CHECK(cudaFree(p));
+        CHECK(cudaFree(s)); CHECK(cudaFree(x)); CHECK(cudaFree(out));
+    }
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    const char* mode = argc > 1 ? argv[1] : "test";
+    if (!strcmp(mode, "bench")) return bench();
+    return test();
+}
