@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the release binary, the CUDA test binaries and the audit benchmark here, and copies them with the GPU scripts
 # into DEST/.gpu (default: /work/main/.gpu, a git-ignored folder that the device tool carries).
-# Usage: scripts/gpu-pack.sh [DEST_REPO]
+# Usage: [PACK_NO_UNIT=1] scripts/gpu-pack.sh [DEST_REPO]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DEST=${1:-/work/main}/.gpu
@@ -19,8 +19,9 @@ for line in sys.stdin:
 bins=$(test_bins --test cuda_backend)
 bins+=$'\n'$(test_bins --test cuda_fp8 | sed 's/^test /fp8 /')
 bins+=$'\n'$(test_bins --test audit_bench | sed 's/^test /audit /')
-# The library's unit tests are optional here (another area's test may not build mid-merge).
-bins+=$'\n'$(test_bins --lib || true)
+# The library's unit tests are optional here (another area's test may not build mid-merge);
+# PACK_NO_UNIT=1 leaves them out (the unit stage then does not run).
+[ -n "${PACK_NO_UNIT:-}" ] || bins+=$'\n'$(test_bins --lib || true)
 mkdir -p "$DEST"
 cp "$CARGO_TARGET_DIR/release/inferno" "$DEST/inferno"
 rm -f "$DEST/unit_tests" "$DEST/cuda_backend" "$DEST/cuda_fp8" "$DEST/audit_bench"
