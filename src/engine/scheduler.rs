@@ -156,6 +156,8 @@ impl Scheduler {
                 Some(context) => {
                     decode.rows += 1;
                     decode.kv_tokens += context;
+                    // Verified proposals cost what prompt tokens of a mixed step cost.
+                    prefill_tokens += scheduled.num_tokens - 1;
                 }
                 None => prefill_tokens += scheduled.num_tokens,
             }
@@ -175,8 +177,14 @@ impl Scheduler {
         while index < self.running.len() {
             let seq = &self.running[index];
             let decoding = seq.pending() == 1;
+            // A decode row verifies its proposals too, as far as the prefill budget allows.
+            let proposed = if decoding && decode_budget > 0 {
+                seq.draft.len().min(prefill_budget)
+            } else {
+                0
+            };
             let num_tokens = if decoding {
-                seq.pending().min(decode_budget)
+                seq.pending().min(decode_budget) + proposed
             } else {
                 seq.pending().min(prefill_budget)
             };
@@ -197,12 +205,20 @@ impl Scheduler {
                 break;
             }
             self.grow(index, needed);
+            let seq = &mut self.running[index];
+            seq.draft.truncate(proposed);
+            if proposed > 0 {
+                seq.verify.clear();
+                seq.verify.push(seq.tokens[seq.num_computed]);
+                seq.verify.extend_from_slice(&seq.draft);
+            }
             plan.push(Scheduled {
-                seq_id: self.running[index].id,
+                seq_id: seq.id,
                 num_tokens,
             });
             if decoding {
-                decode_budget -= num_tokens;
+                decode_budget -= num_tokens - proposed;
+                prefill_budget -= proposed;
             } else {
                 prefill_budget -= num_tokens;
             }
@@ -220,7 +236,11 @@ impl Scheduler {
             let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
-            if seq.blocks.is_empty() && self.config.prefix_caching {
+            // Prompt logprobs need every prompt position computed.
+            if seq.blocks.is_empty()
+                && self.config.prefix_caching
+                && seq.request.prompt_logprobs.is_none()
+            {
                 self.take_cached_prefix(&mut seq);
             }
             let num_tokens = seq.pending().min(budget);
@@ -289,6 +309,27 @@ impl Scheduler {
         }
     }
 
+    /// Ends a verification row: the proposals it did not accept leave the sequence, and the
+    /// blocks that held only their keys and values go back to the pool (the rejected slots of a
+    /// block that is kept are overwritten when their positions are computed again; no block
+    /// holding them was offered to the prefix cache, which takes only computed full blocks).
+    pub fn end_verification(&mut self, seq_id: u64) {
+        let Some(&position) = self.positions.get(&seq_id) else {
+            return;
+        };
+        let seq = &mut self.running[position];
+        seq.draft.clear();
+        seq.verify.clear();
+        let keep = Sequence::blocks_for(seq.num_computed);
+        let surplus: Vec<u32> = seq
+            .blocks
+            .drain(keep.max(seq.registered_blocks)..)
+            .collect();
+        for block in surplus {
+            self.blocks.release(block);
+        }
+    }
+
     /// Removes the running sequence with id `seq_id` and releases its blocks; the others keep
     /// their admission order.
     pub fn remove_running(&mut self, seq_id: u64) -> Option<Sequence> {
@@ -343,6 +384,8 @@ impl Scheduler {
         }
         seq.num_computed = 0;
         seq.registered_blocks = 0;
+        seq.draft.clear();
+        seq.verify.clear();
     }
 }
 
@@ -387,6 +430,7 @@ mod tests {
             stop: StopParams::default(),
             logprobs: None,
             cache_salt: 0,
+            prompt_logprobs: None,
             constraint: None,
         };
         let (events, _) = tokio::sync::mpsc::unbounded_channel();

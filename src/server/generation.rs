@@ -18,11 +18,12 @@ use tokio::sync::{mpsc, oneshot};
 use super::body::Body;
 use super::error::ApiError;
 use super::metrics::{GenerationTiming, Metrics};
+use super::openai::echo::{self, completion_logprobs};
 use super::openai::request::GenerationOptions;
 use super::openai::response::{
     AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatLogprobs,
-    ChatTokenLogprob, Completion, CompletionChoice, CompletionLogprobs, Delta, FunctionCall,
-    FunctionDelta, ToolCall, ToolCallDelta, TopLogprob, Usage,
+    ChatTokenLogprob, Completion, CompletionChoice, Delta, FunctionCall, FunctionDelta, ToolCall,
+    ToolCallDelta, TopLogprob, Usage,
 };
 use super::openai::tools::{
     ToolCallFormat, ToolCallStreamer, ToolCallUpdate, enforced_tool_calls, parse_tool_calls,
@@ -30,7 +31,8 @@ use super::openai::tools::{
 use super::service::ModelService;
 use crate::constrain::CompiledConstraint;
 use crate::engine::{
-    FinishReason, GenerationEvent, GenerationRequest, GenerationStream, StopParams, TokenLogprob,
+    FinishReason, GenerationEvent, GenerationRequest, GenerationStream, PromptLogprob, StopParams,
+    TokenLogprob,
 };
 
 /// Which API shape the response takes.
@@ -180,6 +182,10 @@ impl Job {
                         stop: stop.clone(),
                         logprobs: self.options.logprobs,
                         cache_salt: self.cache_salt,
+                        prompt_logprobs: self
+                            .options
+                            .prompt_return
+                            .engine_prompt_logprobs(self.options.logprobs),
                         constraint: self.constraint.clone(),
                     }
                 })
@@ -291,6 +297,8 @@ struct ChoiceResult {
     prompt_tokens: usize,
     completion_tokens: usize,
     cached_tokens: usize,
+    /// With prompt logprobs asked for: one per prompt token, the first `None`.
+    prompt_logprobs: Option<Vec<Option<PromptLogprob>>>,
 }
 
 fn chat_logprobs(service: &ModelService, tokens: &[(u32, TokenLogprob)]) -> ChatLogprobs {
@@ -321,30 +329,6 @@ fn chat_logprobs(service: &ModelService, tokens: &[(u32, TokenLogprob)]) -> Chat
     }
 }
 
-fn completion_logprobs(
-    service: &ModelService,
-    tokens: &[(u32, TokenLogprob)],
-    start_offset: usize,
-) -> CompletionLogprobs {
-    let mut out = CompletionLogprobs::default();
-    let mut offset = start_offset;
-    for (token, logprob) in tokens {
-        let text = service.token_text(*token);
-        out.text_offset.push(offset);
-        offset += text.len();
-        out.tokens.push(text);
-        out.token_logprobs.push(logprob.logprob);
-        out.top_logprobs.push(
-            logprob
-                .top
-                .iter()
-                .map(|(id, lp)| (service.token_text(*id), serde_json::Value::from(*lp)))
-                .collect(),
-        );
-    }
-    out
-}
-
 /// Reads one choice's events to the end.
 async fn collect_choice(
     index: usize,
@@ -365,6 +349,7 @@ async fn collect_choice(
                 prompt_tokens,
                 completion_tokens,
                 cached_tokens,
+                prompt_logprobs,
             } => {
                 state.text.push_str(&text);
                 state.on_finish(arrived, &reason, prompt_tokens, completion_tokens);
@@ -375,6 +360,7 @@ async fn collect_choice(
                     prompt_tokens,
                     completion_tokens,
                     cached_tokens,
+                    prompt_logprobs,
                 };
             }
         }
@@ -386,6 +372,7 @@ async fn collect_choice(
         prompt_tokens: 0,
         completion_tokens: 0,
         cached_tokens: 0,
+        prompt_logprobs: None,
     }
 }
 
@@ -467,13 +454,20 @@ pub async fn complete(
             model: service.name().to_owned(),
             choices: results
                 .into_iter()
-                .map(|result| CompletionChoice {
-                    index: result.index,
-                    logprobs: want_logprobs
-                        .then(|| completion_logprobs(service, &result.state.tokens, 0)),
-                    finish_reason: Some(result.reason.as_openai_str()),
-                    stop_reason: result.reason.stop_reason().cloned(),
-                    text: result.state.text,
+                .map(|result| {
+                    let output = echo::Output {
+                        prompt: &job.prompts[result.index / n].0,
+                        prompt_logprobs: result.prompt_logprobs,
+                        text: result.state.text,
+                        tokens: &result.state.tokens,
+                    };
+                    echo::completion_choice(
+                        service,
+                        &job.options,
+                        result.index,
+                        output,
+                        &result.reason,
+                    )
                 })
                 .collect(),
             usage: Some(usage),
@@ -643,6 +637,7 @@ impl ChunkWriter {
                     text,
                     finish_reason: finish,
                     stop_reason,
+                    prompt_logprobs: None,
                 }],
                 None,
             ),
@@ -959,6 +954,7 @@ impl Forwarder {
                     prompt_tokens,
                     completion_tokens,
                     cached_tokens,
+                    ..
                 } => {
                     // Tokens that produced no event of their own (EOS, a stop token).
                     let unseen = completion_tokens.saturating_sub(state.generated) as u64;
@@ -1042,6 +1038,7 @@ mod tests {
                 logprobs: None,
                 finish_reason: None,
                 stop_reason: None,
+                prompt_logprobs: None,
             }],
             usage: None,
         })

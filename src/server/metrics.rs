@@ -8,6 +8,7 @@
 
 mod format;
 mod process;
+mod speculative;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, OnceLock};
@@ -164,6 +165,7 @@ pub struct Metrics {
     /// When the start-up evidence passed its appraisal.
     attested_at: OnceLock<Instant>,
     process: process::ProcessMetrics,
+    speculative: speculative::SpeculativeMetrics,
     /// Engine totals already folded into the counters.
     engine_seen: Mutex<EngineSeen>,
 }
@@ -389,6 +391,7 @@ impl Metrics {
             requests_by_principal.clone(),
         );
         let process = process::ProcessMetrics::register(&mut registry);
+        let speculative = speculative::SpeculativeMetrics::register(&mut registry);
         Self {
             registry,
             private,
@@ -426,6 +429,7 @@ impl Metrics {
             attestation_age,
             attested_at: OnceLock::new(),
             process,
+            speculative,
             engine_seen: Mutex::new(EngineSeen::default()),
         }
     }
@@ -569,6 +573,7 @@ impl Metrics {
 
     fn observe_engine(&self, model: &str, stats: &EngineStats, config: &EngineConfig) {
         let label = Self::label(model);
+        self.speculative.observe(&label, stats);
         let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         self.running
             .get_or_create(&label)

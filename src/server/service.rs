@@ -351,6 +351,7 @@ fn submit_error(err: SubmitError, retry_after: u64) -> ApiError {
             ApiError::invalid_param("prompt", err.to_string())
         }
         SubmitError::StopStrings(_) => ApiError::invalid_param("stop", err.to_string()),
+        SubmitError::Unsupported(..) => ApiError::invalid_param("prompt_logprobs", err.to_string()),
         SubmitError::Stopped => ApiError::unavailable("the engine has stopped"),
     }
 }

@@ -56,17 +56,26 @@ impl Harness {
     /// Starts a server on the shared runtime, from a plain thread so that async tests may call
     /// it.
     pub fn start(config: Config, load_model: bool) -> Harness {
-        std::thread::spawn(move || Self::start_blocking(config, load_model))
+        std::thread::spawn(move || {
+            let model = Model::embedded().expect("embedded model loads");
+            Self::start_blocking(config, model, load_model)
+        })
+        .join()
+        .expect("server start-up thread")
+    }
+
+    /// Starts a server serving `model` on the CPU backend.
+    pub fn start_with(config: Config, model: Model) -> Harness {
+        std::thread::spawn(move || Self::start_blocking(config, model, true))
             .join()
             .expect("server start-up thread")
     }
 
-    fn start_blocking(config: Config, load_model: bool) -> Harness {
+    fn start_blocking(config: Config, model: Model, load_model: bool) -> Harness {
         let engine_config = config.engine.clone();
         let server = runtime()
             .block_on(Server::start(config))
             .expect("server starts");
-        let model = Model::embedded().expect("embedded model loads");
         runtime()
             .block_on(server.attest(model.digest.bytes))
             .expect("start-up attestation");

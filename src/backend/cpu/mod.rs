@@ -153,6 +153,52 @@ impl CpuBackend {
         Ok(())
     }
 
+    /// The forward pass over `rows`, returning the logits after the last `positions[i]` tokens
+    /// of the i-th row (row by row).
+    fn forward(
+        &mut self,
+        rows: &[BatchRow<'_>],
+        positions: &[usize],
+    ) -> Result<Vec<Vec<f32>>, BackendError> {
+        self.validate(rows)?;
+        if positions.len() != rows.len()
+            || rows.iter().zip(positions).any(|(r, &p)| p > r.tokens.len())
+        {
+            return Err(BackendError::InvalidBatch(
+                "logits asked for more positions than a row has".into(),
+            ));
+        }
+        let dim = self.definition.hidden;
+        let mut contexts = Vec::new();
+        let mut slots = Vec::new();
+        let mut hidden = Vec::new();
+        let mut outputs = Vec::new();
+        for (row, &wanted) in rows.iter().zip(positions) {
+            for (i, &token) in row.tokens.iter().enumerate() {
+                let position = row.start_pos + i;
+                contexts.push(TokenContext {
+                    position,
+                    block_table: row.block_table,
+                });
+                slots.push(slot(row.block_table, position));
+                let t = token as usize;
+                hidden.extend_from_slice(&self.weights.embed_tokens.weight[t * dim..(t + 1) * dim]);
+            }
+            outputs.extend(contexts.len() - wanted..contexts.len());
+        }
+        for index in 0..self.definition.layers.len() {
+            self.layer(index, &mut hidden, &contexts, &slots);
+        }
+        let last: Vec<f32> = outputs
+            .iter()
+            .flat_map(|&t| hidden[t * dim..(t + 1) * dim].iter().copied())
+            .collect();
+        let normed = norm(self.definition.final_norm, &last, &self.weights.final_norm);
+        let vocab = self.definition.vocab;
+        let logits = self.weights.lm_head().apply(&normed, outputs.len());
+        Ok(logits.chunks(vocab).map(<[f32]>::to_vec).collect())
+    }
+
     /// One transformer block over the batch's hidden states, in place, as its definition
     /// declares it.
     fn layer(
@@ -247,42 +293,22 @@ impl Backend for CpuBackend {
     }
 
     fn step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {
-        self.validate(rows)?;
-        let dim = self.definition.hidden;
-        let mut contexts = Vec::new();
-        let mut slots = Vec::new();
-        let mut hidden = Vec::new();
-        let mut last_of_sampling_rows = Vec::new();
-        for row in rows {
-            for (i, &token) in row.tokens.iter().enumerate() {
-                let position = row.start_pos + i;
-                contexts.push(TokenContext {
-                    position,
-                    block_table: row.block_table,
-                });
-                slots.push(slot(row.block_table, position));
-                let t = token as usize;
-                hidden.extend_from_slice(&self.weights.embed_tokens.weight[t * dim..(t + 1) * dim]);
-            }
-            if row.sample.is_some() {
-                last_of_sampling_rows.push(contexts.len() - 1);
-            }
-        }
-        for index in 0..self.definition.layers.len() {
-            self.layer(index, &mut hidden, &contexts, &slots);
-        }
-        let last: Vec<f32> = last_of_sampling_rows
+        let positions: Vec<usize> = rows
             .iter()
-            .flat_map(|&t| hidden[t * dim..(t + 1) * dim].iter().copied())
+            .map(|r| usize::from(r.sample.is_some()))
             .collect();
-        let normed = norm(self.definition.final_norm, &last, &self.weights.final_norm);
-        let vocab = self.definition.vocab;
-        let logits = self
-            .weights
-            .lm_head()
-            .apply(&normed, last_of_sampling_rows.len());
-        Ok(StepOutput::Logits(
-            logits.chunks(vocab).map(<[f32]>::to_vec).collect(),
-        ))
+        self.forward(rows, &positions).map(StepOutput::Logits)
+    }
+
+    fn position_logits(&self) -> bool {
+        true
+    }
+
+    fn step_logits(
+        &mut self,
+        rows: &[BatchRow<'_>],
+        positions: &[usize],
+    ) -> Result<Vec<Vec<f32>>, BackendError> {
+        self.forward(rows, positions)
     }
 }

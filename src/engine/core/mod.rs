@@ -16,8 +16,11 @@ use super::request::{FinishReason, GenerationEvent, StopReason};
 use super::sampling;
 use super::scheduler::{Scheduled, Scheduler};
 use super::sequence::Sequence;
+use super::speculative::{SpecCounters, SpeculativeConfig};
 use super::step_cost::StepCosts;
 use super::stop::StopOutcome;
+
+mod speculation;
 
 /// What the engine needs to know about the model besides its backend.
 #[derive(Debug, Clone)]
@@ -53,6 +56,12 @@ pub enum EngineError {
     /// The engine thread could not be spawned.
     #[error("cannot start the engine thread: {0}")]
     Thread(#[from] std::io::Error),
+    /// The `[speculative]` settings cannot be served.
+    #[error(transparent)]
+    Speculative(#[from] super::speculative::SpeculativeConfigError),
+    /// Speculative decoding was asked of a backend that cannot verify proposals.
+    #[error("speculative decoding is not supported by the {0} backend yet")]
+    SpeculativeBackend(String),
 }
 
 /// Starts engines.
@@ -68,6 +77,13 @@ impl Engine {
     ) -> Result<EngineHandle, EngineError> {
         let kv_cache = backend.kv_cache();
         let config = config.resolved(kv_cache.num_blocks, backend.max_rows());
+        let speculative = config.speculative.clone();
+        if speculative.enabled() {
+            speculative.validate()?;
+            if !backend.position_logits() {
+                return Err(EngineError::SpeculativeBackend(backend.name().to_owned()));
+            }
+        }
         tracing::info!(
             max_num_seqs = config.max_num_seqs,
             kv_blocks = kv_cache.num_blocks,
@@ -85,6 +101,7 @@ impl Engine {
             vocab_size: model.vocab_size,
             max_waiting: config.max_waiting,
             backend: backend.name().to_owned(),
+            position_logits: backend.position_logits(),
             thread: Mutex::new(None),
         });
         let (commands, receiver) = mpsc::channel();
@@ -108,6 +125,8 @@ impl Engine {
             unstreamed: Unstreamed::default(),
             last_step_end: None,
             step_gaps: Duration::ZERO,
+            speculative,
+            spec: SpecCounters::default(),
         };
         let thread = std::thread::Builder::new()
             .name("inferno-engine".into())
@@ -142,6 +161,10 @@ struct Worker {
     last_step_end: Option<Instant>,
     /// Sum of the gaps between steps (`EngineStats::step_gap_seconds`).
     step_gaps: Duration,
+    /// Speculative decoding settings (off without a method).
+    speculative: SpeculativeConfig,
+    /// Speculation counters since start.
+    spec: SpecCounters,
 }
 
 /// Constrained rows from which a step advances their grammars on rayon's pool rather than on
@@ -217,9 +240,8 @@ enum Streamed {
 struct Unstreamed {
     /// Tokens of sequences that go on (still scheduled, or preempted since).
     running: Vec<(u64, SampledToken)>,
-    /// Sequences a token ended, out of the scheduler already (their blocks released): the token
-    /// to stream first when its text belongs to the output, and why they end.
-    ended: Vec<(Sequence, Option<SampledToken>, FinishReason)>,
+    /// Sequences a token ended, out of the scheduler already (their blocks released).
+    ended: Vec<Ending>,
 }
 
 impl Unstreamed {
@@ -227,6 +249,30 @@ impl Unstreamed {
         self.running.is_empty() && self.ended.is_empty()
     }
 }
+
+/// What a step's forward pass returned.
+enum Forward<'a> {
+    /// The plain step's output.
+    Whole(StepOutput),
+    /// Logits at the positions asked of each row (`Backend::step_logits`).
+    Positions(&'a [usize], Vec<Vec<f32>>),
+}
+
+/// A sequence a token ended, with the tokens to stream before it ends.
+struct Ending {
+    seq: Sequence,
+    /// The tokens whose text belongs to the output (several after a verification), streamed
+    /// first.
+    tokens: Vec<SampledToken>,
+    /// Where the first of them is in the sequence's tokens (a stop string in one's text cuts
+    /// the sequence after it).
+    first: usize,
+    reason: FinishReason,
+}
+
+/// A sequence a step's tokens ended: its id, why, the tokens to stream first and where the
+/// first of them is in its tokens.
+type Finished = (u64, FinishReason, Vec<SampledToken>, usize);
 
 /// Sequences whose streamed text ended them while they were still scheduled: removed once the
 /// step in flight has ended (its token for them is dropped); no reason when the caller went away.
@@ -262,6 +308,7 @@ impl Worker {
             }
             self.drop_abandoned();
             self.publish_stats();
+            self.propose();
             let decoding = self.scheduler.decode_load();
             let plan = self
                 .scheduler
@@ -344,23 +391,34 @@ impl Worker {
                 .iter()
                 .map(|s| batch_row(planned(scheduler, s), *s))
                 .collect();
-            let specs = sample_specs(&rows);
+            let specs = speculation::plain_specs(scheduler, plan, &rows);
+            let positions = speculation::positions(scheduler, plan);
             let cpu_before = thread_cpu_time();
-            let output = if started {
-                self.backend.finish_step(&rows)
-            } else {
-                self.backend.step(&rows)
+            let output = match &positions {
+                // Only a backend that runs steps whole computes logits at several positions.
+                Some(positions) if !started => self
+                    .backend
+                    .step_logits(&rows, positions)
+                    .map(|logits| Forward::Positions(positions, logits)),
+                _ if started => self.backend.finish_step(&rows).map(Forward::Whole),
+                _ => self.backend.step(&rows).map(Forward::Whole),
             };
             self.backend_cpu += thread_cpu_time().saturating_sub(cpu_before);
             self.last_step_end = Some(Instant::now());
+            let forced = self.speculative.forced_acceptance;
             output.and_then(|output| {
-                let sampled: Vec<SampledToken> = match output {
-                    StepOutput::Sampled(tokens) => tokens,
-                    StepOutput::Logits(rows) => rows
-                        .into_iter()
-                        .zip(&specs)
-                        .map(|(logits, spec)| sampling::sample(logits, spec))
-                        .collect(),
+                let (sampled, positional) = match output {
+                    Forward::Whole(StepOutput::Sampled(tokens)) => (tokens, Default::default()),
+                    Forward::Whole(StepOutput::Logits(rows)) => (
+                        rows.into_iter()
+                            .zip(&specs)
+                            .map(|(logits, spec)| sampling::sample(logits, spec))
+                            .collect(),
+                        Default::default(),
+                    ),
+                    Forward::Positions(positions, logits) => {
+                        speculation::resolve(scheduler, plan, &rows, positions, logits, forced)
+                    }
                 };
                 if sampled.len() != specs.len() {
                     return Err(BackendError::InvalidBatch(format!(
@@ -378,19 +436,23 @@ impl Worker {
                         "the sampler chose a token outside the grammar mask".into(),
                     ));
                 }
-                Ok(sampled)
+                Ok((sampled, positional))
             })
         };
         self.steps += 1;
-        let sampled = match result {
-            Ok(sampled) => sampled,
+        let (sampled, positional) = match result {
+            Ok(result) => result,
             Err(err) => {
                 self.end_by_text(ended_by_text);
                 return self.fail_step(plan, &err);
             }
         };
+        self.record_prompt_logprobs(positional.prompt);
         for scheduled in plan {
-            self.scheduler.complete(*scheduled);
+            // A verification row is completed once its accepted proposals are known.
+            if !planned(&self.scheduler, scheduled).verifies(scheduled.num_tokens) {
+                self.scheduler.complete(*scheduled);
+            }
         }
         let sampling_rows: Vec<Scheduled> = plan
             .iter()
@@ -427,16 +489,30 @@ impl Worker {
                     self.unstreamed.running.push((scheduled.seq_id, token));
                 }
                 Accepted::Finished { reason, streamed } => {
-                    finished.push((scheduled.seq_id, reason, streamed.then_some(token)));
+                    let at = planned(&self.scheduler, &scheduled).tokens.len() - 1;
+                    let token = streamed.then_some(token);
+                    finished.push((scheduled.seq_id, reason, token.into_iter().collect(), at));
                 }
+            }
+        }
+        for (seq_id, verified, proposed) in positional.verified {
+            if ended_by_text.iter().all(|(id, _)| *id != seq_id)
+                && self.accept_verified(seq_id, verified, proposed, &mut finished)
+            {
+                continuing.push(seq_id);
             }
         }
         self.end_by_text(ended_by_text);
         // Rows are in admission order: the latest admitted goes first, so that each removal moves
         // as few of the others as possible.
-        for (seq_id, reason, token) in finished.into_iter().rev() {
+        for (seq_id, reason, tokens, first) in finished.into_iter().rev() {
             if let Some(seq) = self.scheduler.remove_running(seq_id) {
-                self.unstreamed.ended.push((seq, token, reason));
+                self.unstreamed.ended.push(Ending {
+                    seq,
+                    tokens,
+                    first,
+                    reason,
+                });
             }
         }
         // Without a started step there is nothing to stream beside: stream at once, before the
@@ -472,21 +548,40 @@ impl Worker {
         let detokenizer = &self.detokenizer;
         let mut ended_by_text = Vec::new();
         for (seq_id, token) in running {
-            // Cancelled meanwhile: nothing to stream.
+            // Cancelled meanwhile: nothing to stream; ended by an earlier token's text: nothing
+            // more to stream.
             let Some(seq) = self.scheduler.find_mut(seq_id) else {
                 continue;
             };
+            if ended_by_text.iter().any(|(id, _)| *id == seq_id) {
+                // A later token of the same verification: it never belonged to the output.
+                seq.tokens.pop();
+                continue;
+            }
             if let Streamed::Ended(reason) = stream_token(seq, token, detokenizer) {
                 ended_by_text.push((seq_id, reason));
             }
         }
-        for (mut seq, token, reason) in ended {
-            // As the checks of a running sequence's token: a stop string in its text comes first.
-            let reason = match token.map(|token| stream_token(&mut seq, token, detokenizer)) {
-                None | Some(Streamed::Sent) => reason,
-                Some(Streamed::Ended(Some(reason))) => reason,
-                Some(Streamed::Ended(None)) => continue,
-            };
+        'ended: for ending in ended {
+            let Ending {
+                mut seq,
+                tokens,
+                first,
+                mut reason,
+            } = ending;
+            // As the checks of a running sequence's token: a stop string in its text comes first,
+            // and the tokens after it were never part of the output.
+            for (i, token) in tokens.into_iter().enumerate() {
+                match stream_token(&mut seq, token, detokenizer) {
+                    Streamed::Sent => {}
+                    Streamed::Ended(Some(by_text)) => {
+                        seq.tokens.truncate(first + i + 1);
+                        reason = by_text;
+                        break;
+                    }
+                    Streamed::Ended(None) => continue 'ended,
+                }
+            }
             finish(seq, reason, detokenizer);
         }
         ended_by_text
@@ -766,6 +861,9 @@ impl Worker {
                 grammar_mask_overlapped_steps: self.mask_wait.overlapped_steps,
                 grammar_mask_wait_us: self.mask_wait.micros,
                 step_gap_seconds: self.step_gaps.as_secs_f64(),
+                spec_verifications: self.spec.verifications,
+                spec_draft_tokens: self.spec.draft_tokens,
+                spec_accepted_tokens: self.spec.accepted_tokens,
             };
         }
     }
@@ -818,7 +916,7 @@ fn planned_mut<'a>(scheduler: &'a mut Scheduler, scheduled: &Scheduled) -> &'a m
 fn batch_row(seq: &Sequence, scheduled: Scheduled) -> BatchRow<'_> {
     let start = seq.num_computed;
     let end = start + scheduled.num_tokens;
-    let sample = (end == seq.tokens.len()).then(|| SampleSpec {
+    let sample = (end >= seq.tokens.len()).then(|| SampleSpec {
         params: &seq.request.sampling,
         seed: seq.seed,
         draw_index: seq.output().len() as u64,
@@ -833,15 +931,16 @@ fn batch_row(seq: &Sequence, scheduled: Scheduled) -> BatchRow<'_> {
     });
     BatchRow {
         seq_id: seq.id,
-        tokens: &seq.tokens[start..end],
+        // A verification row: the last token, then the proposals.
+        tokens: if seq.verifies(scheduled.num_tokens) {
+            &seq.verify
+        } else {
+            &seq.tokens[start..end]
+        },
         start_pos: start,
         block_table: &seq.blocks[..Sequence::blocks_for(end)],
         sample,
     }
-}
-
-fn sample_specs<'a>(rows: &[BatchRow<'a>]) -> Vec<SampleSpec<'a>> {
-    rows.iter().filter_map(|r| r.sample).collect()
 }
 
 /// Turns a sampled token into text and sends it: what the incremental decoder completes, less
@@ -899,6 +998,7 @@ fn finish(mut seq: Sequence, reason: FinishReason, detokenizer: &Detokenizer) {
         prompt_tokens: seq.request.prompt.len(),
         completion_tokens: seq.output().len(),
         cached_tokens: seq.cached_tokens,
+        prompt_logprobs: seq.prompt_logprobs.take(),
     };
     let _ = seq.events.send(event);
 }
