@@ -48,7 +48,7 @@ struct GemvShape {
 // on, row `first + half + r - split` (a paired block's second half); rows past `last` (the end of
 // a ragged product) read `last` again and are not written. Row numbers are ints: in size_t the
 // same arithmetic compiled gemv_m1 to 55 registers instead of 60 and made a batch-1 step 0.7%
-// slower in a graph (docs/benchmarks.md, 2026-11-29).
+// slower in a graph (docs/cuda-backend.md, "Measured design choices").
 struct GemvRows {
     const bf16* w;
     int first;
@@ -94,8 +94,8 @@ __device__ __forceinline__ void gemv_partials_fma(const bf16* __restrict__ x,
         for (int r = 0; r < ROWS; ++r) acc[m][r] = 0.0f;
     }
     // No weight is prefetched into L2 before the wait: in a graph with programmatic launch that
-    // made a batch-1 step 8% slower (docs/benchmarks.md, 2026-11-29), so the kernel waits for the
-    // one that writes x first.
+    // made a batch-1 step 8% slower (docs/cuda-backend.md, "Measured design choices"), so the
+    // kernel waits for the one that writes x first.
     await_previous_kernels();
 
     for (int base = k_begin; base < k_end; base += GEMV_UNROLL * GEMV_STEP) {
@@ -145,7 +145,8 @@ __device__ __forceinline__ void gemv_partials_fma(const bf16* __restrict__ x,
 // GEMV_MMA_STAGES shared-memory slots (128 bytes of each row per slot, copied with cp.async, a
 // load instruction reading whole 128-byte lines), x straight into registers as many chunks ahead:
 // the ring holds weights alone, so more of them are in flight per SM (staging x through the ring
-// too held a step at 89% of copy bandwidth for 8 rows, this 95%; docs/benchmarks.md, 2026-11-29).
+// too held a step at 89% of copy bandwidth for 8 rows, this 95%; docs/cuda-backend.md, "Measured
+// design choices").
 // K is permuted within each 32-value group, the same way for both operands: lane (g, t) takes
 // values 8t..8t+7 of the group (one 16-byte word) of weight rows g and g + 8 from the ring and of
 // x's row g from global memory, and the words' halves are its fragments for the group's two
@@ -207,8 +208,8 @@ __device__ __forceinline__ void gemv_partials_mma(const bf16* __restrict__ x,
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     uint4 xw[stages][2];
     // The first chunks' weights do not depend on the previous kernel: their copies start before
-    // the wait (in a decode graph, 3-4% off a batch-2 or batch-8 step; docs/benchmarks.md,
-    // 2026-11-29), x's loads after it. One commit group per chunk.
+    // the wait (in a decode graph, 3-4% off a batch-2 or batch-8 step; docs/cuda-backend.md,
+    // "Measured design choices"), x's loads after it. One commit group per chunk.
 #pragma unroll
     for (int s = 0; s < ahead; ++s) {
         if (s < count) copy_weights(c_begin + s, s);

@@ -42,7 +42,8 @@
 // vectors go to the small-tile variant (F_SMALL_VARIANT) instead (src/backend/cuda/inputs.rs:
 // pack_step). ptxas serialises every product of the kernel (C7513, C7512) when an instruction
 // writes a register an unfinished product reads or the registers run short; the pipeline is
-// written so that neither happens (checked on the ptxas of CUDA 13.0, docs/benchmarks.md).
+// written so that neither happens (checked on the ptxas of CUDA 13.0; docs/cuda-backend.md,
+// "Measured design choices").
 //
 // Split over the context: with `splits` > 1 (grid z), block z walks only the z-th of `splits`
 // equal runs of the tile's key tiles and writes unnormalised partial results (acc, and max and
@@ -57,7 +58,7 @@
 // F_WGMMA, F_ROWS, F_KEYS and F_SHARED come from the host (src/backend/cuda/plan.rs:
 // flash_geometry). The kernel serves head_dim multiples of 16 up to 128 on sm_80 or newer; for
 // other shapes the host sends prefill through the paged kernel (plan::flash_tile_tokens returns 0)
-// and this entry point is an empty body. Measured for the mma.sync path (docs/benchmarks.md): 64
+// and this entry point is an empty body. Measured for the mma.sync path (docs/cuda-backend.md): 64
 // rows beat 128, two 32-key stages beat one 64-key stage loaded synchronously, two 16-row tiles per
 // warp lost 25% at 8k (242 registers), and the lazy rescale with boundary-only masks gained 7-19%.
 

@@ -214,7 +214,7 @@ static int bench() {
     // The cases start half a second later: right after those 28 ms of GEMMs the GPU's clocks are
     // still recovering, and the 8k prompt measured 1.21-1.44 ms per launch (47-55% of the rate);
     // half a second later 1.20-1.22 ms in every process, as ncu times one launch alone
-    // (docs/benchmarks.md, 2026-11-30 sixth session, calls 8-10).
+    // (docs/cuda-backend.md, "Measured design choices").
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
 
     const int max_len = 32768;

@@ -484,8 +484,8 @@ fn trust_hint(cause: &str) -> &'static str {
 /// `max_batched_tokens` while sequences decode; the serving default (`EngineConfig`'s 1.5)
 /// protects streams' inter-token latency at the cost of a burst's throughput (batch 64,
 /// 1000/256 on an H200: 3,579 against 4,599 output tok/s, and a longer median step, because
-/// prompts spread over more mixed steps; `docs/benchmarks.md`). vLLM likewise gives its offline
-/// entry point a larger per-step token budget than its server.
+/// prompts spread over more mixed steps; `docs/engine.md`, "Scheduler defaults, measured").
+/// vLLM likewise gives its offline entry point a larger per-step token budget than its server.
 const OFFLINE_ITL_STALL_LIMIT: f64 = 0.0;
 
 fn offline(args: OfflineArgs) -> anyhow::Result<()> {
@@ -531,7 +531,7 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
 
     // Each request is a task on one runtime thread, as the server's streams are tasks: with a
     // thread per request the engine thread woke a thread per token, and its host work at 256
-    // rows on the H200 was 1.41 ms per step instead of 0.92 (`docs/benchmarks.md`).
+    // rows on the H200 was 1.41 ms per step instead of 0.92 (`docs/performance.md`).
     let runtime = tokio::runtime::Builder::new_current_thread().build()?;
     // Warm-up: one short request, so start-up work stays out of the figures.
     let warm = LoadArgs {

@@ -95,7 +95,7 @@ pub async fn serve(
     // A plaintext model's tokenizer and chat template are parsed from the files read apart from
     // the hashed ones; used only if the hashed files hold the same bytes. Beside a read that
     // the disk bounds, or after a read from a warm page cache (beside it, the parse made it
-    // 0.18 s longer: `docs/benchmarks.md`, 2026-11-30).
+    // 0.18 s longer: `docs/model-loading.md`, "Where the start-up time goes").
     let text_ahead = match (&sealed_digest, &model_dir) {
         (None, Some(dir)) => {
             let dir = dir.clone();

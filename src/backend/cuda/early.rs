@@ -40,7 +40,7 @@ use super::weights::WeightTargets;
 /// the read began): then the disk bounds the start-up and the copies hide behind it. Faster, the
 /// page cache is warm and memory bandwidth is what the read and the copies would share: on the
 /// H200 host a warm read of 16 GB (~10 GB/s) took 0.25 s longer with the copies than the staged
-/// upload after it saved (`docs/benchmarks.md`, 2026-11-29 fourth session), so the weights are
+/// upload after it saved (`docs/cuda-backend.md`, "Weight upload"), so the weights are
 /// left to that upload.
 const COPY_BELOW_BYTES_PER_SEC: f64 = 4e9;
 

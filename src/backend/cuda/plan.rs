@@ -32,7 +32,7 @@ pub const ATTN_WARPS: usize = 4;
 /// keeps in flight, passed to `kernels/attention.cu` as `ATTN_DEPTH`. Two fill the 255 registers
 /// of a thread without spilling at head_dim 128 and read K and V 2–4 points of copy bandwidth
 /// faster than one at batches 64 and 256, up to 2 at batch 16 and none at 1–8 (three spill;
-/// `docs/benchmarks.md`).
+/// `docs/cuda-backend.md`, "Measured design choices").
 pub const ATTN_DEPTH: usize = 2;
 
 /// Threads per block of the residual-add + RMSNorm kernel (one block per row), passed to
@@ -59,7 +59,7 @@ pub fn small_m_fits(m: usize, n: usize, k: usize) -> bool {
 /// or newer), passed as `GEMV_MMA_FROM` (one past `GEMV_MAX_M` where the device has none): every
 /// M. With x's fragments in registers and the weights alone in the shared-memory rings, a decode
 /// step's products in a graph read the weights at 100% of copy bandwidth for one row (the
-/// CUDA-core loop: 97%) and 95% for eight (docs/benchmarks.md, 2026-11-29, third session).
+/// CUDA-core loop: 97%) and 95% for eight (`docs/cuda-backend.md`, "Measured design choices").
 pub const GEMV_MMA_FROM: usize = 1;
 
 /// Warps per block of the tensor-core small-M products (they split K), passed as `GEMV_MMA_WARPS`.
@@ -70,8 +70,8 @@ pub const GEMV_MMA_WARPS: usize = 8;
 const GEMV_MMA_CHUNK: usize = 64;
 
 /// Chunks in each warp's shared-memory ring of the tensor-core small-M products (all but one in
-/// flight), passed as `GEMV_MMA_STAGES`: 5 beat 4 and 6 at batches 1 to 8 (docs/benchmarks.md,
-/// 2026-11-29, third session).
+/// flight), passed as `GEMV_MMA_STAGES`: 5 beat 4 and 6 at batches 1 to 8 (`docs/cuda-backend.md`,
+/// "Measured design choices").
 pub const GEMV_MMA_STAGES: usize = 5;
 
 /// Weight rows a block of the tensor-core small-M products owns (the m16n8k16 product's 16 rows).
@@ -183,7 +183,7 @@ pub const GRAPH_SPLIT_CONTEXT: usize = 16_384;
 /// beat four waves of short ones for batches up to 64 (batch 1 at 32k context: 77% of copy
 /// bandwidth against 59%), and a launch a few blocks past one wave runs those blocks' whole
 /// partitions in a second (batch 2 at 32k: 17 splits, 272 blocks on 264 slots, 59%;
-/// `docs/benchmarks.md`). Each token then uses
+/// `docs/cuda-backend.md`, "Kernels"). Each token then uses
 /// `min(bound, ceil(context / MIN_PARTITION))` partitions (see `kernels/attention.cu`).
 pub fn split_bound(
     num_tokens: usize,

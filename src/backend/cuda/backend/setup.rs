@@ -379,7 +379,7 @@ impl CudaBackend {
             // go to the small-tile variant, and so do all of a step's tiles when its full ones
             // would not make two waves of blocks, or when it has decode rows (measured: with the
             // warpgroup launch before the decode rows' small tiles, concurrency 64 served 4-6%
-            // and concurrency 256 12% fewer tokens per second; docs/benchmarks.md).
+            // and concurrency 256 12% fewer tokens per second; docs/cuda-backend.md, "Kernels").
             small_tile_tokens: if options.flash_prefill && params.flash.wgmma {
                 plan::flash_tile_tokens(group, cfg.head_dim, major, plan::SMALL_FLASH.rows)
             } else {
