@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Makes the speculative-decoding prompt sets in tests/data from this repository's own docs.
 
-100 prose paragraphs of 40 to 90 words are taken, evenly spaced, from docs/*.md (the
+100 prose paragraphs of 25 to 50 words are taken, evenly spaced, from docs/*.md (the
 benchmark and performance pages excluded: their prose is mostly figures). The first 50 become
 the edit set (`spec-edit.jsonl`: "repeat this passage with the typos fixed", three typos put in
 each passage), the other 50 the summarisation set (`spec-summarise.jsonl`). Everything is
@@ -34,7 +34,7 @@ def paragraphs(path):
             continue
         para = " ".join(lines)
         words = para.split()
-        if 40 <= len(words) <= 90:
+        if 25 <= len(words) <= 50:
             yield para
 
 

@@ -57,6 +57,7 @@ fn echo_returns_the_prompt_and_its_logprobs_first_null() {
         );
         assert!(top[1..].iter().all(|t| t.as_object().unwrap().len() <= 2));
         // The prompt's text precedes the completion, which is the plain one, with its logprobs.
+        // Token ids without special tokens: their texts are the echoed prompt.
         let prompt_text: String = tokens[..prompt.len()]
             .iter()
             .map(|t| t.as_str().unwrap())

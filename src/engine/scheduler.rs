@@ -171,6 +171,15 @@ impl Scheduler {
         let budget = token_budget.min(self.config.max_batched_tokens);
         let mut prefill_budget = budget.saturating_sub(self.decoding_rows());
         let mut decode_budget = budget - prefill_budget;
+        // Proposals to verify take at most half of the prompt share while prompts wait or are
+        // being computed, so that speculation cannot hold their admission back.
+        let prompts_pending =
+            !self.waiting.is_empty() || self.running.iter().any(|s| s.pending() > 1);
+        let mut draft_budget = if prompts_pending {
+            prefill_budget / 2
+        } else {
+            prefill_budget
+        };
         let mut plan = Vec::new();
         let mut preempted = false;
         let mut index = 0;
@@ -179,7 +188,7 @@ impl Scheduler {
             let decoding = seq.pending() == 1;
             // A decode row verifies its proposals too, as far as the prefill budget allows.
             let proposed = if decoding && decode_budget > 0 {
-                seq.draft.len().min(prefill_budget)
+                seq.draft.len().min(prefill_budget).min(draft_budget)
             } else {
                 0
             };
@@ -219,6 +228,7 @@ impl Scheduler {
             if decoding {
                 decode_budget -= num_tokens - proposed;
                 prefill_budget -= proposed;
+                draft_budget -= proposed;
             } else {
                 prefill_budget -= num_tokens;
             }
@@ -609,5 +619,61 @@ mod tests {
         let total: usize = plan.iter().map(|p| p.num_tokens).sum();
         assert_eq!(total, 3 + 236);
         assert!(total <= 512);
+    }
+
+    #[test]
+    fn a_verification_row_grows_then_gives_back_the_blocks_of_rejected_proposals() {
+        let mut s = limited(4, 8);
+        // A 15-token prompt: its first token to decode sits at position 15, the block's last.
+        s.waiting.push_back(sequence(1, 15));
+        let plan = s.schedule(usize::MAX);
+        complete(&mut s, &plan);
+        let available = s.blocks.num_available();
+        s.get_mut(1).expect("running").draft = vec![3, 4, 5, 6];
+        let plan = s.schedule(usize::MAX);
+        assert_eq!(
+            plan,
+            vec![Scheduled {
+                seq_id: 1,
+                num_tokens: 5
+            }]
+        );
+        let seq = s.get(1).expect("running");
+        assert_eq!(seq.verify, vec![7, 3, 4, 5, 6]);
+        // Positions 15..20 span a second block.
+        assert_eq!(
+            (seq.blocks.len(), s.blocks.num_available()),
+            (2, available - 1)
+        );
+        // One proposal accepted: positions 15 and 16 are computed, 17..20 are rolled back; the
+        // second block holds position 16, so it stays.
+        s.get_mut(1).expect("running").tokens.extend([3, 9]);
+        s.complete(Scheduled {
+            seq_id: 1,
+            num_tokens: 2,
+        });
+        s.end_verification(1);
+        let seq = s.get(1).expect("running");
+        assert_eq!(
+            (seq.num_computed, seq.pending(), seq.blocks.len()),
+            (17, 1, 2)
+        );
+        assert!(seq.draft.is_empty() && seq.verify.is_empty());
+        // None accepted from the block boundary: the block that held only proposals goes back.
+        let mut s = limited(4, 8);
+        s.waiting.push_back(sequence(2, 15));
+        let plan = s.schedule(usize::MAX);
+        complete(&mut s, &plan);
+        s.get_mut(2).expect("running").draft = vec![3, 4];
+        s.schedule(usize::MAX);
+        assert_eq!(s.blocks.num_available(), 6);
+        s.get_mut(2).expect("running").tokens.push(8);
+        s.complete(Scheduled {
+            seq_id: 2,
+            num_tokens: 1,
+        });
+        s.end_verification(2);
+        assert_eq!(s.get(2).expect("running").blocks.len(), 1);
+        assert_eq!(s.blocks.num_available(), 7);
     }
 }

@@ -273,6 +273,12 @@ impl ModelService {
         self.tokenizer.decode(&[token], false).unwrap_or_default()
     }
 
+    /// A token's text as decoded output shows it: empty for a special token (an echoed
+    /// prompt's BOS).
+    pub fn visible_text(&self, token: u32) -> String {
+        self.tokenizer.decode(&[token], true).unwrap_or_default()
+    }
+
     /// Submits requests to the engine; if any is refused, the ones already queued are cancelled
     /// (their streams are dropped) and the refusal is mapped to an HTTP error.
     pub fn submit(

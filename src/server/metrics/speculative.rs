@@ -97,3 +97,45 @@ impl SpeculativeMetrics {
             .set(ratio(stats.spec_accepted_tokens, stats.spec_verifications));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::engine::{EngineConfig, EngineStats};
+    use crate::server::metrics::{Format, Metrics, ServerState};
+
+    #[test]
+    fn proposals_acceptance_and_tokens_per_step_follow_the_engine() {
+        let metrics = Metrics::new();
+        let render = |stats: &EngineStats| {
+            metrics.render(
+                Some(("m", stats, &EngineConfig::default())),
+                ServerState::default(),
+                Format::Text,
+                false,
+            )
+        };
+        let mut stats = EngineStats {
+            spec_verifications: 10,
+            spec_draft_tokens: 40,
+            spec_accepted_tokens: 20,
+            ..EngineStats::default()
+        };
+        render(&stats);
+        stats.spec_verifications = 20;
+        stats.spec_draft_tokens = 80;
+        stats.spec_accepted_tokens = 60;
+        let text = render(&stats);
+        let value = |name: &str| -> f64 {
+            let prefix = format!("{name}{{model_name=\"m\"}} ");
+            text.lines()
+                .find_map(|line| line.strip_prefix(&prefix))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+        };
+        assert_eq!(value("inferno:spec_decode_num_drafts_total"), 20.0);
+        assert_eq!(value("inferno:spec_decode_num_draft_tokens_total"), 80.0);
+        assert_eq!(value("inferno:spec_decode_num_accepted_tokens_total"), 60.0);
+        assert_eq!(value("inferno:spec_decode_acceptance_rate"), 0.75);
+        assert_eq!(value("inferno:spec_decode_accepted_tokens_per_step"), 3.0);
+    }
+}

@@ -117,15 +117,18 @@ pub fn completion_choice(
     reason: &FinishReason,
 ) -> CompletionChoice {
     let echo = options.prompt_return.echo;
-    let prompt_text: String = if echo {
+    // The prompt as decoded text shows it (special tokens, such as a BOS the tokenizer added,
+    // are not text); the offsets of its tokens count in it.
+    let visible: Vec<String> = if echo {
         output
             .prompt
             .iter()
-            .map(|&t| service.token_text(t))
+            .map(|&t| service.visible_text(t))
             .collect()
     } else {
-        String::new()
+        Vec::new()
     };
+    let prompt_text = visible.concat();
     let logprobs = options.logprobs.map(|k| {
         let completion = completion_logprobs(service, output.tokens, prompt_text.len());
         if !echo {
@@ -134,11 +137,10 @@ pub fn completion_choice(
         let mut out = CompletionLogprobs::default();
         let mut offset = 0;
         let scored = output.prompt_logprobs.as_deref().unwrap_or_default();
-        for (i, &token) in output.prompt.iter().enumerate() {
-            let text = service.token_text(token);
+        for (i, (&token, shown)) in output.prompt.iter().zip(&visible).enumerate() {
             out.text_offset.push(offset);
-            offset += text.len();
-            out.tokens.push(text);
+            offset += shown.len();
+            out.tokens.push(service.token_text(token));
             let entry = scored.get(i).and_then(Option::as_ref);
             out.token_logprobs.push(entry.map(|e| e.logprob));
             out.top_logprobs.push(entry.map(|e| {
