@@ -516,3 +516,127 @@ fn a_simulated_challenge_binding_verifies_only_for_its_nonce_and_exporter() {
     assert_eq!(code, Some(1), "{report:#}");
     assert_eq!(failed(&report), ["runtime_data.challenge"], "{report:#}");
 }
+
+/// `policy` with `[time] allow_unfresh_evidence = true` (offline audit), written beside it.
+fn allowing_unfresh(policy: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(policy).unwrap().replacen(
+        "collateral_grace_seconds = 0\n",
+        "collateral_grace_seconds = 0\nallow_unfresh_evidence = true\n",
+        1,
+    );
+    let path = policy.with_file_name("offline-audit.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `inferno attest verify` in text form: exit code, standard output and standard error.
+fn verify_text(evidence: &Path, policy: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(["attest", "verify"])
+        .arg(evidence)
+        .arg("--policy")
+        .arg(policy)
+        .args(args)
+        .output()
+        .expect("run inferno attest verify");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Issue 47: evidence whose nonce the verifier does not know is appraised only with
+/// `--no-freshness`; the verdict says NOT FRESH and exits 1 unless the policy allows unfresh
+/// evidence for offline audit.
+#[test]
+fn evidence_without_a_known_nonce_is_not_fresh_unless_the_policy_allows_it() {
+    let work = tempfile::tempdir().unwrap();
+    let gpu = SimulatedGpu::new(TEST_SEED, SimulatedGpuConfig::default()).unwrap();
+    let policy = policy(work.path(), Some(gpu.root_der()), false);
+    let evidence = write_evidence(
+        work.path(),
+        &StandaloneEvidence {
+            gpu: Some(gpu.evidence(&[0x3c; 32]).unwrap()),
+            ..standalone()
+        },
+    );
+
+    // Without a nonce and without the waiver: nothing binds the evidence.
+    let (code, report) = verify(&evidence, &policy, &[]);
+    assert_eq!(code, Some(1), "{report:#}");
+    assert_eq!(
+        failed(&report),
+        ["evidence.nonce", "gpu.nonce"],
+        "{report:#}"
+    );
+
+    // Waived under a policy that does not allow it: only `freshness` fails, NOT FRESH.
+    let (code, report) = verify(&evidence, &policy, &["--no-freshness"]);
+    assert_eq!(code, Some(1), "{report:#}");
+    assert_eq!(failed(&report), ["freshness"], "{report:#}");
+    assert_eq!(report["not_fresh"], true);
+    let (_, reason) = check(&report, "gpu.nonce");
+    assert!(reason.contains("not checked"), "{reason}");
+    let (code, stdout, _) = verify_text(&evidence, &policy, &["--no-freshness"]);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert_eq!(stdout.lines().next(), Some("verdict: REJECT, NOT FRESH"));
+
+    // A policy for offline audit accepts it, still NOT FRESH.
+    let offline = allowing_unfresh(&policy);
+    let (code, report) = verify(&evidence, &offline, &["--no-freshness"]);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(report["not_fresh"], true);
+    let (code, stdout, _) = verify_text(&evidence, &offline, &["--no-freshness"]);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .next()
+            .is_some_and(|l| l.starts_with("verdict: PASS, NOT FRESH")),
+        "{stdout}"
+    );
+    // The allowing policy changes nothing for evidence judged with its nonce: fresh.
+    let nonce = hex::encode([0x3c; 32]);
+    let (code, report) = verify(&evidence, &offline, &["--nonce", &nonce]);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(report.get("not_fresh"), None, "{report:#}");
+
+    // A nonce and the waiver together are a usage error, on one line.
+    let (code, stdout, stderr) =
+        verify_text(&evidence, &policy, &["--no-freshness", "--nonce", &nonce]);
+    assert_eq!(code, Some(2), "{stdout}{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(stderr.contains("--no-freshness"), "{stderr}");
+}
+
+/// Issue 47: the real GCE vTPM quote judged without its nonce, as quotes taken without one
+/// must be: `--no-freshness` leaves the qualifying data unchecked and says NOT FRESH.
+#[test]
+#[cfg_attr(not(shared_vectors), ignore = "needs ../shared/attestation-vectors")]
+fn gce_quote_without_its_nonce_needs_no_freshness_and_an_offline_policy() {
+    let work = tempfile::tempdir().unwrap();
+    let policy = policy(work.path(), None, true);
+    let evidence = write_evidence(work.path(), &gce());
+    let root = vectors().join(GCE_ROOT);
+    let root = root.to_str().unwrap();
+    let args = [
+        "--now",
+        "2025-01-01T00:00:00Z",
+        "--tpm-root",
+        root,
+        "--no-freshness",
+    ];
+    let (code, report) = verify(&evidence, &policy, &args);
+    assert_eq!(code, Some(1), "{report:#}");
+    assert_eq!(failed(&report), ["freshness"], "{report:#}");
+    let (passed, reason) = check(&report, "tpm.nonce");
+    assert!(passed && reason.contains("not checked"), "{reason}");
+    let (code, report) = verify(&evidence, &allowing_unfresh(&policy), &args);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(report["not_fresh"], true);
+    for id in ["tpm.quote", "tpm.ak_certificate", "freshness"] {
+        let (passed, reason) = check(&report, id);
+        assert!(passed, "{id}: {reason}");
+    }
+}

@@ -679,3 +679,98 @@ fn serve_refuses_when_the_key_broker_is_down() {
     assert!(error.contains("unavailable after 2 attempts"), "{stderr}");
     assert!(reason.contains("unavailable"), "{reason}");
 }
+
+/// Issue 47, defect 5: a signal while the model is loading ends start-up. Here the slow part of
+/// loading is a key broker that accepts the connection and never answers (each request would
+/// wait 30 s, with retries): SIGTERM then exits at once, cleanly.
+#[test]
+fn a_signal_while_waiting_for_a_silent_key_broker_exits_at_once() {
+    use std::io::{BufRead as _, BufReader};
+    use std::process::{Command, Stdio};
+    use std::time::Instant;
+
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let keys = w.join("keys");
+    load_or_create_keys(&keys).unwrap();
+    let sealed = w.join("sealed");
+    let (code, _, stderr) = inferno(&[
+        "seal",
+        "--model",
+        committed_fixture("inferno-tiny").to_str().unwrap(),
+        "--out",
+        sealed.to_str().unwrap(),
+        "--recipient",
+        keys.join("broker.pub").to_str().unwrap(),
+        "--model-id",
+        MODEL_ID,
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+
+    // The silent broker: connections are accepted and held, never answered.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (accepted, asked) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().map_while(Result::ok) {
+            held.push(stream);
+            let _ = accepted.send(());
+        }
+    });
+
+    let config = dev_config(w, "");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(broker_serve_args(&sealed, &config, &url))
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn inferno serve");
+    let stderr = child.stderr.take().unwrap();
+    let log = Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = Arc::clone(&log);
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
+    let log = || log.lock().unwrap().clone();
+    asked
+        .recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("the server never asked the broker:\n{}", log()));
+    // Start-up is now waiting on the broker.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(child.try_wait().unwrap().is_none(), "{}", log());
+    let signalled = Instant::now();
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exited = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if signalled.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            panic!(
+                "still waiting for the broker 10 s after SIGTERM:\n{}",
+                log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = signalled.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "exited after {took:?}:\n{}",
+        log()
+    );
+    assert_eq!(exited.code(), Some(0), "{}", log());
+    assert!(
+        log().contains("signal received while opening the sealed model; exiting"),
+        "{}",
+        log()
+    );
+}

@@ -430,3 +430,95 @@ fn bench_serve_says_why_requests_to_an_untrusted_server_fail() {
     assert!(line.contains("certificate"), "{line}");
     assert!(line.contains("--ca-cert"), "{line}");
 }
+
+/// Issue 49: an internal error (the audit log on disk damaged under a running server) answers
+/// HTTP 500 with a one-sentence OpenAI error body, and the request's log line is at ERROR and
+/// carries the cause, which the client does not get.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_internal_error_is_logged_at_error_with_its_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit");
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "{DEVELOPMENT}[server]\nlisten = \"127.0.0.1:0\"\n\
+             [audit]\ndir = \"{}\"\ncheckpoint_every_records = 1\n",
+            audit.display()
+        ),
+    );
+    let served = Served::start(&["--log-format", "json"], &config);
+    let completion = client()
+        .post(format!("{}/v1/completions", served.base))
+        .json(
+            &serde_json::json!({"model": inferno::model::EMBEDDED_MODEL_NAME, "prompt": "Once",
+                                  "max_tokens": 2}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(completion.status(), reqwest::StatusCode::OK);
+    // The proof route answers once a checkpoint covers record 0 (the start event).
+    let proof = || async {
+        client()
+            .get(format!("{}/v1/audit/proof?index=0", served.base))
+            .send()
+            .await
+            .unwrap()
+    };
+    let started = Instant::now();
+    loop {
+        let status = proof().await.status();
+        if status == reqwest::StatusCode::OK {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "proof: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // One byte flipped inside the first record (the start event, with its evidence).
+    let segment = std::fs::read_dir(&audit)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.extension().is_some_and(|e| e == "seg"))
+        .expect("a segment file");
+    // In place: the server keeps appending to the file.
+    let bytes = std::fs::read(&segment).unwrap();
+    let at = bytes.len() / 4;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap();
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(at as u64)).unwrap();
+    std::io::Write::write_all(&mut file, &[bytes[at] ^ 0x55]).unwrap();
+    drop(file);
+
+    let response = proof().await;
+    assert_eq!(
+        response.status(),
+        reqwest::StatusCode::INTERNAL_SERVER_ERROR
+    );
+    let body: serde_json::Value = response.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!(message, "the audit log cannot be read", "{body}");
+    assert_eq!(body["error"]["type"], "server_error", "{body}");
+
+    served.wait_for_log("\"request failed\"", Duration::from_secs(10));
+    let log = served.log();
+    let line: serde_json::Value = log
+        .lines()
+        .filter(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .find(|event| event["message"] == "request failed")
+        .unwrap_or_else(|| panic!("no request-failed line:\n{log}"));
+    assert_eq!(line["level"], "ERROR", "{line}");
+    assert_eq!(line["status"], 500, "{line}");
+    assert_eq!(line["path"], "/v1/audit/proof", "{line}");
+    let cause = line["cause"].as_str().unwrap_or_default();
+    assert!(
+        cause.starts_with("the audit log cannot be read: ") && cause.len() > message.len() + 10,
+        "the log names the cause beyond the client's sentence: {line}"
+    );
+}

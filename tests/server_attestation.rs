@@ -192,6 +192,7 @@ async fn attestation_document_verifies_and_binds_the_served_tls_key_and_audit_ke
         policy: &dev_policy,
         collateral: None,
         now: time::OffsetDateTime::now_utc(),
+        no_freshness: false,
     };
     assert_eq!(check_start_events(&report.starts, &input), Ok(1));
     let prod_policy = policy("production.toml");
@@ -231,6 +232,41 @@ async fn attestation_document_verifies_and_binds_the_served_tls_key_and_audit_ke
     let stdout = String::from_utf8_lossy(&bad.stdout);
     assert_eq!(bad.status.code(), Some(1), "{stdout}");
     assert!(stdout.contains("VIOLATION: record 0"), "{stdout}");
+
+    // Issue 47: `--no-freshness` (an old log's start-up evidence) says NOT FRESH, and passes
+    // only under a policy that allows unfresh evidence for offline audit.
+    let unfresh = |policy: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_inferno"))
+            .args(["audit", "verify", "--no-freshness"])
+            .arg(&log_dir)
+            .arg("--policy")
+            .arg(policy)
+            .arg("--collateral")
+            .arg(&bundle)
+            .output()
+            .expect("run inferno audit verify --no-freshness")
+    };
+    let refused = unfresh(&policy_path("development.toml"));
+    let stdout = String::from_utf8_lossy(&refused.stdout);
+    assert_eq!(refused.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("freshness: NOT FRESH") && stdout.contains("allow_unfresh_evidence"),
+        "{stdout}"
+    );
+    let allowing = work.path().join("audit-offline.toml");
+    let text = std::fs::read_to_string(policy_path("development.toml")).unwrap();
+    std::fs::write(
+        &allowing,
+        text.replacen("[time]\n", "[time]\nallow_unfresh_evidence = true\n", 1),
+    )
+    .unwrap();
+    let accepted = unfresh(&allowing);
+    let stdout = String::from_utf8_lossy(&accepted.stdout);
+    assert!(accepted.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("ATTESTED, NOT FRESH: 1 checkpoint keys"),
+        "{stdout}"
+    );
 }
 
 #[test]

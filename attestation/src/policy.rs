@@ -99,6 +99,12 @@ pub struct Policy {
 pub struct TimePolicy {
     /// How long past a CRL's or TCB-info's next-update the collateral is still accepted.
     pub collateral_grace_seconds: u64,
+    /// Whether evidence appraised without proof of freshness (the caller waived it,
+    /// `--no-freshness`: quotes taken without a nonce, start-up evidence re-read from an old
+    /// audit log) may pass, for offline audit. Absent: false, so such an appraisal is rejected
+    /// as NOT FRESH.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_unfresh_evidence: bool,
 }
 
 /// Which simulated roots are trusted. Empty in production.
@@ -166,6 +172,13 @@ pub struct SnpPolicy {
     /// Require an AMD CRL in the collateral, signed by the ARK and current.
     #[serde(default)]
     pub require_crl: bool,
+    /// The accepted launch measurements are of measured direct boot (QEMU `kernel-hashes=on`:
+    /// the kernel, initrd and command line are hashed into the launch measurement). A vTPM's
+    /// PCR 11 may then be all zeros, since direct boot runs no systemd-stub, but only when the
+    /// report's measurement is one of the listed values (`measurements` or the reference
+    /// values). TDX has no such rule: its MRTD does not pin the kernel. Absent: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub measured_direct_boot: bool,
 }
 
 /// TDX requirements.

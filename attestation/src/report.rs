@@ -130,6 +130,10 @@ pub struct AppraisalReport {
     pub verdict: Verdict,
     /// True when the evidence chains to a simulated (test) root: no real TEE stands behind it.
     pub simulated: bool,
+    /// True when the caller waived freshness (`--no-freshness`): nothing shows when the evidence
+    /// was produced, and the verdict says NOT FRESH.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub not_fresh: bool,
     /// The CPU TEE the evidence claims to come from.
     pub platform: Option<Platform>,
     /// The policy's name.
@@ -207,9 +211,11 @@ impl CheckList {
 
 impl fmt::Display for AppraisalReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let verdict = match self.verdict {
-            Verdict::Pass => "PASS",
-            Verdict::Reject => "REJECT",
+        let verdict = match (self.verdict, self.not_fresh) {
+            (Verdict::Pass, false) => "PASS",
+            (Verdict::Reject, false) => "REJECT",
+            (Verdict::Pass, true) => "PASS, NOT FRESH (accepted for offline audit)",
+            (Verdict::Reject, true) => "REJECT, NOT FRESH",
         };
         if self.simulated {
             writeln!(

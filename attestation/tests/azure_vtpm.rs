@@ -158,6 +158,7 @@ fn judge(evidence: &Evidence, policy: &LoadedPolicy, nonce: Option<&[u8]>) -> Ap
         &Expectations {
             nonce,
             tls_exporter: None,
+            no_freshness: false,
         },
     )
 }

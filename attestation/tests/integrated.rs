@@ -298,3 +298,171 @@ fn swtpm_pcr_not_in_the_reference_values_fails_naming_it() {
         "{reason}"
     );
 }
+
+/// Issue 49: PCR 11 under the production policy, per boot path. The policy is
+/// `policy/production.toml` with its real reference values, changed only where simulation needs
+/// it: the simulated ARK is trusted, the GPU is not required (a simulated GPU has no NVIDIA
+/// RIMs or OCSP responses), and the reference PCR 11 is the one this software TPM shows after
+/// a "UKI" extend (no software TPM can replay systemd-stub's real sections). The simulated SNP
+/// report carries a listed launch measurement (Milan, 8 vCPUs).
+/// - UKI boot: PCR 11 is the reference value: accepted on SEV-SNP.
+/// - SEV-SNP measured direct boot: PCR 11 is zero, accepted because the listed launch
+///   measurement pins the kernel; with an unlisted measurement both checks fail.
+/// - TDX direct boot: PCR 11 is zero and MRTD pins no kernel: `tpm.pcr_values` fails (the TDX
+///   quote itself cannot be produced here, so its own checks fail too; the PCR 11 verdict does
+///   not depend on them, as the same envelope with the UKI's PCR 11 shows).
+#[test]
+fn pcr_11_under_the_production_policy_per_boot_path() {
+    use inferno_attestation::evidence::TdxEvidence;
+    use inferno_attestation::policy::Platform;
+    use inferno_attestation::tpm::{self, HashAlg, collect};
+    use tss_esapi::handles::PcrHandle;
+    use tss_esapi::interface_types::algorithm::HashingAlgorithm;
+    use tss_esapi::structures::{Digest, DigestValues};
+
+    let Some(swtpm) = swtpm_support::start_swtpm() else {
+        return;
+    };
+    let tcti = swtpm_support::tcti(&swtpm);
+    let production_pcrs: Vec<u8> = vec![0, 1, 2, 3, 4, 5, 6, 7, 11];
+    let quote = |nonce: &[u8]| {
+        collect::collect(&collect::QuoteRequest {
+            tcti: &tcti,
+            ak_handle: None,
+            ak_kind: collect::AkKind::Rsa2048,
+            banks: &[HashAlg::Sha256],
+            pcrs: &production_pcrs,
+            nonce,
+            event_log: None,
+        })
+        .unwrap()
+    };
+    // Direct boot first: nothing has extended PCR 11.
+    let direct = tpm::verify(&quote(b"probe"), b"probe").unwrap();
+    assert_eq!(direct.pcrs[&HashAlg::Sha256][&11], "00".repeat(32));
+    let ak = direct.ak_spki_sha256.clone();
+
+    let text = policy_text("production.toml");
+    let simulated = format!(
+        "[simulated]\ntrusted_ark_sha256 = [\"{}\"]\n\n[runtime_data]",
+        inferno_attestation::collect::simulated::ark_fingerprint()
+    );
+    let text = text.replacen("[runtime_data]", &simulated, 1).replacen(
+        "[gpu]\n# An NVIDIA H100/H200 in confidential-computing mode, with ready state set, is required, and its\n# measurements must match NVIDIA's signed RIMs from the collateral bundle.\nrequired = true",
+        "[gpu]\nrequired = false",
+        1,
+    );
+    assert!(text.contains("[gpu]\nrequired = false"), "{text}");
+    let values = policy_text("reference-values.toml");
+    let reference_pcr11 = |pcr11: &str| {
+        let values = regex_free_replace(&values, "\n11 = [\"", &format!("\n11 = [\"{pcr11}\"]\n"));
+        LoadedPolicy::with_reference_values(text.as_bytes(), values.as_bytes()).unwrap()
+    };
+
+    // The "UKI": systemd-stub would extend PCR 11 with the UKI's sections.
+    let mut uki_boot = DigestValues::new();
+    uki_boot.set(
+        HashingAlgorithm::Sha256,
+        Digest::try_from(vec![0x11; 32]).unwrap(),
+    );
+    let judge_path = |policy: &LoadedPolicy, platform: Platform, measurement: [u8; 48]| {
+        let mut runtime = doc(policy);
+        runtime.tpm_ak_sha256 = Some(ak.clone());
+        let mut sim = SimulatedSnp::new().unwrap();
+        sim.measurement = measurement;
+        let mut evidence = collect_evidence(&sim, &runtime).unwrap();
+        evidence.tpm = Some(quote(&runtime.tpm_qualifying_data()));
+        if platform == Platform::Tdx {
+            evidence.platform = Platform::Tdx;
+            evidence.sev_snp = None;
+            evidence.tdx = Some(TdxEvidence {
+                quote: inferno_attestation::evidence::Base64Bytes(vec![0; 64]),
+            });
+        }
+        judge(&evidence, policy, false)
+    };
+    let listed: [u8; 48] = hex::decode(
+        "736578aed40313fa4751245b1cd0cbebd15d6a13d33cd09647c7310502a08dec1246e73f939dd489236bd8df1f3b5041",
+    )
+    .unwrap()
+    .try_into()
+    .unwrap();
+    let pcr_check = |r: &AppraisalReport| {
+        r.checks
+            .iter()
+            .find(|c| c.id == "tpm.pcr_values")
+            .cloned()
+            .unwrap_or_else(|| panic!("no tpm.pcr_values: {r}"))
+    };
+
+    // SEV-SNP measured direct boot, PCR 11 zero, under the reference PCR 11 of a UKI boot.
+    // What the "UKI" extend below gives: SHA-256(zeros ‖ 0x11*32).
+    let uki_value = {
+        let mut input = vec![0u8; 32];
+        input.extend_from_slice(&[0x11; 32]);
+        hex::encode(HashAlg::Sha256.digest(&input))
+    };
+    let policy = reference_pcr11(&uki_value);
+    let r = judge_path(&policy, Platform::SevSnp, listed);
+    assert!(r.passed(), "{r}");
+    let check = pcr_check(&r);
+    assert!(
+        check
+            .reason
+            .contains("PCR 11 is zero: measured direct boot")
+            && check.reason.contains("pins the kernel"),
+        "{check:?}"
+    );
+    // An unlisted launch measurement pins nothing: both fail.
+    let r = judge_path(&policy, Platform::SevSnp, [0x42; 48]);
+    assert_eq!(failed(&r), ["snp.measurement", "tpm.pcr_values"], "{r}");
+    // The same policy without `measured_direct_boot` refuses a zero PCR 11.
+    let strict = LoadedPolicy::with_reference_values(
+        text.replacen("measured_direct_boot = true\n", "", 1)
+            .as_bytes(),
+        regex_free_replace(
+            &values,
+            "\n11 = [\"",
+            &format!("\n11 = [\"{uki_value}\"]\n"),
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let r = judge_path(&strict, Platform::SevSnp, listed);
+    assert_eq!(failed(&r), ["tpm.pcr_values"], "{r}");
+    // TDX direct boot: PCR 11 zero is refused, naming why.
+    let r = judge_path(&policy, Platform::Tdx, listed);
+    let check = pcr_check(&r);
+    assert!(
+        !check.passed && check.reason.contains("PCR 11 is zero") && check.reason.contains("TDX"),
+        "{r}"
+    );
+
+    // UKI boot: systemd-stub extended PCR 11; accepted on SEV-SNP, and PCR 11 passes on TDX.
+    let conf = tcti.parse().unwrap();
+    let mut ctx = tss_esapi::Context::new(conf).unwrap();
+    ctx.execute_with_nullauth_session(|c| c.pcr_extend(PcrHandle::Pcr11, uki_boot))
+        .unwrap();
+    drop(ctx);
+    let r = judge_path(&policy, Platform::SevSnp, listed);
+    assert!(r.passed(), "{r}");
+    let check = pcr_check(&r);
+    assert!(
+        check
+            .reason
+            .contains(&format!("PCR 11 = {uki_value} is in the reference values")),
+        "{check:?}"
+    );
+    let r = judge_path(&policy, Platform::Tdx, listed);
+    assert!(pcr_check(&r).passed, "{r}");
+    assert!(failed(&r).iter().any(|id| id.starts_with("tdx.")), "{r}");
+}
+
+/// `text` with the line that starts at `start` replaced by `line` (through its end of line).
+fn regex_free_replace(text: &str, start: &str, line: &str) -> String {
+    let at = text.find(start).unwrap_or_else(|| panic!("no {start:?}"));
+    let end = text[at + 1..]
+        .find('\n')
+        .map_or(text.len(), |e| at + 1 + e + 1);
+    format!("{}{}{}", &text[..at], line, &text[end..])
+}

@@ -3,7 +3,7 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use inferno_attestation::appraise::{AppraisalInput, appraise};
+use inferno_attestation::appraise::{AppraisalInput, Expectations, appraise_with};
 use inferno_attestation::bundle::CollateralBundle;
 use inferno_attestation::evidence::Evidence;
 use inferno_attestation::policy::LoadedPolicy;
@@ -22,6 +22,9 @@ pub struct BindingInput<'a> {
     pub collateral: Option<&'a CollateralBundle>,
     /// The time to judge the evidence at.
     pub now: OffsetDateTime,
+    /// Freshness waived (`--no-freshness`): evidence re-read from an old log is NOT FRESH, and
+    /// passes only under a policy that allows unfresh evidence for offline audit.
+    pub no_freshness: bool,
 }
 
 /// Checks every start event: its evidence envelope passes the policy and its verified
@@ -58,14 +61,20 @@ fn check_one(start: &StartEvent, input: &BindingInput<'_>) -> Result<(), String>
         .map_err(|e| format!("start event evidence is not base64: {e}"))?;
     let evidence =
         Evidence::from_bytes(&bytes).map_err(|e| format!("start event evidence: {e}"))?;
-    let report = appraise(&AppraisalInput {
-        evidence: &evidence,
-        policy: input.policy,
-        collateral: input.collateral,
-        now: input.now,
-        clock_floor: None,
-        gpu_ready_pending: true,
-    });
+    let report = appraise_with(
+        &AppraisalInput {
+            evidence: &evidence,
+            policy: input.policy,
+            collateral: input.collateral,
+            now: input.now,
+            clock_floor: None,
+            gpu_ready_pending: true,
+        },
+        &Expectations {
+            no_freshness: input.no_freshness,
+            ..Expectations::default()
+        },
+    );
     if let Some(failed) = report.failures().next() {
         return Err(format!(
             "start evidence rejected by policy {:?}: {}: {}",

@@ -57,8 +57,13 @@ struct VerifyArgs {
     /// The nonce the verifier chose (hex): the vTPM quotes' qualifying data and the GPU
     /// reports' SPDM nonce when the evidence has no runtime-data document (required for
     /// standalone evidence), else a challenge the runtime data's `challenge_bindings` must bind.
-    #[arg(long, value_name = "HEX")]
+    #[arg(long, value_name = "HEX", conflicts_with = "no_freshness")]
     nonce: Option<String>,
+    /// Appraise evidence that carries no nonce (vTPM quotes or GPU reports taken without one):
+    /// the verdict says NOT FRESH and fails unless the policy sets
+    /// `[time] allow_unfresh_evidence = true` (offline audit).
+    #[arg(long)]
+    no_freshness: bool,
     /// The TLS exporter value (hex) of the connection the evidence was asked for on: with
     /// `--nonce`, the challenge binding covers both (docs/attestation-protocol.md).
     #[arg(long, value_name = "HEX", requires = "nonce")]
@@ -228,6 +233,7 @@ fn verify(args: &VerifyArgs) -> ExitCode {
     let expected = Expectations {
         nonce: nonce.as_deref(),
         tls_exporter: tls_exporter.as_deref(),
+        no_freshness: args.no_freshness,
     };
     let report = match &evidence {
         AnyEvidence::Platform(evidence) => appraise_with(

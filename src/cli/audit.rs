@@ -110,6 +110,11 @@ struct VerifyInputs {
     /// The collateral bundle for appraising the evidence of start events.
     #[arg(long, requires = "policy")]
     collateral: Option<PathBuf>,
+    /// Waive freshness when appraising the start events' evidence (an old log, or quotes taken
+    /// without a nonce): the verdict says NOT FRESH and fails unless the policy sets
+    /// `[time] allow_unfresh_evidence = true`.
+    #[arg(long, requires = "policy")]
+    no_freshness: bool,
     /// Report a gap where records waited this many seconds or more for a checkpoint.
     #[arg(long, default_value_t = summary::DEFAULT_GAP_SECONDS)]
     gap_seconds: u64,
@@ -137,6 +142,9 @@ impl VerifyInputs {
         }
         if self.gap_seconds != summary::DEFAULT_GAP_SECONDS {
             push("--gap-seconds", self.gap_seconds.to_string());
+        }
+        if self.no_freshness {
+            flags.push("--no-freshness".to_owned());
         }
         flags
     }
@@ -478,11 +486,17 @@ fn verify_with(dir: &Path, inputs: &VerifyInputs) -> anyhow::Result<Checked> {
             policy,
             collateral: Some(collateral),
             now: OffsetDateTime::now_utc(),
+            no_freshness: inputs.no_freshness,
         };
         match check_start_events(&report.starts, &input) {
             Ok(n) => {
                 attested = Some(format!(
-                    "ATTESTED: {n} checkpoint keys bound to evidence that passes policy {:?}",
+                    "ATTESTED{}: {n} checkpoint keys bound to evidence that passes policy {:?}",
+                    if inputs.no_freshness {
+                        ", NOT FRESH"
+                    } else {
+                        ""
+                    },
                     policy.policy.name
                 ));
             }

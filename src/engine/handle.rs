@@ -92,6 +92,8 @@ pub struct EngineStats {
     pub spec_draft_tokens: u64,
     /// Of those, tokens accepted, since start.
     pub spec_accepted_tokens: u64,
+    /// The tokens of each step (prompt and generated), as a histogram since start.
+    pub step_tokens: super::step_tokens::StepTokens,
 }
 
 impl EngineStats {

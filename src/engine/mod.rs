@@ -16,6 +16,7 @@ mod scheduler;
 mod sequence;
 pub mod speculative;
 mod step_cost;
+pub mod step_tokens;
 mod stop;
 
 pub use backend::{

@@ -190,5 +190,7 @@ pub enum GenerationEvent {
         cached_tokens: usize,
         /// With prompt logprobs asked for: one per prompt token, the first `None`.
         prompt_logprobs: Option<Vec<Option<PromptLogprob>>>,
+        /// When the scheduler first admitted the request (`None`: never scheduled).
+        scheduled_at: Option<std::time::Instant>,
     },
 }

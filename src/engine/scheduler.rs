@@ -262,6 +262,8 @@ impl Scheduler {
                 break;
             }
             seq.admitted_before = true;
+            seq.first_scheduled
+                .get_or_insert_with(std::time::Instant::now);
             let seq_id = seq.id;
             let index = self.running.len();
             self.positions.insert(seq_id, index);

@@ -39,6 +39,8 @@ pub struct Sequence {
     pub events: UnboundedSender<GenerationEvent>,
     /// Whether the sequence has been admitted at least once (prefix-cache statistics count once).
     pub admitted_before: bool,
+    /// When the scheduler first admitted it (queue time ends, prefill begins).
+    pub first_scheduled: Option<std::time::Instant>,
     /// The request's grammar state, advanced with every generated token. The engine takes it
     /// out while a worker thread computes its next mask.
     pub constraint: Option<TokenConstraint>,
@@ -110,6 +112,7 @@ impl Sequence {
             stop,
             events,
             admitted_before: false,
+            first_scheduled: None,
             constraint: request.constraint.as_ref().map(|c| c.start()),
             next_mask: None,
             draft: Vec::new(),

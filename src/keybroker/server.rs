@@ -344,6 +344,7 @@ impl Broker {
             &Expectations {
                 nonce: Some(&session.nonce),
                 tls_exporter: None,
+                no_freshness: false,
             },
         );
         if !report.passed() {

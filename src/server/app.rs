@@ -308,7 +308,10 @@ impl App {
             .as_ref()
             .err()
             .filter(|err| err.status.is_server_error())
-            .map(|err| err.message.clone());
+            .map(|err| match &err.cause {
+                Some(cause) => format!("{}: {cause}", err.message),
+                None => err.message.clone(),
+            });
         let mut response = routed.result.unwrap_or_else(ApiError::into_response);
         if api && !routed.recorded {
             let recorded = match super::audit::check_available(&self) {

@@ -22,6 +22,9 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// Seconds for `Retry-After` (HTTP 429 and 503).
     pub retry_after: Option<u64>,
+    /// What went wrong inside the server, for the log line of the request only: never sent to
+    /// the client, who gets `message` alone.
+    pub cause: Option<Box<str>>,
 }
 
 #[derive(Serialize)]
@@ -47,6 +50,7 @@ impl ApiError {
             param: None,
             code: None,
             retry_after: None,
+            cause: None,
         }
     }
 
@@ -172,6 +176,12 @@ impl ApiError {
     /// HTTP 500 with a message that is safe to show.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
+    /// Sets the cause that the request's log line carries (the client does not see it).
+    pub fn with_cause(mut self, cause: impl std::fmt::Display) -> Self {
+        self.cause = Some(cause.to_string().into_boxed_str());
+        self
     }
 
     /// Sets the offending field.

@@ -267,9 +267,10 @@ impl ChoiceState {
         &mut self,
         arrived: Instant,
         reason: &FinishReason,
-        prompt_tokens: usize,
-        completion_tokens: usize,
+        (prompt_tokens, completion_tokens): (usize, usize),
+        scheduled_at: Option<Instant>,
     ) {
+        self.timing.scheduled_after = scheduled_at.map(|t| t.saturating_duration_since(arrived));
         self.timing.prompt_tokens = prompt_tokens;
         self.timing.completion_tokens = completion_tokens;
         self.timing.time_to_first_token = self.first_token.map(|t| t - arrived);
@@ -350,9 +351,11 @@ async fn collect_choice(
                 completion_tokens,
                 cached_tokens,
                 prompt_logprobs,
+                scheduled_at,
             } => {
                 state.text.push_str(&text);
-                state.on_finish(arrived, &reason, prompt_tokens, completion_tokens);
+                let tokens = (prompt_tokens, completion_tokens);
+                state.on_finish(arrived, &reason, tokens, scheduled_at);
                 return ChoiceResult {
                     index,
                     state,
@@ -954,6 +957,7 @@ impl Forwarder {
                     prompt_tokens,
                     completion_tokens,
                     cached_tokens,
+                    scheduled_at,
                     ..
                 } => {
                     // Tokens that produced no event of their own (EOS, a stop token).
@@ -962,7 +966,8 @@ impl Forwarder {
                         .generated
                         .fetch_add(unseen, Ordering::AcqRel);
                     state.text.push_str(&text);
-                    state.on_finish(self.job.arrived, &reason, prompt_tokens, completion_tokens);
+                    let tokens = (prompt_tokens, completion_tokens);
+                    state.on_finish(self.job.arrived, &reason, tokens, scheduled_at);
                     self.metrics
                         .record_generation(self.writer.service.name(), &state.timing);
                     usage.add(

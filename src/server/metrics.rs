@@ -9,6 +9,7 @@
 mod format;
 mod process;
 mod speculative;
+mod step_tokens;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, OnceLock};
@@ -144,6 +145,10 @@ pub struct Metrics {
     itl: HistogramFamily,
     tpot: HistogramFamily,
     decode_time: HistogramFamily,
+    queue_time: HistogramFamily,
+    prefill_time: HistogramFamily,
+    inference_time: HistogramFamily,
+    iteration_tokens: Family<ModelLabel, step_tokens::StepTokenHistogram>,
     e2e: HistogramFamily,
     finished: Family<FinishLabel, Counter>,
     requests: Family<RequestLabel, Counter>,
@@ -208,6 +213,10 @@ impl Metrics {
         let tpot = HistogramFamily::new_with_constructor(latency_histogram);
         let decode_time = HistogramFamily::new_with_constructor(request_histogram);
         let e2e = HistogramFamily::new_with_constructor(request_histogram);
+        let queue_time = HistogramFamily::new_with_constructor(request_histogram);
+        let prefill_time = HistogramFamily::new_with_constructor(request_histogram);
+        let inference_time = HistogramFamily::new_with_constructor(request_histogram);
+        let iteration_tokens = Family::default();
         let finished = Family::default();
         let requests = Family::default();
         let requests_by_principal = Family::default();
@@ -303,6 +312,26 @@ impl Metrics {
             "vllm:request_decode_time_seconds",
             "Time from a request's first token to its last",
             decode_time.clone(),
+        );
+        registry.register(
+            "vllm:request_queue_time_seconds",
+            "Time from a request's arrival until the engine first scheduled it",
+            queue_time.clone(),
+        );
+        registry.register(
+            "vllm:request_prefill_time_seconds",
+            "Time from a request's first scheduling to its first token",
+            prefill_time.clone(),
+        );
+        registry.register(
+            "vllm:request_inference_time_seconds",
+            "Time from a request's first scheduling to its last token",
+            inference_time.clone(),
+        );
+        registry.register(
+            "vllm:iteration_tokens_total",
+            "Tokens (prompt and generated) computed per engine step",
+            iteration_tokens.clone(),
         );
         registry.register(
             "vllm:e2e_request_latency_seconds",
@@ -410,6 +439,10 @@ impl Metrics {
             itl,
             tpot,
             decode_time,
+            queue_time,
+            prefill_time,
+            inference_time,
+            iteration_tokens,
             e2e,
             finished,
             requests,
@@ -487,6 +520,20 @@ impl Metrics {
                 self.tpot
                     .get_or_create(&label)
                     .observe(decode / (timing.completion_tokens - 1) as f64);
+            }
+        }
+        if let Some(queued) = timing.scheduled_after {
+            self.queue_time
+                .get_or_create(&label)
+                .observe(queued.as_secs_f64());
+            let running = timing.end_to_end.saturating_sub(queued);
+            self.inference_time
+                .get_or_create(&label)
+                .observe(running.as_secs_f64());
+            if let Some(ttft) = timing.time_to_first_token {
+                self.prefill_time
+                    .get_or_create(&label)
+                    .observe(ttft.saturating_sub(queued).as_secs_f64());
             }
         }
         let itl = self.itl.get_or_create(&label);
@@ -596,6 +643,9 @@ impl Metrics {
                 enable_prefix_caching: config.prefix_caching.to_string(),
             })
             .set(1);
+        self.iteration_tokens
+            .get_or_create(&label)
+            .set(&stats.step_tokens);
         self.grammar_mask_steps
             .get_or_create(&label)
             .set(count(stats.grammar_mask_steps));
@@ -656,6 +706,8 @@ pub struct GenerationTiming {
     pub prompt_tokens: usize,
     /// Tokens generated.
     pub completion_tokens: usize,
+    /// Arrival to the engine's first scheduling of the request (`None`: never scheduled).
+    pub scheduled_after: Option<Duration>,
     /// Arrival to first token.
     pub time_to_first_token: Option<Duration>,
     /// Gaps between consecutive tokens.
@@ -780,6 +832,7 @@ mod tests {
                 inter_token: vec![Duration::from_millis(5), Duration::from_millis(6)],
                 end_to_end: Duration::from_millis(40),
                 finish_reason: "stop",
+                scheduled_after: Some(Duration::from_millis(4)),
             },
         );
         metrics.record_request("m", "alice", "/v1/completions", 200);
@@ -809,6 +862,18 @@ mod tests {
         );
         assert!(text.contains("principal=\"alice\""), "{text}");
         assert!(text.contains("inferno:api_requests_total{"), "{text}");
+        // Queued 4 ms, first token at 20 ms, last at 40 ms.
+        for (name, seconds) in [
+            ("vllm:request_queue_time_seconds", 0.004),
+            ("vllm:request_prefill_time_seconds", 0.016),
+            ("vllm:request_inference_time_seconds", 0.036),
+            ("vllm:request_decode_time_seconds", 0.020),
+        ] {
+            let label = "{model_name=\"m\"}";
+            assert_eq!(value(&text, &format!("{name}_count{label}")), 1.0, "{name}");
+            let sum = value(&text, &format!("{name}_sum{label}"));
+            assert!((sum - seconds).abs() < 1e-9, "{name}: {sum}");
+        }
         assert!(text.contains("finished_reason=\"stop\""), "{text}");
         assert_eq!(
             value(
@@ -823,6 +888,39 @@ mod tests {
                 "vllm:request_prompt_tokens_bucket{le=\"10.0\",model_name=\"m\"}"
             ),
             1.0
+        );
+    }
+
+    #[test]
+    fn engine_steps_are_a_histogram_of_their_tokens() {
+        let metrics = Metrics::new();
+        let mut stats = EngineStats::default();
+        for tokens in [5, 1, 300] {
+            stats.step_tokens.observe(tokens);
+        }
+        let text = render(&metrics, &stats);
+        let series = |suffix: &str| {
+            value(
+                &text,
+                &format!("vllm:iteration_tokens_total_{suffix}{{model_name=\"m\"}}"),
+            )
+        };
+        assert_eq!(series("count"), 3.0);
+        assert_eq!(series("sum"), 306.0);
+        let bucket = |le: &str| {
+            value(
+                &text,
+                &format!("vllm:iteration_tokens_total_bucket{{le=\"{le}\",model_name=\"m\"}}"),
+            )
+        };
+        assert_eq!(bucket("1.0"), 1.0);
+        assert_eq!(bucket("8.0"), 2.0);
+        assert_eq!(bucket("256.0"), 2.0);
+        assert_eq!(bucket("512.0"), 3.0);
+        assert_eq!(bucket("+Inf"), 3.0);
+        assert!(
+            text.contains("# TYPE vllm:iteration_tokens_total histogram"),
+            "{text}"
         );
     }
 

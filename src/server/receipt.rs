@@ -123,7 +123,7 @@ fn not_covered(message: &str) -> ApiError {
 /// and builds the proof of `index` in the tree of `size` leaves.
 fn build(dir: PathBuf, index: u64, size: u64, caller: &str) -> Result<ProofResponse, ApiError> {
     let unreadable = |err: &dyn std::fmt::Display| {
-        ApiError::internal(format!("the audit log cannot be read: {err}"))
+        ApiError::internal("the audit log cannot be read").with_cause(err)
     };
     let (prefix, leaves) = inferno_audit::load_tree(&dir).map_err(|e| unreadable(&e))?;
     let view = TreeView::new(&prefix, &leaves);

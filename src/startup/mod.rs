@@ -215,16 +215,26 @@ pub async fn serve(
     // A sealed model is opened (key released, chunks decrypted and hashed) before anything
     // else touches it; every refusal is final, recorded and stops start-up.
     let open_started = Instant::now();
-    let opened_sealed = open_sealed_model(
-        &server,
-        &attestation,
-        model_dir.as_deref(),
-        key_source,
-        &attestation_config,
-        &progress,
-        sealed_early.clone(),
-    )
-    .await;
+    // A key broker that does not answer holds this for up to its timeouts: a signal ends it.
+    let opened_sealed = tokio::select! {
+        opened = open_sealed_model(
+            &server,
+            &attestation,
+            model_dir.as_deref(),
+            key_source,
+            &attestation_config,
+            &progress,
+            sealed_early.clone(),
+        ) => opened,
+        () = signals.recv() => {
+            tracing::info!("signal received while opening the sealed model; exiting");
+            if let Some(early) = &sealed_early {
+                early.read_over();
+            }
+            server.shutdown().await;
+            return Ok(());
+        }
+    };
     // Whatever happened, the GPU's thread no longer waits for the sealed configuration.
     if let Some(early) = &sealed_early {
         early.read_over();

@@ -54,6 +54,11 @@ EXPECTED = {
     "vllm:inter_token_latency_seconds": "histogram",
     "vllm:time_per_output_token_seconds": "histogram",
     "vllm:request_decode_time_seconds": "histogram",
+    "vllm:request_queue_time_seconds": "histogram",
+    "vllm:request_prefill_time_seconds": "histogram",
+    "vllm:request_inference_time_seconds": "histogram",
+    # A histogram whose vLLM name ends in `_total` (`_types` strips it).
+    "vllm:iteration_tokens": "histogram",
     "vllm:e2e_request_latency_seconds": "histogram",
     "vllm:request_success": "counter",
     "inferno:api_requests": "counter",
@@ -178,8 +183,23 @@ def test_the_0_0_4_text_format_is_the_default_and_every_type_parses(server):
     types = _types(families)
     assert "unknown" not in types.values(), types
     assert types == EXPECTED | PRIVATE
-    tokens = {f.name: f for f in families}["vllm:generation_tokens"]
+    by_name = {f.name: f for f in families}
+    tokens = by_name["vllm:generation_tokens"]
     assert sum(sample.value for sample in tokens.samples) >= 3
+    # vLLM's request phases and per-step tokens moved with the completions: every series has
+    # counted at least one request (or step).
+    for name in (
+        "vllm:request_queue_time_seconds",
+        "vllm:request_prefill_time_seconds",
+        "vllm:request_decode_time_seconds",
+        "vllm:request_inference_time_seconds",
+        "vllm:iteration_tokens_total",
+    ):
+        counts = [s for s in by_name[name].samples if s.name == f"{name}_count"]
+        assert counts and counts[0].labels == {"model_name": "inferno-tiny"}, counts
+        assert counts[0].value >= 1, (name, counts)
+    steps = by_name["vllm:iteration_tokens_total"].samples
+    assert next(s.value for s in steps if s.name == "vllm:iteration_tokens_total_sum") >= 3
 
 
 def test_an_api_key_reads_no_principal_names(server):

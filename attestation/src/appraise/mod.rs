@@ -63,6 +63,11 @@ struct Sections<'a> {
     tpm_roots: &'a [Vec<u8>],
     gpus: Vec<&'a GpuEvidence>,
     expected_nonce: Option<&'a [u8]>,
+    /// How the CPU evidence pins the kernel (see [`PlatformOutcome::kernel_pinned`]).
+    kernel_pinned: Option<&'a str>,
+    /// The caller waived freshness: qualifying data and SPDM nonces that nothing binds are
+    /// reported, not failed (the `freshness` check judges the waiver).
+    no_freshness: bool,
 }
 
 /// What a platform appraisal hands back to the common part.
@@ -73,6 +78,9 @@ struct PlatformOutcome {
     /// the AK instead; the runtime data is then bound through the vTPM quote.
     paravisor_ak: Option<[u8; 32]>,
     signed_timestamps: Vec<(OffsetDateTime, String)>,
+    /// How the CPU evidence pins the kernel, initrd and command line, when it does (SEV-SNP
+    /// measured direct boot with a listed launch measurement): a zero PCR 11 is then accepted.
+    kernel_pinned: Option<String>,
 }
 
 /// What the caller expects beside the policy (a verifier's own challenge).
@@ -87,6 +95,11 @@ pub struct Expectations<'a> {
     /// [`TLS_EXPORTER_LABEL`](crate::runtime_data::TLS_EXPORTER_LABEL)); `None` for a challenge
     /// made outside TLS, whose binding then covers the nonce alone (an empty exporter).
     pub tls_exporter: Option<&'a [u8]>,
+    /// The caller waives proof of freshness (`--no-freshness`): evidence with no nonce to check
+    /// (vTPM quotes or GPU reports taken without one, start-up evidence re-read from an old
+    /// audit log) is appraised, and the `freshness` check says NOT FRESH. It fails unless the
+    /// policy allows unfresh evidence for offline audit (`[time] allow_unfresh_evidence`).
+    pub no_freshness: bool,
 }
 
 /// Appraises evidence against a policy. Never fails: every problem is a failed check.
@@ -134,6 +147,8 @@ pub fn appraise_with(input: &AppraisalInput<'_>, expected: &Expectations<'_>) ->
         tpm_roots: &[],
         gpus: input.evidence.gpu.iter().collect(),
         expected_nonce: expected.nonce,
+        no_freshness: expected.no_freshness,
+        kernel_pinned: outcome.as_ref().and_then(|o| o.kernel_pinned.as_deref()),
     };
     let anchor = match &outcome {
         Some(PlatformOutcome {
@@ -180,6 +195,7 @@ pub fn appraise_with(input: &AppraisalInput<'_>, expected: &Expectations<'_>) ->
         ),
         Err(e) => checks.fail("time.clock_floor", e.to_string()),
     }
+    let not_fresh = freshness_check(input.policy, expected, &mut checks);
 
     let verdict = if checks.all_passed() {
         Verdict::Pass
@@ -189,6 +205,7 @@ pub fn appraise_with(input: &AppraisalInput<'_>, expected: &Expectations<'_>) ->
     AppraisalReport {
         verdict,
         simulated,
+        not_fresh,
         platform: Some(platform),
         policy_name: policy.name.clone(),
         policy_sha256: input.policy.digest_hex(),
@@ -219,6 +236,8 @@ pub fn appraise_standalone(
         tpm_roots: input.tpm_roots,
         gpus: input.evidence.gpus().collect(),
         expected_nonce: expected.nonce,
+        no_freshness: expected.no_freshness,
+        kernel_pinned: None,
     };
     if sections.tpm.is_none() && sections.gpus.is_empty() {
         checks.fail(
@@ -226,10 +245,10 @@ pub fn appraise_standalone(
             "standalone evidence carries neither a `tpm` nor a `gpu`/`gpus` section",
         );
     }
-    if expected.nonce.is_none() {
+    if expected.nonce.is_none() && !expected.no_freshness {
         checks.fail(
             "evidence.nonce",
-            "standalone evidence needs the expected nonce (--nonce HEX): nothing else binds it",
+            "standalone evidence needs the expected nonce (--nonce HEX): nothing else binds it (or --no-freshness for an offline audit)",
         );
     }
     tpm::appraise(
@@ -245,6 +264,7 @@ pub fn appraise_standalone(
             "the GPU chains to a simulated root that the policy names: simulated, no hardware protection",
         );
     }
+    let not_fresh = freshness_check(input.policy, expected, &mut checks);
     let verdict = if checks.all_passed() {
         Verdict::Pass
     } else {
@@ -253,6 +273,7 @@ pub fn appraise_standalone(
     AppraisalReport {
         verdict,
         simulated,
+        not_fresh,
         platform: None,
         policy_name: input.policy.policy.name.clone(),
         policy_sha256: input.policy.digest_hex(),
@@ -260,6 +281,30 @@ pub fn appraise_standalone(
         checks: checks.into_checks(),
         claims,
     }
+}
+
+/// `freshness`, only when the caller waived it: NOT FRESH, a failure unless the policy allows
+/// unfresh evidence for offline audit. Returns whether the appraisal is not fresh.
+fn freshness_check(
+    policy: &LoadedPolicy,
+    expected: &Expectations<'_>,
+    checks: &mut CheckList,
+) -> bool {
+    if !expected.no_freshness {
+        return false;
+    }
+    if policy.policy.time.allow_unfresh_evidence {
+        checks.pass(
+            "freshness",
+            "NOT FRESH: freshness waived (--no-freshness), nothing shows when the evidence was produced; the policy allows unfresh evidence for offline audit ([time] allow_unfresh_evidence)",
+        );
+    } else {
+        checks.fail(
+            "freshness",
+            "NOT FRESH: freshness waived (--no-freshness), nothing shows when the evidence was produced; the policy does not allow unfresh evidence ([time] allow_unfresh_evidence is not set)",
+        );
+    }
+    true
 }
 
 fn platform_name(p: Platform) -> &'static str {

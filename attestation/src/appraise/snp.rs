@@ -2,6 +2,7 @@
 
 use super::{AppraisalInput, PlatformOutcome, allow_list};
 use crate::abi::snp::{SigningKey, SnpReport};
+use crate::policy::SnpPolicy;
 use crate::report::{CheckList, Claims, SnpClaims};
 use crate::verify::snp::{SnpVerifyInput, verify};
 
@@ -232,7 +233,9 @@ pub(super) fn appraise(
         report_data: hex::encode(report.report_data()),
         chip_id: hex::encode(report.chip_id()),
     });
+    let kernel_pinned = kernel_pinned(snp_policy, &report, paravisor_ak.is_some());
     Some(PlatformOutcome {
+        kernel_pinned,
         simulated: verified.simulated,
         // Under a paravisor, REPORT_DATA is the paravisor's, not the runtime data's.
         report_data: paravisor_ak.is_none().then(|| report.report_data()),
@@ -256,4 +259,21 @@ fn bit_rule(checks: &mut CheckList, id: &str, what: &str, set: bool, allowed: bo
             ),
         );
     }
+}
+
+/// Whether the launch measurement pins the kernel, initrd and command line: the policy's
+/// measurements are of measured direct boot (`measured_direct_boot`) and this report's is listed.
+/// Under a paravisor the measurement is the paravisor's, which pins no guest kernel.
+fn kernel_pinned(policy: &SnpPolicy, report: &SnpReport, paravisor: bool) -> Option<String> {
+    let measurement = hex::encode(report.measurement());
+    let listed = policy
+        .measurements
+        .as_ref()?
+        .iter()
+        .any(|m| m.eq_ignore_ascii_case(&measurement));
+    (policy.measured_direct_boot && listed && !paravisor).then(|| {
+        format!(
+            "the SEV-SNP launch measurement {measurement} is a listed one of measured direct boot, which pins the kernel, initrd and command line"
+        )
+    })
 }

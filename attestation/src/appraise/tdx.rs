@@ -144,5 +144,7 @@ pub(super) fn appraise(
         report_data: Some(td.report_data),
         paravisor_ak: None,
         signed_timestamps: verified.signed_timestamps,
+        // MRTD measures the firmware only; nothing here pins the kernel (RTMR2 is not enforced).
+        kernel_pinned: None,
     })
 }

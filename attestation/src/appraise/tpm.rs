@@ -4,12 +4,16 @@
 //! - `tpm.quote`: the AK signature, the PCR digests against the supplied PCR values, and the
 //!   event-log replay;
 //! - `tpm.nonce`: the quotes' qualifying data against what the evidence binds (the SHA-256 of
-//!   the runtime-data document) or, without a document, the caller's expected nonce;
+//!   the runtime-data document) or, without a document, the caller's expected nonce (not
+//!   checked when the caller waived freshness);
 //! - `tpm.ak_binding`: the AK is the one the CPU evidence vouches for (the runtime data's
 //!   `tpm_ak_sha256`, or under a paravisor the HCL report's `HCLAkPub`);
 //! - `tpm.pcr_selection`: the verified SHA-256 bank covers the policy's PCRs;
 //! - `tpm.pcr_values`: each PCR with accepted values (`[tpm] pcr_values`, or the reference
-//!   values the policy names) holds one of them; a failure names the PCR and its value.
+//!   values the policy names) holds one of them; a failure names the PCR and its value. The one
+//!   per-platform rule: PCR 11 (the UKI, measured by systemd-stub) may be zero only when the CPU
+//!   evidence pins the kernel instead (SEV-SNP measured direct boot with a listed launch
+//!   measurement, `[sev_snp] measured_direct_boot`); TDX's MRTD does not, so there it fails.
 
 use super::Sections;
 use crate::report::{CheckList, Claims};
@@ -154,6 +158,16 @@ fn check_nonce(
             // qualifying data is reported as unbound; otherwise the quote has no binding.
             let unbound = matches!(anchor, AkAnchor::Paravisor(_))
                 && !input.policy.policy.runtime_data.required;
+            if input.no_freshness {
+                checks.pass(
+                    "tpm.nonce",
+                    format!(
+                        "qualifying data {} is not checked: no runtime-data document and freshness waived (--no-freshness)",
+                        hex::encode(&quoted)
+                    ),
+                );
+                return true;
+            }
             if unbound {
                 checks.pass(
                     "tpm.nonce",
@@ -375,6 +389,14 @@ fn check_pcr_values(
                     value.to_ascii_lowercase()
                 ));
             }
+            Some(value) if key == "11" && is_zero(value) => match input.kernel_pinned {
+                Some(pinned) => matched.push(format!(
+                    "PCR 11 is zero: measured direct boot runs no systemd-stub, and {pinned}"
+                )),
+                None => wrong.push(format!(
+                    "PCR 11 is zero (no UKI was measured: direct boot) and is not in {source}; a zero PCR 11 is accepted only on SEV-SNP with [sev_snp] measured_direct_boot and a listed launch measurement, and here nothing pins the kernel (TDX's MRTD does not)"
+                )),
+            },
             Some(value) => wrong.push(format!(
                 "PCR {key} = {} is not in {source}",
                 value.to_ascii_lowercase()
@@ -386,4 +408,9 @@ fn check_pcr_values(
     } else {
         checks.fail("tpm.pcr_values", wrong.join("; "));
     }
+}
+
+/// Whether a PCR value (hex) is all zeros: never extended since reset.
+fn is_zero(value: &str) -> bool {
+    !value.is_empty() && value.bytes().all(|b| b == b'0')
 }

@@ -18,6 +18,7 @@ use super::scheduler::{Scheduled, Scheduler};
 use super::sequence::Sequence;
 use super::speculative::{SpecCounters, SpeculativeConfig};
 use super::step_cost::StepCosts;
+use super::step_tokens::StepTokens;
 use super::stop::StopOutcome;
 
 mod masks;
@@ -130,6 +131,7 @@ impl Engine {
             step_gaps: Duration::ZERO,
             speculative,
             spec: SpecCounters::default(),
+            step_tokens: StepTokens::default(),
         };
         let thread = std::thread::Builder::new()
             .name("inferno-engine".into())
@@ -168,6 +170,8 @@ struct Worker {
     speculative: SpeculativeConfig,
     /// Speculation counters since start.
     spec: SpecCounters,
+    /// The tokens of each step, as a histogram.
+    step_tokens: StepTokens,
 }
 
 /// What a sampled token did to its sequence, before its text is known.
@@ -322,6 +326,8 @@ impl Worker {
     }
 
     fn step(&mut self, plan: &[Scheduled]) {
+        self.step_tokens
+            .observe(plan.iter().map(|s| s.num_tokens).sum());
         if let Some(end) = self.last_step_end.take() {
             self.step_gaps += end.elapsed();
         }
@@ -637,6 +643,7 @@ impl Worker {
                 spec_verifications: self.spec.verifications,
                 spec_draft_tokens: self.spec.draft_tokens,
                 spec_accepted_tokens: self.spec.accepted_tokens,
+                step_tokens: self.step_tokens.clone(),
             };
         }
     }
@@ -772,6 +779,7 @@ fn finish(mut seq: Sequence, reason: FinishReason, detokenizer: &Detokenizer) {
         completion_tokens: seq.output().len(),
         cached_tokens: seq.cached_tokens,
         prompt_logprobs: seq.prompt_logprobs.take(),
+        scheduled_at: seq.first_scheduled,
     };
     let _ = seq.events.send(event);
 }
