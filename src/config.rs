@@ -37,6 +37,8 @@ pub struct Config {
     pub attestation: AttestationConfig,
     /// The model: where the key of a sealed model comes from.
     pub model: ModelSection,
+    /// Speculative decoding (`docs/engine.md`, "Speculative decoding"); off without `method`.
+    pub speculative: crate::engine::SpeculativeConfig,
 }
 
 /// The `[model]` table.
@@ -416,6 +418,11 @@ impl Config {
             ));
         }
         ranges::check(self)?;
+        if self.speculative.enabled()
+            && let Err(err) = self.speculative.validate()
+        {
+            return Err(invalid("speculative", &err.to_string()));
+        }
         if let Some(name) = &self.server.served_model_name
             && name.trim().is_empty()
         {

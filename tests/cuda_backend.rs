@@ -767,6 +767,7 @@ fn run_request(
         },
         logprobs: Some(5),
         cache_salt: 0,
+        prompt_logprobs: None,
         constraint: None,
     };
     let mut stream = engine.submit(request).expect("submit");

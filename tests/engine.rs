@@ -152,6 +152,7 @@ fn prefix_cache_is_shared_within_a_principal_only() {
     let engine = engine(&model, EngineConfig::default());
     let with_salt = |salt| GenerationRequest {
         cache_salt: salt,
+        prompt_logprobs: None,
         ..greedy(&long, 4)
     };
     let first = run(&engine, with_salt(1));

@@ -688,6 +688,7 @@ async fn run_one(
         },
         logprobs: None,
         cache_salt: 0,
+        prompt_logprobs: None,
         constraint: None,
     };
     let started = Instant::now();

@@ -75,6 +75,7 @@ fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
         },
         logprobs: None,
         cache_salt: 0,
+        prompt_logprobs: None,
         constraint: None,
     };
     let mut stream = engine.submit(request)?;

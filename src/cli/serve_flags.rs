@@ -46,6 +46,14 @@ pub struct ServeOverrides {
     /// Fraction of free GPU memory for the KV cache, overriding `engine.gpu_memory_fraction`.
     #[arg(long, value_name = "FRACTION")]
     gpu_memory_utilization: Option<f64>,
+    /// Speculative decoding with this proposer, overriding `[speculative] method`: `ngram`
+    /// (prompt lookup); `eagle3` is refused (not supported yet).
+    #[arg(long, value_enum, value_name = "METHOD")]
+    speculative: Option<crate::engine::SpeculativeMethod>,
+    /// The most tokens proposed per sequence and step, overriding
+    /// `[speculative] num_speculative_tokens`.
+    #[arg(long, value_name = "K")]
+    num_speculative_tokens: Option<usize>,
     /// How log lines are written: `text` (coloured only on a terminal) or `json` (one object a
     /// line, for log shippers).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -85,6 +93,12 @@ impl ServeOverrides {
         }
         if let Some(name) = self.served_model_name {
             config.server.served_model_name = Some(name);
+        }
+        if let Some(method) = self.speculative {
+            config.speculative.method = Some(method);
+        }
+        if let Some(k) = self.num_speculative_tokens {
+            config.speculative.num_speculative_tokens = k;
         }
         if let Some(tokens) = self.max_model_len {
             config.server.max_model_len = Some(tokens);

@@ -155,6 +155,30 @@ pub const SETTINGS: &[Setting] = &[
         value: |c| int(c.engine.max_waiting),
     },
     Setting {
+        key: "speculative.num_speculative_tokens",
+        min: Bound::Int(1),
+        max: Bound::Int(crate::engine::speculative::MAX_SPECULATIVE_TOKENS as u64),
+        value: |c| int(c.speculative.num_speculative_tokens),
+    },
+    Setting {
+        key: "speculative.prompt_lookup_min",
+        min: Bound::Int(1),
+        max: Bound::Int(64),
+        value: |c| int(c.speculative.prompt_lookup_min),
+    },
+    Setting {
+        key: "speculative.prompt_lookup_max",
+        min: Bound::Int(1),
+        max: Bound::Int(64),
+        value: |c| int(c.speculative.prompt_lookup_max),
+    },
+    Setting {
+        key: "speculative.forced_acceptance",
+        min: Bound::Float(0.0),
+        max: Bound::Float(1.0),
+        value: |c| c.speculative.forced_acceptance,
+    },
+    Setting {
         key: "engine.kv_cache_bytes",
         min: Bound::Int(1 << 20),
         max: Bound::Int(1 << 40),
@@ -267,6 +291,7 @@ mod tests {
         };
         config.engine.max_num_seqs = Some(256);
         config.server.max_model_len = Some(8192);
+        config.speculative.forced_acceptance = Some(0.5);
         config.model.key = Some(ModelKeySource::Broker {
             url: "http://k".to_owned(),
             retries: super::super::DEFAULT_BROKER_RETRIES,

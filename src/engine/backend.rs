@@ -90,6 +90,14 @@ pub enum BackendError {
     /// The batch violated the backend's limits or the cache geometry.
     #[error("invalid batch: {0}")]
     InvalidBatch(String),
+    /// The backend does not implement what the step asked for.
+    #[error("the {backend} backend does not support {what}")]
+    Unsupported {
+        /// The backend's name.
+        backend: String,
+        /// What it lacks.
+        what: &'static str,
+    },
 }
 
 /// A forward-pass implementation.
@@ -118,6 +126,31 @@ pub trait Backend: Send {
     /// Runs one forward step. Keys and values of every row's tokens are written into the cache
     /// before attention reads them.
     fn step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError>;
+
+    /// Whether [`Backend::step_logits`] is implemented: speculative decoding (verification of
+    /// proposed tokens) and prompt logprobs need the logits at several positions of a row.
+    fn position_logits(&self) -> bool {
+        false
+    }
+
+    /// Runs one forward step like [`Backend::step`] and returns raw logits at several positions
+    /// of each row: `positions[i]` of them for the i-th row, those after its last
+    /// `positions[i]` tokens (`0`: none; the row's `sample` is ignored, the engine samples).
+    /// The result is flat: row by row, each row's positions in order. Like
+    /// [`Backend::step_with_hidden`], it also returns the final hidden state of the last token of
+    /// each row listed in `hidden`.
+    fn step_logits(
+        &mut self,
+        rows: &[BatchRow<'_>],
+        positions: &[usize],
+        hidden: &[usize],
+    ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>), BackendError> {
+        let _ = (rows, positions, hidden);
+        Err(BackendError::Unsupported {
+            backend: self.name().to_owned(),
+            what: "logits at several positions of a row (speculative decoding, prompt logprobs)",
+        })
+    }
 
     /// Starts a step and returns before it ends, so that the engine works while its forward
     /// pass runs: it streams the previous step's tokens and waits for grammar masks still being

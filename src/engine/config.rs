@@ -81,6 +81,10 @@ pub struct EngineConfig {
     /// compute capability 9.0 and later; `false` launches in plain stream order, for A/B
     /// comparisons).
     pub programmatic_launch: bool,
+    /// Speculative decoding: the `[speculative]` table of the configuration file (a table of its
+    /// own there, not a key of `[engine]`).
+    #[serde(skip)]
+    pub speculative: super::speculative::SpeculativeConfig,
 }
 
 impl EngineConfig {
@@ -116,6 +120,7 @@ impl Default for EngineConfig {
             cuda_mixed_graphs: true,
             kv_cache_dtype: KvCacheDtype::Auto,
             programmatic_launch: true,
+            speculative: Default::default(),
         }
     }
 }

@@ -40,6 +40,9 @@ pub enum SubmitError {
     /// The stop strings are refused (too long together).
     #[error(transparent)]
     StopStrings(#[from] super::stop::StopError),
+    /// The backend cannot compute what the request asks for.
+    #[error("{0} is not supported by the {1} backend")]
+    Unsupported(&'static str, String),
     /// The engine has shut down.
     #[error("the engine has stopped")]
     Stopped,
@@ -83,6 +86,12 @@ pub struct EngineStats {
     /// backend's own packing and launch are not included). With a backend that starts steps, the
     /// previous tokens are streamed during the step, not in this gap.
     pub step_gap_seconds: f64,
+    /// Speculative decoding: rows that verified proposals, since start.
+    pub spec_verifications: u64,
+    /// Tokens proposed in them, since start.
+    pub spec_draft_tokens: u64,
+    /// Of those, tokens accepted, since start.
+    pub spec_accepted_tokens: u64,
     /// The tokens of each step (prompt and generated), as a histogram since start.
     pub step_tokens: super::step_tokens::StepTokens,
 }
@@ -116,6 +125,8 @@ pub(super) struct Shared {
     pub max_waiting: usize,
     /// The backend's short name ([`super::Backend::name`]).
     pub backend: String,
+    /// Whether the backend returns logits at several positions of a row (prompt logprobs).
+    pub position_logits: bool,
     /// The engine thread, joined by the first `shutdown`.
     pub thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -153,6 +164,12 @@ impl EngineHandle {
         let shared = &self.shared;
         if request.prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
+        }
+        if request.prompt_logprobs.is_some() && !shared.position_logits {
+            return Err(SubmitError::Unsupported(
+                "prompt logprobs",
+                shared.backend.clone(),
+            ));
         }
         if let Some(&token) = request
             .prompt

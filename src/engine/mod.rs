@@ -14,6 +14,7 @@ pub mod request;
 pub mod sampling;
 mod scheduler;
 mod sequence;
+pub mod speculative;
 mod step_cost;
 pub mod step_tokens;
 mod stop;
@@ -28,7 +29,8 @@ pub use config::{
 pub use core::{Engine, EngineError, ModelInfo};
 pub use handle::{EngineHandle, EngineStats, GenerationStream, SubmitError};
 pub use request::{
-    FinishReason, GenerationEvent, GenerationRequest, MAX_LOGIT_BIAS_TOKENS, SamplingParams,
-    StopParams, StopReason, TokenLogprob,
+    FinishReason, GenerationEvent, GenerationRequest, MAX_LOGIT_BIAS_TOKENS, PromptLogprob,
+    SamplingParams, StopParams, StopReason, TokenLogprob,
 };
+pub use speculative::{SpeculativeConfig, SpeculativeMethod};
 pub use stop::{MAX_STOP_BYTES, StopError};

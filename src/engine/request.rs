@@ -87,6 +87,11 @@ pub struct GenerationRequest {
     pub stop: StopParams,
     /// `Some(k)` returns the chosen token's log-probability and the `k` most likely alternatives.
     pub logprobs: Option<u32>,
+    /// `Some(k)` also returns the log-probability of every prompt token and its `k` most likely
+    /// alternatives (vLLM's `prompt_logprobs`; the first token has none), in
+    /// [`GenerationEvent::Finished`]. The whole prompt is computed: the prefix cache is not
+    /// used for it.
+    pub prompt_logprobs: Option<u32>,
     /// Salt of the prefix-cache hash chain: requests with different salts never share cached
     /// blocks. The server derives it from the principal unless the cache is shared.
     pub cache_salt: u64,
@@ -99,6 +104,17 @@ pub struct GenerationRequest {
 pub struct TokenLogprob {
     /// Log-probability of the chosen token.
     pub logprob: f32,
+    /// The most likely tokens with their log-probabilities, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// The log-probability of a prompt token given the tokens before it (prompt logprobs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprob {
+    /// Log-probability of the prompt token.
+    pub logprob: f32,
+    /// Its rank: one more than the number of tokens the model found more likely.
+    pub rank: u32,
     /// The most likely tokens with their log-probabilities, most likely first.
     pub top: Vec<(u32, f32)>,
 }
@@ -179,6 +195,8 @@ pub enum GenerationEvent {
         completion_tokens: usize,
         /// Prompt tokens served from the prefix cache.
         cached_tokens: usize,
+        /// With prompt logprobs asked for: one per prompt token, the first `None`.
+        prompt_logprobs: Option<Vec<Option<PromptLogprob>>>,
         /// When the scheduler first admitted the request (`None`: never scheduled).
         scheduled_at: Option<std::time::Instant>,
     },

@@ -143,11 +143,7 @@ pub fn apply_logit_bias(logits: &mut [f32], bias: &[(u32, f32)]) {
 pub fn sample(mut logits: Vec<f32>, spec: &SampleSpec<'_>) -> SampledToken {
     let logprob_table = spec.logprobs.map(|_| log_softmax(&logits));
     let params = spec.params;
-    if let Some(mask) = spec.mask {
-        apply_mask(&mut logits, mask);
-    }
-    apply_logit_bias(&mut logits, &params.logit_bias);
-    apply_penalties(&mut logits, params, spec.prompt, spec.output);
+    process_logits(&mut logits, spec);
     let token = if params.temperature <= 0.0 {
         argmax(&logits)
     } else {
@@ -165,6 +161,12 @@ pub fn sample(mut logits: Vec<f32>, spec: &SampleSpec<'_>) -> SampledToken {
 
 /// Temperature, the three filters and the inverse-CDF draw with `u`.
 fn draw(logits: &[f32], params: &SamplingParams, u: f32) -> u32 {
+    pick(&kept_distribution(logits, params), u)
+}
+
+/// The tokens that survive temperature and the three filters, most likely first, with their
+/// unnormalised probabilities: what [`sample`] draws from (its total is the kept mass).
+pub fn kept_distribution(logits: &[f32], params: &SamplingParams) -> Vec<(u32, f32)> {
     let inv_t = 1.0 / params.temperature;
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let probs: Vec<f32> = logits.iter().map(|&l| ((l - max) * inv_t).exp()).collect();
@@ -193,10 +195,16 @@ fn draw(logits: &[f32], params: &SamplingParams, u: f32) -> u32 {
         let len = kept.iter().take_while(|(_, p)| *p >= floor).count();
         kept.truncate(len.max(1));
     }
+    kept
+}
+
+/// The inverse-CDF draw with `u` from `kept` (unnormalised probabilities, not empty): the first
+/// token whose cumulative mass exceeds `u` times the total.
+pub fn pick(kept: &[(u32, f32)], u: f32) -> u32 {
     let kept_total: f32 = kept.iter().map(|(_, p)| p).sum();
     let threshold = u * kept_total;
     let mut mass = 0.0;
-    for &(token, p) in &kept {
+    for &(token, p) in kept {
         mass += p;
         if mass > threshold {
             return token;
@@ -208,6 +216,16 @@ fn draw(logits: &[f32], params: &SamplingParams, u: f32) -> u32 {
         .find(|(_, p)| *p > 0.0)
         .unwrap_or(&kept[kept.len() - 1])
         .0
+}
+
+/// Applies what precedes the draw to raw `logits` in place: the grammar mask, `logit_bias` and
+/// the penalties (steps 0 and 1 of the module documentation).
+pub fn process_logits(logits: &mut [f32], spec: &SampleSpec<'_>) {
+    if let Some(mask) = spec.mask {
+        apply_mask(logits, mask);
+    }
+    apply_logit_bias(logits, &spec.params.logit_bias);
+    apply_penalties(logits, spec.params, spec.prompt, spec.output);
 }
 
 #[cfg(test)]

@@ -156,6 +156,8 @@ impl Scheduler {
                 Some(context) => {
                     decode.rows += 1;
                     decode.kv_tokens += context;
+                    // Verified proposals cost what prompt tokens of a mixed step cost.
+                    prefill_tokens += scheduled.num_tokens - 1;
                 }
                 None => prefill_tokens += scheduled.num_tokens,
             }
@@ -169,14 +171,29 @@ impl Scheduler {
         let budget = token_budget.min(self.config.max_batched_tokens);
         let mut prefill_budget = budget.saturating_sub(self.decoding_rows());
         let mut decode_budget = budget - prefill_budget;
+        // Proposals to verify take at most half of the prompt share while prompts wait or are
+        // being computed, so that speculation cannot hold their admission back.
+        let prompts_pending =
+            !self.waiting.is_empty() || self.running.iter().any(|s| s.pending() > 1);
+        let mut draft_budget = if prompts_pending {
+            prefill_budget / 2
+        } else {
+            prefill_budget
+        };
         let mut plan = Vec::new();
         let mut preempted = false;
         let mut index = 0;
         while index < self.running.len() {
             let seq = &self.running[index];
             let decoding = seq.pending() == 1;
+            // A decode row verifies its proposals too, as far as the prefill budget allows.
+            let proposed = if decoding && decode_budget > 0 {
+                seq.draft.len().min(prefill_budget).min(draft_budget)
+            } else {
+                0
+            };
             let num_tokens = if decoding {
-                seq.pending().min(decode_budget)
+                seq.pending().min(decode_budget) + proposed
             } else {
                 seq.pending().min(prefill_budget)
             };
@@ -197,12 +214,21 @@ impl Scheduler {
                 break;
             }
             self.grow(index, needed);
+            let seq = &mut self.running[index];
+            seq.draft.truncate(proposed);
+            if proposed > 0 {
+                seq.verify.clear();
+                seq.verify.push(seq.tokens[seq.num_computed]);
+                seq.verify.extend_from_slice(&seq.draft);
+            }
             plan.push(Scheduled {
-                seq_id: self.running[index].id,
+                seq_id: seq.id,
                 num_tokens,
             });
             if decoding {
-                decode_budget -= num_tokens;
+                decode_budget -= num_tokens - proposed;
+                prefill_budget -= proposed;
+                draft_budget -= proposed;
             } else {
                 prefill_budget -= num_tokens;
             }
@@ -220,7 +246,11 @@ impl Scheduler {
             let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
-            if seq.blocks.is_empty() && self.config.prefix_caching {
+            // Prompt logprobs need every prompt position computed.
+            if seq.blocks.is_empty()
+                && self.config.prefix_caching
+                && seq.request.prompt_logprobs.is_none()
+            {
                 self.take_cached_prefix(&mut seq);
             }
             let num_tokens = seq.pending().min(budget);
@@ -291,6 +321,27 @@ impl Scheduler {
         }
     }
 
+    /// Ends a verification row: the proposals it did not accept leave the sequence, and the
+    /// blocks that held only their keys and values go back to the pool (the rejected slots of a
+    /// block that is kept are overwritten when their positions are computed again; no block
+    /// holding them was offered to the prefix cache, which takes only computed full blocks).
+    pub fn end_verification(&mut self, seq_id: u64) {
+        let Some(&position) = self.positions.get(&seq_id) else {
+            return;
+        };
+        let seq = &mut self.running[position];
+        seq.draft.clear();
+        seq.verify.clear();
+        let keep = Sequence::blocks_for(seq.num_computed);
+        let surplus: Vec<u32> = seq
+            .blocks
+            .drain(keep.max(seq.registered_blocks)..)
+            .collect();
+        for block in surplus {
+            self.blocks.release(block);
+        }
+    }
+
     /// Removes the running sequence with id `seq_id` and releases its blocks; the others keep
     /// their admission order.
     pub fn remove_running(&mut self, seq_id: u64) -> Option<Sequence> {
@@ -345,6 +396,8 @@ impl Scheduler {
         }
         seq.num_computed = 0;
         seq.registered_blocks = 0;
+        seq.draft.clear();
+        seq.verify.clear();
     }
 }
 
@@ -389,6 +442,7 @@ mod tests {
             stop: StopParams::default(),
             logprobs: None,
             cache_salt: 0,
+            prompt_logprobs: None,
             constraint: None,
         };
         let (events, _) = tokio::sync::mpsc::unbounded_channel();
@@ -567,5 +621,61 @@ mod tests {
         let total: usize = plan.iter().map(|p| p.num_tokens).sum();
         assert_eq!(total, 3 + 236);
         assert!(total <= 512);
+    }
+
+    #[test]
+    fn a_verification_row_grows_then_gives_back_the_blocks_of_rejected_proposals() {
+        let mut s = limited(4, 8);
+        // A 15-token prompt: its first token to decode sits at position 15, the block's last.
+        s.waiting.push_back(sequence(1, 15));
+        let plan = s.schedule(usize::MAX);
+        complete(&mut s, &plan);
+        let available = s.blocks.num_available();
+        s.get_mut(1).expect("running").draft = vec![3, 4, 5, 6];
+        let plan = s.schedule(usize::MAX);
+        assert_eq!(
+            plan,
+            vec![Scheduled {
+                seq_id: 1,
+                num_tokens: 5
+            }]
+        );
+        let seq = s.get(1).expect("running");
+        assert_eq!(seq.verify, vec![7, 3, 4, 5, 6]);
+        // Positions 15..20 span a second block.
+        assert_eq!(
+            (seq.blocks.len(), s.blocks.num_available()),
+            (2, available - 1)
+        );
+        // One proposal accepted: positions 15 and 16 are computed, 17..20 are rolled back; the
+        // second block holds position 16, so it stays.
+        s.get_mut(1).expect("running").tokens.extend([3, 9]);
+        s.complete(Scheduled {
+            seq_id: 1,
+            num_tokens: 2,
+        });
+        s.end_verification(1);
+        let seq = s.get(1).expect("running");
+        assert_eq!(
+            (seq.num_computed, seq.pending(), seq.blocks.len()),
+            (17, 1, 2)
+        );
+        assert!(seq.draft.is_empty() && seq.verify.is_empty());
+        // None accepted from the block boundary: the block that held only proposals goes back.
+        let mut s = limited(4, 8);
+        s.waiting.push_back(sequence(2, 15));
+        let plan = s.schedule(usize::MAX);
+        complete(&mut s, &plan);
+        s.get_mut(2).expect("running").draft = vec![3, 4];
+        s.schedule(usize::MAX);
+        assert_eq!(s.blocks.num_available(), 6);
+        s.get_mut(2).expect("running").tokens.push(8);
+        s.complete(Scheduled {
+            seq_id: 2,
+            num_tokens: 1,
+        });
+        s.end_verification(2);
+        assert_eq!(s.get(2).expect("running").blocks.len(), 1);
+        assert_eq!(s.blocks.num_available(), 7);
     }
 }

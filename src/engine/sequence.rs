@@ -5,7 +5,8 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::block_manager::BlockHash;
 use super::config::BLOCK_SIZE;
 use super::detokenize::IncrementalDecoder;
-use super::request::{GenerationEvent, GenerationRequest};
+use super::request::{GenerationEvent, GenerationRequest, PromptLogprob};
+use super::speculative::adaptive::Acceptance;
 use super::stop::StopMatcher;
 use crate::constrain::{TokenConstraint, TokenMask};
 
@@ -49,6 +50,16 @@ pub struct Sequence {
     /// An embedding request: its last prompt token's hidden state is returned and nothing is
     /// generated.
     pub embed: bool,
+    /// Tokens proposed to follow the sequence, verified in the next step (speculative decoding;
+    /// empty when it proposes none).
+    pub draft: Vec<u32>,
+    /// The tokens of a verification row as scheduled: the last token, then the proposals.
+    pub verify: Vec<u32>,
+    /// Its recent acceptance of proposals (adaptive number of proposals).
+    pub acceptance: Acceptance,
+    /// With prompt logprobs asked for: the logprob of each prompt token (the first `None`),
+    /// filled while the prompt is computed.
+    pub prompt_logprobs: Option<Vec<Option<PromptLogprob>>>,
 }
 
 impl Sequence {
@@ -66,6 +77,12 @@ impl Sequence {
     /// when the sequence has more than its next token to compute (it is prefilling).
     pub fn decode_context(&self) -> Option<usize> {
         (self.pending() == 1).then_some(self.tokens.len())
+    }
+
+    /// Whether the scheduled row of `num_tokens` tokens verifies proposals (it computes more
+    /// than the tokens still pending).
+    pub fn verifies(&self, num_tokens: usize) -> bool {
+        num_tokens > self.pending()
     }
 
     /// Blocks needed to hold `positions` tokens.
@@ -102,6 +119,12 @@ impl Sequence {
             constraint: request.constraint.as_ref().map(|c| c.start()),
             next_mask: None,
             embed: false,
+            draft: Vec::new(),
+            verify: Vec::new(),
+            acceptance: Acceptance::default(),
+            prompt_logprobs: request
+                .prompt_logprobs
+                .map(|_| vec![None; request.prompt.len()]),
             request,
         }
     }

@@ -107,6 +107,7 @@ pub(super) async fn embeddings(
             },
             logprobs: None,
             cache_salt: salt,
+            prompt_logprobs: None,
             constraint: None,
         })
         .collect();

@@ -8,6 +8,7 @@
 
 mod format;
 mod process;
+mod speculative;
 mod step_tokens;
 
 use std::sync::atomic::AtomicU64;
@@ -169,6 +170,7 @@ pub struct Metrics {
     /// When the start-up evidence passed its appraisal.
     attested_at: OnceLock<Instant>,
     process: process::ProcessMetrics,
+    speculative: speculative::SpeculativeMetrics,
     /// Engine totals already folded into the counters.
     engine_seen: Mutex<EngineSeen>,
 }
@@ -418,6 +420,7 @@ impl Metrics {
             requests_by_principal.clone(),
         );
         let process = process::ProcessMetrics::register(&mut registry);
+        let speculative = speculative::SpeculativeMetrics::register(&mut registry);
         Self {
             registry,
             private,
@@ -459,6 +462,7 @@ impl Metrics {
             attestation_age,
             attested_at: OnceLock::new(),
             process,
+            speculative,
             engine_seen: Mutex::new(EngineSeen::default()),
         }
     }
@@ -616,6 +620,7 @@ impl Metrics {
 
     fn observe_engine(&self, model: &str, stats: &EngineStats, config: &EngineConfig) {
         let label = Self::label(model);
+        self.speculative.observe(&label, stats);
         let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         self.running
             .get_or_create(&label)

@@ -312,6 +312,12 @@ impl ModelService {
         self.tokenizer.decode(&[token], false).unwrap_or_default()
     }
 
+    /// A token's text as decoded output shows it: empty for a special token (an echoed
+    /// prompt's BOS).
+    pub fn visible_text(&self, token: u32) -> String {
+        self.tokenizer.decode(&[token], true).unwrap_or_default()
+    }
+
     /// Submits requests to the engine; if any is refused, the ones already queued are cancelled
     /// (their streams are dropped) and the refusal is mapped to an HTTP error.
     pub fn submit(
@@ -414,6 +420,7 @@ fn submit_error(err: SubmitError, retry_after: u64) -> ApiError {
             ApiError::invalid_param("prompt", err.to_string())
         }
         SubmitError::StopStrings(_) => ApiError::invalid_param("stop", err.to_string()),
+        SubmitError::Unsupported(..) => ApiError::invalid_param("prompt_logprobs", err.to_string()),
         SubmitError::Stopped => ApiError::unavailable("the engine has stopped"),
     }
 }

@@ -38,7 +38,10 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let mut timeline = timeline::Timeline::start();
     let progress = progress_bar();
-    let engine_config = config.engine.clone();
+    let engine_config = crate::engine::EngineConfig {
+        speculative: config.speculative.clone(),
+        ..config.engine.clone()
+    };
     let served_name = config.server.served_model_name.clone();
     let key_source = config.model.key.clone();
     let quantize = config.model.quantization;

@@ -187,6 +187,27 @@ def test_completion_and_its_stream(server, model_id):
     assert streamed == whole.choices[0].text
 
 
+def test_echo_scores_the_prompt_as_a_loglikelihood_harness_reads_it(server, model_id):
+    # lm-evaluation-harness's `local-completions` loglikelihood request: the prompt's tokens come
+    # back with their logprobs, the first one None, then one generated token.
+    prompt = "Confidential computing protects data in use"
+    response = server.client().completions.create(
+        model=model_id, prompt=prompt, max_tokens=1, temperature=0, logprobs=1, echo=True
+    )
+    choice = response.choices[0]
+    assert choice.text.startswith(prompt)
+    logprobs = choice.logprobs
+    prompt_tokens = response.usage.prompt_tokens
+    assert len(logprobs.tokens) == prompt_tokens + 1
+    assert logprobs.token_logprobs[0] is None
+    assert logprobs.top_logprobs[0] is None
+    assert all(lp <= 0 for lp in logprobs.token_logprobs[1:])
+    assert all(len(top) == 1 for top in logprobs.top_logprobs[1:])
+    # Offsets count in the returned text (a BOS the tokenizer added is no text).
+    completion_at = logprobs.text_offset[prompt_tokens]
+    assert choice.text[:completion_at] == prompt
+
+
 def test_n_choices(server, model_id):
     response = server.client().completions.create(
         model=model_id, prompt="Once", max_tokens=4, n=2, seed=3, temperature=1.0

@@ -66,10 +66,7 @@ impl Harness {
 
     /// [`Harness::start`] serving the model in `dir` (loaded).
     pub fn start_model(config: Config, dir: &std::path::Path) -> Harness {
-        let model = Model::load(dir).expect("the model loads");
-        std::thread::spawn(move || Self::start_blocking(config, model, true))
-            .join()
-            .expect("server start-up thread")
+        Self::start_serving(config, Model::load(dir).expect("the model loads"))
     }
 
     /// Starts a server serving `model` (instead of the embedded one) on the CPU backend.

@@ -113,6 +113,7 @@ pub fn greedy(prompt: &[u32], max_tokens: usize) -> GenerationRequest {
         },
         logprobs: None,
         cache_salt: 0,
+        prompt_logprobs: None,
         constraint: None,
     }
 }

@@ -155,6 +155,68 @@ impl CpuBackend {
         Ok(())
     }
 
+    /// The forward pass over `rows`, returning the logits after the last `positions[i]` tokens
+    /// of the i-th row (row by row), and the final-norm hidden state of the last token of each
+    /// row listed in `hidden_rows` (in that order).
+    fn forward(
+        &mut self,
+        rows: &[BatchRow<'_>],
+        positions: &[usize],
+        hidden_rows: &[usize],
+    ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>), BackendError> {
+        self.validate(rows)?;
+        if positions.len() != rows.len()
+            || rows.iter().zip(positions).any(|(r, &p)| p > r.tokens.len())
+        {
+            return Err(BackendError::InvalidBatch(
+                "logits asked for more positions than a row has".into(),
+            ));
+        }
+        if let Some(&row) = hidden_rows.iter().find(|&&row| row >= rows.len()) {
+            return Err(BackendError::InvalidBatch(format!(
+                "hidden state asked of row {row} of a step of {} rows",
+                rows.len()
+            )));
+        }
+        let dim = self.definition.hidden;
+        let mut contexts = Vec::new();
+        let mut slots = Vec::new();
+        let mut hidden = Vec::new();
+        let mut outputs = Vec::new();
+        let mut last_of_rows = Vec::with_capacity(rows.len());
+        for (row, &wanted) in rows.iter().zip(positions) {
+            for (i, &token) in row.tokens.iter().enumerate() {
+                let position = row.start_pos + i;
+                contexts.push(TokenContext {
+                    position,
+                    block_table: row.block_table,
+                });
+                slots.push(slot(row.block_table, position));
+                let t = token as usize;
+                hidden.extend_from_slice(&self.weights.embed_tokens.weight[t * dim..(t + 1) * dim]);
+            }
+            outputs.extend(contexts.len() - wanted..contexts.len());
+            last_of_rows.push(contexts.len().wrapping_sub(1));
+        }
+        for index in 0..self.definition.layers.len() {
+            self.layer(index, &mut hidden, &contexts, &slots);
+        }
+        let final_norm = |tokens: &mut dyn Iterator<Item = usize>| {
+            let last: Vec<f32> = tokens
+                .flat_map(|t| hidden[t * dim..(t + 1) * dim].iter().copied())
+                .collect();
+            norm(self.definition.final_norm, &last, &self.weights.final_norm)
+        };
+        let normed = final_norm(&mut outputs.iter().copied());
+        let states = final_norm(&mut hidden_rows.iter().map(|&row| last_of_rows[row]));
+        let vocab = self.definition.vocab;
+        let logits = self.weights.lm_head().apply(&normed, outputs.len());
+        Ok((
+            logits.chunks(vocab).map(<[f32]>::to_vec).collect(),
+            states.chunks(dim).map(<[f32]>::to_vec).collect(),
+        ))
+    }
+
     /// One transformer block over the batch's hidden states, in place, as its definition
     /// declares it.
     fn layer(
@@ -268,54 +330,24 @@ impl Backend for CpuBackend {
         rows: &[BatchRow<'_>],
         hidden_rows: &[usize],
     ) -> Result<(StepOutput, Vec<Vec<f32>>), BackendError> {
-        self.validate(rows)?;
-        if let Some(&row) = hidden_rows.iter().find(|&&row| row >= rows.len()) {
-            return Err(BackendError::InvalidBatch(format!(
-                "hidden state asked of row {row} of a step of {} rows",
-                rows.len()
-            )));
-        }
-        let dim = self.definition.hidden;
-        let mut contexts = Vec::new();
-        let mut slots = Vec::new();
-        let mut hidden = Vec::new();
-        let mut last_of_sampling_rows = Vec::new();
-        let mut last_of_rows = Vec::new();
-        for row in rows {
-            for (i, &token) in row.tokens.iter().enumerate() {
-                let position = row.start_pos + i;
-                contexts.push(TokenContext {
-                    position,
-                    block_table: row.block_table,
-                });
-                slots.push(slot(row.block_table, position));
-                let t = token as usize;
-                hidden.extend_from_slice(&self.weights.embed_tokens.weight[t * dim..(t + 1) * dim]);
-            }
-            last_of_rows.push(contexts.len().wrapping_sub(1));
-            if row.sample.is_some() {
-                last_of_sampling_rows.push(contexts.len() - 1);
-            }
-        }
-        for index in 0..self.definition.layers.len() {
-            self.layer(index, &mut hidden, &contexts, &slots);
-        }
-        let final_norm = |tokens: &mut dyn Iterator<Item = usize>| {
-            let last: Vec<f32> = tokens
-                .flat_map(|t| hidden[t * dim..(t + 1) * dim].iter().copied())
-                .collect();
-            norm(self.definition.final_norm, &last, &self.weights.final_norm)
-        };
-        let normed = final_norm(&mut last_of_sampling_rows.iter().copied());
-        let states = final_norm(&mut hidden_rows.iter().map(|&row| last_of_rows[row]));
-        let vocab = self.definition.vocab;
-        let logits = self
-            .weights
-            .lm_head()
-            .apply(&normed, last_of_sampling_rows.len());
-        Ok((
-            StepOutput::Logits(logits.chunks(vocab).map(<[f32]>::to_vec).collect()),
-            states.chunks(dim).map(<[f32]>::to_vec).collect(),
-        ))
+        let positions: Vec<usize> = rows
+            .iter()
+            .map(|r| usize::from(r.sample.is_some()))
+            .collect();
+        let (logits, states) = self.forward(rows, &positions, hidden_rows)?;
+        Ok((StepOutput::Logits(logits), states))
+    }
+
+    fn position_logits(&self) -> bool {
+        true
+    }
+
+    fn step_logits(
+        &mut self,
+        rows: &[BatchRow<'_>],
+        positions: &[usize],
+        hidden: &[usize],
+    ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>), BackendError> {
+        self.forward(rows, positions, hidden)
     }
 }

@@ -1,10 +1,9 @@
 //! A finished chat choice's message: reasoning split off, tool calls parsed; token logprobs
-//! in the chat and completion shapes.
+//! in the chat shape (the completion shape is `openai::echo`'s).
 
 use super::super::openai::reasoning::ReasoningFormat;
 use super::super::openai::response::{
-    AssistantMessage, ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, FunctionCall, ToolCall,
-    TopLogprob,
+    AssistantMessage, ChatLogprobs, ChatTokenLogprob, FunctionCall, ToolCall, TopLogprob,
 };
 use super::super::openai::tools::{ToolCallFormat, enforced_tool_calls, parse_tool_calls};
 use super::super::service::ModelService;
@@ -129,30 +128,6 @@ pub(super) fn chat_logprobs(
             })
             .collect(),
     }
-}
-
-pub(super) fn completion_logprobs(
-    service: &ModelService,
-    tokens: &[(u32, TokenLogprob)],
-    start_offset: usize,
-) -> CompletionLogprobs {
-    let mut out = CompletionLogprobs::default();
-    let mut offset = start_offset;
-    for (token, logprob) in tokens {
-        let text = service.token_text(*token);
-        out.text_offset.push(offset);
-        offset += text.len();
-        out.tokens.push(text);
-        out.token_logprobs.push(logprob.logprob);
-        out.top_logprobs.push(
-            logprob
-                .top
-                .iter()
-                .map(|(id, lp)| (service.token_text(*id), serde_json::Value::from(*lp)))
-                .collect(),
-        );
-    }
-    out
 }
 
 #[cfg(test)]

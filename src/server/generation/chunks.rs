@@ -6,12 +6,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::ApiKind;
-use super::choice::{
-    ToolCalls, assistant_message, chat_logprobs, completion_logprobs, new_call_id,
-    tool_calls_finish,
-};
+use super::choice::{ToolCalls, assistant_message, chat_logprobs, new_call_id, tool_calls_finish};
 use crate::engine::{FinishReason, TokenLogprob};
 use crate::server::error::ApiError;
+use crate::server::openai::echo::completion_logprobs;
 use crate::server::openai::response::{
     ChatChunk, ChatChunkChoice, Completion, CompletionChoice, Delta, FunctionDelta, ToolCallDelta,
     Usage,
@@ -177,6 +175,7 @@ impl ChunkWriter {
                     text,
                     finish_reason: finish,
                     stop_reason,
+                    prompt_logprobs: None,
                 }],
                 None,
             ),
@@ -333,6 +332,7 @@ mod tests {
                 logprobs: None,
                 finish_reason: None,
                 stop_reason: None,
+                prompt_logprobs: None,
             }],
             usage: None,
         })

@@ -21,17 +21,19 @@ use tokio::sync::{mpsc, oneshot};
 use super::body::Body;
 use super::error::ApiError;
 use super::metrics::{GenerationTiming, Metrics};
+use super::openai::echo;
 use super::openai::reasoning::{ReasoningFormat, ReasoningSplitter};
 use super::openai::request::GenerationOptions;
-use super::openai::response::{ChatChoice, ChatCompletion, Completion, CompletionChoice, Usage};
+use super::openai::response::{ChatChoice, ChatCompletion, Completion, Usage};
 use super::openai::tools::ToolCallStreamer;
 use super::service::ModelService;
 use crate::constrain::CompiledConstraint;
 use crate::engine::{
-    FinishReason, GenerationEvent, GenerationRequest, GenerationStream, StopParams, TokenLogprob,
+    FinishReason, GenerationEvent, GenerationRequest, GenerationStream, PromptLogprob, StopParams,
+    TokenLogprob,
 };
 pub use choice::ToolCalls;
-use choice::{assistant_message, chat_logprobs, completion_logprobs};
+use choice::{assistant_message, chat_logprobs};
 use chunks::{ChunkWriter, error_event};
 
 /// Which API shape the response takes.
@@ -103,6 +105,10 @@ impl Job {
                         stop: stop.clone(),
                         logprobs: self.options.logprobs,
                         cache_salt: self.cache_salt,
+                        prompt_logprobs: self
+                            .options
+                            .prompt_return
+                            .engine_prompt_logprobs(self.options.logprobs),
                         constraint: self.constraint.clone(),
                     }
                 })
@@ -219,6 +225,8 @@ struct ChoiceResult {
     prompt_tokens: usize,
     completion_tokens: usize,
     cached_tokens: usize,
+    /// With prompt logprobs asked for: one per prompt token, the first `None`.
+    prompt_logprobs: Option<Vec<Option<PromptLogprob>>>,
 }
 
 /// Reads one choice's events to the end.
@@ -242,6 +250,7 @@ async fn collect_choice(
                 prompt_tokens,
                 completion_tokens,
                 cached_tokens,
+                prompt_logprobs,
                 scheduled_at,
             } => {
                 state.text.push_str(&text);
@@ -254,6 +263,7 @@ async fn collect_choice(
                     prompt_tokens,
                     completion_tokens,
                     cached_tokens,
+                    prompt_logprobs,
                 };
             }
         }
@@ -265,6 +275,7 @@ async fn collect_choice(
         prompt_tokens: 0,
         completion_tokens: 0,
         cached_tokens: 0,
+        prompt_logprobs: None,
     }
 }
 
@@ -347,13 +358,20 @@ pub async fn complete(
             model: service.name().to_owned(),
             choices: results
                 .into_iter()
-                .map(|result| CompletionChoice {
-                    index: result.index,
-                    logprobs: want_logprobs
-                        .then(|| completion_logprobs(service, &result.state.tokens, 0)),
-                    finish_reason: Some(result.reason.as_openai_str()),
-                    stop_reason: result.reason.stop_reason().cloned(),
-                    text: result.state.text,
+                .map(|result| {
+                    let output = echo::Output {
+                        prompt: &job.prompts[result.index / n].0,
+                        prompt_logprobs: result.prompt_logprobs,
+                        text: result.state.text,
+                        tokens: &result.state.tokens,
+                    };
+                    echo::completion_choice(
+                        service,
+                        &job.options,
+                        result.index,
+                        output,
+                        &result.reason,
+                    )
                 })
                 .collect(),
             usage: Some(usage),
@@ -594,6 +612,7 @@ impl Forwarder {
                     completion_tokens,
                     cached_tokens,
                     scheduled_at,
+                    ..
                 } => {
                     // Tokens that produced no event of their own (EOS, a stop token).
                     let unseen = completion_tokens.saturating_sub(state.generated) as u64;

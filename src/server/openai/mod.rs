@@ -1,5 +1,6 @@
 //! The OpenAI wire format: request parsing and validation, and response bodies.
 
+pub mod echo;
 pub mod embeddings;
 pub mod reasoning;
 pub mod request;

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
+use super::echo::PromptReturn;
 use crate::config::LimitsConfig;
 use crate::constrain::{ConstraintKind, ConstraintSource, ConstraintSpec, limits};
 use crate::engine::{MAX_LOGIT_BIAS_TOKENS, MAX_STOP_BYTES, SamplingParams, StopParams};
@@ -65,7 +66,14 @@ const CHAT_FIELDS: &[&str] = &[
     "add_generation_prompt",
 ];
 /// Fields only `/v1/completions` implements.
-const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs", "echo", "suffix", "best_of"];
+const COMPLETION_FIELDS: &[&str] = &[
+    "prompt",
+    "logprobs",
+    "echo",
+    "prompt_logprobs",
+    "suffix",
+    "best_of",
+];
 /// Largest magnitude of a `logit_bias` entry.
 const MAX_LOGIT_BIAS: f32 = 100.0;
 
@@ -168,6 +176,8 @@ struct CompletionFields {
     #[serde(default)]
     echo: Option<bool>,
     #[serde(default)]
+    prompt_logprobs: Option<u32>,
+    #[serde(default)]
     suffix: Option<String>,
     #[serde(default)]
     best_of: Option<u64>,
@@ -188,6 +198,8 @@ pub struct GenerationOptions {
     pub max_tokens: Option<usize>,
     /// `Some(k)`: return logprobs with `k` alternatives.
     pub logprobs: Option<u32>,
+    /// `echo` and `prompt_logprobs` (completions only).
+    pub prompt_return: PromptReturn,
     /// Stream server-sent events.
     pub stream: bool,
     /// Send a usage chunk at the end of the stream.
@@ -696,6 +708,7 @@ fn common_options(
         },
         max_tokens,
         logprobs,
+        prompt_return: PromptReturn::default(),
         stream,
         include_usage,
         constraint,
@@ -906,9 +919,6 @@ pub fn parse_completion(
             "best_of is supported only equal to n (every generated choice is returned)",
         ));
     }
-    if completion.echo.unwrap_or(false) {
-        return Err(ApiError::invalid_param("echo", "echo is not supported"));
-    }
     if completion.suffix.is_some_and(|suffix| !suffix.is_empty()) {
         return Err(ApiError::invalid_param("suffix", "suffix is not supported"));
     }
@@ -921,6 +931,8 @@ pub fn parse_completion(
             _ => err,
         })?;
     options.ignored = ignored_fields(&value)?;
+    options.prompt_return =
+        PromptReturn::parse(completion.echo, completion.prompt_logprobs, options.stream)?;
     if options.max_tokens.is_none() {
         // OpenAI's legacy completions endpoint defaults to 16 tokens.
         options.max_tokens = Some(16.min(limits.max_completion_tokens));

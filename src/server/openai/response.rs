@@ -72,10 +72,10 @@ pub struct ChatLogprobs {
 pub struct CompletionLogprobs {
     /// Token texts.
     pub tokens: Vec<String>,
-    /// Their log-probabilities.
-    pub token_logprobs: Vec<f32>,
-    /// Per position, the alternatives by text.
-    pub top_logprobs: Vec<serde_json::Map<String, serde_json::Value>>,
+    /// Their log-probabilities (`null` for the first token of an echoed prompt).
+    pub token_logprobs: Vec<Option<f32>>,
+    /// Per position, the alternatives by text (`null` for the first token of an echoed prompt).
+    pub top_logprobs: Vec<Option<serde_json::Map<String, serde_json::Value>>>,
     /// Character offset of each token in the completion.
     pub text_offset: Vec<usize>,
 }
@@ -254,6 +254,10 @@ pub struct CompletionChoice {
     /// The stop string or stop token id that ended the choice (`null` until the last chunk,
     /// and at EOS or the length limit).
     pub stop_reason: Option<StopReason>,
+    /// vLLM's `prompt_logprobs`, when requested: per prompt token (the first `null`), its
+    /// logprob, rank and decoded text, and those of the most likely alternatives, by token id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Vec<Option<serde_json::Map<String, serde_json::Value>>>>,
 }
 
 /// A whole completion or a streamed completion chunk.

@@ -16,9 +16,15 @@ use super::request::{FinishReason, GenerationEvent, StopReason};
 use super::sampling;
 use super::scheduler::{Scheduled, Scheduler};
 use super::sequence::Sequence;
+use super::speculative::{SpecCounters, SpeculativeConfig};
 use super::step_cost::StepCosts;
 use super::step_tokens::StepTokens;
 use super::stop::StopOutcome;
+
+mod masks;
+mod speculation;
+
+use masks::{MaskJobs, MaskWait};
 
 /// What the engine needs to know about the model besides its backend.
 #[derive(Debug, Clone)]
@@ -54,6 +60,12 @@ pub enum EngineError {
     /// The engine thread could not be spawned.
     #[error("cannot start the engine thread: {0}")]
     Thread(#[from] std::io::Error),
+    /// The `[speculative]` settings cannot be served.
+    #[error(transparent)]
+    Speculative(#[from] super::speculative::SpeculativeConfigError),
+    /// Speculative decoding was asked of a backend that cannot verify proposals.
+    #[error("speculative decoding is not supported by the {0} backend yet")]
+    SpeculativeBackend(String),
 }
 
 /// Starts engines.
@@ -69,6 +81,13 @@ impl Engine {
     ) -> Result<EngineHandle, EngineError> {
         let kv_cache = backend.kv_cache();
         let config = config.resolved(kv_cache.num_blocks, backend.max_rows());
+        let speculative = config.speculative.clone();
+        if speculative.enabled() {
+            speculative.validate()?;
+            if !backend.position_logits() {
+                return Err(EngineError::SpeculativeBackend(backend.name().to_owned()));
+            }
+        }
         tracing::info!(
             max_num_seqs = config.max_num_seqs,
             kv_blocks = kv_cache.num_blocks,
@@ -86,6 +105,7 @@ impl Engine {
             vocab_size: model.vocab_size,
             max_waiting: config.max_waiting,
             backend: backend.name().to_owned(),
+            position_logits: backend.position_logits(),
             thread: Mutex::new(None),
         });
         let (commands, receiver) = mpsc::channel();
@@ -109,6 +129,8 @@ impl Engine {
             unstreamed: Unstreamed::default(),
             last_step_end: None,
             step_gaps: Duration::ZERO,
+            speculative,
+            spec: SpecCounters::default(),
             step_tokens: StepTokens::default(),
         };
         let thread = std::thread::Builder::new()
@@ -144,54 +166,12 @@ struct Worker {
     last_step_end: Option<Instant>,
     /// Sum of the gaps between steps (`EngineStats::step_gap_seconds`).
     step_gaps: Duration,
+    /// Speculative decoding settings (off without a method).
+    speculative: SpeculativeConfig,
+    /// Speculation counters since start.
+    spec: SpecCounters,
     /// The tokens of each step, as a histogram.
     step_tokens: StepTokens,
-}
-
-/// Constrained rows from which a step advances their grammars on rayon's pool rather than on
-/// the engine thread (below it, waking the pool costs more than it saves).
-const PARALLEL_ADVANCE_ROWS: usize = 8;
-
-/// How long steps waited for their grammar masks (published in [`EngineStats`]).
-#[derive(Debug, Default)]
-struct MaskWait {
-    steps: u64,
-    overlapped_steps: u64,
-    micros: u64,
-}
-
-/// A grammar mask computed on rayon's pool, with the grammar state it came from.
-struct MaskJob {
-    seq_id: u64,
-    constraint: crate::constrain::TokenConstraint,
-    mask: Result<crate::constrain::TokenMask, String>,
-}
-
-/// The masks being computed between two steps.
-struct MaskJobs {
-    sender: mpsc::Sender<MaskJob>,
-    receiver: mpsc::Receiver<MaskJob>,
-    /// The sequences whose masks are being computed.
-    in_flight: HashSet<u64>,
-}
-
-impl MaskJobs {
-    fn new() -> Self {
-        let (sender, receiver) = mpsc::channel();
-        Self {
-            sender,
-            receiver,
-            in_flight: HashSet::new(),
-        }
-    }
-}
-
-/// The next mask of `constraint`; a panic in the grammar engine becomes an error of the row.
-fn compute_mask(
-    constraint: &mut crate::constrain::TokenConstraint,
-) -> Result<crate::constrain::TokenMask, String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| constraint.mask()))
-        .unwrap_or_else(|_| Err("the grammar mask computation panicked".to_owned()))
 }
 
 /// What a sampled token did to its sequence, before its text is known.
@@ -221,9 +201,8 @@ enum Streamed {
 struct Unstreamed {
     /// Tokens of sequences that go on (still scheduled, or preempted since).
     running: Vec<(u64, SampledToken)>,
-    /// Sequences a token ended, out of the scheduler already (their blocks released): the token
-    /// to stream first when its text belongs to the output, and why they end.
-    ended: Vec<(Sequence, Option<SampledToken>, FinishReason)>,
+    /// Sequences a token ended, out of the scheduler already (their blocks released).
+    ended: Vec<Ending>,
 }
 
 impl Unstreamed {
@@ -231,6 +210,30 @@ impl Unstreamed {
         self.running.is_empty() && self.ended.is_empty()
     }
 }
+
+/// What a step's forward pass returned.
+enum Forward<'a> {
+    /// The plain step's output.
+    Whole(StepOutput),
+    /// Logits at the positions asked of each row (`Backend::step_logits`).
+    Positions(&'a [usize], Vec<Vec<f32>>),
+}
+
+/// A sequence a token ended, with the tokens to stream before it ends.
+struct Ending {
+    seq: Sequence,
+    /// The tokens whose text belongs to the output (several after a verification), streamed
+    /// first.
+    tokens: Vec<SampledToken>,
+    /// Where the first of them is in the sequence's tokens (a stop string in one's text cuts
+    /// the sequence after it).
+    first: usize,
+    reason: FinishReason,
+}
+
+/// A sequence a step's tokens ended: its id, why, the tokens to stream first and where the
+/// first of them is in its tokens.
+type Finished = (u64, FinishReason, Vec<SampledToken>, usize);
 
 /// Sequences whose streamed text ended them while they were still scheduled: removed once the
 /// step in flight has ended (its token for them is dropped); no reason when the caller went away.
@@ -266,6 +269,7 @@ impl Worker {
             }
             self.drop_abandoned();
             self.publish_stats();
+            self.propose();
             let decoding = self.scheduler.decode_load();
             let plan = self
                 .scheduler
@@ -361,17 +365,27 @@ impl Worker {
                 .iter()
                 .map(|s| batch_row(planned(scheduler, s), *s))
                 .collect();
-            let specs = sample_specs(&rows);
+            let specs = speculation::plain_specs(scheduler, plan, &rows);
+            let positions = speculation::positions(scheduler, plan);
             let cpu_before = thread_cpu_time();
-            let output = if started {
-                self.backend
+            // Only a backend that runs steps whole computes logits at several positions.
+            let output = match &positions {
+                Some(positions) if !started => self
+                    .backend
+                    .step_logits(&rows, positions, &hidden_rows)
+                    .map(|(logits, states)| (Forward::Positions(positions, logits), states)),
+                _ if started => self
+                    .backend
                     .finish_step(&rows)
-                    .map(|output| (output, Vec::new()))
-            } else {
-                self.backend.step_with_hidden(&rows, &hidden_rows)
+                    .map(|output| (Forward::Whole(output), Vec::new())),
+                _ => self
+                    .backend
+                    .step_with_hidden(&rows, &hidden_rows)
+                    .map(|(output, states)| (Forward::Whole(output), states)),
             };
             self.backend_cpu += thread_cpu_time().saturating_sub(cpu_before);
             self.last_step_end = Some(Instant::now());
+            let forced = self.speculative.forced_acceptance;
             output.and_then(|(output, states)| {
                 if states.len() != hidden_rows.len() {
                     return Err(BackendError::InvalidBatch(format!(
@@ -380,13 +394,18 @@ impl Worker {
                         hidden_rows.len()
                     )));
                 }
-                let sampled: Vec<SampledToken> = match output {
-                    StepOutput::Sampled(tokens) => tokens,
-                    StepOutput::Logits(rows) => rows
-                        .into_iter()
-                        .zip(&specs)
-                        .map(|(logits, spec)| sampling::sample(logits, spec))
-                        .collect(),
+                let (sampled, positional) = match output {
+                    Forward::Whole(StepOutput::Sampled(tokens)) => (tokens, Default::default()),
+                    Forward::Whole(StepOutput::Logits(rows)) => (
+                        rows.into_iter()
+                            .zip(&specs)
+                            .map(|(logits, spec)| sampling::sample(logits, spec))
+                            .collect(),
+                        Default::default(),
+                    ),
+                    Forward::Positions(positions, logits) => {
+                        speculation::resolve(scheduler, plan, &rows, positions, logits, forced)
+                    }
                 };
                 if sampled.len() != specs.len() {
                     return Err(BackendError::InvalidBatch(format!(
@@ -404,28 +423,35 @@ impl Worker {
                         "the sampler chose a token outside the grammar mask".into(),
                     ));
                 }
-                Ok((sampled, states))
+                Ok((sampled, positional, states))
             })
         };
         self.steps += 1;
-        let (sampled, states) = match result {
+        let (sampled, positional, states) = match result {
             Ok(result) => result,
             Err(err) => {
                 self.end_by_text(ended_by_text);
                 return self.fail_step(plan, &err);
             }
         };
+        self.record_prompt_logprobs(positional.prompt);
         for scheduled in plan {
-            self.scheduler.complete(*scheduled);
+            // A verification row is completed once its accepted proposals are known.
+            if !planned(&self.scheduler, scheduled).verifies(scheduled.num_tokens) {
+                self.scheduler.complete(*scheduled);
+            }
         }
         // An embedding request ends with its prompt: its state goes out, nothing is sampled.
         for (&row, state) in hidden_rows.iter().zip(states) {
             let seq_id = plan[row].seq_id;
             if let Some(seq) = self.scheduler.remove_running(seq_id) {
                 let _ = seq.events.send(GenerationEvent::Hidden { state });
-                self.unstreamed
-                    .ended
-                    .push((seq, None, FinishReason::Stop(None)));
+                self.unstreamed.ended.push(Ending {
+                    seq,
+                    tokens: Vec::new(),
+                    first: 0,
+                    reason: FinishReason::Stop(None),
+                });
             }
         }
         let sampling_rows: Vec<Scheduled> = plan
@@ -467,16 +493,30 @@ impl Worker {
                     self.unstreamed.running.push((scheduled.seq_id, token));
                 }
                 Accepted::Finished { reason, streamed } => {
-                    finished.push((scheduled.seq_id, reason, streamed.then_some(token)));
+                    let at = planned(&self.scheduler, &scheduled).tokens.len() - 1;
+                    let token = streamed.then_some(token);
+                    finished.push((scheduled.seq_id, reason, token.into_iter().collect(), at));
                 }
+            }
+        }
+        for (seq_id, verified, proposed) in positional.verified {
+            if ended_by_text.iter().all(|(id, _)| *id != seq_id)
+                && self.accept_verified(seq_id, verified, proposed, &mut finished)
+            {
+                continuing.push(seq_id);
             }
         }
         self.end_by_text(ended_by_text);
         // Rows are in admission order: the latest admitted goes first, so that each removal moves
         // as few of the others as possible.
-        for (seq_id, reason, token) in finished.into_iter().rev() {
+        for (seq_id, reason, tokens, first) in finished.into_iter().rev() {
             if let Some(seq) = self.scheduler.remove_running(seq_id) {
-                self.unstreamed.ended.push((seq, token, reason));
+                self.unstreamed.ended.push(Ending {
+                    seq,
+                    tokens,
+                    first,
+                    reason,
+                });
             }
         }
         // Without a started step there is nothing to stream beside: stream at once, before the
@@ -512,21 +552,40 @@ impl Worker {
         let detokenizer = &self.detokenizer;
         let mut ended_by_text = Vec::new();
         for (seq_id, token) in running {
-            // Cancelled meanwhile: nothing to stream.
+            // Cancelled meanwhile: nothing to stream; ended by an earlier token's text: nothing
+            // more to stream.
             let Some(seq) = self.scheduler.find_mut(seq_id) else {
                 continue;
             };
+            if ended_by_text.iter().any(|(id, _)| *id == seq_id) {
+                // A later token of the same verification: it never belonged to the output.
+                seq.tokens.pop();
+                continue;
+            }
             if let Streamed::Ended(reason) = stream_token(seq, token, detokenizer) {
                 ended_by_text.push((seq_id, reason));
             }
         }
-        for (mut seq, token, reason) in ended {
-            // As the checks of a running sequence's token: a stop string in its text comes first.
-            let reason = match token.map(|token| stream_token(&mut seq, token, detokenizer)) {
-                None | Some(Streamed::Sent) => reason,
-                Some(Streamed::Ended(Some(reason))) => reason,
-                Some(Streamed::Ended(None)) => continue,
-            };
+        'ended: for ending in ended {
+            let Ending {
+                mut seq,
+                tokens,
+                first,
+                mut reason,
+            } = ending;
+            // As the checks of a running sequence's token: a stop string in its text comes first,
+            // and the tokens after it were never part of the output.
+            for (i, token) in tokens.into_iter().enumerate() {
+                match stream_token(&mut seq, token, detokenizer) {
+                    Streamed::Sent => {}
+                    Streamed::Ended(Some(by_text)) => {
+                        seq.tokens.truncate(first + i + 1);
+                        reason = by_text;
+                        break;
+                    }
+                    Streamed::Ended(None) => continue 'ended,
+                }
+            }
             finish(seq, reason, detokenizer);
         }
         ended_by_text
@@ -543,195 +602,13 @@ impl Worker {
         }
     }
 
-    /// Advances the grammar of every constrained row of `rows` past its sampled token: on
-    /// rayon's pool when the step has at least [`PARALLEL_ADVANCE_ROWS`] of them (a wide
-    /// constrained batch would otherwise advance them one after the other on this thread while
-    /// the device idles), else here. Per row: None when it has no grammar, else whether the
-    /// grammar is complete, or why it refused the token. A panic in the grammar engine becomes an
-    /// error of its row.
-    fn advance_grammars(
-        &mut self,
-        rows: &[Scheduled],
-        sampled: &[SampledToken],
-    ) -> Vec<Option<Result<bool, String>>> {
-        let mut outcomes: Vec<Option<Result<bool, String>>> = vec![None; rows.len()];
-        // Most steps carry no constrained row: skip building the index for them.
-        let constrained = rows.iter().any(|s| {
-            self.scheduler
-                .get(s.seq_id)
-                .is_some_and(|seq| seq.constraint.is_some())
-        });
-        if !constrained {
-            return outcomes;
-        }
-        let row_of: std::collections::HashMap<u64, usize> = rows
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (s.seq_id, i))
-            .collect();
-        let mut work: Vec<(usize, u32, &mut crate::constrain::TokenConstraint)> = self
-            .scheduler
-            .running_mut()
-            .filter_map(|seq| {
-                let at = *row_of.get(&seq.id)?;
-                let token = sampled.get(at)?.token;
-                Some((at, token, seq.constraint.as_mut()?))
-            })
-            .collect();
-        let advance =
-            |(at, token, constraint): &mut (usize, u32, &mut crate::constrain::TokenConstraint)| {
-                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    constraint
-                        .advance(*token)
-                        .map(|()| constraint.is_finished())
-                }))
-                .unwrap_or_else(|_| Err("the grammar engine panicked".to_owned()));
-                (*at, outcome)
-            };
-        let results: Vec<(usize, Result<bool, String>)> = if work.len() >= PARALLEL_ADVANCE_ROWS {
-            use rayon::prelude::*;
-            work.par_iter_mut().map(advance).collect()
-        } else {
-            work.iter_mut().map(advance).collect()
-        };
-        for (at, outcome) in results {
-            outcomes[at] = Some(outcome);
-        }
-        outcomes
-    }
-
-    /// Offers the step to the backend before its grammar masks are ready and before the previous
-    /// step's tokens are streamed: a sampled row's mask may still be being computed (or not
-    /// started: a first token after the prompt), and a backend that takes masks late gets it in
-    /// `finish_step` (see `docs/engine.md`, "Constrained decoding"). True when the backend queued
-    /// the step and `finish_step` must end it; false when it declined (it runs whole in
-    /// `Backend::step`).
+    /// [`Worker::start_step`] unless the step must run whole (`whole`: it returns hidden states,
+    /// which only [`Backend::step_with_hidden`] gives): then false, having queued nothing.
     fn start_step_unless(&mut self, plan: &[Scheduled], whole: bool) -> Result<bool, BackendError> {
         if whole {
             return Ok(false);
         }
         self.start_step(plan)
-    }
-
-    fn start_step(&mut self, plan: &[Scheduled]) -> Result<bool, BackendError> {
-        let scheduler = &self.scheduler;
-        let in_flight = &self.masks.in_flight;
-        let mut late = Vec::new();
-        let rows: Vec<BatchRow<'_>> = plan
-            .iter()
-            .map(|s| {
-                let seq = planned(scheduler, s);
-                let row = batch_row(seq, *s);
-                if row.sample.is_some() {
-                    late.push(
-                        in_flight.contains(&seq.id)
-                            || (seq.constraint.is_some() && seq.next_mask.is_none()),
-                    );
-                }
-                row
-            })
-            .collect();
-        let cpu_before = thread_cpu_time();
-        let started = self.backend.start_step(&rows, &late);
-        self.backend_cpu += thread_cpu_time().saturating_sub(cpu_before);
-        started
-    }
-
-    /// Counts a step's wait for its grammar masks (see `EngineStats`): in `overlapped` steps
-    /// the backend's forward pass ran meanwhile.
-    fn record_mask_wait(&mut self, waited: std::time::Duration, overlapped: bool) {
-        self.mask_wait.steps += 1;
-        self.mask_wait.micros += waited.as_micros() as u64;
-        if overlapped {
-            self.mask_wait.overlapped_steps += 1;
-        }
-        tracing::trace!(
-            wait_us = waited.as_micros() as u64,
-            overlapped,
-            "grammar masks ready"
-        );
-    }
-
-    /// Starts computing the next grammar masks of the constrained running sequences `seq_ids`:
-    /// one job on rayon's pool (one wake-up of the pool per step, not one per row) that computes
-    /// them in parallel; each grammar state travels with the job and comes back, with its mask,
-    /// in [`Worker::collect_masks`].
-    fn start_masks(&mut self, seq_ids: &[u64]) {
-        let jobs: Vec<(u64, crate::constrain::TokenConstraint)> = seq_ids
-            .iter()
-            .filter_map(|&seq_id| {
-                let seq = self.scheduler.get_mut(seq_id)?;
-                Some((seq_id, seq.constraint.take()?))
-            })
-            .collect();
-        if jobs.is_empty() {
-            return;
-        }
-        self.masks.in_flight.extend(jobs.iter().map(|(id, _)| *id));
-        let results = self.masks.sender.clone();
-        rayon::spawn(move || {
-            use rayon::prelude::*;
-            jobs.into_par_iter()
-                .for_each_with(results, |results, (seq_id, mut constraint)| {
-                    let mask = compute_mask(&mut constraint);
-                    // The receiver lives as long as the engine; after shutdown the result is
-                    // moot.
-                    let _ = results.send(MaskJob {
-                        seq_id,
-                        constraint,
-                        mask,
-                    });
-                });
-        });
-    }
-
-    /// Waits for the masks computed since the last step and returns each grammar state (and its
-    /// mask) to its sequence, wherever the scheduler has put it; a sequence that went away drops
-    /// its own.
-    fn collect_masks(&mut self) {
-        while !self.masks.in_flight.is_empty() {
-            let Ok(job) = self.masks.receiver.recv() else {
-                break;
-            };
-            self.masks.in_flight.remove(&job.seq_id);
-            if let Some(seq) = self.scheduler.find_mut(job.seq_id) {
-                seq.constraint = Some(job.constraint);
-                seq.next_mask = Some(job.mask);
-            }
-        }
-    }
-
-    /// Makes sure that every constrained row sampling in this step has its mask before the step
-    /// starts (a device sampler applies it on the device, so it travels in the step's inputs):
-    /// the masks started when the previous tokens were accepted are collected, and those not
-    /// computed yet (a first token after the prompt) are computed now, in parallel. Returns
-    /// whether the step has a constrained row (one that waited or could have).
-    fn prepare_masks(&mut self, plan: &[Scheduled]) -> bool {
-        let had_jobs = !self.masks.in_flight.is_empty();
-        self.collect_masks();
-        let sampling: HashSet<u64> = plan
-            .iter()
-            .filter(|s| {
-                let seq = planned(&self.scheduler, s);
-                seq.num_computed + s.num_tokens == seq.tokens.len()
-            })
-            .map(|s| s.seq_id)
-            .collect();
-        let mut missing: Vec<&mut Sequence> = self
-            .scheduler
-            .running_mut()
-            .filter(|seq| {
-                sampling.contains(&seq.id) && seq.constraint.is_some() && seq.next_mask.is_none()
-            })
-            .collect();
-        let computed_now = !missing.is_empty();
-        use rayon::prelude::*;
-        missing.par_iter_mut().for_each(|seq| {
-            if let Some(constraint) = seq.constraint.as_mut() {
-                seq.next_mask = Some(compute_mask(constraint));
-            }
-        });
-        had_jobs || computed_now
     }
 
     /// Ends every sequence of a failed step with an error.
@@ -813,6 +690,9 @@ impl Worker {
                 grammar_mask_overlapped_steps: self.mask_wait.overlapped_steps,
                 grammar_mask_wait_us: self.mask_wait.micros,
                 step_gap_seconds: self.step_gaps.as_secs_f64(),
+                spec_verifications: self.spec.verifications,
+                spec_draft_tokens: self.spec.draft_tokens,
+                spec_accepted_tokens: self.spec.accepted_tokens,
                 step_tokens: self.step_tokens.clone(),
             };
         }
@@ -866,7 +746,7 @@ fn planned_mut<'a>(scheduler: &'a mut Scheduler, scheduled: &Scheduled) -> &'a m
 fn batch_row(seq: &Sequence, scheduled: Scheduled) -> BatchRow<'_> {
     let start = seq.num_computed;
     let end = start + scheduled.num_tokens;
-    let sample = (end == seq.tokens.len() && !seq.embed).then(|| SampleSpec {
+    let sample = (end >= seq.tokens.len() && !seq.embed).then(|| SampleSpec {
         params: &seq.request.sampling,
         seed: seq.seed,
         draw_index: seq.output().len() as u64,
@@ -881,15 +761,16 @@ fn batch_row(seq: &Sequence, scheduled: Scheduled) -> BatchRow<'_> {
     });
     BatchRow {
         seq_id: seq.id,
-        tokens: &seq.tokens[start..end],
+        // A verification row: the last token, then the proposals.
+        tokens: if seq.verifies(scheduled.num_tokens) {
+            &seq.verify
+        } else {
+            &seq.tokens[start..end]
+        },
         start_pos: start,
         block_table: &seq.blocks[..Sequence::blocks_for(end)],
         sample,
     }
-}
-
-fn sample_specs<'a>(rows: &[BatchRow<'a>]) -> Vec<SampleSpec<'a>> {
-    rows.iter().filter_map(|r| r.sample).collect()
 }
 
 /// Turns a sampled token into text and sends it: what the incremental decoder completes, less
@@ -947,6 +828,7 @@ fn finish(mut seq: Sequence, reason: FinishReason, detokenizer: &Detokenizer) {
         prompt_tokens: seq.request.prompt.len(),
         completion_tokens: seq.output().len(),
         cached_tokens: seq.cached_tokens,
+        prompt_logprobs: seq.prompt_logprobs.take(),
         scheduled_at: seq.first_scheduled,
     };
     let _ = seq.events.send(event);

@@ -1,0 +1,153 @@
+//! The acceptance rule, tested statistically with fixed seeds.
+
+use super::verify::verify_row;
+use crate::engine::backend::SampleSpec;
+use crate::engine::request::SamplingParams;
+use crate::engine::sampling::sample;
+
+/// Pearson's chi-square statistic of `counts` against the probabilities `expected`.
+fn chi_square(counts: &[u64], expected: &[f64]) -> f64 {
+    let n: u64 = counts.iter().sum();
+    counts
+        .iter()
+        .zip(expected)
+        .filter(|(_, p)| **p > 0.0)
+        .map(|(&c, &p)| {
+            let e = p * n as f64;
+            (c as f64 - e).powi(2) / e
+        })
+        .sum()
+}
+
+fn softmax(logits: &[f32], temperature: f32) -> Vec<f64> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let w: Vec<f64> = logits
+        .iter()
+        .map(|&l| f64::from((l - max) / temperature).exp())
+        .collect();
+    let total: f64 = w.iter().sum();
+    w.iter().map(|x| x / total).collect()
+}
+
+fn spec(params: &SamplingParams, seed: u64) -> SampleSpec<'_> {
+    SampleSpec {
+        params,
+        seed,
+        draw_index: 3,
+        prompt: &[],
+        output: &[],
+        logprobs: None,
+        mask: None,
+    }
+}
+
+/// The 0.999 quantile of the chi-square distribution with 5 degrees of freedom: a correct rule
+/// exceeds it once in a thousand seeds sets.
+const CHI2_5_P999: f64 = 20.52;
+
+const TRIALS: u64 = 20_000;
+
+#[test]
+fn a_prompt_lookup_proposal_leaves_the_first_token_distributed_as_the_target() {
+    // Six tokens; the proposal (token 4) is unlikely, then likely (token 0).
+    let logits = vec![2.0, 1.0, 0.5, 0.0, -0.5, 1.5];
+    let params = SamplingParams {
+        temperature: 0.8,
+        ..Default::default()
+    };
+    let expected = softmax(&logits, 0.8);
+    for draft in [4u32, 0] {
+        let mut counts = [0u64; 6];
+        let mut accepted = 0;
+        for seed in 0..TRIALS {
+            // The second position's logits do not matter for the first token.
+            let out = verify_row(
+                vec![logits.clone(), logits.clone()],
+                &[draft],
+                &spec(&params, seed),
+                None,
+            );
+            counts[out.tokens[0].token as usize] += 1;
+            accepted += out.accepted;
+            // The first token is the one the request draws without speculation.
+            if seed % 100 == 0 {
+                let plain = sample(logits.clone(), &spec(&params, seed)).token;
+                assert_eq!(out.tokens[0].token, plain);
+            }
+        }
+        let chi2 = chi_square(&counts, &expected);
+        assert!(chi2 < CHI2_5_P999, "draft {draft}: chi2 {chi2}, {counts:?}");
+        // A point-mass proposal is accepted with the target's probability of it.
+        let rate = accepted as f64 / TRIALS as f64;
+        let want = expected[draft as usize];
+        assert!(
+            (rate - want).abs() < 0.015,
+            "draft {draft}: {rate} vs {want}"
+        );
+    }
+}
+
+#[test]
+fn greedy_accepts_exactly_the_argmax_chain_then_corrects() {
+    let params = SamplingParams::default();
+    let at = |best: usize| {
+        let mut l = vec![0.0f32; 5];
+        l[best] = 1.0;
+        l
+    };
+    // Argmaxes 1, 2, 3, 4: proposals 1, 2, 0 -> accepted 1, 2, then the target's 3.
+    let out = verify_row(
+        vec![at(1), at(2), at(3), at(4)],
+        &[1, 2, 0],
+        &spec(&params, 1),
+        None,
+    );
+    let tokens: Vec<u32> = out.tokens.iter().map(|t| t.token).collect();
+    assert_eq!((tokens, out.accepted), (vec![1, 2, 3], 2));
+    // All accepted: the bonus token follows.
+    let out = verify_row(vec![at(1), at(2), at(4)], &[1, 2], &spec(&params, 1), None);
+    let tokens: Vec<u32> = out.tokens.iter().map(|t| t.token).collect();
+    assert_eq!((tokens, out.accepted), (vec![1, 2, 4], 2));
+}
+
+#[test]
+fn forced_acceptance_accepts_the_configured_share() {
+    let params = SamplingParams::default();
+    let logits = vec![1.0f32, 0.0, 0.0];
+    let (mut accepted, mut proposed) = (0, 0);
+    for seed in 0..4000 {
+        // The target never agrees (argmax 0, proposals 2).
+        let out = verify_row(
+            vec![logits.clone(); 5],
+            &[2; 4],
+            &spec(&params, seed),
+            Some(0.6),
+        );
+        accepted += out.accepted;
+        proposed += usize::from(out.accepted < 4) + out.accepted;
+    }
+    let rate = accepted as f64 / proposed as f64;
+    assert!((rate - 0.6).abs() < 0.02, "{rate}");
+}
+
+#[test]
+fn eagle3_is_refused_and_ranges_are_checked() {
+    use super::{SpeculativeConfig, SpeculativeMethod};
+    let eagle = SpeculativeConfig {
+        method: Some(SpeculativeMethod::Eagle3),
+        ..Default::default()
+    };
+    assert_eq!(
+        eagle.validate().unwrap_err().to_string(),
+        "speculative decoding with eagle3 is not supported yet (use ngram)"
+    );
+    let zero = SpeculativeConfig {
+        method: Some(SpeculativeMethod::Ngram),
+        num_speculative_tokens: 0,
+        ..Default::default()
+    };
+    assert!(zero.validate().is_err());
+    let ok: SpeculativeConfig =
+        toml::from_str("method = \"ngram\"\nnum_speculative_tokens = 5").expect("parses");
+    assert!(ok.validate().is_ok() && ok.enabled());
+}
