@@ -100,6 +100,10 @@ pub enum BackendError {
     },
 }
 
+/// What [`Backend::step_logits`] returns: the logits at the asked positions (row by row, each
+/// row's positions in order), and the final hidden states of the asked rows.
+pub type PositionOutput = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+
 /// A forward-pass implementation.
 pub trait Backend: Send {
     /// Short name for logs and the startup banner (`cpu`, `cuda`).
@@ -144,7 +148,7 @@ pub trait Backend: Send {
         rows: &[BatchRow<'_>],
         positions: &[usize],
         hidden: &[usize],
-    ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>), BackendError> {
+    ) -> Result<PositionOutput, BackendError> {
         let _ = (rows, positions, hidden);
         Err(BackendError::Unsupported {
             backend: self.name().to_owned(),

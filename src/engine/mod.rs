@@ -20,7 +20,8 @@ pub mod step_tokens;
 mod stop;
 
 pub use backend::{
-    Backend, BackendError, BatchRow, KvCacheShape, SampleSpec, SampledToken, StepOutput,
+    Backend, BackendError, BatchRow, KvCacheShape, PositionOutput, SampleSpec, SampledToken,
+    StepOutput,
 };
 pub use config::{
     BLOCK_SIZE, DERIVE_BLOCKS_PER_SEQ, EngineConfig, KvCacheDtype, MAX_NUM_SEQS_CAP,

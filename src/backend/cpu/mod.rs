@@ -14,7 +14,8 @@ mod topk;
 mod weights;
 
 use crate::engine::{
-    BLOCK_SIZE, Backend, BackendError, BatchRow, KvCacheDtype, KvCacheShape, StepOutput,
+    BLOCK_SIZE, Backend, BackendError, BatchRow, KvCacheDtype, KvCacheShape, PositionOutput,
+    StepOutput,
 };
 use crate::model::fp8::round_to_e4m3;
 use crate::model::{MlpDefinition, Model, ModelDefinition, ModelError, ModelTensors, Norm};
@@ -163,7 +164,7 @@ impl CpuBackend {
         rows: &[BatchRow<'_>],
         positions: &[usize],
         hidden_rows: &[usize],
-    ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>), BackendError> {
+    ) -> Result<PositionOutput, BackendError> {
         self.validate(rows)?;
         if positions.len() != rows.len()
             || rows.iter().zip(positions).any(|(r, &p)| p > r.tokens.len())
@@ -347,7 +348,7 @@ impl Backend for CpuBackend {
         rows: &[BatchRow<'_>],
         positions: &[usize],
         hidden: &[usize],
-    ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>), BackendError> {
+    ) -> Result<PositionOutput, BackendError> {
         self.forward(rows, positions, hidden)
     }
 }
