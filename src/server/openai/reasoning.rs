@@ -124,7 +124,12 @@ impl ReasoningSplitter {
                         return (reasoning, answer);
                     } else {
                         match self.format {
-                            ReasoningFormat::Qwen3 => self.phase = Phase::Answer,
+                            // No reasoning block: the output is the answer as written (its
+                            // leading space included).
+                            ReasoningFormat::Qwen3 => {
+                                self.phase = Phase::Answer;
+                                self.answer_started = true;
+                            }
                             ReasoningFormat::DeepseekR1 => self.enter_reasoning(),
                         }
                     }
@@ -201,6 +206,8 @@ mod tests {
             (Some("\nPlan it.\n".into()), "The answer.".into())
         );
         assert_eq!(format.split("Just text."), (None, "Just text.".into()));
+        // Without a block nothing is trimmed: the answer keeps its leading space.
+        assert_eq!(format.split(" Just text."), (None, " Just text.".into()));
         // Cut off while thinking: all reasoning.
         assert_eq!(
             format.split("<think>still going"),
