@@ -1,5 +1,5 @@
 //! Parsing `/tokenize` and `/detokenize` request bodies (vLLM's shapes), with the same field
-//! checks as the generation endpoints (`request.rs`).
+//! checks as the generation endpoints (`request/`).
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
