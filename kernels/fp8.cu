@@ -6,15 +6,17 @@
 //                           (cuBLASLt's FP8 product reads them), their scales, and the dequantized
 //                           values in bf16 (what the small-M kernel and the fallback read), so
 //                           every path multiplies the same rounded inputs;
-//   fp8_gemv_mM             products of M <= 8 rows (decode): out[m][n] = sum_k x[m][k] w[n][k] *
-//                           scale(n, k) in fp32, the weights read once as E4M3 and widened in
-//                           registers;
+//   fp8_gemv_mM,            products of M <= 8 rows (decode): out[m][n] = sum_k x[m][k] w[n][k] *
+//   fp8_gemv_r4_mM          scale(n, k) in fp32, the weights read once as E4M3 and widened in
+//                           registers, split-K inside the block (2 or 4 rows per row group);
 //   fp8_dequantize_weight   a projection widened to bf16 (scales applied), for the products that
 //                           cuBLASLt's FP8 path does not take (block scales, weight-only FP8);
 //   fp8_scale_output        the scales applied to cuBLASLt's FP8 product of the codes;
 //   fp8_add_rmsnorm         kernels/rmsnorm.cu's residual add and RMSNorm with its output row also
 //                           quantized per token (or by a static scale) for the FP8 product that
-//                           reads it, so no fp8_quantize_input launch runs before q/k/v and gate/up.
+//                           reads it, so no fp8_quantize_input launch runs before q/k/v and gate/up;
+//   fp8_swiglu_quantize     kernels/swiglu.cu's SwiGLU with its output quantized the same way for
+//                           the down product (one launch instead of SwiGLU and fp8_quantize_input).
 // E4M3 rounding here is bit for bit the host's (f32_to_e4m3_fast): nearest, ties to even,
 // saturating at +-448.
 
@@ -25,9 +27,9 @@ typedef unsigned char e4m3;
 #define FP8_MIN_SCALE (1.0f / (448.0f * 512.0f))
 // Threads of fp8_quantize_input's blocks.
 #define FP8_QUANT_THREADS 256
-// Weight rows per warp of the small-M kernel, warps per block.
-#define FP8_WARP_ROWS 2
-#define FP8_GEMV_WARPS 8
+// The small-M kernels' most warps per block, and 16-byte weight loads in flight per lane.
+#define FP8_GEMV_MAX_WARPS 8
+#define FP8_GEMV_LOADS 8
 
 // Rounds v to an E4M3 code (see the file comment).
 __device__ __forceinline__ unsigned int f32_to_e4m3(float v) {
@@ -113,85 +115,145 @@ fp8_quantize_input(const bf16* __restrict__ x, int k, int group, float upper_bou
     if (threadIdx.x == 0) scales[(size_t)t * gridDim.y + g] = scale;
 }
 
-// out[m][n] = sum_k x[m][k] * w[n][k] * scales[n][k / group] for M rows of x, FP8_WARP_ROWS
-// weight rows per warp: each lane reads 16 weight bytes of each of its rows per step (a warp
-// covers 512 columns per step), widens them and multiplies them with the matching 16 values of
-// each x row (bf16, 16-byte loads); a row's partial sums are scaled per 16-column step when the
-// row has several groups (group is a multiple of 16), else once at the end; the lanes' sums merge
-// by shuffles. K must be a multiple of 16 (the host checks).
-template <int M>
+// kernels/swiglu.cu's SwiGLU of the gate/up product ([T, 2 * INTERMEDIATE] fp32, gate half
+// first) quantized as fp8_quantize_input quantizes its bf16 output (the same values, the same
+// rounding), for the down product that reads it: codes into xq, codes times the scale into xd,
+// scales [T, groups]. The bf16 SwiGLU output itself is not written (the FP8 product reads xq or
+// xd). Grid (T, groups), FP8_QUANT_THREADS threads; group 0: the whole row is one group.
+extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS)
+fp8_swiglu_quantize(const float* __restrict__ gate_up, int group, float upper_bound, float static_scale,
+                    e4m3* __restrict__ xq, bf16* __restrict__ xd, float* __restrict__ scales) {
+    __shared__ float scratch[32];
+    await_previous_kernels();
+    const int t = blockIdx.x;
+    const int g = blockIdx.y;
+    const int width = group > 0 ? group : INTERMEDIATE;
+    const int first = g * width;
+    const int last = min(first + width, INTERMEDIATE);
+    const float* row = gate_up + (size_t)t * 2 * INTERMEDIATE;
+    float scale = static_scale;
+    if (scale <= 0.0f) {
+        float amax = 0.0f;
+        for (int i = first + threadIdx.x; i < last; i += blockDim.x)
+            amax = fmaxf(amax, fabsf(bf16_to_f32(f32_to_bf16(silu_times(row[i], row[INTERMEDIATE + i])))));
+        amax = fp8_block_max(amax, scratch);
+        if (upper_bound > 0.0f) amax = fminf(amax, upper_bound);
+        scale = fmaxf(amax / FP8_MAX, FP8_MIN_SCALE);
+    }
+    for (int i = first + threadIdx.x; i < last; i += blockDim.x) {
+        const float v = bf16_to_f32(f32_to_bf16(silu_times(row[i], row[INTERMEDIATE + i])));
+        const unsigned int code = f32_to_e4m3(v / scale);
+        xq[(size_t)t * INTERMEDIATE + i] = (e4m3)code;
+        xd[(size_t)t * INTERMEDIATE + i] = f32_to_bf16(e4m3_to_f32(code) * scale);
+    }
+    if (threadIdx.x == 0) scales[(size_t)t * gridDim.y + g] = scale;
+}
+
+// out[m][n] = sum_k x[m][k] * w[n][k] * scales[n][k / group] for M rows of x. A block of W warps
+// (blockDim.x / 32, at most FP8_GEMV_MAX_WARPS) is W / splits row groups of `splits` warps; a
+// row group owns ROWS consecutive weight rows and its warps split K between them (split-K inside
+// the block: no atomics, no second pass, the same sum order on every run). A warp takes every
+// splits-th step of 512 columns: each lane reads 16 weight bytes of each of its rows per step
+// (FP8_GEMV_LOADS / ROWS steps in flight), widens them and multiplies them with the matching 16
+// values of each x row (bf16, 16-byte loads, each reused for all ROWS rows). A row's partial sums
+// are scaled per step when the row has several groups (group is a multiple of 16), else once at
+// the end; the lanes' sums merge by shuffles, the warps' of a row group in shared memory, in a
+// fixed order. Rows past n (a ragged end) read row n - 1 and are not written. K must be a
+// multiple of 16 (the host checks). Launch: ceil(n / (ROWS * W / splits)) blocks (src/backend/
+// cuda/fp8.rs, GemvGeometry, chooses ROWS, W and splits per shape).
+template <int M, int ROWS>
 __device__ __forceinline__ void fp8_gemv(const bf16* __restrict__ x, const e4m3* __restrict__ w,
                                          const float* __restrict__ scales, float* __restrict__ out, int n, int k,
-                                         int groups, int group) {
-    await_previous_kernels();
+                                         int groups, int group, int splits) {
+    constexpr int U = FP8_GEMV_LOADS / ROWS > 0 ? FP8_GEMV_LOADS / ROWS : 1;
+    __shared__ float partial[FP8_GEMV_MAX_WARPS][M][ROWS];
     const int lane = threadIdx.x & 31;
-    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int row0 = warp * FP8_WARP_ROWS;
-    if (row0 >= n) return;
-    float acc[FP8_WARP_ROWS][M];
+    const int warp = threadIdx.x >> 5;
+    const int row_groups = (blockDim.x >> 5) / splits;
+    const int split = warp % splits;
+    const int row0 = (blockIdx.x * row_groups + warp / splits) * ROWS;
+    const e4m3* rows[ROWS];
 #pragma unroll
-    for (int r = 0; r < FP8_WARP_ROWS; ++r)
+    for (int r = 0; r < ROWS; ++r) rows[r] = w + (size_t)min(row0 + r, n - 1) * k;
+    float acc[ROWS][M];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
 #pragma unroll
         for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
-    // Unrolled so that several steps' weight loads are in flight per lane.
-#pragma unroll 4
-    for (int k0 = lane * 16; k0 < k; k0 += 32 * 16) {
-        uint4 wv[FP8_WARP_ROWS];
+    const int steps = (k + 511) / 512;
+    await_previous_kernels();
+    for (int base = split; base < steps; base += U * splits) {
+        uint4 wv[U][ROWS];
 #pragma unroll
-        for (int r = 0; r < FP8_WARP_ROWS; ++r) {
-            const int row = min(row0 + r, n - 1);
-            wv[r] = *reinterpret_cast<const uint4*>(w + (size_t)row * k + k0);
+        for (int u = 0; u < U; ++u) {
+            const int k0 = (base + u * splits) * 512 + lane * 16;
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r)
+                wv[u][r] = k0 < k ? __ldg(reinterpret_cast<const uint4*>(rows[r] + k0)) : make_uint4(0, 0, 0, 0);
         }
-        float part[FP8_WARP_ROWS][M];
 #pragma unroll
-        for (int r = 0; r < FP8_WARP_ROWS; ++r)
+        for (int u = 0; u < U; ++u) {
+            const int k0 = (base + u * splits) * 512 + lane * 16;
+            if (k0 >= k) continue;
+            float part[ROWS][M];
 #pragma unroll
-            for (int m = 0; m < M; ++m) part[r][m] = 0.0f;
+            for (int r = 0; r < ROWS; ++r)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            float wf[FP8_WARP_ROWS][8];
+                for (int m = 0; m < M; ++m) part[r][m] = 0.0f;
 #pragma unroll
-            for (int r = 0; r < FP8_WARP_ROWS; ++r) {
-                const unsigned int w0 = half ? wv[r].z : wv[r].x;
-                const unsigned int w1 = half ? wv[r].w : wv[r].y;
-                e4m3x2_to_f32(w0, wf[r][0], wf[r][1]);
-                e4m3x2_to_f32(w0 >> 16, wf[r][2], wf[r][3]);
-                e4m3x2_to_f32(w1, wf[r][4], wf[r][5]);
-                e4m3x2_to_f32(w1 >> 16, wf[r][6], wf[r][7]);
-            }
+            for (int half = 0; half < 2; ++half) {
+                float wf[ROWS][8];
 #pragma unroll
-            for (int m = 0; m < M; ++m) {
-                const uint4 xv = *reinterpret_cast<const uint4*>(x + (size_t)m * k + k0 + half * 8);
-                const unsigned int words[4] = {xv.x, xv.y, xv.z, xv.w};
+                for (int r = 0; r < ROWS; ++r) {
+                    const unsigned int w0 = half ? wv[u][r].z : wv[u][r].x;
+                    const unsigned int w1 = half ? wv[u][r].w : wv[u][r].y;
+                    e4m3x2_to_f32(w0, wf[r][0], wf[r][1]);
+                    e4m3x2_to_f32(w0 >> 16, wf[r][2], wf[r][3]);
+                    e4m3x2_to_f32(w1, wf[r][4], wf[r][5]);
+                    e4m3x2_to_f32(w1 >> 16, wf[r][6], wf[r][7]);
+                }
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const float lo = __uint_as_float(words[j] << 16);
-                    const float hi = __uint_as_float(words[j] & 0xffff0000u);
+                for (int m = 0; m < M; ++m) {
+                    const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * k + k0 + half * 8));
+                    const unsigned int words[4] = {xv.x, xv.y, xv.z, xv.w};
 #pragma unroll
-                    for (int r = 0; r < FP8_WARP_ROWS; ++r) {
-                        part[r][m] = fmaf(lo, wf[r][2 * j], part[r][m]);
-                        part[r][m] = fmaf(hi, wf[r][2 * j + 1], part[r][m]);
+                    for (int j = 0; j < 4; ++j) {
+                        const float lo = __uint_as_float(words[j] << 16);
+                        const float hi = __uint_as_float(words[j] & 0xffff0000u);
+#pragma unroll
+                        for (int r = 0; r < ROWS; ++r) {
+                            part[r][m] = fmaf(lo, wf[r][2 * j], part[r][m]);
+                            part[r][m] = fmaf(hi, wf[r][2 * j + 1], part[r][m]);
+                        }
                     }
                 }
             }
-        }
 #pragma unroll
-        for (int r = 0; r < FP8_WARP_ROWS; ++r) {
-            const int row = min(row0 + r, n - 1);
-            const float s = groups > 1 ? scales[(size_t)row * groups + k0 / group] : 1.0f;
+            for (int r = 0; r < ROWS; ++r) {
+                const float s = groups > 1 ? scales[(size_t)min(row0 + r, n - 1) * groups + k0 / group] : 1.0f;
 #pragma unroll
-            for (int m = 0; m < M; ++m) acc[r][m] = fmaf(part[r][m], s, acc[r][m]);
+                for (int m = 0; m < M; ++m) acc[r][m] = fmaf(part[r][m], s, acc[r][m]);
+            }
         }
     }
 #pragma unroll
-    for (int r = 0; r < FP8_WARP_ROWS; ++r) {
-        const int row = row0 + r;
-        const float s = groups > 1 ? 1.0f : scales[min(row, n - 1)];
+    for (int r = 0; r < ROWS; ++r)
 #pragma unroll
         for (int m = 0; m < M; ++m) {
             const float sum = warp_sum(acc[r][m]);
-            if (lane == 0 && row < n) out[(size_t)m * n + row] = sum * s;
+            if (lane == 0) partial[warp][m][r] = sum;
         }
+    __syncthreads();
+    // One thread per (row group, m, row) adds its row group's warps in order.
+    for (int t = threadIdx.x; t < row_groups * M * ROWS; t += blockDim.x) {
+        const int g = t / (M * ROWS);
+        const int m = (t / ROWS) % M;
+        const int r = t % ROWS;
+        const int row = (blockIdx.x * row_groups + g) * ROWS + r;
+        if (row >= n) continue;
+        float sum = 0.0f;
+        for (int s = 0; s < splits; ++s) sum += partial[g * splits + s][m][r];
+        out[(size_t)m * n + row] = groups > 1 ? sum : sum * scales[row];
     }
 }
 
@@ -308,17 +370,26 @@ extern "C" __global__ void fp8_scale_output(float* __restrict__ out, const float
     }
 }
 
-// The small-M entry points, one line each so every name appears in the source.
+// The small-M entry points, one line each so every name appears in the source: fp8_gemv_mM row
+// groups of 2 weight rows, fp8_gemv_r4_mM of 4.
 #define FP8_GEMV_PARAMS                                                                                  \
     const bf16 *__restrict__ x, const e4m3 *__restrict__ w, const float *__restrict__ scales,             \
-        float *__restrict__ out, int n, int k, int groups, int group
-#define FP8_GEMV_ARGS x, w, scales, out, n, k, groups, group
-#define FP8_GEMV_ENTRY extern "C" __global__ void __launch_bounds__(FP8_GEMV_WARPS * 32)
-FP8_GEMV_ENTRY fp8_gemv_m1(FP8_GEMV_PARAMS) { fp8_gemv<1>(FP8_GEMV_ARGS); }
-FP8_GEMV_ENTRY fp8_gemv_m2(FP8_GEMV_PARAMS) { fp8_gemv<2>(FP8_GEMV_ARGS); }
-FP8_GEMV_ENTRY fp8_gemv_m3(FP8_GEMV_PARAMS) { fp8_gemv<3>(FP8_GEMV_ARGS); }
-FP8_GEMV_ENTRY fp8_gemv_m4(FP8_GEMV_PARAMS) { fp8_gemv<4>(FP8_GEMV_ARGS); }
-FP8_GEMV_ENTRY fp8_gemv_m5(FP8_GEMV_PARAMS) { fp8_gemv<5>(FP8_GEMV_ARGS); }
-FP8_GEMV_ENTRY fp8_gemv_m6(FP8_GEMV_PARAMS) { fp8_gemv<6>(FP8_GEMV_ARGS); }
-FP8_GEMV_ENTRY fp8_gemv_m7(FP8_GEMV_PARAMS) { fp8_gemv<7>(FP8_GEMV_ARGS); }
-FP8_GEMV_ENTRY fp8_gemv_m8(FP8_GEMV_PARAMS) { fp8_gemv<8>(FP8_GEMV_ARGS); }
+        float *__restrict__ out, int n, int k, int groups, int group, int splits
+#define FP8_GEMV_ARGS x, w, scales, out, n, k, groups, group, splits
+#define FP8_GEMV_ENTRY extern "C" __global__ void __launch_bounds__(FP8_GEMV_MAX_WARPS * 32)
+FP8_GEMV_ENTRY fp8_gemv_m1(FP8_GEMV_PARAMS) { fp8_gemv<1, 2>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_m2(FP8_GEMV_PARAMS) { fp8_gemv<2, 2>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_m3(FP8_GEMV_PARAMS) { fp8_gemv<3, 2>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_m4(FP8_GEMV_PARAMS) { fp8_gemv<4, 2>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_m5(FP8_GEMV_PARAMS) { fp8_gemv<5, 2>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_m6(FP8_GEMV_PARAMS) { fp8_gemv<6, 2>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_m7(FP8_GEMV_PARAMS) { fp8_gemv<7, 2>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_m8(FP8_GEMV_PARAMS) { fp8_gemv<8, 2>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_r4_m1(FP8_GEMV_PARAMS) { fp8_gemv<1, 4>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_r4_m2(FP8_GEMV_PARAMS) { fp8_gemv<2, 4>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_r4_m3(FP8_GEMV_PARAMS) { fp8_gemv<3, 4>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_r4_m4(FP8_GEMV_PARAMS) { fp8_gemv<4, 4>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_r4_m5(FP8_GEMV_PARAMS) { fp8_gemv<5, 4>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_r4_m6(FP8_GEMV_PARAMS) { fp8_gemv<6, 4>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_r4_m7(FP8_GEMV_PARAMS) { fp8_gemv<7, 4>(FP8_GEMV_ARGS); }
+FP8_GEMV_ENTRY fp8_gemv_r4_m8(FP8_GEMV_PARAMS) { fp8_gemv<8, 4>(FP8_GEMV_ARGS); }

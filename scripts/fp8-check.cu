@@ -1,13 +1,15 @@
 // The FP8 kernels (kernels/fp8.cu) alone, built with nvcc on the GPU machine by
 // scripts/gpu-check.sh (stage "fp8", with Llama-3.1-8B's shapes as defines).
 //   fp8-check test    fp8_quantize_input against a host reference of the same rounding (every
-//                     code and scale exact, per token, per 128-column group, capped, static), then
-//                     fp8_gemv_mM for every M in 1..8 and fp8_dequantize_weight against a float64
-//                     reference on ragged shapes with per-row and per-group scales; exits 1 on a
-//                     mismatch
-//   fp8-check bench   Llama-3.1-8B's decode products for M = 1, 2, 4, 8: weight-read bandwidth of
-//                     fp8_gemv_mM as a share of the measured copy bandwidth (several weight copies
-//                     cycled so no launch reads them from L2)
+//                     code and scale exact, per token, per 128-column group, capped, static),
+//                     fp8_swiglu_quantize against SwiGLU then fp8_quantize_input (bit for bit), then
+//                     fp8_gemv_mM / fp8_gemv_r4_mM for every M in 1..8 and every launch geometry,
+//                     and fp8_dequantize_weight, against a float64 reference on ragged shapes
+//                     with per-row and per-group scales; exits 1 on a mismatch
+//   fp8-check bench   Llama-3.1-8B's decode products for M = 1, 2, 4, 8 in every launch geometry of
+//                     fp8_gemv_mM / fp8_gemv_r4_mM: weight-read bandwidth as a share of the
+//                     measured copy bandwidth (several weight copies cycled so no launch reads
+//                     them from L2), and the best geometry per shape and M
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -47,31 +49,42 @@ static double host_value(uint8_t code) {
     return code & 0x80 ? -magnitude : magnitude;
 }
 
-template <int M>
-static void launch_gemv(const uint16_t* x, const uint8_t* w, const float* s, float* out, int n, int k, int groups,
-                        int group, cudaStream_t stream = 0) {
-    const int blocks = (n + FP8_WARP_ROWS * FP8_GEMV_WARPS - 1) / (FP8_WARP_ROWS * FP8_GEMV_WARPS);
-    switch (M) {
-#define CASE(m) \
-    case m:     \
-        fp8_gemv_m##m<<<blocks, FP8_GEMV_WARPS * 32, 0, stream>>>(x, w, s, out, n, k, groups, group); break;
-        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
-#undef CASE
-    }
+// A launch geometry of the small-M kernels (src/backend/cuda/fp8.rs, GemvGeometry): weight rows
+// per row group (2: fp8_gemv_mM, 4: fp8_gemv_r4_mM), warps per block, warps splitting K per row
+// group.
+struct Geometry { int rows, warps, splits; };
+
+// Every geometry the kernels take: rows 2 or 4, 4 or 8 warps, 1 to 8 splits dividing the warps.
+static std::vector<Geometry> geometries() {
+    std::vector<Geometry> all;
+    for (const int rows : {2, 4})
+        for (const int warps : {4, 8})
+            for (const int splits : {1, 2, 4, 8})
+                if (splits <= warps) all.push_back({rows, warps, splits});
+    return all;
 }
 
-static void gemv_any(int m, const uint16_t* x, const uint8_t* w, const float* s, float* out, int n, int k, int groups,
-                     int group, cudaStream_t stream = 0) {
-    switch (m) {
-        case 1: launch_gemv<1>(x, w, s, out, n, k, groups, group, stream); break;
-        case 2: launch_gemv<2>(x, w, s, out, n, k, groups, group, stream); break;
-        case 3: launch_gemv<3>(x, w, s, out, n, k, groups, group, stream); break;
-        case 4: launch_gemv<4>(x, w, s, out, n, k, groups, group, stream); break;
-        case 5: launch_gemv<5>(x, w, s, out, n, k, groups, group, stream); break;
-        case 6: launch_gemv<6>(x, w, s, out, n, k, groups, group, stream); break;
-        case 7: launch_gemv<7>(x, w, s, out, n, k, groups, group, stream); break;
-        default: launch_gemv<8>(x, w, s, out, n, k, groups, group, stream); break;
-    }
+static void gemv_any(const Geometry& g, int m, const uint16_t* x, const uint8_t* w, const float* s, float* out, int n,
+                     int k, int groups, int group, cudaStream_t stream = 0) {
+    const int per_block = g.rows * g.warps / g.splits;
+    const int blocks = (n + per_block - 1) / per_block;
+    const int threads = g.warps * 32;
+#define CASE(r, name, mm) \
+    if (g.rows == r && m == mm) name<<<blocks, threads, 0, stream>>>(x, w, s, out, n, k, groups, group, g.splits);
+    CASE(2, fp8_gemv_m1, 1) CASE(2, fp8_gemv_m2, 2) CASE(2, fp8_gemv_m3, 3) CASE(2, fp8_gemv_m4, 4)
+    CASE(2, fp8_gemv_m5, 5) CASE(2, fp8_gemv_m6, 6) CASE(2, fp8_gemv_m7, 7) CASE(2, fp8_gemv_m8, 8)
+    CASE(4, fp8_gemv_r4_m1, 1) CASE(4, fp8_gemv_r4_m2, 2) CASE(4, fp8_gemv_r4_m3, 3) CASE(4, fp8_gemv_r4_m4, 4)
+    CASE(4, fp8_gemv_r4_m5, 5) CASE(4, fp8_gemv_r4_m6, 6) CASE(4, fp8_gemv_r4_m7, 7) CASE(4, fp8_gemv_r4_m8, 8)
+#undef CASE
+}
+
+// kernels/swiglu.cu's arithmetic (bf16 out) on the device, the input fp8_swiglu_quantize's
+// reference quantizes with fp8_quantize_input.
+__global__ void swiglu_reference(const float* gate_up, uint16_t* out) {
+    const int t = blockIdx.x;
+    for (int i = threadIdx.x; i < INTERMEDIATE; i += blockDim.x)
+        out[(size_t)t * INTERMEDIATE + i] =
+            f32_to_bf16(silu_times(gate_up[(size_t)t * 2 * INTERMEDIATE + i], gate_up[(size_t)t * 2 * INTERMEDIATE + INTERMEDIATE + i]));
 }
 
 static int test() {
@@ -112,9 +125,39 @@ static int test() {
         failures += bad;
         CHECK(cudaFree(q)); CHECK(cudaFree(d)); CHECK(cudaFree(s));
     }
-    // Products and widening on ragged shapes, per-row and per-group scales.
+    // SwiGLU quantizing its own output (fp8_swiglu_quantize) against SwiGLU then
+    // fp8_quantize_input: every code, value and scale the same, per token and per group.
+    {
+        const int tokens = 3;
+        std::vector<float> gu((size_t)tokens * 2 * INTERMEDIATE);
+        for (auto& v : gu) v = normal(rng) * (rng() % 8 == 0 ? 12.0f : 2.0f);
+        const float* dgu = upload(gu);
+        uint16_t* y; CHECK(cudaMalloc(&y, (size_t)tokens * INTERMEDIATE * 2));
+        swiglu_reference<<<tokens, 256>>>(dgu, y);
+        for (const Case c : {Case{0, 0, 0, "per token"}, Case{128, 0, 0, "per group"}, Case{0, 3.0f, 0, "capped"},
+                             Case{0, 0, 0.05f, "static"}}) {
+            const int groups = c.group ? (INTERMEDIATE + c.group - 1) / c.group : 1;
+            const size_t count = (size_t)tokens * INTERMEDIATE;
+            uint8_t *q1, *q2; uint16_t *d1, *d2; float *s1, *s2;
+            CHECK(cudaMalloc(&q1, count)); CHECK(cudaMalloc(&q2, count));
+            CHECK(cudaMalloc(&d1, count * 2)); CHECK(cudaMalloc(&d2, count * 2));
+            CHECK(cudaMalloc(&s1, tokens * groups * 4)); CHECK(cudaMalloc(&s2, tokens * groups * 4));
+            fp8_quantize_input<<<dim3(tokens, groups), FP8_QUANT_THREADS>>>(y, INTERMEDIATE, c.group, c.ub, c.fixed, q1, d1, s1);
+            fp8_swiglu_quantize<<<dim3(tokens, groups), FP8_QUANT_THREADS>>>(dgu, c.group, c.ub, c.fixed, q2, d2, s2);
+            const bool same = finish_and_download(q1, count) == finish_and_download(q2, count) &&
+                              finish_and_download(d1, count) == finish_and_download(d2, count) &&
+                              finish_and_download(s1, tokens * groups) == finish_and_download(s2, tokens * groups);
+            printf("RESULT fp8_swiglu_quantize %s: %s\n", c.name, same ? "same as SwiGLU then fp8_quantize_input" : "DIFFERS");
+            failures += same ? 0 : 1;
+            CHECK(cudaFree(q1)); CHECK(cudaFree(q2)); CHECK(cudaFree(d1)); CHECK(cudaFree(d2));
+            CHECK(cudaFree(s1)); CHECK(cudaFree(s2));
+        }
+        CHECK(cudaFree(y)); CHECK(cudaFree((void*)dgu));
+    }
+    // Products and widening on ragged shapes (3 steps of 512 columns, the last partial), per-row
+    // and per-group scales, every M and every launch geometry.
     for (const int group : {0, 128}) {
-        const int n = 77, kk = 400;  // 4 groups of 128, the last partial
+        const int n = 77, kk = 1200;  // 10 groups of 128, the last partial
         const int groups = group ? (kk + group - 1) / group : 1;
         std::vector<uint8_t> w(n * kk);
         for (auto& b : w) { b = (uint8_t)(rng() & 0xff); if ((b & 0x7f) == 0x7f) b = 0x38; }
@@ -126,23 +169,27 @@ static int test() {
             std::vector<uint16_t> xm(m * kk);
             for (auto& v : xm) v = to_bf16(normal(rng));
             const uint16_t* dxm = upload(xm);
-            float* out; CHECK(cudaMalloc(&out, m * n * 4));
-            gemv_any(m, dxm, dw, ds, out, n, kk, groups, group ? group : kk);
-            const auto got = finish_and_download(out, m * n);
-            int bad = 0; double worst = 0;
+            std::vector<double> want(m * n), norm(m * n);
             for (int r = 0; r < m; ++r)
-                for (int j = 0; j < n; ++j) {
-                    double want = 0, norm = 0;
+                for (int j = 0; j < n; ++j)
                     for (int i = 0; i < kk; ++i) {
                         const double p = from_bf16(xm[r * kk + i]) * host_value(w[j * kk + i]) * s[j * groups + (group ? i / group : 0)];
-                        want += p; norm += std::fabs(p);
+                        want[r * n + j] += p; norm[r * n + j] += std::fabs(p);
                     }
-                    const double err = std::fabs(got[r * n + j] - want);
-                    worst = std::max(worst, err / (norm + 1e-30));
-                    if (!(err <= 1e-4 * norm + 1e-6)) ++bad;
+            float* out; CHECK(cudaMalloc(&out, m * n * 4));
+            for (const Geometry& geo : geometries()) {
+                CHECK(cudaMemset(out, 0xff, m * n * 4));
+                gemv_any(geo, m, dxm, dw, ds, out, n, kk, groups, group ? group : kk);
+                const auto got = finish_and_download(out, m * n);
+                int bad = 0; double worst = 0;
+                for (int i = 0; i < m * n; ++i) {
+                    const double err = std::fabs(got[i] - want[i]);
+                    worst = std::max(worst, err / (norm[i] + 1e-30));
+                    if (!(err <= 1e-4 * norm[i] + 1e-6)) ++bad;
                 }
-            if (bad) printf("RESULT fp8_gemv_m%d groups %d: %d mismatches (worst %.2e of the absolute sum)\n", m, groups, bad, worst);
-            failures += bad;
+                if (bad) printf("RESULT fp8_gemv m=%d rows=%d warps=%d splits=%d groups %d: %d mismatches (worst %.2e of the absolute sum)\n", m, geo.rows, geo.warps, geo.splits, groups, bad, worst);
+                failures += bad;
+            }
             CHECK(cudaFree(out)); CHECK(cudaFree((void*)dxm));
         }
         uint16_t* wide; CHECK(cudaMalloc(&wide, n * kk * 2));
@@ -152,7 +199,7 @@ static int test() {
         for (int j = 0; j < n; ++j)
             for (int i = 0; i < kk; ++i)
                 if (widened[j * kk + i] != to_bf16((float)host_value(w[j * kk + i]) * s[j * groups + (group ? i / group : 0)])) ++bad;
-        printf("RESULT fp8_gemv m1..8 and fp8_dequantize_weight, %d group(s) per row: %s (widening %d mismatches)\n", groups,
+        printf("RESULT fp8_gemv m1..8 (every geometry) and fp8_dequantize_weight, %d group(s) per row: %s (widening %d mismatches)\n", groups,
                failures ? "FAILED" : "ok", bad);
         failures += bad;
         CHECK(cudaFree(wide)); CHECK(cudaFree((void*)dw)); CHECK(cudaFree((void*)ds));
@@ -161,11 +208,15 @@ static int test() {
     return failures ? 1 : 0;
 }
 
+// Llama-3.1-8B's decode products at M = 1, 2, 4, 8 in every launch geometry (FP8_BENCH_REPS
+// launches each, weights cycled through 8 copies so no launch reads them from L2): the read rate
+// as a share of the copy bandwidth, one line per geometry, then the best per shape and M.
 static int bench() {
     const double copy = copy_bandwidth();
     struct Shape { const char* name; int n, k; };
     const Shape shapes[] = {{"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
-    const int copies = 8, reps = 40;
+    const int copies = 8;
+    const int reps = getenv("FP8_BENCH_REPS") ? atoi(getenv("FP8_BENCH_REPS")) : 40;
     for (const Shape& sh : shapes) {
         const size_t bytes = (size_t)sh.n * sh.k;
         std::vector<uint8_t*> w(copies);
@@ -174,12 +225,19 @@ static int bench() {
         uint16_t* x; CHECK(cudaMalloc(&x, 8 * sh.k * 2)); CHECK(cudaMemset(x, 0, 8 * sh.k * 2));
         float* out; CHECK(cudaMalloc(&out, 8 * sh.n * 4));
         for (const int m : {1, 2, 4, 8}) {
-            for (int i = 0; i < copies; ++i) gemv_any(m, x, w[i], s, out, sh.n, sh.k, 1, sh.k);
-            StreamTimer timer;
-            for (int i = 0; i < reps; ++i) gemv_any(m, x, w[i % copies], s, out, sh.n, sh.k, 1, sh.k);
-            const double secs = timer.seconds() / reps;
-            printf("RESULT fp8_gemv %s n=%d k=%d m=%d: %.2f us, %.0f GB/s weights, %.0f%% of copy bandwidth\n", sh.name,
-                   sh.n, sh.k, m, secs * 1e6, bytes / secs / 1e9, 100.0 * bytes / secs / copy);
+            double best = 1e9; Geometry best_geo{};
+            for (const Geometry& geo : geometries()) {
+                for (int i = 0; i < copies; ++i) gemv_any(geo, m, x, w[i], s, out, sh.n, sh.k, 1, sh.k);
+                StreamTimer timer;
+                for (int i = 0; i < reps; ++i) gemv_any(geo, m, x, w[i % copies], s, out, sh.n, sh.k, 1, sh.k);
+                const double secs = timer.seconds() / reps;
+                if (secs < best) { best = secs; best_geo = geo; }
+                printf("fp8_gemv %s n=%d k=%d m=%d rows=%d warps=%d splits=%d: %.2f us, %.0f%% of copy bandwidth\n", sh.name,
+                       sh.n, sh.k, m, geo.rows, geo.warps, geo.splits, secs * 1e6, 100.0 * bytes / secs / copy);
+            }
+            printf("RESULT fp8_gemv %s n=%d k=%d m=%d best rows=%d warps=%d splits=%d: %.2f us, %.0f GB/s weights, %.0f%% of copy bandwidth\n",
+                   sh.name, sh.n, sh.k, m, best_geo.rows, best_geo.warps, best_geo.splits, best * 1e6, bytes / best / 1e9,
+                   100.0 * bytes / best / copy);
         }
         for (auto p : w) CHECK(cudaFree(p));
         CHECK(cudaFree(s)); CHECK(cudaFree(x)); CHECK(cudaFree(out));

@@ -16,11 +16,66 @@ use crate::model::weights::{DType, TensorView, bf16_to_f32, f16_to_f32};
 /// Threads of `fp8_quantize_input`'s blocks (`FP8_QUANT_THREADS` in `kernels/fp8.cu`).
 pub const QUANT_THREADS: u32 = 256;
 
-/// Threads of the FP8 small-M kernels' blocks (`FP8_GEMV_WARPS` warps).
-pub const GEMV_THREADS: u32 = 8 * 32;
+/// The most warps per block of the FP8 small-M kernels (`FP8_GEMV_MAX_WARPS`).
+pub const GEMV_MAX_WARPS: usize = 8;
 
-/// Weight rows of an FP8 small-M block (`FP8_GEMV_WARPS` warps of `FP8_WARP_ROWS` rows).
-pub const GEMV_ROWS_PER_BLOCK: usize = 8 * 2;
+/// Weight columns one step of an FP8 small-M warp covers (32 lanes × 16 bytes).
+const GEMV_STEP: usize = 512;
+
+/// Warps per SM the FP8 small-M launches aim to have in flight: the splits of K grow until a
+/// product's warps reach this many per SM (or every split has a single step).
+const GEMV_WARPS_PER_SM: usize = 32;
+
+/// The launch of an FP8 small-M product (`fp8_gemv_mM` / `fp8_gemv_r4_mM` in `kernels/fp8.cu`):
+/// blocks of `warps` warps, each `warps / splits` row groups of `rows` weight rows whose
+/// `splits` warps divide K between them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemvGeometry {
+    /// Weight rows per row group: 2 (`fp8_gemv_mM`) or 4 (`fp8_gemv_r4_mM`).
+    pub rows: usize,
+    /// Warps per block, at most [`GEMV_MAX_WARPS`].
+    pub warps: usize,
+    /// Warps of a row group, each taking every `splits`-th step of K; divides `warps`.
+    pub splits: usize,
+}
+
+impl GemvGeometry {
+    /// The geometry for an `[m, k] · [n, k]ᵀ` product on a device of `sms` SMs: row groups of 4
+    /// rows in blocks of 8 warps, K split (1, 2, 4 or 8 ways, at most one way per 512-column
+    /// step) until the product has [`GEMV_WARPS_PER_SM`] warps per SM. A narrow product (the
+    /// 8B model's o and down, n = 4096) otherwise leaves most of the GPU idle.
+    pub fn choose(_m: usize, n: usize, k: usize, sms: usize) -> Self {
+        let rows = 4;
+        let warps = GEMV_MAX_WARPS;
+        let steps = k.div_ceil(GEMV_STEP);
+        let target = sms.max(1) * GEMV_WARPS_PER_SM;
+        let mut splits = 1;
+        while splits < warps && splits < steps && n.div_ceil(rows) * splits < target {
+            splits *= 2;
+        }
+        Self {
+            rows,
+            warps,
+            splits,
+        }
+    }
+
+    /// Blocks of a launch over `n` weight rows.
+    pub fn blocks(&self, n: usize) -> usize {
+        n.div_ceil(self.rows * self.warps / self.splits)
+    }
+
+    /// Threads per block.
+    pub fn threads(&self) -> u32 {
+        (self.warps * 32) as u32
+    }
+
+    /// The index of the kernel for `m` rows of x in `FP8_GEMV_ENTRIES`.
+    pub fn entry(&self, m: usize) -> usize {
+        let family = if self.rows == 4 { 1 } else { 0 };
+        family * crate::backend::cuda::plan::GEMV_MAX_M + m - 1
+    }
+}
 
 /// Rounds `x` to E4M3 by its bits (nearest, ties to the even code, saturating at ±448, NaN to
 /// `0x7f`): the same code as [`crate::model::fp8::f32_to_e4m3`], at a fraction of its cost (a
@@ -205,14 +260,38 @@ mod tests {
         let source = include_str!("../../../kernels/fp8.cu");
         for define in [
             format!("#define FP8_QUANT_THREADS {QUANT_THREADS}"),
-            format!("#define FP8_GEMV_WARPS {}", GEMV_THREADS / 32),
-            format!(
-                "#define FP8_WARP_ROWS {}",
-                GEMV_ROWS_PER_BLOCK / (GEMV_THREADS as usize / 32)
-            ),
+            format!("#define FP8_GEMV_MAX_WARPS {GEMV_MAX_WARPS}"),
         ] {
             assert!(source.contains(&define), "{define}");
         }
+        let entries = crate::backend::cuda::kernels::FP8_GEMV_ENTRIES;
+        let four = GemvGeometry::choose(3, 4096, 4096, 132);
+        assert_eq!(entries[four.entry(3)], "fp8_gemv_r4_m3");
+        let two = GemvGeometry { rows: 2, ..four };
+        assert_eq!(entries[two.entry(8)], "fp8_gemv_m8");
+    }
+
+    /// Narrow products split K until the GPU has enough warps; wide ones do not; a split never
+    /// has less than one step.
+    #[test]
+    fn small_m_geometry_fills_the_gpu() {
+        // The 8B model's decode products on an H100 (132 SMs).
+        let qkv = GemvGeometry::choose(1, 6144, 4096, 132);
+        let o = GemvGeometry::choose(1, 4096, 4096, 132);
+        let gate_up = GemvGeometry::choose(1, 28672, 4096, 132);
+        let down = GemvGeometry::choose(1, 4096, 14336, 132);
+        assert_eq!(
+            (qkv.splits, o.splits, gate_up.splits, down.splits),
+            (4, 8, 1, 8)
+        );
+        for g in [qkv, o, gate_up, down] {
+            assert!(g.warps <= GEMV_MAX_WARPS && g.warps.is_multiple_of(g.splits));
+        }
+        // Every row has its block: 4 rows × 8 warps / 4 splits = 8 rows per block.
+        assert_eq!(qkv.blocks(6144), 768);
+        assert_eq!(qkv.blocks(6145), 769);
+        // A 600-column product has two steps: two splits at most.
+        assert_eq!(GemvGeometry::choose(1, 64, 600, 132).splits, 2);
     }
 
     /// The bit-level rounding gives the reference's code for every bf16 value (every exponent,

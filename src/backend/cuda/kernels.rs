@@ -81,9 +81,10 @@ const GEMV_FAMILY_ENTRIES: [&str; 3 * super::plan::GEMV_MAX_M] = {
     all
 };
 
-/// The FP8 small-M product kernels, `FP8_GEMV_ENTRIES[m - 1]` for m rows of x (see
-/// `kernels/fp8.cu`).
-pub const FP8_GEMV_ENTRIES: [&str; super::plan::GEMV_MAX_M] = [
+/// The FP8 small-M product kernels (see `kernels/fp8.cu`): `FP8_GEMV_ENTRIES[m - 1]` for m rows
+/// of x in row groups of 2 weight rows, `[GEMV_MAX_M + m - 1]` in row groups of 4
+/// (`fp8::GemvGeometry::entry`).
+pub const FP8_GEMV_ENTRIES: [&str; 2 * super::plan::GEMV_MAX_M] = [
     "fp8_gemv_m1",
     "fp8_gemv_m2",
     "fp8_gemv_m3",
@@ -92,17 +93,26 @@ pub const FP8_GEMV_ENTRIES: [&str; super::plan::GEMV_MAX_M] = [
     "fp8_gemv_m6",
     "fp8_gemv_m7",
     "fp8_gemv_m8",
+    "fp8_gemv_r4_m1",
+    "fp8_gemv_r4_m2",
+    "fp8_gemv_r4_m3",
+    "fp8_gemv_r4_m4",
+    "fp8_gemv_r4_m5",
+    "fp8_gemv_r4_m6",
+    "fp8_gemv_r4_m7",
+    "fp8_gemv_r4_m8",
 ];
 
 /// Every entry point of `kernels/fp8.cu`.
-const FP8_FAMILY_ENTRIES: [&str; super::plan::GEMV_MAX_M + 4] = {
-    let mut all = ["fp8_quantize_input"; super::plan::GEMV_MAX_M + 4];
+const FP8_FAMILY_ENTRIES: [&str; 2 * super::plan::GEMV_MAX_M + 5] = {
+    let mut all = ["fp8_quantize_input"; 2 * super::plan::GEMV_MAX_M + 5];
     all[1] = "fp8_dequantize_weight";
     all[2] = "fp8_add_rmsnorm";
     all[3] = "fp8_scale_output";
+    all[4] = "fp8_swiglu_quantize";
     let mut i = 0;
-    while i < super::plan::GEMV_MAX_M {
-        all[4 + i] = FP8_GEMV_ENTRIES[i];
+    while i < 2 * super::plan::GEMV_MAX_M {
+        all[5 + i] = FP8_GEMV_ENTRIES[i];
         i += 1;
     }
     all

@@ -478,7 +478,8 @@ kernel_args! {
         scales: DevicePtr<f32>,
     }
 
-    /// The arguments of `fp8_gemv_m1` … `fp8_gemv_m8` (`kernels/fp8.cu`).
+    /// The arguments of `fp8_gemv_m1` … `fp8_gemv_m8` and `fp8_gemv_r4_m1` … `fp8_gemv_r4_m8`
+    /// (`kernels/fp8.cu`).
     Fp8Gemv for &FP8_GEMV_ENTRIES => {
         /// The input rows, [m, k] bf16.
         x: DevicePtr<Bf16>,
@@ -496,6 +497,8 @@ kernel_args! {
         groups: i32,
         /// Columns per scale.
         group: i32,
+        /// Warps of a row group splitting K (`fp8::GemvGeometry::splits`).
+        splits: i32,
     }
 
     /// The arguments of `fp8_add_rmsnorm` (`kernels/fp8.cu`).
@@ -517,6 +520,24 @@ kernel_args! {
         /// The codes times their scales in bf16, [rows, hidden].
         xd: DevicePtr<Bf16>,
         /// The scales, [rows].
+        scales: DevicePtr<f32>,
+    }
+
+    /// The arguments of `fp8_swiglu_quantize` (`kernels/fp8.cu`).
+    Fp8SwigluQuantize for &["fp8_swiglu_quantize"] => {
+        /// The gate/up product, [tokens, 2 * intermediate] fp32, gate half first.
+        gate_up: DevicePtr<f32>,
+        /// Columns per scale; 0: one scale per token.
+        group: i32,
+        /// The cap on a token's largest magnitude (0: none).
+        upper_bound: f32,
+        /// The static scale (0: dynamic).
+        static_scale: f32,
+        /// The E4M3 codes, [tokens, intermediate].
+        xq: DevicePtr<E4m3>,
+        /// The codes times their scales in bf16, [tokens, intermediate].
+        xd: DevicePtr<Bf16>,
+        /// The scales, [tokens, groups].
         scales: DevicePtr<f32>,
     }
 
@@ -707,7 +728,7 @@ mod tests {
     type Launcher = (&'static [&'static str], Parameters);
 
     /// Every argument struct.
-    const LAUNCHERS: [Launcher; 16] = [
+    const LAUNCHERS: [Launcher; 17] = [
         launcher::<EmbeddingGather>(),
         launcher::<AddRmsnorm>(),
         launcher::<QkvRopeWrite>(),
@@ -723,6 +744,7 @@ mod tests {
         launcher::<Fp8Gemv>(),
         launcher::<Fp8DequantizeWeight>(),
         launcher::<Fp8AddRmsnorm>(),
+        launcher::<Fp8SwigluQuantize>(),
         launcher::<Fp8ScaleOutput>(),
     ];
 

@@ -314,6 +314,7 @@ impl Kernels {
             fp8_quantize: Kernel::take(map, "fp8_quantize_input")?,
             fp8_dequantize: Kernel::take(map, "fp8_dequantize_weight")?,
             fp8_add_rmsnorm: Kernel::take(map, "fp8_add_rmsnorm")?,
+            fp8_swiglu_quantize: Kernel::take(map, "fp8_swiglu_quantize")?,
             fp8_scale_output: Kernel::take(map, "fp8_scale_output")?,
             fp8_gemv: take_each(map, &kernels::FP8_GEMV_ENTRIES)?,
         })

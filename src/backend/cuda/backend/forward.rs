@@ -4,16 +4,17 @@
 use crate::engine::BackendError;
 use crate::model::MlpDefinition;
 
+use crate::backend::cuda::fp8::QUANT_THREADS;
 use crate::backend::cuda::graphs::StepGraph;
 use crate::backend::cuda::inputs::StepLayout;
 use crate::backend::cuda::launch::{
-    AddRmsnorm, AttentionReduce, Bf16, DevicePtr, EmbeddingGather, Fp8AddRmsnorm, GemvQkvRope,
-    GemvSwiglu, LaunchShape, PagedAttention, PagedReads, PrefillAttention, QkvRopeWrite,
-    RopeWrites, Swiglu,
+    AddRmsnorm, AttentionReduce, Bf16, DevicePtr, EmbeddingGather, Fp8AddRmsnorm,
+    Fp8SwigluQuantize, GemvQkvRope, GemvSwiglu, LaunchShape, PagedAttention, PagedReads,
+    PrefillAttention, QkvRopeWrite, RopeWrites, Swiglu,
 };
 use crate::backend::cuda::memory::DeviceBuffer;
 use crate::backend::cuda::plan;
-use crate::backend::cuda::weights::{LayerWeights, Operand};
+use crate::backend::cuda::weights::{Fp8Operand, LayerWeights, Operand};
 
 use super::{CudaBackend, dev, to_u32};
 
@@ -114,11 +115,28 @@ impl CudaBackend {
                             let gate_up = self.act.gate_up.device_ptr();
                             let quantized = gate_up_w.norm_quantizes();
                             self.fp8_product(normed, gate_up_w, gate_up, gate_up_dims, quantized)?;
-                            self.swiglu(t)?;
                         }
                     }
                     let mlp = self.act.mlp.device_ptr();
-                    self.project(mlp, down_w, delta, (t, p.hidden, intermediate))?;
+                    let down_dims = (t, p.hidden, intermediate);
+                    match down_w {
+                        // An FP8 down product whose input is quantized: SwiGLU quantizes its
+                        // output itself (one launch instead of SwiGLU and the quantization).
+                        Operand::Fp8(down_w) if down_w.input.is_some() => {
+                            if matches!(gate_up_w, Operand::Fp8(_)) {
+                                self.fp8_swiglu_quantize(t, down_w)?;
+                                self.fp8_product(mlp, down_w, delta, down_dims, true)?;
+                            } else {
+                                self.fp8_product(mlp, down_w, delta, down_dims, false)?;
+                            }
+                        }
+                        _ => {
+                            if matches!(gate_up_w, Operand::Fp8(_)) {
+                                self.swiglu(t)?;
+                            }
+                            self.project(mlp, down_w, delta, down_dims)?;
+                        }
+                    }
                 }
                 // `KernelParams::unsupported` refuses a mixture of experts before any upload.
                 MlpDefinition::Moe(_) => unreachable!("the CUDA backend refuses MoE models"),
@@ -170,6 +188,38 @@ impl CudaBackend {
             (t, 2 * intermediate, hidden),
         )?;
         self.swiglu(t)
+    }
+
+    /// SwiGLU over the gate/up product of `t` rows in `act.gate_up`, quantized as the FP8 down
+    /// product `down` quantizes its input, into the FP8 scratch buffers (`fp8_product` with
+    /// `quantized` then reads them; `act.mlp` is not written).
+    fn fp8_swiglu_quantize(&self, t: usize, down: Fp8Operand) -> Result<(), BackendError> {
+        let (Some(input), Some(scratch)) = (down.input, self.act.fp8.as_ref()) else {
+            return Err(BackendError::Device(
+                "an FP8 SwiGLU without its input scheme or buffers".into(),
+            ));
+        };
+        let intermediate = self.params.intermediate;
+        self.launch(
+            &self.kernels.fp8_swiglu_quantize,
+            LaunchShape::new(
+                (
+                    to_u32(t, "tokens")?,
+                    to_u32(input.groups(intermediate), "input groups")?,
+                    1,
+                ),
+                QUANT_THREADS,
+            ),
+            Fp8SwigluQuantize {
+                gate_up: self.act.gate_up.device_ptr(),
+                group: to_u32(input.group, "input group")? as i32,
+                upper_bound: input.upper_bound,
+                static_scale: input.static_scale,
+                xq: scratch.codes.device_ptr(),
+                xd: scratch.values.device_ptr(),
+                scales: scratch.scales.device_ptr(),
+            },
+        )
     }
 
     /// SwiGLU over the gate/up product of `t` rows in `act.gate_up`, into `act.mlp`.

@@ -32,9 +32,9 @@ use super::inputs::{CopyStats, StepLimits};
 use super::kernels::KernelParams;
 use super::launch::{
     AddRmsnorm, AttentionReduce, Bf16, DevicePtr, EmbeddingGather, Fp8AddRmsnorm,
-    Fp8DequantizeWeight, Fp8Gemv, Fp8QuantizeInput, Fp8ScaleOutput, Gemv, GemvQkvRope, GemvSwiglu,
-    Kernel, KernelArgs, LaunchShape, PagedAttention, PrefillAttention, QkvRopeWrite, SampleTokens,
-    Swiglu,
+    Fp8DequantizeWeight, Fp8Gemv, Fp8QuantizeInput, Fp8ScaleOutput, Fp8SwigluQuantize, Gemv,
+    GemvQkvRope, GemvSwiglu, Kernel, KernelArgs, LaunchShape, PagedAttention, PrefillAttention,
+    QkvRopeWrite, SampleTokens, Swiglu,
 };
 use super::memory::DeviceBuffer;
 use super::wait::StepWaiter;
@@ -102,7 +102,9 @@ struct Kernels {
     fp8_scale_output: Kernel<Fp8ScaleOutput>,
     /// The residual add and RMSNorm with the output quantized for an FP8 product.
     fp8_add_rmsnorm: Kernel<Fp8AddRmsnorm>,
-    /// `fp8_gemv[m - 1]`: FP8 products of m rows.
+    /// SwiGLU with its output quantized to FP8 for the down product.
+    fp8_swiglu_quantize: Kernel<Fp8SwigluQuantize>,
+    /// `fp8_gemv[GemvGeometry::entry(m)]`: FP8 products of m rows.
     fp8_gemv: Vec<Kernel<Fp8Gemv>>,
 }
 
@@ -166,6 +168,8 @@ pub struct CudaBackend {
     /// Decode attention blocks the device runs at once (SMs × the kernel's blocks per SM): the
     /// wave `plan::split_bound` sizes its splits for.
     attention_blocks: usize,
+    /// The device's SMs (the FP8 small-M launches size their splits of K by them).
+    sm_count: usize,
     graph_split_context: usize,
     host_inputs: Vec<i32>,
     options: CudaOptions,
@@ -228,6 +232,7 @@ struct DeviceParts {
     limits: StepLimits,
     split_budget: usize,
     attention_blocks: usize,
+    sm_count: usize,
     graph_split_context: usize,
     max_words: usize,
     waiter: StepWaiter,

@@ -10,7 +10,7 @@ use crate::engine::BackendError;
 
 use crate::backend::cuda::choices::{ChoiceStore, ChosenShape};
 use crate::backend::cuda::error::CudaInitError;
-use crate::backend::cuda::fp8::{GEMV_ROWS_PER_BLOCK, GEMV_THREADS, QUANT_THREADS};
+use crate::backend::cuda::fp8::{GemvGeometry, QUANT_THREADS};
 use crate::backend::cuda::gemm::Gemm;
 use crate::backend::cuda::inputs::Padding;
 use crate::backend::cuda::launch::{
@@ -175,15 +175,12 @@ impl CudaBackend {
             None => x,
         };
         if m <= plan::GEMV_MAX_M {
+            let geometry = GemvGeometry::choose(m, n, k, self.sm_count);
             return self.launch(
-                &self.kernels.fp8_gemv[m - 1],
+                &self.kernels.fp8_gemv[geometry.entry(m)],
                 LaunchShape::new(
-                    (
-                        to_u32(n.div_ceil(GEMV_ROWS_PER_BLOCK), "product rows")?,
-                        1,
-                        1,
-                    ),
-                    GEMV_THREADS,
+                    (to_u32(geometry.blocks(n), "product rows")?, 1, 1),
+                    geometry.threads(),
                 ),
                 Fp8Gemv {
                     x: input,
@@ -194,6 +191,7 @@ impl CudaBackend {
                     k: k32,
                     groups,
                     group,
+                    splits: to_u32(geometry.splits, "splits")? as i32,
                 },
             );
         }
