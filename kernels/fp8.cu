@@ -155,9 +155,9 @@ fp8_swiglu_quantize(const float* __restrict__ gate_up, int group, float upper_bo
 // the block: no atomics, no second pass, the same sum order on every run). A warp takes every
 // splits-th step of 512 columns: each lane reads 16 weight bytes of each of its rows per step
 // (FP8_GEMV_LOADS / ROWS steps in flight), widens them and multiplies them with the matching 16
-// values of each x row (bf16, 16-byte loads, each reused for all ROWS rows). A row's partial sums
-// are scaled per step when the row has several groups (group is a multiple of 16), else once at
-// the end; the lanes' sums merge by shuffles, the warps' of a row group in shared memory, in a
+// values of each x row (bf16, 16-byte loads, each reused for all ROWS rows). Where a row has
+// several groups (group is a multiple of 16) each step's widened weights are multiplied by their
+// group's scale, else the row's sum is scaled once at the end; the lanes' sums merge by shuffles, the warps' of a row group in shared memory, in a
 // fixed order. Rows past n (a ragged end) read row n - 1 and are not written. K must be a
 // multiple of 16 (the host checks). Launch: ceil(n / (ROWS * W / splits)) blocks (src/backend/
 // cuda/fp8.rs, GemvGeometry, chooses ROWS, W and splits per shape).
@@ -195,11 +195,11 @@ __device__ __forceinline__ void fp8_gemv(const bf16* __restrict__ x, const e4m3*
         for (int u = 0; u < U; ++u) {
             const int k0 = (base + u * splits) * 512 + lane * 16;
             if (k0 >= k) continue;
-            float part[ROWS][M];
+            // A row of several groups has this step's scale folded into its widened weights.
+            float s[ROWS];
 #pragma unroll
             for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-                for (int m = 0; m < M; ++m) part[r][m] = 0.0f;
+                s[r] = groups > 1 ? scales[(size_t)min(row0 + r, n - 1) * groups + k0 / group] : 1.0f;
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 float wf[ROWS][8];
@@ -211,6 +211,10 @@ __device__ __forceinline__ void fp8_gemv(const bf16* __restrict__ x, const e4m3*
                     e4m3x2_to_f32(w0 >> 16, wf[r][2], wf[r][3]);
                     e4m3x2_to_f32(w1, wf[r][4], wf[r][5]);
                     e4m3x2_to_f32(w1 >> 16, wf[r][6], wf[r][7]);
+                    if (groups > 1) {
+#pragma unroll
+                        for (int j = 0; j < 8; ++j) wf[r][j] *= s[r];
+                    }
                 }
 #pragma unroll
                 for (int m = 0; m < M; ++m) {
@@ -222,17 +226,11 @@ __device__ __forceinline__ void fp8_gemv(const bf16* __restrict__ x, const e4m3*
                         const float hi = __uint_as_float(words[j] & 0xffff0000u);
 #pragma unroll
                         for (int r = 0; r < ROWS; ++r) {
-                            part[r][m] = fmaf(lo, wf[r][2 * j], part[r][m]);
-                            part[r][m] = fmaf(hi, wf[r][2 * j + 1], part[r][m]);
+                            acc[r][m] = fmaf(lo, wf[r][2 * j], acc[r][m]);
+                            acc[r][m] = fmaf(hi, wf[r][2 * j + 1], acc[r][m]);
                         }
                     }
                 }
-            }
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-                const float s = groups > 1 ? scales[(size_t)min(row0 + r, n - 1) * groups + k0 / group] : 1.0f;
-#pragma unroll
-                for (int m = 0; m < M; ++m) acc[r][m] = fmaf(part[r][m], s, acc[r][m]);
             }
         }
     }
