@@ -3,12 +3,14 @@
 //! `inferno-client` library and `inferno proxy`, and the attacks they must reject, each naming
 //! the failing check. The relays are real TCP/TLS programs on loopback.
 
+mod proxy_support;
 mod spawn_support;
 
-use std::io::{BufRead as _, BufReader};
+use proxy_support::{Proxy, development_policy};
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -37,10 +39,6 @@ const CHECKS: [&str; 10] = [
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn development_policy() -> PathBuf {
-    repo().join("policy/client-development.toml")
 }
 
 fn inferno(args: &[&str]) -> Output {
@@ -435,7 +433,7 @@ fn the_proxy_forwards_only_to_a_verified_upstream_and_recovers() {
     let impostor = Arc::new(rt.block_on(Impostor::new(&served)));
     let relay = rt.block_on(Relay::start(served.addr(), RelayMode::Pass, Some(impostor)));
     let (_, trusted) = verify_json(&served.base, &development_policy());
-    let proxy = Proxy::start(&relay.base());
+    let proxy = Proxy::start(&relay.base(), &[]);
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()
@@ -524,7 +522,7 @@ fn the_proxy_forwards_only_to_a_verified_upstream_and_recovers() {
 fn the_proxy_answers_502_and_forwards_nothing_to_an_unverifiable_upstream() {
     let rt = runtime();
     // Nothing listens on port 9: no TLS session, so `upstream_unreachable`.
-    let proxy = Proxy::start("https://127.0.0.1:9");
+    let proxy = Proxy::start("https://127.0.0.1:9", &[]);
     let http = reqwest::Client::new();
     let ask = |base: &str| {
         let request = http
@@ -556,7 +554,7 @@ fn the_proxy_answers_502_and_forwards_nothing_to_an_unverifiable_upstream() {
     // genuine (simulated) evidence for another key: `upstream_verification_failed`, naming the
     // checks, and no request but the attestation ones reaches it.
     let upstream = rt.block_on(UnattestedServer::start());
-    let proxy = Proxy::start(&format!("https://{}", upstream.addr));
+    let proxy = Proxy::start(&format!("https://{}", upstream.addr), &[]);
     for _ in 0..2 {
         let (status, body) = rt.block_on(ask(&proxy.base));
         assert_eq!(status, 502, "{body}");
@@ -638,7 +636,7 @@ impl Drop for UnattestedServer {
 fn the_proxy_streams_from_a_verified_upstream_refuses_a_swapped_certificate_and_recovers() {
     let rt = runtime();
     let upstream = rt.block_on(AttestedUpstream::start());
-    let proxy = Proxy::start(&format!("https://{}", upstream.addr));
+    let proxy = Proxy::start(&format!("https://{}", upstream.addr), &[]);
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()
@@ -705,7 +703,7 @@ fn concurrent_first_requests_through_a_new_proxy_share_one_verification() {
     upstream
         .hold
         .store(false, std::sync::atomic::Ordering::SeqCst);
-    let proxy = Proxy::start(&format!("https://{}", upstream.addr));
+    let proxy = Proxy::start(&format!("https://{}", upstream.addr), &[]);
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
         .pool_max_idle_per_host(0)
@@ -771,7 +769,7 @@ fn concurrent_first_requests_through_a_new_proxy_share_one_verification() {
 fn concurrent_first_requests_through_a_new_proxy_to_the_server_all_succeed() {
     let served = Served::start();
     let rt = runtime();
-    let proxy = Proxy::start(&served.base);
+    let proxy = Proxy::start(&served.base, &[]);
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(120))
         .build()
@@ -925,51 +923,6 @@ impl AttestedUpstream {
 impl Drop for AttestedUpstream {
     fn drop(&mut self) {
         self.task.abort();
-    }
-}
-
-/// A running `inferno proxy`; stopped on drop.
-struct Proxy {
-    child: Child,
-    base: String,
-}
-
-impl Proxy {
-    fn start(upstream: &str) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
-            .args([
-                "proxy",
-                "--listen",
-                "127.0.0.1:0",
-                "--upstream",
-                upstream,
-                "--policy",
-            ])
-            .arg(development_policy())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn proxy");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(addr) = line.trim().strip_prefix("listening:") {
-                    let _ = tx.send(addr.trim().to_owned());
-                }
-            }
-        });
-        let base = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the proxy listens");
-        Self { child, base }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
