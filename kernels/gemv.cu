@@ -362,7 +362,9 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* __restrict__ x,
 }
 
 // The entry points, one line each so every name appears in the source (the host checks that
-// every name it loads is defined here).
+// every name it loads is defined here). kernels/moe.cu compiles this file for its inner loops
+// alone (GEMV_NO_ENTRIES).
+#ifndef GEMV_NO_ENTRIES
 #define GEMV_PLAIN_PARAMS const bf16 *__restrict__ x, const bf16 *__restrict__ w, float *__restrict__ out, int n, int k
 #define GEMV_SWIGLU_PARAMS const bf16 *__restrict__ x, const bf16 *__restrict__ w, bf16 *__restrict__ out, int k
 #define GEMV_QKV_ROPE_PARAMS                                                                                   \
@@ -395,3 +397,4 @@ GEMV_ENTRY(5) gemv_qkv_rope_m5(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<5>(GEMV_QKV
 GEMV_ENTRY(6) gemv_qkv_rope_m6(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<6>(GEMV_QKV_ROPE_ARGS); }
 GEMV_ENTRY(7) gemv_qkv_rope_m7(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<7>(GEMV_QKV_ROPE_ARGS); }
 GEMV_ENTRY(8) gemv_qkv_rope_m8(GEMV_QKV_ROPE_PARAMS) { gemv_qkv_rope<8>(GEMV_QKV_ROPE_ARGS); }
+#endif

@@ -3,10 +3,11 @@
 #
 # Run from the repository root with the prepared folder .gpu/ (see docs/cuda-backend.md):
 #   .gpu/inferno           release binary          .gpu/cuda_backend   integration-test binary
-#   .gpu/cuda_fp8          FP8 integration tests
+#   .gpu/cuda_fp8          FP8 integration tests  .gpu/cuda_moe        MoE integration tests
 #   .gpu/unit_tests        library test binary     .gpu/*.py, .gpu/gpu-check.sh
 # Usage: bash .gpu/gpu-check.sh [STAGES]   (default: "env unit correctness sanitizer attention bench peers")
-# Other stages: fp8 (issue 43: FP8 correctness against the CPU reference, compute-sanitizer, FP8
+# Other stages: moe (issue 44: the MoE kernels alone, tests/cuda_moe.rs, memcheck; MOE_BENCH=1
+# adds Qwen3-30B-A3B-shaped benches; see the stage), fp8 (issue 43: FP8 correctness against the CPU reference, compute-sanitizer, FP8
 # against bf16 benches on the 8B-shaped weights quantized at load; .gpu/cuda_fp8), quickbench (one offline run), graphs (offline batch 1/16/64 with decode graphs on
 # and off, side by side), prefill (offline batch 16, input 1024 and 2048, 16 output tokens: TTFT),
 # serve (bench serve over HTTPS), ohttp (the same load over attested TLS and over Oblivious HTTP,
@@ -894,6 +895,69 @@ if has peers; then
   PYTHONUNBUFFERED=1 timeout 330 python3 "$G/peers.py" $M8 "$OUT/peers.json" --batches 1,16 >"$OUT/peers.log" 2>&1
   note "peers: rc=$?"
   grep -E '^\{|^eager|^static' "$OUT/peers.log" | tee -a "$SUMMARY"
+fi
+
+# Mixture of experts (issue 44). The kernels alone (.gpu/moe-check.cu, nvcc, once per expert
+# shape: Qwen3-30B-A3B's top-8 of 128, and a tiny top-2 of 8 with a shared expert): routing with
+# boundary ties against libstdc++'s selection (torch.topk's CPU order), the permutation, the grouped
+# products and the combine against host references, compute-sanitizer memcheck, and the routed part
+# of a decode layer's read rate; then tests/cuda_moe.rs (.gpu/cuda_moe: the three tiny MoE fixtures
+# against the CPU backend and transformers, and memcheck over its prefill test). MOE_BENCH=1 also
+# writes Qwen3-30B-A3B-shaped random weights (scripts/make_moe_shaped.py, MOE_LAYERS layers,
+# default 12 of the real 48 to fit the disk) and runs MOE_SPECS offline (default batch 1 and 64 at
+# 1000/256), the batch-1 inter-token latency set against the active-weight floor at 3.0 TB/s.
+if has moe; then
+  MO=$OUT/moe
+  mkdir -p "$MO"
+  MOE_GEMV="-DGEMV_ROWS=4 -DGEMV_WARPS=4 -DGEMV_MMA_FROM=1 -DGEMV_MMA_WARPS=8 -DGEMV_MMA_STAGES=5"
+  MOE_HEADS="-DNUM_Q_HEADS=4 -DNUM_KV_HEADS=2 -DHEAD_DIM=16 -DQKV_BIAS=0"
+  moe_build() { # NAME DEFINES
+    nvcc -O3 -arch=sm_90a -std=c++17 -I"$G/kernels" -I"$G" $MOE_GEMV $MOE_HEADS $2 -Xptxas -v "$G/moe-check.cu" \
+      -o "$MO/$1" >"$MO/$1.build.log" 2>&1 || note "moe-check $1 BUILD FAILED: $(grep -m3 error "$MO/$1.build.log")"
+  }
+  moe_build a3b "-DHIDDEN=2048 -DINTERMEDIATE=768 -DMOE_EXPERTS=128 -DMOE_TOP_K=8 -DMOE_RENORMALIZE=1 -DMOE_LOGITS=128 -DMOE_INTER=768 -DMOE_SHARED_INTER=0" &
+  moe_build tiny "-DHIDDEN=64 -DINTERMEDIATE=32 -DMOE_EXPERTS=8 -DMOE_TOP_K=2 -DMOE_RENORMALIZE=0 -DMOE_LOGITS=9 -DMOE_INTER=32 -DMOE_SHARED_INTER=48" &
+  wait
+  for shape in a3b tiny; do
+    [ -x "$MO/$shape" ] || continue
+    timeout 120 "$MO/$shape" test >"$MO/$shape-test.log" 2>&1
+    note "moe-check $shape: rc=$? $(grep -c ': ok$' "$MO/$shape-test.log") ok, $(grep -c 'FAIL$' "$MO/$shape-test.log") failed"
+    grep -h '^RESULT' "$MO/$shape-test.log" | sed 's/^/    /' >>"$SUMMARY"
+    grep -v '^RESULT' "$MO/$shape-test.log" | head -5 | sed 's/^/    /' | tee -a "$SUMMARY"
+    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$MO/$shape" quick >"$MO/$shape-sanitizer.log" 2>&1
+    note "compute-sanitizer memcheck moe-check $shape: rc=$? $(grep -E 'ERROR SUMMARY' "$MO/$shape-sanitizer.log" | tail -1)"
+  done
+  [ -x "$MO/a3b" ] && timeout 60 "$MO/a3b" bench >"$MO/bench.log" 2>&1 && grep -h '^RESULT' "$MO/bench.log" | tee -a "$SUMMARY"
+  if [ -x "$G/cuda_moe" ]; then
+    timeout 300 $RUN "$G/cuda_moe" --include-ignored --test-threads=1 --nocapture >"$OUT/moe-correctness.log" 2>&1
+    note "moe correctness (tests/cuda_moe.rs): rc=$? $(grep -E '^test result' "$OUT/moe-correctness.log")"
+    grep -E '^RESULT|panicked' "$OUT/moe-correctness.log" | head -20 | tee -a "$SUMMARY"
+    timeout 300 $RUN compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
+      "$G/cuda_moe" --include-ignored --test-threads=1 prefill_logits >"$OUT/moe-sanitizer.log" 2>&1
+    note "compute-sanitizer memcheck (tests/cuda_moe.rs prefill_logits): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/moe-sanitizer.log" | tail -1)"
+  fi
+  if [ -n "${MOE_BENCH:-}" ]; then
+    MM=${MOE_MODEL_DIR:-/tmp/qwen3-moe-shaped}
+    df -h /tmp /dev/shm | sed 's/^/    /' >>"$SUMMARY"
+    PYTHONUNBUFFERED=1 python3 "$G/make_moe_shaped.py" $MM "${MOE_LAYERS:-12}" >"$MO/make.log" 2>&1
+    note "MoE-shaped weights: $(tail -1 "$MO/make.log")"
+    active=$(grep -o 'active bytes per decode token: [0-9]*' "$MO/make.log" | grep -o '[0-9]*$')
+    [ -n "$active" ] && note "active-weight floor: $(python3 -c "print(f'{$active/1e9:.3f} GB per token: {$active/3.0e12*1e3:.3f} ms at 3.0 TB/s')")"
+    IFS=';' read -ra MOE_SPEC_LIST <<<"${MOE_SPECS:-1 1000 256;64 1000 256}"
+    for spec in "${MOE_SPEC_LIST[@]}"; do
+      set -- $spec
+      b=$1 i=$2 o=$3
+      shift 3
+      load=(--batch-size "$b")
+      [[ $b == c* ]] && load=(--concurrency "${b#c}")
+      log=$MO/bench-b$b-i$i-o$o.log
+      timeout ${MOE_BENCH_TIMEOUT:-300} $RUN "$G/inferno" bench offline --model $MM --device cuda "${load[@]}" --input-len "$i" \
+        --output-len "$o" --ignore-eos "$@" --json "$MO/bench-b$b-i$i-o$o.json" >"$log" 2>&1
+      note "moe offline batch=$b in=$i out=$o $*: rc=$? $(grep -E '^output throughput' "$log" | tail -1)"
+      grep -E '^(TTFT|ITL|engine steps) ' "$log" | sed 's/^/    /' | tee -a "$SUMMARY"
+      grep -E 'weights uploaded|KV cache allocated|panicked|Error|error' "$log" | head -3 | sed 's/^/    /' >>"$SUMMARY"
+    done
+  fi
 fi
 
 tar czf "$FINAL/results.tgz" -C "$OUT" .

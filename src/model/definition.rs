@@ -104,6 +104,13 @@ impl Routing {
             Self::SoftmaxTopK { top_k, .. } => top_k,
         }
     }
+
+    /// Whether the chosen weights are divided by their sum.
+    pub fn renormalizes(&self) -> bool {
+        match *self {
+            Self::SoftmaxTopK { renormalize, .. } => renormalize,
+        }
+    }
 }
 
 /// One transformer block: `h += attention(norm(h)); h += mlp(norm(h))`.

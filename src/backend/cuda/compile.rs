@@ -132,6 +132,7 @@ pub fn compile_all(params: &KernelParams, arch: &str) -> Result<Vec<CompiledFami
     let results: Vec<Result<CompiledFamily, KernelError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = FAMILIES
             .iter()
+            .filter(|family| kernels::needed(family, params))
             .map(|family| {
                 let dir = dir.clone();
                 scope.spawn(move || {
@@ -151,7 +152,11 @@ pub fn compile_all(params: &KernelParams, arch: &str) -> Result<Vec<CompiledFami
             .collect();
         handles
             .into_iter()
-            .zip(FAMILIES.iter())
+            .zip(
+                FAMILIES
+                    .iter()
+                    .filter(|family| kernels::needed(family, params)),
+            )
             .map(|(h, family)| {
                 h.join().unwrap_or_else(|_| {
                     Err(KernelError::Nvrtc {
@@ -238,15 +243,53 @@ mod tests {
                 qk_norm: norm,
                 sliding_window: 0,
                 uniform_layers: true,
-                mixture_of_experts: false,
+                moe: None,
                 flash: crate::backend::cuda::plan::flash_geometry(head_dim, "sm_90a"),
                 gemv_tensor_cores: true,
             };
-            for family in &FAMILIES {
+            for family in FAMILIES.iter().filter(|f| kernels::needed(f, &params)) {
                 match compile_family(family, &params, "sm_90a") {
                     Ok(cubin) => assert!(!cubin.is_empty()),
                     Err(e) => panic!("{e}"),
                 }
+            }
+        }
+        // The experts' family at the tiny fixtures' shapes (a shared expert with its gate
+        // stacked under the router; top-2 of 8) and at Qwen3-30B-A3B's and the limits'
+        // (top-8 of 128, top-16 of 512).
+        let moe_family = FAMILIES.iter().find(|f| f.name == "moe.cu").unwrap();
+        let shapes = [
+            (64, 8, 2, 32, true, Some(48)),
+            (64, 8, 2, 48, true, None),
+            (2048, 128, 8, 768, false, None),
+            (4096, 512, 16, 256, true, None),
+        ];
+        for (hidden, experts, top_k, width, renormalize, shared) in shapes {
+            let params = KernelParams {
+                hidden,
+                head_dim: 128,
+                num_q_heads: 32,
+                num_kv_heads: 4,
+                vocab: 151_936,
+                intermediate: width,
+                kv_block: 16,
+                rms_eps: 1e-6,
+                qkv_bias: false,
+                qk_norm: true,
+                sliding_window: 0,
+                uniform_layers: true,
+                moe: Some(crate::model::MoeDefinition {
+                    num_experts: experts,
+                    expert_intermediate: width,
+                    routing: crate::model::Routing::SoftmaxTopK { top_k, renormalize },
+                    shared_expert: shared,
+                }),
+                flash: crate::backend::cuda::plan::flash_geometry(128, "sm_90a"),
+                gemv_tensor_cores: true,
+            };
+            match compile_family(moe_family, &params, "sm_90a") {
+                Ok(cubin) => assert!(!cubin.is_empty()),
+                Err(e) => panic!("{e}"),
             }
         }
     }
@@ -278,7 +321,7 @@ mod tests {
             qk_norm: false,
             sliding_window: 0,
             uniform_layers: true,
-            mixture_of_experts: false,
+            moe: None,
             flash: crate::backend::cuda::plan::flash_geometry(16, "sm_90a"),
             gemv_tensor_cores: true,
         };

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use ring::digest;
 
-use crate::model::{MlpDefinition, ModelDefinition, Norm};
+use crate::model::{MlpDefinition, ModelDefinition, MoeDefinition, Norm};
 
 /// The prelude prepended to every family (bf16 helpers, warp and block reductions).
 const PRELUDE: &str = include_str!("../../../kernels/prelude.cuh");
@@ -118,8 +118,22 @@ const FP8_FAMILY_ENTRIES: [&str; 2 * super::plan::GEMV_MAX_M + 5] = {
     all
 };
 
-/// Every family the backend compiles when a model loads.
-pub const FAMILIES: [KernelFamily; 10] = [
+/// The mixture-of-experts kernels (`kernels/moe.cu`, compiled after `kernels/gemv.cu`'s inner
+/// loops), compiled only for a model with experts.
+pub const MOE_ENTRIES: [&str; 8] = [
+    "moe_route",
+    "moe_permute",
+    "moe_gather",
+    "moe_route_permute",
+    "moe_gate_up",
+    "moe_down",
+    "moe_shared_swiglu",
+    "moe_combine",
+];
+
+/// Every family the backend compiles when a model loads (`moe.cu` only for a model with
+/// experts: [`needed`]).
+pub const FAMILIES: [KernelFamily; 11] = [
     KernelFamily {
         name: "embedding.cu",
         source: include_str!("../../../kernels/embedding.cu"),
@@ -173,12 +187,22 @@ pub const FAMILIES: [KernelFamily; 10] = [
         source: include_str!("../../../kernels/fp8.cu"),
         entry_points: &FP8_FAMILY_ENTRIES,
     },
+    KernelFamily {
+        name: "moe.cu",
+        source: concat!(
+            "#define GEMV_NO_ENTRIES 1\n",
+            include_str!("../../../kernels/gemv.cu"),
+            include_str!("../../../kernels/moe.cu")
+        ),
+        entry_points: &MOE_ENTRIES,
+    },
 ];
 
-/// Why a mixture-of-experts model is refused: its routing, device-side permutation and grouped
-/// expert products are a later step (`docs/engine.md`, "The MoE path").
-pub const MOE_UNSUPPORTED: &str =
-    "its mixture-of-experts MLP has no GPU kernels yet (the CPU backend serves it: --device cpu)";
+/// Whether a model with kernel parameters `params` needs `family` (the experts' kernels only
+/// where there are experts).
+pub fn needed(family: &KernelFamily, params: &KernelParams) -> bool {
+    family.name != "moe.cu" || params.moe.is_some()
+}
 
 /// The model shapes every kernel is specialised on.
 #[derive(Debug, Clone, PartialEq)]
@@ -193,7 +217,8 @@ pub struct KernelParams {
     pub num_kv_heads: usize,
     /// Vocabulary rows of the LM head.
     pub vocab: usize,
-    /// Width of the MLP's gate and up projections.
+    /// Width of the dense MLPs' gate and up projections (each expert's in a model whose every
+    /// layer is sparse: the dense kernels then never run).
     pub intermediate: usize,
     /// Tokens per KV block.
     pub kv_block: usize,
@@ -205,12 +230,12 @@ pub struct KernelParams {
     pub qk_norm: bool,
     /// Sliding-window span (0: none).
     pub sliding_window: usize,
-    /// Whether every layer of the definition is the first one's (the kernels are compiled for
-    /// one layer).
+    /// Whether every layer of the definition has the first one's attention and norms, every
+    /// dense MLP the same width and every mixture of experts the same shape (the kernels are
+    /// compiled for one layer of each kind).
     pub uniform_layers: bool,
-    /// Whether a layer's MLP is a mixture of experts (refused until the MoE kernels exist:
-    /// `docs/engine.md`, "The MoE path").
-    pub mixture_of_experts: bool,
+    /// The sparse layers' mixture of experts, if any (`kernels/moe.cu`).
+    pub moe: Option<MoeDefinition>,
     /// The prefill attention kernel's launch geometry on the target architecture.
     pub flash: super::plan::FlashGeometry,
     /// Whether the target architecture has the small-M products' tensor-core path
@@ -226,10 +251,24 @@ impl KernelParams {
         let layer = &definition.layers[0];
         let attention = &layer.attention;
         let Norm::Rms { eps } = layer.input_norm;
-        let intermediate = match layer.mlp {
-            MlpDefinition::SwiGlu { intermediate } => intermediate,
-            MlpDefinition::Moe(moe) => moe.expert_intermediate,
+        let dense = |l: &crate::model::LayerDefinition| match l.mlp {
+            MlpDefinition::SwiGlu { intermediate } => Some(intermediate),
+            MlpDefinition::Moe(_) => None,
         };
+        let sparse = |l: &crate::model::LayerDefinition| match l.mlp {
+            MlpDefinition::Moe(moe) => Some(moe),
+            MlpDefinition::SwiGlu { .. } => None,
+        };
+        let moe = definition.layers.iter().find_map(sparse);
+        let width = definition.layers.iter().find_map(dense);
+        let intermediate = width.or(moe.map(|m| m.expert_intermediate)).unwrap_or(0);
+        let uniform_layers = definition.layers.iter().all(|l| {
+            l.attention == layer.attention
+                && l.input_norm == layer.input_norm
+                && l.post_attention_norm == layer.post_attention_norm
+                && dense(l).is_none_or(|w| Some(w) == width)
+                && sparse(l).is_none_or(|m| Some(m) == moe)
+        });
         Self {
             hidden: definition.hidden,
             head_dim: attention.head_dim,
@@ -242,11 +281,8 @@ impl KernelParams {
             qkv_bias: attention.qkv_bias,
             qk_norm: attention.qk_norm.is_some(),
             sliding_window: attention.sliding_window.unwrap_or(0),
-            uniform_layers: definition.layers.iter().all(|l| l == layer),
-            mixture_of_experts: definition
-                .layers
-                .iter()
-                .any(|l| matches!(l.mlp, MlpDefinition::Moe(_))),
+            uniform_layers,
+            moe,
             flash: super::plan::flash_geometry(attention.head_dim, ""),
             gemv_tensor_cores: false,
         }
@@ -305,7 +341,20 @@ impl KernelParams {
             ("FS_KEYS", super::plan::SMALL_FLASH.keys),
             ("SWIGLU_VEC", super::plan::swiglu_vector(self.intermediate)),
         ];
-        for (name, value) in ints {
+        let moe = self.moe.map(|m| {
+            [
+                ("MOE_EXPERTS", m.num_experts),
+                ("MOE_TOP_K", m.routing.top_k()),
+                ("MOE_RENORMALIZE", usize::from(m.routing.renormalizes())),
+                (
+                    "MOE_LOGITS",
+                    m.num_experts + usize::from(m.shared_expert.is_some()),
+                ),
+                ("MOE_INTER", m.expert_intermediate),
+                ("MOE_SHARED_INTER", m.shared_expert.unwrap_or(0)),
+            ]
+        });
+        for (name, value) in ints.into_iter().chain(moe.into_iter().flatten()) {
             // Writing to a String cannot fail.
             let _ = writeln!(out, "#define {name} {value}");
         }
@@ -315,8 +364,8 @@ impl KernelParams {
 
     /// Shapes the kernels cannot serve, as a message naming the limit.
     pub fn unsupported(&self) -> Option<String> {
-        if self.mixture_of_experts {
-            return Some(MOE_UNSUPPORTED.into());
+        if let Some(why) = self.moe.and_then(|moe| moe_unsupported(&moe, self.hidden)) {
+            return Some(why);
         }
         if !self.uniform_layers {
             return Some("its layers differ from one another".into());
@@ -347,6 +396,24 @@ impl KernelParams {
         }
         None
     }
+}
+
+/// Expert shapes `kernels/moe.cu` cannot serve, as a message naming the limit: the grouped
+/// products read 16-byte pieces of rows (`hidden` and each expert's width multiples of 8), and
+/// their blocks own whole pairs of gate and up rows (the width a multiple of 16).
+fn moe_unsupported(moe: &MoeDefinition, hidden: usize) -> Option<String> {
+    if !hidden.is_multiple_of(8) {
+        return Some(format!(
+            "hidden size {hidden} is not a multiple of 8, which the expert products need"
+        ));
+    }
+    if !moe.expert_intermediate.is_multiple_of(16) {
+        return Some(format!(
+            "expert width {} (moe_intermediate_size) is not a multiple of 16, which the expert products need",
+            moe.expert_intermediate
+        ));
+    }
+    None
 }
 
 /// The full source NVRTC compiles for a family.
@@ -427,7 +494,7 @@ mod tests {
             qk_norm: false,
             sliding_window: 0,
             uniform_layers: true,
-            mixture_of_experts: false,
+            moe: None,
             flash: super::super::plan::flash_geometry(128, ""),
             gemv_tensor_cores: true,
         }
@@ -449,22 +516,48 @@ mod tests {
         assert_ne!(base, cache_key(family, &other, "sm_90a", (13, 0)));
     }
 
-    /// A mixture of experts is refused in one line, before anything is compiled or uploaded.
+    /// A mixture of experts gets its kernels' parameters (a Qwen3-MoE layer kept dense
+    /// included), and expert shapes the grouped products cannot serve are refused in one line,
+    /// before anything is compiled or uploaded.
     #[test]
-    fn a_mixture_of_experts_is_refused() {
-        let json = r#"{"architectures": ["MixtralForCausalLM"], "hidden_size": 64,
-            "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "vocab_size": 100, "max_position_embeddings": 512}"#;
-        let config =
-            crate::model::ModelConfig::from_json(Path::new("config.json"), json.as_bytes())
-                .unwrap();
-        let p = KernelParams::from_definition(&ModelDefinition::of(&config));
-        assert!(p.mixture_of_experts && p.uniform_layers);
-        let refused = p.unsupported().unwrap();
+    fn a_mixture_of_experts_gets_its_parameters_and_odd_widths_are_refused() {
+        let config = |width: usize| {
+            let json = format!(
+                r#"{{"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64,
+                "intermediate_size": 128, "moe_intermediate_size": {width}, "num_experts": 8,
+                "num_experts_per_tok": 2, "norm_topk_prob": true, "mlp_only_layers": [1],
+                "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "head_dim": 16, "vocab_size": 100, "max_position_embeddings": 512}}"#
+            );
+            crate::model::ModelConfig::from_json(Path::new("config.json"), json.as_bytes()).unwrap()
+        };
+        let p = KernelParams::from_definition(&ModelDefinition::of(&config(32)));
+        let moe = p.moe.expect("experts");
+        assert_eq!((moe.num_experts, moe.expert_intermediate), (8, 32));
+        assert!(p.uniform_layers);
+        assert_eq!(p.intermediate, 128, "the dense layer's width");
+        assert_eq!(p.unsupported(), None);
+        let text = p.defines();
+        for needle in [
+            "#define MOE_EXPERTS 8\n",
+            "#define MOE_TOP_K 2\n",
+            "#define MOE_RENORMALIZE 1\n",
+            "#define MOE_LOGITS 8\n",
+            "#define MOE_INTER 32\n",
+            "#define MOE_SHARED_INTER 0\n",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?}");
+        }
+        assert!(FAMILIES.iter().all(|f| needed(f, &p)));
+        let refused = KernelParams::from_definition(&ModelDefinition::of(&config(40)))
+            .unsupported()
+            .unwrap();
         assert!(
-            refused.contains("mixture-of-experts") && !refused.contains('\n'),
+            refused.contains("multiple of 16") && !refused.contains('\n'),
             "{refused}"
         );
+        let dense = params();
+        assert!(!FAMILIES.iter().all(|f| needed(f, &dense)));
     }
 
     /// The parameters come from the model definition, and a definition whose layers differ (which

@@ -297,6 +297,13 @@ macro_rules! kernel_args {
     )*};
 }
 
+// The mixture-of-experts kernels' arguments (`kernels/moe.cu`), declared with the macro above.
+mod moe;
+pub use moe::{
+    MoeCombine, MoeDown, MoeGateUp, MoeGather, MoePermute, MoeRoute, MoeRoutePermute,
+    MoeSharedSwiglu,
+};
+
 kernel_args! {
     /// The arguments of `embedding_gather` (`kernels/embedding.cu`).
     EmbeddingGather for &["embedding_gather"] => {
@@ -728,7 +735,7 @@ mod tests {
     type Launcher = (&'static [&'static str], Parameters);
 
     /// Every argument struct.
-    const LAUNCHERS: [Launcher; 17] = [
+    const LAUNCHERS: [Launcher; 25] = [
         launcher::<EmbeddingGather>(),
         launcher::<AddRmsnorm>(),
         launcher::<QkvRopeWrite>(),
@@ -746,6 +753,14 @@ mod tests {
         launcher::<Fp8AddRmsnorm>(),
         launcher::<Fp8SwigluQuantize>(),
         launcher::<Fp8ScaleOutput>(),
+        launcher::<MoeRoute>(),
+        launcher::<MoePermute>(),
+        launcher::<MoeGather>(),
+        launcher::<MoeRoutePermute>(),
+        launcher::<MoeGateUp>(),
+        launcher::<MoeDown>(),
+        launcher::<MoeSharedSwiglu>(),
+        launcher::<MoeCombine>(),
     ];
 
     const fn launcher<A: KernelArgs>() -> Launcher {

@@ -17,6 +17,7 @@ mod inputs;
 mod kernels;
 mod launch;
 mod memory;
+mod moe;
 mod plan;
 mod probe;
 mod upload;

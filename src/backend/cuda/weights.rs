@@ -10,13 +10,15 @@ use indicatif::ProgressBar;
 
 use crate::model::weights::ModelWeights;
 use crate::model::{
-    LinearTensors, LmHead, ModelConfig, ModelDefinition, ModelTensors, TensorSpec, layout,
+    LinearTensors, LmHead, MlpTensors, ModelConfig, ModelDefinition, ModelTensors, TensorSpec,
+    layout,
 };
 
 use super::error::CudaInitError;
 use super::fp8::{DeviceScales, InputQuantization, quantize_per_channel};
 use super::launch::{Bf16, DevicePtr, E4m3};
 use super::memory::DeviceBuffer;
+use super::moe::MoeLayerWeights;
 use super::upload::{self, Piece, UploadStats};
 
 /// An FP8 projection on the device: E4M3 values, their scales, and how its input is quantized.
@@ -126,10 +128,39 @@ pub struct LayerWeights {
     pub o_proj: Projection,
     /// RMSNorm before the MLP, `[hidden]`.
     pub post_norm: DeviceBuffer,
-    /// Gate and up projections stacked, `[2 * intermediate, hidden]`.
-    pub gate_up: Projection,
-    /// Down projection, `[hidden, intermediate]`.
-    pub down: Projection,
+    /// The MLP's weights.
+    pub mlp: LayerMlp,
+}
+
+/// A layer's MLP weights on the device, as its definition declares the MLP.
+pub enum LayerMlp {
+    /// A dense SwiGLU.
+    Dense {
+        /// Gate and up projections stacked, `[2 * intermediate, hidden]`.
+        gate_up: Projection,
+        /// Down projection, `[hidden, intermediate]`.
+        down: Projection,
+    },
+    /// A mixture of experts.
+    Moe(MoeLayerWeights),
+}
+
+impl LayerWeights {
+    /// The dense MLP's gate/up and down projections, or `None` in a sparse layer.
+    pub fn dense(&self) -> Option<(&Projection, &Projection)> {
+        match &self.mlp {
+            LayerMlp::Dense { gate_up, down } => Some((gate_up, down)),
+            LayerMlp::Moe(_) => None,
+        }
+    }
+
+    /// The experts' weights, or `None` in a dense layer.
+    pub fn moe(&self) -> Option<&MoeLayerWeights> {
+        match &self.mlp {
+            LayerMlp::Moe(moe) => Some(moe),
+            LayerMlp::Dense { .. } => None,
+        }
+    }
 }
 
 /// Every weight of a model on the device.
@@ -207,14 +238,14 @@ impl WeightTargets {
 
 /// Allocates each weight's device buffer and records where each tensor goes in it.
 #[derive(Default)]
-struct Allocator {
+pub(super) struct Allocator {
     targets: Vec<WeightTarget>,
     bytes: usize,
 }
 
 impl Allocator {
     /// Allocates one bf16 buffer for the tensors `parts`, one after another.
-    fn stacked(&mut self, parts: &[&TensorSpec]) -> Result<DeviceBuffer, CudaInitError> {
+    pub(super) fn stacked(&mut self, parts: &[&TensorSpec]) -> Result<DeviceBuffer, CudaInitError> {
         let total: usize = parts
             .iter()
             .map(|spec| spec.shape.iter().product::<usize>() * 2)
@@ -388,9 +419,6 @@ impl ModelWeightsOnDevice {
         let embed = up.one(&tensors.embed_tokens)?;
         let mut layers = Vec::with_capacity(tensors.layers.len());
         for l in &tensors.layers {
-            let mlp = l.mlp.dense().ok_or_else(|| {
-                CudaInitError::Unsupported(super::kernels::MOE_UNSUPPORTED.into())
-            })?;
             let qkv_bias = match &l.qkv_bias {
                 Some([q, k, v]) => Some(up.stacked(&[q, k, v])?),
                 None => None,
@@ -407,8 +435,13 @@ impl ModelWeightsOnDevice {
                 k_norm,
                 o_proj: up.projection(&[&l.o_proj], weights)?,
                 post_norm: up.one(&l.post_attention_norm)?,
-                gate_up: up.projection(&[&mlp.gate_proj, &mlp.up_proj], weights)?,
-                down: up.projection(&[&mlp.down_proj], weights)?,
+                mlp: match &l.mlp {
+                    MlpTensors::Dense(mlp) => LayerMlp::Dense {
+                        gate_up: up.projection(&[&mlp.gate_proj, &mlp.up_proj], weights)?,
+                        down: up.projection(&[&mlp.down_proj], weights)?,
+                    },
+                    MlpTensors::Moe(moe) => LayerMlp::Moe(MoeLayerWeights::allocate(&mut up, moe)?),
+                },
             });
         }
         let final_norm = up.one(&tensors.final_norm)?;

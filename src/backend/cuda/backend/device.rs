@@ -107,6 +107,10 @@ impl LoadedKernels {
             opted_in(kernels.gemv_swiglu[m - 1].allow_dynamic_shared(shared))?;
             opted_in(kernels.gemv_qkv_rope[m - 1].allow_dynamic_shared(shared))?;
         }
+        if let Some(moe) = &kernels.moe {
+            moe.allow_dynamic_shared(params.gemv_geometry(1).shared_bytes)
+                .map_err(|e| CudaInitError::Device(format!("expert product shared memory: {e}")))?;
+        }
         Ok(Self {
             kernels,
             cache_keys,
@@ -317,6 +321,7 @@ impl Kernels {
             fp8_swiglu_quantize: Kernel::take(map, "fp8_swiglu_quantize")?,
             fp8_scale_output: Kernel::take(map, "fp8_scale_output")?,
             fp8_gemv: take_each(map, &kernels::FP8_GEMV_ENTRIES)?,
+            moe: super::moe::MoeKernels::take(map)?,
         })
     }
 }

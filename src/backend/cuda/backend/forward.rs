@@ -94,17 +94,17 @@ impl CudaBackend {
             )?;
         } else {
             let w: &LayerWeights = &self.weights.layers[segment - 1];
-            let (o_w, post_norm, gate_up_w, down_w) = (
+            let (o_w, post_norm, dense) = (
                 w.o_proj.operand(),
                 w.post_norm.device_ptr(),
-                w.gate_up.operand(),
-                w.down.operand(),
+                w.dense()
+                    .map(|(gate_up, down)| (gate_up.operand(), down.operand())),
             );
             let attn = self.act.attn.device_ptr();
             self.project(attn, o_w, delta, (t, p.hidden, q_width))?;
-            self.norm_before(t32, Some(delta), post_norm, gate_up_w)?;
-            match self.definition.layers[segment - 1].mlp {
-                MlpDefinition::SwiGlu { intermediate } => {
+            match (self.definition.layers[segment - 1].mlp, dense) {
+                (MlpDefinition::SwiGlu { intermediate }, Some((gate_up_w, down_w))) => {
+                    self.norm_before(t32, Some(delta), post_norm, gate_up_w)?;
                     let gate_up_dims = (t, 2 * intermediate, p.hidden);
                     match gate_up_w {
                         Operand::Bf16(gate_up_w) => {
@@ -138,8 +138,16 @@ impl CudaBackend {
                         }
                     }
                 }
-                // `KernelParams::unsupported` refuses a mixture of experts before any upload.
-                MlpDefinition::Moe(_) => unreachable!("the CUDA backend refuses MoE models"),
+                (MlpDefinition::Moe(moe), None) => {
+                    self.add_rmsnorm(t32, Some(delta), post_norm, None)?;
+                    self.moe_mlp(segment - 1, &moe, layout)?;
+                }
+                _ => {
+                    return Err(BackendError::Device(format!(
+                        "layer {} has weights of another MLP than its definition's",
+                        segment - 1
+                    )));
+                }
             }
         }
         if segment == layers {

@@ -10,6 +10,7 @@
 mod capture;
 mod device;
 mod forward;
+mod moe;
 mod products;
 mod setup;
 mod step;
@@ -106,6 +107,8 @@ struct Kernels {
     fp8_swiglu_quantize: Kernel<Fp8SwigluQuantize>,
     /// `fp8_gemv[GemvGeometry::entry(m)]`: FP8 products of m rows.
     fp8_gemv: Vec<Kernel<Fp8Gemv>>,
+    /// The mixture-of-experts kernels, for a model with experts.
+    moe: Option<moe::MoeKernels>,
 }
 
 /// Scratch buffers of one step, sized for the step limits.
@@ -129,6 +132,8 @@ struct Activations {
     probs: DeviceBuffer,
     /// The FP8 products' buffers, for a model with FP8 projections.
     fp8: Option<Fp8Scratch>,
+    /// The mixture of experts' buffers, for a model with experts.
+    moe: Option<super::moe::MoeScratch>,
 }
 
 /// The FP8 products' buffers (`products.rs`).

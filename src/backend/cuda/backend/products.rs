@@ -25,7 +25,7 @@ use super::{CudaBackend, dev, to_u32};
 /// What `CudaBackend::choose_small_m_products` times with a product: the product alone, or with
 /// the work a step runs after it (which the small-M path folds into its epilogue).
 #[derive(Debug, Clone, Copy)]
-enum TimedProduct {
+pub(super) enum TimedProduct {
     /// The product alone, into `out`.
     Plain { out: DevicePtr<f32> },
     /// The gate/up product and SwiGLU.
@@ -76,13 +76,13 @@ pub(super) fn product_choice_store(
 
 /// A product shape `CudaBackend::choose_small_m_products` times: `x[m, k] · w[n, k]ᵀ` for m up
 /// to `max_m`, on each of `weights` (one per layer) in turn.
-struct TimedShape {
-    what: TimedProduct,
-    x: DevicePtr<Bf16>,
-    weights: Vec<DevicePtr<Bf16>>,
-    n: usize,
-    k: usize,
-    max_m: usize,
+pub(super) struct TimedShape {
+    pub(super) what: TimedProduct,
+    pub(super) x: DevicePtr<Bf16>,
+    pub(super) weights: Vec<DevicePtr<Bf16>>,
+    pub(super) n: usize,
+    pub(super) k: usize,
+    pub(super) max_m: usize,
 }
 
 impl CudaBackend {
@@ -329,7 +329,7 @@ impl CudaBackend {
             self.act.mlp.device_ptr(),
         );
         let max_m = self.limits.max_tokens;
-        let products = vec![
+        let mut products = vec![
             TimedShape {
                 what: TimedProduct::QkvRopeWrite,
                 x: normed,
@@ -351,7 +351,7 @@ impl CudaBackend {
             TimedShape {
                 what: TimedProduct::GateUpSwiglu,
                 x: normed,
-                weights: per_layer(|w| w.gate_up.bf16()),
+                weights: per_layer(|w| w.dense()?.0.bf16()),
                 n: 2 * p.intermediate,
                 k: p.hidden,
                 max_m,
@@ -361,7 +361,7 @@ impl CudaBackend {
                     out: self.act.delta.device_ptr(),
                 },
                 x: mlp,
-                weights: per_layer(|w| w.down.bf16()),
+                weights: per_layer(|w| w.dense()?.1.bf16()),
                 n: p.hidden,
                 k: p.intermediate,
                 max_m,
@@ -377,6 +377,7 @@ impl CudaBackend {
                 max_m: self.limits.max_rows,
             },
         ];
+        products.extend(self.moe_timed_shapes(max_m));
         let measure = self.options.measure_products;
         let stored = match (&self.choices, measure) {
             (Some(store), true) => store.load(),

@@ -19,6 +19,7 @@ use crate::backend::cuda::graphs::{DecodeGraphs, MixedStepGraphs};
 use crate::backend::cuda::inputs::{self, CopyStats, StepLimits};
 use crate::backend::cuda::kernels::{self, KernelParams, SAMPLE_STRIDE};
 use crate::backend::cuda::memory::DeviceBuffer;
+use crate::backend::cuda::moe::MoeScratch;
 use crate::backend::cuda::plan;
 use crate::backend::cuda::upload::UploadStats;
 use crate::backend::cuda::wait::StepWaiter;
@@ -454,6 +455,7 @@ impl Activations {
                 Some(_) => Some(Fp8Scratch::new(cfg, max_tokens)?),
                 None => None,
             },
+            moe: MoeScratch::new(cfg, max_tokens)?,
         })
     }
 }

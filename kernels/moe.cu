@@ -1,0 +1,506 @@
+// The mixture-of-experts MLP (docs/engine.md, "The MoE path"). Compiled after kernels/gemv.cu
+// (whose entry points it leaves out, GEMV_NO_ENTRIES) so the grouped products reuse its small-M
+// inner loops. The host defines, beside the model's shapes (src/backend/cuda/kernels.rs):
+//   MOE_EXPERTS       experts per layer (at most 512);
+//   MOE_TOP_K         experts per token (at most 16);
+//   MOE_RENORMALIZE   1: the chosen weights are divided by their sum (norm_topk_prob, Mixtral);
+//   MOE_LOGITS        the router product's row width: MOE_EXPERTS, plus one where the shared
+//                     expert's gate is stacked under the router (its logit is the last column);
+//   MOE_INTER         each expert's width (a multiple of 16);
+//   MOE_SHARED_INTER  the shared expert's width, 0 without one.
+//
+// A step of T tokens runs, after the router's product (logits [T, MOE_LOGITS] fp32):
+//   moe_route          per token, one warp: softmax over the experts' logits in fp32, the top k
+//                      by k rounds of a warp arg-max (ties: lower index), weights renormalised as
+//                      declared. When the k-th probability ties with the first one left out, the
+//                      warp's first lane chooses as torch.topk does on the CPU instead (libstdc++'s
+//                      heap selection or introselect over (probability, expert) pairs, ported from
+//                      src/backend/cpu/topk.rs), so the choice is the CPU reference's;
+//   moe_permute        one block: tokens grouped by expert on the device: a count per expert, a
+//                      scan, each (token, slot) scattered into its expert's segment. `meta` holds
+//                      the segment offsets [MOE_EXPERTS + 1], the number of experts with rows and
+//                      their list; `sorted_tokens` each permuted row's token, `row_of` each (token,
+//                      slot)'s permuted row. Every size stays on the device;
+//   moe_gather         the permuted rows of x, [T * MOE_TOP_K, HIDDEN] bf16;
+//   moe_route_permute  the three above in one block, for steps of few tokens (decode);
+//   moe_gate_up        grid (MOE_INTER / pairs, active experts): expert j's segment against its
+//                      gate/up slice, SwiGLU applied, [rows, MOE_INTER] bf16; rows in chunks of 8
+//                      through gemv.cu's small-M loops (tensor cores where the device has them),
+//                      so only the experts with rows are read;
+//   moe_down           grid (HIDDEN / rows, active experts): the same for the down projection,
+//                      [rows, HIDDEN] fp32;
+//   moe_shared_swiglu  SwiGLU of the shared expert's gate/up product (Qwen2-MoE);
+//   moe_combine        per token, the routing-weighted sum of its permuted rows (slot order) plus
+//                      the shared expert's output scaled by the sigmoid of its gate, into `delta`
+//                      (which the next norm adds to the residual stream).
+// Buffers are sized for the step limits, so a step can be captured in a CUDA graph: the number of
+// active experts only decides which blocks return at once.
+
+#define MOE_PER_LANE ((MOE_EXPERTS + 31) / 32)
+#define MOE_ROUTE_WARPS 4
+#define MOE_CHUNK 8
+// meta: [0, MOE_EXPERTS] segment offsets, [MOE_EXPERTS + 1] experts with rows, then their list.
+#define MOE_META_COUNT (MOE_EXPERTS + 1)
+#define MOE_META_ACTIVE (MOE_EXPERTS + 2)
+
+// A probability and its expert, as torch.topk's CPU kernel sorts them.
+struct MoePair {
+    float v;
+    int i;
+};
+
+// torch's order for the largest values: NaN first, then greater values; equal values are
+// unordered (which one leads is the algorithm's doing, not the index's).
+__device__ __forceinline__ bool moe_before(const MoePair& a, const MoePair& b) {
+    const bool a_nan = a.v != a.v;
+    const bool b_nan = b.v != b.v;
+    return (a_nan && !b_nan) || a.v > b.v;
+}
+
+// libstdc++'s __push_heap.
+__device__ void moe_push_hole(MoePair* heap, int hole, int top, MoePair value) {
+    while (hole > top) {
+        const int parent = (hole - 1) / 2;
+        if (!moe_before(heap[parent], value)) break;
+        heap[hole] = heap[parent];
+        hole = parent;
+    }
+    heap[hole] = value;
+}
+
+// libstdc++'s __adjust_heap over the first `len` pairs.
+__device__ void moe_adjust_heap(MoePair* heap, int hole, int len, MoePair value) {
+    const int top = hole;
+    int child = hole;
+    const int inner = len > 0 ? (len - 1) / 2 : 0;
+    while (child < inner) {
+        child = 2 * (child + 1);
+        if (moe_before(heap[child], heap[child - 1])) child -= 1;
+        heap[hole] = heap[child];
+        hole = child;
+    }
+    if (len % 2 == 0 && len >= 2 && child == (len - 2) / 2) {
+        child = 2 * (child + 1);
+        heap[hole] = heap[child - 1];
+        hole = child - 1;
+    }
+    moe_push_hole(heap, hole, top, value);
+}
+
+__device__ void moe_make_heap(MoePair* heap, int len) {
+    if (len < 2) return;
+    for (int parent = (len - 2) / 2;; --parent) {
+        moe_adjust_heap(heap, parent, len, heap[parent]);
+        if (parent == 0) return;
+    }
+}
+
+// libstdc++'s __pop_heap: the front into `result`, the rest of the first `len` re-heaped.
+__device__ void moe_pop_heap_into(MoePair* heap, int len, int result) {
+    const MoePair value = heap[result];
+    heap[result] = heap[0];
+    moe_adjust_heap(heap, 0, len, value);
+}
+
+__device__ void moe_sort_heap(MoePair* heap, int len) {
+    for (; len > 1; --len) moe_pop_heap_into(heap, len - 1, len - 1);
+}
+
+// libstdc++'s __heap_select: the `middle` leading pairs in a heap at the front.
+__device__ void moe_heap_select(MoePair* q, int len, int middle) {
+    moe_make_heap(q, middle);
+    for (int i = middle; i < len; ++i) {
+        if (moe_before(q[i], q[0])) moe_pop_heap_into(q, middle, i);
+    }
+}
+
+__device__ __forceinline__ void moe_swap(MoePair* q, int a, int b) {
+    const MoePair t = q[a];
+    q[a] = q[b];
+    q[b] = t;
+}
+
+// Median of the second, middle and last pairs to the front, then libstdc++'s unguarded partition.
+__device__ int moe_partition_pivot(MoePair* q, int len) {
+    const int a = 1, b = len / 2, c = len - 1;
+    int median;
+    if (moe_before(q[a], q[b])) {
+        median = moe_before(q[b], q[c]) ? b : (moe_before(q[a], q[c]) ? c : a);
+    } else {
+        median = moe_before(q[a], q[c]) ? a : (moe_before(q[b], q[c]) ? c : b);
+    }
+    moe_swap(q, 0, median);
+    int first = 1, last = len;
+    for (;;) {
+        while (moe_before(q[first], q[0])) ++first;
+        --last;
+        while (moe_before(q[0], q[last])) --last;
+        if (first >= last) return first;
+        moe_swap(q, first, last);
+        ++first;
+    }
+}
+
+// libstdc++'s insertion sort.
+__device__ void moe_insertion_sort(MoePair* q, int len) {
+    for (int i = 1; i < len; ++i) {
+        const MoePair value = q[i];
+        if (moe_before(value, q[0])) {
+            for (int j = i; j > 0; --j) q[j] = q[j - 1];
+            q[0] = value;
+        } else {
+            int hole = i;
+            while (moe_before(value, q[hole - 1])) {
+                q[hole] = q[hole - 1];
+                --hole;
+            }
+            q[hole] = value;
+        }
+    }
+}
+
+// libstdc++'s introselect.
+__device__ void moe_nth_element(MoePair* q, int len, int nth) {
+    int first = 0, last = len;
+    if (first == last || nth == last) return;
+    int depth = 2 * (31 - __clz(last));
+    while (last - first > 3) {
+        if (depth == 0) {
+            moe_heap_select(q + first, last - first, nth + 1 - first);
+            moe_swap(q, first, nth);
+            return;
+        }
+        --depth;
+        const int cut = first + moe_partition_pivot(q + first, last - first);
+        if (cut <= nth) {
+            first = cut;
+        } else {
+            last = cut;
+        }
+    }
+    moe_insertion_sort(q + first, last - first);
+}
+
+// torch.topk(values, k) on the CPU (sorted): the k leading pairs of `q` (n of them) end up in
+// q[0..k), in torch's order (src/backend/cpu/topk.rs).
+__device__ void moe_torch_topk(MoePair* q, int n, int k) {
+    if (k * 64 <= n) {
+        moe_heap_select(q, n, k);
+        moe_sort_heap(q, k);
+    } else {
+        moe_nth_element(q, n, k - 1);
+        moe_insertion_sort(q, k - 1);
+    }
+}
+
+// Routes token t with the calling warp (`scratch`: the warp's MOE_EXPERTS pairs of shared
+// memory, for a tie).
+__device__ void moe_route_token(int t,
+                                const float* __restrict__ logits,
+                                const int* __restrict__ tokens,
+                                int* __restrict__ topk_ids,
+                                float* __restrict__ topk_weights,
+                                MoePair* scratch) {
+    const int lane = threadIdx.x & 31;
+    const float* row = logits + (size_t)t * MOE_LOGITS;
+    float p[MOE_PER_LANE];
+    float top = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < MOE_PER_LANE; ++j) {
+        const int e = lane + 32 * j;
+        p[j] = e < MOE_EXPERTS ? row[e] : -INFINITY;
+        top = fmaxf(top, p[j]);
+    }
+    top = warp_max(top);
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < MOE_PER_LANE; ++j) {
+        const int e = lane + 32 * j;
+        p[j] = e < MOE_EXPERTS ? expf(p[j] - top) : 0.0f;
+        sum += p[j];
+    }
+    sum = warp_sum(sum);
+#pragma unroll
+    for (int j = 0; j < MOE_PER_LANE; ++j) {
+        const int e = lane + 32 * j;
+        // Past the experts: below any probability, never chosen.
+        p[j] = e < MOE_EXPERTS ? p[j] / sum : -1.0f;
+    }
+    int chosen[MOE_TOP_K];
+    float weight[MOE_TOP_K];
+    unsigned int taken = 0;
+    bool tie = false;
+    // k rounds of arg-max, and one more for the first expert left out (a tie at the boundary).
+#pragma unroll
+    for (int s = 0; s <= MOE_TOP_K; ++s) {
+        if (s == MOE_TOP_K && MOE_TOP_K >= MOE_EXPERTS) break;
+        float best = -2.0f;
+        int best_e = 0x7fffffff;
+#pragma unroll
+        for (int j = 0; j < MOE_PER_LANE; ++j) {
+            if (!((taken >> j) & 1u) && p[j] > best) {
+                best = p[j];
+                best_e = lane + 32 * j;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float other = __shfl_xor_sync(0xffffffffu, best, o);
+            const int other_e = __shfl_xor_sync(0xffffffffu, best_e, o);
+            if (other > best || (other == best && other_e < best_e)) {
+                best = other;
+                best_e = other_e;
+            }
+        }
+        if (s < MOE_TOP_K) {
+            chosen[s] = best_e;
+            weight[s] = best;
+            if ((best_e & 31) == lane) taken |= 1u << (best_e >> 5);
+        } else {
+            tie = best == weight[MOE_TOP_K - 1];
+        }
+    }
+    // A padding token (negative id) keeps the lower index: its output is never read.
+    tie = tie && tokens[t] >= 0;
+    if (tie) {
+#pragma unroll
+        for (int j = 0; j < MOE_PER_LANE; ++j) {
+            const int e = lane + 32 * j;
+            if (e < MOE_EXPERTS) scratch[e] = MoePair{p[j], e};
+        }
+        __syncwarp();
+    }
+    if (lane == 0) {
+        if (tie) {
+            moe_torch_topk(scratch, MOE_EXPERTS, MOE_TOP_K);
+#pragma unroll
+            for (int s = 0; s < MOE_TOP_K; ++s) {
+                chosen[s] = scratch[s].i;
+                weight[s] = scratch[s].v;
+            }
+        }
+        float total = 0.0f;
+#pragma unroll
+        for (int s = 0; s < MOE_TOP_K; ++s) total += weight[s];
+#pragma unroll
+        for (int s = 0; s < MOE_TOP_K; ++s) {
+            topk_ids[t * MOE_TOP_K + s] = chosen[s];
+            topk_weights[t * MOE_TOP_K + s] = MOE_RENORMALIZE ? weight[s] / total : weight[s];
+        }
+    }
+    __syncwarp();
+}
+
+// Routes tokens [0, count) with the block's warps (a grid of blocks takes them in turn).
+__device__ void moe_route_tokens(const float* __restrict__ logits,
+                                 const int* __restrict__ tokens,
+                                 int* __restrict__ topk_ids,
+                                 float* __restrict__ topk_weights,
+                                 int count,
+                                 MoePair (&scratch)[MOE_ROUTE_WARPS][MOE_EXPERTS]) {
+    const int warp = threadIdx.x >> 5;
+    for (int t = blockIdx.x * MOE_ROUTE_WARPS + warp; t < count; t += gridDim.x * MOE_ROUTE_WARPS) {
+        moe_route_token(t, logits, tokens, topk_ids, topk_weights, scratch[warp]);
+    }
+}
+
+// The permutation of `entries` (token, slot) pairs by the whole block (one block).
+__device__ void moe_permute_block(const int* __restrict__ topk_ids,
+                                  int* __restrict__ meta,
+                                  int* __restrict__ sorted_tokens,
+                                  int* __restrict__ row_of,
+                                  int entries) {
+    __shared__ int counts[MOE_EXPERTS];
+    __shared__ int cursor[MOE_EXPERTS];
+    for (int e = threadIdx.x; e < MOE_EXPERTS; e += blockDim.x) counts[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < entries; i += blockDim.x) atomicAdd(&counts[topk_ids[i]], 1);
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        // Lane l scans experts [l * MOE_PER_LANE, (l + 1) * MOE_PER_LANE).
+        const int lane = threadIdx.x;
+        const int first = lane * MOE_PER_LANE;
+        int rows = 0, active = 0;
+        for (int e = first; e < min(first + MOE_PER_LANE, MOE_EXPERTS); ++e) {
+            rows += counts[e];
+            active += counts[e] > 0;
+        }
+        int rows_before = rows, active_before = active;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int r = __shfl_up_sync(0xffffffffu, rows_before, o);
+            const int a = __shfl_up_sync(0xffffffffu, active_before, o);
+            if (lane >= o) {
+                rows_before += r;
+                active_before += a;
+            }
+        }
+        rows_before -= rows;
+        active_before -= active;
+        for (int e = first; e < min(first + MOE_PER_LANE, MOE_EXPERTS); ++e) {
+            meta[e] = rows_before;
+            cursor[e] = rows_before;
+            if (counts[e] > 0) meta[MOE_META_ACTIVE + active_before++] = e;
+            rows_before += counts[e];
+        }
+        if (lane == 31) {
+            meta[MOE_EXPERTS] = rows_before;
+            meta[MOE_META_COUNT] = active_before;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < entries; i += blockDim.x) {
+        const int r = atomicAdd(&cursor[topk_ids[i]], 1);
+        sorted_tokens[r] = i / MOE_TOP_K;
+        row_of[i] = r;
+    }
+}
+
+// Permuted rows [first, entries) of x, every `step`-th, copied by the block.
+__device__ void moe_gather_rows(const bf16* __restrict__ x,
+                                const int* __restrict__ sorted_tokens,
+                                bf16* __restrict__ x_perm,
+                                int first,
+                                int step,
+                                int entries) {
+    for (int r = first; r < entries; r += step) {
+        const uint4* src = reinterpret_cast<const uint4*>(x + (size_t)sorted_tokens[r] * HIDDEN);
+        uint4* dst = reinterpret_cast<uint4*>(x_perm + (size_t)r * HIDDEN);
+        for (int i = threadIdx.x; i < HIDDEN / 8; i += blockDim.x) dst[i] = src[i];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_ROUTE_WARPS * 32)
+    moe_route(const float* __restrict__ logits, const int* __restrict__ tokens, int* __restrict__ topk_ids,
+              float* __restrict__ topk_weights, int count) {
+    __shared__ MoePair scratch[MOE_ROUTE_WARPS][MOE_EXPERTS];
+    await_previous_kernels();
+    moe_route_tokens(logits, tokens, topk_ids, topk_weights, count, scratch);
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+    moe_permute(const int* __restrict__ topk_ids, int* __restrict__ meta, int* __restrict__ sorted_tokens,
+                int* __restrict__ row_of, int count) {
+    await_previous_kernels();
+    moe_permute_block(topk_ids, meta, sorted_tokens, row_of, count * MOE_TOP_K);
+}
+
+extern "C" __global__ void moe_gather(const bf16* __restrict__ x, const int* __restrict__ sorted_tokens,
+                                      bf16* __restrict__ x_perm, int count) {
+    await_previous_kernels();
+    moe_gather_rows(x, sorted_tokens, x_perm, blockIdx.x, gridDim.x, count * MOE_TOP_K);
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_ROUTE_WARPS * 32)
+    moe_route_permute(const float* __restrict__ logits, const int* __restrict__ tokens, int* __restrict__ topk_ids,
+                      float* __restrict__ topk_weights, int* __restrict__ meta, int* __restrict__ sorted_tokens,
+                      int* __restrict__ row_of, const bf16* __restrict__ x, bf16* __restrict__ x_perm, int count) {
+    __shared__ MoePair scratch[MOE_ROUTE_WARPS][MOE_EXPERTS];
+    await_previous_kernels();
+    moe_route_tokens(logits, tokens, topk_ids, topk_weights, count, scratch);
+    __syncthreads();
+    moe_permute_block(topk_ids, meta, sorted_tokens, row_of, count * MOE_TOP_K);
+    __syncthreads();
+    moe_gather_rows(x, sorted_tokens, x_perm, 0, 1, count * MOE_TOP_K);
+}
+
+// `m` permuted rows of x (at `x`, HIDDEN wide) against one expert's gate/up slice `w`
+// ([2 * MOE_INTER, HIDDEN], gate rows first), SwiGLU applied: the block's pairs of out's columns.
+template <int M>
+__device__ __forceinline__ void moe_swiglu_rows(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                                bf16* __restrict__ out) {
+    constexpr int ROWS = GemvShape<M>::rows;
+    constexpr int PAIRS = GemvShape<M>::pairs;
+    __shared__ float partial[GemvShape<M>::warps][M][ROWS];
+    const int i0 = blockIdx.x * PAIRS;
+    gemv_partials<M>(x, GemvRows{w, i0, MOE_INTER, PAIRS, 0x7fffffff}, HIDDEN, partial);
+    for (int j = threadIdx.x; j < M * PAIRS; j += blockDim.x) {
+        const int m = j / PAIRS;
+        const int p = j % PAIRS;
+        const float gate = gemv_total<M>(partial, m, p);
+        const float up = gemv_total<M>(partial, m, p + PAIRS);
+        out[(size_t)m * MOE_INTER + i0 + p] = f32_to_bf16(silu_times(gate, up));
+    }
+}
+
+// The segment [begin, end) of the permuted rows in chunks of up to MOE_CHUNK rows, each by the
+// small-M loop of its row count: `run(chunk_rows, first_row)`.
+#define MOE_CHUNKS(CALL)                                              \
+    for (int r = begin; r < end; r += MOE_CHUNK) {                    \
+        switch (min(MOE_CHUNK, end - r)) {                            \
+            case 1: CALL(1); break;                                   \
+            case 2: CALL(2); break;                                   \
+            case 3: CALL(3); break;                                   \
+            case 4: CALL(4); break;                                   \
+            case 5: CALL(5); break;                                   \
+            case 6: CALL(6); break;                                   \
+            case 7: CALL(7); break;                                   \
+            default: CALL(8); break;                                  \
+        }                                                             \
+        __syncthreads();                                              \
+    }
+
+extern "C" __global__ void __launch_bounds__(GemvShape<1>::warps * 32)
+    moe_gate_up(const bf16* __restrict__ x_perm, const bf16* __restrict__ w, const int* __restrict__ meta,
+                bf16* __restrict__ h_perm) {
+    await_previous_kernels();
+    if ((int)blockIdx.y >= meta[MOE_META_COUNT]) return;
+    const int e = meta[MOE_META_ACTIVE + blockIdx.y];
+    const int begin = meta[e];
+    const int end = meta[e + 1];
+    const bf16* we = w + (size_t)e * 2 * MOE_INTER * HIDDEN;
+#define MOE_GATE_UP(M) moe_swiglu_rows<M>(x_perm + (size_t)r * HIDDEN, we, h_perm + (size_t)r * MOE_INTER)
+    MOE_CHUNKS(MOE_GATE_UP)
+#undef MOE_GATE_UP
+}
+
+extern "C" __global__ void __launch_bounds__(GemvShape<1>::warps * 32)
+    moe_down(const bf16* __restrict__ h_perm, const bf16* __restrict__ w, const int* __restrict__ meta,
+             float* __restrict__ y_perm) {
+    await_previous_kernels();
+    if ((int)blockIdx.y >= meta[MOE_META_COUNT]) return;
+    const int e = meta[MOE_META_ACTIVE + blockIdx.y];
+    const int begin = meta[e];
+    const int end = meta[e + 1];
+    const bf16* we = w + (size_t)e * HIDDEN * MOE_INTER;
+#define MOE_DOWN(M) gemv_plain<M>(h_perm + (size_t)r * MOE_INTER, we, y_perm + (size_t)r * HIDDEN, HIDDEN, MOE_INTER)
+    MOE_CHUNKS(MOE_DOWN)
+#undef MOE_DOWN
+}
+
+// SwiGLU of the shared expert's gate/up product [T, 2 * MOE_SHARED_INTER] fp32 (gate half first)
+// into [T, MOE_SHARED_INTER] bf16. Grid (ceil(MOE_SHARED_INTER / blockDim.x), T).
+extern "C" __global__ void moe_shared_swiglu(const float* __restrict__ gate_up, bf16* __restrict__ out) {
+    await_previous_kernels();
+    const int t = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= MOE_SHARED_INTER) return;
+    const float* row = gate_up + (size_t)t * 2 * MOE_SHARED_INTER;
+    out[(size_t)t * MOE_SHARED_INTER + i] = f32_to_bf16(silu_times(row[i], row[MOE_SHARED_INTER + i]));
+}
+
+// Token blockIdx.x's MLP output: its permuted rows weighted and summed in slot order, plus the
+// shared expert's output (`shared`, [T, HIDDEN] fp32; null without one) scaled by the sigmoid of
+// its gate's logit (the router product's last column).
+extern "C" __global__ void moe_combine(const float* __restrict__ y_perm, const int* __restrict__ row_of,
+                                       const float* __restrict__ topk_weights, const float* __restrict__ logits,
+                                       const float* __restrict__ shared, float* __restrict__ delta) {
+    await_previous_kernels();
+    const int t = blockIdx.x;
+    int rows[MOE_TOP_K];
+    float weights[MOE_TOP_K];
+#pragma unroll
+    for (int s = 0; s < MOE_TOP_K; ++s) {
+        rows[s] = row_of[t * MOE_TOP_K + s];
+        weights[s] = topk_weights[t * MOE_TOP_K + s];
+    }
+    float shared_scale = 0.0f;
+    if (shared != nullptr) shared_scale = 1.0f / (1.0f + expf(-logits[(size_t)t * MOE_LOGITS + MOE_EXPERTS]));
+    for (int h = threadIdx.x; h < HIDDEN; h += blockDim.x) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int s = 0; s < MOE_TOP_K; ++s) acc += weights[s] * y_perm[(size_t)rows[s] * HIDDEN + h];
+        if (shared != nullptr) acc += shared_scale * shared[(size_t)t * HIDDEN + h];
+        delta[(size_t)t * HIDDEN + h] = acc;
+    }
+}

@@ -1,0 +1,318 @@
+//! The mixture-of-experts MLP of one sparse layer as kernel launches (`kernels/moe.cu`): the
+//! router's product, the routing and the permutation on the device, the grouped expert products
+//! over the experts that have rows, the shared expert, and the weighted un-permute into
+//! `act.delta`. Every size a kernel needs beyond the step's token count stays on the device, so
+//! the launches can be captured in a CUDA graph.
+
+use std::collections::HashMap;
+
+use cudarc::driver::{CudaFunction, DriverError};
+
+use crate::engine::BackendError;
+use crate::model::MoeDefinition;
+
+use crate::backend::cuda::compile::KernelError;
+use crate::backend::cuda::inputs::StepLayout;
+use crate::backend::cuda::launch::{
+    Kernel, LaunchShape, MoeCombine, MoeDown, MoeGateUp, MoeGather, MoePermute, MoeRoute,
+    MoeRoutePermute, MoeSharedSwiglu,
+};
+use crate::backend::cuda::plan;
+
+use super::products::{TimedProduct, TimedShape};
+use super::{CudaBackend, to_u32};
+
+/// Warps per block of the routing kernels (`MOE_ROUTE_WARPS` in `kernels/moe.cu`).
+const ROUTE_WARPS: usize = 4;
+
+/// Threads of the permutation's one block.
+const PERMUTE_THREADS: u32 = 1024;
+
+/// Threads per block of the element-wise kernels (gather, shared SwiGLU, combine).
+const THREADS: u32 = 256;
+
+/// Most blocks of the gather (each copies whole rows, in turn).
+const GATHER_BLOCKS: usize = 4096;
+
+/// The entry points of `kernels/moe.cu`.
+pub(super) struct MoeKernels {
+    route: Kernel<MoeRoute>,
+    permute: Kernel<MoePermute>,
+    gather: Kernel<MoeGather>,
+    route_permute: Kernel<MoeRoutePermute>,
+    gate_up: Kernel<MoeGateUp>,
+    down: Kernel<MoeDown>,
+    shared_swiglu: Kernel<MoeSharedSwiglu>,
+    combine: Kernel<MoeCombine>,
+}
+
+impl MoeKernels {
+    /// The kernels out of the loaded `map`, or `None` when the family was not compiled (a model
+    /// without experts).
+    pub(super) fn take(
+        map: &mut HashMap<&'static str, CudaFunction>,
+    ) -> Result<Option<Self>, KernelError> {
+        if !map.contains_key("moe_route") {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            route: Kernel::take(map, "moe_route")?,
+            permute: Kernel::take(map, "moe_permute")?,
+            gather: Kernel::take(map, "moe_gather")?,
+            route_permute: Kernel::take(map, "moe_route_permute")?,
+            gate_up: Kernel::take(map, "moe_gate_up")?,
+            down: Kernel::take(map, "moe_down")?,
+            shared_swiglu: Kernel::take(map, "moe_shared_swiglu")?,
+            combine: Kernel::take(map, "moe_combine")?,
+        }))
+    }
+
+    /// Lets the grouped products use the small-M loops' shared-memory rings (`bytes`).
+    pub(super) fn allow_dynamic_shared(&self, bytes: usize) -> Result<(), DriverError> {
+        if bytes > 0 {
+            self.gate_up.allow_dynamic_shared(bytes)?;
+            self.down.allow_dynamic_shared(bytes)?;
+        }
+        Ok(())
+    }
+}
+
+impl CudaBackend {
+    /// The products of the sparse layers that the small-M kernels may serve at decode, for
+    /// `choose_small_m_products` to time: the router's (with the shared expert's gate) and the
+    /// shared expert's two.
+    pub(super) fn moe_timed_shapes(&self, max_m: usize) -> Vec<TimedShape> {
+        let (Some(moe), Some(s)) = (self.params.moe, self.act.moe.as_ref()) else {
+            return Vec::new();
+        };
+        let hidden = self.params.hidden;
+        let layers: Vec<_> = self.weights.layers.iter().filter_map(|l| l.moe()).collect();
+        let normed = self.act.normed.device_ptr();
+        let mut shapes = vec![TimedShape {
+            what: TimedProduct::Plain {
+                out: s.logits.device_ptr(),
+            },
+            x: normed,
+            weights: layers.iter().map(|l| l.router.device_ptr()).collect(),
+            n: moe.num_experts + usize::from(moe.shared_expert.is_some()),
+            k: hidden,
+            max_m,
+        }];
+        if let (Some(width), Some(b)) = (moe.shared_expert, s.shared.as_ref()) {
+            let shared: Vec<_> = layers.iter().filter_map(|l| l.shared.as_ref()).collect();
+            shapes.push(TimedShape {
+                what: TimedProduct::Plain {
+                    out: b.gate_up.device_ptr(),
+                },
+                x: normed,
+                weights: shared.iter().map(|w| w.gate_up.device_ptr()).collect(),
+                n: 2 * width,
+                k: hidden,
+                max_m,
+            });
+            shapes.push(TimedShape {
+                what: TimedProduct::Plain {
+                    out: b.out.device_ptr(),
+                },
+                x: b.mlp.device_ptr(),
+                weights: shared.iter().map(|w| w.down.device_ptr()).collect(),
+                n: hidden,
+                k: width,
+                max_m,
+            });
+        }
+        shapes
+    }
+
+    /// Layer `layer`'s mixture of experts over the step's `act.normed` rows, into `act.delta`.
+    pub(super) fn moe_mlp(
+        &mut self,
+        layer: usize,
+        moe: &MoeDefinition,
+        layout: &StepLayout,
+    ) -> Result<(), BackendError> {
+        let missing = |what: &str| BackendError::Device(format!("layer {layer} has no {what}"));
+        let t = layout.num_tokens;
+        let count = to_u32(t, "tokens")? as i32;
+        let hidden = self.params.hidden;
+        let top_k = moe.routing.top_k();
+        let logits_n = moe.num_experts + usize::from(moe.shared_expert.is_some());
+        let weights = self.weights.layers[layer]
+            .moe()
+            .ok_or_else(|| missing("experts"))?;
+        let (router, gate_up_w, down_w) = (
+            weights.router.device_ptr(),
+            weights.gate_up.device_ptr(),
+            weights.down.device_ptr(),
+        );
+        let shared_w = weights
+            .shared
+            .as_ref()
+            .map(|s| (s.gate_up.device_ptr(), s.down.device_ptr()));
+        let s = self
+            .act
+            .moe
+            .as_ref()
+            .ok_or_else(|| missing("expert buffers"))?;
+        let (logits, topk_ids, topk_weights, meta) = (
+            s.logits.device_ptr(),
+            s.topk_ids.device_ptr(),
+            s.topk_weights.device_ptr(),
+            s.meta.device_ptr(),
+        );
+        let (sorted_tokens, row_of, x_perm, h_perm, y_perm) = (
+            s.sorted_tokens.device_ptr(),
+            s.row_of.device_ptr(),
+            s.x_perm.device_ptr(),
+            s.h_perm.device_ptr(),
+            s.y_perm.device_ptr(),
+        );
+        let shared_bufs = s.shared.as_ref().map(|b| {
+            (
+                b.gate_up.device_ptr(),
+                b.mlp.device_ptr(),
+                b.out.device_ptr(),
+            )
+        });
+        let normed = self.act.normed.device_ptr();
+        let tokens = self.input(layout.tokens());
+
+        self.matmul(normed, router, logits, (t, logits_n, hidden))?;
+        let kernels = self
+            .kernels
+            .moe
+            .as_ref()
+            .ok_or_else(|| missing("kernels"))?;
+        if t <= plan::GEMV_MAX_M {
+            self.launch(
+                &kernels.route_permute,
+                LaunchShape::new((1, 1, 1), (ROUTE_WARPS * 32) as u32),
+                MoeRoutePermute {
+                    logits,
+                    tokens,
+                    topk_ids,
+                    topk_weights,
+                    meta,
+                    sorted_tokens,
+                    row_of,
+                    x: normed,
+                    x_perm,
+                    count,
+                },
+            )?;
+        } else {
+            self.launch(
+                &kernels.route,
+                LaunchShape::new(
+                    (to_u32(t.div_ceil(ROUTE_WARPS), "tokens")?, 1, 1),
+                    (ROUTE_WARPS * 32) as u32,
+                ),
+                MoeRoute {
+                    logits,
+                    tokens,
+                    topk_ids,
+                    topk_weights,
+                    count,
+                },
+            )?;
+            self.launch(
+                &kernels.permute,
+                LaunchShape::new((1, 1, 1), PERMUTE_THREADS),
+                MoePermute {
+                    topk_ids,
+                    meta,
+                    sorted_tokens,
+                    row_of,
+                    count,
+                },
+            )?;
+            self.launch(
+                &kernels.gather,
+                LaunchShape::new(
+                    (to_u32((t * top_k).min(GATHER_BLOCKS), "rows")?, 1, 1),
+                    THREADS,
+                ),
+                MoeGather {
+                    x: normed,
+                    sorted_tokens,
+                    x_perm,
+                    count,
+                },
+            )?;
+        }
+        // One block column per expert that can have rows; those past the step's count of experts
+        // with rows return at once.
+        let active = to_u32(moe.num_experts.min(t * top_k), "experts")?;
+        let geometry = self.params.gemv_geometry(1);
+        let products = |columns: usize| -> Result<LaunchShape, BackendError> {
+            Ok(LaunchShape::new(
+                (to_u32(columns, "product rows")?, active, 1),
+                geometry.threads as u32,
+            )
+            .with_shared(geometry.shared_bytes as u32))
+        };
+        self.launch(
+            &kernels.gate_up,
+            products(moe.expert_intermediate / (geometry.rows / 2))?,
+            MoeGateUp {
+                x_perm,
+                w: gate_up_w,
+                meta,
+                h_perm,
+            },
+        )?;
+        self.launch(
+            &kernels.down,
+            products(hidden.div_ceil(geometry.rows))?,
+            MoeDown {
+                h_perm,
+                w: down_w,
+                meta,
+                y_perm,
+            },
+        )?;
+        let shared_out = match (moe.shared_expert, shared_w, shared_bufs) {
+            (Some(width), Some((gate_up_w, down_w)), Some((gate_up, mlp, out))) => {
+                self.matmul(normed, gate_up_w, gate_up, (t, 2 * width, hidden))?;
+                let kernels = self
+                    .kernels
+                    .moe
+                    .as_ref()
+                    .ok_or_else(|| missing("kernels"))?;
+                self.launch(
+                    &kernels.shared_swiglu,
+                    LaunchShape::new(
+                        (
+                            to_u32(width.div_ceil(THREADS as usize), "width")?,
+                            count as u32,
+                            1,
+                        ),
+                        THREADS,
+                    ),
+                    MoeSharedSwiglu { gate_up, out: mlp },
+                )?;
+                self.matmul(mlp, down_w, out, (t, hidden, width))?;
+                Some(out)
+            }
+            (None, _, _) => None,
+            _ => return Err(missing("shared expert")),
+        };
+        let kernels = self
+            .kernels
+            .moe
+            .as_ref()
+            .ok_or_else(|| missing("kernels"))?;
+        self.launch(
+            &kernels.combine,
+            LaunchShape::new((count as u32, 1, 1), THREADS),
+            MoeCombine {
+                y_perm,
+                row_of,
+                topk_weights,
+                logits,
+                shared: shared_out,
+                delta: self.act.delta.device_ptr(),
+            },
+        )
+    }
+}
