@@ -35,7 +35,8 @@
 # grammar masks per step; target cost <= 5%), sampling (the sampling kernel alone,
 # .gpu/sampling-check.cu: its draws against .gpu/sampling-old.cu's byte for byte, sanitizers,
 # microseconds per launch), chain (decode steps' small-M kernels in a CUDA graph with programmatic
-# launch, .gpu/decode-chain-check.cu: step time and read rate; CHAIN_BATCHES, CHAIN_VARIANTS, CHAIN_NCU).
+# launch, .gpu/decode-chain-check.cu: step time and read rate; CHAIN_BATCHES, CHAIN_VARIANTS, CHAIN_NCU),
+# embed and constrainedqwen (issue 46; see their block).
 # Logs and JSON are written to a work folder and packed into $OUT/results.tgz (the device tool
 # returns at most 8 files); $OUT/summary.txt is also printed last.
 # Only reads the GPU's state; never changes a GPU setting.
@@ -745,6 +746,77 @@ if has constrained; then
     sed -n 's/^RESULT_JSON //p' "$OUT/constrained-bench.log" >"$OUT/constrained-bench.json"
   fi
   kill -TERM "$B8_PID" 2>/dev/null; wait "$B8_PID" 2>/dev/null
+fi
+
+# Issue 46. Both stages use a Qwen3-Embedding-8B-shaped model with random weights and the real
+# Qwen3 tokenizer (make_llama8b.py --qwen3-embedding; .gpu/qwen3-tokenizer.tar.xz from
+# gpu-pack.sh): tensors named as Qwen3-Embedding publishes them, sentence-transformers files,
+# the embedding matrix tied to an LM head so that the same weights also generate.
+#   embed: CPU and CUDA servers of tests/fixtures/tiny-qwen3-embedding (and of its published
+#     layout) agree on /v1/embeddings (cosine >= 0.999, .gpu/embed_check.py); then `bench offline`
+#     of 256 prompts of 512 tokens on the 8B-shaped model, as embedding requests and as a prefill
+#     with 1 output token, alternating EMBED_ROUNDS times (default 1); target ratio <= 1.2.
+#   constrainedqwen: constrained_check.py's JSON-schema-constrained vs free throughput at batch
+#     64 (CONSTRAINED_QWEN_BATCHES) on the same model, whose tokenizer has 151,669 tokens
+#     (vocab 151936); target cost <= 5%.
+Q8=/tmp/qwen3-8b-embedding
+make_q8() {
+  [ -f $Q8/model.safetensors.index.json ] && return 0
+  mkdir -p /tmp/qwen3-tokenizer && tar -xJf "$G/qwen3-tokenizer.tar.xz" -C /tmp/qwen3-tokenizer
+  PYTHONUNBUFFERED=1 timeout 400 python3 "$G/make_llama8b.py" --qwen3-embedding /tmp/qwen3-tokenizer $Q8 >"$OUT/make-qwen3-8b.log" 2>&1
+  note "qwen3-8b-embedding: $(tail -1 "$OUT/make-qwen3-8b.log")"
+}
+serve46() { # DEVICE PORT MODEL_DIR
+  printf '[attestation]\nprofile = "development"\n' >/tmp/dev46.toml
+  RUST_LOG=warn $RUN "$G/inferno" serve --config /tmp/dev46.toml --model "$3" --device "$1" --listen 127.0.0.1:$2 >"$OUT/serve46-$1-$2.log" 2>&1 &
+  echo $!
+}
+up46() { # PORT PID
+  for _ in $(seq 1 240); do
+    curl -ksf "https://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0
+    kill -0 "$2" 2>/dev/null || break
+    sleep 1
+  done
+  note "issue 46: the server on port $1 did not come up: $(tail -3 "$OUT"/serve46-*-"$1".log | tr '\n' ' ')"
+  return 1
+}
+if has embed; then
+  for fixture in tiny-qwen3-embedding tiny-qwen3-embedding-published; do
+    CPU46=$(serve46 cpu 8460 "$PWD/tests/fixtures/$fixture")
+    GPU46=$(serve46 cuda 8461 "$PWD/tests/fixtures/$fixture")
+    if up46 8460 "$CPU46" && up46 8461 "$GPU46"; then
+      timeout 120 python3 "$G/embed_check.py" compare https://127.0.0.1:8460 https://127.0.0.1:8461 >"$OUT/embed-compare-$fixture.log" 2>&1
+      note "embed compare ($fixture, CPU vs CUDA): rc=$? $(grep -E '^RESULT|Error' "$OUT/embed-compare-$fixture.log" | head -3)"
+    fi
+    kill -TERM "$CPU46" "$GPU46" 2>/dev/null; wait "$CPU46" "$GPU46" 2>/dev/null
+  done
+  make_q8
+  prefill=() embeds=()
+  for round in $(seq 1 "${EMBED_ROUNDS:-1}"); do
+    for kind in prefill embed; do
+      args=(--model $Q8 --device cuda --batch-size 256 --input-len 512 --output-len 1 --ignore-eos --json "$OUT/embed-$kind-$round.json")
+      [ $kind = embed ] && args+=(--embeddings)
+      timeout 300 $RUN "$G/inferno" bench offline "${args[@]}" >"$OUT/embed-$kind-$round.log" 2>&1
+      note "embed bench $kind round $round: rc=$? $(grep -E '^(requests|duration) ' "$OUT/embed-$kind-$round.log" | head -2 | tr '\n' ' ')"
+      [ -f "$OUT/embed-$kind-$round.json" ] && { [ $kind = embed ] && embeds+=("$OUT/embed-$kind-$round.json") || prefill+=("$OUT/embed-$kind-$round.json"); }
+    done
+  done
+  if [ ${#prefill[@]} -gt 0 ] && [ ${#embeds[@]} -gt 0 ]; then
+    python3 "$G/embed_check.py" ratio "${prefill[@]}" -- "${embeds[@]}" >"$OUT/embed-ratio.log" 2>&1
+    note "embed ratio: rc=$? $(grep '^RESULT ' "$OUT/embed-ratio.log")"
+  fi
+fi
+if has constrainedqwen; then
+  make_q8
+  QPID=$(serve46 cuda 8462 $Q8)
+  if up46 8462 "$QPID"; then
+    timeout 400 python3 "$G/constrained_check.py" bench https://127.0.0.1:8462 qwen3-8b-embedding ${CONSTRAINED_QWEN_BATCHES:-64} \
+      --rounds "${CONSTRAINED_QWEN_ROUNDS:-3}" --tokens 128 >"$OUT/constrainedqwen-bench.log" 2>&1
+    note "constrainedqwen bench (Qwen3-8B-shaped, real Qwen3 tokenizer, CUDA): rc=$?"
+    grep -E '^RESULT |Error' "$OUT/constrainedqwen-bench.log" | tee -a "$SUMMARY"
+    sed -n 's/^RESULT_JSON //p' "$OUT/constrainedqwen-bench.log" >"$OUT/constrainedqwen-bench.json"
+  fi
+  kill -TERM "$QPID" 2>/dev/null; wait "$QPID" 2>/dev/null
 fi
 
 # Start-up to first token: plaintext and a sealed copy (development profile, key file), page

@@ -38,6 +38,11 @@ while read -r kind path; do
 done <<<"$bins"
 cp scripts/gpu-check.sh scripts/make_llama8b.py scripts/peers.py scripts/attention-check.cu scripts/gemv-check.cu scripts/fp8-check.cu scripts/fp8_reference.py scripts/moe-check.cu scripts/make_moe_shaped.py scripts/prefill-check.cu scripts/sampling-check.cu scripts/decode-chain-check.cu scripts/check-common.cuh scripts/attention-reference.cuh scripts/constrained_check.py scripts/read-buffer-bench.c scripts/libload-probe.py "$DEST/"
 rm -rf "$DEST/kernels" && cp -r kernels "$DEST/kernels"
+# Issue 46: the embed and constrainedqwen stages' script and the real Qwen3 tokenizer (git-ignored:
+# scripts/fetch_real_tokenizers.sh fetches it).
+cp scripts/embed_check.py "$DEST/"
+tar -cJf "$DEST/qwen3-tokenizer.tar.xz" -C tests/real-tokenizers/qwen3 tokenizer.json tokenizer_config.json ||
+  echo "warning: tests/real-tokenizers/qwen3 missing: the embed and constrainedqwen stages cannot run" >&2
 git rev-parse --short HEAD >"$DEST/BUILD_COMMIT"
 # The audit benchmark spawns the server binary at the path compiled into it.
 echo "$CARGO_TARGET_DIR/release/inferno" >"$DEST/INFERNO_BIN_PATH"

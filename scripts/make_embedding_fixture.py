@@ -13,6 +13,12 @@ embedding model of it as Qwen3-Embedding publishes them:
 - ``config.json`` gains ``matryoshka_dimensions`` (vLLM's key), so ``dimensions`` may cut the
   64-wide embeddings to 16 or 32.
 
+It also writes the same model as Qwen3-Embedding-0.6B/4B/8B publish their safetensors, to
+``tests/fixtures/tiny-qwen3-embedding-published`` (or OUT_DIR-published): the tensors of the bare
+transformer, named without the ``model.`` prefix (``embed_tokens.weight``, ``layers.0.…``,
+``norm.weight``), no LM head and ``tie_word_embeddings: false`` (as the 8B's config says). Its
+embeddings must equal the first directory's.
+
 Usage: scripts/make_embedding_fixture.py [OUT_DIR]  (numpy only).
 """
 
@@ -33,6 +39,11 @@ SEED = 46
 
 def main():
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "tests" / "fixtures" / "tiny-qwen3-embedding"
+    write(out, published=False)
+    write(out.with_name(out.name + "-published"), published=True)
+
+
+def write(out, published):
     if out.exists():
         shutil.rmtree(out)
     (out / "1_Pooling").mkdir(parents=True)
@@ -41,6 +52,9 @@ def main():
     config["num_hidden_layers"] = 1
     config["layer_types"] = config["layer_types"][:1]
     config["matryoshka_dimensions"] = [16, 32, 64]
+    if published:
+        # The embedding matrix is not tied to an LM head that the files do not hold.
+        config["tie_word_embeddings"] = False
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
     rng = np.random.default_rng(SEED)
@@ -52,6 +66,10 @@ def main():
             new = 1.0 + 0.1 * rng.standard_normal(values.shape)
         else:
             new = 0.1 * rng.standard_normal(values.shape)
+        if published:
+            if not name.startswith("model."):
+                continue  # an LM head: the bare transformer has none
+            name = name.removeprefix("model.")
         tensors[name] = ("BF16", values.shape, safetensors_io.bf16_bytes(new.astype(np.float32)))
     safetensors_io.write(out / "model.safetensors", tensors)
 

@@ -5,9 +5,20 @@ The config and tensor names are Llama-3.1-8B's; the values are random (normal, s
 weights 1), generated on the GPU with a fixed seed. The tokenizer is synthetic: a word-level vocabulary
 of 128000 words ("hello" is one of them) plus Llama 3's special tokens at their ids, so every id the
 random model emits decodes to text. Usage: make_llama8b.py OUT_DIR
+
+With --qwen3-embedding TOKENIZER_DIR, it writes a Qwen3-Embedding-8B-shaped model instead (issue
+46): Qwen3-8B's configuration (36 layers, hidden 4096, q/k norms, vocab 151936), the tensors named
+as Qwen3-Embedding publishes them (no `model.` prefix), the sentence-transformers files
+(modules.json, 1_Pooling/config.json with last-token pooling, Normalize,
+config_sentence_transformers.json) and the real Qwen3 tokenizer.json / tokenizer_config.json
+from TOKENIZER_DIR. Unlike the published 8B (untied, no LM head), its embedding matrix is tied
+to an LM head, as Qwen3-Embedding-0.6B's is, so the same weights also generate: the GPU stages
+compare an embedding run with a prefill of the same tokens, and measure structured output with
+the real tokenizer's 151k vocabulary. Usage: make_llama8b.py --qwen3-embedding TOKENIZER_DIR OUT_DIR
 """
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -48,23 +59,56 @@ CONFIG = {
 }
 
 
-def shapes(c):
+QWEN3_EMBEDDING_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 12288,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 36,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+
+def shapes(c, prefix="model."):
     h, i, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
     d, q, kv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
-    yield "model.embed_tokens.weight", (v, h)
+    yield f"{prefix}embed_tokens.weight", (v, h)
     for layer in range(c["num_hidden_layers"]):
-        p = f"model.layers.{layer}"
+        p = f"{prefix}layers.{layer}"
         yield f"{p}.input_layernorm.weight", (h,)
         yield f"{p}.self_attn.q_proj.weight", (q * d, h)
         yield f"{p}.self_attn.k_proj.weight", (kv * d, h)
         yield f"{p}.self_attn.v_proj.weight", (kv * d, h)
         yield f"{p}.self_attn.o_proj.weight", (h, q * d)
+        if c["model_type"] == "qwen3":
+            yield f"{p}.self_attn.q_norm.weight", (d,)
+            yield f"{p}.self_attn.k_norm.weight", (d,)
         yield f"{p}.post_attention_layernorm.weight", (h,)
         yield f"{p}.mlp.gate_proj.weight", (i, h)
         yield f"{p}.mlp.up_proj.weight", (i, h)
         yield f"{p}.mlp.down_proj.weight", (h, i)
-    yield "model.norm.weight", (h,)
-    yield "lm_head.weight", (v, h)
+    yield f"{prefix}norm.weight", (h,)
+    if not c["tie_word_embeddings"]:
+        yield "lm_head.weight", (v, h)
 
 
 def write_tokenizer(out):
@@ -84,8 +128,34 @@ def write_tokenizer(out):
         json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}, f)
 
 
+def write_sentence_transformers(out, config):
+    """The files that make `out` a Qwen3-Embedding-style sentence-transformers model."""
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    with open(os.path.join(out, "modules.json"), "w") as f:
+        json.dump(modules, f, indent=2)
+    os.makedirs(os.path.join(out, "1_Pooling"), exist_ok=True)
+    modes = ["cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens"]
+    pooling = {"word_embedding_dimension": config["hidden_size"], **{f"pooling_mode_{m}": False for m in modes},
+               "pooling_mode_lasttoken": True, "include_prompt": True}
+    with open(os.path.join(out, "1_Pooling", "config.json"), "w") as f:
+        json.dump(pooling, f, indent=2)
+    with open(os.path.join(out, "config_sentence_transformers.json"), "w") as f:
+        json.dump({"prompts": {"query": "Instruct: Given a web search query, retrieve relevant passages that "
+                               "answer the query\nQuery:", "document": ""},
+                   "default_prompt_name": None, "similarity_fn_name": "cosine"}, f, indent=2)
+
+
 def main():
-    out = sys.argv[1]
+    args = sys.argv[1:]
+    tokenizer_dir = None
+    if args[:1] == ["--qwen3-embedding"]:
+        tokenizer_dir, args = args[1], args[2:]
+    out = args[0]
+    config, prefix = (QWEN3_EMBEDDING_CONFIG, "") if tokenizer_dir else (CONFIG, "model.")
     if os.path.exists(os.path.join(out, "model.safetensors.index.json")):
         print(f"{out} exists; reusing it")
         return
@@ -106,7 +176,7 @@ def main():
             index[k] = name
         shard, shard_bytes = {}, 0
 
-    for name, shape in shapes(CONFIG):
+    for name, shape in shapes(config, prefix):
         if len(shape) == 1:
             t = torch.ones(shape, dtype=torch.bfloat16)
         else:
@@ -127,10 +197,15 @@ def main():
     with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}, "weight_map": renamed}, f)
     with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(CONFIG, f, indent=2)
-    with open(os.path.join(out, "generation_config.json"), "w") as f:
-        json.dump({"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "do_sample": False}, f)
-    write_tokenizer(out)
+        json.dump(config, f, indent=2)
+    if tokenizer_dir:
+        write_sentence_transformers(out, config)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(tokenizer_dir, name), os.path.join(out, name))
+    else:
+        with open(os.path.join(out, "generation_config.json"), "w") as f:
+            json.dump({"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "do_sample": False}, f)
+        write_tokenizer(out)
     print(f"wrote {out} in {time.time() - started:.1f}s")
 
 

@@ -145,3 +145,50 @@ fn the_final_norm_is_applied_to_the_last_token() {
     let rms = (unscaled.iter().map(|x| x * x).sum::<f32>() / unscaled.len() as f32).sqrt();
     assert!((rms - 1.0).abs() < 1e-3, "rms {rms}");
 }
+
+/// The same model as Qwen3-Embedding publishes its files: tensors without the `model.` prefix,
+/// no LM head, `tie_word_embeddings: false` (`scripts/make_embedding_fixture.py`).
+fn published() -> Model {
+    Model::load(&committed_fixture("tiny-qwen3-embedding-published")).expect("fixture loads")
+}
+
+#[test]
+fn the_published_layout_loads_without_an_lm_head_and_embeds_as_the_usual_one() {
+    let (usual, published) = (model(), published());
+    assert!(published.config.headless && !usual.config.headless);
+    assert!(published.pooling.is_some());
+    assert_eq!(published.pooling, usual.pooling);
+    for prompt in [
+        vec![10, 11, 12, 13, 5],
+        (0..40).map(|i| 30 + i * 7).collect(),
+    ] {
+        let (a, b) = (reference(&usual, &prompt), reference(&published, &prompt));
+        assert_eq!(a.len(), 64);
+        assert_eq!(a, b, "same weights, same hidden state");
+    }
+    // Through the engine too.
+    let engine = engine(&published, small_steps());
+    let (state, reason, _) = hidden(
+        engine
+            .submit_embedding(greedy(&[40, 41, 42, 5], 1))
+            .expect("accepted"),
+    );
+    engine.shutdown();
+    assert_eq!(reason, FinishReason::Stop(None));
+    assert_eq!(state, reference(&usual, &[40, 41, 42, 5]));
+}
+
+#[test]
+fn tensors_without_the_model_prefix_load_only_as_an_embedding_model() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let source = committed_fixture("tiny-qwen3-embedding-published");
+    for name in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(source.join(name), dir.path().join(name)).expect("copy");
+    }
+    let err = Model::load(dir.path()).expect_err("no modules.json: a generative model");
+    let message = err.to_string();
+    assert!(
+        message.contains("model.") && message.contains("embedding model"),
+        "{message}"
+    );
+}

@@ -417,6 +417,63 @@ async fn responses_and_embeddings_are_recorded_with_their_endpoint() {
     assert_eq!(completion.finish_reason.as_deref(), Some("stop"));
 }
 
+#[tokio::test]
+async fn an_enforced_tool_call_through_responses_is_recorded_as_through_chat() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("audit");
+    let mut config = audited_config(&dir);
+    // The embedded model's template shows no tool-call format.
+    config.server.tool_call_parser = Some(inferno::server::openai::tools::ToolCallFormat::Hermes);
+    let server = Harness::start(config, true);
+    let parameters = json!({"type": "object", "properties": {"city": {"type": "string",
+        "maxLength": 8}}, "required": ["city"], "additionalProperties": false});
+    let bodies = [
+        (
+            "chat-tool",
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "Weather?"}],
+                "max_tokens": 64, "parallel_tool_calls": false, "tool_choice": "required",
+                "tools": [{"type": "function", "function": {"name": "get_weather",
+                    "parameters": parameters}}]}),
+        ),
+        (
+            "responses-tool",
+            "/v1/responses",
+            json!({"model": MODEL, "input": "Weather?", "max_output_tokens": 64,
+                "parallel_tool_calls": false, "tool_choice": "required",
+                "tools": [{"type": "function", "name": "get_weather",
+                    "parameters": parameters}]}),
+        ),
+    ];
+    for (id, path, body) in &bodies {
+        let response = server
+            .post(path, ALICE, body)
+            .header("x-request-id", *id)
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(response.status(), StatusCode::OK, "{id}");
+        response.text().await.expect("body");
+    }
+    stop(server).await;
+
+    let records = records(&dir);
+    let (chat, chat_completions) = records_of(&records, "chat-tool");
+    let (responses, responses_completions) = records_of(&records, "responses-tool");
+    assert_eq!((chat_completions, responses_completions), (1, 1));
+    assert_eq!(responses[0].endpoint, "/v1/responses");
+    let note = chat[0]
+        .constraint
+        .clone()
+        .expect("the enforced call is noted");
+    assert_eq!(note.kind, "tool_call");
+    assert_eq!(
+        responses[0].constraint,
+        Some(note),
+        "same tools, same grammar"
+    );
+}
+
 /// The development policy with `edit` applied, written to `dir/policy.toml`.
 fn development_policy_with(dir: &Path, from: &str, to: &str) -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/development.toml");

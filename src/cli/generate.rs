@@ -62,6 +62,11 @@ fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     if let Some(quantize) = args.quantization {
         quantize.apply(&mut model.config);
     }
+    anyhow::ensure!(
+        !model.config.headless,
+        "{} is an embedding model without an LM head: it cannot generate",
+        model.name
+    );
     let prompt = tokenize(&model, args)?;
     let engine = super::setup::start_engine(&model, args.device, &EngineConfig::default())?;
     let request = GenerationRequest {

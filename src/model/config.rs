@@ -92,6 +92,10 @@ pub struct ModelConfig {
     pub rope: RopeConfig,
     /// Whether the LM head reuses the embedding matrix.
     pub tie_word_embeddings: bool,
+    /// The weights have no LM head: a sentence-transformers embedding model published without
+    /// one (Qwen3-Embedding). Not read from `config.json`: the loader sets it from the weights.
+    /// Such a model serves embeddings only; generation is refused.
+    pub headless: bool,
     /// `attention_bias`: whether the q, k and v projections carry a bias where the architecture
     /// does not imply one (the model definition decides, `definition.rs`).
     pub attention_bias: bool,
@@ -380,6 +384,7 @@ impl ModelConfig {
             rms_norm_eps: rms_norm_eps as f32,
             rope: RopeConfig::from_config(&config)?,
             tie_word_embeddings: config.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+            headless: false,
             attention_bias,
             sliding_window,
             bos_token_id,

@@ -133,6 +133,10 @@ pub enum LmHead {
     TiedToEmbeddings,
     /// A matrix of its own.
     Separate,
+    /// None: an embedding model published without one ([`ModelConfig::headless`]). The backends
+    /// still compute a step's logits, against the embedding matrix as if tied, but none is ever
+    /// sampled or served: generation is refused before it reaches the engine.
+    Absent,
 }
 
 /// A whole decoder-only model: token embeddings, the blocks, a final norm and the LM head.
@@ -216,7 +220,9 @@ impl ModelDefinition {
             vocab: config.vocab_size,
             layers,
             final_norm: norm,
-            lm_head: if config.tie_word_embeddings {
+            lm_head: if config.headless {
+                LmHead::Absent
+            } else if config.tie_word_embeddings {
                 LmHead::TiedToEmbeddings
             } else {
                 LmHead::Separate

@@ -325,9 +325,10 @@ impl Model {
         build: impl FnOnce(ModelTensors<'_>) -> T,
     ) -> Result<(Self, T), ModelError> {
         let config_bytes = source.read(CONFIG_FILE)?;
-        let config = ModelConfig::from_json(&source.path(CONFIG_FILE), &config_bytes)?;
+        let mut config = ModelConfig::from_json(&source.path(CONFIG_FILE), &config_bytes)?;
         let pooling = pooling::Pooling::load(&source, &config_bytes)?;
-        let weights = ModelWeights::open(&source)?;
+        let mut weights = ModelWeights::open(&source)?;
+        adapt_embedding_export(&source, &mut config, &mut weights, pooling.is_some())?;
         layout(&ModelDefinition::of(&config), config.quantization.as_ref()).validate(&weights)?;
         let digest = ModelDigest::of_source(&source)?;
 
@@ -471,6 +472,34 @@ fn load_generation(
         });
     }
     Ok(generation)
+}
+
+/// Accepts a sentence-transformers embedding model as it is published (Qwen3-Embedding): its
+/// tensors named without the `model.` prefix, which are renamed to the usual names, and no LM
+/// head, which makes the model [`ModelConfig::headless`]. Both are refused for a model that is not
+/// an embedding model (`is_embedding`: it has a `modules.json`), which must generate.
+fn adapt_embedding_export(
+    source: &ModelSource<'_>,
+    config: &mut ModelConfig,
+    weights: &mut ModelWeights,
+    is_embedding: bool,
+) -> Result<(), ModelError> {
+    if weights.bare_names() {
+        if !is_embedding {
+            return Err(ModelError::InvalidField {
+                path: source.path(weights::SINGLE_FILE),
+                field: "tensor names".into(),
+                reason: "the tensors have no `model.` prefix (a sentence-transformers export), \
+                         which loads only as an embedding model with a modules.json"
+                    .into(),
+            });
+        }
+        weights.add_model_prefix();
+    }
+    if is_embedding && !config.tie_word_embeddings && !weights.contains("lm_head.weight") {
+        config.headless = true;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

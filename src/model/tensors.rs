@@ -418,7 +418,7 @@ pub fn layout(definition: &ModelDefinition, quantization: Option<&Quantization>)
         &[definition.vocab, hidden],
     );
     let lm_head = match definition.lm_head {
-        LmHead::TiedToEmbeddings => LinearTensors {
+        LmHead::TiedToEmbeddings | LmHead::Absent => LinearTensors {
             weight: embed_tokens.clone(),
             fp8: None,
         },

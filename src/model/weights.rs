@@ -219,6 +219,28 @@ impl ModelWeights {
         Ok(())
     }
 
+    /// Whether the tensors are named as a sentence-transformers export of the bare transformer
+    /// names them (Qwen3-Embedding): `embed_tokens.weight`, `layers.{i}.…`, `norm.weight`, with
+    /// no `model.` prefix anywhere.
+    pub fn bare_names(&self) -> bool {
+        self.tensors.contains_key("embed_tokens.weight")
+            && !self.tensors.keys().any(|name| name.starts_with("model."))
+    }
+
+    /// Renames every tensor `model.{name}`: the names [`super::layout`] expects, for weights
+    /// with [`Self::bare_names`].
+    pub(crate) fn add_model_prefix(&mut self) {
+        self.tensors = std::mem::take(&mut self.tensors)
+            .into_iter()
+            .map(|(name, entry)| (format!("model.{name}"), entry))
+            .collect();
+    }
+
+    /// Whether a tensor called `name` is present.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
     /// Names of all tensors in the weights files.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(String::as_str)

@@ -243,6 +243,7 @@ async fn chat_job(
     let (options, prompt, constraint, tool_calls, reasoning) = tokio::task::spawn_blocking(move || {
         let request = parse_chat(&body, service_for_job.defaults(), &limits)?;
         service_for_job.check_model(&request.options.model)?;
+        service_for_job.check_generates()?;
         service_for_job.check_logit_bias(&request.options.sampling.logit_bias)?;
         let prompt = service_for_job.chat_prompt(
             &request.messages,
@@ -323,6 +324,7 @@ async fn completion_job(
     let (options, prompts, constraint) = tokio::task::spawn_blocking(move || {
         let request = parse_completion(&body, service_for_job.defaults(), &limits)?;
         service_for_job.check_model(&request.options.model)?;
+        service_for_job.check_generates()?;
         service_for_job.check_logit_bias(&request.options.sampling.logit_bias)?;
         let constraint = request
             .options

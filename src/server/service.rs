@@ -60,6 +60,8 @@ pub struct ModelService {
     pooling: Option<Pooling>,
     /// The width of the model's hidden state (an embedding's full size).
     hidden_size: usize,
+    /// The model has no LM head ([`crate::model::ModelConfig::headless`]): embeddings only.
+    headless: bool,
 }
 
 impl ModelService {
@@ -96,6 +98,7 @@ impl ModelService {
             reasoning_format,
             pooling: model.pooling.clone(),
             hidden_size: model.config.hidden_size,
+            headless: model.config.headless,
             eos_token_ids: model.eos_token_ids(),
             vocab_size: model.config.vocab_size,
             grammars: OnceLock::new(),
@@ -233,6 +236,17 @@ impl ModelService {
             Ok(())
         } else {
             Err(ApiError::model_not_found(requested))
+        }
+    }
+
+    /// Refuses generation (HTTP 400) on an embedding model published without an LM head.
+    pub fn check_generates(&self) -> Result<(), ApiError> {
+        if self.headless {
+            Err(ApiError::invalid_request(
+                "this model is an embedding model without an LM head: it serves /v1/embeddings only",
+            ))
+        } else {
+            Ok(())
         }
     }
 

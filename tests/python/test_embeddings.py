@@ -169,3 +169,28 @@ def test_a_generative_model_refuses_embeddings():
             assert "not an embedding model" in raised.value.message
         finally:
             running.stop()
+
+
+def test_the_published_layout_embeds_and_refuses_generation():
+    # The same weights as Qwen3-Embedding publishes them: no `model.` prefix, no LM head.
+    published = REPO / "tests" / "fixtures" / "tiny-qwen3-embedding-published"
+    with tempfile.TemporaryDirectory() as workdir:
+        running = RunningServer(Path(workdir), ("--model", str(published)))
+        try:
+            client = running.client()
+            model = client.models.list().data[0].id
+            inputs = [[10, 11, 12, ENDOFTEXT], [300, 200, 100, 50, 25, ENDOFTEXT]]
+            response = client.embeddings.create(model=model, input=inputs, encoding_format="float")
+            for item, ids in zip(response.data, inputs):
+                assert np.abs(np.array(item.embedding) - reference_embedding(ids)).max() < 1e-4
+            with pytest.raises(openai.BadRequestError) as raised:
+                client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
+            assert "without an LM head" in raised.value.message
+            with pytest.raises(openai.BadRequestError) as raised:
+                client.completions.create(model=model, prompt="hi", max_tokens=2)
+            assert "without an LM head" in raised.value.message
+            with pytest.raises(openai.BadRequestError) as raised:
+                client.responses.create(model=model, input="hi", store=False)
+            assert "without an LM head" in raised.value.message
+        finally:
+            running.stop()

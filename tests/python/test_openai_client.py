@@ -36,13 +36,13 @@ def _binary() -> Path:
 class RunningServer:
     """An `inferno serve` subprocess and what a client needs to reach it."""
 
-    def __init__(self, workdir: Path, args: tuple[str, ...] = ()):
+    def __init__(self, workdir: Path, args: tuple[str, ...] = (), tool_call_parser: str = "hermes"):
         config = workdir / "inferno.toml"
         key_hash = hashlib.sha256(API_KEY.encode()).hexdigest()
         config.write_text(
             '[attestation]\nprofile = "development"\n[server]\nlisten = "127.0.0.1:0"\nshutdown_grace_secs = 5\n'
             # The embedded model's template shows no tool-call markers: name the format.
-            'tool_call_parser = "hermes"\n'
+            f'tool_call_parser = "{tool_call_parser}"\n'
             f'[[auth.keys]]\nname = "python"\nsha256 = "{key_hash}"\n'
         )
         self.process = subprocess.Popen(

@@ -446,7 +446,7 @@ impl ModelWeightsOnDevice {
         }
         let final_norm = up.one(&tensors.final_norm)?;
         let lm_head = match definition.lm_head {
-            LmHead::TiedToEmbeddings => None,
+            LmHead::TiedToEmbeddings | LmHead::Absent => None,
             LmHead::Separate if tensors.lm_head.fp8.is_some() => {
                 // An FP8 LM head is widened to bf16 here (its scales applied): the head's
                 // product runs in bf16.

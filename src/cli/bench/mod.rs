@@ -125,6 +125,10 @@ struct OfflineArgs {
     /// The KV cache's element type: `auto` or `fp8`.
     #[arg(long, value_enum, value_name = "DTYPE")]
     kv_cache_dtype: Option<crate::engine::KvCacheDtype>,
+    /// Submit every prompt as an embedding request (its last token's final hidden state, no
+    /// output token) instead of a generation; `--output-len` is then not used.
+    #[arg(long)]
+    embeddings: bool,
     #[command(flatten)]
     load: LoadArgs,
 }
@@ -503,6 +507,13 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
     if let Some(quantize) = args.quantization {
         quantize.apply(&mut model.config);
     }
+    if model.config.headless && !args.embeddings {
+        bail!(
+            "{} is an embedding model without an LM head: it cannot generate (use --embeddings)",
+            args.model.display()
+        );
+    }
+    let embed = args.embeddings;
     let concurrency = load.concurrency();
     let defaults = EngineConfig::default();
     let config = EngineConfig {
@@ -550,7 +561,13 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
         output_len: 4,
         ..load.clone()
     };
-    runtime.block_on(run_one(&engine, "warmup".into(), prompts[0].clone(), &warm))?;
+    runtime.block_on(run_one(
+        &engine,
+        "warmup".into(),
+        prompts[0].clone(),
+        &warm,
+        embed,
+    ))?;
 
     let cpu_before = cpu_seconds(None);
     let engine_before = engine.stats();
@@ -568,7 +585,7 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(prompt) = prompts.get(i) else { break };
                     mine.push(
-                        run_one(&engine, format!("bench-{i}"), prompt.clone(), &load)
+                        run_one(&engine, format!("bench-{i}"), prompt.clone(), &load, embed)
                             .await
                             .unwrap_or_else(|e| RequestTiming {
                                 failed: Some(e.to_string()),
@@ -654,6 +671,27 @@ impl Backend for SignalOnDrop {
     fn finish_step(&mut self, rows: &[BatchRow<'_>]) -> Result<StepOutput, BackendError> {
         self.inner_mut()?.finish_step(rows)
     }
+
+    fn step_with_hidden(
+        &mut self,
+        rows: &[BatchRow<'_>],
+        hidden: &[usize],
+    ) -> Result<(StepOutput, Vec<Vec<f32>>), BackendError> {
+        self.inner_mut()?.step_with_hidden(rows, hidden)
+    }
+
+    fn position_logits(&self) -> bool {
+        self.inner().is_ok_and(|b| b.position_logits())
+    }
+
+    fn step_logits(
+        &mut self,
+        rows: &[BatchRow<'_>],
+        positions: &[usize],
+        hidden: &[usize],
+    ) -> Result<crate::engine::PositionOutput, BackendError> {
+        self.inner_mut()?.step_logits(rows, positions, hidden)
+    }
 }
 
 /// The error of a call on a [`SignalOnDrop`] whose backend was dropped.
@@ -668,11 +706,14 @@ impl Drop for SignalOnDrop {
     }
 }
 
+/// Runs one request to its end: a generation, or with `embed` an embedding request (whose
+/// time to its hidden state is reported as its TTFT and end-to-end time).
 async fn run_one(
     engine: &EngineHandle,
     id: String,
     prompt: Vec<u32>,
     load: &LoadArgs,
+    embed: bool,
 ) -> anyhow::Result<RequestTiming> {
     let prompt_tokens = prompt.len();
     let request = GenerationRequest {
@@ -684,7 +725,7 @@ async fn run_one(
             ..SamplingParams::default()
         },
         stop: StopParams {
-            max_tokens: load.output_len,
+            max_tokens: if embed { 1 } else { load.output_len },
             ignore_eos: load.ignore_eos,
             ..StopParams::default()
         },
@@ -694,9 +735,12 @@ async fn run_one(
         constraint: None,
     };
     let started = Instant::now();
-    let mut stream = engine
-        .submit(request)
-        .map_err(|e| anyhow::anyhow!("submit: {e}"))?;
+    let submitted = if embed {
+        engine.submit_embedding(request)
+    } else {
+        engine.submit(request)
+    };
+    let mut stream = submitted.map_err(|e| anyhow::anyhow!("submit: {e}"))?;
     let mut timing = RequestTiming {
         prompt_tokens,
         ..Default::default()
@@ -713,7 +757,7 @@ async fn run_one(
                 last = Some(now);
                 timing.output_tokens += 1;
             }
-            GenerationEvent::Hidden { .. } => {}
+            GenerationEvent::Hidden { .. } => timing.ttft = started.elapsed().as_secs_f64(),
             GenerationEvent::Finished { reason, .. } => {
                 if let crate::engine::FinishReason::Error(e) = reason {
                     bail!("request failed: {e}");
