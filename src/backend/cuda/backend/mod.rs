@@ -4,12 +4,14 @@
 //!
 //! The backend is split by job: `device` opens the GPU and prepares ahead of the model, `setup`
 //! builds the backend beside the weight upload, `products` chooses and runs the matrix products,
-//! `capture` records the CUDA graphs, `forward` runs the model definition's layers and `step`
-//! queues steps and samples.
+//! `capture` records the CUDA graphs, `forward` runs the model definition's layers, `step`
+//! queues steps and samples, and `positions` serves steps that need several positions of a row
+//! (speculative verification, prompt logprobs).
 
 mod capture;
 mod device;
 mod forward;
+mod positions;
 mod products;
 mod setup;
 mod step;
@@ -63,6 +65,11 @@ pub struct CudaOptions {
     /// waves (twice the device's SM count); tests set `Some(0)` to take the warpgroup kernel
     /// whenever it can.
     pub warpgroup_prefill_blocks: Option<usize>,
+    /// Run a step of several tokens but at most `plan::GEMV_MAX_M` of them that is not a plain
+    /// decode step (a verification step at batch 1, a short prompt) eagerly, its products in
+    /// the small-M kernels, instead of padding it to the smallest mixed-step graph bucket,
+    /// whose products cuBLASLt runs. False: such steps take the bucket (tests compare the two).
+    pub eager_small_steps: bool,
 }
 
 impl Default for CudaOptions {
@@ -73,6 +80,7 @@ impl Default for CudaOptions {
             flash_prefill: true,
             measure_products: true,
             warpgroup_prefill_blocks: None,
+            eager_small_steps: true,
         }
     }
 }
