@@ -165,3 +165,19 @@ pub fn collect(mut stream: inferno::engine::GenerationStream) -> Outcome {
 pub fn run(engine: &EngineHandle, request: GenerationRequest) -> Outcome {
     collect(engine.submit(request).expect("request accepted"))
 }
+
+/// Runs every request concurrently and returns the outcomes in order.
+pub fn run_all(engine: &EngineHandle, requests: Vec<GenerationRequest>) -> Vec<Outcome> {
+    let streams: Vec<_> = requests
+        .into_iter()
+        .map(|r| engine.submit(r).expect("accepted"))
+        .collect();
+    let handles: Vec<_> = streams
+        .into_iter()
+        .map(|s| std::thread::spawn(move || collect(s)))
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("collector thread"))
+        .collect()
+}
