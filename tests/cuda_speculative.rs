@@ -454,8 +454,8 @@ fn mean_step(steps: usize, mut step: impl FnMut(usize)) -> f64 {
 /// The cost of a verification step (each row its last token and `K = 4` proposals, every
 /// position sampled on the device) against a plain decode step, at batch 1 and 8 after
 /// `INFERNO_SPEC_CONTEXT` (default 512) prompt tokens, on `INFERNO_SPEC_MODEL` (the stage's
-/// 8B-shaped weights; the fixture without it): as served (a step of at most 8 tokens eagerly
-/// through the small-M kernels, larger ones in mixed-step graphs), with small steps padded to
+/// 8B-shaped weights; the fixture without it): as served (a verification step of at most 8
+/// tokens eagerly through the small-M kernels, larger ones in mixed-step graphs), with small steps padded to
 /// the smallest graph bucket instead, and with the mixed-step graphs off.
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]

@@ -65,10 +65,11 @@ pub struct CudaOptions {
     /// waves (twice the device's SM count); tests set `Some(0)` to take the warpgroup kernel
     /// whenever it can.
     pub warpgroup_prefill_blocks: Option<usize>,
-    /// Run a step of several tokens but at most `plan::GEMV_MAX_M` of them that is not a plain
-    /// decode step (a verification step at batch 1, a short prompt) eagerly, its products in
-    /// the small-M kernels, instead of padding it to the smallest mixed-step graph bucket,
-    /// whose products cuBLASLt runs. False: such steps take the bucket (tests compare the two).
+    /// Run a step that samples several positions of a row (speculative verification, device
+    /// sampling) and has at most `plan::GEMV_MAX_M` tokens (batch 1 with up to 7 proposals)
+    /// eagerly, its products in the small-M kernels, instead of padding it to the smallest
+    /// mixed-step graph bucket, whose products cuBLASLt runs. False: such steps take the
+    /// bucket (tests compare the two).
     pub eager_small_steps: bool,
 }
 

@@ -64,8 +64,9 @@ impl Extra<'_, '_> {
 impl CudaBackend {
     /// How a step runs, and the padding that takes: replaying its decode bucket's graph when
     /// every row decodes one token and needs the next, and a graph was captured for that many
-    /// rows; else eagerly when it has at most `plan::GEMV_MAX_M` tokens (its products then take
-    /// the small-M kernels; `CudaOptions::eager_small_steps`); else replaying the segments of its
+    /// rows; else eagerly when it samples several positions of a row (`positional`, speculative
+    /// verification) and has at most `plan::GEMV_MAX_M` tokens (its products then take the
+    /// small-M kernels; `CudaOptions::eager_small_steps`); else replaying the segments of its
     /// token-count bucket, when one was captured that pads it little; else eagerly.
     fn step_path(&self, rows: &[BatchRow<'_>], positional: bool) -> (StepPath, Padding) {
         let decode_only = !positional
@@ -79,7 +80,7 @@ impl CudaBackend {
             );
         }
         let tokens = rows.iter().map(|r| r.tokens.len()).sum();
-        if self.options.eager_small_steps && tokens <= plan::GEMV_MAX_M {
+        if positional && self.options.eager_small_steps && tokens <= plan::GEMV_MAX_M {
             return (StepPath::Eager, Padding::None);
         }
         match plan::mixed_bucket_for(self.mixed.buckets(), tokens) {
