@@ -877,6 +877,11 @@ if has spec; then
   timeout 120 $RUN "$G/cuda_speculative" --include-ignored --test-threads=1 --nocapture >"$S/fixtures.log" 2>&1
   note "spec (tests/cuda_speculative.rs, fixtures): rc=$? $(grep -E '^test result' "$S/fixtures.log")"
   grep -E '^RESULT|panicked|^prompt ' "$S/fixtures.log" | head -20 | tee -a "$SUMMARY"
+  if [ "${SPEC_SANITIZE:-1}" = 1 ]; then
+    timeout 180 $RUN compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 "$G/cuda_speculative" \
+      --include-ignored --test-threads=1 step_logits_match >"$S/sanitizer.log" 2>&1
+    note "compute-sanitizer memcheck (cuda_speculative step_logits_match): rc=$? $(grep -E 'ERROR SUMMARY' "$S/sanitizer.log" | tail -1)"
+  fi
   [ -d $M8 ] || PYTHONUNBUFFERED=1 python3 "$G/make_llama8b.py" $M8 >"$OUT/make8b.log" 2>&1
   for t in greedy_output_is_identical_with_speculation_on_cuda verification_step_cost_against_a_decode_step; do
     INFERNO_SPEC_MODEL=$M8 INFERNO_SPEC_PROMPTS=${SPEC_PROMPTS:-8} timeout 180 $RUN "$G/cuda_speculative" --include-ignored \
