@@ -36,7 +36,8 @@
 # .gpu/sampling-check.cu: its draws against .gpu/sampling-old.cu's byte for byte, sanitizers,
 # microseconds per launch), chain (decode steps' small-M kernels in a CUDA graph with programmatic
 # launch, .gpu/decode-chain-check.cu: step time and read rate; CHAIN_BATCHES, CHAIN_VARIANTS, CHAIN_NCU),
-# embed and constrainedqwen (issue 46; see their block).
+# embed and constrainedqwen (issue 46; see their block), spec (issue 51: speculative decoding and
+# per-position logits on CUDA, .gpu/cuda_speculative and bench offline).
 # Logs and JSON are written to a work folder and packed into $OUT/results.tgz (the device tool
 # returns at most 8 files); $OUT/summary.txt is also printed last.
 # Only reads the GPU's state; never changes a GPU setting.
@@ -947,6 +948,75 @@ if has libload && [ -d "$M8" ] && sync && echo 3 >/proc/sys/vm/drop_caches 2>/de
       note "libload $mode: the model's readers finished $(seconds_since "$t0") s after they started"
     fi
   done
+fi
+
+# Issue 51 (spec): per-position logits and speculative decoding on CUDA. .gpu/cuda_speculative on
+# the fixtures (step_logits against the CPU backend at every position of an echoed prompt and a
+# verification row; device-sampled verified positions against the argmax; greedy identity with
+# and without speculation through the engine), then on the 8B-shaped weights: greedy identity
+# (SPEC_PROMPTS prompts), the verification step's cost at K=4 against a decode step at batch 1 and
+# 8 (mixed graphs on and off), bench offline plain against forced acceptance (SPEC_FORCED, shares)
+# at batch 1 and 8 with the predicted speed-up, and concurrency 64 with the adaptive rule on
+# against no speculation (target: at most 2% lower).
+if has spec; then
+  S=$OUT/spec
+  mkdir -p "$S"
+  timeout 120 $RUN "$G/cuda_speculative" --include-ignored --test-threads=1 --nocapture >"$S/fixtures.log" 2>&1
+  note "spec (tests/cuda_speculative.rs, fixtures): rc=$? $(grep -E '^test result' "$S/fixtures.log")"
+  grep -E '^RESULT|panicked|^prompt ' "$S/fixtures.log" | head -20 | tee -a "$SUMMARY"
+  if [ "${SPEC_SANITIZE:-1}" = 1 ]; then
+    timeout 180 $RUN compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 "$G/cuda_speculative" \
+      --include-ignored --test-threads=1 step_logits_match >"$S/sanitizer.log" 2>&1
+    note "compute-sanitizer memcheck (cuda_speculative step_logits_match): rc=$? $(grep -E 'ERROR SUMMARY' "$S/sanitizer.log" | tail -1)"
+  fi
+  [ -d $M8 ] || PYTHONUNBUFFERED=1 python3 "$G/make_llama8b.py" $M8 >"$OUT/make8b.log" 2>&1
+  for t in greedy_output_is_identical_with_speculation_on_cuda verification_step_cost_against_a_decode_step; do
+    INFERNO_SPEC_MODEL=$M8 INFERNO_SPEC_PROMPTS=${SPEC_PROMPTS:-8} timeout 180 $RUN "$G/cuda_speculative" --include-ignored \
+      --test-threads=1 --nocapture --exact "$t" >"$S/8b-$t.log" 2>&1
+    note "spec 8B $t: rc=$? $(grep -E '^test result' "$S/8b-$t.log")"
+    grep -E '^RESULT|panicked|^prompt ' "$S/8b-$t.log" | head -20 | tee -a "$SUMMARY"
+  done
+  spec_bench() { # NAME LOAD... : bench offline on the 8B-shaped weights, in 256, out 128
+    local name=$1
+    shift
+    timeout 180 $RUN "$G/inferno" bench offline --model $M8 --device cuda --input-len 256 --output-len 128 \
+      --ignore-eos "$@" --json "$S/bench-$name.json" >"$S/bench-$name.log" 2>&1
+    note "spec bench $name ($*): rc=$? $(grep -E '^output throughput' "$S/bench-$name.log" | tail -1)"
+    grep -E '^(ITL|engine steps|speculation) ' "$S/bench-$name.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+  }
+  for b in ${SPEC_BATCHES:-1 8}; do
+    spec_bench "b$b-plain" --batch-size $b
+    spec_bench "b$b-forced0" --batch-size $b --speculative ngram --forced-acceptance 0
+    for share in ${SPEC_FORCED:-0.7}; do
+      spec_bench "b$b-forced$share" --batch-size $b --speculative ngram --forced-acceptance $share
+    done
+  done
+  spec_bench c64-plain --concurrency 64 --num-prompts ${SPEC_C64_PROMPTS:-192}
+  spec_bench c64-adaptive --concurrency 64 --num-prompts ${SPEC_C64_PROMPTS:-192} --speculative ngram
+  # The prediction: a step verifying K=4 proposals each accepted with probability s yields
+  # (1 - s^5) / (1 - s) tokens; it costs (forced-0 ITL / plain ITL) decode steps.
+  python3 - "$S" ${SPEC_BATCHES:-1 8} <<'PY' | tee -a "$SUMMARY"
+import glob, json, os, sys
+d = sys.argv[1]
+def tput(name):
+    p = f"{d}/bench-{name}.json"
+    return json.load(open(p))["output_token_throughput"] if os.path.exists(p) else None
+for b in sys.argv[2:]:
+    plain, zero = tput(f"b{b}-plain"), tput(f"b{b}-forced0")
+    if not plain or not zero:
+        print(f"spec prediction batch {b}: missing runs"); continue
+    cost = plain / zero
+    for p in sorted(glob.glob(f"{d}/bench-b{b}-forced0.*.json")):
+        s = float(p.rsplit("forced", 1)[1][:-5])
+        tokens = (1 - s**5) / (1 - s)
+        measured = json.load(open(p))["output_token_throughput"] / plain
+        print(f"spec prediction batch {b}: verification cost {cost:.3f} decode steps (forced 0), s={s}: "
+              f"{tokens:.2f} tokens/step, predicted speed-up {tokens / cost:.3f}, measured {measured:.3f}")
+plain, adaptive = tput("c64-plain"), tput("c64-adaptive")
+if plain and adaptive:
+    print(f"spec concurrency 64: adaptive speculation {adaptive:.1f} tok/s against {plain:.1f} without "
+          f"({100 * (adaptive / plain - 1):+.2f}%, target >= -2%)")
+PY
 fi
 
 # The audit log's cost at saturation (tests/audit_bench.rs, CPU backend, embedded model) on this

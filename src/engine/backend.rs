@@ -156,6 +156,31 @@ pub trait Backend: Send {
         })
     }
 
+    /// Whether [`Backend::step_sampled_positions`] is implemented: the backend samples on the
+    /// device, and a step that verifies proposals then downloads tokens instead of logits.
+    fn sampled_positions(&self) -> bool {
+        false
+    }
+
+    /// Runs one forward step like [`Backend::step`] and samples several positions of each row
+    /// on the device: `specs[i]` are the sampling specs of the last `specs[i].len()` tokens of
+    /// the i-th row, in order (the row's `sample` is ignored), each drawn exactly as
+    /// [`Backend::step`] draws a row's next token with that spec. The result is flat: row by
+    /// row, each row's positions in order. Speculative verification gives position `j` of a
+    /// verification row the proposals before it as output and the draw index `draw_index + j`,
+    /// so the target's own token at every position comes back and the engine compares.
+    fn step_sampled_positions(
+        &mut self,
+        rows: &[BatchRow<'_>],
+        specs: &[&[SampleSpec<'_>]],
+    ) -> Result<Vec<SampledToken>, BackendError> {
+        let _ = (rows, specs);
+        Err(BackendError::Unsupported {
+            backend: self.name().to_owned(),
+            what: "sampling at several positions of a row on the device",
+        })
+    }
+
     /// Starts a step and returns before it ends, so that the engine works while its forward
     /// pass runs: it streams the previous step's tokens and waits for grammar masks still being
     /// computed. `late[i]` says that the i-th sampled row (in row order) gets its mask only in

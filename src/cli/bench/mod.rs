@@ -130,7 +130,54 @@ struct OfflineArgs {
     #[arg(long)]
     embeddings: bool,
     #[command(flatten)]
+    speculation: SpeculationArgs,
+    #[command(flatten)]
     load: LoadArgs,
+}
+
+/// `bench offline`'s speculative decoding (`[speculative]`, `docs/engine.md`).
+#[derive(Debug, Clone, clap::Args)]
+struct SpeculationArgs {
+    /// Speculative decoding with this proposer (`ngram`).
+    #[arg(long, value_enum)]
+    speculative: Option<crate::engine::SpeculativeMethod>,
+    /// The most tokens proposed per sequence and step.
+    #[arg(long, requires = "speculative")]
+    num_speculative_tokens: Option<usize>,
+    /// Propose up to K whenever lookup matches, instead of the adaptive rule.
+    #[arg(long, requires = "speculative")]
+    no_adaptive_speculation: bool,
+    /// Test mode for performance predictions: accept each proposal with this probability
+    /// whatever the model says, proposals padded to K (the output is not the model's).
+    #[arg(long, requires = "speculative", value_name = "SHARE")]
+    forced_acceptance: Option<f64>,
+}
+
+impl SpeculationArgs {
+    /// The `[speculative]` table these flags make.
+    fn config(&self) -> crate::engine::SpeculativeConfig {
+        let defaults = crate::engine::SpeculativeConfig::default();
+        crate::engine::SpeculativeConfig {
+            method: self.speculative,
+            num_speculative_tokens: self
+                .num_speculative_tokens
+                .unwrap_or(defaults.num_speculative_tokens),
+            adaptive: !self.no_adaptive_speculation,
+            forced_acceptance: self.forced_acceptance,
+            ..defaults
+        }
+    }
+}
+
+/// Speculative decoding over a `bench offline` run.
+#[derive(Debug, Serialize)]
+struct Speculation {
+    /// Rows that verified proposals.
+    verifications: u64,
+    /// Tokens proposed in them.
+    draft_tokens: u64,
+    /// Of those, accepted.
+    accepted_tokens: u64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -247,6 +294,8 @@ struct Report {
     itl_stall_limit: Option<f64>,
     /// Engine steps over the run (`bench offline` only).
     engine_steps: Option<u64>,
+    /// Speculative decoding over the run (`bench offline --speculative` only).
+    speculation: Option<Speculation>,
     /// Wall-clock seconds the device waited for the engine thread between steps over the run
     /// (`EngineStats::step_gap_seconds`; `bench offline` only).
     engine_step_gaps_s: Option<f64>,
@@ -306,6 +355,7 @@ impl Report {
             engine_split: Vec::new(),
             itl_stall_limit: None,
             engine_steps: None,
+            speculation: None,
             engine_step_gaps_s: None,
         }
     }
@@ -391,6 +441,17 @@ impl Report {
                     .find(|part| part.group == HOST_WORK)
                     .map_or(0.0, |host| host.seconds * 1e3 / steps as f64),
                 self.engine_step_gaps_s.unwrap_or(0.0) * 1e3 / steps as f64
+            );
+        }
+        if let Some(spec) = &self.speculation {
+            println!(
+                "speculation               {} verifications, {} proposed, {} accepted \
+                 ({:.1}%), {:.2} tokens per verification",
+                spec.verifications,
+                spec.draft_tokens,
+                spec.accepted_tokens,
+                100.0 * spec.accepted_tokens as f64 / spec.draft_tokens.max(1) as f64,
+                1.0 + spec.accepted_tokens as f64 / spec.verifications.max(1) as f64
             );
         }
         if let Some(long) = &self.long_prompt {
@@ -532,6 +593,7 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
         cuda_mixed_graphs: !args.no_mixed_graphs,
         programmatic_launch: !args.no_programmatic_launch,
         kv_cache_dtype: args.kv_cache_dtype.unwrap_or(defaults.kv_cache_dtype),
+        speculative: args.speculation.config(),
         ..defaults
     };
     let (dropped_tx, dropped) = std::sync::mpsc::channel();
@@ -549,6 +611,7 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
         ..ModelInfo::of(&model)
     };
     let stall_limit = config.itl_stall_limit;
+    let config_speculative = config.speculative.enabled();
     let engine = Engine::spawn(Box::new(backend), info, config)?;
     let prompts = random_prompts(load, model.config.vocab_size);
 
@@ -615,6 +678,11 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
     report.engine_split =
         split_engine_cpu(cpu_parts(&engine_before), cpu_parts(&engine_after), &report);
     report.engine_steps = Some(engine_after.steps - engine_before.steps);
+    report.speculation = config_speculative.then(|| Speculation {
+        verifications: engine_after.spec_verifications - engine_before.spec_verifications,
+        draft_tokens: engine_after.spec_draft_tokens - engine_before.spec_draft_tokens,
+        accepted_tokens: engine_after.spec_accepted_tokens - engine_before.spec_accepted_tokens,
+    });
     report.engine_step_gaps_s =
         Some(engine_after.step_gap_seconds - engine_before.step_gap_seconds);
     report.itl_stall_limit = Some(stall_limit);
@@ -691,6 +759,18 @@ impl Backend for SignalOnDrop {
         hidden: &[usize],
     ) -> Result<crate::engine::PositionOutput, BackendError> {
         self.inner_mut()?.step_logits(rows, positions, hidden)
+    }
+
+    fn sampled_positions(&self) -> bool {
+        self.inner().is_ok_and(|b| b.sampled_positions())
+    }
+
+    fn step_sampled_positions(
+        &mut self,
+        rows: &[BatchRow<'_>],
+        specs: &[&[crate::engine::SampleSpec<'_>]],
+    ) -> Result<Vec<crate::engine::SampledToken>, BackendError> {
+        self.inner_mut()?.step_sampled_positions(rows, specs)
     }
 }
 

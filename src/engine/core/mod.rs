@@ -217,6 +217,9 @@ enum Forward<'a> {
     Whole(StepOutput),
     /// Logits at the positions asked of each row (`Backend::step_logits`).
     Positions(&'a [usize], Vec<Vec<f32>>),
+    /// Tokens the backend sampled at every sampled position of each row
+    /// (`Backend::step_sampled_positions`).
+    Sampled(Vec<SampledToken>),
 }
 
 /// A sequence a token ended, with the tokens to stream before it ends.
@@ -345,7 +348,10 @@ impl Worker {
             })
             .map(|(index, _)| index)
             .collect();
-        let started = match self.start_step_unless(plan, !hidden_rows.is_empty()) {
+        // A step that needs several positions of a row runs whole too.
+        let positions = speculation::positions(&self.scheduler, plan);
+        let whole = !hidden_rows.is_empty() || positions.is_some();
+        let started = match self.start_step_unless(plan, whole) {
             Ok(started) => started,
             Err(err) => {
                 self.steps += 1;
@@ -366,10 +372,31 @@ impl Worker {
                 .map(|s| batch_row(planned(scheduler, s), *s))
                 .collect();
             let specs = speculation::plain_specs(scheduler, plan, &rows);
-            let positions = speculation::positions(scheduler, plan);
+            // Verification on a backend that samples on the device: the target's token at
+            // every position comes back, not the logits (prompt logprobs need the logits).
+            let on_device = positions.is_some()
+                && hidden_rows.is_empty()
+                && self.backend.sampled_positions()
+                && !speculation::needs_logits(scheduler, plan)
+                && speculation::sampled_positions(scheduler, plan, &rows)
+                    <= self.backend.max_rows().unwrap_or(usize::MAX);
+            let drafted = if on_device {
+                speculation::draft_outputs(scheduler, plan)
+            } else {
+                Vec::new()
+            };
             let cpu_before = thread_cpu_time();
             // Only a backend that runs steps whole computes logits at several positions.
             let output = match &positions {
+                Some(_) if on_device => {
+                    let position_specs =
+                        speculation::position_specs(scheduler, plan, &rows, &drafted);
+                    let slices: Vec<&[SampleSpec<'_>]> =
+                        position_specs.iter().map(Vec::as_slice).collect();
+                    self.backend
+                        .step_sampled_positions(&rows, &slices)
+                        .map(|tokens| (Forward::Sampled(tokens), Vec::new()))
+                }
                 Some(positions) if !started => self
                     .backend
                     .step_logits(&rows, positions, &hidden_rows)
@@ -405,6 +432,9 @@ impl Worker {
                     ),
                     Forward::Positions(positions, logits) => {
                         speculation::resolve(scheduler, plan, &rows, positions, logits, forced)
+                    }
+                    Forward::Sampled(tokens) => {
+                        speculation::resolve_sampled(scheduler, plan, &rows, tokens, forced)?
                     }
                 };
                 if sampled.len() != specs.len() {

@@ -3,12 +3,12 @@
 //! row, verifying proposals, and appending what was accepted with its KV slots rolled back.
 
 use super::{Accepted, Worker, planned, planned_mut};
-use crate::engine::backend::{BatchRow, SampleSpec, SampledToken};
+use crate::engine::backend::{BackendError, BatchRow, SampleSpec, SampledToken};
 use crate::engine::request::PromptLogprob;
 use crate::engine::sampling::{self, log_softmax, top_k_entries};
 use crate::engine::scheduler::{Scheduled, Scheduler};
 use crate::engine::speculative::token_cost;
-use crate::engine::speculative::verify::{Verified, verify_row};
+use crate::engine::speculative::verify::{Verified, verify_row, verify_sampled};
 
 /// What a step with per-position logits gave besides the plain sampled tokens.
 #[derive(Debug, Default)]
@@ -41,6 +41,127 @@ pub(super) fn positions(scheduler: &Scheduler, plan: &[Scheduled]) -> Option<Vec
         })
         .collect();
     extra.then_some(positions)
+}
+
+/// Whether a row of `plan` computes prompt tokens of a request asking for prompt logprobs
+/// (whose logits the engine needs, not only tokens).
+pub(super) fn needs_logits(scheduler: &Scheduler, plan: &[Scheduled]) -> bool {
+    plan.iter().any(|s| {
+        let seq = planned(scheduler, s);
+        seq.prompt_logprobs.is_some() && seq.num_computed < seq.request.prompt.len()
+    })
+}
+
+/// How many positions of `plan` sample: one per plain sampling row, `1 + k` per verification
+/// row.
+pub(super) fn sampled_positions(
+    scheduler: &Scheduler,
+    plan: &[Scheduled],
+    rows: &[BatchRow<'_>],
+) -> usize {
+    plan.iter()
+        .zip(rows)
+        .filter(|(_, row)| row.sample.is_some())
+        .map(|(s, _)| {
+            let seq = planned(scheduler, s);
+            if seq.verifies(s.num_tokens) {
+                1 + seq.draft.len()
+            } else {
+                1
+            }
+        })
+        .sum()
+}
+
+/// For each row of `plan`, the output its verified positions see: the sequence's output, then
+/// its proposals (empty for a row that does not verify).
+pub(super) fn draft_outputs(scheduler: &Scheduler, plan: &[Scheduled]) -> Vec<Vec<u32>> {
+    plan.iter()
+        .map(|s| {
+            let seq = planned(scheduler, s);
+            if seq.verifies(s.num_tokens) {
+                seq.output().iter().chain(&seq.draft).copied().collect()
+            } else {
+                Vec::new()
+            }
+        })
+        .collect()
+}
+
+/// The sampling specs of every sampled position of each row, for
+/// [`crate::engine::Backend::step_sampled_positions`]: a verification row's `1 + k` positions
+/// (position `j` sees the proposals before it as output, from `drafted`, and draws with index
+/// `draw_index + j`, as [`verify_row`] does on the host), a plain sampling row's one, none for
+/// the rest.
+pub(super) fn position_specs<'a>(
+    scheduler: &Scheduler,
+    plan: &[Scheduled],
+    rows: &[BatchRow<'a>],
+    drafted: &'a [Vec<u32>],
+) -> Vec<Vec<SampleSpec<'a>>> {
+    plan.iter()
+        .zip(rows)
+        .zip(drafted)
+        .map(|((s, row), outputs)| {
+            let Some(spec) = row.sample else {
+                return Vec::new();
+            };
+            let seq = planned(scheduler, s);
+            if !seq.verifies(s.num_tokens) {
+                return vec![spec];
+            }
+            let seen = spec.output.len();
+            (0..=seq.draft.len())
+                .map(|j| SampleSpec {
+                    output: &outputs[..seen + j],
+                    draw_index: spec.draw_index + j as u64,
+                    ..spec
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Splits the tokens a backend sampled at every sampled position
+/// ([`crate::engine::Backend::step_sampled_positions`]) among the rows, as [`resolve`] does with
+/// logits: verification rows are judged, the plain sampling rows' tokens come back in row
+/// order.
+pub(super) fn resolve_sampled(
+    scheduler: &Scheduler,
+    plan: &[Scheduled],
+    rows: &[BatchRow<'_>],
+    tokens: Vec<SampledToken>,
+    forced: Option<f64>,
+) -> Result<(Vec<SampledToken>, Positional), BackendError> {
+    let mut sampled = Vec::new();
+    let mut positional = Positional::default();
+    let total = tokens.len();
+    let mut tokens = tokens.into_iter();
+    let mut used = 0;
+    for (scheduled, row) in plan.iter().zip(rows) {
+        let Some(spec) = row.sample else { continue };
+        let seq = planned(scheduler, scheduled);
+        if seq.verifies(scheduled.num_tokens) {
+            let targets: Vec<SampledToken> = tokens.by_ref().take(seq.draft.len() + 1).collect();
+            used += seq.draft.len() + 1;
+            if targets.len() != seq.draft.len() + 1 {
+                break;
+            }
+            let verified = verify_sampled(targets, &seq.draft, &spec, forced);
+            positional
+                .verified
+                .push((seq.id, verified, seq.draft.len()));
+        } else {
+            used += 1;
+            sampled.extend(tokens.next());
+        }
+    }
+    if used != total {
+        return Err(BackendError::InvalidBatch(format!(
+            "the backend returned {total} sampled positions for {used}"
+        )));
+    }
+    Ok((sampled, positional))
 }
 
 /// Splits a step's per-position logits among its rows: the plain sampling rows' tokens, in row
@@ -124,6 +245,15 @@ impl Worker {
             self.step_costs.decode_estimate(rows),
         );
         let max_context = self.model.max_context;
+        // A backend that samples every verified position on the device holds them as sampled
+        // rows of the step: proposals stay within the rows its buffers hold beside one per
+        // running sequence.
+        let mut spare = self
+            .backend
+            .sampled_positions()
+            .then(|| self.backend.max_rows())
+            .flatten()
+            .map(|rows| rows.saturating_sub(self.scheduler.num_running()));
         for seq in self.scheduler.running_mut() {
             seq.draft.clear();
             if seq.pending() != 1 || seq.request.constraint.is_some() {
@@ -138,7 +268,8 @@ impl Worker {
                         .max_tokens
                         .saturating_sub(seq.output().len() + 1),
                 )
-                .min(max_context.saturating_sub(seq.tokens.len() + 1));
+                .min(max_context.saturating_sub(seq.tokens.len() + 1))
+                .min(spare.unwrap_or(usize::MAX));
             if room == 0 {
                 continue;
             }
@@ -146,6 +277,9 @@ impl Worker {
             if config.adaptive && config.forced_acceptance.is_none() && !draft.is_empty() {
                 let k = seq.acceptance.choose(draft.len(), cost);
                 draft.truncate(k);
+            }
+            if let Some(spare) = spare.as_mut() {
+                *spare -= draft.len();
             }
             seq.draft = draft;
         }

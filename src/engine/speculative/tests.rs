@@ -1,6 +1,6 @@
 //! The acceptance rule, tested statistically with fixed seeds.
 
-use super::verify::verify_row;
+use super::verify::{verify_row, verify_sampled};
 use crate::engine::backend::SampleSpec;
 use crate::engine::request::SamplingParams;
 use crate::engine::sampling::sample;
@@ -150,4 +150,51 @@ fn eagle3_is_refused_and_ranges_are_checked() {
     let ok: SpeculativeConfig =
         toml::from_str("method = \"ngram\"\nnum_speculative_tokens = 5").expect("parses");
     assert!(ok.validate().is_ok() && ok.enabled());
+}
+
+/// Verification from tokens sampled at every position (a device-sampling backend) gives what
+/// verification from the logits gives, for greedy and seeded sampled rows with penalties that
+/// see the proposals, and in the forced mode: the targets are drawn here with the reference
+/// sampler and the specs `verify_row` uses at each position.
+#[test]
+fn verification_from_sampled_positions_equals_verification_from_logits() {
+    let rows: Vec<Vec<f32>> = (0..5)
+        .map(|j| (0..8).map(|t| ((t * 5 + j * 3) % 7) as f32 * 0.4).collect())
+        .collect();
+    let greedy = SamplingParams::default();
+    let sampled = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        frequency_penalty: 0.3,
+        ..Default::default()
+    };
+    let mut differing_outcomes = std::collections::HashSet::new();
+    for params in [&greedy, &sampled] {
+        for seed in 0..200 {
+            for forced in [None, Some(0.5)] {
+                let draft = [3u32, 5, 3, 1];
+                let spec = spec(params, seed);
+                let outputs: Vec<Vec<u32>> =
+                    (0..=draft.len()).map(|j| draft[..j].to_vec()).collect();
+                let targets = rows
+                    .iter()
+                    .zip(&outputs)
+                    .enumerate()
+                    .map(|(j, (logits, output))| {
+                        let at = SampleSpec {
+                            output,
+                            draw_index: spec.draw_index + j as u64,
+                            ..spec
+                        };
+                        sample(logits.clone(), &at)
+                    })
+                    .collect();
+                let want = verify_row(rows.clone(), &draft, &spec, forced);
+                let got = verify_sampled(targets, &draft, &spec, forced);
+                assert_eq!(got, want, "seed {seed}, forced {forced:?}");
+                differing_outcomes.insert(want.accepted);
+            }
+        }
+    }
+    assert!(differing_outcomes.len() > 2, "{differing_outcomes:?}");
 }

@@ -102,3 +102,42 @@ pub fn verify_row(
         tokens,
     }
 }
+
+/// [`verify_row`] from the target's own token at every position, sampled by the backend with
+/// the specs [`verify_row`] would use (`targets`: `draft.len() + 1` of them, with their
+/// logprobs when the row asked for them). In the forced test mode a proposal accepted against
+/// the target's choice has no logprob (the backend computed the target's).
+pub fn verify_sampled(
+    targets: Vec<SampledToken>,
+    draft: &[u32],
+    spec: &SampleSpec<'_>,
+    forced: Option<f64>,
+) -> Verified {
+    debug_assert_eq!(targets.len(), draft.len() + 1);
+    let mut tokens = Vec::with_capacity(targets.len());
+    for (j, target) in targets.into_iter().enumerate() {
+        let draw = spec.draw_index + j as u64;
+        let (token, accepted) = match draft.get(j) {
+            None => (target, false),
+            Some(&d) => match forced {
+                Some(share) if f64::from(uniform(spec.seed ^ FORCED_STREAM, draw)) < share => {
+                    let logprob = target.logprob.filter(|_| target.token == d);
+                    (SampledToken { token: d, logprob }, true)
+                }
+                Some(_) => (target, false),
+                None => {
+                    let accepted = target.token == d;
+                    (target, accepted)
+                }
+            },
+        };
+        tokens.push(token);
+        if !accepted {
+            break;
+        }
+    }
+    Verified {
+        accepted: tokens.len() - 1,
+        tokens,
+    }
+}

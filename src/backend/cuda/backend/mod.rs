@@ -4,13 +4,15 @@
 //!
 //! The backend is split by job: `device` opens the GPU and prepares ahead of the model, `setup`
 //! builds the backend beside the weight upload, `products` chooses and runs the matrix products,
-//! `capture` records the CUDA graphs, `forward` runs the model definition's layers and `step`
-//! queues steps and samples.
+//! `capture` records the CUDA graphs, `forward` runs the model definition's layers, `step`
+//! queues steps and samples, and `positions` serves steps that need several positions of a row
+//! (speculative verification, prompt logprobs).
 
 mod capture;
 mod device;
 mod forward;
 mod moe;
+mod positions;
 mod products;
 mod setup;
 mod step;
@@ -64,6 +66,12 @@ pub struct CudaOptions {
     /// waves (twice the device's SM count); tests set `Some(0)` to take the warpgroup kernel
     /// whenever it can.
     pub warpgroup_prefill_blocks: Option<usize>,
+    /// Run a step that samples several positions of a row (speculative verification, device
+    /// sampling) and has at most `plan::GEMV_MAX_M` tokens (batch 1 with up to 7 proposals)
+    /// eagerly, its products in the small-M kernels, instead of padding it to the smallest
+    /// mixed-step graph bucket, whose products cuBLASLt runs. False: such steps take the
+    /// bucket (tests compare the two).
+    pub eager_small_steps: bool,
 }
 
 impl Default for CudaOptions {
@@ -74,6 +82,7 @@ impl Default for CudaOptions {
             flash_prefill: true,
             measure_products: true,
             warpgroup_prefill_blocks: None,
+            eager_small_steps: true,
         }
     }
 }

@@ -6,11 +6,12 @@ use std::time::Instant;
 use cudarc::driver::result as drv;
 
 use crate::engine::{
-    Backend, BackendError, BatchRow, KvCacheShape, SampledToken, StepOutput, TokenLogprob,
+    Backend, BackendError, BatchRow, KvCacheShape, PositionOutput, SampleSpec, SampledToken,
+    StepOutput, TokenLogprob,
 };
 
 use crate::backend::cuda::inputs::{
-    Padding, StepLayout, fill_late_masks, pack_step_with_late_masks,
+    Padding, StepLayout, fill_late_masks, pack_positions, pack_step_with_late_masks,
 };
 use crate::backend::cuda::kernels::{self, SAMPLE_STRIDE};
 use crate::backend::cuda::launch::{LaunchShape, SampleTokens};
@@ -32,24 +33,46 @@ enum StepPath {
 
 /// A step whose inputs are copied and forward pass queued, but not yet sampled.
 pub(super) struct QueuedStep {
-    layout: StepLayout,
+    pub(super) layout: StepLayout,
     /// The decode graph's bucket, when the step replayed one (the step waiter keys on it).
-    bucket: Option<usize>,
+    pub(super) bucket: Option<usize>,
     /// When the forward pass was queued (for the step waiter).
-    queued: Instant,
+    pub(super) queued: Instant,
     /// Which sampled rows get their grammar masks after the forward pass was queued.
     late: Vec<bool>,
+}
+
+/// What a queued step samples, beyond what its rows carry.
+#[derive(Clone, Copy)]
+pub(super) struct Extra<'s, 'a> {
+    /// `Some`: the sampled positions of each row (`pack_positions`) instead of each row's last
+    /// token.
+    pub(super) positions: Option<&'s [&'s [SampleSpec<'a>]]>,
+    /// Words appended to the packed inputs and copied with them (index lists for launches
+    /// queued after the forward pass); they start at the layout's `len()`.
+    pub(super) words: &'s [i32],
+}
+
+impl Extra<'_, '_> {
+    /// Nothing beyond the rows.
+    pub(super) const NONE: Extra<'static, 'static> = Extra {
+        positions: None,
+        words: &[],
+    };
 }
 
 impl CudaBackend {
     /// How a step runs, and the padding that takes: replaying its decode bucket's graph when
     /// every row decodes one token and needs the next, and a graph was captured for that many
-    /// rows; else replaying the segments of its token-count bucket, when one was captured that
-    /// pads it little; else eagerly.
-    fn step_path(&self, rows: &[BatchRow<'_>]) -> (StepPath, Padding) {
-        let decode_only = rows
-            .iter()
-            .all(|r| r.tokens.len() == 1 && r.sample.is_some());
+    /// rows; else eagerly when it samples several positions of a row (`positional`, speculative
+    /// verification) and has at most `plan::GEMV_MAX_M` tokens (its products then take the
+    /// small-M kernels; `CudaOptions::eager_small_steps`); else replaying the segments of its
+    /// token-count bucket, when one was captured that pads it little; else eagerly.
+    fn step_path(&self, rows: &[BatchRow<'_>], positional: bool) -> (StepPath, Padding) {
+        let decode_only = !positional
+            && rows
+                .iter()
+                .all(|r| r.tokens.len() == 1 && r.sample.is_some());
         if decode_only && let Some(bucket) = plan::bucket_for(self.graphs.buckets(), rows.len()) {
             return (
                 StepPath::Decode(bucket),
@@ -57,6 +80,9 @@ impl CudaBackend {
             );
         }
         let tokens = rows.iter().map(|r| r.tokens.len()).sum();
+        if positional && self.options.eager_small_steps && tokens <= plan::GEMV_MAX_M {
+            return (StepPath::Eager, Padding::None);
+        }
         match plan::mixed_bucket_for(self.mixed.buckets(), tokens) {
             Some(bucket) => (StepPath::Mixed(bucket), Padding::Tokens(bucket - tokens)),
             None => (StepPath::Eager, Padding::None),
@@ -90,25 +116,45 @@ impl CudaBackend {
 
     /// Packs a step (with slots for its late masks), copies everything but those slots to the
     /// device and queues the forward pass; None for a step without tokens.
-    fn queue_step(
+    pub(super) fn queue_step(
         &mut self,
         rows: &[BatchRow<'_>],
         late: &[bool],
+        extra: Extra<'_, '_>,
     ) -> Result<Option<QueuedStep>, BackendError> {
         self.ctx
             .bind_to_thread()
             .map_err(dev("binding the context"))?;
-        let (path, padding) = self.step_path(rows);
+        let (path, padding) = self.step_path(rows, extra.positions.is_some());
         let mut host = std::mem::take(&mut self.host_inputs);
-        let layout = pack_step_with_late_masks(rows, late, padding, &self.limits, &mut host);
+        let layout = match extra.positions {
+            Some(specs) => pack_positions(rows, specs, padding, &self.limits, &mut host),
+            None => pack_step_with_late_masks(rows, late, padding, &self.limits, &mut host),
+        };
+        let fits = layout
+            .as_ref()
+            .is_ok_and(|l| l.len() + extra.words.len() <= self.limits.max_words);
+        host.extend_from_slice(extra.words);
         self.host_inputs = host;
         let layout = layout?;
+        if !fits {
+            return Err(BackendError::InvalidBatch(format!(
+                "step inputs and {} index words overflow the input buffer",
+                extra.words.len()
+            )));
+        }
         self.copies.steps += 1;
         if layout.is_empty() {
             return Ok(None);
         }
         let queued = Instant::now();
-        let bytes = self.copy_inputs(0..layout.late_mask_slots())?;
+        // Late masks are copied when they are known; extra words come with the rest.
+        let first_copy = if extra.words.is_empty() {
+            layout.late_mask_slots()
+        } else {
+            layout.len() + extra.words.len()
+        };
+        let bytes = self.copy_inputs(0..first_copy)?;
         self.copies.record_h2d(bytes);
         // A decode graph's split bound was fixed at capture; the other paths take the step's.
         let splits = self.split_bound(layout.num_tokens, layout.max_context);
@@ -140,10 +186,11 @@ impl CudaBackend {
 
     /// Copies a queued step's late masks (a second, small copy, only when it has any), samples
     /// its rows and returns the tokens (or the logits, without device sampling).
-    fn finish_queued(
+    pub(super) fn finish_queued(
         &mut self,
         step: QueuedStep,
         rows: &[BatchRow<'_>],
+        positions: Option<&[&[SampleSpec<'_>]]>,
     ) -> Result<StepOutput, BackendError> {
         let QueuedStep {
             layout,
@@ -189,13 +236,22 @@ impl CudaBackend {
         )?;
         self.settle(bucket, queued)?;
         let words: Vec<i32> = self.download(self.act.sampled.ptr(), s * SAMPLE_STRIDE)?;
-        let specs = rows.iter().filter_map(|r| r.sample.as_ref());
+        let tops: Vec<Option<u32>> = match positions {
+            Some(specs) => specs
+                .iter()
+                .flat_map(|row| row.iter().map(|s| s.logprobs))
+                .collect(),
+            None => rows
+                .iter()
+                .filter_map(|r| r.sample.as_ref().map(|s| s.logprobs))
+                .collect(),
+        };
         let tokens = words
             .chunks_exact(SAMPLE_STRIDE)
-            .zip(specs)
-            .map(|(w, spec)| SampledToken {
+            .zip(tops)
+            .map(|(w, top)| SampledToken {
                 token: w[0] as u32,
-                logprob: spec.logprobs.map(|k| TokenLogprob {
+                logprob: top.map(|k| TokenLogprob {
                     logprob: f32::from_bits(w[1] as u32),
                     top: (0..(k as usize).min(kernels::MAX_TOP_LOGPROBS))
                         .map(|i| (w[2 + 2 * i] as u32, f32::from_bits(w[3 + 2 * i] as u32)))
@@ -208,7 +264,11 @@ impl CudaBackend {
 
     /// Waits for the step without spinning through it (see `wait.rs`): a replayed decode step
     /// by sleeping through its expected duration, any other on a blocking event.
-    fn settle(&mut self, bucket: Option<usize>, queued: Instant) -> Result<(), BackendError> {
+    pub(super) fn settle(
+        &mut self,
+        bucket: Option<usize>,
+        queued: Instant,
+    ) -> Result<(), BackendError> {
         match bucket {
             Some(bucket) => self.waiter.wait(&self.stream, bucket, queued),
             None => self.waiter.wait_blocking(&self.stream),
@@ -216,7 +276,7 @@ impl CudaBackend {
         .map_err(dev("waiting for the step"))
     }
 
-    fn download<T: Copy + Default>(
+    pub(super) fn download<T: Copy + Default>(
         &mut self,
         src: u64,
         len: usize,
@@ -256,8 +316,8 @@ impl Backend for CudaBackend {
                 "a started step was not finished".into(),
             ));
         }
-        match self.queue_step(rows, &[])? {
-            Some(step) => self.finish_queued(step, rows),
+        match self.queue_step(rows, &[], Extra::NONE)? {
+            Some(step) => self.finish_queued(step, rows, None),
             None => Ok(StepOutput::Logits(Vec::new())),
         }
     }
@@ -294,7 +354,7 @@ impl Backend for CudaBackend {
             last_tokens.push(to_u32(end.saturating_sub(1), "token index")? as i32);
         }
         let step = self
-            .queue_step(rows, &[])?
+            .queue_step(rows, &[], Extra::NONE)?
             .ok_or_else(|| BackendError::InvalidBatch("a step without tokens".into()))?;
         let bytes: Vec<u8> = last_tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
         // Kept alive until `download` below synchronises the stream.
@@ -316,7 +376,7 @@ impl Backend for CudaBackend {
                     .collect()
             })
             .collect();
-        Ok((self.finish_queued(step, rows)?, states))
+        Ok((self.finish_queued(step, rows, None)?, states))
     }
 
     /// Queues the step when the device samples (it applies the masks, late ones included);
@@ -330,7 +390,7 @@ impl Backend for CudaBackend {
                 "a started step was not finished".into(),
             ));
         }
-        self.started = self.queue_step(rows, late)?;
+        self.started = self.queue_step(rows, late, Extra::NONE)?;
         Ok(self.started.is_some())
     }
 
@@ -338,6 +398,31 @@ impl Backend for CudaBackend {
         let step = self.started.take().ok_or_else(|| {
             BackendError::InvalidBatch("finish_step without a started step".into())
         })?;
-        self.finish_queued(step, rows)
+        self.finish_queued(step, rows, None)
+    }
+
+    fn position_logits(&self) -> bool {
+        true
+    }
+
+    fn step_logits(
+        &mut self,
+        rows: &[BatchRow<'_>],
+        positions: &[usize],
+        hidden: &[usize],
+    ) -> Result<PositionOutput, BackendError> {
+        self.position_logits_step(rows, positions, hidden)
+    }
+
+    fn sampled_positions(&self) -> bool {
+        self.options.sample_on_device
+    }
+
+    fn step_sampled_positions(
+        &mut self,
+        rows: &[BatchRow<'_>],
+        specs: &[&[SampleSpec<'_>]],
+    ) -> Result<Vec<SampledToken>, BackendError> {
+        self.sampled_positions_step(rows, specs)
     }
 }

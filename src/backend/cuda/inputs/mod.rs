@@ -402,6 +402,56 @@ pub fn pack_step_with_late_masks(
     limits: &StepLimits,
     out: &mut Vec<i32>,
 ) -> Result<StepLayout, BackendError> {
+    pack(rows, None, late, padding, limits, out)
+}
+
+/// [`pack_step`] for a step that samples several positions of a row (speculative verification
+/// on the device): `specs[i]` are the sampling specs of the last `specs[i].len()` tokens of the
+/// i-th row, in order, each packed as a sampled row of its own whose token index is that
+/// token's (the rows' own `sample` is ignored). No mask comes late.
+pub fn pack_positions(
+    rows: &[BatchRow<'_>],
+    specs: &[&[SampleSpec<'_>]],
+    padding: Padding,
+    limits: &StepLimits,
+    out: &mut Vec<i32>,
+) -> Result<StepLayout, BackendError> {
+    if specs.len() != rows.len() {
+        return Err(BackendError::InvalidBatch(format!(
+            "sampling specs for {} rows of a step of {}",
+            specs.len(),
+            rows.len()
+        )));
+    }
+    if let Some((row, _)) = rows
+        .iter()
+        .zip(specs)
+        .find(|(row, specs)| specs.len() > row.tokens.len())
+    {
+        return Err(BackendError::InvalidBatch(format!(
+            "row {}: more sampled positions than tokens",
+            row.seq_id
+        )));
+    }
+    pack(rows, Some(specs), &[], padding, limits, out)
+}
+
+/// Packs a step whose sampled positions are `specs` (see [`pack_positions`]), or each row's
+/// last token when it carries a `sample` (`None`).
+fn pack(
+    rows: &[BatchRow<'_>],
+    specs: Option<&[&[SampleSpec<'_>]]>,
+    late: &[bool],
+    padding: Padding,
+    limits: &StepLimits,
+    out: &mut Vec<i32>,
+) -> Result<StepLayout, BackendError> {
+    let specs_of = |r: usize| -> &[SampleSpec<'_>] {
+        match specs {
+            Some(specs) => specs[r],
+            None => rows[r].sample.as_slice(),
+        }
+    };
     let (padding, token_padding) = match padding {
         Padding::None => (0, 0),
         Padding::DecodeRows(n) => (n, 0),
@@ -409,7 +459,7 @@ pub fn pack_step_with_late_masks(
     };
     let num_tokens: usize =
         rows.iter().map(|r| r.tokens.len()).sum::<usize>() + padding + token_padding;
-    let num_samples = rows.iter().filter(|r| r.sample.is_some()).count() + padding;
+    let num_samples = (0..rows.len()).map(|r| specs_of(r).len()).sum::<usize>() + padding;
     let max_blocks = rows
         .iter()
         .map(|r| r.block_table.len())
@@ -439,8 +489,8 @@ pub fn pack_step_with_late_masks(
     let is_late = |s: usize| late.get(s).copied().unwrap_or(false);
     let mut lists = Vec::new();
     let mut row_lists = Vec::with_capacity(num_samples);
-    for row in rows {
-        if let Some(spec) = &row.sample {
+    for (r, row) in rows.iter().enumerate() {
+        for spec in specs_of(r) {
             let late = is_late(row_lists.len());
             row_lists.push(pack_lists(
                 spec,
@@ -570,8 +620,9 @@ pub fn pack_step_with_late_masks(
             out[layout_probe.token_rows() + t] = r as i32;
             t += 1;
         }
-        if let Some(spec) = &row.sample {
-            out[layout_probe.sample_tokens() + s] = (t - 1) as i32;
+        let sampled = specs_of(r);
+        for (i, spec) in sampled.iter().enumerate() {
+            out[layout_probe.sample_tokens() + s] = (t - sampled.len() + i) as i32;
             let top = spec.logprobs.unwrap_or(0) as usize;
             out[layout_probe.top_n() + s] = top.min(MAX_TOP_LOGPROBS) as i32;
             let words = layout_probe.sample_params() + s * SAMPLE_PARAMS;

@@ -634,3 +634,47 @@ fn copy_stats_count_per_interval() {
         (1, 1, 1, 40, 8)
     );
 }
+
+/// Sampled positions (a verification row's last token and proposals, each with its own spec)
+/// become sampled rows of their own: their token indices, draw indices and penalty lists; a
+/// row's `sample` is ignored and a position count beyond its tokens is refused.
+#[test]
+fn packs_several_sampled_positions_of_a_row() {
+    let penalised = SamplingParams {
+        frequency_penalty: 0.5,
+        ..SamplingParams::default()
+    };
+    let verify = BatchRow {
+        seq_id: 4,
+        tokens: &[9, 8, 7],
+        start_pos: 20,
+        block_table: &[1, 2],
+        sample: None,
+    };
+    let outputs: [&[u32]; 3] = [&[], &[8], &[8, 7]];
+    let specs: Vec<SampleSpec<'_>> = outputs
+        .iter()
+        .enumerate()
+        .map(|(j, output)| SampleSpec {
+            output,
+            draw_index: 5 + j as u64,
+            ..plain_spec(&penalised, 0)
+        })
+        .collect();
+    let decode_spec = [plain_spec(&penalised, 2)];
+    let rows = [prefill_chunk(), verify, second_block_decode(decode_spec[0])];
+    let per_row: [&[SampleSpec<'_>]; 3] = [&[], &specs, &decode_spec];
+    let mut out = Vec::new();
+    let layout =
+        pack_positions(&rows, &per_row, Padding::None, &limits(), &mut out).expect("packs");
+    assert_eq!((layout.num_tokens, layout.num_samples), (7, 4));
+    assert_eq!(&out[layout.sample_tokens()..][..4], &[3, 4, 5, 6]);
+    assert_eq!(&out[layout.top_n()..][..4], &[0, 0, 0, 2]);
+    let draw = |s: usize| out[layout.sample_params() + s * SAMPLE_PARAMS + 9];
+    assert_eq!([draw(0), draw(1), draw(2), draw(3)], [5, 6, 7, 0]);
+    // Penalty list lengths: the outputs each position sees (one pair per distinct token).
+    let penalties = |s: usize| out[layout.sample_params() + s * SAMPLE_PARAMS + 12];
+    assert_eq!([penalties(0), penalties(1), penalties(2)], [0, 1, 2]);
+    let too_many: [&[SampleSpec<'_>]; 3] = [&[], &[], &specs[..2]];
+    assert!(pack_positions(&rows, &too_many, Padding::None, &limits(), &mut out).is_err());
+}
