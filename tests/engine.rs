@@ -10,7 +10,7 @@ use inferno::engine::{
     SamplingParams, StopReason, SubmitError,
 };
 use inferno::model::Model;
-use support::{collect, committed_fixture, engine, golden, greedy, run};
+use support::{collect, committed_fixture, engine, golden, greedy, run, run_all};
 
 fn model() -> Model {
     Model::load(&committed_fixture("inferno-tiny")).expect("fixture loads")
@@ -21,22 +21,6 @@ fn prompts() -> Vec<Vec<u32>> {
     golden(&committed_fixture("inferno-tiny"))
         .into_iter()
         .map(|c| c.input_ids)
-        .collect()
-}
-
-/// Runs every request concurrently and returns the outcomes in order.
-fn run_all(engine: &EngineHandle, requests: Vec<GenerationRequest>) -> Vec<support::Outcome> {
-    let streams: Vec<_> = requests
-        .into_iter()
-        .map(|r| engine.submit(r).expect("accepted"))
-        .collect();
-    let handles: Vec<_> = streams
-        .into_iter()
-        .map(|s| std::thread::spawn(move || collect(s)))
-        .collect();
-    handles
-        .into_iter()
-        .map(|h| h.join().expect("collector thread"))
         .collect()
 }
 

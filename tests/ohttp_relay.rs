@@ -6,11 +6,14 @@
 //! configuration is rejected, naming the check; the receipts travel inside the sealed answer
 //! and the audit record says `ohttp`.
 
+mod proxy_support;
 mod spawn_support;
 
-use std::io::{BufRead as _, BufReader, Cursor};
+use proxy_support::{Proxy, development_policy};
+
+use std::io::Cursor;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,10 +27,6 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
 const PROMPT: &str = "Tell me about the secret lighthouse of Varnholm";
-
-fn development_policy() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policy/client-development.toml")
-}
 
 /// A running `inferno serve` with an audit log; stopped on drop.
 struct Served {
@@ -53,52 +52,6 @@ impl Served {
 }
 
 impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A running `inferno proxy --ohttp`; stopped on drop.
-struct Proxy {
-    child: Child,
-    base: String,
-}
-
-impl Proxy {
-    fn start(upstream: &str) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
-            .args([
-                "proxy",
-                "--ohttp",
-                "--listen",
-                "127.0.0.1:0",
-                "--upstream",
-                upstream,
-                "--policy",
-            ])
-            .arg(development_policy())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn proxy");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(addr) = line.trim().strip_prefix("listening:") {
-                    let _ = tx.send(addr.trim().to_owned());
-                }
-            }
-        });
-        let base = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the proxy listens");
-        Self { child, base }
-    }
-}
-
-impl Drop for Proxy {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -389,7 +342,7 @@ fn sealed_requests_cross_a_tls_terminating_relay_that_sees_no_prompt_or_answer()
     let served = Served::start();
     let rt = runtime();
     let relay = rt.block_on(Relay::start(served.base.clone()));
-    let proxy = Proxy::start(&relay.base());
+    let proxy = Proxy::start(&relay.base(), &["--ohttp"]);
     let http = reqwest::Client::new();
     let url = format!("{}/v1/chat/completions", proxy.base);
     rt.block_on(async {
@@ -518,7 +471,7 @@ fn a_flipped_byte_a_replay_and_an_impostor_key_are_refused() {
     let served = Served::start();
     let rt = runtime();
     let relay = rt.block_on(Relay::start(served.base.clone()));
-    let proxy = Proxy::start(&relay.base());
+    let proxy = Proxy::start(&relay.base(), &["--ohttp"]);
     let http = reqwest::Client::new();
     rt.block_on(async {
         let models = format!("{}/v1/models", proxy.base);
@@ -562,7 +515,7 @@ fn a_flipped_byte_a_replay_and_an_impostor_key_are_refused() {
 
         // A relay serving its own key configuration: rejected, naming the check.
         relay.set(Mode::Impostor);
-        let impostor = Proxy::start(&relay.base());
+        let impostor = Proxy::start(&relay.base(), &["--ohttp"]);
         let refused = http
             .get(format!("{}/v1/models", impostor.base))
             .send()

@@ -13,7 +13,7 @@ use inferno::engine::{
     SpeculativeConfig, SpeculativeMethod,
 };
 use inferno::model::Model;
-use support::{collect, committed_fixture, engine, golden, greedy, logits_per_position, run};
+use support::{committed_fixture, engine, golden, greedy, logits_per_position, run, run_all};
 
 /// Speculation that proposes whenever a 1- to 3-gram matches, up to 4 tokens, never backing off:
 /// as many verifications (and rejections) as the fixtures give.
@@ -39,21 +39,6 @@ fn prompts(dir: &std::path::Path) -> Vec<Vec<u32>> {
             let twice = [c.input_ids.clone(), c.input_ids.clone()].concat();
             [c.input_ids, twice]
         })
-        .collect()
-}
-
-fn run_all(engine: &EngineHandle, requests: Vec<GenerationRequest>) -> Vec<support::Outcome> {
-    let streams: Vec<_> = requests
-        .into_iter()
-        .map(|r| engine.submit(r).expect("accepted"))
-        .collect();
-    let handles: Vec<_> = streams
-        .into_iter()
-        .map(|s| std::thread::spawn(move || collect(s)))
-        .collect();
-    handles
-        .into_iter()
-        .map(|h| h.join().expect("collector"))
         .collect()
 }
 

@@ -145,8 +145,46 @@ pub fn appraise_connection(
     checks.record("fresh.challenge", challenge_outcome(observed, fresh));
     checks.record("fresh.same_instance", same_instance(startup, fresh));
 
-    let server_policy = startup.map(|d| d.policy_sha256.clone());
-    let model = startup.and_then(|d| d.model_digest.clone());
+    conclude(
+        checks,
+        policy,
+        RuntimeDataSource::Certificate,
+        certificate_appraisal,
+        fresh_appraisal,
+        now,
+    )
+}
+
+/// Which appraised evidence's runtime data names the server's policy and model: the
+/// certificate's start-up evidence on a TLS connection, the fresh evidence through an Oblivious
+/// HTTP gateway (no certificate reaches the client).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RuntimeDataSource {
+    /// The certificate's start-up evidence.
+    Certificate,
+    /// The fresh evidence.
+    Fresh,
+}
+
+/// Records the client policy's checks of the server (server policy digest, model digest,
+/// measurement, minimum TCB, GPU) after the channel checks already in `checks`, and builds the
+/// report with its verdict.
+pub(crate) fn conclude(
+    mut checks: CheckList,
+    policy: &LoadedClientPolicy,
+    source: RuntimeDataSource,
+    certificate_appraisal: Option<AppraisalReport>,
+    fresh_appraisal: AppraisalReport,
+    now: OffsetDateTime,
+) -> TrustReport {
+    let runtime = match source {
+        RuntimeDataSource::Certificate => certificate_appraisal
+            .as_ref()
+            .and_then(|r| r.claims.runtime_data.as_ref()),
+        RuntimeDataSource::Fresh => fresh_appraisal.claims.runtime_data.as_ref(),
+    };
+    let server_policy = runtime.map(|d| d.policy_sha256.clone());
+    let model = runtime.and_then(|d| d.model_digest.clone());
     checks.record(
         "policy.server_policy_digest",
         allow_list(

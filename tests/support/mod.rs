@@ -166,6 +166,22 @@ pub fn run(engine: &EngineHandle, request: GenerationRequest) -> Outcome {
     collect(engine.submit(request).expect("request accepted"))
 }
 
+/// Runs every request concurrently and returns the outcomes in order.
+pub fn run_all(engine: &EngineHandle, requests: Vec<GenerationRequest>) -> Vec<Outcome> {
+    let streams: Vec<_> = requests
+        .into_iter()
+        .map(|r| engine.submit(r).expect("accepted"))
+        .collect();
+    let handles: Vec<_> = streams
+        .into_iter()
+        .map(|s| std::thread::spawn(move || collect(s)))
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("collector thread"))
+        .collect()
+}
+
 /// A temporary copy of the model directory `source` whose weights carry, for each layer `i`,
 /// `model.layers.{i}.self_attn.k_scale` and `v_scale` = `scales(i)` as f32 scalars (the form
 /// compressed-tensors' `kv_cache_scheme` checkpoints store them in).

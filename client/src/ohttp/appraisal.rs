@@ -5,15 +5,12 @@
 
 use inferno_attestation::bundle::CollateralBundle;
 use inferno_attestation::evidence::Evidence;
-use inferno_attestation::pki;
-use inferno_attestation::report::{AppraisalReport, CheckList, Verdict};
+use inferno_attestation::report::{AppraisalReport, CheckList};
 use inferno_attestation::runtime_data::{RuntimeData, ohttp_challenge_binding};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
-use crate::appraisal::{
-    TrustReport, allow_list, gpu_outcome, measurement_of, measurement_outcome, min_tcb_outcome,
-};
+use crate::appraisal::{RuntimeDataSource, TrustReport, conclude};
 use crate::policy::LoadedClientPolicy;
 
 /// What a client observed of a gateway: the inputs of [`appraise_gateway`].
@@ -50,49 +47,14 @@ pub fn appraise_gateway(
     checks.record("ohttp.key_config", key_config_outcome(observed, fresh));
     checks.record("ohttp.challenge", challenge_outcome(observed, fresh));
 
-    let server_policy = fresh.map(|d| d.policy_sha256.clone());
-    let model = fresh.and_then(|d| d.model_digest.clone());
-    checks.record(
-        "policy.server_policy_digest",
-        allow_list(
-            "server policy SHA-256",
-            server_policy.as_deref(),
-            policy.policy.server_policy_sha256.as_deref(),
-        ),
-    );
-    checks.record(
-        "policy.model_digest",
-        allow_list(
-            "model digest",
-            model.as_deref(),
-            policy.policy.model_digests.as_deref(),
-        ),
-    );
-    let measurement = measurement_of(&fresh_appraisal);
-    checks.record(
-        "policy.measurement",
-        measurement_outcome(None, measurement.clone(), policy),
-    );
-    checks.record("policy.min_tcb", min_tcb_outcome(&fresh_appraisal, policy));
-    checks.record("policy.gpu", gpu_outcome(&fresh_appraisal, policy));
-    let verdict = if checks.all_passed() {
-        Verdict::Pass
-    } else {
-        Verdict::Reject
-    };
-    TrustReport {
-        verdict,
-        simulated: fresh_appraisal.simulated,
-        policy_name: policy.policy.name.clone(),
-        policy_sha256: hex::encode(policy.digest),
-        now: pki::rfc3339(now),
-        checks: checks.into_checks(),
-        measurement,
-        model_digest: model,
-        server_policy_sha256: server_policy,
-        certificate_appraisal: None,
+    conclude(
+        checks,
+        policy,
+        RuntimeDataSource::Fresh,
+        None,
         fresh_appraisal,
-    }
+        now,
+    )
 }
 
 fn appraisal_outcome(fresh: &AppraisalReport) -> Result<String, String> {
