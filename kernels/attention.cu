@@ -39,6 +39,13 @@
 // count: prefill_attention (kernels/prefill_attention.cu) splits a tile's keys evenly and writes
 // every split.
 // HEAD_DIM must be a multiple of 8 and at most 256 (the host refuses other shapes).
+//
+// An FP8 cache (KV_FP8, prelude.cuh): keys and values are E4M3 bytes, half the bytes of a bf16
+// row, loaded as they are (8 bytes where bf16 takes 16, the same dimensions per lane) and widened
+// in registers only where they are used: to f16 for the tensor-core path, whose products then
+// take f16 inputs (the queries and P rounded to f16: E4M3 values are exact in f16), to float on
+// the CUDA cores. The layer's k scale multiplies the softmax scale and its v scale the warp's
+// accumulators before they merge, so no element is scaled on its own.
 
 #define GROUP (NUM_Q_HEADS / NUM_KV_HEADS)
 #define ATTN_VEC 8
@@ -68,6 +75,15 @@
 // REDUCE_LANES threads, each thread 4 dimensions of one split at a time.
 #define REDUCE_LANES (HEAD_DIM / 4)
 #define REDUCE_ROWS (ATTN_REDUCE_THREADS / REDUCE_LANES)
+// 32-bit words a lane holds per key of the tensor-core path: of one key chunk (8 values), and of
+// all its value loads.
+#if KV_FP8
+#define ATTN_KW 2
+#define ATTN_VW (ATTN_V_DIMS / 4)
+#else
+#define ATTN_KW 4
+#define ATTN_VW (ATTN_V_DIMS / 2)
+#endif
 
 // Positions a token at `pos` attends to.
 __device__ __forceinline__ int attended(int pos) {
@@ -93,6 +109,64 @@ __device__ __forceinline__ void unpack8(uint4 w, float* out) {
     }
 }
 
+#if KV_FP8
+// Eight keys' or values' E4M3 bytes (8 consecutive dimensions of one row).
+typedef uint2 kv_word;
+
+// Widens 8 E4M3 bytes to floats (exact).
+__device__ __forceinline__ void unpack_kv8(uint2 w, float* out) {
+    const unsigned int u[2] = {w.x, w.y};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const unsigned int h = f16x2_from_e4m3x2(u[i / 2] >> (16 * (i & 1)));
+        out[2 * i] = f16_to_f32((unsigned short)(h & 0xffffu));
+        out[2 * i + 1] = f16_to_f32((unsigned short)(h >> 16));
+    }
+}
+
+// The tensor-core product of attention.cu's FP8 path: mma_bf16_upper (prelude.cuh) with f16
+// inputs.
+__device__ __forceinline__ void mma_f16_upper(float* c, unsigned int a_lo, unsigned int a_hi, unsigned int b0,
+                                              unsigned int b1) {
+    float discarded0, discarded1;
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %5}, "
+        "{%7, %8}, {%0, %1, %9, %9};"
+        : "+f"(c[0]), "+f"(c[1]), "=f"(discarded0), "=f"(discarded1)
+        : "r"(a_lo), "r"(0u), "r"(a_hi), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// Two floats rounded to f16 and packed, `lo` in the low half.
+__device__ __forceinline__ unsigned int pack_f16x2(float lo, float hi) {
+    unsigned int packed;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
+    return packed;
+}
+#else
+// Eight keys' or values' bf16 values (8 consecutive dimensions of one row).
+typedef uint4 kv_word;
+
+// Widens 8 bf16 values (exact).
+__device__ __forceinline__ void unpack_kv8(uint4 w, float* out) { unpack8(w, out); }
+#endif
+
+// The layer's softmax scale for raw scores of cached keys (times the k scale of an FP8 cache).
+__device__ __forceinline__ float key_scale(float scale, const float* __restrict__ kv_scales) {
+#if KV_FP8
+    return scale * kv_scales[0];
+#else
+    return scale;
+#endif
+}
+
+// The factor of the accumulated values (the v scale of an FP8 cache).
+__device__ __forceinline__ float value_scale(const float* __restrict__ kv_scales) {
+#if KV_FP8
+    return kv_scales[1];
+#else
+    return 1.0f;
+#endif
+}
+
 // The cache slot of position `key` of a sequence with block table `table`.
 __device__ __forceinline__ size_t cache_slot(const int* __restrict__ table, int key) {
     return (size_t)table[key / KV_BLOCK] * KV_BLOCK + key % KV_BLOCK;
@@ -105,9 +179,15 @@ __device__ __forceinline__ int value_dim(int n, int col) {
     return ATTN_V_VEC * (8 * (n / ATTN_V_VEC) + col) + n % ATTN_V_VEC;
 }
 
-// Words of one value load (ATTN_V_VEC bf16 values) at `p`.
-__device__ __forceinline__ void load_value_words(const bf16* p, unsigned int* w) {
-#if ATTN_V_VEC == 8
+// Words of one value load (ATTN_V_VEC values) at `p`.
+__device__ __forceinline__ void load_value_words(const kv_t* p, unsigned int* w) {
+#if KV_FP8 && ATTN_V_VEC == 8
+    const uint2 x = __ldg(reinterpret_cast<const uint2*>(p));
+    w[0] = x.x;
+    w[1] = x.y;
+#elif KV_FP8
+    w[0] = __ldg(reinterpret_cast<const unsigned int*>(p));
+#elif ATTN_V_VEC == 8
     const uint4 x = __ldg(reinterpret_cast<const uint4*>(p));
     w[0] = x.x;
     w[1] = x.y;
@@ -122,43 +202,51 @@ __device__ __forceinline__ void load_value_words(const bf16* p, unsigned int* w)
 
 // Lane (g, t)'s key words of the 16-key tile at `base` (see warp_attend_mma): keys base + g and
 // base + 8 + g, 16-byte chunks 4c + t of each; zeros for keys at or after `end`.
-__device__ __forceinline__ void load_key_tile(const bf16* __restrict__ k_cache, const int* __restrict__ table,
+__device__ __forceinline__ void load_key_tile(const kv_t* __restrict__ k_cache, const int* __restrict__ table,
                                               size_t head_offset, int base, int end, int g, int t,
-                                              unsigned int (&kw)[2][ATTN_K_CHUNKS][4]) {
+                                              unsigned int (&kw)[2][ATTN_K_CHUNKS][ATTN_KW]) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
         const int key = base + 8 * j + g;
         const bool valid = key < end;
-        const bf16* row = k_cache + (valid ? cache_slot(table, key) : 0) * NUM_KV_HEADS * HEAD_DIM + head_offset;
+        const kv_t* row = k_cache + (valid ? cache_slot(table, key) : 0) * NUM_KV_HEADS * HEAD_DIM + head_offset;
 #pragma unroll
         for (int c = 0; c < ATTN_K_CHUNKS; ++c) {
+#if KV_FP8
+            uint2 w = make_uint2(0, 0);
+            if (valid) w = __ldg(reinterpret_cast<const uint2*>(row + 8 * (4 * c + t)));
+            kw[j][c][0] = w.x;
+            kw[j][c][1] = w.y;
+#else
             uint4 w = make_uint4(0, 0, 0, 0);
             if (valid) w = __ldg(reinterpret_cast<const uint4*>(row + 8 * (4 * c + t)));
             kw[j][c][0] = w.x;
             kw[j][c][1] = w.y;
             kw[j][c][2] = w.z;
             kw[j][c][3] = w.w;
+#endif
         }
     }
 }
 
 // Lane (g, t)'s value words of the 16-key tile at `base`: keys base + 2t, 2t+1, 2t+8 and 2t+9,
 // value slice g of each ATTN_V_VEC * 8 dimensions; zeros for keys at or after `end`.
-__device__ __forceinline__ void load_value_tile(const bf16* __restrict__ v_cache, const int* __restrict__ table,
+__device__ __forceinline__ void load_value_tile(const kv_t* __restrict__ v_cache, const int* __restrict__ table,
                                                 size_t head_offset, int base, int end, int g, int t,
-                                                unsigned int (&vw)[4][ATTN_V_DIMS / 2]) {
+                                                unsigned int (&vw)[4][ATTN_VW]) {
+    constexpr int words = ATTN_VW / ATTN_V_LOADS;  // per load
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
         const int key = base + 2 * t + (r & 1) + 8 * (r >> 1);
         const bool valid = key < end;
-        const bf16* row = v_cache + (valid ? cache_slot(table, key) : 0) * NUM_KV_HEADS * HEAD_DIM + head_offset;
+        const kv_t* row = v_cache + (valid ? cache_slot(table, key) : 0) * NUM_KV_HEADS * HEAD_DIM + head_offset;
 #pragma unroll
         for (int i = 0; i < ATTN_V_LOADS; ++i) {
             if (valid) {
-                load_value_words(row + ATTN_V_VEC * (8 * i + g), &vw[r][i * ATTN_V_VEC / 2]);
+                load_value_words(row + ATTN_V_VEC * (8 * i + g), &vw[r][i * words]);
             } else {
 #pragma unroll
-                for (int w = 0; w < ATTN_V_VEC / 2; ++w) vw[r][i * ATTN_V_VEC / 2 + w] = 0;
+                for (int w = 0; w < words; ++w) vw[r][i * words + w] = 0;
             }
         }
     }
@@ -168,12 +256,12 @@ __device__ __forceinline__ void load_value_tile(const bf16* __restrict__ v_cache
 // which are then reloaded with tile `next` (when it starts before `end`), the online softmax,
 // O += P V from the value words vw, which are then reloaded with tile `next` likewise. So each
 // stage of registers is refilled as soon as its words are used.
-__device__ __forceinline__ void attend_tile(const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+__device__ __forceinline__ void attend_tile(const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
                                             const int* __restrict__ table, size_t head_offset, int base,
                                             int next, int end, int g, int t, float log2_scale,
                                             const unsigned int (&qa)[ATTN_K_STEPS][2],
-                                            unsigned int (&kw)[2][ATTN_K_CHUNKS][4],
-                                            unsigned int (&vw)[4][ATTN_V_DIMS / 2], float (&o)[ATTN_V_DIMS][2],
+                                            unsigned int (&kw)[2][ATTN_K_CHUNKS][ATTN_KW],
+                                            unsigned int (&vw)[4][ATTN_VW], float (&o)[ATTN_V_DIMS][2],
                                             float& m, float& l) {
     // S: s[j][e] is the score of head g for key base + 8j + 2t + e.
     float s[2][2];
@@ -182,7 +270,14 @@ __device__ __forceinline__ void attend_tile(const bf16* __restrict__ k_cache, co
         s[j][0] = s[j][1] = 0.0f;
 #pragma unroll
         for (int k = 0; k < ATTN_K_STEPS; ++k) {
+#if KV_FP8
+            // Word k & 1 of chunk k / 2 holds the 4 dimensions bf16 words 2(k & 1) and 2(k & 1) + 1
+            // would.
+            const unsigned int word = kw[j][k / 2][k & 1];
+            mma_f16_upper(s[j], qa[k][0], qa[k][1], f16x2_from_e4m3x2(word), f16x2_from_e4m3x2(word >> 16));
+#else
             mma_bf16_upper(s[j], qa[k][0], qa[k][1], kw[j][k / 2][2 * (k & 1)], kw[j][k / 2][2 * (k & 1) + 1]);
+#endif
         }
     }
     const bool more = next < end;
@@ -221,6 +316,20 @@ __device__ __forceinline__ void attend_tile(const bf16* __restrict__ k_cache, co
             l += p[j][e];
         }
     }
+#if KV_FP8
+    const unsigned int pa_lo = pack_f16x2(p[0][0], p[0][1]);
+    const unsigned int pa_hi = pack_f16x2(p[1][0], p[1][1]);
+
+    // O += P V, one 8-dimension column block per step: byte n % 4 of two keys' words, widened.
+#pragma unroll
+    for (int n = 0; n < ATTN_V_DIMS; ++n) {
+        const int word = (n / ATTN_V_VEC) * (ATTN_V_VEC / 4) + (n % ATTN_V_VEC) / 4;
+        const unsigned int select = (n & 3) | ((4 + (n & 3)) << 4);
+        const unsigned int b0 = f16x2_from_e4m3x2(__byte_perm(vw[0][word], vw[1][word], select));
+        const unsigned int b1 = f16x2_from_e4m3x2(__byte_perm(vw[2][word], vw[3][word], select));
+        mma_f16_upper(o[n], pa_lo, pa_hi, b0, b1);
+    }
+#else
     const unsigned int pa_lo = pack_bf16x2(p[0][0], p[0][1]);
     const unsigned int pa_hi = pack_bf16x2(p[1][0], p[1][1]);
 
@@ -233,6 +342,7 @@ __device__ __forceinline__ void attend_tile(const bf16* __restrict__ k_cache, co
         const unsigned int b1 = __byte_perm(vw[2][word], vw[3][word], select);
         mma_bf16_upper(o[n], pa_lo, pa_hi, b0, b1);
     }
+#endif
     if (more) load_value_tile(v_cache, table, head_offset, next, end, g, t, vw);
 }
 
@@ -254,11 +364,11 @@ __device__ __forceinline__ void attend_tile(const bf16* __restrict__ k_cache, co
 // by attend_tile as soon as they are used), so its first loads and every later one overlap the
 // products of the tiles before them.
 __device__ __forceinline__ void warp_attend_mma(const bf16* __restrict__ q_group,
-                                                const bf16* __restrict__ k_cache,
-                                                const bf16* __restrict__ v_cache,
+                                                const kv_t* __restrict__ k_cache,
+                                                const kv_t* __restrict__ v_cache,
                                                 const int* __restrict__ table, int kvh, int begin, int end,
-                                                int stable_end, float scale, float* sm_m, float* sm_l,
-                                                float (*sm_acc)[HEAD_DIM]) {
+                                                int stable_end, float scale, float v_scale, float* sm_m,
+                                                float* sm_l, float (*sm_acc)[HEAD_DIM]) {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2;
@@ -269,8 +379,8 @@ __device__ __forceinline__ void warp_attend_mma(const bf16* __restrict__ q_group
     // The first tiles' keys and values below `stable_end` were written by earlier steps: they are
     // loaded before the wait for the previous kernel (which writes this step's keys and values),
     // so their latency overlaps its tail; a tile reaching past `stable_end` is loaded again after.
-    unsigned int kw[ATTN_DEPTH][2][ATTN_K_CHUNKS][4];
-    unsigned int vw[ATTN_DEPTH][4][ATTN_V_DIMS / 2];
+    unsigned int kw[ATTN_DEPTH][2][ATTN_K_CHUNKS][ATTN_KW];
+    unsigned int vw[ATTN_DEPTH][4][ATTN_VW];
     const int first_base = begin + warp * ATTN_TILE;
 #pragma unroll
     for (int stage = 0; stage < ATTN_DEPTH; ++stage) {
@@ -296,6 +406,10 @@ __device__ __forceinline__ void warp_attend_mma(const bf16* __restrict__ q_group
     for (int c = 0; c < ATTN_K_CHUNKS; ++c) {
         uint4 w = make_uint4(0, 0, 0, 0);
         if (g < GROUP) w = *reinterpret_cast<const uint4*>(q_group + (size_t)g * HEAD_DIM + 8 * (4 * c + t));
+#if KV_FP8
+        w = make_uint4(f16x2_from_bf16x2(w.x), f16x2_from_bf16x2(w.y), f16x2_from_bf16x2(w.z),
+                       f16x2_from_bf16x2(w.w));
+#endif
         qa[2 * c][0] = w.x;
         qa[2 * c][1] = w.y;
         qa[2 * c + 1][0] = w.z;
@@ -329,6 +443,10 @@ __device__ __forceinline__ void warp_attend_mma(const bf16* __restrict__ q_group
         }
 #pragma unroll
         for (int n = 0; n < ATTN_V_DIMS; ++n) {
+#if KV_FP8
+            o[n][0] *= v_scale;
+            o[n][1] *= v_scale;
+#endif
             sm_acc[g][value_dim(n, 2 * t)] = o[n][0];
             sm_acc[g][value_dim(n, 2 * t + 1)] = o[n][1];
         }
@@ -344,10 +462,10 @@ __device__ __forceinline__ void warp_attend_mma(const bf16* __restrict__ q_group
 // group; q is pre-scaled by scale * log2(e) so every exponential is one exp2. At the end the key
 // slots of the warp merge by shuffles.
 __device__ __forceinline__ void warp_attend_lanes(const bf16* __restrict__ q_group,
-                                                  const bf16* __restrict__ k_cache,
-                                                  const bf16* __restrict__ v_cache,
+                                                  const kv_t* __restrict__ k_cache,
+                                                  const kv_t* __restrict__ v_cache,
                                                   const int* __restrict__ table, int kvh, int begin, int end,
-                                                  float scale, float* sm_m, float* sm_l,
+                                                  float scale, float v_scale, float* sm_m, float* sm_l,
                                                   float (*sm_acc)[HEAD_DIM]) {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -393,28 +511,28 @@ __device__ __forceinline__ void warp_attend_lanes(const bf16* __restrict__ q_gro
 
     const size_t head_offset = (size_t)kvh * HEAD_DIM + chunk * ATTN_VEC;
     for (int base = begin + warp * KEYS_PER_WARP; base < end; base += ATTN_WARPS * KEYS_PER_WARP) {
-        uint4 kw[ATTN_UNROLL];
-        uint4 vw[ATTN_UNROLL];
+        kv_word kw[ATTN_UNROLL];
+        kv_word vw[ATTN_UNROLL];
         bool valid[ATTN_UNROLL];
         // Issue every load of the pass group before using any.
 #pragma unroll
         for (int u = 0; u < ATTN_UNROLL; ++u) {
             const int j = base + u * KEYS_PER_PASS + sub;
             valid[u] = j < end;
-            kw[u] = make_uint4(0, 0, 0, 0);
-            vw[u] = make_uint4(0, 0, 0, 0);
+            kw[u] = {};
+            vw[u] = {};
             if (valid[u] && active) {
                 const size_t slot = cache_slot(table, j);
                 const size_t offset = slot * NUM_KV_HEADS * HEAD_DIM + head_offset;
-                kw[u] = __ldg(reinterpret_cast<const uint4*>(k_cache + offset));
-                vw[u] = __ldg(reinterpret_cast<const uint4*>(v_cache + offset));
+                kw[u] = __ldg(reinterpret_cast<const kv_word*>(k_cache + offset));
+                vw[u] = __ldg(reinterpret_cast<const kv_word*>(v_cache + offset));
             }
         }
         float s[ATTN_UNROLL][GROUP];
 #pragma unroll
         for (int u = 0; u < ATTN_UNROLL; ++u) {
             float kf[ATTN_VEC];
-            unpack8(kw[u], kf);
+            unpack_kv8(kw[u], kf);
 #pragma unroll
             for (int g = 0; g < GROUP; ++g) {
                 float dot = 0.0f;
@@ -448,7 +566,7 @@ __device__ __forceinline__ void warp_attend_lanes(const bf16* __restrict__ q_gro
                 const float p = exp2f(s[u][g] - top);
                 l[g] += p;
                 float vf[ATTN_VEC];
-                unpack8(vw[u], vf);
+                unpack_kv8(vw[u], vf);
 #pragma unroll
                 for (int i = 0; i < ATTN_VEC; ++i) acc[g][i] = fmaf(p, vf[i], acc[g][i]);
             }
@@ -482,6 +600,10 @@ __device__ __forceinline__ void warp_attend_lanes(const bf16* __restrict__ q_gro
                 sm_l[g] = l[g];
             }
             if (active) {
+#if KV_FP8
+#pragma unroll
+                for (int i = 0; i < ATTN_VEC; ++i) acc[g][i] *= v_scale;
+#endif
                 float4* dst = reinterpret_cast<float4*>(&sm_acc[g][chunk * ATTN_VEC]);
                 dst[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
                 dst[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
@@ -493,8 +615,9 @@ __device__ __forceinline__ void warp_attend_lanes(const bf16* __restrict__ q_gro
 
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
 paged_attention(const bf16* __restrict__ q,
-                const bf16* __restrict__ k_cache,
-                const bf16* __restrict__ v_cache,
+                const kv_t* __restrict__ k_cache,
+                const kv_t* __restrict__ v_cache,
+                const float* __restrict__ kv_scales,
                 const int* __restrict__ block_tables,
                 const int* __restrict__ max_blocks_word,
                 const int* __restrict__ token_row,
@@ -536,10 +659,11 @@ paged_attention(const bf16* __restrict__ q,
     // tile of those before it waits for the previous kernel. The block table, positions and rows
     // come from the step's inputs, copied before any kernel of the step ran.
     const int stable_end = (t == 0 || token_row[t - 1] != row) ? pos : first;
-    warp_attend_mma(q_group, k_cache, v_cache, table, kvh, begin, end, stable_end, scale, sm_m[warp], sm_l[warp],
-                    sm_acc[warp]);
+    warp_attend_mma(q_group, k_cache, v_cache, table, kvh, begin, end, stable_end, key_scale(scale, kv_scales),
+                    value_scale(kv_scales), sm_m[warp], sm_l[warp], sm_acc[warp]);
 #else
-    warp_attend_lanes(q_group, k_cache, v_cache, table, kvh, begin, end, scale, sm_m[warp], sm_l[warp], sm_acc[warp]);
+    warp_attend_lanes(q_group, k_cache, v_cache, table, kvh, begin, end, key_scale(scale, kv_scales),
+                      value_scale(kv_scales), sm_m[warp], sm_l[warp], sm_acc[warp]);
 #endif
     __syncthreads();
 

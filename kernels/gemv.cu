@@ -331,8 +331,9 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* __restrict__ x,
                                               const int* __restrict__ positions,
                                               const int* __restrict__ slots,
                                               bf16* __restrict__ q_out,
-                                              bf16* __restrict__ k_cache,
-                                              bf16* __restrict__ v_cache,
+                                              kv_t* __restrict__ k_cache,
+                                              kv_t* __restrict__ v_cache,
+                                              const float* __restrict__ kv_scales,
                                               int k) {
     constexpr int ROWS = GemvShape<M>::rows;
     constexpr int PAIRS = GemvShape<M>::pairs;
@@ -355,9 +356,13 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* __restrict__ x,
         hi += bf16_to_f32(bias[h * HEAD_DIM + d + GEMV_HALF_HEAD]);
 #endif
         if (!is_v) rotate_pair((float)positions[m] * inv_freq[d], lo, hi);
+#if KV_FP8
+        qkv_store(h, m, slot, d, lo, hi, q_out, k_cache, v_cache, kv_scales);
+#else
         bf16* dst = qkv_destination(h, m, slot, q_out, k_cache, v_cache);
         dst[d] = f32_to_bf16(lo);
         dst[d + GEMV_HALF_HEAD] = f32_to_bf16(hi);
+#endif
     }
 }
 
@@ -370,8 +375,9 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* __restrict__ x,
 #define GEMV_QKV_ROPE_PARAMS                                                                                   \
     const bf16 *__restrict__ x, const bf16 *__restrict__ w, const bf16 *__restrict__ bias,                     \
         const float *__restrict__ inv_freq, const int *__restrict__ positions, const int *__restrict__ slots, \
-        bf16 *__restrict__ q_out, bf16 *__restrict__ k_cache, bf16 *__restrict__ v_cache, int k
-#define GEMV_QKV_ROPE_ARGS x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, k
+        bf16 *__restrict__ q_out, kv_t *__restrict__ k_cache, kv_t *__restrict__ v_cache,                      \
+        const float *__restrict__ kv_scales, int k
+#define GEMV_QKV_ROPE_ARGS x, w, bias, inv_freq, positions, slots, q_out, k_cache, v_cache, kv_scales, k
 #define GEMV_ENTRY(m) extern "C" __global__ void __launch_bounds__(GemvShape<m>::warps * 32)
 GEMV_ENTRY(1) gemv_m1(GEMV_PLAIN_PARAMS) { gemv_plain<1>(x, w, out, n, k); }
 GEMV_ENTRY(2) gemv_m2(GEMV_PLAIN_PARAMS) { gemv_plain<2>(x, w, out, n, k); }

@@ -62,6 +62,12 @@
 // rows beat 128, two 32-key stages beat one 64-key stage loaded synchronously, two 16-row tiles per
 // warp lost 25% at 8k (242 registers), and the lazy rescale with boundary-only masks gained 7-19%.
 
+// An FP8 cache (KV_FP8, prelude.cuh) takes the mma.sync path (the host asks for no warpgroup
+// geometry): each thread loads its 8-byte chunks of E4M3 keys and values into registers, widens
+// them to bf16 and stores them where the bf16 path's cp.async puts them, so the products are the
+// bf16 path's. The layer's k scale multiplies the softmax scale, and its v scale the accumulators
+// before they are written.
+
 // The small-tile variant (family prefill_attention_small.cu, this source after
 // `#define F_SMALL_VARIANT`): the mma.sync path in the host's FS_ROWS / FS_KEYS geometry, for
 // tiles of at most FS_ROWS query vectors (a mixed step's decode rows, a chunk's short tail),
@@ -104,6 +110,9 @@
 #define F_QK_N 64
 #endif
 
+#if F_WGMMA && KV_FP8
+#error "an FP8 cache takes the mma.sync path (plan::flash_geometry)"
+#endif
 #if F_WGMMA && (HEAD_DIM % 64 != 0 || F_KEYS % 64 != 0 || F_ROWS % 64 != 0)
 #error "F_WGMMA needs HEAD_DIM, F_KEYS and F_ROWS multiples of 64"
 #endif
@@ -346,8 +355,9 @@ __device__ __forceinline__ void f_rescale(float (&o)[F_DTILES][4], float alpha_a
 
 extern "C" __global__ void __launch_bounds__(F_THREADS, F_MIN_BLOCKS)
 prefill_attention(const bf16* __restrict__ q,
-                  const bf16* __restrict__ k_cache,
-                  const bf16* __restrict__ v_cache,
+                  const kv_t* __restrict__ k_cache,
+                  const kv_t* __restrict__ v_cache,
+                  const float* __restrict__ kv_scales,
                   const int* __restrict__ block_tables,
                   const int* __restrict__ max_blocks_word,
                   const int* __restrict__ token_row,
@@ -501,7 +511,11 @@ prefill_attention(const bf16* __restrict__ q,
     for (int i = 0; i < F_DTILES; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m_a = -INFINITY, m_b = -INFINITY;
     float l_a = 0.0f, l_b = 0.0f;
+#if KV_FP8
+    const float log2_scale = scale * kv_scales[0] * F_LOG2E;
+#else
     const float log2_scale = scale * F_LOG2E;
+#endif
 
 #if F_WGMMA
     // F_STAGES stages, each the tile's keys then its values: per HEAD_DIM / 64 column half, F_KEYS
@@ -640,8 +654,24 @@ prefill_attention(const bf16* __restrict__ q,
                 offset = (slot * NUM_KV_HEADS + kvh) * HEAD_DIM + chunk * 8;
             }
             const unsigned int at = 2 * (key * F_STRIDE + chunk * 8);
+#if KV_FP8
+            uint2 kb8 = make_uint2(0u, 0u), vb8 = make_uint2(0u, 0u);
+            if (valid) {
+                kb8 = __ldg(reinterpret_cast<const uint2*>(k_cache + offset));
+                vb8 = __ldg(reinterpret_cast<const uint2*>(v_cache + offset));
+            }
+            const uint4 kx = bf16x8_from_e4m3x8(kb8);
+            const uint4 vx = bf16x8_from_e4m3x8(vb8);
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(ks_stage0 + buf * stage_bytes + at),
+                         "r"(kx.x), "r"(kx.y), "r"(kx.z), "r"(kx.w)
+                         : "memory");
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(vs_stage0 + buf * stage_bytes + at),
+                         "r"(vx.x), "r"(vx.y), "r"(vx.z), "r"(vx.w)
+                         : "memory");
+#else
             copy16_async(ks_stage0 + buf * stage_bytes + at, k_cache + offset, valid);
             copy16_async(vs_stage0 + buf * stage_bytes + at, v_cache + offset, valid);
+#endif
         }
         asm volatile("cp.async.commit_group;");
     };
@@ -695,6 +725,9 @@ prefill_attention(const bf16* __restrict__ q,
     }
 #endif
 
+#if KV_FP8
+    f_rescale(o, kv_scales[1], kv_scales[1]);
+#endif
     // Merge the row sums of the 4 lanes that share a row, then write O / sum (one split) or the
     // unnormalised partial result (several).
 #pragma unroll

@@ -8,6 +8,20 @@
 
 typedef unsigned short bf16;
 
+// The KV cache's element: with KV_FP8 1 (from the host, --kv-cache-dtype fp8) an E4M3 byte that
+// holds value / scale (one k and one v scale per layer, kv_scales[0] and [1]); else bf16. The
+// kernels that write the cache (kernels/qkv_rope.cu, gemv.cu) and read it (attention.cu,
+// prefill_attention.cu) select their code by KV_FP8 at compile time, so the bf16 build's code is
+// the same as without it.
+#ifndef KV_FP8
+#define KV_FP8 0
+#endif
+#if KV_FP8
+typedef unsigned char kv_t;
+#else
+typedef bf16 kv_t;
+#endif
+
 // Positive infinity without <cmath>.
 #define INFINITY __int_as_float(0x7f800000)
 
@@ -68,17 +82,95 @@ __device__ __forceinline__ void rotate_pair(float angle, float& lo, float& hi) {
     hi = b * c + a * s;
 }
 
+#if KV_FP8
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+#error "an FP8 KV cache needs compute capability 8.9 or newer (E4M3 conversions)"
+#endif
+// Two floats rounded to E4M3 (nearest, ties to even; beyond +-448 saturated), `lo` in the low
+// byte.
+__device__ __forceinline__ unsigned short e4m3x2_from_f32(float lo, float hi) {
+    unsigned short packed;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(hi), "f"(lo));
+    return packed;
+}
+
+// Two E4M3 bytes (the low one first) widened to an f16 pair, exactly.
+__device__ __forceinline__ unsigned int f16x2_from_e4m3x2(unsigned int pair) {
+    unsigned int widened;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(widened) : "h"((unsigned short)pair));
+    return widened;
+}
+
+// Widens an f16 bit pattern to float (exact).
+__device__ __forceinline__ float f16_to_f32(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// Rounds a bf16 pair to an f16 pair (exact for the queries' range: f16 has the longer mantissa).
+__device__ __forceinline__ unsigned int f16x2_from_bf16x2(unsigned int pair) {
+    unsigned int packed;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;"
+        : "=r"(packed)
+        : "f"(__uint_as_float(pair & 0xffff0000u)), "f"(__uint_as_float(pair << 16)));
+    return packed;
+}
+
+// Eight E4M3 bytes (a uint2) widened to eight bf16 values in four words (exact: E4M3's range and
+// mantissa fit bf16), the lower-indexed value of each pair in the low half.
+__device__ __forceinline__ uint4 bf16x8_from_e4m3x8(uint2 bytes) {
+    unsigned int out[4];
+    const unsigned int in[2] = {bytes.x, bytes.y};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const unsigned int h = f16x2_from_e4m3x2(in[i / 2] >> (16 * (i & 1)));
+        const float lo = f16_to_f32((unsigned short)(h & 0xffffu));
+        const float hi = f16_to_f32((unsigned short)(h >> 16));
+        // Exact, so the truncation of the low halves loses nothing.
+        out[i] = (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
+    }
+    return make_uint4(out[0], out[1], out[2], out[3]);
+}
+#endif
+
 // Where head h (query heads first, then key heads, then value heads) of token t goes: a query
 // head to q_out [T, NUM_Q_HEADS, HEAD_DIM], a key or value head to cache slot `slot` of its KV
 // head (cache layout [slots][NUM_KV_HEADS][HEAD_DIM]; kernels/qkv_rope.cu and kernels/gemv.cu).
 // The backend defines the head shapes for every family; a test harness built without them (the
 // sampling kernel's) leaves this out.
 #if defined(NUM_Q_HEADS) && defined(NUM_KV_HEADS) && defined(HEAD_DIM)
+#if KV_FP8
+// The cache row of key or value head h (h >= NUM_Q_HEADS) of cache slot `slot`.
+__device__ __forceinline__ kv_t* kv_destination(int h, int slot, kv_t* k_cache, kv_t* v_cache) {
+    if (h < NUM_Q_HEADS + NUM_KV_HEADS) return k_cache + ((size_t)slot * NUM_KV_HEADS + (h - NUM_Q_HEADS)) * HEAD_DIM;
+    return v_cache + ((size_t)slot * NUM_KV_HEADS + (h - NUM_Q_HEADS - NUM_KV_HEADS)) * HEAD_DIM;
+}
+
+// Stores dimensions d and d + HEAD_DIM / 2 (lo, hi) of head h: a query head as bf16, a key or
+// value head as E4M3 of the value divided by its layer's scale (kv_scales: k then v), as the CPU
+// backend rounds them (src/backend/cpu/mod.rs).
+__device__ __forceinline__ void qkv_store(int h, int t, int slot, int d, float lo, float hi, bf16* q_out,
+                                          kv_t* k_cache, kv_t* v_cache, const float* kv_scales) {
+    if (h < NUM_Q_HEADS) {
+        bf16* dst = q_out + ((size_t)t * NUM_Q_HEADS + h) * HEAD_DIM;
+        dst[d] = f32_to_bf16(lo);
+        dst[d + HEAD_DIM / 2] = f32_to_bf16(hi);
+        return;
+    }
+    const float scale = kv_scales[h < NUM_Q_HEADS + NUM_KV_HEADS ? 0 : 1];
+    const unsigned short pair = e4m3x2_from_f32(lo / scale, hi / scale);
+    kv_t* dst = kv_destination(h, slot, k_cache, v_cache);
+    dst[d] = (kv_t)(pair & 0xffu);
+    dst[d + HEAD_DIM / 2] = (kv_t)(pair >> 8);
+}
+#else
 __device__ __forceinline__ bf16* qkv_destination(int h, int t, int slot, bf16* q_out, bf16* k_cache, bf16* v_cache) {
     if (h < NUM_Q_HEADS) return q_out + ((size_t)t * NUM_Q_HEADS + h) * HEAD_DIM;
     if (h < NUM_Q_HEADS + NUM_KV_HEADS) return k_cache + ((size_t)slot * NUM_KV_HEADS + (h - NUM_Q_HEADS)) * HEAD_DIM;
     return v_cache + ((size_t)slot * NUM_KV_HEADS + (h - NUM_Q_HEADS - NUM_KV_HEADS)) * HEAD_DIM;
 }
+#endif
 #endif
 
 // Sum over the 32 lanes of a warp; every lane receives the result.

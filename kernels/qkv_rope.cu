@@ -8,7 +8,8 @@
 //      (inv_freq comes from the host with any llama3/linear scaling already applied);
 //   4. q goes to q_out [T, NUM_Q_HEADS, HEAD_DIM]; k and v go to cache slot slots[t] of their KV
 //      head. slots[t] < 0 marks a padding token: nothing is written.
-// Cache layout per layer: [num_blocks * KV_BLOCK slots][NUM_KV_HEADS][HEAD_DIM] bf16.
+// Cache layout per layer: [num_blocks * KV_BLOCK slots][NUM_KV_HEADS][HEAD_DIM] kv_t: bf16, or
+// with KV_FP8 E4M3 bytes of the value over the layer's scale (kv_scales: k then v).
 // Grid: one block per token. Block: QKV_WARPS warps; warp w handles heads w, w + QKV_WARPS, ...
 // Where the small-M product serves the q/k/v product of a model without QK_NORM, it does steps 1,
 // 3 and 4 on its own output (gemv_qkv_rope_mM, kernels/gemv.cu) and this kernel does not run.
@@ -25,8 +26,9 @@ extern "C" __global__ void qkv_rope_write(const float* __restrict__ qkv,
                                           const int* __restrict__ positions,
                                           const int* __restrict__ slots,
                                           bf16* __restrict__ q_out,
-                                          bf16* __restrict__ k_cache,
-                                          bf16* __restrict__ v_cache) {
+                                          kv_t* __restrict__ k_cache,
+                                          kv_t* __restrict__ v_cache,
+                                          const float* __restrict__ kv_scales) {
     await_previous_kernels();
     const int t = blockIdx.x;
     const int lane = threadIdx.x & 31;
@@ -73,6 +75,18 @@ extern "C" __global__ void qkv_rope_write(const float* __restrict__ qkv,
             }
         }
 #endif
+#if KV_FP8
+#pragma unroll
+        for (int k = 0; k < QKV_PER_LANE; ++k) {
+            const int i = lane + 32 * k;
+            if (i < QKV_PAIRS) {
+                float lo = a[k];
+                float hi = b[k];
+                if (!is_v) rotate_pair(pos * inv_freq[i], lo, hi);
+                qkv_store(h, t, slot, i, lo, hi, q_out, k_cache, v_cache, kv_scales);
+            }
+        }
+#else
         bf16* dst = qkv_destination(h, t, slot, q_out, k_cache, v_cache);
 #pragma unroll
         for (int k = 0; k < QKV_PER_LANE; ++k) {
@@ -85,5 +99,6 @@ extern "C" __global__ void qkv_rope_write(const float* __restrict__ qkv,
                 dst[i + QKV_PAIRS] = f32_to_bf16(hi);
             }
         }
+#endif
     }
 }

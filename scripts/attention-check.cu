@@ -2,6 +2,10 @@
 // nvcc on the GPU machine by scripts/gpu-check.sh (stage "attention"), once per head
 // configuration: the model shapes come in as -D defines, as NVRTC gets them from the backend.
 //
+// Built with -DKV_FP8=1 it checks the FP8 cache's build of the kernels instead (E4M3 keys and
+// values at per-layer scales, scripts/kv-check.cuh), and its test first checks the quantized
+// write and the widening against the host's E4M3 rounding.
+//
 //   attention-check test [SEED]   paged_attention + attention_reduce against a float64 CPU
 //                                 reference: tokens of several context lengths (a padding token
 //                                 included), shuffled block tables, several split bounds; exits 1
@@ -36,6 +40,7 @@
 #undef INFINITY
 #include "prelude.cuh"
 #include "attention.cu"
+#include "kv-check.cuh"
 
 
 
@@ -95,12 +100,20 @@ static int* merge_counts() {
     return counts;
 }
 
-static void launch(const uint16_t* q, const uint16_t* k, const uint16_t* v, const int* tables,
+// The layer's k and v scales on the device (KV_K_SCALE, KV_V_SCALE).
+static float* kv_scales() {
+    static float* scales = nullptr;
+    if (!scales) scales = upload(std::vector<float>{KV_K_SCALE, KV_V_SCALE});
+    return scales;
+}
+
+static void launch(const uint16_t* q, const kv_host* k, const kv_host* v, const int* tables,
                    const int* max_blocks, const int* rows, const int* positions, float* acc,
                    float* ml, int tokens, int splits, float scale, uint16_t* out,
                    cudaStream_t stream = 0, bool programmatic = false) {
     launch_kernel(paged_attention, dim3(tokens, NUM_KV_HEADS, splits), dim3(ATTN_WARPS * 32), stream, programmatic,
-                  q, k, v, tables, max_blocks, rows, positions, acc, ml, merge_counts(), splits, scale, out);
+                  q, reinterpret_cast<const kv_t*>(k), reinterpret_cast<const kv_t*>(v), kv_scales(), tables,
+                  max_blocks, rows, positions, acc, ml, merge_counts(), splits, scale, out);
     // As the backend launches it: with one partition per token, or at most ATTN_MERGE_SPLITS,
     // the kernel wrote the output.
     if (splits > ATTN_MERGE_SPLITS)
@@ -152,6 +165,13 @@ static double graph_seconds(cudaStream_t stream, int iters, Body body) {
 static int test(uint64_t seed) {
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    int failures = 0;
+#if KV_FP8
+    failures += check_kv_conversions(rng);
+#endif
+    // FP8 keys and values span most of E4M3's range at their scales (the outputs so reach 3).
+    const float k_gain = KV_FP8 ? 4.0f : 1.0f;
+    const float v_gain = KV_FP8 ? 3.0f : 1.0f;
     // Contexts: the first position, inside one block, block edges, a window's edge, long.
     const std::vector<int> positions = {0, 5, 15, 16, 37, 300, 999, 1500};
     const int tokens = (int)positions.size() + 1;  // the last token is padding
@@ -172,17 +192,20 @@ static int test(uint64_t seed) {
     const float scale = 1.0f / sqrtf((float)HEAD_DIM);
     const float q_gain = 3.0f;  // peaked softmaxes as well as flat ones
     std::vector<uint16_t> q((size_t)tokens * NUM_Q_HEADS * HEAD_DIM);
-    std::vector<uint16_t> k((size_t)pool * KV_BLOCK * ROW_ELEMS), v(k.size());
+    std::vector<kv_host> k((size_t)pool * KV_BLOCK * ROW_ELEMS), v(k.size());
     for (auto& x : q) x = to_bf16(q_gain * uni(rng));
-    for (auto& x : k) x = to_bf16(uni(rng));
-    for (auto& x : v) x = to_bf16(uni(rng));
+    for (auto& x : k) x = kv_encode(k_gain * uni(rng), KV_K_SCALE);
+    for (auto& x : v) x = kv_encode(v_gain * uni(rng), KV_V_SCALE);
 
-    // Reference in float64 over the same bf16 inputs.
-    const std::vector<double> ref = attention_reference(q, k, v, tables, max_blocks, rows, pos, scale);
+    // Reference in float64 over the same inputs (an FP8 cache's at its scales).
+    const std::vector<double> ref =
+        attention_reference(q, k, v, tables, max_blocks, rows, pos, scale,
+                            [](kv_host e) { return kv_decode(e, KV_K_SCALE); },
+                            [](kv_host e) { return kv_decode(e, KV_V_SCALE); });
 
     uint16_t* dq = upload(q);
-    uint16_t* dk = upload(k);
-    uint16_t* dv = upload(v);
+    kv_host* dk = upload(k);
+    kv_host* dv = upload(v);
     int* dtables = upload(tables);
     int* dmax = upload(std::vector<int>{max_blocks});
     int* drows = upload(rows);
@@ -193,13 +216,12 @@ static int test(uint64_t seed) {
     CHECK(cudaMalloc(&dacc, (size_t)tokens * NUM_Q_HEADS * max_splits * HEAD_DIM * 4));
     CHECK(cudaMalloc(&dml, (size_t)tokens * NUM_Q_HEADS * max_splits * 2 * 4));
     CHECK(cudaMalloc(&dout, ref.size() * 2));
-    int failures = 0;
     for (int splits : {1, 3, 8, 9, split_bound(tokens, max_pos + 1), max_splits}) {
         CHECK(cudaMemset(dout, 0xff, ref.size() * 2));  // NaN everywhere: every write is checked
         launch(dq, dk, dv, dtables, dmax, drows, dpos, dacc, dml, tokens, splits, scale, dout);
         const std::vector<uint16_t> out = finish_and_download(dout, ref.size());
         double worst = 0.0;
-        failures += count_mismatches(out, ref, 4e-3, 8e-3, 10 - std::min(failures, 10), worst,
+        failures += count_mismatches(out, ref, 4e-3 * v_gain, 8e-3, 10 - std::min(failures, 10), worst,
                                      [&](size_t i, double got, double want) {
             const size_t t = i / (NUM_Q_HEADS * HEAD_DIM);
             fprintf(stderr, "MISMATCH splits=%d token=%zu (pos %d) head=%zu dim=%zu: got %g want %g\n", splits, t,
@@ -207,8 +229,8 @@ static int test(uint64_t seed) {
         });
         printf("  splits=%-3d max abs error %.2e\n", splits, worst);
     }
-    printf("RESULT attention test q=%d kv=%d head_dim=%d window=%d seed=%llu: %s (%d mismatches)\n",
-           NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, SLIDING_WINDOW, (unsigned long long)seed,
+    printf("RESULT attention test cache=%s q=%d kv=%d head_dim=%d window=%d seed=%llu: %s (%d mismatches)\n",
+           KV_NAME, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, SLIDING_WINDOW, (unsigned long long)seed,
            failures ? "FAIL" : "ok", failures);
     return failures ? 1 : 0;
 }
@@ -222,11 +244,11 @@ static int bench(int only_batch, int only_context) {
     if (only_context > 0) contexts = {only_context};
     const size_t max_tokens = (size_t)256 * 32768;
     const size_t pool_elems = max_tokens * ROW_ELEMS;
-    uint16_t *k, *v;
-    CHECK(cudaMalloc(&k, pool_elems * 2));
-    CHECK(cudaMalloc(&v, pool_elems * 2));
-    fill_random<<<4096, 256>>>(k, pool_elems, 1, 121);
-    fill_random<<<4096, 256>>>(v, pool_elems, 2, 121);
+    kv_host *k, *v;
+    CHECK(cudaMalloc(&k, pool_elems * sizeof(kv_host)));
+    CHECK(cudaMalloc(&v, pool_elems * sizeof(kv_host)));
+    fill_random_kv<<<4096, 256>>>(k, pool_elems, 1);
+    fill_random_kv<<<4096, 256>>>(v, pool_elems, 2);
     std::mt19937_64 rng(7);
     const int max_splits = 1024;
     float *acc, *ml;
@@ -245,7 +267,7 @@ static int bench(int only_batch, int only_context) {
     for (int batch : batches) {
         for (int ctx : contexts) {
             const size_t layer_tokens = (size_t)batch * ctx;
-            const size_t layer_bytes = layer_tokens * ROW_ELEMS * 2 * 2;  // K and V
+            const size_t layer_bytes = layer_tokens * ROW_ELEMS * sizeof(kv_host) * 2;  // K and V
             // Cycle through enough cache copies (layers) to exceed the L2 several times over.
             const int layers = (int)std::max<size_t>(1, std::min<size_t>(max_tokens / layer_tokens, (512u << 20) / layer_bytes + 1));
             const int max_blocks = ctx / KV_BLOCK;
@@ -273,16 +295,16 @@ static int bench(int only_batch, int only_context) {
                 const size_t off = (size_t)(i % layers) * layer_tokens * ROW_ELEMS;
                 launch(q, k + off, v + off, dtables, dmax, drows, dpos, acc, ml, batch, splits, scale, out, stream, true);
             });
-            const size_t words = layer_tokens * ROW_ELEMS * 2 / 16;  // of K, and of V
+            const size_t words = layer_tokens * ROW_ELEMS * sizeof(kv_host) / 16;  // of K, and of V
             const double read_secs = graph_seconds(stream, iters, [&](int i) {
                 const size_t off = (size_t)(i % layers) * layer_tokens * ROW_ELEMS;
                 launch_kernel(read_words, dim3(read_blocks), dim3(256), stream, true,
                               reinterpret_cast<const uint4*>(k + off), reinterpret_cast<const uint4*>(v + off), words, sink);
             });
             auto share = [&](double s) { return 100.0 * layer_bytes / s / copy_bw; };
-            printf("RESULT attention bench q=%d kv=%d head_dim=%d batch=%d context=%d splits=%d: %.1f us, K/V read %.0f GB/s = %.0f%% of copy; "
+            printf("RESULT attention bench cache=%s q=%d kv=%d head_dim=%d batch=%d context=%d splits=%d: %.1f us, K/V read %.0f GB/s = %.0f%% of copy; "
                    "graph %.1f us = %.0f%%; one read launch of the same bytes (graph) %.1f us = %.0f%%\n",
-                   NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, batch, ctx, splits, secs * 1e6, layer_bytes / secs / 1e9, share(secs),
+                   KV_NAME, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, batch, ctx, splits, secs * 1e6, layer_bytes / secs / 1e9, share(secs),
                    graph_secs * 1e6, share(graph_secs), read_secs * 1e6, share(read_secs));
             fflush(stdout);
             CHECK(cudaFree(dtables));

@@ -10,11 +10,15 @@
 
 // Output [tokens, NUM_Q_HEADS, HEAD_DIM] of token t attending to positions up to positions[t] of
 // row rows[t] (block table row rows[t] of `tables`, `max_blocks` entries per row); a token with
-// rows[t] < 0 is padding and stays zero. The cache holds slots of NUM_KV_HEADS * HEAD_DIM values.
-static std::vector<double> attention_reference(const std::vector<uint16_t>& q, const std::vector<uint16_t>& k,
-                                               const std::vector<uint16_t>& v, const std::vector<int>& tables,
+// rows[t] < 0 is padding and stays zero. The cache holds slots of NUM_KV_HEADS * HEAD_DIM
+// elements, whose values key(k[i]) and value(v[i]) give (the FP8 cache's harnesses pass the
+// scaled E4M3 values: scripts/kv-check.cuh).
+template <typename KV, typename Key, typename Value>
+static std::vector<double> attention_reference(const std::vector<uint16_t>& q, const std::vector<KV>& k,
+                                               const std::vector<KV>& v, const std::vector<int>& tables,
                                                int max_blocks, const std::vector<int>& rows,
-                                               const std::vector<int>& positions, float scale) {
+                                               const std::vector<int>& positions, float scale, Key key,
+                                               Value value) {
     const int tokens = (int)rows.size();
     const size_t slot_elems = (size_t)NUM_KV_HEADS * HEAD_DIM;
     const int group = NUM_Q_HEADS / NUM_KV_HEADS;
@@ -36,7 +40,7 @@ static std::vector<double> attention_reference(const std::vector<uint16_t>& q, c
                 double dot = 0.0;
                 for (int d = 0; d < HEAD_DIM; ++d) {
                     dot += (double)from_bf16(q[((size_t)t * NUM_Q_HEADS + h) * HEAD_DIM + d]) *
-                           from_bf16(k[slot * slot_elems + kvh * HEAD_DIM + d]);
+                           key(k[slot * slot_elems + kvh * HEAD_DIM + d]);
                 }
                 s.push_back(dot * scale);
                 top = std::max(top, dot * scale);
@@ -47,10 +51,19 @@ static std::vector<double> attention_reference(const std::vector<uint16_t>& q, c
                 const size_t slot = slot_of(j);
                 for (int d = 0; d < HEAD_DIM; ++d) {
                     ref[((size_t)t * NUM_Q_HEADS + h) * HEAD_DIM + d] +=
-                        s[j - lo] / total * from_bf16(v[slot * slot_elems + kvh * HEAD_DIM + d]);
+                        s[j - lo] / total * value(v[slot * slot_elems + kvh * HEAD_DIM + d]);
                 }
             }
         }
     }
     return ref;
+}
+
+// The same over a bf16 cache.
+static std::vector<double> attention_reference(const std::vector<uint16_t>& q, const std::vector<uint16_t>& k,
+                                               const std::vector<uint16_t>& v, const std::vector<int>& tables,
+                                               int max_blocks, const std::vector<int>& rows,
+                                               const std::vector<int>& positions, float scale) {
+    auto widen = [](uint16_t b) { return (double)from_bf16(b); };
+    return attention_reference(q, k, v, tables, max_blocks, rows, positions, scale, widen, widen);
 }

@@ -84,7 +84,7 @@ int main() {
             const uint16_t* w_down = w_gu + 2 * (size_t)inter * hidden;
             if (small) launch(true, add_rmsnorm, dim3(CHAIN_M), RMS_THREADS, 0, s, residual, (const float*)scratch, (const bf16*)nw, (const int*)nullptr, normed);
             launch(true, CHAIN_ENTRY(gemv_qkv_rope_m, CHAIN_M), dim3(qkv_n / GemvShape<CHAIN_M>::rows), threads, ring, s, (const bf16*)normed, (const bf16*)w_qkv, (const bf16*)nullptr,
-                   (const float*)inv_freq, (const int*)ints, (const int*)ints, q, kc, vc, hidden);
+                   (const float*)inv_freq, (const int*)ints, (const int*)ints, q, kc, vc, (const float*)nullptr, hidden);
             if (small) {
                 // Stand-ins for attention and its reduction (one-block kernels: at batch 1 both are short).
                 launch(true, add_rmsnorm, dim3(CHAIN_M), RMS_THREADS, 0, s, residual, (const float*)nullptr, (const bf16*)nw, (const int*)nullptr, attn);

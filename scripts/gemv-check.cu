@@ -47,7 +47,7 @@ static void (*const GEMV_SWIGLU[8])(const bf16*, const bf16*, bf16*, int) = {
     gemv_swiglu_m1, gemv_swiglu_m2, gemv_swiglu_m3, gemv_swiglu_m4,
     gemv_swiglu_m5, gemv_swiglu_m6, gemv_swiglu_m7, gemv_swiglu_m8};
 static void (*const GEMV_QKV_ROPE[8])(const bf16*, const bf16*, const bf16*, const float*, const int*, const int*, bf16*,
-                                      bf16*, bf16*, int) = {
+                                      kv_t*, kv_t*, const float*, int) = {
     gemv_qkv_rope_m1, gemv_qkv_rope_m2, gemv_qkv_rope_m3, gemv_qkv_rope_m4,
     gemv_qkv_rope_m5, gemv_qkv_rope_m6, gemv_qkv_rope_m7, gemv_qkv_rope_m8};
 
@@ -92,7 +92,7 @@ struct RopeTargets {
 
 static void gemv_qkv_rope(int m, const uint16_t* x, const uint16_t* w, const RopeTargets& t, int k) {
     GEMV_QKV_ROPE[m - 1]<<<QKV_HEADS * HEAD_DIM / gemv_rows(m), gemv_threads(m), gemv_smem(m)>>>(
-        x, w, nullptr, t.inv_freq, t.positions, t.slots, t.q, t.k_cache, t.v_cache, k);
+        x, w, nullptr, t.inv_freq, t.positions, t.slots, t.q, t.k_cache, t.v_cache, nullptr, k);
 }
 
 // The unfused paths the backend takes where cuBLASLt serves a product: the plain product into
@@ -105,7 +105,7 @@ static void unfused_swiglu(int m, const uint16_t* x, const uint16_t* w, float* s
 static void unfused_qkv_rope(int m, const uint16_t* x, const uint16_t* w, float* scratch, const RopeTargets& t, int k) {
     gemv(m, x, w, scratch, QKV_HEADS * HEAD_DIM, k);
     qkv_rope_write<<<m, 32 * std::min(QKV_HEADS, 32)>>>(scratch, nullptr, nullptr, nullptr, t.inv_freq, t.positions,
-                                                       t.slots, t.q, t.k_cache, t.v_cache);
+                                                       t.slots, t.q, t.k_cache, t.v_cache, nullptr);
 }
 
 // Fused entries against the unfused paths, byte for byte, M = 1..8 at depth k. Returns the number

@@ -8,6 +8,9 @@
 //                               as one launch and split 3 and 16 ways over the keys (merged by
 //                               attention_reduce); exits 1 on a mismatch. SEED defaults to a fresh
 //                               random one.
+//                               Built with -DKV_FP8=1 (and F_WGMMA 0, the geometry the backend
+//                               gives an FP8 cache) it checks the FP8 cache's build: E4M3 keys
+//                               and values at per-layer scales (scripts/kv-check.cuh).
 //   prefill-check bench         the bf16 GEMM rate (cuBLAS, 8192^3) as the ceiling, then the
 //                               kernel's rate on its causal FLOPs (4 * head_dim per query head and
 //                               attended key) for one prompt of 1k, 8k and 32k tokens, as one
@@ -43,6 +46,7 @@
 #include "prelude.cuh"
 #include "prefill_attention.cu"
 #include "attention.cu"
+#include "kv-check.cuh"
 
 
 
@@ -85,16 +89,18 @@ struct Partials {
 
 // One attention launch as the backend makes it: the prefill kernel over the step's tiles, split
 // `splits` ways over each tile's keys, then (split) the reduction of the partial results.
-static void launch(const Step& step, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+static void launch(const Step& step, const uint16_t* q, const kv_host* k, const kv_host* v,
                    const int* tables, const int* max_blocks, const int* rows, const int* positions,
                    const int* tiles, float scale, int splits, const Partials& parts, uint16_t* out) {
+    static float* kv_scales = upload(std::vector<float>{KV_K_SCALE, KV_V_SCALE});
     static bool opted_in = false;  // shared memory above the default 48 KiB, as the backend sets it
     if (!opted_in && F_SHARED > 0) {
         CHECK(cudaFuncSetAttribute(prefill_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, F_SHARED));
         opted_in = true;
     }
     prefill_attention<<<dim3(step.num_tiles(), NUM_KV_HEADS, splits), F_THREADS, F_SHARED>>>(
-        q, k, v, tables, max_blocks, rows, positions, tiles, scale, splits, out, parts.acc, parts.ml);
+        q, reinterpret_cast<const kv_t*>(k), reinterpret_cast<const kv_t*>(v), kv_scales, tables, max_blocks, rows,
+        positions, tiles, scale, splits, out, parts.acc, parts.ml);
     if (splits > 1) {
         attention_reduce<<<dim3(step.tokens(), NUM_Q_HEADS), ATTN_REDUCE_THREADS>>>(parts.acc, parts.ml, positions,
                                                                                  splits, 1, out);
@@ -124,26 +130,31 @@ static int test(uint64_t seed) {
     const float scale = 1.0f / sqrtf((float)HEAD_DIM);
     const float q_gain = 3.0f;  // peaked softmaxes as well as flat ones
     std::vector<uint16_t> q((size_t)tokens * NUM_Q_HEADS * HEAD_DIM);
-    std::vector<uint16_t> k((size_t)pool * KV_BLOCK * ROW_ELEMS), v(k.size());
+    // FP8 keys and values span most of E4M3's range at their scales (the outputs so reach 3).
+    const float k_gain = KV_FP8 ? 4.0f : 1.0f;
+    const float v_gain = KV_FP8 ? 3.0f : 1.0f;
+    std::vector<kv_host> k((size_t)pool * KV_BLOCK * ROW_ELEMS), v(k.size());
     for (auto& x : q) x = to_bf16(q_gain * uni(rng));
-    for (auto& x : k) x = to_bf16(uni(rng));
-    for (auto& x : v) x = to_bf16(uni(rng));
+    for (auto& x : k) x = kv_encode(k_gain * uni(rng), KV_K_SCALE);
+    for (auto& x : v) x = kv_encode(v_gain * uni(rng), KV_V_SCALE);
     // Slots after each row's last position hold NaN: the kernel must never let them through.
     std::vector<int> last(seqs, -1);
     for (int t = 0; t < tokens; ++t) last[step.rows[t]] = std::max(last[step.rows[t]], step.positions[t]);
     for (int r = 0; r < seqs; ++r) {
         for (int j = last[r] + 1; j < (last[r] / KV_BLOCK + 1) * KV_BLOCK; ++j) {
             const size_t slot = (size_t)tables[(size_t)r * max_blocks + j / KV_BLOCK] * KV_BLOCK + j % KV_BLOCK;
-            for (int e = 0; e < ROW_ELEMS; ++e) k[slot * ROW_ELEMS + e] = v[slot * ROW_ELEMS + e] = 0x7fc0;
+            for (int e = 0; e < ROW_ELEMS; ++e) k[slot * ROW_ELEMS + e] = v[slot * ROW_ELEMS + e] = KV_NAN;
         }
     }
 
     const std::vector<double> ref =
-        attention_reference(q, k, v, tables, max_blocks, step.rows, step.positions, scale);
+        attention_reference(q, k, v, tables, max_blocks, step.rows, step.positions, scale,
+                            [](kv_host e) { return kv_decode(e, KV_K_SCALE); },
+                            [](kv_host e) { return kv_decode(e, KV_V_SCALE); });
 
     uint16_t* dq = upload(q);
-    uint16_t* dk = upload(k);
-    uint16_t* dv = upload(v);
+    kv_host* dk = upload(k);
+    kv_host* dv = upload(v);
     int* dtables = upload(tables);
     int* dmax = upload(std::vector<int>{max_blocks});
     int* drows = upload(step.rows);
@@ -160,7 +171,7 @@ static int test(uint64_t seed) {
         const std::vector<uint16_t> out = finish_and_download(dout, ref.size());
         double worst = 0.0;
         // P is rounded to bf16 before P V (as FlashAttention does): a relative 2^-8 per weight.
-        const int mismatches = count_mismatches(out, ref, 6e-3, 1.2e-2, 10 - std::min(failures, 10), worst,
+        const int mismatches = count_mismatches(out, ref, 6e-3 * v_gain, 1.2e-2, 10 - std::min(failures, 10), worst,
                                                 [&](size_t i, double got, double want) {
             const size_t t = i / (NUM_Q_HEADS * HEAD_DIM);
             fprintf(stderr, "MISMATCH splits=%d token=%zu (row %d pos %d) head=%zu dim=%zu: got %g want %g\n",
@@ -168,8 +179,8 @@ static int test(uint64_t seed) {
         });
         failures += mismatches;
         printf("  splits %d: max abs error %.2e over %d tokens in %d tiles\n", splits, worst, tokens, step.num_tiles());
-        printf("RESULT prefill test q=%d kv=%d head_dim=%d window=%d splits=%d seed=%llu: %s (%d mismatches)\n",
-               NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, SLIDING_WINDOW, splits, (unsigned long long)seed,
+        printf("RESULT prefill test cache=%s q=%d kv=%d head_dim=%d window=%d splits=%d seed=%llu: %s (%d mismatches)\n",
+               KV_NAME, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, SLIDING_WINDOW, splits, (unsigned long long)seed,
                mismatches ? "FAIL" : "ok", mismatches);
     }
     return failures ? 1 : 0;
@@ -219,13 +230,14 @@ static int bench() {
 
     const int max_len = 32768;
     const size_t pool_slots = (size_t)max_len;
-    uint16_t *k, *v, *q, *out;
-    CHECK(cudaMalloc(&k, pool_slots * ROW_ELEMS * 2));
-    CHECK(cudaMalloc(&v, pool_slots * ROW_ELEMS * 2));
+    kv_host *k, *v;
+    uint16_t *q, *out;
+    CHECK(cudaMalloc(&k, pool_slots * ROW_ELEMS * sizeof(kv_host)));
+    CHECK(cudaMalloc(&v, pool_slots * ROW_ELEMS * sizeof(kv_host)));
     CHECK(cudaMalloc(&q, (size_t)max_len * NUM_Q_HEADS * HEAD_DIM * 2));
     CHECK(cudaMalloc(&out, (size_t)max_len * NUM_Q_HEADS * HEAD_DIM * 2));
-    fill_random<<<4096, 256>>>(k, pool_slots * ROW_ELEMS, 1, 121);
-    fill_random<<<4096, 256>>>(v, pool_slots * ROW_ELEMS, 2, 121);
+    fill_random_kv<<<4096, 256>>>(k, pool_slots * ROW_ELEMS, 1);
+    fill_random_kv<<<4096, 256>>>(v, pool_slots * ROW_ELEMS, 2);
     fill_random<<<4096, 256>>>(q, (size_t)max_len * NUM_Q_HEADS * HEAD_DIM, 3, 121);
     std::mt19937_64 rng(7);
     std::vector<int> perm(max_len / KV_BLOCK);
@@ -264,8 +276,8 @@ static int bench() {
             CHECK(cudaEventElapsedTime(&ms, e0, e1));
             const double secs = ms * 1e-3 / iters;
             const double rate = flops / secs;
-            printf("RESULT prefill bench q=%d kv=%d head_dim=%d prompt=%d tokens=%d (from %d) splits=%d: %.3f ms per layer, %.0f TFLOP/s = %.0f%% of GEMM\n",
-                   NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, len, chunk, len - chunk, splits, secs * 1e3, rate / 1e12,
+            printf("RESULT prefill bench cache=%s q=%d kv=%d head_dim=%d prompt=%d tokens=%d (from %d) splits=%d: %.3f ms per layer, %.0f TFLOP/s = %.0f%% of GEMM\n",
+                   KV_NAME, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, len, chunk, len - chunk, splits, secs * 1e3, rate / 1e12,
                    100.0 * rate / gemm_rate);
             fflush(stdout);
             CHECK(cudaFree(drows));

@@ -306,3 +306,52 @@ fn an_fp8_kv_cache_rounds_keys_and_values() {
     assert!(max_err < 1.0, "{max_err}");
     assert!(agree * 100 >= a.len() * 90, "{agree} of {}", a.len());
 }
+
+/// The FP8 cache's per-layer scales come from the checkpoint's `self_attn.k_scale` and
+/// `v_scale` where it has them, else 1.0; an unusable scale is refused in one line naming the
+/// tensor. The CPU backend's FP8 cache rounds at those scales, so its logits move with them.
+#[test]
+fn kv_cache_scales_come_from_the_checkpoint() {
+    use inferno::engine::KvCacheDtype;
+    use inferno::model::kv_scales::kv_cache_scales;
+    let plain = Model::load(&committed_fixture("inferno-tiny")).unwrap();
+    let layers = plain.config.num_hidden_layers;
+    assert_eq!(
+        kv_cache_scales(&plain.weights, layers).unwrap(),
+        vec![[1.0, 1.0]; layers]
+    );
+    let scaled_dir = support::copy_with_kv_scales(&committed_fixture("inferno-tiny"), |i| {
+        [0.02 + 0.01 * i as f32, 0.5 / (i + 1) as f32]
+    });
+    let scaled = Model::load(scaled_dir.path()).unwrap();
+    let expected: Vec<[f32; 2]> = (0..layers)
+        .map(|i| [0.02 + 0.01 * i as f32, 0.5 / (i + 1) as f32])
+        .collect();
+    assert_eq!(kv_cache_scales(&scaled.weights, layers).unwrap(), expected);
+
+    let tokens = &golden(&committed_fixture("inferno-tiny"))[0].input_ids;
+    let fp8 = |model: &Model| {
+        let mut backend = CpuBackend::new(model, 16 << 20)
+            .unwrap()
+            .with_kv_cache_dtype(KvCacheDtype::Fp8, model.tensors())
+            .unwrap();
+        logits_per_position(&mut backend, tokens)
+    };
+    let (at_one, at_scales) = (fp8(&plain), fp8(&scaled));
+    let moved = at_one
+        .iter()
+        .flatten()
+        .zip(at_scales.iter().flatten())
+        .any(|(a, b)| a != b);
+    assert!(moved, "the checkpoint's scales changed no logit");
+
+    let bad_dir = support::copy_with_kv_scales(&committed_fixture("inferno-tiny"), |_| [-1.0, 1.0]);
+    let bad = Model::load(bad_dir.path()).unwrap();
+    let err = kv_cache_scales(&bad.weights, layers)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("model.layers.0.self_attn.k_scale") && !err.contains('\n'),
+        "{err}"
+    );
+}

@@ -110,6 +110,15 @@ pub enum ModelError {
         /// What was expected.
         expected: &'static str,
     },
+    /// A tensor holds a value the engine cannot use (a KV-cache scale that is not a finite
+    /// positive number).
+    #[error("tensor `{name}`: {reason}")]
+    TensorValue {
+        /// The tensor's name.
+        name: String,
+        /// What is wrong with its value.
+        reason: String,
+    },
     /// `tokenizer.json` could not be loaded by the tokenizers crate.
     #[error("{}: cannot load tokenizer: {reason}", path.display())]
     Tokenizer {

@@ -13,6 +13,7 @@ pub mod files;
 pub mod fp8;
 pub mod generation;
 mod json;
+pub mod kv_scales;
 pub mod moe;
 pub mod pooling;
 pub mod quantization;

@@ -181,3 +181,55 @@ pub fn run_all(engine: &EngineHandle, requests: Vec<GenerationRequest>) -> Vec<O
         .map(|h| h.join().expect("collector thread"))
         .collect()
 }
+
+/// A temporary copy of the model directory `source` whose weights carry, for each layer `i`,
+/// `model.layers.{i}.self_attn.k_scale` and `v_scale` = `scales(i)` as f32 scalars (the form
+/// compressed-tensors' `kv_cache_scheme` checkpoints store them in).
+pub fn copy_with_kv_scales(source: &Path, scales: impl Fn(usize) -> [f32; 2]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    for entry in std::fs::read_dir(source).expect("fixture directory") {
+        let entry = entry.expect("fixture entry");
+        std::fs::copy(entry.path(), dir.path().join(entry.file_name()))
+            .expect("copying the fixture");
+    }
+    let path = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).expect("fixture weights");
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).expect("fixture weights");
+    let names = tensors.names();
+    let layers = (0..)
+        .take_while(|i| {
+            let prefix = format!("model.layers.{i}.");
+            names.iter().any(|n| n.starts_with(&prefix))
+        })
+        .count();
+    let values: Vec<(String, [u8; 4])> = (0..layers)
+        .flat_map(|i| {
+            let [k, v] = scales(i);
+            [
+                (
+                    format!("model.layers.{i}.self_attn.k_scale"),
+                    k.to_le_bytes(),
+                ),
+                (
+                    format!("model.layers.{i}.self_attn.v_scale"),
+                    v.to_le_bytes(),
+                ),
+            ]
+        })
+        .collect();
+    let mut views: Vec<(String, safetensors::tensor::TensorView<'_>)> =
+        tensors.tensors().into_iter().collect();
+    for (name, value) in &values {
+        views.push((
+            name.clone(),
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![], value)
+                .expect("scale tensor"),
+        ));
+    }
+    std::fs::write(
+        &path,
+        safetensors::serialize(views, None).expect("serialising the weights"),
+    )
+    .expect("weights");
+    dir
+}

@@ -97,26 +97,10 @@ impl CpuBackend {
     ) -> Result<Self, CpuBackendError> {
         self.fp8_kv_scales = match dtype {
             KvCacheDtype::Auto => None,
-            KvCacheDtype::Fp8 => Some(
-                (0..self.definition.layers.len())
-                    .map(|i| {
-                        let scale = |name: &str| -> Result<f32, ModelError> {
-                            let name = format!("model.layers.{i}.self_attn.{name}");
-                            if model.weights.names().all(|n| n != name) {
-                                return Ok(1.0);
-                            }
-                            Ok(model
-                                .weights
-                                .tensor(&name)?
-                                .to_f32()
-                                .first()
-                                .copied()
-                                .unwrap_or(1.0))
-                        };
-                        Ok([scale("k_scale")?, scale("v_scale")?])
-                    })
-                    .collect::<Result<_, ModelError>>()?,
-            ),
+            KvCacheDtype::Fp8 => Some(crate::model::kv_scales::kv_cache_scales(
+                model.weights,
+                self.definition.layers.len(),
+            )?),
         };
         Ok(self)
     }

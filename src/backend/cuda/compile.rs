@@ -210,7 +210,7 @@ mod tests {
 
     /// Compiles every family for sm_90a when NVRTC is installed (the GPU machine, or a machine
     /// with the nvidia-cuda-nvrtc wheel on LD_LIBRARY_PATH), at the shapes of all three fixture
-    /// layouts and the 8B and 1B heads (prefill attention on warpgroup products for head_dim 128
+    /// layouts and the 8B and 1B heads, each with a bf16 and an FP8 KV cache (prefill attention on warpgroup products for head_dim 128
     /// and 64, on mma.sync for 16). Ignored by default: it needs NVRTC.
     #[test]
     #[ignore = "needs libnvrtc: scripts/test.sh runs it when the nvidia-cuda-nvrtc wheel is there"]
@@ -229,7 +229,17 @@ mod tests {
             (4096, 128, 32, 8, false, false, 14_336),
             (2048, 64, 32, 8, false, false, 8192),
         ];
-        for (hidden, head_dim, q, kv, bias, norm, intermediate) in shapes {
+        // Each shape with a bf16 and an FP8 KV cache (whose prefill attention takes the
+        // mma.sync geometry).
+        let cases = shapes
+            .iter()
+            .flat_map(|&shape| [(shape, false), (shape, true)]);
+        for ((hidden, head_dim, q, kv, bias, norm, intermediate), kv_fp8) in cases {
+            let flash = if kv_fp8 {
+                crate::backend::cuda::plan::SMALL_FLASH
+            } else {
+                crate::backend::cuda::plan::flash_geometry(head_dim, "sm_90a")
+            };
             let params = KernelParams {
                 hidden,
                 head_dim,
@@ -244,8 +254,9 @@ mod tests {
                 sliding_window: 0,
                 uniform_layers: true,
                 moe: None,
-                flash: crate::backend::cuda::plan::flash_geometry(head_dim, "sm_90a"),
+                flash,
                 gemv_tensor_cores: true,
+                kv_fp8,
             };
             for family in FAMILIES.iter().filter(|f| kernels::needed(f, &params)) {
                 match compile_family(family, &params, "sm_90a") {
@@ -324,6 +335,7 @@ mod tests {
             moe: None,
             flash: crate::backend::cuda::plan::flash_geometry(16, "sm_90a"),
             gemv_tensor_cores: true,
+            kv_fp8: false,
         };
         let err = compile_family(&broken, &params, "sm_90a").expect_err("must fail");
         let text = err.to_string();

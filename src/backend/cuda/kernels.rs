@@ -241,6 +241,8 @@ pub struct KernelParams {
     /// Whether the target architecture has the small-M products' tensor-core path
     /// (`plan::gemv_tensor_cores`).
     pub gemv_tensor_cores: bool,
+    /// Whether the KV cache holds E4M3 bytes (`--kv-cache-dtype fp8`; `KV_FP8`).
+    pub kv_fp8: bool,
 }
 
 impl KernelParams {
@@ -285,6 +287,7 @@ impl KernelParams {
             moe,
             flash: super::plan::flash_geometry(attention.head_dim, ""),
             gemv_tensor_cores: false,
+            kv_fp8: false,
         }
     }
 
@@ -293,8 +296,24 @@ impl KernelParams {
     /// products' path depend on them).
     pub fn for_device(mut self, arch: &str, shared_per_block: usize) -> Self {
         self.flash = super::plan::flash_geometry(self.head_dim, arch);
+        if self.kv_fp8 {
+            self.flash = super::plan::SMALL_FLASH;
+        }
         self.gemv_tensor_cores = super::plan::gemv_tensor_cores(arch, shared_per_block);
         self
+    }
+
+    /// The same parameters with a KV cache of `dtype`: an FP8 cache's prefill attention takes
+    /// the `mma.sync` geometry, which widens its tiles to bf16 in shared memory
+    /// (`kernels/prefill_attention.cu`). Call before [`KernelParams::for_device`].
+    pub fn with_kv_cache(mut self, dtype: crate::engine::KvCacheDtype) -> Self {
+        self.kv_fp8 = dtype == crate::engine::KvCacheDtype::Fp8;
+        self
+    }
+
+    /// Bytes of one cached key or value element.
+    pub fn kv_element_bytes(&self) -> usize {
+        if self.kv_fp8 { 1 } else { 2 }
     }
 
     /// The launch geometry of the small-M entries for `m` rows of x.
@@ -340,6 +359,7 @@ impl KernelParams {
             ("FS_ROWS", super::plan::SMALL_FLASH.rows),
             ("FS_KEYS", super::plan::SMALL_FLASH.keys),
             ("SWIGLU_VEC", super::plan::swiglu_vector(self.intermediate)),
+            ("KV_FP8", usize::from(self.kv_fp8)),
         ];
         let moe = self.moe.map(|m| {
             [
@@ -440,6 +460,15 @@ pub fn cache_key(
     hex::encode(hasher.finish())
 }
 
+/// Whether NVRTC architecture `arch` (`sm_XY`, `sm_XYa`) converts to and from E4M3, which an FP8
+/// KV cache's kernels need: compute capability 8.9 (Ada) and later.
+pub fn arch_converts_e4m3(arch: &str) -> bool {
+    arch.strip_prefix("sm_")
+        .map(|rest| rest.trim_end_matches(|c: char| c.is_ascii_alphabetic()))
+        .and_then(|digits| digits.parse::<u32>().ok())
+        .is_some_and(|cc| cc >= 89)
+}
+
 /// The NVRTC architecture name for a compute capability: Hopper gets `sm_90a`, so the kernels
 /// may use its architecture-specific instructions.
 pub fn arch_for(major: i32, minor: i32) -> String {
@@ -497,6 +526,7 @@ mod tests {
             moe: None,
             flash: super::super::plan::flash_geometry(128, ""),
             gemv_tensor_cores: true,
+            kv_fp8: false,
         }
     }
 
@@ -648,6 +678,12 @@ mod tests {
     fn hopper_gets_the_arch_specific_target() {
         assert_eq!(arch_for(9, 0), "sm_90a");
         assert_eq!(arch_for(8, 9), "sm_89");
+        assert!(arch_converts_e4m3("sm_90a"));
+        assert!(arch_converts_e4m3("sm_89"));
+        assert!(arch_converts_e4m3("sm_100"));
+        assert!(!arch_converts_e4m3("sm_86"));
+        assert!(!arch_converts_e4m3("sm_80"));
+        assert!(!arch_converts_e4m3("compute_x"));
     }
 
     #[test]

@@ -48,6 +48,15 @@ impl Element for E4m3 {
     const CUDA_POINTER: &'static str = "e4m3*";
 }
 
+/// Elements of the KV cache: `kv_t` in the kernels, bf16 or (with an FP8 cache) E4M3 bytes by
+/// the `KV_FP8` define (`kernels/prelude.cuh`).
+#[derive(Debug, Clone, Copy)]
+pub enum Kv {}
+
+impl Element for Kv {
+    const CUDA_POINTER: &'static str = "kv_t*";
+}
+
 impl Element for f32 {
     const CUDA_POINTER: &'static str = "float*";
 }
@@ -181,9 +190,11 @@ kernel_arg_group! {
         /// The queries, [tokens, q heads, head_dim].
         q: DevicePtr<Bf16>,
         /// The layer's key cache.
-        k_cache: DevicePtr<Bf16>,
+        k_cache: DevicePtr<Kv>,
         /// The layer's value cache.
-        v_cache: DevicePtr<Bf16>,
+        v_cache: DevicePtr<Kv>,
+        /// The layer's k and v scales (read by an FP8 cache's kernels only).
+        kv_scales: DevicePtr<f32>,
         /// The rows' block tables in the packed inputs.
         block_tables: DevicePtr<i32>,
         /// The word holding the block tables' stride.
@@ -209,9 +220,11 @@ kernel_arg_group! {
         /// The rotated queries, [tokens, q heads, head_dim].
         q_out: DevicePtr<Bf16>,
         /// The layer's key cache.
-        k_cache: DevicePtr<Bf16>,
+        k_cache: DevicePtr<Kv>,
         /// The layer's value cache.
-        v_cache: DevicePtr<Bf16>,
+        v_cache: DevicePtr<Kv>,
+        /// The layer's k and v scales (read by an FP8 cache's kernels only).
+        kv_scales: DevicePtr<f32>,
     }
 }
 
@@ -908,26 +921,27 @@ mod tests {
                 q: DevicePtr::new(1),
                 k_cache: DevicePtr::new(2),
                 v_cache: DevicePtr::new(3),
-                block_tables: DevicePtr::new(4),
-                max_blocks_word: DevicePtr::new(5),
-                token_row: DevicePtr::new(6),
-                positions: DevicePtr::new(7),
+                kv_scales: DevicePtr::new(4),
+                block_tables: DevicePtr::new(5),
+                max_blocks_word: DevicePtr::new(6),
+                token_row: DevicePtr::new(7),
+                positions: DevicePtr::new(8),
             },
-            part_acc: DevicePtr::new(8),
-            part_ml: DevicePtr::new(9),
-            merge_counts: DevicePtr::new(10),
+            part_acc: DevicePtr::new(9),
+            part_ml: DevicePtr::new(10),
+            merge_counts: DevicePtr::new(11),
             splits: 2,
             scale: 0.125,
-            out: DevicePtr::new(13),
+            out: DevicePtr::new(14),
         }
         .slots();
-        let pointers: Vec<u64> = attention[..10]
+        let pointers: Vec<u64> = attention[..11]
             .iter()
             .map(|slot| u64::from_ne_bytes(*slot))
             .collect();
-        assert_eq!(pointers, (1..=10).collect::<Vec<u64>>());
-        assert_eq!(attention[11][..4], 0.125f32.to_ne_bytes());
-        assert_eq!(attention[11][4..], [0; 4]);
-        assert_eq!(u64::from_ne_bytes(attention[12]), 13);
+        assert_eq!(pointers, (1..=11).collect::<Vec<u64>>());
+        assert_eq!(attention[12][..4], 0.125f32.to_ne_bytes());
+        assert_eq!(attention[12][4..], [0; 4]);
+        assert_eq!(u64::from_ne_bytes(attention[13]), 14);
     }
 }

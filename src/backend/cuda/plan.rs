@@ -4,9 +4,15 @@
 
 use crate::engine::BLOCK_SIZE;
 
-/// Bytes one KV block takes across all layers (keys and values, bf16).
-pub fn kv_block_bytes(layers: usize, kv_heads: usize, head_dim: usize) -> usize {
-    layers * 2 * BLOCK_SIZE * kv_heads * head_dim * 2
+/// Bytes one KV block takes across all layers (keys and values of `element_bytes` each: 2 for
+/// bf16, 1 for an FP8 cache, which so holds twice the tokens in the same memory).
+pub fn kv_block_bytes(
+    layers: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    element_bytes: usize,
+) -> usize {
+    layers * 2 * BLOCK_SIZE * kv_heads * head_dim * element_bytes
 }
 
 /// KV blocks that fit in `fraction` of `free_bytes` (the memory free after weights, activations
@@ -360,11 +366,23 @@ mod tests {
 
     #[test]
     fn kv_capacity_follows_the_fraction() {
-        let block = kv_block_bytes(32, 8, 128);
+        let block = kv_block_bytes(32, 8, 128, 2);
         assert_eq!(block, 32 * 2 * 16 * 8 * 128 * 2);
         assert_eq!(kv_blocks(10 * block, 0.5, block), 5);
         assert_eq!(kv_blocks(10 * block, 0.0, block), 0);
         assert_eq!(kv_blocks(10 * block, 1.5, block), 0);
+    }
+
+    /// An FP8 cache's block is half a bf16 one: the same memory holds twice the blocks.
+    #[test]
+    fn an_fp8_cache_holds_twice_the_blocks() {
+        let bf16 = kv_block_bytes(32, 8, 128, 2);
+        let fp8 = kv_block_bytes(32, 8, 128, 1);
+        assert_eq!(2 * fp8, bf16);
+        assert_eq!(
+            kv_blocks(10 * bf16, 0.5, fp8),
+            2 * kv_blocks(10 * bf16, 0.5, bf16)
+        );
     }
 
     #[test]

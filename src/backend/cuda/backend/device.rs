@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DriverError};
 
-use crate::engine::EngineConfig;
+use crate::engine::{EngineConfig, KvCacheDtype};
 use crate::model::{ModelConfig, ModelDefinition};
 
 use crate::backend::cuda::cc;
@@ -120,12 +120,19 @@ impl LoadedKernels {
     }
 }
 
-/// The kernel parameters of `cfg` on the device of `ctx` (architecture `arch`).
+/// The kernel parameters of `cfg` with a KV cache of `kv_dtype` on the device of `ctx`
+/// (architecture `arch`); an FP8 cache is refused below compute capability 8.9.
 pub(super) fn kernel_params(
     ctx: &Arc<CudaContext>,
     cfg: &ModelConfig,
+    kv_dtype: KvCacheDtype,
     arch: &str,
 ) -> Result<KernelParams, CudaInitError> {
+    if kv_dtype == KvCacheDtype::Fp8 && !kernels::arch_converts_e4m3(arch) {
+        return Err(CudaInitError::Unsupported(format!(
+            "an FP8 KV cache needs compute capability 8.9 or newer (this GPU is {arch})"
+        )));
+    }
     let shared_per_block = usize::try_from(
         ctx.attribute(
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
@@ -133,7 +140,9 @@ pub(super) fn kernel_params(
         .map_err(|e| CudaInitError::Device(format!("shared memory per block: {e}")))?,
     )
     .unwrap_or(0);
-    Ok(KernelParams::from_definition(&ModelDefinition::of(cfg)).for_device(arch, shared_per_block))
+    Ok(KernelParams::from_definition(&ModelDefinition::of(cfg))
+        .with_kv_cache(kv_dtype)
+        .for_device(arch, shared_per_block))
 }
 
 impl OpenedDevice {
@@ -208,7 +217,7 @@ impl OpenedDevice {
         options: CudaOptions,
     ) -> Result<(), CudaInitError> {
         let started = Instant::now();
-        let params = kernel_params(&self.ctx, model, &self.arch)?;
+        let params = kernel_params(&self.ctx, model, engine.kv_cache_dtype, &self.arch)?;
         if let Some(why) = params.unsupported() {
             return Err(CudaInitError::Unsupported(why));
         }

@@ -283,6 +283,7 @@ impl CudaBackend {
             q_out: self.act.q.device_ptr(),
             k_cache: self.kv.keys(layer),
             v_cache: self.kv.values(layer),
+            kv_scales: self.kv.scales(layer),
         };
         if let (true, Operand::Bf16(qkv_w)) = (fused, qkv_w) {
             return self.launch(
@@ -497,6 +498,7 @@ impl CudaBackend {
             q: self.act.q.device_ptr(),
             k_cache: self.kv.keys(layer),
             v_cache: self.kv.values(layer),
+            kv_scales: self.kv.scales(layer),
             block_tables: self.input(layout.block_tables()),
             max_blocks_word: self.input(layout.max_blocks_word()),
             token_row: self.input(layout.token_rows()),

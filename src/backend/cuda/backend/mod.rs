@@ -36,7 +36,7 @@ use super::kernels::KernelParams;
 use super::launch::{
     AddRmsnorm, AttentionReduce, Bf16, DevicePtr, EmbeddingGather, Fp8AddRmsnorm,
     Fp8DequantizeWeight, Fp8Gemv, Fp8QuantizeInput, Fp8ScaleOutput, Fp8SwigluQuantize, Gemv,
-    GemvQkvRope, GemvSwiglu, Kernel, KernelArgs, LaunchShape, PagedAttention, PrefillAttention,
+    GemvQkvRope, GemvSwiglu, Kernel, KernelArgs, Kv, LaunchShape, PagedAttention, PrefillAttention,
     QkvRopeWrite, SampleTokens, Swiglu,
 };
 use super::memory::DeviceBuffer;
@@ -204,31 +204,60 @@ pub struct CudaBackend {
 }
 
 /// The paged KV cache in one allocation: every layer's keys, then every layer's values, each
-/// layer's `[blocks, block size, kv heads, head dim]` bf16.
+/// layer's `[blocks, block size, kv heads, head dim]` of bf16 or, with an FP8 cache, E4M3 bytes
+/// (`kernels/prelude.cuh`: `kv_t`); and each layer's k and v scales, `[layers, 2]` f32 (1.0 until
+/// [`KvCache::write_scales`] stores the checkpoint's; only an FP8 cache's kernels read them).
 struct KvCache {
     buffer: DeviceBuffer,
+    scales: DeviceBuffer,
     layers: usize,
     layer_bytes: usize,
 }
 
 impl KvCache {
     fn new(layers: usize, layer_bytes: usize) -> Result<Self, BackendError> {
+        let ones: Vec<u8> = std::iter::repeat_n(1.0f32.to_ne_bytes(), 2 * layers)
+            .flatten()
+            .collect();
         Ok(Self {
             buffer: DeviceBuffer::new(2 * layers * layer_bytes)?,
+            scales: DeviceBuffer::from_bytes(&ones)?,
             layers,
             layer_bytes,
         })
     }
 
     /// The keys of `layer`.
-    fn keys(&self, layer: usize) -> DevicePtr<Bf16> {
+    fn keys(&self, layer: usize) -> DevicePtr<Kv> {
         self.buffer.device_ptr_at(layer * self.layer_bytes)
     }
 
     /// The values of `layer`.
-    fn values(&self, layer: usize) -> DevicePtr<Bf16> {
+    fn values(&self, layer: usize) -> DevicePtr<Kv> {
         self.buffer
             .device_ptr_at((self.layers + layer) * self.layer_bytes)
+    }
+
+    /// The k and v scales of `layer`.
+    fn scales(&self, layer: usize) -> DevicePtr<f32> {
+        self.scales.device_ptr_at(layer * 2 * 4)
+    }
+
+    /// Stores every layer's `[k_scale, v_scale]` (synchronously: at load, before any step).
+    fn write_scales(&self, scales: &[[f32; 2]]) -> Result<(), BackendError> {
+        if scales.len() != self.layers {
+            return Err(BackendError::Device(format!(
+                "{} KV-cache scale pairs for {} layers",
+                scales.len(),
+                self.layers
+            )));
+        }
+        let bytes: Vec<u8> = scales
+            .iter()
+            .flatten()
+            .flat_map(|s| s.to_ne_bytes())
+            .collect();
+        self.scales.write_at(0, &bytes)
     }
 }
 

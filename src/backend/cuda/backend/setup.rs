@@ -99,7 +99,7 @@ impl CudaBackend {
             // Freed once built: nothing copies into its weights any more.
             drop(preparing.build.join());
         }
-        let params = kernel_params(&ctx, cfg, &arch)?;
+        let params = kernel_params(&ctx, cfg, config.kv_cache_dtype, &arch)?;
         if let Some(why) = params.unsupported() {
             return Err(CudaInitError::Unsupported(why));
         }
@@ -145,6 +145,7 @@ impl CudaBackend {
                 major,
                 t_context,
             );
+            backend.write_kv_scales(model)?;
             let prepared = backend.choose_and_capture(config.cuda_graphs, config.cuda_mixed_graphs);
             let uploaded = finish_upload(uploader);
             prepared?;
@@ -206,6 +207,7 @@ impl CudaBackend {
             }
         };
         let uploaded = uploaded?;
+        backend.write_kv_scales(model)?;
         backend.phases.weights = uploaded.wall;
         tracing::info!(
             copied_while_read = early.bytes,
@@ -219,6 +221,18 @@ impl CudaBackend {
             "CUDA backend ready (prepared while the model was read; what was not copied then uploaded beside its end)"
         );
         Ok(backend)
+    }
+
+    /// Stores an FP8 cache's per-layer k and v scales from `model` (the checkpoint's, else 1.0:
+    /// `model::kv_scales`); a bf16 cache reads none.
+    fn write_kv_scales(&self, model: ModelTensors<'_>) -> Result<(), CudaInitError> {
+        if !self.params.kv_fp8 {
+            return Ok(());
+        }
+        let scales = crate::model::kv_scales::kv_cache_scales(model.weights, self.kv.layers)
+            .map_err(|e| CudaInitError::Weights(e.to_string()))?;
+        self.kv.write_scales(&scales)?;
+        Ok(())
     }
 
     /// The backend from its weights and the parts built on the device; the product paths not
@@ -321,8 +335,12 @@ impl CudaBackend {
         let (free, total) = ctx
             .mem_get_info()
             .map_err(|e| CudaInitError::Device(e.to_string()))?;
-        let block_bytes =
-            plan::kv_block_bytes(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim);
+        let block_bytes = plan::kv_block_bytes(
+            cfg.num_hidden_layers,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            params.kv_element_bytes(),
+        );
         let num_blocks = plan::kv_blocks(free, config.gpu_memory_fraction, block_bytes);
         if num_blocks == 0 {
             return Err(CudaInitError::Device(format!(
@@ -334,8 +352,11 @@ impl CudaBackend {
             .max_num_seqs
             .unwrap_or_else(|| crate::engine::derive_max_num_seqs(num_blocks, Some(buffer_rows)))
             .max(1);
-        let layer_bytes =
-            num_blocks * crate::engine::BLOCK_SIZE * cfg.num_key_value_heads * cfg.head_dim * 2;
+        let layer_bytes = num_blocks
+            * crate::engine::BLOCK_SIZE
+            * cfg.num_key_value_heads
+            * cfg.head_dim
+            * params.kv_element_bytes();
         let kv_started = Instant::now();
         let kv = KvCache::new(cfg.num_hidden_layers, layer_bytes)?;
         let kv_alloc = kv_started.elapsed();
