@@ -1,5 +1,6 @@
 //! Starts the real `inferno proxy` binary with the development client policy, for the tests of
-//! the verifying proxy over attested TLS and over Oblivious HTTP.
+//! the verifying proxy over attested TLS and over Oblivious HTTP (each test crate uses a part).
+#![allow(dead_code)]
 
 use std::io::{BufRead as _, BufReader};
 use std::path::PathBuf;

@@ -1,11 +1,18 @@
 """The real `openai` Python client, unmodified, through `inferno proxy` to a real `inferno serve`.
 
-The proxy verifies the server (certificate evidence, fresh evidence bound to its own TLS
-connection, policy/client-development.toml: the simulated TEE) before it forwards a byte, and
-serves plain HTTP on loopback. The client knows nothing of TLS or attestation: it only gets a
-base URL and reads the verified measurement and model digest from the response headers.
+Every test runs through both of the proxy's transports:
+- attested TLS: the proxy verifies the server (certificate evidence, fresh evidence bound to its
+  own TLS connection, policy/client-development.toml: the simulated TEE) before it forwards a byte;
+- Oblivious HTTP (`--ohttp`): the proxy fetches the server's key configuration, asks for fresh
+  evidence with a nonce sealed to it, checks that the evidence names that key, and then seals
+  every request to it (RFC 9458; streamed answers in chunked OHTTP).
+
+The proxy serves plain HTTP on loopback. The client knows nothing of TLS, OHTTP or attestation:
+it only gets a base URL and reads the verified measurement and model digest from the response
+headers.
 """
 
+import json
 import re
 import subprocess
 import tempfile
@@ -67,11 +74,11 @@ class RunningProxy:
             self.process.wait(timeout=30)
 
 
-@pytest.fixture(scope="module")
-def proxied():
+@pytest.fixture(scope="module", params=[(), ("--ohttp",)], ids=["tls", "ohttp"])
+def proxied(request):
     with tempfile.TemporaryDirectory() as workdir:
         server = RunningServer(Path(workdir))
-        proxy = RunningProxy(server.port)
+        proxy = RunningProxy(server.port, request.param)
         yield server, proxy
         proxy.stop()
         server.stop()
@@ -156,3 +163,31 @@ def test_errors_pass_through_the_proxy(proxied, model):
     wrong_key = openai.OpenAI(base_url=f"{proxy.base}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong_key.models.list()
+
+
+def test_tool_call_through_the_proxy(proxied, model):
+    _, proxy = proxied
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 8}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    response = proxy.client().chat.completions.create(
+        model=model.id,
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        tools=[tool],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=60,
+    )
+    calls = response.choices[0].message.tool_calls
+    assert calls and calls[0].function.name == "get_weather"
+    assert "city" in json.loads(calls[0].function.arguments)
