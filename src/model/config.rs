@@ -429,8 +429,12 @@ impl ModelConfig {
     }
 
     /// The format the projections are served in, in words: `unquantized` (their 16- or 32-bit
-    /// values as stored), or the FP8 scheme ([`Quantization::describe`]).
+    /// values as stored), the FP8 scheme ([`Quantization::describe`]), or gpt-oss's MXFP4
+    /// experts.
     pub fn served_format(&self) -> String {
+        if self.gpt_oss.as_ref().is_some_and(|g| g.mxfp4) {
+            return "mxfp4 experts (attention, router, embeddings and LM head unquantized)".into();
+        }
         self.quantization
             .as_ref()
             .map_or_else(|| "unquantized".to_owned(), Quantization::describe)

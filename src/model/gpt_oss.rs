@@ -286,11 +286,12 @@ mod tests {
                    "modules_to_not_convert": ["model.layers.*.self_attn", "lm_head"]}"#,
         )
         .unwrap();
-        let g = c.gpt_oss.unwrap();
+        let g = c.gpt_oss.clone().unwrap();
         assert_eq!(g.sliding_layers, vec![false, true, false, true]);
         assert_eq!(g.swiglu_limit, 5.0);
         assert!(g.mxfp4);
         assert_eq!(c.quantization, None);
+        assert!(c.served_format().starts_with("mxfp4 experts"));
         let moe = c.moe.unwrap();
         assert_eq!(
             (moe.num_experts, moe.top_k, moe.expert_intermediate),
@@ -303,6 +304,7 @@ mod tests {
         assert_eq!(g.swiglu_limit, 7.0);
         assert_eq!(g.swiglu_alpha, 1.702);
         assert!(!g.mxfp4);
+        assert_eq!(parse("").unwrap().served_format(), "unquantized");
     }
 
     #[test]
