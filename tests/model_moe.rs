@@ -9,8 +9,8 @@ use std::path::Path;
 
 use inferno::backend::cpu::CpuBackend;
 use inferno::model::{
-    MlpDefinition, MlpTensors, Model, ModelConfig, ModelDefinition, MoeDefinition, QuantizeAtLoad,
-    Routing, layout,
+    ExpertKind, MlpDefinition, MlpTensors, Model, ModelConfig, ModelDefinition, MoeDefinition,
+    QuantizeAtLoad, Routing, layout,
 };
 use serde::Deserialize;
 use support::{committed_fixture, golden, logits_per_position};
@@ -32,6 +32,7 @@ fn moe(num_experts: usize, expert_intermediate: usize, renormalize: bool) -> Mlp
             renormalize,
         },
         shared_expert: None,
+        experts: ExpertKind::SwiGlu,
     })
 }
 
@@ -76,6 +77,7 @@ fn qwen2_moe_declares_a_shared_expert() {
             renormalize: false,
         },
         shared_expert: Some(48),
+        experts: ExpertKind::SwiGlu,
     });
     assert!(d.layers.iter().all(|l| l.mlp == want));
     assert!(d.layers.iter().all(|l| l.attention.qkv_bias));

@@ -5,6 +5,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::error::ModelError;
+use super::gpt_oss::GptOssConfig;
 use super::json::{JsonObject, parse_object};
 use super::moe::MoeConfig;
 use super::quantization::Quantization;
@@ -29,6 +30,10 @@ pub enum Architecture {
     Qwen2Moe,
     /// `MixtralForCausalLM` (Mistral's attention; a mixture of experts in every layer).
     Mixtral,
+    /// `GptOssForCausalLM` (biased attention with per-head sinks, sliding and full layers
+    /// alternating, YaRN rope; a mixture of biased experts with a clamped SwiGLU, in MXFP4 or
+    /// bf16: `gpt_oss.rs`).
+    GptOss,
 }
 
 /// Rotary position embedding settings, normalised from either the legacy form (`rope_theta` and
@@ -63,6 +68,9 @@ pub enum RopeScaling {
         /// The context length the model was trained with before scaling.
         original_max_position_embeddings: usize,
     },
+    /// YaRN: frequencies above the band set by `beta_fast`/`beta_slow` kept, below it divided by
+    /// `factor`, a linear ramp between; cos and sin scaled by the attention factor (`yarn.rs`).
+    Yarn(super::yarn::Yarn),
 }
 
 /// The parsed, validated `config.json` of a supported model.
@@ -109,6 +117,9 @@ pub struct ModelConfig {
     pub quantization: Option<Quantization>,
     /// The experts of a mixture-of-experts architecture; `None` for a dense one.
     pub moe: Option<MoeConfig>,
+    /// gpt-oss's own settings (layer types, SwiGLU limit, expert storage); `None` for every
+    /// other architecture.
+    pub gpt_oss: Option<GptOssConfig>,
 }
 
 impl Architecture {
@@ -122,6 +133,7 @@ impl Architecture {
             "Qwen3MoeForCausalLM" => Some(Self::Qwen3Moe),
             "Qwen2MoeForCausalLM" => Some(Self::Qwen2Moe),
             "MixtralForCausalLM" => Some(Self::Mixtral),
+            "GptOssForCausalLM" => Some(Self::GptOss),
             _ => None,
         }
     }
@@ -137,6 +149,7 @@ impl Architecture {
             "qwen3_moe" => Some(Self::Qwen3Moe),
             "qwen2_moe" => Some(Self::Qwen2Moe),
             "mixtral" => Some(Self::Mixtral),
+            "gpt_oss" => Some(Self::GptOss),
             _ => None,
         }
     }
@@ -151,6 +164,7 @@ impl Architecture {
             Self::Qwen3Moe => "Qwen3MoeForCausalLM",
             Self::Qwen2Moe => "Qwen2MoeForCausalLM",
             Self::Mixtral => "MixtralForCausalLM",
+            Self::GptOss => "GptOssForCausalLM",
         }
     }
 }
@@ -194,12 +208,23 @@ impl RopeConfig {
         Ok(Self { theta, scaling })
     }
 
+    /// The factor cos and sin are multiplied by: YaRN's attention factor, else 1.
+    pub fn attention_factor(&self) -> f32 {
+        match &self.scaling {
+            RopeScaling::Yarn(yarn) => yarn.attention_factor as f32,
+            _ => 1.0,
+        }
+    }
+
     /// The inverse frequencies `1 / theta^(2i / head_dim)` for `i` in `0..head_dim / 2`, rescaled
     /// as configured. The arithmetic follows transformers' f32 tensor code step by step (Python
     /// scalars rounded to f32 where torch rounds them), with the power computed in f64 and
     /// rounded once, so results equal transformers' bit for bit except where torch's own `pow`
     /// is not correctly rounded (then they differ by one ulp).
     pub fn inv_freqs(&self, head_dim: usize) -> Vec<f32> {
+        if let RopeScaling::Yarn(yarn) = &self.scaling {
+            return yarn.inv_freqs(self.theta, head_dim);
+        }
         (0..head_dim / 2)
             .map(|i| {
                 let exponent = (2 * i) as f32 / head_dim as f32;
@@ -247,9 +272,12 @@ impl RopeScaling {
                         .positive("original_max_position_embeddings")?,
                 })
             }
+            "yarn" => Ok(Self::Yarn(super::yarn::Yarn::from_object(obj)?)),
             other => Err(obj.invalid(
                 "rope_type",
-                format!("unsupported RoPE scaling `{other}` (supported: default, linear, llama3)"),
+                format!(
+                    "unsupported RoPE scaling `{other}` (supported: default, linear, llama3, yarn)"
+                ),
             )),
         }
     }
@@ -259,7 +287,7 @@ impl RopeScaling {
     /// rounded to f32).
     fn rescale(&self, inv_freq: f32) -> f32 {
         match *self {
-            Self::None => inv_freq,
+            Self::None | Self::Yarn(_) => inv_freq,
             Self::Linear { factor } => inv_freq / factor as f32,
             Self::Llama3 {
                 factor,
@@ -339,10 +367,15 @@ impl ModelConfig {
             return Err(config.invalid("rms_norm_eps", "must be a positive number"));
         }
 
-        let attention_bias = config.opt_bool("attention_bias")?.unwrap_or(false);
+        // transformers' GptOssConfig defaults to biased attention.
+        let attention_bias = config
+            .opt_bool("attention_bias")?
+            .unwrap_or(architecture == Architecture::GptOss);
         let sliding_window = match architecture {
             Architecture::Llama => None,
-            Architecture::Mistral | Architecture::Mixtral => config.opt_usize("sliding_window")?,
+            Architecture::Mistral | Architecture::Mixtral | Architecture::GptOss => {
+                config.opt_usize("sliding_window")?
+            }
             Architecture::Qwen2
             | Architecture::Qwen3
             | Architecture::Qwen2Moe
@@ -371,6 +404,7 @@ impl ModelConfig {
             ));
         }
 
+        let gpt_oss = GptOssConfig::from_config(architecture, &config)?;
         Ok(Self {
             architecture,
             hidden_size,
@@ -389,14 +423,23 @@ impl ModelConfig {
             sliding_window,
             bos_token_id,
             eos_token_ids,
-            quantization: Quantization::from_config(&config)?,
+            // gpt-oss's MXFP4 applies to its experts only (`gpt_oss.rs` reads it).
+            quantization: match &gpt_oss {
+                Some(_) => None,
+                None => Quantization::from_config(&config)?,
+            },
             moe: MoeConfig::from_config(architecture, &config)?,
+            gpt_oss,
         })
     }
 
     /// The format the projections are served in, in words: `unquantized` (their 16- or 32-bit
-    /// values as stored), or the FP8 scheme ([`Quantization::describe`]).
+    /// values as stored), the FP8 scheme ([`Quantization::describe`]), or gpt-oss's MXFP4
+    /// experts.
     pub fn served_format(&self) -> String {
+        if self.gpt_oss.as_ref().is_some_and(|g| g.mxfp4) {
+            return "mxfp4 experts (attention, router, embeddings and LM head unquantized)".into();
+        }
         self.quantization
             .as_ref()
             .map_or_else(|| "unquantized".to_owned(), Quantization::describe)
@@ -540,12 +583,12 @@ mod tests {
         );
         let err = parse(&config(
             "LlamaForCausalLM",
-            r#", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}"#,
+            r#", "rope_scaling": {"rope_type": "longrope", "factor": 4.0}"#,
         ))
         .unwrap_err()
         .to_string();
         assert!(
-            err.contains("rope_scaling.rope_type") && err.contains("yarn"),
+            err.contains("rope_scaling.rope_type") && err.contains("longrope"),
             "{err}"
         );
         let err = parse(&config("LlamaForCausalLM", r#", "num_key_value_heads": 3"#))

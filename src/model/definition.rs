@@ -29,6 +29,11 @@ pub struct AttentionDefinition {
     pub head_dim: usize,
     /// Whether the q, k and v projections add a bias.
     pub qkv_bias: bool,
+    /// Whether the output projection adds a bias (gpt-oss).
+    pub o_bias: bool,
+    /// Whether each query head has a learned sink (`self_attn.sinks`, gpt-oss): a logit that
+    /// joins the softmax's denominator and attends to nothing.
+    pub sinks: bool,
     /// The per-head norm applied to q and k before the rotary embedding, if any.
     pub qk_norm: Option<Norm>,
     /// How far back a query attends (in tokens, itself included), if limited.
@@ -55,7 +60,7 @@ impl AttentionDefinition {
 }
 
 /// What a layer's MLP computes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum MlpDefinition {
     /// `down(silu(gate(x)) * up(x))`, no biases.
     SwiGlu {
@@ -68,7 +73,7 @@ pub enum MlpDefinition {
 }
 
 /// A mixture-of-experts MLP: the router, the experts and the routing rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MoeDefinition {
     /// Experts in the layer; the router is a `[num_experts, hidden]` projection without bias.
     pub num_experts: usize,
@@ -81,6 +86,26 @@ pub struct MoeDefinition {
     /// (Qwen2-MoE): a SwiGLU whose output is scaled by `sigmoid(shared_expert_gate · x)` (a
     /// `[1, hidden]` projection) and added to the routed experts' sum.
     pub shared_expert: Option<usize>,
+    /// What each expert computes.
+    pub experts: ExpertKind,
+}
+
+/// What one expert of a mixture computes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ExpertKind {
+    /// `down(silu(gate(x)) · up(x))`, no biases; a router without bias.
+    SwiGlu,
+    /// gpt-oss's expert: router and projections with biases, gate and up interleaved in one
+    /// projection (`gate_up`: feature `2j` gate, `2j + 1` up), then
+    /// `down((clamp(up, ±limit) + 1) · g · sigmoid(alpha · g))` with `g = min(gate, limit)`.
+    ClampedSwiGlu {
+        /// The sigmoid's slope (1.702).
+        alpha: f32,
+        /// The clamp (`swiglu_limit`, 7.0).
+        limit: f32,
+        /// Whether the checkpoint stores the experts in MXFP4 (else the dequantized layout).
+        mxfp4: bool,
+    },
 }
 
 /// How a token's router logits choose its experts and weigh their outputs.
@@ -95,13 +120,19 @@ pub enum Routing {
         /// Whether the chosen weights are renormalised to sum to one.
         renormalize: bool,
     },
+    /// The `top_k` largest logits (ties as `torch.topk` decides them), then a softmax over those
+    /// k logits alone (gpt-oss).
+    TopKSoftmax {
+        /// Experts per token.
+        top_k: usize,
+    },
 }
 
 impl Routing {
     /// Experts each token uses.
     pub fn top_k(&self) -> usize {
         match *self {
-            Self::SoftmaxTopK { top_k, .. } => top_k,
+            Self::SoftmaxTopK { top_k, .. } | Self::TopKSoftmax { top_k } => top_k,
         }
     }
 
@@ -168,6 +199,8 @@ impl ModelDefinition {
             num_kv_heads: config.num_key_value_heads,
             head_dim: config.head_dim,
             qkv_bias: config.attention_bias,
+            o_bias: false,
+            sinks: false,
             qk_norm: None,
             sliding_window: config.sliding_window,
             rope: config.rope.clone(),
@@ -187,6 +220,13 @@ impl ModelDefinition {
                 qk_norm: Some(norm),
                 ..attention
             },
+            // gpt-oss: q, k, v and o biased as `attention_bias` says, per-head sinks; the
+            // window only in the sliding layers (below).
+            Architecture::GptOss => AttentionDefinition {
+                o_bias: config.attention_bias,
+                sinks: true,
+                ..attention
+            },
         };
         let dense = MlpDefinition::SwiGlu {
             intermediate: config.intermediate_size,
@@ -194,8 +234,20 @@ impl ModelDefinition {
         // Qwen3-MoE and Mixtral: softmax then top-k, renormalised as configured
         // (`norm_topk_prob`; always for Mixtral); a layer is sparse as `decoder_sparse_step` and
         // `mlp_only_layers` say (every layer for Mixtral).
-        let mlp = |index: usize| match &config.moe {
-            Some(moe) if moe.is_sparse(index) => MlpDefinition::Moe(MoeDefinition {
+        // gpt-oss: top-k of the router's logits, softmax over those k; clamped biased experts.
+        let mlp = |index: usize| match (&config.moe, &config.gpt_oss) {
+            (Some(moe), Some(gpt_oss)) => MlpDefinition::Moe(MoeDefinition {
+                num_experts: moe.num_experts,
+                expert_intermediate: moe.expert_intermediate,
+                routing: Routing::TopKSoftmax { top_k: moe.top_k },
+                shared_expert: None,
+                experts: ExpertKind::ClampedSwiGlu {
+                    alpha: gpt_oss.swiglu_alpha,
+                    limit: gpt_oss.swiglu_limit,
+                    mxfp4: gpt_oss.mxfp4,
+                },
+            }),
+            (Some(moe), None) if moe.is_sparse(index) => MlpDefinition::Moe(MoeDefinition {
                 num_experts: moe.num_experts,
                 expert_intermediate: moe.expert_intermediate,
                 routing: Routing::SoftmaxTopK {
@@ -203,13 +255,22 @@ impl ModelDefinition {
                     renormalize: moe.renormalize,
                 },
                 shared_expert: moe.shared_expert_intermediate,
+                experts: ExpertKind::SwiGlu,
             }),
             _ => dense,
+        };
+        // gpt-oss: `layer_types` says which layers slide; the others attend to everything.
+        let attention_of = |index: usize| match &config.gpt_oss {
+            Some(gpt_oss) if !gpt_oss.sliding_layers[index] => AttentionDefinition {
+                sliding_window: None,
+                ..attention.clone()
+            },
+            _ => attention.clone(),
         };
         let layers = (0..config.num_hidden_layers)
             .map(|index| LayerDefinition {
                 input_norm: norm,
-                attention: attention.clone(),
+                attention: attention_of(index),
                 post_attention_norm: norm,
                 mlp: mlp(index),
             })
@@ -331,6 +392,7 @@ mod tests {
                 expert_intermediate: 16,
                 routing: routing(renormalize),
                 shared_expert: None,
+                experts: ExpertKind::SwiGlu,
             })
         };
         let dense = MlpDefinition::SwiGlu { intermediate: 48 };
@@ -341,6 +403,7 @@ mod tests {
             expert_intermediate: 16,
             routing: routing(false),
             shared_expert: Some(24),
+            experts: ExpertKind::SwiGlu,
         });
         // (architecture, extra config, the MLP of each of 4 layers)
         let table: [(&str, String, [MlpDefinition; 4]); 5] = [

@@ -97,6 +97,16 @@ pub enum ModelError {
         /// The shape stored in the file.
         actual: Vec<usize>,
     },
+    /// A tensor's values cannot be decoded (an MXFP4 scale that is NaN).
+    #[error("tensor `{name}` in {}: {reason}", path.display())]
+    InvalidTensor {
+        /// The tensor's name.
+        name: String,
+        /// The file holding it.
+        path: PathBuf,
+        /// What is wrong with its values.
+        reason: String,
+    },
     /// A tensor is stored in a dtype the engine does not read, or not in the one the model's
     /// `quantization_config` implies for it.
     #[error("tensor `{name}` in {}: dtype {dtype} (expected {expected})", path.display())]

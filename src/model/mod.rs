@@ -12,15 +12,18 @@ pub mod error;
 pub mod files;
 pub mod fp8;
 pub mod generation;
+pub mod gpt_oss;
 mod json;
 pub mod kv_scales;
 pub mod moe;
+pub mod mxfp4;
 pub mod pooling;
 pub mod quantization;
 mod source;
 pub mod tensors;
 pub mod tokenizer_config;
 pub mod weights;
+pub mod yarn;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -28,8 +31,8 @@ use std::sync::{Arc, Mutex};
 pub use chat_template::{ChatTemplate, TemplateError};
 pub use config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
 pub use definition::{
-    AttentionDefinition, LayerDefinition, LmHead, MlpDefinition, ModelDefinition, MoeDefinition,
-    Norm, Routing,
+    AttentionDefinition, ExpertKind, LayerDefinition, LmHead, MlpDefinition, ModelDefinition,
+    MoeDefinition, Norm, Routing,
 };
 pub use digest::{FileDigest, ModelDigest};
 pub use embedded::EMBEDDED_MODEL_NAME;
@@ -39,7 +42,7 @@ pub use generation::GenerationDefaults;
 pub use quantization::{Quantization, QuantizationMethod, QuantizeAtLoad};
 pub use tensors::{
     ExpertNames, Fp8Tensors, FusedExperts, LayerTensors, LinearTensors, MlpTensors, MoeTensors,
-    SwiGluTensors, TensorLayout, TensorSpec, expert_names, layout,
+    Packed, SwiGluTensors, TensorLayout, TensorSpec, expert_names, layout,
 };
 pub use tokenizer_config::SpecialTokens;
 pub use weights::{DType, ModelWeights, TensorView};

@@ -80,6 +80,17 @@ impl MoeConfig {
                 )
                 .filter(|&width| width > 0),
             },
+            // gpt-oss: top 4 of `num_local_experts` (transformers' default 128), each expert as
+            // wide as `intermediate_size`; the routing is the definition's (`definition.rs`).
+            Architecture::GptOss => Self {
+                num_experts: config.opt_usize("num_local_experts")?.unwrap_or(128),
+                top_k: config.opt_usize("num_experts_per_tok")?.unwrap_or(4),
+                expert_intermediate: config.positive("intermediate_size")?,
+                renormalize: false,
+                sparse_step: 1,
+                dense_layers: Vec::new(),
+                shared_expert_intermediate: None,
+            },
             // Mixtral: 8 experts, top 2, the top-2 weights always renormalised, every layer
             // sparse.
             Architecture::Mixtral => Self {
@@ -99,7 +110,7 @@ impl MoeConfig {
     /// Refuses counts the routing cannot serve, naming the field and the limit.
     fn check(&self, architecture: Architecture, config: &JsonObject<'_>) -> Result<(), ModelError> {
         let experts_field = match architecture {
-            Architecture::Mixtral => "num_local_experts",
+            Architecture::Mixtral | Architecture::GptOss => "num_local_experts",
             _ => "num_experts",
         };
         if self.num_experts == 0 || self.num_experts > MAX_EXPERTS {

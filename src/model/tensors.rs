@@ -3,9 +3,10 @@
 //! loading validates the weights files against it.
 
 use super::config::Architecture;
-use super::definition::{LmHead, MlpDefinition, ModelDefinition};
+use super::definition::{ExpertKind, LmHead, MlpDefinition, ModelDefinition, MoeDefinition};
 use super::error::ModelError;
 use super::fp8::{ActivationScale, WeightScale};
+use super::gpt_oss::GptOssMoeTensors;
 use super::quantization::Quantization;
 use super::weights::ModelWeights;
 
@@ -19,15 +20,47 @@ pub struct TensorSpec {
     /// Whether it is stored in FP8 E4M3 (an FP8 projection's values); otherwise in bf16, f16 or
     /// f32.
     pub fp8: bool,
+    /// The packed format of a tensor stored as bytes (`U8`), kept as stored for a backend that
+    /// reads it directly; `None` for a tensor of floats.
+    pub packed: Option<Packed>,
+}
+
+/// A format stored as bytes (`U8` in safetensors).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Packed {
+    /// MXFP4 values: two E2M1 elements per byte, low nibble first (`model/mxfp4.rs`).
+    Mxfp4Blocks,
+    /// E8M0 scales, one per 32 MXFP4 elements.
+    E8m0Scales,
 }
 
 impl TensorSpec {
     /// A spec for the 16- or 32-bit tensor `name` with `shape`.
-    fn new(name: String, shape: &[usize]) -> Self {
+    pub(crate) fn new(name: String, shape: &[usize]) -> Self {
         Self {
             name,
             shape: shape.to_vec(),
             fp8: false,
+            packed: None,
+        }
+    }
+
+    /// A spec for the byte tensor `name` of `shape` in the packed format `packed`.
+    pub(crate) fn packed(name: String, shape: &[usize], packed: Packed) -> Self {
+        Self {
+            packed: Some(packed),
+            ..Self::new(name, shape)
+        }
+    }
+
+    /// The values the tensor holds: its elements, two per byte of MXFP4 blocks, none for
+    /// scales.
+    pub fn values(&self) -> usize {
+        let elements = self.shape.iter().product::<usize>();
+        match self.packed {
+            None => elements,
+            Some(Packed::Mxfp4Blocks) => 2 * elements,
+            Some(Packed::E8m0Scales) => 0,
         }
     }
 }
@@ -76,6 +109,12 @@ impl LinearTensors {
             }
         });
         Self { weight, fp8 }
+    }
+
+    /// The 16-bit projection `module` of shape `[out, in]`, whatever the checkpoint's
+    /// quantization.
+    pub(crate) fn unquantized(module: &str, out: usize, inp: usize) -> Self {
+        Self::new(module, out, inp, None)
     }
 
     /// The projection's tensors in the checkpoint.
@@ -187,6 +226,8 @@ pub enum MlpTensors {
     Dense(Box<SwiGluTensors>),
     /// A mixture of experts.
     Moe(Box<MoeTensors>),
+    /// gpt-oss's mixture: all experts of a projection in one tensor, with biases.
+    GptOss(Box<GptOssMoeTensors>),
 }
 
 impl MlpTensors {
@@ -194,7 +235,7 @@ impl MlpTensors {
     pub fn dense(&self) -> Option<&SwiGluTensors> {
         match self {
             Self::Dense(mlp) => Some(mlp),
-            Self::Moe(_) => None,
+            Self::Moe(_) | Self::GptOss(_) => None,
         }
     }
 }
@@ -216,6 +257,10 @@ pub struct LayerTensors {
     pub qk_norm: Option<[TensorSpec; 2]>,
     /// Attention output projection, `[hidden, heads * head_dim]`.
     pub o_proj: LinearTensors,
+    /// Its bias, `[hidden]` (gpt-oss).
+    pub o_bias: Option<TensorSpec>,
+    /// Per-head attention sinks, `self_attn.sinks` `[heads]` (gpt-oss).
+    pub sinks: Option<TensorSpec>,
     /// RMSNorm weight before the MLP, `[hidden]`.
     pub post_attention_norm: TensorSpec,
     /// The MLP: dense, or a mixture of experts.
@@ -236,6 +281,7 @@ impl LayerTensors {
             specs.extend(norms);
         }
         specs.extend(self.o_proj.all());
+        specs.extend(self.o_bias.iter().chain(&self.sinks));
         specs.push(&self.post_attention_norm);
         match &self.mlp {
             MlpTensors::Dense(mlp) => {
@@ -257,6 +303,7 @@ impl LayerTensors {
                     specs.extend(gate.all());
                 }
             }
+            MlpTensors::GptOss(moe) => specs.extend(moe.all()),
         }
         specs
     }
@@ -294,10 +341,7 @@ impl TensorLayout {
     /// what is resident once loaded, every expert of a mixture included, whichever experts a
     /// token uses.
     pub fn parameters(&self) -> usize {
-        self.all()
-            .iter()
-            .map(|spec| spec.shape.iter().product::<usize>())
-            .sum()
+        self.all().iter().map(|spec| spec.values()).sum()
     }
 
     /// Whether the LM head is the embedding matrix.
@@ -309,7 +353,11 @@ impl TensorLayout {
     /// quantization says so and an accepted 16- or 32-bit float type elsewhere.
     pub fn validate(&self, weights: &ModelWeights) -> Result<(), ModelError> {
         for spec in self.all() {
-            weights.check_spec(spec)?;
+            if spec.packed.is_some() {
+                weights.packed(spec)?;
+            } else {
+                weights.check_spec(spec)?;
+            }
         }
         Ok(())
     }
@@ -347,6 +395,18 @@ pub fn layout(definition: &ModelDefinition, quantization: Option<&Quantization>)
                         quantization,
                     )))
                 }
+                MlpDefinition::Moe(MoeDefinition {
+                    num_experts,
+                    expert_intermediate,
+                    experts: ExpertKind::ClampedSwiGlu { mxfp4, .. },
+                    ..
+                }) => MlpTensors::GptOss(Box::new(GptOssMoeTensors::new(
+                    &format!("model.layers.{i}.mlp"),
+                    hidden,
+                    num_experts,
+                    expert_intermediate,
+                    mxfp4,
+                ))),
                 MlpDefinition::Moe(moe) => {
                     let names = expert_names(definition.architecture);
                     let module = format!("model.layers.{i}.{}", names.module);
@@ -405,6 +465,12 @@ pub fn layout(definition: &ModelDefinition, quantization: Option<&Quantization>)
                     ]
                 }),
                 o_proj: linear("self_attn.o_proj", hidden, q_dim),
+                o_bias: attention
+                    .o_bias
+                    .then(|| TensorSpec::new(name("self_attn.o_proj.bias"), &[hidden])),
+                sinks: attention
+                    .sinks
+                    .then(|| TensorSpec::new(name("self_attn.sinks"), &[attention.num_heads])),
                 post_attention_norm: TensorSpec::new(
                     name("post_attention_layernorm.weight"),
                     &[hidden],
@@ -455,7 +521,8 @@ pub fn expert_names(architecture: Architecture) -> ExpertNames {
         | Architecture::Qwen2
         | Architecture::Qwen3
         | Architecture::Qwen2Moe
-        | Architecture::Qwen3Moe => ExpertNames {
+        | Architecture::Qwen3Moe
+        | Architecture::GptOss => ExpertNames {
             module: "mlp",
             projections: ["gate_proj", "up_proj", "down_proj"],
         },

@@ -342,8 +342,35 @@ impl ModelWeights {
         Ok(values)
     }
 
+    /// The bytes of the packed tensor `spec` (stored as `U8`), checked against its shape.
+    pub fn packed(&self, spec: &super::TensorSpec) -> Result<&[u8], ModelError> {
+        let entry = self
+            .tensors
+            .get(&spec.name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: spec.name.clone(),
+            })?;
+        if entry.dtype != Dtype::U8 {
+            return Err(ModelError::TensorDtype {
+                name: spec.name.clone(),
+                path: self.file_of(&spec.name),
+                dtype: format!("{:?}", entry.dtype),
+                expected: "U8 (packed MXFP4 blocks or E8M0 scales)",
+            });
+        }
+        if entry.shape != spec.shape {
+            return Err(ModelError::TensorShape {
+                name: spec.name.clone(),
+                path: self.file_of(&spec.name),
+                expected: spec.shape.clone(),
+                actual: entry.shape.clone(),
+            });
+        }
+        Ok(&self.shards[entry.shard].bytes.as_slice()[entry.range.clone()])
+    }
+
     /// The file holding `name` (for error messages).
-    fn file_of(&self, name: &str) -> PathBuf {
+    pub(crate) fn file_of(&self, name: &str) -> PathBuf {
         self.tensors
             .get(name)
             .map(|e| self.shards[e.shard].path.clone())

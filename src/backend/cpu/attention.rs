@@ -15,12 +15,14 @@ pub struct TokenContext<'a> {
 /// Attention as `definition` declares it, of every token's query heads over the cached keys and
 /// values of positions `0..=position` of its sequence (only the last `sliding_window` of them
 /// where the definition limits it). `queries` is `[tokens, heads * head_dim]`; the result has the
-/// same shape. Query head `h` reads KV head `h / (heads / kv_heads)`.
+/// same shape. Query head `h` reads KV head `h / (heads / kv_heads)`. With `sinks`, head `h`'s
+/// sink logit joins its softmax (in the max and the denominator) and weighs no value.
 pub fn attend(
     queries: &[f32],
     cache: &LayerCache,
     contexts: &[TokenContext<'_>],
     definition: &AttentionDefinition,
+    sinks: Option<&[f32]>,
 ) -> Vec<f32> {
     let (heads, kv_heads, head_dim) = (
         definition.num_heads,
@@ -50,9 +52,14 @@ pub fn attend(
                     super::math::dot(q, k) * scale
                 })
                 .collect();
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let sink = sinks.map(|s| s[h]);
+            let max = scores
+                .iter()
+                .copied()
+                .chain(sink)
+                .fold(f32::NEG_INFINITY, f32::max);
             let weights: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
-            let total: f32 = weights.iter().sum();
+            let total: f32 = weights.iter().sum::<f32>() + sink.map_or(0.0, |s| (s - max).exp());
             for (&s, w) in slots.iter().zip(&weights) {
                 let v = &cache.values[s * slot_width + kv_offset..][..head_dim];
                 let w = w / total;

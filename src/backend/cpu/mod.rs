@@ -7,6 +7,7 @@
 //! as the transformers reference does.
 
 mod attention;
+mod gpt_oss;
 mod kv_cache;
 mod math;
 mod moe;
@@ -18,7 +19,9 @@ use crate::engine::{
     StepOutput,
 };
 use crate::model::fp8::round_to_e4m3;
-use crate::model::{MlpDefinition, Model, ModelDefinition, ModelError, ModelTensors, Norm};
+use crate::model::{
+    ExpertKind, MlpDefinition, Model, ModelDefinition, ModelError, ModelTensors, Norm,
+};
 
 use attention::TokenContext;
 use kv_cache::{KvCache, slot};
@@ -46,6 +49,8 @@ pub struct CpuBackend {
     definition: ModelDefinition,
     weights: CpuWeights,
     inv_freqs: Vec<f32>,
+    /// The factor the rotary embedding scales q and k by (YaRN's attention scaling; else 1).
+    rope_scale: f32,
     cache: KvCache,
     /// With an FP8 KV cache, each layer's key and value scales: what the cache holds is every
     /// key and value rounded to E4M3 at its scale.
@@ -77,11 +82,13 @@ impl CpuBackend {
         }
         let weights = CpuWeights::load(model, &definition, model.config.quantization.as_ref())?;
         let inv_freqs = attention.rope.inv_freqs(attention.head_dim);
+        let rope_scale = attention.rope.attention_factor();
         let cache = KvCache::new(layers, slot_width, num_blocks);
         Ok(Self {
             definition,
             weights,
             inv_freqs,
+            rope_scale,
             cache,
             fp8_kv_scales: None,
         })
@@ -246,6 +253,11 @@ impl CpuBackend {
                 &self.inv_freqs,
             );
         }
+        // YaRN scales cos and sin, so the rotated q and k, by its attention factor.
+        if self.rope_scale != 1.0 {
+            q.iter_mut().for_each(|x| *x *= self.rope_scale);
+            k.iter_mut().for_each(|x| *x *= self.rope_scale);
+        }
         if let Some(scales) = &self.fp8_kv_scales {
             let [k_scale, v_scale] = scales[index];
             k.iter_mut()
@@ -260,8 +272,12 @@ impl CpuBackend {
             cache.values[s * kv_dim..(s + 1) * kv_dim]
                 .copy_from_slice(&v[t * kv_dim..(t + 1) * kv_dim]);
         }
-        let attn = attention::attend(&q, cache, contexts, attention);
-        math::add_assign(hidden, &w.o_proj.apply(&attn, tokens));
+        let attn = attention::attend(&q, cache, contexts, attention, w.sinks.as_deref());
+        let mut out = w.o_proj.apply(&attn, tokens);
+        if let Some(bias) = &w.o_bias {
+            math::add_bias(&mut out, bias);
+        }
+        math::add_assign(hidden, &out);
 
         let x = norm(layer.post_attention_norm, hidden, &w.post_attention_norm);
         match (&layer.mlp, &w.mlp) {
@@ -280,6 +296,14 @@ impl CpuBackend {
             }
             (MlpDefinition::Moe(definition), MlpWeights::Moe(experts)) => {
                 math::add_assign(hidden, &moe::apply(definition, experts, &x, tokens, dim));
+            }
+            (MlpDefinition::Moe(definition), MlpWeights::GptOss(experts)) => {
+                let ExpertKind::ClampedSwiGlu { alpha, limit, .. } = definition.experts else {
+                    unreachable!("gpt-oss weights are loaded for clamped experts only")
+                };
+                let y =
+                    gpt_oss::apply(experts, definition.routing, [alpha, limit], &x, tokens, dim);
+                math::add_assign(hidden, &y);
             }
             _ => unreachable!("the weights are loaded from the definition's layout"),
         }

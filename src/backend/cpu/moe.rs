@@ -31,6 +31,20 @@ pub fn route(logits: &[f32], routing: Routing) -> Vec<(usize, f32)> {
                 })
                 .collect()
         }
+        Routing::TopKSoftmax { top_k } => {
+            let chosen = topk(logits, top_k);
+            let max = chosen
+                .iter()
+                .map(|&e| logits[e])
+                .fold(f32::NEG_INFINITY, f32::max);
+            let exps: Vec<f32> = chosen.iter().map(|&e| (logits[e] - max).exp()).collect();
+            let sum: f32 = exps.iter().sum();
+            chosen
+                .into_iter()
+                .zip(exps)
+                .map(|(e, x)| (e, x / sum))
+                .collect()
+        }
     }
 }
 
@@ -112,5 +126,19 @@ mod tests {
         let total: f32 = renormalised.iter().map(|r| r.1).sum();
         assert!((total - 1.0).abs() < 1e-6);
         assert!((renormalised[0].1 / renormalised[1].1 - 1.0f32.exp()).abs() < 1e-5);
+    }
+
+    #[test]
+    fn top_k_then_softmax_over_the_chosen_logits() {
+        let logits = [1.0f32, 3.0, 2.0, 0.0, 2.5];
+        let chosen = route(&logits, Routing::TopKSoftmax { top_k: 3 });
+        assert_eq!(
+            chosen.iter().map(|r| r.0).collect::<Vec<_>>(),
+            vec![1, 4, 2]
+        );
+        let sum = 1.0 + (-0.5f32).exp() + (-1.0f32).exp();
+        assert!((chosen[0].1 - 1.0 / sum).abs() < 1e-7);
+        assert!((chosen[1].1 - (-0.5f32).exp() / sum).abs() < 1e-7);
+        assert!((chosen[2].1 - (-1.0f32).exp() / sum).abs() < 1e-7);
     }
 }

@@ -9,6 +9,7 @@ use crate::model::{
     Quantization, TensorSpec, layout,
 };
 
+use super::gpt_oss::GptOssMoeWeights;
 use super::math;
 
 /// A projection `y = x · Wᵀ`: the `[out, in]` matrix as in the checkpoint, in f32 (dequantized
@@ -116,6 +117,8 @@ pub enum MlpWeights {
     },
     /// A mixture of experts.
     Moe(Box<MoeWeights>),
+    /// gpt-oss's mixture of biased experts.
+    GptOss(Box<GptOssMoeWeights>),
 }
 
 /// One transformer block's weights.
@@ -130,6 +133,10 @@ pub struct LayerWeights {
     /// Per-head norm weights of q and k, when the definition declares them.
     pub qk_norm: Option<[Vec<f32>; 2]>,
     pub o_proj: Linear,
+    /// The output projection's bias, when the definition declares it.
+    pub o_bias: Option<Vec<f32>>,
+    /// Per-head attention sinks, when the definition declares them.
+    pub sinks: Option<Vec<f32>>,
     pub post_attention_norm: Vec<f32>,
     /// The MLP's weights, as the definition declares it.
     pub mlp: MlpWeights,
@@ -217,6 +224,8 @@ impl CpuWeights {
                         None => None,
                     },
                     o_proj: linear(&l.o_proj)?,
+                    o_bias: l.o_bias.as_ref().map(load).transpose()?,
+                    sinks: l.sinks.as_ref().map(load).transpose()?,
                     post_attention_norm: load(&l.post_attention_norm)?,
                     mlp: match &l.mlp {
                         MlpTensors::Dense(mlp) => MlpWeights::Dense {
@@ -241,6 +250,9 @@ impl CpuWeights {
                                 None => None,
                             },
                         })),
+                        MlpTensors::GptOss(moe) => MlpWeights::GptOss(Box::new(
+                            GptOssMoeWeights::load(model.weights, moe, linear(&moe.router)?)?,
+                        )),
                     },
                 })
             })

@@ -2,6 +2,7 @@
 
 pub mod echo;
 pub mod embeddings;
+pub mod harmony;
 pub mod reasoning;
 pub mod request;
 pub mod response;
