@@ -136,10 +136,12 @@ impl Routing {
         }
     }
 
-    /// Whether the chosen weights are divided by their sum.
+    /// Whether the chosen weights are divided by their sum (a softmax over the chosen logits
+    /// sums to one by itself).
     pub fn renormalizes(&self) -> bool {
         match *self {
             Self::SoftmaxTopK { renormalize, .. } => renormalize,
+            Self::TopKSoftmax { .. } => true,
         }
     }
 }

@@ -294,9 +294,11 @@ mod tests {
                     expert_intermediate: width,
                     routing: crate::model::Routing::SoftmaxTopK { top_k, renormalize },
                     shared_expert: shared,
+                    experts: crate::model::ExpertKind::SwiGlu,
                 }),
                 flash: crate::backend::cuda::plan::flash_geometry(128, "sm_90a"),
                 gemv_tensor_cores: true,
+                kv_fp8: false,
             };
             match compile_family(moe_family, &params, "sm_90a") {
                 Ok(cubin) => assert!(!cubin.is_empty()),

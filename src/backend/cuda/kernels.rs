@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use ring::digest;
 
-use crate::model::{MlpDefinition, ModelDefinition, MoeDefinition, Norm};
+use crate::model::{ExpertKind, MlpDefinition, ModelDefinition, MoeDefinition, Norm, Routing};
 
 /// The prelude prepended to every family (bf16 helpers, warp and block reductions).
 const PRELUDE: &str = include_str!("../../../kernels/prelude.cuh");
@@ -422,6 +422,11 @@ impl KernelParams {
 /// products read 16-byte pieces of rows (`hidden` and each expert's width multiples of 8), and
 /// their blocks own whole pairs of gate and up rows (the width a multiple of 16).
 fn moe_unsupported(moe: &MoeDefinition, hidden: usize) -> Option<String> {
+    if moe.experts != ExpertKind::SwiGlu || matches!(moe.routing, Routing::TopKSoftmax { .. }) {
+        return Some(
+            "its experts are gpt-oss's (router and experts with biases, top-k then softmax, the clamped SwiGLU), which kernels/moe.cu does not compute yet (the CPU backend serves it: --device cpu)".into(),
+        );
+    }
     if !hidden.is_multiple_of(8) {
         return Some(format!(
             "hidden size {hidden} is not a multiple of 8, which the expert products need"

@@ -441,6 +441,11 @@ impl ModelWeightsOnDevice {
                         down: up.projection(&[&mlp.down_proj], weights)?,
                     },
                     MlpTensors::Moe(moe) => LayerMlp::Moe(MoeLayerWeights::allocate(&mut up, moe)?),
+                    MlpTensors::GptOss(_) => {
+                        return Err(CudaInitError::Unsupported(
+                            "gpt-oss's experts have no CUDA kernels yet (the CPU backend serves it: --device cpu)".into(),
+                        ));
+                    }
                 },
             });
         }

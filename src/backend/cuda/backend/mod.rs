@@ -34,10 +34,10 @@ use super::graphs::{DecodeGraphs, MixedStepGraphs};
 use super::inputs::{CopyStats, StepLimits};
 use super::kernels::KernelParams;
 use super::launch::{
-    AddRmsnorm, AttentionReduce, Bf16, DevicePtr, EmbeddingGather, Fp8AddRmsnorm,
-    Fp8DequantizeWeight, Fp8Gemv, Fp8QuantizeInput, Fp8ScaleOutput, Fp8SwigluQuantize, Gemv,
-    GemvQkvRope, GemvSwiglu, Kernel, KernelArgs, Kv, LaunchShape, PagedAttention, PrefillAttention,
-    QkvRopeWrite, SampleTokens, Swiglu,
+    AddRmsnorm, AttentionReduce, DevicePtr, EmbeddingGather, Fp8AddRmsnorm, Fp8DequantizeWeight,
+    Fp8Gemv, Fp8QuantizeInput, Fp8ScaleOutput, Fp8SwigluQuantize, Gemv, GemvQkvRope, GemvSwiglu,
+    Kernel, KernelArgs, Kv, LaunchShape, PagedAttention, PrefillAttention, QkvRopeWrite,
+    SampleTokens, Swiglu,
 };
 use super::memory::DeviceBuffer;
 use super::wait::StepWaiter;
