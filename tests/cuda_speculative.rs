@@ -476,8 +476,10 @@ fn verification_step_cost_against_a_decode_step() {
         ("small steps in graphs", true, false),
         ("mixed graphs off", false, true),
     ] {
+        // Room for batch 8's 40 sampled positions.
         let config = EngineConfig {
             cuda_mixed_graphs: mixed_graphs,
+            max_num_seqs: Some(64),
             ..config(0.3)
         };
         let mut gpu = cuda_with(&model, &config, true, eager_small);
