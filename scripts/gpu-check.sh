@@ -964,11 +964,11 @@ fi
 if has spec; then
   S=$OUT/spec
   mkdir -p "$S"
-  timeout 120 $RUN "$G/cuda_speculative" --include-ignored --test-threads=1 --nocapture >"$S/fixtures.log" 2>&1
+  timeout 300 $RUN "$G/cuda_speculative" --include-ignored --test-threads=1 --nocapture >"$S/fixtures.log" 2>&1
   note "spec (tests/cuda_speculative.rs, fixtures): rc=$? $(grep -E '^test result' "$S/fixtures.log")"
   grep -E '^RESULT|panicked|^prompt ' "$S/fixtures.log" | head -20 | tee -a "$SUMMARY"
   if [ "${SPEC_SANITIZE:-1}" = 1 ]; then
-    timeout 180 $RUN compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 "$G/cuda_speculative" \
+    timeout 240 $RUN compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 "$G/cuda_speculative" \
       --include-ignored --test-threads=1 step_logits_match >"$S/sanitizer.log" 2>&1
     note "compute-sanitizer memcheck (cuda_speculative step_logits_match): rc=$? $(grep -E 'ERROR SUMMARY' "$S/sanitizer.log" | tail -1)"
   fi

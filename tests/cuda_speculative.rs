@@ -476,8 +476,10 @@ fn verification_step_cost_against_a_decode_step() {
         ("small steps in graphs", true, false),
         ("mixed graphs off", false, true),
     ] {
+        // Room for batch 8's 40 sampled positions.
         let config = EngineConfig {
             cuda_mixed_graphs: mixed_graphs,
+            max_num_seqs: Some(64),
             ..config(0.3)
         };
         let mut gpu = cuda_with(&model, &config, true, eager_small);
@@ -540,4 +542,64 @@ fn verification_step_cost_against_a_decode_step() {
             );
         }
     }
+}
+
+/// The prompt's logprobs of one request (`prompt_logprobs: 2`), through `engine`.
+fn prompt_logprobs(
+    engine: &EngineHandle,
+    prompt: &[u32],
+) -> Vec<Option<inferno::engine::PromptLogprob>> {
+    let request = GenerationRequest {
+        prompt_logprobs: Some(2),
+        ..support::greedy(prompt, 1)
+    };
+    let mut stream = engine.submit(request).expect("accepted");
+    while let Some(event) = stream.blocking_next() {
+        if let GenerationEvent::Finished {
+            prompt_logprobs, ..
+        } = event
+        {
+            return prompt_logprobs.expect("prompt logprobs");
+        }
+    }
+    panic!("no Finished event")
+}
+
+/// Prompt logprobs (the server's `echo` with `logprobs`) through the engine on the CUDA backend
+/// equal the CPU backend's within the logits tolerance: a prompt longer than the step's token
+/// budget (several prefill chunks) and than the logits buffer's rows (several LM-head chunks).
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
+fn prompt_logprobs_on_cuda_match_the_cpu_backend() {
+    require_gpu();
+    let dir = fixtures().join("inferno-tiny");
+    let model = Model::load(&dir).expect("fixture");
+    let prompt: Vec<u32> = prompt_of(&dir).into_iter().cycle().take(300).collect();
+    let small = EngineConfig {
+        max_batched_tokens: 128,
+        ..config(0.02)
+    };
+    let cpu = support::engine(&model, small.clone());
+    let want = prompt_logprobs(&cpu, &prompt);
+    cpu.shutdown();
+    let gpu = engine_on(&model, small);
+    let got = prompt_logprobs(&gpu, &prompt);
+    gpu.shutdown();
+    assert_eq!(got.len(), prompt.len());
+    assert!(got[0].is_none() && want[0].is_none());
+    let mut worst = 0.0f32;
+    for (i, (g, w)) in got.iter().zip(&want).enumerate().skip(1) {
+        let (g, w) = (g.as_ref().expect("logprob"), w.as_ref().expect("logprob"));
+        worst = worst.max((g.logprob - w.logprob).abs());
+        assert!(
+            (g.logprob - w.logprob).abs() < TOL_CPU,
+            "position {i}: {} against {}",
+            g.logprob,
+            w.logprob
+        );
+    }
+    println!(
+        "RESULT prompt logprobs on CUDA: {} positions, max |Δlogprob| against the CPU {worst:.4}",
+        prompt.len()
+    );
 }
