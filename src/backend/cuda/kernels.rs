@@ -294,6 +294,7 @@ impl KernelParams {
             ("SAMPLE_PARAMS", SAMPLE_PARAMS),
             ("ATTN_WARPS", super::plan::ATTN_WARPS),
             ("ATTN_DEPTH", super::plan::ATTN_DEPTH),
+            ("ATTN_DEPTH_FP8", super::plan::ATTN_DEPTH_FP8),
             ("ATTN_MIN_PARTITION", super::plan::MIN_PARTITION),
             ("ATTN_REDUCE_THREADS", super::plan::ATTN_REDUCE_THREADS),
             ("ATTN_MERGE_SPLITS", super::plan::ATTN_MERGE_SPLITS),
