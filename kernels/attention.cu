@@ -47,6 +47,11 @@
 // the CUDA cores. The layer's k scale multiplies the softmax scale and its v scale the warp's
 // accumulators before they merge, so no element is scaled on its own.
 
+// An FP8 cache's tiles in flight per warp (ATTN_DEPTH_FP8 from the host, where given).
+#if KV_FP8 && defined(ATTN_DEPTH_FP8)
+#undef ATTN_DEPTH
+#define ATTN_DEPTH ATTN_DEPTH_FP8
+#endif
 #define GROUP (NUM_Q_HEADS / NUM_KV_HEADS)
 #define ATTN_VEC 8
 #define CHUNKS (HEAD_DIM / ATTN_VEC)

@@ -641,6 +641,40 @@ prefill_attention(const bf16* __restrict__ q,
 
     // Starts copying the keys and values of the tile at key `kb` into stage `buf` (zeros outside
     // [first_pos, last_pos]).
+#if KV_FP8
+    // The same for an FP8 cache: every load of the thread's chunks is issued first, then each is
+    // widened to bf16 and stored where the copy would put it (one memory latency per tile).
+    auto stage = [&](int kb, int buf) {
+        constexpr int F_PER_THREAD = (F_KEYS * F_CHUNKS + F_WARPS * 32 - 1) / (F_WARPS * 32);
+        uint2 kb8[F_PER_THREAD], vb8[F_PER_THREAD];
+#pragma unroll
+        for (int r = 0; r < F_PER_THREAD; ++r) {
+            const int i = threadIdx.x + r * F_WARPS * 32;
+            const int j = kb + i / F_CHUNKS;
+            kb8[r] = vb8[r] = make_uint2(0u, 0u);
+            if (i < F_KEYS * F_CHUNKS && j >= first_pos && j <= last_pos) {
+                const size_t slot = (size_t)table[j / KV_BLOCK] * KV_BLOCK + j % KV_BLOCK;
+                const size_t offset = (slot * NUM_KV_HEADS + kvh) * HEAD_DIM + (i % F_CHUNKS) * 8;
+                kb8[r] = __ldg(reinterpret_cast<const uint2*>(k_cache + offset));
+                vb8[r] = __ldg(reinterpret_cast<const uint2*>(v_cache + offset));
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < F_PER_THREAD; ++r) {
+            const int i = threadIdx.x + r * F_WARPS * 32;
+            if (i >= F_KEYS * F_CHUNKS) continue;
+            const unsigned int at = 2 * ((i / F_CHUNKS) * F_STRIDE + (i % F_CHUNKS) * 8);
+            const uint4 kx = bf16x8_from_e4m3x8(kb8[r]);
+            const uint4 vx = bf16x8_from_e4m3x8(vb8[r]);
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(ks_stage0 + buf * stage_bytes + at),
+                         "r"(kx.x), "r"(kx.y), "r"(kx.z), "r"(kx.w)
+                         : "memory");
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(vs_stage0 + buf * stage_bytes + at),
+                         "r"(vx.x), "r"(vx.y), "r"(vx.z), "r"(vx.w)
+                         : "memory");
+        }
+    };
+#else
     auto stage = [&](int kb, int buf) {
 #pragma unroll
         for (int i = threadIdx.x; i < F_KEYS * F_CHUNKS; i += F_WARPS * 32) {
@@ -654,27 +688,12 @@ prefill_attention(const bf16* __restrict__ q,
                 offset = (slot * NUM_KV_HEADS + kvh) * HEAD_DIM + chunk * 8;
             }
             const unsigned int at = 2 * (key * F_STRIDE + chunk * 8);
-#if KV_FP8
-            uint2 kb8 = make_uint2(0u, 0u), vb8 = make_uint2(0u, 0u);
-            if (valid) {
-                kb8 = __ldg(reinterpret_cast<const uint2*>(k_cache + offset));
-                vb8 = __ldg(reinterpret_cast<const uint2*>(v_cache + offset));
-            }
-            const uint4 kx = bf16x8_from_e4m3x8(kb8);
-            const uint4 vx = bf16x8_from_e4m3x8(vb8);
-            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(ks_stage0 + buf * stage_bytes + at),
-                         "r"(kx.x), "r"(kx.y), "r"(kx.z), "r"(kx.w)
-                         : "memory");
-            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(vs_stage0 + buf * stage_bytes + at),
-                         "r"(vx.x), "r"(vx.y), "r"(vx.z), "r"(vx.w)
-                         : "memory");
-#else
             copy16_async(ks_stage0 + buf * stage_bytes + at, k_cache + offset, valid);
             copy16_async(vs_stage0 + buf * stage_bytes + at, v_cache + offset, valid);
-#endif
         }
         asm volatile("cp.async.commit_group;");
     };
+#endif
 
     int kb = kb_begin;
     if (kb < kb_end) stage(kb, 0);

@@ -1049,7 +1049,7 @@ if has fp8kv; then
   mkdir -p "$K"
   kv_build() { # NAME HARNESS FP8 Q KV HEAD_DIM WINDOW [DEFINES]
     nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I"$G/kernels" -DNUM_Q_HEADS=$4 -DNUM_KV_HEADS=$5 \
-      -DHEAD_DIM=$6 -DSLIDING_WINDOW=$7 -DKV_BLOCK=16 -DKV_FP8=$3 $ATTN_GEOMETRY -DATTN_MERGE_SPLITS=8 ${8:-} -Xptxas -v \
+      -DHEAD_DIM=$6 -DSLIDING_WINDOW=$7 -DKV_BLOCK=16 -DKV_FP8=$3 $ATTN_GEOMETRY -DATTN_MERGE_SPLITS=8 ${8:--DATTN_DEPTH_FP8=2} -Xptxas -v \
       "$G/$2" -lcublas -o "$K/$1" >"$K/$1.build.log" 2>&1 || note "fp8kv BUILD FAILED $1: $(grep -m2 error "$K/$1.build.log")"
   }
   KV_ATTN_CONFIGS="32 8 128 0;16 2 64 100;4 2 96 0;4 2 32 0;4 2 16 0;6 2 16 0"
@@ -1060,10 +1060,16 @@ if has fp8kv; then
   for cfg in "${KV_ATTN[@]}"; do set -- $cfg; kv_build "attn-fp8-$1-$2-$3-$4" attention-check.cu 1 "$@" & done
   for cfg in "${KV_PREFILL[@]}"; do set -- $cfg; kv_build "prefill-fp8-$1-$2-$3-$4" prefill-check.cu 1 "$@" "$MMA_GEOMETRY" & done
   kv_build attn-bf16-32-8-128-0 attention-check.cu 0 32 8 128 0 &
+  # FP8KV_VARIANTS="NAME:DEFINES;...": the 8B heads' FP8 decode attention built with other
+  # defines (say "-DATTN_DEPTH_FP8=3"), tested and benched beside.
+  IFS=";" read -ra KV_VARIANTS <<<"${FP8KV_VARIANTS:-d3:-DATTN_DEPTH_FP8=3;d4:-DATTN_DEPTH_FP8=4}"
+  for named in "${KV_VARIANTS[@]}"; do kv_build "attn-fp8${named%%:*}-32-8-128-0" attention-check.cu 1 32 8 128 0 "${named#*:}" & done
   wait
-  grep -h -A2 -E "for (paged_attention|prefill_attention)" "$K"/attn-fp8-32-8-128-0.build.log "$K"/prefill-fp8-32-8-128-0.build.log "$K"/attn-bf16-32-8-128-0.build.log 2>/dev/null | grep -E "Used|spill" | tee -a "$SUMMARY"
+  for log in "$K"/attn-*32-8-128-0.build.log "$K"/prefill-fp8-32-8-128-0.build.log; do
+    grep -h -A2 -E "for (paged_attention|prefill_attention)" "$log" 2>/dev/null | grep -E "Used|spill" | sed "s|^|$(basename "$log" .build.log) |" | tee -a "$SUMMARY"
+  done
   fails=0
-  for name in $(for c in "${KV_ATTN[@]}"; do set -- $c; echo "attn-fp8-$1-$2-$3-$4"; done) $(for c in "${KV_PREFILL[@]}"; do set -- $c; echo "prefill-fp8-$1-$2-$3-$4"; done); do
+  for name in $(for c in "${KV_ATTN[@]}"; do set -- $c; echo "attn-fp8-$1-$2-$3-$4"; done) $(for c in "${KV_PREFILL[@]}"; do set -- $c; echo "prefill-fp8-$1-$2-$3-$4"; done) $(for v in "${KV_VARIANTS[@]}"; do echo "attn-fp8${v%%:*}-32-8-128-0"; done); do
     [ -x "$K/$name" ] || { fails=$((fails + 1)); continue; }
     timeout 60 "$K/$name" test >"$K/test-$name.log" 2>&1 || fails=$((fails + 1))
     grep -h '^RESULT' "$K/test-$name.log" >>"$SUMMARY" || note "fp8kv test $name: no result"
@@ -1078,9 +1084,10 @@ if has fp8kv; then
   # Decode attention alone, 8B heads, batch 256 at 4k context (and batch 64 at 4k, 256 at 1k).
   for ctx_batch in "256 4096" "64 4096" "256 1024"; do
     set -- $ctx_batch
-    for cache in bf16 fp8; do
+    for cache in bf16 fp8 $(for v in "${KV_VARIANTS[@]}"; do echo "fp8${v%%:*}"; done); do
+      [ -x "$K/attn-$cache-32-8-128-0" ] || continue
       timeout 60 "$K/attn-$cache-32-8-128-0" bench 0 "$1" "$2" >"$K/bench-$cache-$1-$2.log" 2>&1
-      grep -h '^RESULT attention bench' "$K/bench-$cache-$1-$2.log" | tee -a "$SUMMARY"
+      grep -h '^RESULT attention bench' "$K/bench-$cache-$1-$2.log" | sed "s/^/$cache /" | tee -a "$SUMMARY"
     done
     python3 - "$K/bench-bf16-$1-$2.log" "$K/bench-fp8-$1-$2.log" <<'PY' | tee -a "$SUMMARY"
 import re, sys

@@ -210,8 +210,9 @@ mod tests {
 
     /// Compiles every family for sm_90a when NVRTC is installed (the GPU machine, or a machine
     /// with the nvidia-cuda-nvrtc wheel on LD_LIBRARY_PATH), at the shapes of all three fixture
-    /// layouts and the 8B and 1B heads, each with a bf16 and an FP8 KV cache (prefill attention on warpgroup products for head_dim 128
-    /// and 64, on mma.sync for 16). Ignored by default: it needs NVRTC.
+    /// layouts and the 8B and 1B heads, each with a bf16 and an FP8 KV cache (prefill attention
+    /// on warpgroup products for head_dim 128 and 64 with a bf16 cache, on mma.sync for 16 and
+    /// for an FP8 cache). Ignored by default: it needs NVRTC.
     #[test]
     #[ignore = "needs libnvrtc: scripts/test.sh runs it when the nvidia-cuda-nvrtc wheel is there"]
     fn every_family_compiles_for_hopper() {

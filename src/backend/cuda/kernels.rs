@@ -340,6 +340,7 @@ impl KernelParams {
             ("SAMPLE_PARAMS", SAMPLE_PARAMS),
             ("ATTN_WARPS", super::plan::ATTN_WARPS),
             ("ATTN_DEPTH", super::plan::ATTN_DEPTH),
+            ("ATTN_DEPTH_FP8", super::plan::ATTN_DEPTH_FP8),
             ("ATTN_MIN_PARTITION", super::plan::MIN_PARTITION),
             ("ATTN_REDUCE_THREADS", super::plan::ATTN_REDUCE_THREADS),
             ("ATTN_MERGE_SPLITS", super::plan::ATTN_MERGE_SPLITS),
@@ -533,6 +534,29 @@ mod tests {
             gemv_tensor_cores: true,
             kv_fp8: false,
         }
+    }
+
+    /// An FP8 cache compiles the kernels with `KV_FP8 1`, one byte per element, and the prefill
+    /// attention in the `mma.sync` geometry even on Hopper; a bf16 cache keeps the warpgroup one.
+    #[test]
+    fn an_fp8_cache_selects_its_kernels_and_geometry() {
+        use crate::engine::KvCacheDtype;
+        let bf16 = params()
+            .with_kv_cache(KvCacheDtype::Auto)
+            .for_device("sm_90a", 227 * 1024);
+        let fp8 = params()
+            .with_kv_cache(KvCacheDtype::Fp8)
+            .for_device("sm_90a", 227 * 1024);
+        assert!(bf16.flash.wgmma);
+        assert_eq!(fp8.flash, super::super::plan::SMALL_FLASH);
+        assert_eq!((bf16.kv_element_bytes(), fp8.kv_element_bytes()), (2, 1));
+        assert!(bf16.defines().contains("#define KV_FP8 0\n"));
+        assert!(fp8.defines().contains("#define KV_FP8 1\n"));
+        let family = &FAMILIES[3];
+        assert_ne!(
+            cache_key(family, &bf16, "sm_90a", (13, 0)),
+            cache_key(family, &fp8, "sm_90a", (13, 0))
+        );
     }
 
     #[test]

@@ -41,6 +41,11 @@ pub const ATTN_WARPS: usize = 4;
 /// `docs/cuda-backend.md`, "Measured design choices").
 pub const ATTN_DEPTH: usize = 2;
 
+/// The same for an FP8 KV cache (`ATTN_DEPTH_FP8`), whose tiles stay E4M3 bytes in registers
+/// until used: half a bf16 tile's registers (182 a thread at head_dim 128 for two tiles), so a
+/// warp may keep more of them in flight.
+pub const ATTN_DEPTH_FP8: usize = 2;
+
 /// Threads per block of the residual-add + RMSNorm kernel (one block per row), passed to
 /// `kernels/rmsnorm.cu` as `RMS_THREADS`: a batch-1 row is latency-bound with fewer.
 pub const RMS_THREADS: usize = 1024;

@@ -145,11 +145,14 @@ impl CudaBackend {
                 major,
                 t_context,
             );
-            backend.write_kv_scales(model)?;
             let prepared = backend.choose_and_capture(config.cuda_graphs, config.cuda_mixed_graphs);
             let uploaded = finish_upload(uploader);
             prepared?;
             backend.phases.weights = uploaded?;
+            // The scales are read by the kernels only when a step runs (the graphs hold their
+            // address): stored once the upload has been joined, so an error here frees nothing
+            // a copy still targets.
+            backend.write_kv_scales(model)?;
             tracing::info!(
                 context_ms = t_context.as_millis() as u64,
                 upload_ms = backend.phases.weights.as_millis() as u64,
