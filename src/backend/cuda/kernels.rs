@@ -110,13 +110,15 @@ const FP8_FAMILY_ENTRIES: [&str; super::plan::GEMV_MAX_M + 4] = {
 
 /// The mixture-of-experts kernels (`kernels/moe.cu`, compiled after `kernels/gemv.cu`'s inner
 /// loops), compiled only for a model with experts.
-pub const MOE_ENTRIES: [&str; 8] = [
+pub const MOE_ENTRIES: [&str; 10] = [
     "moe_route",
     "moe_permute",
     "moe_gather",
     "moe_route_permute",
     "moe_gate_up",
     "moe_down",
+    "moe_gemm_gate_up",
+    "moe_gemm_down",
     "moe_shared_swiglu",
     "moe_combine",
 ];
