@@ -891,7 +891,8 @@ fi
 # against the CPU backend and transformers, and memcheck over its prefill test). MOE_BENCH=1 also
 # writes Qwen3-30B-A3B-shaped random weights (scripts/make_moe_shaped.py, MOE_LAYERS layers,
 # default 12 of the real 48 to fit the disk) and runs MOE_SPECS offline (default batch 1 and 64 at
-# 1000/256), the batch-1 inter-token latency set against the active-weight floor at 3.0 TB/s.
+# 1000/256), the batch-1 inter-token latency set against the active-weight floor at 3.0 TB/s;
+# MOE_DENSE=1 runs the same specs on the 8B-shaped dense model beside.
 if has moe; then
   MO=$OUT/moe
   mkdir -p "$MO"
@@ -943,6 +944,21 @@ if has moe; then
       grep -E '^(TTFT|ITL|engine steps) ' "$log" | sed 's/^/    /' | tee -a "$SUMMARY"
       grep -E 'weights uploaded|KV cache allocated|panicked|Error|error' "$log" | head -3 | sed 's/^/    /' >>"$SUMMARY"
     done
+    # MOE_DENSE=1: the same specs on the Llama-3.1-8B-shaped dense model (16 GB of weights, about
+    # the 12-layer MoE's total), for the batch-64 comparison at equal total bytes.
+    if [ -n "${MOE_DENSE:-}" ]; then
+      [ -d $M8 ] || PYTHONUNBUFFERED=1 python3 "$G/make_llama8b.py" $M8 >"$OUT/make8b.log" 2>&1
+      note "MoE total weights: $(du -sh $MM | cut -f1), dense comparison: $(du -sh $M8 | cut -f1)"
+      for spec in "${MOE_SPEC_LIST[@]}"; do
+        set -- $spec
+        b=$1 i=$2 o=$3
+        shift 3
+        log=$MO/dense-b$b-i$i-o$o.log
+        timeout ${MOE_BENCH_TIMEOUT:-300} $RUN "$G/inferno" bench offline --model $M8 --device cuda --batch-size "$b" \
+          --input-len "$i" --output-len "$o" --ignore-eos "$@" >"$log" 2>&1
+        note "dense (8B-shaped) offline batch=$b in=$i out=$o $*: rc=$? $(grep -E '^output throughput' "$log" | tail -1)"
+      done
+    fi
   fi
 fi
 
