@@ -29,6 +29,9 @@
 //                      so only the experts with rows are read;
 //   moe_down           grid (HIDDEN / rows, active experts): the same for the down projection,
 //                      [rows, HIDDEN] fp32;
+//   moe_gemm_gate_up,  the same two products for many rows per expert (prefill), on tensor cores:
+//   moe_gemm_down      64-row tiles of each expert's segment by 64 columns (a tile list from the
+//                      permutation), so an expert's weights are read once per 64 rows;
 //   moe_shared_swiglu  SwiGLU of the shared expert's gate/up product (Qwen2-MoE);
 //   moe_combine        per token, the routing-weighted sum of its permuted rows (slot order) plus
 //                      the shared expert's output scaled by the sigmoid of its gate, into `delta`
@@ -39,9 +42,19 @@
 #define MOE_PER_LANE ((MOE_EXPERTS + 31) / 32)
 #define MOE_ROUTE_WARPS 4
 #define MOE_CHUNK 8
-// meta: [0, MOE_EXPERTS] segment offsets, [MOE_EXPERTS + 1] experts with rows, then their list.
+// meta: [0, MOE_EXPERTS] segment offsets, [MOE_EXPERTS + 1] experts with rows, then their list
+// [MOE_EXPERTS], then each expert's first row tile of the grouped GEMM [MOE_EXPERTS + 1] (the last:
+// the step's count of tiles).
 #define MOE_META_COUNT (MOE_EXPERTS + 1)
 #define MOE_META_ACTIVE (MOE_EXPERTS + 2)
+#define MOE_META_TILES (2 * MOE_EXPERTS + 2)
+#define MOE_META_WORDS (3 * MOE_EXPERTS + 3)
+// The grouped GEMM's tile: 64 permuted rows of one expert by 64 output columns, K in steps of 32.
+#define MOE_BM 64
+#define MOE_BN 64
+#define MOE_BK 32
+// Shared-memory row stride of a tile, in bf16 values (80 bytes: ldmatrix rows hit distinct banks).
+#define MOE_LDS 40
 
 // A probability and its expert, as torch.topk's CPU kernel sorts them.
 struct MoePair {
@@ -320,32 +333,39 @@ __device__ void moe_permute_block(const int* __restrict__ topk_ids,
         // Lane l scans experts [l * MOE_PER_LANE, (l + 1) * MOE_PER_LANE).
         const int lane = threadIdx.x;
         const int first = lane * MOE_PER_LANE;
-        int rows = 0, active = 0;
+        int rows = 0, active = 0, tiles = 0;
         for (int e = first; e < min(first + MOE_PER_LANE, MOE_EXPERTS); ++e) {
             rows += counts[e];
             active += counts[e] > 0;
+            tiles += (counts[e] + MOE_BM - 1) / MOE_BM;
         }
-        int rows_before = rows, active_before = active;
+        int rows_before = rows, active_before = active, tiles_before = tiles;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
             const int r = __shfl_up_sync(0xffffffffu, rows_before, o);
             const int a = __shfl_up_sync(0xffffffffu, active_before, o);
+            const int m = __shfl_up_sync(0xffffffffu, tiles_before, o);
             if (lane >= o) {
                 rows_before += r;
                 active_before += a;
+                tiles_before += m;
             }
         }
         rows_before -= rows;
         active_before -= active;
+        tiles_before -= tiles;
         for (int e = first; e < min(first + MOE_PER_LANE, MOE_EXPERTS); ++e) {
             meta[e] = rows_before;
+            meta[MOE_META_TILES + e] = tiles_before;
             cursor[e] = rows_before;
             if (counts[e] > 0) meta[MOE_META_ACTIVE + active_before++] = e;
             rows_before += counts[e];
+            tiles_before += (counts[e] + MOE_BM - 1) / MOE_BM;
         }
         if (lane == 31) {
             meta[MOE_EXPERTS] = rows_before;
             meta[MOE_META_COUNT] = active_before;
+            meta[MOE_META_TILES + MOE_EXPERTS] = tiles_before;
         }
     }
     __syncthreads();
@@ -466,6 +486,170 @@ extern "C" __global__ void __launch_bounds__(GemvShape<1>::warps * 32)
 #define MOE_DOWN(M) gemv_plain<M>(h_perm + (size_t)r * MOE_INTER, we, y_perm + (size_t)r * HIDDEN, HIDDEN, MOE_INTER)
     MOE_CHUNKS(MOE_DOWN)
 #undef MOE_DOWN
+}
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+// The grouped GEMM for many rows per expert (prefill): block (x, y) takes row tile y of the step's
+// tiles (found from the experts' first tiles in `meta`: expert e's segment split into 64-row tiles)
+// and 64 output columns: for the gate/up product (SWIGLU) 32 gate columns from x * 32 and the
+// matching 32 up columns, SwiGLU applied in registers, 32 bf16 columns out; for the down product,
+// 64 fp32 columns from x * 64. Four warps, 2 x 2, each 32 rows by 32 columns (2 x 4 mma.sync
+// m16n8k16 tiles: for SWIGLU its 16 gate columns and their 16 up columns); A (the permuted rows)
+// and B (the expert's weight rows, [N, K] row-major: the col-major B operand) go through two
+// shared-memory stages with cp.async (rows past the segment, columns past N and K past its end
+// are zero-filled) and into registers with ldmatrix. K must be a multiple of 8.
+template <bool SWIGLU>
+__device__ __forceinline__ void moe_gemm_tile(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                              const int* __restrict__ meta, void* __restrict__ out, int n_out,
+                                              int k) {
+    __shared__ __align__(16) bf16 a_tile[2][MOE_BM * MOE_LDS];
+    __shared__ __align__(16) bf16 b_tile[2][MOE_BN * MOE_LDS];
+    __shared__ int tile_expert;
+    const int tile = blockIdx.y;
+    if (tile >= meta[MOE_META_TILES + MOE_EXPERTS]) return;
+    if (threadIdx.x == 0) {
+        // The expert whose tiles hold this one: the last e with first tile <= tile.
+        int lo = 0, hi = MOE_EXPERTS - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (meta[MOE_META_TILES + mid] <= tile) lo = mid; else hi = mid - 1;
+        }
+        tile_expert = lo;
+    }
+    __syncthreads();
+    const int e = tile_expert;
+    const int row0 = meta[e] + (tile - meta[MOE_META_TILES + e]) * MOE_BM;
+    const int row_end = meta[e + 1];
+    // Weight rows of this block's columns: local column c < 32 is gate row col0 + c (SWIGLU) or row
+    // col0 + c; from 32, up row n_out + col0 + c - 32 (SWIGLU) or row col0 + c.
+    const int col0 = SWIGLU ? blockIdx.x * (MOE_BN / 2) : blockIdx.x * MOE_BN;
+    const bf16* we = w + (size_t)e * (SWIGLU ? 2 * n_out : n_out) * k;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int wm = warp >> 1, wn = warp & 1;
+    // The two 16-byte pieces each thread copies per operand per stage: piece p = tid + 128 i is
+    // row p / 4, columns (p % 4) * 8.
+    const auto load = [&](int stage, int k0) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int p = threadIdx.x + 128 * i;
+            const int r = p >> 2, c = (p & 3) * 8;
+            const bool k_in = k0 + c < k;
+            const int row = row0 + r;
+            const bool a_in = k_in && row < row_end;
+            copy16_async(shared_address(&a_tile[stage][r * MOE_LDS + c]),
+                         x + (size_t)(a_in ? row : row0) * k + (a_in ? k0 + c : 0), a_in);
+            // The output column of local column r, and its weight row.
+            const int col = SWIGLU ? col0 + (r & (MOE_BN / 2 - 1)) : col0 + r;
+            const int n = SWIGLU && r >= MOE_BN / 2 ? n_out + col : col;
+            const bool b_in = k_in && col < n_out;
+            copy16_async(shared_address(&b_tile[stage][r * MOE_LDS + c]),
+                         we + (size_t)(b_in ? n : 0) * k + (b_in ? k0 + c : 0), b_in);
+        }
+        asm volatile("cp.async.commit_group;");
+    };
+    float acc[2][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[mi][ni][j] = 0.0f;
+    // This warp's B columns: two 16-column groups (SWIGLU: its gate columns and their up columns).
+    const int n_base[2] = {SWIGLU ? 16 * wn : 32 * wn, SWIGLU ? MOE_BN / 2 + 16 * wn : 32 * wn + 16};
+    const int steps = (k + MOE_BK - 1) / MOE_BK;
+    load(0, 0);
+    for (int s = 0; s < steps; ++s) {
+        const int stage = s & 1;
+        if (s + 1 < steps) {
+            load(stage ^ 1, (s + 1) * MOE_BK);
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < MOE_BK; kk += 16) {
+            unsigned int a[2][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi) {
+                const int r = wm * 32 + mi * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                const int c = kk + (lane >> 4) * 8;
+                ldmatrix_x4(shared_address(&a_tile[stage][r * MOE_LDS + c]), a[mi]);
+            }
+            unsigned int b[2][4];
+#pragma unroll
+            for (int g = 0; g < 2; ++g) {
+                const int n = n_base[g] + (lane >> 4) * 8 + (lane & 7);
+                const int c = kk + ((lane >> 3) & 1) * 8;
+                ldmatrix_x4(shared_address(&b_tile[stage][n * MOE_LDS + c]), b[g]);
+            }
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni) {
+                    const unsigned int* bb = &b[ni >> 1][(ni & 1) * 2];
+                    mma_bf16(acc[mi][ni], a[mi], bb[0], bb[1]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    // Lane (g, t) holds, per 16 x 8 tile, rows g and g + 8, columns 2t and 2t + 1.
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = row0 + wm * 32 + mi * 16 + g + half * 8;
+            if (row >= row_end) continue;
+            if (SWIGLU) {
+#pragma unroll
+                for (int ni = 0; ni < 2; ++ni) {
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const int col = col0 + 16 * wn + ni * 8 + 2 * t + j;
+                        if (col < n_out) {
+                            const float gate = acc[mi][ni][half * 2 + j];
+                            const float up = acc[mi][ni + 2][half * 2 + j];
+                            static_cast<bf16*>(out)[(size_t)row * n_out + col] = f32_to_bf16(silu_times(gate, up));
+                        }
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni) {
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const int col = col0 + 32 * wn + ni * 8 + 2 * t + j;
+                        if (col < n_out) static_cast<float*>(out)[(size_t)row * n_out + col] = acc[mi][ni][half * 2 + j];
+                    }
+                }
+            }
+        }
+    }
+}
+#endif
+
+// The grouped GEMMs' entries (128 threads; grid (column blocks, row tiles of the step at most),
+// the blocks past the step's tiles return at once). Without tensor cores the host keeps the
+// small-M entries for every step.
+extern "C" __global__ void __launch_bounds__(128)
+    moe_gemm_gate_up(const bf16* __restrict__ x_perm, const bf16* __restrict__ w, const int* __restrict__ meta,
+                     bf16* __restrict__ h_perm) {
+    await_previous_kernels();
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    moe_gemm_tile<true>(x_perm, w, meta, h_perm, MOE_INTER, HIDDEN);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    moe_gemm_down(const bf16* __restrict__ h_perm, const bf16* __restrict__ w, const int* __restrict__ meta,
+                  float* __restrict__ y_perm) {
+    await_previous_kernels();
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    moe_gemm_tile<false>(h_perm, w, meta, y_perm, HIDDEN, MOE_INTER);
+#endif
 }
 
 // SwiGLU of the shared expert's gate/up product [T, 2 * MOE_SHARED_INTER] fp32 (gate half first)

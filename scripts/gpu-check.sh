@@ -1131,36 +1131,40 @@ fi
 # against the CPU backend and transformers, and memcheck over its prefill test). MOE_BENCH=1 also
 # writes Qwen3-30B-A3B-shaped random weights (scripts/make_moe_shaped.py, MOE_LAYERS layers,
 # default 12 of the real 48 to fit the disk) and runs MOE_SPECS offline (default batch 1 and 64 at
-# 1000/256), the batch-1 inter-token latency set against the active-weight floor at 3.0 TB/s.
+# 1000/256), the batch-1 inter-token latency set against the active-weight floor at 3.0 TB/s;
+# MOE_DENSE=1 runs the same specs on the 8B-shaped dense model beside.
 if has moe; then
   MO=$OUT/moe
   mkdir -p "$MO"
-  MOE_GEMV="-DGEMV_ROWS=4 -DGEMV_WARPS=4 -DGEMV_MMA_FROM=1 -DGEMV_MMA_WARPS=8 -DGEMV_MMA_STAGES=5"
-  MOE_HEADS="-DNUM_Q_HEADS=4 -DNUM_KV_HEADS=2 -DHEAD_DIM=16 -DQKV_BIAS=0"
-  moe_build() { # NAME DEFINES
-    nvcc -O3 -arch=sm_90a -std=c++17 -I"$G/kernels" -I"$G" $MOE_GEMV $MOE_HEADS $2 -Xptxas -v "$G/moe-check.cu" \
-      -o "$MO/$1" >"$MO/$1.build.log" 2>&1 || note "moe-check $1 BUILD FAILED: $(grep -m3 error "$MO/$1.build.log")"
-  }
-  moe_build a3b "-DHIDDEN=2048 -DINTERMEDIATE=768 -DMOE_EXPERTS=128 -DMOE_TOP_K=8 -DMOE_RENORMALIZE=1 -DMOE_LOGITS=128 -DMOE_INTER=768 -DMOE_SHARED_INTER=0" &
-  moe_build tiny "-DHIDDEN=64 -DINTERMEDIATE=32 -DMOE_EXPERTS=8 -DMOE_TOP_K=2 -DMOE_RENORMALIZE=0 -DMOE_LOGITS=9 -DMOE_INTER=32 -DMOE_SHARED_INTER=48" &
-  wait
-  for shape in a3b tiny; do
-    [ -x "$MO/$shape" ] || continue
-    timeout 120 "$MO/$shape" test >"$MO/$shape-test.log" 2>&1
-    note "moe-check $shape: rc=$? $(grep -c ': ok$' "$MO/$shape-test.log") ok, $(grep -c 'FAIL$' "$MO/$shape-test.log") failed"
-    grep -h '^RESULT' "$MO/$shape-test.log" | sed 's/^/    /' >>"$SUMMARY"
-    grep -v '^RESULT' "$MO/$shape-test.log" | head -5 | sed 's/^/    /' | tee -a "$SUMMARY"
-    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$MO/$shape" quick >"$MO/$shape-sanitizer.log" 2>&1
-    note "compute-sanitizer memcheck moe-check $shape: rc=$? $(grep -E 'ERROR SUMMARY' "$MO/$shape-sanitizer.log" | tail -1)"
-  done
-  [ -x "$MO/a3b" ] && timeout 60 "$MO/a3b" bench >"$MO/bench.log" 2>&1 && grep -h '^RESULT' "$MO/bench.log" | tee -a "$SUMMARY"
-  if [ -x "$G/cuda_moe" ]; then
-    timeout 300 $RUN "$G/cuda_moe" --include-ignored --test-threads=1 --nocapture >"$OUT/moe-correctness.log" 2>&1
-    note "moe correctness (tests/cuda_moe.rs): rc=$? $(grep -E '^test result' "$OUT/moe-correctness.log")"
-    grep -E '^RESULT|panicked' "$OUT/moe-correctness.log" | head -20 | tee -a "$SUMMARY"
-    timeout 300 $RUN compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
-      "$G/cuda_moe" --include-ignored --test-threads=1 prefill_logits >"$OUT/moe-sanitizer.log" 2>&1
-    note "compute-sanitizer memcheck (tests/cuda_moe.rs prefill_logits): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/moe-sanitizer.log" | tail -1)"
+  # MOE_SKIP_CHECKS=1: the benches alone.
+  if [ -z "${MOE_SKIP_CHECKS:-}" ]; then
+    MOE_GEMV="-DGEMV_ROWS=4 -DGEMV_WARPS=4 -DGEMV_MMA_FROM=1 -DGEMV_MMA_WARPS=8 -DGEMV_MMA_STAGES=5"
+    MOE_HEADS="-DNUM_Q_HEADS=4 -DNUM_KV_HEADS=2 -DHEAD_DIM=16 -DQKV_BIAS=0"
+    moe_build() { # NAME DEFINES
+      nvcc -O3 -arch=sm_90a -std=c++17 -I"$G/kernels" -I"$G" $MOE_GEMV $MOE_HEADS $2 -Xptxas -v "$G/moe-check.cu" \
+        -o "$MO/$1" >"$MO/$1.build.log" 2>&1 || note "moe-check $1 BUILD FAILED: $(grep -m3 error "$MO/$1.build.log")"
+    }
+    moe_build a3b "-DHIDDEN=2048 -DINTERMEDIATE=768 -DMOE_EXPERTS=128 -DMOE_TOP_K=8 -DMOE_RENORMALIZE=1 -DMOE_LOGITS=128 -DMOE_INTER=768 -DMOE_SHARED_INTER=0" &
+    moe_build tiny "-DHIDDEN=64 -DINTERMEDIATE=32 -DMOE_EXPERTS=8 -DMOE_TOP_K=2 -DMOE_RENORMALIZE=0 -DMOE_LOGITS=9 -DMOE_INTER=32 -DMOE_SHARED_INTER=48" &
+    wait
+    for shape in a3b tiny; do
+      [ -x "$MO/$shape" ] || continue
+      timeout 120 "$MO/$shape" test >"$MO/$shape-test.log" 2>&1
+      note "moe-check $shape: rc=$? $(grep -c ': ok$' "$MO/$shape-test.log") ok, $(grep -c 'FAIL$' "$MO/$shape-test.log") failed"
+      grep -h '^RESULT' "$MO/$shape-test.log" | sed 's/^/    /' >>"$SUMMARY"
+      grep -v '^RESULT' "$MO/$shape-test.log" | head -5 | sed 's/^/    /' | tee -a "$SUMMARY"
+      timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$MO/$shape" quick >"$MO/$shape-sanitizer.log" 2>&1
+      note "compute-sanitizer memcheck moe-check $shape: rc=$? $(grep -E 'ERROR SUMMARY' "$MO/$shape-sanitizer.log" | tail -1)"
+    done
+    [ -x "$MO/a3b" ] && timeout 60 "$MO/a3b" bench >"$MO/bench.log" 2>&1 && grep -h '^RESULT' "$MO/bench.log" | tee -a "$SUMMARY"
+    if [ -x "$G/cuda_moe" ]; then
+      timeout 300 $RUN "$G/cuda_moe" --include-ignored --test-threads=1 --nocapture >"$OUT/moe-correctness.log" 2>&1
+      note "moe correctness (tests/cuda_moe.rs): rc=$? $(grep -E '^test result' "$OUT/moe-correctness.log")"
+      grep -E '^RESULT|panicked' "$OUT/moe-correctness.log" | head -20 | tee -a "$SUMMARY"
+      timeout 300 $RUN compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
+        "$G/cuda_moe" --include-ignored --test-threads=1 prefill_logits >"$OUT/moe-sanitizer.log" 2>&1
+      note "compute-sanitizer memcheck (tests/cuda_moe.rs prefill_logits): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/moe-sanitizer.log" | tail -1)"
+    fi
   fi
   if [ -n "${MOE_BENCH:-}" ]; then
     MM=${MOE_MODEL_DIR:-/tmp/qwen3-moe-shaped}
@@ -1183,6 +1187,21 @@ if has moe; then
       grep -E '^(TTFT|ITL|engine steps) ' "$log" | sed 's/^/    /' | tee -a "$SUMMARY"
       grep -E 'weights uploaded|KV cache allocated|panicked|Error|error' "$log" | head -3 | sed 's/^/    /' >>"$SUMMARY"
     done
+    # MOE_DENSE=1: the same specs on the Llama-3.1-8B-shaped dense model (16 GB of weights, about
+    # the 12-layer MoE's total), for the batch-64 comparison at equal total bytes.
+    if [ -n "${MOE_DENSE:-}" ]; then
+      [ -d $M8 ] || PYTHONUNBUFFERED=1 python3 "$G/make_llama8b.py" $M8 >"$OUT/make8b.log" 2>&1
+      note "MoE total weights: $(du -sh $MM | cut -f1), dense comparison: $(du -sh $M8 | cut -f1)"
+      for spec in "${MOE_SPEC_LIST[@]}"; do
+        set -- $spec
+        b=$1 i=$2 o=$3
+        shift 3
+        log=$MO/dense-b$b-i$i-o$o.log
+        timeout ${MOE_BENCH_TIMEOUT:-300} $RUN "$G/inferno" bench offline --model $M8 --device cuda --batch-size "$b" \
+          --input-len "$i" --output-len "$o" --ignore-eos "$@" >"$log" 2>&1
+        note "dense (8B-shaped) offline batch=$b in=$i out=$o $*: rc=$? $(grep -E '^output throughput' "$log" | tail -1)"
+      done
+    fi
   fi
 fi
 

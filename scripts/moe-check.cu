@@ -11,7 +11,7 @@
 //                    (and the shared expert's gate) against the weighted sum. The fused one-block
 //                    entry (few tokens) and the separate ones (many) must agree. Exits 1 on a
 //                    mismatch.
-//   moe-check quick  the same with at most 40 tokens (for compute-sanitizer)
+//   moe-check quick  the same with at most 256 tokens (for compute-sanitizer)
 //   moe-check bench  decode-sized steps (1, 8, 64 tokens) of the routed part of a layer (route,
 //                    permute, gather, grouped products, combine) in a CUDA graph, layers' weights
 //                    cycled so every read comes from memory: time per layer and the active
@@ -32,6 +32,8 @@
 
 #undef INFINITY
 #include "prelude.cuh"
+// gemv.cu's inner loops without its entry points, as the backend compiles the family.
+#define GEMV_NO_ENTRIES 1
 #include "gemv.cu"
 #include "moe.cu"
 
@@ -66,7 +68,7 @@ static Buffers allocate(int max_tokens) {
     CHECK(cudaMalloc(&b.tokens, (size_t)max_tokens * 4));
     CHECK(cudaMalloc(&b.ids, rows * 4));
     CHECK(cudaMalloc(&b.weights, rows * 4));
-    CHECK(cudaMalloc(&b.meta, (2 * E + 2) * 4));
+    CHECK(cudaMalloc(&b.meta, MOE_META_WORDS * 4));
     CHECK(cudaMalloc(&b.sorted_tokens, rows * 4));
     CHECK(cudaMalloc(&b.row_of, rows * 4));
     CHECK(cudaMalloc(&b.x, (size_t)max_tokens * H * 2));
@@ -91,11 +93,22 @@ static void route(const Buffers& b, int t, bool fused, cudaStream_t stream = 0) 
     }
 }
 
+// The grouped products: the tensor-core tiles from 16 rows per expert on average (as the backend
+// chooses, src/backend/cuda/backend/moe.rs), else the small-M loops; `gemm` forces either.
+static bool takes_gemm(int t) { return t * K >= 16 * E; }
+
 static void products(const Buffers& b, int t, const bf16* gate_up, const bf16* down, bool shared,
                      cudaStream_t stream = 0) {
-    const int active = std::min(E, t * K);
-    moe_gate_up<<<dim3(I / (ROWS / 2), active), THREADS, RING, stream>>>(b.x_perm, gate_up, b.meta, b.h_perm);
-    moe_down<<<dim3((H + ROWS - 1) / ROWS, active), THREADS, RING, stream>>>(b.h_perm, down, b.meta, b.y_perm);
+    if (takes_gemm(t)) {
+        const int tiles = (t * K + MOE_BM - 1) / MOE_BM + std::min(E, t * K);
+        moe_gemm_gate_up<<<dim3((I + MOE_BN / 2 - 1) / (MOE_BN / 2), tiles), 128, 0, stream>>>(b.x_perm, gate_up, b.meta,
+                                                                                                b.h_perm);
+        moe_gemm_down<<<dim3((H + MOE_BN - 1) / MOE_BN, tiles), 128, 0, stream>>>(b.h_perm, down, b.meta, b.y_perm);
+    } else {
+        const int active = std::min(E, t * K);
+        moe_gate_up<<<dim3(I / (ROWS / 2), active), THREADS, RING, stream>>>(b.x_perm, gate_up, b.meta, b.h_perm);
+        moe_down<<<dim3((H + ROWS - 1) / ROWS, active), THREADS, RING, stream>>>(b.h_perm, down, b.meta, b.y_perm);
+    }
     moe_combine<<<t, 256, 0, stream>>>(b.y_perm, b.row_of, b.weights, b.logits, shared ? b.shared : nullptr,
                                        b.delta);
 }
@@ -160,7 +173,7 @@ static int test(int t, bool fused, std::mt19937& rng, const Buffers& b, const bf
     const size_t rows = (size_t)t * K;
     auto ids = finish_and_download(b.ids, rows);
     auto weights = finish_and_download(b.weights, rows);
-    auto meta = finish_and_download(b.meta, 2 * E + 2);
+    auto meta = finish_and_download(b.meta, MOE_META_WORDS);
     auto sorted_tokens = finish_and_download(b.sorted_tokens, rows);
     auto row_of = finish_and_download(b.row_of, rows);
     auto x_perm = finish_and_download(b.x_perm, rows * H);
@@ -214,6 +227,14 @@ static int test(int t, bool fused, std::mt19937& rng, const Buffers& b, const bf
     }
     for (size_t r = 0; r < rows; ++r) if (seen[r] != 1) fail("row used", r, seen[r], 1);
     // Grouped products: each permuted row against its expert (h from x, y from the kernel's h).
+    // The GEMM's tile list: each expert's first tile, the total.
+    {
+        int tiles = 0;
+        for (int e = 0; e <= E; ++e) {
+            if (meta[MOE_META_TILES + e] != tiles) fail("first tile", e, meta[MOE_META_TILES + e], tiles);
+            if (e < E) tiles += (counts[e] + MOE_BM - 1) / MOE_BM;
+        }
+    }
     double worst_h = 0, worst_y = 0, worst_d = 0;
     // A sample of at most ~48 rows: the float64 reference is slow on the host.
     const size_t stride = std::max<size_t>(1, rows / 48);
@@ -253,15 +274,15 @@ static int test(int t, bool fused, std::mt19937& rng, const Buffers& b, const bf
             if (!(err <= 1e-5 + 1e-5 * std::fabs(want))) fail("combine", tok, delta[(size_t)tok * H + n], want);
         }
     }
-    printf("RESULT moe test E=%d K=%d H=%d I=%d t=%d %s: %d boundary ties, %d active experts, max err h %.2e y %.2e delta %.2e: %s\n",
-           E, K, H, I, t, fused ? "fused" : "separate", ties, active, worst_h, worst_y, worst_d, bad ? "FAIL" : "ok");
+    printf("RESULT moe test E=%d K=%d H=%d I=%d t=%d %s, %s products: %d boundary ties, %d active experts, max err h %.2e y %.2e delta %.2e: %s\n",
+           E, K, H, I, t, fused ? "fused" : "separate", takes_gemm(t) ? "tensor-core tile" : "small-M", ties, active, worst_h, worst_y, worst_d, bad ? "FAIL" : "ok");
     return bad;
 }
 
-// `quick`: fewer tokens (for compute-sanitizer).
+// `quick`: at most 256 tokens (for compute-sanitizer; still both product paths).
 static int run_tests(bool quick) {
     std::mt19937 rng(44);
-    const int max_tokens = quick ? 40 : 300;
+    const int max_tokens = quick ? 256 : 300;
     Buffers b = allocate(max_tokens);
     std::vector<uint16_t> gate_up((size_t)E * 2 * I * H), down((size_t)E * H * I);
     std::normal_distribution<float> normal(0.0f, 0.05f);
@@ -290,7 +311,7 @@ static int run_bench() {
     }
     CHECK(cudaFuncSetAttribute(moe_gate_up, cudaFuncAttributeMaxDynamicSharedMemorySize, RING));
     CHECK(cudaFuncSetAttribute(moe_down, cudaFuncAttributeMaxDynamicSharedMemorySize, RING));
-    const int max_tokens = 64;
+    const int max_tokens = 2048;
     Buffers b = allocate(max_tokens);
     std::mt19937 rng(7);
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -304,7 +325,7 @@ static int run_bench() {
     CHECK(cudaDeviceSynchronize());
     cudaStream_t stream;
     CHECK(cudaStreamCreate(&stream));
-    for (int t : {1, 8, 64}) {
+    for (int t : {1, 8, 64, 2048}) {
         // One graph of `reps` layers, cycling the weight copies.
         const int reps = 16;
         cudaGraph_t graph;
@@ -322,12 +343,14 @@ static int run_bench() {
         StreamTimer timer(stream);
         for (int w = 0; w < launches; ++w) CHECK(cudaGraphLaunch(exec, stream));
         const double per_layer = timer.seconds() / launches / reps;
-        auto meta = finish_and_download(b.meta, 2 * E + 2);
+        auto meta = finish_and_download(b.meta, MOE_META_WORDS);
         const int active = meta[MOE_META_COUNT];
         const double bytes = (double)active * 3 * I * H * 2;
-        printf("RESULT moe bench E=%d K=%d H=%d I=%d tokens=%d: %d active experts, %.1f us per layer (routing to combine), "
-               "%.0f GB/s of active expert weights = %.0f%% of copy bandwidth\n",
-               E, K, H, I, t, active, per_layer * 1e6, bytes / per_layer / 1e9, 100.0 * bytes / per_layer / copy);
+        const double flops = 2.0 * t * K * 3.0 * I * H;
+        printf("RESULT moe bench E=%d K=%d H=%d I=%d tokens=%d (%s products): %d active experts, %.1f us per layer (routing to combine), "
+               "%.0f GB/s of active expert weights = %.0f%% of copy bandwidth, %.1f TFLOP/s\n",
+               E, K, H, I, t, takes_gemm(t) ? "tensor-core tile" : "small-M", active, per_layer * 1e6,
+               bytes / per_layer / 1e9, 100.0 * bytes / per_layer / copy, flops / per_layer / 1e12);
         CHECK(cudaGraphExecDestroy(exec));
         CHECK(cudaGraphDestroy(graph));
     }

@@ -7,9 +7,9 @@ use super::config::Architecture;
 use super::error::ModelError;
 use super::json::JsonObject;
 
-/// The most experts a layer may have. The planned GPU routing kernel keeps a token's router
-/// logits in one warp's registers (`docs/engine.md`, "The MoE path"); published models have at
-/// most 512 (Qwen3-Next).
+/// The most experts a layer may have. The GPU routing kernel (`kernels/moe.cu`) keeps a token's
+/// router logits in one warp's registers (`docs/engine.md`, "The MoE path"); published models
+/// have at most 512 (Qwen3-Next).
 pub const MAX_EXPERTS: usize = 512;
 
 /// The most experts a token may use (published models use 2 to 10).

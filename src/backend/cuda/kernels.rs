@@ -120,13 +120,15 @@ const FP8_FAMILY_ENTRIES: [&str; 2 * super::plan::GEMV_MAX_M + 5] = {
 
 /// The mixture-of-experts kernels (`kernels/moe.cu`, compiled after `kernels/gemv.cu`'s inner
 /// loops), compiled only for a model with experts.
-pub const MOE_ENTRIES: [&str; 8] = [
+pub const MOE_ENTRIES: [&str; 10] = [
     "moe_route",
     "moe_permute",
     "moe_gather",
     "moe_route_permute",
     "moe_gate_up",
     "moe_down",
+    "moe_gemm_gate_up",
+    "moe_gemm_down",
     "moe_shared_swiglu",
     "moe_combine",
 ];
@@ -617,6 +619,26 @@ mod tests {
         );
         let dense = params();
         assert!(!FAMILIES.iter().all(|f| needed(f, &dense)));
+        // Qwen2-MoE: the shared expert's gate is a column of the router's product, and every
+        // layer is sparse (the dense width is then the experts').
+        let json = r#"{"architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 64,
+            "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 8,
+            "num_experts_per_tok": 2, "shared_expert_intermediate_size": 48,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 100, "max_position_embeddings": 512}"#;
+        let config =
+            crate::model::ModelConfig::from_json(Path::new("config.json"), json.as_bytes())
+                .unwrap();
+        let p = KernelParams::from_definition(&ModelDefinition::of(&config));
+        assert_eq!((p.intermediate, p.unsupported()), (32, None));
+        let text = p.defines();
+        for needle in [
+            "#define MOE_LOGITS 9\n",
+            "#define MOE_SHARED_INTER 48\n",
+            "#define MOE_RENORMALIZE 0\n",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?}");
+        }
     }
 
     /// The parameters come from the model definition, and a definition whose layers differ (which

@@ -84,6 +84,11 @@ pub struct SharedScratch {
     pub out: DeviceBuffer,
 }
 
+/// Words of the permutation's `meta` buffer for `experts` experts (`MOE_META_WORDS`).
+fn meta_words(experts: usize) -> usize {
+    3 * experts + 3
+}
+
 /// The step buffers of a mixture of experts, sized for `max_tokens` tokens.
 pub struct MoeScratch {
     /// Router logits (and the shared expert's gate), `[tokens, logits]` fp32.
@@ -92,7 +97,9 @@ pub struct MoeScratch {
     pub topk_ids: DeviceBuffer,
     /// Their weights, `[tokens, top_k]` fp32.
     pub topk_weights: DeviceBuffer,
-    /// Segment offsets `[experts + 1]`, the count of experts with rows, their list `[experts]`.
+    /// Segment offsets `[experts + 1]`, the count of experts with rows, their list `[experts]`,
+    /// each expert's first row tile of the grouped GEMM `[experts + 1]` (`MOE_META_*` in
+    /// `kernels/moe.cu`).
     pub meta: DeviceBuffer,
     /// Each permuted row's token, `[tokens · top_k]`.
     pub sorted_tokens: DeviceBuffer,
@@ -131,7 +138,7 @@ impl MoeScratch {
             logits: DeviceBuffer::new(max_tokens * logits * 4)?,
             topk_ids: DeviceBuffer::new(rows * 4)?,
             topk_weights: DeviceBuffer::new(rows * 4)?,
-            meta: DeviceBuffer::new((2 * moe.num_experts + 2) * 4)?,
+            meta: DeviceBuffer::new(meta_words(moe.num_experts) * 4)?,
             sorted_tokens: DeviceBuffer::new(rows * 4)?,
             row_of: DeviceBuffer::new(rows * 4)?,
             x_perm: DeviceBuffer::new(rows * h * 2)?,

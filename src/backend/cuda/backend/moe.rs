@@ -34,6 +34,16 @@ const THREADS: u32 = 256;
 /// Most blocks of the gather (each copies whole rows, in turn).
 const GATHER_BLOCKS: usize = 4096;
 
+/// Rows and columns of a tile of the tensor-core grouped GEMMs (`MOE_BM`, `MOE_BN` in
+/// `kernels/moe.cu`), and their threads.
+const GEMM_TILE: usize = 64;
+const GEMM_THREADS: u32 = 128;
+
+/// Rows per expert, on average over the step, from which the expert products take the
+/// tensor-core tiles (each expert's weights read once per 64 rows) instead of the small-M loops
+/// (read once per 8 rows).
+const GEMM_FROM_ROWS_PER_EXPERT: usize = 16;
+
 /// The entry points of `kernels/moe.cu`.
 pub(super) struct MoeKernels {
     route: Kernel<MoeRoute>,
@@ -42,6 +52,8 @@ pub(super) struct MoeKernels {
     route_permute: Kernel<MoeRoutePermute>,
     gate_up: Kernel<MoeGateUp>,
     down: Kernel<MoeDown>,
+    gemm_gate_up: Kernel<MoeGateUp>,
+    gemm_down: Kernel<MoeDown>,
     shared_swiglu: Kernel<MoeSharedSwiglu>,
     combine: Kernel<MoeCombine>,
 }
@@ -62,6 +74,8 @@ impl MoeKernels {
             route_permute: Kernel::take(map, "moe_route_permute")?,
             gate_up: Kernel::take(map, "moe_gate_up")?,
             down: Kernel::take(map, "moe_down")?,
+            gemm_gate_up: Kernel::take(map, "moe_gemm_gate_up")?,
+            gemm_down: Kernel::take(map, "moe_gemm_down")?,
             shared_swiglu: Kernel::take(map, "moe_shared_swiglu")?,
             combine: Kernel::take(map, "moe_combine")?,
         }))
@@ -240,37 +254,68 @@ impl CudaBackend {
                 },
             )?;
         }
-        // One block column per expert that can have rows; those past the step's count of experts
-        // with rows return at once.
-        let active = to_u32(moe.num_experts.min(t * top_k), "experts")?;
-        let geometry = self.params.gemv_geometry(1);
-        let products = |columns: usize| -> Result<LaunchShape, BackendError> {
-            Ok(LaunchShape::new(
-                (to_u32(columns, "product rows")?, active, 1),
-                geometry.threads as u32,
-            )
-            .with_shared(geometry.shared_bytes as u32))
-        };
-        self.launch(
-            &kernels.gate_up,
-            products(moe.expert_intermediate / (geometry.rows / 2))?,
+        let (gate_up_args, down_args) = (
             MoeGateUp {
                 x_perm,
                 w: gate_up_w,
                 meta,
                 h_perm,
             },
-        )?;
-        self.launch(
-            &kernels.down,
-            products(hidden.div_ceil(geometry.rows))?,
             MoeDown {
                 h_perm,
                 w: down_w,
                 meta,
                 y_perm,
             },
-        )?;
+        );
+        let rows = t * top_k;
+        if self.params.gemv_tensor_cores && rows >= GEMM_FROM_ROWS_PER_EXPERT * moe.num_experts {
+            // Row tiles of the step at most: every expert's rows in 64-row tiles, one partial
+            // tile per expert with rows; those past the step's count return at once.
+            let tiles = to_u32(
+                rows.div_ceil(GEMM_TILE) + moe.num_experts.min(rows),
+                "row tiles",
+            )?;
+            let shape = |columns: usize| -> Result<LaunchShape, BackendError> {
+                Ok(LaunchShape::new(
+                    (to_u32(columns, "product columns")?, tiles, 1),
+                    GEMM_THREADS,
+                ))
+            };
+            let inter = moe.expert_intermediate;
+            self.launch(
+                &kernels.gemm_gate_up,
+                shape(inter.div_ceil(GEMM_TILE / 2))?,
+                gate_up_args,
+            )?;
+            self.launch(
+                &kernels.gemm_down,
+                shape(hidden.div_ceil(GEMM_TILE))?,
+                down_args,
+            )?;
+        } else {
+            // One block column per expert that can have rows; those past the step's count of
+            // experts with rows return at once.
+            let active = to_u32(moe.num_experts.min(rows), "experts")?;
+            let geometry = self.params.gemv_geometry(1);
+            let shape = |columns: usize| -> Result<LaunchShape, BackendError> {
+                Ok(LaunchShape::new(
+                    (to_u32(columns, "product rows")?, active, 1),
+                    geometry.threads as u32,
+                )
+                .with_shared(geometry.shared_bytes as u32))
+            };
+            self.launch(
+                &kernels.gate_up,
+                shape(moe.expert_intermediate / (geometry.rows / 2))?,
+                gate_up_args,
+            )?;
+            self.launch(
+                &kernels.down,
+                shape(hidden.div_ceil(geometry.rows))?,
+                down_args,
+            )?;
+        }
         let shared_out = match (moe.shared_expert, shared_w, shared_bufs) {
             (Some(width), Some((gate_up_w, down_w)), Some((gate_up, mlp, out))) => {
                 self.matmul(normed, gate_up_w, gate_up, (t, 2 * width, hidden))?;

@@ -68,8 +68,9 @@ kernel_args! {
         count: i32,
     }
 
-    /// The arguments of `moe_gate_up`: the grouped gate/up products with SwiGLU.
-    MoeGateUp for &["moe_gate_up"] => {
+    /// The arguments of `moe_gate_up` and `moe_gemm_gate_up`: the grouped gate/up products with
+    /// SwiGLU (small-M loops, or tensor-core tiles for many rows per expert).
+    MoeGateUp for &["moe_gate_up", "moe_gemm_gate_up"] => {
         /// The permuted rows, [rows, hidden].
         x_perm: DevicePtr<Bf16>,
         /// Every expert's gate/up weights, [experts, 2 × width, hidden].
@@ -80,8 +81,8 @@ kernel_args! {
         h_perm: DevicePtr<Bf16>,
     }
 
-    /// The arguments of `moe_down`: the grouped down products.
-    MoeDown for &["moe_down"] => {
+    /// The arguments of `moe_down` and `moe_gemm_down`: the grouped down products.
+    MoeDown for &["moe_down", "moe_gemm_down"] => {
         /// The SwiGLU rows, [rows, width].
         h_perm: DevicePtr<Bf16>,
         /// Every expert's down weights, [experts, hidden, width].
