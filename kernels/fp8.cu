@@ -119,14 +119,31 @@ fp8_quantize_input(const bf16* __restrict__ x, int k, int group, float upper_bou
 // first) quantized as fp8_quantize_input quantizes its bf16 output (the same values, the same
 // rounding), for the down product that reads it: codes into xq, codes times the scale into xd,
 // scales [T, groups]. The bf16 SwiGLU output itself is not written (the FP8 product reads xq or
-// xd). Grid (T, groups), FP8_QUANT_THREADS threads; group 0: the whole row is one group.
+// xd). With x_scales (the gate/up input's per-token scales, the buffer `scales` is then
+// overwritten) and w_scales (its per-row scales), gate_up is cuBLASLt's unscaled product of the
+// codes and each value is first scaled as fp8_scale_output would (the same arithmetic), so that
+// pass does not run. Grid (T, groups), FP8_QUANT_THREADS threads; group 0: the whole row is one
+// group.
+__device__ __forceinline__ float fp8_swiglu_value(const float* row, int i, float sx, const float* w_scales) {
+    float gate = row[i], up = row[INTERMEDIATE + i];
+    if (w_scales) {
+        gate *= sx * w_scales[i];
+        up *= sx * w_scales[INTERMEDIATE + i];
+    }
+    return bf16_to_f32(f32_to_bf16(silu_times(gate, up)));
+}
+
 extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS)
-fp8_swiglu_quantize(const float* __restrict__ gate_up, int group, float upper_bound, float static_scale,
-                    e4m3* __restrict__ xq, bf16* __restrict__ xd, float* __restrict__ scales) {
+fp8_swiglu_quantize(const float* __restrict__ gate_up, const float* x_scales, const float* __restrict__ w_scales,
+                    int group, float upper_bound, float static_scale, e4m3* __restrict__ xq, bf16* __restrict__ xd,
+                    float* scales) {
     __shared__ float scratch[32];
     await_previous_kernels();
     const int t = blockIdx.x;
     const int g = blockIdx.y;
+    // Every thread reads the token's input scale before any writes the new one.
+    const float sx = w_scales ? x_scales[t] : 1.0f;
+    __syncthreads();
     const int width = group > 0 ? group : INTERMEDIATE;
     const int first = g * width;
     const int last = min(first + width, INTERMEDIATE);
@@ -135,13 +152,13 @@ fp8_swiglu_quantize(const float* __restrict__ gate_up, int group, float upper_bo
     if (scale <= 0.0f) {
         float amax = 0.0f;
         for (int i = first + threadIdx.x; i < last; i += blockDim.x)
-            amax = fmaxf(amax, fabsf(bf16_to_f32(f32_to_bf16(silu_times(row[i], row[INTERMEDIATE + i])))));
+            amax = fmaxf(amax, fabsf(fp8_swiglu_value(row, i, sx, w_scales)));
         amax = fp8_block_max(amax, scratch);
         if (upper_bound > 0.0f) amax = fminf(amax, upper_bound);
         scale = fmaxf(amax / FP8_MAX, FP8_MIN_SCALE);
     }
     for (int i = first + threadIdx.x; i < last; i += blockDim.x) {
-        const float v = bf16_to_f32(f32_to_bf16(silu_times(row[i], row[INTERMEDIATE + i])));
+        const float v = fp8_swiglu_value(row, i, sx, w_scales);
         const unsigned int code = f32_to_e4m3(v / scale);
         xq[(size_t)t * INTERMEDIATE + i] = (e4m3)code;
         xd[(size_t)t * INTERMEDIATE + i] = f32_to_bf16(e4m3_to_f32(code) * scale);

@@ -126,16 +126,29 @@ static int test() {
         CHECK(cudaFree(q)); CHECK(cudaFree(d)); CHECK(cudaFree(s));
     }
     // SwiGLU quantizing its own output (fp8_swiglu_quantize) against SwiGLU then
-    // fp8_quantize_input: every code, value and scale the same, per token and per group.
-    {
+    // fp8_quantize_input: every code, value and scale the same, per token and per group; and
+    // scaling an unscaled product of the codes itself against fp8_scale_output first.
+    for (const bool unscaled : {false, true}) {
         const int tokens = 3;
         std::vector<float> gu((size_t)tokens * 2 * INTERMEDIATE);
         for (auto& v : gu) v = normal(rng) * (rng() % 8 == 0 ? 12.0f : 2.0f);
+        std::vector<float> xs(tokens), ws(2 * INTERMEDIATE);
+        for (auto& v : xs) v = 0.01f + (rng() % 100) * 1e-3f;
+        for (auto& v : ws) v = 0.02f + (rng() % 100) * 1e-3f;
         const float* dgu = upload(gu);
+        const float* dws = upload(ws);
+        float* scaled; CHECK(cudaMalloc(&scaled, gu.size() * 4));
+        CHECK(cudaMemcpy(scaled, dgu, gu.size() * 4, cudaMemcpyDeviceToDevice));
+        if (unscaled) {
+            const float* dxs = upload(xs);
+            fp8_scale_output<<<64, 256>>>(scaled, dxs, dws, tokens, 2 * INTERMEDIATE);
+            CHECK(cudaFree((void*)dxs));
+        }
         uint16_t* y; CHECK(cudaMalloc(&y, (size_t)tokens * INTERMEDIATE * 2));
-        swiglu_reference<<<tokens, 256>>>(dgu, y);
+        swiglu_reference<<<tokens, 256>>>(scaled, y);
         for (const Case c : {Case{0, 0, 0, "per token"}, Case{128, 0, 0, "per group"}, Case{0, 3.0f, 0, "capped"},
                              Case{0, 0, 0.05f, "static"}}) {
+            if (unscaled && c.group) continue;  // the unscaled product has one scale per token
             const int groups = c.group ? (INTERMEDIATE + c.group - 1) / c.group : 1;
             const size_t count = (size_t)tokens * INTERMEDIATE;
             uint8_t *q1, *q2; uint16_t *d1, *d2; float *s1, *s2;
@@ -143,16 +156,20 @@ static int test() {
             CHECK(cudaMalloc(&d1, count * 2)); CHECK(cudaMalloc(&d2, count * 2));
             CHECK(cudaMalloc(&s1, tokens * groups * 4)); CHECK(cudaMalloc(&s2, tokens * groups * 4));
             fp8_quantize_input<<<dim3(tokens, groups), FP8_QUANT_THREADS>>>(y, INTERMEDIATE, c.group, c.ub, c.fixed, q1, d1, s1);
-            fp8_swiglu_quantize<<<dim3(tokens, groups), FP8_QUANT_THREADS>>>(dgu, c.group, c.ub, c.fixed, q2, d2, s2);
+            if (unscaled) CHECK(cudaMemcpy(s2, xs.data(), tokens * 4, cudaMemcpyHostToDevice));
+            fp8_swiglu_quantize<<<dim3(tokens, groups), FP8_QUANT_THREADS>>>(dgu, unscaled ? s2 : nullptr,
+                                                                            unscaled ? dws : nullptr, c.group, c.ub,
+                                                                            c.fixed, q2, d2, s2);
             const bool same = finish_and_download(q1, count) == finish_and_download(q2, count) &&
                               finish_and_download(d1, count) == finish_and_download(d2, count) &&
                               finish_and_download(s1, tokens * groups) == finish_and_download(s2, tokens * groups);
-            printf("RESULT fp8_swiglu_quantize %s: %s\n", c.name, same ? "same as SwiGLU then fp8_quantize_input" : "DIFFERS");
+            printf("RESULT fp8_swiglu_quantize %s%s: %s\n", c.name, unscaled ? " (scaling the product itself)" : "",
+                   same ? "same as SwiGLU then fp8_quantize_input" : "DIFFERS");
             failures += same ? 0 : 1;
             CHECK(cudaFree(q1)); CHECK(cudaFree(q2)); CHECK(cudaFree(d1)); CHECK(cudaFree(d2));
             CHECK(cudaFree(s1)); CHECK(cudaFree(s2));
         }
-        CHECK(cudaFree(y)); CHECK(cudaFree((void*)dgu));
+        CHECK(cudaFree(y)); CHECK(cudaFree(scaled)); CHECK(cudaFree((void*)dgu)); CHECK(cudaFree((void*)dws));
     }
     // Products and widening on ragged shapes (3 steps of 512 columns, the last partial), per-row
     // and per-group scales, every M and every launch geometry.

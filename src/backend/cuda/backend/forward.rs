@@ -106,6 +106,8 @@ impl CudaBackend {
             match self.definition.layers[segment - 1].mlp {
                 MlpDefinition::SwiGlu { intermediate } => {
                     let gate_up_dims = (t, 2 * intermediate, p.hidden);
+                    // The gate/up weights' scales where their product was left unscaled.
+                    let mut unscaled = None;
                     match gate_up_w {
                         Operand::Bf16(gate_up_w) => {
                             let small_m = self.takes_small_m(normed, gate_up_w, gate_up_dims);
@@ -114,7 +116,17 @@ impl CudaBackend {
                         Operand::Fp8(gate_up_w) => {
                             let gate_up = self.act.gate_up.device_ptr();
                             let quantized = gate_up_w.norm_quantizes();
-                            self.fp8_product(normed, gate_up_w, gate_up, gate_up_dims, quantized)?;
+                            // SwiGLU scales cuBLASLt's product itself where it also quantizes.
+                            let defer = matches!(down_w, Operand::Fp8(d) if d.input.is_some());
+                            let deferred = self.fp8_product_deferring(
+                                normed,
+                                gate_up_w,
+                                gate_up,
+                                gate_up_dims,
+                                quantized,
+                                defer,
+                            )?;
+                            unscaled = deferred.then_some(gate_up_w.scales);
                         }
                     }
                     let mlp = self.act.mlp.device_ptr();
@@ -124,7 +136,7 @@ impl CudaBackend {
                         // output itself (one launch instead of SwiGLU and the quantization).
                         Operand::Fp8(down_w) if down_w.input.is_some() => {
                             if matches!(gate_up_w, Operand::Fp8(_)) {
-                                self.fp8_swiglu_quantize(t, down_w)?;
+                                self.fp8_swiglu_quantize(t, down_w, unscaled)?;
                                 self.fp8_product(mlp, down_w, delta, down_dims, true)?;
                             } else {
                                 self.fp8_product(mlp, down_w, delta, down_dims, false)?;
@@ -192,8 +204,15 @@ impl CudaBackend {
 
     /// SwiGLU over the gate/up product of `t` rows in `act.gate_up`, quantized as the FP8 down
     /// product `down` quantizes its input, into the FP8 scratch buffers (`fp8_product` with
-    /// `quantized` then reads them; `act.mlp` is not written).
-    fn fp8_swiglu_quantize(&self, t: usize, down: Fp8Operand) -> Result<(), BackendError> {
+    /// `quantized` then reads them; `act.mlp` is not written). `unscaled`: the gate/up weights'
+    /// scales, where the product is cuBLASLt's unscaled product of the codes (its per-token
+    /// scales are still in the scratch buffer).
+    fn fp8_swiglu_quantize(
+        &self,
+        t: usize,
+        down: Fp8Operand,
+        unscaled: Option<DevicePtr<f32>>,
+    ) -> Result<(), BackendError> {
         let (Some(input), Some(scratch)) = (down.input, self.act.fp8.as_ref()) else {
             return Err(BackendError::Device(
                 "an FP8 SwiGLU without its input scheme or buffers".into(),
@@ -212,6 +231,8 @@ impl CudaBackend {
             ),
             Fp8SwigluQuantize {
                 gate_up: self.act.gate_up.device_ptr(),
+                x_scales: unscaled.map(|_| scratch.scales.device_ptr()),
+                w_scales: unscaled,
                 group: to_u32(input.group, "input group")? as i32,
                 upper_bound: input.upper_bound,
                 static_scale: input.static_scale,
