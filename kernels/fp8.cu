@@ -27,6 +27,9 @@ typedef unsigned char e4m3;
 #define FP8_MIN_SCALE (1.0f / (448.0f * 512.0f))
 // Threads of fp8_quantize_input's blocks.
 #define FP8_QUANT_THREADS 256
+// Threads of fp8_swiglu_quantize's blocks, and the values each keeps in registers.
+#define FP8_SWIGLU_THREADS 1024
+#define FP8_SWIGLU_SLOTS ((INTERMEDIATE + FP8_SWIGLU_THREADS - 1) / FP8_SWIGLU_THREADS)
 // The small-M kernels' most warps per block, and 16-byte weight loads in flight per lane.
 #define FP8_GEMV_MAX_WARPS 8
 #define FP8_GEMV_LOADS 8
@@ -122,8 +125,9 @@ fp8_quantize_input(const bf16* __restrict__ x, int k, int group, float upper_bou
 // xd). With x_scales (the gate/up input's per-token scales, the buffer `scales` is then
 // overwritten) and w_scales (its per-row scales), gate_up is cuBLASLt's unscaled product of the
 // codes and each value is first scaled as fp8_scale_output would (the same arithmetic), so that
-// pass does not run. Grid (T, groups), FP8_QUANT_THREADS threads; group 0: the whole row is one
-// group.
+// pass does not run. Grid (T, groups); group 0: the whole row is one group, FP8_SWIGLU_THREADS
+// threads (the row is read once into registers: at decode one block per token is the whole
+// launch); else a multiple of 32 threads covering the group, at most FP8_SWIGLU_THREADS.
 __device__ __forceinline__ float fp8_swiglu_value(const float* row, int i, float sx, const float* w_scales) {
     float gate = row[i], up = row[INTERMEDIATE + i];
     if (w_scales) {
@@ -133,7 +137,7 @@ __device__ __forceinline__ float fp8_swiglu_value(const float* row, int i, float
     return bf16_to_f32(f32_to_bf16(silu_times(gate, up)));
 }
 
-extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS)
+extern "C" __global__ void __launch_bounds__(FP8_SWIGLU_THREADS)
 fp8_swiglu_quantize(const float* __restrict__ gate_up, const float* x_scales, const float* __restrict__ w_scales,
                     int group, float upper_bound, float static_scale, e4m3* __restrict__ xq, bf16* __restrict__ xd,
                     float* scales) {
@@ -148,18 +152,26 @@ fp8_swiglu_quantize(const float* __restrict__ gate_up, const float* x_scales, co
     const int first = g * width;
     const int last = min(first + width, INTERMEDIATE);
     const float* row = gate_up + (size_t)t * 2 * INTERMEDIATE;
+    // The group's values are read once and kept in registers.
+    float v[FP8_SWIGLU_SLOTS];
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < FP8_SWIGLU_SLOTS; ++j) {
+        const int i = first + threadIdx.x + j * blockDim.x;
+        v[j] = i < last ? fp8_swiglu_value(row, i, sx, w_scales) : 0.0f;
+        amax = fmaxf(amax, fabsf(v[j]));
+    }
     float scale = static_scale;
     if (scale <= 0.0f) {
-        float amax = 0.0f;
-        for (int i = first + threadIdx.x; i < last; i += blockDim.x)
-            amax = fmaxf(amax, fabsf(fp8_swiglu_value(row, i, sx, w_scales)));
         amax = fp8_block_max(amax, scratch);
         if (upper_bound > 0.0f) amax = fminf(amax, upper_bound);
         scale = fmaxf(amax / FP8_MAX, FP8_MIN_SCALE);
     }
-    for (int i = first + threadIdx.x; i < last; i += blockDim.x) {
-        const float v = fp8_swiglu_value(row, i, sx, w_scales);
-        const unsigned int code = f32_to_e4m3(v / scale);
+#pragma unroll
+    for (int j = 0; j < FP8_SWIGLU_SLOTS; ++j) {
+        const int i = first + threadIdx.x + j * blockDim.x;
+        if (i >= last) break;
+        const unsigned int code = f32_to_e4m3(v[j] / scale);
         xq[(size_t)t * INTERMEDIATE + i] = (e4m3)code;
         xd[(size_t)t * INTERMEDIATE + i] = f32_to_bf16(e4m3_to_f32(code) * scale);
     }

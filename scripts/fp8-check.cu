@@ -157,7 +157,7 @@ static int test() {
             CHECK(cudaMalloc(&s1, tokens * groups * 4)); CHECK(cudaMalloc(&s2, tokens * groups * 4));
             fp8_quantize_input<<<dim3(tokens, groups), FP8_QUANT_THREADS>>>(y, INTERMEDIATE, c.group, c.ub, c.fixed, q1, d1, s1);
             if (unscaled) CHECK(cudaMemcpy(s2, xs.data(), tokens * 4, cudaMemcpyHostToDevice));
-            fp8_swiglu_quantize<<<dim3(tokens, groups), FP8_QUANT_THREADS>>>(dgu, unscaled ? s2 : nullptr,
+            fp8_swiglu_quantize<<<dim3(tokens, groups), c.group ? c.group : FP8_SWIGLU_THREADS>>>(dgu, unscaled ? s2 : nullptr,
                                                                             unscaled ? dws : nullptr, c.group, c.ub,
                                                                             c.fixed, q2, d2, s2);
             const bool same = finish_and_download(q1, count) == finish_and_download(q2, count) &&

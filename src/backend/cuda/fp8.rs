@@ -16,6 +16,20 @@ use crate::model::weights::{DType, TensorView, bf16_to_f32, f16_to_f32};
 /// Threads of `fp8_quantize_input`'s blocks (`FP8_QUANT_THREADS` in `kernels/fp8.cu`).
 pub const QUANT_THREADS: u32 = 256;
 
+/// The most threads of `fp8_swiglu_quantize`'s blocks (`FP8_SWIGLU_THREADS` in
+/// `kernels/fp8.cu`): a whole row's block has them all.
+pub const SWIGLU_QUANT_THREADS: u32 = 1024;
+
+/// Threads of an `fp8_swiglu_quantize` block for input groups of `group` columns (0: the whole
+/// row): enough warps to cover a group once, at most [`SWIGLU_QUANT_THREADS`].
+pub fn swiglu_quant_threads(group: usize) -> u32 {
+    if group == 0 {
+        SWIGLU_QUANT_THREADS
+    } else {
+        (group.next_multiple_of(32) as u32).min(SWIGLU_QUANT_THREADS)
+    }
+}
+
 /// The most warps per block of the FP8 small-M kernels (`FP8_GEMV_MAX_WARPS`).
 pub const GEMV_MAX_WARPS: usize = 8;
 
@@ -260,6 +274,7 @@ mod tests {
         let source = include_str!("../../../kernels/fp8.cu");
         for define in [
             format!("#define FP8_QUANT_THREADS {QUANT_THREADS}"),
+            format!("#define FP8_SWIGLU_THREADS {SWIGLU_QUANT_THREADS}"),
             format!("#define FP8_GEMV_MAX_WARPS {GEMV_MAX_WARPS}"),
         ] {
             assert!(source.contains(&define), "{define}");
@@ -269,6 +284,14 @@ mod tests {
         assert_eq!(entries[four.entry(3)], "fp8_gemv_r4_m3");
         let two = GemvGeometry { rows: 2, ..four };
         assert_eq!(entries[two.entry(8)], "fp8_gemv_m8");
+    }
+
+    #[test]
+    fn swiglu_quantization_blocks_cover_their_group() {
+        assert_eq!(swiglu_quant_threads(0), 1024);
+        assert_eq!(swiglu_quant_threads(128), 128);
+        assert_eq!(swiglu_quant_threads(100), 128);
+        assert_eq!(swiglu_quant_threads(4096), 1024);
     }
 
     /// Narrow products split K until the GPU has enough warps; wide ones do not; a split never

@@ -4,7 +4,7 @@
 use crate::engine::BackendError;
 use crate::model::MlpDefinition;
 
-use crate::backend::cuda::fp8::QUANT_THREADS;
+use crate::backend::cuda::fp8::swiglu_quant_threads;
 use crate::backend::cuda::graphs::StepGraph;
 use crate::backend::cuda::inputs::StepLayout;
 use crate::backend::cuda::launch::{
@@ -227,7 +227,7 @@ impl CudaBackend {
                     to_u32(input.groups(intermediate), "input groups")?,
                     1,
                 ),
-                QUANT_THREADS,
+                swiglu_quant_threads(input.group),
             ),
             Fp8SwigluQuantize {
                 gate_up: self.act.gate_up.device_ptr(),
