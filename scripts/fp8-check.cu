@@ -259,6 +259,32 @@ static int bench() {
         for (auto p : w) CHECK(cudaFree(p));
         CHECK(cudaFree(s)); CHECK(cudaFree(x)); CHECK(cudaFree(out));
     }
+    // The down product's input at decode: fp8_swiglu_quantize against SwiGLU then
+    // fp8_quantize_input (the launches it replaces; swiglu_reference stands in for
+    // kernels/swiglu.cu), per token.
+    for (const int tokens : {1, 8}) {
+        float* gu; CHECK(cudaMalloc(&gu, (size_t)tokens * 2 * INTERMEDIATE * 4));
+        CHECK(cudaMemset(gu, 0, (size_t)tokens * 2 * INTERMEDIATE * 4));
+        uint16_t *y, *d; uint8_t* q; float* sc;
+        CHECK(cudaMalloc(&y, (size_t)tokens * INTERMEDIATE * 2)); CHECK(cudaMalloc(&d, (size_t)tokens * INTERMEDIATE * 2));
+        CHECK(cudaMalloc(&q, (size_t)tokens * INTERMEDIATE)); CHECK(cudaMalloc(&sc, tokens * 4));
+        double fused = 0, separate = 0;
+        for (int pass = 0; pass < 2; ++pass) {
+            StreamTimer timer;
+            for (int i = 0; i < reps; ++i)
+                fp8_swiglu_quantize<<<tokens, FP8_SWIGLU_THREADS>>>(gu, nullptr, nullptr, 0, 0.0f, 0.0f, q, d, sc);
+            fused = timer.seconds() / reps;
+            StreamTimer timer2;
+            for (int i = 0; i < reps; ++i) {
+                swiglu_reference<<<tokens, 256>>>(gu, y);
+                fp8_quantize_input<<<tokens, FP8_QUANT_THREADS>>>(y, INTERMEDIATE, 0, 0.0f, 0.0f, q, d, sc);
+            }
+            separate = timer2.seconds() / reps;
+        }
+        printf("RESULT fp8_swiglu_quantize tokens=%d: %.2f us, SwiGLU then fp8_quantize_input %.2f us\n", tokens,
+               fused * 1e6, separate * 1e6);
+        CHECK(cudaFree(gu)); CHECK(cudaFree(y)); CHECK(cudaFree(d)); CHECK(cudaFree(q)); CHECK(cudaFree(sc));
+    }
     return 0;
 }
 
