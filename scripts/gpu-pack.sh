@@ -34,7 +34,9 @@ while read -r kind path; do
     *) ;;
   esac
 done <<<"$bins"
-cp scripts/gpu-check.sh scripts/make_llama8b.py scripts/peers.py scripts/attention-check.cu scripts/gemv-check.cu scripts/fp8-check.cu scripts/fp8_reference.py scripts/prefill-check.cu scripts/sampling-check.cu scripts/decode-chain-check.cu scripts/check-common.cuh scripts/attention-reference.cuh scripts/constrained_check.py scripts/read-buffer-bench.c scripts/libload-probe.py "$DEST/"
+cp scripts/gpu-check.sh scripts/make_llama8b.py scripts/peers.py scripts/attention-check.cu scripts/gemv-check.cu scripts/fp8-check.cu scripts/prefill-check.cu scripts/sampling-check.cu scripts/decode-chain-check.cu scripts/check-common.cuh scripts/attention-reference.cuh scripts/constrained_check.py scripts/read-buffer-bench.c scripts/libload-probe.py "$DEST/"
+# The FP8 stage's PyTorch reference (issue 43).
+cp scripts/fp8_reference.py "$DEST/"
 rm -rf "$DEST/kernels" && cp -r kernels "$DEST/kernels"
 git rev-parse --short HEAD >"$DEST/BUILD_COMMIT"
 # The audit benchmark spawns the server binary at the path compiled into it.

@@ -32,9 +32,9 @@ use super::inputs::{CopyStats, StepLimits};
 use super::kernels::KernelParams;
 use super::launch::{
     AddRmsnorm, AttentionReduce, Bf16, DevicePtr, EmbeddingGather, Fp8AddRmsnorm,
-    Fp8DequantizeWeight, Fp8Gemv, Fp8QuantizeInput, Fp8ScaleOutput, Fp8SwigluQuantize, Gemv,
-    GemvQkvRope, GemvSwiglu, Kernel, KernelArgs, LaunchShape, PagedAttention, PrefillAttention,
-    QkvRopeWrite, SampleTokens, Swiglu,
+    Fp8DequantizeWeight, Fp8Gemv, Fp8QuantizeInput, Fp8ScaleOutput, Gemv, GemvQkvRope, GemvSwiglu,
+    Kernel, KernelArgs, LaunchShape, PagedAttention, PrefillAttention, QkvRopeWrite, SampleTokens,
+    Swiglu,
 };
 use super::memory::DeviceBuffer;
 use super::wait::StepWaiter;
@@ -103,7 +103,7 @@ struct Kernels {
     /// The residual add and RMSNorm with the output quantized for an FP8 product.
     fp8_add_rmsnorm: Kernel<Fp8AddRmsnorm>,
     /// SwiGLU with its output quantized to FP8 for the down product.
-    fp8_swiglu_quantize: Kernel<Fp8SwigluQuantize>,
+    fp8_swiglu_quantize: Kernel<super::launch::Fp8SwigluQuantize>,
     /// `fp8_gemv[GemvGeometry::entry(m)]`: FP8 products of m rows.
     fp8_gemv: Vec<Kernel<Fp8Gemv>>,
 }
