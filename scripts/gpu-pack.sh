@@ -35,8 +35,6 @@ while read -r kind path; do
   esac
 done <<<"$bins"
 cp scripts/gpu-check.sh scripts/make_llama8b.py scripts/peers.py scripts/attention-check.cu scripts/gemv-check.cu scripts/fp8-check.cu scripts/prefill-check.cu scripts/sampling-check.cu scripts/decode-chain-check.cu scripts/check-common.cuh scripts/attention-reference.cuh scripts/constrained_check.py scripts/read-buffer-bench.c scripts/libload-probe.py "$DEST/"
-# The FP8 stage's PyTorch reference (issue 43).
-cp scripts/fp8_reference.py "$DEST/"
 rm -rf "$DEST/kernels" && cp -r kernels "$DEST/kernels"
 git rev-parse --short HEAD >"$DEST/BUILD_COMMIT"
 # The audit benchmark spawns the server binary at the path compiled into it.
@@ -45,6 +43,8 @@ git diff --quiet HEAD -- src kernels tests Cargo.toml || echo "+uncommitted" >>"
 strip "$DEST"/inferno "$DEST"/cuda_backend "$DEST"/cuda_fp8 "$DEST"/audit_bench 2>/dev/null || true
 [ -f "$DEST/unit_tests" ] && strip "$DEST/unit_tests"
 [ -f "$DEST/cuda_backend" ] || { echo "cuda_backend test binary missing" >&2; exit 1; }
+# The FP8 stage's PyTorch reference (issue 43).
+cp scripts/fp8_reference.py "$DEST/"
 # The binaries link libxmlsec1, libxml2 (and their dependencies) dynamically; the GPU machine may
 # lack them. Carry this machine's copies, except the C/C++ runtime and compression libraries that
 # every system has (gpu-check.sh puts them on LD_LIBRARY_PATH for these binaries only).
