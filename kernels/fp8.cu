@@ -131,8 +131,8 @@ fp8_quantize_input(const bf16* __restrict__ x, int k, int group, float upper_bou
 __device__ __forceinline__ float fp8_swiglu_value(const float* row, int i, float sx, const float* w_scales) {
     float gate = row[i], up = row[INTERMEDIATE + i];
     if (w_scales) {
-        gate *= sx * w_scales[i];
-        up *= sx * w_scales[INTERMEDIATE + i];
+        gate = __fmul_rn(gate, __fmul_rn(sx, w_scales[i]));
+        up = __fmul_rn(up, __fmul_rn(sx, w_scales[INTERMEDIATE + i]));
     }
     return bf16_to_f32(f32_to_bf16(silu_times(gate, up)));
 }
@@ -315,12 +315,15 @@ extern "C" __global__ void fp8_dequantize_weight(const e4m3* __restrict__ w, con
 
 // add_rmsnorm (kernels/rmsnorm.cu, without its row list: every row) whose bf16 output row is also
 // quantized as fp8_quantize_input quantizes it with group 0 (the same values, the same rounding):
-// codes into xq, codes times the scale into xd, the row's scale into scales[row]. One block of
-// RMS_THREADS threads per row.
+// codes into xq, codes times the scale into xd, the row's scale into scales[row]. With x_scales
+// (the product's per-token input scales, the buffer `scales` is then overwritten) and w_scales
+// (its per-row scales), delta is cuBLASLt's unscaled FP8 product of the codes and each value is
+// first scaled as fp8_scale_output would (the same roundings), so that pass does not run. One
+// block of RMS_THREADS threads per row.
 extern "C" __global__ void __launch_bounds__(RMS_THREADS)
-fp8_add_rmsnorm(float* __restrict__ residual, const float* __restrict__ delta, const bf16* __restrict__ weight,
-                bf16* __restrict__ out, float upper_bound, float static_scale, e4m3* __restrict__ xq,
-                bf16* __restrict__ xd, float* __restrict__ scales) {
+fp8_add_rmsnorm(float* __restrict__ residual, const float* __restrict__ delta, const float* x_scales,
+                const float* __restrict__ w_scales, const bf16* __restrict__ weight, bf16* __restrict__ out,
+                float upper_bound, float static_scale, e4m3* __restrict__ xq, bf16* __restrict__ xd, float* scales) {
     float w[FP8_RMS_SLOTS];
 #pragma unroll
     for (int k = 0; k < FP8_RMS_SLOTS; ++k) {
@@ -330,6 +333,8 @@ fp8_add_rmsnorm(float* __restrict__ residual, const float* __restrict__ delta, c
     await_previous_kernels();
     __shared__ float scratch[32];
     const int r = blockIdx.x;
+    // Read before block_sum's barrier, so before thread 0 writes the row's new scale.
+    const float sx = w_scales ? x_scales[r] : 1.0f;
     float* x = residual + (size_t)r * HIDDEN;
     float v[FP8_RMS_SLOTS];
     float sumsq = 0.0f;
@@ -340,7 +345,9 @@ fp8_add_rmsnorm(float* __restrict__ residual, const float* __restrict__ delta, c
         if (i < HIDDEN) {
             v[k] = x[i];
             if (delta) {
-                v[k] += delta[(size_t)r * HIDDEN + i];
+                const float d = delta[(size_t)r * HIDDEN + i];
+                // Rounded as fp8_scale_output rounds (no fused multiply-add).
+                v[k] += w_scales ? __fmul_rn(d, __fmul_rn(sx, w_scales[i])) : d;
                 x[i] = v[k];
             }
         }

@@ -2,7 +2,9 @@
 // scripts/gpu-check.sh (stage "fp8", with Llama-3.1-8B's shapes as defines).
 //   fp8-check test    fp8_quantize_input against a host reference of the same rounding (every
 //                     code and scale exact, per token, per 128-column group, capped, static),
-//                     fp8_swiglu_quantize against SwiGLU then fp8_quantize_input (bit for bit), then
+//                     fp8_swiglu_quantize against SwiGLU then fp8_quantize_input and
+//                     fp8_add_rmsnorm on an unscaled product against fp8_scale_output first (bit
+//                     for bit), then
 //                     fp8_gemv_mM / fp8_gemv_r4_mM for every M in 1..8 and every launch geometry,
 //                     and fp8_dequantize_weight, against a float64 reference on ragged shapes
 //                     with per-row and per-group scales; exits 1 on a mismatch
@@ -170,6 +172,48 @@ static int test() {
             CHECK(cudaFree(s1)); CHECK(cudaFree(s2));
         }
         CHECK(cudaFree(y)); CHECK(cudaFree(scaled)); CHECK(cudaFree((void*)dgu)); CHECK(cudaFree((void*)dws));
+    }
+    // The residual add and RMSNorm applying an unscaled product's scales itself
+    // (fp8_add_rmsnorm with x_scales and w_scales) against fp8_scale_output first: the same
+    // residual, output, codes, values and scales, bit for bit, dynamic and static.
+    {
+        const int rows = 5;
+        std::vector<float> res((size_t)rows * HIDDEN), d((size_t)rows * HIDDEN), xs(rows), ws(HIDDEN);
+        std::vector<uint16_t> nw(HIDDEN);
+        for (auto& v : res) v = normal(rng);
+        for (auto& v : d) v = normal(rng) * 300.0f;
+        for (auto& v : xs) v = 0.001f + (rng() % 100) * 1e-4f;
+        for (auto& v : ws) v = 0.0005f + (rng() % 100) * 1e-5f;
+        for (auto& v : nw) v = to_bf16(0.5f + (rng() % 100) * 0.01f);
+        const float* dws = upload(ws);
+        const uint16_t* dnw = upload(nw);
+        for (const float fixed : {0.0f, 0.05f}) {
+            float* res_a = upload(res); float* res_b = upload(res);
+            float* scaled = upload(d); const float* raw = upload(d);
+            float* s_a; CHECK(cudaMalloc(&s_a, rows * 4));
+            float* s_b = upload(xs);
+            const float* dxs = upload(xs);
+            uint16_t *o_a, *o_b, *x_a, *x_b; uint8_t *q_a, *q_b;
+            const size_t count = (size_t)rows * HIDDEN;
+            CHECK(cudaMalloc(&o_a, count * 2)); CHECK(cudaMalloc(&o_b, count * 2));
+            CHECK(cudaMalloc(&x_a, count * 2)); CHECK(cudaMalloc(&x_b, count * 2));
+            CHECK(cudaMalloc(&q_a, count)); CHECK(cudaMalloc(&q_b, count));
+            fp8_scale_output<<<64, 256>>>(scaled, dxs, dws, rows, HIDDEN);
+            fp8_add_rmsnorm<<<rows, RMS_THREADS>>>(res_a, scaled, nullptr, nullptr, dnw, o_a, 0.0f, fixed, q_a, x_a, s_a);
+            fp8_add_rmsnorm<<<rows, RMS_THREADS>>>(res_b, raw, s_b, dws, dnw, o_b, 0.0f, fixed, q_b, x_b, s_b);
+            const bool same = finish_and_download(res_a, count) == finish_and_download(res_b, count) &&
+                              finish_and_download(o_a, count) == finish_and_download(o_b, count) &&
+                              finish_and_download(q_a, count) == finish_and_download(q_b, count) &&
+                              finish_and_download(x_a, count) == finish_and_download(x_b, count) &&
+                              finish_and_download(s_a, rows) == finish_and_download(s_b, rows);
+            printf("RESULT fp8_add_rmsnorm scaling the product itself (%s): %s\n", fixed > 0 ? "static" : "dynamic",
+                   same ? "same as fp8_scale_output first" : "DIFFERS");
+            failures += same ? 0 : 1;
+            for (void* p : {(void*)res_a, (void*)res_b, (void*)scaled, (void*)raw, (void*)s_a, (void*)s_b, (void*)dxs,
+                            (void*)o_a, (void*)o_b, (void*)x_a, (void*)x_b, (void*)q_a, (void*)q_b})
+                CHECK(cudaFree(p));
+        }
+        CHECK(cudaFree((void*)dws)); CHECK(cudaFree((void*)dnw));
     }
     // Products and widening on ragged shapes (3 steps of 512 columns, the last partial), per-row
     // and per-group scales, every M and every launch geometry.

@@ -507,6 +507,11 @@ kernel_args! {
         residual: DevicePtr<f32>,
         /// What is added to the residual stream first (`None`: nothing).
         delta: Option<DevicePtr<f32>>,
+        /// The product's per-token input scales when `delta` is its unscaled product of the
+        /// codes (the same buffer as `scales`), else `None`.
+        x_scales: Option<DevicePtr<f32>>,
+        /// The product's per-row weight scales in that case, else `None`.
+        w_scales: Option<DevicePtr<f32>>,
         /// The norm's weight, [hidden].
         weight: DevicePtr<Bf16>,
         /// The normalised rows, [rows, hidden].
