@@ -25,11 +25,11 @@ typedef unsigned char e4m3;
 #define FP8_MAX 448.0f
 // The smallest dynamic scale (model::fp8::MIN_DYNAMIC_SCALE): 1 / (448 * 512).
 #define FP8_MIN_SCALE (1.0f / (448.0f * 512.0f))
-// Threads of fp8_quantize_input's blocks.
-#define FP8_QUANT_THREADS 256
-// Threads of fp8_swiglu_quantize's blocks, and the values each keeps in registers.
-#define FP8_SWIGLU_THREADS 1024
-#define FP8_SWIGLU_SLOTS ((INTERMEDIATE + FP8_SWIGLU_THREADS - 1) / FP8_SWIGLU_THREADS)
+// The most threads of fp8_quantize_input's and fp8_swiglu_quantize's blocks (the host launches a
+// multiple of 32 covering the group once, at most these), and the values each thread of the
+// latter keeps in registers.
+#define FP8_QUANT_THREADS 1024
+#define FP8_SWIGLU_SLOTS ((INTERMEDIATE + FP8_QUANT_THREADS - 1) / FP8_QUANT_THREADS)
 // The small-M kernels' most warps per block, and 16-byte weight loads in flight per lane.
 #define FP8_GEMV_MAX_WARPS 8
 #define FP8_GEMV_LOADS 8
@@ -87,7 +87,7 @@ __device__ __forceinline__ float fp8_block_max(float v, float* scratch) {
     return m;
 }
 
-// One block per (token, group): grid (T, groups), FP8_QUANT_THREADS threads. group 0: the whole
+// One block per (token, group): grid (T, groups), up to FP8_QUANT_THREADS threads. group 0: the whole
 // row is one group. upper_bound > 0 caps the largest magnitude a dynamic scale is computed from;
 // static_scale > 0 replaces the dynamic scale. Writes xq [T, K] codes, xd [T, K] bf16 values
 // (code * scale, rounded to bf16) and scales [T, groups].
@@ -125,9 +125,9 @@ fp8_quantize_input(const bf16* __restrict__ x, int k, int group, float upper_bou
 // xd). With x_scales (the gate/up input's per-token scales, the buffer `scales` is then
 // overwritten) and w_scales (its per-row scales), gate_up is cuBLASLt's unscaled product of the
 // codes and each value is first scaled as fp8_scale_output would (the same arithmetic), so that
-// pass does not run. Grid (T, groups); group 0: the whole row is one group, FP8_SWIGLU_THREADS
-// threads (the row is read once into registers: at decode one block per token is the whole
-// launch); else a multiple of 32 threads covering the group, at most FP8_SWIGLU_THREADS.
+// pass does not run. Grid (T, groups), group 0: the whole row is one group; a multiple of 32
+// threads covering the group once, at most FP8_QUANT_THREADS (the group is read once into
+// registers: at decode one block per token is the whole launch).
 __device__ __forceinline__ float fp8_swiglu_value(const float* row, int i, float sx, const float* w_scales) {
     float gate = row[i], up = row[INTERMEDIATE + i];
     if (w_scales) {
@@ -137,7 +137,7 @@ __device__ __forceinline__ float fp8_swiglu_value(const float* row, int i, float
     return bf16_to_f32(f32_to_bf16(silu_times(gate, up)));
 }
 
-extern "C" __global__ void __launch_bounds__(FP8_SWIGLU_THREADS)
+extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS)
 fp8_swiglu_quantize(const float* __restrict__ gate_up, const float* x_scales, const float* __restrict__ w_scales,
                     int group, float upper_bound, float static_scale, e4m3* __restrict__ xq, bf16* __restrict__ xd,
                     float* scales) {

@@ -105,7 +105,7 @@ static int test() {
         const int groups = c.group ? k / c.group : 1;
         uint8_t* q; uint16_t* d; float* s;
         CHECK(cudaMalloc(&q, t * k)); CHECK(cudaMalloc(&d, t * k * 2)); CHECK(cudaMalloc(&s, t * groups * 4));
-        fp8_quantize_input<<<dim3(t, groups), FP8_QUANT_THREADS>>>(dx, k, c.group, c.ub, c.fixed, q, d, s);
+        fp8_quantize_input<<<dim3(t, groups), c.group ? c.group : 384>>>(dx, k, c.group, c.ub, c.fixed, q, d, s);
         const auto codes = finish_and_download(q, t * k);
         const auto deq = finish_and_download(d, t * k);
         const auto scales = finish_and_download(s, t * groups);
@@ -157,9 +157,9 @@ static int test() {
             CHECK(cudaMalloc(&q1, count)); CHECK(cudaMalloc(&q2, count));
             CHECK(cudaMalloc(&d1, count * 2)); CHECK(cudaMalloc(&d2, count * 2));
             CHECK(cudaMalloc(&s1, tokens * groups * 4)); CHECK(cudaMalloc(&s2, tokens * groups * 4));
-            fp8_quantize_input<<<dim3(tokens, groups), FP8_QUANT_THREADS>>>(y, INTERMEDIATE, c.group, c.ub, c.fixed, q1, d1, s1);
+            fp8_quantize_input<<<dim3(tokens, groups), c.group ? c.group : FP8_QUANT_THREADS>>>(y, INTERMEDIATE, c.group, c.ub, c.fixed, q1, d1, s1);
             if (unscaled) CHECK(cudaMemcpy(s2, xs.data(), tokens * 4, cudaMemcpyHostToDevice));
-            fp8_swiglu_quantize<<<dim3(tokens, groups), c.group ? c.group : FP8_SWIGLU_THREADS>>>(dgu, unscaled ? s2 : nullptr,
+            fp8_swiglu_quantize<<<dim3(tokens, groups), c.group ? c.group : FP8_QUANT_THREADS>>>(dgu, unscaled ? s2 : nullptr,
                                                                             unscaled ? dws : nullptr, c.group, c.ub,
                                                                             c.fixed, q2, d2, s2);
             const bool same = finish_and_download(q1, count) == finish_and_download(q2, count) &&
@@ -316,7 +316,7 @@ static int bench() {
         for (int pass = 0; pass < 2; ++pass) {
             StreamTimer timer;
             for (int i = 0; i < reps; ++i)
-                fp8_swiglu_quantize<<<tokens, FP8_SWIGLU_THREADS>>>(gu, nullptr, nullptr, 0, 0.0f, 0.0f, q, d, sc);
+                fp8_swiglu_quantize<<<tokens, FP8_QUANT_THREADS>>>(gu, nullptr, nullptr, 0, 0.0f, 0.0f, q, d, sc);
             fused = timer.seconds() / reps;
             StreamTimer timer2;
             for (int i = 0; i < reps; ++i) {

@@ -13,21 +13,16 @@ use rayon::prelude::*;
 use crate::model::fp8::{ActivationScale, E4M3_MAX, MIN_DYNAMIC_SCALE, WeightScale};
 use crate::model::weights::{DType, TensorView, bf16_to_f32, f16_to_f32};
 
-/// Threads of `fp8_quantize_input`'s blocks (`FP8_QUANT_THREADS` in `kernels/fp8.cu`).
-pub const QUANT_THREADS: u32 = 256;
+/// The most threads of `fp8_quantize_input`'s and `fp8_swiglu_quantize`'s blocks
+/// (`FP8_QUANT_THREADS` in `kernels/fp8.cu`).
+pub const QUANT_THREADS: u32 = 1024;
 
-/// The most threads of `fp8_swiglu_quantize`'s blocks (`FP8_SWIGLU_THREADS` in
-/// `kernels/fp8.cu`): a whole row's block has them all.
-pub const SWIGLU_QUANT_THREADS: u32 = 1024;
-
-/// Threads of an `fp8_swiglu_quantize` block for input groups of `group` columns (0: the whole
-/// row): enough warps to cover a group once, at most [`SWIGLU_QUANT_THREADS`].
-pub fn swiglu_quant_threads(group: usize) -> u32 {
-    if group == 0 {
-        SWIGLU_QUANT_THREADS
-    } else {
-        (group.next_multiple_of(32) as u32).min(SWIGLU_QUANT_THREADS)
-    }
+/// Threads of an input quantization block (`fp8_quantize_input`, `fp8_swiglu_quantize`) over
+/// groups of `width` columns (a row's width for one scale per token): enough warps to cover a
+/// group once, at most [`QUANT_THREADS`] (at decode one block per token is the whole launch, so
+/// its threads set its latency).
+pub fn quant_threads(width: usize) -> u32 {
+    (width.max(1).next_multiple_of(32) as u32).min(QUANT_THREADS)
 }
 
 /// The most warps per block of the FP8 small-M kernels (`FP8_GEMV_MAX_WARPS`).
@@ -274,7 +269,6 @@ mod tests {
         let source = include_str!("../../../kernels/fp8.cu");
         for define in [
             format!("#define FP8_QUANT_THREADS {QUANT_THREADS}"),
-            format!("#define FP8_SWIGLU_THREADS {SWIGLU_QUANT_THREADS}"),
             format!("#define FP8_GEMV_MAX_WARPS {GEMV_MAX_WARPS}"),
         ] {
             assert!(source.contains(&define), "{define}");
@@ -287,11 +281,11 @@ mod tests {
     }
 
     #[test]
-    fn swiglu_quantization_blocks_cover_their_group() {
-        assert_eq!(swiglu_quant_threads(0), 1024);
-        assert_eq!(swiglu_quant_threads(128), 128);
-        assert_eq!(swiglu_quant_threads(100), 128);
-        assert_eq!(swiglu_quant_threads(4096), 1024);
+    fn quantization_blocks_cover_their_group() {
+        assert_eq!(quant_threads(14336), 1024);
+        assert_eq!(quant_threads(128), 128);
+        assert_eq!(quant_threads(100), 128);
+        assert_eq!(quant_threads(0), 32);
     }
 
     /// Narrow products split K until the GPU has enough warps; wide ones do not; a split never

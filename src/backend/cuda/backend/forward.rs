@@ -4,7 +4,7 @@
 use crate::engine::BackendError;
 use crate::model::MlpDefinition;
 
-use crate::backend::cuda::fp8::swiglu_quant_threads;
+use crate::backend::cuda::fp8::quant_threads;
 use crate::backend::cuda::graphs::StepGraph;
 use crate::backend::cuda::inputs::StepLayout;
 use crate::backend::cuda::launch::{
@@ -248,7 +248,11 @@ impl CudaBackend {
                     to_u32(input.groups(intermediate), "input groups")?,
                     1,
                 ),
-                swiglu_quant_threads(input.group),
+                quant_threads(if input.group == 0 {
+                    intermediate
+                } else {
+                    input.group
+                }),
             ),
             Fp8SwigluQuantize {
                 gate_up: self.act.gate_up.device_ptr(),

@@ -10,7 +10,7 @@ use crate::engine::BackendError;
 
 use crate::backend::cuda::choices::{ChoiceStore, ChosenShape};
 use crate::backend::cuda::error::CudaInitError;
-use crate::backend::cuda::fp8::{GemvGeometry, QUANT_THREADS};
+use crate::backend::cuda::fp8::{GemvGeometry, quant_threads};
 use crate::backend::cuda::gemm::Gemm;
 use crate::backend::cuda::inputs::Padding;
 use crate::backend::cuda::launch::{
@@ -173,7 +173,7 @@ impl CudaBackend {
                             to_u32(q.groups(k), "input groups")?,
                             1,
                         ),
-                        QUANT_THREADS,
+                        quant_threads(if q.group == 0 { k } else { q.group }),
                     ),
                     Fp8QuantizeInput {
                         x,
