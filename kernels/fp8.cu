@@ -25,8 +25,11 @@ typedef unsigned char e4m3;
 #define FP8_MAX 448.0f
 // The smallest dynamic scale (model::fp8::MIN_DYNAMIC_SCALE): 1 / (448 * 512).
 #define FP8_MIN_SCALE (1.0f / (448.0f * 512.0f))
-// Threads of fp8_quantize_input's blocks.
-#define FP8_QUANT_THREADS 256
+// The most threads of fp8_quantize_input's and fp8_swiglu_quantize's blocks (the host launches a
+// multiple of 32 covering the group once, at most these), and the values each thread of the
+// latter keeps in registers.
+#define FP8_QUANT_THREADS 1024
+#define FP8_SWIGLU_SLOTS ((INTERMEDIATE + FP8_QUANT_THREADS - 1) / FP8_QUANT_THREADS)
 // The small-M kernels' most warps per block, and 16-byte weight loads in flight per lane.
 #define FP8_GEMV_MAX_WARPS 8
 #define FP8_GEMV_LOADS 8
@@ -84,7 +87,7 @@ __device__ __forceinline__ float fp8_block_max(float v, float* scratch) {
     return m;
 }
 
-// One block per (token, group): grid (T, groups), FP8_QUANT_THREADS threads. group 0: the whole
+// One block per (token, group): grid (T, groups), up to FP8_QUANT_THREADS threads. group 0: the whole
 // row is one group. upper_bound > 0 caps the largest magnitude a dynamic scale is computed from;
 // static_scale > 0 replaces the dynamic scale. Writes xq [T, K] codes, xd [T, K] bf16 values
 // (code * scale, rounded to bf16) and scales [T, groups].
@@ -119,30 +122,56 @@ fp8_quantize_input(const bf16* __restrict__ x, int k, int group, float upper_bou
 // first) quantized as fp8_quantize_input quantizes its bf16 output (the same values, the same
 // rounding), for the down product that reads it: codes into xq, codes times the scale into xd,
 // scales [T, groups]. The bf16 SwiGLU output itself is not written (the FP8 product reads xq or
-// xd). Grid (T, groups), FP8_QUANT_THREADS threads; group 0: the whole row is one group.
+// xd). With x_scales (the gate/up input's per-token scales, the buffer `scales` is then
+// overwritten) and w_scales (its per-row scales), gate_up is cuBLASLt's unscaled product of the
+// codes and each value is first scaled as fp8_scale_output would (the same arithmetic), so that
+// pass does not run. Grid (T, groups), group 0: the whole row is one group; a multiple of 32
+// threads covering the group once, at most FP8_QUANT_THREADS (the group is read once into
+// registers: at decode one block per token is the whole launch).
+__device__ __forceinline__ float fp8_swiglu_value(const float* row, int i, float sx, const float* w_scales) {
+    float gate = row[i], up = row[INTERMEDIATE + i];
+    if (w_scales) {
+        gate = __fmul_rn(gate, __fmul_rn(sx, w_scales[i]));
+        up = __fmul_rn(up, __fmul_rn(sx, w_scales[INTERMEDIATE + i]));
+    }
+    return bf16_to_f32(f32_to_bf16(silu_times(gate, up)));
+}
+
 extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS)
-fp8_swiglu_quantize(const float* __restrict__ gate_up, int group, float upper_bound, float static_scale,
-                    e4m3* __restrict__ xq, bf16* __restrict__ xd, float* __restrict__ scales) {
+fp8_swiglu_quantize(const float* __restrict__ gate_up, const float* x_scales, const float* __restrict__ w_scales,
+                    int group, float upper_bound, float static_scale, e4m3* __restrict__ xq, bf16* __restrict__ xd,
+                    float* scales) {
     __shared__ float scratch[32];
     await_previous_kernels();
     const int t = blockIdx.x;
     const int g = blockIdx.y;
+    // Every thread reads the token's input scale before any writes the new one.
+    const float sx = w_scales ? x_scales[t] : 1.0f;
+    __syncthreads();
     const int width = group > 0 ? group : INTERMEDIATE;
     const int first = g * width;
     const int last = min(first + width, INTERMEDIATE);
     const float* row = gate_up + (size_t)t * 2 * INTERMEDIATE;
+    // The group's values are read once and kept in registers.
+    float v[FP8_SWIGLU_SLOTS];
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < FP8_SWIGLU_SLOTS; ++j) {
+        const int i = first + threadIdx.x + j * blockDim.x;
+        v[j] = i < last ? fp8_swiglu_value(row, i, sx, w_scales) : 0.0f;
+        amax = fmaxf(amax, fabsf(v[j]));
+    }
     float scale = static_scale;
     if (scale <= 0.0f) {
-        float amax = 0.0f;
-        for (int i = first + threadIdx.x; i < last; i += blockDim.x)
-            amax = fmaxf(amax, fabsf(bf16_to_f32(f32_to_bf16(silu_times(row[i], row[INTERMEDIATE + i])))));
         amax = fp8_block_max(amax, scratch);
         if (upper_bound > 0.0f) amax = fminf(amax, upper_bound);
         scale = fmaxf(amax / FP8_MAX, FP8_MIN_SCALE);
     }
-    for (int i = first + threadIdx.x; i < last; i += blockDim.x) {
-        const float v = bf16_to_f32(f32_to_bf16(silu_times(row[i], row[INTERMEDIATE + i])));
-        const unsigned int code = f32_to_e4m3(v / scale);
+#pragma unroll
+    for (int j = 0; j < FP8_SWIGLU_SLOTS; ++j) {
+        const int i = first + threadIdx.x + j * blockDim.x;
+        if (i >= last) break;
+        const unsigned int code = f32_to_e4m3(v[j] / scale);
         xq[(size_t)t * INTERMEDIATE + i] = (e4m3)code;
         xd[(size_t)t * INTERMEDIATE + i] = f32_to_bf16(e4m3_to_f32(code) * scale);
     }
@@ -286,12 +315,15 @@ extern "C" __global__ void fp8_dequantize_weight(const e4m3* __restrict__ w, con
 
 // add_rmsnorm (kernels/rmsnorm.cu, without its row list: every row) whose bf16 output row is also
 // quantized as fp8_quantize_input quantizes it with group 0 (the same values, the same rounding):
-// codes into xq, codes times the scale into xd, the row's scale into scales[row]. One block of
-// RMS_THREADS threads per row.
+// codes into xq, codes times the scale into xd, the row's scale into scales[row]. With x_scales
+// (the product's per-token input scales, the buffer `scales` is then overwritten) and w_scales
+// (its per-row scales), delta is cuBLASLt's unscaled FP8 product of the codes and each value is
+// first scaled as fp8_scale_output would (the same roundings), so that pass does not run. One
+// block of RMS_THREADS threads per row.
 extern "C" __global__ void __launch_bounds__(RMS_THREADS)
-fp8_add_rmsnorm(float* __restrict__ residual, const float* __restrict__ delta, const bf16* __restrict__ weight,
-                bf16* __restrict__ out, float upper_bound, float static_scale, e4m3* __restrict__ xq,
-                bf16* __restrict__ xd, float* __restrict__ scales) {
+fp8_add_rmsnorm(float* __restrict__ residual, const float* __restrict__ delta, const float* x_scales,
+                const float* __restrict__ w_scales, const bf16* __restrict__ weight, bf16* __restrict__ out,
+                float upper_bound, float static_scale, e4m3* __restrict__ xq, bf16* __restrict__ xd, float* scales) {
     float w[FP8_RMS_SLOTS];
 #pragma unroll
     for (int k = 0; k < FP8_RMS_SLOTS; ++k) {
@@ -301,6 +333,8 @@ fp8_add_rmsnorm(float* __restrict__ residual, const float* __restrict__ delta, c
     await_previous_kernels();
     __shared__ float scratch[32];
     const int r = blockIdx.x;
+    // Read before block_sum's barrier, so before thread 0 writes the row's new scale.
+    const float sx = w_scales ? x_scales[r] : 1.0f;
     float* x = residual + (size_t)r * HIDDEN;
     float v[FP8_RMS_SLOTS];
     float sumsq = 0.0f;
@@ -311,7 +345,9 @@ fp8_add_rmsnorm(float* __restrict__ residual, const float* __restrict__ delta, c
         if (i < HIDDEN) {
             v[k] = x[i];
             if (delta) {
-                v[k] += delta[(size_t)r * HIDDEN + i];
+                const float d = delta[(size_t)r * HIDDEN + i];
+                // Rounded as fp8_scale_output rounds (no fused multiply-add).
+                v[k] += w_scales ? __fmul_rn(d, __fmul_rn(sx, w_scales[i])) : d;
                 x[i] = v[k];
             }
         }

@@ -2,7 +2,9 @@
 // scripts/gpu-check.sh (stage "fp8", with Llama-3.1-8B's shapes as defines).
 //   fp8-check test    fp8_quantize_input against a host reference of the same rounding (every
 //                     code and scale exact, per token, per 128-column group, capped, static),
-//                     fp8_swiglu_quantize against SwiGLU then fp8_quantize_input (bit for bit), then
+//                     fp8_swiglu_quantize against SwiGLU then fp8_quantize_input and
+//                     fp8_add_rmsnorm on an unscaled product against fp8_scale_output first (bit
+//                     for bit), then
 //                     fp8_gemv_mM / fp8_gemv_r4_mM for every M in 1..8 and every launch geometry,
 //                     and fp8_dequantize_weight, against a float64 reference on ragged shapes
 //                     with per-row and per-group scales; exits 1 on a mismatch
@@ -103,7 +105,7 @@ static int test() {
         const int groups = c.group ? k / c.group : 1;
         uint8_t* q; uint16_t* d; float* s;
         CHECK(cudaMalloc(&q, t * k)); CHECK(cudaMalloc(&d, t * k * 2)); CHECK(cudaMalloc(&s, t * groups * 4));
-        fp8_quantize_input<<<dim3(t, groups), FP8_QUANT_THREADS>>>(dx, k, c.group, c.ub, c.fixed, q, d, s);
+        fp8_quantize_input<<<dim3(t, groups), c.group ? c.group : 384>>>(dx, k, c.group, c.ub, c.fixed, q, d, s);
         const auto codes = finish_and_download(q, t * k);
         const auto deq = finish_and_download(d, t * k);
         const auto scales = finish_and_download(s, t * groups);
@@ -126,33 +128,92 @@ static int test() {
         CHECK(cudaFree(q)); CHECK(cudaFree(d)); CHECK(cudaFree(s));
     }
     // SwiGLU quantizing its own output (fp8_swiglu_quantize) against SwiGLU then
-    // fp8_quantize_input: every code, value and scale the same, per token and per group.
-    {
+    // fp8_quantize_input: every code, value and scale the same, per token and per group; and
+    // scaling an unscaled product of the codes itself against fp8_scale_output first.
+    for (const bool unscaled : {false, true}) {
         const int tokens = 3;
         std::vector<float> gu((size_t)tokens * 2 * INTERMEDIATE);
         for (auto& v : gu) v = normal(rng) * (rng() % 8 == 0 ? 12.0f : 2.0f);
+        std::vector<float> xs(tokens), ws(2 * INTERMEDIATE);
+        for (auto& v : xs) v = 0.01f + (rng() % 100) * 1e-3f;
+        for (auto& v : ws) v = 0.02f + (rng() % 100) * 1e-3f;
         const float* dgu = upload(gu);
+        const float* dws = upload(ws);
+        float* scaled; CHECK(cudaMalloc(&scaled, gu.size() * 4));
+        CHECK(cudaMemcpy(scaled, dgu, gu.size() * 4, cudaMemcpyDeviceToDevice));
+        if (unscaled) {
+            const float* dxs = upload(xs);
+            fp8_scale_output<<<64, 256>>>(scaled, dxs, dws, tokens, 2 * INTERMEDIATE);
+            CHECK(cudaFree((void*)dxs));
+        }
         uint16_t* y; CHECK(cudaMalloc(&y, (size_t)tokens * INTERMEDIATE * 2));
-        swiglu_reference<<<tokens, 256>>>(dgu, y);
+        swiglu_reference<<<tokens, 256>>>(scaled, y);
         for (const Case c : {Case{0, 0, 0, "per token"}, Case{128, 0, 0, "per group"}, Case{0, 3.0f, 0, "capped"},
                              Case{0, 0, 0.05f, "static"}}) {
+            if (unscaled && c.group) continue;  // the unscaled product has one scale per token
             const int groups = c.group ? (INTERMEDIATE + c.group - 1) / c.group : 1;
             const size_t count = (size_t)tokens * INTERMEDIATE;
             uint8_t *q1, *q2; uint16_t *d1, *d2; float *s1, *s2;
             CHECK(cudaMalloc(&q1, count)); CHECK(cudaMalloc(&q2, count));
             CHECK(cudaMalloc(&d1, count * 2)); CHECK(cudaMalloc(&d2, count * 2));
             CHECK(cudaMalloc(&s1, tokens * groups * 4)); CHECK(cudaMalloc(&s2, tokens * groups * 4));
-            fp8_quantize_input<<<dim3(tokens, groups), FP8_QUANT_THREADS>>>(y, INTERMEDIATE, c.group, c.ub, c.fixed, q1, d1, s1);
-            fp8_swiglu_quantize<<<dim3(tokens, groups), FP8_QUANT_THREADS>>>(dgu, c.group, c.ub, c.fixed, q2, d2, s2);
+            fp8_quantize_input<<<dim3(tokens, groups), c.group ? c.group : FP8_QUANT_THREADS>>>(y, INTERMEDIATE, c.group, c.ub, c.fixed, q1, d1, s1);
+            if (unscaled) CHECK(cudaMemcpy(s2, xs.data(), tokens * 4, cudaMemcpyHostToDevice));
+            fp8_swiglu_quantize<<<dim3(tokens, groups), c.group ? c.group : FP8_QUANT_THREADS>>>(dgu, unscaled ? s2 : nullptr,
+                                                                            unscaled ? dws : nullptr, c.group, c.ub,
+                                                                            c.fixed, q2, d2, s2);
             const bool same = finish_and_download(q1, count) == finish_and_download(q2, count) &&
                               finish_and_download(d1, count) == finish_and_download(d2, count) &&
                               finish_and_download(s1, tokens * groups) == finish_and_download(s2, tokens * groups);
-            printf("RESULT fp8_swiglu_quantize %s: %s\n", c.name, same ? "same as SwiGLU then fp8_quantize_input" : "DIFFERS");
+            printf("RESULT fp8_swiglu_quantize %s%s: %s\n", c.name, unscaled ? " (scaling the product itself)" : "",
+                   same ? "same as SwiGLU then fp8_quantize_input" : "DIFFERS");
             failures += same ? 0 : 1;
             CHECK(cudaFree(q1)); CHECK(cudaFree(q2)); CHECK(cudaFree(d1)); CHECK(cudaFree(d2));
             CHECK(cudaFree(s1)); CHECK(cudaFree(s2));
         }
-        CHECK(cudaFree(y)); CHECK(cudaFree((void*)dgu));
+        CHECK(cudaFree(y)); CHECK(cudaFree(scaled)); CHECK(cudaFree((void*)dgu)); CHECK(cudaFree((void*)dws));
+    }
+    // The residual add and RMSNorm applying an unscaled product's scales itself
+    // (fp8_add_rmsnorm with x_scales and w_scales) against fp8_scale_output first: the same
+    // residual, output, codes, values and scales, bit for bit, dynamic and static.
+    {
+        const int rows = 5;
+        std::vector<float> res((size_t)rows * HIDDEN), d((size_t)rows * HIDDEN), xs(rows), ws(HIDDEN);
+        std::vector<uint16_t> nw(HIDDEN);
+        for (auto& v : res) v = normal(rng);
+        for (auto& v : d) v = normal(rng) * 300.0f;
+        for (auto& v : xs) v = 0.001f + (rng() % 100) * 1e-4f;
+        for (auto& v : ws) v = 0.0005f + (rng() % 100) * 1e-5f;
+        for (auto& v : nw) v = to_bf16(0.5f + (rng() % 100) * 0.01f);
+        const float* dws = upload(ws);
+        const uint16_t* dnw = upload(nw);
+        for (const float fixed : {0.0f, 0.05f}) {
+            float* res_a = upload(res); float* res_b = upload(res);
+            float* scaled = upload(d); const float* raw = upload(d);
+            float* s_a; CHECK(cudaMalloc(&s_a, rows * 4));
+            float* s_b = upload(xs);
+            const float* dxs = upload(xs);
+            uint16_t *o_a, *o_b, *x_a, *x_b; uint8_t *q_a, *q_b;
+            const size_t count = (size_t)rows * HIDDEN;
+            CHECK(cudaMalloc(&o_a, count * 2)); CHECK(cudaMalloc(&o_b, count * 2));
+            CHECK(cudaMalloc(&x_a, count * 2)); CHECK(cudaMalloc(&x_b, count * 2));
+            CHECK(cudaMalloc(&q_a, count)); CHECK(cudaMalloc(&q_b, count));
+            fp8_scale_output<<<64, 256>>>(scaled, dxs, dws, rows, HIDDEN);
+            fp8_add_rmsnorm<<<rows, RMS_THREADS>>>(res_a, scaled, nullptr, nullptr, dnw, o_a, 0.0f, fixed, q_a, x_a, s_a);
+            fp8_add_rmsnorm<<<rows, RMS_THREADS>>>(res_b, raw, s_b, dws, dnw, o_b, 0.0f, fixed, q_b, x_b, s_b);
+            const bool same = finish_and_download(res_a, count) == finish_and_download(res_b, count) &&
+                              finish_and_download(o_a, count) == finish_and_download(o_b, count) &&
+                              finish_and_download(q_a, count) == finish_and_download(q_b, count) &&
+                              finish_and_download(x_a, count) == finish_and_download(x_b, count) &&
+                              finish_and_download(s_a, rows) == finish_and_download(s_b, rows);
+            printf("RESULT fp8_add_rmsnorm scaling the product itself (%s): %s\n", fixed > 0 ? "static" : "dynamic",
+                   same ? "same as fp8_scale_output first" : "DIFFERS");
+            failures += same ? 0 : 1;
+            for (void* p : {(void*)res_a, (void*)res_b, (void*)scaled, (void*)raw, (void*)s_a, (void*)s_b, (void*)dxs,
+                            (void*)o_a, (void*)o_b, (void*)x_a, (void*)x_b, (void*)q_a, (void*)q_b})
+                CHECK(cudaFree(p));
+        }
+        CHECK(cudaFree((void*)dws)); CHECK(cudaFree((void*)dnw));
     }
     // Products and widening on ragged shapes (3 steps of 512 columns, the last partial), per-row
     // and per-group scales, every M and every launch geometry.
@@ -241,6 +302,32 @@ static int bench() {
         }
         for (auto p : w) CHECK(cudaFree(p));
         CHECK(cudaFree(s)); CHECK(cudaFree(x)); CHECK(cudaFree(out));
+    }
+    // The down product's input at decode: fp8_swiglu_quantize against SwiGLU then
+    // fp8_quantize_input (the launches it replaces; swiglu_reference stands in for
+    // kernels/swiglu.cu), per token.
+    for (const int tokens : {1, 8}) {
+        float* gu; CHECK(cudaMalloc(&gu, (size_t)tokens * 2 * INTERMEDIATE * 4));
+        CHECK(cudaMemset(gu, 0, (size_t)tokens * 2 * INTERMEDIATE * 4));
+        uint16_t *y, *d; uint8_t* q; float* sc;
+        CHECK(cudaMalloc(&y, (size_t)tokens * INTERMEDIATE * 2)); CHECK(cudaMalloc(&d, (size_t)tokens * INTERMEDIATE * 2));
+        CHECK(cudaMalloc(&q, (size_t)tokens * INTERMEDIATE)); CHECK(cudaMalloc(&sc, tokens * 4));
+        double fused = 0, separate = 0;
+        for (int pass = 0; pass < 2; ++pass) {
+            StreamTimer timer;
+            for (int i = 0; i < reps; ++i)
+                fp8_swiglu_quantize<<<tokens, FP8_QUANT_THREADS>>>(gu, nullptr, nullptr, 0, 0.0f, 0.0f, q, d, sc);
+            fused = timer.seconds() / reps;
+            StreamTimer timer2;
+            for (int i = 0; i < reps; ++i) {
+                swiglu_reference<<<tokens, 256>>>(gu, y);
+                fp8_quantize_input<<<tokens, FP8_QUANT_THREADS>>>(y, INTERMEDIATE, 0, 0.0f, 0.0f, q, d, sc);
+            }
+            separate = timer2.seconds() / reps;
+        }
+        printf("RESULT fp8_swiglu_quantize tokens=%d: %.2f us, SwiGLU then fp8_quantize_input %.2f us\n", tokens,
+               fused * 1e6, separate * 1e6);
+        CHECK(cudaFree(gu)); CHECK(cudaFree(y)); CHECK(cudaFree(d)); CHECK(cudaFree(q)); CHECK(cudaFree(sc));
     }
     return 0;
 }

@@ -64,7 +64,7 @@ def read_safetensors(path):
         dtype = DTYPES[info["dtype"]]
         raw = bytearray(data[base + start : base + end])
         t = torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(info["shape"])
-        out[name] = t.to(DEVICE).to(torch.float64)
+        out[name] = t.to(torch.float32).to(DEVICE).to(torch.float64)
     return out
 
 
@@ -75,7 +75,7 @@ def bf16(t):
 
 def e4m3(t):
     """t (float32) rounded to E4M3, saturating at 448, as float64."""
-    return t.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float64)
+    return t.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32).to(torch.float64)
 
 
 def tokens(vocab, n):

@@ -13,18 +13,23 @@ use rayon::prelude::*;
 use crate::model::fp8::{ActivationScale, E4M3_MAX, MIN_DYNAMIC_SCALE, WeightScale};
 use crate::model::weights::{DType, TensorView, bf16_to_f32, f16_to_f32};
 
-/// Threads of `fp8_quantize_input`'s blocks (`FP8_QUANT_THREADS` in `kernels/fp8.cu`).
-pub const QUANT_THREADS: u32 = 256;
+/// The most threads of `fp8_quantize_input`'s and `fp8_swiglu_quantize`'s blocks
+/// (`FP8_QUANT_THREADS` in `kernels/fp8.cu`).
+pub const QUANT_THREADS: u32 = 1024;
+
+/// Threads of an input quantization block (`fp8_quantize_input`, `fp8_swiglu_quantize`) over
+/// groups of `width` columns (a row's width for one scale per token): enough warps to cover a
+/// group once, at most [`QUANT_THREADS`] (at decode one block per token is the whole launch, so
+/// its threads set its latency).
+pub fn quant_threads(width: usize) -> u32 {
+    (width.max(1).next_multiple_of(32) as u32).min(QUANT_THREADS)
+}
 
 /// The most warps per block of the FP8 small-M kernels (`FP8_GEMV_MAX_WARPS`).
 pub const GEMV_MAX_WARPS: usize = 8;
 
 /// Weight columns one step of an FP8 small-M warp covers (32 lanes × 16 bytes).
 const GEMV_STEP: usize = 512;
-
-/// Warps per SM the FP8 small-M launches aim to have in flight: the splits of K grow until a
-/// product's warps reach this many per SM (or every split has a single step).
-const GEMV_WARPS_PER_SM: usize = 32;
 
 /// The launch of an FP8 small-M product (`fp8_gemv_mM` / `fp8_gemv_r4_mM` in `kernels/fp8.cu`):
 /// blocks of `warps` warps, each `warps / splits` row groups of `rows` weight rows whose
@@ -40,23 +45,17 @@ pub struct GemvGeometry {
 }
 
 impl GemvGeometry {
-    /// The geometry for an `[m, k] · [n, k]ᵀ` product on a device of `sms` SMs: row groups of 4
-    /// rows in blocks of 8 warps, K split (1, 2, 4 or 8 ways, at most one way per 512-column
-    /// step) until the product has [`GEMV_WARPS_PER_SM`] warps per SM. A narrow product (the
-    /// 8B model's o and down, n = 4096) otherwise leaves most of the GPU idle.
-    pub fn choose(_m: usize, n: usize, k: usize, sms: usize) -> Self {
-        let rows = 4;
-        let warps = GEMV_MAX_WARPS;
-        let steps = k.div_ceil(GEMV_STEP);
-        let target = sms.max(1) * GEMV_WARPS_PER_SM;
-        let mut splits = 1;
-        while splits < warps && splits < steps && n.div_ceil(rows) * splits < target {
-            splits *= 2;
-        }
+    /// The geometry for an `[m, k] · [n, k]ᵀ` product: row groups of 4 rows in blocks of 4
+    /// warps, K split 2 ways (at most one way per 512-column step), 1 way from 8 rows of x on.
+    /// Measured on an H100 over every geometry (`scripts/fp8-check.cu`, 8B decode shapes, call A
+    /// of 2026-12-07): this was the fastest or within 3% of it for q/k/v, o, gate/up and down
+    /// at M = 1, 2, 4 and 8 (splits 1 at M = 8).
+    pub fn choose(m: usize, _n: usize, k: usize, _sms: usize) -> Self {
+        let splits = if m >= 8 { 1 } else { 2 };
         Self {
-            rows,
-            warps,
-            splits,
+            rows: 4,
+            warps: GEMV_MAX_WARPS.min(4),
+            splits: splits.min(k.div_ceil(GEMV_STEP)).max(1),
         }
     }
 
@@ -271,31 +270,26 @@ mod tests {
         assert_eq!(entries[two.entry(8)], "fp8_gemv_m8");
     }
 
-    /// Narrow products split K until the GPU has enough warps; wide ones do not; a split never
-    /// has less than one step.
     #[test]
-    fn small_m_geometry_fills_the_gpu() {
-        // The 8B model's decode products on an H100 (132 SMs).
-        let qkv = GemvGeometry::choose(1, 6144, 4096, 132);
-        let o = GemvGeometry::choose(1, 4096, 4096, 132);
-        let gate_up = GemvGeometry::choose(1, 28672, 4096, 132);
-        let down = GemvGeometry::choose(1, 4096, 14336, 132);
-        assert_eq!(
-            (qkv.splits, o.splits, gate_up.splits, down.splits),
-            (4, 8, 1, 8)
-        );
-        for g in [qkv, o, gate_up, down] {
-            assert!(g.warps <= GEMV_MAX_WARPS && g.warps.is_multiple_of(g.splits));
-        }
-        // Every row has its block: 4 rows × 8 warps / 4 splits = 8 rows per block.
-        assert_eq!(qkv.blocks(6144), 768);
-        assert_eq!(qkv.blocks(6145), 769);
-        // A 600-column product has two steps: two splits at most.
-        assert_eq!(GemvGeometry::choose(1, 64, 600, 132).splits, 2);
+    fn quantization_blocks_cover_their_group() {
+        assert_eq!(quant_threads(14336), 1024);
+        assert_eq!(quant_threads(128), 128);
+        assert_eq!(quant_threads(100), 128);
+        assert_eq!(quant_threads(0), 32);
     }
 
-    /// The bit-level rounding gives the reference's code for every bf16 value (every exponent,
-    /// every tie of E4M3's spacing, subnormals, saturation), scaled variants and NaN.
+    /// The measured geometry: K split 2 ways below 8 rows of x, never more ways than steps.
+    #[test]
+    fn small_m_geometry_is_the_measured_one() {
+        let one = GemvGeometry::choose(1, 6144, 4096, 132);
+        assert_eq!((one.rows, one.warps, one.splits), (4, 4, 2));
+        assert_eq!(GemvGeometry::choose(8, 4096, 14336, 132).splits, 1);
+        // 4 rows × 4 warps / 2 splits = 8 rows per block.
+        assert_eq!(one.blocks(6144), 768);
+        assert_eq!(one.blocks(6145), 769);
+        assert_eq!(GemvGeometry::choose(1, 64, 400, 132).splits, 1);
+    }
+
     #[test]
     fn fast_rounding_matches_the_reference() {
         for bits in 0..=u16::MAX {

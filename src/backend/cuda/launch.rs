@@ -527,6 +527,11 @@ kernel_args! {
         residual: DevicePtr<f32>,
         /// What is added to the residual stream first (`None`: nothing).
         delta: Option<DevicePtr<f32>>,
+        /// The product's per-token input scales when `delta` is its unscaled product of the
+        /// codes (the same buffer as `scales`), else `None`.
+        x_scales: Option<DevicePtr<f32>>,
+        /// The product's per-row weight scales in that case, else `None`.
+        w_scales: Option<DevicePtr<f32>>,
         /// The norm's weight, [hidden].
         weight: DevicePtr<Bf16>,
         /// The normalised rows, [rows, hidden].
@@ -547,6 +552,11 @@ kernel_args! {
     Fp8SwigluQuantize for &["fp8_swiglu_quantize"] => {
         /// The gate/up product, [tokens, 2 * intermediate] fp32, gate half first.
         gate_up: DevicePtr<f32>,
+        /// The gate/up input's per-token scales when `gate_up` is the unscaled product of the
+        /// codes (the same buffer as `scales`), else `None`.
+        x_scales: Option<DevicePtr<f32>>,
+        /// The gate/up weights' per-row scales in that case, else `None`.
+        w_scales: Option<DevicePtr<f32>>,
         /// Columns per scale; 0: one scale per token.
         group: i32,
         /// The cap on a token's largest magnitude (0: none).

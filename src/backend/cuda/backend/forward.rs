@@ -4,7 +4,7 @@
 use crate::engine::BackendError;
 use crate::model::MlpDefinition;
 
-use crate::backend::cuda::fp8::QUANT_THREADS;
+use crate::backend::cuda::fp8::quant_threads;
 use crate::backend::cuda::graphs::StepGraph;
 use crate::backend::cuda::inputs::StepLayout;
 use crate::backend::cuda::launch::{
@@ -81,6 +81,9 @@ impl CudaBackend {
         let q_width = p.num_q_heads * p.head_dim;
         let layers = self.weights.layers.len();
         let (normed, delta) = (self.act.normed.device_ptr(), self.act.delta.device_ptr());
+        // The down product's weight scales where its product was left unscaled for the next
+        // layer's norm.
+        let mut down_unscaled = None;
 
         if segment == 0 {
             self.launch(
@@ -101,11 +104,24 @@ impl CudaBackend {
                     .map(|(gate_up, down)| (gate_up.operand(), down.operand())),
             );
             let attn = self.act.attn.device_ptr();
-            self.project(attn, o_w, delta, (t, p.hidden, q_width))?;
+            let o_dims = (t, p.hidden, q_width);
+            // The norm after the o product applies cuBLASLt's scales itself where it quantizes
+            // (the input of a dense FP8 MLP).
+            let o_unscaled = match (o_w, dense.map(|(gate_up_w, _)| gate_up_w)) {
+                (Operand::Fp8(o_w), Some(Operand::Fp8(next))) if next.norm_quantizes() => self
+                    .fp8_product_deferring(attn, o_w, delta, o_dims, false, true)?
+                    .then_some(o_w.scales),
+                _ => {
+                    self.project(attn, o_w, delta, o_dims)?;
+                    None
+                }
+            };
             match (self.definition.layers[segment - 1].mlp, dense) {
                 (MlpDefinition::SwiGlu { intermediate }, Some((gate_up_w, down_w))) => {
-                    self.norm_before(t32, Some(delta), post_norm, gate_up_w)?;
+                    self.norm_before(t32, Some(delta), post_norm, gate_up_w, o_unscaled)?;
                     let gate_up_dims = (t, 2 * intermediate, p.hidden);
+                    // The gate/up weights' scales where their product was left unscaled.
+                    let mut unscaled = None;
                     match gate_up_w {
                         Operand::Bf16(gate_up_w) => {
                             let small_m = self.takes_small_m(normed, gate_up_w, gate_up_dims);
@@ -114,21 +130,39 @@ impl CudaBackend {
                         Operand::Fp8(gate_up_w) => {
                             let gate_up = self.act.gate_up.device_ptr();
                             let quantized = gate_up_w.norm_quantizes();
-                            self.fp8_product(normed, gate_up_w, gate_up, gate_up_dims, quantized)?;
+                            // SwiGLU scales cuBLASLt's product itself where it also quantizes.
+                            let defer = matches!(down_w, Operand::Fp8(d) if d.input.is_some());
+                            let deferred = self.fp8_product_deferring(
+                                normed,
+                                gate_up_w,
+                                gate_up,
+                                gate_up_dims,
+                                quantized,
+                                defer,
+                            )?;
+                            unscaled = deferred.then_some(gate_up_w.scales);
                         }
                     }
                     let mlp = self.act.mlp.device_ptr();
                     let down_dims = (t, p.hidden, intermediate);
+                    // The next layer's norm applies cuBLASLt's scales of the down product itself
+                    // where it quantizes (the last layer's final norm does not).
+                    let defer_down = segment < layers
+                        && matches!(self.weights.layers[segment].qkv.operand(),
+                            Operand::Fp8(next) if next.norm_quantizes());
                     match down_w {
                         // An FP8 down product whose input is quantized: SwiGLU quantizes its
                         // output itself (one launch instead of SwiGLU and the quantization).
                         Operand::Fp8(down_w) if down_w.input.is_some() => {
-                            if matches!(gate_up_w, Operand::Fp8(_)) {
-                                self.fp8_swiglu_quantize(t, down_w)?;
-                                self.fp8_product(mlp, down_w, delta, down_dims, true)?;
-                            } else {
-                                self.fp8_product(mlp, down_w, delta, down_dims, false)?;
+                            let fused = matches!(gate_up_w, Operand::Fp8(_));
+                            if fused {
+                                self.fp8_swiglu_quantize(t, down_w, unscaled)?;
                             }
+                            down_unscaled = self
+                                .fp8_product_deferring(
+                                    mlp, down_w, delta, down_dims, fused, defer_down,
+                                )?
+                                .then_some(down_w.scales);
                         }
                         _ => {
                             if matches!(gate_up_w, Operand::Fp8(_)) {
@@ -159,7 +193,7 @@ impl CudaBackend {
         let qkv_operand = w.qkv.operand();
         // Layer 0 normalises the embeddings alone; later layers add the previous MLP's output.
         let previous = (layer > 0).then_some(delta);
-        self.norm_before(t32, previous, input_norm, qkv_operand)?;
+        self.norm_before(t32, previous, input_norm, qkv_operand, down_unscaled)?;
         let small_m =
             qkv_w.is_some_and(|qkv_w| self.takes_small_m(normed, qkv_w, (t, qkv_n, p.hidden)));
         self.qkv_rope_write(small_m, layer, layout, t)
@@ -200,8 +234,15 @@ impl CudaBackend {
 
     /// SwiGLU over the gate/up product of `t` rows in `act.gate_up`, quantized as the FP8 down
     /// product `down` quantizes its input, into the FP8 scratch buffers (`fp8_product` with
-    /// `quantized` then reads them; `act.mlp` is not written).
-    fn fp8_swiglu_quantize(&self, t: usize, down: Fp8Operand) -> Result<(), BackendError> {
+    /// `quantized` then reads them; `act.mlp` is not written). `unscaled`: the gate/up weights'
+    /// scales, where the product is cuBLASLt's unscaled product of the codes (its per-token
+    /// scales are still in the scratch buffer).
+    fn fp8_swiglu_quantize(
+        &self,
+        t: usize,
+        down: Fp8Operand,
+        unscaled: Option<DevicePtr<f32>>,
+    ) -> Result<(), BackendError> {
         let (Some(input), Some(scratch)) = (down.input, self.act.fp8.as_ref()) else {
             return Err(BackendError::Device(
                 "an FP8 SwiGLU without its input scheme or buffers".into(),
@@ -216,10 +257,16 @@ impl CudaBackend {
                     to_u32(input.groups(intermediate), "input groups")?,
                     1,
                 ),
-                QUANT_THREADS,
+                quant_threads(if input.group == 0 {
+                    intermediate
+                } else {
+                    input.group
+                }),
             ),
             Fp8SwigluQuantize {
                 gate_up: self.act.gate_up.device_ptr(),
+                x_scales: unscaled.map(|_| scratch.scales.device_ptr()),
+                w_scales: unscaled,
                 group: to_u32(input.group, "input group")? as i32,
                 upper_bound: input.upper_bound,
                 static_scale: input.static_scale,
@@ -322,13 +369,16 @@ impl CudaBackend {
     /// [`Self::add_rmsnorm`] of the first `rows` rows before the product with `next`: for an FP8
     /// projection whose input is quantized per token (`Fp8Operand::norm_quantizes`), the fused
     /// kernel that also leaves the quantized input in the FP8 scratch buffers, which the product
-    /// then reads (`fp8_product` with `quantized`).
+    /// then reads (`fp8_product` with `quantized`). `unscaled`: the weight scales of the FP8
+    /// product that wrote `delta`, where it is cuBLASLt's unscaled product of the codes (its
+    /// per-token scales still in the FP8 scratch buffer; only with such a `next`).
     fn norm_before(
         &self,
         rows: u32,
         delta: Option<DevicePtr<f32>>,
         weight: DevicePtr<Bf16>,
         next: Operand,
+        unscaled: Option<DevicePtr<f32>>,
     ) -> Result<(), BackendError> {
         let (Operand::Fp8(w), Some(scratch)) = (next, self.act.fp8.as_ref()) else {
             return self.add_rmsnorm(rows, delta, weight, None);
@@ -342,6 +392,8 @@ impl CudaBackend {
             Fp8AddRmsnorm {
                 residual: self.act.residual.device_ptr(),
                 delta,
+                x_scales: unscaled.map(|_| scratch.scales.device_ptr()),
+                w_scales: unscaled,
                 weight,
                 out: self.act.normed.device_ptr(),
                 upper_bound: input.upper_bound,

@@ -113,7 +113,7 @@ struct Kernels {
     /// The residual add and RMSNorm with the output quantized for an FP8 product.
     fp8_add_rmsnorm: Kernel<Fp8AddRmsnorm>,
     /// SwiGLU with its output quantized to FP8 for the down product.
-    fp8_swiglu_quantize: Kernel<Fp8SwigluQuantize>,
+    fp8_swiglu_quantize: Kernel<super::launch::Fp8SwigluQuantize>,
     /// `fp8_gemv[GemvGeometry::entry(m)]`: FP8 products of m rows.
     fp8_gemv: Vec<Kernel<Fp8Gemv>>,
     /// The mixture-of-experts kernels, for a model with experts.

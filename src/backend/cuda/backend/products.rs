@@ -10,7 +10,7 @@ use crate::engine::BackendError;
 
 use crate::backend::cuda::choices::{ChoiceStore, ChosenShape};
 use crate::backend::cuda::error::CudaInitError;
-use crate::backend::cuda::fp8::{GemvGeometry, QUANT_THREADS};
+use crate::backend::cuda::fp8::{GemvGeometry, quant_threads};
 use crate::backend::cuda::gemm::Gemm;
 use crate::backend::cuda::inputs::Padding;
 use crate::backend::cuda::launch::{
@@ -125,11 +125,27 @@ impl CudaBackend {
         x: DevicePtr<Bf16>,
         w: Fp8Operand,
         out: DevicePtr<f32>,
-        (m, n, k): (usize, usize, usize),
+        dims: (usize, usize, usize),
         quantized: bool,
     ) -> Result<(), BackendError> {
+        self.fp8_product_deferring(x, w, out, dims, quantized, false)
+            .map(|_| ())
+    }
+
+    /// [`Self::fp8_product`]; with `defer_scales`, where the product is cuBLASLt's FP8 product
+    /// of the codes, its scales are left for the kernel that reads it (`fp8_scale_output` does
+    /// not run): returns whether they were.
+    pub(super) fn fp8_product_deferring(
+        &mut self,
+        x: DevicePtr<Bf16>,
+        w: Fp8Operand,
+        out: DevicePtr<f32>,
+        (m, n, k): (usize, usize, usize),
+        quantized: bool,
+        defer_scales: bool,
+    ) -> Result<bool, BackendError> {
         if m == 0 {
-            return Ok(());
+            return Ok(false);
         }
         let scratch = self
             .act
@@ -157,7 +173,7 @@ impl CudaBackend {
                             to_u32(q.groups(k), "input groups")?,
                             1,
                         ),
-                        QUANT_THREADS,
+                        quant_threads(if q.group == 0 { k } else { q.group }),
                     ),
                     Fp8QuantizeInput {
                         x,
@@ -176,48 +192,53 @@ impl CudaBackend {
         };
         if m <= plan::GEMV_MAX_M {
             let geometry = GemvGeometry::choose(m, n, k, self.sm_count);
-            return self.launch(
-                &self.kernels.fp8_gemv[geometry.entry(m)],
-                LaunchShape::new(
-                    (to_u32(geometry.blocks(n), "product rows")?, 1, 1),
-                    geometry.threads(),
-                ),
-                Fp8Gemv {
-                    x: input,
-                    w: w.values,
-                    scales: w.scales,
-                    out,
-                    n: n32,
-                    k: k32,
-                    groups,
-                    group,
-                    splits: to_u32(geometry.splits, "splits")? as i32,
-                },
-            );
+            return self
+                .launch(
+                    &self.kernels.fp8_gemv[geometry.entry(m)],
+                    LaunchShape::new(
+                        (to_u32(geometry.blocks(n), "product rows")?, 1, 1),
+                        geometry.threads(),
+                    ),
+                    Fp8Gemv {
+                        x: input,
+                        w: w.values,
+                        scales: w.scales,
+                        out,
+                        n: n32,
+                        k: k32,
+                        groups,
+                        group,
+                        splits: to_u32(geometry.splits, "splits")? as i32,
+                    },
+                )
+                .map(|()| false);
         }
         let stream = self.stream.cu_stream() as cudarc::cublaslt::sys::cudaStream_t;
         if w.takes_scaled_gemm(n) && self.fp8_gemm {
             let pointers = (codes.addr(), w.values.addr(), out.addr());
             match self.gemm.matmul_fp8(stream, pointers, (m, n, k)) {
+                Ok(()) if defer_scales => return Ok(true),
                 Ok(()) => {
-                    return self.launch(
-                        &self.kernels.fp8_scale_output,
-                        LaunchShape::new(
-                            (
-                                to_u32((m * n).div_ceil(4 * 256).min(65_535), "outputs")?,
-                                1,
-                                1,
+                    return self
+                        .launch(
+                            &self.kernels.fp8_scale_output,
+                            LaunchShape::new(
+                                (
+                                    to_u32((m * n).div_ceil(4 * 256).min(65_535), "outputs")?,
+                                    1,
+                                    1,
+                                ),
+                                256,
                             ),
-                            256,
-                        ),
-                        Fp8ScaleOutput {
-                            out,
-                            x_scales: scales,
-                            w_scales: w.scales,
-                            m: to_u32(m, "tokens")? as i32,
-                            n: n32,
-                        },
-                    );
+                            Fp8ScaleOutput {
+                                out,
+                                x_scales: scales,
+                                w_scales: w.scales,
+                                m: to_u32(m, "tokens")? as i32,
+                                n: n32,
+                            },
+                        )
+                        .map(|()| false);
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "cuBLASLt's FP8 product is not available; FP8 weights are widened to bf16 for products of more than 8 rows");
@@ -242,11 +263,13 @@ impl CudaBackend {
                 out: widened,
             },
         )?;
-        self.gemm.matmul(
-            stream,
-            (input.addr(), widened.addr(), out.addr()),
-            (m, n, k),
-        )
+        self.gemm
+            .matmul(
+                stream,
+                (input.addr(), widened.addr(), out.addr()),
+                (m, n, k),
+            )
+            .map(|()| false)
     }
 
     /// Whether the product `x[m, k] · w[n, k]ᵀ` goes to the small-M kernels: measured faster
