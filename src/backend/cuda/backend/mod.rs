@@ -35,9 +35,8 @@ use super::inputs::{CopyStats, StepLimits};
 use super::kernels::KernelParams;
 use super::launch::{
     AddRmsnorm, AttentionReduce, DevicePtr, EmbeddingGather, Fp8AddRmsnorm, Fp8DequantizeWeight,
-    Fp8Gemv, Fp8QuantizeInput, Fp8ScaleOutput, Fp8SwigluQuantize, Gemv, GemvQkvRope, GemvSwiglu,
-    Kernel, KernelArgs, Kv, LaunchShape, PagedAttention, PrefillAttention, QkvRopeWrite,
-    SampleTokens, Swiglu,
+    Fp8Gemv, Fp8QuantizeInput, Fp8ScaleOutput, Gemv, GemvQkvRope, GemvSwiglu, Kernel, KernelArgs,
+    Kv, LaunchShape, PagedAttention, PrefillAttention, QkvRopeWrite, SampleTokens, Swiglu,
 };
 use super::memory::DeviceBuffer;
 use super::wait::StepWaiter;
