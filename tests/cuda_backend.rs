@@ -4,6 +4,9 @@
 //! Run there with `--test-threads=1` (each test takes a slice of GPU memory for its KV cache).
 //! `INFERNO_FIXTURES` points at the fixture directory (default: `tests/fixtures`).
 
+mod support;
+use support::{GREEDY, max_abs_diff};
+
 use std::path::PathBuf;
 
 use inferno::backend::cpu::CpuBackend;
@@ -201,18 +204,6 @@ impl Seq {
     }
 }
 
-static GREEDY: SamplingParams = SamplingParams {
-    temperature: 0.0,
-    top_k: 0,
-    top_p: 1.0,
-    min_p: 0.0,
-    presence_penalty: 0.0,
-    frequency_penalty: 0.0,
-    repetition_penalty: 1.0,
-    seed: None,
-    logit_bias: Vec::new(),
-};
-
 fn spec(logprobs: Option<u32>) -> SampleSpec<'static> {
     SampleSpec {
         params: &GREEDY,
@@ -258,14 +249,6 @@ fn argmax(v: &[f32]) -> (usize, f32) {
         .map(|(_, &x)| x)
         .fold(f32::NEG_INFINITY, f32::max);
     (best, v[best] - second)
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 fn ids(value: &serde_json::Value) -> Vec<u32> {

@@ -7,11 +7,14 @@
 //! directory. Ignored without a GPU (`scripts/gpu-check.sh` runs them with `--include-ignored`,
 //! stage `fp8`).
 
+mod support;
+use support::{argmax, max_abs_diff, pseudo_random_tokens, run_chunk};
+
 use std::path::{Path, PathBuf};
 
 use inferno::backend::cpu::CpuBackend;
 use inferno::backend::cuda::{CudaBackend, CudaOptions, probe};
-use inferno::engine::{Backend, BatchRow, EngineConfig, SampleSpec, SamplingParams, StepOutput};
+use inferno::engine::{Backend, EngineConfig};
 use inferno::model::{Model, QuantizeAtLoad};
 
 /// The bf16 checks' logit tolerance against the CPU backend (`tests/cuda_backend.rs`), times 4
@@ -90,72 +93,6 @@ fn cuda(model: &Model) -> CudaBackend {
     CudaBackend::new(model, &config, options).unwrap_or_else(|e| panic!("CUDA backend: {e}"))
 }
 
-static GREEDY: SamplingParams = SamplingParams {
-    temperature: 0.0,
-    top_k: 0,
-    top_p: 1.0,
-    min_p: 0.0,
-    presence_penalty: 0.0,
-    frequency_penalty: 0.0,
-    repetition_penalty: 1.0,
-    seed: None,
-    logit_bias: Vec::new(),
-};
-
-/// The logits after `tokens[start..end]` run as one row of a sequence whose cache blocks are
-/// `table`.
-fn run_chunk(
-    backend: &mut dyn Backend,
-    tokens: &[u32],
-    table: &[u32],
-    start: usize,
-    end: usize,
-) -> Vec<f32> {
-    let row = BatchRow {
-        seq_id: 1,
-        tokens: &tokens[start..end],
-        start_pos: start,
-        block_table: table,
-        sample: Some(SampleSpec {
-            params: &GREEDY,
-            seed: 0,
-            draw_index: 0,
-            prompt: &[],
-            output: &[],
-            logprobs: None,
-            mask: None,
-        }),
-    };
-    match backend.step(&[row]).expect("step") {
-        StepOutput::Logits(mut rows) => rows.remove(0),
-        StepOutput::Sampled(_) => panic!("expected logits"),
-    }
-}
-
-fn argmax(v: &[f32]) -> usize {
-    (0..v.len()).fold(0, |best, i| if v[i] > v[best] { i } else { best })
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
-/// A fixed pseudo-random token sequence below `vocab`.
-fn tokens(vocab: usize, len: usize) -> Vec<u32> {
-    let mut state = 0x2545_f491_u64;
-    (0..len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            ((state >> 33) % vocab as u64) as u32
-        })
-        .collect()
-}
-
 /// Teacher-forced logits over 512 positions, one token per step (the small-M FP8 kernel), agree
 /// with the CPU backend's FP8 reference: top-1 on at least 99% of positions, every logit within
 /// [`TOL_FP8`]. Prefills of 64 to 512 tokens (cuBLASLt's FP8 product, or the widened weights for
@@ -169,7 +106,7 @@ fn fp8_teacher_forced_logits_match_the_cpu_reference() {
     let mut failures = Vec::new();
     let positions = positions();
     for (name, model, unquantized) in fp8_models() {
-        let seq = tokens(model.config.vocab_size, positions);
+        let seq = pseudo_random_tokens(model.config.vocab_size, positions, 0);
         let table: Vec<u32> = (0..positions.div_ceil(16) as u32).collect();
         let mut gpu = cuda(&model);
         let mut cpu = CpuBackend::new(&model, 64 << 20).expect("CPU backend");
@@ -377,7 +314,7 @@ fn against_torch(device: Device) -> Vec<String> {
         let seq = &reference.tokens[..positions];
         assert_eq!(
             seq,
-            &tokens(model.config.vocab_size, positions)[..],
+            &pseudo_random_tokens(model.config.vocab_size, positions, 0)[..],
             "{name}: the reference's tokens are not this test's"
         );
         let got = stepwise(backend(device, &model).as_mut(), seq);

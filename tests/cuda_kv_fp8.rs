@@ -7,13 +7,13 @@
 
 mod support;
 
+use support::{argmax, max_abs_diff, pseudo_random_tokens, run_chunk};
+
 use std::path::PathBuf;
 
 use inferno::backend::cpu::CpuBackend;
 use inferno::backend::cuda::{CudaBackend, CudaOptions, probe};
-use inferno::engine::{
-    Backend, BatchRow, EngineConfig, KvCacheDtype, SampleSpec, SamplingParams, StepOutput,
-};
+use inferno::engine::{Backend, EngineConfig, KvCacheDtype, SamplingParams};
 use inferno::model::Model;
 
 /// The bf16 checks' logit tolerance against the CPU backend (`tests/cuda_backend.rs`), times 4
@@ -81,72 +81,6 @@ fn cpu(model: &Model, kv_cache_dtype: KvCacheDtype) -> CpuBackend {
         .expect("CPU KV cache")
 }
 
-static GREEDY: SamplingParams = SamplingParams {
-    temperature: 0.0,
-    top_k: 0,
-    top_p: 1.0,
-    min_p: 0.0,
-    presence_penalty: 0.0,
-    frequency_penalty: 0.0,
-    repetition_penalty: 1.0,
-    seed: None,
-    logit_bias: Vec::new(),
-};
-
-/// The logits after `tokens[start..end]` run as one row of a sequence whose cache blocks are
-/// `table`.
-fn run_chunk(
-    backend: &mut dyn Backend,
-    tokens: &[u32],
-    table: &[u32],
-    start: usize,
-    end: usize,
-) -> Vec<f32> {
-    let row = BatchRow {
-        seq_id: 1,
-        tokens: &tokens[start..end],
-        start_pos: start,
-        block_table: table,
-        sample: Some(SampleSpec {
-            params: &GREEDY,
-            seed: 0,
-            draw_index: 0,
-            prompt: &[],
-            output: &[],
-            logprobs: None,
-            mask: None,
-        }),
-    };
-    match backend.step(&[row]).expect("step") {
-        StepOutput::Logits(mut rows) => rows.remove(0),
-        StepOutput::Sampled(_) => panic!("expected logits"),
-    }
-}
-
-fn argmax(v: &[f32]) -> usize {
-    (0..v.len()).fold(0, |best, i| if v[i] > v[best] { i } else { best })
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
-/// A fixed pseudo-random token sequence below `vocab`.
-fn tokens(vocab: usize, len: usize, seed: u64) -> Vec<u32> {
-    let mut state = 0x2545_f491_u64 ^ seed;
-    (0..len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            ((state >> 33) % vocab as u64) as u32
-        })
-        .collect()
-}
-
 /// Teacher-forced logits with an FP8 cache, one token per step (the q/k/v epilogue writes E4M3,
 /// the decode-attention kernel reads it), agree with the CPU backend's FP8 cache: top-1 on at
 /// least 99% of positions, every logit within [`TOL_FP8`]. Prefills in chunks of 48 tokens
@@ -166,7 +100,7 @@ fn fp8_kv_cache_teacher_forced_logits_match_the_cpu_reference() {
     let positions = positions();
     let mut failures = Vec::new();
     for (name, model) in &models {
-        let seq = tokens(model.config.vocab_size, positions, 0);
+        let seq = pseudo_random_tokens(model.config.vocab_size, positions, 0);
         let table: Vec<u32> = (0..positions.div_ceil(16) as u32).collect();
         let mut gpu = cuda(model, &config(KvCacheDtype::Fp8, 0.02));
         let mut cpu8 = cpu(model, KvCacheDtype::Fp8);
@@ -277,7 +211,7 @@ fn greedy_decoding_repeats_through_fp8_prefix_cache_hits() {
     };
     let mut cached_total = 0;
     for seed in 0..3u64 {
-        let prompt = tokens(model.config.vocab_size, 70, seed + 1);
+        let prompt = pseudo_random_tokens(model.config.vocab_size, 70, seed + 1);
         let (first, first_lp, _) = run(&format!("first-{seed}"), &prompt);
         let (again, again_lp, cached) = run(&format!("again-{seed}"), &prompt);
         cached_total += cached;

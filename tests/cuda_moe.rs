@@ -9,11 +9,14 @@
 //! Run there with `--test-threads=1`. `INFERNO_FIXTURES` points at the fixture directory
 //! (default: `tests/fixtures`).
 
+mod support;
+use support::{GREEDY, argmax, max_abs_diff};
+
 use std::path::PathBuf;
 
 use inferno::backend::cpu::CpuBackend;
 use inferno::backend::cuda::{CudaBackend, CudaOptions, probe};
-use inferno::engine::{Backend, BatchRow, EngineConfig, SampleSpec, SamplingParams, StepOutput};
+use inferno::engine::{Backend, BatchRow, EngineConfig, SampleSpec, StepOutput};
 use inferno::model::Model;
 
 /// Logits tolerance against the CPU backend: the bf16 rounding of activations between products
@@ -59,18 +62,6 @@ fn cuda(model: &Model, sample_on_device: bool) -> CudaBackend {
     };
     CudaBackend::new(model, &config, options).unwrap_or_else(|e| panic!("CUDA backend: {e}"))
 }
-
-static GREEDY: SamplingParams = SamplingParams {
-    temperature: 0.0,
-    top_k: 0,
-    top_p: 1.0,
-    min_p: 0.0,
-    presence_penalty: 0.0,
-    frequency_penalty: 0.0,
-    repetition_penalty: 1.0,
-    seed: None,
-    logit_bias: Vec::new(),
-};
 
 fn spec() -> SampleSpec<'static> {
     SampleSpec {
@@ -155,18 +146,6 @@ fn lockstep(backend: &mut dyn Backend, cases: &[(Vec<u32>, Vec<Vec<f32>>)]) -> f
         }
     }
     worst
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
-fn argmax(v: &[f32]) -> usize {
-    (0..v.len()).fold(0, |best, i| if v[i] > v[best] { i } else { best })
 }
 
 fn ids(value: &serde_json::Value) -> Vec<u32> {

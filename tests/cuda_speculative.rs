@@ -10,13 +10,15 @@
 
 mod support;
 
+use support::{GREEDY, max_abs_diff};
+
 use std::path::{Path, PathBuf};
 
 use inferno::backend::cpu::CpuBackend;
 use inferno::backend::cuda::{CudaBackend, CudaOptions, probe};
 use inferno::engine::{
     Backend, BatchRow, Engine, EngineConfig, EngineHandle, GenerationEvent, GenerationRequest,
-    ModelInfo, SampleSpec, SamplingParams, SpeculativeConfig, SpeculativeMethod,
+    ModelInfo, SampleSpec, SpeculativeConfig, SpeculativeMethod,
 };
 use inferno::model::Model;
 
@@ -66,14 +68,6 @@ fn cuda_with(
     CudaBackend::new(model, config, options).unwrap_or_else(|e| panic!("CUDA backend: {e}"))
 }
 
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
 /// The index of the largest value and its margin over the second.
 fn argmax(v: &[f32]) -> (usize, f32) {
     let best = v
@@ -88,18 +82,6 @@ fn argmax(v: &[f32]) -> (usize, f32) {
         .fold(f32::NEG_INFINITY, f32::max);
     (best, v[best] - second)
 }
-
-static GREEDY: SamplingParams = SamplingParams {
-    temperature: 0.0,
-    top_k: 0,
-    top_p: 1.0,
-    min_p: 0.0,
-    presence_penalty: 0.0,
-    frequency_penalty: 0.0,
-    repetition_penalty: 1.0,
-    seed: None,
-    logit_bias: Vec::new(),
-};
 
 fn greedy_spec(output: &[u32]) -> SampleSpec<'_> {
     SampleSpec {

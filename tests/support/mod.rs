@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use inferno::backend::cpu::CpuBackend;
 use inferno::engine::{
-    Engine, EngineConfig, EngineHandle, FinishReason, GenerationEvent, GenerationRequest,
-    ModelInfo, SamplingParams, StopParams,
+    Backend, BatchRow, Engine, EngineConfig, EngineHandle, FinishReason, GenerationEvent,
+    GenerationRequest, ModelInfo, SampleSpec, SamplingParams, StepOutput, StopParams,
 };
 use inferno::model::Model;
 use serde::Deserialize;
@@ -232,4 +232,75 @@ pub fn copy_with_kv_scales(source: &Path, scales: impl Fn(usize) -> [f32; 2]) ->
     )
     .expect("weights");
     dir
+}
+
+/// Greedy sampling parameters, for rows whose logits a test compares.
+pub static GREEDY: SamplingParams = SamplingParams {
+    temperature: 0.0,
+    top_k: 0,
+    top_p: 1.0,
+    min_p: 0.0,
+    presence_penalty: 0.0,
+    frequency_penalty: 0.0,
+    repetition_penalty: 1.0,
+    seed: None,
+    logit_bias: Vec::new(),
+};
+
+/// The largest absolute difference between two vectors of the same length.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// The index of the largest value (the first of equal ones).
+pub fn argmax(v: &[f32]) -> usize {
+    (0..v.len()).fold(0, |best, i| if v[i] > v[best] { i } else { best })
+}
+
+/// A fixed pseudo-random token sequence below `vocab` (a linear congruential generator seeded
+/// with `seed`).
+pub fn pseudo_random_tokens(vocab: usize, len: usize, seed: u64) -> Vec<u32> {
+    let mut state = 0x2545_f491_u64 ^ seed;
+    (0..len)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((state >> 33) % vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// The logits after `tokens[start..end]` run as one greedy row of a sequence whose cache blocks
+/// are `table`.
+pub fn run_chunk(
+    backend: &mut dyn Backend,
+    tokens: &[u32],
+    table: &[u32],
+    start: usize,
+    end: usize,
+) -> Vec<f32> {
+    let row = BatchRow {
+        seq_id: 1,
+        tokens: &tokens[start..end],
+        start_pos: start,
+        block_table: table,
+        sample: Some(SampleSpec {
+            params: &GREEDY,
+            seed: 0,
+            draw_index: 0,
+            prompt: &[],
+            output: &[],
+            logprobs: None,
+            mask: None,
+        }),
+    };
+    match backend.step(&[row]).expect("step") {
+        StepOutput::Logits(mut rows) => rows.remove(0),
+        StepOutput::Sampled(_) => panic!("expected logits"),
+    }
 }
