@@ -149,19 +149,11 @@ def write_sentence_transformers(out, config):
                    "default_prompt_name": None, "similarity_fn_name": "cosine"}, f, indent=2)
 
 
-def main():
-    args = sys.argv[1:]
-    tokenizer_dir = None
-    if args[:1] == ["--qwen3-embedding"]:
-        tokenizer_dir, args = args[1], args[2:]
-    out = args[0]
-    config, prefix = (QWEN3_EMBEDDING_CONFIG, "") if tokenizer_dir else (CONFIG, "model.")
-    if os.path.exists(os.path.join(out, "model.safetensors.index.json")):
-        print(f"{out} exists; reusing it")
-        return
-    os.makedirs(out, exist_ok=True)
-    started = time.time()
-    gen = torch.Generator(device="cuda").manual_seed(1234)
+def write_random_sharded(out, named_shapes, seed):
+    """Writes bf16 tensors of the given (name, shape) pairs into `out` as sharded safetensors
+    (about 5 GiB a shard, the Hugging Face "-of-" names) with their index: vectors (norms) are
+    ones, matrices N(0, 0.02) drawn on the GPU from `seed`."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     shard, shard_bytes, index, n = {}, 0, {}, 0
     limit = 5 << 30
 
@@ -176,7 +168,7 @@ def main():
             index[k] = name
         shard, shard_bytes = {}, 0
 
-    for name, shape in shapes(config, prefix):
+    for name, shape in named_shapes:
         if len(shape) == 1:
             t = torch.ones(shape, dtype=torch.bfloat16)
         else:
@@ -188,14 +180,26 @@ def main():
     flush()
     # Rename shards to the HF "-of-" pattern now that the count is known.
     total = n
-    renamed = {}
-    for k, v in index.items():
-        new = v.replace(".safetensors", f"-of-{total:05d}.safetensors")
-        renamed[k] = new
+    renamed = {k: v.replace(".safetensors", f"-of-{total:05d}.safetensors") for k, v in index.items()}
     for i in range(1, total + 1):
         os.rename(os.path.join(out, f"model-{i:05d}.safetensors"), os.path.join(out, f"model-{i:05d}-of-{total:05d}.safetensors"))
     with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}, "weight_map": renamed}, f)
+
+
+def main():
+    args = sys.argv[1:]
+    tokenizer_dir = None
+    if args[:1] == ["--qwen3-embedding"]:
+        tokenizer_dir, args = args[1], args[2:]
+    out = args[0]
+    config, prefix = (QWEN3_EMBEDDING_CONFIG, "") if tokenizer_dir else (CONFIG, "model.")
+    if os.path.exists(os.path.join(out, "model.safetensors.index.json")):
+        print(f"{out} exists; reusing it")
+        return
+    os.makedirs(out, exist_ok=True)
+    started = time.time()
+    write_random_sharded(out, shapes(config, prefix), seed=1234)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     if tokenizer_dir:

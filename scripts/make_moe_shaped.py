@@ -17,8 +17,7 @@ import os
 import sys
 import time
 
-import torch
-from safetensors.torch import save_file
+from make_llama8b import write_random_sharded
 
 CONFIG = {
     "architectures": ["Qwen3MoeForCausalLM"],
@@ -109,37 +108,7 @@ def main():
         return
     os.makedirs(out, exist_ok=True)
     started = time.time()
-    gen = torch.Generator(device="cuda").manual_seed(44)
-    shard, shard_bytes, index, n = {}, 0, {}, 0
-    limit = 5 << 30
-
-    def flush():
-        nonlocal shard, shard_bytes, n
-        if not shard:
-            return
-        n += 1
-        name = f"model-{n:05d}.safetensors"
-        save_file(shard, os.path.join(out, name), metadata={"format": "pt"})
-        for k in shard:
-            index[k] = name
-        shard, shard_bytes = {}, 0
-
-    for name, shape in shapes(config):
-        if len(shape) == 1:
-            t = torch.ones(shape, dtype=torch.bfloat16)
-        else:
-            t = (torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32) * 0.02).to(torch.bfloat16).cpu()
-        shard[name] = t
-        shard_bytes += t.numel() * 2
-        if shard_bytes >= limit:
-            flush()
-    flush()
-    total = n
-    renamed = {k: v.replace(".safetensors", f"-of-{total:05d}.safetensors") for k, v in index.items()}
-    for i in range(1, total + 1):
-        os.rename(os.path.join(out, f"model-{i:05d}.safetensors"), os.path.join(out, f"model-{i:05d}-of-{total:05d}.safetensors"))
-    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {}, "weight_map": renamed}, f)
+    write_random_sharded(out, shapes(config), seed=44)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     with open(os.path.join(out, "generation_config.json"), "w") as f:
