@@ -204,65 +204,45 @@ impl Gemm {
     pub fn matmul(
         &mut self,
         stream: sys::cudaStream_t,
-        (x, w, out): (u64, u64, u64),
-        (m, n, k): (usize, usize, usize),
+        buffers: (u64, u64, u64),
+        shape: (usize, usize, usize),
     ) -> Result<(), BackendError> {
-        if m == 0 {
-            return Ok(());
-        }
-        let workspace = self.workspace.ptr();
-        let handle = self.handle;
-        let plan = self.plan(Shape { m, n, k }, false)?;
-        let alpha: f32 = 1.0;
-        let beta: f32 = 0.0;
-        // SAFETY: the plan's descriptors are live and match these buffers' shapes and types; the
-        // device pointers address allocations of at least the sizes the shapes imply (the
-        // backend sizes them from the same model config); alpha and beta are fp32 as the scale
-        // type requires; the workspace is WORKSPACE_BYTES long.
-        unsafe {
-            lt::matmul(
-                handle,
-                plan.desc,
-                (&alpha) as *const f32 as *const c_void,
-                (&beta) as *const f32 as *const c_void,
-                w as *const c_void,
-                plan.a,
-                x as *const c_void,
-                plan.b,
-                out as *const c_void,
-                plan.d,
-                out as *mut c_void,
-                plan.d,
-                &plan.algo,
-                workspace as *mut c_void,
-                WORKSPACE_BYTES,
-                stream,
-            )
-        }
-        .map_err(|e| BackendError::Device(format!("cuBLASLt matmul m={m} n={n} k={k}: {e:?}")))
+        self.queue(stream, buffers, shape, false)
     }
-}
 
-impl Gemm {
     /// `out[m, n] = x[m, k] · w[n, k]ᵀ` on `stream`, with `x` and `w` E4M3 codes (unscaled) and
     /// `out` fp32. Pointers are device addresses of buffers of at least those sizes (the caller's
     /// contract). An error (no algorithm for the shape) leaves nothing queued.
     pub fn matmul_fp8(
         &mut self,
         stream: sys::cudaStream_t,
+        buffers: (u64, u64, u64),
+        shape: (usize, usize, usize),
+    ) -> Result<(), BackendError> {
+        self.queue(stream, buffers, shape, true)
+    }
+
+    /// Queues one product with the plan of its shape and input type (bf16, or E4M3 when `fp8`).
+    fn queue(
+        &mut self,
+        stream: sys::cudaStream_t,
         (x, w, out): (u64, u64, u64),
         (m, n, k): (usize, usize, usize),
+        fp8: bool,
     ) -> Result<(), BackendError> {
         if m == 0 {
             return Ok(());
         }
         let workspace = self.workspace.ptr();
         let handle = self.handle;
-        let plan = self.plan(Shape { m, n, k }, true)?;
+        let plan = self.plan(Shape { m, n, k }, fp8)?;
         let alpha: f32 = 1.0;
         let beta: f32 = 0.0;
-        // SAFETY: as in `matmul`: the plan's descriptors are live and match these buffers'
-        // shapes and types (E4M3 A and B, fp32 D).
+        // SAFETY: the plan's descriptors are live and match these buffers' shapes and types (bf16
+        // or E4M3 A and B as `fp8` says, fp32 D); the device pointers address allocations of at
+        // least the sizes the shapes imply (the backend sizes them from the same model config);
+        // alpha and beta are fp32 as the scale type requires; the workspace is WORKSPACE_BYTES
+        // long.
         unsafe {
             lt::matmul(
                 handle,
@@ -283,7 +263,10 @@ impl Gemm {
                 stream,
             )
         }
-        .map_err(|e| BackendError::Device(format!("cuBLASLt FP8 matmul m={m} n={n} k={k}: {e:?}")))
+        .map_err(|e| {
+            let kind = if fp8 { "FP8 " } else { "" };
+            BackendError::Device(format!("cuBLASLt {kind}matmul m={m} n={n} k={k}: {e:?}"))
+        })
     }
 }
 
