@@ -5,7 +5,7 @@
 //! `INFERNO_FIXTURES` points at the fixture directory (default: `tests/fixtures`).
 
 mod support;
-use support::{GREEDY, max_abs_diff};
+use support::{GREEDY, Generated, max_abs_diff, run_request};
 
 use std::path::PathBuf;
 
@@ -721,65 +721,6 @@ fn device_sampling_matches_host_logits_with_one_copy_each_way() {
     let copies = device.copy_stats().since(&before);
     println!("RESULT copies over 4 decode steps: {copies:?}");
     assert_eq!((copies.steps, copies.h2d, copies.d2h), (4, 4, 4));
-}
-
-/// What one greedy request produced: its tokens with their top-5 log-probabilities, and the
-/// prompt tokens served from the prefix cache.
-struct Generated {
-    tokens: Vec<u32>,
-    logprobs: Vec<inferno::engine::TokenLogprob>,
-    cached_tokens: usize,
-}
-
-/// Runs one greedy request of `max_tokens` tokens, asking for the top-5 log-probabilities.
-fn run_request(
-    engine: &inferno::engine::EngineHandle,
-    id: &str,
-    prompt: Vec<u32>,
-    max_tokens: usize,
-) -> Generated {
-    use inferno::engine::{GenerationEvent, GenerationRequest, StopParams};
-    let request = GenerationRequest {
-        id: id.to_string(),
-        prompt,
-        sampling: SamplingParams::default(),
-        stop: StopParams {
-            max_tokens,
-            ignore_eos: true,
-            ..StopParams::default()
-        },
-        logprobs: Some(5),
-        cache_salt: 0,
-        prompt_logprobs: None,
-        constraint: None,
-    };
-    let mut stream = engine.submit(request).expect("submit");
-    let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());
-    while let Some(event) = stream.blocking_next() {
-        match event {
-            GenerationEvent::Token { token, logprob, .. } => {
-                tokens.push(token);
-                logprobs.push(logprob.expect("logprobs were requested"));
-            }
-            GenerationEvent::Hidden { .. } => {}
-            GenerationEvent::Finished {
-                reason,
-                cached_tokens,
-                ..
-            } => {
-                assert!(
-                    !matches!(reason, inferno::engine::FinishReason::Error(_)),
-                    "{id}: {reason:?}"
-                );
-                return Generated {
-                    tokens,
-                    logprobs,
-                    cached_tokens,
-                };
-            }
-        }
-    }
-    panic!("{id}: stream ended without Finished");
 }
 
 /// Log-probability difference within which two greedy runs count as numerically equal: the

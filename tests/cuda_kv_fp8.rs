@@ -7,13 +7,13 @@
 
 mod support;
 
-use support::{argmax, max_abs_diff, pseudo_random_tokens, run_chunk};
+use support::{argmax, max_abs_diff, pseudo_random_tokens, run_chunk, run_request};
 
 use std::path::PathBuf;
 
 use inferno::backend::cpu::CpuBackend;
 use inferno::backend::cuda::{CudaBackend, CudaOptions, probe};
-use inferno::engine::{Backend, EngineConfig, KvCacheDtype, SamplingParams};
+use inferno::engine::{Backend, EngineConfig, KvCacheDtype};
 use inferno::model::Model;
 
 /// The bf16 checks' logit tolerance against the CPU backend (`tests/cuda_backend.rs`), times 4
@@ -162,52 +162,19 @@ fn an_fp8_cache_holds_twice_the_blocks_of_a_bf16_one() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn greedy_decoding_repeats_through_fp8_prefix_cache_hits() {
-    use inferno::engine::{
-        Engine, GenerationEvent, GenerationRequest, ModelInfo, StopParams, TokenLogprob,
-    };
+    use inferno::engine::{Engine, ModelInfo, TokenLogprob};
     require_gpu();
     let model = load(&fixtures().join("inferno-tiny"));
     let config = config(KvCacheDtype::Fp8, 0.02);
     let backend = cuda(&model, &config);
     let engine = Engine::spawn(Box::new(backend), ModelInfo::of(&model), config).expect("engine");
-    let run = |id: &str, prompt: &[u32]| -> (Vec<u32>, Vec<TokenLogprob>, usize) {
-        let request = GenerationRequest {
-            id: id.into(),
-            prompt: prompt.to_vec(),
-            sampling: SamplingParams::default(),
-            stop: StopParams {
-                max_tokens: 48,
-                ignore_eos: true,
-                ..StopParams::default()
-            },
-            logprobs: Some(5),
-            cache_salt: 0,
-            prompt_logprobs: None,
-            constraint: None,
-        };
-        let mut stream = engine.submit(request).expect("submit");
-        let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());
-        while let Some(event) = stream.blocking_next() {
-            match event {
-                GenerationEvent::Token { token, logprob, .. } => {
-                    tokens.push(token);
-                    logprobs.push(logprob.expect("logprobs were requested"));
-                }
-                GenerationEvent::Hidden { .. } => {}
-                GenerationEvent::Finished {
-                    reason,
-                    cached_tokens,
-                    ..
-                } => {
-                    assert!(
-                        !matches!(reason, inferno::engine::FinishReason::Error(_)),
-                        "{id}: {reason:?}"
-                    );
-                    return (tokens, logprobs, cached_tokens);
-                }
-            }
-        }
-        panic!("{id}: stream ended without Finished");
+    let run = |id: &str, prompt: &[u32]| {
+        let generated = run_request(&engine, id, prompt.to_vec(), 48);
+        (
+            generated.tokens,
+            generated.logprobs,
+            generated.cached_tokens,
+        )
     };
     let mut cached_total = 0;
     for seed in 0..3u64 {

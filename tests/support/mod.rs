@@ -304,3 +304,65 @@ pub fn run_chunk(
         StepOutput::Sampled(_) => panic!("expected logits"),
     }
 }
+
+/// What one greedy request produced: its tokens with their top-5 log-probabilities, and the
+/// prompt tokens served from the prefix cache.
+pub struct Generated {
+    /// The tokens, in order.
+    pub tokens: Vec<u32>,
+    /// Each token's log-probability with the top 5.
+    pub logprobs: Vec<inferno::engine::TokenLogprob>,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+/// Runs one greedy request of `max_tokens` tokens, asking for the top-5 log-probabilities.
+pub fn run_request(
+    engine: &inferno::engine::EngineHandle,
+    id: &str,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+) -> Generated {
+    use inferno::engine::{GenerationEvent, GenerationRequest, StopParams};
+    let request = GenerationRequest {
+        id: id.to_string(),
+        prompt,
+        sampling: SamplingParams::default(),
+        stop: StopParams {
+            max_tokens,
+            ignore_eos: true,
+            ..StopParams::default()
+        },
+        logprobs: Some(5),
+        cache_salt: 0,
+        prompt_logprobs: None,
+        constraint: None,
+    };
+    let mut stream = engine.submit(request).expect("submit");
+    let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());
+    while let Some(event) = stream.blocking_next() {
+        match event {
+            GenerationEvent::Token { token, logprob, .. } => {
+                tokens.push(token);
+                logprobs.push(logprob.expect("logprobs were requested"));
+            }
+            GenerationEvent::Hidden { .. } => {}
+            GenerationEvent::Finished {
+                reason,
+                cached_tokens,
+                ..
+            } => {
+                assert!(
+                    !matches!(reason, inferno::engine::FinishReason::Error(_)),
+                    "{id}: {reason:?}"
+                );
+                return Generated {
+                    tokens,
+                    logprobs,
+                    cached_tokens,
+                };
+            }
+        }
+    }
+    panic!("{id}: stream ended without Finished");
+}
