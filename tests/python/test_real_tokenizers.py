@@ -23,6 +23,7 @@ import pydantic
 import pytest
 
 from test_openai_client import REPO, RunningServer
+from test_responses import GetWeather
 
 sys.path.insert(0, str(REPO / "scripts"))
 import make_real_tokenizer_models  # noqa: E402
@@ -59,11 +60,6 @@ def server(request):
 @pytest.fixture(scope="module")
 def model_id(server):
     return server.client().models.list().data[0].id
-
-
-class GetWeather(pydantic.BaseModel):
-    city: str = pydantic.Field(max_length=8)
-    unit: Literal["c", "f"]
 
 
 WEATHER_TOOL = {
