@@ -418,6 +418,13 @@ impl Config {
             ));
         }
         ranges::check(self)?;
+        // A benchmark's test mode: its output is not the model's, so a server never takes it.
+        if self.speculative.forced_acceptance.is_some() {
+            return Err(invalid(
+                "speculative.forced_acceptance",
+                "is a benchmark test mode whose output is not the model's (`inferno bench offline --forced-acceptance`); a server refuses it",
+            ));
+        }
         if self.speculative.enabled()
             && let Err(err) = self.speculative.validate()
         {
@@ -457,6 +464,15 @@ mod tests {
     use super::*;
 
     const HASH: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    #[test]
+    fn forced_acceptance_is_refused_in_a_server_configuration() {
+        let err = Config::parse("[speculative]\nmethod = \"ngram\"\nforced_acceptance = 0.5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("speculative.forced_acceptance"), "{err}");
+        assert!(err.contains("not the model's"), "{err}");
+    }
 
     #[test]
     fn empty_file_gives_defaults() {
