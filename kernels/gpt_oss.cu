@@ -17,11 +17,20 @@
 //                    in which the CPU reference adds them), into `delta`;
 //   gptoss_add_bias  the output projection's bias added to `delta` (before the norm adds it to
 //                    the residual stream).
+// gptoss_gate_up_mxfp4 and gptoss_down_mxfp4 are the two products over experts kept in MXFP4 on
+// the device, as the checkpoint stores them: per row, 16-byte blocks of 32 E2M1 values (the low
+// nibble the even element) and one E8M0 scale per block (2^(byte - 127)); a lane takes a whole
+// block at a time (one 16-byte load and one scale byte for 32 weights), widens the codes to
+// floats in registers and applies the scale once per block. Their rows are then multiples of 32
+// (the host keeps other shapes in bf16).
 // Each slot reads its expert's rows whole, 16 bytes per lane: correct at any step size, the
-// weights read once per slot (grouping the slots by expert, as kernels/moe.cu does, is left to
-// the MXFP4 products).
+// weights read once per slot (grouping the slots by expert, as kernels/moe.cu does, is the next
+// step for prefill).
 
 #define GO_WARPS 4
+// MXFP4 bytes: two E2M1 codes (blocks), and one E8M0 scale.
+typedef unsigned char e2m1x2;
+typedef unsigned char e8m0;
 #define GO_PER_LANE ((MOE_EXPERTS + 31) / 32)
 
 // Eight bf16 values packed in a 16-byte word, widened.
@@ -47,6 +56,59 @@ __device__ __forceinline__ float go_warp_dot(const bf16* __restrict__ a, const b
         for (int i = 0; i < 8; ++i) sum = fmaf(x[i], y[i], sum);
     }
     return warp_sum(sum);
+}
+
+// The value of E2M1 code `c` (sign bit 3, exponent bits 2-1, mantissa bit 0; exponent 0 is
+// subnormal: 0 or 0.5), built as float bits.
+__device__ __forceinline__ float go_e2m1(unsigned int c) {
+    const unsigned int e = (c >> 1) & 3u;
+    const unsigned int m = c & 1u;
+    const unsigned int bits = e ? ((e + 126u) << 23) | (m << 22) : (m ? 0x3f000000u : 0u);
+    return __uint_as_float(bits | ((c & 8u) << 28));
+}
+
+// The value of E8M0 scale byte `s`, 2^(s - 127) (0x00: the subnormal 2^-127; 0xFF, NaN, is
+// refused by the host at load).
+__device__ __forceinline__ float go_e8m0(unsigned int s) {
+    return s ? __uint_as_float(s << 23) : __uint_as_float(0x00400000u);
+}
+
+// The dot product of `n` bf16 values of `x` (n a multiple of 32, 16-byte aligned) with one MXFP4
+// row (`blocks`: n / 2 bytes, `scales`: n / 32 bytes), summed over the warp.
+__device__ __forceinline__ float go_warp_dot_mxfp4(const bf16* __restrict__ x, const unsigned char* __restrict__ blocks,
+                                                   const unsigned char* __restrict__ scales, int n) {
+    const int lane = threadIdx.x & 31;
+    float sum = 0.0f;
+    for (int b = lane; b < n / 32; b += 32) {
+        const uint4 packed = __ldg(reinterpret_cast<const uint4*>(blocks + 16 * b));
+        const unsigned int words[4] = {packed.x, packed.y, packed.z, packed.w};
+        float part = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            float xv[8];
+            go_unpack8(*reinterpret_cast<const uint4*>(x + 32 * b + 8 * w), xv);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const unsigned int byte = words[w] >> (8 * i);
+                part = fmaf(xv[2 * i], go_e2m1(byte & 15u), part);
+                part = fmaf(xv[2 * i + 1], go_e2m1((byte >> 4) & 15u), part);
+            }
+        }
+        sum = fmaf(part, go_e8m0(__ldg(scales + b)), sum);
+    }
+    return warp_sum(sum);
+}
+
+// Row `row` of an expert matrix `n` wide: bf16 values (MX false: `w` is bf16 [rows, n]) or MXFP4
+// (MX true: `w` the blocks [rows, n / 2] bytes, `scales` [rows, n / 32]), dotted with `x`.
+template <bool MX>
+__device__ __forceinline__ float go_row_dot(const bf16* __restrict__ x, const void* __restrict__ w,
+                                            const unsigned char* __restrict__ scales, size_t row, int n) {
+    if (MX) {
+        return go_warp_dot_mxfp4(x, static_cast<const unsigned char*>(w) + row * (size_t)(n / 2),
+                                 scales + row * (size_t)(n / 32), n);
+    }
+    return go_warp_dot(x, static_cast<const bf16*>(w) + row * (size_t)n, n);
 }
 
 extern "C" __global__ void __launch_bounds__(GO_WARPS * 32)
@@ -103,18 +165,20 @@ gptoss_route(const float* __restrict__ logits, const bf16* __restrict__ bias, in
     }
 }
 
-extern "C" __global__ void __launch_bounds__(GO_WARPS * 32)
-gptoss_gate_up(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ bias,
-               const int* __restrict__ topk_ids, bf16* __restrict__ act) {
+// gptoss_gate_up's body over bf16 (MX false) or MXFP4 (MX true) experts.
+template <bool MX>
+__device__ __forceinline__ void go_gate_up(const bf16* __restrict__ x, const void* __restrict__ w,
+                                           const unsigned char* __restrict__ scales, const bf16* __restrict__ bias,
+                                           const int* __restrict__ topk_ids, bf16* __restrict__ act) {
     await_previous_kernels();
     const int slot = blockIdx.x;
     const int i = blockIdx.y * GO_WARPS + (threadIdx.x >> 5);
     if (i >= MOE_INTER) return;
     const int e = topk_ids[slot];
     const bf16* row = x + (size_t)(slot / MOE_TOP_K) * HIDDEN;
-    const bf16* gate_w = w + ((size_t)e * 2 * MOE_INTER + 2 * i) * HIDDEN;
-    float gate = go_warp_dot(row, gate_w, HIDDEN);
-    float up = go_warp_dot(row, gate_w + HIDDEN, HIDDEN);
+    const size_t gate_row = (size_t)e * 2 * MOE_INTER + 2 * i;
+    float gate = go_row_dot<MX>(row, w, scales, gate_row, HIDDEN);
+    float up = go_row_dot<MX>(row, w, scales, gate_row + 1, HIDDEN);
     if ((threadIdx.x & 31) != 0) return;
     gate = fminf(gate + bf16_to_f32(bias[(size_t)e * 2 * MOE_INTER + 2 * i]), GPTOSS_LIMIT);
     up = fminf(fmaxf(up + bf16_to_f32(bias[(size_t)e * 2 * MOE_INTER + 2 * i + 1]), -GPTOSS_LIMIT), GPTOSS_LIMIT);
@@ -122,16 +186,44 @@ gptoss_gate_up(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf1
     act[(size_t)slot * MOE_INTER + i] = f32_to_bf16((up + 1.0f) * glu);
 }
 
-extern "C" __global__ void __launch_bounds__(GO_WARPS * 32)
-gptoss_down(const bf16* __restrict__ act, const bf16* __restrict__ w, const bf16* __restrict__ bias,
-            const int* __restrict__ topk_ids, float* __restrict__ y) {
+// gptoss_down's body over bf16 (MX false) or MXFP4 (MX true) experts.
+template <bool MX>
+__device__ __forceinline__ void go_down(const bf16* __restrict__ act, const void* __restrict__ w,
+                                        const unsigned char* __restrict__ scales, const bf16* __restrict__ bias,
+                                        const int* __restrict__ topk_ids, float* __restrict__ y) {
     await_previous_kernels();
     const int slot = blockIdx.x;
     const int h = blockIdx.y * GO_WARPS + (threadIdx.x >> 5);
     if (h >= HIDDEN) return;
     const int e = topk_ids[slot];
-    const float dot = go_warp_dot(act + (size_t)slot * MOE_INTER, w + ((size_t)e * HIDDEN + h) * MOE_INTER, MOE_INTER);
+    const float dot = go_row_dot<MX>(act + (size_t)slot * MOE_INTER, w, scales, (size_t)e * HIDDEN + h, MOE_INTER);
     if ((threadIdx.x & 31) == 0) y[(size_t)slot * HIDDEN + h] = dot + bf16_to_f32(bias[(size_t)e * HIDDEN + h]);
+}
+
+extern "C" __global__ void __launch_bounds__(GO_WARPS * 32)
+gptoss_gate_up(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ bias,
+               const int* __restrict__ topk_ids, bf16* __restrict__ act) {
+    go_gate_up<false>(x, w, nullptr, bias, topk_ids, act);
+}
+
+extern "C" __global__ void __launch_bounds__(GO_WARPS * 32)
+gptoss_gate_up_mxfp4(const bf16* __restrict__ x, const e2m1x2* __restrict__ blocks,
+                     const e8m0* __restrict__ scales, const bf16* __restrict__ bias,
+                     const int* __restrict__ topk_ids, bf16* __restrict__ act) {
+    go_gate_up<true>(x, blocks, scales, bias, topk_ids, act);
+}
+
+extern "C" __global__ void __launch_bounds__(GO_WARPS * 32)
+gptoss_down(const bf16* __restrict__ act, const bf16* __restrict__ w, const bf16* __restrict__ bias,
+            const int* __restrict__ topk_ids, float* __restrict__ y) {
+    go_down<false>(act, w, nullptr, bias, topk_ids, y);
+}
+
+extern "C" __global__ void __launch_bounds__(GO_WARPS * 32)
+gptoss_down_mxfp4(const bf16* __restrict__ act, const e2m1x2* __restrict__ blocks,
+                  const e8m0* __restrict__ scales, const bf16* __restrict__ bias,
+                  const int* __restrict__ topk_ids, float* __restrict__ y) {
+    go_down<true>(act, blocks, scales, bias, topk_ids, y);
 }
 
 extern "C" __global__ void gptoss_combine(const float* __restrict__ y, const int* __restrict__ topk_ids,

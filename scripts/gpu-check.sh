@@ -1211,7 +1211,10 @@ fi
 # gpt-oss-20b/120b's heads (64 q, 8 kv, head_dim 64: the decode kernel's tensor-core path, the
 # prefill kernel's warpgroup geometry and its mma.sync small-tile one) and the tiny fixtures' (4 q,
 # 2 kv, head_dim 16, window 8: the CUDA-core decode path), and an FP8 cache's build; memcheck over
-# three of them. Then tests/cuda_gpt_oss.rs (.gpu/cuda_gpt_oss: both tiny gpt-oss fixtures, MXFP4
+# three of them. The expert kernels alone (.gpu/gptoss-check.cu, the tiny fixtures' shapes and a
+# 2880-wide one of 8 experts): routing, the gate/up and down products over MXFP4 and bf16 experts,
+# the combine and the output bias against float64 references, memcheck on the tiny build. Then
+# tests/cuda_gpt_oss.rs (.gpu/cuda_gpt_oss: both tiny gpt-oss fixtures, MXFP4
 # and bf16, against the CPU backend over 320 teacher-forced positions, prefill chunks and greedy
 # tokens) and memcheck over its prefill test. Every step is bounded by timeout.
 if has gptoss; then
@@ -1240,7 +1243,24 @@ if has gptoss; then
     set -- $b
     gptoss_build "$1" "$2" "$3" "$4" "$5" "$6" "${*:7}" &
   done
+  experts_build() { # NAME HIDDEN EXPERTS INTER
+    timeout 300 nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I"$G/kernels" -I"$G" -DHIDDEN=$2 \
+      -DMOE_EXPERTS=$3 -DMOE_TOP_K=4 -DMOE_INTER=$4 -DGPTOSS_ALPHA=1.702f -DGPTOSS_LIMIT=7.0f \
+      "$G/gptoss-check.cu" -o "$GO/$1" >"$GO/$1.build.log" 2>&1 || note "gptoss BUILD FAILED $1: $(grep -m2 error "$GO/$1.build.log")"
+  }
+  experts_build experts-tiny 64 8 32 &
+  experts_build experts-wide 2880 8 2880 &
   wait
+  for name in experts-tiny experts-wide; do
+    [ -x "$GO/$name" ] || continue
+    timeout 120 "$GO/$name" test >"$GO/test-$name.log" 2>&1
+    note "gptoss $name: rc=$? $(grep -h '^RESULT gptoss-check' "$GO/test-$name.log")"
+    grep -h 'FAIL\|MISMATCH' "$GO/test-$name.log" | head -5 | tee -a "$SUMMARY"
+  done
+  if [ -x "$GO/experts-tiny" ]; then
+    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$GO/experts-tiny" test >"$GO/sanitizer-experts-tiny.log" 2>&1
+    note "gptoss compute-sanitizer memcheck experts-tiny: rc=$? $(grep -E 'ERROR SUMMARY' "$GO/sanitizer-experts-tiny.log" | tail -1)"
+  fi
   fails=0
   for b in "${GO_BUILDS[@]}"; do
     set -- $b

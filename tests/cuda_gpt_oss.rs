@@ -1,10 +1,10 @@
 //! gpt-oss on the CUDA backend against the CPU backend (the reference, itself checked against
 //! transformers in `tests/model_gpt_oss.rs`), on the GPU machine, for both tiny fixtures
-//! (`tiny-gpt-oss`: MXFP4 experts dequantized at load; `tiny-gpt-oss-bf16`: the dequantized
-//! layout): teacher-forced logits of 320 positions (40 times the fixtures' sliding window of 8:
-//! sinks, sliding and full layers, YaRN, the biased experts) one token per step, the same tokens as
-//! one prefill chunk and as chunks of 100, and free-running greedy tokens against the CPU
-//! backend's.
+//! (`tiny-gpt-oss`: MXFP4 experts kept in MXFP4 on the device, the products widening the codes
+//! in registers; `tiny-gpt-oss-bf16`: the dequantized layout, bf16 experts): teacher-forced
+//! logits of 320 positions (40 times the fixtures' sliding window of 8: sinks, sliding and full
+//! layers, YaRN, the biased experts) one token per step, the same tokens as one prefill chunk and
+//! as chunks of 100, and free-running greedy tokens against the CPU backend's.
 //!
 //! Run there with `--test-threads=1`. `INFERNO_FIXTURES` points at the fixture directory
 //! (default: `tests/fixtures`).

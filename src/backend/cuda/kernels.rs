@@ -152,10 +152,12 @@ pub const ATTENTION_FULL_ENTRIES: [&str; 4] = [
 
 /// gpt-oss's expert kernels (`kernels/gpt_oss.cu`), compiled only for a model with gpt-oss's
 /// experts.
-pub const GPTOSS_ENTRIES: [&str; 5] = [
+pub const GPTOSS_ENTRIES: [&str; 7] = [
     "gptoss_route",
     "gptoss_gate_up",
+    "gptoss_gate_up_mxfp4",
     "gptoss_down",
+    "gptoss_down_mxfp4",
     "gptoss_combine",
     "gptoss_add_bias",
 ];
@@ -718,7 +720,7 @@ mod tests {
         assert!(
             FAMILIES
                 .iter()
-                .all(|f| needed(f, &p) != f.name.ends_with("_full.cu"))
+                .all(|f| needed(f, &p) != (f.name.ends_with("_full.cu") || f.name == "gpt_oss.cu"))
         );
         let refused = KernelParams::from_definition(&ModelDefinition::of(&config(40)))
             .unsupported()
@@ -784,7 +786,12 @@ mod tests {
         assert_eq!(mixed.unsupported(), None);
         assert!(mixed.mixed_windows && mixed.uniform_layers);
         assert!(mixed.defines().contains("#define SLIDING_WINDOW 128\n"));
-        assert!(FAMILIES.iter().all(|f| needed(f, &mixed)));
+        assert!(
+            FAMILIES
+                .iter()
+                .filter(|f| f.name.ends_with("_full.cu"))
+                .all(|f| needed(f, &mixed))
+        );
         // Two different windows cannot be served.
         definition.layers[0].attention.sliding_window = Some(64);
         let refused = KernelParams::from_definition(&definition)
@@ -794,6 +801,38 @@ mod tests {
             refused.contains("layers differ") && !refused.contains('\n'),
             "{refused}"
         );
+    }
+
+    /// gpt-oss: sinks, a sliding layer's window with the `_full` families for the full layers,
+    /// q/k/v biases, and its experts' family (with the clamped SwiGLU's constants) instead of
+    /// `moe.cu`.
+    #[test]
+    fn gpt_oss_gets_sinks_windows_and_its_experts_family() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gpt-oss/config.json");
+        let config =
+            crate::model::ModelConfig::from_json(&path, &std::fs::read(&path).unwrap()).unwrap();
+        let p = KernelParams::from_definition(&ModelDefinition::of(&config));
+        assert_eq!(p.unsupported(), None);
+        assert!(p.attn_sinks && p.mixed_windows && p.qkv_bias && p.uniform_layers);
+        let text = p.defines();
+        for needle in [
+            "#define SLIDING_WINDOW 8\n",
+            "#define ATTN_SINKS 1\n",
+            "#define MOE_TOP_K 4\n",
+            "#define GPTOSS_ALPHA 1.702e0f\n",
+            "#define GPTOSS_LIMIT 7e0f\n",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in {text}");
+        }
+        for family in FAMILIES {
+            assert_eq!(
+                needed(&family, &p),
+                family.name != "moe.cu",
+                "{}",
+                family.name
+            );
+        }
     }
 
     #[test]

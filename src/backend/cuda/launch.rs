@@ -57,6 +57,22 @@ impl Element for Kv {
     const CUDA_POINTER: &'static str = "kv_t*";
 }
 
+/// MXFP4 blocks: `e2m1x2` in the kernels (bytes of two E2M1 codes, `kernels/gpt_oss.cu`).
+#[derive(Debug, Clone, Copy)]
+pub enum E2m1x2 {}
+
+impl Element for E2m1x2 {
+    const CUDA_POINTER: &'static str = "e2m1x2*";
+}
+
+/// MXFP4 scales: `e8m0` in the kernels (power-of-two exponent bytes, `kernels/gpt_oss.cu`).
+#[derive(Debug, Clone, Copy)]
+pub enum E8m0 {}
+
+impl Element for E8m0 {
+    const CUDA_POINTER: &'static str = "e8m0*";
+}
+
 impl Element for f32 {
     const CUDA_POINTER: &'static str = "float*";
 }
@@ -314,7 +330,10 @@ macro_rules! kernel_args {
 
 // gpt-oss's expert kernels' arguments (`kernels/gpt_oss.cu`), declared with the macro above.
 mod gpt_oss;
-pub use gpt_oss::{GptOssAddBias, GptOssCombine, GptOssDown, GptOssGateUp, GptOssRoute};
+pub use gpt_oss::{
+    GptOssAddBias, GptOssCombine, GptOssDown, GptOssDownMxfp4, GptOssGateUp, GptOssGateUpMxfp4,
+    GptOssRoute,
+};
 
 // The mixture-of-experts kernels' arguments (`kernels/moe.cu`), declared with the macro above.
 mod moe;
@@ -771,7 +790,7 @@ mod tests {
     type Launcher = (&'static [&'static str], Parameters);
 
     /// Every argument struct.
-    const LAUNCHERS: [Launcher; 25] = [
+    static LAUNCHERS: [Launcher; 32] = [
         launcher::<EmbeddingGather>(),
         launcher::<AddRmsnorm>(),
         launcher::<QkvRopeWrite>(),
@@ -797,6 +816,13 @@ mod tests {
         launcher::<MoeDown>(),
         launcher::<MoeSharedSwiglu>(),
         launcher::<MoeCombine>(),
+        launcher::<GptOssRoute>(),
+        launcher::<GptOssGateUp>(),
+        launcher::<GptOssGateUpMxfp4>(),
+        launcher::<GptOssDown>(),
+        launcher::<GptOssDownMxfp4>(),
+        launcher::<GptOssCombine>(),
+        launcher::<GptOssAddBias>(),
     ];
 
     const fn launcher<A: KernelArgs>() -> Launcher {
@@ -876,13 +902,13 @@ mod tests {
     /// order, same types.
     #[test]
     fn launchers_match_kernel_signatures() {
-        for (entries, parameters) in LAUNCHERS {
+        for (entries, parameters) in &LAUNCHERS {
             let expected: Vec<(String, String)> = parameters
                 .as_slice()
                 .iter()
                 .map(|&(name, ty)| (name.to_string(), ty.to_string()))
                 .collect();
-            for entry in entries {
+            for entry in entries.iter() {
                 let family = FAMILIES
                     .iter()
                     .find(|family| family.entry_points.contains(entry))

@@ -1,7 +1,8 @@
 //! gpt-oss's layer pieces beyond the other architectures' as kernel launches
 //! (`kernels/gpt_oss.cu`): the output projection's bias, and the experts: the router's product,
 //! the biased top-k-then-softmax routing, each slot's biased gate/up product through the clamped
-//! SwiGLU, its biased down product, and the weighted sum into `act.delta`. Every size beyond the
+//! SwiGLU, its biased down product (each over bf16 experts or MXFP4 ones, widened in registers),
+//! and the weighted sum into `act.delta`. Every size beyond the
 //! step's token count is fixed, so the launches can be captured in a CUDA graph.
 
 use std::collections::HashMap;
@@ -12,10 +13,11 @@ use crate::engine::BackendError;
 use crate::model::MoeDefinition;
 
 use crate::backend::cuda::compile::KernelError;
+use crate::backend::cuda::gpt_oss::ExpertMatrix;
 use crate::backend::cuda::inputs::StepLayout;
 use crate::backend::cuda::launch::{
-    Bf16, DevicePtr, GptOssAddBias, GptOssCombine, GptOssDown, GptOssGateUp, GptOssRoute, Kernel,
-    LaunchShape,
+    Bf16, DevicePtr, E2m1x2, E8m0, GptOssAddBias, GptOssCombine, GptOssDown, GptOssDownMxfp4,
+    GptOssGateUp, GptOssGateUpMxfp4, GptOssRoute, Kernel, LaunchShape,
 };
 use crate::backend::cuda::memory::DeviceBuffer;
 
@@ -28,11 +30,33 @@ const WARPS: usize = 4;
 /// Threads per block of the element-wise kernels (combine, bias).
 const THREADS: u32 = 256;
 
+/// Where an expert matrix is on the device, as its product's kernel takes it.
+#[derive(Clone, Copy)]
+enum Matrix {
+    /// bf16 values.
+    Bf16(DevicePtr<Bf16>),
+    /// MXFP4 blocks and scales.
+    Mxfp4(DevicePtr<E2m1x2>, DevicePtr<E8m0>),
+}
+
+impl Matrix {
+    fn of(matrix: &ExpertMatrix) -> Self {
+        match matrix {
+            ExpertMatrix::Bf16(values) => Self::Bf16(values.device_ptr()),
+            ExpertMatrix::Mxfp4 { blocks, scales } => {
+                Self::Mxfp4(blocks.device_ptr(), scales.device_ptr())
+            }
+        }
+    }
+}
+
 /// The entry points of `kernels/gpt_oss.cu`.
 pub(super) struct GptOssKernels {
     route: Kernel<GptOssRoute>,
     gate_up: Kernel<GptOssGateUp>,
+    gate_up_mxfp4: Kernel<GptOssGateUpMxfp4>,
     down: Kernel<GptOssDown>,
+    down_mxfp4: Kernel<GptOssDownMxfp4>,
     combine: Kernel<GptOssCombine>,
     add_bias: Kernel<GptOssAddBias>,
 }
@@ -49,7 +73,9 @@ impl GptOssKernels {
         Ok(Some(Self {
             route: Kernel::take(map, "gptoss_route")?,
             gate_up: Kernel::take(map, "gptoss_gate_up")?,
+            gate_up_mxfp4: Kernel::take(map, "gptoss_gate_up_mxfp4")?,
             down: Kernel::take(map, "gptoss_down")?,
+            down_mxfp4: Kernel::take(map, "gptoss_down_mxfp4")?,
             combine: Kernel::take(map, "gptoss_combine")?,
             add_bias: Kernel::take(map, "gptoss_add_bias")?,
         }))
@@ -98,12 +124,8 @@ impl CudaBackend {
             .ok_or_else(|| missing("gpt-oss experts"))?;
         let ptr = |b: &DeviceBuffer| b.device_ptr::<Bf16>();
         let (router, router_bias) = (ptr(&w.router), ptr(&w.router_bias));
-        let (gate_up, gate_up_bias, down, down_bias) = (
-            ptr(&w.gate_up),
-            ptr(&w.gate_up_bias),
-            ptr(&w.down),
-            ptr(&w.down_bias),
-        );
+        let (gate_up_bias, down_bias) = (ptr(&w.gate_up_bias), ptr(&w.down_bias));
+        let (gate_up, down) = (Matrix::of(&w.gate_up), Matrix::of(&w.down));
         let s = self
             .act
             .moe
@@ -132,28 +154,58 @@ impl CudaBackend {
             },
         )?;
         let rows = |n: usize| to_u32(n.div_ceil(WARPS), "product rows");
-        self.launch(
-            &kernels.gate_up,
-            LaunchShape::new((slots, rows(moe.expert_intermediate)?, 1), block),
-            GptOssGateUp {
-                x: normed,
-                w: gate_up,
-                bias: gate_up_bias,
-                topk_ids,
-                act,
-            },
-        )?;
-        self.launch(
-            &kernels.down,
-            LaunchShape::new((slots, rows(hidden)?, 1), block),
-            GptOssDown {
-                act,
-                w: down,
-                bias: down_bias,
-                topk_ids,
-                y,
-            },
-        )?;
+        let shape = LaunchShape::new((slots, rows(moe.expert_intermediate)?, 1), block);
+        match gate_up {
+            Matrix::Bf16(m) => self.launch(
+                &kernels.gate_up,
+                shape,
+                GptOssGateUp {
+                    x: normed,
+                    w: m,
+                    bias: gate_up_bias,
+                    topk_ids,
+                    act,
+                },
+            )?,
+            Matrix::Mxfp4(blocks, scales) => self.launch(
+                &kernels.gate_up_mxfp4,
+                shape,
+                GptOssGateUpMxfp4 {
+                    x: normed,
+                    blocks,
+                    scales,
+                    bias: gate_up_bias,
+                    topk_ids,
+                    act,
+                },
+            )?,
+        }
+        let shape = LaunchShape::new((slots, rows(hidden)?, 1), block);
+        match down {
+            Matrix::Bf16(m) => self.launch(
+                &kernels.down,
+                shape,
+                GptOssDown {
+                    act,
+                    w: m,
+                    bias: down_bias,
+                    topk_ids,
+                    y,
+                },
+            )?,
+            Matrix::Mxfp4(blocks, scales) => self.launch(
+                &kernels.down_mxfp4,
+                shape,
+                GptOssDownMxfp4 {
+                    act,
+                    blocks,
+                    scales,
+                    bias: down_bias,
+                    topk_ids,
+                    y,
+                },
+            )?,
+        }
         self.launch(
             &kernels.combine,
             LaunchShape::new((to_u32(t, "tokens")?, 1, 1), THREADS),

@@ -1,7 +1,9 @@
 //! The argument structs of gpt-oss's expert kernels (`kernels/gpt_oss.cu`), one per entry point,
 //! as `launch.rs` declares every kernel's.
 
-use super::{Bf16, DevicePtr, KernelArg, KernelArgs, MAX_KERNEL_ARGS, Parameters, Slot};
+use super::{
+    Bf16, DevicePtr, E2m1x2, E8m0, KernelArg, KernelArgs, MAX_KERNEL_ARGS, Parameters, Slot,
+};
 
 kernel_args! {
     /// The arguments of `gptoss_route`: each token's experts and weights.
@@ -33,6 +35,22 @@ kernel_args! {
         act: DevicePtr<Bf16>,
     }
 
+    /// The arguments of `gptoss_gate_up_mxfp4`: the same over experts kept in MXFP4.
+    GptOssGateUpMxfp4 for &["gptoss_gate_up_mxfp4"] => {
+        /// The normalised rows, [tokens, hidden].
+        x: DevicePtr<Bf16>,
+        /// Every expert's interleaved gate/up blocks, [experts, 2 · width, hidden / 2] bytes.
+        blocks: DevicePtr<E2m1x2>,
+        /// Their scales, [experts, 2 · width, hidden / 32].
+        scales: DevicePtr<E8m0>,
+        /// The biases, [experts, 2 · width].
+        bias: DevicePtr<Bf16>,
+        /// Each token's experts.
+        topk_ids: DevicePtr<i32>,
+        /// The activations, [tokens · top_k, width].
+        act: DevicePtr<Bf16>,
+    }
+
     /// The arguments of `gptoss_down`: each slot's expert's down product, biased.
     GptOssDown for &["gptoss_down"] => {
         /// The activations, [tokens · top_k, width].
@@ -40,6 +58,22 @@ kernel_args! {
         /// Every expert's down projection, [experts, hidden, width].
         w: DevicePtr<Bf16>,
         /// Their biases, [experts, hidden].
+        bias: DevicePtr<Bf16>,
+        /// Each token's experts.
+        topk_ids: DevicePtr<i32>,
+        /// The slots' outputs, [tokens · top_k, hidden].
+        y: DevicePtr<f32>,
+    }
+
+    /// The arguments of `gptoss_down_mxfp4`: the same over experts kept in MXFP4.
+    GptOssDownMxfp4 for &["gptoss_down_mxfp4"] => {
+        /// The activations, [tokens · top_k, width].
+        act: DevicePtr<Bf16>,
+        /// Every expert's down blocks, [experts, hidden, width / 2] bytes.
+        blocks: DevicePtr<E2m1x2>,
+        /// Their scales, [experts, hidden, width / 32].
+        scales: DevicePtr<E8m0>,
+        /// The biases, [experts, hidden].
         bias: DevicePtr<Bf16>,
         /// Each token's experts.
         topk_ids: DevicePtr<i32>,
