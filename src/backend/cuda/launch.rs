@@ -338,8 +338,8 @@ pub use gpt_oss::{
 // The mixture-of-experts kernels' arguments (`kernels/moe.cu`), declared with the macro above.
 mod moe;
 pub use moe::{
-    MoeCombine, MoeDown, MoeGateUp, MoeGather, MoePermute, MoeRoute, MoeRoutePermute,
-    MoeSharedSwiglu,
+    MoeCombine, MoeDown, MoeDownCombineOne, MoeGateUp, MoeGather, MoePermute, MoeRoute,
+    MoeRoutePermute, MoeSharedSwiglu,
 };
 
 kernel_args! {
@@ -790,7 +790,7 @@ mod tests {
     type Launcher = (&'static [&'static str], Parameters);
 
     /// Every argument struct.
-    static LAUNCHERS: [Launcher; 32] = [
+    static LAUNCHERS: [Launcher; 33] = [
         launcher::<EmbeddingGather>(),
         launcher::<AddRmsnorm>(),
         launcher::<QkvRopeWrite>(),
@@ -814,6 +814,7 @@ mod tests {
         launcher::<MoeRoutePermute>(),
         launcher::<MoeGateUp>(),
         launcher::<MoeDown>(),
+        launcher::<MoeDownCombineOne>(),
         launcher::<MoeSharedSwiglu>(),
         launcher::<MoeCombine>(),
         launcher::<GptOssRoute>(),
