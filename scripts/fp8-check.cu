@@ -21,6 +21,14 @@
 //                     against the unfused launches (the plain q/k/v product and qkv_rope_write,
 //                     the plain gate/up product and fp8_swiglu_quantize): step time and the
 //                     weights' read rate
+//   fp8-check gemm    a prefill chunk's products (M = FP8_GEMM_M, default 2048; the 8B layer's
+//                     q/k/v, o, gate/up and down) by cuBLASLt in bf16 and in E4M3 (fp32 out, as
+//                     the backend plans them: the heuristic's first algorithm, and the fastest of
+//                     its first 8), E4M3 with and without fast accumulation, and the FP8 passes
+//                     a prefill layer adds (fp8_scale_output over q/k/v, the o input's
+//                     quantization): the layer's product time in FP8 against bf16, which bounds
+//                     the prefill's TTFT ratio
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -693,9 +701,129 @@ static int chain() {
     return 0;
 }
 
+#define LT(call)                                                                            \
+    do {                                                                                    \
+        cublasStatus_t s_ = (call);                                                         \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                  \
+            fprintf(stderr, "%s:%d: %s: status %d\n", __FILE__, __LINE__, #call, (int)s_);  \
+            exit(2);                                                                        \
+        }                                                                                   \
+    } while (0)
+
+// Microseconds of out[m, n] = x[m, k] · w[n, k]ᵀ (fp32 out) by cuBLASLt in `type` (bf16 or E4M3),
+// planned as src/backend/cuda/gemm.rs plans it (32 MiB workspace, the heuristic's first
+// algorithm: first), and the fastest of the heuristic's first 8 algorithms (best).
+static void lt_time(cublasLtHandle_t lt, cudaDataType_t type, bool fast_accum, const void* x, const void* w, float* out,
+                    void* ws, size_t ws_bytes, int m, int n, int k, double& first, double& best) {
+    cublasLtMatmulDesc_t desc;
+    LT(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const int trans = 1;
+    LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)));
+    if (type == CUDA_R_8F_E4M3) {
+        const int8_t fast = fast_accum ? 1 : 0;
+        LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+    }
+    cublasLtMatrixLayout_t la, lb, ld;
+    LT(cublasLtMatrixLayoutCreate(&la, type, k, n, k));
+    LT(cublasLtMatrixLayoutCreate(&lb, type, k, m, k));
+    LT(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, n, m, n));
+    cublasLtMatmulPreference_t pref;
+    LT(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t limit = ws_bytes;
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &limit, sizeof(limit)));
+    cublasLtMatmulHeuristicResult_t heur[8];
+    int found = 0;
+    LT(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 8, heur, &found));
+    const float alpha = 1.0f, beta = 0.0f;
+    first = best = 1e30;
+    for (int a = 0; a < found; ++a) {
+        const auto run = [&] {
+            return cublasLtMatmul(lt, desc, &alpha, w, la, x, lb, &beta, out, ld, out, ld, &heur[a].algo, ws, ws_bytes, 0);
+        };
+        if (run() != CUBLAS_STATUS_SUCCESS) continue;
+        for (int i = 0; i < 2; ++i) LT(run());
+        const int reps = 10;
+        StreamTimer timer;
+        for (int i = 0; i < reps; ++i) LT(run());
+        const double us = timer.seconds() / reps * 1e6;
+        if (a == 0) first = us;
+        best = std::min(best, us);
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(desc);
+}
+
+static int gemm() {
+    const int m = getenv("FP8_GEMM_M") ? atoi(getenv("FP8_GEMM_M")) : 2048;
+    struct Shape { const char* name; int n, k; };
+    const int heads = NUM_Q_HEADS + 2 * NUM_KV_HEADS;
+    const Shape shapes[] = {{"qkv", heads * HEAD_DIM, HIDDEN}, {"o", HIDDEN, NUM_Q_HEADS * HEAD_DIM},
+                            {"gate_up", 2 * INTERMEDIATE, HIDDEN}, {"down", HIDDEN, INTERMEDIATE}};
+    const size_t max_k = std::max(HIDDEN, INTERMEDIATE), max_n = 2 * (size_t)INTERMEDIATE;
+    uint16_t *x16, *w16;
+    uint8_t *x8, *w8;
+    float* out;
+    void* ws;
+    const size_t ws_bytes = 32u << 20;
+    CHECK(cudaMalloc(&x16, (size_t)m * max_k * 2)); CHECK(cudaMalloc(&w16, max_n * max_k * 2));
+    CHECK(cudaMalloc(&x8, (size_t)m * max_k)); CHECK(cudaMalloc(&w8, max_n * max_k));
+    CHECK(cudaMalloc(&out, (size_t)m * max_n * 4)); CHECK(cudaMalloc(&ws, ws_bytes));
+    fill_random<<<4096, 256>>>(x16, (size_t)m * max_k, 1, 121);
+    fill_random<<<4096, 256>>>(w16, max_n * max_k, 2, 118);
+    fill_e4m3<<<4096, 256>>>(x8, (size_t)m * max_k, 3);
+    fill_e4m3<<<4096, 256>>>(w8, max_n * max_k, 4);
+    CHECK(cudaDeviceSynchronize());
+    cublasLtHandle_t lt;
+    LT(cublasLtCreate(&lt));
+    // [path][first, best]: bf16, E4M3, E4M3 with fast accumulation.
+    double total[3][2] = {};
+    for (const Shape& sh : shapes) {
+        double t[3][2];
+        lt_time(lt, CUDA_R_16BF, false, x16, w16, out, ws, ws_bytes, m, sh.n, sh.k, t[0][0], t[0][1]);
+        lt_time(lt, CUDA_R_8F_E4M3, false, x8, w8, out, ws, ws_bytes, m, sh.n, sh.k, t[1][0], t[1][1]);
+        lt_time(lt, CUDA_R_8F_E4M3, true, x8, w8, out, ws, ws_bytes, m, sh.n, sh.k, t[2][0], t[2][1]);
+        const double flop = 2.0 * m * sh.n * sh.k;
+        printf("RESULT fp8 gemm %s m=%d n=%d k=%d: bf16 %.1f us (%.0f TFLOP/s; best of 8 %.1f), E4M3 %.1f us (%.0f TFLOP/s; best %.1f), E4M3 fast accumulation %.1f us (best %.1f)\n",
+               sh.name, m, sh.n, sh.k, t[0][0], flop / t[0][0] * 1e-6, t[0][1], t[1][0], flop / t[1][0] * 1e-6, t[1][1], t[2][0], t[2][1]);
+        for (int p = 0; p < 3; ++p)
+            for (int j = 0; j < 2; ++j) total[p][j] += t[p][j];
+    }
+    // The passes an FP8 prefill layer adds to its products: the scales over the q/k/v product,
+    // the o input's quantization (the norms and SwiGLU quantize in their own launches, as bf16's
+    // run them).
+    float *xs, *wsc;
+    CHECK(cudaMalloc(&xs, (size_t)m * 4)); CHECK(cudaMalloc(&wsc, max_n * 4));
+    CHECK(cudaMemset(xs, 0, (size_t)m * 4)); CHECK(cudaMemset(wsc, 0, max_n * 4));
+    const int qkv_n = heads * HEAD_DIM;
+    for (int i = 0; i < 2; ++i) {
+        fp8_scale_output<<<std::min<size_t>((size_t)m * qkv_n / 1024 + 1, 65535), 256>>>(out, xs, wsc, m, qkv_n);
+        fp8_quantize_input<<<dim3(m, 1, 1), FP8_QUANT_THREADS>>>(x16, HIDDEN, 0, 0.0f, 0.0f, x8, w16, xs);
+    }
+    const int reps = 10;
+    StreamTimer scale_timer;
+    for (int i = 0; i < reps; ++i)
+        fp8_scale_output<<<std::min<size_t>((size_t)m * qkv_n / 1024 + 1, 65535), 256>>>(out, xs, wsc, m, qkv_n);
+    const double scale_us = scale_timer.seconds() / reps * 1e6;
+    StreamTimer quant_timer;
+    for (int i = 0; i < reps; ++i)
+        fp8_quantize_input<<<dim3(m, 1, 1), FP8_QUANT_THREADS>>>(x16, HIDDEN, 0, 0.0f, 0.0f, x8, w16, xs);
+    const double quant_us = quant_timer.seconds() / reps * 1e6;
+    CHECK(cudaGetLastError());
+    printf("RESULT fp8 gemm layer m=%d: products bf16 %.1f us (best algorithms %.1f), E4M3 %.1f us (best %.1f; fast accumulation %.1f, best %.1f) + fp8_scale_output over q/k/v %.1f us + the o input's quantization %.1f us: FP8 / bf16 = %.3f as planned, %.3f with the best algorithms and fast accumulation\n",
+           m, total[0][0], total[0][1], total[1][0], total[1][1], total[2][0], total[2][1], scale_us, quant_us,
+           (total[1][0] + scale_us + quant_us) / total[0][0], (total[2][1] + scale_us + quant_us) / total[0][1]);
+    for (void* p : {(void*)x16, (void*)w16, (void*)x8, (void*)w8, (void*)out, ws, (void*)xs, (void*)wsc}) CHECK(cudaFree(p));
+    cublasLtDestroy(lt);
+    return 0;
+}
+
 int main(int argc, char** argv) {
     const char* mode = argc > 1 ? argv[1] : "test";
     if (!strcmp(mode, "bench")) return bench();
     if (!strcmp(mode, "chain")) return chain();
+    if (!strcmp(mode, "gemm")) return gemm();
     return test();
 }

@@ -429,11 +429,12 @@ if has fp8; then
     mkdir -p "$F"
     # The kernels alone (.gpu/fp8-check.cu): tests, memcheck, the decode products' read rate;
     # and a decode step's FP8 launch chain in a CUDA graph (chain mode) at batch 1 and 8, and at
-    # batch 1 with the weights loaded after the wait for the previous kernel (FP8_EARLY_WEIGHTS=0).
+    # batch 1 with the weights loaded after the wait for the previous kernel (FP8_EARLY_WEIGHTS=0);
+    # a prefill chunk's products by cuBLASLt in bf16 and E4M3 (gemm mode).
     fp8_build() { # NAME DEFINES...
       local name=$1
       shift
-      timeout 300 nvcc -O3 -arch=sm_90a -std=c++17 -I"$G/kernels" -I"$G" $SHAPE_DEFINES "$@" -Xptxas -v "$G/fp8-check.cu" -o "$F/$name" >"$F/build-$name.log" 2>&1 ||
+      timeout 300 nvcc -O3 -arch=sm_90a -std=c++17 -I"$G/kernels" -I"$G" $SHAPE_DEFINES "$@" -Xptxas -v "$G/fp8-check.cu" -lcublasLt -o "$F/$name" >"$F/build-$name.log" 2>&1 ||
         note "$name BUILD FAILED: $(grep -m3 error "$F/build-$name.log")"
     }
     fp8_build fp8-check &
@@ -456,6 +457,10 @@ if has fp8; then
       timeout 120 "$F/fp8-check" bench >"$F/bench.log" 2>&1
       note "fp8 kernel bench: rc=$?"
       grep -h '^RESULT' "$F/bench.log" >>"$SUMMARY"
+      # A prefill chunk's products by cuBLASLt, bf16 against E4M3 (the bound on the TTFT ratio).
+      FP8_GEMM_M=${FP8_GEMM_M:-2048} timeout 120 "$F/fp8-check" gemm >"$F/gemm.log" 2>&1
+      note "fp8 prefill products (fp8-check gemm): rc=$?"
+      grep -h '^RESULT' "$F/gemm.log" >>"$SUMMARY"
     fi
     # PyTorch's teacher-forced logits of the same models (.gpu/fp8_reference.py), which
     # tests/cuda_fp8.rs compares the CUDA and CPU backends with (INFERNO_FP8_TORCH; the logits
