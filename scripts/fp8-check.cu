@@ -9,7 +9,8 @@
 //                     and fp8_dequantize_weight, against a float64 reference on ragged shapes
 //                     with per-row and per-group scales; fp8_gemv_swiglu_mM and
 //                     fp8_gemv_qkv_rope_mM byte for byte against the plain product then SwiGLU or
-//                     kernels/qkv_rope.cu, and fp8_quantize_input in several chunks against one;
+//                     kernels/qkv_rope.cu, qkv_rope_write_scaled against fp8_scale_output then
+//                     qkv_rope_write, and fp8_quantize_input in several chunks against one;
 //                     exits 1 on a mismatch
 //   fp8-check bench   Llama-3.1-8B's decode products for M = 1, 2, 4, 8 in every launch geometry of
 //                     fp8_gemv_mM / fp8_gemv_r4_mM: weight-read bandwidth as a share of the
@@ -332,6 +333,7 @@ static int test() {
     // every M and every paired geometry, per-row and per-group scales; then the input
     // quantization in chunks against one block per token.
     {
+        const bool quick = getenv("FP8_CHECK_QUICK") != nullptr;
         const int kk = 1200;
         const int heads = NUM_Q_HEADS + 2 * NUM_KV_HEADS;
         const int qkv_n = heads * HEAD_DIM, gu_n = 2 * INTERMEDIATE;
@@ -365,6 +367,9 @@ static int test() {
                     CHECK(cudaMalloc(&io[0], q_count * 2)); CHECK(cudaMalloc(&io[1], c_count * 2)); CHECK(cudaMalloc(&io[2], c_count * 2));
                 }
                 for (const Geometry& geo : paired_geometries()) {
+                    // FP8_CHECK_QUICK (under compute-sanitizer): M 1, 3 and 8, two geometries.
+                    if (quick && ((m != 1 && m != 3 && m != 8) || !((geo.warps == 4 && geo.splits == 2) || (geo.warps == 8 && geo.splits == 1))))
+                        continue;
                     gemv_any(geo, m, dxm, dwg, dsg, plain, gu_n, kk, groups, group ? group : kk);
                     swiglu_reference<<<m, 256>>>(plain, y_ref);
                     CHECK(cudaMemset(y, 0xff, (size_t)m * INTERMEDIATE * 2));
@@ -399,6 +404,35 @@ static int test() {
             for (void* p : {(void*)dwq, (void*)dwg, (void*)dsq, (void*)dsg}) CHECK(cudaFree(p));
         }
         CHECK(cudaFree((void*)dfreq));
+        // qkv_rope_write_scaled on an unscaled product against fp8_scale_output then
+        // qkv_rope_write, byte for byte.
+        {
+            const int tokens = 6;
+            std::vector<float> raw((size_t)tokens * qkv_n), xs(tokens), ws(qkv_n);
+            for (auto& v : raw) v = normal(rng) * 200.0f;
+            for (auto& v : xs) v = 0.001f + (rng() % 100) * 1e-4f;
+            for (auto& v : ws) v = 0.0005f + (rng() % 100) * 1e-5f;
+            std::vector<int> pos(tokens), slots(tokens);
+            for (int i = 0; i < tokens; ++i) { pos[i] = 77 * i; slots[i] = i == 1 ? -1 : 2 * i; }
+            float* scaled = upload(raw);
+            const float *draw = upload(raw), *dxs = upload(xs), *dws = upload(ws), *dfreq2 = upload(freq);
+            const int *dpos = upload(pos), *dslots = upload(slots);
+            const size_t q_count = (size_t)tokens * NUM_Q_HEADS * HEAD_DIM, c_count = (size_t)cache_slots * NUM_KV_HEADS * HEAD_DIM;
+            uint16_t* io[2][3];
+            for (auto& b : io) {
+                CHECK(cudaMalloc(&b[0], q_count * 2)); CHECK(cudaMalloc(&b[1], c_count * 2)); CHECK(cudaMalloc(&b[2], c_count * 2));
+                CHECK(cudaMemset(b[0], 0, q_count * 2)); CHECK(cudaMemset(b[1], 0, c_count * 2)); CHECK(cudaMemset(b[2], 0, c_count * 2));
+            }
+            fp8_scale_output<<<64, 256>>>(scaled, dxs, dws, tokens, qkv_n);
+            qkv_rope_write<<<tokens, 32 * std::min(heads, 32)>>>(scaled, nullptr, nullptr, nullptr, dfreq2, dpos, dslots, io[0][0], io[0][1], io[0][2], nullptr);
+            qkv_rope_write_scaled<<<tokens, 32 * std::min(heads, 32)>>>(draw, dxs, dws, nullptr, nullptr, nullptr, dfreq2, dpos, dslots, io[1][0], io[1][1], io[1][2], nullptr);
+            bool same = finish_and_download(io[0][0], q_count) == finish_and_download(io[1][0], q_count);
+            for (int c = 1; c < 3; ++c) same = same && finish_and_download(io[0][c], c_count) == finish_and_download(io[1][c], c_count);
+            printf("RESULT qkv_rope_write_scaled: %s\n", same ? "same as fp8_scale_output then qkv_rope_write" : "DIFFERS");
+            failures += same ? 0 : 1;
+            for (auto& b : io) for (auto* p : b) CHECK(cudaFree(p));
+            for (void* p : {(void*)scaled, (void*)draw, (void*)dxs, (void*)dws, (void*)dfreq2, (void*)dpos, (void*)dslots}) CHECK(cudaFree(p));
+        }
         // fp8_quantize_input over several blocks per token and group against one.
         const int tokens = 3, width = INTERMEDIATE;
         std::vector<uint16_t> h((size_t)tokens * width);

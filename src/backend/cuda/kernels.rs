@@ -180,7 +180,7 @@ pub const FAMILIES: [KernelFamily; 11] = [
     KernelFamily {
         name: "qkv_rope.cu",
         source: include_str!("../../../kernels/qkv_rope.cu"),
-        entry_points: &["qkv_rope_write"],
+        entry_points: &["qkv_rope_write", "qkv_rope_write_scaled"],
     },
     KernelFamily {
         name: "attention.cu",

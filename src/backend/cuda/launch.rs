@@ -321,7 +321,7 @@ pub use moe::{
 mod fp8;
 pub use fp8::{
     Fp8AddRmsnorm, Fp8DequantizeWeight, Fp8Gemv, Fp8GemvQkvRope, Fp8GemvSwiglu, Fp8QuantizeInput,
-    Fp8ScaleOutput, Fp8SwigluQuantize,
+    Fp8ScaleOutput, Fp8SwigluQuantize, QkvRopeWriteScaled,
 };
 
 kernel_args! {
@@ -638,7 +638,7 @@ mod tests {
     type Launcher = (&'static [&'static str], Parameters);
 
     /// Every argument struct.
-    const LAUNCHERS: [Launcher; 27] = [
+    const LAUNCHERS: [Launcher; 28] = [
         launcher::<EmbeddingGather>(),
         launcher::<AddRmsnorm>(),
         launcher::<QkvRopeWrite>(),
@@ -654,6 +654,7 @@ mod tests {
         launcher::<Fp8Gemv>(),
         launcher::<Fp8GemvSwiglu>(),
         launcher::<Fp8GemvQkvRope>(),
+        launcher::<QkvRopeWriteScaled>(),
         launcher::<Fp8DequantizeWeight>(),
         launcher::<Fp8AddRmsnorm>(),
         launcher::<Fp8SwigluQuantize>(),

@@ -10,7 +10,7 @@ use crate::backend::cuda::inputs::StepLayout;
 use crate::backend::cuda::launch::{
     AddRmsnorm, AttentionReduce, Bf16, DevicePtr, EmbeddingGather, Fp8AddRmsnorm, Fp8GemvQkvRope,
     Fp8GemvSwiglu, Fp8SwigluQuantize, GemvQkvRope, GemvSwiglu, LaunchShape, PagedAttention,
-    PagedReads, PrefillAttention, QkvRopeWrite, RopeWrites, Swiglu,
+    PagedReads, PrefillAttention, QkvRopeWrite, QkvRopeWriteScaled, RopeWrites, Swiglu,
 };
 use crate::backend::cuda::memory::DeviceBuffer;
 use crate::backend::cuda::plan;
@@ -433,15 +433,41 @@ impl CudaBackend {
         }
         let qkv = self.act.qkv.device_ptr();
         let dims = (t, heads * head_dim, hidden);
+        let shape = LaunchShape::new((to_u32(t, "tokens")?, 1, 1), 32 * heads.min(32) as u32);
         match qkv_w {
             Operand::Bf16(qkv_w) => self.product(small_m, (normed, qkv_w, qkv), dims)?,
             Operand::Fp8(qkv_w) => {
-                self.fp8_product(normed, qkv_w, qkv, dims, qkv_w.norm_quantizes())?
+                let quantized = qkv_w.norm_quantizes();
+                // cuBLASLt's FP8 product is left unscaled: the rope write applies its scales
+                // (no fp8_scale_output pass over the q/k/v product).
+                if self.fp8_product_deferring(normed, qkv_w, qkv, dims, quantized, true)? {
+                    let x_scales = self
+                        .act
+                        .fp8
+                        .as_ref()
+                        .map(|scratch| scratch.scales.device_ptr())
+                        .ok_or_else(|| {
+                            BackendError::Device("an FP8 product without its buffers".into())
+                        })?;
+                    return self.launch(
+                        &self.kernels.qkv_rope_scaled,
+                        shape,
+                        QkvRopeWriteScaled {
+                            qkv,
+                            x_scales,
+                            w_scales: qkv_w.scales,
+                            bias,
+                            q_norm,
+                            k_norm,
+                            writes,
+                        },
+                    );
+                }
             }
         }
         self.launch(
             &self.kernels.qkv_rope,
-            LaunchShape::new((to_u32(t, "tokens")?, 1, 1), 32 * heads.min(32) as u32),
+            shape,
             QkvRopeWrite {
                 qkv,
                 bias,

@@ -134,6 +134,25 @@ kernel_args! {
 }
 
 kernel_args! {
+    /// The arguments of `qkv_rope_write_scaled` (`kernels/qkv_rope.cu`): `qkv_rope_write` of
+    /// cuBLASLt's unscaled FP8 q/k/v product, its scales applied first.
+    QkvRopeWriteScaled for &["qkv_rope_write_scaled"] => {
+        /// The unscaled product of the codes, [tokens, (q heads + 2 kv heads) × head_dim].
+        qkv: DevicePtr<f32>,
+        /// The product's per-token input scales, [tokens].
+        x_scales: DevicePtr<f32>,
+        /// Its per-row weight scales, [(q heads + 2 kv heads) × head_dim].
+        w_scales: DevicePtr<f32>,
+        /// The q/k/v bias (`None` for models without one).
+        bias: Option<DevicePtr<Bf16>>,
+        /// The per-head RMSNorm weight of q (`None` for models without one).
+        q_norm: Option<DevicePtr<Bf16>>,
+        /// The per-head RMSNorm weight of k (`None` for models without one).
+        k_norm: Option<DevicePtr<Bf16>>,
+        /// The rotary frequencies, positions and slots, and where q, k and v go.
+        writes: RopeWrites,
+    }
+
     /// The arguments of `fp8_gemv_swiglu_m1` … `_m8` (`kernels/fp8.cu`): the gate/up product
     /// with SwiGLU applied.
     Fp8GemvSwiglu for &FP8_GEMV_SWIGLU_ENTRIES => {
