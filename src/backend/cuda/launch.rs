@@ -313,8 +313,8 @@ macro_rules! kernel_args {
 // The mixture-of-experts kernels' arguments (`kernels/moe.cu`), declared with the macro above.
 mod moe;
 pub use moe::{
-    MoeCombine, MoeDown, MoeGateUp, MoeGather, MoePermute, MoeRoute, MoeRoutePermute,
-    MoeSharedSwiglu,
+    MoeCombine, MoeDown, MoeDownCombineOne, MoeGateUp, MoeGather, MoePermute, MoeRoute,
+    MoeRoutePermute, MoeSharedSwiglu,
 };
 
 // The FP8 kernels' arguments (`kernels/fp8.cu`), declared with the macro above.
@@ -638,7 +638,7 @@ mod tests {
     type Launcher = (&'static [&'static str], Parameters);
 
     /// Every argument struct.
-    const LAUNCHERS: [Launcher; 28] = [
+    const LAUNCHERS: [Launcher; 29] = [
         launcher::<EmbeddingGather>(),
         launcher::<AddRmsnorm>(),
         launcher::<QkvRopeWrite>(),
@@ -665,6 +665,7 @@ mod tests {
         launcher::<MoeRoutePermute>(),
         launcher::<MoeGateUp>(),
         launcher::<MoeDown>(),
+        launcher::<MoeDownCombineOne>(),
         launcher::<MoeSharedSwiglu>(),
         launcher::<MoeCombine>(),
     ];
