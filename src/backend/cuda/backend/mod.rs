@@ -327,6 +327,30 @@ impl CudaBackend {
         self.gemm.planned_shapes()
     }
 
+    /// Starts (`true`) or stops (`false`) profiler data collection for this backend's context,
+    /// after the launches queued so far have finished: a profiler started with collection off
+    /// (`ncu --profile-from-start off`) then sees only the steps in between.
+    pub fn profiler_collect(&self, on: bool) -> Result<(), BackendError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(dev("binding the context"))?;
+        self.stream
+            .synchronize()
+            .map_err(dev("finishing before the profiler range"))?;
+        // SAFETY: both calls take no arguments and act on the context current on this thread,
+        // bound above; nothing is in flight on the backend's stream.
+        let result = unsafe {
+            if on {
+                cudarc::driver::sys::cuProfilerStart()
+            } else {
+                cudarc::driver::sys::cuProfilerStop()
+            }
+        };
+        result
+            .result()
+            .map_err(dev("starting or stopping the profiler"))
+    }
+
     /// Queues `kernel` on the backend's stream in `shape` with `args`, with programmatic
     /// dependent launch where the backend uses it ([`Kernel::launch`]).
     fn launch<A: KernelArgs>(
