@@ -1029,6 +1029,8 @@ PY
       --ignore-eos "$@" --json "$S/bench-$name.json" >"$S/bench-$name.log" 2>&1
     note "spec bench $name ($*): rc=$? $(grep -E '^output throughput' "$S/bench-$name.log" | tail -1)"
     grep -E '^(ITL|engine steps|speculation) ' "$S/bench-$name.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+    # The start-up's cuBLASLt candidate timing (shapes, time, heuristic's first against chosen).
+    grep -m1 'cuBLASLt candidates timed' "$S/bench-$name.log" | sed 's/^/    /' | tee -a "$SUMMARY"
   }
   for b in ${SPEC_BATCHES:-1 8}; do
     spec_bench "b$b-plain" --batch-size $b

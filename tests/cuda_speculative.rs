@@ -50,18 +50,21 @@ fn config(memory: f64) -> EngineConfig {
 }
 
 fn cuda(model: &Model, config: &EngineConfig, sample_on_device: bool) -> CudaBackend {
-    cuda_with(model, config, sample_on_device, true)
+    cuda_with(model, config, sample_on_device, true, false)
 }
 
+/// A CUDA backend; `measure_products` as served (product paths and cuBLASLt algorithms timed at
+/// start-up) or not (every backend computing bit for bit the same, for tests that compare).
 fn cuda_with(
     model: &Model,
     config: &EngineConfig,
     sample_on_device: bool,
     eager_small_steps: bool,
+    measure_products: bool,
 ) -> CudaBackend {
     let options = CudaOptions {
         sample_on_device,
-        measure_products: false,
+        measure_products,
         eager_small_steps,
         ..CudaOptions::default()
     };
@@ -444,7 +447,8 @@ fn profiled_batch() -> Option<usize> {
 /// The cost of a verification step (each row its last token and `K = 4` proposals, every
 /// position sampled on the device) against a plain decode step, at batch 1 and 8 after
 /// `INFERNO_SPEC_CONTEXT` (default 512) prompt tokens, on `INFERNO_SPEC_MODEL` (the stage's
-/// 8B-shaped weights; the fixture without it): as served (a verification step of at most 8
+/// 8B-shaped weights; the fixture without it), every backend timing its product paths and
+/// cuBLASLt algorithms at start-up as a served one does: as served (a verification step of at most 8
 /// tokens eagerly through the small-M kernels, larger ones in mixed-step graphs), with small steps padded to
 /// the smallest graph bucket instead, and with the mixed-step graphs off (or one batch profiled:
 /// [`profiled_batch`]).
@@ -481,7 +485,8 @@ fn verification_step_cost_against_a_decode_step() {
             max_num_seqs: Some(64.max(batches.iter().max().map_or(0, |b| b * (k + 1)))),
             ..config(0.3)
         };
-        let mut gpu = cuda_with(&model, &config, true, eager_small);
+        // Products chosen by timing at start-up, as served.
+        let mut gpu = cuda_with(&model, &config, true, eager_small, true);
         for &batch in &batches {
             let len = context + 2 * steps + k + 8;
             let per_row = len.div_ceil(16);

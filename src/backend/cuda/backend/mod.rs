@@ -8,6 +8,7 @@
 //! queues steps and samples, and `positions` serves steps that need several positions of a row
 //! (speculative verification, prompt logprobs).
 
+mod algorithms;
 mod capture;
 mod device;
 mod forward;
@@ -55,8 +56,10 @@ pub struct CudaOptions {
     /// false, the paged split-K kernel serves prefill too (tests compare the two).
     pub flash_prefill: bool,
     /// Time the small-M kernel against cuBLASLt for every decode product shape at start-up and
-    /// keep the faster per shape. When false, every shape the small-M kernel fits uses it, so
-    /// two backends on the same model compute bit for bit the same (tests that compare them).
+    /// keep the faster per shape, and cuBLASLt's candidate algorithms at the step row counts
+    /// above 8 (`plan::tuned_rows`), keeping the fastest. When false, every shape the small-M
+    /// kernel fits uses it and cuBLASLt its heuristic's first algorithm, so two backends on the
+    /// same model compute bit for bit the same (tests that compare them).
     pub measure_products: bool,
     /// Blocks (tiles × KV heads) of full-geometry prefill tiles a step without decode rows must
     /// make before the warpgroup prefill kernel takes them (Hopper); a step with fewer, or with
