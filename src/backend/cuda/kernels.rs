@@ -120,7 +120,7 @@ const FP8_FAMILY_ENTRIES: [&str; 2 * super::plan::GEMV_MAX_M + 5] = {
 
 /// The mixture-of-experts kernels (`kernels/moe.cu`, compiled after `kernels/gemv.cu`'s inner
 /// loops), compiled only for a model with experts.
-pub const MOE_ENTRIES: [&str; 10] = [
+pub const MOE_ENTRIES: [&str; 11] = [
     "moe_route",
     "moe_permute",
     "moe_gather",
@@ -129,6 +129,7 @@ pub const MOE_ENTRIES: [&str; 10] = [
     "moe_down",
     "moe_gemm_gate_up",
     "moe_gemm_down",
+    "moe_down_combine_one",
     "moe_shared_swiglu",
     "moe_combine",
 ];

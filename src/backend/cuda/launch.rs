@@ -313,8 +313,8 @@ macro_rules! kernel_args {
 // The mixture-of-experts kernels' arguments (`kernels/moe.cu`), declared with the macro above.
 mod moe;
 pub use moe::{
-    MoeCombine, MoeDown, MoeGateUp, MoeGather, MoePermute, MoeRoute, MoeRoutePermute,
-    MoeSharedSwiglu,
+    MoeCombine, MoeDown, MoeDownCombineOne, MoeGateUp, MoeGather, MoePermute, MoeRoute,
+    MoeRoutePermute, MoeSharedSwiglu,
 };
 
 kernel_args! {
@@ -758,7 +758,7 @@ mod tests {
     type Launcher = (&'static [&'static str], Parameters);
 
     /// Every argument struct.
-    const LAUNCHERS: [Launcher; 25] = [
+    const LAUNCHERS: [Launcher; 26] = [
         launcher::<EmbeddingGather>(),
         launcher::<AddRmsnorm>(),
         launcher::<QkvRopeWrite>(),
@@ -782,6 +782,7 @@ mod tests {
         launcher::<MoeRoutePermute>(),
         launcher::<MoeGateUp>(),
         launcher::<MoeDown>(),
+        launcher::<MoeDownCombineOne>(),
         launcher::<MoeSharedSwiglu>(),
         launcher::<MoeCombine>(),
     ];
