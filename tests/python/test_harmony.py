@@ -128,24 +128,47 @@ def test_the_agent_loop_sends_the_call_and_its_result_back(server, model_id):
                       {"role": "tool", "tool_call_id": "call_unknown", "content": "y"}])
 
 
+WEATHER_FUNCTION = {
+    "type": "function", "name": "get_weather", "description": "The weather in a city.",
+    "parameters": GetWeather.model_json_schema() | {"additionalProperties": False}, "strict": True,
+}
+
+
+def _forced_response(client, model_id, question, **extra):
+    return client.responses.create(
+        model=model_id, input=question, tools=[WEATHER_FUNCTION], reasoning={"effort": "high"},
+        tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=120,
+        temperature=0.0, store=False, **extra,
+    )
+
+
 def test_responses_with_reasoning_effort_and_a_forced_function_call(server, model_id):
     client = server.client()
-    tool = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
-            "parameters": GetWeather.model_json_schema() | {"additionalProperties": False},
-            "strict": True}
-    request = dict(
-        model=model_id, input="Weather in Paris?", tools=[tool], reasoning={"effort": "high"},
-        tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=120,
-        temperature=0.0, store=False,
-    )
-    whole = client.responses.create(**request)
+    # This model's greedy output for this question calls the function at once.
+    whole = _forced_response(client, model_id, "Weather in Oslo?")
     assert whole.status == "completed"
-    call = next(item for item in whole.output if item.type == "function_call")
-    assert call.name == "get_weather"
+    (call,) = whole.output
+    assert call.type == "function_call" and call.name == "get_weather"
     GetWeather.model_validate_json(call.arguments)
-    assert not any(item.type == "message" for item in whole.output)
 
-    events = list(client.responses.create(**request, stream=True))
+    events = list(_forced_response(client, model_id, "Weather in Oslo?", stream=True))
     assert events[0].type == "response.created" and events[-1].type == "response.completed"
     deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
-    GetWeather.model_validate_json(deltas)
+    assert deltas == call.arguments
+
+
+def test_responses_return_a_truncated_analysis_as_a_reasoning_item(server, model_id):
+    client = server.client()
+    # For this question the greedy output opens an analysis message that the length limit cuts:
+    # the response ends incomplete with the reasoning parsed so far, and no call.
+    whole = _forced_response(client, model_id, "Weather in Paris?")
+    assert whole.status == "incomplete"
+    assert whole.incomplete_details.reason == "max_output_tokens"
+    (reasoning,) = whole.output
+    assert reasoning.type == "reasoning" and reasoning.content[0].text
+    assert "<|" not in reasoning.content[0].text
+
+    events = list(_forced_response(client, model_id, "Weather in Paris?", stream=True))
+    assert events[-1].type == "response.incomplete"
+    streamed = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert streamed == reasoning.content[0].text

@@ -490,11 +490,12 @@ struct Forwarder {
 impl Forwarder {
     async fn run(mut self, streams: Vec<GenerationStream>) {
         let reasoning = self.job.reasoning;
-        let harmony = self.job.harmony;
+        let reads_harmony = self.job.harmony;
         let mut states: Vec<ChoiceState> = (0..streams.len())
             .map(|_| ChoiceState {
                 reasoning: reasoning.map(ReasoningSplitter::new),
-                harmony: harmony.then(|| harmony::HarmonyStream::new(self.job.tool_calls.as_ref())),
+                harmony: reads_harmony
+                    .then(|| harmony::HarmonyStream::new(self.job.tool_calls.as_ref())),
                 ..ChoiceState::default()
             })
             .collect();

@@ -13,7 +13,6 @@
 use serde_json::{Value, json};
 
 use super::tools::{ParsedToolCall, ToolCallUpdate};
-use crate::constrain::compact_json;
 
 /// Opens a message header after the first.
 const START: &str = "<|start|>";
@@ -279,7 +278,8 @@ pub fn parse(text: &str, stopped: bool) -> HarmonyMessage {
 /// The grammar (llguidance's Lark) of a harmony output that must call one of `tools` (OpenAI
 /// chat tools, `{"type": "function", "function": {...}}`): an optional `analysis` message, then
 /// a `commentary` message to `functions.NAME` with `<|constrain|>json` whose body is arguments
-/// that follow the function's parameter schema. The framing tokens are the tokenizer's special
+/// that follow the function's parameter schema, written compact as gpt-oss writes them (no
+/// whitespace outside strings, unless the schema sets its own `x-guidance`). The framing tokens are the tokenizer's special
 /// tokens (`<|channel|>`, not its text); the model then ends at a stop token (`<|call|>`).
 pub fn call_grammar(tools: &[&Value]) -> String {
     let mut grammar = String::from(
@@ -291,10 +291,14 @@ pub fn call_grammar(tools: &[&Value]) -> String {
     grammar.push_str(&format!("call: {}\n", names.join(" | ")));
     for (name, tool) in names.iter().zip(tools) {
         let function = &tool["function"];
-        let parameters = match &function["parameters"] {
-            Value::Object(schema) if !schema.is_empty() => Value::Object(schema.clone()),
-            _ => json!({"type": "object"}),
+        let mut parameters = match &function["parameters"] {
+            Value::Object(schema) if !schema.is_empty() => schema.clone(),
+            _ => serde_json::Map::from_iter([("type".to_owned(), json!("object"))]),
         };
+        // gpt-oss writes its arguments without spaces (`{"location":"Tokyo"}`).
+        parameters.entry("x-guidance").or_insert_with(
+            || json!({"whitespace_flexible": false, "item_separator": ",", "key_separator": ":"}),
+        );
         let header = format!(
             "commentary to=functions.{} ",
             function["name"].as_str().unwrap_or_default()
@@ -302,7 +306,7 @@ pub fn call_grammar(tools: &[&Value]) -> String {
         grammar.push_str(&format!(
             "{name}: <|channel|> {} <|constrain|> \"json\" <|message|> %json {}\n",
             Value::String(header),
-            compact_json(parameters)
+            Value::Object(parameters)
         ));
     }
     grammar
