@@ -183,49 +183,32 @@ fn harmony_tool_calls_are_enforced_over_the_framing_tokens() {
         walk(&mut compiled.start(), &tok, &reasoned, HARMONY_STOPS[2]);
     }
     // A named choice allows no other function, and the arguments follow the schema.
-    let named = tool_constraint(
-        ToolCallFormat::Harmony,
-        &tools,
+    let accepted = |choice: &ToolChoice, text: &str| {
+        let spec = tool_constraint(ToolCallFormat::Harmony, &tools, choice, true).unwrap();
+        let mut constraint = compiler.compile(&spec).unwrap().start();
+        let ids = tok.encode(text, false).unwrap().get_ids().to_vec();
+        let taken = ids
+            .iter()
+            .take_while(|&&token| {
+                let ok = is_allowed(&constraint.mask().unwrap(), token);
+                if ok {
+                    constraint.advance(token).unwrap();
+                }
+                ok
+            })
+            .count();
+        taken == ids.len()
+    };
+    let time_call = "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{}";
+    assert!(accepted(&ToolChoice::Required, time_call));
+    assert!(!accepted(
         &ToolChoice::Function("get_weather".into()),
-        true,
-    )
-    .unwrap();
-    let compiled = compiler.compile(&named).unwrap();
-    let mut constraint = compiled.start();
-    let prefix = tok
-        .encode("<|channel|>commentary to=functions.get_", false)
-        .unwrap()
-        .get_ids()
-        .to_vec();
-    for &token in &prefix {
-        assert!(is_allowed(&constraint.mask().unwrap(), token));
-        constraint.advance(token).unwrap();
-    }
-    let time = tok.encode("time", false).unwrap().get_ids()[0];
-    assert!(!is_allowed(&constraint.mask().unwrap(), time));
-    let mut required = compiler
-        .compile(
-            &tool_constraint(ToolCallFormat::Harmony, &tools, &ToolChoice::Required, true).unwrap(),
-        )
-        .unwrap()
-        .start();
-    let bad = tok
-        .encode(
-            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"town\"",
-            false,
-        )
-        .unwrap()
-        .get_ids()
-        .to_vec();
-    let allowed = bad.iter().take_while(|&&token| {
-        let ok = is_allowed(&required.mask().unwrap(), token);
-        if ok {
-            required.advance(token).unwrap();
-        }
-        ok
-    });
+        time_call
+    ));
+    let bad_key = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>\
+                   {\"town\":\"Paris\"}";
     assert!(
-        allowed.count() < bad.len(),
-        "a key outside the schema is masked out"
+        !accepted(&ToolChoice::Required, bad_key),
+        "a key outside the schema"
     );
 }

@@ -46,7 +46,7 @@ def model_id(server):
     return server.client().models.list().data[0].id
 
 
-def test_reasoning_effort_is_placed_in_the_system_message(server, model_id):
+def test_reasoning_effort_is_accepted_and_checked_by_the_template(server, model_id):
     client = server.client()
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     prompt_tokens = {}
