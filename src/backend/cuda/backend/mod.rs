@@ -11,6 +11,7 @@
 mod capture;
 mod device;
 mod forward;
+mod late_masks;
 mod moe;
 mod positions;
 mod products;
@@ -41,6 +42,7 @@ use super::launch::{
 use super::memory::DeviceBuffer;
 use super::wait::StepWaiter;
 use super::weights::ModelWeightsOnDevice;
+use late_masks::LateMaskCopy;
 use step::QueuedStep;
 
 /// Options of the CUDA backend beyond the engine configuration.
@@ -172,6 +174,8 @@ pub struct CudaBackend {
     act: Activations,
     gemm: Gemm,
     kernels: Kernels,
+    /// Copies late grammar masks on a second stream while the forward pass runs.
+    late_copy: LateMaskCopy,
     stream: Arc<CudaStream>,
     ctx: Arc<CudaContext>,
     params: KernelParams,
@@ -278,6 +282,7 @@ struct DeviceParts {
     graph_split_context: usize,
     max_words: usize,
     waiter: StepWaiter,
+    late_copy: LateMaskCopy,
     choices: Option<ChoiceStore>,
 }
 
