@@ -192,7 +192,6 @@ impl Worker {
         let results = self.masks.sender.clone();
         rayon::spawn(move || {
             use rayon::prelude::*;
-            drop(spent);
             let masks: Vec<MaskJob> = jobs
                 .into_par_iter()
                 .map(|(seq_id, mut constraint)| MaskJob {
@@ -203,6 +202,8 @@ impl Worker {
                 .collect();
             // The receiver lives as long as the engine; after shutdown the result is moot.
             let _ = results.send(masks);
+            // After the masks: the engine may be waiting for them.
+            drop(spent);
         });
     }
 
