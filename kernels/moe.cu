@@ -22,9 +22,11 @@
 //                      their list; `sorted_tokens` each permuted row's token, `row_of` each (token,
 //                      slot)'s permuted row. Every size stays on the device;
 //   moe_gather         the permuted rows of x, [T * MOE_TOP_K, HIDDEN] bf16;
-//   moe_route_permute  the three above in one block, for steps of few tokens (decode);
+//   moe_route_permute  the three above in one block, for steps of few tokens (decode); for one
+//                      token nothing is gathered (every slot's row is x's one row);
 //   moe_gate_up        grid (MOE_INTER / pairs, active experts): expert j's segment against its
-//                      gate/up slice, SwiGLU applied, [rows, MOE_INTER] bf16; rows in chunks of 8
+//                      gate/up slice (x_perm's rows x_stride apart: HIDDEN, or 0 to read x's one
+//                      row in place), SwiGLU applied, [rows, MOE_INTER] bf16; rows in chunks of 8
 //                      through gemv.cu's small-M loops (tensor cores where the device has them),
 //                      so only the experts with rows are read;
 //   moe_down           grid (HIDDEN / rows, active experts): the same for the down projection,
@@ -32,6 +34,8 @@
 //   moe_gemm_gate_up,  the same two products for many rows per expert (prefill), on tensor cores:
 //   moe_gemm_down      64-row tiles of each expert's segment by 64 columns (a tile list from the
 //                      permutation), so an expert's weights are read once per 64 rows;
+//   moe_down_combine_one  for a step of one token (decode at batch 1), the down product and the
+//                      combine below in one: a block per 4 output columns, a warp per slot;
 //   moe_shared_swiglu  SwiGLU of the shared expert's gate/up product (Qwen2-MoE);
 //   moe_combine        per token, the routing-weighted sum of its permuted rows (slot order) plus
 //                      the shared expert's output scaled by the sigmoid of its gate, into `delta`
@@ -420,6 +424,9 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTE_WARPS * 32)
     moe_route_tokens(logits, tokens, topk_ids, topk_weights, count, scratch);
     __syncthreads();
     moe_permute_block(topk_ids, meta, sorted_tokens, row_of, count * MOE_TOP_K);
+    // One token: every slot's row is x's only row, which moe_gate_up then reads in place (row
+    // stride 0); nothing is gathered.
+    if (count == 1) return;
     __syncthreads();
     moe_gather_rows(x, sorted_tokens, x_perm, 0, 1, count * MOE_TOP_K);
 }
@@ -462,14 +469,14 @@ __device__ __forceinline__ void moe_swiglu_rows(const bf16* __restrict__ x, cons
 
 extern "C" __global__ void __launch_bounds__(GemvShape<1>::warps * 32)
     moe_gate_up(const bf16* __restrict__ x_perm, const bf16* __restrict__ w, const int* __restrict__ meta,
-                bf16* __restrict__ h_perm) {
+                bf16* __restrict__ h_perm, int x_stride) {
     await_previous_kernels();
     if ((int)blockIdx.y >= meta[MOE_META_COUNT]) return;
     const int e = meta[MOE_META_ACTIVE + blockIdx.y];
     const int begin = meta[e];
     const int end = meta[e + 1];
     const bf16* we = w + (size_t)e * 2 * MOE_INTER * HIDDEN;
-#define MOE_GATE_UP(M) moe_swiglu_rows<M>(x_perm + (size_t)r * HIDDEN, we, h_perm + (size_t)r * MOE_INTER)
+#define MOE_GATE_UP(M) moe_swiglu_rows<M>(x_perm + (size_t)r * x_stride, we, h_perm + (size_t)r * MOE_INTER)
     MOE_CHUNKS(MOE_GATE_UP)
 #undef MOE_GATE_UP
 }
@@ -497,9 +504,10 @@ extern "C" __global__ void __launch_bounds__(GemvShape<1>::warps * 32)
 // m16n8k16 tiles: for SWIGLU its 16 gate columns and their 16 up columns); A (the permuted rows)
 // and B (the expert's weight rows, [N, K] row-major: the col-major B operand) go through two
 // shared-memory stages with cp.async (rows past the segment, columns past N and K past its end
-// are zero-filled) and into registers with ldmatrix. K must be a multiple of 8.
+// are zero-filled) and into registers with ldmatrix. K must be a multiple of 8; A's rows are
+// `x_stride` values apart.
 template <bool SWIGLU>
-__device__ __forceinline__ void moe_gemm_tile(const bf16* __restrict__ x, const bf16* __restrict__ w,
+__device__ __forceinline__ void moe_gemm_tile(const bf16* __restrict__ x, int x_stride, const bf16* __restrict__ w,
                                               const int* __restrict__ meta, void* __restrict__ out, int n_out,
                                               int k) {
     __shared__ __align__(16) bf16 a_tile[2][MOE_BM * MOE_LDS];
@@ -538,7 +546,7 @@ __device__ __forceinline__ void moe_gemm_tile(const bf16* __restrict__ x, const 
             const int row = row0 + r;
             const bool a_in = k_in && row < row_end;
             copy16_async(shared_address(&a_tile[stage][r * MOE_LDS + c]),
-                         x + (size_t)(a_in ? row : row0) * k + (a_in ? k0 + c : 0), a_in);
+                         x + (size_t)(a_in ? row : row0) * x_stride + (a_in ? k0 + c : 0), a_in);
             // The output column of local column r, and its weight row.
             const int col = SWIGLU ? col0 + (r & (MOE_BN / 2 - 1)) : col0 + r;
             const int n = SWIGLU && r >= MOE_BN / 2 ? n_out + col : col;
@@ -636,10 +644,10 @@ __device__ __forceinline__ void moe_gemm_tile(const bf16* __restrict__ x, const 
 // small-M entries for every step.
 extern "C" __global__ void __launch_bounds__(128)
     moe_gemm_gate_up(const bf16* __restrict__ x_perm, const bf16* __restrict__ w, const int* __restrict__ meta,
-                     bf16* __restrict__ h_perm) {
+                     bf16* __restrict__ h_perm, int x_stride) {
     await_previous_kernels();
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    moe_gemm_tile<true>(x_perm, w, meta, h_perm, MOE_INTER, HIDDEN);
+    moe_gemm_tile<true>(x_perm, x_stride, w, meta, h_perm, MOE_INTER, HIDDEN);
 #endif
 }
 
@@ -648,8 +656,101 @@ extern "C" __global__ void __launch_bounds__(128)
                   float* __restrict__ y_perm) {
     await_previous_kernels();
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    moe_gemm_tile<false>(h_perm, w, meta, y_perm, HIDDEN, MOE_INTER);
+    moe_gemm_tile<false>(h_perm, MOE_INTER, w, meta, y_perm, HIDDEN, MOE_INTER);
 #endif
+}
+
+// The down product and the combine in one, for a step of one token (decode at batch 1): block x
+// owns MOE_ONE_ROWS consecutive output columns; warp w computes the token's slots w, w +
+// MOE_ONE_WARPS, ... (slot s: expert topk_ids[s] against its permuted row row_of[s] of h_perm)
+// over the whole expert width on CUDA cores, each lane reading 16 bytes of every owned row per
+// 256-value step, all loads of MOE_ONE_GROUP steps issued before their sums (the launch bound's
+// minimum of one block lets the compiler keep them all in registers; without it ptxas interleaved
+// loads and sums, 3 loads in flight per warp instead of 15); the block then adds the slots' sums
+// weighted, in slot order, and the shared expert's output scaled by its gate, as moe_combine
+// does. The same weights as moe_down are read, in half the blocks at Qwen3-30B-A3B's shape, and
+// neither y_perm nor moe_combine's launch is needed.
+#define MOE_ONE_ROWS 4
+#define MOE_ONE_WARPS (MOE_TOP_K < 8 ? MOE_TOP_K : 8)
+#define MOE_ONE_GROUP 3
+#define MOE_ONE_STEPS (MOE_INTER / 256)
+
+// N whole steps from column k0 (lane's 8 values at k0 + 256 u + 8 lane) into acc: every load
+// first, then the sums, so N * (MOE_ONE_ROWS + 1) 16-byte loads per lane are in flight.
+template <int N>
+__device__ __forceinline__ void moe_one_steps(const bf16* const (&rows)[MOE_ONE_ROWS], const bf16* __restrict__ x,
+                                              int k0, float (&acc)[MOE_ONE_ROWS]) {
+    const int lane = threadIdx.x & 31;
+    uint4 wv[N][MOE_ONE_ROWS];
+    uint4 xv[N];
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+        const int k = k0 + u * 256 + lane * 8;
+        xv[u] = __ldg(reinterpret_cast<const uint4*>(x + k));
+#pragma unroll
+        for (int r = 0; r < MOE_ONE_ROWS; ++r) wv[u][r] = __ldg(reinterpret_cast<const uint4*>(rows[r] + k));
+    }
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+        float xf[8];
+        gemv_unpack8(xv[u], xf);
+#pragma unroll
+        for (int r = 0; r < MOE_ONE_ROWS; ++r) {
+            float wf[8];
+            gemv_unpack8(wv[u][r], wf);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[r] = fmaf(xf[i], wf[i], acc[r]);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_ONE_WARPS * 32, 1)
+    moe_down_combine_one(const bf16* __restrict__ h_perm, const bf16* __restrict__ w, const int* __restrict__ topk_ids,
+                         const int* __restrict__ row_of, const float* __restrict__ topk_weights,
+                         const float* __restrict__ logits, const float* __restrict__ shared,
+                         float* __restrict__ delta) {
+    __shared__ float partial[MOE_TOP_K][MOE_ONE_ROWS];
+    await_previous_kernels();
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int n0 = blockIdx.x * MOE_ONE_ROWS;
+    for (int s = warp; s < MOE_TOP_K; s += MOE_ONE_WARPS) {
+        const bf16* x = h_perm + (size_t)row_of[s] * MOE_INTER;
+        const bf16* rows[MOE_ONE_ROWS];
+#pragma unroll
+        for (int r = 0; r < MOE_ONE_ROWS; ++r) {
+            // Columns past HIDDEN read the last row again and are not written.
+            rows[r] = w + ((size_t)topk_ids[s] * HIDDEN + min(n0 + r, HIDDEN - 1)) * MOE_INTER;
+        }
+        float acc[MOE_ONE_ROWS];
+#pragma unroll
+        for (int r = 0; r < MOE_ONE_ROWS; ++r) acc[r] = 0.0f;
+        // Whole steps in groups, the rest of them one by one, then a partial step (a width that
+        // is not a multiple of 256: lanes past it read nothing).
+        constexpr int grouped = MOE_ONE_STEPS / MOE_ONE_GROUP * MOE_ONE_GROUP;
+        for (int step = 0; step < grouped; step += MOE_ONE_GROUP) moe_one_steps<MOE_ONE_GROUP>(rows, x, step * 256, acc);
+        for (int step = grouped; step < MOE_ONE_STEPS; ++step) moe_one_steps<1>(rows, x, step * 256, acc);
+        if (MOE_INTER % 256 != 0 && MOE_ONE_STEPS * 256 + lane * 8 < MOE_INTER) {
+            moe_one_steps<1>(rows, x, MOE_ONE_STEPS * 256, acc);
+        }
+#pragma unroll
+        for (int r = 0; r < MOE_ONE_ROWS; ++r) {
+            const float v = warp_sum(acc[r]);
+            if (lane == 0) partial[s][r] = v;
+        }
+    }
+    __syncthreads();
+    const int r = threadIdx.x;
+    if (r < MOE_ONE_ROWS && n0 + r < HIDDEN) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int s = 0; s < MOE_TOP_K; ++s) acc += topk_weights[s] * partial[s][r];
+        if (shared != nullptr) {
+            const float shared_scale = 1.0f / (1.0f + expf(-logits[MOE_EXPERTS]));
+            acc += shared_scale * shared[n0 + r];
+        }
+        delta[n0 + r] = acc;
+    }
 }
 
 // SwiGLU of the shared expert's gate/up product [T, 2 * MOE_SHARED_INTER] fp32 (gate half first)

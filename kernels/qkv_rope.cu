@@ -11,6 +11,7 @@
 // Cache layout per layer: [num_blocks * KV_BLOCK slots][NUM_KV_HEADS][HEAD_DIM] kv_t: bf16, or
 // with KV_FP8 E4M3 bytes of the value over the layer's scale (kv_scales: k then v).
 // Grid: one block per token. Block: QKV_WARPS warps; warp w handles heads w, w + QKV_WARPS, ...
+// qkv_rope_write_scaled first applies the scales of an FP8 product left unscaled (see qkv_rope).
 // Where the small-M product serves the q/k/v product of a model without QK_NORM, it does steps 1,
 // 3 and 4 on its own output (gemv_qkv_rope_mM, kernels/gemv.cu) and this kernel does not run.
 
@@ -18,17 +19,23 @@
 #define QKV_PAIRS (HEAD_DIM / 2)
 #define QKV_PER_LANE ((QKV_PAIRS + 31) / 32)
 
-extern "C" __global__ void qkv_rope_write(const float* __restrict__ qkv,
-                                          const bf16* __restrict__ bias,
-                                          const bf16* __restrict__ q_norm,
-                                          const bf16* __restrict__ k_norm,
-                                          const float* __restrict__ inv_freq,
-                                          const int* __restrict__ positions,
-                                          const int* __restrict__ slots,
-                                          bf16* __restrict__ q_out,
-                                          kv_t* __restrict__ k_cache,
-                                          kv_t* __restrict__ v_cache,
-                                          const float* __restrict__ kv_scales) {
+// The work above; with w_scales (qkv_rope_write_scaled), qkv is cuBLASLt's unscaled FP8 product
+// of E4M3 codes (kernels/fp8.cu) and each value is first scaled by its token's input scale
+// (x_scales) and its row's weight scale, rounded as fp8_scale_output rounds (no fused
+// multiply-add), so that pass does not run.
+__device__ __forceinline__ void qkv_rope(const float* __restrict__ qkv,
+                                         const float* __restrict__ x_scales,
+                                         const float* __restrict__ w_scales,
+                                         const bf16* __restrict__ bias,
+                                         const bf16* __restrict__ q_norm,
+                                         const bf16* __restrict__ k_norm,
+                                         const float* __restrict__ inv_freq,
+                                         const int* __restrict__ positions,
+                                         const int* __restrict__ slots,
+                                         bf16* __restrict__ q_out,
+                                         kv_t* __restrict__ k_cache,
+                                         kv_t* __restrict__ v_cache,
+                                         const float* __restrict__ kv_scales) {
     await_previous_kernels();
     const int t = blockIdx.x;
     const int lane = threadIdx.x & 31;
@@ -54,6 +61,11 @@ extern "C" __global__ void qkv_rope_write(const float* __restrict__ qkv,
             if (i < QKV_PAIRS) {
                 a[k] = x[i];
                 b[k] = x[i + QKV_PAIRS];
+                if (w_scales) {
+                    const float sx = x_scales[t];
+                    a[k] = __fmul_rn(a[k], __fmul_rn(sx, w_scales[h * HEAD_DIM + i]));
+                    b[k] = __fmul_rn(b[k], __fmul_rn(sx, w_scales[h * HEAD_DIM + i + QKV_PAIRS]));
+                }
 #if QKV_BIAS
                 a[k] += bf16_to_f32(bias[h * HEAD_DIM + i]);
                 b[k] += bf16_to_f32(bias[h * HEAD_DIM + i + QKV_PAIRS]);
@@ -101,4 +113,35 @@ extern "C" __global__ void qkv_rope_write(const float* __restrict__ qkv,
         }
 #endif
     }
+}
+
+extern "C" __global__ void qkv_rope_write(const float* __restrict__ qkv,
+                                          const bf16* __restrict__ bias,
+                                          const bf16* __restrict__ q_norm,
+                                          const bf16* __restrict__ k_norm,
+                                          const float* __restrict__ inv_freq,
+                                          const int* __restrict__ positions,
+                                          const int* __restrict__ slots,
+                                          bf16* __restrict__ q_out,
+                                          kv_t* __restrict__ k_cache,
+                                          kv_t* __restrict__ v_cache,
+                                          const float* __restrict__ kv_scales) {
+    qkv_rope(qkv, nullptr, nullptr, bias, q_norm, k_norm, inv_freq, positions, slots, q_out, k_cache, v_cache, kv_scales);
+}
+
+extern "C" __global__ void qkv_rope_write_scaled(const float* __restrict__ qkv,
+                                                 const float* __restrict__ x_scales,
+                                                 const float* __restrict__ w_scales,
+                                                 const bf16* __restrict__ bias,
+                                                 const bf16* __restrict__ q_norm,
+                                                 const bf16* __restrict__ k_norm,
+                                                 const float* __restrict__ inv_freq,
+                                                 const int* __restrict__ positions,
+                                                 const int* __restrict__ slots,
+                                                 bf16* __restrict__ q_out,
+                                                 kv_t* __restrict__ k_cache,
+                                                 kv_t* __restrict__ v_cache,
+                                                 const float* __restrict__ kv_scales) {
+    qkv_rope(qkv, x_scales, w_scales, bias, q_norm, k_norm, inv_freq, positions, slots, q_out, k_cache, v_cache,
+             kv_scales);
 }

@@ -8,14 +8,18 @@
 //                    padding token; the permutation (segments, active list, every (token, slot)
 //                    once, in its expert's segment); the gathered rows byte for byte; the grouped
 //                    gate/up + SwiGLU and down products against float64 references; the combine
-//                    (and the shared expert's gate) against the weighted sum. The fused one-block
+//                    (and the shared expert's gate) against the weighted sum; at one token,
+//                    moe_down_combine_one against the float64 sum of the slots' down products,
+//                    weighted, and the shared expert's share. The fused one-block
 //                    entry (few tokens) and the separate ones (many) must agree. Exits 1 on a
 //                    mismatch.
 //   moe-check quick  the same with at most 256 tokens (for compute-sanitizer)
-//   moe-check bench  decode-sized steps (1, 8, 64 tokens) of the routed part of a layer (route,
-//                    permute, gather, grouped products, combine) in a CUDA graph, layers' weights
+//   moe-check bench  steps of 1, 8, 64, 256 and 2048 tokens of the routed part of a layer (route,
+//                    permute, gather, grouped products, combine; one token: moe_down_combine_one,
+//                    and the separate kernels for comparison) in a CUDA graph, layers' weights
 //                    cycled so every read comes from memory: time per layer and the active
-//                    experts' weight bytes per second against the copy bandwidth.
+//                    experts' weight bytes per second against the copy bandwidth; the expert
+//                    products alone (their share of a step: times the layer count over the step).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -97,20 +101,51 @@ static void route(const Buffers& b, int t, bool fused, cudaStream_t stream = 0) 
 // chooses, src/backend/cuda/backend/moe.rs), else the small-M loops; `gemm` forces either.
 static bool takes_gemm(int t) { return t * K >= 16 * E; }
 
-static void products(const Buffers& b, int t, const bf16* gate_up, const bf16* down, bool shared,
-                     cudaStream_t stream = 0) {
+// Whether the gate/up product reads x's one row in place (row stride 0): one token after the fused
+// routing, which then gathers nothing (as the backend runs a step of one token).
+static bool in_place(int t, bool fused) { return fused && t == 1; }
+
+// The gate/up product's rows and their stride.
+static const bf16* gate_up_rows(const Buffers& b, int t, bool fused) { return in_place(t, fused) ? b.x : b.x_perm; }
+static int gate_up_stride(int t, bool fused) { return in_place(t, fused) ? 0 : H; }
+
+// The expert products alone (gate/up with SwiGLU, then down), after route(b, t, fused).
+static void grouped(const Buffers& b, int t, bool fused, const bf16* gate_up, const bf16* down, cudaStream_t stream = 0) {
+    const bf16* x = gate_up_rows(b, t, fused);
+    const int stride = gate_up_stride(t, fused);
     if (takes_gemm(t)) {
         const int tiles = (t * K + MOE_BM - 1) / MOE_BM + std::min(E, t * K);
-        moe_gemm_gate_up<<<dim3((I + MOE_BN / 2 - 1) / (MOE_BN / 2), tiles), 128, 0, stream>>>(b.x_perm, gate_up, b.meta,
-                                                                                                b.h_perm);
+        moe_gemm_gate_up<<<dim3((I + MOE_BN / 2 - 1) / (MOE_BN / 2), tiles), 128, 0, stream>>>(x, gate_up, b.meta,
+                                                                                                b.h_perm, stride);
         moe_gemm_down<<<dim3((H + MOE_BN - 1) / MOE_BN, tiles), 128, 0, stream>>>(b.h_perm, down, b.meta, b.y_perm);
     } else {
         const int active = std::min(E, t * K);
-        moe_gate_up<<<dim3(I / (ROWS / 2), active), THREADS, RING, stream>>>(b.x_perm, gate_up, b.meta, b.h_perm);
+        moe_gate_up<<<dim3(I / (ROWS / 2), active), THREADS, RING, stream>>>(x, gate_up, b.meta, b.h_perm, stride);
         moe_down<<<dim3((H + ROWS - 1) / ROWS, active), THREADS, RING, stream>>>(b.h_perm, down, b.meta, b.y_perm);
     }
+}
+
+// The products and the combine (the backend's path for more than one token).
+static void products(const Buffers& b, int t, bool fused, const bf16* gate_up, const bf16* down, bool shared,
+                     cudaStream_t stream = 0) {
+    grouped(b, t, fused, gate_up, down, stream);
     moe_combine<<<t, 256, 0, stream>>>(b.y_perm, b.row_of, b.weights, b.logits, shared ? b.shared : nullptr,
                                        b.delta);
+}
+
+// The down product with the combine for a step of one token (moe_down_combine_one), after the
+// gate/up product, into b.delta.
+static void down_combine_one(const Buffers& b, const bf16* down, bool shared, cudaStream_t stream = 0) {
+    const int warps = std::min(K, 8);
+    moe_down_combine_one<<<(H + 7) / 8, 32 * warps, 0, stream>>>(b.h_perm, down, b.ids, b.row_of, b.weights, b.logits,
+                                                                 shared ? b.shared : nullptr, b.delta);
+}
+
+// The one-token path as the backend runs it after the fused routing: the small-M gate/up product
+// reading x in place, then the fused down and combine.
+static void one_token(const Buffers& b, const bf16* gate_up, const bf16* down, bool shared, cudaStream_t stream = 0) {
+    moe_gate_up<<<dim3(I / (ROWS / 2), std::min(E, K)), THREADS, RING, stream>>>(b.x, gate_up, b.meta, b.h_perm, 0);
+    down_combine_one(b, down, shared, stream);
 }
 
 // The host's routing of one row of logits: torch.topk's order on the CPU (libstdc++'s algorithms).
@@ -169,7 +204,7 @@ static int test(int t, bool fused, std::mt19937& rng, const Buffers& b, const bf
     CHECK(cudaMemcpy(b.x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(b.shared, shared.data(), shared.size() * 4, cudaMemcpyHostToDevice));
     route(b, t, fused);
-    products(b, t, d_gate_up, d_down, MOE_SHARED_INTER > 0);
+    products(b, t, fused, d_gate_up, d_down, MOE_SHARED_INTER > 0);
     const size_t rows = (size_t)t * K;
     auto ids = finish_and_download(b.ids, rows);
     auto weights = finish_and_download(b.weights, rows);
@@ -177,6 +212,11 @@ static int test(int t, bool fused, std::mt19937& rng, const Buffers& b, const bf
     auto sorted_tokens = finish_and_download(b.sorted_tokens, rows);
     auto row_of = finish_and_download(b.row_of, rows);
     auto x_perm = finish_and_download(b.x_perm, rows * H);
+    // One token after the fused routing: nothing was gathered (the product read x in place), so
+    // the checks below take x's row for every slot.
+    if (in_place(t, fused)) {
+        for (size_t r = 0; r < rows; ++r) memcpy(&x_perm[r * H], x.data(), H * 2);
+    }
     auto h_perm = finish_and_download(b.h_perm, rows * I);
     auto y_perm = finish_and_download(b.y_perm, rows * H);
     auto delta = finish_and_download(b.delta, (size_t)t * H);
@@ -223,7 +263,7 @@ static int test(int t, bool fused, std::mt19937& rng, const Buffers& b, const bf
         seen[r]++;
         if (r < meta[e] || r >= meta[e + 1]) fail("row outside its expert's segment", i, r, meta[e]);
         if (sorted_tokens[r] != (int)(i / K)) fail("row's token", i, sorted_tokens[r], i / K);
-        if (memcmp(&x_perm[(size_t)r * H], &x[(i / K) * H], H * 2) != 0) fail("gathered row", i, r, r);
+        if (!in_place(t, fused) && memcmp(&x_perm[(size_t)r * H], &x[(i / K) * H], H * 2) != 0) fail("gathered row", i, r, r);
     }
     for (size_t r = 0; r < rows; ++r) if (seen[r] != 1) fail("row used", r, seen[r], 1);
     // Grouped products: each permuted row against its expert (h from x, y from the kernel's h).
@@ -274,8 +314,29 @@ static int test(int t, bool fused, std::mt19937& rng, const Buffers& b, const bf
             if (!(err <= 1e-5 + 1e-5 * std::fabs(want))) fail("combine", tok, delta[(size_t)tok * H + n], want);
         }
     }
-    printf("RESULT moe test E=%d K=%d H=%d I=%d t=%d %s, %s products: %d boundary ties, %d active experts, max err h %.2e y %.2e delta %.2e: %s\n",
-           E, K, H, I, t, fused ? "fused" : "separate", takes_gemm(t) ? "tensor-core tile" : "small-M", ties, active, worst_h, worst_y, worst_d, bad ? "FAIL" : "ok");
+    // One token: moe_down_combine_one from the same h_perm, against the float64 weighted sum of
+    // each slot's down product and the shared expert's share.
+    double worst_one = 0;
+    if (t == 1 && bad == 0) {
+        down_combine_one(b, d_down, MOE_SHARED_INTER > 0);
+        auto one = finish_and_download(b.delta, (size_t)H);
+        const double scale = MOE_SHARED_INTER > 0 ? 1.0 / (1.0 + std::exp(-(double)logits[E])) : 0.0;
+        for (int n = 0; n < H; ++n) {
+            double want = scale * (MOE_SHARED_INTER > 0 ? shared[n] : 0.0), size = std::fabs(want);
+            for (int s = 0; s < K; ++s) {
+                const uint16_t* dn = &down[(size_t)ids[s] * H * I + (size_t)n * I];
+                double y = 0;
+                for (int k = 0; k < I; ++k) y += from_bf16(h_perm[(size_t)row_of[s] * I + k]) * from_bf16(dn[k]);
+                want += (double)weights[s] * y;
+                size += std::fabs((double)weights[s] * y);
+            }
+            const double err = std::fabs(one[n] - want);
+            worst_one = std::max(worst_one, err);
+            if (!(err <= 1e-3 + 1e-3 * size)) fail("down + combine, one token", n, one[n], want);
+        }
+    }
+    printf("RESULT moe test E=%d K=%d H=%d I=%d t=%d %s, %s products: %d boundary ties, %d active experts, max err h %.2e y %.2e delta %.2e one-token down+combine %.2e: %s\n",
+           E, K, H, I, t, fused ? "fused" : "separate", takes_gemm(t) ? "tensor-core tile" : "small-M", ties, active, worst_h, worst_y, worst_d, worst_one, bad ? "FAIL" : "ok");
     return bad;
 }
 
@@ -325,16 +386,14 @@ static int run_bench() {
     CHECK(cudaDeviceSynchronize());
     cudaStream_t stream;
     CHECK(cudaStreamCreate(&stream));
-    for (int t : {1, 8, 64, 2048}) {
-        // One graph of `reps` layers, cycling the weight copies.
+    // Seconds per layer of `record(l)` captured `reps` times in one graph (repetition i takes weight
+    // copy l = i % layers, so every read comes from memory).
+    const auto per_layer = [&](auto record) {
         const int reps = 16;
         cudaGraph_t graph;
         cudaGraphExec_t exec;
         CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        for (int i = 0; i < reps; ++i) {
-            route(b, t, t <= 8, stream);
-            products(b, t, gate_up[i % layers], down[i % layers], false, stream);
-        }
+        for (int i = 0; i < reps; ++i) record(i % layers);
         CHECK(cudaStreamEndCapture(stream, &graph));
         CHECK(cudaGraphInstantiate(&exec, graph, 0));
         for (int w = 0; w < 3; ++w) CHECK(cudaGraphLaunch(exec, stream));
@@ -342,17 +401,55 @@ static int run_bench() {
         const int launches = 10;
         StreamTimer timer(stream);
         for (int w = 0; w < launches; ++w) CHECK(cudaGraphLaunch(exec, stream));
-        const double per_layer = timer.seconds() / launches / reps;
+        const double seconds = timer.seconds() / launches / reps;
+        CHECK(cudaGraphExecDestroy(exec));
+        CHECK(cudaGraphDestroy(graph));
+        return seconds;
+    };
+    for (int t : {1, 8, 64, 256, 2048}) {
+        // The routed part as the backend runs it (one token: the fused down and combine).
+        const double layer = per_layer([&](int l) {
+            route(b, t, t <= 8, stream);
+            if (t == 1) one_token(b, gate_up[l], down[l], false, stream);
+            else products(b, t, t <= 8, gate_up[l], down[l], false, stream);
+        });
+        // The expert products alone (routing done once before), for their share of a step (one
+        // token: with the combine fused into the down product).
+        const double experts = per_layer([&](int l) {
+            if (t == 1) one_token(b, gate_up[l], down[l], false, stream);
+            else grouped(b, t, t <= 8, gate_up[l], down[l], stream);
+        });
         auto meta = finish_and_download(b.meta, MOE_META_WORDS);
         const int active = meta[MOE_META_COUNT];
         const double bytes = (double)active * 3 * I * H * 2;
         const double flops = 2.0 * t * K * 3.0 * I * H;
         printf("RESULT moe bench E=%d K=%d H=%d I=%d tokens=%d (%s products): %d active experts, %.1f us per layer (routing to combine), "
-               "%.0f GB/s of active expert weights = %.0f%% of copy bandwidth, %.1f TFLOP/s\n",
-               E, K, H, I, t, takes_gemm(t) ? "tensor-core tile" : "small-M", active, per_layer * 1e6,
-               bytes / per_layer / 1e9, 100.0 * bytes / per_layer / copy, flops / per_layer / 1e12);
-        CHECK(cudaGraphExecDestroy(exec));
-        CHECK(cudaGraphDestroy(graph));
+               "%.0f GB/s of active expert weights = %.0f%% of copy bandwidth, %.1f TFLOP/s; expert products alone %.1f us "
+               "(%.0f%% of copy bandwidth)\n",
+               E, K, H, I, t, t == 1 ? "one-token" : takes_gemm(t) ? "tensor-core tile" : "small-M", active, layer * 1e6,
+               bytes / layer / 1e9, 100.0 * bytes / layer / copy, flops / layer / 1e12, experts * 1e6,
+               100.0 * bytes / experts / copy);
+        if (t == 1) {
+            // The separate down and combine kernels at one token, for comparison.
+            const double separate = per_layer([&](int l) {
+                route(b, t, true, stream);
+                products(b, t, true, gate_up[l], down[l], false, stream);
+            });
+            printf("RESULT moe bench tokens=1, separate moe_down and moe_combine: %.1f us per layer (%.0f%% of copy bandwidth)\n",
+                   separate * 1e6, 100.0 * bytes / separate / copy);
+            // Each launch of the one-token layer alone (routing done once before the others).
+            const double routing = per_layer([&](int) { route(b, t, true, stream); });
+            const double gate = per_layer([&](int l) {
+                moe_gate_up<<<dim3(I / (ROWS / 2), std::min(E, K)), THREADS, RING, stream>>>(b.x, gate_up[l], b.meta,
+                                                                                             b.h_perm, 0);
+            });
+            const double down_one = per_layer([&](int l) { down_combine_one(b, down[l], false, stream); });
+            const double gate_bytes = (double)K * 2 * I * H * 2, down_bytes = (double)K * I * H * 2;
+            printf("RESULT moe bench tokens=1, each launch alone: moe_route_permute %.1f us, moe_gate_up %.1f us (%.0f%% of "
+                   "copy), moe_down_combine_one %.1f us (%.0f%% of copy)\n",
+                   routing * 1e6, gate * 1e6, 100.0 * gate_bytes / gate / copy, down_one * 1e6,
+                   100.0 * down_bytes / down_one / copy);
+        }
     }
     return 0;
 }

@@ -295,6 +295,47 @@ fn teacher_forced_logits_match_transformers_at_every_position() {
     }
 }
 
+/// `CpuBackend::router_gaps`: each token's smallest router-logit gap across the top-k boundary
+/// over the sparse layers (exact ties left out, so every gap is positive), infinite for a dense
+/// model. The two teacher-forced positions of tiny-qwen3-moe whose argmax differed on an H100
+/// (`tests/cuda_moe.rs`, case 1 position 22 and case 8 position 12) are near-ties, where 93% of
+/// its positions are not (gap at least 0.01).
+#[test]
+fn router_gaps_find_the_near_ties() {
+    let dir = committed_fixture("tiny-qwen3-moe");
+    let golden: Golden =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    let model = Model::load(&dir).unwrap();
+    let mut backend = CpuBackend::new(&model, 16 << 20).unwrap();
+    for (case, position) in [(1, 22), (8, 12)] {
+        let tokens = &golden.cases[case].teacher_forced.tokens[..=position];
+        logits_per_position(&mut backend, tokens);
+        let gap = backend.router_gaps()[0];
+        assert!(
+            gap > 0.0 && gap < 0.01,
+            "case {case} position {position}: gap {gap}"
+        );
+    }
+    let (mut near, mut positions) = (0, 0);
+    for case in &golden.cases {
+        for position in 0..case.teacher_forced.tokens.len() {
+            logits_per_position(&mut backend, &case.teacher_forced.tokens[..=position]);
+            let gap = backend.router_gaps()[0];
+            assert!(gap > 0.0, "a gap is never an exact tie");
+            near += usize::from(gap < 0.01);
+            positions += 1;
+        }
+        if positions > 100 {
+            break;
+        }
+    }
+    assert!(near > 0 && near * 10 < positions, "{near} of {positions}");
+    let dense = load("tiny-qwen3");
+    let mut backend = CpuBackend::new(&dense, 16 << 20).unwrap();
+    logits_per_position(&mut backend, &[1, 2, 3]);
+    assert_eq!(backend.router_gaps(), &[f32::INFINITY]);
+}
+
 /// Experts quantized to FP8 at load (per-channel weights, dynamic per-token activations, every
 /// expert dequantized into the fused tensors); the router stays 16-bit. The model still predicts
 /// what the bf16 model predicts at most positions (0.81 measured: random weights have many

@@ -55,6 +55,9 @@ pub struct CpuBackend {
     /// With an FP8 KV cache, each layer's key and value scales: what the cache holds is every
     /// key and value rounded to E4M3 at its scale.
     fp8_kv_scales: Option<Vec<[f32; 2]>>,
+    /// Each token of the last step's smallest router gap over the sparse layers
+    /// ([`CpuBackend::router_gaps`]).
+    router_gaps: Vec<f32>,
 }
 
 impl CpuBackend {
@@ -91,7 +94,17 @@ impl CpuBackend {
             rope_scale,
             cache,
             fp8_kv_scales: None,
+            router_gaps: Vec::new(),
         })
+    }
+
+    /// Each token of the last step, in the step's order: the smallest gap between the router
+    /// logit of an expert it chose and that of one it left out, over the sparse layers
+    /// (`moe::boundary_gap`: exact ties left out; infinity for a dense model or gpt-oss's
+    /// experts). A backend that rounds the router's input differently may choose otherwise
+    /// where this is small.
+    pub fn router_gaps(&self) -> &[f32] {
+        &self.router_gaps
     }
 
     /// The same backend with its KV cache of `dtype`: for `fp8`, keys and values are rounded to
@@ -190,6 +203,7 @@ impl CpuBackend {
             outputs.extend(contexts.len() - wanted..contexts.len());
             last_of_rows.push(contexts.len().wrapping_sub(1));
         }
+        self.router_gaps = vec![f32::INFINITY; contexts.len()];
         for index in 0..self.definition.layers.len() {
             self.layer(index, &mut hidden, &contexts, &slots);
         }
@@ -295,7 +309,9 @@ impl CpuBackend {
                 math::add_assign(hidden, &down_proj.apply(&gate, tokens));
             }
             (MlpDefinition::Moe(definition), MlpWeights::Moe(experts)) => {
-                math::add_assign(hidden, &moe::apply(definition, experts, &x, tokens, dim));
+                let gaps = &mut self.router_gaps;
+                let y = moe::apply(definition, experts, &x, tokens, dim, gaps);
+                math::add_assign(hidden, &y);
             }
             (MlpDefinition::Moe(definition), MlpWeights::GptOss(experts)) => {
                 let ExpertKind::ClampedSwiGlu { alpha, limit, .. } = definition.experts else {

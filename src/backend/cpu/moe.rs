@@ -48,19 +48,37 @@ pub fn route(logits: &[f32], routing: Routing) -> Vec<(usize, f32)> {
     }
 }
 
-/// The mixture's output for `tokens` rows of `x` (each `hidden` wide).
+/// How far a token's routing is from changing: the smallest gap between the router logit of a
+/// chosen expert (`chosen`) and that of one left out, leaving out exact ties (equal logits, which
+/// the tie order decides the same way wherever they are computed alike); infinity when no
+/// logit differs across the boundary. A choice whose gap is below another implementation's
+/// rounding of the logits may legitimately differ there.
+pub fn boundary_gap(logits: &[f32], chosen: &[usize]) -> f32 {
+    let left_out = (0..logits.len()).filter(|e| !chosen.contains(e));
+    left_out
+        .flat_map(|out| chosen.iter().map(move |&c| (logits[c] - logits[out]).abs()))
+        .filter(|&gap| gap > 0.0)
+        .fold(f32::INFINITY, f32::min)
+}
+
+/// The mixture's output for `tokens` rows of `x` (each `hidden` wide). Each token's
+/// [`boundary_gap`] lowers its entry of `gaps` where smaller.
 pub fn apply(
     moe: &MoeDefinition,
     w: &MoeWeights,
     x: &[f32],
     tokens: usize,
     hidden: usize,
+    gaps: &mut [f32],
 ) -> Vec<f32> {
     let logits = w.router.apply(x, tokens);
     // For each expert, the tokens routed to it and their weights, in token order.
     let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); moe.num_experts];
-    for (t, row) in logits.chunks(moe.num_experts).enumerate() {
-        for (e, weight) in route(row, moe.routing) {
+    for ((t, row), gap) in logits.chunks(moe.num_experts).enumerate().zip(gaps) {
+        let chosen = route(row, moe.routing);
+        let experts: Vec<usize> = chosen.iter().map(|&(e, _)| e).collect();
+        *gap = gap.min(boundary_gap(row, &experts));
+        for (e, weight) in chosen {
             routed[e].push((t, weight));
         }
     }
@@ -126,6 +144,19 @@ mod tests {
         let total: f32 = renormalised.iter().map(|r| r.1).sum();
         assert!((total - 1.0).abs() < 1e-6);
         assert!((renormalised[0].1 / renormalised[1].1 - 1.0f32.exp()).abs() < 1e-5);
+    }
+
+    #[test]
+    fn the_boundary_gap_is_the_nearest_logit_across_the_boundary_ties_left_out() {
+        // Chosen 1 (3.0) and 4 (2.5); left out 2 (2.25), 0 and 3.
+        assert_eq!(boundary_gap(&[1.0, 3.0, 2.25, 0.0, 2.5], &[1, 4]), 0.25);
+        // An exact tie at the boundary (experts 4 and 2 at 2.5) does not count; the next gap
+        // across it does (expert 1 over expert 2).
+        assert_eq!(boundary_gap(&[1.0, 3.0, 2.5, 0.0, 2.5], &[1, 4]), 0.5);
+        assert_eq!(boundary_gap(&[1.0, 2.5, 2.5, 0.0], &[1]), 1.5);
+        // Nothing differs across the boundary, or nothing is left out.
+        assert_eq!(boundary_gap(&[2.0, 2.0, 2.0], &[0]), f32::INFINITY);
+        assert_eq!(boundary_gap(&[1.0, 2.0], &[0, 1]), f32::INFINITY);
     }
 
     #[test]

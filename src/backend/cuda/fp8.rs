@@ -25,6 +25,18 @@ pub fn quant_threads(width: usize) -> u32 {
     (width.max(1).next_multiple_of(32) as u32).min(QUANT_THREADS)
 }
 
+/// Blocks per token and group of an input quantization (`fp8_quantize_input`'s `gridDim.z`)
+/// over groups of `width` columns in a step of `m` rows: for a decode step's rows (at most
+/// `plan::GEMV_MAX_M`) one per 2 values a thread of [`quant_threads`], so a wide row (the down
+/// product's 14,336 values) is not quantized by one block while the GPU idles (each block reads
+/// the whole group for its scale, from L2); one for longer steps, whose rows fill the GPU.
+pub fn quant_chunks(width: usize, m: usize) -> usize {
+    if m > crate::backend::cuda::plan::GEMV_MAX_M {
+        return 1;
+    }
+    width.div_ceil(2 * quant_threads(width) as usize).max(1)
+}
+
 /// The most warps per block of the FP8 small-M kernels (`FP8_GEMV_MAX_WARPS`).
 pub const GEMV_MAX_WARPS: usize = 8;
 
@@ -272,6 +284,14 @@ mod tests {
 
     #[test]
     fn quantization_blocks_cover_their_group() {
+        // A decode step's down input: 7 blocks of 1,024 threads, 2 values a thread; a prefill's
+        // rows one block each.
+        assert_eq!(quant_chunks(14336, 1), 7);
+        assert_eq!(quant_chunks(14336, 8), 7);
+        assert_eq!(quant_chunks(14336, 9), 1);
+        assert_eq!(quant_chunks(4096, 1), 2);
+        assert_eq!(quant_chunks(128, 1), 1);
+        assert_eq!(quant_chunks(0, 1), 1);
         assert_eq!(quant_threads(14336), 1024);
         assert_eq!(quant_threads(128), 128);
         assert_eq!(quant_threads(100), 128);

@@ -103,9 +103,34 @@ pub const FP8_GEMV_ENTRIES: [&str; 2 * super::plan::GEMV_MAX_M] = [
     "fp8_gemv_r4_m8",
 ];
 
+/// The FP8 gate/up products with SwiGLU applied (`kernels/fp8.cu`), `[m - 1]` for m rows of x.
+pub const FP8_GEMV_SWIGLU_ENTRIES: [&str; super::plan::GEMV_MAX_M] = [
+    "fp8_gemv_swiglu_m1",
+    "fp8_gemv_swiglu_m2",
+    "fp8_gemv_swiglu_m3",
+    "fp8_gemv_swiglu_m4",
+    "fp8_gemv_swiglu_m5",
+    "fp8_gemv_swiglu_m6",
+    "fp8_gemv_swiglu_m7",
+    "fp8_gemv_swiglu_m8",
+];
+
+/// The FP8 q/k/v products with the rope write applied (`kernels/fp8.cu`), `[m - 1]` for m rows
+/// of x.
+pub const FP8_GEMV_QKV_ROPE_ENTRIES: [&str; super::plan::GEMV_MAX_M] = [
+    "fp8_gemv_qkv_rope_m1",
+    "fp8_gemv_qkv_rope_m2",
+    "fp8_gemv_qkv_rope_m3",
+    "fp8_gemv_qkv_rope_m4",
+    "fp8_gemv_qkv_rope_m5",
+    "fp8_gemv_qkv_rope_m6",
+    "fp8_gemv_qkv_rope_m7",
+    "fp8_gemv_qkv_rope_m8",
+];
+
 /// Every entry point of `kernels/fp8.cu`.
-const FP8_FAMILY_ENTRIES: [&str; 2 * super::plan::GEMV_MAX_M + 5] = {
-    let mut all = ["fp8_quantize_input"; 2 * super::plan::GEMV_MAX_M + 5];
+const FP8_FAMILY_ENTRIES: [&str; 4 * super::plan::GEMV_MAX_M + 5] = {
+    let mut all = ["fp8_quantize_input"; 4 * super::plan::GEMV_MAX_M + 5];
     all[1] = "fp8_dequantize_weight";
     all[2] = "fp8_add_rmsnorm";
     all[3] = "fp8_scale_output";
@@ -115,12 +140,18 @@ const FP8_FAMILY_ENTRIES: [&str; 2 * super::plan::GEMV_MAX_M + 5] = {
         all[5 + i] = FP8_GEMV_ENTRIES[i];
         i += 1;
     }
+    let mut m = 0;
+    while m < super::plan::GEMV_MAX_M {
+        all[5 + 2 * super::plan::GEMV_MAX_M + m] = FP8_GEMV_SWIGLU_ENTRIES[m];
+        all[5 + 3 * super::plan::GEMV_MAX_M + m] = FP8_GEMV_QKV_ROPE_ENTRIES[m];
+        m += 1;
+    }
     all
 };
 
 /// The mixture-of-experts kernels (`kernels/moe.cu`, compiled after `kernels/gemv.cu`'s inner
 /// loops), compiled only for a model with experts.
-pub const MOE_ENTRIES: [&str; 10] = [
+pub const MOE_ENTRIES: [&str; 11] = [
     "moe_route",
     "moe_permute",
     "moe_gather",
@@ -129,6 +160,7 @@ pub const MOE_ENTRIES: [&str; 10] = [
     "moe_down",
     "moe_gemm_gate_up",
     "moe_gemm_down",
+    "moe_down_combine_one",
     "moe_shared_swiglu",
     "moe_combine",
 ];
@@ -149,7 +181,7 @@ pub const FAMILIES: [KernelFamily; 11] = [
     KernelFamily {
         name: "qkv_rope.cu",
         source: include_str!("../../../kernels/qkv_rope.cu"),
-        entry_points: &["qkv_rope_write"],
+        entry_points: &["qkv_rope_write", "qkv_rope_write_scaled"],
     },
     KernelFamily {
         name: "attention.cu",

@@ -15,7 +15,7 @@ use cudarc::driver::sys;
 use cudarc::driver::{CudaFunction, CudaStream, DriverError};
 
 use super::compile::KernelError;
-use super::kernels::{FP8_GEMV_ENTRIES, GEMV_ENTRIES, GEMV_QKV_ROPE_ENTRIES, GEMV_SWIGLU_ENTRIES};
+use super::kernels::{GEMV_ENTRIES, GEMV_QKV_ROPE_ENTRIES, GEMV_SWIGLU_ENTRIES};
 use crate::engine::BackendError;
 
 /// The most parameters any kernel takes (a launch keeps their slots on the stack: a step
@@ -313,8 +313,15 @@ macro_rules! kernel_args {
 // The mixture-of-experts kernels' arguments (`kernels/moe.cu`), declared with the macro above.
 mod moe;
 pub use moe::{
-    MoeCombine, MoeDown, MoeGateUp, MoeGather, MoePermute, MoeRoute, MoeRoutePermute,
-    MoeSharedSwiglu,
+    MoeCombine, MoeDown, MoeDownCombineOne, MoeGateUp, MoeGather, MoePermute, MoeRoute,
+    MoeRoutePermute, MoeSharedSwiglu,
+};
+
+// The FP8 kernels' arguments (`kernels/fp8.cu`), declared with the macro above.
+mod fp8;
+pub use fp8::{
+    Fp8AddRmsnorm, Fp8DequantizeWeight, Fp8Gemv, Fp8GemvQkvRope, Fp8GemvSwiglu, Fp8QuantizeInput,
+    Fp8ScaleOutput, Fp8SwigluQuantize, QkvRopeWriteScaled,
 };
 
 kernel_args! {
@@ -477,133 +484,6 @@ kernel_args! {
     }
 }
 
-kernel_args! {
-    /// The arguments of `fp8_quantize_input` (`kernels/fp8.cu`).
-    Fp8QuantizeInput for &["fp8_quantize_input"] => {
-        /// The product's input, [tokens, k] bf16.
-        x: DevicePtr<Bf16>,
-        /// Its width.
-        k: i32,
-        /// Columns per scale (0: one per token).
-        group: i32,
-        /// The cap on a token's largest magnitude (0: none).
-        upper_bound: f32,
-        /// The static scale (0: dynamic).
-        static_scale: f32,
-        /// The E4M3 codes, [tokens, k].
-        xq: DevicePtr<E4m3>,
-        /// The codes times their scales in bf16, [tokens, k].
-        xd: DevicePtr<Bf16>,
-        /// The scales, [tokens, groups].
-        scales: DevicePtr<f32>,
-    }
-
-    /// The arguments of `fp8_gemv_m1` … `fp8_gemv_m8` and `fp8_gemv_r4_m1` … `fp8_gemv_r4_m8`
-    /// (`kernels/fp8.cu`).
-    Fp8Gemv for &FP8_GEMV_ENTRIES => {
-        /// The input rows, [m, k] bf16.
-        x: DevicePtr<Bf16>,
-        /// The E4M3 weights, [n, k].
-        w: DevicePtr<E4m3>,
-        /// The weight scales, [n, groups].
-        scales: DevicePtr<f32>,
-        /// The product, [m, n] fp32.
-        out: DevicePtr<f32>,
-        /// The product's rows.
-        n: i32,
-        /// The product's depth.
-        k: i32,
-        /// Scales per weight row.
-        groups: i32,
-        /// Columns per scale.
-        group: i32,
-        /// Warps of a row group splitting K (`fp8::GemvGeometry::splits`).
-        splits: i32,
-    }
-
-    /// The arguments of `fp8_add_rmsnorm` (`kernels/fp8.cu`).
-    Fp8AddRmsnorm for &["fp8_add_rmsnorm"] => {
-        /// The residual stream, [rows, hidden], to which `delta` is added.
-        residual: DevicePtr<f32>,
-        /// What is added to the residual stream first (`None`: nothing).
-        delta: Option<DevicePtr<f32>>,
-        /// The product's per-token input scales when `delta` is its unscaled product of the
-        /// codes (the same buffer as `scales`), else `None`.
-        x_scales: Option<DevicePtr<f32>>,
-        /// The product's per-row weight scales in that case, else `None`.
-        w_scales: Option<DevicePtr<f32>>,
-        /// The norm's weight, [hidden].
-        weight: DevicePtr<Bf16>,
-        /// The normalised rows, [rows, hidden].
-        out: DevicePtr<Bf16>,
-        /// The cap on a row's largest magnitude (0: none).
-        upper_bound: f32,
-        /// The static scale (0: dynamic).
-        static_scale: f32,
-        /// The E4M3 codes, [rows, hidden].
-        xq: DevicePtr<E4m3>,
-        /// The codes times their scales in bf16, [rows, hidden].
-        xd: DevicePtr<Bf16>,
-        /// The scales, [rows].
-        scales: DevicePtr<f32>,
-    }
-
-    /// The arguments of `fp8_swiglu_quantize` (`kernels/fp8.cu`).
-    Fp8SwigluQuantize for &["fp8_swiglu_quantize"] => {
-        /// The gate/up product, [tokens, 2 * intermediate] fp32, gate half first.
-        gate_up: DevicePtr<f32>,
-        /// The gate/up input's per-token scales when `gate_up` is the unscaled product of the
-        /// codes (the same buffer as `scales`), else `None`.
-        x_scales: Option<DevicePtr<f32>>,
-        /// The gate/up weights' per-row scales in that case, else `None`.
-        w_scales: Option<DevicePtr<f32>>,
-        /// Columns per scale; 0: one scale per token.
-        group: i32,
-        /// The cap on a token's largest magnitude (0: none).
-        upper_bound: f32,
-        /// The static scale (0: dynamic).
-        static_scale: f32,
-        /// The E4M3 codes, [tokens, intermediate].
-        xq: DevicePtr<E4m3>,
-        /// The codes times their scales in bf16, [tokens, intermediate].
-        xd: DevicePtr<Bf16>,
-        /// The scales, [tokens, groups].
-        scales: DevicePtr<f32>,
-    }
-
-    /// The arguments of `fp8_scale_output` (`kernels/fp8.cu`).
-    Fp8ScaleOutput for &["fp8_scale_output"] => {
-        /// The product of the codes, [m, n] fp32, scaled in place.
-        out: DevicePtr<f32>,
-        /// The input's scales, [m].
-        x_scales: DevicePtr<f32>,
-        /// The weights' scales, [n].
-        w_scales: DevicePtr<f32>,
-        /// Rows.
-        m: i32,
-        /// Columns (a multiple of 4).
-        n: i32,
-    }
-
-    /// The arguments of `fp8_dequantize_weight` (`kernels/fp8.cu`).
-    Fp8DequantizeWeight for &["fp8_dequantize_weight"] => {
-        /// The E4M3 weights, [n, k].
-        w: DevicePtr<E4m3>,
-        /// The weight scales, [n, groups].
-        scales: DevicePtr<f32>,
-        /// Rows.
-        n: i32,
-        /// Columns.
-        k: i32,
-        /// Scales per row.
-        groups: i32,
-        /// Columns per scale.
-        group: i32,
-        /// The widened weights, [n, k] bf16.
-        out: DevicePtr<Bf16>,
-    }
-}
-
 /// A launch's grid, threads per block and dynamic shared memory per block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaunchShape {
@@ -758,7 +638,7 @@ mod tests {
     type Launcher = (&'static [&'static str], Parameters);
 
     /// Every argument struct.
-    const LAUNCHERS: [Launcher; 25] = [
+    const LAUNCHERS: [Launcher; 29] = [
         launcher::<EmbeddingGather>(),
         launcher::<AddRmsnorm>(),
         launcher::<QkvRopeWrite>(),
@@ -772,6 +652,9 @@ mod tests {
         launcher::<GemvQkvRope>(),
         launcher::<Fp8QuantizeInput>(),
         launcher::<Fp8Gemv>(),
+        launcher::<Fp8GemvSwiglu>(),
+        launcher::<Fp8GemvQkvRope>(),
+        launcher::<QkvRopeWriteScaled>(),
         launcher::<Fp8DequantizeWeight>(),
         launcher::<Fp8AddRmsnorm>(),
         launcher::<Fp8SwigluQuantize>(),
@@ -782,6 +665,7 @@ mod tests {
         launcher::<MoeRoutePermute>(),
         launcher::<MoeGateUp>(),
         launcher::<MoeDown>(),
+        launcher::<MoeDownCombineOne>(),
         launcher::<MoeSharedSwiglu>(),
         launcher::<MoeCombine>(),
     ];

@@ -330,6 +330,9 @@ impl Kernels {
             fp8_swiglu_quantize: Kernel::take(map, "fp8_swiglu_quantize")?,
             fp8_scale_output: Kernel::take(map, "fp8_scale_output")?,
             fp8_gemv: take_each(map, &kernels::FP8_GEMV_ENTRIES)?,
+            qkv_rope_scaled: Kernel::take(map, "qkv_rope_write_scaled")?,
+            fp8_gemv_swiglu: take_each(map, &kernels::FP8_GEMV_SWIGLU_ENTRIES)?,
+            fp8_gemv_qkv_rope: take_each(map, &kernels::FP8_GEMV_QKV_ROPE_ENTRIES)?,
             moe: super::moe::MoeKernels::take(map)?,
         })
     }

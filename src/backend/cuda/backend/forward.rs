@@ -4,13 +4,13 @@
 use crate::engine::BackendError;
 use crate::model::MlpDefinition;
 
-use crate::backend::cuda::fp8::quant_threads;
+use crate::backend::cuda::fp8::{GemvGeometry, quant_threads};
 use crate::backend::cuda::graphs::StepGraph;
 use crate::backend::cuda::inputs::StepLayout;
 use crate::backend::cuda::launch::{
-    AddRmsnorm, AttentionReduce, Bf16, DevicePtr, EmbeddingGather, Fp8AddRmsnorm,
-    Fp8SwigluQuantize, GemvQkvRope, GemvSwiglu, LaunchShape, PagedAttention, PagedReads,
-    PrefillAttention, QkvRopeWrite, RopeWrites, Swiglu,
+    AddRmsnorm, AttentionReduce, Bf16, DevicePtr, EmbeddingGather, Fp8AddRmsnorm, Fp8GemvQkvRope,
+    Fp8GemvSwiglu, Fp8SwigluQuantize, GemvQkvRope, GemvSwiglu, LaunchShape, PagedAttention,
+    PagedReads, PrefillAttention, QkvRopeWrite, QkvRopeWriteScaled, RopeWrites, Swiglu,
 };
 use crate::backend::cuda::memory::DeviceBuffer;
 use crate::backend::cuda::plan;
@@ -122,10 +122,24 @@ impl CudaBackend {
                     let gate_up_dims = (t, 2 * intermediate, p.hidden);
                     // The gate/up weights' scales where their product was left unscaled.
                     let mut unscaled = None;
+                    // Whether the product applied SwiGLU itself (a decode step's FP8 product).
+                    let mut swiglu_applied = false;
                     match gate_up_w {
                         Operand::Bf16(gate_up_w) => {
                             let small_m = self.takes_small_m(normed, gate_up_w, gate_up_dims);
                             self.gate_up_swiglu(small_m, gate_up_w, t)?;
+                        }
+                        Operand::Fp8(gate_up_w)
+                            if t <= plan::GEMV_MAX_M && plan::swiglu_fuses(intermediate) =>
+                        {
+                            let x = self.fp8_input(
+                                normed,
+                                gate_up_w,
+                                (t, p.hidden),
+                                gate_up_w.norm_quantizes(),
+                            )?;
+                            self.fp8_gate_up_swiglu(x, gate_up_w, t)?;
+                            swiglu_applied = true;
                         }
                         Operand::Fp8(gate_up_w) => {
                             let gate_up = self.act.gate_up.device_ptr();
@@ -151,6 +165,9 @@ impl CudaBackend {
                         && matches!(self.weights.layers[segment].qkv.operand(),
                             Operand::Fp8(next) if next.norm_quantizes());
                     match down_w {
+                        // SwiGLU's output is in act.mlp: the down product (of at most
+                        // GEMV_MAX_M rows, so never deferring its scales) quantizes it itself.
+                        _ if swiglu_applied => self.project(mlp, down_w, delta, down_dims)?,
                         // An FP8 down product whose input is quantized: SwiGLU quantizes its
                         // output itself (one launch instead of SwiGLU and the quantization).
                         Operand::Fp8(down_w) if down_w.input.is_some() => {
@@ -230,6 +247,52 @@ impl CudaBackend {
             (t, 2 * intermediate, hidden),
         )?;
         self.swiglu(t)
+    }
+
+    /// The FP8 gate/up product of `t` rows (at most `plan::GEMV_MAX_M`) of `x` (the product's
+    /// input as `fp8_input` left it) with SwiGLU applied, into `act.mlp`
+    /// (`fp8_gemv_swiglu_mM`).
+    fn fp8_gate_up_swiglu(
+        &self,
+        x: DevicePtr<Bf16>,
+        w: Fp8Operand,
+        t: usize,
+    ) -> Result<(), BackendError> {
+        let (hidden, intermediate) = (self.params.hidden, self.params.intermediate);
+        let (geometry, shape) = self.fp8_paired_shape(t, 2 * intermediate)?;
+        self.launch(
+            &self.kernels.fp8_gemv_swiglu[t - 1],
+            shape,
+            Fp8GemvSwiglu {
+                x,
+                w: w.values,
+                scales: w.scales,
+                out: self.act.mlp.device_ptr(),
+                k: to_u32(hidden, "product depth")? as i32,
+                groups: to_u32(w.groups, "scale groups")? as i32,
+                group: to_u32(w.group, "scale group")? as i32,
+                splits: to_u32(geometry.splits, "splits")? as i32,
+            },
+        )
+    }
+
+    /// The geometry and launch of a fused FP8 small-M entry (`fp8_gemv_swiglu_mM`,
+    /// `fp8_gemv_qkv_rope_mM`, row groups of 4 rows: 2 pairs) for `m` rows of x over `n` weight
+    /// rows: the plain product's measured geometry otherwise.
+    fn fp8_paired_shape(
+        &self,
+        m: usize,
+        n: usize,
+    ) -> Result<(GemvGeometry, LaunchShape), BackendError> {
+        let geometry = GemvGeometry {
+            rows: 4,
+            ..GemvGeometry::choose(m, n, self.params.hidden, self.sm_count)
+        };
+        let shape = LaunchShape::new(
+            (to_u32(geometry.blocks(n), "product rows")?, 1, 1),
+            geometry.threads(),
+        );
+        Ok((geometry, shape))
     }
 
     /// SwiGLU over the gate/up product of `t` rows in `act.gate_up`, quantized as the FP8 down
@@ -332,6 +395,29 @@ impl CudaBackend {
             v_cache: self.kv.values(layer),
             kv_scales: self.kv.scales(layer),
         };
+        // A decode step's FP8 product does the rope write itself where the bf16 one may.
+        if let Operand::Fp8(qkv_w) = qkv_w
+            && t <= plan::GEMV_MAX_M
+            && plan::rope_write_fuses(head_dim, p.qk_norm)
+        {
+            let x = self.fp8_input(normed, qkv_w, (t, hidden), qkv_w.norm_quantizes())?;
+            let (geometry, shape) = self.fp8_paired_shape(t, heads * head_dim)?;
+            return self.launch(
+                &self.kernels.fp8_gemv_qkv_rope[t - 1],
+                shape,
+                Fp8GemvQkvRope {
+                    x,
+                    w: qkv_w.values,
+                    scales: qkv_w.scales,
+                    bias,
+                    writes,
+                    k: to_u32(hidden, "product depth")? as i32,
+                    groups: to_u32(qkv_w.groups, "scale groups")? as i32,
+                    group: to_u32(qkv_w.group, "scale group")? as i32,
+                    splits: to_u32(geometry.splits, "splits")? as i32,
+                },
+            );
+        }
         if let (true, Operand::Bf16(qkv_w)) = (fused, qkv_w) {
             return self.launch(
                 &self.kernels.gemv_qkv_rope[t - 1],
@@ -347,15 +433,41 @@ impl CudaBackend {
         }
         let qkv = self.act.qkv.device_ptr();
         let dims = (t, heads * head_dim, hidden);
+        let shape = LaunchShape::new((to_u32(t, "tokens")?, 1, 1), 32 * heads.min(32) as u32);
         match qkv_w {
             Operand::Bf16(qkv_w) => self.product(small_m, (normed, qkv_w, qkv), dims)?,
             Operand::Fp8(qkv_w) => {
-                self.fp8_product(normed, qkv_w, qkv, dims, qkv_w.norm_quantizes())?
+                let quantized = qkv_w.norm_quantizes();
+                // cuBLASLt's FP8 product is left unscaled: the rope write applies its scales
+                // (no fp8_scale_output pass over the q/k/v product).
+                if self.fp8_product_deferring(normed, qkv_w, qkv, dims, quantized, true)? {
+                    let x_scales = self
+                        .act
+                        .fp8
+                        .as_ref()
+                        .map(|scratch| scratch.scales.device_ptr())
+                        .ok_or_else(|| {
+                            BackendError::Device("an FP8 product without its buffers".into())
+                        })?;
+                    return self.launch(
+                        &self.kernels.qkv_rope_scaled,
+                        shape,
+                        QkvRopeWriteScaled {
+                            qkv,
+                            x_scales,
+                            w_scales: qkv_w.scales,
+                            bias,
+                            q_norm,
+                            k_norm,
+                            writes,
+                        },
+                    );
+                }
             }
         }
         self.launch(
             &self.kernels.qkv_rope,
-            LaunchShape::new((to_u32(t, "tokens")?, 1, 1), 32 * heads.min(32) as u32),
+            shape,
             QkvRopeWrite {
                 qkv,
                 bias,

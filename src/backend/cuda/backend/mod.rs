@@ -117,6 +117,12 @@ struct Kernels {
     fp8_swiglu_quantize: Kernel<super::launch::Fp8SwigluQuantize>,
     /// `fp8_gemv[GemvGeometry::entry(m)]`: FP8 products of m rows.
     fp8_gemv: Vec<Kernel<Fp8Gemv>>,
+    /// The rope write of an FP8 q/k/v product left unscaled, its scales applied first.
+    qkv_rope_scaled: Kernel<super::launch::QkvRopeWriteScaled>,
+    /// `fp8_gemv_swiglu[m - 1]`: the FP8 gate/up product of m rows with SwiGLU applied.
+    fp8_gemv_swiglu: Vec<Kernel<super::launch::Fp8GemvSwiglu>>,
+    /// `fp8_gemv_qkv_rope[m - 1]`: the FP8 q/k/v product of m rows with the rope write applied.
+    fp8_gemv_qkv_rope: Vec<Kernel<super::launch::Fp8GemvQkvRope>>,
     /// The mixture-of-experts kernels, for a model with experts.
     moe: Option<moe::MoeKernels>,
 }

@@ -14,8 +14,8 @@ use crate::model::MoeDefinition;
 use crate::backend::cuda::compile::KernelError;
 use crate::backend::cuda::inputs::StepLayout;
 use crate::backend::cuda::launch::{
-    Kernel, LaunchShape, MoeCombine, MoeDown, MoeGateUp, MoeGather, MoePermute, MoeRoute,
-    MoeRoutePermute, MoeSharedSwiglu,
+    Kernel, LaunchShape, MoeCombine, MoeDown, MoeDownCombineOne, MoeGateUp, MoeGather, MoePermute,
+    MoeRoute, MoeRoutePermute, MoeSharedSwiglu,
 };
 use crate::backend::cuda::plan;
 
@@ -44,6 +44,11 @@ const GEMM_THREADS: u32 = 128;
 /// (read once per 8 rows).
 const GEMM_FROM_ROWS_PER_EXPERT: usize = 16;
 
+/// Output columns per block of `moe_down_combine_one` (`MOE_ONE_ROWS`), and its most warps (one
+/// per slot, `MOE_ONE_WARPS`).
+const ONE_ROWS: usize = 4;
+const ONE_MAX_WARPS: usize = 8;
+
 /// The entry points of `kernels/moe.cu`.
 pub(super) struct MoeKernels {
     route: Kernel<MoeRoute>,
@@ -54,6 +59,7 @@ pub(super) struct MoeKernels {
     down: Kernel<MoeDown>,
     gemm_gate_up: Kernel<MoeGateUp>,
     gemm_down: Kernel<MoeDown>,
+    down_combine_one: Kernel<MoeDownCombineOne>,
     shared_swiglu: Kernel<MoeSharedSwiglu>,
     combine: Kernel<MoeCombine>,
 }
@@ -76,6 +82,7 @@ impl MoeKernels {
             down: Kernel::take(map, "moe_down")?,
             gemm_gate_up: Kernel::take(map, "moe_gemm_gate_up")?,
             gemm_down: Kernel::take(map, "moe_gemm_down")?,
+            down_combine_one: Kernel::take(map, "moe_down_combine_one")?,
             shared_swiglu: Kernel::take(map, "moe_shared_swiglu")?,
             combine: Kernel::take(map, "moe_combine")?,
         }))
@@ -139,6 +146,8 @@ impl CudaBackend {
     }
 
     /// Layer `layer`'s mixture of experts over the step's `act.normed` rows, into `act.delta`.
+    /// A step of one token (decode at batch 1) runs the down product and the combine as one
+    /// kernel (`moe_down_combine_one`), after the shared expert.
     pub(super) fn moe_mlp(
         &mut self,
         layer: usize,
@@ -254,12 +263,19 @@ impl CudaBackend {
                 },
             )?;
         }
+        // One token: `moe_route_permute` gathers nothing, and every slot reads the normalised row.
+        let (x_rows, x_stride) = if t == 1 {
+            (normed, 0)
+        } else {
+            (x_perm, to_u32(hidden, "hidden")? as i32)
+        };
         let (gate_up_args, down_args) = (
             MoeGateUp {
-                x_perm,
+                x_perm: x_rows,
                 w: gate_up_w,
                 meta,
                 h_perm,
+                x_stride,
             },
             MoeDown {
                 h_perm,
@@ -310,11 +326,14 @@ impl CudaBackend {
                 shape(moe.expert_intermediate / (geometry.rows / 2))?,
                 gate_up_args,
             )?;
-            self.launch(
-                &kernels.down,
-                shape(hidden.div_ceil(geometry.rows))?,
-                down_args,
-            )?;
+            // One token: the down product runs with the combine, below.
+            if t > 1 {
+                self.launch(
+                    &kernels.down,
+                    shape(hidden.div_ceil(geometry.rows))?,
+                    down_args,
+                )?;
+            }
         }
         let shared_out = match (moe.shared_expert, shared_w, shared_bufs) {
             (Some(width), Some((gate_up_w, down_w)), Some((gate_up, mlp, out))) => {
@@ -347,6 +366,25 @@ impl CudaBackend {
             .moe
             .as_ref()
             .ok_or_else(|| missing("kernels"))?;
+        if t == 1 {
+            return self.launch(
+                &kernels.down_combine_one,
+                LaunchShape::new(
+                    (to_u32(hidden.div_ceil(ONE_ROWS), "hidden")?, 1, 1),
+                    (32 * top_k.min(ONE_MAX_WARPS)) as u32,
+                ),
+                MoeDownCombineOne {
+                    h_perm,
+                    w: down_w,
+                    topk_ids,
+                    row_of,
+                    topk_weights,
+                    logits,
+                    shared: shared_out,
+                    delta: self.act.delta.device_ptr(),
+                },
+            );
+        }
         self.launch(
             &kernels.combine,
             LaunchShape::new((count as u32, 1, 1), THREADS),

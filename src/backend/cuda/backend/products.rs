@@ -10,11 +10,11 @@ use crate::engine::BackendError;
 
 use crate::backend::cuda::choices::{ChoiceStore, ChosenShape};
 use crate::backend::cuda::error::CudaInitError;
-use crate::backend::cuda::fp8::{GemvGeometry, quant_threads};
+use crate::backend::cuda::fp8::{GemvGeometry, quant_chunks, quant_threads};
 use crate::backend::cuda::gemm::Gemm;
 use crate::backend::cuda::inputs::Padding;
 use crate::backend::cuda::launch::{
-    Bf16, DevicePtr, Fp8DequantizeWeight, Fp8Gemv, Fp8QuantizeInput, Fp8ScaleOutput, Gemv,
+    Bf16, DevicePtr, E4m3, Fp8DequantizeWeight, Fp8Gemv, Fp8QuantizeInput, Fp8ScaleOutput, Gemv,
     LaunchShape,
 };
 use crate::backend::cuda::plan;
@@ -152,9 +152,8 @@ impl CudaBackend {
             .fp8
             .as_ref()
             .ok_or_else(|| BackendError::Device("an FP8 product without its buffers".into()))?;
-        let (codes, values, scales, widened) = (
-            scratch.codes.device_ptr(),
-            scratch.values.device_ptr(),
+        let (codes, scales, widened) = (
+            scratch.codes.device_ptr::<E4m3>(),
             scratch.scales.device_ptr(),
             scratch.weights.device_ptr(),
         );
@@ -162,34 +161,7 @@ impl CudaBackend {
         let n32 = to_u32(n, "product rows")? as i32;
         let groups = to_u32(w.groups, "scale groups")? as i32;
         let group = to_u32(w.group, "scale group")? as i32;
-        let input = match w.input {
-            Some(_) if quantized => values,
-            Some(q) => {
-                self.launch(
-                    &self.kernels.fp8_quantize,
-                    LaunchShape::new(
-                        (
-                            to_u32(m, "tokens")?,
-                            to_u32(q.groups(k), "input groups")?,
-                            1,
-                        ),
-                        quant_threads(if q.group == 0 { k } else { q.group }),
-                    ),
-                    Fp8QuantizeInput {
-                        x,
-                        k: k32,
-                        group: to_u32(q.group, "input group")? as i32,
-                        upper_bound: q.upper_bound,
-                        static_scale: q.static_scale,
-                        xq: codes,
-                        xd: values,
-                        scales,
-                    },
-                )?;
-                values
-            }
-            None => x,
-        };
+        let input = self.fp8_input(x, w, (m, k), quantized)?;
         if m <= plan::GEMV_MAX_M {
             let geometry = GemvGeometry::choose(m, n, k, self.sm_count);
             return self
@@ -270,6 +242,55 @@ impl CudaBackend {
                 (m, n, k),
             )
             .map(|()| false)
+    }
+
+    /// The input an FP8 product of `m` rows of `x` (`k` wide) with `w` reads: `x` itself for
+    /// weight-only FP8; else the dequantized values in the FP8 scratch buffers, quantized here
+    /// as `w`'s scheme says (`fp8_quantize_input`, several blocks per token and group for a
+    /// decode step's rows: `fp8::quant_chunks`) unless `quantized` (the kernel that wrote `x`
+    /// already left them there).
+    pub(super) fn fp8_input(
+        &self,
+        x: DevicePtr<Bf16>,
+        w: Fp8Operand,
+        (m, k): (usize, usize),
+        quantized: bool,
+    ) -> Result<DevicePtr<Bf16>, BackendError> {
+        let Some(q) = w.input else {
+            return Ok(x);
+        };
+        let scratch = self
+            .act
+            .fp8
+            .as_ref()
+            .ok_or_else(|| BackendError::Device("an FP8 product without its buffers".into()))?;
+        let values = scratch.values.device_ptr();
+        if quantized {
+            return Ok(values);
+        }
+        let width = if q.group == 0 { k } else { q.group };
+        self.launch(
+            &self.kernels.fp8_quantize,
+            LaunchShape::new(
+                (
+                    to_u32(m, "tokens")?,
+                    to_u32(q.groups(k), "input groups")?,
+                    to_u32(quant_chunks(width, m), "input chunks")?,
+                ),
+                quant_threads(width),
+            ),
+            Fp8QuantizeInput {
+                x,
+                k: to_u32(k, "product depth")? as i32,
+                group: to_u32(q.group, "input group")? as i32,
+                upper_bound: q.upper_bound,
+                static_scale: q.static_scale,
+                xq: scratch.codes.device_ptr(),
+                xd: values,
+                scales: scratch.scales.device_ptr(),
+            },
+        )?;
+        Ok(values)
     }
 
     /// Whether the product `x[m, k] · w[n, k]ᵀ` goes to the small-M kernels: measured faster

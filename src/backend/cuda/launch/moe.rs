@@ -79,6 +79,9 @@ kernel_args! {
         meta: DevicePtr<i32>,
         /// SwiGLU of each row's product, [rows, width].
         h_perm: DevicePtr<Bf16>,
+        /// Values between x_perm's rows: hidden, or 0 for a step of one token, whose slots all
+        /// read the normalised row itself (nothing gathered).
+        x_stride: i32,
     }
 
     /// The arguments of `moe_down` and `moe_gemm_down`: the grouped down products.
@@ -91,6 +94,27 @@ kernel_args! {
         meta: DevicePtr<i32>,
         /// Each row's expert output, [rows, hidden].
         y_perm: DevicePtr<f32>,
+    }
+
+    /// The arguments of `moe_down_combine_one`: for a step of one token, the down product and
+    /// the weighted un-permute in one.
+    MoeDownCombineOne for &["moe_down_combine_one"] => {
+        /// The SwiGLU rows, [top_k, width].
+        h_perm: DevicePtr<Bf16>,
+        /// Every expert's down weights, [experts, hidden, width].
+        w: DevicePtr<Bf16>,
+        /// The token's experts, [top_k].
+        topk_ids: DevicePtr<i32>,
+        /// Each slot's permuted row.
+        row_of: DevicePtr<i32>,
+        /// Each slot's weight.
+        topk_weights: DevicePtr<f32>,
+        /// The router logits (the shared expert's gate in the last column).
+        logits: DevicePtr<f32>,
+        /// The shared expert's output (`None`: no shared expert).
+        shared: Option<DevicePtr<f32>>,
+        /// The MLP's output, [1, hidden].
+        delta: DevicePtr<f32>,
     }
 
     /// The arguments of `moe_shared_swiglu`: SwiGLU of the shared expert's gate/up product.
