@@ -795,7 +795,8 @@ fi
 #     with 1 output token, alternating EMBED_ROUNDS times (default 1); target ratio <= 1.2.
 #   constrainedqwen: constrained_check.py's JSON-schema-constrained vs free throughput at batch
 #     64 (CONSTRAINED_QWEN_BATCHES) on the same model, whose tokenizer has 151,669 tokens
-#     (vocab 151936); target cost <= 5%.
+#     (vocab 151936); target cost <= 5%. CONSTRAINED_QWEN_OFFLINE=1 adds `bench offline` of both
+#     arms (--json-schema scripts/bench-notes-schema.json): the engine's host work per step.
 Q8=/tmp/qwen3-8b-embedding
 make_q8() {
   [ -f $Q8/model.safetensors.index.json ] && return 0
@@ -854,6 +855,17 @@ if has constrainedqwen; then
     sed -n 's/^RESULT_JSON //p' "$OUT/constrainedqwen-bench.log" >"$OUT/constrainedqwen-bench.json"
   fi
   kill -TERM "$QPID" 2>/dev/null; wait "$QPID" 2>/dev/null
+  # With CONSTRAINED_QWEN_OFFLINE=1: the engine alone (bench offline, no HTTP), both arms at
+  # batch 64, 128 tokens each: throughput and the engine thread's host work per step.
+  if [ "${CONSTRAINED_QWEN_OFFLINE:-0}" = 1 ]; then
+    for arm in free json_schema; do
+      args=(--model $Q8 --device cuda --batch-size 64 --input-len 16 --output-len 128 --ignore-eos
+        --temperature 1 --json "$OUT/constrainedqwen-offline-$arm.json")
+      [ $arm = json_schema ] && args+=(--json-schema "$PWD/scripts/bench-notes-schema.json")
+      timeout 240 $RUN "$G/inferno" bench offline "${args[@]}" >"$OUT/constrainedqwen-offline-$arm.log" 2>&1
+      note "constrainedqwen offline $arm: rc=$? $(grep -E '^(output throughput|engine steps) ' "$OUT/constrainedqwen-offline-$arm.log" | tr '\n' ' ')"
+    done
+  fi
 fi
 
 # Start-up to first token: plaintext and a sealed copy (development profile, key file), page

@@ -12,6 +12,7 @@ mod algorithms;
 mod capture;
 mod device;
 mod forward;
+mod late_masks;
 mod moe;
 mod positions;
 mod products;
@@ -42,6 +43,7 @@ use super::launch::{
 use super::memory::DeviceBuffer;
 use super::wait::StepWaiter;
 use super::weights::ModelWeightsOnDevice;
+use late_masks::LateMaskCopy;
 use step::QueuedStep;
 
 /// Options of the CUDA backend beyond the engine configuration.
@@ -181,6 +183,8 @@ pub struct CudaBackend {
     act: Activations,
     gemm: Gemm,
     kernels: Kernels,
+    /// Copies late grammar masks on a second stream while the forward pass runs.
+    late_copy: LateMaskCopy,
     stream: Arc<CudaStream>,
     ctx: Arc<CudaContext>,
     params: KernelParams,
@@ -287,6 +291,7 @@ struct DeviceParts {
     graph_split_context: usize,
     max_words: usize,
     waiter: StepWaiter,
+    late_copy: LateMaskCopy,
     choices: Option<ChoiceStore>,
 }
 
