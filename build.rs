@@ -2,7 +2,8 @@
 //! exists, and `cfg(shared_fixture)` when `../shared/fixtures/tiny-llama3` does: the tests on
 //! that data are ignored without it (listed as ignored, with the reason), never counted as passed.
 //! Likewise `cfg(real_tokenizers)` when `scripts/fetch_real_tokenizers.sh` has put the real Qwen3
-//! and Llama 3.1 tokenizers in `tests/real-tokenizers/`.
+//! and Llama 3.1 tokenizers in `tests/real-tokenizers/`, and `cfg(harmony_tokenizer)` when it has
+//! built gpt-oss's o200k_harmony tokenizer there.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -27,5 +28,9 @@ fn main() {
         .all(|name| real.join(name).join("tokenizer.json").is_file())
     {
         println!("cargo:rustc-cfg=real_tokenizers");
+    }
+    println!("cargo:rustc-check-cfg=cfg(harmony_tokenizer)");
+    if real.join("gpt-oss/tokenizer.json").is_file() {
+        println!("cargo:rustc-cfg=harmony_tokenizer");
     }
 }

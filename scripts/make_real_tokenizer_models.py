@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Makes tiny models that carry the real Qwen3 and Llama 3.1 tokenizers, for the SDK tests.
+"""Makes tiny models that carry the real Qwen3, Llama 3.1 and gpt-oss tokenizers, for the SDK
+tests.
 
-  make_real_tokenizer_models.py KIND OUT_DIR    (KIND: qwen3 or llama3_1; numpy only)
+  make_real_tokenizer_models.py KIND OUT_DIR    (KIND: qwen3, llama3_1 or gpt-oss; numpy only)
 
 The tokenizer files are the published ones, from ``tests/real-tokenizers/KIND``
 (``scripts/fetch_real_tokenizers.sh``): ``tokenizer.json`` and ``tokenizer_config.json`` with its
@@ -9,6 +10,9 @@ chat template. The model is a one-layer cut of a committed fixture's configurati
 for Qwen3, ``inferno-tiny`` for Llama), widened to the real vocabulary (Qwen3's 151,936 logits,
 Llama 3.1's 128,256) with tied embeddings and new seeded random bf16 weights, and the real
 models' end-of-turn tokens (``<|im_end|>``; ``<|end_of_text|>``, ``<|eom_id|>``, ``<|eot_id|>``).
+gpt-oss is a one-layer cut of ``tiny-gpt-oss-bf16`` with o200k_harmony (built by
+``scripts/make_harmony_tokenizer.py``: 201,088 logits as the real config) and its stop tokens
+(``<|return|>``, ``<|endoftext|>``, ``<|call|>``).
 Its output is noise unless a grammar holds it; what the tests check is the shape of the API's
 answers through tokenizers with the real added-token tables.
 """
@@ -28,6 +32,7 @@ KINDS = {
     # kind: (committed fixture, vocab_size, eos ids, bos id)
     "qwen3": ("tiny-qwen3", 151_936, [151_645, 151_643], None),
     "llama3_1": ("inferno-tiny", 128_256, [128_001, 128_008, 128_009], 128_000),
+    "gpt-oss": ("tiny-gpt-oss-bf16", 201_088, [200_002, 199_999, 200_012], 199_998),
 }
 SEED = 4601
 

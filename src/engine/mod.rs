@@ -8,7 +8,7 @@ pub mod backend;
 mod block_manager;
 pub mod config;
 mod core;
-mod detokenize;
+pub(crate) mod detokenize;
 pub mod handle;
 pub mod request;
 pub mod sampling;

@@ -13,6 +13,7 @@ pub mod files;
 pub mod fp8;
 pub mod generation;
 pub mod gpt_oss;
+pub mod harmony;
 mod json;
 pub mod kv_scales;
 pub mod moe;

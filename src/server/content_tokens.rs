@@ -327,3 +327,6 @@ mod tests {
         assert!(text.contains(forged_text), "{text}");
     }
 }
+
+#[cfg(test)]
+mod harmony_prompt;

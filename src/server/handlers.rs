@@ -240,7 +240,7 @@ async fn chat_job(
     let limits = app.config().limits.clone();
     let chat_policy = ChatPolicy::from(&app.config().server);
     let service_for_job = Arc::clone(service);
-    let (options, prompt, constraint, tool_calls, reasoning) = tokio::task::spawn_blocking(move || {
+    let (options, prompt, constraint, tool_calls, reasoning, harmony) = tokio::task::spawn_blocking(move || {
         let request = parse_chat(&body, service_for_job.defaults(), &limits)?;
         service_for_job.check_model(&request.options.model)?;
         service_for_job.check_generates()?;
@@ -287,7 +287,10 @@ async fn chat_job(
         let reasoning = service_for_job
             .reasoning_format()
             .filter(|_| constraint.is_none());
-        Ok::<_, ApiError>((request.options, prompt, constraint, tool_calls, reasoning))
+        // A harmony model's output is messages, unless a response format's grammar holds it
+        // (a tool-call grammar writes the messages' framing).
+        let harmony = service_for_job.harmony() && request.options.constraint.is_none();
+        Ok::<_, ApiError>((request.options, prompt, constraint, tool_calls, reasoning, harmony))
     })
     .await
     .map_err(|err| ApiError::internal(format!("request preparation failed: {err}")))??;
@@ -303,6 +306,7 @@ async fn chat_job(
         constraint,
         tool_calls,
         reasoning,
+        harmony,
     })
 }
 
@@ -372,6 +376,7 @@ async fn completion_job(
         constraint,
         tool_calls: None,
         reasoning: None,
+        harmony: false,
     })
 }
 

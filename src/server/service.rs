@@ -56,6 +56,8 @@ pub struct ModelService {
     compiling: Slots,
     tool_call_format: Option<ToolCallFormat>,
     reasoning_format: Option<ReasoningFormat>,
+    /// The tokenizer writes gpt-oss's harmony messages ([`crate::model::harmony`]).
+    harmony: bool,
     /// How embeddings are pooled (sentence-transformers embedding models only).
     pooling: Option<Pooling>,
     /// The width of the model's hidden state (an embedding's full size).
@@ -82,12 +84,18 @@ impl ModelService {
             repetition_penalty: generation.repetition_penalty.unwrap_or(1.0),
             ..SamplingParams::default()
         };
+        let harmony = crate::model::harmony::is_harmony(&model.tokenizer);
         let tool_call_format = model.chat_template.as_ref().and_then(|template| {
             template
                 .sources()
                 .iter()
                 .find_map(|source| ToolCallFormat::detect(source))
         });
+        let tool_call_format = if harmony {
+            Some(ToolCallFormat::Harmony)
+        } else {
+            tool_call_format
+        };
         let reasoning_format = model.chat_template.as_ref().and_then(|template| {
             template
                 .sources()
@@ -96,6 +104,7 @@ impl ModelService {
         });
         Self {
             reasoning_format,
+            harmony,
             pooling: model.pooling.clone(),
             hidden_size: model.config.hidden_size,
             headless: model.config.headless,
@@ -166,6 +175,12 @@ impl ModelService {
         if format.is_some() {
             self.tool_call_format = format;
         }
+    }
+
+    /// Whether the model writes harmony messages (gpt-oss): its output keeps the framing tokens
+    /// and is read by the harmony parser (channels, reasoning and tool calls).
+    pub fn harmony(&self) -> bool {
+        self.harmony
     }
 
     /// How the model writes its reasoning: detected from its chat template, unless the

@@ -20,6 +20,7 @@ pub(super) fn banner_lines(server: &Server, service: &ModelService) -> String {
         ToolCallFormat::Llama3Json => "llama3_json",
         ToolCallFormat::Hermes => "hermes",
         ToolCallFormat::Mistral => "mistral",
+        ToolCallFormat::Harmony => "harmony",
     };
     let tools = match (config.server.tool_call_parser, service.tool_call_format()) {
         (Some(format), _) => format!("{} (configured)", parser(format)),

@@ -12,6 +12,12 @@
 //! kernel fits (the backend checks that first), so a file changed behind the server's back
 //! changes speed, not results beyond rounding; in the appliance it lives on the encrypted data
 //! partition with the kernel cache (`docs/cuda-backend.md`).
+//!
+//! The same file holds, per product shape of more rows (`plan::tuned_rows`), which of cuBLASLt's
+//! candidate algorithms was fastest (its index in the heuristic's order, which the key's
+//! cuBLASLt version and GPU fix). Files written before those were timed have no `algorithms`
+//! list and still load; the shapes missing from it are timed and the file rewritten. Every
+//! candidate computes the same product, so a changed file again changes speed only.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -27,7 +33,7 @@ const FORMAT: u32 = 1;
 pub(super) struct ChosenShape {
     /// The product (`qkv_rope_write`, `gate_up_swiglu` or `plain`).
     pub product: String,
-    /// Rows of x (the decode step's rows, 1 to 8).
+    /// Rows of x (the decode step's rows, 1 to 8; a tuned algorithm's, `plan::tuned_rows`).
     pub m: usize,
     /// Rows of the weight (the product's outputs per row of x).
     pub n: usize,
@@ -44,11 +50,32 @@ struct StoredChoice {
     small_m_kernel: bool,
 }
 
+/// One stored cuBLASLt algorithm choice.
+#[derive(Debug, Serialize, Deserialize)]
+struct StoredAlgorithm {
+    #[serde(flatten)]
+    shape: ChosenShape,
+    /// The fastest candidate's index in cuBLASLt's heuristic order.
+    candidate: usize,
+}
+
 /// The file's contents.
 #[derive(Debug, Serialize, Deserialize)]
 struct StoredChoices {
     format: u32,
     choices: Vec<StoredChoice>,
+    /// Absent in files written before algorithms were timed.
+    #[serde(default)]
+    algorithms: Vec<StoredAlgorithm>,
+}
+
+/// The choices read back from a store.
+#[derive(Debug, Default)]
+pub(super) struct Stored {
+    /// Shape → the small-M kernel was faster.
+    pub small_m: HashMap<ChosenShape, bool>,
+    /// Shape → the fastest cuBLASLt candidate's index.
+    pub algorithms: HashMap<ChosenShape, usize>,
 }
 
 /// Where the choices for one key are stored.
@@ -73,28 +100,39 @@ impl ChoiceStore {
         }
     }
 
-    /// The stored choices (shape → the small-M kernel was faster); empty when there are none
-    /// or the file does not parse as this format.
-    pub fn load(&self) -> HashMap<ChosenShape, bool> {
+    /// The stored choices; empty when there are none or the file does not parse as this format.
+    pub fn load(&self) -> Stored {
         let Ok(bytes) = std::fs::read(&self.path) else {
-            return HashMap::new();
+            return Stored::default();
         };
         match serde_json::from_slice::<StoredChoices>(&bytes) {
-            Ok(stored) if stored.format == FORMAT => stored
-                .choices
-                .into_iter()
-                .map(|c| (c.shape, c.small_m_kernel))
-                .collect(),
+            Ok(stored) if stored.format == FORMAT => Stored {
+                small_m: stored
+                    .choices
+                    .into_iter()
+                    .map(|c| (c.shape, c.small_m_kernel))
+                    .collect(),
+                algorithms: stored
+                    .algorithms
+                    .into_iter()
+                    .map(|a| (a.shape, a.candidate))
+                    .collect(),
+            },
             _ => {
                 tracing::warn!(path = %self.path.display(), "stored product choices not used: not this format");
-                HashMap::new()
+                Stored::default()
             }
         }
     }
 
-    /// Stores `choices` atomically (a temporary file renamed over the old one), creating the
-    /// directory if needed.
-    pub fn save(&self, choices: &[(ChosenShape, bool)]) -> std::io::Result<()> {
+    /// Stores `choices` (shape → the small-M kernel was faster) and `algorithms` (shape → the
+    /// fastest cuBLASLt candidate) atomically (a temporary file renamed over the old one),
+    /// creating the directory if needed.
+    pub fn save(
+        &self,
+        choices: &[(ChosenShape, bool)],
+        algorithms: &[(ChosenShape, usize)],
+    ) -> std::io::Result<()> {
         let stored = StoredChoices {
             format: FORMAT,
             choices: choices
@@ -102,6 +140,13 @@ impl ChoiceStore {
                 .map(|(shape, small_m_kernel)| StoredChoice {
                     shape: shape.clone(),
                     small_m_kernel: *small_m_kernel,
+                })
+                .collect(),
+            algorithms: algorithms
+                .iter()
+                .map(|(shape, candidate)| StoredAlgorithm {
+                    shape: shape.clone(),
+                    candidate: *candidate,
                 })
                 .collect(),
         };
@@ -133,13 +178,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cache = dir.path().join("kernels");
         let store = ChoiceStore::new(&cache, &["NVIDIA H200", "driver 13000"]);
-        assert!(store.load().is_empty(), "nothing stored yet");
+        assert!(store.load().small_m.is_empty(), "nothing stored yet");
         let choices = [
             (shape("qkv_rope_write", 1), true),
             (shape("qkv_rope_write", 8), false),
         ];
-        store.save(&choices).unwrap();
-        let loaded = store.load();
+        store.save(&choices, &[(shape("plain", 48), 3)]).unwrap();
+        let loaded = store.load().small_m;
+        assert_eq!(store.load().algorithms[&shape("plain", 48)], 3);
         assert_eq!(loaded.len(), 2);
         assert!(loaded[&shape("qkv_rope_write", 1)]);
         assert!(!loaded[&shape("qkv_rope_write", 8)]);
@@ -151,13 +197,14 @@ mod tests {
             &["NVIDIA H200driver 13000"],
         ] {
             assert!(
-                ChoiceStore::new(&cache, other).load().is_empty(),
+                ChoiceStore::new(&cache, other).load().small_m.is_empty(),
                 "{other:?}"
             );
         }
         // Saved again (a shape timed anew), the file is replaced whole.
-        store.save(&choices[..1]).unwrap();
-        assert_eq!(store.load().len(), 1);
+        store.save(&choices[..1], &[]).unwrap();
+        assert_eq!(store.load().small_m.len(), 1);
+        assert!(store.load().algorithms.is_empty());
     }
 
     #[test]
@@ -165,10 +212,24 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = ChoiceStore::new(dir.path(), &["gpu"]);
         std::fs::write(&store.path, b"{\"format\": 1, \"choices\": [").unwrap();
-        assert!(store.load().is_empty());
+        assert!(store.load().small_m.is_empty());
         std::fs::write(&store.path, b"{\"format\": 0, \"choices\": []}").unwrap();
-        assert!(store.load().is_empty());
-        store.save(&[(shape("plain", 2), true)]).unwrap();
-        assert_eq!(store.load().len(), 1);
+        assert!(store.load().small_m.is_empty());
+        store.save(&[(shape("plain", 2), true)], &[]).unwrap();
+        assert_eq!(store.load().small_m.len(), 1);
+    }
+
+    #[test]
+    fn a_file_from_before_algorithms_were_timed_still_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ChoiceStore::new(dir.path(), &["gpu"]);
+        std::fs::write(
+            &store.path,
+            br#"{"format": 1, "choices": [{"product": "plain", "m": 2, "n": 6144, "k": 4096, "small_m_kernel": true}]}"#,
+        )
+        .unwrap();
+        let loaded = store.load();
+        assert!(loaded.small_m[&shape("plain", 2)]);
+        assert!(loaded.algorithms.is_empty());
     }
 }

@@ -5,7 +5,9 @@
 //! Every product here is `out[m, n] = x[m, k] · w[n, k]ᵀ` with row-major activations `x` and
 //! row-major weights `w` (the safetensors layout). In cuBLASLt's column-major terms that is
 //! `outᵀ (n × m) = op(W) · X` with `W` transposed, so no weight is ever re-laid out. The algorithm
-//! for each shape comes from cuBLASLt's heuristic once and is cached with its descriptors.
+//! for each shape comes from cuBLASLt's heuristic once and is cached with its descriptors; for
+//! bf16 shapes up to [`MAX_CANDIDATES`] of the heuristic's results are kept, and start-up may
+//! time them on the model's step row counts and pick the fastest ([`Gemm::use_algorithm`]).
 //!
 //! FP8 products (`Gemm::matmul_fp8`) multiply E4M3 weights and inputs unscaled, fp32 out; the
 //! caller applies the per-row and per-token scales (cuBLASLt 13 on an H100 refused outer-vector
@@ -29,6 +31,10 @@ use super::memory::DeviceBuffer;
 /// Workspace cuBLASLt may use per product.
 const WORKSPACE_BYTES: usize = 32 << 20;
 
+/// The most of cuBLASLt's heuristic results kept per bf16 shape as candidates that start-up may
+/// time (`Gemm::use_algorithm`); the first is the heuristic's own choice.
+pub const MAX_CANDIDATES: usize = 8;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Shape {
     m: usize,
@@ -42,6 +48,8 @@ struct Plan {
     b: sys::cublasLtMatrixLayout_t,
     d: sys::cublasLtMatrixLayout_t,
     algo: sys::cublasLtMatmulAlgo_t,
+    /// The heuristic's results, best first (`algo` is one of them).
+    candidates: Vec<sys::cublasLtMatmulAlgo_t>,
 }
 
 /// A cuBLASLt handle, its workspace and the cached plans.
@@ -165,9 +173,15 @@ impl Gemm {
             .map_err(lt_err("layout D"))?;
         let pref = lt::create_matmul_pref().map_err(lt_err("preference"))?;
         let ws = WORKSPACE_BYTES as u64;
+        let wanted = if fp8 { 1 } else { MAX_CANDIDATES };
+        // SAFETY: the heuristic results are plain C structs for which all-zero bytes are valid.
+        let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> =
+            vec![unsafe { std::mem::zeroed() }; wanted];
+        let mut returned: i32 = 0;
         // SAFETY: `pref` is live; the workspace limit is a u64 as documented. The layouts and
-        // descriptor passed to the heuristic were created above and are live.
-        let heuristic = unsafe {
+        // descriptor passed to the heuristic were created above and are live; `results` has room
+        // for the `wanted` results asked for and `returned` receives their count.
+        let status = unsafe {
             lt::set_matmul_pref_attribute(
                 pref,
                 sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -175,24 +189,66 @@ impl Gemm {
                 std::mem::size_of::<u64>(),
             )
             .map_err(lt_err("workspace preference"))?;
-            let result = lt::get_matmul_algo_heuristic(self.handle, desc, a, b, d, d, pref);
+            let status = sys::cublasLtMatmulAlgoGetHeuristic(
+                self.handle,
+                desc,
+                a,
+                b,
+                d,
+                d,
+                pref,
+                wanted as i32,
+                results.as_mut_ptr(),
+                &mut returned,
+            );
             let _ = lt::destroy_matmul_pref(pref);
-            result
-        }
-        .map_err(|e| {
-            BackendError::Device(format!(
-                "cuBLASLt has no algorithm for m={} n={} k={}: {e:?}",
+            status
+        };
+        let returned = if status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            usize::try_from(returned).unwrap_or(0).min(wanted)
+        } else {
+            0
+        };
+        let candidates: Vec<sys::cublasLtMatmulAlgo_t> = results
+            .iter()
+            .take(returned)
+            .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+            .map(|r| r.algo)
+            .collect();
+        let Some(&algo) = candidates.first() else {
+            return Err(BackendError::Device(format!(
+                "cuBLASLt has no algorithm for m={} n={} k={}: {status:?}",
                 s.m, s.n, s.k
-            ))
-        })?;
+            )));
+        };
         tracing::debug!(m = s.m, n = s.n, k = s.k, fp8, "planned cuBLASLt product");
         Ok(Plan {
             desc,
             a,
             b,
             d,
-            algo: heuristic.algo,
+            algo,
+            candidates,
         })
+    }
+
+    /// How many of cuBLASLt's candidate algorithms (at most [`MAX_CANDIDATES`]) the bf16
+    /// product `[m, k] x [n, k]^T` has, planning it if needed.
+    pub fn candidates(&mut self, (m, n, k): (usize, usize, usize)) -> Result<usize, BackendError> {
+        Ok(self.plan(Shape { m, n, k }, false)?.candidates.len())
+    }
+
+    /// Makes candidate `index` (in the heuristic's order) the algorithm of the bf16 product
+    /// `[m, k] x [n, k]^T` from now on; false (nothing changed) when the shape is not planned or
+    /// has no such candidate.
+    pub fn use_algorithm(&mut self, (m, n, k): (usize, usize, usize), index: usize) -> bool {
+        match self.plans.get_mut(&Shape { m, n, k }) {
+            Some(plan) if index < plan.candidates.len() => {
+                plan.algo = plan.candidates[index];
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Records which path serves `[m, k] x [n, k]^T` from now on: the small-M kernel when

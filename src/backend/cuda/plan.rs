@@ -318,6 +318,42 @@ pub fn bucket_for(buckets: &[usize], rows: usize) -> Option<usize> {
     buckets.iter().copied().find(|&b| b >= rows)
 }
 
+/// The most rows for which start-up times cuBLASLt's candidate algorithms per product shape.
+pub const MAX_TUNED_ROWS: usize = 64;
+
+/// The row counts above [`GEMV_MAX_M`] whose cuBLASLt algorithms start-up times per product
+/// shape (instead of taking the heuristic's first): the decode-graph buckets of `max_rows` and
+/// the mixed-step buckets of `max_tokens` (where verification steps land: batch 8 with four
+/// proposals is 40 rows, bucket 48) up to [`MAX_TUNED_ROWS`], ascending.
+pub fn tuned_rows(max_rows: usize, max_tokens: usize) -> Vec<usize> {
+    let mut rows: Vec<usize> = graph_buckets(max_rows)
+        .into_iter()
+        .chain(mixed_step_buckets(max_tokens))
+        .filter(|&m| m > GEMV_MAX_M && m <= MAX_TUNED_ROWS)
+        .collect();
+    rows.sort_unstable();
+    rows.dedup();
+    rows
+}
+
+/// The candidate to use given each candidate's timing (`None` where timing it failed), the
+/// heuristic's first candidate at index 0: the fastest, unless it beats the first by less than
+/// 3 % (timing noise), or the first could not be timed; 0 when nothing was timed.
+pub fn fastest_candidate(times: &[Option<std::time::Duration>]) -> usize {
+    let Some(Some(first)) = times.first() else {
+        return 0;
+    };
+    let best = times
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| t.map(|t| (i, t)))
+        .min_by_key(|&(i, t)| (t, i));
+    match best {
+        Some((i, t)) if t.as_secs_f64() < first.as_secs_f64() * 0.97 => i,
+        _ => 0,
+    }
+}
+
 /// Token counts up to which products cost what reading their weights costs on the GPUs this
 /// backend targets (a bf16 product of M rows is bound by its weight reads while M is below the
 /// ratio of the tensor-core rate to the memory bandwidth, about 200 to 300 on Hopper): padding a
@@ -608,5 +644,32 @@ mod tests {
         assert_eq!(bucket_for(&buckets, 33), Some(48));
         assert_eq!(bucket_for(&buckets, 49), None);
         assert_eq!(bucket_for(&buckets, 0), None);
+    }
+
+    #[test]
+    fn tuned_rows_hold_the_verification_buckets() {
+        // Batch 8 with four proposals: 40 rows, mixed bucket 48; the decode buckets to 64.
+        let rows = tuned_rows(64, 512);
+        assert_eq!(rows, vec![16, 32, 48, 64]);
+        assert!(rows.contains(&bucket_for(&mixed_step_buckets(512), 40).unwrap()));
+        // A small engine: nothing above its limits, nothing the small-M path serves.
+        assert_eq!(tuned_rows(8, 8), Vec::<usize>::new());
+        assert_eq!(tuned_rows(12, 40), vec![12, 16, 32]);
+    }
+
+    #[test]
+    fn the_fastest_candidate_must_clearly_beat_the_first() {
+        use std::time::Duration;
+        let us = |n: u64| Some(Duration::from_micros(n));
+        assert_eq!(fastest_candidate(&[]), 0);
+        assert_eq!(fastest_candidate(&[us(100)]), 0);
+        assert_eq!(fastest_candidate(&[us(100), us(80), us(70), us(90)]), 2);
+        // Within noise of the first: the heuristic's own choice stays.
+        assert_eq!(fastest_candidate(&[us(100), us(98)]), 0);
+        // Failed timings never win; a failed first keeps the first.
+        assert_eq!(fastest_candidate(&[us(100), None, us(50)]), 2);
+        assert_eq!(fastest_candidate(&[None, us(50)]), 0);
+        // Ties go to the earlier candidate.
+        assert_eq!(fastest_candidate(&[us(100), us(60), us(60)]), 1);
     }
 }

@@ -12,6 +12,9 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::backend::{self, Device};
+use crate::constrain::{
+    CompiledConstraint, ConstraintKind, ConstraintSource, ConstraintSpec, GrammarCompiler,
+};
 use crate::engine::{
     BLOCK_SIZE, Backend, BackendError, BatchRow, Engine, EngineConfig, EngineHandle, EngineStats,
     GenerationEvent, GenerationRequest, KvCacheShape, ModelInfo, SamplingParams, StepOutput,
@@ -129,6 +132,10 @@ struct OfflineArgs {
     /// output token) instead of a generation; `--output-len` is then not used.
     #[arg(long)]
     embeddings: bool,
+    /// Constrain every request's output to the JSON schema in this file, as `response_format`
+    /// `json_schema` does (the grammar compiled once, against the model's tokenizer).
+    #[arg(long, value_name = "FILE", conflicts_with = "embeddings")]
+    json_schema: Option<PathBuf>,
     #[command(flatten)]
     speculation: SpeculationArgs,
     #[command(flatten)]
@@ -614,6 +621,11 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
     let config_speculative = config.speculative.enabled();
     let engine = Engine::spawn(Box::new(backend), info, config)?;
     let prompts = random_prompts(load, model.config.vocab_size);
+    let constraint = args
+        .json_schema
+        .as_deref()
+        .map(|path| compile_schema(&model, path))
+        .transpose()?;
 
     // Each request is a task on one runtime thread, as the server's streams are tasks: with a
     // thread per request the engine thread woke a thread per token, and its host work at 256
@@ -630,6 +642,7 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
         prompts[0].clone(),
         &warm,
         embed,
+        constraint.clone(),
     ))?;
 
     let cpu_before = cpu_seconds(None);
@@ -640,20 +653,32 @@ fn offline(args: OfflineArgs) -> anyhow::Result<()> {
     let timings: Vec<RequestTiming> = runtime.block_on(async {
         let mut workers = tokio::task::JoinSet::new();
         for _ in 0..concurrency {
-            let (engine, next, prompts, load) =
-                (engine.clone(), next.clone(), prompts.clone(), load.clone());
+            let (engine, next, prompts, load, constraint) = (
+                engine.clone(),
+                next.clone(),
+                prompts.clone(),
+                load.clone(),
+                constraint.clone(),
+            );
             workers.spawn(async move {
                 let mut mine = Vec::new();
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(prompt) = prompts.get(i) else { break };
                     mine.push(
-                        run_one(&engine, format!("bench-{i}"), prompt.clone(), &load, embed)
-                            .await
-                            .unwrap_or_else(|e| RequestTiming {
-                                failed: Some(e.to_string()),
-                                ..Default::default()
-                            }),
+                        run_one(
+                            &engine,
+                            format!("bench-{i}"),
+                            prompt.clone(),
+                            &load,
+                            embed,
+                            constraint.clone(),
+                        )
+                        .await
+                        .unwrap_or_else(|e| RequestTiming {
+                            failed: Some(e.to_string()),
+                            ..Default::default()
+                        }),
                     );
                 }
                 mine
@@ -786,14 +811,34 @@ impl Drop for SignalOnDrop {
     }
 }
 
-/// Runs one request to its end: a generation, or with `embed` an embedding request (whose
-/// time to its hidden state is reported as its TTFT and end-to-end time).
+/// Compiles the JSON schema in the file at `path` against `model`'s tokenizer.
+fn compile_schema(model: &Model, path: &std::path::Path) -> anyhow::Result<CompiledConstraint> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let schema: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    let compiler = GrammarCompiler::new(
+        &model.tokenizer,
+        &model.eos_token_ids(),
+        model.config.vocab_size,
+    )?;
+    let spec = ConstraintSpec {
+        kind: ConstraintKind::JsonSchema,
+        source: ConstraintSource::JsonSchema(schema),
+    };
+    Ok(compiler.compile(&spec)?)
+}
+
+/// Runs one request to its end: a generation (held to `constraint` when given), or with `embed`
+/// an embedding request (whose time to its hidden state is reported as its TTFT and end-to-end
+/// time).
 async fn run_one(
     engine: &EngineHandle,
     id: String,
     prompt: Vec<u32>,
     load: &LoadArgs,
     embed: bool,
+    constraint: Option<CompiledConstraint>,
 ) -> anyhow::Result<RequestTiming> {
     let prompt_tokens = prompt.len();
     let request = GenerationRequest {
@@ -812,7 +857,7 @@ async fn run_one(
         logprobs: None,
         cache_salt: 0,
         prompt_logprobs: None,
-        constraint: None,
+        constraint,
     };
     let started = Instant::now();
     let submitted = if embed {

@@ -45,3 +45,24 @@ fn batch_size_sets_concurrency_and_count() {
     assert_eq!(prompts.len(), 16);
     assert!(prompts.iter().all(|p| p.len() == 8));
 }
+
+#[test]
+fn a_json_schema_file_compiles_against_the_model_tokenizer() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let model = Model::load(&root.join("tests/fixtures/tiny-qwen3")).expect("fixture");
+    let schema = root.join("scripts/bench-notes-schema.json");
+    let compiled = compile_schema(&model, &schema).expect("the benchmark's schema compiles");
+    assert_eq!(compiled.kind(), ConstraintKind::JsonSchema);
+    // The first mask allows only the object's opening.
+    let mask = compiled.start().mask().expect("a mask");
+    let open = model.tokenizer.token_to_id("{").expect("a `{` token");
+    assert!(crate::constrain::is_allowed(&mask, open));
+    let letter = model.tokenizer.token_to_id("a").expect("an `a` token");
+    assert!(!crate::constrain::is_allowed(&mask, letter));
+
+    let not_json = std::env::temp_dir().join(format!("bench-schema-{}.txt", std::process::id()));
+    std::fs::write(&not_json, "notes: many").expect("write");
+    let err = compile_schema(&model, &not_json).expect_err("not JSON");
+    std::fs::remove_file(&not_json).ok();
+    assert!(format!("{err:#}").contains("is not JSON"), "{err:#}");
+}

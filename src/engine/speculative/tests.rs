@@ -198,3 +198,56 @@ fn verification_from_sampled_positions_equals_verification_from_logits() {
     }
     assert!(differing_outcomes.len() > 2, "{differing_outcomes:?}");
 }
+
+/// The serving defaults (`itl_stall_limit` 1.5, the adaptive rule from its prior of one proposal
+/// in two accepted, K = 4) propose on a GPU: with the step times the 8B-shaped weights measured on
+/// an H100 (`docs/performance.md`, "Speculative decoding": 256-token prompts in 9.2 ms alone and
+/// 52 ms for eight, decode steps of 5.30 and 5.52 ms at batch 1 and 8, verification steps of
+/// K = 4 of 6.01 and 7.02 ms), the step budget leaves room for every proposal and the rule
+/// proposes 4 tokens at batch 1 and at least 3 at batch 8, before and after verification steps have
+/// priced a verified token.
+#[test]
+fn serving_defaults_propose_with_the_step_times_of_a_gpu() {
+    use super::adaptive::Acceptance;
+    use crate::engine::EngineConfig;
+    use crate::engine::step_cost::{DecodeLoad, StepCosts};
+    use std::time::Duration;
+
+    let defaults = EngineConfig::default();
+    let mixed_step_sizes: Vec<usize> = (1..=8)
+        .map(|k| 16 * k)
+        .chain([160, 192, 224, 256])
+        .collect();
+    for (batch, prefill_ms, decode_ms, verify_ms, want_k) in
+        [(1, 9.2, 5.30, 6.01, 4), (8, 52.0, 5.52, 7.02, 3)]
+    {
+        let mut costs = StepCosts::new(defaults.itl_stall_limit, defaults.max_batched_tokens)
+            .with_step_sizes(&mixed_step_sizes);
+        let load = DecodeLoad {
+            rows: batch,
+            kv_tokens: batch * 300,
+            target_rows: batch,
+        };
+        let seconds = |ms: f64| Duration::from_secs_f64(ms / 1e3);
+        costs.record(DecodeLoad::default(), 256 * batch, seconds(prefill_ms));
+        costs.record(load, 0, seconds(decode_ms));
+        for verified_steps in 0..20 {
+            let cost = super::token_cost(
+                batch,
+                costs.seconds_per_prefill_token(),
+                costs.decode_estimate(batch),
+            );
+            let k = Acceptance::default().choose(defaults.speculative.num_speculative_tokens, cost);
+            assert!(
+                k >= want_k,
+                "batch {batch}, {verified_steps} verifications: {k} proposed at cost {cost}"
+            );
+            let budget = costs.token_budget(load);
+            assert!(
+                budget >= batch * (1 + k),
+                "batch {batch}: a budget of {budget} tokens"
+            );
+            costs.record(load, batch * 4, seconds(verify_ms));
+        }
+    }
+}

@@ -93,7 +93,15 @@ impl ChunkWriter {
         }
     }
 
-    fn chat_chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> Bytes {
+    /// The chat logprobs of `tokens`, when the request asked for them and there are some.
+    pub(super) fn token_logprobs(
+        &self,
+        tokens: &[(u32, TokenLogprob)],
+    ) -> Option<crate::server::openai::response::ChatLogprobs> {
+        (self.logprobs && !tokens.is_empty()).then(|| chat_logprobs(&self.service, tokens))
+    }
+
+    pub(super) fn chat_chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> Bytes {
         Self::event(&ChatChunk {
             id: self.id.clone(),
             object: "chat.completion.chunk",

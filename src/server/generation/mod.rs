@@ -5,6 +5,7 @@
 
 mod choice;
 mod chunks;
+mod harmony;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -68,6 +69,10 @@ pub struct Job {
     /// How to split the model's reasoning off its answer (chat requests of a reasoning model
     /// whose output no grammar holds).
     pub reasoning: Option<ReasoningFormat>,
+    /// The output is harmony messages (chat requests of gpt-oss, unless a response format's
+    /// grammar holds the output): read into reasoning, answer and tool calls by the harmony
+    /// parser.
+    pub harmony: bool,
 }
 
 impl Job {
@@ -172,6 +177,8 @@ struct ChoiceState {
     reasoning: Option<ReasoningSplitter>,
     /// The answer after the reasoning, so far (with `reasoning`).
     answer: String,
+    /// Reads a harmony model's output as it arrives (streamed harmony choices only).
+    harmony: Option<harmony::HarmonyStream>,
 }
 
 impl ChoiceState {
@@ -334,12 +341,20 @@ pub async fn complete(
                 .map(|result| {
                     let logprobs =
                         want_logprobs.then(|| chat_logprobs(service, &result.state.tokens));
-                    let (message, finish_reason) = assistant_message(
-                        result.state.text,
-                        &result.reason,
-                        job.tool_calls.as_ref(),
-                        job.reasoning,
-                    );
+                    let (message, finish_reason) = if job.harmony {
+                        harmony::assistant_message(
+                            &result.state.text,
+                            &result.reason,
+                            job.tool_calls.as_ref(),
+                        )
+                    } else {
+                        assistant_message(
+                            result.state.text,
+                            &result.reason,
+                            job.tool_calls.as_ref(),
+                            job.reasoning,
+                        )
+                    };
                     ChatChoice {
                         index: result.index,
                         logprobs,
@@ -475,9 +490,12 @@ struct Forwarder {
 impl Forwarder {
     async fn run(mut self, streams: Vec<GenerationStream>) {
         let reasoning = self.job.reasoning;
+        let reads_harmony = self.job.harmony;
         let mut states: Vec<ChoiceState> = (0..streams.len())
             .map(|_| ChoiceState {
                 reasoning: reasoning.map(ReasoningSplitter::new),
+                harmony: reads_harmony
+                    .then(|| harmony::HarmonyStream::new(self.job.tool_calls.as_ref())),
                 ..ChoiceState::default()
             })
             .collect();
@@ -571,7 +589,10 @@ impl Forwarder {
                         .unwrap_or_default();
                     state.on_token(token, &text, logprob);
                     self.accounting.generated.fetch_add(1, Ordering::AcqRel);
-                    if let Some(splitter) = &mut state.reasoning {
+                    if let Some(harmony) = &mut state.harmony {
+                        let pieces = harmony.push(&text);
+                        (self.writer.harmony_delta(index, pieces, &tokens, None), 1)
+                    } else if let Some(splitter) = &mut state.reasoning {
                         // Reasoning streams as it comes; the answer too unless tool calls
                         // may be in it (then it is held back like any auto tool output).
                         let (thought, answer) = splitter.push(&text);
@@ -647,6 +668,18 @@ impl Forwarder {
                     let chunk = match &reason {
                         FinishReason::Error(message) => {
                             Some(error_event(&self.job.failure(message)))
+                        }
+                        reason if state.harmony.is_some() => {
+                            state.harmony.as_mut().and_then(|harmony| {
+                                let pieces = harmony.finish(&text, reason);
+                                let called = harmony.called();
+                                self.writer.harmony_delta(
+                                    index,
+                                    pieces,
+                                    &[],
+                                    Some((reason, called)),
+                                )
+                            })
                         }
                         reason => match &self.writer.tool_calls {
                             Some(parsing) if parsing.enforced && state.tool_call_sent => {

@@ -10,6 +10,8 @@
 //! OpenAI deltas; [`parse`] reads a whole output the same way. A truncated or malformed sequence
 //! ends with what was parsed and one logged warning: it is never an error.
 
+use serde_json::{Value, json};
+
 use super::tools::{ParsedToolCall, ToolCallUpdate};
 
 /// Opens a message header after the first.
@@ -165,8 +167,10 @@ impl HarmonyParser {
     }
 
     /// Ends the output: what is held is given out, and a message cut off (a header without its
-    /// body, or a body without its end token) is logged as truncated.
-    pub fn finish(&mut self) -> Vec<HarmonyDelta> {
+    /// body, or a body without its end token) is logged as truncated. `stopped`: the output
+    /// ended at a stop token (`<|return|>`, `<|call|>`: the engine ends there without writing
+    /// it), which ends the message being written.
+    pub fn finish(&mut self, stopped: bool) -> Vec<HarmonyDelta> {
         let mut out = Vec::new();
         let held = std::mem::take(&mut self.held);
         match &self.state {
@@ -175,7 +179,9 @@ impl HarmonyParser {
             State::Body(body) => {
                 let body = body.clone();
                 emit(&body, held, &mut out);
-                self.warn("a message without its end token");
+                if !stopped {
+                    self.warn("a message without its end token");
+                }
             }
         }
         self.state = State::Header;
@@ -261,12 +267,49 @@ fn emit(body: &Body, text: String, out: &mut Vec<HarmonyDelta>) {
     out.push(delta);
 }
 
-/// Parses a whole output.
-pub fn parse(text: &str) -> HarmonyMessage {
+/// Parses a whole output; `stopped` as for [`HarmonyParser::finish`].
+pub fn parse(text: &str, stopped: bool) -> HarmonyMessage {
     let mut parser = HarmonyParser::new();
     let mut deltas = parser.push(text);
-    deltas.extend(parser.finish());
+    deltas.extend(parser.finish(stopped));
     collect(deltas, parser.malformed())
+}
+
+/// The grammar (llguidance's Lark) of a harmony output that must call one of `tools` (OpenAI
+/// chat tools, `{"type": "function", "function": {...}}`): an optional `analysis` message, then
+/// a `commentary` message to `functions.NAME` with `<|constrain|>json` whose body is arguments
+/// that follow the function's parameter schema, written compact as gpt-oss writes them (no
+/// whitespace outside strings, unless the schema sets its own `x-guidance`). The framing tokens are the tokenizer's special
+/// tokens (`<|channel|>`, not its text); the model then ends at a stop token (`<|call|>`).
+pub fn call_grammar(tools: &[&Value]) -> String {
+    let mut grammar = String::from(
+        "start: analysis? call\n\
+         analysis: <|channel|> \"analysis\" <|message|> REASONING <|end|> <|start|> \"assistant\"\n\
+         REASONING: /(.|\\n)*/\n",
+    );
+    let names: Vec<String> = (0..tools.len()).map(|i| format!("call_{i}")).collect();
+    grammar.push_str(&format!("call: {}\n", names.join(" | ")));
+    for (name, tool) in names.iter().zip(tools) {
+        let function = &tool["function"];
+        let mut parameters = match &function["parameters"] {
+            Value::Object(schema) if !schema.is_empty() => schema.clone(),
+            _ => serde_json::Map::from_iter([("type".to_owned(), json!("object"))]),
+        };
+        // gpt-oss writes its arguments without spaces (`{"location":"Tokyo"}`).
+        parameters.entry("x-guidance").or_insert_with(
+            || json!({"whitespace_flexible": false, "item_separator": ",", "key_separator": ":"}),
+        );
+        let header = format!(
+            "commentary to=functions.{} ",
+            function["name"].as_str().unwrap_or_default()
+        );
+        grammar.push_str(&format!(
+            "{name}: <|channel|> {} <|constrain|> \"json\" <|message|> %json {}\n",
+            Value::String(header),
+            Value::Object(parameters)
+        ));
+    }
+    grammar
 }
 
 /// Gathers deltas into a message.
@@ -387,7 +430,7 @@ mod tests {
     #[test]
     fn whole_outputs_are_parsed() {
         for (text, want) in cases() {
-            assert_eq!(parse(text), want, "{text}");
+            assert_eq!(parse(text, false), want, "{text}");
         }
     }
 
@@ -404,7 +447,7 @@ mod tests {
                 for piece in bytes.chunks(size) {
                     deltas.extend(parser.push(std::str::from_utf8(piece).unwrap()));
                 }
-                deltas.extend(parser.finish());
+                deltas.extend(parser.finish(false));
                 let argument_deltas = deltas
                     .iter()
                     .filter(|d| {
@@ -431,13 +474,22 @@ mod tests {
         let m = parse(
             "<|channel|>analysis<|message|>half a thought<|start|>assistant<|channel|>final\
              <|message|>Answer.<|return|>",
+            false,
         );
         assert_eq!(m.reasoning.as_deref(), Some("half a thought"));
         assert_eq!(m.content, "Answer.");
         assert!(m.malformed);
-        let m = parse("<|channel|>final<|message|>Done.<|end|><|start|>assistant<|chan");
+        let m = parse(
+            "<|channel|>final<|message|>Done.<|end|><|start|>assistant<|chan",
+            true,
+        );
         assert_eq!(m.content, "Done.");
         assert!(m.malformed);
-        assert_eq!(parse(""), HarmonyMessage::default());
+        assert_eq!(parse("", true), HarmonyMessage::default());
+        // The stop token that ends a message is not written: a body that runs to the end of an
+        // output the stop token ended is whole.
+        let m = parse("<|channel|>final<|message|>Done.", true);
+        assert_eq!((m.content.as_str(), m.malformed), ("Done.", false));
+        assert!(parse("<|channel|>final<|message|>Done.", false).malformed);
     }
 }

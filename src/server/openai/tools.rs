@@ -18,12 +18,17 @@ pub enum ToolCallFormat {
     Hermes,
     /// Mistral: `[TOOL_CALLS]` and a JSON array of `{"name": …, "arguments": {…}}`.
     Mistral,
+    /// gpt-oss's harmony format: a `commentary` message to `functions.NAME` whose body is the
+    /// JSON arguments (`super::harmony` parses it, with the reasoning and the answer).
+    Harmony,
 }
 
 impl ToolCallFormat {
     /// The format a chat template writes its tool calls in, recognised by its markers.
     pub fn detect(template_source: &str) -> Option<Self> {
-        if template_source.contains("<tool_call>") {
+        if template_source.contains("to=functions.") {
+            Some(Self::Harmony)
+        } else if template_source.contains("<tool_call>") {
             Some(Self::Hermes)
         } else if template_source.contains("[TOOL_CALLS]") {
             Some(Self::Mistral)
@@ -41,7 +46,7 @@ impl ToolCallFormat {
     fn arguments_key(self) -> &'static str {
         match self {
             Self::Llama3Json => "parameters",
-            Self::Hermes | Self::Mistral => "arguments",
+            Self::Hermes | Self::Mistral | Self::Harmony => "arguments",
         }
     }
 }
@@ -89,28 +94,33 @@ pub fn tool_constraint(
             .filter(|tool| tool["function"]["name"] == name.as_str())
             .collect(),
     };
-    let one_call = compact_json(json!({
-        "anyOf": allowed.iter().map(|tool| call_schema(format, tool)).collect::<Vec<_>>()
-    }));
+    let one_call = || {
+        compact_json(json!({
+            "anyOf": allowed.iter().map(|tool| call_schema(format, tool)).collect::<Vec<_>>()
+        }))
+    };
     let several = parallel && !matches!(choice, ToolChoice::Function(_));
     let grammar = match format {
         ToolCallFormat::Hermes => {
             let repeat = if several { "+" } else { "" };
             format!(
-                "start: call{repeat}\ncall: \"<tool_call>\\n\" %json {one_call} \"\\n</tool_call>\"\n"
+                "start: call{repeat}\ncall: \"<tool_call>\\n\" %json {} \"\\n</tool_call>\"\n",
+                one_call()
             )
         }
         ToolCallFormat::Llama3Json => {
             let more = if several { " (\"; \" call)*" } else { "" };
-            format!("start: call{more}\ncall: %json {one_call}\n")
+            format!("start: call{more}\ncall: %json {}\n", one_call())
         }
         ToolCallFormat::Mistral => {
-            let mut array = json!({"type": "array", "items": one_call, "minItems": 1});
+            let mut array = json!({"type": "array", "items": one_call(), "minItems": 1});
             if !several {
                 array["maxItems"] = json!(1);
             }
             format!("start: \"[TOOL_CALLS]\" %json {array}\n")
         }
+        // One call per message, and the model stops at its `<|call|>`.
+        ToolCallFormat::Harmony => super::harmony::call_grammar(&allowed),
     };
     Some(ConstraintSpec {
         kind: ConstraintKind::ToolCall,
@@ -146,6 +156,11 @@ pub fn parse_tool_calls(
         (!before.is_empty()).then(|| before.to_owned())
     };
     match format {
+        ToolCallFormat::Harmony => {
+            let message = super::harmony::parse(text, true);
+            (!message.tool_calls.is_empty())
+                .then(|| (content(&message.content), message.tool_calls))
+        }
         ToolCallFormat::Hermes => {
             let start = text.find("<tool_call>")?;
             let mut calls = Vec::new();

@@ -8,10 +8,12 @@
 //! queues steps and samples, and `positions` serves steps that need several positions of a row
 //! (speculative verification, prompt logprobs).
 
+mod algorithms;
 mod capture;
 mod device;
 mod forward;
 mod gpt_oss;
+mod late_masks;
 mod moe;
 mod positions;
 mod products;
@@ -42,6 +44,7 @@ use super::launch::{
 use super::memory::DeviceBuffer;
 use super::wait::StepWaiter;
 use super::weights::ModelWeightsOnDevice;
+use late_masks::LateMaskCopy;
 use step::QueuedStep;
 
 /// Options of the CUDA backend beyond the engine configuration.
@@ -56,8 +59,10 @@ pub struct CudaOptions {
     /// false, the paged split-K kernel serves prefill too (tests compare the two).
     pub flash_prefill: bool,
     /// Time the small-M kernel against cuBLASLt for every decode product shape at start-up and
-    /// keep the faster per shape. When false, every shape the small-M kernel fits uses it, so
-    /// two backends on the same model compute bit for bit the same (tests that compare them).
+    /// keep the faster per shape, and cuBLASLt's candidate algorithms at the step row counts
+    /// above 8 (`plan::tuned_rows`), keeping the fastest. When false, every shape the small-M
+    /// kernel fits uses it and cuBLASLt its heuristic's first algorithm, so two backends on the
+    /// same model compute bit for bit the same (tests that compare them).
     pub measure_products: bool,
     /// Blocks (tiles × KV heads) of full-geometry prefill tiles a step without decode rows must
     /// make before the warpgroup prefill kernel takes them (Hopper); a step with fewer, or with
@@ -194,6 +199,8 @@ pub struct CudaBackend {
     act: Activations,
     gemm: Gemm,
     kernels: Kernels,
+    /// Copies late grammar masks on a second stream while the forward pass runs.
+    late_copy: LateMaskCopy,
     stream: Arc<CudaStream>,
     ctx: Arc<CudaContext>,
     params: KernelParams,
@@ -300,6 +307,7 @@ struct DeviceParts {
     graph_split_context: usize,
     max_words: usize,
     waiter: StepWaiter,
+    late_copy: LateMaskCopy,
     choices: Option<ChoiceStore>,
 }
 
@@ -347,6 +355,30 @@ impl CudaBackend {
     /// Distinct GEMM shapes planned so far (each with its cached algorithm).
     pub fn planned_gemm_shapes(&self) -> usize {
         self.gemm.planned_shapes()
+    }
+
+    /// Starts (`true`) or stops (`false`) profiler data collection for this backend's context,
+    /// after the launches queued so far have finished: a profiler started with collection off
+    /// (`ncu --profile-from-start off`) then sees only the steps in between.
+    pub fn profiler_collect(&self, on: bool) -> Result<(), BackendError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(dev("binding the context"))?;
+        self.stream
+            .synchronize()
+            .map_err(dev("finishing before the profiler range"))?;
+        // SAFETY: both calls take no arguments and act on the context current on this thread,
+        // bound above; nothing is in flight on the backend's stream.
+        let result = unsafe {
+            if on {
+                cudarc::driver::sys::cuProfilerStart()
+            } else {
+                cudarc::driver::sys::cuProfilerStop()
+            }
+        };
+        result
+            .result()
+            .map_err(dev("starting or stopping the profiler"))
     }
 
     /// Queues `kernel` on the backend's stream in `shape` with `args`, with programmatic

@@ -1,14 +1,13 @@
 //! Matrix products: the small-M kernels or cuBLASLt, chosen per shape by timing both at
 //! start-up (the choices stored per GPU, libraries and kernels).
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
 
 use crate::engine::BackendError;
 
-use crate::backend::cuda::choices::{ChoiceStore, ChosenShape};
+use crate::backend::cuda::choices::{ChoiceStore, ChosenShape, Stored};
 use crate::backend::cuda::error::CudaInitError;
 use crate::backend::cuda::fp8::{GemvGeometry, quant_chunks, quant_threads};
 use crate::backend::cuda::gemm::Gemm;
@@ -20,6 +19,7 @@ use crate::backend::cuda::launch::{
 use crate::backend::cuda::plan;
 use crate::backend::cuda::weights::{Fp8Operand, LayerWeights, Operand};
 
+use super::algorithms::TunedProduct;
 use super::{CudaBackend, dev, to_u32};
 
 /// What `CudaBackend::choose_small_m_products` times with a product: the product alone, or with
@@ -421,11 +421,32 @@ impl CudaBackend {
                 max_m: self.limits.max_rows,
             },
         ];
+        // The dense products' cuBLASLt algorithms are timed at the larger step row counts.
+        let tuned: Vec<TunedProduct> = products
+            .iter()
+            .map(|t| TunedProduct {
+                name: t.what.name(),
+                x: t.x,
+                weights: t.weights.clone(),
+                out: match t.what {
+                    TimedProduct::Plain { out } => out,
+                    TimedProduct::GateUpSwiglu => self.act.gate_up.device_ptr(),
+                    TimedProduct::QkvRopeWrite => self.act.qkv.device_ptr(),
+                },
+                n: t.n,
+                k: t.k,
+                max_m: if matches!(t.what, TimedProduct::QkvRopeWrite) {
+                    max_m
+                } else {
+                    t.max_m
+                },
+            })
+            .collect();
         products.extend(self.moe_timed_shapes(max_m));
         let measure = self.options.measure_products;
         let stored = match (&self.choices, measure) {
             (Some(store), true) => store.load(),
-            _ => HashMap::new(),
+            _ => Stored::default(),
         };
         let mut chosen = Vec::new();
         let mut timed = 0;
@@ -458,7 +479,7 @@ impl CudaBackend {
                     n,
                     k,
                 };
-                if let Some(&kernel_faster) = stored.get(&shape) {
+                if let Some(&kernel_faster) = stored.small_m.get(&shape) {
                     self.gemm.record_small_m((m, n, k), kernel_faster);
                     chosen.push((shape, kernel_faster));
                     continue;
@@ -491,9 +512,14 @@ impl CudaBackend {
                 }
             }
         }
-        if timed > 0
+        let (algorithms, algorithms_timed) = if measure {
+            self.choose_algorithms(&tuned, &stored.algorithms)
+        } else {
+            (Vec::new(), 0)
+        };
+        if timed + algorithms_timed > 0
             && let Some(store) = &self.choices
-            && let Err(e) = store.save(&chosen)
+            && let Err(e) = store.save(&chosen, &algorithms)
         {
             tracing::warn!(error = %e, "could not store the product choices");
         }
@@ -512,7 +538,7 @@ impl CudaBackend {
     /// launch products (in a graph, with programmatic launch, the gaps between kernels are not a
     /// stream's). `run` first goes twice eagerly (so cuBLASLt plans outside the capture), and the
     /// graph is uploaded and replayed once before the timed replay.
-    fn time_in_graph(
+    pub(super) fn time_in_graph(
         &mut self,
         reps: usize,
         mut run: impl FnMut(&mut Self, usize) -> Result<(), BackendError>,

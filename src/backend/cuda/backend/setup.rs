@@ -27,7 +27,9 @@ use crate::backend::cuda::weights::ModelWeightsOnDevice;
 
 use super::device::{LoadedKernels, OpenedDevice, Prepared, PreparingBackend, kernel_params};
 use super::products::product_choice_store;
-use super::{Activations, CudaBackend, CudaOptions, DeviceParts, Fp8Scratch, KvCache};
+use super::{
+    Activations, CudaBackend, CudaOptions, DeviceParts, Fp8Scratch, KvCache, LateMaskCopy,
+};
 
 impl CudaBackend {
     /// Uploads the model, compiles the kernels (in parallel with the upload), sizes the KV cache
@@ -258,6 +260,7 @@ impl CudaBackend {
             graphs: DecodeGraphs::default(),
             mixed: MixedStepGraphs::default(),
             waiter: parts.waiter,
+            late_copy: parts.late_copy,
             ctx,
             stream,
             kernels: parts.kernels,
@@ -419,6 +422,8 @@ impl CudaBackend {
                 .div_ceil(cfg.num_key_value_heads.max(1)),
         };
         let waiter = StepWaiter::new(stream).map_err(|e| CudaInitError::Device(e.to_string()))?;
+        let late_copy =
+            LateMaskCopy::new(stream).map_err(|e| CudaInitError::Device(e.to_string()))?;
         let programmatic = config.programmatic_launch && major >= 9;
         let choices = kernels::cache_dir().and_then(|dir| {
             product_choice_store(&dir, name, &cache_keys, programmatic)
@@ -440,6 +445,7 @@ impl CudaBackend {
             graph_split_context: max_context_model.min(plan::GRAPH_SPLIT_CONTEXT),
             max_words,
             waiter,
+            late_copy,
             choices,
         })
     }

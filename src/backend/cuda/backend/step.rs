@@ -114,6 +114,30 @@ impl CudaBackend {
         Ok(bytes)
     }
 
+    /// Copies the late mask slots `words` of the packed inputs to the device on the second
+    /// stream, beside the forward pass; the step's stream waits for the copy before it samples.
+    fn copy_late_masks(&mut self, words: std::ops::Range<usize>) -> Result<usize, BackendError> {
+        let bytes = words.len() * 4;
+        let source = self.host_inputs.get(words.clone()).ok_or_else(|| {
+            BackendError::InvalidBatch(format!("copy of late mask words {words:?} out of range"))
+        })?;
+        // SAFETY: the slots lie within the packed step, which `pack_step` kept within the
+        // device buffer's `max_words` words; the forward pass reads only what precedes the
+        // block tables, the step's first copy (which may have zeroed the slots) is done before
+        // this one starts (the second stream waits for it), and the sampler is queued after
+        // the step's stream waits for this copy; the host vector stays alive and unmodified
+        // until the step's stream is synchronised at the end of the step.
+        unsafe {
+            self.late_copy.copy(
+                &self.stream,
+                self.act.inputs.ptr() + (words.start * 4) as u64,
+                source,
+            )
+        }
+        .map_err(dev("copying late grammar masks"))?;
+        Ok(bytes)
+    }
+
     /// Packs a step (with slots for its late masks), copies everything but those slots to the
     /// device and queues the forward pass; None for a step without tokens.
     pub(super) fn queue_step(
@@ -156,6 +180,11 @@ impl CudaBackend {
         };
         let bytes = self.copy_inputs(0..first_copy)?;
         self.copies.record_h2d(bytes);
+        if layout.late_masks > 0 {
+            self.late_copy
+                .inputs_queued(&self.stream)
+                .map_err(dev("marking the step's input copy"))?;
+        }
         // A decode graph's split bound was fixed at capture; the other paths take the step's.
         let splits = self.split_bound(layout.num_tokens, layout.max_context);
         let bucket = match path {
@@ -200,7 +229,7 @@ impl CudaBackend {
         } = step;
         if layout.late_masks > 0 {
             let slots = fill_late_masks(rows, &late, &layout, &mut self.host_inputs)?;
-            let bytes = self.copy_inputs(slots)?;
+            let bytes = self.copy_late_masks(slots)?;
             self.copies.record_h2d(bytes);
         }
         // Grammar masks and logit biases travel in the packed inputs: every row samples here.

@@ -64,6 +64,7 @@ const CHAT_FIELDS: &[&str] = &[
     "parallel_tool_calls",
     "chat_template_kwargs",
     "add_generation_prompt",
+    "reasoning_effort",
 ];
 /// Fields only `/v1/completions` implements.
 const COMPLETION_FIELDS: &[&str] = &[
@@ -165,6 +166,8 @@ struct ChatFields {
     chat_template_kwargs: Option<Map<String, Value>>,
     #[serde(default)]
     add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    reasoning_effort: Value,
 }
 
 /// Fields only `/v1/completions` has.
@@ -839,13 +842,19 @@ pub fn parse_chat(
             "a required or named tool_choice cannot be combined with response_format or guided_*",
         ));
     }
+    let mut template_kwargs = chat.chat_template_kwargs.unwrap_or_default();
+    effort::effort_kwargs(
+        &chat.reasoning_effort,
+        "reasoning_effort",
+        &mut template_kwargs,
+    )?;
     Ok(ChatRequest {
         options,
         messages,
         tools: tools.map(Value::Array),
         tool_choice,
         parallel_tool_calls: chat.parallel_tool_calls.unwrap_or(true),
-        template_kwargs: chat.chat_template_kwargs.unwrap_or_default(),
+        template_kwargs,
         add_generation_prompt: chat.add_generation_prompt.unwrap_or(true),
     })
 }
@@ -951,5 +960,6 @@ pub fn parse_completion(
     Ok(CompletionRequest { options, prompts })
 }
 
+pub mod effort;
 #[cfg(test)]
 mod tests;

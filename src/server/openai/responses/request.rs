@@ -7,6 +7,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::server::error::ApiError;
+use crate::server::openai::request::effort::effort_kwargs;
 use crate::server::openai::request::{parse_object, refuse_fields};
 
 /// Fields `/v1/responses` reads.
@@ -62,11 +63,6 @@ pub struct ResponsesRequest {
     /// The request's settings as the response object echoes them (`instructions`, `tools`,
     /// `tool_choice`, `text`, `reasoning`, ...).
     pub echo: Map<String, Value>,
-}
-
-/// Whether `reasoning.effort` asks for no reasoning.
-fn effort_off(effort: &str) -> bool {
-    matches!(effort, "none" | "minimal")
 }
 
 /// Parses a `/v1/responses` body into the chat body it stands for.
@@ -211,22 +207,8 @@ pub fn parse_responses(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
                 ));
             }
         }
-        match reasoning.get("effort") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(effort))
-                if matches!(
-                    effort.as_str(),
-                    "none" | "minimal" | "low" | "medium" | "high" | "xhigh"
-                ) =>
-            {
-                kwargs.insert("enable_thinking".into(), Value::Bool(!effort_off(effort)));
-            }
-            Some(_) => {
-                return Err(ApiError::invalid_param(
-                    "reasoning.effort",
-                    "reasoning.effort must be none, minimal, low, medium, high or xhigh",
-                ));
-            }
+        if let Some(effort) = reasoning.get("effort") {
+            effort_kwargs(effort, "reasoning.effort", &mut kwargs)?;
         }
     }
     if !kwargs.is_empty() {
