@@ -35,6 +35,9 @@
 // (rows of threads walk the splits in parallel, 16-byte loads) and writes bf16
 // [T, NUM_Q_HEADS * HEAD_DIM]; a token with one partition was written by paged_attention and is
 // left alone. token_row[t] < 0 marks a padding token (its output is zero).
+// With ATTN_SINKS (prelude.cuh) each query head's sink joins the sum wherever an output is
+// normalised (paged_attention's single partition and its merge, attention_reduce), so the
+// partials stay those of the keys alone and the decode loop is the same as without sinks.
 // With `all_splits` set it merges all `splits` partials of every token instead of the token's own
 // count: prefill_attention (kernels/prefill_attention.cu) splits a tile's keys evenly and writes
 // every split.
@@ -46,6 +49,17 @@
 // take f16 inputs (the queries and P rounded to f16: E4M3 values are exact in f16), to float on
 // the CUDA cores. The layer's k scale multiplies the softmax scale and its v scale the warp's
 // accumulators before they merge, so no element is scaled on its own.
+
+// The full-attention variant (family attention_full.cu, this source after `#define
+// ATTN_FULL_VARIANT`): a model whose layers alternate sliding and full attention (gpt-oss) gets
+// SLIDING_WINDOW for its sliding layers from the host, and this build without a window, its entry
+// points suffixed _full, for the others.
+#ifdef ATTN_FULL_VARIANT
+#undef SLIDING_WINDOW
+#define SLIDING_WINDOW 0
+#define paged_attention paged_attention_full
+#define attention_reduce attention_reduce_full
+#endif
 
 // An FP8 cache's tiles in flight per warp (ATTN_DEPTH_FP8 from the host, where given).
 #if KV_FP8 && defined(ATTN_DEPTH_FP8)
@@ -623,6 +637,7 @@ paged_attention(const bf16* __restrict__ q,
                 const kv_t* __restrict__ k_cache,
                 const kv_t* __restrict__ v_cache,
                 const float* __restrict__ kv_scales,
+                const float* __restrict__ sinks,
                 const int* __restrict__ block_tables,
                 const int* __restrict__ max_blocks_word,
                 const int* __restrict__ token_row,
@@ -691,7 +706,8 @@ paged_attention(const bf16* __restrict__ q,
         const size_t head = (size_t)t * NUM_Q_HEADS + kvh * GROUP + g;
         if (mine == 1) {
             // As attention_reduce computes it for one partition (its merge factor is exactly 1).
-            const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+            const float sum = sink_total(total, big, sinks, kvh * GROUP + g);
+            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
             out[head * HEAD_DIM + d] = f32_to_bf16(a * inv);
             continue;
         }
@@ -752,7 +768,8 @@ paged_attention(const bf16* __restrict__ q,
                 }
             }
         }
-        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+        const float sum = sink_total(total, big, sinks, kvh * GROUP + g);
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
         bf16* o = out + head * HEAD_DIM + 4 * c;
         o[0] = f32_to_bf16(a.x * inv);
         o[1] = f32_to_bf16(a.y * inv);
@@ -765,6 +782,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_REDUCE_THREADS)
 attention_reduce(const float* __restrict__ part_acc,
                  const float* __restrict__ part_ml,
                  const int* __restrict__ positions,
+                 const float* __restrict__ sinks,
                  int splits,
                  int all_splits,
                  bf16* __restrict__ out) {
@@ -812,7 +830,8 @@ attention_reduce(const float* __restrict__ part_acc,
         reinterpret_cast<float4*>(sm_acc[r])[c] = a;
     }
     __syncthreads();
-    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    const float sum = sink_total(total, big, sinks, blockIdx.y);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
         float a = 0.0f;
 #pragma unroll

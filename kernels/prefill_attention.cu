@@ -53,7 +53,8 @@
 // a tile needs no split count of its own. This keeps a step whose few tiles attend to a long
 // context (a late chunk of a long prompt) from running as one partial wave. With `splits` = 1
 // the 4 lanes of a row merge their partial sums and the block writes O / sum as bf16 to out
-// [T, NUM_Q_HEADS * HEAD_DIM], like attention_reduce writes.
+// [T, NUM_Q_HEADS * HEAD_DIM], like attention_reduce writes. With ATTN_SINKS (prelude.cuh) the
+// row's sink joins the sum there (split: in attention_reduce), never the key tiles' softmax.
 //
 // F_WGMMA, F_ROWS, F_KEYS and F_SHARED come from the host (src/backend/cuda/plan.rs:
 // flash_geometry). The kernel serves head_dim multiples of 16 up to 128 on sm_80 or newer; for
@@ -72,6 +73,14 @@
 // `#define F_SMALL_VARIANT`): the mma.sync path in the host's FS_ROWS / FS_KEYS geometry, for
 // tiles of at most FS_ROWS query vectors (a mixed step's decode rows, a chunk's short tail),
 // which several blocks per SM then serve.
+// The full-attention variants (families prefill_attention_full.cu and
+// prefill_attention_small_full.cu, after `#define ATTN_FULL_VARIANT`): as attention.cu's, without
+// the sliding window, for the full layers of a model whose layers alternate, entry points
+// suffixed _full.
+#ifdef ATTN_FULL_VARIANT
+#undef SLIDING_WINDOW
+#define SLIDING_WINDOW 0
+#endif
 #ifdef F_SMALL_VARIANT
 #undef F_WGMMA
 #undef F_ROWS
@@ -81,7 +90,13 @@
 #define F_ROWS FS_ROWS
 #define F_KEYS FS_KEYS
 #define F_SHARED 0
+#ifdef ATTN_FULL_VARIANT
+#define prefill_attention prefill_attention_small_full
+#else
 #define prefill_attention prefill_attention_small
+#endif
+#elif defined(ATTN_FULL_VARIANT)
+#define prefill_attention prefill_attention_full
 #endif
 
 #define F_GROUP (NUM_Q_HEADS / NUM_KV_HEADS)
@@ -358,6 +373,7 @@ prefill_attention(const bf16* __restrict__ q,
                   const kv_t* __restrict__ k_cache,
                   const kv_t* __restrict__ v_cache,
                   const float* __restrict__ kv_scales,
+                  const float* __restrict__ sinks,
                   const int* __restrict__ block_tables,
                   const int* __restrict__ max_blocks_word,
                   const int* __restrict__ token_row,
@@ -761,7 +777,8 @@ prefill_attention(const bf16* __restrict__ q,
         const size_t head = (size_t)(t0 + row / F_GROUP) * NUM_Q_HEADS + kvh * F_GROUP + row % F_GROUP;
         const float l = half ? l_b : l_a;
         if (splits == 1) {
-            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            const float sum = sink_total(l, (half ? m_b : m_a) * log2_scale, sinks, kvh * F_GROUP + row % F_GROUP);
+            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
 #pragma unroll
             for (int i = 0; i < F_DTILES; ++i) {
                 *reinterpret_cast<unsigned int*>(out + head * HEAD_DIM + i * 8 + pair) =

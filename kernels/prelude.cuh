@@ -25,6 +25,26 @@ typedef bf16 kv_t;
 // Positive infinity without <cmath>.
 #define INFINITY __int_as_float(0x7f800000)
 
+// Attention sinks (ATTN_SINKS 1 from the host, gpt-oss's `self_attn.sinks`): one logit per query
+// head, in the scaled scores' domain, that joins every softmax's denominator and adds nothing to
+// the output. The attention kernels (attention.cu, prefill_attention.cu) take the layer's sinks,
+// float [NUM_Q_HEADS], and add exp(sink - max) to each head's sum where they normalise it; a build
+// without sinks never reads the pointer.
+#ifndef ATTN_SINKS
+#define ATTN_SINKS 0
+#endif
+
+// The softmax sum `total` of query head `head` (0 to NUM_Q_HEADS - 1), whose maximum is `big` in
+// the log2 domain, with the head's sink joined (unchanged without sinks). With no key (`big`
+// -inf) the sum is infinite and the output zero.
+__device__ __forceinline__ float sink_total(float total, float big, const float* __restrict__ sinks, int head) {
+#if ATTN_SINKS
+    return total + exp2f(fmaf(sinks[head], 1.4426950408889634f, -big));
+#else
+    return total;
+#endif
+}
+
 // Programmatic dependent launch (compute capability 9.0 and later). The host launches every
 // kernel so that it may be scheduled before the previous kernel in the stream has finished
 // (src/backend/cuda/backend.rs). start_next_kernels lets the next kernel's blocks be scheduled

@@ -4,7 +4,9 @@
 //
 // Built with -DKV_FP8=1 it checks the FP8 cache's build of the kernels instead (E4M3 keys and
 // values at per-layer scales, scripts/kv-check.cuh), and its test first checks the quantized
-// write and the widening against the host's E4M3 rounding.
+// write and the widening against the host's E4M3 rounding. Built with -DATTN_SINKS=1 (gpt-oss)
+// the kernels join per-head sinks to every softmax: random ones, one head's dominant and one's
+// negligible, against the reference's.
 //
 //   attention-check test [SEED]   paged_attention + attention_reduce against a float64 CPU
 //                                 reference: tokens of several context lengths (a padding token
@@ -107,18 +109,35 @@ static float* kv_scales() {
     return scales;
 }
 
+// The per-head attention sinks of an ATTN_SINKS build (host copy and device copy; null without).
+static std::vector<float> host_sinks;
+static float* device_sinks = nullptr;
+
+// Draws the sinks of an ATTN_SINKS build: logits in [-4, 4], head 0's dominant (9: most of every
+// softmax's mass, the output shrinks) and head 1's negligible (-30).
+static void make_sinks(std::mt19937_64& rng) {
+    if (!ATTN_SINKS) return;
+    std::uniform_real_distribution<float> uni(-4.0f, 4.0f);
+    host_sinks.resize(NUM_Q_HEADS);
+    for (auto& x : host_sinks) x = uni(rng);
+    host_sinks[0] = 9.0f;
+    if (NUM_Q_HEADS > 1) host_sinks[1] = -30.0f;
+    if (device_sinks) CHECK(cudaFree(device_sinks));
+    device_sinks = upload(host_sinks);
+}
+
 static void launch(const uint16_t* q, const kv_host* k, const kv_host* v, const int* tables,
                    const int* max_blocks, const int* rows, const int* positions, float* acc,
                    float* ml, int tokens, int splits, float scale, uint16_t* out,
                    cudaStream_t stream = 0, bool programmatic = false) {
     launch_kernel(paged_attention, dim3(tokens, NUM_KV_HEADS, splits), dim3(ATTN_WARPS * 32), stream, programmatic,
-                  q, reinterpret_cast<const kv_t*>(k), reinterpret_cast<const kv_t*>(v), kv_scales(), tables,
-                  max_blocks, rows, positions, acc, ml, merge_counts(), splits, scale, out);
+                  q, reinterpret_cast<const kv_t*>(k), reinterpret_cast<const kv_t*>(v), kv_scales(), device_sinks,
+                  tables, max_blocks, rows, positions, acc, ml, merge_counts(), splits, scale, out);
     // As the backend launches it: with one partition per token, or at most ATTN_MERGE_SPLITS,
     // the kernel wrote the output.
     if (splits > ATTN_MERGE_SPLITS)
         launch_kernel(attention_reduce, dim3(tokens, NUM_Q_HEADS), dim3(ATTN_REDUCE_THREADS), stream, programmatic,
-                      acc, ml, positions, splits, /*all_splits=*/0, out);
+                      acc, ml, positions, device_sinks, splits, /*all_splits=*/0, out);
 }
 
 // The ceiling for one launch that reads `n` 16-byte words of each of `a` and `b` (the K and V a
@@ -196,12 +215,14 @@ static int test(uint64_t seed) {
     for (auto& x : q) x = to_bf16(q_gain * uni(rng));
     for (auto& x : k) x = kv_encode(k_gain * uni(rng), KV_K_SCALE);
     for (auto& x : v) x = kv_encode(v_gain * uni(rng), KV_V_SCALE);
+    make_sinks(rng);
 
     // Reference in float64 over the same inputs (an FP8 cache's at its scales).
     const std::vector<double> ref =
         attention_reference(q, k, v, tables, max_blocks, rows, pos, scale,
                             [](kv_host e) { return kv_decode(e, KV_K_SCALE); },
-                            [](kv_host e) { return kv_decode(e, KV_V_SCALE); });
+                            [](kv_host e) { return kv_decode(e, KV_V_SCALE); },
+                            ATTN_SINKS ? host_sinks.data() : nullptr);
 
     uint16_t* dq = upload(q);
     kv_host* dk = upload(k);
@@ -229,8 +250,8 @@ static int test(uint64_t seed) {
         });
         printf("  splits=%-3d max abs error %.2e\n", splits, worst);
     }
-    printf("RESULT attention test cache=%s q=%d kv=%d head_dim=%d window=%d seed=%llu: %s (%d mismatches)\n",
-           KV_NAME, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, SLIDING_WINDOW, (unsigned long long)seed,
+    printf("RESULT attention test cache=%s q=%d kv=%d head_dim=%d window=%d sinks=%d seed=%llu: %s (%d mismatches)\n",
+           KV_NAME, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, SLIDING_WINDOW, ATTN_SINKS, (unsigned long long)seed,
            failures ? "FAIL" : "ok", failures);
     return failures ? 1 : 0;
 }
@@ -250,6 +271,7 @@ static int bench(int only_batch, int only_context) {
     fill_random_kv<<<4096, 256>>>(k, pool_elems, 1);
     fill_random_kv<<<4096, 256>>>(v, pool_elems, 2);
     std::mt19937_64 rng(7);
+    make_sinks(rng);
     const int max_splits = 1024;
     float *acc, *ml;
     uint16_t *q, *out;

@@ -1,6 +1,7 @@
 // The float64 attention reference shared by scripts/attention-check.cu and prefill-check.cu:
 // causal (and sliding-window) attention of every token over its row's paged cache, from the same
-// bf16 inputs the kernels read. Needs the model's shape macros (NUM_Q_HEADS, NUM_KV_HEADS,
+// bf16 inputs the kernels read, with per-head attention sinks when given (a logit per query head
+// that joins the softmax's denominator, as gpt-oss's `self_attn.sinks`). Needs the model's shape macros (NUM_Q_HEADS, NUM_KV_HEADS,
 // HEAD_DIM, KV_BLOCK, SLIDING_WINDOW) and check-common.cuh.
 #pragma once
 
@@ -12,13 +13,13 @@
 // row rows[t] (block table row rows[t] of `tables`, `max_blocks` entries per row); a token with
 // rows[t] < 0 is padding and stays zero. The cache holds slots of NUM_KV_HEADS * HEAD_DIM
 // elements, whose values key(k[i]) and value(v[i]) give (the FP8 cache's harnesses pass the
-// scaled E4M3 values: scripts/kv-check.cuh).
+// scaled E4M3 values: scripts/kv-check.cuh). `sinks`, when not null, holds NUM_Q_HEADS logits.
 template <typename KV, typename Key, typename Value>
 static std::vector<double> attention_reference(const std::vector<uint16_t>& q, const std::vector<KV>& k,
                                                const std::vector<KV>& v, const std::vector<int>& tables,
                                                int max_blocks, const std::vector<int>& rows,
                                                const std::vector<int>& positions, float scale, Key key,
-                                               Value value) {
+                                               Value value, const float* sinks = nullptr) {
     const int tokens = (int)rows.size();
     const size_t slot_elems = (size_t)NUM_KV_HEADS * HEAD_DIM;
     const int group = NUM_Q_HEADS / NUM_KV_HEADS;
@@ -47,6 +48,7 @@ static std::vector<double> attention_reference(const std::vector<uint16_t>& q, c
             }
             double total = 0.0;
             for (auto& x : s) total += (x = std::exp(x - top));
+            if (sinks) total += std::exp((double)sinks[h] - top);
             for (int j = lo; j <= pos; ++j) {
                 const size_t slot = slot_of(j);
                 for (int d = 0; d < HEAD_DIM; ++d) {

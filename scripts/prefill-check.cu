@@ -11,6 +11,9 @@
 //                               Built with -DKV_FP8=1 (and F_WGMMA 0, the geometry the backend
 //                               gives an FP8 cache) it checks the FP8 cache's build: E4M3 keys
 //                               and values at per-layer scales (scripts/kv-check.cuh).
+//                               Built with -DATTN_SINKS=1 (gpt-oss) the kernels join per-head
+//                               sinks to every softmax: random ones, one head's dominant and one's
+//                               negligible, against the reference's.
 //   prefill-check bench         the bf16 GEMM rate (cuBLAS, 8192^3) as the ceiling, then the
 //                               kernel's rate on its causal FLOPs (4 * head_dim per query head and
 //                               attended key) for one prompt of 1k, 8k and 32k tokens, as one
@@ -89,6 +92,21 @@ struct Partials {
 
 // One attention launch as the backend makes it: the prefill kernel over the step's tiles, split
 // `splits` ways over each tile's keys, then (split) the reduction of the partial results.
+// The per-head attention sinks of an ATTN_SINKS build (host copy and device copy; null without):
+// logits in [-4, 4], head 0's dominant (9) and head 1's negligible (-30).
+static std::vector<float> host_sinks;
+static float* device_sinks = nullptr;
+static void make_sinks(std::mt19937_64& rng) {
+    if (!ATTN_SINKS) return;
+    std::uniform_real_distribution<float> uni(-4.0f, 4.0f);
+    host_sinks.resize(NUM_Q_HEADS);
+    for (auto& x : host_sinks) x = uni(rng);
+    host_sinks[0] = 9.0f;
+    if (NUM_Q_HEADS > 1) host_sinks[1] = -30.0f;
+    if (device_sinks) CHECK(cudaFree(device_sinks));
+    device_sinks = upload(host_sinks);
+}
+
 static void launch(const Step& step, const uint16_t* q, const kv_host* k, const kv_host* v,
                    const int* tables, const int* max_blocks, const int* rows, const int* positions,
                    const int* tiles, float scale, int splits, const Partials& parts, uint16_t* out) {
@@ -99,11 +117,11 @@ static void launch(const Step& step, const uint16_t* q, const kv_host* k, const 
         opted_in = true;
     }
     prefill_attention<<<dim3(step.num_tiles(), NUM_KV_HEADS, splits), F_THREADS, F_SHARED>>>(
-        q, reinterpret_cast<const kv_t*>(k), reinterpret_cast<const kv_t*>(v), kv_scales, tables, max_blocks, rows,
-        positions, tiles, scale, splits, out, parts.acc, parts.ml);
+        q, reinterpret_cast<const kv_t*>(k), reinterpret_cast<const kv_t*>(v), kv_scales, device_sinks, tables,
+        max_blocks, rows, positions, tiles, scale, splits, out, parts.acc, parts.ml);
     if (splits > 1) {
         attention_reduce<<<dim3(step.tokens(), NUM_Q_HEADS), ATTN_REDUCE_THREADS>>>(parts.acc, parts.ml, positions,
-                                                                                 splits, 1, out);
+                                                                                 device_sinks, splits, 1, out);
     }
 }
 
@@ -147,10 +165,12 @@ static int test(uint64_t seed) {
         }
     }
 
+    make_sinks(rng);
     const std::vector<double> ref =
         attention_reference(q, k, v, tables, max_blocks, step.rows, step.positions, scale,
                             [](kv_host e) { return kv_decode(e, KV_K_SCALE); },
-                            [](kv_host e) { return kv_decode(e, KV_V_SCALE); });
+                            [](kv_host e) { return kv_decode(e, KV_V_SCALE); },
+                            ATTN_SINKS ? host_sinks.data() : nullptr);
 
     uint16_t* dq = upload(q);
     kv_host* dk = upload(k);
@@ -179,8 +199,8 @@ static int test(uint64_t seed) {
         });
         failures += mismatches;
         printf("  splits %d: max abs error %.2e over %d tokens in %d tiles\n", splits, worst, tokens, step.num_tiles());
-        printf("RESULT prefill test cache=%s q=%d kv=%d head_dim=%d window=%d splits=%d seed=%llu: %s (%d mismatches)\n",
-               KV_NAME, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, SLIDING_WINDOW, splits, (unsigned long long)seed,
+        printf("RESULT prefill test cache=%s q=%d kv=%d head_dim=%d window=%d sinks=%d splits=%d seed=%llu: %s (%d mismatches)\n",
+               KV_NAME, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, SLIDING_WINDOW, ATTN_SINKS, splits, (unsigned long long)seed,
                mismatches ? "FAIL" : "ok", mismatches);
     }
     return failures ? 1 : 0;
@@ -240,6 +260,7 @@ static int bench() {
     fill_random_kv<<<4096, 256>>>(v, pool_slots * ROW_ELEMS, 2);
     fill_random<<<4096, 256>>>(q, (size_t)max_len * NUM_Q_HEADS * HEAD_DIM, 3, 121);
     std::mt19937_64 rng(7);
+    make_sinks(rng);
     std::vector<int> perm(max_len / KV_BLOCK);
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);

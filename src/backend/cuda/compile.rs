@@ -253,6 +253,8 @@ mod tests {
                 qkv_bias: bias,
                 qk_norm: norm,
                 sliding_window: 0,
+                mixed_windows: false,
+                attn_sinks: false,
                 uniform_layers: true,
                 moe: None,
                 flash,
@@ -264,6 +266,73 @@ mod tests {
                     Ok(cubin) => assert!(!cubin.is_empty()),
                     Err(e) => panic!("{e}"),
                 }
+            }
+        }
+        // The attention families with sinks (gpt-oss), over a sliding layer's window and a full
+        // layer's none, at the tiny fixtures' heads and gpt-oss-20b's, the latter also with an
+        // FP8 cache.
+        // (The `_full` families compile each shape without the window.)
+        let sink_shapes = [
+            (16, 4, 2, 8, false),
+            (64, 64, 8, 128, false),
+            (64, 64, 8, 128, true),
+        ];
+        for (head_dim, q, kv, window, kv_fp8) in sink_shapes {
+            let params = KernelParams {
+                hidden: 2880,
+                head_dim,
+                num_q_heads: q,
+                num_kv_heads: kv,
+                vocab: 201_088,
+                intermediate: 2880,
+                kv_block: 16,
+                rms_eps: 1e-5,
+                qkv_bias: true,
+                qk_norm: false,
+                sliding_window: window,
+                mixed_windows: false,
+                attn_sinks: true,
+                uniform_layers: true,
+                moe: None,
+                flash: if kv_fp8 {
+                    crate::backend::cuda::plan::SMALL_FLASH
+                } else {
+                    crate::backend::cuda::plan::flash_geometry(head_dim, "sm_90a")
+                },
+                gemv_tensor_cores: true,
+                kv_fp8,
+            };
+            for family in FAMILIES.iter().filter(|f| f.name.contains("attention")) {
+                match compile_family(family, &params, "sm_90a") {
+                    Ok(cubin) => assert!(!cubin.is_empty()),
+                    Err(e) => panic!("{} with sinks, window {window}: {e}", family.name),
+                }
+            }
+        }
+        // gpt-oss's experts' family at the tiny fixtures' shapes and gpt-oss-120b's.
+        let gpt_oss_family = FAMILIES.iter().find(|f| f.name == "gpt_oss.cu").unwrap();
+        for (hidden, experts, width) in [(64, 8, 32), (2880, 128, 2880)] {
+            let moe = crate::model::MoeDefinition {
+                num_experts: experts,
+                expert_intermediate: width,
+                routing: crate::model::Routing::TopKSoftmax { top_k: 4 },
+                shared_expert: None,
+                experts: crate::model::ExpertKind::ClampedSwiGlu {
+                    alpha: 1.702,
+                    limit: 7.0,
+                    mxfp4: true,
+                },
+            };
+            let params = KernelParams {
+                hidden,
+                moe: Some(moe),
+                ..KernelParams::from_definition(&tiny_gpt_oss())
+            };
+            assert_eq!(params.unsupported(), None);
+            assert!(kernels::needed(gpt_oss_family, &params));
+            match compile_family(gpt_oss_family, &params, "sm_90a") {
+                Ok(cubin) => assert!(!cubin.is_empty()),
+                Err(e) => panic!("{e}"),
             }
         }
         // The experts' family at the tiny fixtures' shapes (a shared expert with its gate
@@ -289,6 +358,8 @@ mod tests {
                 qkv_bias: false,
                 qk_norm: true,
                 sliding_window: 0,
+                mixed_windows: false,
+                attn_sinks: false,
                 uniform_layers: true,
                 moe: Some(crate::model::MoeDefinition {
                     num_experts: experts,
@@ -306,6 +377,16 @@ mod tests {
                 Err(e) => panic!("{e}"),
             }
         }
+    }
+
+    /// The tiny gpt-oss fixture's definition (sliding and full layers, sinks, biases, experts).
+    fn tiny_gpt_oss() -> crate::model::ModelDefinition {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gpt-oss");
+        let path = dir.join("config.json");
+        let config =
+            crate::model::ModelConfig::from_json(&path, &std::fs::read(&path).unwrap()).unwrap();
+        crate::model::ModelDefinition::of(&config)
     }
 
     /// A broken source yields an error that names the kernel and carries the NVRTC log.
@@ -334,6 +415,8 @@ mod tests {
             qkv_bias: false,
             qk_norm: false,
             sliding_window: 0,
+            mixed_windows: false,
+            attn_sinks: false,
             uniform_layers: true,
             moe: None,
             flash: crate::backend::cuda::plan::flash_geometry(16, "sm_90a"),

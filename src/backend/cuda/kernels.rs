@@ -165,9 +165,39 @@ pub const MOE_ENTRIES: [&str; 11] = [
     "moe_combine",
 ];
 
+/// The attention entry points the forward pass launches: paged, reduce, prefill, small prefill.
+pub const ATTENTION_ENTRIES: [&str; 4] = [
+    "paged_attention",
+    "attention_reduce",
+    "prefill_attention",
+    "prefill_attention_small",
+];
+
+/// The same built without the sliding window, for the full layers of a model whose layers
+/// alternate (the `_full` families).
+pub const ATTENTION_FULL_ENTRIES: [&str; 4] = [
+    "paged_attention_full",
+    "attention_reduce_full",
+    "prefill_attention_full",
+    "prefill_attention_small_full",
+];
+
+/// gpt-oss's expert kernels (`kernels/gpt_oss.cu`), compiled only for a model with gpt-oss's
+/// experts.
+pub const GPTOSS_ENTRIES: [&str; 7] = [
+    "gptoss_route",
+    "gptoss_gate_up",
+    "gptoss_gate_up_mxfp4",
+    "gptoss_down",
+    "gptoss_down_mxfp4",
+    "gptoss_combine",
+    "gptoss_add_bias",
+];
+
 /// Every family the backend compiles when a model loads (`moe.cu` only for a model with
-/// experts: [`needed`]).
-pub const FAMILIES: [KernelFamily; 11] = [
+/// experts, `gpt_oss.cu` instead for gpt-oss's, the `_full` attention families only for one whose layers alternate sliding and full
+/// attention: [`needed`]).
+pub const FAMILIES: [KernelFamily; 15] = [
     KernelFamily {
         name: "embedding.cu",
         source: include_str!("../../../kernels/embedding.cu"),
@@ -230,12 +260,51 @@ pub const FAMILIES: [KernelFamily; 11] = [
         ),
         entry_points: &MOE_ENTRIES,
     },
+    KernelFamily {
+        name: "attention_full.cu",
+        source: concat!(
+            "#define ATTN_FULL_VARIANT 1\n",
+            include_str!("../../../kernels/attention.cu")
+        ),
+        entry_points: &["paged_attention_full", "attention_reduce_full"],
+    },
+    KernelFamily {
+        name: "prefill_attention_full.cu",
+        source: concat!(
+            "#define ATTN_FULL_VARIANT 1\n",
+            include_str!("../../../kernels/prefill_attention.cu")
+        ),
+        entry_points: &["prefill_attention_full"],
+    },
+    KernelFamily {
+        name: "prefill_attention_small_full.cu",
+        source: concat!(
+            "#define ATTN_FULL_VARIANT 1\n#define F_SMALL_VARIANT 1\n",
+            include_str!("../../../kernels/prefill_attention.cu")
+        ),
+        entry_points: &["prefill_attention_small_full"],
+    },
+    KernelFamily {
+        name: "gpt_oss.cu",
+        source: include_str!("../../../kernels/gpt_oss.cu"),
+        entry_points: &GPTOSS_ENTRIES,
+    },
 ];
 
 /// Whether a model with kernel parameters `params` needs `family` (the experts' kernels only
 /// where there are experts).
 pub fn needed(family: &KernelFamily, params: &KernelParams) -> bool {
-    family.name != "moe.cu" || params.moe.is_some()
+    if family.name.ends_with("_full.cu") {
+        return params.mixed_windows;
+    }
+    let gpt_oss = params
+        .moe
+        .is_some_and(|m| matches!(m.experts, ExpertKind::ClampedSwiGlu { .. }));
+    match family.name {
+        "moe.cu" => params.moe.is_some() && !gpt_oss,
+        "gpt_oss.cu" => gpt_oss,
+        _ => true,
+    }
 }
 
 /// The model shapes every kernel is specialised on.
@@ -262,8 +331,13 @@ pub struct KernelParams {
     pub qkv_bias: bool,
     /// Whether q and k get a per-head RMSNorm.
     pub qk_norm: bool,
-    /// Sliding-window span (0: none).
+    /// Sliding-window span (0: none): the sliding layers' where only some layers slide.
     pub sliding_window: usize,
+    /// Whether some layers slide and the others attend fully (gpt-oss): the full layers take
+    /// the `_full` attention families, built without the window.
+    pub mixed_windows: bool,
+    /// Whether each query head has an attention sink (`ATTN_SINKS`, gpt-oss).
+    pub attn_sinks: bool,
     /// Whether every layer of the definition has the first one's attention and norms, every
     /// dense MLP the same width and every mixture of experts the same shape (the kernels are
     /// compiled for one layer of each kind).
@@ -298,8 +372,23 @@ impl KernelParams {
         let moe = definition.layers.iter().find_map(sparse);
         let width = definition.layers.iter().find_map(dense);
         let intermediate = width.or(moe.map(|m| m.expert_intermediate)).unwrap_or(0);
+        // The sliding layers' window; a full layer among sliding ones attends like them but
+        // for the window (the `_full` families).
+        let window = definition
+            .layers
+            .iter()
+            .find_map(|l| l.attention.sliding_window);
+        let mixed_windows = window.is_some()
+            && definition
+                .layers
+                .iter()
+                .any(|l| l.attention.sliding_window.is_none());
+        let windowed = |a: &crate::model::AttentionDefinition| crate::model::AttentionDefinition {
+            sliding_window: a.sliding_window.or(window),
+            ..a.clone()
+        };
         let uniform_layers = definition.layers.iter().all(|l| {
-            l.attention == layer.attention
+            windowed(&l.attention) == windowed(&layer.attention)
                 && l.input_norm == layer.input_norm
                 && l.post_attention_norm == layer.post_attention_norm
                 && dense(l).is_none_or(|w| Some(w) == width)
@@ -316,7 +405,9 @@ impl KernelParams {
             rms_eps: eps,
             qkv_bias: attention.qkv_bias,
             qk_norm: attention.qk_norm.is_some(),
-            sliding_window: attention.sliding_window.unwrap_or(0),
+            sliding_window: window.unwrap_or(0),
+            mixed_windows,
+            attn_sinks: attention.sinks,
             uniform_layers,
             moe,
             flash: super::plan::flash_geometry(attention.head_dim, ""),
@@ -370,6 +461,7 @@ impl KernelParams {
             ("QKV_BIAS", usize::from(self.qkv_bias)),
             ("QK_NORM", usize::from(self.qk_norm)),
             ("SLIDING_WINDOW", self.sliding_window),
+            ("ATTN_SINKS", usize::from(self.attn_sinks)),
             ("MAX_TOP_LOGPROBS", MAX_TOP_LOGPROBS),
             ("SAMPLE_PARAMS", SAMPLE_PARAMS),
             ("ATTN_WARPS", super::plan::ATTN_WARPS),
@@ -412,6 +504,10 @@ impl KernelParams {
         for (name, value) in ints.into_iter().chain(moe.into_iter().flatten()) {
             // Writing to a String cannot fail.
             let _ = writeln!(out, "#define {name} {value}");
+        }
+        if let Some(ExpertKind::ClampedSwiGlu { alpha, limit, .. }) = self.moe.map(|m| m.experts) {
+            let _ = writeln!(out, "#define GPTOSS_ALPHA {alpha:e}f");
+            let _ = writeln!(out, "#define GPTOSS_LIMIT {limit:e}f");
         }
         let _ = writeln!(out, "#define RMS_EPS {:e}f", self.rms_eps);
         out
@@ -457,10 +553,20 @@ impl KernelParams {
 /// products read 16-byte pieces of rows (`hidden` and each expert's width multiples of 8), and
 /// their blocks own whole pairs of gate and up rows (the width a multiple of 16).
 fn moe_unsupported(moe: &MoeDefinition, hidden: usize) -> Option<String> {
-    if moe.experts != ExpertKind::SwiGlu || matches!(moe.routing, Routing::TopKSoftmax { .. }) {
-        return Some(
-            "its experts are gpt-oss's (router and experts with biases, top-k then softmax, the clamped SwiGLU), which kernels/moe.cu does not compute yet (the CPU backend serves it: --device cpu)".into(),
-        );
+    let gpt_oss = matches!(moe.experts, ExpertKind::ClampedSwiGlu { .. });
+    if gpt_oss != matches!(moe.routing, Routing::TopKSoftmax { .. }) {
+        return Some("its experts' routing is not their kind's (gpt-oss's experts route top-k then softmax, the others softmax then top-k)".into());
+    }
+    // kernels/gpt_oss.cu reads rows of x, the experts' rows and the activations 16 bytes at a
+    // time.
+    if gpt_oss && !(hidden.is_multiple_of(8) && moe.expert_intermediate.is_multiple_of(8)) {
+        return Some(format!(
+            "hidden size {hidden} and expert width {} must be multiples of 8 for gpt-oss's expert products",
+            moe.expert_intermediate
+        ));
+    }
+    if gpt_oss {
+        return None;
     }
     if !hidden.is_multiple_of(8) {
         return Some(format!(
@@ -562,6 +668,8 @@ mod tests {
             qkv_bias: false,
             qk_norm: false,
             sliding_window: 0,
+            mixed_windows: false,
+            attn_sinks: false,
             uniform_layers: true,
             moe: None,
             flash: super::super::plan::flash_geometry(128, ""),
@@ -641,7 +749,11 @@ mod tests {
         ] {
             assert!(text.contains(needle), "missing {needle:?}");
         }
-        assert!(FAMILIES.iter().all(|f| needed(f, &p)));
+        assert!(
+            FAMILIES
+                .iter()
+                .all(|f| needed(f, &p) != (f.name.ends_with("_full.cu") || f.name == "gpt_oss.cu"))
+        );
         let refused = KernelParams::from_definition(&ModelDefinition::of(&config(40)))
             .unsupported()
             .unwrap();
@@ -693,7 +805,27 @@ mod tests {
         assert_eq!((p.intermediate, p.vocab, p.rms_eps), (160, 100, 1e-5));
         assert!(p.qk_norm && !p.qkv_bias && p.uniform_layers);
         assert_eq!(p.unsupported(), None);
+        assert!(!p.mixed_windows && !p.attn_sinks);
+        assert!(
+            FAMILIES
+                .iter()
+                .all(|f| !f.name.ends_with("_full.cu") || !needed(f, &p))
+        );
+        // A sliding layer beside a full one: the window is the sliding layer's, and the full
+        // layer takes the families built without it.
         definition.layers[1].attention.sliding_window = Some(128);
+        let mixed = KernelParams::from_definition(&definition);
+        assert_eq!(mixed.unsupported(), None);
+        assert!(mixed.mixed_windows && mixed.uniform_layers);
+        assert!(mixed.defines().contains("#define SLIDING_WINDOW 128\n"));
+        assert!(
+            FAMILIES
+                .iter()
+                .filter(|f| f.name.ends_with("_full.cu"))
+                .all(|f| needed(f, &mixed))
+        );
+        // Two different windows cannot be served.
+        definition.layers[0].attention.sliding_window = Some(64);
         let refused = KernelParams::from_definition(&definition)
             .unsupported()
             .unwrap();
@@ -701,6 +833,38 @@ mod tests {
             refused.contains("layers differ") && !refused.contains('\n'),
             "{refused}"
         );
+    }
+
+    /// gpt-oss: sinks, a sliding layer's window with the `_full` families for the full layers,
+    /// q/k/v biases, and its experts' family (with the clamped SwiGLU's constants) instead of
+    /// `moe.cu`.
+    #[test]
+    fn gpt_oss_gets_sinks_windows_and_its_experts_family() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gpt-oss/config.json");
+        let config =
+            crate::model::ModelConfig::from_json(&path, &std::fs::read(&path).unwrap()).unwrap();
+        let p = KernelParams::from_definition(&ModelDefinition::of(&config));
+        assert_eq!(p.unsupported(), None);
+        assert!(p.attn_sinks && p.mixed_windows && p.qkv_bias && p.uniform_layers);
+        let text = p.defines();
+        for needle in [
+            "#define SLIDING_WINDOW 8\n",
+            "#define ATTN_SINKS 1\n",
+            "#define MOE_TOP_K 4\n",
+            "#define GPTOSS_ALPHA 1.702e0f\n",
+            "#define GPTOSS_LIMIT 7e0f\n",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in {text}");
+        }
+        for family in FAMILIES {
+            assert_eq!(
+                needed(&family, &p),
+                family.name != "moe.cu",
+                "{}",
+                family.name
+            );
+        }
     }
 
     #[test]
@@ -713,6 +877,7 @@ mod tests {
             "#define VOCAB 128256\n",
             "#define RMS_EPS 1e-5f\n",
             "#define QK_NORM 0\n",
+            "#define ATTN_SINKS 0\n",
             &format!("#define ATTN_WARPS {}\n", super::super::plan::ATTN_WARPS),
             &format!("#define ATTN_DEPTH {}\n", super::super::plan::ATTN_DEPTH),
             &format!(

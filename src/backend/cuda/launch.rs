@@ -57,6 +57,22 @@ impl Element for Kv {
     const CUDA_POINTER: &'static str = "kv_t*";
 }
 
+/// MXFP4 blocks: `e2m1x2` in the kernels (bytes of two E2M1 codes, `kernels/gpt_oss.cu`).
+#[derive(Debug, Clone, Copy)]
+pub enum E2m1x2 {}
+
+impl Element for E2m1x2 {
+    const CUDA_POINTER: &'static str = "e2m1x2*";
+}
+
+/// MXFP4 scales: `e8m0` in the kernels (power-of-two exponent bytes, `kernels/gpt_oss.cu`).
+#[derive(Debug, Clone, Copy)]
+pub enum E8m0 {}
+
+impl Element for E8m0 {
+    const CUDA_POINTER: &'static str = "e8m0*";
+}
+
 impl Element for f32 {
     const CUDA_POINTER: &'static str = "float*";
 }
@@ -195,6 +211,8 @@ kernel_arg_group! {
         v_cache: DevicePtr<Kv>,
         /// The layer's k and v scales (read by an FP8 cache's kernels only).
         kv_scales: DevicePtr<f32>,
+        /// The layer's per-head attention sinks, fp32 (read by kernels built with sinks only).
+        sinks: Option<DevicePtr<f32>>,
         /// The rows' block tables in the packed inputs.
         block_tables: DevicePtr<i32>,
         /// The word holding the block tables' stride.
@@ -310,6 +328,13 @@ macro_rules! kernel_args {
     )*};
 }
 
+// gpt-oss's expert kernels' arguments (`kernels/gpt_oss.cu`), declared with the macro above.
+mod gpt_oss;
+pub use gpt_oss::{
+    GptOssAddBias, GptOssCombine, GptOssDown, GptOssDownMxfp4, GptOssGateUp, GptOssGateUpMxfp4,
+    GptOssRoute,
+};
+
 // The mixture-of-experts kernels' arguments (`kernels/moe.cu`), declared with the macro above.
 mod moe;
 pub use moe::{
@@ -364,7 +389,7 @@ kernel_args! {
     }
 
     /// The arguments of `paged_attention` (`kernels/attention.cu`).
-    PagedAttention for &["paged_attention"] => {
+    PagedAttention for &["paged_attention", "paged_attention_full"] => {
         /// The queries, the layer's cache, the block tables, rows and positions.
         reads: PagedReads,
         /// The split partial outputs.
@@ -382,13 +407,15 @@ kernel_args! {
     }
 
     /// The arguments of `attention_reduce` (`kernels/attention.cu`).
-    AttentionReduce for &["attention_reduce"] => {
+    AttentionReduce for &["attention_reduce", "attention_reduce_full"] => {
         /// The split partial outputs.
         part_acc: DevicePtr<f32>,
         /// The split partial maxima and sums.
         part_ml: DevicePtr<f32>,
         /// Each token's position.
         positions: DevicePtr<i32>,
+        /// The layer's per-head attention sinks, fp32 (read by kernels built with sinks only).
+        sinks: Option<DevicePtr<f32>>,
         /// The most split-K partitions per token.
         splits: i32,
         /// 1: merge all `splits` of every token (the prefill kernel's); 0: each token's own
@@ -400,7 +427,12 @@ kernel_args! {
 
     /// The arguments of `prefill_attention` and `prefill_attention_small`
     /// (`kernels/prefill_attention.cu`).
-    PrefillAttention for &["prefill_attention", "prefill_attention_small"] => {
+    PrefillAttention for &[
+        "prefill_attention",
+        "prefill_attention_small",
+        "prefill_attention_full",
+        "prefill_attention_small_full",
+    ] => {
         /// The queries, the layer's cache, the block tables, rows and positions.
         reads: PagedReads,
         /// The launch's tiles, (first token, count) pairs.
@@ -638,7 +670,7 @@ mod tests {
     type Launcher = (&'static [&'static str], Parameters);
 
     /// Every argument struct.
-    const LAUNCHERS: [Launcher; 29] = [
+    static LAUNCHERS: [Launcher; 36] = [
         launcher::<EmbeddingGather>(),
         launcher::<AddRmsnorm>(),
         launcher::<QkvRopeWrite>(),
@@ -668,6 +700,13 @@ mod tests {
         launcher::<MoeDownCombineOne>(),
         launcher::<MoeSharedSwiglu>(),
         launcher::<MoeCombine>(),
+        launcher::<GptOssRoute>(),
+        launcher::<GptOssGateUp>(),
+        launcher::<GptOssGateUpMxfp4>(),
+        launcher::<GptOssDown>(),
+        launcher::<GptOssDownMxfp4>(),
+        launcher::<GptOssCombine>(),
+        launcher::<GptOssAddBias>(),
     ];
 
     const fn launcher<A: KernelArgs>() -> Launcher {
@@ -747,13 +786,13 @@ mod tests {
     /// order, same types.
     #[test]
     fn launchers_match_kernel_signatures() {
-        for (entries, parameters) in LAUNCHERS {
+        for (entries, parameters) in &LAUNCHERS {
             let expected: Vec<(String, String)> = parameters
                 .as_slice()
                 .iter()
                 .map(|&(name, ty)| (name.to_string(), ty.to_string()))
                 .collect();
-            for entry in entries {
+            for entry in entries.iter() {
                 let family = FAMILIES
                     .iter()
                     .find(|family| family.entry_points.contains(entry))
@@ -803,11 +842,12 @@ mod tests {
             part_acc: DevicePtr::new(8),
             part_ml: DevicePtr::new(16),
             positions: DevicePtr::new(24),
+            sinks: None,
             splits: -3,
             all_splits: 1,
             out: DevicePtr::new(32),
         };
-        let splits = reduce.slots()[3];
+        let splits = reduce.slots()[4];
         assert_eq!(splits[..4], (-3i32).to_ne_bytes());
         assert_eq!(splits[4..], [0; 4]);
         let attention = PagedAttention {
@@ -816,26 +856,27 @@ mod tests {
                 k_cache: DevicePtr::new(2),
                 v_cache: DevicePtr::new(3),
                 kv_scales: DevicePtr::new(4),
-                block_tables: DevicePtr::new(5),
-                max_blocks_word: DevicePtr::new(6),
-                token_row: DevicePtr::new(7),
-                positions: DevicePtr::new(8),
+                sinks: Some(DevicePtr::new(5)),
+                block_tables: DevicePtr::new(6),
+                max_blocks_word: DevicePtr::new(7),
+                token_row: DevicePtr::new(8),
+                positions: DevicePtr::new(9),
             },
-            part_acc: DevicePtr::new(9),
-            part_ml: DevicePtr::new(10),
-            merge_counts: DevicePtr::new(11),
+            part_acc: DevicePtr::new(10),
+            part_ml: DevicePtr::new(11),
+            merge_counts: DevicePtr::new(12),
             splits: 2,
             scale: 0.125,
-            out: DevicePtr::new(14),
+            out: DevicePtr::new(15),
         }
         .slots();
-        let pointers: Vec<u64> = attention[..11]
+        let pointers: Vec<u64> = attention[..12]
             .iter()
             .map(|slot| u64::from_ne_bytes(*slot))
             .collect();
-        assert_eq!(pointers, (1..=11).collect::<Vec<u64>>());
-        assert_eq!(attention[12][..4], 0.125f32.to_ne_bytes());
-        assert_eq!(attention[12][4..], [0; 4]);
-        assert_eq!(u64::from_ne_bytes(attention[13]), 14);
+        assert_eq!(pointers, (1..=12).collect::<Vec<u64>>());
+        assert_eq!(attention[13][..4], 0.125f32.to_ne_bytes());
+        assert_eq!(attention[13][4..], [0; 4]);
+        assert_eq!(u64::from_ne_bytes(attention[14]), 15);
     }
 }

@@ -12,6 +12,7 @@ mod early;
 mod error;
 mod fp8;
 mod gemm;
+mod gpt_oss;
 mod graphs;
 mod inputs;
 mod kernels;

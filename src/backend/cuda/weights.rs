@@ -16,6 +16,7 @@ use crate::model::{
 
 use super::error::CudaInitError;
 use super::fp8::{DeviceScales, InputQuantization, quantize_per_channel};
+use super::gpt_oss::GptOssLayerWeights;
 use super::launch::{Bf16, DevicePtr, E4m3};
 use super::memory::DeviceBuffer;
 use super::moe::MoeLayerWeights;
@@ -126,6 +127,10 @@ pub struct LayerWeights {
     pub k_norm: Option<DeviceBuffer>,
     /// Output projection, `[hidden, q_heads * head_dim]`.
     pub o_proj: Projection,
+    /// The output projection's bias (gpt-oss), `[hidden]`.
+    pub o_bias: Option<DeviceBuffer>,
+    /// Per-head attention sinks (gpt-oss), `[q_heads]` fp32.
+    pub sinks: Option<DeviceBuffer>,
     /// RMSNorm before the MLP, `[hidden]`.
     pub post_norm: DeviceBuffer,
     /// The MLP's weights.
@@ -143,6 +148,8 @@ pub enum LayerMlp {
     },
     /// A mixture of experts.
     Moe(MoeLayerWeights),
+    /// gpt-oss's experts.
+    GptOss(GptOssLayerWeights),
 }
 
 impl LayerWeights {
@@ -150,7 +157,7 @@ impl LayerWeights {
     pub fn dense(&self) -> Option<(&Projection, &Projection)> {
         match &self.mlp {
             LayerMlp::Dense { gate_up, down } => Some((gate_up, down)),
-            LayerMlp::Moe(_) => None,
+            LayerMlp::Moe(_) | LayerMlp::GptOss(_) => None,
         }
     }
 
@@ -158,7 +165,15 @@ impl LayerWeights {
     pub fn moe(&self) -> Option<&MoeLayerWeights> {
         match &self.mlp {
             LayerMlp::Moe(moe) => Some(moe),
-            LayerMlp::Dense { .. } => None,
+            LayerMlp::Dense { .. } | LayerMlp::GptOss(_) => None,
+        }
+    }
+
+    /// gpt-oss's experts, or `None` in another layer.
+    pub fn gpt_oss(&self) -> Option<&GptOssLayerWeights> {
+        match &self.mlp {
+            LayerMlp::GptOss(experts) => Some(experts),
+            LayerMlp::Dense { .. } | LayerMlp::Moe(_) => None,
         }
     }
 }
@@ -262,6 +277,32 @@ impl Allocator {
         }
         self.bytes += total;
         Ok(buffer)
+    }
+
+    /// The small tensor `spec` in fp32 (the attention sinks, which the kernels read in fp32),
+    /// copied from `weights` now.
+    fn floats(
+        &mut self,
+        spec: &TensorSpec,
+        weights: Option<&ModelWeights>,
+    ) -> Result<DeviceBuffer, CudaInitError> {
+        let Some(weights) = weights else {
+            return Err(CudaInitError::Unsupported(format!(
+                "{} is copied in fp32 from the weights, not ahead of them",
+                spec.name
+            )));
+        };
+        let values = weights
+            .to_f32(&spec.name, &spec.shape)
+            .map_err(|e| CudaInitError::Weights(e.to_string()))?;
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.bytes += bytes.len();
+        Ok(DeviceBuffer::from_bytes(&bytes)?)
+    }
+
+    /// Counts `bytes` more of weights built on the host and copied to the device.
+    pub(super) fn add_bytes(&mut self, bytes: usize) {
+        self.bytes += bytes;
     }
 
     /// Allocates one bf16 buffer for the tensor `spec`.
@@ -434,6 +475,14 @@ impl ModelWeightsOnDevice {
                 q_norm,
                 k_norm,
                 o_proj: up.projection(&[&l.o_proj], weights)?,
+                o_bias: match &l.o_bias {
+                    Some(spec) => Some(up.one(spec)?),
+                    None => None,
+                },
+                sinks: match &l.sinks {
+                    Some(spec) => Some(up.floats(spec, weights)?),
+                    None => None,
+                },
                 post_norm: up.one(&l.post_attention_norm)?,
                 mlp: match &l.mlp {
                     MlpTensors::Dense(mlp) => LayerMlp::Dense {
@@ -441,10 +490,8 @@ impl ModelWeightsOnDevice {
                         down: up.projection(&[&mlp.down_proj], weights)?,
                     },
                     MlpTensors::Moe(moe) => LayerMlp::Moe(MoeLayerWeights::allocate(&mut up, moe)?),
-                    MlpTensors::GptOss(_) => {
-                        return Err(CudaInitError::Unsupported(
-                            "gpt-oss's experts have no CUDA kernels yet (the CPU backend serves it: --device cpu)".into(),
-                        ));
+                    MlpTensors::GptOss(experts) => {
+                        LayerMlp::GptOss(GptOssLayerWeights::allocate(&mut up, experts, weights)?)
                     }
                 },
             });

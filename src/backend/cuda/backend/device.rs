@@ -21,7 +21,7 @@ use crate::backend::cuda::plan;
 use crate::backend::cuda::probe;
 use crate::backend::cuda::weights::{ModelWeightsOnDevice, WeightTargets};
 
-use super::{CudaBackend, CudaOptions, Kernels};
+use super::{AttentionKernels, CudaBackend, CudaOptions, Kernels};
 
 /// A CUDA device opened ahead of the model: the driver probed, the context and the backend's
 /// stream created. Opening needs nothing from the model, so it can run on another thread while
@@ -85,12 +85,13 @@ impl LoadedKernels {
         let kernels = Kernels::take(compile::load_all(ctx, compiled)?)?;
         if params.flash.shared_bytes > 0 {
             // Above the default 48 KiB a block must opt in to its dynamic shared memory.
-            kernels
-                .prefill_attention
-                .allow_dynamic_shared(params.flash.shared_bytes)
-                .map_err(|e| {
-                    CudaInitError::Device(format!("prefill attention shared memory: {e}"))
-                })?;
+            for set in std::iter::once(&kernels.attention).chain(&kernels.attention_full) {
+                set.prefill
+                    .allow_dynamic_shared(params.flash.shared_bytes)
+                    .map_err(|e| {
+                        CudaInitError::Device(format!("prefill attention shared memory: {e}"))
+                    })?;
+            }
         }
         // The tensor-core small-M entries' rings are above the default 48 KiB too.
         for m in 1..=plan::GEMV_MAX_M {
@@ -315,10 +316,14 @@ impl Kernels {
             embedding: Kernel::take(map, "embedding_gather")?,
             add_rmsnorm: Kernel::take(map, "add_rmsnorm")?,
             qkv_rope: Kernel::take(map, "qkv_rope_write")?,
-            attention: Kernel::take(map, "paged_attention")?,
-            attention_reduce: Kernel::take(map, "attention_reduce")?,
-            prefill_attention: Kernel::take(map, "prefill_attention")?,
-            prefill_attention_small: Kernel::take(map, "prefill_attention_small")?,
+            attention: AttentionKernels::take(map, &kernels::ATTENTION_ENTRIES)?,
+            attention_full: match map.contains_key(kernels::ATTENTION_FULL_ENTRIES[0]) {
+                true => Some(AttentionKernels::take(
+                    map,
+                    &kernels::ATTENTION_FULL_ENTRIES,
+                )?),
+                false => None,
+            },
             swiglu: Kernel::take(map, "swiglu")?,
             sample: Kernel::take(map, "sample_tokens")?,
             gemv: take_each(map, &kernels::GEMV_ENTRIES)?,
@@ -334,6 +339,22 @@ impl Kernels {
             fp8_gemv_swiglu: take_each(map, &kernels::FP8_GEMV_SWIGLU_ENTRIES)?,
             fp8_gemv_qkv_rope: take_each(map, &kernels::FP8_GEMV_QKV_ROPE_ENTRIES)?,
             moe: super::moe::MoeKernels::take(map)?,
+            gpt_oss: super::gpt_oss::GptOssKernels::take(map)?,
+        })
+    }
+}
+
+impl AttentionKernels {
+    /// The paged, reduce, prefill and small prefill entry points named `entries`.
+    fn take(
+        map: &mut HashMap<&'static str, CudaFunction>,
+        entries: &[&'static str; 4],
+    ) -> Result<Self, KernelError> {
+        Ok(Self {
+            paged: Kernel::take(map, entries[0])?,
+            reduce: Kernel::take(map, entries[1])?,
+            prefill: Kernel::take(map, entries[2])?,
+            prefill_small: Kernel::take(map, entries[3])?,
         })
     }
 }

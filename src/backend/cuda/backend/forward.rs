@@ -2,7 +2,7 @@
 //! backend's stream, segment by segment between the attention launches.
 
 use crate::engine::BackendError;
-use crate::model::MlpDefinition;
+use crate::model::{ExpertKind, MlpDefinition};
 
 use crate::backend::cuda::fp8::{GemvGeometry, quant_threads};
 use crate::backend::cuda::graphs::StepGraph;
@@ -16,7 +16,7 @@ use crate::backend::cuda::memory::DeviceBuffer;
 use crate::backend::cuda::plan;
 use crate::backend::cuda::weights::{Fp8Operand, LayerWeights, Operand};
 
-use super::{CudaBackend, dev, to_u32};
+use super::{AttentionKernels, CudaBackend, dev, to_u32};
 
 impl CudaBackend {
     /// Runs the layers over the packed step, with at most `splits` split-K partitions per token
@@ -58,9 +58,24 @@ impl CudaBackend {
         self.logits(layout)
     }
 
-    /// The attention softmax scale, 1/√head_dim.
+    /// The attention softmax scale, 1/√head_dim, times the square of YaRN's attention factor
+    /// (transformers scales the rotated q and k by it; the kernels scale their product).
     fn attention_scale(&self) -> f32 {
-        1.0 / (self.params.head_dim as f32).sqrt()
+        let attention = self.definition.attention();
+        let factor = attention.rope.attention_factor();
+        attention.scale() * factor * factor
+    }
+
+    /// The attention kernels of `layer`: those without the window for a full layer of a model
+    /// whose other layers slide.
+    fn attention_kernels(&self, layer: usize) -> &AttentionKernels {
+        match (
+            &self.kernels.attention_full,
+            self.definition.layers[layer].attention.sliding_window,
+        ) {
+            (Some(full), None) => full,
+            _ => &self.kernels.attention,
+        }
     }
 
     /// Queues segment `segment` of the forward pass, the launches between two attention
@@ -97,6 +112,7 @@ impl CudaBackend {
             )?;
         } else {
             let w: &LayerWeights = &self.weights.layers[segment - 1];
+            let w_o_bias = w.o_bias.as_ref().map(DeviceBuffer::device_ptr);
             let (o_w, post_norm, dense) = (
                 w.o_proj.operand(),
                 w.post_norm.device_ptr(),
@@ -116,6 +132,15 @@ impl CudaBackend {
                     None
                 }
             };
+            if let Some(bias) = w_o_bias {
+                if o_unscaled.is_some() {
+                    return Err(BackendError::Device(format!(
+                        "layer {}'s output bias cannot follow a deferred FP8 product",
+                        segment - 1
+                    )));
+                }
+                self.add_output_bias(segment - 1, t32, bias)?;
+            }
             match (self.definition.layers[segment - 1].mlp, dense) {
                 (MlpDefinition::SwiGlu { intermediate }, Some((gate_up_w, down_w))) => {
                     self.norm_before(t32, Some(delta), post_norm, gate_up_w, o_unscaled)?;
@@ -191,7 +216,11 @@ impl CudaBackend {
                 }
                 (MlpDefinition::Moe(moe), None) => {
                     self.add_rmsnorm(t32, Some(delta), post_norm, None)?;
-                    self.moe_mlp(segment - 1, &moe, layout)?;
+                    if matches!(moe.experts, ExpertKind::ClampedSwiGlu { .. }) {
+                        self.gpt_oss_mlp(segment - 1, &moe, layout)?;
+                    } else {
+                        self.moe_mlp(segment - 1, &moe, layout)?;
+                    }
                 }
                 _ => {
                     return Err(BackendError::Device(format!(
@@ -603,7 +632,7 @@ impl CudaBackend {
             let z = to_u32(splits, "splits")?;
             if big > 0 {
                 self.launch(
-                    &self.kernels.prefill_attention,
+                    &self.attention_kernels(layer).prefill,
                     LaunchShape::new(
                         (to_u32(big, "tiles")?, kv_heads, z),
                         to_u32(p.flash.threads(), "threads")?,
@@ -614,7 +643,7 @@ impl CudaBackend {
             }
             if layout.num_small_tiles > 0 {
                 self.launch(
-                    &self.kernels.prefill_attention_small,
+                    &self.attention_kernels(layer).prefill_small,
                     LaunchShape::new(
                         (to_u32(layout.num_small_tiles, "tiles")?, kv_heads, z),
                         to_u32(plan::SMALL_FLASH.threads(), "threads")?,
@@ -623,13 +652,13 @@ impl CudaBackend {
                 )?;
             }
             return if splits > 1 {
-                self.reduce_attention(layout, splits, true)
+                self.reduce_attention(layer, layout, splits, true)
             } else {
                 Ok(())
             };
         }
         self.launch(
-            &self.kernels.attention,
+            &self.attention_kernels(layer).paged,
             LaunchShape::new(
                 (
                     t32,
@@ -650,7 +679,7 @@ impl CudaBackend {
         )?;
         // With one partition per token, or few, the kernel wrote the output itself.
         if splits > plan::ATTN_MERGE_SPLITS {
-            self.reduce_attention(layout, splits, false)
+            self.reduce_attention(layer, layout, splits, false)
         } else {
             Ok(())
         }
@@ -663,6 +692,7 @@ impl CudaBackend {
             k_cache: self.kv.keys(layer),
             v_cache: self.kv.values(layer),
             kv_scales: self.kv.scales(layer),
+            sinks: self.layer_sinks(layer),
             block_tables: self.input(layout.block_tables()),
             max_blocks_word: self.input(layout.max_blocks_word()),
             token_row: self.input(layout.token_rows()),
@@ -670,16 +700,25 @@ impl CudaBackend {
         }
     }
 
+    /// The attention sinks of `layer`, if its attention has any.
+    fn layer_sinks(&self, layer: usize) -> Option<DevicePtr<f32>> {
+        self.weights.layers[layer]
+            .sinks
+            .as_ref()
+            .map(DeviceBuffer::device_ptr)
+    }
+
     /// Merges the split partial results of one attention launch into `act.attn`: each token's
     /// own count of splits (the paged kernel's), or all `splits` (the prefill kernel's).
     fn reduce_attention(
         &self,
+        layer: usize,
         layout: &StepLayout,
         splits: usize,
         all_splits: bool,
     ) -> Result<(), BackendError> {
         self.launch(
-            &self.kernels.attention_reduce,
+            &self.attention_kernels(layer).reduce,
             LaunchShape::new(
                 (
                     to_u32(layout.num_tokens, "tokens")?,
@@ -692,6 +731,7 @@ impl CudaBackend {
                 part_acc: self.act.part_acc.device_ptr(),
                 part_ml: self.act.part_ml.device_ptr(),
                 positions: self.input(layout.positions()),
+                sinks: self.layer_sinks(layer),
                 splits: splits as i32,
                 all_splits: i32::from(all_splits),
                 out: self.act.attn.device_ptr(),

@@ -12,6 +12,7 @@ mod algorithms;
 mod capture;
 mod device;
 mod forward;
+mod gpt_oss;
 mod late_masks;
 mod moe;
 mod positions;
@@ -91,15 +92,28 @@ impl Default for CudaOptions {
     }
 }
 
+/// The attention entry points of one window (`kernels/attention.cu`, `prefill_attention.cu`).
+struct AttentionKernels {
+    /// Paged attention (decode, and prefill where the tiled kernel cannot take the group).
+    paged: Kernel<PagedAttention>,
+    /// The merge of split partial results.
+    reduce: Kernel<AttentionReduce>,
+    /// Tiled prefill attention.
+    prefill: Kernel<PrefillAttention>,
+    /// Its small-tile variant.
+    prefill_small: Kernel<PrefillAttention>,
+}
+
 /// The entry points the forward pass launches.
 struct Kernels {
     embedding: Kernel<EmbeddingGather>,
     add_rmsnorm: Kernel<AddRmsnorm>,
     qkv_rope: Kernel<QkvRopeWrite>,
-    attention: Kernel<PagedAttention>,
-    attention_reduce: Kernel<AttentionReduce>,
-    prefill_attention: Kernel<PrefillAttention>,
-    prefill_attention_small: Kernel<PrefillAttention>,
+    /// The attention kernels (with the sliding window, where the model has one).
+    attention: AttentionKernels,
+    /// The same without the window, for the full layers of a model whose layers alternate
+    /// sliding and full attention (gpt-oss).
+    attention_full: Option<AttentionKernels>,
     swiglu: Kernel<Swiglu>,
     sample: Kernel<SampleTokens>,
     /// `gemv[m - 1]` computes products of m rows (`kernels/gemv.cu`).
@@ -128,6 +142,8 @@ struct Kernels {
     fp8_gemv_qkv_rope: Vec<Kernel<super::launch::Fp8GemvQkvRope>>,
     /// The mixture-of-experts kernels, for a model with experts.
     moe: Option<moe::MoeKernels>,
+    /// gpt-oss's expert kernels, for a model with gpt-oss's experts.
+    gpt_oss: Option<gpt_oss::GptOssKernels>,
 }
 
 /// Scratch buffers of one step, sized for the step limits.

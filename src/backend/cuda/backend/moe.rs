@@ -106,6 +106,10 @@ impl CudaBackend {
         let (Some(moe), Some(s)) = (self.params.moe, self.act.moe.as_ref()) else {
             return Vec::new();
         };
+        // gpt-oss's experts time none (kernels/gpt_oss.cu).
+        if moe.experts != crate::model::ExpertKind::SwiGlu {
+            return Vec::new();
+        }
         let hidden = self.params.hidden;
         let layers: Vec<_> = self.weights.layers.iter().filter_map(|l| l.moe()).collect();
         let normed = self.act.normed.device_ptr();

@@ -392,6 +392,7 @@ impl CudaBackend {
         .unwrap_or(0);
         let attention_blocks_per_sm = kernels
             .attention
+            .paged
             .max_active_blocks_per_sm((plan::ATTN_WARPS * 32) as u32)
             .map_err(|e| CudaInitError::Device(format!("decode attention occupancy: {e}")))?;
         let limits = StepLimits {
