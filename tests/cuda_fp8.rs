@@ -13,8 +13,8 @@ use support::{argmax, max_abs_diff, pseudo_random_tokens, run_chunk};
 use std::path::{Path, PathBuf};
 
 use inferno::backend::cpu::CpuBackend;
-use inferno::backend::cuda::{CudaBackend, CudaOptions, probe};
-use inferno::engine::{Backend, EngineConfig};
+use inferno::backend::cuda::{CudaBackend, probe};
+use inferno::engine::Backend;
 use inferno::model::{Model, QuantizeAtLoad};
 
 /// The bf16 checks' logit tolerance against the CPU backend (`tests/cuda_backend.rs`), times 4
@@ -79,18 +79,7 @@ fn fp8_models() -> Vec<(String, Model, Option<Model>)> {
 }
 
 fn cuda(model: &Model) -> CudaBackend {
-    let config = EngineConfig {
-        gpu_memory_fraction: 0.02,
-        max_batched_tokens: 2048,
-        max_num_seqs: Some(16),
-        ..EngineConfig::default()
-    };
-    let options = CudaOptions {
-        sample_on_device: false,
-        measure_products: false,
-        ..CudaOptions::default()
-    };
-    CudaBackend::new(model, &config, options).unwrap_or_else(|e| panic!("CUDA backend: {e}"))
+    support::small_cuda_backend(model, false)
 }
 
 /// Teacher-forced logits over 512 positions, one token per step (the small-M FP8 kernel), agree

@@ -15,8 +15,8 @@ use support::{GREEDY, argmax, max_abs_diff, pseudo_random_tokens, run_chunk};
 use std::path::PathBuf;
 
 use inferno::backend::cpu::CpuBackend;
-use inferno::backend::cuda::{CudaBackend, CudaOptions, probe};
-use inferno::engine::{Backend, BatchRow, EngineConfig, SampleSpec, StepOutput};
+use inferno::backend::cuda::{CudaBackend, probe};
+use inferno::engine::{Backend, BatchRow, SampleSpec, StepOutput};
 use inferno::model::Model;
 
 /// Logits tolerance against the CPU backend: the bf16 rounding of activations between products
@@ -43,21 +43,9 @@ fn load(name: &str) -> Model {
     Model::load(&dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()))
 }
 
-/// A CUDA backend for `model`; the small-M kernels serve every product they fit (no timing), so
-/// runs are reproducible.
+/// A CUDA backend for `model` (see `support::small_cuda_backend`).
 fn cuda(model: &Model, sample_on_device: bool) -> CudaBackend {
-    let config = EngineConfig {
-        gpu_memory_fraction: 0.02,
-        max_batched_tokens: 2048,
-        max_num_seqs: Some(16),
-        ..EngineConfig::default()
-    };
-    let options = CudaOptions {
-        sample_on_device,
-        measure_products: false,
-        ..CudaOptions::default()
-    };
-    CudaBackend::new(model, &config, options).unwrap_or_else(|e| panic!("CUDA backend: {e}"))
+    support::small_cuda_backend(model, sample_on_device)
 }
 
 /// The block table of a sequence of `len` tokens from block 0.

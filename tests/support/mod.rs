@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use inferno::backend::cpu::CpuBackend;
+use inferno::backend::cuda::{CudaBackend, CudaOptions};
 use inferno::engine::{
     Backend, BatchRow, Engine, EngineConfig, EngineHandle, FinishReason, GenerationEvent,
     GenerationRequest, ModelInfo, SampleSpec, SamplingParams, StepOutput, StopParams,
@@ -365,4 +366,22 @@ pub fn run_request(
         }
     }
     panic!("{id}: stream ended without Finished");
+}
+
+/// A CUDA backend for `model` in the small engine configuration the GPU tests share (2% of the
+/// GPU's memory, 2,048 batched tokens, 16 sequences); the small-M kernels serve every product
+/// they fit (no timing), so runs are reproducible.
+pub fn small_cuda_backend(model: &Model, sample_on_device: bool) -> CudaBackend {
+    let config = EngineConfig {
+        gpu_memory_fraction: 0.02,
+        max_batched_tokens: 2048,
+        max_num_seqs: Some(16),
+        ..EngineConfig::default()
+    };
+    let options = CudaOptions {
+        sample_on_device,
+        measure_products: false,
+        ..CudaOptions::default()
+    };
+    CudaBackend::new(model, &config, options).unwrap_or_else(|e| panic!("CUDA backend: {e}"))
 }

@@ -240,29 +240,7 @@ impl ChunkWriter {
         if updates.is_empty() && finish.is_none() {
             return None;
         }
-        let deltas: Vec<ToolCallDelta> = updates
-            .into_iter()
-            .map(|update| match update {
-                ToolCallUpdate::Start { index, name } => ToolCallDelta {
-                    index,
-                    id: Some(new_call_id()),
-                    kind: Some("function"),
-                    function: FunctionDelta {
-                        name: Some(name),
-                        arguments: String::new(),
-                    },
-                },
-                ToolCallUpdate::Arguments { index, fragment } => ToolCallDelta {
-                    index,
-                    id: None,
-                    kind: None,
-                    function: FunctionDelta {
-                        name: None,
-                        arguments: fragment,
-                    },
-                },
-            })
-            .collect();
+        let deltas: Vec<ToolCallDelta> = updates.into_iter().map(tool_call_delta).collect();
         Some(self.chat_chunk(
             vec![ChatChunkChoice {
                 index,
@@ -321,6 +299,31 @@ impl ChunkWriter {
 
 pub(super) fn error_event(err: &ApiError) -> Bytes {
     Bytes::from(format!("data: {}\n\n", err.to_json()))
+}
+
+/// The streamed delta of one tool-call update: a new call carries its id, kind and name, later
+/// updates only their fragment of the arguments.
+pub(super) fn tool_call_delta(update: ToolCallUpdate) -> ToolCallDelta {
+    match update {
+        ToolCallUpdate::Start { index, name } => ToolCallDelta {
+            index,
+            id: Some(new_call_id()),
+            kind: Some("function"),
+            function: FunctionDelta {
+                name: Some(name),
+                arguments: String::new(),
+            },
+        },
+        ToolCallUpdate::Arguments { index, fragment } => ToolCallDelta {
+            index,
+            id: None,
+            kind: None,
+            function: FunctionDelta {
+                name: None,
+                arguments: fragment,
+            },
+        },
+    }
 }
 
 #[cfg(test)]

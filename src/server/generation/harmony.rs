@@ -7,11 +7,11 @@ use bytes::Bytes;
 
 use super::ToolCalls;
 use super::choice::{new_call_id, tool_calls_finish};
-use super::chunks::ChunkWriter;
+use super::chunks::{ChunkWriter, tool_call_delta};
 use crate::engine::{FinishReason, TokenLogprob};
 use crate::server::openai::harmony::{self, HarmonyDelta, HarmonyParser};
 use crate::server::openai::response::{
-    AssistantMessage, ChatChunkChoice, Delta, FunctionCall, FunctionDelta, ToolCall, ToolCallDelta,
+    AssistantMessage, ChatChunkChoice, Delta, FunctionCall, ToolCall, ToolCallDelta,
 };
 use crate::server::openai::tools::ToolCallUpdate;
 
@@ -153,29 +153,7 @@ impl ChunkWriter {
         if reasoning.is_empty() && content.is_empty() && calls.is_empty() && tokens.is_empty() {
             finish?;
         }
-        let calls: Vec<ToolCallDelta> = calls
-            .into_iter()
-            .map(|update| match update {
-                ToolCallUpdate::Start { index, name } => ToolCallDelta {
-                    index,
-                    id: Some(new_call_id()),
-                    kind: Some("function"),
-                    function: FunctionDelta {
-                        name: Some(name),
-                        arguments: String::new(),
-                    },
-                },
-                ToolCallUpdate::Arguments { index, fragment } => ToolCallDelta {
-                    index,
-                    id: None,
-                    kind: None,
-                    function: FunctionDelta {
-                        name: None,
-                        arguments: fragment,
-                    },
-                },
-            })
-            .collect();
+        let calls: Vec<ToolCallDelta> = calls.into_iter().map(tool_call_delta).collect();
         let finish_reason = finish.map(|(reason, called)| match called {
             true => tool_calls_finish(reason),
             false => reason.as_openai_str(),
