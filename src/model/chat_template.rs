@@ -69,6 +69,7 @@ pub struct ChatTemplate {
     has_tool_use: bool,
     special: SpecialTokens,
     roles: Vec<&'static str>,
+    reads_effort: bool,
 }
 
 impl ChatTemplate {
@@ -120,12 +121,22 @@ impl ChatTemplate {
             .into_iter()
             .chain(OPTIONAL_ROLES.into_iter().filter(|role| mentioned(role)))
             .collect();
+        let reads_effort = templates.iter().any(|(_, source)| {
+            source.contains("reasoning_effort") || source.contains("enable_thinking")
+        });
         Ok(Self {
             env,
             has_tool_use,
             special,
             roles,
+            reads_effort,
         })
+    }
+
+    /// Whether a template reads `reasoning_effort` or `enable_thinking`: without either, a
+    /// request's reasoning effort changes nothing.
+    pub fn reads_reasoning_effort(&self) -> bool {
+        self.reads_effort
     }
 
     /// The sources of the template(s), where a model family's tool-call markers show.

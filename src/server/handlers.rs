@@ -241,7 +241,10 @@ async fn chat_job(
     let chat_policy = ChatPolicy::from(&app.config().server);
     let service_for_job = Arc::clone(service);
     let (options, prompt, constraint, tool_calls, reasoning, harmony) = tokio::task::spawn_blocking(move || {
-        let request = parse_chat(&body, service_for_job.defaults(), &limits)?;
+        let mut request = parse_chat(&body, service_for_job.defaults(), &limits)?;
+        if request.reasoning_effort_set && !service_for_job.reads_reasoning_effort() {
+            request.options.ignored.push("reasoning_effort");
+        }
         service_for_job.check_model(&request.options.model)?;
         service_for_job.check_generates()?;
         service_for_job.check_logit_bias(&request.options.sampling.logit_bias)?;

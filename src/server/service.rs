@@ -170,6 +170,14 @@ impl ModelService {
         self.tool_call_format
     }
 
+    /// Whether the chat template reads a reasoning effort (`reasoning_effort` or
+    /// `enable_thinking`); false without a template.
+    pub fn reads_reasoning_effort(&self) -> bool {
+        self.chat_template
+            .as_ref()
+            .is_some_and(|template| template.reads_reasoning_effort())
+    }
+
     /// Overrides the detected tool-call format (the `server.tool_call_parser` setting).
     pub fn set_tool_call_format(&mut self, format: Option<ToolCallFormat>) {
         if format.is_some() {

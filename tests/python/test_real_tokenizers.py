@@ -144,3 +144,20 @@ def test_embeddings_of_a_list_of_inputs(server, model_id):
         assert abs(np.linalg.norm(vector) - 1.0) < 1e-5
     assert np.abs(vectors[0] - vectors[2]).max() > 1e-3
     assert response.usage.prompt_tokens >= len(texts)
+
+
+def test_reasoning_effort_is_named_ignored_where_the_template_reads_none(server, model_id):
+    # Qwen3's template reads enable_thinking, so the effort changes the prompt; Llama 3.1's reads
+    # neither variable, so the field changes nothing and the response names it.
+    raw = server.client().chat.completions.with_raw_response.create(
+        model=model_id,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=2,
+        reasoning_effort="high",
+    )
+    ignored = raw.headers.get("inferno-ignored-fields", "")
+    if "qwen3" in model_id:
+        assert "reasoning_effort" not in ignored
+    else:
+        assert "reasoning_effort" in ignored.split(", ")
+    assert raw.parse().choices[0].message is not None

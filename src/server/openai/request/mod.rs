@@ -285,6 +285,9 @@ pub struct ChatRequest {
     pub tool_choice: ToolChoice,
     /// Whether one response may carry several tool calls.
     pub parallel_tool_calls: bool,
+    /// Whether the request set `reasoning_effort` (ignored, and named so, where the chat
+    /// template reads no effort).
+    pub reasoning_effort_set: bool,
 }
 
 /// `tool_choice`.
@@ -843,6 +846,7 @@ pub fn parse_chat(
         ));
     }
     let mut template_kwargs = chat.chat_template_kwargs.unwrap_or_default();
+    let reasoning_effort_set = !chat.reasoning_effort.is_null();
     effort::effort_kwargs(
         &chat.reasoning_effort,
         "reasoning_effort",
@@ -856,6 +860,7 @@ pub fn parse_chat(
         parallel_tool_calls: chat.parallel_tool_calls.unwrap_or(true),
         template_kwargs,
         add_generation_prompt: chat.add_generation_prompt.unwrap_or(true),
+        reasoning_effort_set,
     })
 }
 
