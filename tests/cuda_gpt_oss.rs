@@ -12,10 +12,8 @@
 mod support;
 use support::{GREEDY, argmax, max_abs_diff, pseudo_random_tokens, run_chunk};
 
-use std::path::PathBuf;
-
 use inferno::backend::cpu::CpuBackend;
-use inferno::backend::cuda::{CudaBackend, probe};
+use inferno::backend::cuda::CudaBackend;
 use inferno::engine::{Backend, BatchRow, SampleSpec, StepOutput};
 use inferno::model::Model;
 
@@ -29,19 +27,7 @@ const POSITIONS: usize = 320;
 
 const FIXTURES: [&str; 2] = ["tiny-gpt-oss", "tiny-gpt-oss-bf16"];
 
-fn fixtures() -> PathBuf {
-    std::env::var_os("INFERNO_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
-}
-
-fn load(name: &str) -> Model {
-    if let Err(e) = probe() {
-        panic!("no CUDA device: {e}");
-    }
-    let dir = fixtures().join(name);
-    Model::load(&dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()))
-}
+use support::load_for_cuda as load;
 
 /// A CUDA backend for `model` (see `support::small_cuda_backend`).
 fn cuda(model: &Model, sample_on_device: bool) -> CudaBackend {

@@ -23,10 +23,8 @@
 mod support;
 use support::{GREEDY, argmax, max_abs_diff};
 
-use std::path::PathBuf;
-
 use inferno::backend::cpu::CpuBackend;
-use inferno::backend::cuda::{CudaBackend, probe};
+use inferno::backend::cuda::CudaBackend;
 use inferno::engine::{Backend, BatchRow, SampleSpec, StepOutput};
 use inferno::model::Model;
 
@@ -43,19 +41,7 @@ const NEAR_TIE: f32 = 0.01;
 
 const FIXTURES: [&str; 3] = ["tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen2-moe"];
 
-fn fixtures() -> PathBuf {
-    std::env::var_os("INFERNO_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
-}
-
-fn load(name: &str) -> Model {
-    if let Err(e) = probe() {
-        panic!("no CUDA device: {e}");
-    }
-    let dir = fixtures().join(name);
-    Model::load(&dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()))
-}
+use support::{gpu_fixtures as fixtures, load_for_cuda as load};
 
 fn golden(name: &str) -> serde_json::Value {
     let path = fixtures().join(name).join("golden.json");

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use inferno::backend::cpu::CpuBackend;
-use inferno::backend::cuda::{CudaBackend, CudaOptions};
+use inferno::backend::cuda::{CudaBackend, CudaOptions, probe};
 use inferno::engine::{
     Backend, BatchRow, Engine, EngineConfig, EngineHandle, FinishReason, GenerationEvent,
     GenerationRequest, ModelInfo, SampleSpec, SamplingParams, StepOutput, StopParams,
@@ -384,4 +384,21 @@ pub fn small_cuda_backend(model: &Model, sample_on_device: bool) -> CudaBackend 
         ..CudaOptions::default()
     };
     CudaBackend::new(model, &config, options).unwrap_or_else(|e| panic!("CUDA backend: {e}"))
+}
+
+/// The fixtures the GPU tests read: `INFERNO_FIXTURES` (the GPU script's checkout), else the
+/// committed ones.
+pub fn gpu_fixtures() -> PathBuf {
+    std::env::var_os("INFERNO_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
+}
+
+/// Loads the fixture `name` for a GPU test, which fails at once without a CUDA device.
+pub fn load_for_cuda(name: &str) -> Model {
+    if let Err(e) = probe() {
+        panic!("no CUDA device: {e}");
+    }
+    let dir = gpu_fixtures().join(name);
+    Model::load(&dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()))
 }
