@@ -16,7 +16,7 @@ use inferno::backend::cuda::{CudaBackend, CudaOptions, probe};
 use inferno::engine::{Backend, EngineConfig, KvCacheDtype};
 use inferno::model::Model;
 
-/// The bf16 checks' logit tolerance against the CPU backend (`tests/cuda_backend.rs`), times 4
+/// The bf16 checks' logit tolerance against the CPU backend (`tests/cuda_backend/`), times 4
 /// (the FP8 issue's bound): a key or value the two backends compute a little apart may round to
 /// neighbouring E4M3 codes, 1/16 apart.
 const TOL_FP8: f32 = 4.0 * 0.1;
