@@ -10,7 +10,7 @@ fn teacher_forced_logits_match_the_references_and_the_cpu_backend() {
     for name in ["inferno-tiny", "tiny-qwen2", "tiny-qwen3"] {
         let model = load(name);
         let golden: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(fixtures().join(name).join("golden.json")).expect("golden.json"),
+            &std::fs::read(gpu_fixtures().join(name).join("golden.json")).expect("golden.json"),
         )
         .expect("golden.json parses");
         let mut gpu = cuda(&model, false);

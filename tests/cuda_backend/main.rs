@@ -14,12 +14,10 @@ mod logits;
 mod prefill;
 mod sampler;
 
-use support::{GREEDY, Generated, max_abs_diff, run_request};
-
-use std::path::PathBuf;
+use support::{GREEDY, Generated, gpu_fixtures, max_abs_diff, require_gpu, run_request};
 
 use inferno::backend::cpu::CpuBackend;
-use inferno::backend::cuda::{CudaBackend, CudaOptions, EarlyUpload, OpenedDevice, probe};
+use inferno::backend::cuda::{CudaBackend, CudaOptions, EarlyUpload, OpenedDevice};
 use inferno::engine::{Backend, BatchRow, EngineConfig, SampleSpec, SamplingParams, StepOutput};
 use inferno::model::{Model, ModelFiles};
 
@@ -39,22 +37,8 @@ const MARGIN: f32 = 0.05;
 /// fixtures). The comparison with the CPU backend and transformers keeps its own 0.1.
 const PREFILL_TOLERANCE: f32 = 0.05;
 
-fn fixtures() -> PathBuf {
-    std::env::var_os("INFERNO_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
-}
-
-/// Every test here needs a GPU: they are ignored by default and run with `--include-ignored`
-/// on the GPU machine (scripts/gpu-check.sh), where a missing device is a failure.
-fn require_gpu() {
-    if let Err(e) = probe() {
-        panic!("no CUDA device: {e}");
-    }
-}
-
 fn load(name: &str) -> Model {
-    let dir = fixtures().join(name);
+    let dir = gpu_fixtures().join(name);
     Model::load(&dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()))
 }
 
@@ -74,7 +58,7 @@ fn tiny_with_head_dim_64() -> (tempfile::TempDir, Model) {
 
 /// A temporary copy of the inferno-tiny fixture whose config.json `edit` has changed.
 fn tiny_copy(edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
-    let source = fixtures().join("inferno-tiny");
+    let source = gpu_fixtures().join("inferno-tiny");
     let dir = tempfile::tempdir().expect("temporary directory");
     for entry in std::fs::read_dir(&source).expect("inferno-tiny fixture") {
         let entry = entry.expect("fixture entry");
