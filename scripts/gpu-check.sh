@@ -1437,12 +1437,13 @@ fi
 # not run on a GPU yet): tests/cuda_gpt_oss.rs (.gpu/cuda_gpt_oss) with a block table per KV group
 # (teacher-forced decode, prefill chunks and greedy tokens against the CPU backend) and the
 # engine on a KV cache too small without freeing (its tokens against a large cache's and the CPU
-# backend's). KVGROUPS_SANITIZE=1 adds memcheck over the engine test (slow). Every step bounded.
+# backend's). KVGROUPS_FILTER narrows the tests by name (default: all); KVGROUPS_SANITIZE=1 adds
+# memcheck over the engine test (slow). Every step bounded.
 if has kvgroups; then
   KO=$OUT/kvgroups
   mkdir -p "$KO"
   if [ -x "$G/cuda_gpt_oss" ]; then
-    timeout 240 $RUN "$G/cuda_gpt_oss" --include-ignored --test-threads=1 --nocapture >"$KO/tests.log" 2>&1
+    timeout 240 $RUN "$G/cuda_gpt_oss" --include-ignored --test-threads=1 --nocapture ${KVGROUPS_FILTER:-} >"$KO/tests.log" 2>&1
     note "kvgroups tests/cuda_gpt_oss.rs: rc=$? $(grep -E '^test result' "$KO/tests.log")"
     grep -E '^RESULT|panicked' "$KO/tests.log" | head -20 | tee -a "$SUMMARY"
     if [ "${KVGROUPS_SANITIZE:-0}" = 1 ]; then

@@ -236,7 +236,7 @@ fn engine_greedy(
 /// (every one) and the CPU backend's (up to its first near-tie). The second sequence runs on the
 /// blocks the first gave back.
 #[test]
-#[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it (stage gptoss)"]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it (stages gptoss and kvgroups)"]
 fn the_engine_generates_past_a_cache_too_small_without_freeing() {
     let name = "tiny-gpt-oss";
     let model = load(name);
