@@ -41,7 +41,8 @@
 # launch, .gpu/decode-chain-check.cu: step time and read rate; CHAIN_BATCHES, CHAIN_VARIANTS, CHAIN_NCU),
 # embed and constrainedqwen (issue 46; see their block), spec (issue 51: speculative decoding and
 # per-position logits on CUDA, .gpu/cuda_speculative and bench offline), gptoss (issue 45: the
-# attention kernels with sinks and windows, .gpu/attention-check.cu and prefill-check.cu).
+# attention kernels with sinks and windows, .gpu/attention-check.cu and prefill-check.cu),
+# kvgroups (issue 45: gpt-oss's sliding layers' KV blocks freed, .gpu/cuda_gpt_oss).
 # Logs and JSON are written to a work folder and packed into $OUT/results.tgz (the device tool
 # returns at most 8 files); $OUT/summary.txt is also printed last.
 # Only reads the GPU's state; never changes a GPU setting.
@@ -1429,6 +1430,29 @@ if has gptoss; then
     note "gptoss compute-sanitizer memcheck (tests/cuda_gpt_oss.rs prefill_logits): rc=$? $(grep -E 'ERROR SUMMARY' "$GO/sanitizer-tests.log" | tail -1)"
   else
     note "gptoss: .gpu/cuda_gpt_oss missing (scripts/gpu-pack.sh builds it)"
+  fi
+fi
+
+# kvgroups (issue 45: sliding layers give back the KV blocks their window left; the CUDA path has
+# not run on a GPU yet): tests/cuda_gpt_oss.rs (.gpu/cuda_gpt_oss) with a block table per KV group
+# (teacher-forced decode, prefill chunks and greedy tokens against the CPU backend) and the
+# engine on a KV cache too small without freeing (its tokens against a large cache's and the CPU
+# backend's). KVGROUPS_FILTER narrows the tests by name (default: all); KVGROUPS_SANITIZE=1 adds
+# memcheck over the engine test (slow). Every step bounded.
+if has kvgroups; then
+  KO=$OUT/kvgroups
+  mkdir -p "$KO"
+  if [ -x "$G/cuda_gpt_oss" ]; then
+    timeout 240 $RUN "$G/cuda_gpt_oss" --include-ignored --test-threads=1 --nocapture ${KVGROUPS_FILTER:-} >"$KO/tests.log" 2>&1
+    note "kvgroups tests/cuda_gpt_oss.rs: rc=$? $(grep -E '^test result' "$KO/tests.log")"
+    grep -E '^RESULT|panicked' "$KO/tests.log" | head -20 | tee -a "$SUMMARY"
+    if [ "${KVGROUPS_SANITIZE:-0}" = 1 ]; then
+      timeout 400 $RUN compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
+        "$G/cuda_gpt_oss" --include-ignored --test-threads=1 the_engine_generates >"$KO/sanitizer.log" 2>&1
+      note "kvgroups compute-sanitizer memcheck (engine test): rc=$? $(grep -E 'ERROR SUMMARY' "$KO/sanitizer.log" | tail -1)"
+    fi
+  else
+    note "kvgroups: .gpu/cuda_gpt_oss missing (scripts/gpu-pack.sh builds it)"
   fi
 fi
 

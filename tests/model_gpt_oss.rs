@@ -8,7 +8,7 @@ mod support;
 
 use inferno::backend::cpu::CpuBackend;
 use inferno::engine::EngineConfig;
-use inferno::engine::{BLOCK_SIZE, Backend, BatchRow, SampleSpec, SamplingParams};
+use inferno::engine::{Backend, BatchRow, SampleSpec, SamplingParams};
 use inferno::model::gpt_oss::ExpertStorage;
 use inferno::model::{ExpertKind, MlpDefinition, MlpTensors, Model, Routing, layout};
 use serde::Deserialize;
@@ -191,7 +191,7 @@ fn prefill_logits_match_transformers() {
     let params = SamplingParams::default();
     for (i, case) in golden.cases.iter().enumerate() {
         let tf = &case.teacher_forced;
-        let blocks: Vec<u32> = (0..tf.tokens.len().div_ceil(BLOCK_SIZE) as u32).collect();
+        let blocks = support::block_tables(&backend, tf.tokens.len());
         let row = BatchRow {
             seq_id: 1,
             tokens: &tf.tokens,

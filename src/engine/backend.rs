@@ -7,21 +7,32 @@
 //! samples on the CPU) or tokens it sampled itself with the same semantics
 //! (`crate::engine::sampling` is the reference).
 
+use super::kv_groups::KvGroups;
 use super::request::{SamplingParams, TokenLogprob};
 
 /// Geometry of the paged KV cache that a backend allocated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvCacheShape {
-    /// Number of physical blocks.
+    /// Number of physical blocks (shared by the groups).
     pub num_blocks: usize,
     /// Tokens per block.
     pub block_size: usize,
+    /// The groups of layers that share a block table (`kv_groups.rs`).
+    pub groups: KvGroups,
 }
 
 impl KvCacheShape {
-    /// Capacity in tokens.
+    /// The longest sequence the cache holds on its own, in tokens: every block with one group
+    /// of full-attention layers; with a sliding group beside it, the blocks its window may hold
+    /// left out; with sliding layers only, no bound (`usize::MAX`) once the window fits.
     pub fn capacity_tokens(&self) -> usize {
-        self.num_blocks * self.block_size
+        let blocks = self.num_blocks;
+        match (self.groups.full, self.groups.sliding_reserve()) {
+            (_, 0) => blocks * self.block_size,
+            (true, reserve) => blocks.saturating_sub(reserve) * self.block_size,
+            (false, reserve) if blocks >= reserve => usize::MAX,
+            (false, _) => 0,
+        }
     }
 }
 
@@ -57,7 +68,10 @@ pub struct BatchRow<'a> {
     pub tokens: &'a [u32],
     /// Position of `tokens[0]` in the sequence.
     pub start_pos: usize,
-    /// Physical KV blocks covering positions `0..start_pos + tokens.len()`, in order.
+    /// Physical KV blocks covering positions `0..start_pos + tokens.len()`, in order: one table
+    /// per KV group of the cache ([`KvCacheShape::groups`]), one after the other, all of the
+    /// same length. A sliding group's entries for blocks that its window no longer reaches are
+    /// [`crate::engine::kv_groups::FREED_BLOCK`] and are never read.
     pub block_table: &'a [u32],
     /// Present when the row needs the next token after its last token.
     pub sample: Option<SampleSpec<'a>>,

@@ -74,6 +74,11 @@ impl BlockManager {
         Some(block)
     }
 
+    /// Whether a cached block has this content.
+    pub fn contains(&self, hash: &BlockHash) -> bool {
+        self.cached.contains_key(hash)
+    }
+
     /// Takes a cached block with this content, if there is one, adding a holder.
     pub fn lookup(&mut self, hash: &BlockHash) -> Option<u32> {
         let block = *self.cached.get(hash)?;

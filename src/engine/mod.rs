@@ -10,6 +10,7 @@ pub mod config;
 mod core;
 pub(crate) mod detokenize;
 pub mod handle;
+pub mod kv_groups;
 pub mod request;
 pub mod sampling;
 mod scheduler;
@@ -29,6 +30,7 @@ pub use config::{
 };
 pub use core::{Engine, EngineError, ModelInfo};
 pub use handle::{EngineHandle, EngineStats, GenerationStream, SubmitError};
+pub use kv_groups::{FREED_BLOCK, KvGroups};
 pub use request::{
     FinishReason, GenerationEvent, GenerationRequest, MAX_LOGIT_BIAS_TOKENS, PromptLogprob,
     SamplingParams, StopParams, StopReason, TokenLogprob,

@@ -9,6 +9,13 @@
 //! and it goes back to the front of the queue, to be recomputed later. Nothing is dropped for lack
 //! of memory: a request that fits the whole cache on its own always runs eventually.
 //!
+//! With a sliding-window group of layers (`kv_groups.rs`), every logical block costs one block
+//! per group, and the sliding group's blocks that its window left go back to the pool after each
+//! step, so a sequence holds its whole context in the full-attention group only. A prefill that
+//! cannot get its chunk's blocks once every later sequence is preempted computes the part of the
+//! chunk that fits (its window's blocks come back after each part), so a sequence within
+//! [`super::KvCacheShape::capacity_tokens`] still always runs.
+//!
 //! A plan names each row by its sequence's id ([`Sequence::id`]), never by a position in the
 //! running list, and the engine reaches running sequences through accessors keyed by that id, so
 //! removing a sequence cannot change what the other rows of a plan refer to.
@@ -19,6 +26,7 @@ use ring::digest::{Context, SHA256};
 
 use super::block_manager::{BlockHash, BlockManager};
 use super::config::{BLOCK_SIZE, EngineConfig};
+use super::kv_groups::{FREED_BLOCK, KvGroups};
 use super::sequence::Sequence;
 use super::step_cost::DecodeLoad;
 
@@ -50,6 +58,8 @@ pub struct Scheduler {
     max_num_seqs: usize,
     /// The physical KV blocks.
     pub blocks: BlockManager,
+    /// The groups of layers that share a block table.
+    groups: KvGroups,
     /// Sequences waiting for admission, in order.
     pub waiting: VecDeque<Sequence>,
     /// Admitted sequences, in admission order.
@@ -69,12 +79,19 @@ impl Scheduler {
             max_num_seqs: config.max_num_seqs_for(num_blocks),
             config,
             blocks: BlockManager::new(num_blocks),
+            groups: KvGroups::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             positions: HashMap::new(),
             model_key,
             counters: SchedulerCounters::default(),
         }
+    }
+
+    /// The same scheduler for a cache of these KV groups (one full-attention group by default).
+    pub fn with_groups(mut self, groups: KvGroups) -> Self {
+        self.groups = groups;
+        self
     }
 
     /// Whether there is nothing to run.
@@ -192,7 +209,7 @@ impl Scheduler {
             } else {
                 0
             };
-            let num_tokens = if decoding {
+            let mut num_tokens = if decoding {
                 seq.pending().min(decode_budget) + proposed
             } else {
                 seq.pending().min(prefill_budget)
@@ -201,19 +218,27 @@ impl Scheduler {
                 index += 1;
                 continue;
             }
-            let needed = Sequence::blocks_for(seq.num_computed + num_tokens)
-                .saturating_sub(seq.blocks.len());
+            let mut needed = self.blocks_needed(seq, num_tokens);
             while self.blocks.num_available() < needed && self.running.len() - 1 > index {
                 self.preempt_last();
                 preempted = true;
             }
             if self.blocks.num_available() < needed {
-                // Only this sequence is left to give up its blocks.
-                self.preempt_last();
-                preempted = true;
-                break;
+                let fit = if decoding {
+                    0
+                } else {
+                    self.tokens_that_fit(&self.running[index], num_tokens)
+                };
+                if fit == 0 {
+                    // Only this sequence is left to give up its blocks.
+                    self.preempt_last();
+                    preempted = true;
+                    break;
+                }
+                num_tokens = fit;
+                needed = self.blocks_needed(&self.running[index], num_tokens);
             }
-            self.grow(index, needed);
+            self.grow(index, needed / self.groups.count());
             let seq = &mut self.running[index];
             seq.draft.truncate(proposed);
             if proposed > 0 {
@@ -253,13 +278,21 @@ impl Scheduler {
             {
                 self.take_cached_prefix(&mut seq);
             }
-            let num_tokens = seq.pending().min(budget);
-            let needed = Sequence::blocks_for(seq.num_computed + num_tokens)
-                .saturating_sub(seq.blocks.len());
+            let mut num_tokens = seq.pending().min(budget);
+            let mut needed = self.blocks_needed(&seq, num_tokens);
             if self.blocks.num_available() < needed {
-                self.free_blocks(&mut seq);
-                self.waiting.push_front(seq);
-                break;
+                let fit = if self.running.is_empty() {
+                    self.tokens_that_fit(&seq, num_tokens)
+                } else {
+                    0
+                };
+                if fit == 0 {
+                    self.free_blocks(&mut seq);
+                    self.waiting.push_front(seq);
+                    break;
+                }
+                num_tokens = fit;
+                needed = self.blocks_needed(&seq, num_tokens);
             }
             seq.admitted_before = true;
             seq.first_scheduled
@@ -268,14 +301,35 @@ impl Scheduler {
             let index = self.running.len();
             self.positions.insert(seq_id, index);
             self.running.push(seq);
-            self.grow(index, needed);
+            self.grow(index, needed / self.groups.count());
             plan.push(Scheduled { seq_id, num_tokens });
             budget -= num_tokens;
         }
     }
 
-    /// Reuses cached full blocks of the sequence's prefix. At least one token is always left to
-    /// compute, so the step produces logits.
+    /// Blocks a row of `num_tokens` tokens of `seq` takes from the pool: one per group for each
+    /// logical block it adds.
+    fn blocks_needed(&self, seq: &Sequence, num_tokens: usize) -> usize {
+        Sequence::blocks_for(seq.num_computed + num_tokens).saturating_sub(seq.blocks.len())
+            * self.groups.count()
+    }
+
+    /// With a sliding group, the most of `num_tokens` prefill tokens of `seq` whose blocks are
+    /// available now (0 when none are, or without a sliding group: a prefill of a cache of
+    /// full-attention layers only waits for its whole chunk, as the cache holds it).
+    fn tokens_that_fit(&self, seq: &Sequence, num_tokens: usize) -> usize {
+        if self.groups.sliding_window.is_none() {
+            return 0;
+        }
+        let logical = self.blocks.num_available() / self.groups.count();
+        let end = (seq.blocks.len() + logical) * BLOCK_SIZE;
+        num_tokens.min(end.saturating_sub(seq.num_computed))
+    }
+
+    /// Reuses cached full blocks of the sequence's prefix: in every full-attention group all the
+    /// prefix's blocks, in a sliding group those that the window of the first token to compute
+    /// reads (the prefix is shortened until every group has them). At least one token is always
+    /// left to compute, so the step produces logits.
     fn take_cached_prefix(&mut self, seq: &mut Sequence) {
         let reusable = (seq.tokens.len() - 1) / BLOCK_SIZE;
         extend_hashes(
@@ -284,13 +338,35 @@ impl Scheduler {
             seq,
             reusable,
         );
-        let mut hits = 0;
-        while hits < reusable {
-            match self.blocks.lookup(&seq.block_hashes[hits]) {
-                Some(block) => seq.blocks.push(block),
-                None => break,
-            }
-            hits += 1;
+        let groups = self.groups;
+        let cached =
+            |b: usize, g: usize| self.blocks.contains(&group_hash(&seq.block_hashes[b], g));
+        let full: Vec<usize> = (0..groups.count())
+            .filter(|&g| groups.window(g).is_none())
+            .collect();
+        let mut hits = (0..reusable)
+            .take_while(|&b| full.iter().all(|&g| cached(b, g)))
+            .count();
+        while hits > 0
+            && !(0..groups.count()).all(|g| {
+                groups.window(g).is_none()
+                    || (groups.first_needed_block(g, hits * BLOCK_SIZE)..hits).all(|b| cached(b, g))
+            })
+        {
+            hits -= 1;
+        }
+        for b in 0..hits {
+            let ids: Vec<u32> = (0..groups.count())
+                .map(|g| {
+                    if b < groups.first_needed_block(g, hits * BLOCK_SIZE) {
+                        return FREED_BLOCK;
+                    }
+                    self.blocks
+                        .lookup(&group_hash(&seq.block_hashes[b], g))
+                        .expect("the block was found cached just before")
+                })
+                .collect();
+            seq.blocks.push(&ids);
         }
         seq.num_computed = hits * BLOCK_SIZE;
         seq.registered_blocks = hits;
@@ -309,15 +385,28 @@ impl Scheduler {
         };
         let seq = &mut self.running[position];
         seq.num_computed += scheduled.num_tokens;
-        if !self.config.prefix_caching {
-            return;
+        if self.config.prefix_caching {
+            let full = seq.num_computed / BLOCK_SIZE;
+            extend_hashes(&self.model_key, self.config.share_prefix_cache, seq, full);
+            while seq.registered_blocks < full {
+                let b = seq.registered_blocks;
+                for g in 0..self.groups.count() {
+                    let block = seq.blocks.table(g)[b];
+                    if block != FREED_BLOCK {
+                        self.blocks
+                            .register(block, group_hash(&seq.block_hashes[b], g));
+                    }
+                }
+                seq.registered_blocks += 1;
+            }
         }
-        let full = seq.num_computed / BLOCK_SIZE;
-        extend_hashes(&self.model_key, self.config.share_prefix_cache, seq, full);
-        while seq.registered_blocks < full {
-            let b = seq.registered_blocks;
-            self.blocks.register(seq.blocks[b], seq.block_hashes[b]);
-            seq.registered_blocks += 1;
+        // Blocks that no later token's window reaches go back (after they were offered to the
+        // prefix cache above).
+        for g in 0..self.groups.count() {
+            let first = self.groups.first_needed_block(g, seq.num_computed);
+            for block in seq.blocks.free_before(g, first) {
+                self.blocks.release(block);
+            }
         }
     }
 
@@ -333,11 +422,7 @@ impl Scheduler {
         seq.draft.clear();
         seq.verify.clear();
         let keep = Sequence::blocks_for(seq.num_computed);
-        let surplus: Vec<u32> = seq
-            .blocks
-            .drain(keep.max(seq.registered_blocks)..)
-            .collect();
-        for block in surplus {
+        for block in seq.blocks.truncate(keep.max(seq.registered_blocks)) {
             self.blocks.release(block);
         }
     }
@@ -370,13 +455,17 @@ impl Scheduler {
         }
     }
 
-    fn grow(&mut self, index: usize, needed: usize) {
-        for _ in 0..needed {
-            let block = self
-                .blocks
-                .allocate()
-                .expect("availability checked by the caller");
-            self.running[index].blocks.push(block);
+    /// Adds `logical` blocks to the tables of the running sequence at `index`, one per group each.
+    fn grow(&mut self, index: usize, logical: usize) {
+        for _ in 0..logical {
+            let ids: Vec<u32> = (0..self.groups.count())
+                .map(|_| {
+                    self.blocks
+                        .allocate()
+                        .expect("availability checked by the caller")
+                })
+                .collect();
+            self.running[index].blocks.push(&ids);
         }
     }
 
@@ -391,7 +480,7 @@ impl Scheduler {
     }
 
     fn free_blocks(&mut self, seq: &mut Sequence) {
-        for block in seq.blocks.drain(..) {
+        for block in seq.blocks.truncate(0) {
             self.blocks.release(block);
         }
         seq.num_computed = 0;
@@ -399,6 +488,22 @@ impl Scheduler {
         seq.draft.clear();
         seq.verify.clear();
     }
+}
+
+/// The prefix-cache key of group `group`'s block whose content is `hash`: the content hash itself
+/// for group 0 (so a cache of one group keys its blocks as before groups existed), a hash of it
+/// and the group for the others.
+fn group_hash(hash: &BlockHash, group: usize) -> BlockHash {
+    if group == 0 {
+        return *hash;
+    }
+    let mut ctx = Context::new(&SHA256);
+    ctx.update(b"inferno-kv-group-v1");
+    ctx.update(&(group as u64).to_le_bytes());
+    ctx.update(hash);
+    let mut out: BlockHash = [0; 32];
+    out.copy_from_slice(ctx.finish().as_ref());
+    out
 }
 
 /// Makes the hash chain of `seq` cover its first `count` blocks. The chain starts from the model's
@@ -427,12 +532,16 @@ fn extend_hashes(model_key: &[u8; 32], shared: bool, seq: &mut Sequence, count: 
 }
 
 #[cfg(test)]
+#[path = "scheduler_groups_tests.rs"]
+mod groups_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::engine::request::{GenerationRequest, SamplingParams, StopParams};
     use crate::engine::stop::StopMatcher;
 
-    fn sequence(id: u64, prompt_len: usize) -> Sequence {
+    pub(super) fn sequence(id: u64, prompt_len: usize) -> Sequence {
         let request = GenerationRequest {
             id: format!("r{id}"),
             prompt: (0..prompt_len as u32)
@@ -465,7 +574,7 @@ mod tests {
 
     /// A scheduler of at most `max_num_seqs` sequences over `num_blocks` blocks, 512-token steps
     /// and no prefix cache.
-    fn limited(max_num_seqs: usize, num_blocks: usize) -> Scheduler {
+    pub(super) fn limited(max_num_seqs: usize, num_blocks: usize) -> Scheduler {
         let config = EngineConfig {
             max_num_seqs: Some(max_num_seqs),
             max_batched_tokens: 512,
@@ -477,7 +586,7 @@ mod tests {
 
     /// Runs a plan as the engine would: computes the tokens and, for rows whose prompt is done,
     /// appends a generated token. Rows whose sequence was removed meanwhile are skipped.
-    fn complete(s: &mut Scheduler, plan: &[Scheduled]) {
+    pub(super) fn complete(s: &mut Scheduler, plan: &[Scheduled]) {
         for p in plan {
             s.complete(*p);
             if let Some(seq) = s.get_mut(p.seq_id)

@@ -5,6 +5,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::block_manager::BlockHash;
 use super::config::BLOCK_SIZE;
 use super::detokenize::IncrementalDecoder;
+use super::kv_groups::BlockTables;
 use super::request::{GenerationEvent, GenerationRequest, PromptLogprob};
 use super::speculative::adaptive::Acceptance;
 use super::stop::StopMatcher;
@@ -23,8 +24,9 @@ pub struct Sequence {
     pub tokens: Vec<u32>,
     /// Tokens whose keys and values are in the cache.
     pub num_computed: usize,
-    /// Physical blocks holding positions `0..blocks.len() * BLOCK_SIZE`.
-    pub blocks: Vec<u32>,
+    /// Physical blocks holding positions `0..blocks.len() * BLOCK_SIZE`, one table per KV group
+    /// (a sliding group's table gives back what its window left).
+    pub blocks: BlockTables,
     /// Hash chain of the full blocks computed so far (`block_hashes[i]` covers block `i`).
     pub block_hashes: Vec<BlockHash>,
     /// Blocks already registered in the prefix cache.
@@ -107,7 +109,7 @@ impl Sequence {
             seed,
             tokens: request.prompt.clone(),
             num_computed: 0,
-            blocks: Vec::new(),
+            blocks: BlockTables::default(),
             block_hashes: Vec::new(),
             registered_blocks: 0,
             cached_tokens: 0,

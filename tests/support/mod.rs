@@ -63,11 +63,20 @@ pub fn golden(dir: &Path) -> Vec<GoldenCase> {
         .cases
 }
 
+/// The block tables of a sequence of `len` tokens on `backend`: one per KV group of its cache,
+/// one after the other (the layout of `BatchRow::block_table`), every group's blocks distinct and
+/// counted from 0.
+pub fn block_tables(backend: &dyn inferno::engine::Backend, len: usize) -> Vec<u32> {
+    let blocks = len.div_ceil(inferno::engine::BLOCK_SIZE);
+    let groups = backend.kv_cache().groups.count();
+    (0..(groups * blocks) as u32).collect()
+}
+
 /// The logits at every position of `tokens` on a fresh sequence of `backend`, decoding one token
 /// per step (the decode path).
 pub fn logits_per_position(backend: &mut CpuBackend, tokens: &[u32]) -> Vec<Vec<f32>> {
-    use inferno::engine::{BLOCK_SIZE, Backend, BatchRow, SampleSpec, StepOutput};
-    let blocks: Vec<u32> = (0..tokens.len().div_ceil(BLOCK_SIZE) as u32).collect();
+    use inferno::engine::{Backend, BatchRow, SampleSpec, StepOutput};
+    let blocks = block_tables(backend, tokens.len());
     let params = SamplingParams::default();
     (0..tokens.len())
         .map(|pos| {
@@ -84,7 +93,7 @@ pub fn logits_per_position(backend: &mut CpuBackend, tokens: &[u32]) -> Vec<Vec<
                 seq_id: 1,
                 tokens: &tokens[pos..=pos],
                 start_pos: pos,
-                block_table: &blocks[..(pos + 1).div_ceil(BLOCK_SIZE)],
+                block_table: &blocks,
                 sample: Some(spec),
             };
             match backend.step(&[row]).expect("step runs") {

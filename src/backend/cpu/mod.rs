@@ -74,8 +74,13 @@ impl CpuBackend {
         let definition = model.definition();
         let attention = definition.attention();
         let slot_width = attention.kv_width();
-        let layers = definition.layers.len();
-        let block_bytes = KvCache::bytes_per_token(layers, slot_width) * BLOCK_SIZE;
+        let windows: Vec<Option<usize>> = definition
+            .layers
+            .iter()
+            .map(|l| l.attention.sliding_window)
+            .collect();
+        let (_, _, slots) = crate::engine::kv_groups::layer_places(&windows);
+        let block_bytes = KvCache::bytes_per_token(slots, slot_width) * BLOCK_SIZE;
         let num_blocks = (kv_cache_bytes / block_bytes as u64) as usize;
         if num_blocks == 0 {
             return Err(CpuBackendError::CacheTooSmall {
@@ -86,7 +91,7 @@ impl CpuBackend {
         let weights = CpuWeights::load(model, &definition, model.config.quantization.as_ref())?;
         let inv_freqs = attention.rope.inv_freqs(attention.head_dim);
         let rope_scale = attention.rope.attention_factor();
-        let cache = KvCache::new(layers, slot_width, num_blocks);
+        let cache = KvCache::new(&windows, slot_width, num_blocks);
         Ok(Self {
             definition,
             weights,
@@ -125,27 +130,37 @@ impl CpuBackend {
         Ok(self)
     }
 
-    /// Checks token ids, positions and block tables before touching memory.
+    /// Checks token ids, positions and block tables before touching memory: every block a row
+    /// reads or writes (in each group, from the first its window reaches) is in the cache.
     fn validate(&self, rows: &[BatchRow<'_>]) -> Result<(), BackendError> {
+        let groups = self.cache.groups;
         for row in rows {
             let end = row.start_pos + row.tokens.len();
-            if row.tokens.is_empty() || row.block_table.len() * BLOCK_SIZE < end {
+            let per_group = row.block_table.len() / groups.count();
+            if row.tokens.is_empty()
+                || row.block_table.len() % groups.count() != 0
+                || per_group * BLOCK_SIZE < end
+            {
                 return Err(BackendError::InvalidBatch(format!(
-                    "sequence {}: {} tokens at position {} with {} blocks",
+                    "sequence {}: {} tokens at position {} with {} block table entries for {} \
+                     KV groups",
                     row.seq_id,
                     row.tokens.len(),
                     row.start_pos,
-                    row.block_table.len()
+                    row.block_table.len(),
+                    groups.count()
                 )));
             }
-            if let Some(&block) = row
-                .block_table
-                .iter()
-                .find(|&&b| b as usize >= self.cache.num_blocks)
-            {
-                return Err(BackendError::InvalidBatch(format!(
-                    "block {block} is outside the cache"
-                )));
+            for (g, table) in row.block_table.chunks(per_group).enumerate() {
+                let read = groups.first_needed_block(g, row.start_pos)..end.div_ceil(BLOCK_SIZE);
+                if let Some(&block) = table[read]
+                    .iter()
+                    .find(|&&b| b as usize >= self.cache.num_blocks)
+                {
+                    return Err(BackendError::InvalidBatch(format!(
+                        "block {block} is outside the cache"
+                    )));
+                }
             }
             if let Some(&token) = row
                 .tokens
@@ -184,28 +199,35 @@ impl CpuBackend {
             )));
         }
         let dim = self.definition.hidden;
-        let mut contexts = Vec::new();
-        let mut slots = Vec::new();
+        let groups = self.cache.groups.count();
+        let mut contexts: Vec<Vec<TokenContext<'_>>> = vec![Vec::new(); groups];
+        let mut slots: Vec<Vec<usize>> = vec![Vec::new(); groups];
         let mut hidden = Vec::new();
         let mut outputs = Vec::new();
         let mut last_of_rows = Vec::with_capacity(rows.len());
+        let mut tokens = 0;
         for (row, &wanted) in rows.iter().zip(positions) {
+            let per_group = row.block_table.len() / groups;
             for (i, &token) in row.tokens.iter().enumerate() {
                 let position = row.start_pos + i;
-                contexts.push(TokenContext {
-                    position,
-                    block_table: row.block_table,
-                });
-                slots.push(slot(row.block_table, position));
+                for (g, table) in row.block_table.chunks(per_group).enumerate() {
+                    contexts[g].push(TokenContext {
+                        position,
+                        block_table: table,
+                    });
+                    slots[g].push(slot(table, position));
+                }
                 let t = token as usize;
                 hidden.extend_from_slice(&self.weights.embed_tokens.weight[t * dim..(t + 1) * dim]);
             }
-            outputs.extend(contexts.len() - wanted..contexts.len());
-            last_of_rows.push(contexts.len().wrapping_sub(1));
+            tokens += row.tokens.len();
+            outputs.extend(tokens - wanted..tokens);
+            last_of_rows.push(tokens.wrapping_sub(1));
         }
-        self.router_gaps = vec![f32::INFINITY; contexts.len()];
+        self.router_gaps = vec![f32::INFINITY; tokens];
         for index in 0..self.definition.layers.len() {
-            self.layer(index, &mut hidden, &contexts, &slots);
+            let group = self.cache.layers[index].group;
+            self.layer(index, &mut hidden, &contexts[group], &slots[group]);
         }
         let final_norm = |tokens: &mut dyn Iterator<Item = usize>| {
             let last: Vec<f32> = tokens
@@ -279,7 +301,7 @@ impl CpuBackend {
             v.iter_mut()
                 .for_each(|x| *x = round_to_e4m3(*x / v_scale) * v_scale);
         }
-        let cache = &mut self.cache.layers[index];
+        let cache = &mut self.cache.slots[self.cache.layers[index].slot];
         for (t, &s) in slots.iter().enumerate() {
             cache.keys[s * kv_dim..(s + 1) * kv_dim]
                 .copy_from_slice(&k[t * kv_dim..(t + 1) * kv_dim]);
@@ -343,6 +365,7 @@ impl Backend for CpuBackend {
         KvCacheShape {
             num_blocks: self.cache.num_blocks,
             block_size: BLOCK_SIZE,
+            groups: self.cache.groups,
         }
     }
 

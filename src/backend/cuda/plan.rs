@@ -4,15 +4,17 @@
 
 use crate::engine::BLOCK_SIZE;
 
-/// Bytes one KV block takes across all layers (keys and values of `element_bytes` each: 2 for
-/// bf16, 1 for an FP8 cache, which so holds twice the tokens in the same memory).
+/// Bytes one KV block takes across its storage slots (one per layer for a model of one KV
+/// group, the larger group's layers for one with full and sliding groups; keys and values of
+/// `element_bytes` each: 2 for bf16, 1 for an FP8 cache, which so holds twice the tokens in the
+/// same memory).
 pub fn kv_block_bytes(
-    layers: usize,
+    slots: usize,
     kv_heads: usize,
     head_dim: usize,
     element_bytes: usize,
 ) -> usize {
-    layers * 2 * BLOCK_SIZE * kv_heads * head_dim * element_bytes
+    slots * 2 * BLOCK_SIZE * kv_heads * head_dim * element_bytes
 }
 
 /// KV blocks that fit in `fraction` of `free_bytes` (the memory free after weights, activations

@@ -740,6 +740,7 @@ impl Backend for SignalOnDrop {
             KvCacheShape {
                 num_blocks: 0,
                 block_size: BLOCK_SIZE,
+                groups: Default::default(),
             },
             |b| b.kv_cache(),
         )

@@ -91,6 +91,8 @@ impl Engine {
         tracing::info!(
             max_num_seqs = config.max_num_seqs,
             kv_blocks = kv_cache.num_blocks,
+            kv_groups = kv_cache.groups.count(),
+            sliding_window = ?kv_cache.groups.sliding_window,
             "sequence limit"
         );
         let shared = Arc::new(Shared {
@@ -116,7 +118,8 @@ impl Engine {
             detokenizer: Detokenizer::new(model.tokenizer.clone()),
             step_costs: StepCosts::new(config.itl_stall_limit, config.max_batched_tokens)
                 .with_step_sizes(backend.step_sizes()),
-            scheduler: Scheduler::new(config, kv_cache.num_blocks, model.digest),
+            scheduler: Scheduler::new(config, kv_cache.num_blocks, model.digest)
+                .with_groups(kv_cache.groups),
             eos: model.eos_token_ids.iter().copied().collect(),
             model,
             backend,
@@ -798,7 +801,7 @@ fn batch_row(seq: &Sequence, scheduled: Scheduled) -> BatchRow<'_> {
             &seq.tokens[start..end]
         },
         start_pos: start,
-        block_table: &seq.blocks[..Sequence::blocks_for(end)],
+        block_table: seq.blocks.row(Sequence::blocks_for(end)),
         sample,
     }
 }

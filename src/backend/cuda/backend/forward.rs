@@ -418,7 +418,7 @@ impl CudaBackend {
         let writes = RopeWrites {
             inv_freq: self.weights.inv_freq.device_ptr(),
             positions: self.input(layout.positions()),
-            slots: self.input(layout.slots()),
+            slots: self.input(layout.slots(self.kv.group(layer))),
             q_out: self.act.q.device_ptr(),
             k_cache: self.kv.keys(layer),
             v_cache: self.kv.values(layer),
@@ -695,7 +695,7 @@ impl CudaBackend {
             sinks: self.layer_sinks(layer),
             block_tables: self.input(layout.block_tables()),
             max_blocks_word: self.input(layout.max_blocks_word()),
-            token_row: self.input(layout.token_rows()),
+            token_row: self.input(layout.token_rows(self.kv.group(layer))),
             positions: self.input(layout.positions()),
         }
     }

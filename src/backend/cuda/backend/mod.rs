@@ -28,6 +28,7 @@ use std::time::Duration;
 use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::backend::BackendPhases;
+use crate::engine::kv_groups::LayerPlace;
 use crate::engine::{BackendError, KvCacheShape};
 use crate::model::ModelDefinition;
 
@@ -231,39 +232,58 @@ pub struct CudaBackend {
     choices: Option<ChoiceStore>,
 }
 
-/// The paged KV cache in one allocation: every layer's keys, then every layer's values, each
-/// layer's `[blocks, block size, kv heads, head dim]` of bf16 or, with an FP8 cache, E4M3 bytes
+/// The paged KV cache in one allocation: every slot's keys, then every slot's values, each
+/// slot's `[blocks, block size, kv heads, head dim]` of bf16 or, with an FP8 cache, E4M3 bytes
 /// (`kernels/prelude.cuh`: `kv_t`); and each layer's k and v scales, `[layers, 2]` f32 (1.0 until
 /// [`KvCache::write_scales`] stores the checkpoint's; only an FP8 cache's kernels read them).
+///
+/// A slot is one layer's storage. With one KV group (`engine::kv_groups`) every layer has its own
+/// slot, as before groups existed; with a full-attention and a sliding group, slot `i` holds the
+/// `i`-th layer of whichever group a block belongs to (the groups' layers share the blocks'
+/// storage), so there are as many slots as the larger group has layers.
 struct KvCache {
     buffer: DeviceBuffer,
     scales: DeviceBuffer,
-    layers: usize,
+    /// Each layer's group and slot.
+    places: Vec<LayerPlace>,
+    slots: usize,
     layer_bytes: usize,
 }
 
 impl KvCache {
-    fn new(layers: usize, layer_bytes: usize) -> Result<Self, BackendError> {
-        let ones: Vec<u8> = std::iter::repeat_n(1.0f32.to_ne_bytes(), 2 * layers)
+    /// A cache of `slots` slots of `layer_bytes` bytes each for layers at `places`.
+    fn new(
+        places: Vec<LayerPlace>,
+        slots: usize,
+        layer_bytes: usize,
+    ) -> Result<Self, BackendError> {
+        let ones: Vec<u8> = std::iter::repeat_n(1.0f32.to_ne_bytes(), 2 * places.len())
             .flatten()
             .collect();
         Ok(Self {
-            buffer: DeviceBuffer::new(2 * layers * layer_bytes)?,
+            buffer: DeviceBuffer::new(2 * slots * layer_bytes)?,
             scales: DeviceBuffer::from_bytes(&ones)?,
-            layers,
+            places,
+            slots,
             layer_bytes,
         })
     }
 
+    /// The KV group of `layer`: which block tables, slots and rows of a step it reads.
+    fn group(&self, layer: usize) -> usize {
+        self.places[layer].group
+    }
+
     /// The keys of `layer`.
     fn keys(&self, layer: usize) -> DevicePtr<Kv> {
-        self.buffer.device_ptr_at(layer * self.layer_bytes)
+        self.buffer
+            .device_ptr_at(self.places[layer].slot * self.layer_bytes)
     }
 
     /// The values of `layer`.
     fn values(&self, layer: usize) -> DevicePtr<Kv> {
         self.buffer
-            .device_ptr_at((self.layers + layer) * self.layer_bytes)
+            .device_ptr_at((self.slots + self.places[layer].slot) * self.layer_bytes)
     }
 
     /// The k and v scales of `layer`.
@@ -273,11 +293,11 @@ impl KvCache {
 
     /// Stores every layer's `[k_scale, v_scale]` (synchronously: at load, before any step).
     fn write_scales(&self, scales: &[[f32; 2]]) -> Result<(), BackendError> {
-        if scales.len() != self.layers {
+        if scales.len() != self.places.len() {
             return Err(BackendError::Device(format!(
                 "{} KV-cache scale pairs for {} layers",
                 scales.len(),
-                self.layers
+                self.places.len()
             )));
         }
         let bytes: Vec<u8> = scales

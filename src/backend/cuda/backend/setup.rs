@@ -234,7 +234,7 @@ impl CudaBackend {
         if !self.params.kv_fp8 {
             return Ok(());
         }
-        let scales = crate::model::kv_scales::kv_cache_scales(model.weights, self.kv.layers)
+        let scales = crate::model::kv_scales::kv_cache_scales(model.weights, self.kv.places.len())
             .map_err(|e| CudaInitError::Weights(e.to_string()))?;
         self.kv.write_scales(&scales)?;
         Ok(())
@@ -327,10 +327,19 @@ impl CudaBackend {
         let max_context_model = cfg.max_position_embeddings.max(1);
         let max_blocks_per_seq = max_context_model.div_ceil(crate::engine::BLOCK_SIZE);
         let max_penalty_tokens = cfg.vocab_size.min(max_context_model);
+        // The KV groups: sliding layers beside full ones keep a block table of their own, whose
+        // blocks the window left go back to the pool (`engine::kv_groups`); the groups' layers
+        // share the blocks' storage slots.
+        let windows: Vec<Option<usize>> = crate::model::ModelDefinition::of(cfg)
+            .layers
+            .iter()
+            .map(|l| l.attention.sliding_window)
+            .collect();
+        let (kv_groups, places, kv_slots) = crate::engine::kv_groups::layer_places(&windows);
         let max_words = inputs::max_words(
             max_tokens,
             max_rows,
-            max_blocks_per_seq,
+            (kv_groups.count(), max_blocks_per_seq),
             max_penalty_tokens,
             cfg.vocab_size,
         );
@@ -342,7 +351,7 @@ impl CudaBackend {
             .mem_get_info()
             .map_err(|e| CudaInitError::Device(e.to_string()))?;
         let block_bytes = plan::kv_block_bytes(
-            cfg.num_hidden_layers,
+            kv_slots,
             cfg.num_key_value_heads,
             cfg.head_dim,
             params.kv_element_bytes(),
@@ -364,16 +373,18 @@ impl CudaBackend {
             * cfg.head_dim
             * params.kv_element_bytes();
         let kv_started = Instant::now();
-        let kv = KvCache::new(cfg.num_hidden_layers, layer_bytes)?;
+        let kv = KvCache::new(places, kv_slots, layer_bytes)?;
         let kv_alloc = kv_started.elapsed();
         let kv_shape = KvCacheShape {
             num_blocks,
             block_size: crate::engine::BLOCK_SIZE,
+            groups: kv_groups,
         };
         tracing::info!(
             gpu = %name,
             arch = %arch,
             blocks = num_blocks,
+            kv_groups = kv_groups.count(),
             capacity_tokens = kv_shape.capacity_tokens(),
             kv_bytes = num_blocks * block_bytes,
             load_ms = (t_kernels - t_compile).as_millis() as u64,
@@ -399,6 +410,7 @@ impl CudaBackend {
             max_tokens,
             max_rows,
             num_blocks,
+            kv_groups,
             vocab: cfg.vocab_size,
             max_words,
             tile_tokens: if options.flash_prefill {

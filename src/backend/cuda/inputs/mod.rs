@@ -3,13 +3,15 @@
 //! goes through an encrypted bounce buffer and costs a fixed overhead).
 //!
 //! The packed buffer is an array of `i32` holding, in order: the block-table stride (one word),
-//! token ids `[T]`, positions `[T]`, KV-cache slots `[T]`, the row of each token `[T]`, the token
+//! token ids `[T]`, positions `[T]`, KV-cache slots `[G * T]` (those of KV group `g` at `g * T`),
+//! the block-table row of each token `[G * T]` (`g * R + r` for a token of row `r` in group `g`,
+//! so group 0's is the token's row), the token
 //! index of each sampled row `[S]`, the number of logprob alternatives of each sampled row `[S]`,
 //! the sampling parameters of each sampled row `[S * SAMPLE_PARAMS]` (temperature, top-k, top-p,
 //! min-p, presence, frequency and repetition penalties as float bits or ints, the seed and the
 //! draw index as 32-bit halves, where its penalty list and its bias list start and how long they
-//! are, and where its grammar mask starts or -1), the block tables `[R * max_blocks]`
-//! (zero-padded), then the sampled rows' lists, row after row: the penalty list (distinct
+//! are, and where its grammar mask starts or -1), the block tables `[G * R * max_blocks]` (group
+//! 0's rows, then group 1's; zero-padded, and zero where a sliding group gave a block back), then the sampled rows' lists, row after row: the penalty list (distinct
 //! `(token, times generated)` pairs), the `logit_bias` list (`(token, bias as float bits)` pairs)
 //! and the grammar mask (`ceil(vocab / 32)` words, bit `t % 32` of word `t / 32` allowing token
 //! `t`), then, for steps with a prefill row, the prefill-attention tiles (`(first token,
@@ -28,14 +30,20 @@
 //! arrays, at offsets that depend on T alone: a step padded with unsampled tokens to a fixed T can
 //! replay the segment graphs captured for that size (see `graphs.rs`).
 //!
+//! G is the number of KV groups (`engine::kv_groups`): 1 for a model without sliding layers
+//! beside full ones, whose layout is the same as before groups existed. The attention kernels of
+//! a group's layers take that group's slots and rows; nothing else reads them.
+//!
 //! Padding tokens have token 0, position 0, slot -1 (the QKV kernel writes no cache entry) and row
-//! -1 (attention outputs zero). Those that pad a decode step to its graph's batch size are sampled
+//! -1 (attention outputs zero), in every group. Those that pad a decode step to its graph's batch size are sampled
 //! with no alternatives, as padding rows; those that pad a mixed step to its graph's token count
 //! are not sampled. Their results are never copied back.
 
 use std::collections::HashMap;
 
-use crate::engine::{BLOCK_SIZE, BackendError, BatchRow, MAX_LOGIT_BIAS_TOKENS, SampleSpec};
+use crate::engine::{
+    BLOCK_SIZE, BackendError, BatchRow, FREED_BLOCK, KvGroups, MAX_LOGIT_BIAS_TOKENS, SampleSpec,
+};
 
 use super::kernels::{MAX_TOP_LOGPROBS, SAMPLE_PARAMS};
 
@@ -46,13 +54,15 @@ pub struct StepLayout {
     pub num_tokens: usize,
     /// Rows with a block table (R, the batch's own rows).
     pub num_rows: usize,
+    /// KV groups (G): each row has a block table per group, each token a slot per group.
+    pub kv_groups: usize,
     /// Rows that need a next token, padding included (S).
     pub num_samples: usize,
     /// Padding decode rows at the end of the step (one token each, each a sampled row).
     pub padding: usize,
     /// Padding tokens at the end of the step that no row owns and nothing samples.
     pub token_padding: usize,
-    /// Stride of the block-table array: the longest block table of the step.
+    /// Stride of the block-table array: the longest block table of the step (of one group).
     pub max_blocks: usize,
     /// Words of the sampled rows' lists (penalties, biases, masks).
     pub list_words: usize,
@@ -83,17 +93,17 @@ impl StepLayout {
     pub fn positions(&self) -> usize {
         1 + self.num_tokens
     }
-    /// Offset of the KV-cache slots.
-    pub fn slots(&self) -> usize {
-        1 + 2 * self.num_tokens
+    /// Offset of the KV-cache slots of group `group`.
+    pub fn slots(&self, group: usize) -> usize {
+        1 + (2 + group) * self.num_tokens
     }
-    /// Offset of the row index of each token.
-    pub fn token_rows(&self) -> usize {
-        1 + 3 * self.num_tokens
+    /// Offset of the block-table row of each token in group `group` (group 0's: the row index).
+    pub fn token_rows(&self, group: usize) -> usize {
+        1 + (2 + self.kv_groups + group) * self.num_tokens
     }
     /// Offset of the token index of each sampled row.
     pub fn sample_tokens(&self) -> usize {
-        1 + 4 * self.num_tokens
+        1 + (2 + 2 * self.kv_groups) * self.num_tokens
     }
     /// Offset of the logprob alternatives of each sampled row.
     pub fn top_n(&self) -> usize {
@@ -109,7 +119,7 @@ impl StepLayout {
     }
     /// Offset of the sampled rows' lists (the list offsets in the parameters count from here).
     pub fn lists(&self) -> usize {
-        self.block_tables() + self.num_rows * self.max_blocks
+        self.block_tables() + self.kv_groups * self.num_rows * self.max_blocks
     }
     /// Offset of the prefill-attention tiles.
     pub fn tiles(&self) -> usize {
@@ -154,6 +164,8 @@ pub struct StepLimits {
     pub max_rows: usize,
     /// Physical blocks in the KV cache.
     pub num_blocks: usize,
+    /// The KV groups of the model's layers (each row's block table holds one table per group).
+    pub kv_groups: KvGroups,
     /// Vocabulary size.
     pub vocab: usize,
     /// Words of the device input buffer.
@@ -173,19 +185,20 @@ pub fn mask_words(vocab: usize) -> usize {
     vocab.div_ceil(32)
 }
 
-/// Words of the device input buffer for these step limits (tiles included), block tables of at most
-/// `max_blocks_per_seq` entries, penalty lists of at most `max_penalty_tokens` tokens per row, and
-/// per row a full `logit_bias` list and a grammar mask over `vocab` tokens.
+/// Words of the device input buffer for these step limits (tiles included), `kv_groups` block
+/// tables per row of at most `max_blocks_per_seq` entries each, penalty lists of at most
+/// `max_penalty_tokens` tokens per row, and per row a full `logit_bias` list and a grammar mask
+/// over `vocab` tokens.
 pub fn max_words(
     max_tokens: usize,
     max_rows: usize,
-    max_blocks_per_seq: usize,
+    (kv_groups, max_blocks_per_seq): (usize, usize),
     max_penalty_tokens: usize,
     vocab: usize,
 ) -> usize {
-    1 + 6 * max_tokens
+    1 + (4 + 2 * kv_groups) * max_tokens
         + (2 + SAMPLE_PARAMS) * max_rows
-        + max_rows * max_blocks_per_seq
+        + kv_groups * max_rows * max_blocks_per_seq
         + 2 * max_rows * max_penalty_tokens
         + max_rows * (2 * MAX_LOGIT_BIAS_TOKENS + mask_words(vocab))
 }
@@ -460,9 +473,10 @@ fn pack(
     let num_tokens: usize =
         rows.iter().map(|r| r.tokens.len()).sum::<usize>() + padding + token_padding;
     let num_samples = (0..rows.len()).map(|r| specs_of(r).len()).sum::<usize>() + padding;
+    let groups = limits.kv_groups.count();
     let max_blocks = rows
         .iter()
-        .map(|r| r.block_table.len())
+        .map(|r| r.block_table.len() / groups)
         .max()
         .unwrap_or(0)
         .max(1);
@@ -544,6 +558,7 @@ fn pack(
     let layout_probe = StepLayout {
         num_tokens,
         num_rows: rows.len(),
+        kv_groups: groups,
         num_samples,
         padding,
         token_padding,
@@ -588,22 +603,33 @@ fn pack(
             )));
         }
         let end = row.start_pos + row.tokens.len();
-        if row.block_table.len() * BLOCK_SIZE < end {
+        let per_group = row.block_table.len() / groups;
+        if row.block_table.len() % groups != 0 || per_group * BLOCK_SIZE < end {
             return Err(BackendError::InvalidBatch(format!(
-                "row {}: {} blocks cannot hold {end} positions",
+                "row {}: {} block table entries for {groups} KV groups cannot hold {end} \
+                 positions",
                 row.seq_id,
                 row.block_table.len()
             )));
         }
         max_context = max_context.max(end);
-        for (j, &block) in row.block_table.iter().enumerate() {
-            if block as usize >= limits.num_blocks {
-                return Err(BackendError::InvalidBatch(format!(
-                    "row {}: block {block} is outside the cache of {} blocks",
-                    row.seq_id, limits.num_blocks
-                )));
+        for (g, table) in row.block_table.chunks(per_group).enumerate() {
+            // The blocks the row's tokens read and write; a sliding group's earlier entries may
+            // have been given back (written as 0: no kernel reads them).
+            let first_read = limits.kv_groups.first_needed_block(g, row.start_pos);
+            let at = layout_probe.block_tables() + (g * rows.len() + r) * max_blocks;
+            for (j, &block) in table.iter().enumerate() {
+                if block == FREED_BLOCK && j < first_read {
+                    continue;
+                }
+                if block as usize >= limits.num_blocks {
+                    return Err(BackendError::InvalidBatch(format!(
+                        "row {}: block {block} is outside the cache of {} blocks",
+                        row.seq_id, limits.num_blocks
+                    )));
+                }
+                out[at + j] = block as i32;
             }
-            out[layout_probe.block_tables() + r * max_blocks + j] = block as i32;
         }
         for (i, &token) in row.tokens.iter().enumerate() {
             if token as usize >= limits.vocab {
@@ -613,11 +639,13 @@ fn pack(
                 )));
             }
             let pos = row.start_pos + i;
-            let block = row.block_table[pos / BLOCK_SIZE] as usize;
             out[layout_probe.tokens() + t] = token as i32;
             out[layout_probe.positions() + t] = to_i32(pos)?;
-            out[layout_probe.slots() + t] = to_i32(block * BLOCK_SIZE + pos % BLOCK_SIZE)?;
-            out[layout_probe.token_rows() + t] = r as i32;
+            for g in 0..groups {
+                let block = row.block_table[g * per_group + pos / BLOCK_SIZE] as usize;
+                out[layout_probe.slots(g) + t] = to_i32(block * BLOCK_SIZE + pos % BLOCK_SIZE)?;
+                out[layout_probe.token_rows(g) + t] = to_i32(g * rows.len() + r)?;
+            }
             t += 1;
         }
         let sampled = specs_of(r);
@@ -631,8 +659,10 @@ fn pack(
         }
     }
     for _ in 0..padding {
-        out[layout_probe.slots() + t] = -1;
-        out[layout_probe.token_rows() + t] = -1;
+        for g in 0..groups {
+            out[layout_probe.slots(g) + t] = -1;
+            out[layout_probe.token_rows(g) + t] = -1;
+        }
         out[layout_probe.sample_tokens() + s] = t as i32;
         let words = layout_probe.sample_params() + s * SAMPLE_PARAMS;
         out[words..words + SAMPLE_PARAMS].copy_from_slice(&padding_params());
@@ -640,8 +670,10 @@ fn pack(
         s += 1;
     }
     for _ in 0..token_padding {
-        out[layout_probe.slots() + t] = -1;
-        out[layout_probe.token_rows() + t] = -1;
+        for g in 0..groups {
+            out[layout_probe.slots(g) + t] = -1;
+            out[layout_probe.token_rows(g) + t] = -1;
+        }
         t += 1;
     }
     Ok(StepLayout {

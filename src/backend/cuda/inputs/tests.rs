@@ -6,6 +6,7 @@ fn limits() -> StepLimits {
         max_tokens: 64,
         max_rows: 8,
         num_blocks: 10,
+        kv_groups: KvGroups::default(),
         vocab: 100,
         max_words: 1024,
         tile_tokens: 2,
@@ -120,11 +121,11 @@ fn packs_a_mixed_batch() {
         &[17, 0, 1, 2]
     );
     assert_eq!(
-        &out[layout.slots()..layout.slots() + 4],
+        &out[layout.slots(0)..layout.slots(0) + 4],
         &[7 * 16 + 1, 64, 65, 66]
     );
     assert_eq!(
-        &out[layout.token_rows()..layout.token_rows() + 4],
+        &out[layout.token_rows(0)..layout.token_rows(0) + 4],
         &[0, 1, 1, 1]
     );
     assert_eq!(
@@ -221,11 +222,11 @@ fn pads_a_decode_batch_to_its_bucket() {
     assert_eq!((other[0], out[0]), (1, 2));
     assert_eq!(&out[layout.tokens()..layout.tokens() + 4], &[5, 9, 0, 0]);
     assert_eq!(
-        &out[layout.slots()..layout.slots() + 4],
+        &out[layout.slots(0)..layout.slots(0) + 4],
         &[7 * 16 + 1, 2 * 16 + 4, -1, -1]
     );
     assert_eq!(
-        &out[layout.token_rows()..layout.token_rows() + 4],
+        &out[layout.token_rows(0)..layout.token_rows(0) + 4],
         &[0, 1, -1, -1]
     );
     assert_eq!(
@@ -260,11 +261,11 @@ fn pads_a_mixed_step_with_unsampled_tokens() {
         &[5, 1, 2, 3, 0, 0, 0, 0]
     );
     assert_eq!(
-        &out[layout.slots()..layout.slots() + 8],
+        &out[layout.slots(0)..layout.slots(0) + 8],
         &[7 * 16 + 1, 4 * 16, 4 * 16 + 1, 4 * 16 + 2, -1, -1, -1, -1]
     );
     assert_eq!(
-        &out[layout.token_rows()..layout.token_rows() + 8],
+        &out[layout.token_rows(0)..layout.token_rows(0) + 8],
         &[0, 1, 1, 1, -1, -1, -1, -1]
     );
     // Only the decode row is sampled; the padding is in no prefill tile.
@@ -275,8 +276,8 @@ fn pads_a_mixed_step_with_unsampled_tokens() {
     let decode = [second_block_decode(spec)];
     let other = pack_step(&decode, Padding::Tokens(7), &limits(), &mut Vec::new()).expect("packs");
     assert_eq!(
-        (other.positions(), other.slots(), other.sample_tokens()),
-        (layout.positions(), layout.slots(), layout.sample_tokens())
+        (other.positions(), other.slots(0), other.sample_tokens()),
+        (layout.positions(), layout.slots(0), layout.sample_tokens())
     );
     // Padding past the token limit is refused.
     assert!(pack_step(&rows, Padding::Tokens(61), &limits(), &mut out).is_err());
@@ -603,7 +604,7 @@ fn refuses_biases_a_kernel_could_not_apply() {
         })
         .collect();
     let sized = StepLimits {
-        max_words: max_words(big.max_tokens, big.max_rows, 1, 0, big.vocab),
+        max_words: max_words(big.max_tokens, big.max_rows, (1, 1), 0, big.vocab),
         ..big
     };
     let layout = pack_step(&rows, Padding::None, &sized, &mut out).expect("fits max_words");
@@ -677,4 +678,95 @@ fn packs_several_sampled_positions_of_a_row() {
     assert_eq!([penalties(0), penalties(1), penalties(2)], [0, 1, 2]);
     let too_many: [&[SampleSpec<'_>]; 3] = [&[], &[], &specs[..2]];
     assert!(pack_positions(&rows, &too_many, Padding::None, &limits(), &mut out).is_err());
+}
+
+/// With two KV groups (full and sliding layers), each row carries a table per group: the slots
+/// and rows of each group follow each other, group 1's rows index its tables after group 0's, and
+/// the entries a sliding window gave back are written as 0. One group packs as before.
+#[test]
+fn packs_a_table_per_kv_group() {
+    let two = StepLimits {
+        kv_groups: KvGroups {
+            full: true,
+            sliding_window: Some(8),
+        },
+        ..limits()
+    };
+    let params = SamplingParams::default();
+    // Position 40 with a window of 8 reads 33..=40: blocks 2 on of the sliding table (5, 6, 9).
+    let decode = BatchRow {
+        seq_id: 1,
+        tokens: &[5],
+        start_pos: 40,
+        block_table: &[0, 1, 2, FREED_BLOCK, FREED_BLOCK, 9],
+        sample: Some(plain_spec(&params, 0)),
+    };
+    let chunk = BatchRow {
+        seq_id: 2,
+        tokens: &[1, 2],
+        start_pos: 0,
+        block_table: &[4, 8],
+        sample: None,
+    };
+    let mut out = Vec::new();
+    let layout =
+        pack_step(&[decode, chunk], Padding::DecodeRows(1), &two, &mut out).expect("packs");
+    assert_eq!(
+        (layout.kv_groups, layout.max_blocks, layout.num_tokens),
+        (2, 3, 4)
+    );
+    assert_eq!(layout.slots(1), layout.slots(0) + 4);
+    assert_eq!(layout.token_rows(0), layout.slots(0) + 8);
+    assert_eq!(layout.sample_tokens(), layout.token_rows(0) + 8);
+    let words = |at: usize, n: usize| out[at..at + n].to_vec();
+    assert_eq!(words(layout.slots(0), 4), [2 * 16 + 8, 64, 65, -1]);
+    assert_eq!(
+        words(layout.slots(1), 4),
+        [9 * 16 + 8, 8 * 16, 8 * 16 + 1, -1]
+    );
+    assert_eq!(words(layout.token_rows(0), 4), [0, 1, 1, -1]);
+    assert_eq!(words(layout.token_rows(1), 4), [2, 3, 3, -1]);
+    // Rows (group, row) of 3 entries: (0, 0), (0, 1), (1, 0), (1, 1).
+    assert_eq!(
+        words(layout.block_tables(), 12),
+        [0, 1, 2, 4, 0, 0, 0, 0, 9, 8, 0, 0]
+    );
+    assert_eq!(layout.lists(), layout.block_tables() + 12);
+    // A given-back block where the window still reads is refused, and so is a table that is not
+    // one per group.
+    let short = BatchRow {
+        seq_id: 1,
+        tokens: &[5],
+        start_pos: 40,
+        block_table: &[0, 1, 2, FREED_BLOCK, 4, FREED_BLOCK],
+        sample: None,
+    };
+    let lopsided = BatchRow {
+        block_table: &[0, 1, 2, 9, 9],
+        ..short
+    };
+    for row in [short, lopsided] {
+        assert!(pack_step(&[row], Padding::None, &two, &mut out).is_err());
+    }
+    // The same rows with one group (their first tables): the layout of before.
+    let one = [
+        BatchRow {
+            block_table: &[0, 1, 2],
+            ..decode
+        },
+        BatchRow {
+            block_table: &[4],
+            ..chunk
+        },
+    ];
+    let layout = pack_step(&one, Padding::None, &limits(), &mut out).expect("packs");
+    assert_eq!(layout.kv_groups, 1);
+    assert_eq!(
+        (
+            layout.slots(0),
+            layout.token_rows(0),
+            layout.sample_tokens()
+        ),
+        (1 + 2 * 3, 1 + 3 * 3, 1 + 4 * 3)
+    );
 }
