@@ -65,7 +65,7 @@ BENCH_MIN_ITEMS = 300
 BENCH_SCHEMA = {"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"},
                                                           "minItems": BENCH_MIN_ITEMS}},
                 "required": ["notes"], "additionalProperties": False}
-# The teacher-forced CPU/CUDA checks' bound on |cuda - cpu| logits (tests/cuda_backend.rs).
+# The teacher-forced CPU/CUDA checks' bound on |cuda - cpu| logits (tests/cuda_backend/).
 LOGIT_TOLERANCE = 0.1
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
     "type": "object", "properties": {"q": {"type": "string", "maxLength": 10}, "n": {"type": "integer", "minimum": 1, "maximum": 9}},

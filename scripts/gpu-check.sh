@@ -89,7 +89,7 @@ fi
 if has correctness; then
   $RUN "$G/cuda_backend" --include-ignored --test-threads=1 --nocapture >"$OUT/correctness.log" 2>&1
   rc=$?
-  note "correctness (tests/cuda_backend.rs): rc=$rc $(grep -E '^test result' "$OUT/correctness.log")"
+  note "correctness (tests/cuda_backend/): rc=$rc $(grep -E '^test result' "$OUT/correctness.log")"
   grep -E '^RESULT|panicked|FAILED|SKIPPED' "$OUT/correctness.log" | head -40 | tee -a "$SUMMARY"
 fi
 

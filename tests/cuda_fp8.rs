@@ -8,7 +8,7 @@
 //! stage `fp8`).
 
 mod support;
-use support::{argmax, max_abs_diff, pseudo_random_tokens, run_chunk};
+use support::{argmax, gpu_fixtures, max_abs_diff, pseudo_random_tokens, run_chunk};
 
 use std::path::{Path, PathBuf};
 
@@ -17,7 +17,7 @@ use inferno::backend::cuda::{CudaBackend, probe};
 use inferno::engine::Backend;
 use inferno::model::{Model, QuantizeAtLoad};
 
-/// The bf16 checks' logit tolerance against the CPU backend (`tests/cuda_backend.rs`), times 4
+/// The bf16 checks' logit tolerance against the CPU backend (`tests/cuda_backend/`), times 4
 /// (the FP8 issue's bound): the device rounds activations to bf16 between products and sums in
 /// another order, so an input rounded to FP8 may land on the other side of a rounding boundary.
 const TOL_FP8: f32 = 4.0 * 0.1;
@@ -29,12 +29,6 @@ fn positions() -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .map_or(512, |n: usize| n.max(64))
-}
-
-fn fixtures() -> PathBuf {
-    std::env::var_os("INFERNO_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
 }
 
 /// The FP8 models (with the 16-bit model they were quantized from, where it is at hand): each
@@ -50,7 +44,7 @@ fn fp8_models() -> Vec<(String, Model, Option<Model>)> {
             .is_none_or(|parts| parts.iter().any(|p| name.contains(p.as_str())))
     };
     let load = |name: &str| {
-        let dir = fixtures().join(name);
+        let dir = gpu_fixtures().join(name);
         Model::load(&dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()))
     };
     let mut models: Vec<(String, Model, Option<Model>)> = [

@@ -18,7 +18,7 @@ use inferno::engine::{Backend, BatchRow, SampleSpec, StepOutput};
 use inferno::model::Model;
 
 /// Logits tolerance against the CPU backend: the bf16 rounding of activations between products
-/// (`tests/cuda_backend.rs`' and `tests/cuda_moe.rs`' bound).
+/// (the bound of `tests/cuda_backend/` and `tests/cuda_moe.rs`).
 const TOL_CPU: f32 = 0.1;
 /// Reference margins below this are near-ties whose argmax may legitimately differ.
 const MARGIN: f32 = 0.05;

@@ -7,16 +7,16 @@
 
 mod support;
 
-use support::{argmax, max_abs_diff, pseudo_random_tokens, run_chunk, run_request};
-
-use std::path::PathBuf;
+use support::{
+    argmax, gpu_fixtures, max_abs_diff, pseudo_random_tokens, require_gpu, run_chunk, run_request,
+};
 
 use inferno::backend::cpu::CpuBackend;
-use inferno::backend::cuda::{CudaBackend, CudaOptions, probe};
+use inferno::backend::cuda::{CudaBackend, CudaOptions};
 use inferno::engine::{Backend, EngineConfig, KvCacheDtype};
 use inferno::model::Model;
 
-/// The bf16 checks' logit tolerance against the CPU backend (`tests/cuda_backend.rs`), times 4
+/// The bf16 checks' logit tolerance against the CPU backend (`tests/cuda_backend/`), times 4
 /// (the FP8 issue's bound): a key or value the two backends compute a little apart may round to
 /// neighbouring E4M3 codes, 1/16 apart.
 const TOL_FP8: f32 = 4.0 * 0.1;
@@ -29,18 +29,6 @@ fn positions() -> usize {
         .map_or(256, |n: usize| n.max(32))
 }
 
-fn fixtures() -> PathBuf {
-    std::env::var_os("INFERNO_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
-}
-
-fn require_gpu() {
-    if let Err(e) = probe() {
-        panic!("no CUDA device: {e}");
-    }
-}
-
 fn load(dir: &std::path::Path) -> Model {
     Model::load(dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()))
 }
@@ -48,7 +36,7 @@ fn load(dir: &std::path::Path) -> Model {
 /// inferno-tiny with per-layer checkpoint k and v scales other than 1.0
 /// (`support::copy_with_kv_scales`).
 fn tiny_with_kv_scales() -> (tempfile::TempDir, Model) {
-    let dir = support::copy_with_kv_scales(&fixtures().join("inferno-tiny"), |layer| {
+    let dir = support::copy_with_kv_scales(&gpu_fixtures().join("inferno-tiny"), |layer| {
         [0.02 + 0.01 * layer as f32, 0.015 + 0.005 * layer as f32]
     });
     let model = load(dir.path());
@@ -94,7 +82,7 @@ fn fp8_kv_cache_teacher_forced_logits_match_the_cpu_reference() {
     let (_scaled_dir, scaled) = tiny_with_kv_scales();
     let mut models: Vec<(String, Model)> = ["inferno-tiny", "tiny-qwen2", "tiny-qwen3"]
         .iter()
-        .map(|name| (name.to_string(), load(&fixtures().join(name))))
+        .map(|name| (name.to_string(), load(&gpu_fixtures().join(name))))
         .collect();
     models.push(("inferno-tiny with k/v scales".into(), scaled));
     let positions = positions();
@@ -142,7 +130,7 @@ fn fp8_kv_cache_teacher_forced_logits_match_the_cpu_reference() {
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn an_fp8_cache_holds_twice_the_blocks_of_a_bf16_one() {
     require_gpu();
-    let model = load(&fixtures().join("inferno-tiny"));
+    let model = load(&gpu_fixtures().join("inferno-tiny"));
     let blocks = |dtype| {
         let backend = cuda(&model, &config(dtype, 0.02));
         backend.kv_cache().num_blocks
@@ -164,7 +152,7 @@ fn an_fp8_cache_holds_twice_the_blocks_of_a_bf16_one() {
 fn greedy_decoding_repeats_through_fp8_prefix_cache_hits() {
     use inferno::engine::{Engine, ModelInfo, TokenLogprob};
     require_gpu();
-    let model = load(&fixtures().join("inferno-tiny"));
+    let model = load(&gpu_fixtures().join("inferno-tiny"));
     let config = config(KvCacheDtype::Fp8, 0.02);
     let backend = cuda(&model, &config);
     let engine = Engine::spawn(Box::new(backend), ModelInfo::of(&model), config).expect("engine");

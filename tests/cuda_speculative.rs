@@ -10,12 +10,12 @@
 
 mod support;
 
-use support::{GREEDY, max_abs_diff};
+use support::{GREEDY, gpu_fixtures, max_abs_diff, require_gpu};
 
 use std::path::{Path, PathBuf};
 
 use inferno::backend::cpu::CpuBackend;
-use inferno::backend::cuda::{CudaBackend, CudaOptions, probe};
+use inferno::backend::cuda::{CudaBackend, CudaOptions};
 use inferno::engine::{
     Backend, BatchRow, Engine, EngineConfig, EngineHandle, GenerationEvent, GenerationRequest,
     ModelInfo, SampleSpec, SpeculativeConfig, SpeculativeMethod,
@@ -23,22 +23,10 @@ use inferno::engine::{
 use inferno::model::Model;
 
 /// Logits and hidden-state tolerance against the CPU backend: the CUDA backend rounds
-/// activations to bf16 between products (as `tests/cuda_backend.rs`' `TOL_CPU`).
+/// activations to bf16 between products (as `TOL_CPU` of `tests/cuda_backend/`).
 const TOL_CPU: f32 = 0.1;
 /// Logit margins below this are near-ties whose argmax may differ between two computations.
 const MARGIN: f32 = 0.1;
-
-fn fixtures() -> PathBuf {
-    std::env::var_os("INFERNO_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
-}
-
-fn require_gpu() {
-    if let Err(e) = probe() {
-        panic!("no CUDA device: {e}");
-    }
-}
 
 fn config(memory: f64) -> EngineConfig {
     EngineConfig {
@@ -206,7 +194,7 @@ fn prompt_of(dir: &Path) -> Vec<u32> {
 fn step_logits_match_the_cpu_backend_at_every_position() {
     require_gpu();
     for name in ["inferno-tiny", "tiny-qwen3"] {
-        let dir = fixtures().join(name);
+        let dir = gpu_fixtures().join(name);
         let model = Model::load(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
         let scene = Scene::new(&prompt_of(&dir));
         let mut cpu = CpuBackend::new(&model, 64 << 20).expect("CPU backend");
@@ -236,7 +224,7 @@ fn step_logits_match_the_cpu_backend_at_every_position() {
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn tokens_sampled_at_every_verified_position_are_the_argmax() {
     require_gpu();
-    let dir = fixtures().join("inferno-tiny");
+    let dir = gpu_fixtures().join("inferno-tiny");
     let model = Model::load(&dir).expect("fixture");
     let scene = Scene::new(&prompt_of(&dir));
     let mut cpu = CpuBackend::new(&model, 64 << 20).expect("CPU backend");
@@ -368,7 +356,7 @@ fn greedy_output_is_identical_with_speculation_on_cuda() {
     let given = std::env::var_os("INFERNO_SPEC_MODEL").map(PathBuf::from);
     let dir = given
         .clone()
-        .unwrap_or_else(|| fixtures().join("inferno-tiny"));
+        .unwrap_or_else(|| gpu_fixtures().join("inferno-tiny"));
     let model = Model::load(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let prompts = identity_prompts(&dir, model.config.vocab_size, given.is_some());
     let memory = if given.is_some() { 0.3 } else { 0.02 };
@@ -458,7 +446,7 @@ fn verification_step_cost_against_a_decode_step() {
     require_gpu();
     let dir = std::env::var_os("INFERNO_SPEC_MODEL")
         .map(PathBuf::from)
-        .unwrap_or_else(|| fixtures().join("inferno-tiny"));
+        .unwrap_or_else(|| gpu_fixtures().join("inferno-tiny"));
     let model = Model::load(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let context: usize = std::env::var("INFERNO_SPEC_CONTEXT")
         .ok()
@@ -588,7 +576,7 @@ fn prompt_logprobs(
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn prompt_logprobs_on_cuda_match_the_cpu_backend() {
     require_gpu();
-    let dir = fixtures().join("inferno-tiny");
+    let dir = gpu_fixtures().join("inferno-tiny");
     let model = Model::load(&dir).expect("fixture");
     let prompt: Vec<u32> = prompt_of(&dir).into_iter().cycle().take(300).collect();
     let small = EngineConfig {

@@ -431,6 +431,15 @@ pub async fn generate(
             let chat = bytes::Bytes::from(request.chat.to_string());
             chat_job(app, &service, principal, ctx, chat)
                 .await
+                .map(|mut job| {
+                    // The chat body carries Responses' `reasoning.effort` as `reasoning_effort`.
+                    for field in &mut job.options.ignored {
+                        if *field == "reasoning_effort" {
+                            *field = "reasoning.effort";
+                        }
+                    }
+                    job
+                })
                 .map_err(responses_error)
         }
         Endpoint::Embeddings => {

@@ -161,3 +161,21 @@ def test_reasoning_effort_is_named_ignored_where_the_template_reads_none(server,
     else:
         assert "reasoning_effort" in ignored.split(", ")
     assert raw.parse().choices[0].message is not None
+
+
+def test_responses_reasoning_effort_is_named_ignored_where_the_template_reads_none(server, model_id):
+    # The same rule through the Responses API, named as the client sent it.
+    raw = server.client().responses.with_raw_response.create(
+        model=model_id,
+        input="Hi",
+        max_output_tokens=2,
+        reasoning={"effort": "low"},
+        store=False,
+    )
+    ignored = raw.headers.get("inferno-ignored-fields", "").split(", ")
+    if "qwen3" in model_id:
+        assert "reasoning.effort" not in ignored
+    else:
+        assert "reasoning.effort" in ignored
+    assert "reasoning_effort" not in ignored
+    assert raw.parse().status in ("completed", "incomplete")

@@ -394,11 +394,18 @@ pub fn gpu_fixtures() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
 }
 
-/// Loads the fixture `name` for a GPU test, which fails at once without a CUDA device.
-pub fn load_for_cuda(name: &str) -> Model {
+/// Fails the test at once without a CUDA device: the GPU tests are ignored by default and run
+/// with `--include-ignored` on the GPU machine (scripts/gpu-check.sh), where a missing device is
+/// a failure.
+pub fn require_gpu() {
     if let Err(e) = probe() {
         panic!("no CUDA device: {e}");
     }
+}
+
+/// Loads the fixture `name` for a GPU test, which fails at once without a CUDA device.
+pub fn load_for_cuda(name: &str) -> Model {
+    require_gpu();
     let dir = gpu_fixtures().join(name);
     Model::load(&dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()))
 }

@@ -195,7 +195,6 @@ pub fn parse_responses(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
             chat.insert("response_format".into(), chat_format(format)?);
         }
     }
-    let mut kwargs = Map::new();
     if let Some(reasoning) = get("reasoning") {
         refuse_fields(reasoning, &["effort", "summary", "generate_summary"])
             .map_err(|err| err.with_param("reasoning"))?;
@@ -207,12 +206,12 @@ pub fn parse_responses(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
                 ));
             }
         }
-        if let Some(effort) = reasoning.get("effort") {
-            effort_kwargs(effort, "reasoning.effort", &mut kwargs)?;
+        if let Some(effort) = reasoning.get("effort").filter(|v| !v.is_null()) {
+            // Checked here so that an error names the Responses field; the chat path turns it
+            // into template arguments, or names it ignored where the template reads no effort.
+            effort_kwargs(effort, "reasoning.effort", &mut Map::new())?;
+            chat.insert("reasoning_effort".into(), effort.clone());
         }
-    }
-    if !kwargs.is_empty() {
-        chat.insert("chat_template_kwargs".into(), Value::Object(kwargs));
     }
     if let Some(max) = get("max_output_tokens") {
         chat.insert("max_completion_tokens".into(), max.clone());
@@ -461,6 +460,8 @@ pub fn responses_error(mut err: ApiError) -> ApiError {
             "input".to_owned()
         } else if param == "chat_template_kwargs" {
             "reasoning".to_owned()
+        } else if param == "reasoning_effort" {
+            "reasoning.effort".to_owned()
         } else {
             param
         };
@@ -543,10 +544,8 @@ mod tests {
             request.chat["response_format"],
             json!({"type": "json_schema", "json_schema": {"name": "A", "schema": {"type": "object"}, "strict": true}})
         );
-        assert_eq!(
-            request.chat["chat_template_kwargs"]["enable_thinking"],
-            false
-        );
+        assert_eq!(request.chat["reasoning_effort"], "minimal");
+        assert!(request.chat.get("chat_template_kwargs").is_none());
         assert_eq!(request.chat["stream_options"]["include_usage"], true);
         assert_eq!(request.echo["reasoning"]["effort"], "minimal");
         assert!(request.stream);
