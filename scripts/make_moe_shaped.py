@@ -145,7 +145,7 @@ def write_tokenizer(out, c):
     else:
         special = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>"}
     vocab = {special.get(i, f"w{i}"): i for i in range(c["vocab_size"])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=special.get(0, "w0")))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens([AddedToken(t, special=True) for t in special.values()])
     tok.save(os.path.join(out, "tokenizer.json"))
