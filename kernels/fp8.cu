@@ -97,6 +97,9 @@ __device__ __forceinline__ float fp8_block_max(float v, float* scratch) {
     return m;
 }
 
+// The entry points are left out where another family compiles this file for its device functions
+// alone (FP8_NO_ENTRIES: kernels/moe_fp8.cu).
+#ifndef FP8_NO_ENTRIES
 // Grid (T, groups, chunks), up to FP8_QUANT_THREADS threads. group 0: the whole row is one group.
 // upper_bound > 0 caps the largest magnitude a dynamic scale is computed from; static_scale > 0
 // replaces the dynamic scale. Writes xq [T, K] codes, xd [T, K] bf16 values (code * scale,
@@ -195,6 +198,8 @@ fp8_swiglu_quantize(const float* __restrict__ gate_up, const float* x_scales, co
     }
     if (threadIdx.x == 0) scales[(size_t)t * gridDim.y + g] = scale;
 }
+
+#endif  // FP8_NO_ENTRIES
 
 // What a small-M launch does with its sums (the entry families below):
 //   FP8_PLAIN     out[m][n] fp32, like cuBLASLt's product;
@@ -438,6 +443,7 @@ __device__ __forceinline__ void fp8_gemv_qkv_rope(const bf16* __restrict__ x, co
     }
 }
 
+#ifndef FP8_NO_ENTRIES
 // w [n, k] widened to bf16 with its scales into out [n, k]: each thread 16 columns of a row per
 // step, the grid striding over the matrix. K must be a multiple of 16.
 extern "C" __global__ void fp8_dequantize_weight(const e4m3* __restrict__ w, const float* __restrict__ scales,
@@ -609,3 +615,4 @@ FP8_GEMV_ENTRY fp8_gemv_qkv_rope_m5(FP8_GEMV_QKV_ROPE_PARAMS) { fp8_gemv_qkv_rop
 FP8_GEMV_ENTRY fp8_gemv_qkv_rope_m6(FP8_GEMV_QKV_ROPE_PARAMS) { fp8_gemv_qkv_rope<6>(FP8_GEMV_QKV_ROPE_ARGS); }
 FP8_GEMV_ENTRY fp8_gemv_qkv_rope_m7(FP8_GEMV_QKV_ROPE_PARAMS) { fp8_gemv_qkv_rope<7>(FP8_GEMV_QKV_ROPE_ARGS); }
 FP8_GEMV_ENTRY fp8_gemv_qkv_rope_m8(FP8_GEMV_QKV_ROPE_PARAMS) { fp8_gemv_qkv_rope<8>(FP8_GEMV_QKV_ROPE_ARGS); }
+#endif  // FP8_NO_ENTRIES

@@ -23,9 +23,19 @@
 // block at a time (one 16-byte load and one scale byte for 32 weights), widens the codes to
 // floats in registers and applies the scale once per block. Their rows are then multiples of 32
 // (the host keeps other shapes in bf16).
-// Each slot reads its expert's rows whole, 16 bytes per lane: correct at any step size, the
-// weights read once per slot (grouping the slots by expert, as kernels/moe.cu does, is the next
-// step for prefill).
+// Each slot reads its expert's rows whole, 16 bytes per lane: the weights read once per slot,
+// which suits decode. For many rows per expert (prefill) the slots are grouped by expert instead,
+// with kernels/moe.cu's permutation and tensor-core tile (compiled before this file with its entry
+// points left out, MOE_NO_ENTRIES; its mx_e2m1 and mx_e8m0 widen MXFP4 here too):
+//   gptoss_permute   moe_permute's block: the (token, slot) pairs grouped by expert (`meta`,
+//                    `sorted_tokens`, `row_of`);
+//   gptoss_gather    the permuted rows of x;
+//   gptoss_gemm_gate_up(_mxfp4)  each expert's segment in 64-row tiles against its interleaved
+//                    gate/up rows (bf16, or MXFP4 widened exactly to bf16 as the tile is loaded),
+//                    biases and the clamped SwiGLU in the epilogue, [rows, MOE_INTER] bf16;
+//   gptoss_gemm_down(_mxfp4)  the same for the down projection with its bias, [rows, HIDDEN] fp32;
+//   gptoss_combine   with `row_of`, each slot's output read from its permuted row.
+// NOT YET RUN ON A GPU (the grouped path was written without one).
 
 #define GO_WARPS 4
 // MXFP4 bytes: two E2M1 codes (blocks), and one E8M0 scale.
@@ -58,21 +68,6 @@ __device__ __forceinline__ float go_warp_dot(const bf16* __restrict__ a, const b
     return warp_sum(sum);
 }
 
-// The value of E2M1 code `c` (sign bit 3, exponent bits 2-1, mantissa bit 0; exponent 0 is
-// subnormal: 0 or 0.5), built as float bits.
-__device__ __forceinline__ float go_e2m1(unsigned int c) {
-    const unsigned int e = (c >> 1) & 3u;
-    const unsigned int m = c & 1u;
-    const unsigned int bits = e ? ((e + 126u) << 23) | (m << 22) : (m ? 0x3f000000u : 0u);
-    return __uint_as_float(bits | ((c & 8u) << 28));
-}
-
-// The value of E8M0 scale byte `s`, 2^(s - 127) (0x00: the subnormal 2^-127; 0xFF, NaN, is
-// refused by the host at load).
-__device__ __forceinline__ float go_e8m0(unsigned int s) {
-    return s ? __uint_as_float(s << 23) : __uint_as_float(0x00400000u);
-}
-
 // The dot product of `n` bf16 values of `x` (n a multiple of 32, 16-byte aligned) with one MXFP4
 // row (`blocks`: n / 2 bytes, `scales`: n / 32 bytes), summed over the warp.
 __device__ __forceinline__ float go_warp_dot_mxfp4(const bf16* __restrict__ x, const unsigned char* __restrict__ blocks,
@@ -90,11 +85,11 @@ __device__ __forceinline__ float go_warp_dot_mxfp4(const bf16* __restrict__ x, c
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const unsigned int byte = words[w] >> (8 * i);
-                part = fmaf(xv[2 * i], go_e2m1(byte & 15u), part);
-                part = fmaf(xv[2 * i + 1], go_e2m1((byte >> 4) & 15u), part);
+                part = fmaf(xv[2 * i], mx_e2m1(byte & 15u), part);
+                part = fmaf(xv[2 * i + 1], mx_e2m1((byte >> 4) & 15u), part);
             }
         }
-        sum = fmaf(part, go_e8m0(__ldg(scales + b)), sum);
+        sum = fmaf(part, mx_e8m0(__ldg(scales + b)), sum);
     }
     return warp_sum(sum);
 }
@@ -226,8 +221,10 @@ gptoss_down_mxfp4(const bf16* __restrict__ act, const e2m1x2* __restrict__ block
     go_down<true>(act, blocks, scales, bias, topk_ids, y);
 }
 
-extern "C" __global__ void gptoss_combine(const float* __restrict__ y, const int* __restrict__ topk_ids,
-                                          const float* __restrict__ topk_weights, float* __restrict__ delta) {
+// The slots' outputs are y's rows slot (row_of null) or row_of[slot] (the grouped products').
+extern "C" __global__ void gptoss_combine(const float* __restrict__ y, const int* __restrict__ row_of,
+                                          const int* __restrict__ topk_ids, const float* __restrict__ topk_weights,
+                                          float* __restrict__ delta) {
     await_previous_kernels();
     const int t = blockIdx.x;
     // The token's slots in expert order.
@@ -247,7 +244,8 @@ extern "C" __global__ void gptoss_combine(const float* __restrict__ y, const int
 #pragma unroll
         for (int k = 0; k < MOE_TOP_K; ++k) {
             const size_t slot = (size_t)t * MOE_TOP_K + order[k];
-            sum += y[slot * HIDDEN + h] * topk_weights[slot];
+            const size_t row = row_of != nullptr ? (size_t)row_of[slot] : slot;
+            sum += y[row * HIDDEN + h] * topk_weights[slot];
         }
         delta[(size_t)t * HIDDEN + h] = sum;
     }
@@ -256,4 +254,62 @@ extern "C" __global__ void gptoss_combine(const float* __restrict__ y, const int
 extern "C" __global__ void gptoss_add_bias(float* __restrict__ delta, const bf16* __restrict__ bias) {
     await_previous_kernels();
     for (int h = threadIdx.x; h < HIDDEN; h += blockDim.x) delta[(size_t)blockIdx.x * HIDDEN + h] += bf16_to_f32(bias[h]);
+}
+
+// The grouped path's entries (see the file comment): the permutation by one block of 1024
+// threads, the gather by a grid of blocks taking rows in turn, the tiles on grid (column blocks,
+// row tiles of the step at most) of 128 threads, as kernels/moe.cu's.
+extern "C" __global__ void __launch_bounds__(1024)
+gptoss_permute(const int* __restrict__ topk_ids, int* __restrict__ meta, int* __restrict__ sorted_tokens,
+               int* __restrict__ row_of, int count) {
+    await_previous_kernels();
+    moe_permute_block(topk_ids, meta, sorted_tokens, row_of, count * MOE_TOP_K);
+}
+
+extern "C" __global__ void gptoss_gather(const bf16* __restrict__ x, const int* __restrict__ sorted_tokens,
+                                         bf16* __restrict__ x_perm, int count) {
+    await_previous_kernels();
+    moe_gather_rows(x, sorted_tokens, x_perm, blockIdx.x, gridDim.x, count * MOE_TOP_K);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+gptoss_gemm_gate_up(const bf16* __restrict__ x_perm, const bf16* __restrict__ w, const bf16* __restrict__ bias,
+                    const int* __restrict__ meta, bf16* __restrict__ act) {
+    await_previous_kernels();
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    moe_gemm_tile<true, MOE_B_BF16, true>(x_perm, HIDDEN, MoeTileWeights{w, nullptr, 1, 0, bias}, meta, act, MOE_INTER,
+                                          HIDDEN);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+gptoss_gemm_gate_up_mxfp4(const bf16* __restrict__ x_perm, const e2m1x2* __restrict__ blocks,
+                          const e8m0* __restrict__ scales, const bf16* __restrict__ bias,
+                          const int* __restrict__ meta, bf16* __restrict__ act) {
+    await_previous_kernels();
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    moe_gemm_tile<true, MOE_B_MXFP4, true>(x_perm, HIDDEN, MoeTileWeights{blocks, scales, 1, 0, bias}, meta, act,
+                                           MOE_INTER, HIDDEN);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+gptoss_gemm_down(const bf16* __restrict__ act, const bf16* __restrict__ w, const bf16* __restrict__ bias,
+                 const int* __restrict__ meta, float* __restrict__ y) {
+    await_previous_kernels();
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    moe_gemm_tile<false, MOE_B_BF16, true>(act, MOE_INTER, MoeTileWeights{w, nullptr, 1, 0, bias}, meta, y, HIDDEN,
+                                           MOE_INTER);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+gptoss_gemm_down_mxfp4(const bf16* __restrict__ act, const e2m1x2* __restrict__ blocks,
+                       const e8m0* __restrict__ scales, const bf16* __restrict__ bias,
+                       const int* __restrict__ meta, float* __restrict__ y) {
+    await_previous_kernels();
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    moe_gemm_tile<false, MOE_B_MXFP4, true>(act, MOE_INTER, MoeTileWeights{blocks, scales, 1, 0, bias}, meta, y,
+                                            HIDDEN, MOE_INTER);
+#endif
 }

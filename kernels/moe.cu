@@ -1,6 +1,8 @@
 // The mixture-of-experts MLP (docs/engine.md, "The MoE path"). Compiled after kernels/gemv.cu
-// (whose entry points it leaves out, GEMV_NO_ENTRIES) so the grouped products reuse its small-M
-// inner loops. The host defines, beside the model's shapes (src/backend/cuda/kernels.rs):
+// and kernels/fp8.cu (whose entry points it leaves out, GEMV_NO_ENTRIES and FP8_NO_ENTRIES) so
+// the grouped products reuse their small-M inner loops and E4M3 conversions; kernels/moe_fp8.cu
+// (FP8 experts) follows it. kernels/gpt_oss.cu's family compiles it too, for the permutation and
+// the tensor-core tile, without its entry points (MOE_NO_ENTRIES). The host defines, beside the model's shapes (src/backend/cuda/kernels.rs):
 //   MOE_EXPERTS       experts per layer (at most 512);
 //   MOE_TOP_K         experts per token (at most 16);
 //   MOE_RENORMALIZE   1: the chosen weights are divided by their sum (norm_topk_prob, Mixtral);
@@ -394,6 +396,7 @@ __device__ void moe_gather_rows(const bf16* __restrict__ x,
     }
 }
 
+#ifndef MOE_NO_ENTRIES
 extern "C" __global__ void __launch_bounds__(MOE_ROUTE_WARPS * 32)
     moe_route(const float* __restrict__ logits, const int* __restrict__ tokens, int* __restrict__ topk_ids,
               float* __restrict__ topk_weights, int count) {
@@ -430,6 +433,7 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTE_WARPS * 32)
     __syncthreads();
     moe_gather_rows(x, sorted_tokens, x_perm, 0, 1, count * MOE_TOP_K);
 }
+#endif
 
 // `m` permuted rows of x (at `x`, HIDDEN wide) against one expert's gate/up slice `w`
 // ([2 * MOE_INTER, HIDDEN], gate rows first), SwiGLU applied: the block's pairs of out's columns.
@@ -467,6 +471,7 @@ __device__ __forceinline__ void moe_swiglu_rows(const bf16* __restrict__ x, cons
         __syncthreads();                                              \
     }
 
+#ifndef MOE_NO_ENTRIES
 extern "C" __global__ void __launch_bounds__(GemvShape<1>::warps * 32)
     moe_gate_up(const bf16* __restrict__ x_perm, const bf16* __restrict__ w, const int* __restrict__ meta,
                 bf16* __restrict__ h_perm, int x_stride) {
@@ -494,6 +499,82 @@ extern "C" __global__ void __launch_bounds__(GemvShape<1>::warps * 32)
     MOE_CHUNKS(MOE_DOWN)
 #undef MOE_DOWN
 }
+#endif
+
+// Eight E4M3 codes (the low byte first) widened, times `scale`, rounded to bf16 (as
+// fp8_dequantize_weight rounds them), packed in a 16-byte word.
+__device__ __forceinline__ uint4 moe_widen8(uint2 codes, float scale) {
+    const unsigned int words[2] = {codes.x, codes.y};
+    unsigned int packed[4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        float a, b, c, d;
+        e4m3x2_to_f32(words[j], a, b);
+        e4m3x2_to_f32(words[j] >> 16, c, d);
+        packed[2 * j] = (unsigned int)f32_to_bf16(a * scale) | ((unsigned int)f32_to_bf16(b * scale) << 16);
+        packed[2 * j + 1] = (unsigned int)f32_to_bf16(c * scale) | ((unsigned int)f32_to_bf16(d * scale) << 16);
+    }
+    return make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
+// The value of E2M1 code `c` (MXFP4's element: sign bit 3, exponent bits 2-1, mantissa bit 0;
+// exponent 0 is subnormal: 0 or 0.5), built as float bits.
+__device__ __forceinline__ float mx_e2m1(unsigned int c) {
+    const unsigned int e = (c >> 1) & 3u;
+    const unsigned int m = c & 1u;
+    const unsigned int bits = e ? ((e + 126u) << 23) | (m << 22) : (m ? 0x3f000000u : 0u);
+    return __uint_as_float(bits | ((c & 8u) << 28));
+}
+
+// The value of E8M0 scale byte `s` (MXFP4's scale), 2^(s - 127) (0x00: the subnormal 2^-127;
+// 0xFF, NaN, is refused by the host at load).
+__device__ __forceinline__ float mx_e8m0(unsigned int s) {
+    return s ? __uint_as_float(s << 23) : __uint_as_float(0x00400000u);
+}
+
+// Eight MXFP4 codes (4 bytes, the low nibble the even element) widened, times `scale`, in bf16
+// (exact: an E2M1 value times a power of two), packed in a 16-byte word.
+__device__ __forceinline__ uint4 moe_widen8_mxfp4(unsigned int codes, float scale) {
+    unsigned int packed[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const unsigned int byte = codes >> (8 * j);
+        packed[j] = (unsigned int)f32_to_bf16(mx_e2m1(byte & 15u) * scale) |
+                    ((unsigned int)f32_to_bf16(mx_e2m1((byte >> 4) & 15u) * scale) << 16);
+    }
+    return make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
+// gpt-oss's clamped SwiGLU of a gate/up pair with their biases (bias[0] the gate's, bias[1] the
+// up's): (clamp(up, +-limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit) (the decode
+// path's arithmetic, kernels/gpt_oss.cu). Only the gpt-oss family defines GPTOSS_LIMIT.
+__device__ __forceinline__ float moe_gptoss_glu(float gate, float up, const bf16* bias) {
+#ifdef GPTOSS_LIMIT
+    gate = fminf(gate + bf16_to_f32(bias[0]), GPTOSS_LIMIT);
+    up = fminf(fmaxf(up + bf16_to_f32(bias[1]), -GPTOSS_LIMIT), GPTOSS_LIMIT);
+    const float glu = gate * (1.0f / (1.0f + expf(-(gate * GPTOSS_ALPHA))));
+    return (up + 1.0f) * glu;
+#else
+    return silu_times(gate, up);
+#endif
+}
+
+// The weights' formats of the grouped GEMM's B operand (MoeTileWeights::w).
+#define MOE_B_BF16 0
+#define MOE_B_FP8 1
+#define MOE_B_MXFP4 2
+
+// One projection of every expert as the grouped GEMM reads it ([experts, rows, k]).
+struct MoeTileWeights {
+    // bf16 values, E4M3 codes or MXFP4 blocks (k / 2 bytes a row).
+    const void* w;
+    // FP8: f32 scales [rows, groups] of `group` columns; MXFP4: E8M0 bytes [rows, k / 32].
+    const void* scales;
+    int groups;
+    int group;
+    // gpt-oss: each row's bias [experts, rows] bf16 (null: none).
+    const bf16* bias;
+};
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 // The grouped GEMM for many rows per expert (prefill): block (x, y) takes row tile y of the step's
@@ -503,11 +584,21 @@ extern "C" __global__ void __launch_bounds__(GemvShape<1>::warps * 32)
 // 64 fp32 columns from x * 64. Four warps, 2 x 2, each 32 rows by 32 columns (2 x 4 mma.sync
 // m16n8k16 tiles: for SWIGLU its 16 gate columns and their 16 up columns); A (the permuted rows)
 // and B (the expert's weight rows, [N, K] row-major: the col-major B operand) go through two
-// shared-memory stages with cp.async (rows past the segment, columns past N and K past its end
-// are zero-filled) and into registers with ldmatrix. K must be a multiple of 8; A's rows are
-// `x_stride` values apart.
-template <bool SWIGLU>
-__device__ __forceinline__ void moe_gemm_tile(const bf16* __restrict__ x, int x_stride, const bf16* __restrict__ w,
+// shared-memory stages (rows past the segment, columns past N and K past its end are zero-filled)
+// and into registers with ldmatrix. K must be a multiple of 8; A's rows are `x_stride` values
+// apart. B is read as FORMAT says:
+//   MOE_B_BF16   bf16 rows, by cp.async (gate/up: the gate rows, then the up rows);
+//   MOE_B_FP8    E4M3 rows (kernels/moe_fp8.cu's layout: gate/up rows in groups of 4, gate 2i,
+//                2i + 1 then up 2i, 2i + 1) with f32 scales: 8 values by one 8-byte load,
+//                widened, scaled and rounded to bf16 as fp8_dequantize_weight does, stored to
+//                shared memory directly (the bf16 tile of the dequantized weights; K a multiple
+//                of 16);
+//   MOE_B_MXFP4  MXFP4 rows (blocks and E8M0 scales per 32 values; K a multiple of 32): 8 values
+//                by one 4-byte load, widened exactly to bf16 the same way.
+// GPTOSS (kernels/gpt_oss.cu): the gate/up rows interleave (gate 2i, up 2i + 1), each row's bias
+// is added, and the gate/up epilogue is gpt-oss's clamped SwiGLU.
+template <bool SWIGLU, int FORMAT, bool GPTOSS>
+__device__ __forceinline__ void moe_gemm_tile(const bf16* __restrict__ x, int x_stride, MoeTileWeights wt,
                                               const int* __restrict__ meta, void* __restrict__ out, int n_out,
                                               int k) {
     __shared__ __align__(16) bf16 a_tile[2][MOE_BM * MOE_LDS];
@@ -528,10 +619,11 @@ __device__ __forceinline__ void moe_gemm_tile(const bf16* __restrict__ x, int x_
     const int e = tile_expert;
     const int row0 = meta[e] + (tile - meta[MOE_META_TILES + e]) * MOE_BM;
     const int row_end = meta[e + 1];
-    // Weight rows of this block's columns: local column c < 32 is gate row col0 + c (SWIGLU) or row
-    // col0 + c; from 32, up row n_out + col0 + c - 32 (SWIGLU) or row col0 + c.
+    // Output columns of this block: SWIGLU, local column c < 32 is output column col0 + c's gate
+    // row, from 32 column col0 + c - 32's up row; otherwise local column c is row col0 + c.
     const int col0 = SWIGLU ? blockIdx.x * (MOE_BN / 2) : blockIdx.x * MOE_BN;
-    const bf16* we = w + (size_t)e * (SWIGLU ? 2 * n_out : n_out) * k;
+    const int expert_rows = SWIGLU ? 2 * n_out : n_out;
+    const size_t first_row = (size_t)e * expert_rows;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int wm = warp >> 1, wn = warp & 1;
@@ -549,10 +641,33 @@ __device__ __forceinline__ void moe_gemm_tile(const bf16* __restrict__ x, int x_
                          x + (size_t)(a_in ? row : row0) * x_stride + (a_in ? k0 + c : 0), a_in);
             // The output column of local column r, and its weight row.
             const int col = SWIGLU ? col0 + (r & (MOE_BN / 2 - 1)) : col0 + r;
-            const int n = SWIGLU && r >= MOE_BN / 2 ? n_out + col : col;
+            const int up_half = SWIGLU && r >= MOE_BN / 2;
             const bool b_in = k_in && col < n_out;
-            copy16_async(shared_address(&b_tile[stage][r * MOE_LDS + c]),
-                         we + (size_t)(b_in ? n : 0) * k + (b_in ? k0 + c : 0), b_in);
+            int n = up_half ? n_out + col : col;
+            if (GPTOSS && SWIGLU) n = 2 * col + up_half;
+            if (!GPTOSS && SWIGLU && FORMAT == MOE_B_FP8) n = 4 * (col >> 1) + (col & 1) + 2 * up_half;
+            const size_t w_row = first_row + (b_in ? n : 0);
+            const int kc = b_in ? k0 + c : 0;
+            if (FORMAT == MOE_B_BF16) {
+                copy16_async(shared_address(&b_tile[stage][r * MOE_LDS + c]),
+                             static_cast<const bf16*>(wt.w) + w_row * k + kc, b_in);
+            } else {
+                uint4 v = make_uint4(0u, 0u, 0u, 0u);
+                if (b_in && FORMAT == MOE_B_FP8) {
+                    const uint2 codes =
+                        __ldg(reinterpret_cast<const uint2*>(static_cast<const e4m3*>(wt.w) + w_row * k + kc));
+                    const float scale =
+                        static_cast<const float*>(wt.scales)[w_row * wt.groups + (wt.groups > 1 ? kc / wt.group : 0)];
+                    v = moe_widen8(codes, scale);
+                } else if (b_in) {
+                    const unsigned char* blocks = static_cast<const unsigned char*>(wt.w) + w_row * (k / 2);
+                    const unsigned int codes = __ldg(reinterpret_cast<const unsigned int*>(blocks + kc / 2));
+                    const unsigned char scale =
+                        static_cast<const unsigned char*>(wt.scales)[w_row * (k / 32) + kc / 32];
+                    v = moe_widen8_mxfp4(codes, mx_e8m0(scale));
+                }
+                *reinterpret_cast<uint4*>(&b_tile[stage][r * MOE_LDS + c]) = v;
+            }
         }
         asm volatile("cp.async.commit_group;");
     };
@@ -620,7 +735,9 @@ __device__ __forceinline__ void moe_gemm_tile(const bf16* __restrict__ x, int x_
                         if (col < n_out) {
                             const float gate = acc[mi][ni][half * 2 + j];
                             const float up = acc[mi][ni + 2][half * 2 + j];
-                            static_cast<bf16*>(out)[(size_t)row * n_out + col] = f32_to_bf16(silu_times(gate, up));
+                            static_cast<bf16*>(out)[(size_t)row * n_out + col] =
+                                f32_to_bf16(GPTOSS ? moe_gptoss_glu(gate, up, wt.bias + first_row + 2 * col)
+                                                   : silu_times(gate, up));
                         }
                     }
                 }
@@ -630,7 +747,10 @@ __device__ __forceinline__ void moe_gemm_tile(const bf16* __restrict__ x, int x_
 #pragma unroll
                     for (int j = 0; j < 2; ++j) {
                         const int col = col0 + 32 * wn + ni * 8 + 2 * t + j;
-                        if (col < n_out) static_cast<float*>(out)[(size_t)row * n_out + col] = acc[mi][ni][half * 2 + j];
+                        if (col < n_out) {
+                            const float bias = GPTOSS ? bf16_to_f32(wt.bias[first_row + col]) : 0.0f;
+                            static_cast<float*>(out)[(size_t)row * n_out + col] = acc[mi][ni][half * 2 + j] + bias;
+                        }
                     }
                 }
             }
@@ -642,12 +762,14 @@ __device__ __forceinline__ void moe_gemm_tile(const bf16* __restrict__ x, int x_
 // The grouped GEMMs' entries (128 threads; grid (column blocks, row tiles of the step at most),
 // the blocks past the step's tiles return at once). Without tensor cores the host keeps the
 // small-M entries for every step.
+#ifndef MOE_NO_ENTRIES
 extern "C" __global__ void __launch_bounds__(128)
     moe_gemm_gate_up(const bf16* __restrict__ x_perm, const bf16* __restrict__ w, const int* __restrict__ meta,
                      bf16* __restrict__ h_perm, int x_stride) {
     await_previous_kernels();
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    moe_gemm_tile<true>(x_perm, x_stride, w, meta, h_perm, MOE_INTER, HIDDEN);
+    moe_gemm_tile<true, MOE_B_BF16, false>(x_perm, x_stride, MoeTileWeights{w, nullptr, 1, 0, nullptr}, meta, h_perm,
+                                             MOE_INTER, HIDDEN);
 #endif
 }
 
@@ -656,9 +778,11 @@ extern "C" __global__ void __launch_bounds__(128)
                   float* __restrict__ y_perm) {
     await_previous_kernels();
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    moe_gemm_tile<false>(h_perm, MOE_INTER, w, meta, y_perm, HIDDEN, MOE_INTER);
+    moe_gemm_tile<false, MOE_B_BF16, false>(h_perm, MOE_INTER, MoeTileWeights{w, nullptr, 1, 0, nullptr}, meta, y_perm,
+                                              HIDDEN, MOE_INTER);
 #endif
 }
+#endif
 
 // The down product and the combine in one, for a step of one token (decode at batch 1): block x
 // owns MOE_ONE_ROWS consecutive output columns; warp w computes the token's slots w, w +
@@ -704,6 +828,7 @@ __device__ __forceinline__ void moe_one_steps(const bf16* const (&rows)[MOE_ONE_
     }
 }
 
+#ifndef MOE_NO_ENTRIES
 extern "C" __global__ void __launch_bounds__(MOE_ONE_WARPS * 32, 1)
     moe_down_combine_one(const bf16* __restrict__ h_perm, const bf16* __restrict__ w, const int* __restrict__ topk_ids,
                          const int* __restrict__ row_of, const float* __restrict__ topk_weights,
@@ -752,9 +877,11 @@ extern "C" __global__ void __launch_bounds__(MOE_ONE_WARPS * 32, 1)
         delta[n0 + r] = acc;
     }
 }
+#endif
 
 // SwiGLU of the shared expert's gate/up product [T, 2 * MOE_SHARED_INTER] fp32 (gate half first)
 // into [T, MOE_SHARED_INTER] bf16. Grid (ceil(MOE_SHARED_INTER / blockDim.x), T).
+#ifndef MOE_NO_ENTRIES
 extern "C" __global__ void moe_shared_swiglu(const float* __restrict__ gate_up, bf16* __restrict__ out) {
     await_previous_kernels();
     const int t = blockIdx.y;
@@ -763,10 +890,12 @@ extern "C" __global__ void moe_shared_swiglu(const float* __restrict__ gate_up, 
     const float* row = gate_up + (size_t)t * 2 * MOE_SHARED_INTER;
     out[(size_t)t * MOE_SHARED_INTER + i] = f32_to_bf16(silu_times(row[i], row[MOE_SHARED_INTER + i]));
 }
+#endif
 
 // Token blockIdx.x's MLP output: its permuted rows weighted and summed in slot order, plus the
 // shared expert's output (`shared`, [T, HIDDEN] fp32; null without one) scaled by the sigmoid of
 // its gate's logit (the router product's last column).
+#ifndef MOE_NO_ENTRIES
 extern "C" __global__ void moe_combine(const float* __restrict__ y_perm, const int* __restrict__ row_of,
                                        const float* __restrict__ topk_weights, const float* __restrict__ logits,
                                        const float* __restrict__ shared, float* __restrict__ delta) {
@@ -789,3 +918,4 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y_perm, const i
         delta[(size_t)t * HIDDEN + h] = acc;
     }
 }
+#endif

@@ -8,8 +8,11 @@
 //                              clamped SwiGLU and the down product, each over MXFP4 experts (random
 //                              E2M1 codes and E8M0 scales, every code and sign drawn) and over the
 //                              same experts widened to bf16, against float64 references over the
-//                              same values; the combine in expert order; the output bias. Exits 1
-//                              on a mismatch. SEED defaults to a fresh random one (printed).
+//                              same values; the combine in expert order; the output bias; the
+//                              grouped path (prefill: gptoss_permute, gptoss_gather, the tile
+//                              products over MXFP4 and bf16 experts, the combine through the
+//                              permutation) against the same references. Exits 1 on a mismatch.
+//                              SEED defaults to a fresh random one (printed).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,6 +29,14 @@
 
 #undef INFINITY
 #include "prelude.cuh"
+// The family as the backend compiles it: gemv.cu's, fp8.cu's and moe.cu's device code (the
+// permutation and the tensor-core tile) without their entry points, then gpt_oss.cu.
+#define GEMV_NO_ENTRIES 1
+#include "gemv.cu"
+#define FP8_NO_ENTRIES 1
+#include "fp8.cu"
+#define MOE_NO_ENTRIES 1
+#include "moe.cu"
 #include "gpt_oss.cu"
 
 static const int E = MOE_EXPERTS, K = MOE_TOP_K, I = MOE_INTER;
@@ -209,7 +220,7 @@ static int check_tokens(std::mt19937_64& rng, int tokens) {
             float* ddelta;
             CHECK(cudaMalloc(&ddelta, (size_t)tokens * HIDDEN * 4));
             uint16_t* do_bias = device_copy(o_bias);
-            gptoss_combine<<<tokens, 256>>>(dy, dids, dweights, ddelta);
+            gptoss_combine<<<tokens, 256>>>(dy, nullptr, dids, dweights, ddelta);
             gptoss_add_bias<<<tokens, 256>>>(ddelta, do_bias);
             const std::vector<float> delta = finish_and_download(ddelta, (size_t)tokens * HIDDEN);
             int bad_delta = 0;
@@ -222,6 +233,78 @@ static int check_tokens(std::mt19937_64& rng, int tokens) {
             CHECK(cudaFree(ddelta));
             CHECK(cudaFree(do_bias));
         }
+    }
+    // The grouped path (kernels/moe.cu's permutation and tiles, as the backend runs it for many
+    // rows per expert; checked here at every size): each permuted row's activations against its
+    // slot's reference, its down product against float64 over the kernel's own activations, and the
+    // combine through the permutation against the weighted sum in expert order.
+    {
+        int *dmeta, *dsorted, *drow_of;
+        uint16_t* dx_perm;
+        float* ddelta;
+        CHECK(cudaMalloc(&dmeta, MOE_META_WORDS * 4));
+        CHECK(cudaMalloc(&dsorted, slots * 4));
+        CHECK(cudaMalloc(&drow_of, slots * 4));
+        CHECK(cudaMalloc(&dx_perm, (size_t)slots * HIDDEN * 2));
+        CHECK(cudaMalloc(&ddelta, (size_t)tokens * HIDDEN * 4));
+        gptoss_permute<<<1, 1024>>>(dids, dmeta, dsorted, drow_of, tokens);
+        gptoss_gather<<<std::min(slots, 4096), 256>>>(dx, dsorted, dx_perm, tokens);
+        const std::vector<int> row_of = finish_and_download(drow_of, slots);
+        const int tiles = (slots + MOE_BM - 1) / MOE_BM + std::min(E, slots);
+        for (int mx = 0; mx < 2; ++mx) {
+            const char* kind = mx ? "mxfp4" : "bf16";
+            CHECK(cudaMemset(dact, 0xff, (size_t)slots * I * 2));
+            const dim3 gu_grid((I + MOE_BN / 2 - 1) / (MOE_BN / 2), tiles), d_grid((HIDDEN + MOE_BN - 1) / MOE_BN, tiles);
+            if (mx) {
+                gptoss_gemm_gate_up_mxfp4<<<gu_grid, 128>>>(dx_perm, dgu_blocks, dgu_scales, dgu_bias, dmeta, dact);
+            } else {
+                gptoss_gemm_gate_up<<<gu_grid, 128>>>(dx_perm, dgu_bf16, dgu_bias, dmeta, dact);
+            }
+            const std::vector<uint16_t> act = finish_and_download(dact, (size_t)slots * I);
+            std::vector<uint16_t> by_slot((size_t)slots * I);
+            for (int s = 0; s < slots; ++s)
+                std::copy_n(&act[(size_t)row_of[s] * I], I, &by_slot[(size_t)s * I]);
+            double worst = 0.0;
+            const int bad_act = count_mismatches(by_slot, want_act, 2e-3, 8e-3, 5, worst, [&](size_t i, double got, double want) {
+                fprintf(stderr, "MISMATCH grouped %s gate_up slot=%zu i=%zu: got %g want %g\n", kind, i / I, i % I, got, want);
+            });
+            if (mx) {
+                gptoss_gemm_down_mxfp4<<<d_grid, 128>>>(dact, dd_blocks, dd_scales, dd_bias, dmeta, dy);
+            } else {
+                gptoss_gemm_down<<<d_grid, 128>>>(dact, dd_bf16, dd_bias, dmeta, dy);
+            }
+            gptoss_combine<<<tokens, 256>>>(dy, drow_of, dids, dweights, ddelta);
+            const std::vector<float> y = finish_and_download(dy, (size_t)slots * HIDDEN);
+            const std::vector<float> delta = finish_and_download(ddelta, (size_t)tokens * HIDDEN);
+            int bad_y = 0, bad_delta = 0;
+            double worst_y = 0.0;
+            for (int s = 0; s < slots; ++s) {
+                const int e = want_ids[s], r = row_of[s];
+                for (int h = 0; h < HIDDEN; ++h) {
+                    double want = from_bf16(down_bias[(size_t)e * HIDDEN + h]);
+                    for (int i = 0; i < I; ++i)
+                        want += (double)from_bf16(act[(size_t)r * I + i]) * down.values[((size_t)e * HIDDEN + h) * I + i];
+                    const double err = std::fabs(y[(size_t)r * HIDDEN + h] - want);
+                    if (!(err <= 1e-3 + 1e-4 * std::fabs(want))) ++bad_y;
+                    if (err == err) worst_y = std::max(worst_y, err);
+                }
+            }
+            for (int t = 0; t < tokens; ++t) {
+                std::vector<int> order(K);
+                std::iota(order.begin(), order.end(), 0);
+                std::sort(order.begin(), order.end(), [&](int a, int b) { return ids[t * K + a] < ids[t * K + b]; });
+                for (int h = 0; h < HIDDEN; ++h) {
+                    double want = 0.0;
+                    for (int k : order) want += (double)y[(size_t)row_of[t * K + k] * HIDDEN + h] * weights[t * K + k];
+                    if (!(std::fabs(delta[(size_t)t * HIDDEN + h] - want) <= 1e-3 + 1e-4 * std::fabs(want))) ++bad_delta;
+                }
+            }
+            printf("RESULT gptoss grouped %s tokens=%d: %s (gate_up %d mismatches, max abs error %.2e; down %d, max abs "
+                   "error %.2e; combine %d)\n",
+                   kind, tokens, bad_act + bad_y + bad_delta ? "FAIL" : "ok", bad_act, worst, bad_y, worst_y, bad_delta);
+            failures += bad_act + bad_y + bad_delta;
+        }
+        for (void* p : std::initializer_list<void*>{dmeta, dsorted, drow_of, dx_perm, ddelta}) CHECK(cudaFree(p));
     }
     for (void* p : std::initializer_list<void*>{dlogits, dbias, dids, dweights, dx, dgu_bias, dd_bias, dgu_blocks,
                                                dgu_scales, dgu_bf16, dd_blocks, dd_scales, dd_bf16, dact, dy})

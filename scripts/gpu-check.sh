@@ -8,7 +8,8 @@
 #   .gpu/unit_tests        library test binary     .gpu/*.py, .gpu/gpu-check.sh
 # Usage: bash .gpu/gpu-check.sh [STAGES]   (default: "env unit correctness sanitizer attention bench peers")
 # Other stages: moe (issue 44: the MoE kernels alone, tests/cuda_moe.rs, memcheck; MOE_BENCH=1
-# adds Qwen3-30B-A3B-shaped benches; see the stage), fp8kv (issue 43: the FP8 KV cache's kernels,
+# adds Qwen3-30B-A3B-shaped benches; see the stage), moefp8 (issue 44: FP8 experts' kernels alone,
+# their tests/cuda_moe.rs test; MOE_FP8_BENCH=1 adds the Mixtral-8x7B-shaped FP8 batch-1 bench), fp8kv (issue 43: the FP8 KV cache's kernels,
 # tests/cuda_kv_fp8.rs, and bf16 against FP8 caches in the decode attention bench and bench offline;
 # .gpu/cuda_kv_fp8), fp8 (issue 43: FP8 correctness against the CPU reference, compute-sanitizer, FP8
 # against bf16 benches on the 8B-shaped weights quantized at load; .gpu/cuda_fp8), quickbench (one offline run), graphs (offline batch 1/16/64 with decode graphs on
@@ -1352,6 +1353,73 @@ if has moe; then
   fi
 fi
 
+# FP8 experts (issue 44: kernels/moe_fp8.cu, which had not run on a GPU before this stage). The
+# kernels alone (.gpu/moe-fp8-check.cu, nvcc, the tiny Mixtral fixture's shape, a 16-expert top-4
+# one and Mixtral-8x7B's for the bench): the roundings of the experts' inputs byte for byte, the
+# small-M and tile FP8 products and the combine against float64 references for four FP8 schemes,
+# memcheck on the tiny build; then tests/cuda_moe.rs's fp8_experts_match_the_cpu_backend (the
+# published FP8 MoE fixtures and two quantized at load against the CPU backend). MOE_FP8_BENCH=1:
+# the Mixtral-shaped routed layer alone at 1 to 256 tokens, then Mixtral-8x7B-shaped random
+# weights (make_moe_shaped.py --shape mixtral, MOE_FP8_LAYERS layers, default 4 of 32 for the disk
+# and the time) served with --quantization fp8 (MOE_FP8_SPECS, default batch 1 at 512/128): batch
+# 1's inter-token latency against the FP8 active-weight floor at 3.0 TB/s (target 75%).
+if has moefp8; then
+  MF=$OUT/moefp8
+  mkdir -p "$MF"
+  MF_FLAGS="-DGEMV_ROWS=4 -DGEMV_WARPS=4 -DGEMV_MMA_FROM=1 -DGEMV_MMA_WARPS=8 -DGEMV_MMA_STAGES=5 -DNUM_Q_HEADS=4 -DNUM_KV_HEADS=2 -DHEAD_DIM=16 -DQKV_BIAS=0"
+  moefp8_build() { # NAME DEFINES
+    timeout 300 nvcc -O3 -arch=sm_90a -std=c++17 -I"$G/kernels" -I"$G" $MF_FLAGS $2 "$G/moe-fp8-check.cu" \
+      -o "$MF/$1" >"$MF/$1.build.log" 2>&1 || note "moe-fp8-check $1 BUILD FAILED: $(grep -m3 error "$MF/$1.build.log")"
+  }
+  moefp8_build tiny "-DHIDDEN=64 -DINTERMEDIATE=48 -DMOE_EXPERTS=8 -DMOE_TOP_K=2 -DMOE_RENORMALIZE=1 -DMOE_LOGITS=8 -DMOE_INTER=48 -DMOE_SHARED_INTER=0" &
+  moefp8_build mid "-DHIDDEN=512 -DINTERMEDIATE=256 -DMOE_EXPERTS=16 -DMOE_TOP_K=4 -DMOE_RENORMALIZE=0 -DMOE_LOGITS=16 -DMOE_INTER=256 -DMOE_SHARED_INTER=0" &
+  [ -n "${MOE_FP8_BENCH:-}" ] && moefp8_build mixtral "-DHIDDEN=4096 -DINTERMEDIATE=14336 -DMOE_EXPERTS=8 -DMOE_TOP_K=2 -DMOE_RENORMALIZE=1 -DMOE_LOGITS=8 -DMOE_INTER=14336 -DMOE_SHARED_INTER=0" &
+  wait
+  for shape in tiny mid; do
+    [ -x "$MF/$shape" ] || continue
+    timeout 120 "$MF/$shape" test >"$MF/$shape-test.log" 2>&1
+    note "moe-fp8-check $shape: rc=$? $(grep -c ': ok$' "$MF/$shape-test.log") ok, $(grep -c 'FAIL$' "$MF/$shape-test.log") failed"
+    grep -v '^RESULT' "$MF/$shape-test.log" | head -5 | sed 's/^/    /' | tee -a "$SUMMARY"
+  done
+  if [ -x "$MF/tiny" ]; then
+    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$MF/tiny" quick >"$MF/tiny-sanitizer.log" 2>&1
+    note "compute-sanitizer memcheck moe-fp8-check tiny: rc=$? $(grep -E 'ERROR SUMMARY' "$MF/tiny-sanitizer.log" | tail -1)"
+  fi
+  if [ -x "$G/cuda_moe" ]; then
+    timeout 240 $RUN "$G/cuda_moe" --include-ignored --test-threads=1 --nocapture fp8_experts >"$MF/correctness.log" 2>&1
+    note "moe fp8 correctness (tests/cuda_moe.rs fp8_experts): rc=$? $(grep -E '^test result' "$MF/correctness.log")"
+    grep -E 'RESULT|panicked' "$MF/correctness.log" | head -12 | tee -a "$SUMMARY"
+  fi
+  if [ -n "${MOE_FP8_BENCH:-}" ]; then
+    if [ -x "$MF/mixtral" ]; then
+      timeout 120 "$MF/mixtral" bench >"$MF/bench.log" 2>&1
+      note "moe-fp8-check mixtral bench: rc=$?"
+      grep -h '^RESULT' "$MF/bench.log" | tee -a "$SUMMARY"
+    fi
+    MX=${MOE_FP8_MODEL_DIR:-/tmp/mixtral-shaped}
+    PYTHONUNBUFFERED=1 timeout 600 python3 "$G/make_moe_shaped.py" $MX "${MOE_FP8_LAYERS:-4}" --shape mixtral --fp8 >"$MF/make.log" 2>&1
+    note "Mixtral-shaped weights: $(tail -1 "$MF/make.log")"
+    active=$(grep -o 'active bytes per decode token (FP8): [0-9]*' "$MF/make.log" | grep -o '[0-9]*$')
+    [ -n "$active" ] && note "FP8 active-weight floor: $(python3 -c "print(f'{$active/1e9:.3f} GB per token: {$active/3.0e12*1e3:.3f} ms at 3.0 TB/s')")"
+    IFS=';' read -ra MF_SPEC_LIST <<<"${MOE_FP8_SPECS:-1 512 128}"
+    for spec in "${MF_SPEC_LIST[@]}"; do
+      set -- $spec
+      b=$1 i=$2 o=$3
+      shift 3
+      log=$MF/bench-b$b-i$i-o$o.log
+      timeout ${MOE_BENCH_TIMEOUT:-300} $RUN "$G/inferno" bench offline --model $MX --device cuda --batch-size "$b" \
+        --input-len "$i" --output-len "$o" --ignore-eos --quantization fp8 "$@" >"$log" 2>&1
+      note "moe fp8 (Mixtral-shaped, ${MOE_FP8_LAYERS:-4} layers) offline batch=$b in=$i out=$o $*: rc=$? $(grep -E '^output throughput' "$log" | tail -1)"
+      grep -E '^(TTFT|ITL|engine steps) ' "$log" | sed 's/^/    /' | tee -a "$SUMMARY"
+      grep -E 'weights uploaded|KV cache allocated|panicked|Error|error' "$log" | head -3 | sed 's/^/    /' >>"$SUMMARY"
+      itl=$(grep -E '^ITL ' "$log" | awk '{print $3}')
+      if [ -n "$itl" ] && [ "$b" = 1 ] && [ -n "$active" ]; then
+        note "moe fp8 batch 1: ITL p50 $itl ms against the FP8 active-weight floor $(python3 -c "print(f'{$active/3.0e12*1e3:.3f} ms: {$active/3.0e12*1e3/$itl*100:.1f}% of the floor (target 75%)')")"
+      fi
+    done
+  fi
+fi
+
 # gpt-oss on CUDA (issue 45). The attention kernels built with sinks (-DATTN_SINKS=1) against the
 # float64 reference with per-head sinks, on a sliding layer's window and a full layer's none:
 # gpt-oss-20b/120b's heads (64 q, 8 kv, head_dim 64: the decode kernel's tensor-core path, the
@@ -1391,7 +1459,9 @@ if has gptoss; then
   done
   experts_build() { # NAME HIDDEN EXPERTS INTER
     timeout 300 nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I"$G/kernels" -I"$G" -DHIDDEN=$2 \
-      -DMOE_EXPERTS=$3 -DMOE_TOP_K=4 -DMOE_INTER=$4 -DGPTOSS_ALPHA=1.702f -DGPTOSS_LIMIT=7.0f \
+      -DMOE_EXPERTS=$3 -DMOE_TOP_K=4 -DMOE_INTER=$4 -DGPTOSS_ALPHA=1.702f -DGPTOSS_LIMIT=7.0f -DINTERMEDIATE=$4 \
+      -DMOE_RENORMALIZE=1 -DMOE_LOGITS=$3 -DMOE_SHARED_INTER=0 -DGEMV_ROWS=4 -DGEMV_WARPS=4 -DGEMV_MMA_FROM=1 \
+      -DGEMV_MMA_WARPS=8 -DGEMV_MMA_STAGES=5 -DNUM_Q_HEADS=4 -DNUM_KV_HEADS=2 -DHEAD_DIM=16 -DQKV_BIAS=0 \
       "$G/gptoss-check.cu" -o "$GO/$1" >"$GO/$1.build.log" 2>&1 || note "gptoss BUILD FAILED $1: $(grep -m2 error "$GO/$1.build.log")"
   }
   experts_build experts-tiny 64 8 32 &
@@ -1430,6 +1500,27 @@ if has gptoss; then
     note "gptoss compute-sanitizer memcheck (tests/cuda_gpt_oss.rs prefill_logits): rc=$? $(grep -E 'ERROR SUMMARY' "$GO/sanitizer-tests.log" | tail -1)"
   else
     note "gptoss: .gpu/cuda_gpt_oss missing (scripts/gpu-pack.sh builds it)"
+  fi
+  # GPTOSS_TTFT=1: the TTFT of a GPTOSS_PROMPT-token prompt (default 32768) on an idle engine
+  # against its FLOP floor (issue 45's target: <= 2x), on gpt-oss-120b-shaped random MXFP4 weights
+  # (make_gptoss_shaped.py, GPTOSS_LAYERS layers, default 8 of 36 for the disk and the time; the
+  # floor is computed for the layers written). The prefill's experts take the grouped tile path.
+  if [ -n "${GPTOSS_TTFT:-}" ]; then
+    GM=${GPTOSS_MODEL_DIR:-/tmp/gptoss-shaped}
+    prompt=${GPTOSS_PROMPT:-32768}
+    PYTHONUNBUFFERED=1 timeout 600 python3 "$G/make_gptoss_shaped.py" $GM "${GPTOSS_LAYERS:-8}" --prompt $prompt >"$GO/make.log" 2>&1
+    note "gpt-oss-shaped weights: rc=$? $(tail -1 "$GO/make.log")"
+    floor=$(grep -o 'FLOP floor [0-9.]* s' "$GO/make.log" | grep -o '[0-9.]*' | head -1)
+    [ -n "$floor" ] && note "gpt-oss $prompt-token prefill: $(grep -m1 '^prefill of' "$GO/make.log")"
+    log=$GO/ttft-$prompt.log
+    timeout ${GPTOSS_TTFT_TIMEOUT:-300} $RUN "$G/inferno" bench offline --model $GM --device cuda --batch-size 1 \
+      --input-len $prompt --output-len 2 --ignore-eos >"$log" 2>&1
+    note "gpt-oss-shaped (${GPTOSS_LAYERS:-8} layers) offline batch=1 in=$prompt out=2: rc=$? $(grep -E '^TTFT ' "$log" | tail -1)"
+    grep -E 'weights uploaded|KV cache allocated|panicked|Error|error' "$log" | head -3 | sed 's/^/    /' >>"$SUMMARY"
+    ttft=$(grep -E '^TTFT ' "$log" | awk '{print $3}')
+    if [ -n "$ttft" ] && [ -n "$floor" ]; then
+      note "gpt-oss TTFT p50 $ttft ms against the FLOP floor $(python3 -c "print(f'{$floor*1e3:.1f} ms: {$ttft/($floor*1e3):.2f}x (target <= 2x)')")"
+    fi
   fi
 fi
 

@@ -36,9 +36,12 @@
 
 #undef INFINITY
 #include "prelude.cuh"
-// gemv.cu's inner loops without its entry points, as the backend compiles the family.
+// gemv.cu's inner loops and fp8.cu's conversions without their entry points, as the backend
+// compiles the family.
 #define GEMV_NO_ENTRIES 1
 #include "gemv.cu"
+#define FP8_NO_ENTRIES 1
+#include "fp8.cu"
 #include "moe.cu"
 
 static const int K = MOE_TOP_K;

@@ -93,7 +93,9 @@ fn decode_logits_match_the_cpu_backend() {
 }
 
 /// The same tokens as one prefill chunk and as chunks of 100 (prefill attention with sinks, the
-/// experts over many tokens): the last logits of each chunk against the CPU backend's.
+/// experts over many tokens): the last logits of each chunk against the CPU backend's. The chunks
+/// of 320 and 100 tokens (1,280 and 400 expert rows over 8 experts) take the grouped tile path
+/// (`gpt_oss_grouped`), the last chunk of 20 (80 rows) the per-slot products.
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it (stage gptoss)"]
 fn prefill_logits_match_the_cpu_backend() {

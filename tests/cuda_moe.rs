@@ -1,9 +1,9 @@
-//! The CUDA backend's mixture-of-experts path (`kernels/moe.cu`) against the CPU backend (the
-//! reference, itself checked against transformers in `tests/model_moe.rs`) on the three tiny MoE
-//! fixtures, on the GPU machine: teacher-forced logits one token per step (the decode path:
-//! routing, permutation and gather in one block), whole prompts as one prefill chunk and several
-//! prompts in one step (the many-token path), and free-running greedy tokens against
-//! transformers'. The fixtures' routers give experts 2 and 5 the same row, so many tokens tie at
+//! The CUDA backend's mixture-of-experts path (`kernels/moe.cu`, FP8 experts in
+//! `kernels/moe_fp8.cu`) against the CPU backend (the reference, itself checked against
+//! transformers in `tests/model_moe.rs`) on the three tiny MoE fixtures (and four FP8 ones), on
+//! the GPU machine: teacher-forced logits one token per step (the decode path: routing,
+//! permutation and gather in one block), whole prompts as one prefill chunk and several prompts
+//! in one step (the many-token path), and free-running greedy tokens against transformers'. The fixtures' routers give experts 2 and 5 the same row, so many tokens tie at
 //! the top-k boundary: the GPU must choose as torch does on the CPU.
 //!
 //! Near-ties are another matter: where a chosen expert's router logit is within [`NEAR_TIE`] of
@@ -454,5 +454,137 @@ fn greedy_tokens_match_transformers() {
         println!("RESULT {name} greedy: {checked} steps equal to transformers'");
         assert!(mismatches.is_empty(), "{name}: {mismatches:?}");
         assert!(checked > 0, "{name}: no greedy step checked");
+    }
+}
+
+/// The FP8 checks' logit tolerance against the CPU backend (`tests/cuda_fp8.rs`' bound: 4 times
+/// the bf16 one, for an input rounded to FP8 on the other side of a rounding boundary).
+const TOL_FP8: f32 = 4.0 * TOL_CPU;
+
+/// The FP8 MoE models, each with the bf16 fixture whose golden cases it reads: the published
+/// forms (`tests/fixtures/fp8/moe-*`: block scales with dynamic per-group inputs, per-tensor
+/// scales with static inputs) and two bf16 fixtures quantized at load (per-channel scales, dynamic
+/// per-token inputs).
+fn fp8_moe_models() -> Vec<(String, Model, &'static str)> {
+    let mut models = vec![
+        (
+            "fp8/moe-qwen3-block".to_string(),
+            load("fp8/moe-qwen3-block"),
+            "tiny-qwen3-moe",
+        ),
+        (
+            "fp8/moe-mixtral-static".to_string(),
+            load("fp8/moe-mixtral-static"),
+            "tiny-mixtral",
+        ),
+    ];
+    for name in ["tiny-mixtral", "tiny-qwen3-moe"] {
+        let mut model = load(name);
+        inferno::model::QuantizeAtLoad::Fp8.apply(&mut model.config);
+        models.push((format!("{name} (fp8 at load)"), model, name));
+    }
+    models
+}
+
+/// FP8 experts (`kernels/moe_fp8.cu`) against the CPU backend's FP8 reference (dequantized
+/// experts, inputs rounded as the scheme says): teacher-forced decode (the small-M FP8 loops),
+/// one prefill chunk per case and every prompt in one step (the tensor-core tiles with the
+/// weights widened as loaded, where the step has enough rows per expert), within [`TOL_FP8`]
+/// before any near-tie, and the argmax wherever the position has no near-tie and a clear margin.
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it (stage moe)"]
+fn fp8_experts_match_the_cpu_backend() {
+    for (name, model, source) in fp8_moe_models() {
+        let golden = golden(source);
+        let cases = golden["cases"].as_array().expect("cases");
+        let mut gpu = cuda(&model, false);
+        let mut cpu = CpuBackend::new(&model, 64 << 20).expect("CPU backend");
+        let (mut decode, mut chunks) = (Split::default(), Split::default());
+        let (mut checked, mut mismatches) = (0, Vec::new());
+        for (c, case) in cases.iter().enumerate() {
+            let tokens = ids(&case["teacher_forced"]["tokens"]);
+            let g = per_position(&mut gpu, &tokens);
+            let (r, gaps) = per_position_cpu(&mut cpu, &tokens);
+            let clean = clean_prefix(&gaps);
+            for (pos, (gl, cl)) in g.iter().zip(&r).enumerate() {
+                decode.add(max_abs_diff(gl, cl), clean[pos]);
+                let mut sorted = cl.clone();
+                sorted.sort_by(|a, b| b.total_cmp(a));
+                if gaps[pos] >= NEAR_TIE && sorted[0] - sorted[1] > 4.0 * MARGIN {
+                    checked += 1;
+                    if argmax(gl) != argmax(cl) {
+                        mismatches.push(format!("case {c} position {pos}"));
+                    }
+                }
+            }
+            let row = || Row {
+                seq_id: 1,
+                tokens: &tokens,
+                start: 0,
+                table: table(0, tokens.len()),
+            };
+            let g = step(&mut gpu, &[row()]);
+            let r = step(&mut cpu, &[row()]);
+            let clean = cpu.router_gaps().iter().all(|&gap| gap >= NEAR_TIE);
+            chunks.add(max_abs_diff(&g[0], &r[0]), clean);
+        }
+        let prompts: Vec<Vec<u32>> = cases.iter().map(|c| ids(&c["input_ids"])).collect();
+        let mut next_block = 0;
+        let rows: Vec<Row<'_>> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let row = Row {
+                    seq_id: i as u64 + 1,
+                    tokens: p,
+                    start: 0,
+                    table: table(next_block, p.len()),
+                };
+                next_block += p.len().div_ceil(16) as u32;
+                row
+            })
+            .collect();
+        let g = step(&mut gpu, &rows);
+        let r = step(&mut cpu, &rows);
+        let mut gaps = cpu.router_gaps().to_vec().into_iter();
+        let mut batched = Split::default();
+        for ((a, b), p) in g.iter().zip(&r).zip(&prompts) {
+            let clean = gaps.by_ref().take(p.len()).all(|gap| gap >= NEAR_TIE);
+            batched.add(max_abs_diff(a, b), clean);
+        }
+        let total: usize = prompts.iter().map(Vec::len).sum();
+        println!(
+            "RESULT {name} FP8 experts: decode max|cuda-cpu| {:.4} over {} of {} positions before any near-tie, {:.4} over the rest; {checked} argmax checks, {} mismatches; one chunk per case {:.4} over {} of {} clean sequences; {total} tokens in one step {:.4} over {} of {} clean (tolerance {TOL_FP8})",
+            decode.clean,
+            decode.clean_count,
+            decode.count,
+            decode.tied,
+            mismatches.len(),
+            chunks.clean,
+            chunks.clean_count,
+            chunks.count,
+            batched.clean,
+            batched.clean_count,
+            batched.count
+        );
+        assert!(
+            mismatches.is_empty(),
+            "{name}: argmax differs at {mismatches:?}"
+        );
+        for (what, split) in [
+            ("decode", &decode),
+            ("prefill", &chunks),
+            ("batched prefill", &batched),
+        ] {
+            assert!(
+                split.clean <= TOL_FP8,
+                "{name}: {what} logits differ from the CPU by {} before any near-tie",
+                split.clean
+            );
+            assert!(
+                split.clean_count > 0,
+                "{name}: {what}: every entry has a near-tie"
+            );
+        }
     }
 }

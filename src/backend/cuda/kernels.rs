@@ -149,9 +149,10 @@ const FP8_FAMILY_ENTRIES: [&str; 4 * super::plan::GEMV_MAX_M + 5] = {
     all
 };
 
-/// The mixture-of-experts kernels (`kernels/moe.cu`, compiled after `kernels/gemv.cu`'s inner
-/// loops), compiled only for a model with experts.
-pub const MOE_ENTRIES: [&str; 11] = [
+/// The mixture-of-experts kernels (`kernels/moe.cu`, compiled after `kernels/gemv.cu`'s and
+/// `kernels/fp8.cu`'s inner loops, and `kernels/moe_fp8.cu`'s FP8 experts after it), compiled
+/// only for a model with experts.
+pub const MOE_ENTRIES: [&str; 16] = [
     "moe_route",
     "moe_permute",
     "moe_gather",
@@ -163,6 +164,11 @@ pub const MOE_ENTRIES: [&str; 11] = [
     "moe_down_combine_one",
     "moe_shared_swiglu",
     "moe_combine",
+    "moe_fp8_round",
+    "moe_fp8_gate_up",
+    "moe_fp8_down",
+    "moe_fp8_gemm_gate_up",
+    "moe_fp8_gemm_down",
 ];
 
 /// The attention entry points the forward pass launches: paged, reduce, prefill, small prefill.
@@ -182,9 +188,9 @@ pub const ATTENTION_FULL_ENTRIES: [&str; 4] = [
     "prefill_attention_small_full",
 ];
 
-/// gpt-oss's expert kernels (`kernels/gpt_oss.cu`), compiled only for a model with gpt-oss's
-/// experts.
-pub const GPTOSS_ENTRIES: [&str; 7] = [
+/// gpt-oss's expert kernels (`kernels/gpt_oss.cu`, compiled after `kernels/moe.cu`'s device
+/// code), compiled only for a model with gpt-oss's experts.
+pub const GPTOSS_ENTRIES: [&str; 13] = [
     "gptoss_route",
     "gptoss_gate_up",
     "gptoss_gate_up_mxfp4",
@@ -192,6 +198,12 @@ pub const GPTOSS_ENTRIES: [&str; 7] = [
     "gptoss_down_mxfp4",
     "gptoss_combine",
     "gptoss_add_bias",
+    "gptoss_permute",
+    "gptoss_gather",
+    "gptoss_gemm_gate_up",
+    "gptoss_gemm_gate_up_mxfp4",
+    "gptoss_gemm_down",
+    "gptoss_gemm_down_mxfp4",
 ];
 
 /// Every family the backend compiles when a model loads (`moe.cu` only for a model with
@@ -254,9 +266,11 @@ pub const FAMILIES: [KernelFamily; 15] = [
     KernelFamily {
         name: "moe.cu",
         source: concat!(
-            "#define GEMV_NO_ENTRIES 1\n",
+            "#define GEMV_NO_ENTRIES 1\n#define FP8_NO_ENTRIES 1\n",
             include_str!("../../../kernels/gemv.cu"),
-            include_str!("../../../kernels/moe.cu")
+            include_str!("../../../kernels/fp8.cu"),
+            include_str!("../../../kernels/moe.cu"),
+            include_str!("../../../kernels/moe_fp8.cu")
         ),
         entry_points: &MOE_ENTRIES,
     },
@@ -286,7 +300,13 @@ pub const FAMILIES: [KernelFamily; 15] = [
     },
     KernelFamily {
         name: "gpt_oss.cu",
-        source: include_str!("../../../kernels/gpt_oss.cu"),
+        source: concat!(
+            "#define GEMV_NO_ENTRIES 1\n#define FP8_NO_ENTRIES 1\n#define MOE_NO_ENTRIES 1\n",
+            include_str!("../../../kernels/gemv.cu"),
+            include_str!("../../../kernels/fp8.cu"),
+            include_str!("../../../kernels/moe.cu"),
+            include_str!("../../../kernels/gpt_oss.cu")
+        ),
         entry_points: &GPTOSS_ENTRIES,
     },
 ];

@@ -332,14 +332,16 @@ macro_rules! kernel_args {
 mod gpt_oss;
 pub use gpt_oss::{
     GptOssAddBias, GptOssCombine, GptOssDown, GptOssDownMxfp4, GptOssGateUp, GptOssGateUpMxfp4,
-    GptOssRoute,
+    GptOssGather, GptOssGemmDown, GptOssGemmDownMxfp4, GptOssGemmGateUp, GptOssGemmGateUpMxfp4,
+    GptOssPermute, GptOssRoute,
 };
 
 // The mixture-of-experts kernels' arguments (`kernels/moe.cu`), declared with the macro above.
 mod moe;
 pub use moe::{
-    MoeCombine, MoeDown, MoeDownCombineOne, MoeGateUp, MoeGather, MoePermute, MoeRoute,
-    MoeRoutePermute, MoeSharedSwiglu,
+    MoeCombine, MoeDown, MoeDownCombineOne, MoeFp8Down, MoeFp8GateUp, MoeFp8GemmDown,
+    MoeFp8GemmGateUp, MoeFp8Round, MoeGateUp, MoeGather, MoePermute, MoeRoute, MoeRoutePermute,
+    MoeSharedSwiglu,
 };
 
 // The FP8 kernels' arguments (`kernels/fp8.cu`), declared with the macro above.
@@ -670,7 +672,7 @@ mod tests {
     type Launcher = (&'static [&'static str], Parameters);
 
     /// Every argument struct.
-    static LAUNCHERS: [Launcher; 36] = [
+    static LAUNCHERS: [Launcher; 47] = [
         launcher::<EmbeddingGather>(),
         launcher::<AddRmsnorm>(),
         launcher::<QkvRopeWrite>(),
@@ -700,6 +702,11 @@ mod tests {
         launcher::<MoeDownCombineOne>(),
         launcher::<MoeSharedSwiglu>(),
         launcher::<MoeCombine>(),
+        launcher::<MoeFp8Round>(),
+        launcher::<MoeFp8GateUp>(),
+        launcher::<MoeFp8Down>(),
+        launcher::<MoeFp8GemmGateUp>(),
+        launcher::<MoeFp8GemmDown>(),
         launcher::<GptOssRoute>(),
         launcher::<GptOssGateUp>(),
         launcher::<GptOssGateUpMxfp4>(),
@@ -707,6 +714,12 @@ mod tests {
         launcher::<GptOssDownMxfp4>(),
         launcher::<GptOssCombine>(),
         launcher::<GptOssAddBias>(),
+        launcher::<GptOssPermute>(),
+        launcher::<GptOssGather>(),
+        launcher::<GptOssGemmGateUp>(),
+        launcher::<GptOssGemmGateUpMxfp4>(),
+        launcher::<GptOssGemmDown>(),
+        launcher::<GptOssGemmDownMxfp4>(),
     ];
 
     const fn launcher<A: KernelArgs>() -> Launcher {

@@ -351,70 +351,101 @@ impl Allocator {
     }
 }
 
-/// The FP8 projections `parts` (each FP8 in the layout) stacked row after row on the device: a
-/// checkpoint's E4M3 values as they are with their scales in the device layout, or a 16-bit
-/// checkpoint's weights quantized per channel here.
+/// One FP8 projection built on the host: its E4M3 bytes, its scales in the device layout, its
+/// static input scale (when the scheme has one) and its input's scheme.
+pub(super) struct HostFp8<'w> {
+    /// The `[out, in]` E4M3 bytes (a checkpoint's borrowed as they are).
+    pub values: std::borrow::Cow<'w, [u8]>,
+    /// The scales in the device layout.
+    pub scales: DeviceScales,
+    /// The checkpoint's static input scale.
+    pub input_scale: Option<f32>,
+    /// How the product's input is quantized.
+    pub activations: crate::model::fp8::ActivationScale,
+}
+
+/// The FP8 projection `part` on the host: a checkpoint's E4M3 values as they are with their
+/// scales in the device layout, or a 16-bit checkpoint's weights quantized per channel here.
+pub(super) fn host_fp8<'w>(
+    part: &LinearTensors,
+    weights: &'w ModelWeights,
+) -> Result<HostFp8<'w>, CudaInitError> {
+    let err = |e: crate::model::ModelError| CudaInitError::Weights(e.to_string());
+    let fp8 = part.fp8.as_ref().ok_or_else(|| {
+        CudaInitError::Weights(format!("{} is not an FP8 projection", part.weight.name))
+    })?;
+    let (out, inp) = (part.weight.shape[0], part.weight.shape[1]);
+    if !inp.is_multiple_of(16) {
+        return Err(CudaInitError::Unsupported(format!(
+            "the FP8 projection {} is {inp} columns wide; the FP8 kernels need a multiple of 16",
+            part.weight.name
+        )));
+    }
+    let view = weights.check_spec(&part.weight).map_err(err)?;
+    let (values, scales) = match &fp8.scale {
+        Some(scale) => {
+            let checkpoint = weights.check_spec(scale).map_err(err)?.to_f32();
+            let layout = DeviceScales::from_checkpoint(fp8.weights, &checkpoint, out, inp);
+            if layout.groups > 1 && !layout.group.is_multiple_of(16) {
+                return Err(CudaInitError::Unsupported(format!(
+                    "the FP8 projection {} has scale blocks {} columns wide; the FP8 kernels need a multiple of 16",
+                    part.weight.name, layout.group
+                )));
+            }
+            (std::borrow::Cow::Borrowed(view.data), layout)
+        }
+        None => {
+            let (codes, row_scales) = quantize_per_channel(&view, out, inp);
+            let scales = DeviceScales {
+                scales: row_scales,
+                groups: 1,
+                group: inp,
+            };
+            (std::borrow::Cow::Owned(codes), scales)
+        }
+    };
+    let input_scale = match &fp8.input_scale {
+        Some(spec) => Some(weights.check_spec(spec).map_err(err)?.to_f32()[0]),
+        None => None,
+    };
+    Ok(HostFp8 {
+        values,
+        scales,
+        input_scale,
+        activations: fp8.activations,
+    })
+}
+
+/// The f32 values `floats` as little-endian bytes (the device's scales).
+pub(super) fn f32_bytes(floats: &[f32]) -> Vec<u8> {
+    floats.iter().flat_map(|s| s.to_le_bytes()).collect()
+}
+
+/// The FP8 projections `parts` (each FP8 in the layout) stacked row after row on the device
+/// ([`host_fp8`] each); the static input scale is the largest of theirs.
 fn fp8_projection(
     parts: &[&LinearTensors],
     weights: &ModelWeights,
 ) -> Result<Fp8Projection, CudaInitError> {
-    let err = |e: crate::model::ModelError| CudaInitError::Weights(e.to_string());
     let mut values = Vec::new();
     let mut scales = Vec::new();
     let mut input_scale: Option<f32> = None;
     let mut scheme = None;
     for part in parts {
-        let fp8 = part.fp8.as_ref().ok_or_else(|| {
-            CudaInitError::Weights(format!("{} is not an FP8 projection", part.weight.name))
-        })?;
-        let (out, inp) = (part.weight.shape[0], part.weight.shape[1]);
-        if !inp.is_multiple_of(16) {
-            return Err(CudaInitError::Unsupported(format!(
-                "the FP8 projection {} is {inp} columns wide; the FP8 kernels need a multiple of 16",
-                part.weight.name
-            )));
-        }
-        let view = weights.check_spec(&part.weight).map_err(err)?;
-        match &fp8.scale {
-            Some(scale) => {
-                let checkpoint = weights.check_spec(scale).map_err(err)?.to_f32();
-                let layout = DeviceScales::from_checkpoint(fp8.weights, &checkpoint, out, inp);
-                if layout.groups > 1 && !layout.group.is_multiple_of(16) {
-                    return Err(CudaInitError::Unsupported(format!(
-                        "the FP8 projection {} has scale blocks {} columns wide; the FP8 kernels need a multiple of 16",
-                        part.weight.name, layout.group
-                    )));
-                }
-                values.extend_from_slice(view.data);
-                scales.push(layout);
-            }
-            None => {
-                let (codes, row_scales) = quantize_per_channel(&view, out, inp);
-                values.extend_from_slice(&codes);
-                scales.push(DeviceScales {
-                    scales: row_scales,
-                    groups: 1,
-                    group: inp,
-                });
-            }
-        }
-        if let Some(spec) = &fp8.input_scale {
-            let s = weights.check_spec(spec).map_err(err)?.to_f32()[0];
+        let host = host_fp8(part, weights)?;
+        values.extend_from_slice(&host.values);
+        scales.push(host.scales);
+        if let Some(s) = host.input_scale {
             input_scale = Some(input_scale.map_or(s, |m: f32| m.max(s)));
         }
-        scheme = Some(fp8.activations);
+        scheme = Some(host.activations);
     }
     let stacked = DeviceScales::stack(&scales).ok_or_else(|| {
         CudaInitError::Unsupported("stacked FP8 projections with different scale layouts".into())
     })?;
-    let scale_bytes: Vec<u8> = stacked
-        .scales
-        .iter()
-        .flat_map(|s| s.to_le_bytes())
-        .collect();
     Ok(Fp8Projection {
         values: DeviceBuffer::from_bytes(&values)?,
-        scales: DeviceBuffer::from_bytes(&scale_bytes)?,
+        scales: DeviceBuffer::from_bytes(&f32_bytes(&stacked.scales))?,
         groups: stacked.groups,
         group: stacked.group,
         input: scheme.and_then(|s| InputQuantization::of(s, input_scale)),
@@ -489,7 +520,9 @@ impl ModelWeightsOnDevice {
                         gate_up: up.projection(&[&mlp.gate_proj, &mlp.up_proj], weights)?,
                         down: up.projection(&[&mlp.down_proj], weights)?,
                     },
-                    MlpTensors::Moe(moe) => LayerMlp::Moe(MoeLayerWeights::allocate(&mut up, moe)?),
+                    MlpTensors::Moe(moe) => {
+                        LayerMlp::Moe(MoeLayerWeights::allocate(&mut up, moe, weights)?)
+                    }
                     MlpTensors::GptOss(experts) => {
                         LayerMlp::GptOss(GptOssLayerWeights::allocate(&mut up, experts, weights)?)
                     }

@@ -2,8 +2,10 @@
 //! (`kernels/gpt_oss.cu`): the output projection's bias, and the experts: the router's product,
 //! the biased top-k-then-softmax routing, each slot's biased gate/up product through the clamped
 //! SwiGLU, its biased down product (each over bf16 experts or MXFP4 ones, widened in registers),
-//! and the weighted sum into `act.delta`. Every size beyond the
-//! step's token count is fixed, so the launches can be captured in a CUDA graph.
+//! and the weighted sum into `act.delta`; for many rows per expert (prefill) the slots grouped by
+//! expert and the products on tensor-core tiles instead (`gpt_oss_grouped`, not yet run on a
+//! GPU). Every size beyond the step's token count is fixed, so the launches can be captured in a
+//! CUDA graph.
 
 use std::collections::HashMap;
 
@@ -17,11 +19,24 @@ use crate::backend::cuda::gpt_oss::ExpertMatrix;
 use crate::backend::cuda::inputs::StepLayout;
 use crate::backend::cuda::launch::{
     Bf16, DevicePtr, E2m1x2, E8m0, GptOssAddBias, GptOssCombine, GptOssDown, GptOssDownMxfp4,
-    GptOssGateUp, GptOssGateUpMxfp4, GptOssRoute, Kernel, LaunchShape,
+    GptOssGateUp, GptOssGateUpMxfp4, GptOssGather, GptOssGemmDown, GptOssGemmDownMxfp4,
+    GptOssGemmGateUp, GptOssGemmGateUpMxfp4, GptOssPermute, GptOssRoute, Kernel, LaunchShape,
 };
 use crate::backend::cuda::memory::DeviceBuffer;
 
+use super::moe::tile_shape;
 use super::{CudaBackend, to_u32};
+
+/// Threads of the permutation's one block (`gptoss_permute`).
+const PERMUTE_THREADS: u32 = 1024;
+
+/// Most blocks of the gather (each copies whole rows, in turn).
+const GATHER_BLOCKS: usize = 4096;
+
+/// Output columns per block of the tile products: gate/up 32 (of 64 interleaved weight rows),
+/// down 64 (`MOE_BN`).
+const TILE_SWIGLU_COLUMNS: usize = 32;
+const TILE_COLUMNS: usize = 64;
 
 /// Warps per block of the routing and the expert products (`GO_WARPS` in `kernels/gpt_oss.cu`):
 /// a token each in the routing, an output row (pair) each in the products.
@@ -59,6 +74,12 @@ pub(super) struct GptOssKernels {
     down_mxfp4: Kernel<GptOssDownMxfp4>,
     combine: Kernel<GptOssCombine>,
     add_bias: Kernel<GptOssAddBias>,
+    permute: Kernel<GptOssPermute>,
+    gather: Kernel<GptOssGather>,
+    gemm_gate_up: Kernel<GptOssGemmGateUp>,
+    gemm_gate_up_mxfp4: Kernel<GptOssGemmGateUpMxfp4>,
+    gemm_down: Kernel<GptOssGemmDown>,
+    gemm_down_mxfp4: Kernel<GptOssGemmDownMxfp4>,
 }
 
 impl GptOssKernels {
@@ -78,6 +99,12 @@ impl GptOssKernels {
             down_mxfp4: Kernel::take(map, "gptoss_down_mxfp4")?,
             combine: Kernel::take(map, "gptoss_combine")?,
             add_bias: Kernel::take(map, "gptoss_add_bias")?,
+            permute: Kernel::take(map, "gptoss_permute")?,
+            gather: Kernel::take(map, "gptoss_gather")?,
+            gemm_gate_up: Kernel::take(map, "gptoss_gemm_gate_up")?,
+            gemm_gate_up_mxfp4: Kernel::take(map, "gptoss_gemm_gate_up_mxfp4")?,
+            gemm_down: Kernel::take(map, "gptoss_gemm_down")?,
+            gemm_down_mxfp4: Kernel::take(map, "gptoss_gemm_down_mxfp4")?,
         }))
     }
 }
@@ -138,6 +165,12 @@ impl CudaBackend {
             s.h_perm.device_ptr(),
             s.y_perm.device_ptr(),
         );
+        let buffers = Grouped {
+            meta: s.meta.device_ptr(),
+            sorted_tokens: s.sorted_tokens.device_ptr(),
+            row_of: s.row_of.device_ptr(),
+            x_perm: s.x_perm.device_ptr(),
+        };
         let normed = self.act.normed.device_ptr();
         self.matmul(normed, router, logits, (t, moe.num_experts, hidden))?;
         let kernels = self.gpt_oss_kernels(layer)?;
@@ -153,6 +186,10 @@ impl CudaBackend {
                 count: to_u32(t, "tokens")? as i32,
             },
         )?;
+        if self.takes_tiles(t * moe.routing.top_k(), moe.num_experts) {
+            let biases = (gate_up_bias, down_bias);
+            return self.gpt_oss_grouped(layer, moe, t, (gate_up, down), biases, buffers);
+        }
         let rows = |n: usize| to_u32(n.div_ceil(WARPS), "product rows");
         let shape = LaunchShape::new((slots, rows(moe.expert_intermediate)?, 1), block);
         match gate_up {
@@ -211,10 +248,141 @@ impl CudaBackend {
             LaunchShape::new((to_u32(t, "tokens")?, 1, 1), THREADS),
             GptOssCombine {
                 y,
+                row_of: None,
                 topk_ids,
                 topk_weights,
                 delta: self.act.delta.device_ptr(),
             },
         )
     }
+
+    /// Layer `layer`'s gpt-oss experts for a step of `t` tokens with many rows per expert
+    /// (prefill), after the routing: the slots grouped by expert (`gptoss_permute`), the
+    /// permuted rows gathered, the biased gate/up product through the clamped SwiGLU and the
+    /// biased down product on tensor-core tiles (MXFP4 widened to bf16 as each tile is loaded),
+    /// and the weighted sum read through the permutation, into `act.delta`. Not yet run on a GPU.
+    fn gpt_oss_grouped(
+        &self,
+        layer: usize,
+        moe: &MoeDefinition,
+        t: usize,
+        (gate_up, down): (Matrix, Matrix),
+        (gate_up_bias, down_bias): (DevicePtr<Bf16>, DevicePtr<Bf16>),
+        b: Grouped,
+    ) -> Result<(), BackendError> {
+        let missing = |what: &str| BackendError::Device(format!("layer {layer} has no {what}"));
+        let s = self
+            .act
+            .moe
+            .as_ref()
+            .ok_or_else(|| missing("expert buffers"))?;
+        let (topk_ids, topk_weights, act, y) = (
+            s.topk_ids.device_ptr(),
+            s.topk_weights.device_ptr(),
+            s.h_perm.device_ptr(),
+            s.y_perm.device_ptr(),
+        );
+        let kernels = self.gpt_oss_kernels(layer)?;
+        let count = to_u32(t, "tokens")? as i32;
+        let rows = t * moe.routing.top_k();
+        let (experts, inter, hidden) =
+            (moe.num_experts, moe.expert_intermediate, self.params.hidden);
+        self.launch(
+            &kernels.permute,
+            LaunchShape::new((1, 1, 1), PERMUTE_THREADS),
+            GptOssPermute {
+                topk_ids,
+                meta: b.meta,
+                sorted_tokens: b.sorted_tokens,
+                row_of: b.row_of,
+                count,
+            },
+        )?;
+        self.launch(
+            &kernels.gather,
+            LaunchShape::new((to_u32(rows.min(GATHER_BLOCKS), "rows")?, 1, 1), THREADS),
+            GptOssGather {
+                x: self.act.normed.device_ptr(),
+                sorted_tokens: b.sorted_tokens,
+                x_perm: b.x_perm,
+                count,
+            },
+        )?;
+        let shape = tile_shape(rows, experts, inter.div_ceil(TILE_SWIGLU_COLUMNS))?;
+        match gate_up {
+            Matrix::Bf16(w) => self.launch(
+                &kernels.gemm_gate_up,
+                shape,
+                GptOssGemmGateUp {
+                    x_perm: b.x_perm,
+                    w,
+                    bias: gate_up_bias,
+                    meta: b.meta,
+                    act,
+                },
+            )?,
+            Matrix::Mxfp4(blocks, scales) => self.launch(
+                &kernels.gemm_gate_up_mxfp4,
+                shape,
+                GptOssGemmGateUpMxfp4 {
+                    x_perm: b.x_perm,
+                    blocks,
+                    scales,
+                    bias: gate_up_bias,
+                    meta: b.meta,
+                    act,
+                },
+            )?,
+        }
+        let shape = tile_shape(rows, experts, hidden.div_ceil(TILE_COLUMNS))?;
+        match down {
+            Matrix::Bf16(w) => self.launch(
+                &kernels.gemm_down,
+                shape,
+                GptOssGemmDown {
+                    act,
+                    w,
+                    bias: down_bias,
+                    meta: b.meta,
+                    y,
+                },
+            )?,
+            Matrix::Mxfp4(blocks, scales) => self.launch(
+                &kernels.gemm_down_mxfp4,
+                shape,
+                GptOssGemmDownMxfp4 {
+                    act,
+                    blocks,
+                    scales,
+                    bias: down_bias,
+                    meta: b.meta,
+                    y,
+                },
+            )?,
+        }
+        self.launch(
+            &kernels.combine,
+            LaunchShape::new((to_u32(t, "tokens")?, 1, 1), THREADS),
+            GptOssCombine {
+                y,
+                row_of: Some(b.row_of),
+                topk_ids,
+                topk_weights,
+                delta: self.act.delta.device_ptr(),
+            },
+        )
+    }
+}
+
+/// The permutation's step buffers, for the grouped products.
+#[derive(Clone, Copy)]
+struct Grouped {
+    /// Segment offsets, the experts with rows and their first row tiles.
+    meta: DevicePtr<i32>,
+    /// Each permuted row's token.
+    sorted_tokens: DevicePtr<i32>,
+    /// Each (token, slot)'s permuted row.
+    row_of: DevicePtr<i32>,
+    /// The permuted rows of the normalised input.
+    x_perm: DevicePtr<Bf16>,
 }

@@ -15,6 +15,7 @@ mod forward;
 mod gpt_oss;
 mod late_masks;
 mod moe;
+mod moe_fp8;
 mod positions;
 mod products;
 mod setup;

@@ -14,11 +14,13 @@ use crate::model::MoeDefinition;
 use crate::backend::cuda::compile::KernelError;
 use crate::backend::cuda::inputs::StepLayout;
 use crate::backend::cuda::launch::{
-    Kernel, LaunchShape, MoeCombine, MoeDown, MoeDownCombineOne, MoeGateUp, MoeGather, MoePermute,
-    MoeRoute, MoeRoutePermute, MoeSharedSwiglu,
+    Bf16, DevicePtr, Kernel, LaunchShape, MoeCombine, MoeDown, MoeDownCombineOne, MoeGateUp,
+    MoeGather, MoePermute, MoeRoute, MoeRoutePermute, MoeSharedSwiglu,
 };
+use crate::backend::cuda::moe::{ExpertWeights, Fp8ExpertOperand};
 use crate::backend::cuda::plan;
 
+use super::moe_fp8::{Fp8Buffers, MoeFp8Kernels};
 use super::products::{TimedProduct, TimedShape};
 use super::{CudaBackend, to_u32};
 
@@ -51,6 +53,8 @@ const ONE_MAX_WARPS: usize = 8;
 
 /// The entry points of `kernels/moe.cu`.
 pub(super) struct MoeKernels {
+    /// FP8 experts' kernels (`kernels/moe_fp8.cu`).
+    pub(super) fp8: MoeFp8Kernels,
     route: Kernel<MoeRoute>,
     permute: Kernel<MoePermute>,
     gather: Kernel<MoeGather>,
@@ -85,6 +89,7 @@ impl MoeKernels {
             down_combine_one: Kernel::take(map, "moe_down_combine_one")?,
             shared_swiglu: Kernel::take(map, "moe_shared_swiglu")?,
             combine: Kernel::take(map, "moe_combine")?,
+            fp8: MoeFp8Kernels::take(map)?,
         }))
     }
 
@@ -98,7 +103,39 @@ impl MoeKernels {
     }
 }
 
+/// The launch of a tensor-core grouped product (`moe_gemm_*`, `moe_fp8_gemm_*`) of `columns`
+/// column blocks over a step of `rows` permuted rows among `experts` experts: row tiles of the
+/// step at most, every expert's rows in 64-row tiles, one partial tile per expert with rows;
+/// those past the step's count return at once.
+pub(super) fn tile_shape(
+    rows: usize,
+    experts: usize,
+    columns: usize,
+) -> Result<LaunchShape, BackendError> {
+    let tiles = to_u32(rows.div_ceil(GEMM_TILE) + experts.min(rows), "row tiles")?;
+    Ok(LaunchShape::new(
+        (to_u32(columns, "product columns")?, tiles, 1),
+        GEMM_THREADS,
+    ))
+}
+
+/// Where a layer's expert weights are, as its products take them.
+#[derive(Clone, Copy)]
+enum Experts {
+    /// bf16 gate/up and down.
+    Bf16(DevicePtr<Bf16>, DevicePtr<Bf16>),
+    /// FP8 gate/up and down.
+    Fp8(Fp8ExpertOperand, Fp8ExpertOperand),
+}
+
 impl CudaBackend {
+    /// Whether a step of `rows` permuted rows among `experts` experts takes the tensor-core
+    /// grouped products (each expert's weights read once per 64 rows) rather than the small-M
+    /// loops.
+    pub(super) fn takes_tiles(&self, rows: usize, experts: usize) -> bool {
+        self.params.gemv_tensor_cores && rows >= GEMM_FROM_ROWS_PER_EXPERT * experts
+    }
+
     /// The products of the sparse layers that the small-M kernels may serve at decode, for
     /// `choose_small_m_products` to time: the router's (with the shared expert's gate) and the
     /// shared expert's two.
@@ -167,15 +204,13 @@ impl CudaBackend {
         let weights = self.weights.layers[layer]
             .moe()
             .ok_or_else(|| missing("experts"))?;
-        let (router, gate_up_w, down_w) = (
-            weights.router.device_ptr(),
-            weights.gate_up.device_ptr(),
-            weights.down.device_ptr(),
-        );
-        let shared_w = weights
-            .shared
-            .as_ref()
-            .map(|s| (s.gate_up.device_ptr(), s.down.device_ptr()));
+        let router = weights.router.device_ptr();
+        let experts = match &weights.experts {
+            ExpertWeights::Bf16 { gate_up, down } => {
+                Experts::Bf16(gate_up.device_ptr(), down.device_ptr())
+            }
+            ExpertWeights::Fp8 { gate_up, down } => Experts::Fp8(gate_up.operand(), down.operand()),
+        };
         let s = self
             .act
             .moe
@@ -194,13 +229,6 @@ impl CudaBackend {
             s.h_perm.device_ptr(),
             s.y_perm.device_ptr(),
         );
-        let shared_bufs = s.shared.as_ref().map(|b| {
-            (
-                b.gate_up.device_ptr(),
-                b.mlp.device_ptr(),
-                b.out.device_ptr(),
-            )
-        });
         let normed = self.act.normed.device_ptr();
         let tokens = self.input(layout.tokens());
 
@@ -267,6 +295,32 @@ impl CudaBackend {
                 },
             )?;
         }
+        let (gate_up_w, down_w) = match experts {
+            Experts::Bf16(gate_up, down) => (gate_up, down),
+            Experts::Fp8(gate_up, down) => {
+                if t == 1 {
+                    // The FP8 products read gathered rows, which they round in place.
+                    self.launch(
+                        &kernels.gather,
+                        LaunchShape::new((to_u32(top_k, "slots")?, 1, 1), THREADS),
+                        MoeGather {
+                            x: normed,
+                            sorted_tokens,
+                            x_perm,
+                            count,
+                        },
+                    )?;
+                }
+                let buffers = Fp8Buffers {
+                    meta,
+                    x_perm,
+                    h_perm,
+                    y_perm,
+                };
+                self.moe_fp8_products(moe, t, (gate_up, down), buffers)?;
+                return self.moe_finish(layer, moe, layout, None, (h_perm, y_perm));
+            }
+        };
         // One token: `moe_route_permute` gathers nothing, and every slot reads the normalised row.
         let (x_rows, x_stride) = if t == 1 {
             (normed, 0)
@@ -289,19 +343,8 @@ impl CudaBackend {
             },
         );
         let rows = t * top_k;
-        if self.params.gemv_tensor_cores && rows >= GEMM_FROM_ROWS_PER_EXPERT * moe.num_experts {
-            // Row tiles of the step at most: every expert's rows in 64-row tiles, one partial
-            // tile per expert with rows; those past the step's count return at once.
-            let tiles = to_u32(
-                rows.div_ceil(GEMM_TILE) + moe.num_experts.min(rows),
-                "row tiles",
-            )?;
-            let shape = |columns: usize| -> Result<LaunchShape, BackendError> {
-                Ok(LaunchShape::new(
-                    (to_u32(columns, "product columns")?, tiles, 1),
-                    GEMM_THREADS,
-                ))
-            };
+        if self.takes_tiles(rows, moe.num_experts) {
+            let shape = |columns: usize| tile_shape(rows, moe.num_experts, columns);
             let inter = moe.expert_intermediate;
             self.launch(
                 &kernels.gemm_gate_up,
@@ -339,6 +382,51 @@ impl CudaBackend {
                 )?;
             }
         }
+        self.moe_finish(layer, moe, layout, Some(down_w), (h_perm, y_perm))
+    }
+
+    /// The end of layer `layer`'s mixture after the expert products: the shared expert, then
+    /// the weighted un-permute into `act.delta`, for a step of one token with bf16 experts
+    /// (`down_w` given) the down product with it (`moe_down_combine_one`).
+    fn moe_finish(
+        &mut self,
+        layer: usize,
+        moe: &MoeDefinition,
+        layout: &StepLayout,
+        down_w: Option<DevicePtr<Bf16>>,
+        (h_perm, y_perm): (DevicePtr<Bf16>, DevicePtr<f32>),
+    ) -> Result<(), BackendError> {
+        let missing = |what: &str| BackendError::Device(format!("layer {layer} has no {what}"));
+        let t = layout.num_tokens;
+        let count = to_u32(t, "tokens")? as i32;
+        let hidden = self.params.hidden;
+        let top_k = moe.routing.top_k();
+        let weights = self.weights.layers[layer]
+            .moe()
+            .ok_or_else(|| missing("experts"))?;
+        let shared_w = weights
+            .shared
+            .as_ref()
+            .map(|s| (s.gate_up.device_ptr(), s.down.device_ptr()));
+        let s = self
+            .act
+            .moe
+            .as_ref()
+            .ok_or_else(|| missing("expert buffers"))?;
+        let (logits, topk_ids, topk_weights, row_of) = (
+            s.logits.device_ptr(),
+            s.topk_ids.device_ptr(),
+            s.topk_weights.device_ptr(),
+            s.row_of.device_ptr(),
+        );
+        let shared_bufs = s.shared.as_ref().map(|b| {
+            (
+                b.gate_up.device_ptr(),
+                b.mlp.device_ptr(),
+                b.out.device_ptr(),
+            )
+        });
+        let normed = self.act.normed.device_ptr();
         let shared_out = match (moe.shared_expert, shared_w, shared_bufs) {
             (Some(width), Some((gate_up_w, down_w)), Some((gate_up, mlp, out))) => {
                 self.matmul(normed, gate_up_w, gate_up, (t, 2 * width, hidden))?;
@@ -370,7 +458,7 @@ impl CudaBackend {
             .moe
             .as_ref()
             .ok_or_else(|| missing("kernels"))?;
-        if t == 1 {
+        if let (1, Some(down_w)) = (t, down_w) {
             return self.launch(
                 &kernels.down_combine_one,
                 LaunchShape::new(

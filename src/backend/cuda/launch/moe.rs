@@ -1,7 +1,7 @@
-//! The argument structs of the mixture-of-experts kernels (`kernels/moe.cu`), one per entry
-//! point, as `launch.rs` declares every kernel's.
+//! The argument structs of the mixture-of-experts kernels (`kernels/moe.cu`,
+//! `kernels/moe_fp8.cu`), one per entry point, as `launch.rs` declares every kernel's.
 
-use super::{Bf16, DevicePtr, KernelArg, KernelArgs, MAX_KERNEL_ARGS, Parameters, Slot};
+use super::{Bf16, DevicePtr, E4m3, KernelArg, KernelArgs, MAX_KERNEL_ARGS, Parameters, Slot};
 
 kernel_args! {
     /// The arguments of `moe_route` (`kernels/moe.cu`): each token's experts and weights.
@@ -139,5 +139,100 @@ kernel_args! {
         shared: Option<DevicePtr<f32>>,
         /// The MLP's output, [tokens, hidden].
         delta: DevicePtr<f32>,
+    }
+    /// The arguments of `moe_fp8_round` (`kernels/moe_fp8.cu`): the permuted rows rounded in
+    /// place as FP8 experts' input scheme says.
+    MoeFp8Round for &["moe_fp8_round"] => {
+        /// The permuted rows, [tokens · top_k, width] bf16.
+        rows: DevicePtr<Bf16>,
+        /// Their width.
+        width: i32,
+        /// Columns per scale (0: one per row).
+        group: i32,
+        /// The cap on a row's largest magnitude (0: none).
+        upper_bound: f32,
+        /// Each expert's static input scale (`None`: dynamic scales).
+        static_scales: Option<DevicePtr<f32>>,
+        /// Segment offsets and the experts with rows.
+        meta: DevicePtr<i32>,
+    }
+
+    /// The arguments of `moe_fp8_gate_up`: the grouped gate/up products over FP8 experts with
+    /// SwiGLU (small-M loops).
+    MoeFp8GateUp for &["moe_fp8_gate_up"] => {
+        /// The permuted rows, [rows, hidden].
+        x_perm: DevicePtr<Bf16>,
+        /// Every expert's gate/up E4M3 rows in groups of 4, [experts, 2 × width, hidden].
+        w: DevicePtr<E4m3>,
+        /// Their scales, [experts, 2 × width, groups].
+        scales: DevicePtr<f32>,
+        /// Segment offsets and the experts with rows.
+        meta: DevicePtr<i32>,
+        /// SwiGLU of each row's product, [rows, width].
+        h_perm: DevicePtr<Bf16>,
+        /// Scales per weight row.
+        groups: i32,
+        /// Columns per scale.
+        group: i32,
+        /// Warps of a row group splitting K.
+        splits: i32,
+    }
+
+    /// The arguments of `moe_fp8_down`: the grouped down products over FP8 experts (small-M
+    /// loops).
+    MoeFp8Down for &["moe_fp8_down"] => {
+        /// The SwiGLU rows, [rows, width].
+        h_perm: DevicePtr<Bf16>,
+        /// Every expert's down E4M3 weights, [experts, hidden, width].
+        w: DevicePtr<E4m3>,
+        /// Their scales, [experts, hidden, groups].
+        scales: DevicePtr<f32>,
+        /// Segment offsets and the experts with rows.
+        meta: DevicePtr<i32>,
+        /// Each row's expert output, [rows, hidden].
+        y_perm: DevicePtr<f32>,
+        /// Scales per weight row.
+        groups: i32,
+        /// Columns per scale.
+        group: i32,
+        /// Warps of a row group splitting K.
+        splits: i32,
+    }
+
+    /// The arguments of `moe_fp8_gemm_gate_up`: the same as `moe_fp8_gate_up` on tensor-core
+    /// tiles (many rows per expert).
+    MoeFp8GemmGateUp for &["moe_fp8_gemm_gate_up"] => {
+        /// The permuted rows, [rows, hidden].
+        x_perm: DevicePtr<Bf16>,
+        /// Every expert's gate/up E4M3 rows in groups of 4.
+        w: DevicePtr<E4m3>,
+        /// Their scales.
+        scales: DevicePtr<f32>,
+        /// Segment offsets, the experts with rows and their first row tiles.
+        meta: DevicePtr<i32>,
+        /// SwiGLU of each row's product, [rows, width].
+        h_perm: DevicePtr<Bf16>,
+        /// Scales per weight row.
+        groups: i32,
+        /// Columns per scale.
+        group: i32,
+    }
+
+    /// The arguments of `moe_fp8_gemm_down`: the same as `moe_fp8_down` on tensor-core tiles.
+    MoeFp8GemmDown for &["moe_fp8_gemm_down"] => {
+        /// The SwiGLU rows, [rows, width].
+        h_perm: DevicePtr<Bf16>,
+        /// Every expert's down E4M3 weights.
+        w: DevicePtr<E4m3>,
+        /// Their scales.
+        scales: DevicePtr<f32>,
+        /// Segment offsets, the experts with rows and their first row tiles.
+        meta: DevicePtr<i32>,
+        /// Each row's expert output, [rows, hidden].
+        y_perm: DevicePtr<f32>,
+        /// Scales per weight row.
+        groups: i32,
+        /// Columns per scale.
+        group: i32,
     }
 }
