@@ -29,7 +29,7 @@ pub fn start_engine(
     tracing::info!(
         model = %model.name,
         digest = %model.digest,
-        kv_cache_tokens = engine.kv_cache().capacity_tokens(),
+        kv_cache = %engine.kv_cache().capacity_label(),
         "engine ready"
     );
     Ok(engine)

@@ -34,6 +34,18 @@ impl KvCacheShape {
             (false, _) => 0,
         }
     }
+
+    /// [`Self::capacity_tokens`] for a person to read: "N tokens", or, where every layer slides,
+    /// that no sequence length is bounded by the cache.
+    pub fn capacity_label(&self) -> String {
+        match self.capacity_tokens() {
+            usize::MAX => match self.groups.sliding_window {
+                Some(window) => format!("any length (every layer keeps a window of {window})"),
+                None => "any length".to_owned(),
+            },
+            tokens => format!("{tokens} tokens"),
+        }
+    }
 }
 
 /// Everything a backend needs to draw the next token of a row exactly as the engine would.

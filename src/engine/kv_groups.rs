@@ -221,6 +221,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_capacity_reads_as_tokens_or_any_length_where_every_layer_slides() {
+        let shape = |groups| crate::engine::KvCacheShape {
+            num_blocks: 10,
+            block_size: 16,
+            groups,
+        };
+        assert_eq!(
+            shape(KvGroups::of([None, None])).capacity_label(),
+            "160 tokens"
+        );
+        let mistral = shape(KvGroups::of([Some(24), Some(24)]));
+        assert_eq!(mistral.capacity_tokens(), usize::MAX);
+        assert_eq!(
+            mistral.capacity_label(),
+            "any length (every layer keeps a window of 24)"
+        );
+    }
+
+    #[test]
     fn groups_follow_the_layers_windows() {
         let dense = KvGroups::of([None, None]);
         assert_eq!((dense.count(), dense.window(0)), (1, None));

@@ -275,7 +275,7 @@ pub async fn serve(
             return Ok(());
         }
     };
-    let (service, backend_name, kv_tokens, timeline) = match loaded {
+    let (service, backend_name, kv_cache, timeline) = match loaded {
         Ok(loaded) => loaded,
         Err(err) => {
             server.shutdown().await;
@@ -285,7 +285,7 @@ pub async fn serve(
     // The banner says "ready": print it only once requests reach the model.
     server.set_model(service);
     let service = server.app().service().context("the model was just set")?;
-    let banner = banner(&server, &attestation, service, &backend_name, kv_tokens)
+    let banner = banner(&server, &attestation, service, &backend_name, &kv_cache)
         + &settings::banner_lines(&server, service);
     timeline.log();
     eprintln!("{banner}");
@@ -317,10 +317,10 @@ fn banner(
     attestation: &StartupAttestation,
     service: &ModelService,
     backend: &str,
-    kv_tokens: usize,
+    kv_cache: &str,
 ) -> String {
     format!(
-        "inferno {version} ready\n  model:       {name}\n  digest:      {digest}\n  weights:     {format}\n  backend:     {backend}\n  kv cache:    {kv_tokens} tokens\n  context:     {context} tokens\n  listening:   https://{addr}\n  certificate: self-signed, carries the evidence, SHA-256 {fingerprint}\n  attestation: {attestation}\n  policy:      SHA-256 {policy}",
+        "inferno {version} ready\n  model:       {name}\n  digest:      {digest}\n  weights:     {format}\n  backend:     {backend}\n  kv cache:    {kv_cache}\n  context:     {context} tokens\n  listening:   https://{addr}\n  certificate: self-signed, carries the evidence, SHA-256 {fingerprint}\n  attestation: {attestation}\n  policy:      SHA-256 {policy}",
         version = env!("CARGO_PKG_VERSION"),
         name = service.name(),
         digest = service.digest(),

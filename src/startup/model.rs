@@ -104,7 +104,7 @@ pub(super) fn start_engine(
     mut timeline: Timeline,
     progress: ProgressBar,
     opening: Option<GpuOpening>,
-) -> anyhow::Result<(ModelService, String, usize, Timeline)> {
+) -> anyhow::Result<(ModelService, String, String, Timeline)> {
     // Checked before anything of the model is used (what was parsed or copied during the read
     // is used only for the bytes this digest covers).
     let check_digest = |actual: &ModelDigest| {
@@ -182,11 +182,11 @@ pub(super) fn start_engine(
     let engine_started = Instant::now();
     let engine = Engine::spawn(backend, ModelInfo::of(&model), engine_config)?;
     timeline.engine = engine_started.elapsed();
-    let kv_tokens = engine.kv_cache().capacity_tokens();
+    let kv_cache = engine.kv_cache().capacity_label();
     Ok((
         ModelService::new(model, engine, served_name),
         backend_name,
-        kv_tokens,
+        kv_cache,
         timeline,
     ))
 }

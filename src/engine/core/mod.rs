@@ -249,7 +249,7 @@ impl Worker {
     fn run(&mut self) {
         tracing::info!(
             backend = self.backend.name(),
-            kv_tokens = self.shared.kv_cache.capacity_tokens(),
+            kv_cache = %self.shared.kv_cache.capacity_label(),
             byte_level_detokenizer = self.detokenizer.is_byte_level(),
             "engine started"
         );

@@ -385,7 +385,7 @@ impl CudaBackend {
             arch = %arch,
             blocks = num_blocks,
             kv_groups = kv_groups.count(),
-            capacity_tokens = kv_shape.capacity_tokens(),
+            capacity = %kv_shape.capacity_label(),
             kv_bytes = num_blocks * block_bytes,
             load_ms = (t_kernels - t_compile).as_millis() as u64,
             planner_ms = t_gemm.as_millis() as u64,
