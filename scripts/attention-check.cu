@@ -215,6 +215,21 @@ static int test(uint64_t seed) {
     for (auto& x : q) x = to_bf16(q_gain * uni(rng));
     for (auto& x : k) x = kv_encode(k_gain * uni(rng), KV_K_SCALE);
     for (auto& x : v) x = kv_encode(v_gain * uni(rng), KV_V_SCALE);
+#if SLIDING_WINDOW > 0
+    // The blocks before the one a token's window starts in are given back by the engine (its
+    // table holds 0 there: another sequence's block). Here they name a spare block of NaN, so
+    // using any of them shows as a mismatch.
+    {
+        const int freed = perm[pool - 1];
+        for (size_t e = 0; e < (size_t)KV_BLOCK * ROW_ELEMS; ++e)
+            k[(size_t)freed * KV_BLOCK * ROW_ELEMS + e] = v[(size_t)freed * KV_BLOCK * ROW_ELEMS + e] = KV_NAN;
+        for (int t = 0; t < tokens; ++t) {
+            if (rows[t] < 0) continue;
+            const int first_block = std::max(0, pos[t] + 1 - SLIDING_WINDOW) / KV_BLOCK;
+            for (int b = 0; b < first_block; ++b) tables[(size_t)rows[t] * max_blocks + b] = freed;
+        }
+    }
+#endif
     make_sinks(rng);
 
     // Reference in float64 over the same inputs (an FP8 cache's at its scales).

@@ -622,6 +622,12 @@ fn pack(
                 if block == FREED_BLOCK && j < first_read {
                     continue;
                 }
+                if block == FREED_BLOCK {
+                    return Err(BackendError::InvalidBatch(format!(
+                        "row {}: block {j} of KV group {g} was given back, but the window reads it",
+                        row.seq_id
+                    )));
+                }
                 if block as usize >= limits.num_blocks {
                     return Err(BackendError::InvalidBatch(format!(
                         "row {}: block {block} is outside the cache of {} blocks",

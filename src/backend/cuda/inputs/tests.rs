@@ -745,9 +745,14 @@ fn packs_a_table_per_kv_group() {
         block_table: &[0, 1, 2, 9, 9],
         ..short
     };
-    for row in [short, lopsided] {
-        assert!(pack_step(&[row], Padding::None, &two, &mut out).is_err());
-    }
+    let given_back = pack_step(&[short], Padding::None, &two, &mut out).unwrap_err();
+    assert!(
+        given_back
+            .to_string()
+            .contains("was given back, but the window reads it"),
+        "{given_back}"
+    );
+    assert!(pack_step(&[lopsided], Padding::None, &two, &mut out).is_err());
     // The same rows with one group (their first tables): the layout of before.
     let one = [
         BatchRow {
@@ -769,4 +774,78 @@ fn packs_a_table_per_kv_group() {
         ),
         (1 + 2 * 3, 1 + 3 * 3, 1 + 4 * 3)
     );
+}
+
+/// A decode graph is captured on a step of padding alone and replayed on real rows: with two KV
+/// groups, every group's slots and rows and the block tables sit at the same offsets in both, the
+/// padding's are -1 in every group, and the replayed step's tables fit the buffer `max_words`
+/// sizes for two tables per row.
+#[test]
+fn a_decode_graph_finds_both_kv_groups_where_it_was_captured() {
+    let two = StepLimits {
+        kv_groups: KvGroups {
+            full: true,
+            sliding_window: Some(8),
+        },
+        max_words: max_words(64, 8, (2, 4), 0, 100),
+        ..limits()
+    };
+    let mut out = Vec::new();
+    let captured = pack_step(&[], Padding::DecodeRows(4), &two, &mut out).expect("packs");
+    for g in 0..2 {
+        assert_eq!(&out[captured.slots(g)..captured.slots(g) + 4], &[-1; 4]);
+        assert_eq!(
+            &out[captured.token_rows(g)..captured.token_rows(g) + 4],
+            &[-1; 4]
+        );
+    }
+    let params = SamplingParams::default();
+    // Position 40 reads 33..=40 in the sliding group (blocks 2 on); position 17 reads 10..=17.
+    let rows = [
+        BatchRow {
+            seq_id: 1,
+            tokens: &[5],
+            start_pos: 40,
+            block_table: &[0, 1, 2, FREED_BLOCK, FREED_BLOCK, 9],
+            sample: Some(plain_spec(&params, 0)),
+        },
+        BatchRow {
+            seq_id: 2,
+            tokens: &[9],
+            start_pos: 17,
+            block_table: &[3, 7, 5, 6],
+            sample: Some(plain_spec(&params, 0)),
+        },
+    ];
+    let replayed = pack_step(&rows, Padding::DecodeRows(2), &two, &mut out).expect("packs");
+    let offsets = |l: &StepLayout| {
+        [
+            l.positions(),
+            l.slots(0),
+            l.slots(1),
+            l.token_rows(0),
+            l.token_rows(1),
+            l.sample_tokens(),
+            l.block_tables(),
+        ]
+    };
+    assert_eq!(offsets(&replayed), offsets(&captured));
+    assert_eq!(
+        &out[replayed.slots(0)..replayed.slots(0) + 4],
+        &[2 * 16 + 8, 7 * 16 + 1, -1, -1]
+    );
+    assert_eq!(
+        &out[replayed.slots(1)..replayed.slots(1) + 4],
+        &[9 * 16 + 8, 6 * 16 + 1, -1, -1]
+    );
+    assert_eq!(
+        &out[replayed.token_rows(1)..replayed.token_rows(1) + 4],
+        &[2, 3, -1, -1]
+    );
+    // Rows (group, row) of 3 entries; the given-back entries are 0.
+    assert_eq!(
+        &out[replayed.block_tables()..replayed.lists()],
+        &[0, 1, 2, 3, 7, 0, 0, 0, 9, 5, 6, 0]
+    );
+    assert!(replayed.len() <= two.max_words);
 }
