@@ -748,8 +748,10 @@ __device__ __forceinline__ void moe_gemm_tile(const bf16* __restrict__ x, int x_
                     for (int j = 0; j < 2; ++j) {
                         const int col = col0 + 32 * wn + ni * 8 + 2 * t + j;
                         if (col < n_out) {
-                            const float bias = GPTOSS ? bf16_to_f32(wt.bias[first_row + col]) : 0.0f;
-                            static_cast<float*>(out)[(size_t)row * n_out + col] = acc[mi][ni][half * 2 + j] + bias;
+                            // Without a bias the sum is stored as it is (adding 0.0f would turn -0.0 into +0.0).
+                            const float sum = acc[mi][ni][half * 2 + j];
+                            static_cast<float*>(out)[(size_t)row * n_out + col] =
+                                GPTOSS ? sum + bf16_to_f32(wt.bias[first_row + col]) : sum;
                         }
                     }
                 }

@@ -1,5 +1,5 @@
 // FP8 experts (kernels/moe_fp8.cu, with kernels/moe.cu's routing, permutation and tiles) against
-// host references, built with nvcc on the GPU machine by scripts/gpu-check.sh (stage "moe", once
+// host references, built with nvcc on the GPU machine by scripts/gpu-check.sh (stage "moefp8", once
 // per expert shape: HIDDEN and the MOE_* defines, GEMV_* as the backend passes them).
 //   moe-fp8-check test   for several token counts (the fused one-block routing for up to 8, the
 //                        separate kernels above; the small-M FP8 loops, and the tensor-core tiles
