@@ -21,11 +21,11 @@
 //! (default: `tests/fixtures`).
 
 mod support;
-use support::{GREEDY, argmax, max_abs_diff};
+use support::{argmax, greedy_spec, max_abs_diff};
 
 use inferno::backend::cpu::CpuBackend;
 use inferno::backend::cuda::CudaBackend;
-use inferno::engine::{Backend, BatchRow, SampleSpec, StepOutput};
+use inferno::engine::{Backend, BatchRow, StepOutput};
 use inferno::model::Model;
 
 /// Logits tolerance against the CPU backend: the bf16 rounding of activations between products
@@ -53,18 +53,6 @@ fn cuda(model: &Model, sample_on_device: bool) -> CudaBackend {
     support::small_cuda_backend(model, sample_on_device)
 }
 
-fn spec() -> SampleSpec<'static> {
-    SampleSpec {
-        params: &GREEDY,
-        seed: 0,
-        draw_index: 0,
-        prompt: &[],
-        output: &[],
-        logprobs: None,
-        mask: None,
-    }
-}
-
 /// One row: `tokens[start..]` of sequence `seq_id` whose block table starts at `first_block`.
 struct Row<'a> {
     seq_id: u64,
@@ -86,7 +74,7 @@ fn step(backend: &mut dyn Backend, rows: &[Row<'_>]) -> Vec<Vec<f32>> {
             tokens: &r.tokens[r.start..],
             start_pos: r.start,
             block_table: &r.table,
-            sample: Some(spec()),
+            sample: Some(greedy_spec(None)),
         })
         .collect();
     match backend.step(&batch).expect("step") {
@@ -137,6 +125,51 @@ fn clean_prefix(gaps: &[f32]) -> Vec<bool> {
             Some(*clean)
         })
         .collect()
+}
+
+/// `tokens` as one prefill chunk on both backends: the largest logit difference, and whether
+/// the CPU backend's router saw no near-tie in it.
+fn one_chunk(gpu: &mut CudaBackend, cpu: &mut CpuBackend, tokens: &[u32]) -> (f32, bool) {
+    let row = || Row {
+        seq_id: 1,
+        tokens,
+        start: 0,
+        table: table(0, tokens.len()),
+    };
+    let g = step(gpu, &[row()]);
+    let r = step(cpu, &[row()]);
+    let clean = cpu.router_gaps().iter().all(|&gap| gap >= NEAR_TIE);
+    (max_abs_diff(&g[0], &r[0]), clean)
+}
+
+/// Every prompt in one step on both backends: each sequence's largest logit difference, split
+/// by whether the CPU backend's router saw a near-tie in it.
+fn prompts_in_one_step(gpu: &mut CudaBackend, cpu: &mut CpuBackend, prompts: &[Vec<u32>]) -> Split {
+    let mut next_block = 0;
+    let rows: Vec<Row<'_>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let row = Row {
+                seq_id: i as u64 + 1,
+                tokens: p,
+                start: 0,
+                table: table(next_block, p.len()),
+            };
+            next_block += p.len().div_ceil(16) as u32;
+            row
+        })
+        .collect();
+    let g = step(gpu, &rows);
+    let r = step(cpu, &rows);
+    // Each prompt's tokens' gaps, in the step's order.
+    let mut gaps = cpu.router_gaps().to_vec().into_iter();
+    let mut batched = Split::default();
+    for ((a, b), p) in g.iter().zip(&r).zip(prompts) {
+        let clean = gaps.by_ref().take(p.len()).all(|gap| gap >= NEAR_TIE);
+        batched.add(max_abs_diff(a, b), clean);
+    }
+    batched
 }
 
 /// Differences from the CPU, split at near-ties: the largest over the entries (positions or
@@ -339,42 +372,11 @@ fn prefill_logits_match_the_cpu_backend() {
         let mut chunks = Split::default();
         for case in cases {
             let tokens = ids(&case["teacher_forced"]["tokens"]);
-            let row = || Row {
-                seq_id: 1,
-                tokens: &tokens,
-                start: 0,
-                table: table(0, tokens.len()),
-            };
-            let g = step(&mut gpu, &[row()]);
-            let r = step(&mut cpu, &[row()]);
-            let clean = cpu.router_gaps().iter().all(|&gap| gap >= NEAR_TIE);
-            chunks.add(max_abs_diff(&g[0], &r[0]), clean);
+            let (diff, clean) = one_chunk(&mut gpu, &mut cpu, &tokens);
+            chunks.add(diff, clean);
         }
         let prompts: Vec<Vec<u32>> = cases.iter().map(|c| ids(&c["input_ids"])).collect();
-        let mut next_block = 0;
-        let rows: Vec<Row<'_>> = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let row = Row {
-                    seq_id: i as u64 + 1,
-                    tokens: p,
-                    start: 0,
-                    table: table(next_block, p.len()),
-                };
-                next_block += p.len().div_ceil(16) as u32;
-                row
-            })
-            .collect();
-        let g = step(&mut gpu, &rows);
-        let r = step(&mut cpu, &rows);
-        // Each prompt's tokens' gaps, in the step's order.
-        let mut gaps = cpu.router_gaps().to_vec().into_iter();
-        let mut batched = Split::default();
-        for ((a, b), p) in g.iter().zip(&r).zip(&prompts) {
-            let clean = gaps.by_ref().take(p.len()).all(|gap| gap >= NEAR_TIE);
-            batched.add(max_abs_diff(a, b), clean);
-        }
+        let batched = prompts_in_one_step(&mut gpu, &mut cpu, &prompts);
         let total: usize = prompts.iter().map(Vec::len).sum();
         println!(
             "RESULT {name} prefill: max|cuda-cpu| one chunk per case {:.4} over {} of {} sequences without a near-tie (router gap < {NEAR_TIE}), {:.4} over the rest; {} prompts, {total} tokens in one step: {:.4} over {} of {} without, {:.4} over the rest",
@@ -433,7 +435,7 @@ fn greedy_tokens_match_transformers() {
                     tokens: &tokens[start..],
                     start_pos: start,
                     block_table: &table,
-                    sample: Some(spec()),
+                    sample: Some(greedy_spec(None)),
                 };
                 let StepOutput::Sampled(out) = sampler.step(&[row]).expect("step") else {
                     panic!("expected sampled tokens")
@@ -517,41 +519,11 @@ fn fp8_experts_match_the_cpu_backend() {
                     }
                 }
             }
-            let row = || Row {
-                seq_id: 1,
-                tokens: &tokens,
-                start: 0,
-                table: table(0, tokens.len()),
-            };
-            let g = step(&mut gpu, &[row()]);
-            let r = step(&mut cpu, &[row()]);
-            let clean = cpu.router_gaps().iter().all(|&gap| gap >= NEAR_TIE);
-            chunks.add(max_abs_diff(&g[0], &r[0]), clean);
+            let (diff, clean) = one_chunk(&mut gpu, &mut cpu, &tokens);
+            chunks.add(diff, clean);
         }
         let prompts: Vec<Vec<u32>> = cases.iter().map(|c| ids(&c["input_ids"])).collect();
-        let mut next_block = 0;
-        let rows: Vec<Row<'_>> = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let row = Row {
-                    seq_id: i as u64 + 1,
-                    tokens: p,
-                    start: 0,
-                    table: table(next_block, p.len()),
-                };
-                next_block += p.len().div_ceil(16) as u32;
-                row
-            })
-            .collect();
-        let g = step(&mut gpu, &rows);
-        let r = step(&mut cpu, &rows);
-        let mut gaps = cpu.router_gaps().to_vec().into_iter();
-        let mut batched = Split::default();
-        for ((a, b), p) in g.iter().zip(&r).zip(&prompts) {
-            let clean = gaps.by_ref().take(p.len()).all(|gap| gap >= NEAR_TIE);
-            batched.add(max_abs_diff(a, b), clean);
-        }
+        let batched = prompts_in_one_step(&mut gpu, &mut cpu, &prompts);
         let total: usize = prompts.iter().map(Vec::len).sum();
         println!(
             "RESULT {name} FP8 experts: decode max|cuda-cpu| {:.4} over {} of {} positions before any near-tie, {:.4} over the rest; {checked} argmax checks, {} mismatches; one chunk per case {:.4} over {} of {} clean sequences; {total} tokens in one step {:.4} over {} of {} clean (tolerance {TOL_FP8})",

@@ -138,7 +138,7 @@ fn mixed_step_graphs_replay_what_eager_steps_compute() {
         })
         .collect();
     let long = Seq::new(prompt(600, 399), &mut blocks, 600);
-    let first = prompt_rows(&seqs, 0, Some(spec(None)));
+    let first = prompt_rows(&seqs, 0, Some(greedy_spec(None)));
     compare_mixed_step(&mut eager, &mut graphed, &first, "four prompts");
     for (step, (start, end)) in [(0, 12), (12, 112), (112, 364), (364, 596), (596, 600)]
         .into_iter()
@@ -153,7 +153,7 @@ fn mixed_step_graphs_replay_what_eager_steps_compute() {
             tokens: &long.tokens[start..end],
             start_pos: start,
             block_table: &long.table,
-            sample: (end == long.tokens.len()).then(|| spec(None)),
+            sample: (end == long.tokens.len()).then(|| greedy_spec(None)),
         });
         let what = format!("4 decodes + prompt tokens {start}..{end}");
         compare_mixed_step(&mut eager, &mut graphed, &rows, &what);
@@ -175,7 +175,7 @@ fn last_token_rows(seqs: &[Seq]) -> Vec<BatchRow<'_>> {
             tokens: &s.tokens[s.tokens.len() - 1..],
             start_pos: s.tokens.len() - 1,
             block_table: &s.table,
-            sample: Some(spec(None)),
+            sample: Some(greedy_spec(None)),
         })
         .collect()
 }

@@ -250,7 +250,7 @@ fn mixed_batches_chunked_prefill_and_prefix_hits_match_single_runs() {
         .collect();
 
     // All four prompts in one step.
-    let rows = prompt_rows(&seqs, 0, Some(spec(None)));
+    let rows = prompt_rows(&seqs, 0, Some(greedy_spec(None)));
     let batched = logits(gpu.step(&rows).expect("mixed step"));
     for (i, (b, a)) in batched.iter().zip(&alone).enumerate() {
         let diff = max_abs_diff(b, a);
@@ -308,14 +308,14 @@ fn mixed_batches_chunked_prefill_and_prefix_hits_match_single_runs() {
             tokens: &a2.tokens[5..6],
             start_pos: 5,
             block_table: &a2.table,
-            sample: Some(spec(None)),
+            sample: Some(greedy_spec(None)),
         },
         BatchRow {
             seq_id: 2,
             tokens: &b.tokens,
             start_pos: 0,
             block_table: &b.table,
-            sample: Some(spec(None)),
+            sample: Some(greedy_spec(None)),
         },
     ];
     let mixed = logits(gpu.step(&rows).expect("decode + prefill"));

@@ -14,7 +14,7 @@ mod logits;
 mod prefill;
 mod sampler;
 
-use support::{GREEDY, Generated, gpu_fixtures, max_abs_diff, require_gpu, run_request};
+use support::{Generated, gpu_fixtures, greedy_spec, max_abs_diff, require_gpu, run_request};
 
 use inferno::backend::cpu::CpuBackend;
 use inferno::backend::cuda::{CudaBackend, CudaOptions, EarlyUpload, OpenedDevice};
@@ -197,18 +197,6 @@ impl Seq {
     }
 }
 
-fn spec(logprobs: Option<u32>) -> SampleSpec<'static> {
-    SampleSpec {
-        params: &GREEDY,
-        seed: 0,
-        draw_index: 0,
-        prompt: &[],
-        output: &[],
-        logprobs,
-        mask: None,
-    }
-}
-
 fn logits(out: StepOutput) -> Vec<Vec<f32>> {
     match out {
         StepOutput::Logits(l) => l,
@@ -223,7 +211,7 @@ fn run_chunk(backend: &mut dyn Backend, seq: &Seq, start: usize, end: usize) -> 
         tokens: &seq.tokens[start..end],
         start_pos: start,
         block_table: &seq.table,
-        sample: Some(spec(None)),
+        sample: Some(greedy_spec(None)),
     };
     logits(backend.step(&[row]).expect("step")).remove(0)
 }
@@ -292,7 +280,7 @@ fn greedy(
             tokens: &seq.tokens[start..end],
             start_pos: start,
             block_table: &seq.table,
-            sample: Some(spec(None)),
+            sample: Some(greedy_spec(None)),
         };
         let StepOutput::Sampled(tokens) = backend.step(&[row]).expect("step") else {
             panic!("expected sampled tokens")

@@ -17,7 +17,7 @@ fn device_sampling_matches_host_logits_with_one_copy_each_way() {
         tokens: &seq.tokens,
         start_pos: 0,
         block_table: &seq.table,
-        sample: Some(spec(Some(5))),
+        sample: Some(greedy_spec(Some(5))),
     };
     let before = device.copy_stats();
     let out = device.step(&[row]).expect("step");
@@ -52,7 +52,7 @@ fn device_sampling_matches_host_logits_with_one_copy_each_way() {
     }
     // The engine's reference sampler, fed the same logits, picks the same token and the same
     // alternatives (same order) with the same logprobs.
-    let host = inferno::engine::sampling::sample(reference.clone(), &spec(Some(5)));
+    let host = inferno::engine::sampling::sample(reference.clone(), &greedy_spec(Some(5)));
     let host_lp = host.logprob.as_ref().expect("reference logprobs");
     assert_eq!(host.token, tokens[0].token);
     assert!((host_lp.logprob - lp.logprob).abs() < 1e-4);
@@ -76,7 +76,7 @@ fn device_sampling_matches_host_logits_with_one_copy_each_way() {
             tokens: &seq.tokens[20..21],
             start_pos: 20,
             block_table: &seq.table,
-            sample: Some(spec(None)),
+            sample: Some(greedy_spec(None)),
         };
         device.step(&[row]).expect("decode");
     }
@@ -131,7 +131,7 @@ fn sampler_agrees_in_every_mode(model: &Model, seeded_steps: u64) {
 
     // The tokens each row would pick greedily, generated twice so far: the penalties must move
     // some rows away from them.
-    let plain: Vec<SampleSpec<'_>> = (0..16).map(|_| spec(None)).collect();
+    let plain: Vec<SampleSpec<'_>> = (0..16).map(|_| greedy_spec(None)).collect();
     let first = logits(host.step(&decode_rows(&seqs, &plain)).expect("decode"));
     let outputs: Vec<Vec<u32>> = first
         .iter()
@@ -255,7 +255,7 @@ fn sampler_agrees_in_every_mode(model: &Model, seeded_steps: u64) {
                     assert_eq!(reference.token, g.token, "{name}, row {r}, step {step}");
                 }
                 if params.has_penalties() && params.temperature == 0.0 {
-                    let unpenalised = sampling::sample(l.clone(), &spec(None));
+                    let unpenalised = sampling::sample(l.clone(), &greedy_spec(None));
                     penalties_moved += usize::from(unpenalised.token != reference.token);
                 }
             }
@@ -292,7 +292,7 @@ fn device_sampler_applies_masks_and_logit_bias_like_the_reference() {
     let model = tiny_on_gpu();
     let vocab = model.config.vocab_size;
     let (mut host, mut device, seqs) = prefilled_host_and_device(&model, 500);
-    let plain: Vec<SampleSpec<'_>> = (0..16).map(|_| spec(None)).collect();
+    let plain: Vec<SampleSpec<'_>> = (0..16).map(|_| greedy_spec(None)).collect();
     let first = logits(host.step(&decode_rows(&seqs, &plain)).expect("decode"));
     let best: Vec<usize> = first.iter().map(|l| argmax(l).0).collect();
 

@@ -418,3 +418,16 @@ pub fn load_for_cuda(name: &str) -> Model {
     let dir = gpu_fixtures().join(name);
     Model::load(&dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()))
 }
+
+/// A greedy draw with nothing beside it but `logprobs`: what the GPU tests sample with.
+pub fn greedy_spec(logprobs: Option<u32>) -> SampleSpec<'static> {
+    SampleSpec {
+        params: &GREEDY,
+        seed: 0,
+        draw_index: 0,
+        prompt: &[],
+        output: &[],
+        logprobs,
+        mask: None,
+    }
+}
