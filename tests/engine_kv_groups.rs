@@ -20,9 +20,10 @@ fn block_bytes(slots: usize, kv_width: usize) -> u64 {
     (slots * 2 * kv_width * std::mem::size_of::<f32>() * BLOCK_SIZE) as u64
 }
 
-#[test]
-fn gpt_oss_generates_on_a_cache_that_holds_the_full_layers_and_the_window_only() {
-    let dir = committed_fixture("tiny-gpt-oss");
+/// The committed fixture `name`, its golden cases, and the longest case's prompt and greedy
+/// tokens together.
+fn fixture(name: &str) -> (Model, Vec<support::GoldenCase>, usize) {
+    let dir = committed_fixture(name);
     let model = Model::load(&dir).expect("fixture loads");
     let cases = golden(&dir);
     let longest = cases
@@ -30,6 +31,12 @@ fn gpt_oss_generates_on_a_cache_that_holds_the_full_layers_and_the_window_only()
         .map(|c| c.input_ids.len() + c.greedy_24.len())
         .max()
         .expect("cases");
+    (model, cases, longest)
+}
+
+#[test]
+fn gpt_oss_generates_on_a_cache_that_holds_the_full_layers_and_the_window_only() {
+    let (model, cases, longest) = fixture("tiny-gpt-oss");
     // A block holds 2 slots (the 2 sliding layers, or the full layer padded) of 2 KV heads of
     // 16. The full group's blocks of the longest case, and the 2 blocks a window of 8 spans.
     let blocks = longest.div_ceil(BLOCK_SIZE) + 2;
@@ -61,14 +68,7 @@ fn gpt_oss_generates_on_a_cache_that_holds_the_full_layers_and_the_window_only()
 
 #[test]
 fn an_all_sliding_model_generates_past_its_whole_cache() {
-    let dir = committed_fixture("tiny-mixtral");
-    let model = Model::load(&dir).expect("fixture loads");
-    let cases = golden(&dir);
-    let longest = cases
-        .iter()
-        .map(|c| c.input_ids.len() + c.greedy_24.len())
-        .max()
-        .expect("cases");
+    let (model, cases, longest) = fixture("tiny-mixtral");
     // 4 blocks of 2 layers of 2 KV heads of 16: 64 tokens, where the longest case has 202.
     let config = EngineConfig {
         max_batched_tokens: 64,
