@@ -1,7 +1,8 @@
 // Helpers shared by the nvcc-built kernel harnesses in scripts/ (attention-check.cu,
-// gemv-check.cu, prefill-check.cu): error checks, bf16 conversion on the host, uploads and
-// downloads, the comparison with a float64 reference, random bf16 fill on the device, and the
-// device copy bandwidth that benchmarks are measured against.
+// gemv-check.cu, prefill-check.cu, fp8-check.cu, moe-check.cu, moe-fp8-check.cu, ...): error
+// checks, bf16 and E4M3 conversion on the host, uploads and downloads, the comparison with a
+// float64 reference, random bf16 and E4M3 fill on the device, and the device copy bandwidth that
+// benchmarks are measured against.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -89,6 +90,41 @@ __global__ void fill_random(uint16_t* p, size_t n, uint32_t salt, uint32_t min_e
         x *= 2246822519u;
         x ^= x >> 13;
         p[i] = (uint16_t)((x & 0x8000u) | ((min_exponent + (x >> 16) % 6u) << 7) | (x & 0x7fu));
+    }
+}
+
+// The host's E4M3 rounding (src/backend/cuda/fp8.rs's f32_to_e4m3_fast: nearest, ties to even,
+// saturating), as kernels/fp8.cu's f32_to_e4m3 does it bit for bit.
+static uint8_t host_e4m3(float x) {
+    if (std::isnan(x)) return 0x7f;
+    uint32_t bits;
+    memcpy(&bits, &x, 4);
+    const uint8_t sign = (bits >> 24) & 0x80;
+    const float a = std::fabs(x);
+    if (a >= 448.0f) return sign | 0x7e;
+    if (a < 0.015625f) return sign | (uint8_t)std::nearbyint(a * 512.0f);
+    memcpy(&bits, &a, 4);
+    const uint32_t mantissa = (bits >> 20) & 7, rest = bits & 0xfffff;
+    uint32_t code = (((bits >> 23) - 120) << 3) | mantissa;
+    if (rest > 0x80000 || (rest == 0x80000 && (mantissa & 1))) code += 1;
+    return sign | (uint8_t)code;
+}
+
+// The value of an E4M3 code (exact in float, so also in double).
+static float host_e4m3_value(uint8_t code) {
+    const int e = (code >> 3) & 15, m = code & 7;
+    const float magnitude = e == 0 ? m / 8.0f * std::ldexp(1.0f, -6) : (1 + m / 8.0f) * std::ldexp(1.0f, e - 7);
+    return code & 0x80 ? -magnitude : magnitude;
+}
+
+// Random E4M3 bytes on the device, never a NaN code (bit 3 clear).
+__global__ void fill_e4m3(uint8_t* p, size_t n, uint32_t salt) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t x = (uint32_t)i * 2654435761u ^ salt;
+        x ^= x >> 15;
+        x *= 2246822519u;
+        x ^= x >> 13;
+        p[i] = (uint8_t)(x & 0x77u);
     }
 }
 

@@ -48,28 +48,6 @@
 #include "fp8.cu"
 #include "qkv_rope.cu"
 
-// The host's rounding (src/backend/cuda/fp8.rs, f32_to_e4m3_fast).
-static uint8_t host_e4m3(float x) {
-    if (std::isnan(x)) return 0x7f;
-    uint32_t bits;
-    memcpy(&bits, &x, 4);
-    const uint8_t sign = (bits >> 24) & 0x80;
-    const float a = std::fabs(x);
-    if (a >= 448.0f) return sign | 0x7e;
-    if (a < 0.015625f) return sign | (uint8_t)std::nearbyint(a * 512.0f);
-    memcpy(&bits, &a, 4);
-    const uint32_t mantissa = (bits >> 20) & 7, rest = bits & 0xfffff;
-    uint32_t code = (((bits >> 23) - 120) << 3) | mantissa;
-    if (rest > 0x80000 || (rest == 0x80000 && (mantissa & 1))) code += 1;
-    return sign | (uint8_t)code;
-}
-
-static double host_value(uint8_t code) {
-    const int e = (code >> 3) & 15, m = code & 7;
-    const double magnitude = e == 0 ? m / 8.0 * std::ldexp(1.0, -6) : (1 + m / 8.0) * std::ldexp(1.0, e - 7);
-    return code & 0x80 ? -magnitude : magnitude;
-}
-
 // A launch geometry of the small-M kernels (src/backend/cuda/fp8.rs, GemvGeometry): weight rows
 // per row group (2: fp8_gemv_mM, 4: fp8_gemv_r4_mM), warps per block, warps splitting K per row
 // group.
@@ -184,7 +162,7 @@ static int test() {
                 if (scales[r * groups + g] != scale) ++bad;
                 for (int i = g * width; i < (g + 1) * width; ++i) {
                     const uint8_t want = host_e4m3(from_bf16(x[r * k + i]) / scale);
-                    if (codes[r * k + i] != want || deq[r * k + i] != to_bf16((float)host_value(want) * scale)) ++bad;
+                    if (codes[r * k + i] != want || deq[r * k + i] != to_bf16(host_e4m3_value(want) * scale)) ++bad;
                 }
             }
         printf("RESULT quantize %s: %d mismatches\n", c.name, bad);
@@ -298,7 +276,7 @@ static int test() {
             for (int r = 0; r < m; ++r)
                 for (int j = 0; j < n; ++j)
                     for (int i = 0; i < kk; ++i) {
-                        const double p = from_bf16(xm[r * kk + i]) * host_value(w[j * kk + i]) * s[j * groups + (group ? i / group : 0)];
+                        const double p = from_bf16(xm[r * kk + i]) * (double)host_e4m3_value(w[j * kk + i]) * s[j * groups + (group ? i / group : 0)];
                         want[r * n + j] += p; norm[r * n + j] += std::fabs(p);
                     }
             float* out; CHECK(cudaMalloc(&out, m * n * 4));
@@ -323,7 +301,7 @@ static int test() {
         int bad = 0;
         for (int j = 0; j < n; ++j)
             for (int i = 0; i < kk; ++i)
-                if (widened[j * kk + i] != to_bf16((float)host_value(w[j * kk + i]) * s[j * groups + (group ? i / group : 0)])) ++bad;
+                if (widened[j * kk + i] != to_bf16(host_e4m3_value(w[j * kk + i]) * s[j * groups + (group ? i / group : 0)])) ++bad;
         printf("RESULT fp8_gemv m1..8 (every geometry) and fp8_dequantize_weight, %d group(s) per row: %s (widening %d mismatches)\n", groups,
                failures ? "FAILED" : "ok", bad);
         failures += bad;
@@ -611,17 +589,6 @@ static void launch_pdl(void (*kernel)(Params...), dim3 grid, int threads, cudaSt
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...));
-}
-
-// Random E4M3 bytes, never a NaN code (bit 3 clear).
-__global__ void fill_e4m3(uint8_t* p, size_t n, uint32_t salt) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t x = (uint32_t)i * 2654435761u ^ salt;
-        x ^= x >> 15;
-        x *= 2246822519u;
-        x ^= x >> 13;
-        p[i] = (uint8_t)(x & 0x77u);
-    }
 }
 
 // A decode step of m rows (CHAIN_M): 32 layers of the FP8 kernels on the 8B shapes in one CUDA

@@ -45,7 +45,7 @@ while read -r kind path; do
     *) ;;
   esac
 done <<<"$bins"
-cp scripts/gpu-check.sh scripts/make_llama8b.py scripts/peers.py scripts/attention-check.cu scripts/gemv-check.cu scripts/fp8-check.cu scripts/fp8_reference.py scripts/moe-check.cu scripts/moe-fp8-check.cu scripts/make_moe_shaped.py scripts/prefill-check.cu scripts/sampling-check.cu scripts/decode-chain-check.cu scripts/check-common.cuh scripts/attention-reference.cuh scripts/kv-check.cuh scripts/gptoss-check.cu scripts/make_gptoss_shaped.py scripts/constrained_check.py scripts/read-buffer-bench.c scripts/libload-probe.py "$DEST/"
+cp scripts/gpu-check.sh scripts/make_llama8b.py scripts/peers.py scripts/attention-check.cu scripts/gemv-check.cu scripts/fp8-check.cu scripts/fp8_reference.py scripts/moe-check.cu scripts/moe-fp8-check.cu scripts/make_moe_shaped.py scripts/prefill-check.cu scripts/sampling-check.cu scripts/decode-chain-check.cu scripts/check-common.cuh scripts/moe-check-common.cuh scripts/attention-reference.cuh scripts/kv-check.cuh scripts/gptoss-check.cu scripts/make_gptoss_shaped.py scripts/constrained_check.py scripts/read-buffer-bench.c scripts/libload-probe.py "$DEST/"
 rm -rf "$DEST/kernels" && cp -r kernels "$DEST/kernels"
 rm -rf "$DEST/gpu-stages" && cp -r scripts/gpu-stages "$DEST/gpu-stages"
 # Issue 46: the embed and constrainedqwen stages' script and the real Qwen3 tokenizer (git-ignored:

@@ -43,66 +43,11 @@
 #define FP8_NO_ENTRIES 1
 #include "fp8.cu"
 #include "moe.cu"
+#include "moe-check-common.cuh"
 
-static const int K = MOE_TOP_K;
-static const int E = MOE_EXPERTS;
-static const int H = HIDDEN;
-static const int I = MOE_INTER;
 static const int THREADS = GemvShape<1>::warps * 32;
 static const int ROWS = GemvShape<1>::rows;
 static const int RING = GemvShape<1>::ring_bytes;
-
-struct Buffers {
-    float* logits;
-    int* tokens;
-    int* ids;
-    float* weights;
-    int* meta;
-    int* sorted_tokens;
-    int* row_of;
-    bf16* x;
-    bf16* x_perm;
-    bf16* h_perm;
-    float* y_perm;
-    float* shared;
-    float* delta;
-};
-
-static Buffers allocate(int max_tokens) {
-    Buffers b;
-    const size_t rows = (size_t)max_tokens * K;
-    CHECK(cudaMalloc(&b.logits, (size_t)max_tokens * MOE_LOGITS * 4));
-    CHECK(cudaMalloc(&b.tokens, (size_t)max_tokens * 4));
-    CHECK(cudaMalloc(&b.ids, rows * 4));
-    CHECK(cudaMalloc(&b.weights, rows * 4));
-    CHECK(cudaMalloc(&b.meta, MOE_META_WORDS * 4));
-    CHECK(cudaMalloc(&b.sorted_tokens, rows * 4));
-    CHECK(cudaMalloc(&b.row_of, rows * 4));
-    CHECK(cudaMalloc(&b.x, (size_t)max_tokens * H * 2));
-    CHECK(cudaMalloc(&b.x_perm, rows * H * 2));
-    CHECK(cudaMalloc(&b.h_perm, rows * I * 2));
-    CHECK(cudaMalloc(&b.y_perm, rows * H * 4));
-    CHECK(cudaMalloc(&b.shared, (size_t)max_tokens * H * 4));
-    CHECK(cudaMalloc(&b.delta, (size_t)max_tokens * H * 4));
-    return b;
-}
-
-// Routing, permutation and gather: the fused entry for few tokens (`fused`), else the three.
-static void route(const Buffers& b, int t, bool fused, cudaStream_t stream = 0) {
-    if (fused) {
-        moe_route_permute<<<1, MOE_ROUTE_WARPS * 32, 0, stream>>>(b.logits, b.tokens, b.ids, b.weights, b.meta,
-                                                                  b.sorted_tokens, b.row_of, b.x, b.x_perm, t);
-    } else {
-        moe_route<<<(t + MOE_ROUTE_WARPS - 1) / MOE_ROUTE_WARPS, MOE_ROUTE_WARPS * 32, 0, stream>>>(
-            b.logits, b.tokens, b.ids, b.weights, t);
-        moe_permute<<<1, 1024, 0, stream>>>(b.ids, b.meta, b.sorted_tokens, b.row_of, t);
-        moe_gather<<<std::min(t * K, 4096), 256, 0, stream>>>(b.x, b.sorted_tokens, b.x_perm, t);
-    }
-}
-
-// The grouped products: the tensor-core tiles from 16 rows per expert on average (as the backend
-// chooses, src/backend/cuda/backend/moe.rs), else the small-M loops; `gemm` forces either.
-static bool takes_gemm(int t) { return t * K >= 16 * E; }
 
 // Whether the gate/up product reads x's one row in place (row stride 0): one token after the fused
 // routing, which then gathers nothing (as the backend runs a step of one token).
@@ -176,8 +121,6 @@ static void host_route(const float* logits, std::vector<int>& ids, std::vector<d
         weights[s] = (p[q[s].second] / sum) / (MOE_RENORMALIZE ? total : 1.0);
     }
 }
-
-static double silu(double g) { return g / (1.0 + std::exp(-g)); }
 
 static int test(int t, bool fused, std::mt19937& rng, const Buffers& b, const bf16* d_gate_up, const bf16* d_down,
                 const std::vector<uint16_t>& gate_up, const std::vector<uint16_t>& down) {
@@ -347,7 +290,7 @@ static int test(int t, bool fused, std::mt19937& rng, const Buffers& b, const bf
 static int run_tests(bool quick) {
     std::mt19937 rng(44);
     const int max_tokens = quick ? 256 : 300;
-    Buffers b = allocate(max_tokens);
+    Buffers b = allocate(max_tokens, true);
     std::vector<uint16_t> gate_up((size_t)E * 2 * I * H), down((size_t)E * H * I);
     std::normal_distribution<float> normal(0.0f, 0.05f);
     for (auto& v : gate_up) v = to_bf16(normal(rng));
@@ -376,39 +319,12 @@ static int run_bench() {
     CHECK(cudaFuncSetAttribute(moe_gate_up, cudaFuncAttributeMaxDynamicSharedMemorySize, RING));
     CHECK(cudaFuncSetAttribute(moe_down, cudaFuncAttributeMaxDynamicSharedMemorySize, RING));
     const int max_tokens = 2048;
-    Buffers b = allocate(max_tokens);
-    std::mt19937 rng(7);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> logits((size_t)max_tokens * MOE_LOGITS);
-    for (auto& v : logits) v = normal(rng);
-    std::vector<int> tokens(max_tokens);
-    for (int i = 0; i < max_tokens; ++i) tokens[i] = i;
-    CHECK(cudaMemcpy(b.logits, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(b.tokens, tokens.data(), tokens.size() * 4, cudaMemcpyHostToDevice));
-    fill_random<<<256, 256>>>(b.x, (size_t)max_tokens * H, 3, 121);
-    CHECK(cudaDeviceSynchronize());
+    Buffers b = allocate(max_tokens, true);
+    bench_inputs(b, max_tokens);
     cudaStream_t stream;
     CHECK(cudaStreamCreate(&stream));
-    // Seconds per layer of `record(l)` captured `reps` times in one graph (repetition i takes weight
-    // copy l = i % layers, so every read comes from memory).
-    const auto per_layer = [&](auto record) {
-        const int reps = 16;
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        for (int i = 0; i < reps; ++i) record(i % layers);
-        CHECK(cudaStreamEndCapture(stream, &graph));
-        CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        for (int w = 0; w < 3; ++w) CHECK(cudaGraphLaunch(exec, stream));
-        CHECK(cudaStreamSynchronize(stream));
-        const int launches = 10;
-        StreamTimer timer(stream);
-        for (int w = 0; w < launches; ++w) CHECK(cudaGraphLaunch(exec, stream));
-        const double seconds = timer.seconds() / launches / reps;
-        CHECK(cudaGraphExecDestroy(exec));
-        CHECK(cudaGraphDestroy(graph));
-        return seconds;
-    };
+    // Seconds per layer of `record(l)` in a CUDA graph (weight copy l cycled through the layers).
+    const auto per_layer = [&](auto record) { return graph_seconds_per_layer(stream, layers, record); };
     for (int t : {1, 8, 64, 256, 2048}) {
         // The routed part as the backend runs it (one token: the fused down and combine).
         const double layer = per_layer([&](int l) {
@@ -457,11 +373,4 @@ static int run_bench() {
     return 0;
 }
 
-int main(int argc, char** argv) {
-    const char* mode = argc > 1 ? argv[1] : "test";
-    if (strcmp(mode, "test") == 0) return run_tests(false);
-    if (strcmp(mode, "quick") == 0) return run_tests(true);
-    if (strcmp(mode, "bench") == 0) return run_bench();
-    fprintf(stderr, "usage: moe-check test|quick|bench\n");
-    return 2;
-}
+int main(int argc, char** argv) { return moe_check_main(argc, argv, "moe-check", run_tests, run_bench); }

@@ -41,11 +41,7 @@
 #include "fp8.cu"
 #include "moe.cu"
 #include "moe_fp8.cu"
-
-static const int K = MOE_TOP_K;
-static const int E = MOE_EXPERTS;
-static const int H = HIDDEN;
-static const int I = MOE_INTER;
+#include "moe-check-common.cuh"
 
 // One scheme of the experts' FP8: weight scales per row (`block` 0), per row and block of `block`
 // columns, or one per expert (`per_expert`); inputs rounded dynamically (`input_group` 0: per
@@ -66,29 +62,6 @@ static const Scheme SCHEMES[] = {
     {"per-row scales, weight-only", 0, false, false, 0, false},
 };
 
-// The host's E4M3 rounding (as scripts/fp8-check.cu's, src/backend/cuda/fp8.rs's
-// f32_to_e4m3_fast: nearest, ties to even, saturating).
-static uint8_t to_e4m3(float x) {
-    if (std::isnan(x)) return 0x7f;
-    uint32_t bits;
-    memcpy(&bits, &x, 4);
-    const uint8_t sign = (bits >> 24) & 0x80;
-    const float a = std::fabs(x);
-    if (a >= 448.0f) return sign | 0x7e;
-    if (a < 0.015625f) return sign | (uint8_t)std::nearbyint(a * 512.0f);
-    memcpy(&bits, &a, 4);
-    const uint32_t mantissa = (bits >> 20) & 7, rest = bits & 0xfffff;
-    uint32_t code = (((bits >> 23) - 120) << 3) | mantissa;
-    if (rest > 0x80000 || (rest == 0x80000 && (mantissa & 1))) code += 1;
-    return sign | (uint8_t)code;
-}
-
-static float e4m3_value(uint8_t code) {
-    const int e = (code >> 3) & 15, m = code & 7;
-    const float magnitude = e == 0 ? m / 8.0f * std::ldexp(1.0f, -6) : (1 + m / 8.0f) * std::ldexp(1.0f, e - 7);
-    return code & 0x80 ? -magnitude : magnitude;
-}
-
 // One projection of every expert in the device layout: [E, n, k] codes, [E, n, groups] scales.
 struct Experts {
     int n, k, groups, group;
@@ -100,7 +73,7 @@ struct Experts {
     double weight(int e, int row, int col) const {
         static const std::vector<float> values = [] {
             std::vector<float> v(256);
-            for (int c = 0; c < 256; ++c) v[c] = e4m3_value((uint8_t)c);
+            for (int c = 0; c < 256; ++c) v[c] = host_e4m3_value((uint8_t)c);
             return v;
         }();
         const size_t r = (size_t)e * n + row;
@@ -133,48 +106,13 @@ static Experts make_experts(int n, int k, const Scheme& s, std::mt19937& rng) {
             }
             for (int c = 0; c < k; ++c) {
                 const float scale = x.scales[((size_t)e * n + r) * x.groups + c / x.group];
-                x.codes[((size_t)e * n + r) * k + c] = to_e4m3(w[(size_t)r * k + c] / scale);
+                x.codes[((size_t)e * n + r) * k + c] = host_e4m3(w[(size_t)r * k + c] / scale);
             }
         }
     }
     x.d_codes = upload(x.codes);
     x.d_scales = upload(x.scales);
     return x;
-}
-
-struct Buffers {
-    float* logits;
-    int* tokens;
-    int* ids;
-    float* weights;
-    int* meta;
-    int* sorted_tokens;
-    int* row_of;
-    bf16* x;
-    bf16* x_perm;
-    bf16* h_perm;
-    float* y_perm;
-    float* delta;
-    float* static_gate_up;
-    float* static_down;
-};
-
-static Buffers allocate(int max_tokens) {
-    Buffers b;
-    const size_t rows = (size_t)max_tokens * K;
-    CHECK(cudaMalloc(&b.logits, (size_t)max_tokens * MOE_LOGITS * 4));
-    CHECK(cudaMalloc(&b.tokens, (size_t)max_tokens * 4));
-    CHECK(cudaMalloc(&b.ids, rows * 4));
-    CHECK(cudaMalloc(&b.weights, rows * 4));
-    CHECK(cudaMalloc(&b.meta, MOE_META_WORDS * 4));
-    CHECK(cudaMalloc(&b.sorted_tokens, rows * 4));
-    CHECK(cudaMalloc(&b.row_of, rows * 4));
-    CHECK(cudaMalloc(&b.x, (size_t)max_tokens * H * 2));
-    CHECK(cudaMalloc(&b.x_perm, rows * H * 2));
-    CHECK(cudaMalloc(&b.h_perm, rows * I * 2));
-    CHECK(cudaMalloc(&b.y_perm, rows * H * 4));
-    CHECK(cudaMalloc(&b.delta, (size_t)max_tokens * H * 4));
-    return b;
 }
 
 // Each expert's static input scales: the gathered rows are uniform in [-1, 1); the SwiGLU rows
@@ -187,20 +125,10 @@ static std::vector<float> static_scales(float base) {
 
 // Routing, permutation and gather as the backend runs them for FP8 experts (one token: the fused
 // entry gathers nothing, so the gather runs after it).
-static void route(const Buffers& b, int t, bool fused, cudaStream_t stream = 0) {
-    if (fused) {
-        moe_route_permute<<<1, MOE_ROUTE_WARPS * 32, 0, stream>>>(b.logits, b.tokens, b.ids, b.weights, b.meta,
-                                                                  b.sorted_tokens, b.row_of, b.x, b.x_perm, t);
-        if (t == 1) moe_gather<<<K, 256, 0, stream>>>(b.x, b.sorted_tokens, b.x_perm, 1);
-    } else {
-        moe_route<<<(t + MOE_ROUTE_WARPS - 1) / MOE_ROUTE_WARPS, MOE_ROUTE_WARPS * 32, 0, stream>>>(
-            b.logits, b.tokens, b.ids, b.weights, t);
-        moe_permute<<<1, 1024, 0, stream>>>(b.ids, b.meta, b.sorted_tokens, b.row_of, t);
-        moe_gather<<<std::min(t * K, 4096), 256, 0, stream>>>(b.x, b.sorted_tokens, b.x_perm, t);
-    }
+static void route_and_gather(const Buffers& b, int t, bool fused, cudaStream_t stream = 0) {
+    route(b, t, fused, stream);
+    if (fused && t == 1) moe_gather<<<K, 256, 0, stream>>>(b.x, b.sorted_tokens, b.x_perm, 1);
 }
-
-static bool takes_gemm(int t) { return t * K >= 16 * E; }
 
 // The launch of the small-M FP8 products (src/backend/cuda/fp8.rs, GemvGeometry::choose(1, ..)):
 // rows of 4, 4 warps, K split 2 ways where it has at least two 512-column steps.
@@ -257,15 +185,13 @@ static std::vector<uint16_t> host_round(const Scheme& s, const std::vector<uint1
                 scale = std::max(amax / 448.0f, 1.0f / (448.0f * 512.0f));
             }
             for (int i = first; i < last; ++i) {
-                const uint8_t code = to_e4m3(from_bf16(rows[r * width + i]) / scale);
-                out[r * width + i] = to_bf16(e4m3_value(code) * scale);
+                const uint8_t code = host_e4m3(from_bf16(rows[r * width + i]) / scale);
+                out[r * width + i] = to_bf16(host_e4m3_value(code) * scale);
             }
         }
     }
     return out;
 }
-
-static double silu(double g) { return g / (1.0 + std::exp(-g)); }
 
 static int test(int t, bool fused, const Scheme& s, std::mt19937& rng, const Buffers& b, const Experts& gu,
                 const Experts& dn, const std::vector<float>& statics_gu, const std::vector<float>& statics_dn) {
@@ -281,7 +207,7 @@ static int test(int t, bool fused, const Scheme& s, std::mt19937& rng, const Buf
     CHECK(cudaMemcpy(b.tokens, tokens.data(), tokens.size() * 4, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(b.x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
     const size_t rows = (size_t)t * K;
-    route(b, t, fused);
+    route_and_gather(b, t, fused);
     auto gathered = finish_and_download(b.x_perm, rows * H);
     round_rows(s, b.x_perm, H, b.static_gate_up, b, t, 0);
     auto x_rounded = finish_and_download(b.x_perm, rows * H);
@@ -363,7 +289,7 @@ static int test(int t, bool fused, const Scheme& s, std::mt19937& rng, const Buf
 static int run_tests(bool quick) {
     std::mt19937 rng(45);
     const int max_tokens = quick ? 160 : 300;
-    Buffers b = allocate(max_tokens);
+    Buffers b = allocate(max_tokens, false);
     const auto statics_gu = static_scales(1.0f / 256.0f), statics_dn = static_scales(1.0f / 4096.0f);
     b.static_gate_up = upload(statics_gu);
     b.static_down = upload(statics_dn);
@@ -378,17 +304,6 @@ static int run_tests(bool quick) {
         CHECK(cudaFree(dn.d_scales));
     }
     return bad ? 1 : 0;
-}
-
-// Random E4M3 codes (no NaN) on the device, for the bench's weights.
-__global__ void fill_codes(uint8_t* p, size_t n, uint32_t salt) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t x = (uint32_t)i * 2654435761u ^ salt;
-        x ^= x >> 15;
-        x *= 2246822519u;
-        x ^= x >> 13;
-        p[i] = (uint8_t)(x & 0x77u);
-    }
 }
 
 static int run_bench() {
@@ -406,49 +321,26 @@ static int run_bench() {
             x->group = x->k;
             const size_t bytes = is_gu ? gate_up_bytes : down_bytes;
             CHECK(cudaMalloc(&x->d_codes, bytes));
-            fill_codes<<<4096, 256>>>(x->d_codes, bytes, 17 + 2 * l + is_gu);
+            fill_e4m3<<<4096, 256>>>(x->d_codes, bytes, 17 + 2 * l + is_gu);
             std::vector<float> scales((size_t)E * x->n, 1.0f / 1024.0f);
             x->d_scales = upload(scales);
         }
     }
     const int max_tokens = 256;
-    Buffers b = allocate(max_tokens);
-    std::mt19937 rng(7);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> logits((size_t)max_tokens * MOE_LOGITS);
-    for (auto& v : logits) v = normal(rng);
-    std::vector<int> tokens(max_tokens);
-    for (int i = 0; i < max_tokens; ++i) tokens[i] = i;
-    CHECK(cudaMemcpy(b.logits, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(b.tokens, tokens.data(), tokens.size() * 4, cudaMemcpyHostToDevice));
-    fill_random<<<256, 256>>>(b.x, (size_t)max_tokens * H, 3, 121);
-    CHECK(cudaDeviceSynchronize());
+    Buffers b = allocate(max_tokens, false);
+    bench_inputs(b, max_tokens);
     cudaStream_t stream;
     CHECK(cudaStreamCreate(&stream));
     for (int t : {1, 8, 64, 256}) {
         const auto record = [&](int l) {
-            route(b, t, t <= 8, stream);
+            route_and_gather(b, t, t <= 8, stream);
             round_rows(s, b.x_perm, H, nullptr, b, t, stream);
             gate_up_product(gu[l], b, t, stream);
             round_rows(s, b.h_perm, I, nullptr, b, t, stream);
             down_product(dn[l], b, t, stream);
             moe_combine<<<t, 256, 0, stream>>>(b.y_perm, b.row_of, b.weights, b.logits, nullptr, b.delta);
         };
-        const int reps = 16;
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        for (int i = 0; i < reps; ++i) record(i % layers);
-        CHECK(cudaStreamEndCapture(stream, &graph));
-        CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        for (int w = 0; w < 3; ++w) CHECK(cudaGraphLaunch(exec, stream));
-        CHECK(cudaStreamSynchronize(stream));
-        const int launches = 10;
-        StreamTimer timer(stream);
-        for (int w = 0; w < launches; ++w) CHECK(cudaGraphLaunch(exec, stream));
-        const double seconds = timer.seconds() / launches / reps;
-        CHECK(cudaGraphExecDestroy(exec));
-        CHECK(cudaGraphDestroy(graph));
+        const double seconds = graph_seconds_per_layer(stream, layers, record);
         auto meta = finish_and_download(b.meta, MOE_META_WORDS);
         const int active = meta[MOE_META_COUNT];
         const double bytes = (double)active * 3 * I * H;
@@ -460,11 +352,4 @@ static int run_bench() {
     return 0;
 }
 
-int main(int argc, char** argv) {
-    const char* mode = argc > 1 ? argv[1] : "test";
-    if (strcmp(mode, "test") == 0) return run_tests(false);
-    if (strcmp(mode, "quick") == 0) return run_tests(true);
-    if (strcmp(mode, "bench") == 0) return run_bench();
-    fprintf(stderr, "usage: moe-fp8-check test|quick|bench\n");
-    return 2;
-}
+int main(int argc, char** argv) { return moe_check_main(argc, argv, "moe-fp8-check", run_tests, run_bench); }
