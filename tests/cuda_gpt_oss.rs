@@ -34,11 +34,7 @@ const POSITIONS: usize = 320;
 const FIXTURES: [&str; 2] = ["tiny-gpt-oss", "tiny-gpt-oss-bf16"];
 
 use support::load_for_cuda as load;
-
-/// A CUDA backend for `model` (see `support::small_cuda_backend`).
-fn cuda(model: &Model, sample_on_device: bool) -> CudaBackend {
-    support::small_cuda_backend(model, sample_on_device)
-}
+use support::small_cuda_backend as cuda;
 
 /// Logits at every position of `tokens`, one token per step (teacher forcing).
 fn per_position(backend: &mut dyn Backend, tokens: &[u32]) -> Vec<Vec<f32>> {

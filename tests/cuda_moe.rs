@@ -41,16 +41,11 @@ const NEAR_TIE: f32 = 0.01;
 
 const FIXTURES: [&str; 3] = ["tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen2-moe"];
 
-use support::{gpu_fixtures as fixtures, load_for_cuda as load};
+use support::{gpu_fixtures as fixtures, load_for_cuda as load, small_cuda_backend as cuda};
 
 fn golden(name: &str) -> serde_json::Value {
     let path = fixtures().join(name).join("golden.json");
     serde_json::from_slice(&std::fs::read(&path).expect("golden.json")).expect("golden.json parses")
-}
-
-/// A CUDA backend for `model` (see `support::small_cuda_backend`).
-fn cuda(model: &Model, sample_on_device: bool) -> CudaBackend {
-    support::small_cuda_backend(model, sample_on_device)
 }
 
 /// One row: `tokens[start..]` of sequence `seq_id` whose block table starts at `first_block`.
