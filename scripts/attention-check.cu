@@ -109,23 +109,6 @@ static float* kv_scales() {
     return scales;
 }
 
-// The per-head attention sinks of an ATTN_SINKS build (host copy and device copy; null without).
-static std::vector<float> host_sinks;
-static float* device_sinks = nullptr;
-
-// Draws the sinks of an ATTN_SINKS build: logits in [-4, 4], head 0's dominant (9: most of every
-// softmax's mass, the output shrinks) and head 1's negligible (-30).
-static void make_sinks(std::mt19937_64& rng) {
-    if (!ATTN_SINKS) return;
-    std::uniform_real_distribution<float> uni(-4.0f, 4.0f);
-    host_sinks.resize(NUM_Q_HEADS);
-    for (auto& x : host_sinks) x = uni(rng);
-    host_sinks[0] = 9.0f;
-    if (NUM_Q_HEADS > 1) host_sinks[1] = -30.0f;
-    if (device_sinks) CHECK(cudaFree(device_sinks));
-    device_sinks = upload(host_sinks);
-}
-
 static void launch(const uint16_t* q, const kv_host* k, const kv_host* v, const int* tables,
                    const int* max_blocks, const int* rows, const int* positions, float* acc,
                    float* ml, int tokens, int splits, float scale, uint16_t* out,
@@ -230,7 +213,7 @@ static int test(uint64_t seed) {
         }
     }
 #endif
-    make_sinks(rng);
+    make_sinks(rng, ATTN_SINKS);
 
     // Reference in float64 over the same inputs (an FP8 cache's at its scales).
     const std::vector<double> ref =
@@ -286,7 +269,7 @@ static int bench(int only_batch, int only_context) {
     fill_random_kv<<<4096, 256>>>(k, pool_elems, 1);
     fill_random_kv<<<4096, 256>>>(v, pool_elems, 2);
     std::mt19937_64 rng(7);
-    make_sinks(rng);
+    make_sinks(rng, ATTN_SINKS);
     const int max_splits = 1024;
     float *acc, *ml;
     uint16_t *q, *out;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <vector>
 
 // Output [tokens, NUM_Q_HEADS, HEAD_DIM] of token t attending to positions up to positions[t] of
@@ -68,4 +69,20 @@ static std::vector<double> attention_reference(const std::vector<uint16_t>& q, c
                                                const std::vector<int>& positions, float scale) {
     auto widen = [](uint16_t b) { return (double)from_bf16(b); };
     return attention_reference(q, k, v, tables, max_blocks, rows, positions, scale, widen, widen);
+}
+
+// The per-head attention sinks of a build with sinks (host copy and device copy; null without),
+// drawn by make_sinks(rng, ATTN_SINKS): logits in [-4, 4], head 0's dominant (9: most of every
+// softmax's mass, the output shrinks) and head 1's negligible (-30).
+static std::vector<float> host_sinks;
+static float* device_sinks = nullptr;
+static void make_sinks(std::mt19937_64& rng, bool with_sinks) {
+    if (!with_sinks) return;
+    std::uniform_real_distribution<float> uni(-4.0f, 4.0f);
+    host_sinks.resize(NUM_Q_HEADS);
+    for (auto& x : host_sinks) x = uni(rng);
+    host_sinks[0] = 9.0f;
+    if (NUM_Q_HEADS > 1) host_sinks[1] = -30.0f;
+    if (device_sinks) CHECK(cudaFree(device_sinks));
+    device_sinks = upload(host_sinks);
 }

@@ -92,21 +92,6 @@ struct Partials {
 
 // One attention launch as the backend makes it: the prefill kernel over the step's tiles, split
 // `splits` ways over each tile's keys, then (split) the reduction of the partial results.
-// The per-head attention sinks of an ATTN_SINKS build (host copy and device copy; null without):
-// logits in [-4, 4], head 0's dominant (9) and head 1's negligible (-30).
-static std::vector<float> host_sinks;
-static float* device_sinks = nullptr;
-static void make_sinks(std::mt19937_64& rng) {
-    if (!ATTN_SINKS) return;
-    std::uniform_real_distribution<float> uni(-4.0f, 4.0f);
-    host_sinks.resize(NUM_Q_HEADS);
-    for (auto& x : host_sinks) x = uni(rng);
-    host_sinks[0] = 9.0f;
-    if (NUM_Q_HEADS > 1) host_sinks[1] = -30.0f;
-    if (device_sinks) CHECK(cudaFree(device_sinks));
-    device_sinks = upload(host_sinks);
-}
-
 static void launch(const Step& step, const uint16_t* q, const kv_host* k, const kv_host* v,
                    const int* tables, const int* max_blocks, const int* rows, const int* positions,
                    const int* tiles, float scale, int splits, const Partials& parts, uint16_t* out) {
@@ -181,7 +166,7 @@ static int test(uint64_t seed) {
     }
 #endif
 
-    make_sinks(rng);
+    make_sinks(rng, ATTN_SINKS);
     const std::vector<double> ref =
         attention_reference(q, k, v, tables, max_blocks, step.rows, step.positions, scale,
                             [](kv_host e) { return kv_decode(e, KV_K_SCALE); },
@@ -276,7 +261,7 @@ static int bench() {
     fill_random_kv<<<4096, 256>>>(v, pool_slots * ROW_ELEMS, 2);
     fill_random<<<4096, 256>>>(q, (size_t)max_len * NUM_Q_HEADS * HEAD_DIM, 3, 121);
     std::mt19937_64 rng(7);
-    make_sinks(rng);
+    make_sinks(rng, ATTN_SINKS);
     std::vector<int> perm(max_len / KV_BLOCK);
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
