@@ -16,7 +16,7 @@ use super::metrics::{Format, ServerState};
 use super::openai::request::{GenerationOptions, Prompt, ToolChoice, parse_chat, parse_completion};
 use super::openai::response::{ModelCard, ModelList};
 use super::openai::responses::output::{ResponseShell, from_chat};
-use super::openai::responses::request::{parse_responses, responses_error};
+use super::openai::responses::request::{parse_responses, responses_error, responses_ignored};
 use super::openai::responses::stream::responses_stream;
 use super::openai::tokenize::{TokenizeRequest, parse_detokenize, parse_tokenize};
 use super::openai::tools::tool_constraint;
@@ -432,12 +432,7 @@ pub async fn generate(
             chat_job(app, &service, principal, ctx, chat)
                 .await
                 .map(|mut job| {
-                    // The chat body carries Responses' `reasoning.effort` as `reasoning_effort`.
-                    for field in &mut job.options.ignored {
-                        if *field == "reasoning_effort" {
-                            *field = "reasoning.effort";
-                        }
-                    }
+                    responses_ignored(&mut job.options.ignored);
                     job
                 })
                 .map_err(responses_error)

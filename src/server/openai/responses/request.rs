@@ -448,6 +448,16 @@ fn chat_format(format: &Value) -> Result<Value, ApiError> {
     }
 }
 
+/// Renames the chat fields the chat path named ignored to the Responses fields they came from
+/// (the chat body carries `reasoning.effort` as `reasoning_effort`).
+pub fn responses_ignored(ignored: &mut [&'static str]) {
+    for field in ignored {
+        if *field == "reasoning_effort" {
+            *field = "reasoning.effort";
+        }
+    }
+}
+
 /// Renames the chat field an error from the chat path names to the Responses field it came
 /// from.
 pub fn responses_error(mut err: ApiError) -> ApiError {
