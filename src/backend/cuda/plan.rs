@@ -287,6 +287,15 @@ pub fn prefill_splits(tiles: usize, kv_heads: usize, max_context: usize, room: u
         .max(1)
 }
 
+/// The keys one prefill-attention tile of at most `tile_rows` query vectors reaches in a step
+/// whose longest context is `max_context`: all of them in a full-attention layer, and in a layer
+/// that slides over `window` keys only the window behind the tile's tokens (at most `tile_rows`
+/// of them). `prefill_splits` divides this span, so a sliding layer at a long context is not
+/// cut into splits that find no key in the window.
+pub fn tile_key_span(max_context: usize, window: Option<usize>, tile_rows: usize) -> usize {
+    window.map_or(max_context, |window| max_context.min(window + tile_rows))
+}
+
 /// Tokens per prefill-attention tile of `rows` query vectors for `group` query heads per KV head
 /// of `head_dim` dimensions on a device of compute capability `major`; 0 when the tensor-core
 /// kernel cannot serve the shape (a group larger than a tile, a head_dim that is not a multiple
@@ -426,6 +435,19 @@ mod tests {
             kv_blocks(10 * bf16, 0.5, fp8),
             2 * kv_blocks(10 * bf16, 0.5, bf16)
         );
+    }
+
+    #[test]
+    fn a_sliding_layer_splits_only_the_keys_its_window_reaches() {
+        assert_eq!(tile_key_span(32_768, None, 128), 32_768);
+        assert_eq!(tile_key_span(32_768, Some(128), 128), 256);
+        assert_eq!(tile_key_span(100, Some(4096), 128), 100);
+        // gpt-oss's 128-key window at 32k: one split, against 32 for the full context.
+        assert_eq!(
+            prefill_splits(4, 8, tile_key_span(32_768, Some(128), 128), 64),
+            1
+        );
+        assert_eq!(prefill_splits(4, 8, 32_768, 64), 32);
     }
 
     #[test]

@@ -613,7 +613,11 @@ impl CudaBackend {
             let splits = plan::prefill_splits(
                 layout.num_tiles,
                 p.num_kv_heads,
-                layout.max_context,
+                plan::tile_key_span(
+                    layout.max_context,
+                    self.definition.layers[layer].attention.sliding_window,
+                    p.flash.rows,
+                ),
                 self.split_budget / layout.num_tokens.max(1),
             );
             // The tiles that need the full geometry, then the small ones (packed last) in the
