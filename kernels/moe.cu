@@ -628,48 +628,85 @@ __device__ __forceinline__ void moe_gemm_tile(const bf16* __restrict__ x, int x_
     const int warp = threadIdx.x >> 5;
     const int wm = warp >> 1, wn = warp & 1;
     // The two 16-byte pieces each thread copies per operand per stage: piece p = tid + 128 i is
-    // row p / 4, columns (p % 4) * 8.
-    const auto load = [&](int stage, int k0) {
+    // row p / 4, columns (p % 4) * 8. The activations and bf16 weights go to shared memory by
+    // cp.async; FP8 and MXFP4 weights must be widened on the way, so their codes and scales for
+    // the next stage are loaded into registers (`QuantizedPieces`) before this stage's products and
+    // widened into shared memory after them: their load latency hides behind the products
+    // instead of stalling every stage.
+    struct QuantizedPieces {
+        uint2 codes[2];
+        float scale[2];
+        bool in[2];
+    };
+    // Piece i's weight row and first column, and whether it lies inside the matrix.
+    const auto b_piece = [&](int i, int k0, size_t& w_row, int& kc) {
+        const int p = threadIdx.x + 128 * i;
+        const int r = p >> 2, c = (p & 3) * 8;
+        // The output column of local column r, and its weight row.
+        const int col = SWIGLU ? col0 + (r & (MOE_BN / 2 - 1)) : col0 + r;
+        const int up_half = SWIGLU && r >= MOE_BN / 2;
+        const bool b_in = k0 + c < k && col < n_out;
+        int n = up_half ? n_out + col : col;
+        if (GPTOSS && SWIGLU) n = 2 * col + up_half;
+        if (!GPTOSS && SWIGLU && FORMAT == MOE_B_FP8) n = 4 * (col >> 1) + (col & 1) + 2 * up_half;
+        w_row = first_row + (b_in ? n : 0);
+        kc = b_in ? k0 + c : 0;
+        return b_in;
+    };
+    const auto load_async = [&](int stage, int k0) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const int p = threadIdx.x + 128 * i;
             const int r = p >> 2, c = (p & 3) * 8;
-            const bool k_in = k0 + c < k;
             const int row = row0 + r;
-            const bool a_in = k_in && row < row_end;
+            const bool a_in = k0 + c < k && row < row_end;
             copy16_async(shared_address(&a_tile[stage][r * MOE_LDS + c]),
                          x + (size_t)(a_in ? row : row0) * x_stride + (a_in ? k0 + c : 0), a_in);
-            // The output column of local column r, and its weight row.
-            const int col = SWIGLU ? col0 + (r & (MOE_BN / 2 - 1)) : col0 + r;
-            const int up_half = SWIGLU && r >= MOE_BN / 2;
-            const bool b_in = k_in && col < n_out;
-            int n = up_half ? n_out + col : col;
-            if (GPTOSS && SWIGLU) n = 2 * col + up_half;
-            if (!GPTOSS && SWIGLU && FORMAT == MOE_B_FP8) n = 4 * (col >> 1) + (col & 1) + 2 * up_half;
-            const size_t w_row = first_row + (b_in ? n : 0);
-            const int kc = b_in ? k0 + c : 0;
             if (FORMAT == MOE_B_BF16) {
+                size_t w_row;
+                int kc;
+                const bool b_in = b_piece(i, k0, w_row, kc);
                 copy16_async(shared_address(&b_tile[stage][r * MOE_LDS + c]),
                              static_cast<const bf16*>(wt.w) + w_row * k + kc, b_in);
-            } else {
-                uint4 v = make_uint4(0u, 0u, 0u, 0u);
-                if (b_in && FORMAT == MOE_B_FP8) {
-                    const uint2 codes =
-                        __ldg(reinterpret_cast<const uint2*>(static_cast<const e4m3*>(wt.w) + w_row * k + kc));
-                    const float scale =
-                        static_cast<const float*>(wt.scales)[w_row * wt.groups + (wt.groups > 1 ? kc / wt.group : 0)];
-                    v = moe_widen8(codes, scale);
-                } else if (b_in) {
-                    const unsigned char* blocks = static_cast<const unsigned char*>(wt.w) + w_row * (k / 2);
-                    const unsigned int codes = __ldg(reinterpret_cast<const unsigned int*>(blocks + kc / 2));
-                    const unsigned char scale =
-                        static_cast<const unsigned char*>(wt.scales)[w_row * (k / 32) + kc / 32];
-                    v = moe_widen8_mxfp4(codes, mx_e8m0(scale));
-                }
-                *reinterpret_cast<uint4*>(&b_tile[stage][r * MOE_LDS + c]) = v;
             }
         }
         asm volatile("cp.async.commit_group;");
+    };
+    const auto fetch_quantized = [&](int k0) {
+        QuantizedPieces q;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            size_t w_row;
+            int kc;
+            q.in[i] = b_piece(i, k0, w_row, kc);
+            q.codes[i] = make_uint2(0u, 0u);
+            q.scale[i] = 0.0f;
+            if (q.in[i] && FORMAT == MOE_B_FP8) {
+                q.codes[i] = __ldg(reinterpret_cast<const uint2*>(static_cast<const e4m3*>(wt.w) + w_row * k + kc));
+                q.scale[i] =
+                    static_cast<const float*>(wt.scales)[w_row * wt.groups + (wt.groups > 1 ? kc / wt.group : 0)];
+            } else if (q.in[i] && FORMAT == MOE_B_MXFP4) {
+                const unsigned char* blocks = static_cast<const unsigned char*>(wt.w) + w_row * (k / 2);
+                q.codes[i].x = __ldg(reinterpret_cast<const unsigned int*>(blocks + kc / 2));
+                // The E8M0 scale byte travels in the float's bits until it is widened.
+                q.scale[i] = __uint_as_float(static_cast<const unsigned char*>(wt.scales)[w_row * (k / 32) + kc / 32]);
+            }
+        }
+        return q;
+    };
+    const auto store_quantized = [&](int stage, const QuantizedPieces& q) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int p = threadIdx.x + 128 * i;
+            const int r = p >> 2, c = (p & 3) * 8;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (q.in[i] && FORMAT == MOE_B_FP8) {
+                v = moe_widen8(q.codes[i], q.scale[i]);
+            } else if (q.in[i] && FORMAT == MOE_B_MXFP4) {
+                v = moe_widen8_mxfp4(q.codes[i].x, mx_e8m0(static_cast<unsigned char>(__float_as_uint(q.scale[i]))));
+            }
+            *reinterpret_cast<uint4*>(&b_tile[stage][r * MOE_LDS + c]) = v;
+        }
     };
     float acc[2][4][4];
 #pragma unroll
@@ -681,11 +718,15 @@ __device__ __forceinline__ void moe_gemm_tile(const bf16* __restrict__ x, int x_
     // This warp's B columns: two 16-column groups (SWIGLU: its gate columns and their up columns).
     const int n_base[2] = {SWIGLU ? 16 * wn : 32 * wn, SWIGLU ? MOE_BN / 2 + 16 * wn : 32 * wn + 16};
     const int steps = (k + MOE_BK - 1) / MOE_BK;
-    load(0, 0);
+    constexpr bool QUANTIZED = FORMAT != MOE_B_BF16;
+    load_async(0, 0);
+    QuantizedPieces next{};
+    if (QUANTIZED) store_quantized(0, fetch_quantized(0));
     for (int s = 0; s < steps; ++s) {
         const int stage = s & 1;
         if (s + 1 < steps) {
-            load(stage ^ 1, (s + 1) * MOE_BK);
+            load_async(stage ^ 1, (s + 1) * MOE_BK);
+            if (QUANTIZED) next = fetch_quantized((s + 1) * MOE_BK);
             asm volatile("cp.async.wait_group 1;" ::: "memory");
         } else {
             asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -717,6 +758,9 @@ __device__ __forceinline__ void moe_gemm_tile(const bf16* __restrict__ x, int x_
             }
         }
         __syncthreads();
+        // Every warp is done with this stage, so the next stage's buffer (read last in the
+        // previous step) takes the widened weights; the next step's barrier publishes them.
+        if (QUANTIZED && s + 1 < steps) store_quantized(stage ^ 1, next);
     }
     // Lane (g, t) holds, per 16 x 8 tile, rows g and g + 8, columns 2t and 2t + 1.
     const int g = lane >> 2, t = lane & 3;
