@@ -2,6 +2,8 @@
 
 use serde::Deserialize;
 
+use super::kv_groups::KvGroups;
+
 /// Tokens per KV-cache block.
 pub const BLOCK_SIZE: usize = 16;
 
@@ -18,11 +20,17 @@ pub fn itl_stall_limit_in_force(limit: f64) -> Option<f64> {
     (limit > 1.0).then_some(limit)
 }
 
-/// The default `max_num_seqs` for a KV cache of `num_blocks` blocks when the backend's per-step
-/// buffers hold at most `backend_rows` rows (`None`: no such limit): the KV cache's blocks divided
-/// by [`DERIVE_BLOCKS_PER_SEQ`], at most [`MAX_NUM_SEQS_CAP`] and `backend_rows`, at least 1.
-pub fn derive_max_num_seqs(num_blocks: usize, backend_rows: Option<usize>) -> usize {
-    (num_blocks / DERIVE_BLOCKS_PER_SEQ)
+/// The default `max_num_seqs` for a KV cache of `num_blocks` blocks in `groups` when the
+/// backend's per-step buffers hold at most `backend_rows` rows (`None`: no such limit): the
+/// blocks divided by what a sequence of [`DERIVE_BLOCKS_PER_SEQ`] blocks of positions holds in
+/// all the groups (a model with sliding layers beside full ones holds blocks in both), at most
+/// [`MAX_NUM_SEQS_CAP`] and `backend_rows`, at least 1.
+pub fn derive_max_num_seqs(
+    num_blocks: usize,
+    backend_rows: Option<usize>,
+    groups: &KvGroups,
+) -> usize {
+    (num_blocks / groups.blocks_per_sequence(DERIVE_BLOCKS_PER_SEQ).max(1))
         .min(MAX_NUM_SEQS_CAP)
         .min(backend_rows.unwrap_or(usize::MAX))
         .max(1)
@@ -89,17 +97,23 @@ pub struct EngineConfig {
 
 impl EngineConfig {
     /// The sequence limit in force: the configured value, or the one derived for a KV cache of
-    /// `num_blocks` blocks with no backend row limit.
+    /// `num_blocks` blocks in one full-attention group with no backend row limit.
     pub fn max_num_seqs_for(&self, num_blocks: usize) -> usize {
         self.max_num_seqs
-            .unwrap_or_else(|| derive_max_num_seqs(num_blocks, None))
+            .unwrap_or_else(|| derive_max_num_seqs(num_blocks, None, &KvGroups::default()))
             .max(1)
     }
 
     /// This configuration with `max_num_seqs` fixed: the configured value if set, otherwise the
-    /// one derived from `num_blocks` KV blocks and the backend's row limit `backend_rows`.
-    pub fn resolved(mut self, num_blocks: usize, backend_rows: Option<usize>) -> Self {
-        let derived = derive_max_num_seqs(num_blocks, backend_rows);
+    /// one derived from `num_blocks` KV blocks in `groups` and the backend's row limit
+    /// `backend_rows`.
+    pub fn resolved(
+        mut self,
+        num_blocks: usize,
+        backend_rows: Option<usize>,
+        groups: &KvGroups,
+    ) -> Self {
+        let derived = derive_max_num_seqs(num_blocks, backend_rows, groups);
         self.max_num_seqs = Some(self.max_num_seqs.unwrap_or(derived));
         self
     }
@@ -131,21 +145,47 @@ mod tests {
 
     #[test]
     fn the_default_follows_the_kv_cache_up_to_the_cap() {
+        let full = KvGroups::default();
         // An 8B model on an 80 GB GPU: tens of thousands of blocks -> the cap, not 64.
-        assert_eq!(derive_max_num_seqs(30_000, None), MAX_NUM_SEQS_CAP);
+        assert_eq!(derive_max_num_seqs(30_000, None, &full), MAX_NUM_SEQS_CAP);
         // A small cache: one sequence per 16 blocks.
-        assert_eq!(derive_max_num_seqs(1_024, None), 64);
-        assert_eq!(derive_max_num_seqs(100, None), 6);
+        assert_eq!(derive_max_num_seqs(1_024, None, &full), 64);
+        assert_eq!(derive_max_num_seqs(100, None, &full), 6);
         // Fewer blocks than one sequence's share still allows one sequence.
-        assert_eq!(derive_max_num_seqs(3, None), 1);
-        assert_eq!(derive_max_num_seqs(0, None), 1);
+        assert_eq!(derive_max_num_seqs(3, None, &full), 1);
+        assert_eq!(derive_max_num_seqs(0, None, &full), 1);
     }
 
     #[test]
     fn the_default_never_exceeds_the_rows_the_backend_sized_its_buffers_for() {
-        assert_eq!(derive_max_num_seqs(30_000, Some(128)), 128);
-        assert_eq!(derive_max_num_seqs(1_024, Some(128)), 64);
-        assert_eq!(derive_max_num_seqs(30_000, Some(0)), 1);
+        let full = KvGroups::default();
+        assert_eq!(derive_max_num_seqs(30_000, Some(128), &full), 128);
+        assert_eq!(derive_max_num_seqs(1_024, Some(128), &full), 64);
+        assert_eq!(derive_max_num_seqs(30_000, Some(0), &full), 1);
+    }
+
+    #[test]
+    fn a_sequence_of_a_model_with_sliding_layers_holds_blocks_in_both_groups() {
+        // gpt-oss: full layers beside layers sliding over 128 positions, which hold at most
+        // 128 / 16 + 1 = 9 blocks: 16 + 9 blocks per sequence of 256 positions.
+        let gpt_oss = KvGroups {
+            full: true,
+            sliding_window: Some(128),
+        };
+        assert_eq!(gpt_oss.blocks_per_sequence(DERIVE_BLOCKS_PER_SEQ), 25);
+        assert_eq!(derive_max_num_seqs(1_000, None, &gpt_oss), 40);
+        // Every layer sliding (Mistral's 4096 window): one group, capped by the positions.
+        let all_sliding = KvGroups {
+            full: false,
+            sliding_window: Some(4096),
+        };
+        assert_eq!(derive_max_num_seqs(1_024, None, &all_sliding), 64);
+        assert_eq!(
+            EngineConfig::default()
+                .resolved(1_000, Some(256), &gpt_oss)
+                .max_num_seqs,
+            Some(40)
+        );
     }
 
     #[test]
@@ -156,14 +196,27 @@ mod tests {
         };
         assert_eq!(config.max_num_seqs_for(30_000), 7);
         assert_eq!(
-            config.clone().resolved(30_000, Some(256)).max_num_seqs,
+            config
+                .clone()
+                .resolved(30_000, Some(256), &KvGroups::default())
+                .max_num_seqs,
             Some(7)
         );
-        assert_eq!(config.resolved(3, Some(2)).max_num_seqs, Some(7));
+        assert_eq!(
+            config
+                .resolved(3, Some(2), &KvGroups::default())
+                .max_num_seqs,
+            Some(7)
+        );
         let unset = EngineConfig::default();
         assert_eq!(unset.max_num_seqs, None);
         assert_eq!(unset.max_num_seqs_for(30_000), MAX_NUM_SEQS_CAP);
-        assert_eq!(unset.resolved(30_000, Some(96)).max_num_seqs, Some(96));
+        assert_eq!(
+            unset
+                .resolved(30_000, Some(96), &KvGroups::default())
+                .max_num_seqs,
+            Some(96)
+        );
     }
 
     #[test]

@@ -87,6 +87,18 @@ impl KvGroups {
             .map_or(0, |window| window.div_ceil(BLOCK_SIZE) + 1)
     }
 
+    /// The blocks one sequence holds across the groups when it spans `blocks` blocks of
+    /// positions: all of them in the full-attention group, at most `sliding_reserve` in the
+    /// sliding one.
+    pub fn blocks_per_sequence(&self, blocks: usize) -> usize {
+        (0..self.count())
+            .map(|group| match self.window(group) {
+                None => blocks,
+                Some(_) => blocks.min(self.sliding_reserve()),
+            })
+            .sum()
+    }
+
     /// The first logical block that a token at `position` or later reads in group `group`: the
     /// blocks before it can be given back.
     pub fn first_needed_block(&self, group: usize, position: usize) -> usize {

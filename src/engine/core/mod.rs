@@ -80,7 +80,7 @@ impl Engine {
         config: EngineConfig,
     ) -> Result<EngineHandle, EngineError> {
         let kv_cache = backend.kv_cache();
-        let config = config.resolved(kv_cache.num_blocks, backend.max_rows());
+        let config = config.resolved(kv_cache.num_blocks, backend.max_rows(), &kv_cache.groups);
         let speculative = config.speculative.clone();
         if speculative.enabled() {
             speculative.validate()?;

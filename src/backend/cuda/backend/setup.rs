@@ -365,7 +365,9 @@ impl CudaBackend {
         }
         let max_rows = config
             .max_num_seqs
-            .unwrap_or_else(|| crate::engine::derive_max_num_seqs(num_blocks, Some(buffer_rows)))
+            .unwrap_or_else(|| {
+                crate::engine::derive_max_num_seqs(num_blocks, Some(buffer_rows), &kv_groups)
+            })
             .max(1);
         let layer_bytes = num_blocks
             * crate::engine::BLOCK_SIZE
