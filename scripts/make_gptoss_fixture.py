@@ -17,17 +17,19 @@ experts' gate/up weights are drawn wide enough that the SwiGLU clamp engages, an
 every bias are non-zero.
 
 Each directory gets a ``golden.json`` with the keys of the MoE fixtures' (``make_moe_fixtures.py``:
-transformers' fp32 forward over those weights, CPU, eager attention, eager experts), for six
-prompts, all longer than the window. The tokenizer and chat template are the tiny Qwen3
+transformers' fp32 forward over those weights, CPU, eager attention, eager experts), for ten
+prompts (five chats, five raw texts), all longer than the window. The tokenizer and chat template are the tiny Qwen3
 fixture's (the harmony format is not what these goldens check). Needs torch, transformers (5.x)
 and safetensors:
 
-    python3 scripts/make_gptoss_fixture.py
+    python3 scripts/make_gptoss_fixture.py               # weights and goldens
+    python3 scripts/make_gptoss_fixture.py --goldens-only # goldens of the committed weights
 """
 
 import json
 import os
 import shutil
+import sys
 
 import torch
 from safetensors.torch import save_file
@@ -81,6 +83,13 @@ def cases(fast):
             {"role": "user", "content": "What does Inferno do with sealed weights?"},
         ],
         [{"role": "user", "content": "Why does a sliding window make long prompts cheap?"}],
+        [
+            {"role": "system", "content": "Answer in one sentence."},
+            {"role": "user", "content": "Who checks the attestation report before a prompt is sent?"},
+            {"role": "assistant", "content": "The client does."},
+            {"role": "user", "content": "And what does it compare the measurements with?"},
+        ],
+        [{"role": "user", "content": "List three things an audit log must never hold."}],
     ]
     out = []
     for msgs in chats:
@@ -91,6 +100,8 @@ def cases(fast):
         "The quick brown fox jumps over the lazy dog",
         'fn main() { println!("hello, attested world"); }',
         "Mixture of experts with attention sinks and alternating windows",
+        "A sink is a learned logit that joins the softmax's denominator of every head, so",
+        "1, 1, 2, 3, 5, 8, 13, 21, 34,",
     ]:
         ids = fast(text)["input_ids"]
         out.append({"kind": "raw", "input": text, "input_ids": ids})
@@ -127,6 +138,7 @@ def golden(model, fast, name):
                 "greedy_24": greedy,
                 "greedy_margins": margins,
                 "greedy_text": fast.decode(greedy),
+                "greedy_text_skip_special": fast.decode(greedy, skip_special_tokens=True),
                 "teacher_forced": {
                     "tokens": seq,
                     "top5_ids": t5.indices.tolist(),
@@ -159,6 +171,10 @@ def clamp_engagement(model, ids):
 
 def main():
     fast = PreTrainedTokenizerFast.from_pretrained(TOKENIZER_DIR)
+    if "--goldens-only" in sys.argv[1:]:
+        # The committed weights kept as they are; only the reference outputs are written again.
+        write_goldens(fast, os.path.join(ROOT, "tiny-gpt-oss-bf16"), os.path.join(ROOT, "tiny-gpt-oss"))
+        return
     eos = fast.convert_tokens_to_ids("<|im_end|>")
     cfg = GptOssConfig(
         vocab_size=1024, hidden_size=64, intermediate_size=32, num_hidden_layers=3,
@@ -225,6 +241,11 @@ def main():
     with open(os.path.join(mxfp4_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
 
+    write_goldens(fast, bf16_dir, mxfp4_dir)
+
+
+def write_goldens(fast, bf16_dir, mxfp4_dir):
+    """Each directory's ``golden.json``, from transformers' fp32 forward over the bf16 copy."""
     reference = GptOssForCausalLM.from_pretrained(
         bf16_dir, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
     ).eval()

@@ -1,6 +1,7 @@
 //! Mixture-of-experts models through the OpenAI API: the real server over TLS with the tiny
-//! Qwen3-MoE, Qwen2-MoE and Mixtral fixtures on the CPU backend, greedy, against transformers' greedy
-//! continuations of the ten golden prompts (`scripts/make_moe_fixtures.py`).
+//! Qwen3-MoE, Qwen2-MoE, Mixtral and gpt-oss fixtures on the CPU backend, greedy, against
+//! transformers' greedy continuations of the ten golden prompts (`scripts/make_moe_fixtures.py`,
+//! `scripts/make_gptoss_fixture.py`).
 
 mod server_support;
 
@@ -75,4 +76,17 @@ async fn qwen2_moe_greedy_outputs_equal_transformers() {
 #[tokio::test]
 async fn mixtral_greedy_outputs_equal_transformers() {
     greedy_through_the_api("tiny-mixtral").await;
+}
+
+/// gpt-oss with MXFP4 experts: every prompt runs past the 8-position window of its sliding
+/// layers, so the window, the sinks and the freed sliding blocks are all on the path.
+#[tokio::test]
+async fn gpt_oss_greedy_outputs_equal_transformers() {
+    greedy_through_the_api("tiny-gpt-oss").await;
+}
+
+/// gpt-oss with the experts in the bf16 layout transformers saves.
+#[tokio::test]
+async fn gpt_oss_bf16_greedy_outputs_equal_transformers() {
+    greedy_through_the_api("tiny-gpt-oss-bf16").await;
 }
