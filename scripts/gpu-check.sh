@@ -44,8 +44,8 @@
 # per-position logits on CUDA, .gpu/cuda_speculative and bench offline), gptoss (issue 45: the
 # attention kernels with sinks and windows, .gpu/attention-check.cu and prefill-check.cu),
 # kvgroups (issue 45: gpt-oss's sliding layers' KV blocks freed, .gpu/cuda_gpt_oss).
-# Logs and JSON are written to a work folder and packed into $OUT/results.tgz (the device tool
-# returns at most 8 files); $OUT/summary.txt is also printed last.
+# Logs and JSON are written to a work folder and packed into $OUT/results.tgz after each stage
+# file (the device tool returns at most 8 files); $OUT/summary.txt is also printed last.
 # Only reads the GPU's state; never changes a GPU setting.
 set -uo pipefail
 G=$(cd "$(dirname "$0")" && pwd)
@@ -76,12 +76,13 @@ RUN="env LD_LIBRARY_PATH=/tmp/inferno-lib/lib:$LD_LIBRARY_PATH"
 note "commit: $(git rev-parse --short HEAD 2>/dev/null || echo '?') (lead checkout) + .gpu binaries built from $(cat "$G/BUILD_COMMIT" 2>/dev/null || echo '?')"
 
 # The stages, one file per family, in the order they run.
+# After each file the results so far are packed into $FINAL, so a call cut off by its time limit
+# still brings back every stage that finished.
 for stage_file in "$G"/gpu-stages/*.sh; do
   # shellcheck source=/dev/null
   source "$stage_file"
+  tar czf "$FINAL/results.tgz" -C "$OUT" .
+  cp "$SUMMARY" "$FINAL/summary.txt"
 done
-
-tar czf "$FINAL/results.tgz" -C "$OUT" .
-cp "$SUMMARY" "$FINAL/summary.txt"
 echo "===== summary"
 cat "$SUMMARY"
