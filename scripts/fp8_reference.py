@@ -198,6 +198,9 @@ class Model:
         elif quantize_at_load:
             self.act = {"kind": "dynamic"}
         self.quantize_at_load = quantize_at_load
+        # Whether activations are rounded to bf16 where the engine keeps bf16 values (the CUDA
+        # backend's points); False keeps them wide (the CPU backend's f32 activations).
+        self.round_activations = True
 
     def linear(self, prefix, quantized):
         t = self.t
@@ -238,9 +241,14 @@ class Model:
             inv = inv / self.rope["factor"]
         return inv.to(DEVICE)
 
+    def keep(self, t):
+        """An activation as the engine keeps it: rounded to bf16, or (``round_activations``
+        off) to f32."""
+        return bf16(t) if self.round_activations else t.to(torch.float32).to(torch.float64)
+
     def rmsnorm(self, x, w):
         inv = torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + self.eps)
-        return bf16(x * inv * w)
+        return self.keep(x * inv * w)
 
     def forward(self, ids, variant):
         quantized = variant != "bf16"
@@ -278,18 +286,18 @@ class Model:
             if self.qk_norm:
                 q = head_norm(q, t[f"{p}.self_attn.q_norm.weight"])
                 k = head_norm(k, t[f"{p}.self_attn.k_norm.weight"])
-            q, k, v = bf16(rope(q)), bf16(rope(k)), bf16(v)
+            q, k, v = self.keep(rope(q)), self.keep(rope(k)), self.keep(v)
             group = self.heads // self.kv_heads
             k = k.repeat_interleave(group, dim=1)
             v = v.repeat_interleave(group, dim=1)
             scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(self.head_dim)
             scores = scores.masked_fill(mask.unsqueeze(0), float("-inf"))
-            attn = bf16(torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v).reshape(n, -1))
+            attn = self.keep(torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v).reshape(n, -1))
             x = x + self.linear(f"{p}.self_attn.o_proj", quantized)(attn, variant)
             h = self.rmsnorm(x, t[f"{p}.post_attention_layernorm.weight"])
             g = self.linear(f"{p}.mlp.gate_proj", quantized)(h, variant)
             u = self.linear(f"{p}.mlp.up_proj", quantized)(h, variant)
-            a = bf16(g / (1 + torch.exp(-g)) * u)
+            a = self.keep(g / (1 + torch.exp(-g)) * u)
             x = x + self.linear(f"{p}.mlp.down_proj", quantized)(a, variant)
         h = self.rmsnorm(x, t["model.norm.weight"])
         head = t.get("lm_head.weight", t["model.embed_tokens.weight"])
