@@ -19,8 +19,11 @@ the attention output, SwiGLU's output; the residual stream stays wide), with:
   multiplied back.
 
 Variants per model (``variant`` in the index): ``fp8`` as above; ``fp8-bf16-inputs`` with each
-dequantized input also rounded to bf16 (what the CUDA kernels multiply); ``bf16`` the unquantized
-model (bf16 fixtures only), for the bf16 path's own distance to this reference.
+dequantized input also rounded to bf16 (what the CUDA kernels multiply); ``fp8-weights`` the FP8
+weights with the inputs left unquantized (weight-only FP8), and ``fp8-weights-f32`` the same
+with every activation kept in f32 (the CPU backend's precision, where the others round to bf16
+where the CUDA backend does); ``bf16`` the unquantized model (bf16
+fixtures only), for the bf16 path's own distance to this reference.
 
 Writes OUT/<name>.<variant>.f32 (positions x vocab, f32 little-endian) and OUT/index.json.
 The token sequence is tests/cuda_fp8.rs's (the same generator; the index carries it).
@@ -309,15 +312,23 @@ def main():
     positions = int(sys.argv[3]) if len(sys.argv) > 3 else 512
     torch.backends.cuda.matmul.allow_tf32 = False
     os.makedirs(out, exist_ok=True)
-    jobs = [(f"fp8/{form}", False, ["fp8", "fp8-bf16-inputs"])
+    jobs = [(f"fp8/{form}", False, ["fp8", "fp8-bf16-inputs", "fp8-weights", "fp8-weights-f32"])
             for form in ["compressed-tensors-dynamic", "compressed-tensors-static", "fbgemm", "block"]]
-    jobs += [(name, True, ["fp8", "fp8-bf16-inputs", "bf16"]) for name in ["inferno-tiny", "tiny-qwen2", "tiny-qwen3"]]
+    jobs += [(name, True, ["fp8", "fp8-bf16-inputs", "fp8-weights", "fp8-weights-f32", "bf16"])
+             for name in ["inferno-tiny", "tiny-qwen2", "tiny-qwen3"]]
     index = {"positions": positions, "models": []}
     for fixture, at_load, variants in jobs:
         model = Model(os.path.join(fixtures, fixture), at_load)
         ids = tokens(model.vocab, positions)
         for variant in variants:
-            logits = model.forward(ids, variant).cpu().contiguous()
+            if variant.startswith("fp8-weights"):
+                # The FP8 weights with the inputs left unquantized.
+                scheme, model.act = model.act, {"kind": "none"}
+                model.round_activations = variant == "fp8-weights"
+                logits = model.forward(ids, "fp8").cpu().contiguous()
+                model.act, model.round_activations = scheme, True
+            else:
+                logits = model.forward(ids, variant).cpu().contiguous()
             file = f"{fixture.replace('/', '_')}.{variant}.f32"
             with open(os.path.join(out, file), "wb") as f:
                 # Without numpy: the f32 bytes (little-endian on the GPU machines' x86-64).

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use inferno::backend::cpu::CpuBackend;
 use inferno::backend::cuda::{CudaBackend, probe};
 use inferno::engine::Backend;
+use inferno::model::fp8::ActivationScale;
 use inferno::model::{Model, QuantizeAtLoad};
 
 /// The bf16 checks' logit tolerance against the CPU backend (`tests/cuda_backend/`), times 4
@@ -72,14 +73,44 @@ fn fp8_models() -> Vec<(String, Model, Option<Model>)> {
     models
 }
 
+/// The FP8 model `name` (as [`fp8_models`] names it) with its inputs left unquantized: the FP8
+/// weights alone.
+fn weights_only(name: &str) -> Model {
+    let (fixture, at_load) = match name.strip_suffix(" (fp8 at load)") {
+        Some(fixture) => (fixture, true),
+        None => (name, false),
+    };
+    let dir = gpu_fixtures().join(fixture);
+    let mut model = Model::load(&dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()));
+    if at_load {
+        QuantizeAtLoad::Fp8.apply(&mut model.config);
+    }
+    model
+        .config
+        .quantization
+        .as_mut()
+        .expect("an FP8 model")
+        .activations = ActivationScale::None;
+    model
+}
+
 fn cuda(model: &Model) -> CudaBackend {
     support::small_cuda_backend(model, false)
 }
 
-/// Teacher-forced logits over 512 positions, one token per step (the small-M FP8 kernel), agree
-/// with the CPU backend's FP8 reference: top-1 on at least 99% of positions, every logit within
-/// [`TOL_FP8`]. Prefills of 64 to 512 tokens (cuBLASLt's FP8 product, or the widened weights for
-/// block scales) give the last position's logits within the same bound.
+/// The lowest top-1 agreement between the CUDA and CPU backends with FP8 inputs: a gross-error
+/// guard (a wrong scale or layout agrees at a few percent of positions), not the 99%,
+/// which two correct implementations of per-token E4M3 inputs do not reach on these models
+/// (`docs/cuda-backend.md`, *Tests*: 0.87–0.96 for PyTorch against itself).
+const FP8_INPUTS_TOP1_FLOOR: f64 = 0.8;
+
+/// Teacher-forced logits over 512 positions, one token per step (decode: the small-M products),
+/// and prefills of 64 to 512 tokens (cuBLASLt's FP8 product, or the widened weights for block
+/// scales), on CUDA against the CPU backend's FP8 reference. The FP8 weights with unquantized
+/// inputs meet the bound: top-1 on at least 99% of positions, every logit within
+/// [`TOL_FP8`]. With the inputs quantized as the format says, top-1 agrees on at least
+/// [`FP8_INPUTS_TOP1_FLOOR`] of the positions (`fp8_teacher_forced_logits_match_the_torch_reference`
+/// holds it to PyTorch's distance from itself).
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it with --include-ignored"]
 fn fp8_teacher_forced_logits_match_the_cpu_reference() {
@@ -90,31 +121,33 @@ fn fp8_teacher_forced_logits_match_the_cpu_reference() {
     let positions = positions();
     for (name, model, unquantized) in fp8_models() {
         let seq = pseudo_random_tokens(model.config.vocab_size, positions, 0);
-        let table: Vec<u32> = (0..positions.div_ceil(16) as u32).collect();
-        let mut gpu = cuda(&model);
-        let mut cpu = CpuBackend::new(&model, 64 << 20).expect("CPU backend");
-        let (mut worst, mut agree) = (0.0f32, 0);
-        let mut reference = Vec::with_capacity(positions);
-        for pos in 0..positions {
-            let g = run_chunk(&mut gpu, &seq, &table, pos, pos + 1);
-            let c = run_chunk(&mut cpu, &seq, &table, pos, pos + 1);
-            worst = worst.max(max_abs_diff(&g, &c));
-            agree += usize::from(argmax(&g) == argmax(&c));
-            reference.push(c);
+        let weights = weights_only(&name);
+        for (label, model) in [("weights only", &weights), ("fp8 inputs", &model)] {
+            let (agreement, worst, worst_prefill) = cuda_against_cpu(model, &seq);
+            println!(
+                "RESULT {name} {label}: top-1 agreement {agreement:.4} over {positions} positions, max|cuda-cpu| stepwise {worst:.4}, prefill {worst_prefill:.4} (tolerance {TOL_FP8})"
+            );
+            let within = if label == "weights only" {
+                agreement >= 0.99 && worst <= TOL_FP8 && worst_prefill <= TOL_FP8
+            } else {
+                agreement >= FP8_INPUTS_TOP1_FLOOR
+            };
+            if !within {
+                failures.push(format!("{name} {label}"));
+            }
         }
-        let mut worst_prefill = 0.0f32;
-        for end in (64..=positions).step_by(64) {
-            let g = run_chunk(&mut gpu, &seq, &table, 0, end);
-            worst_prefill = worst_prefill.max(max_abs_diff(&g, &reference[end - 1]));
-        }
-        // How far FP8 itself moves the logits, on the CPU and on the GPU: beside the bound above,
-        // the scale of the quantization noise the comparison sees.
+        // How far FP8 itself moves the logits, on the CPU and on the GPU: beside the bounds
+        // above, the scale of the quantization noise the comparison sees.
         if let Some(bf16) = unquantized {
+            let table: Vec<u32> = (0..positions.div_ceil(16) as u32).collect();
+            let mut gpu = cuda(&model);
+            let mut cpu = CpuBackend::new(&model, 64 << 20).expect("CPU backend");
             let mut cpu16 = CpuBackend::new(&bf16, 64 << 20).expect("CPU backend");
             let (mut cpu_shift, mut gpu_shift) = (0.0f32, 0.0f32);
-            for (pos, c) in reference.iter().enumerate().take(128) {
+            for pos in 0..128.min(positions) {
                 let u = run_chunk(&mut cpu16, &seq, &table, pos, pos + 1);
-                cpu_shift = cpu_shift.max(max_abs_diff(c, &u));
+                let c = run_chunk(&mut cpu, &seq, &table, pos, pos + 1);
+                cpu_shift = cpu_shift.max(max_abs_diff(&c, &u));
                 let g = run_chunk(&mut gpu, &seq, &table, pos, pos + 1);
                 gpu_shift = gpu_shift.max(max_abs_diff(&g, &u));
             }
@@ -122,15 +155,33 @@ fn fp8_teacher_forced_logits_match_the_cpu_reference() {
                 "RESULT {name}: over 128 positions, max|cpu fp8 - cpu bf16| {cpu_shift:.4}, max|cuda fp8 - cpu bf16| {gpu_shift:.4}"
             );
         }
-        let agreement = agree as f64 / positions as f64;
-        println!(
-            "RESULT {name}: top-1 agreement {agreement:.4} over {positions} positions, max|cuda-cpu| stepwise {worst:.4}, prefill {worst_prefill:.4} (tolerance {TOL_FP8})"
-        );
-        if agreement < 0.99 || worst > TOL_FP8 || worst_prefill > TOL_FP8 {
-            failures.push(name);
-        }
     }
     assert!(failures.is_empty(), "outside the bounds: {failures:?}");
+}
+
+/// `model` on CUDA against the CPU backend over `seq`: the top-1 agreement and the largest logit
+/// difference stepwise (one token per step), and the largest at the last position of prefills
+/// of 64, 128, … tokens.
+fn cuda_against_cpu(model: &Model, seq: &[u32]) -> (f64, f32, f32) {
+    let positions = seq.len();
+    let table: Vec<u32> = (0..positions.div_ceil(16) as u32).collect();
+    let mut gpu = cuda(model);
+    let mut cpu = CpuBackend::new(model, 64 << 20).expect("CPU backend");
+    let (mut worst, mut agree) = (0.0f32, 0);
+    let mut reference = Vec::with_capacity(positions);
+    for pos in 0..positions {
+        let g = run_chunk(&mut gpu, seq, &table, pos, pos + 1);
+        let c = run_chunk(&mut cpu, seq, &table, pos, pos + 1);
+        worst = worst.max(max_abs_diff(&g, &c));
+        agree += usize::from(argmax(&g) == argmax(&c));
+        reference.push(c);
+    }
+    let mut worst_prefill = 0.0f32;
+    for end in (64..=positions).step_by(64) {
+        let g = run_chunk(&mut gpu, seq, &table, 0, end);
+        worst_prefill = worst_prefill.max(max_abs_diff(&g, &reference[end - 1]));
+    }
+    (agree as f64 / positions as f64, worst, worst_prefill)
 }
 
 /// The statistics of one model's logits against a reference, stepwise over every position.
@@ -261,11 +312,14 @@ fn backend(device: Device, model: &Model) -> Box<dyn Backend> {
 }
 
 /// Every FP8 model's teacher-forced logits on `device` against PyTorch's
-/// (`scripts/fp8_reference.py`, directory `INFERNO_FP8_TORCH`), by the bound: top-1 on at
-/// least 99% of the positions, every logit within [`TOL_FP8`] (4 × the bf16 tolerance). Beside
-/// each: the distance to the reference whose dequantized inputs are also rounded to bf16 (what
-/// the CUDA kernels multiply), and for the bf16 fixtures the bf16 path against PyTorch's bf16
-/// logits (the noise bf16 itself has). Returns the models outside the bound.
+/// (`scripts/fp8_reference.py`, directory `INFERNO_FP8_TORCH`). The FP8 weights with unquantized
+/// inputs must meet the bound: top-1 on at least 99% of the positions, every logit within
+/// [`TOL_FP8`] (4 × the bf16 tolerance). With the inputs quantized as the format says, no two
+/// correct implementations meet it on these models (`docs/cuda-backend.md`, *Tests*): the top-1
+/// agreement must then come within 0.05 of the reference's with itself once its dequantized
+/// inputs are rounded to bf16 (what the CUDA kernels multiply). Beside each, for the bf16
+/// fixtures, the bf16 path against PyTorch's bf16 logits (the noise bf16 itself has). Returns the
+/// models outside the bounds.
 fn against_torch(device: Device) -> Vec<String> {
     let dir = PathBuf::from(
         std::env::var_os("INFERNO_FP8_TORCH")
@@ -306,6 +360,27 @@ fn against_torch(device: Device) -> Vec<String> {
             exact.add(pos, positions, g, reference.row(pos));
         }
         println!("RESULT {label} {name} against torch fp8: {}", exact.line());
+        let mut weights = Agreement::default();
+        // The CPU keeps activations in f32: its reference keeps them so too.
+        let weights_variant = if device == Device::Cpu {
+            "fp8-weights-f32"
+        } else {
+            "fp8-weights"
+        };
+        match torch_logits(&dir, &index, &fixture, at_load, weights_variant) {
+            Some(torch_weights) => {
+                let got = stepwise(backend(device, &weights_only(&name)).as_mut(), seq);
+                for (pos, g) in got.iter().enumerate() {
+                    weights.add(pos, positions, g, torch_weights.row(pos));
+                }
+                println!(
+                    "RESULT {label} {name} weights only against torch fp8 weights only: {}",
+                    weights.line()
+                );
+            }
+            None => println!("RESULT {label} {name}: no torch fp8-weights reference"),
+        }
+        let mut own = Agreement::default();
         if let Some(rounded) = torch_logits(&dir, &index, &fixture, at_load, "fp8-bf16-inputs") {
             let mut a = Agreement::default();
             for (pos, g) in got.iter().enumerate() {
@@ -318,7 +393,6 @@ fn against_torch(device: Device) -> Vec<String> {
             // The reference against itself with its FP8 inputs rounded once more (by at most
             // 2^-9 of each value): how far two correct FP8 computations that round differently
             // before a quantization land apart on this model.
-            let mut own = Agreement::default();
             for pos in 0..positions {
                 own.add(pos, positions, rounded.row(pos), reference.row(pos));
             }
@@ -344,7 +418,8 @@ fn against_torch(device: Device) -> Vec<String> {
             );
         }
         compared += 1;
-        if exact.top1() < 0.99 || exact.worst > TOL_FP8 {
+        let weights_within = weights.top1() >= 0.99 && weights.worst <= TOL_FP8;
+        if !weights_within || own.positions == 0 || exact.top1() < own.top1() - 0.05 {
             failures.push(name);
         }
     }
@@ -363,11 +438,11 @@ fn fp8_teacher_forced_logits_match_the_torch_reference() {
     assert!(failures.is_empty(), "outside the bounds: {failures:?}");
 }
 
-/// The CPU backend (f32 activations) against the same reference: how far the CPU's FP8
-/// reference itself is from PyTorch's, beside the CUDA figures.
+/// The CPU backend (f32 activations) against the same reference and bounds: the CPU's FP8
+/// reference itself checked against PyTorch's, beside the CUDA figures.
 #[test]
 #[ignore = "needs scripts/fp8_reference.py's logits (INFERNO_FP8_TORCH; PyTorch runs on the GPU machine)"]
 fn cpu_fp8_logits_against_the_torch_reference() {
     let failures = against_torch(Device::Cpu);
-    println!("RESULT cpu models outside the FP8 bound: {failures:?}");
+    assert!(failures.is_empty(), "outside the bounds: {failures:?}");
 }
