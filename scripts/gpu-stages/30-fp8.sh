@@ -69,7 +69,7 @@ if has fp8; then
     fi
     INFERNO_FP8_TORCH=/tmp/fp8-torch timeout 300 $RUN "$G/cuda_fp8" --include-ignored --test-threads=1 --nocapture "${fp8_tests[@]}" >"$OUT/fp8.log" 2>&1
     note "fp8 correctness (tests/cuda_fp8.rs): rc=$? $(grep -E '^test result' "$OUT/fp8.log")"
-    grep -E '^RESULT|panicked' "$OUT/fp8.log" | head -60 | tee -a "$SUMMARY"
+    grep -E '^RESULT|panicked' "$OUT/fp8.log" | head -100 | tee -a "$SUMMARY"
     if [ "${FP8_SANITIZE:-1}" = 1 ]; then
       INFERNO_FP8_MODELS=${FP8_SANITIZE_MODELS:-block,inferno-tiny} INFERNO_FP8_POSITIONS=64 timeout 300 $RUN compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
         "$G/cuda_fp8" --include-ignored --test-threads=1 fp8_teacher_forced_logits_match_the_cpu_reference >"$OUT/fp8-sanitizer.log" 2>&1
