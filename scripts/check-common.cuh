@@ -81,15 +81,25 @@ static int count_mismatches(const std::vector<uint16_t>& out, const std::vector<
     return mismatches;
 }
 
-// Fills n bf16 values with hashed random values of either sign whose exponents are
-// `min_exponent` to `min_exponent + 5` (121: magnitudes in [2^-6, 1); 118: in [2^-9, 2^-3)).
+// The device fills' hash of element i under `salt`.
+__device__ __forceinline__ uint32_t fill_hash(size_t i, uint32_t salt) {
+    uint32_t x = (uint32_t)i * 2654435761u ^ salt;
+    x ^= x >> 15;
+    x *= 2246822519u;
+    x ^= x >> 13;
+    return x;
+}
+
+// The bf16 bits of hash `x` as a value of either sign whose exponent is `min_exponent` to
+// `min_exponent + 5` (121: magnitudes in [2^-6, 1); 118: in [2^-9, 2^-3)).
+__device__ __forceinline__ uint16_t hashed_bf16(uint32_t x, uint32_t min_exponent) {
+    return (uint16_t)((x & 0x8000u) | ((min_exponent + (x >> 16) % 6u) << 7) | (x & 0x7fu));
+}
+
+// Fills n bf16 values with hashed random values (`hashed_bf16`).
 __global__ void fill_random(uint16_t* p, size_t n, uint32_t salt, uint32_t min_exponent) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t x = (uint32_t)i * 2654435761u ^ salt;
-        x ^= x >> 15;
-        x *= 2246822519u;
-        x ^= x >> 13;
-        p[i] = (uint16_t)((x & 0x8000u) | ((min_exponent + (x >> 16) % 6u) << 7) | (x & 0x7fu));
+        p[i] = hashed_bf16(fill_hash(i, salt), min_exponent);
     }
 }
 
@@ -120,11 +130,7 @@ static float host_e4m3_value(uint8_t code) {
 // Random E4M3 bytes on the device, never a NaN code (bit 3 clear).
 __global__ void fill_e4m3(uint8_t* p, size_t n, uint32_t salt) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t x = (uint32_t)i * 2654435761u ^ salt;
-        x ^= x >> 15;
-        x *= 2246822519u;
-        x ^= x >> 13;
-        p[i] = (uint8_t)(x & 0x77u);
+        p[i] = (uint8_t)(fill_hash(i, salt) & 0x77u);
     }
 }
 

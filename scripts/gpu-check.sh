@@ -76,13 +76,19 @@ RUN="env LD_LIBRARY_PATH=/tmp/inferno-lib/lib:$LD_LIBRARY_PATH"
 note "commit: $(git rev-parse --short HEAD 2>/dev/null || echo '?') (lead checkout) + .gpu binaries built from $(cat "$G/BUILD_COMMIT" 2>/dev/null || echo '?')"
 
 # The stages, one file per family, in the order they run.
-# After each file the results so far are packed into $FINAL, so a call cut off by its time limit
-# still brings back every stage that finished.
+# After each file whose stages noted something, and at the end, the results so far are packed into
+# $FINAL, so a call cut off by its time limit still brings back every stage that finished.
+packed=
 for stage_file in "$G"/gpu-stages/*.sh; do
   # shellcheck source=/dev/null
   source "$stage_file"
+  size=$(wc -c <"$SUMMARY")
+  [ "$size" = "$packed" ] && continue
   tar czf "$FINAL/results.tgz" -C "$OUT" .
   cp "$SUMMARY" "$FINAL/summary.txt"
+  packed=$size
 done
+tar czf "$FINAL/results.tgz" -C "$OUT" .
+cp "$SUMMARY" "$FINAL/summary.txt"
 echo "===== summary"
 cat "$SUMMARY"

@@ -68,14 +68,11 @@ static const float KV_V_SCALE = KV_FP8 ? 0.0071f : 1.0f;
 // codes without the NaN pattern), for the benchmarks.
 __global__ void fill_random_kv(kv_host* p, size_t n, uint32_t salt) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t x = (uint32_t)i * 2654435761u ^ salt;
-        x ^= x >> 15;
-        x *= 2246822519u;
-        x ^= x >> 13;
+        const uint32_t x = fill_hash(i, salt);
 #if KV_FP8
         p[i] = (kv_host)((x >> 8) & 0xfeu);  // mantissa never 7: no NaN
 #else
-        p[i] = (uint16_t)((x & 0x8000u) | ((121 + (x >> 16) % 6u) << 7) | (x & 0x7fu));
+        p[i] = hashed_bf16(x, 121);
 #endif
     }
 }

@@ -122,8 +122,15 @@ fn fp8_teacher_forced_logits_match_the_cpu_reference() {
     for (name, model, unquantized) in fp8_models() {
         let seq = pseudo_random_tokens(model.config.vocab_size, positions, 0);
         let weights = weights_only(&name);
+        let mut fp8_rows = None;
         for (label, model) in [("weights only", &weights), ("fp8 inputs", &model)] {
-            let (agreement, worst, worst_prefill) = cuda_against_cpu(model, &seq);
+            let CudaAgainstCpu {
+                agreement,
+                worst,
+                worst_prefill,
+                cuda,
+                cpu,
+            } = cuda_against_cpu(model, &seq);
             println!(
                 "RESULT {name} {label}: top-1 agreement {agreement:.4} over {positions} positions, max|cuda-cpu| stepwise {worst:.4}, prefill {worst_prefill:.4} (tolerance {TOL_FP8})"
             );
@@ -135,21 +142,18 @@ fn fp8_teacher_forced_logits_match_the_cpu_reference() {
             if !within {
                 failures.push(format!("{name} {label}"));
             }
+            fp8_rows = Some((cuda, cpu));
         }
         // How far FP8 itself moves the logits, on the CPU and on the GPU: beside the bounds
         // above, the scale of the quantization noise the comparison sees.
-        if let Some(bf16) = unquantized {
+        if let (Some(bf16), Some((cuda_rows, cpu_rows))) = (unquantized, fp8_rows) {
             let table: Vec<u32> = (0..positions.div_ceil(16) as u32).collect();
-            let mut gpu = cuda(&model);
-            let mut cpu = CpuBackend::new(&model, 64 << 20).expect("CPU backend");
             let mut cpu16 = CpuBackend::new(&bf16, 64 << 20).expect("CPU backend");
             let (mut cpu_shift, mut gpu_shift) = (0.0f32, 0.0f32);
             for pos in 0..128.min(positions) {
                 let u = run_chunk(&mut cpu16, &seq, &table, pos, pos + 1);
-                let c = run_chunk(&mut cpu, &seq, &table, pos, pos + 1);
-                cpu_shift = cpu_shift.max(max_abs_diff(&c, &u));
-                let g = run_chunk(&mut gpu, &seq, &table, pos, pos + 1);
-                gpu_shift = gpu_shift.max(max_abs_diff(&g, &u));
+                cpu_shift = cpu_shift.max(max_abs_diff(&cpu_rows[pos], &u));
+                gpu_shift = gpu_shift.max(max_abs_diff(&cuda_rows[pos], &u));
             }
             println!(
                 "RESULT {name}: over 128 positions, max|cpu fp8 - cpu bf16| {cpu_shift:.4}, max|cuda fp8 - cpu bf16| {gpu_shift:.4}"
@@ -159,29 +163,49 @@ fn fp8_teacher_forced_logits_match_the_cpu_reference() {
     assert!(failures.is_empty(), "outside the bounds: {failures:?}");
 }
 
-/// `model` on CUDA against the CPU backend over `seq`: the top-1 agreement and the largest logit
-/// difference stepwise (one token per step), and the largest at the last position of prefills
-/// of 64, 128, … tokens.
-fn cuda_against_cpu(model: &Model, seq: &[u32]) -> (f64, f32, f32) {
+/// A model's logits on CUDA against the CPU backend's ([`cuda_against_cpu`]).
+struct CudaAgainstCpu {
+    /// The share of positions whose top-1 is the same, stepwise.
+    agreement: f64,
+    /// The largest logit difference stepwise (one token per step).
+    worst: f32,
+    /// The largest at the last position of prefills of 64, 128, … tokens.
+    worst_prefill: f32,
+    /// CUDA's logits at each position, stepwise.
+    cuda: Vec<Vec<f32>>,
+    /// The CPU's.
+    cpu: Vec<Vec<f32>>,
+}
+
+/// `model` on CUDA against the CPU backend over `seq`.
+fn cuda_against_cpu(model: &Model, seq: &[u32]) -> CudaAgainstCpu {
     let positions = seq.len();
     let table: Vec<u32> = (0..positions.div_ceil(16) as u32).collect();
     let mut gpu = cuda(model);
     let mut cpu = CpuBackend::new(model, 64 << 20).expect("CPU backend");
     let (mut worst, mut agree) = (0.0f32, 0);
-    let mut reference = Vec::with_capacity(positions);
+    let (mut cuda_rows, mut cpu_rows) =
+        (Vec::with_capacity(positions), Vec::with_capacity(positions));
     for pos in 0..positions {
         let g = run_chunk(&mut gpu, seq, &table, pos, pos + 1);
         let c = run_chunk(&mut cpu, seq, &table, pos, pos + 1);
         worst = worst.max(max_abs_diff(&g, &c));
         agree += usize::from(argmax(&g) == argmax(&c));
-        reference.push(c);
+        cuda_rows.push(g);
+        cpu_rows.push(c);
     }
     let mut worst_prefill = 0.0f32;
     for end in (64..=positions).step_by(64) {
         let g = run_chunk(&mut gpu, seq, &table, 0, end);
-        worst_prefill = worst_prefill.max(max_abs_diff(&g, &reference[end - 1]));
+        worst_prefill = worst_prefill.max(max_abs_diff(&g, &cpu_rows[end - 1]));
     }
-    (agree as f64 / positions as f64, worst, worst_prefill)
+    CudaAgainstCpu {
+        agreement: agree as f64 / positions as f64,
+        worst,
+        worst_prefill,
+        cuda: cuda_rows,
+        cpu: cpu_rows,
+    }
 }
 
 /// The statistics of one model's logits against a reference, stepwise over every position.

@@ -13,27 +13,33 @@
 # arms, else rc=1; decode ms per token; the engine's mask wait per step from /metrics; target
 # cost <= 5%). Needs only the release binary, constrained_check.py and make_llama8b.py (python3
 # with torch + safetensors).
+# Starts `inferno serve` with CONFIG on DEVICE at 127.0.0.1:PORT in the background (ARGS: the model
+# and other flags), its log in $OUT/serve-DEVICE-PORT.log; prints its pid.
+serve_dev() { # CONFIG DEVICE PORT [ARGS...]
+  local config=$1 device=$2 port=$3
+  shift 3
+  RUST_LOG=warn $RUN "$G/inferno" serve --config "$config" "$@" --device "$device" --listen 127.0.0.1:$port >"$OUT/serve-$device-$port.log" 2>&1 &
+  echo $!
+}
+# Waits up to 240 s for the server on PORT (process PID) to answer /health; otherwise notes, under
+# LABEL, the tail of its log and fails.
+wait_up() { # PORT PID LABEL
+  for _ in $(seq 1 240); do
+    curl -ksf "https://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0
+    kill -0 "$2" 2>/dev/null || break
+    sleep 1
+  done
+  note "$3: the server on port $1 did not come up: $(tail -3 "$OUT"/serve-*-"$1".log | tr '\n' ' ')"
+  return 1
+}
+
 if has constrained; then
   # Development profile (simulated TEE) as without a config; the embedded model's template shows
   # no tool-call markers, so the format is named for the tool_required case.
   printf '[attestation]\nprofile = "development"\n[server]\ntool_call_parser = "hermes"\n' >/tmp/constrained-dev.toml
-  serve_on() { # DEVICE PORT [MODEL_ARGS...]
-    local device=$1 port=$2; shift 2
-    RUST_LOG=warn $RUN "$G/inferno" serve --config /tmp/constrained-dev.toml "$@" --device "$device" --listen 127.0.0.1:$port >"$OUT/serve-$device-$port.log" 2>&1 &
-    echo $!
-  }
-  wait_up() { # PORT PID
-    for _ in $(seq 1 240); do
-      curl -ksf "https://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0
-      kill -0 "$2" 2>/dev/null || break
-      sleep 1
-    done
-    note "constrained: the server on port $1 did not come up: $(tail -3 "$OUT"/serve-*-"$1".log | tr '\n' ' ')"
-    return 1
-  }
-  CPU_PID=$(serve_on cpu 8450)
-  GPU_PID=$(serve_on cuda 8451)
-  if wait_up 8450 "$CPU_PID" && wait_up 8451 "$GPU_PID"; then
+  CPU_PID=$(serve_dev /tmp/constrained-dev.toml cpu 8450)
+  GPU_PID=$(serve_dev /tmp/constrained-dev.toml cuda 8451)
+  if wait_up 8450 "$CPU_PID" constrained && wait_up 8451 "$GPU_PID" constrained; then
     timeout 300 python3 "$G/constrained_check.py" compare https://127.0.0.1:8450 https://127.0.0.1:8451 inferno-tiny >"$OUT/constrained-compare.log" 2>&1
     note "constrained compare (embedded model, CPU vs CUDA): rc=$?"
     grep -E '^RESULT|Error' "$OUT/constrained-compare.log" | tee -a "$SUMMARY"
@@ -45,8 +51,8 @@ if has constrained; then
   M8B=/tmp/llama8b-bytes
   python3 "$G/constrained_check.py" byte-tokenizer $M8 $M8B >"$OUT/constrained-tokenizer.log" 2>&1
   note "constrained: $(tail -1 "$OUT/constrained-tokenizer.log")"
-  B8_PID=$(serve_on cuda 8452 --model $M8B)
-  if wait_up 8452 "$B8_PID"; then
+  B8_PID=$(serve_dev /tmp/constrained-dev.toml cuda 8452 --model $M8B)
+  if wait_up 8452 "$B8_PID" constrained; then
     timeout 400 python3 "$G/constrained_check.py" bench https://127.0.0.1:8452 llama8b-bytes 1 64 --rounds 3 --tokens 128 >"$OUT/constrained-bench.log" 2>&1
     note "constrained bench (8B-shaped, CUDA): rc=$?"
     grep -E '^RESULT |Error' "$OUT/constrained-bench.log" | tee -a "$SUMMARY"
@@ -74,25 +80,13 @@ make_q8() {
   PYTHONUNBUFFERED=1 timeout 400 python3 "$G/make_llama8b.py" --qwen3-embedding /tmp/qwen3-tokenizer $Q8 >"$OUT/make-qwen3-8b.log" 2>&1
   note "qwen3-8b-embedding: $(tail -1 "$OUT/make-qwen3-8b.log")"
 }
-serve46() { # DEVICE PORT MODEL_DIR
-  printf '[attestation]\nprofile = "development"\n' >/tmp/dev46.toml
-  RUST_LOG=warn $RUN "$G/inferno" serve --config /tmp/dev46.toml --model "$3" --device "$1" --listen 127.0.0.1:$2 >"$OUT/serve46-$1-$2.log" 2>&1 &
-  echo $!
-}
-up46() { # PORT PID
-  for _ in $(seq 1 240); do
-    curl -ksf "https://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0
-    kill -0 "$2" 2>/dev/null || break
-    sleep 1
-  done
-  note "issue 46: the server on port $1 did not come up: $(tail -3 "$OUT"/serve46-*-"$1".log | tr '\n' ' ')"
-  return 1
-}
+# The development profile (simulated TEE), as without a config, for the issue-46 stages.
+printf '[attestation]\nprofile = "development"\n' >/tmp/dev46.toml
 if has embed; then
   for fixture in tiny-qwen3-embedding tiny-qwen3-embedding-published; do
-    CPU46=$(serve46 cpu 8460 "$PWD/tests/fixtures/$fixture")
-    GPU46=$(serve46 cuda 8461 "$PWD/tests/fixtures/$fixture")
-    if up46 8460 "$CPU46" && up46 8461 "$GPU46"; then
+    CPU46=$(serve_dev /tmp/dev46.toml cpu 8460 --model "$PWD/tests/fixtures/$fixture")
+    GPU46=$(serve_dev /tmp/dev46.toml cuda 8461 --model "$PWD/tests/fixtures/$fixture")
+    if wait_up 8460 "$CPU46" "issue 46" && wait_up 8461 "$GPU46" "issue 46"; then
       timeout 120 python3 "$G/embed_check.py" compare https://127.0.0.1:8460 https://127.0.0.1:8461 >"$OUT/embed-compare-$fixture.log" 2>&1
       note "embed compare ($fixture, CPU vs CUDA): rc=$? $(grep -E '^RESULT|Error' "$OUT/embed-compare-$fixture.log" | head -3)"
     fi
@@ -116,8 +110,8 @@ if has embed; then
 fi
 if has constrainedqwen; then
   make_q8
-  QPID=$(serve46 cuda 8462 $Q8)
-  if up46 8462 "$QPID"; then
+  QPID=$(serve_dev /tmp/dev46.toml cuda 8462 --model $Q8)
+  if wait_up 8462 "$QPID" "issue 46"; then
     timeout 400 python3 "$G/constrained_check.py" bench https://127.0.0.1:8462 qwen3-8b-embedding ${CONSTRAINED_QWEN_BATCHES:-64} \
       --rounds "${CONSTRAINED_QWEN_ROUNDS:-3}" --tokens 128 >"$OUT/constrainedqwen-bench.log" 2>&1
     note "constrainedqwen bench (Qwen3-8B-shaped, real Qwen3 tokenizer, CUDA): rc=$?"

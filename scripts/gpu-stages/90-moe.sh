@@ -16,6 +16,37 @@
 # active-weight floor at 3.0 TB/s and a cN run's against the expert products' time at 256 tokens
 # times the layers; MOE_DENSE=1 runs the same specs (or MOE_DENSE_SPECS) on the 8B-shaped dense
 # model beside.
+# Makes MoE-shaped random weights (make_moe_shaped.py with ARGS) and notes them and their
+# active-weight floor at 3.0 TB/s; sets moe_active to the active bytes per decode token (empty if
+# the maker did not print it).
+moe_make_shaped() { # LOG LABEL ARGS...
+  local log=$1 label=$2
+  shift 2
+  PYTHONUNBUFFERED=1 timeout 600 python3 "$G/make_moe_shaped.py" "$@" >"$log" 2>&1
+  note "$label weights: $(tail -1 "$log")"
+  moe_active=$(grep -o 'active bytes per decode token[^:]*: [0-9]*' "$log" | grep -o '[0-9]*$')
+  [ -n "$moe_active" ] && note "$label active-weight floor: $(python3 -c "print(f'{$moe_active/1e9:.3f} GB per token: {$moe_active/3.0e12*1e3:.3f} ms at 3.0 TB/s')")"
+}
+
+# One `bench offline` run on MoE-shaped weights (a batch cN: a closed loop of N), noted with its
+# latency lines and, at batch 1, its inter-token latency against the floor moe_make_shaped found;
+# sets moe_itl to the ITL p50 in ms (empty without one).
+moe_offline() { # LOG LABEL MODEL_DIR BATCH IN OUT [FLAGS...]
+  local log=$1 label=$2 dir=$3 b=$4 i=$5 o=$6
+  shift 6
+  local load=(--batch-size "$b")
+  [[ $b == c* ]] && load=(--concurrency "${b#c}")
+  timeout "${MOE_BENCH_TIMEOUT:-300}" $RUN "$G/inferno" bench offline --model "$dir" --device cuda "${load[@]}" \
+    --input-len "$i" --output-len "$o" --ignore-eos "$@" >"$log" 2>&1
+  note "$label offline batch=$b in=$i out=$o $*: rc=$? $(grep -E '^output throughput' "$log" | tail -1)"
+  grep -E '^(TTFT|ITL|engine steps) ' "$log" | sed 's/^/    /' | tee -a "$SUMMARY"
+  grep -E 'weights uploaded|KV cache allocated|panicked|Error|error' "$log" | head -3 | sed 's/^/    /' >>"$SUMMARY"
+  moe_itl=$(grep -E '^ITL ' "$log" | awk '{print $3}')
+  if [ -n "$moe_itl" ] && [ "$b" = 1 ] && [ -n "$moe_active" ]; then
+    note "$label batch 1: ITL p50 $moe_itl ms against the active-weight floor $(python3 -c "print(f'{$moe_active/3.0e12*1e3:.3f} ms: {$moe_active/3.0e12*1e3/$moe_itl*100:.1f}% of the floor (target 75%)')")"
+  fi
+}
+
 if has moe; then
   MO=$OUT/moe
   mkdir -p "$MO"
@@ -61,29 +92,14 @@ if has moe; then
     experts_256=$(grep -o 'tokens=256 .*expert products alone [0-9.]* us' "$MO/bench.log" 2>/dev/null | grep -o '[0-9.]* us$' | grep -o '^[0-9.]*')
     MM=${MOE_MODEL_DIR:-/tmp/qwen3-moe-shaped}
     df -h /tmp /dev/shm | sed 's/^/    /' >>"$SUMMARY"
-    PYTHONUNBUFFERED=1 timeout 600 python3 "$G/make_moe_shaped.py" $MM "${MOE_LAYERS:-12}" >"$MO/make.log" 2>&1
-    note "MoE-shaped weights: $(tail -1 "$MO/make.log")"
-    active=$(grep -o 'active bytes per decode token: [0-9]*' "$MO/make.log" | grep -o '[0-9]*$')
-    [ -n "$active" ] && note "active-weight floor: $(python3 -c "print(f'{$active/1e9:.3f} GB per token: {$active/3.0e12*1e3:.3f} ms at 3.0 TB/s')")"
+    moe_make_shaped "$MO/make.log" "MoE-shaped" $MM "${MOE_LAYERS:-12}"
     IFS=';' read -ra MOE_SPEC_LIST <<<"${MOE_SPECS:-1 1000 256;64 1000 256}"
     for spec in "${MOE_SPEC_LIST[@]}"; do
       set -- $spec
-      b=$1 i=$2 o=$3
-      shift 3
-      load=(--batch-size "$b")
-      [[ $b == c* ]] && load=(--concurrency "${b#c}")
-      log=$MO/bench-b$b-i$i-o$o.log
-      timeout ${MOE_BENCH_TIMEOUT:-300} $RUN "$G/inferno" bench offline --model $MM --device cuda "${load[@]}" --input-len "$i" \
-        --output-len "$o" --ignore-eos "$@" --json "$MO/bench-b$b-i$i-o$o.json" >"$log" 2>&1
-      note "moe offline batch=$b in=$i out=$o $*: rc=$? $(grep -E '^output throughput' "$log" | tail -1)"
-      grep -E '^(TTFT|ITL|engine steps) ' "$log" | sed 's/^/    /' | tee -a "$SUMMARY"
-      grep -E 'weights uploaded|KV cache allocated|panicked|Error|error' "$log" | head -3 | sed 's/^/    /' >>"$SUMMARY"
-      itl=$(grep -E '^ITL ' "$log" | awk '{print $3}')
-      if [ -n "$itl" ] && [ "$b" = 1 ] && [ -n "$active" ]; then
-        note "moe batch 1: ITL p50 $itl ms against the active-weight floor $(python3 -c "print(f'{$active/3.0e12*1e3:.3f} ms: {$active/3.0e12*1e3/$itl*100:.1f}% of the floor (target 75%)')")"
-      fi
-      if [ -n "$itl" ] && [[ $b == c* ]] && [ -n "$experts_256" ]; then
-        note "moe $b: ITL p50 $itl ms; expert products at 256 tokens $experts_256 us x ${MOE_LAYERS:-12} layers = $(python3 -c "e=$experts_256*${MOE_LAYERS:-12}/1e3; print(f'{e:.3f} ms: {e/$itl*100:.1f}% of a decode step')")"
+      b=$1
+      moe_offline "$MO/bench-b$b-i$2-o$3.log" "moe" $MM "$@" --json "$MO/bench-b$b-i$2-o$3.json"
+      if [ -n "$moe_itl" ] && [[ $b == c* ]] && [ -n "$experts_256" ]; then
+        note "moe $b: ITL p50 $moe_itl ms; expert products at 256 tokens $experts_256 us x ${MOE_LAYERS:-12} layers = $(python3 -c "e=$experts_256*${MOE_LAYERS:-12}/1e3; print(f'{e:.3f} ms: {e/$moe_itl*100:.1f}% of a decode step')")"
       fi
     done
     # MOE_DENSE=1: the same specs (MOE_DENSE_SPECS if set) on the Llama-3.1-8B-shaped dense model
@@ -152,25 +168,11 @@ if has moefp8; then
       grep -h '^RESULT' "$MF/bench.log" | tee -a "$SUMMARY"
     fi
     MX=${MOE_FP8_MODEL_DIR:-/tmp/mixtral-shaped}
-    PYTHONUNBUFFERED=1 timeout 600 python3 "$G/make_moe_shaped.py" $MX "${MOE_FP8_LAYERS:-4}" --shape mixtral --fp8 >"$MF/make.log" 2>&1
-    note "Mixtral-shaped weights: $(tail -1 "$MF/make.log")"
-    active=$(grep -o 'active bytes per decode token (FP8): [0-9]*' "$MF/make.log" | grep -o '[0-9]*$')
-    [ -n "$active" ] && note "FP8 active-weight floor: $(python3 -c "print(f'{$active/1e9:.3f} GB per token: {$active/3.0e12*1e3:.3f} ms at 3.0 TB/s')")"
+    moe_make_shaped "$MF/make.log" "Mixtral-shaped FP8" $MX "${MOE_FP8_LAYERS:-4}" --shape mixtral --fp8
     IFS=';' read -ra MF_SPEC_LIST <<<"${MOE_FP8_SPECS:-1 512 128}"
     for spec in "${MF_SPEC_LIST[@]}"; do
       set -- $spec
-      b=$1 i=$2 o=$3
-      shift 3
-      log=$MF/bench-b$b-i$i-o$o.log
-      timeout ${MOE_BENCH_TIMEOUT:-300} $RUN "$G/inferno" bench offline --model $MX --device cuda --batch-size "$b" \
-        --input-len "$i" --output-len "$o" --ignore-eos --quantization fp8 "$@" >"$log" 2>&1
-      note "moe fp8 (Mixtral-shaped, ${MOE_FP8_LAYERS:-4} layers) offline batch=$b in=$i out=$o $*: rc=$? $(grep -E '^output throughput' "$log" | tail -1)"
-      grep -E '^(TTFT|ITL|engine steps) ' "$log" | sed 's/^/    /' | tee -a "$SUMMARY"
-      grep -E 'weights uploaded|KV cache allocated|panicked|Error|error' "$log" | head -3 | sed 's/^/    /' >>"$SUMMARY"
-      itl=$(grep -E '^ITL ' "$log" | awk '{print $3}')
-      if [ -n "$itl" ] && [ "$b" = 1 ] && [ -n "$active" ]; then
-        note "moe fp8 batch 1: ITL p50 $itl ms against the FP8 active-weight floor $(python3 -c "print(f'{$active/3.0e12*1e3:.3f} ms: {$active/3.0e12*1e3/$itl*100:.1f}% of the floor (target 75%)')")"
-      fi
+      moe_offline "$MF/bench-b$1-i$2-o$3.log" "moe fp8 (Mixtral-shaped, ${MOE_FP8_LAYERS:-4} layers)" $MX "$@" --quantization fp8
     done
   fi
 fi
