@@ -43,7 +43,8 @@
 # embed and constrainedqwen (issue 46; see their block), spec (issue 51: speculative decoding and
 # per-position logits on CUDA, .gpu/cuda_speculative and bench offline), gptoss (issue 45: the
 # attention kernels with sinks and windows, .gpu/attention-check.cu and prefill-check.cu),
-# kvgroups (issue 45: gpt-oss's sliding layers' KV blocks freed, .gpu/cuda_gpt_oss).
+# kvgroups (issue 45: gpt-oss's sliding layers' KV blocks freed, .gpu/cuda_gpt_oss), gptoss120b (issue 45:
+# all 36 layers of gpt-oss-120b-shaped weights, batch 1 and 64 decode and the KV cache left beside them).
 # Logs and JSON are written to a work folder and packed into $OUT/results.tgz after each stage
 # file (the device tool returns at most 8 files); $OUT/summary.txt is also printed last.
 # Only reads the GPU's state; never changes a GPU setting.

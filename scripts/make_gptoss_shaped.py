@@ -9,7 +9,8 @@ machine's disk, and the figures then say so. The tokenizer is synthetic (word le
 words, the end-of-text tokens at the real ids), so every id decodes.
 Usage: make_gptoss_shaped.py OUT_DIR [LAYERS] [--shape 120b|20b] [--prompt TOKENS]
 
-It prints the FLOPs of one prefill of TOKENS tokens (default 32768) and its floor at 790 TFLOP/s
+It prints the bytes of all the weights, the bytes one decode token reads (the active-weight floor's
+numerator) and the FLOPs of one prefill of TOKENS tokens (default 32768) and its floor at 790 TFLOP/s
 (the H100's measured bf16 GEMM rate, docs/performance.md): the products of every layer over the
 tokens' 4 active experts, attention and the router (2 FLOPs a weight a token), and attention's
 score and value products (4 FLOPs a query, key and head dimension: every earlier key in full
@@ -141,6 +142,34 @@ def prefill_flops(c, tokens):
     return products, attention
 
 
+def active_bytes(c):
+    """Bytes one decode token reads (the active-weight floor): per layer attention's projections and
+    biases, the sinks, the router and its bias, the norms and 4 experts' MXFP4 codes (half a byte a
+    weight), E8M0 scales (one byte per 32 weights) and bf16 biases; then the final norm and the LM
+    head. The embedding row is one row and is left out."""
+    h, v, d = c["hidden_size"], c["vocab_size"], c["head_dim"]
+    q, kv = c["num_attention_heads"], c["num_key_value_heads"]
+    e, inter, top_k = c["num_local_experts"], c["intermediate_size"], c["num_experts_per_tok"]
+    attention = 2 * ((q + 2 * kv) * d * h + (q + 2 * kv) * d + h * q * d + h + q)
+    router = 2 * (e * h + e)
+    expert_weights = 2 * inter * h + h * inter
+    expert = expert_weights // 2 + expert_weights // 32 + 2 * (2 * inter + h)
+    per_layer = attention + router + 2 * 2 * h + top_k * expert
+    return c["num_hidden_layers"] * per_layer + 2 * h + 2 * v * h
+
+
+def total_bytes(c):
+    """Bytes of every weight (what the GPU holds), as the files store them."""
+    h, v, d = c["hidden_size"], c["vocab_size"], c["head_dim"]
+    q, kv = c["num_attention_heads"], c["num_key_value_heads"]
+    e, inter = c["num_local_experts"], c["intermediate_size"]
+    attention = 2 * ((q + 2 * kv) * d * h + (q + 2 * kv) * d + h * q * d + h + q)
+    expert_weights = 2 * inter * h + h * inter
+    experts = e * (expert_weights // 2 + expert_weights // 32 + 2 * (2 * inter + h))
+    per_layer = attention + 2 * (e * h + e) + 2 * 2 * h + experts
+    return c["num_hidden_layers"] * per_layer + 2 * h + 2 * 2 * v * h
+
+
 def write_tokenizer(out, c):
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
@@ -168,6 +197,8 @@ def main():
         f"prefill of {args.prompt} tokens: {products:.3e} FLOPs of products, {attention:.3e} of attention; "
         f"FLOP floor {floor:.4f} s at {GEMM_RATE / 1e12:.0f} TFLOP/s"
     )
+    print(f"weights: {total_bytes(c)} bytes in all")
+    print(f"active bytes per decode token: {active_bytes(c)}")
     if os.path.exists(os.path.join(args.out, "model.safetensors.index.json")):
         print(f"{args.out} exists; reusing it")
         return

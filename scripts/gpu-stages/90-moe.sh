@@ -30,7 +30,7 @@ moe_make_shaped() { # LOG LABEL ARGS...
 
 # One `bench offline` run on MoE-shaped weights (a batch cN: a closed loop of N), noted with its
 # latency lines and, at batch 1, its inter-token latency against the floor moe_make_shaped found;
-# sets moe_itl to the ITL p50 in ms (empty without one).
+# sets moe_itl to the ITL p50 in ms (empty without one). MOE_FLOOR_TARGET names the target share (default 75%).
 moe_offline() { # LOG LABEL MODEL_DIR BATCH IN OUT [FLAGS...]
   local log=$1 label=$2 dir=$3 b=$4 i=$5 o=$6
   shift 6
@@ -43,7 +43,7 @@ moe_offline() { # LOG LABEL MODEL_DIR BATCH IN OUT [FLAGS...]
   grep -E 'weights uploaded|KV cache allocated|panicked|Error|error' "$log" | head -3 | sed 's/^/    /' >>"$SUMMARY"
   moe_itl=$(grep -E '^ITL ' "$log" | awk '{print $3}')
   if [ -n "$moe_itl" ] && [ "$b" = 1 ] && [ -n "$moe_active" ]; then
-    note "$label batch 1: ITL p50 $moe_itl ms against the active-weight floor $(python3 -c "print(f'{$moe_active/3.0e12*1e3:.3f} ms: {$moe_active/3.0e12*1e3/$moe_itl*100:.1f}% of the floor (target 75%)')")"
+    note "$label batch 1: ITL p50 $moe_itl ms against the active-weight floor $(python3 -c "print(f'{$moe_active/3.0e12*1e3:.3f} ms: {$moe_active/3.0e12*1e3/$moe_itl*100:.1f}% of the floor (target ${MOE_FLOOR_TARGET:-75}%)')")"
   fi
 }
 

@@ -106,6 +106,48 @@ if has gptoss; then
   fi
 fi
 
+# gptoss120b (issue 45's decode and memory targets): all 36 layers of gpt-oss-120b-shaped random MXFP4
+# weights (make_gptoss_shaped.py, 65.2 GB) in the first of GPTOSS120_DIRS with room for them (default
+# /dev/shm, then /tmp), or as many layers as fit there, noted. Then GPTOSS120_SPECS offline ("BATCH IN
+# OUT", default batch 1 at 1000/128 and batch 64 at 1000/256): batch 1's inter-token latency against the
+# active-weight floor at 3.0 TB/s (target 65%), and the KV cache the rest of the GPU holds, in tokens of
+# the full-attention layers (target on an 80 GB H100: >= 65,536). The weights are deleted at the end.
+if has gptoss120b; then
+  G120=$OUT/gptoss120b
+  mkdir -p "$G120"
+  weights=65248815744
+  layer_bytes=1748118784
+  dir=
+  for d in ${GPTOSS120_DIRS:-/dev/shm /tmp}; do
+    free=$(($(df -B1 --output=avail "$d" 2>/dev/null | tail -1) + 0))
+    note "gptoss120b: $d has $((free >> 30)) GiB free"
+    if [ "$free" -gt $((weights + (2 << 30))) ]; then dir=$d/gptoss-120b layers=36; break; fi
+    if [ -z "$dir" ] && [ "$free" -gt $((2316539520 + 4 * layer_bytes)) ]; then
+      fit=$(((free - 2316539520 - (2 << 30)) / layer_bytes))
+      best_dir=$d/gptoss-120b best_layers=$((fit / 2 * 2))
+    fi
+  done
+  [ -n "$dir" ] || { dir=${best_dir:-}; layers=${best_layers:-0}; }
+  if [ -z "$dir" ] || [ "$layers" -lt 2 ]; then
+    note "gptoss120b: no folder has room for the weights"
+  else
+    PYTHONUNBUFFERED=1 timeout 400 python3 "$G/make_gptoss_shaped.py" "$dir" "$layers" >"$G120/make.log" 2>&1
+    made=$?
+    note "gpt-oss-120b-shaped weights ($layers of 36 layers, $dir): rc=$made $(tail -1 "$G120/make.log")"
+    specs=()
+    moe_active=$(grep -o 'active bytes per decode token: [0-9]*' "$G120/make.log" | grep -o '[0-9]*$')
+    [ -n "$moe_active" ] && note "gpt-oss-120b-shaped active-weight floor: $(python3 -c "print(f'{$moe_active/1e9:.3f} GB per token: {$moe_active/3.0e12*1e3:.3f} ms at 3.0 TB/s')")"
+    [ "$made" = 0 ] && IFS=';' read -ra specs <<<"${GPTOSS120_SPECS:-1 1000 128;64 1000 256}"
+    for spec in "${specs[@]}"; do
+      set -- $spec
+      MOE_FLOOR_TARGET=65 moe_offline "$G120/bench-b$1-i$2-o$3.log" "gpt-oss-120b-shaped ($layers layers)" "$dir" "$@"
+      kv=$(grep -m1 'KV cache allocated' "$G120/bench-b$1-i$2-o$3.log")
+      [ -n "$kv" ] && note "gpt-oss-120b-shaped KV cache:$(sed 's/\x1b\[[0-9;]*m//g' <<<"${kv#*KV cache allocated}") (target: >= 65,536 tokens of full-attention layers on an 80 GB H100)"
+    done
+    rm -rf "$dir"
+  fi
+fi
+
 # kvgroups (issue 45: sliding layers give back the KV blocks their window left; the CUDA path has
 # not run on a GPU yet): tests/cuda_gpt_oss.rs (.gpu/cuda_gpt_oss) with a block table per KV group
 # (teacher-forced decode, prefill chunks and greedy tokens against the CPU backend) and the
