@@ -35,7 +35,6 @@
 //                    biases and the clamped SwiGLU in the epilogue, [rows, MOE_INTER] bf16;
 //   gptoss_gemm_down(_mxfp4)  the same for the down projection with its bias, [rows, HIDDEN] fp32;
 //   gptoss_combine   with `row_of`, each slot's output read from its permuted row.
-// NOT YET RUN ON A GPU (the grouped path was written without one).
 
 #define GO_WARPS 4
 // MXFP4 bytes: two E2M1 codes (blocks), and one E8M0 scale.
@@ -68,42 +67,64 @@ __device__ __forceinline__ float go_warp_dot(const bf16* __restrict__ a, const b
     return warp_sum(sum);
 }
 
-// The dot product of `n` bf16 values of `x` (n a multiple of 32, 16-byte aligned) with one MXFP4
-// row (`blocks`: n / 2 bytes, `scales`: n / 32 bytes), summed over the warp.
-__device__ __forceinline__ float go_warp_dot_mxfp4(const bf16* __restrict__ x, const unsigned char* __restrict__ blocks,
-                                                   const unsigned char* __restrict__ scales, int n) {
-    const int lane = threadIdx.x & 31;
-    float sum = 0.0f;
-    for (int b = lane; b < n / 32; b += 32) {
-        const uint4 packed = __ldg(reinterpret_cast<const uint4*>(blocks + 16 * b));
-        const unsigned int words[4] = {packed.x, packed.y, packed.z, packed.w};
-        float part = 0.0f;
+// One MXFP4 row `N` wide (N a multiple of 32) as a warp holds it: lane l keeps the row's blocks
+// l, l + 32, ... (16 bytes of codes and the scale byte each). The loads of a row, and of the
+// gate/up pair, are all issued before any product, so a warp has every load of its rows in
+// flight at once rather than one block's at a time (a 2880-wide row is 90 blocks: 3 per lane).
+template <int N>
+struct GoMxRow {
+    static constexpr int BLOCKS = N / 32;
+    static constexpr int PER_LANE = (BLOCKS + 31) / 32;
+    uint4 codes[PER_LANE];
+    unsigned char scale[PER_LANE];
+
+    __device__ __forceinline__ void load(const unsigned char* __restrict__ blocks,
+                                         const unsigned char* __restrict__ scales) {
+        const int lane = threadIdx.x & 31;
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            float xv[8];
-            go_unpack8(*reinterpret_cast<const uint4*>(x + 32 * b + 8 * w), xv);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const unsigned int byte = words[w] >> (8 * i);
-                part = fmaf(xv[2 * i], mx_e2m1(byte & 15u), part);
-                part = fmaf(xv[2 * i + 1], mx_e2m1((byte >> 4) & 15u), part);
+        for (int j = 0; j < PER_LANE; ++j) {
+            const int b = lane + 32 * j;
+            if (b < BLOCKS) {
+                codes[j] = __ldg(reinterpret_cast<const uint4*>(blocks + 16 * b));
+                scale[j] = __ldg(scales + b);
             }
         }
-        sum = fmaf(part, mx_e8m0(__ldg(scales + b)), sum);
     }
-    return warp_sum(sum);
-}
 
-// Row `row` of an expert matrix `n` wide: bf16 values (MX false: `w` is bf16 [rows, n]) or MXFP4
-// (MX true: `w` the blocks [rows, n / 2] bytes, `scales` [rows, n / 32]), dotted with `x`.
-template <bool MX>
-__device__ __forceinline__ float go_row_dot(const bf16* __restrict__ x, const void* __restrict__ w,
-                                            const unsigned char* __restrict__ scales, size_t row, int n) {
-    if (MX) {
-        return go_warp_dot_mxfp4(x, static_cast<const unsigned char*>(w) + row * (size_t)(n / 2),
-                                 scales + row * (size_t)(n / 32), n);
+    // The row dotted with `n` = N bf16 values of `x` (16-byte aligned), summed over the warp: per
+    // lane, each block's 32 products summed, then times its scale, in block order.
+    __device__ __forceinline__ float dot(const bf16* __restrict__ x) const {
+        const int lane = threadIdx.x & 31;
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < PER_LANE; ++j) {
+            const int b = lane + 32 * j;
+            if (b >= BLOCKS) break;
+            const unsigned int words[4] = {codes[j].x, codes[j].y, codes[j].z, codes[j].w};
+            float part = 0.0f;
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                float xv[8];
+                go_unpack8(*reinterpret_cast<const uint4*>(x + 32 * b + 8 * w), xv);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const unsigned int byte = words[w] >> (8 * i);
+                    part = fmaf(xv[2 * i], mx_e2m1(byte & 15u), part);
+                    part = fmaf(xv[2 * i + 1], mx_e2m1((byte >> 4) & 15u), part);
+                }
+            }
+            sum = fmaf(part, mx_e8m0(scale[j]), sum);
+        }
+        return warp_sum(sum);
     }
-    return go_warp_dot(x, static_cast<const bf16*>(w) + row * (size_t)n, n);
+};
+
+// Row `row` of an MXFP4 expert matrix `N` wide (`blocks` [rows, N / 2] bytes, `scales`
+// [rows, N / 32]), loaded into `r`.
+template <int N>
+__device__ __forceinline__ void go_mx_load(GoMxRow<N>& r, const void* __restrict__ blocks,
+                                           const unsigned char* __restrict__ scales, size_t row) {
+    r.load(static_cast<const unsigned char*>(blocks) + row * (size_t)(N / 2), scales + row * (size_t)(N / 32));
 }
 
 extern "C" __global__ void __launch_bounds__(GO_WARPS * 32)
@@ -172,8 +193,17 @@ __device__ __forceinline__ void go_gate_up(const bf16* __restrict__ x, const voi
     const int e = topk_ids[slot];
     const bf16* row = x + (size_t)(slot / MOE_TOP_K) * HIDDEN;
     const size_t gate_row = (size_t)e * 2 * MOE_INTER + 2 * i;
-    float gate = go_row_dot<MX>(row, w, scales, gate_row, HIDDEN);
-    float up = go_row_dot<MX>(row, w, scales, gate_row + 1, HIDDEN);
+    float gate, up;
+    if constexpr (MX) {
+        GoMxRow<HIDDEN> g, u;
+        go_mx_load(g, w, scales, gate_row);
+        go_mx_load(u, w, scales, gate_row + 1);
+        gate = g.dot(row);
+        up = u.dot(row);
+    } else {
+        gate = go_warp_dot(row, static_cast<const bf16*>(w) + gate_row * HIDDEN, HIDDEN);
+        up = go_warp_dot(row, static_cast<const bf16*>(w) + (gate_row + 1) * HIDDEN, HIDDEN);
+    }
     if ((threadIdx.x & 31) != 0) return;
     gate = fminf(gate + bf16_to_f32(bias[(size_t)e * 2 * MOE_INTER + 2 * i]), GPTOSS_LIMIT);
     up = fminf(fmaxf(up + bf16_to_f32(bias[(size_t)e * 2 * MOE_INTER + 2 * i + 1]), -GPTOSS_LIMIT), GPTOSS_LIMIT);
@@ -191,7 +221,15 @@ __device__ __forceinline__ void go_down(const bf16* __restrict__ act, const void
     const int h = blockIdx.y * GO_WARPS + (threadIdx.x >> 5);
     if (h >= HIDDEN) return;
     const int e = topk_ids[slot];
-    const float dot = go_row_dot<MX>(act + (size_t)slot * MOE_INTER, w, scales, (size_t)e * HIDDEN + h, MOE_INTER);
+    const bf16* x = act + (size_t)slot * MOE_INTER;
+    float dot;
+    if constexpr (MX) {
+        GoMxRow<MOE_INTER> r;
+        go_mx_load(r, w, scales, (size_t)e * HIDDEN + h);
+        dot = r.dot(x);
+    } else {
+        dot = go_warp_dot(x, static_cast<const bf16*>(w) + ((size_t)e * HIDDEN + h) * MOE_INTER, MOE_INTER);
+    }
     if ((threadIdx.x & 31) == 0) y[(size_t)slot * HIDDEN + h] = dot + bf16_to_f32(bias[(size_t)e * HIDDEN + h]);
 }
 

@@ -458,40 +458,70 @@ fn greedy_tokens_match_transformers() {
 /// the bf16 one, for an input rounded to FP8 on the other side of a rounding boundary).
 const TOL_FP8: f32 = 4.0 * TOL_CPU;
 
+/// The lowest share of the clear argmax checks on which the CUDA and CPU backends agree with the
+/// inputs quantized to FP8 as the scheme says: a gross-error guard (a wrong scale or layout agrees
+/// at a few percent). Two correct implementations of dynamic FP8 inputs do not agree everywhere:
+/// a last-bit difference before a quantization moves a value across a rounding boundary, and the
+/// later layers amplify it (`tests/cuda_fp8.rs`, `FP8_INPUTS_TOP1_FLOOR`; on the dense fixtures
+/// PyTorch agrees with itself at 87–96% once). The products themselves are held to [`TOL_FP8`] on
+/// the same weights with unquantized inputs, and the inputs' rounding byte for byte by
+/// `scripts/moe-fp8-check.cu`.
+const FP8_INPUTS_ARGMAX_FLOOR: f64 = 0.9;
+
 /// The FP8 MoE models, each with the bf16 fixture whose golden cases it reads: the published
 /// forms (`tests/fixtures/fp8/moe-*`: block scales with dynamic per-group inputs, per-tensor
 /// scales with static inputs) and two bf16 fixtures quantized at load (per-channel scales, dynamic
 /// per-token inputs).
-fn fp8_moe_models() -> Vec<(String, Model, &'static str)> {
-    let mut models = vec![
-        (
-            "fp8/moe-qwen3-block".to_string(),
-            load("fp8/moe-qwen3-block"),
-            "tiny-qwen3-moe",
-        ),
-        (
-            "fp8/moe-mixtral-static".to_string(),
-            load("fp8/moe-mixtral-static"),
-            "tiny-mixtral",
-        ),
-    ];
-    for name in ["tiny-mixtral", "tiny-qwen3-moe"] {
-        let mut model = load(name);
-        inferno::model::QuantizeAtLoad::Fp8.apply(&mut model.config);
-        models.push((format!("{name} (fp8 at load)"), model, name));
+const FP8_MOE_MODELS: [(&str, &str); 4] = [
+    ("fp8/moe-qwen3-block", "tiny-qwen3-moe"),
+    ("fp8/moe-mixtral-static", "tiny-mixtral"),
+    ("tiny-mixtral (fp8 at load)", "tiny-mixtral"),
+    ("tiny-qwen3-moe (fp8 at load)", "tiny-qwen3-moe"),
+];
+
+/// One of [`FP8_MOE_MODELS`]; `weights_only`: its inputs left unquantized (the FP8 products of
+/// bf16 inputs).
+fn fp8_moe_model(name: &str, weights_only: bool) -> Model {
+    let mut model = match name.strip_suffix(" (fp8 at load)") {
+        Some(fixture) => {
+            let mut model = load(fixture);
+            inferno::model::QuantizeAtLoad::Fp8.apply(&mut model.config);
+            model
+        }
+        None => load(name),
+    };
+    if weights_only {
+        model
+            .config
+            .quantization
+            .as_mut()
+            .expect("an FP8 model")
+            .activations = inferno::model::fp8::ActivationScale::None;
     }
-    models
+    model
 }
 
 /// FP8 experts (`kernels/moe_fp8.cu`) against the CPU backend's FP8 reference (dequantized
 /// experts, inputs rounded as the scheme says): teacher-forced decode (the small-M FP8 loops),
 /// one prefill chunk per case and every prompt in one step (the tensor-core tiles with the
-/// weights widened as loaded, where the step has enough rows per expert), within [`TOL_FP8`]
-/// before any near-tie, and the argmax wherever the position has no near-tie and a clear margin.
+/// weights widened as loaded, where the step has enough rows per expert). With the inputs left
+/// unquantized, every logit within [`TOL_FP8`] before any near-tie and the argmax equal wherever
+/// the position has no near-tie and a clear margin; with them quantized as the scheme says, the
+/// argmax equal at [`FP8_INPUTS_ARGMAX_FLOOR`] of those positions. Every model runs before any
+/// assertion.
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it (stage moe)"]
 fn fp8_experts_match_the_cpu_backend() {
-    for (name, model, source) in fp8_moe_models() {
+    let mut failures = Vec::new();
+    for ((name, source), weights_only) in FP8_MOE_MODELS
+        .iter()
+        .flat_map(|m| [(m, true), (m, false)])
+    {
+        let model = fp8_moe_model(name, weights_only);
+        let name = format!(
+            "{name} {}",
+            if weights_only { "weights only" } else { "fp8 inputs" }
+        );
         let golden = golden(source);
         let cases = golden["cases"].as_array().expect("cases");
         let mut gpu = cuda(&model, false);
@@ -534,24 +564,28 @@ fn fp8_experts_match_the_cpu_backend() {
             batched.clean_count,
             batched.count
         );
-        assert!(
-            mismatches.is_empty(),
-            "{name}: argmax differs at {mismatches:?}"
-        );
+        if !weights_only {
+            let agreement = 1.0 - mismatches.len() as f64 / checked.max(1) as f64;
+            if agreement < FP8_INPUTS_ARGMAX_FLOOR {
+                failures.push(format!("{name}: argmax agrees at {agreement:.3} of {checked}"));
+            }
+            continue;
+        }
+        if !mismatches.is_empty() {
+            failures.push(format!("{name}: argmax differs at {mismatches:?}"));
+        }
         for (what, split) in [
             ("decode", &decode),
             ("prefill", &chunks),
             ("batched prefill", &batched),
         ] {
-            assert!(
-                split.clean <= TOL_FP8,
-                "{name}: {what} logits differ from the CPU by {} before any near-tie",
-                split.clean
-            );
-            assert!(
-                split.clean_count > 0,
-                "{name}: {what}: every entry has a near-tie"
-            );
+            if split.clean > TOL_FP8 || split.clean_count == 0 {
+                failures.push(format!(
+                    "{name}: {what} logits differ by {} before any near-tie over {} entries",
+                    split.clean, split.clean_count
+                ));
+            }
         }
     }
+    assert!(failures.is_empty(), "{failures:?}");
 }

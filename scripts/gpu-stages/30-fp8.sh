@@ -21,40 +21,43 @@ if has fp8; then
     # and a decode step's FP8 launch chain in a CUDA graph (chain mode) at batch 1 and 8, and at
     # batch 1 with the weights loaded after the wait for the previous kernel (FP8_EARLY_WEIGHTS=0);
     # a prefill chunk's products by cuBLASLt in bf16 and E4M3 (gemm mode).
-    fp8_build() { # NAME DEFINES...
-      local name=$1
-      shift
-      timeout 300 nvcc -O3 -arch=sm_90a -std=c++17 -I"$G/kernels" -I"$G" $SHAPE_DEFINES "$@" -Xptxas -v "$G/fp8-check.cu" -lcublasLt -o "$F/$name" >"$F/build-$name.log" 2>&1 ||
-        note "$name BUILD FAILED: $(grep -m3 error "$F/build-$name.log")"
-    }
-    fp8_build fp8-check &
-    fp8_build fp8-chain-1 -DCHAIN_M=1 &
-    fp8_build fp8-chain-1-late -DCHAIN_M=1 -DFP8_EARLY_WEIGHTS=0 &
-    fp8_build fp8-chain-8 -DCHAIN_M=8 &
-    wait
-    for chain in fp8-chain-1 fp8-chain-1-late fp8-chain-8; do
-      [ -x "$F/$chain" ] && timeout 60 "$F/$chain" chain >"$F/$chain.log" 2>&1
-      note "$chain: rc=$? $(grep -h '^RESULT fp8 decode' "$F/$chain.log" | tr '\n' ' ')"
-    done
-    if [ -x "$F/fp8-check" ]; then
-      timeout 120 "$F/fp8-check" test >"$F/test.log" 2>&1
-      note "fp8 kernel tests: rc=$? $(grep -h '^RESULT' "$F/test.log" | tr '\n' ' ')"
-      # FP8_SANITIZE=0: no compute-sanitizer runs (a quick call); kernels: this one alone (with
-      # fewer M and geometries in the fused entries' tests: FP8_CHECK_QUICK).
-      if [ "${FP8_SANITIZE:-1}" != 0 ]; then
-        FP8_CHECK_QUICK=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$F/fp8-check" test >"$F/sanitizer.log" 2>&1
-        note "compute-sanitizer memcheck fp8-check: rc=$? $(grep -E 'ERROR SUMMARY' "$F/sanitizer.log" | tail -1)"
+    # FP8_KERNELS=0: not the kernels alone (the backend's checks only).
+    if [ "${FP8_KERNELS:-1}" != 0 ]; then
+      fp8_build() { # NAME DEFINES...
+        local name=$1
+        shift
+        timeout 300 nvcc -O3 -arch=sm_90a -std=c++17 -I"$G/kernels" -I"$G" $SHAPE_DEFINES "$@" -Xptxas -v "$G/fp8-check.cu" -lcublasLt -o "$F/$name" >"$F/build-$name.log" 2>&1 ||
+          note "$name BUILD FAILED: $(grep -m3 error "$F/build-$name.log")"
+      }
+      fp8_build fp8-check &
+      fp8_build fp8-chain-1 -DCHAIN_M=1 &
+      fp8_build fp8-chain-1-late -DCHAIN_M=1 -DFP8_EARLY_WEIGHTS=0 &
+      fp8_build fp8-chain-8 -DCHAIN_M=8 &
+      wait
+      for chain in fp8-chain-1 fp8-chain-1-late fp8-chain-8; do
+        [ -x "$F/$chain" ] && timeout 60 "$F/$chain" chain >"$F/$chain.log" 2>&1
+        note "$chain: rc=$? $(grep -h '^RESULT fp8 decode' "$F/$chain.log" | tr '\n' ' ')"
+      done
+      if [ -x "$F/fp8-check" ]; then
+        timeout 120 "$F/fp8-check" test >"$F/test.log" 2>&1
+        note "fp8 kernel tests: rc=$? $(grep -h '^RESULT' "$F/test.log" | tr '\n' ' ')"
+        # FP8_SANITIZE=0: no compute-sanitizer runs (a quick call); kernels: this one alone (with
+        # fewer M and geometries in the fused entries' tests: FP8_CHECK_QUICK).
+        if [ "${FP8_SANITIZE:-1}" != 0 ]; then
+          FP8_CHECK_QUICK=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$F/fp8-check" test >"$F/sanitizer.log" 2>&1
+          note "compute-sanitizer memcheck fp8-check: rc=$? $(grep -E 'ERROR SUMMARY' "$F/sanitizer.log" | tail -1)"
+        fi
+        # FP8_KERNEL_BENCH=0: not every small-M geometry timed (the chain above is the step's figure).
+        if [ "${FP8_KERNEL_BENCH:-1}" != 0 ]; then
+          timeout 120 "$F/fp8-check" bench >"$F/bench.log" 2>&1
+          note "fp8 kernel bench: rc=$?"
+          grep -h '^RESULT' "$F/bench.log" >>"$SUMMARY"
+        fi
+        # A prefill chunk's products by cuBLASLt, bf16 against E4M3 (the bound on the TTFT ratio).
+        FP8_GEMM_M=${FP8_GEMM_M:-2048} timeout 120 "$F/fp8-check" gemm >"$F/gemm.log" 2>&1
+        note "fp8 prefill products (fp8-check gemm): rc=$?"
+        grep -h '^RESULT' "$F/gemm.log" >>"$SUMMARY"
       fi
-      # FP8_KERNEL_BENCH=0: not every small-M geometry timed (the chain above is the step's figure).
-      if [ "${FP8_KERNEL_BENCH:-1}" != 0 ]; then
-        timeout 120 "$F/fp8-check" bench >"$F/bench.log" 2>&1
-        note "fp8 kernel bench: rc=$?"
-        grep -h '^RESULT' "$F/bench.log" >>"$SUMMARY"
-      fi
-      # A prefill chunk's products by cuBLASLt, bf16 against E4M3 (the bound on the TTFT ratio).
-      FP8_GEMM_M=${FP8_GEMM_M:-2048} timeout 120 "$F/fp8-check" gemm >"$F/gemm.log" 2>&1
-      note "fp8 prefill products (fp8-check gemm): rc=$?"
-      grep -h '^RESULT' "$F/gemm.log" >>"$SUMMARY"
     fi
     # PyTorch's teacher-forced logits of the same models (.gpu/fp8_reference.py), which
     # tests/cuda_fp8.rs compares the CUDA and CPU backends with (INFERNO_FP8_TORCH; the logits
@@ -76,13 +79,15 @@ if has fp8; then
       note "compute-sanitizer memcheck (tests/cuda_fp8.rs, ${FP8_SANITIZE_MODELS:-block,inferno-tiny}, 64 positions): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/fp8-sanitizer.log" | tail -1)"
     fi
   fi
-  [ -d $M8 ] || PYTHONUNBUFFERED=1 python3 "$G/make_llama8b.py" $M8 >"$OUT/make8b.log" 2>&1
+  # FP8_SPECS=none: no bench (the checks alone).
+  [ "${FP8_SPECS:-}" = none ] || [ -d $M8 ] || PYTHONUNBUFFERED=1 python3 "$G/make_llama8b.py" $M8 >"$OUT/make8b.log" 2>&1
   # "1 8192 4": the 8k prompt on an idle engine, whose TTFT the issue bounds at 0.6 x bf16's.
   # Concurrency 256 at 1000/1000 runs with the FP8 KV cache in both arms: with a bf16 cache its
   # decode steps read about 50 GB of keys and values (256 rows x 1,500 positions x 128 KiB), 16 ms
   # at 3.0 TB/s, more than the 16.5 ms a step may take for 15,500 tok/s, whatever the weights.
   FP8_SPECS=${FP8_SPECS:-"1 1000 256;1 8192 4;64 1000 256;c256 1000 1000 --num-prompts ${FP8_C256_PROMPTS:-1024} --kv-cache-dtype fp8"}
   IFS=';' read -ra FP8_LIST <<<"$FP8_SPECS"
+  [ "$FP8_SPECS" = none ] && FP8_LIST=()
   for spec in "${FP8_LIST[@]}"; do
     for arm in bf16 fp8; do
       set -- $spec

@@ -41,7 +41,7 @@ moe_offline() { # LOG LABEL MODEL_DIR BATCH IN OUT [FLAGS...]
   note "$label offline batch=$b in=$i out=$o $*: rc=$? $(grep -E '^output throughput' "$log" | tail -1)"
   grep -E '^(TTFT|ITL|engine steps) ' "$log" | sed 's/^/    /' | tee -a "$SUMMARY"
   grep -E 'weights uploaded|KV cache allocated|panicked|Error|error' "$log" | head -3 | sed 's/^/    /' >>"$SUMMARY"
-  moe_itl=$(grep -E '^ITL ' "$log" | awk '{print $3}')
+  moe_itl=$(grep -E '^ITL +[0-9]' "$log" | awk '{print $3}')
   if [ -n "$moe_itl" ] && [ "$b" = 1 ] && [ -n "$moe_active" ]; then
     note "$label batch 1: ITL p50 $moe_itl ms against the active-weight floor $(python3 -c "print(f'{$moe_active/3.0e12*1e3:.3f} ms: {$moe_active/3.0e12*1e3/$moe_itl*100:.1f}% of the floor (target ${MOE_FLOOR_TARGET:-75}%)')")"
   fi

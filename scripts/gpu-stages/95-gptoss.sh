@@ -35,6 +35,8 @@ if has gptoss; then
     "prefill-4-2-16-8 prefill-check.cu 4 2 16 8 $GO_MMA"
     "prefill-fp8-64-8-64-128 prefill-check.cu 64 8 64 128 $GO_MMA -DKV_FP8=1"
   )
+  # GPTOSS_ATTENTION=0: not the attention kernels (the experts' harness and the backend's tests).
+  [ "${GPTOSS_ATTENTION:-1}" = 0 ] && GO_BUILDS=()
   for b in "${GO_BUILDS[@]}"; do
     set -- $b
     gptoss_build "$1" "$2" "$3" "$4" "$5" "$6" "${*:7}" &

@@ -377,16 +377,22 @@ pub fn run_request(
     panic!("{id}: stream ended without Finished");
 }
 
-/// A CUDA backend for `model` in the small engine configuration the GPU tests share (2% of the
-/// GPU's memory, 2,048 batched tokens, 16 sequences); the small-M kernels serve every product
-/// they fit (no timing), so runs are reproducible.
-pub fn small_cuda_backend(model: &Model, sample_on_device: bool) -> CudaBackend {
-    let config = EngineConfig {
+/// The small engine configuration the GPU tests share: 2% of the GPU's memory, 2,048 batched
+/// tokens, 16 sequences.
+pub fn small_engine_config() -> EngineConfig {
+    EngineConfig {
         gpu_memory_fraction: 0.02,
         max_batched_tokens: 2048,
         max_num_seqs: Some(16),
         ..EngineConfig::default()
-    };
+    }
+}
+
+/// A CUDA backend for `model` in the small engine configuration the GPU tests share (2% of the
+/// GPU's memory, 2,048 batched tokens, 16 sequences); the small-M kernels serve every product
+/// they fit (no timing), so runs are reproducible.
+pub fn small_cuda_backend(model: &Model, sample_on_device: bool) -> CudaBackend {
+    let config = small_engine_config();
     let options = CudaOptions {
         sample_on_device,
         measure_products: false,
