@@ -119,9 +119,7 @@ fn decode_logits_match_the_cpu_backend() {
 }
 
 /// Labels of the spans of positions [`span_of`] sorts into.
-const SPANS: [&str; 7] = [
-    "0-7", "8-15", "16-31", "32-63", "64-127", "128-255", "256-",
-];
+const SPANS: [&str; 7] = ["0-7", "8-15", "16-31", "32-63", "64-127", "128-255", "256-"];
 
 /// The span of positions `pos` falls in: inside the fixtures' window of 8, then doubling spans.
 fn span_of(pos: usize) -> usize {

@@ -513,14 +513,17 @@ fn fp8_moe_model(name: &str, weights_only: bool) -> Model {
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it (stage moe)"]
 fn fp8_experts_match_the_cpu_backend() {
     let mut failures = Vec::new();
-    for ((name, source), weights_only) in FP8_MOE_MODELS
-        .iter()
-        .flat_map(|m| [(m, true), (m, false)])
+    for ((name, source), weights_only) in
+        FP8_MOE_MODELS.iter().flat_map(|m| [(m, true), (m, false)])
     {
         let model = fp8_moe_model(name, weights_only);
         let name = format!(
             "{name} {}",
-            if weights_only { "weights only" } else { "fp8 inputs" }
+            if weights_only {
+                "weights only"
+            } else {
+                "fp8 inputs"
+            }
         );
         let golden = golden(source);
         let cases = golden["cases"].as_array().expect("cases");
@@ -567,7 +570,9 @@ fn fp8_experts_match_the_cpu_backend() {
         if !weights_only {
             let agreement = 1.0 - mismatches.len() as f64 / checked.max(1) as f64;
             if agreement < FP8_INPUTS_ARGMAX_FLOOR {
-                failures.push(format!("{name}: argmax agrees at {agreement:.3} of {checked}"));
+                failures.push(format!(
+                    "{name}: argmax agrees at {agreement:.3} of {checked}"
+                ));
             }
             continue;
         }
