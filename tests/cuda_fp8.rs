@@ -121,7 +121,7 @@ fn cuda(model: &Model) -> CudaBackend {
 /// The lowest top-1 agreement between the CUDA and CPU backends with FP8 inputs: a gross-error
 /// guard (a wrong scale or layout agrees at a few percent of positions), not the 99%,
 /// which two correct implementations of per-token E4M3 inputs do not reach on these models
-/// (`docs/cuda-backend.md`, *Tests*: 0.87–0.96 for PyTorch against itself).
+/// (`docs/cuda-backend.md`, *Checks*: 0.87–0.96 for PyTorch against itself).
 const FP8_INPUTS_TOP1_FLOOR: f64 = 0.8;
 
 /// Teacher-forced logits over 512 positions, one token per step (decode: the small-M products),
@@ -383,7 +383,7 @@ fn backend(device: Device, model: &Model) -> Box<dyn Backend> {
 /// (`scripts/fp8_reference.py`, directory `INFERNO_FP8_TORCH`). The FP8 weights with unquantized
 /// inputs must meet the bound: top-1 on at least 99% of the positions with a clear margin, every logit within
 /// [`TOL_FP8`] (4 × the bf16 tolerance). With the inputs quantized as the format says, no two
-/// correct implementations meet it on these models (`docs/cuda-backend.md`, *Tests*): the top-1
+/// correct implementations meet it on these models (`docs/cuda-backend.md`, *Checks*): the top-1
 /// agreement must then come within 0.05 of the reference's with itself once its dequantized
 /// inputs are rounded to bf16 (what the CUDA kernels multiply). Beside each, for the bf16
 /// fixtures, the bf16 path against PyTorch's bf16 logits (the noise bf16 itself has). Returns the
