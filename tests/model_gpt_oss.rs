@@ -2,7 +2,8 @@
 //! experts in transformers' dequantized layout; made by `scripts/make_gptoss_fixture.py`): the
 //! definition its config declares, both expert layouts loaded to the same weights, a NaN MXFP4
 //! scale refused, and the CPU backend's logits against transformers at every position, past the
-//! sliding window, in decode steps and in one prefill.
+//! sliding window, in decode steps and in one prefill, and decode steps against prefills over 320
+//! positions.
 
 mod support;
 
@@ -12,7 +13,10 @@ use inferno::engine::{Backend, BatchRow, SampleSpec, SamplingParams};
 use inferno::model::gpt_oss::ExpertStorage;
 use inferno::model::{ExpertKind, MlpDefinition, MlpTensors, Model, Routing, layout};
 use serde::Deserialize;
-use support::{committed_fixture, engine, golden as cases, greedy, logits_per_position, run_all};
+use support::{
+    block_tables, committed_fixture, engine, golden as cases, greedy, logits_per_position,
+    max_abs_diff, pseudo_random_tokens, run_all, run_chunk,
+};
 
 /// Logits tolerance against transformers' fp32 forward over the same bf16 weights (the MoE and
 /// CPU golden tests' bound).
@@ -178,6 +182,29 @@ fn teacher_forced_logits_match_transformers_at_every_position() {
             "{name}: {past_window} of {positions}"
         );
         eprintln!("{name}: {positions} positions, max |logit error| over top-5 = {worst:.2e}");
+    }
+}
+
+/// One token per step over 320 positions (40 windows: the sliding layers' keys come and go many
+/// times) gives the same logits as prefills ending at the same positions, on both fixtures: the
+/// reference that `tests/cuda_gpt_oss.rs` holds the GPU's decode steps to is consistent with
+/// itself far past the golden cases' lengths.
+#[test]
+fn decode_steps_equal_prefill_far_past_the_window() {
+    for name in ["tiny-gpt-oss", "tiny-gpt-oss-bf16"] {
+        let model = load(name);
+        let tokens = pseudo_random_tokens(model.config.vocab_size, 320, 45);
+        let mut stepwise = CpuBackend::new(&model, 64 << 20).unwrap();
+        let table = block_tables(&stepwise, tokens.len());
+        let decoded: Vec<Vec<f32>> = (1..=tokens.len())
+            .map(|end| run_chunk(&mut stepwise, &tokens, &table, end - 1, end))
+            .collect();
+        let mut prefill = CpuBackend::new(&model, 64 << 20).unwrap();
+        for end in [8, 9, 16, 37, 64, 100, 135, 200, 282, 320] {
+            let whole = run_chunk(&mut prefill, &tokens, &table, 0, end);
+            let diff = max_abs_diff(&decoded[end - 1], &whole);
+            assert!(diff <= 1e-4, "{name}: position {}: {diff}", end - 1);
+        }
     }
 }
 
