@@ -188,7 +188,7 @@ fn teacher_forced_logits_match_transformers_at_every_position() {
 /// One token per step over 320 positions (40 windows: the sliding layers' keys come and go many
 /// times) gives the same logits as prefills ending at the same positions, on both fixtures: the
 /// reference that `tests/cuda_gpt_oss.rs` holds the GPU's decode steps to is consistent with
-/// itself far past the golden cases' lengths.
+/// itself far past the golden cases' lengths, and records each step's router gap.
 #[test]
 fn decode_steps_equal_prefill_far_past_the_window() {
     for name in ["tiny-gpt-oss", "tiny-gpt-oss-bf16"] {
@@ -197,7 +197,13 @@ fn decode_steps_equal_prefill_far_past_the_window() {
         let mut stepwise = CpuBackend::new(&model, 64 << 20).unwrap();
         let table = block_tables(&stepwise, tokens.len());
         let decoded: Vec<Vec<f32>> = (1..=tokens.len())
-            .map(|end| run_chunk(&mut stepwise, &tokens, &table, end - 1, end))
+            .map(|end| {
+                let logits = run_chunk(&mut stepwise, &tokens, &table, end - 1, end);
+                // The step's router gap (what the GPU tests skip near-ties by) is recorded.
+                let gap = stepwise.router_gaps()[0];
+                assert!(gap.is_finite() && gap >= 0.0, "{name}: router gap {gap}");
+                logits
+            })
             .collect();
         let mut prefill = CpuBackend::new(&model, 64 << 20).unwrap();
         for end in [8, 9, 16, 37, 64, 100, 135, 200, 282, 320] {

@@ -9,7 +9,7 @@ use crate::model::gpt_oss::{ExpertProjection, GptOssMoeTensors};
 use crate::model::{ModelError, ModelWeights, Routing};
 
 use super::math;
-use super::moe::route;
+use super::moe::{boundary_gap, route};
 use super::weights::Linear;
 
 /// One projection of every expert in f32, `[E, out, in]`, with its biases `[E, out]`.
@@ -92,21 +92,25 @@ pub fn clamped_swiglu(gate_up: &[f32], out: &mut [f32], alpha: f32, limit: f32) 
     }
 }
 
-/// The mixture's output for `tokens` rows of `x` (each `hidden` wide).
+/// The mixture's output for `tokens` rows of `x` (each `hidden` wide). Each token's
+/// [`boundary_gap`] over the biased router logits lowers its entry of `gaps` where smaller.
 pub fn apply(
     w: &GptOssMoeWeights,
     routing: Routing,
     [alpha, limit]: [f32; 2],
     x: &[f32],
-    tokens: usize,
-    hidden: usize,
+    (tokens, hidden): (usize, usize),
+    gaps: &mut [f32],
 ) -> Vec<f32> {
     let num_experts = w.router_bias.len();
     let mut logits = w.router.apply(x, tokens);
     math::add_bias(&mut logits, &w.router_bias);
     let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); num_experts];
-    for (t, row) in logits.chunks(num_experts).enumerate() {
-        for (e, weight) in route(row, routing) {
+    for ((t, row), gap) in logits.chunks(num_experts).enumerate().zip(gaps) {
+        let chosen = route(row, routing);
+        let experts: Vec<usize> = chosen.iter().map(|&(e, _)| e).collect();
+        *gap = gap.min(boundary_gap(row, &experts));
+        for (e, weight) in chosen {
             routed[e].push((t, weight));
         }
     }

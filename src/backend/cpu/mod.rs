@@ -339,8 +339,10 @@ impl CpuBackend {
                 let ExpertKind::ClampedSwiGlu { alpha, limit, .. } = definition.experts else {
                     unreachable!("gpt-oss weights are loaded for clamped experts only")
                 };
+                let gaps = &mut self.router_gaps;
+                let shape = (tokens, dim);
                 let y =
-                    gpt_oss::apply(experts, definition.routing, [alpha, limit], &x, tokens, dim);
+                    gpt_oss::apply(experts, definition.routing, [alpha, limit], &x, shape, gaps);
                 math::add_assign(hidden, &y);
             }
             _ => unreachable!("the weights are loaded from the definition's layout"),
