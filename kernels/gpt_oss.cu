@@ -78,8 +78,12 @@ struct GoMxRow {
     uint4 codes[PER_LANE];
     unsigned char scale[PER_LANE];
 
-    __device__ __forceinline__ void load(const unsigned char* __restrict__ blocks,
-                                         const unsigned char* __restrict__ scales) {
+    // Row `row` of an MXFP4 expert matrix N wide (`matrix` [rows, N / 2] bytes, `all_scales`
+    // [rows, N / 32]).
+    __device__ __forceinline__ void load(const void* __restrict__ matrix, const unsigned char* __restrict__ all_scales,
+                                         size_t row) {
+        const unsigned char* blocks = static_cast<const unsigned char*>(matrix) + row * (size_t)(N / 2);
+        const unsigned char* scales = all_scales + row * (size_t)(N / 32);
         const int lane = threadIdx.x & 31;
 #pragma unroll
         for (int j = 0; j < PER_LANE; ++j) {
@@ -91,7 +95,7 @@ struct GoMxRow {
         }
     }
 
-    // The row dotted with `n` = N bf16 values of `x` (16-byte aligned), summed over the warp: per
+    // The row dotted with N bf16 values of `x` (16-byte aligned), summed over the warp: per
     // lane, each block's 32 products summed, then times its scale, in block order.
     __device__ __forceinline__ float dot(const bf16* __restrict__ x) const {
         const int lane = threadIdx.x & 31;
@@ -118,14 +122,6 @@ struct GoMxRow {
         return warp_sum(sum);
     }
 };
-
-// Row `row` of an MXFP4 expert matrix `N` wide (`blocks` [rows, N / 2] bytes, `scales`
-// [rows, N / 32]), loaded into `r`.
-template <int N>
-__device__ __forceinline__ void go_mx_load(GoMxRow<N>& r, const void* __restrict__ blocks,
-                                           const unsigned char* __restrict__ scales, size_t row) {
-    r.load(static_cast<const unsigned char*>(blocks) + row * (size_t)(N / 2), scales + row * (size_t)(N / 32));
-}
 
 extern "C" __global__ void __launch_bounds__(GO_WARPS * 32)
 gptoss_route(const float* __restrict__ logits, const bf16* __restrict__ bias, int* __restrict__ topk_ids,
@@ -196,8 +192,8 @@ __device__ __forceinline__ void go_gate_up(const bf16* __restrict__ x, const voi
     float gate, up;
     if constexpr (MX) {
         GoMxRow<HIDDEN> g, u;
-        go_mx_load(g, w, scales, gate_row);
-        go_mx_load(u, w, scales, gate_row + 1);
+        g.load(w, scales, gate_row);
+        u.load(w, scales, gate_row + 1);
         gate = g.dot(row);
         up = u.dot(row);
     } else {
@@ -225,7 +221,7 @@ __device__ __forceinline__ void go_down(const bf16* __restrict__ act, const void
     float dot;
     if constexpr (MX) {
         GoMxRow<MOE_INTER> r;
-        go_mx_load(r, w, scales, (size_t)e * HIDDEN + h);
+        r.load(w, scales, (size_t)e * HIDDEN + h);
         dot = r.dot(x);
     } else {
         dot = go_warp_dot(x, static_cast<const bf16*>(w) + ((size_t)e * HIDDEN + h) * MOE_INTER, MOE_INTER);

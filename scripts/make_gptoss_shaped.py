@@ -7,7 +7,7 @@ experts of width 2880, top 4, alternating sliding (128) and full layers, YaRN). 
 have 36 and 24 layers (about 61 GB and 13 GB); LAYERS writes fewer, so the model fits the GPU
 machine's disk, and the figures then say so. The tokenizer is synthetic (word level, 201088
 words, the end-of-text tokens at the real ids), so every id decodes.
-Usage: make_gptoss_shaped.py OUT_DIR [LAYERS] [--shape 120b|20b] [--prompt TOKENS]
+Usage: make_gptoss_shaped.py OUT_DIR [LAYERS] [--shape 120b|20b] [--prompt TOKENS] [--sizes]
 
 It prints the bytes of all the weights, the bytes one decode token reads (the active-weight floor's
 numerator) and the FLOPs of one prefill of TOKENS tokens (default 32768) and its floor at 790 TFLOP/s
@@ -142,32 +142,32 @@ def prefill_flops(c, tokens):
     return products, attention
 
 
-def active_bytes(c):
-    """Bytes one decode token reads (the active-weight floor): per layer attention's projections and
-    biases, the sinks, the router and its bias, the norms and 4 experts' MXFP4 codes (half a byte a
-    weight), E8M0 scales (one byte per 32 weights) and bf16 biases; then the final norm and the LM
-    head. The embedding row is one row and is left out."""
-    h, v, d = c["hidden_size"], c["vocab_size"], c["head_dim"]
+def layer_bytes(c, experts):
+    """Bytes of one layer's weights that a step reads with `experts` experts: attention's
+    projections and biases, the sinks, the router and its bias, the two norms, and each expert's
+    MXFP4 codes (half a byte a weight), E8M0 scales (one byte per 32 weights) and bf16 biases."""
+    h, d = c["hidden_size"], c["head_dim"]
     q, kv = c["num_attention_heads"], c["num_key_value_heads"]
-    e, inter, top_k = c["num_local_experts"], c["intermediate_size"], c["num_experts_per_tok"]
+    e, inter = c["num_local_experts"], c["intermediate_size"]
     attention = 2 * ((q + 2 * kv) * d * h + (q + 2 * kv) * d + h * q * d + h + q)
     router = 2 * (e * h + e)
     expert_weights = 2 * inter * h + h * inter
     expert = expert_weights // 2 + expert_weights // 32 + 2 * (2 * inter + h)
-    per_layer = attention + router + 2 * 2 * h + top_k * expert
-    return c["num_hidden_layers"] * per_layer + 2 * h + 2 * v * h
+    return attention + router + 2 * 2 * h + experts * expert
+
+
+def active_bytes(c):
+    """Bytes one decode token reads (the active-weight floor): every layer with its chosen
+    experts, the final norm and the LM head (the embedding row is one row, left out)."""
+    h, v = c["hidden_size"], c["vocab_size"]
+    return c["num_hidden_layers"] * layer_bytes(c, c["num_experts_per_tok"]) + 2 * h + 2 * v * h
 
 
 def total_bytes(c):
-    """Bytes of every weight (what the GPU holds), as the files store them."""
-    h, v, d = c["hidden_size"], c["vocab_size"], c["head_dim"]
-    q, kv = c["num_attention_heads"], c["num_key_value_heads"]
-    e, inter = c["num_local_experts"], c["intermediate_size"]
-    attention = 2 * ((q + 2 * kv) * d * h + (q + 2 * kv) * d + h * q * d + h + q)
-    expert_weights = 2 * inter * h + h * inter
-    experts = e * (expert_weights // 2 + expert_weights // 32 + 2 * (2 * inter + h))
-    per_layer = attention + 2 * (e * h + e) + 2 * 2 * h + experts
-    return c["num_hidden_layers"] * per_layer + 2 * h + 2 * 2 * v * h
+    """Bytes of every weight (what the GPU holds), as the files store them: every layer with all
+    its experts, the final norm, the embedding and the LM head."""
+    h, v = c["hidden_size"], c["vocab_size"]
+    return c["num_hidden_layers"] * layer_bytes(c, c["num_local_experts"]) + 2 * h + 2 * 2 * v * h
 
 
 def write_tokenizer(out, c):
@@ -189,8 +189,15 @@ def main():
     parser.add_argument("layers", nargs="?", type=int)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="120b")
     parser.add_argument("--prompt", type=int, default=32768)
+    parser.add_argument(
+        "--sizes", action="store_true", help="print the bytes of all the weights and of one layer, write nothing"
+    )
     args = parser.parse_args()
     c = config_of(args.shape, args.layers)
+    if args.sizes:
+        print(f"weights: {total_bytes(c)} bytes in all")
+        print(f"layer: {layer_bytes(c, c['num_local_experts'])} bytes")
+        return
     products, attention = prefill_flops(c, args.prompt)
     floor = (products + attention) / GEMM_RATE
     print(

@@ -8,14 +8,15 @@
 //! stage `fp8`).
 
 mod support;
-use support::{argmax, gpu_fixtures, max_abs_diff, pseudo_random_tokens, run_chunk};
+use support::{
+    argmax, fp8_fixture, gpu_fixtures, max_abs_diff, pseudo_random_tokens, run_chunk, top_margin,
+};
 
 use std::path::{Path, PathBuf};
 
 use inferno::backend::cpu::CpuBackend;
 use inferno::backend::cuda::{CudaBackend, probe};
 use inferno::engine::Backend;
-use inferno::model::fp8::ActivationScale;
 use inferno::model::{Model, QuantizeAtLoad};
 
 /// The bf16 checks' logit tolerance against the CPU backend (`tests/cuda_backend/`), times 4
@@ -29,19 +30,6 @@ const TOL_FP8: f32 = 4.0 * 0.1;
 /// 98.2–99.6% of all positions with every logit within 0.05 (PyTorch on the GPU against the CPU
 /// backend). Two logits within 0.1 of their references cannot swap across a margin above 0.2.
 const CLEAR_MARGIN: f32 = 0.2;
-
-/// The gap between the two largest of `logits`.
-fn top_margin(logits: &[f32]) -> f32 {
-    let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for &l in logits {
-        if l > first {
-            (first, second) = (l, first);
-        } else if l > second {
-            second = l;
-        }
-    }
-    first - second
-}
 
 /// Positions compared per model: the FP8 issue's 512, or `INFERNO_FP8_POSITIONS` (at least 64;
 /// the GPU script's compute-sanitizer run takes fewer).
@@ -93,27 +81,6 @@ fn fp8_models() -> Vec<(String, Model, Option<Model>)> {
     models
 }
 
-/// The FP8 model `name` (as [`fp8_models`] names it) with its inputs left unquantized: the FP8
-/// weights alone.
-fn weights_only(name: &str) -> Model {
-    let (fixture, at_load) = match name.strip_suffix(" (fp8 at load)") {
-        Some(fixture) => (fixture, true),
-        None => (name, false),
-    };
-    let dir = gpu_fixtures().join(fixture);
-    let mut model = Model::load(&dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()));
-    if at_load {
-        QuantizeAtLoad::Fp8.apply(&mut model.config);
-    }
-    model
-        .config
-        .quantization
-        .as_mut()
-        .expect("an FP8 model")
-        .activations = ActivationScale::None;
-    model
-}
-
 fn cuda(model: &Model) -> CudaBackend {
     support::small_cuda_backend(model, false)
 }
@@ -141,7 +108,7 @@ fn fp8_teacher_forced_logits_match_the_cpu_reference() {
     let positions = positions();
     for (name, model, unquantized) in fp8_models() {
         let seq = pseudo_random_tokens(model.config.vocab_size, positions, 0);
-        let weights = weights_only(&name);
+        let weights = fp8_fixture(&name, true);
         let mut fp8_rows = None;
         for (label, model) in [("weights only", &weights), ("fp8 inputs", &model)] {
             let CudaAgainstCpu {
@@ -437,7 +404,7 @@ fn against_torch(device: Device) -> Vec<String> {
         };
         match torch_logits(&dir, &index, &fixture, at_load, weights_variant) {
             Some(torch_weights) => {
-                let got = stepwise(backend(device, &weights_only(&name)).as_mut(), seq);
+                let got = stepwise(backend(device, &fp8_fixture(&name, true)).as_mut(), seq);
                 for (pos, g) in got.iter().enumerate() {
                     weights.add(pos, positions, g, torch_weights.row(pos));
                 }

@@ -13,7 +13,8 @@
 
 mod support;
 use support::{
-    GREEDY, argmax, block_tables, collect, greedy, max_abs_diff, pseudo_random_tokens, run_chunk,
+    GREEDY, NEAR_TIE, argmax, block_tables, collect, greedy, max_abs_diff,
+    per_position_with_router_gaps, pseudo_random_tokens, run_chunk, top_margin,
 };
 
 use inferno::backend::cpu::CpuBackend;
@@ -28,9 +29,6 @@ use inferno::model::Model;
 const TOL_CPU: f32 = 0.1;
 /// Reference margins below this are near-ties whose argmax may legitimately differ.
 const MARGIN: f32 = 0.05;
-/// Router-logit gaps at the top-k boundary below this are near-ties whose routing may
-/// legitimately differ (`tests/cuda_moe.rs`' bound).
-const NEAR_TIE: f32 = 0.01;
 /// Teacher-forced positions: far past the fixtures' window of 8.
 const POSITIONS: usize = 320;
 
@@ -67,13 +65,7 @@ fn decode_logits_match_the_cpu_backend() {
         let mut gpu = cuda(&model, false);
         let mut cpu = CpuBackend::new(&model, 64 << 20).expect("CPU backend");
         let g = per_position(&mut gpu, &tokens);
-        let table = block_tables(&cpu, tokens.len());
-        let (r, gaps): (Vec<Vec<f32>>, Vec<f32>) = (1..=tokens.len())
-            .map(|end| {
-                let logits = run_chunk(&mut cpu, &tokens, &table, end - 1, end);
-                (logits, cpu.router_gaps()[0])
-            })
-            .unzip();
+        let (r, gaps) = per_position_with_router_gaps(&mut cpu, &tokens);
         let (mut worst, mut clean_worst, mut clean, mut checked) = (0.0f32, 0.0f32, 0, 0);
         let (mut spans, mut mismatches) = ([0.0f32; 7], Vec::new());
         let mut before_tie = true;
@@ -87,9 +79,7 @@ fn decode_logits_match_the_cpu_backend() {
                 clean += 1;
                 clean_worst = clean_worst.max(diff);
             }
-            let mut sorted = cl.clone();
-            sorted.sort_by(|a, b| b.total_cmp(a));
-            if gap >= NEAR_TIE && sorted[0] - sorted[1] > MARGIN {
+            if gap >= NEAR_TIE && top_margin(cl) > MARGIN {
                 checked += 1;
                 if argmax(gl) != argmax(cl) {
                     mismatches.push(pos);

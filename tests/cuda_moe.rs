@@ -26,22 +26,19 @@ use support::{argmax, greedy_spec, max_abs_diff};
 use inferno::backend::cpu::CpuBackend;
 use inferno::backend::cuda::CudaBackend;
 use inferno::engine::{Backend, BatchRow, StepOutput};
-use inferno::model::Model;
 
 /// Logits tolerance against the CPU backend: the bf16 rounding of activations between products
 /// (`tests/cuda_backend.rs`' bound).
 const TOL_CPU: f32 = 0.1;
 /// Reference margins below this are near-ties whose argmax may legitimately differ.
 const MARGIN: f32 = 0.05;
-/// Router-logit gaps at the top-k boundary below this are near-ties whose routing may
-/// legitimately differ: the GPU's router reads its input rounded to bf16 (a relative 2^-9 per
-/// value) after layers computed in bf16, which moves the tiny fixtures' router logits by a few
-/// thousandths (about 1e-3 from the input's rounding alone at hidden 64 and weights of std 0.1).
-const NEAR_TIE: f32 = 0.01;
 
 const FIXTURES: [&str; 3] = ["tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen2-moe"];
 
-use support::{gpu_fixtures as fixtures, load_for_cuda as load, small_cuda_backend as cuda};
+use support::{
+    NEAR_TIE, fp8_fixture, gpu_fixtures as fixtures, load_for_cuda as load,
+    per_position_with_router_gaps, small_cuda_backend as cuda,
+};
 
 fn golden(name: &str) -> serde_json::Value {
     let path = fixtures().join(name).join("golden.json");
@@ -92,24 +89,6 @@ fn per_position(backend: &mut dyn Backend, tokens: &[u32]) -> Vec<Vec<f32>> {
             step(backend, &[row]).remove(0)
         })
         .collect()
-}
-
-/// Logits at every position of `tokens` on the CPU, one token per step, and each position's
-/// router gap (`CpuBackend::router_gaps`).
-fn per_position_cpu(cpu: &mut CpuBackend, tokens: &[u32]) -> (Vec<Vec<f32>>, Vec<f32>) {
-    let table = table(0, tokens.len());
-    (1..=tokens.len())
-        .map(|end| {
-            let row = Row {
-                seq_id: 1,
-                tokens: &tokens[..end],
-                start: end - 1,
-                table: table.clone(),
-            };
-            let logits = step(cpu, &[row]).remove(0);
-            (logits, cpu.router_gaps()[0])
-        })
-        .unzip()
 }
 
 /// Whether each position comes before every near-tie of its sequence (its own included).
@@ -267,7 +246,7 @@ fn decode_logits_match_the_cpu_backend() {
         {
             let tokens = ids(&case["teacher_forced"]["tokens"]);
             let g = per_position(&mut gpu, &tokens);
-            let (r, gaps) = per_position_cpu(&mut cpu, &tokens);
+            let (r, gaps) = per_position_with_router_gaps(&mut cpu, &tokens);
             let clean = clean_prefix(&gaps);
             for (pos, (gl, cl)) in g.iter().zip(&r).enumerate() {
                 let diff = max_abs_diff(gl, cl);
@@ -479,28 +458,6 @@ const FP8_MOE_MODELS: [(&str, &str); 4] = [
     ("tiny-qwen3-moe (fp8 at load)", "tiny-qwen3-moe"),
 ];
 
-/// One of [`FP8_MOE_MODELS`]; `weights_only`: its inputs left unquantized (the FP8 products of
-/// bf16 inputs).
-fn fp8_moe_model(name: &str, weights_only: bool) -> Model {
-    let mut model = match name.strip_suffix(" (fp8 at load)") {
-        Some(fixture) => {
-            let mut model = load(fixture);
-            inferno::model::QuantizeAtLoad::Fp8.apply(&mut model.config);
-            model
-        }
-        None => load(name),
-    };
-    if weights_only {
-        model
-            .config
-            .quantization
-            .as_mut()
-            .expect("an FP8 model")
-            .activations = inferno::model::fp8::ActivationScale::None;
-    }
-    model
-}
-
 /// FP8 experts (`kernels/moe_fp8.cu`) against the CPU backend's FP8 reference (dequantized
 /// experts, inputs rounded as the scheme says): teacher-forced decode (the small-M FP8 loops),
 /// one prefill chunk per case and every prompt in one step (the tensor-core tiles with the
@@ -512,11 +469,12 @@ fn fp8_moe_model(name: &str, weights_only: bool) -> Model {
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it (stage moe)"]
 fn fp8_experts_match_the_cpu_backend() {
+    support::require_gpu();
     let mut failures = Vec::new();
     for ((name, source), weights_only) in
         FP8_MOE_MODELS.iter().flat_map(|m| [(m, true), (m, false)])
     {
-        let model = fp8_moe_model(name, weights_only);
+        let model = fp8_fixture(name, weights_only);
         let name = format!(
             "{name} {}",
             if weights_only {
@@ -534,7 +492,7 @@ fn fp8_experts_match_the_cpu_backend() {
         for (c, case) in cases.iter().enumerate() {
             let tokens = ids(&case["teacher_forced"]["tokens"]);
             let g = per_position(&mut gpu, &tokens);
-            let (r, gaps) = per_position_cpu(&mut cpu, &tokens);
+            let (r, gaps) = per_position_with_router_gaps(&mut cpu, &tokens);
             let clean = clean_prefix(&gaps);
             for (pos, (gl, cl)) in g.iter().zip(&r).enumerate() {
                 decode.add(max_abs_diff(gl, cl), clean[pos]);

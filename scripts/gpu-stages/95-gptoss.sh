@@ -117,15 +117,19 @@ fi
 if has gptoss120b; then
   G120=$OUT/gptoss120b
   mkdir -p "$G120"
-  weights=65248815744
-  layer_bytes=1748118784
+  # The weights' bytes and one layer's, as the maker computes them; the rest (embedding, LM head,
+  # final norm) is the difference.
+  sizes=$(python3 "$G/make_gptoss_shaped.py" /nonexistent --sizes)
+  weights=$(awk '/^weights:/ {print $2}' <<<"$sizes")
+  layer_bytes=$(awk '/^layer:/ {print $2}' <<<"$sizes")
+  fixed=$((weights - 36 * layer_bytes))
   dir=
   for d in ${GPTOSS120_DIRS:-/dev/shm /tmp}; do
     free=$(($(df -B1 --output=avail "$d" 2>/dev/null | tail -1) + 0))
     note "gptoss120b: $d has $((free >> 30)) GiB free"
     if [ "$free" -gt $((weights + (2 << 30))) ]; then dir=$d/gptoss-120b layers=36; break; fi
-    if [ -z "$dir" ] && [ "$free" -gt $((2316539520 + 4 * layer_bytes)) ]; then
-      fit=$(((free - 2316539520 - (2 << 30)) / layer_bytes))
+    if [ -z "$dir" ] && [ "$free" -gt $((fixed + 4 * layer_bytes)) ]; then
+      fit=$(((free - fixed - (2 << 30)) / layer_bytes))
       best_dir=$d/gptoss-120b best_layers=$((fit / 2 * 2))
     fi
   done

@@ -377,22 +377,16 @@ pub fn run_request(
     panic!("{id}: stream ended without Finished");
 }
 
-/// The small engine configuration the GPU tests share: 2% of the GPU's memory, 2,048 batched
-/// tokens, 16 sequences.
-pub fn small_engine_config() -> EngineConfig {
-    EngineConfig {
-        gpu_memory_fraction: 0.02,
-        max_batched_tokens: 2048,
-        max_num_seqs: Some(16),
-        ..EngineConfig::default()
-    }
-}
-
 /// A CUDA backend for `model` in the small engine configuration the GPU tests share (2% of the
 /// GPU's memory, 2,048 batched tokens, 16 sequences); the small-M kernels serve every product
 /// they fit (no timing), so runs are reproducible.
 pub fn small_cuda_backend(model: &Model, sample_on_device: bool) -> CudaBackend {
-    let config = small_engine_config();
+    let config = EngineConfig {
+        gpu_memory_fraction: 0.02,
+        max_batched_tokens: 2048,
+        max_num_seqs: Some(16),
+        ..EngineConfig::default()
+    };
     let options = CudaOptions {
         sample_on_device,
         measure_products: false,
@@ -423,6 +417,66 @@ pub fn load_for_cuda(name: &str) -> Model {
     require_gpu();
     let dir = gpu_fixtures().join(name);
     Model::load(&dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()))
+}
+
+/// Router-logit gaps at the top-k boundary below this are near-ties whose routing may
+/// legitimately differ between backends: the GPU's router reads its input rounded to bf16 (a
+/// relative 2^-9 per value) after layers computed in bf16, which moves the tiny fixtures' router
+/// logits by a few thousandths (about 1e-3 from the input's rounding alone at hidden 64 and
+/// weights of std 0.1).
+pub const NEAR_TIE: f32 = 0.01;
+
+/// The gap between the two largest of `logits`.
+pub fn top_margin(logits: &[f32]) -> f32 {
+    let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &l in logits {
+        if l > first {
+            (first, second) = (l, first);
+        } else if l > second {
+            second = l;
+        }
+    }
+    first - second
+}
+
+/// Logits at every position of `tokens` on the CPU, one token per step on a fresh sequence of
+/// `cpu` (one block table per KV group), and each position's router gap
+/// (`CpuBackend::router_gaps`).
+pub fn per_position_with_router_gaps(
+    cpu: &mut CpuBackend,
+    tokens: &[u32],
+) -> (Vec<Vec<f32>>, Vec<f32>) {
+    let table = block_tables(cpu, tokens.len());
+    (1..=tokens.len())
+        .map(|end| {
+            let logits = run_chunk(cpu, tokens, &table, end - 1, end);
+            (logits, cpu.router_gaps()[0])
+        })
+        .unzip()
+}
+
+/// An FP8 fixture: a published form (`fp8/...`) as stored, or a bf16 fixture named
+/// `"NAME (fp8 at load)"` quantized at load; `weights_only`: its inputs left unquantized (FP8
+/// weights with bf16 inputs). Read from [`gpu_fixtures`].
+pub fn fp8_fixture(name: &str, weights_only: bool) -> Model {
+    let (fixture, at_load) = match name.strip_suffix(" (fp8 at load)") {
+        Some(fixture) => (fixture, true),
+        None => (name, false),
+    };
+    let dir = gpu_fixtures().join(fixture);
+    let mut model = Model::load(&dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()));
+    if at_load {
+        inferno::model::QuantizeAtLoad::Fp8.apply(&mut model.config);
+    }
+    if weights_only {
+        model
+            .config
+            .quantization
+            .as_mut()
+            .expect("an FP8 model")
+            .activations = inferno::model::fp8::ActivationScale::None;
+    }
+    model
 }
 
 /// A greedy draw with nothing beside it but `logprobs`: what the GPU tests sample with.
